@@ -1,0 +1,72 @@
+"""FedAvg (McMahan et al. 2017) of a linear head on a frozen backbone's features.
+
+Each round, sampled clients start from the global head, train it for ``train.epochs`` local epochs
+with cross-entropy, and upload it with their sample count; the server averages the heads (weighted
+by sample counts when ``fedavg.weighted``). The backbone is frozen, built once per rank and never
+crosses the network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from lightning.fabric import Fabric
+
+from fl_lightning.algorithms.common import evaluate_on_test, frozen_backbone
+from fl_lightning.federation.aggregate import weighted_average
+from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, State, register
+from fl_lightning.federation.local_training import fit_local
+from fl_lightning.federation.placement import client_seed
+from fl_lightning.federation.transport import Download, Upload
+from fl_lightning.modules.linear_probe import LinearProbe
+
+__all__ = ["FedAvg"]
+
+_KEYS = ("head.weight", "head.bias")
+
+
+@register("fedavg")
+class FedAvg(Algorithm):
+    def build(self, fabric: Fabric) -> None:
+        self.fabric = fabric
+        self.backbone = fabric.to_device(frozen_backbone(self.cfg))
+
+    def input_spec(self) -> InputSpec:
+        return InputSpec.of_backbone(self.backbone, self.cfg.data.image_size)
+
+    def setup(self, env: Environment) -> None:
+        super().setup(env)
+        t = self.cfg.train
+        self.module = LinearProbe(backbone=self.backbone, feature_dim=self.backbone.feature_dim,
+                                  num_classes=env.num_classes, optimizer=t.optimizer, lr=t.lr,
+                                  momentum=t.momentum, weight_decay=t.weight_decay)
+        self.module = self.fabric.to_device(self.module)
+
+    def initial_state(self) -> State:
+        torch.manual_seed(self.cfg.seed)  # identical initial head on every rank
+        self.module.head.reset_parameters()
+        return {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items() if k in _KEYS}
+
+    def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
+        return {k: tuple(download.tensors[k].shape) for k in _KEYS}
+
+    def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
+        self.module.load_state_dict(download.tensors, strict=False)  # swap in the global head
+        loader = self.env.loader(client.dataset, shuffle=True, seed=client_seed(self.cfg.seed, round_idx, client.index),
+                                 batch_size=self.cfg.train.batch_size)
+        fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs)
+        head = {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items() if k in _KEYS}
+        return Upload(head, {"num_samples": client.num_samples})
+
+    def aggregate(self, round_idx: int, state: State, uploads: dict[int, Upload], failures: dict[int, str]) -> State:
+        if not uploads:
+            return state
+        ups: Sequence[Upload] = list(uploads.values())
+        weights = [u.meta["num_samples"] if self.cfg.fedavg.weighted else 1.0 for u in ups]
+        return {k: weighted_average([u.tensors[k] for u in ups], weights) for k in _KEYS}
+
+    def evaluate(self, state: State) -> dict[str, Any]:
+        self.module.load_state_dict({k: v.to(self.fabric.device) for k, v in state.items()}, strict=False)
+        return evaluate_on_test(self.env, self.module)

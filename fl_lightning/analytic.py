@@ -1,0 +1,190 @@
+"""Closed-form (analytic) classifier from sufficient statistics — FedOPAL Eq. (7)-(9), AFL.
+
+Each client k accumulates, over its features h_i ∈ R^d and one-hot labels y_i ∈ R^c,
+
+    Eq. (7)   R_k = Σ_i h_i h_iᵀ  (d, d),    C_k = Σ_i h_i y_iᵀ  (d, c),
+
+and the server solves the ridge regression on the union of all clients' data
+
+    Eq. (9)   W* = (Σ_k R_k + λ I)⁻¹ Σ_k C_k  (d, c),    logits = h W*.
+
+Because R and C are sums, the federated solution equals the centralised one exactly, for any
+partition and client order. Everything here is pure torch (float64 by default): no I/O, no devices
+chosen, no Lightning.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+__all__ = ["AnalyticStatistics", "solve_classifier", "regularization", "logits", "CONVENTIONS"]
+
+CONVENTIONS = ("once", "per_client")
+
+
+@dataclass
+class AnalyticStatistics:
+    """Sufficient statistics of one client (or of a sum of clients), Eq. (7).
+
+    Attributes:
+        R: Σ h hᵀ, shape (d, d), symmetric positive semi-definite.
+        C: Σ h yᵀ, shape (d, c).
+        N: number of samples accumulated.
+    """
+
+    R: Tensor
+    C: Tensor
+    N: int = 0
+
+    @classmethod
+    def zeros(cls, d: int, c: int, dtype: torch.dtype = torch.float64,
+              device: torch.device | str | None = None) -> "AnalyticStatistics":
+        """Empty statistics for features of dimension d and c classes."""
+        return cls(R=torch.zeros(d, d, dtype=dtype, device=device), C=torch.zeros(d, c, dtype=dtype, device=device), N=0)
+
+    @property
+    def feature_dim(self) -> int:
+        return int(self.R.shape[0])
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.C.shape[1])
+
+    def update(self, h: Tensor, y: Tensor) -> "AnalyticStatistics":
+        """Eq. (7) in place: R += hᵀh, C += hᵀY, N += B.
+
+        Args:
+            h: features, shape (B, d); cast to the statistics' dtype before the products.
+            y: one-hot labels (B, c), or integer class indices (B,).
+        """
+        if h.ndim != 2 or h.shape[1] != self.feature_dim:
+            raise ValueError(f"features must have shape (B, {self.feature_dim}), got {tuple(h.shape)}")
+        if y.ndim == 1:
+            y = F.one_hot(y.long(), num_classes=self.num_classes)
+        if y.shape != (h.shape[0], self.num_classes):
+            raise ValueError(f"labels must have shape ({h.shape[0]}, {self.num_classes}), got {tuple(y.shape)}")
+        h = h.to(self.R.dtype)
+        G = h.T @ h  # (d, B) @ (B, d)
+        # A blocked matmul may round G[i, j] and G[j, i] differently; averaging with the transpose
+        # (a + b == b + a exactly) keeps R exactly symmetric, so the upper-triangle wire format is lossless.
+        self.R.add_(0.5 * (G + G.T))
+        self.C.addmm_(h.T, y.to(self.C.dtype))  # (d, B) @ (B, c)
+        self.N += int(h.shape[0])
+        return self
+
+    def __add__(self, other: "AnalyticStatistics") -> "AnalyticStatistics":
+        if not isinstance(other, AnalyticStatistics):
+            return NotImplemented
+        if self.R.shape != other.R.shape or self.C.shape != other.C.shape:
+            raise ValueError(f"cannot add statistics of shapes {tuple(self.C.shape)} and {tuple(other.C.shape)}")
+        return AnalyticStatistics(R=self.R + other.R, C=self.C + other.C, N=self.N + other.N)
+
+    def __radd__(self, other: object) -> "AnalyticStatistics":
+        # lets sum(list_of_statistics) start from 0
+        if isinstance(other, int) and other == 0:
+            return self
+        return NotImplemented
+
+    def upper_triangle(self) -> Tensor:
+        """The d(d+1)/2 entries of R on and above the diagonal, row by row (the wire format:
+        R is symmetric, so the lower triangle carries no information)."""
+        i, j = torch.triu_indices(self.feature_dim, self.feature_dim, device=self.R.device)
+        return self.R[i, j]
+
+    @classmethod
+    def from_upper(cls, vec: Tensor, C: Tensor, N: int) -> "AnalyticStatistics":
+        """Inverse of :meth:`upper_triangle`: rebuild the symmetric R from its upper entries."""
+        n = int(vec.numel())
+        d = (math.isqrt(8 * n + 1) - 1) // 2
+        if d * (d + 1) // 2 != n:
+            raise ValueError(f"{n} entries are not the upper triangle of a square matrix")
+        i, j = torch.triu_indices(d, d, device=vec.device)
+        R = torch.zeros(d, d, dtype=vec.dtype, device=vec.device)
+        R[i, j] = vec.reshape(-1)
+        R[j, i] = vec.reshape(-1)
+        return cls(R=R, C=C, N=int(N))
+
+
+def solve_classifier(R: Tensor, C: Tensor, *, lam: float) -> Tensor:
+    """Eq. (9): W = (R + λI)⁻¹ C, without forming an inverse.
+
+    λ > 0: Cholesky of the SPD matrix R + λI (``cholesky_ex`` + ``cholesky_solve``). Should that
+    fail (R not PSD through rounding), an LU solve, then least squares, with a warning.
+    λ = 0: least squares through the SVD (``lstsq``, driver ``gelsd``), which is the exact solution
+    when R is invertible and the minimum-norm solution R⁺C when it is singular (e.g. fewer samples
+    than feature dimensions) — finite either way; a rank-deficient R is reported with a warning.
+
+    Args:
+        R: (d, d) symmetric PSD; C: (d, c). Computed in their dtype (use float64).
+        lam: λ ≥ 0.
+
+    Returns:
+        W, shape (d, c).
+    """
+    if lam < 0 or not math.isfinite(lam):
+        raise ValueError(f"lam must be a finite number >= 0, got {lam}")
+    d = R.shape[0]
+    if R.shape != (d, d) or C.shape[0] != d:
+        raise ValueError(f"R must be (d, d) and C (d, c), got {tuple(R.shape)} and {tuple(C.shape)}")
+    if lam == 0:
+        return _least_norm(R, C)
+    A = R + lam * torch.eye(d, dtype=R.dtype, device=R.device)
+    L, info = torch.linalg.cholesky_ex(A)
+    if int(info) == 0:
+        return torch.cholesky_solve(C, L)
+    warnings.warn(f"R + {lam}·I is not positive definite (Cholesky failed at column {int(info)}); "
+                  "solving with LU instead", RuntimeWarning, stacklevel=2)
+    W, info = torch.linalg.solve_ex(A, C)
+    if int(info) == 0 and bool(torch.isfinite(W).all()):
+        return W
+    return _least_norm(A, C)
+
+
+def _least_norm(A: Tensor, C: Tensor) -> Tensor:
+    """argmin ||W|| among the minimisers of ||A W − C||, via the SVD (gelsd runs on the CPU)."""
+    result = torch.linalg.lstsq(A.cpu(), C.cpu(), driver="gelsd")
+    if int(result.rank) < A.shape[0]:
+        warnings.warn(f"R is singular (rank {int(result.rank)} < {A.shape[0]}) and λ = 0: "
+                      "returning the minimum-norm least-squares solution", RuntimeWarning, stacklevel=3)
+    return result.solution.to(A.device)
+
+
+def regularization(lam: float, *, num_clients: int, convention: str, remove: bool = False) -> float:
+    """The λ that :func:`solve_classifier` should add to Σ_k R_k.
+
+    * ``'once'`` (FedOPAL, Eq. (9)): λ is added once to the aggregate → ``lam``.
+    * ``'per_client'`` (AFL's published code): every client regularises its own R_k + γI, so the
+      aggregate carries K·γ·I → ``num_clients * lam``.
+    * ``remove=True`` (AFL's regularisation removal): the clients' γI terms are taken back out at
+      the server, so the aggregate is the unregularised Σ_k R_k and the returned λ is 0 —
+      :func:`solve_classifier` then gives the exact least-squares solution, or the minimum-norm one
+      when Σ_k R_k is singular. Our clients upload raw R_k (not regularised inverses), so the
+      removal is done exactly by solving without λ; AFL's step-by-step correction of a
+      regularised W is not reproduced.
+
+    Args:
+        lam: λ (or AFL's γ) ≥ 0.
+        num_clients: K ≥ 1.
+        convention: ``'once'`` or ``'per_client'``.
+        remove: remove the regularisation again (see above).
+    """
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
+    if num_clients < 1:
+        raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+    if lam < 0:
+        raise ValueError(f"lam must be >= 0, got {lam}")
+    if remove:
+        return 0.0
+    return float(lam) if convention == "once" else float(num_clients * lam)
+
+
+def logits(h: Tensor, W: Tensor) -> Tensor:
+    """Class scores h W, shape (B, c); h is cast to W's dtype."""
+    return h.to(W.dtype) @ W

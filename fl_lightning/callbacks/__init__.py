@@ -1,0 +1,43 @@
+"""Fabric callbacks (plain objects with hook methods, called through ``fabric.call``) and the
+loggers a run gets from its config."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from fl_lightning.callbacks.progress import ProgressCallback
+from fl_lightning.callbacks.proximal import ProximalCallback
+from fl_lightning.callbacks.timing import RoundTimingCallback
+
+if TYPE_CHECKING:
+    from fl_lightning.config import RunConfig
+
+__all__ = ["ProximalCallback", "RoundTimingCallback", "ProgressCallback", "default_callbacks", "default_loggers"]
+
+def default_loggers(cfg: "RunConfig") -> list[object]:
+    """W&B (online or offline) and TensorBoard as the config asks; metrics.csv is always written."""
+    loggers: list[object] = []
+    if cfg.logging.wandb:
+        from lightning.pytorch.loggers import WandbLogger
+
+        os.environ.setdefault("WANDB_DIR", str(cfg.run_dir))
+        cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        logger = WandbLogger(project=cfg.logging.project, entity=cfg.logging.entity, name=cfg.resolved_run_name,
+                             save_dir=str(cfg.run_dir), offline=cfg.logging.mode == "offline")
+        loggers.append(logger)
+    if cfg.logging.tensorboard:
+        from lightning.fabric.loggers import TensorBoardLogger
+
+        loggers.append(TensorBoardLogger(root_dir=str(cfg.run_dir), name="tensorboard"))
+    return loggers
+
+
+def default_callbacks(cfg: "RunConfig", loggers: list[object]) -> list[object]:
+    callbacks: list[object] = [RoundTimingCallback(), ProgressCallback(enabled=cfg.logging.progress)]
+    from lightning.pytorch.loggers import WandbLogger
+
+    from fl_lightning.callbacks.wandb_logging import WandbExtrasCallback
+
+    callbacks += [WandbExtrasCallback(logger=lg) for lg in loggers if isinstance(lg, WandbLogger)]
+    return callbacks

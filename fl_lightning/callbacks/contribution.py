@@ -1,0 +1,127 @@
+"""FeDiSyn's per-device contribution G_i, measured from LoRA gradients during local training.
+
+The contribution-aware depth choice (CLC) scores device i by how much its LoRA layers still learn:
+
+    G_i = Σ_{l ∈ layers of device i} ||∇_{θ_l} F_i||²,
+
+the squared L2 norm of the gradients of its LoRA parameters θ_l, measured over the last round.
+:class:`GradientContribution` measures the per-layer terms g_{i,l} while the client trains; the
+pure :func:`estimate_layer_contributions` fills in the layers the device did not train, which the
+depth planner needs to price a deeper assignment.
+
+Sum vs mean over local steps: we take the MEAN over the backward passes of the round,
+g_{i,l} = (1/S) Σ_s ||∇_{θ_l} F_i^{(s)}||². The paper's "gradients of the last round" does not fix
+the aggregation over steps; a sum would grow with the number of local steps (i.e. with the data
+size and batch size of a device) and mix data volume into a score that should say how much a
+layer still learns. The mean keeps devices with different step counts comparable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fl_lightning.models.lora import is_lora_param, lora_layer_index
+
+__all__ = ["GradientContribution", "estimate_layer_contributions"]
+
+
+class GradientContribution:
+    """Callback accumulating per-LoRA-layer squared gradient norms over a client's local steps.
+
+    The local loop calls :meth:`on_after_backward` right after ``loss.backward()`` (same hook as
+    ``ProximalCallback``); call :meth:`reset` before each client. Layers whose LoRA has no gradient
+    (frozen, outside the client's depth) are not recorded.
+
+    Example::
+
+        contribution = GradientContribution()
+        contribution.reset()
+        ...  # loss.backward(); fabric.call("on_after_backward", module=module)
+        G_i = contribution.total()
+    """
+
+    def __init__(self) -> None:
+        self._sums: dict[int, float] = {}
+        self._steps = 0
+
+    def reset(self) -> None:
+        """Forget the measurements (start of a client's local training)."""
+        self._sums = {}
+        self._steps = 0
+
+    @torch.no_grad()
+    def on_after_backward(self, *, module: nn.Module, **_: Any) -> None:
+        """Add ||∇θ_l||² of every LoRA layer l that has a gradient after this backward pass."""
+        step: dict[int, torch.Tensor] = {}
+        for name, param in module.named_parameters():
+            if param.grad is None or not is_lora_param(name):
+                continue
+            layer = lora_layer_index(name)
+            sq = param.grad.detach().double().pow(2).sum()
+            step[layer] = step[layer] + sq if layer in step else sq
+        for layer, value in step.items():  # one host sync per layer, not per parameter
+            self._sums[layer] = self._sums.get(layer, 0.0) + float(value)
+        self._steps += 1
+
+    def per_layer(self) -> dict[int, float]:
+        """Mean over the recorded steps of the squared LoRA-gradient norm, per block index."""
+        if self._steps == 0:
+            return {}
+        return {layer: total / self._steps for layer, total in sorted(self._sums.items())}
+
+    def total(self) -> float:
+        """G_i: the sum of :meth:`per_layer` over the device's LoRA layers (0.0 before any step)."""
+        return float(sum(self.per_layer().values()))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sums": dict(self._sums), "steps": self._steps}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._sums = {int(k): float(v) for k, v in state["sums"].items()}
+        self._steps = int(state["steps"])
+
+
+def estimate_layer_contributions(
+    history: Mapping[int, float],
+    num_layers: int,
+    *,
+    prior: float,
+    last_round: Mapping[int, float] | None = None,
+) -> np.ndarray:
+    """Per-layer contribution estimates ĝ_{i,l} for l = 0..num_layers-1 for one device.
+
+    A layer's gain can only be measured when the device trains it, yet the depth planner must
+    price layers it did not train. The estimate, per layer l:
+
+    1. the most recent measurement of layer l by this device, if there is one: ``last_round[l]``,
+       else ``history[l]`` (layers change slowly between rounds, so an old measurement beats a guess);
+    2. otherwise the mean per-layer contribution over the layers the device trained last round
+       (``last_round``; default: all of ``history``) — the device's own current gradient scale,
+       assuming a layer it has never trained learns about as much as an average one it did;
+    3. ``prior`` when the device has no measurement at all (before its first round).
+
+    Args:
+        history: block index -> most recent measured g_{i,l} of this device.
+        num_layers: number of blocks L.
+        prior: value for a device with no measurement (e.g. the mean over all devices).
+        last_round: block index -> g_{i,l} measured in the last round (``GradientContribution.per_layer()``).
+
+    Returns:
+        float64 array of shape (num_layers,).
+    """
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+    bad = [l for l in list(history) + list(last_round or {}) if not 0 <= l < num_layers]
+    if bad:
+        raise ValueError(f"layer index {bad[0]} is outside 0..{num_layers - 1}")
+    recent = last_round if last_round else history
+    fallback = float(np.mean(list(recent.values()))) if recent else float(prior)
+    estimate = np.full(num_layers, fallback, dtype=np.float64)
+    for layer, value in {**history, **(last_round or {})}.items():
+        estimate[layer] = value
+    return estimate

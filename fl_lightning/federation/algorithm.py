@@ -1,0 +1,168 @@
+"""The narrow interface every federated method implements (cf. Flower's Strategy, for a simulator).
+
+The simulation calls, for each round ``t``:
+
+    plan(t, clients, state, history)         server: per-client Downloads (what each client receives)
+    client_update(t, client, download)       each rank, each of its clients: → Upload
+    aggregate(t, state, uploads, failures)   server, once: → new global state
+    evaluate(state)                          server: → metrics (at least "accuracy")
+
+One-shot methods are the one-round case. A method is one file under ``fl_lightning/algorithms/``
+that subclasses :class:`Algorithm` and registers itself with :func:`register`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from fl_lightning.federation.transport import Download, Upload
+
+if TYPE_CHECKING:
+    from lightning.fabric import Fabric
+
+    from fl_lightning.config import RunConfig
+    from fl_lightning.data.registry import DatasetSplits
+
+__all__ = ["Algorithm", "Client", "Environment", "InputSpec", "RoundHistory", "register", "ALGORITHMS", "State"]
+
+State = dict[str, Tensor]  # the server's global state: named tensors only (checkpointable, broadcastable)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What the model expects of an image: it chooses the data transforms."""
+
+    image_size: int
+    normalization: str = "none"  # "clip" (bicubic, no augmentation), "imagenet" or "none"
+    mean: tuple[float, ...] | None = None  # the weights' own statistics, when they differ from the name's
+    std: tuple[float, ...] | None = None
+
+    @classmethod
+    def of_backbone(cls, backbone: Any, image_size: int | None = None) -> "InputSpec":
+        style = "clip" if backbone.library == "open_clip" else "imagenet"
+        return cls(image_size or backbone.image_size, style, tuple(backbone.mean), tuple(backbone.std))
+
+
+@dataclass
+class Client:
+    """One simulated client: its index and its private slice of the training set."""
+
+    index: int
+    dataset: Dataset
+    num_samples: int
+    class_counts: np.ndarray  # (C,) — known to the client itself only
+
+
+@dataclass
+class RoundHistory:
+    """What the server knows about past rounds when it plans the next one."""
+
+    client_compute_s: dict[int, float] = field(default_factory=dict)  # last measured compute time per client
+    round_s: list[float] = field(default_factory=list)
+    metrics: list[dict[str, float]] = field(default_factory=list)
+
+
+@dataclass
+class Environment:
+    """Per-rank context handed to an algorithm: Fabric, data, partition, run folder."""
+
+    fabric: "Fabric"
+    cfg: "RunConfig"
+    splits: "DatasetSplits"
+    partition: list[np.ndarray]
+    run_dir: Path
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.splits.classes)
+
+    def client(self, index: int) -> Client:
+        idx = self.partition[index]
+        counts = np.bincount(self.splits.train_targets[idx], minlength=self.num_classes)
+        return Client(index, Subset(self.splits.train, idx.tolist()), len(idx), counts)
+
+    def loader(self, dataset: Dataset, *, shuffle: bool, seed: int = 0, batch_size: int | None = None) -> DataLoader:
+        """A DataLoader on this rank; shuffling from its own seeded generator (never the global RNG)."""
+        generator = torch.Generator().manual_seed(seed) if shuffle else None
+        return DataLoader(dataset, batch_size=batch_size or self.cfg.data.batch_size, shuffle=shuffle,
+                          generator=generator, num_workers=self.cfg.data.num_workers,
+                          persistent_workers=False)
+
+
+class Algorithm(ABC):
+    """Base class of a federated method. Keyword-only constructor: ``Algo(cfg=...)``."""
+
+    name: str = ""
+    augment: bool = False  # random crops/flips on the training split (frozen-feature methods: off)
+
+    def __init__(self, *, cfg: "RunConfig") -> None:
+        self.cfg = cfg
+        self.env: Environment | None = None
+
+    # -- set-up (each rank) -------------------------------------------------------------------
+    @property
+    def num_rounds(self) -> int:
+        return self.cfg.federation.rounds
+
+    def input_spec(self) -> InputSpec:
+        """What the model expects of an image (called after :meth:`build`)."""
+        return InputSpec(self.cfg.data.image_size or 32)
+
+    def build(self, fabric: "Fabric") -> None:
+        """Build what is shared by all clients of a rank (e.g. the frozen backbone) ONCE, before data."""
+
+    def setup(self, env: Environment) -> None:
+        self.env = env
+
+    @abstractmethod
+    def initial_state(self) -> State:
+        """The server's global state before round 0 (identical on every rank)."""
+
+    # -- one round ------------------------------------------------------------------------------
+    def plan(self, round_idx: int, clients: Sequence[int], state: State, history: RoundHistory) -> dict[int, Download]:
+        """Per-client instructions. Default: every client receives the whole global state."""
+        return {c: Download(dict(state)) for c in clients}
+
+    @abstractmethod
+    def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
+        """Local work of one client; returns what it sends to the server."""
+
+    def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]] | None:
+        """Shapes the server requires of an upload (None: only the finiteness check)."""
+        return None
+
+    @abstractmethod
+    def aggregate(self, round_idx: int, state: State, uploads: dict[int, Upload], failures: dict[int, str]) -> State:
+        """Server step: runs once (rank 0); the result is broadcast to every rank."""
+
+    @abstractmethod
+    def evaluate(self, state: State) -> dict[str, Any]:
+        """Metrics of the global state on the test split (rank 0): at least ``accuracy`` in [0, 1]."""
+
+    def round_extras(self, round_idx: int) -> dict[str, float]:
+        """Extra per-round numbers for metrics.csv (e.g. the simulated round time)."""
+        return {}
+
+    def summary_extras(self, state: State) -> dict[str, Any]:
+        """Extra keys for summary.json."""
+        return {}
+
+
+ALGORITHMS: dict[str, type[Algorithm]] = {}
+
+
+def register(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:
+    def deco(cls: type[Algorithm]) -> type[Algorithm]:
+        cls.name = name
+        ALGORITHMS[name] = cls
+        return cls
+    return deco

@@ -1,0 +1,46 @@
+"""Who runs where and who takes part: pure, seeded functions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["assign_clients", "sample_clients", "client_seed"]
+
+
+def assign_clients(sizes: Sequence[int], world_size: int) -> list[list[int]]:
+    """Deal clients to ranks balanced by data size (longest-processing-time first).
+
+    Clients are taken largest first and each goes to the rank with the least data so far (ties: the
+    lower rank); within a rank, clients run in increasing index order. Deterministic.
+
+    Returns:
+        ``world_size`` sorted lists of client indices that partition ``range(len(sizes))``.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    loads = [0] * world_size
+    ranks: list[list[int]] = [[] for _ in range(world_size)]
+    for client in sorted(range(len(sizes)), key=lambda c: (-sizes[c], c)):
+        r = min(range(world_size), key=lambda i: (loads[i], i))
+        ranks[r].append(client)
+        loads[r] += sizes[client]
+    return [sorted(r) for r in ranks]
+
+
+def sample_clients(num_clients: int, fraction: float, *, seed: int, round_idx: int) -> list[int]:
+    """The clients taking part in a round: ``max(1, round(fraction·K))`` of them, without replacement.
+
+    The draw depends only on (seed, round_idx), so a resumed run samples the same clients.
+    """
+    if fraction >= 1.0:
+        return list(range(num_clients))
+    m = max(1, int(round(fraction * num_clients)))
+    rng = np.random.default_rng([seed, round_idx])
+    return sorted(int(c) for c in rng.choice(num_clients, size=m, replace=False))
+
+
+def client_seed(seed: int, round_idx: int, client: int) -> int:
+    """A per-(round, client) seed: a client's randomness is independent of which rank runs it."""
+    return int(np.random.SeedSequence([seed, round_idx, client]).generate_state(1)[0])

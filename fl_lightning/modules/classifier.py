@@ -1,0 +1,282 @@
+"""Server-side pre-training of a timm ViT classifier on FeDiSyn's synthetic images.
+
+FeDiSyn's server, having generated λ·D synthetic images from the clients' noised latent centroids,
+pre-trains the vision transformer on them (full fine-tuning, cross-entropy) before LoRA federated
+fine-tuning starts. This file holds that step:
+
+* :class:`ViTClassifier` — the LightningModule (timm ViT + cross-entropy, AdamW with a cosine schedule);
+* :func:`pretrain_classifier` — a ``lightning.Trainer`` run with early stopping on a held-out synthetic
+  split, returning the best checkpoint;
+* :func:`load_pretrained_vit` — the trained timm model (with its head) back from that checkpoint;
+* :func:`split_holdout` — a seeded train / held-out split of a dataset.
+
+Weights are never downloaded: the backbone starts from random initialisation or from a local file.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning
+import numpy as np
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
+from torchmetrics.classification import MulticlassAccuracy
+
+from fl_lightning.errors import ConfigError, MissingResourceError
+
+__all__ = ["ViTClassifier", "pretrain_classifier", "load_pretrained_vit", "split_holdout"]
+
+# Metric that picks the best checkpoint and drives early stopping (held-out synthetic accuracy).
+_MONITOR = "val_acc"
+
+
+def _build_timm_vit(
+    *, model_name: str, num_classes: int, overrides: Mapping[str, Any] | None, checkpoint: str | None
+) -> nn.Module:
+    """A timm model, randomly initialised or with backbone weights from a local file.
+
+    With a file, timm's own loader (``pretrained_cfg_overlay=dict(file=...)``) adapts the weights and
+    re-initialises the classifier when its size differs from ``num_classes`` — pre-training on
+    synthetic classes always starts a fresh head.
+    """
+    import timm
+
+    kwargs = dict(overrides or {})
+    if checkpoint is None:
+        return timm.create_model(model_name, pretrained=False, num_classes=num_classes, **kwargs)
+    path = Path(checkpoint).expanduser()
+    if not path.is_file():
+        raise MissingResourceError(
+            f"timm weights for {model_name!r} not found at {path}; put the .pth/.bin/.safetensors file there "
+            "or set the model checkpoint to null to start from random initialisation (weights are never downloaded)"
+        )
+    return timm.create_model(
+        model_name,
+        pretrained=True,
+        pretrained_cfg_overlay=dict(file=str(path)),
+        num_classes=num_classes,
+        **kwargs,
+    )
+
+
+class ViTClassifier(lightning.LightningModule):
+    """A timm ViT trained with cross-entropy (FeDiSyn's server pre-training on synthetic images).
+
+    Args:
+        model_name: timm architecture, e.g. ``vit_base_patch16_224``.
+        num_classes: number of (synthetic) classes.
+        overrides: extra ``timm.create_model`` kwargs (``img_size``, ``depth``, ... for tiny models).
+        checkpoint: local weights file for the backbone, or ``None`` for random initialisation.
+        lr: AdamW peak learning rate.
+        weight_decay: AdamW decoupled weight decay.
+
+    Example::
+
+        module = ViTClassifier(model_name="vit_tiny_patch16_224", num_classes=10,
+                               overrides=dict(img_size=32, patch_size=8))
+    """
+
+    def __init__(
+        self,
+        *,
+        model_name: str,
+        num_classes: int,
+        overrides: Mapping[str, Any] | None = None,
+        checkpoint: str | os.PathLike[str] | None = None,
+        lr: float = 1e-3,
+        weight_decay: float = 0.05,
+    ) -> None:
+        super().__init__()
+        if num_classes < 2:
+            raise ConfigError("pretrain.num_classes", num_classes, "an int >= 2")
+        if not lr > 0:
+            raise ConfigError("pretrain.lr", lr, "a float > 0")
+        if not weight_decay >= 0:
+            raise ConfigError("pretrain.weight_decay", weight_decay, "a float >= 0")
+        checkpoint = None if checkpoint is None else str(checkpoint)
+        overrides = dict(overrides or {})
+        # Plain types only: the checkpoint must load with torch.load(weights_only=True).
+        self.save_hyperparameters(
+            dict(
+                model_name=model_name,
+                num_classes=int(num_classes),
+                overrides=overrides,
+                checkpoint=checkpoint,
+                lr=float(lr),
+                weight_decay=float(weight_decay),
+            )
+        )
+        self.model = _build_timm_vit(
+            model_name=model_name, num_classes=num_classes, overrides=overrides, checkpoint=checkpoint
+        )
+        self.train_acc = MulticlassAccuracy(num_classes=num_classes, average="micro")
+        self.val_acc = MulticlassAccuracy(num_classes=num_classes, average="micro")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)  # (B, num_classes)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = F.cross_entropy(logits, y)
+        self.train_acc(logits, y)
+        self.log("train_loss", loss, on_step=True, on_epoch=True, batch_size=len(y))
+        self.log("train_acc", self.train_acc, on_step=False, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        logits = self(x)
+        self.val_acc(logits, y)
+        self.log("val_loss", F.cross_entropy(logits, y), on_epoch=True, batch_size=len(y))
+        self.log(_MONITOR, self.val_acc, on_epoch=True)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer = torch.optim.AdamW(
+            [p for p in self.parameters() if p.requires_grad],
+            lr=self.hparams["lr"],
+            weight_decay=self.hparams["weight_decay"],
+        )
+        # Cosine decay over the whole run, stepped per batch (the paper's pre-training schedule).
+        total_steps = max(1, int(self.trainer.estimated_stepping_batches))
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def split_holdout(dataset: Dataset, fraction: float, seed: int) -> tuple[Subset, Subset]:
+    """Seeded random split into (train, held-out) with ``round(fraction * len)`` held-out items.
+
+    Raises:
+        ConfigError: ``fraction`` not in (0, 1), or it leaves one side empty.
+    """
+    n = len(dataset)  # type: ignore[arg-type]
+    if not 0.0 < fraction < 1.0:
+        raise ConfigError("pretrain.holdout_fraction", fraction, "a float in (0, 1)")
+    n_holdout = int(round(fraction * n))
+    if not 0 < n_holdout < n:
+        raise ConfigError(
+            "pretrain.holdout_fraction", fraction, f"a fraction that leaves both parts non-empty for {n} images"
+        )
+    order = np.random.default_rng(seed).permutation(n)
+    return Subset(dataset, order[n_holdout:].tolist()), Subset(dataset, order[:n_holdout].tolist())
+
+
+def pretrain_classifier(
+    *,
+    model_name: str,
+    overrides: Mapping[str, Any] | None = None,
+    checkpoint: str | os.PathLike[str] | None = None,
+    num_classes: int,
+    train_dataset: Dataset,
+    val_dataset: Dataset,
+    out_dir: str | os.PathLike[str],
+    max_epochs: int,
+    batch_size: int,
+    lr: float,
+    weight_decay: float = 0.05,
+    accelerator: str = "auto",
+    devices: int = 1,
+    precision: str = "32-true",
+    seed: int = 0,
+    patience: int = 3,
+    num_workers: int = 0,
+) -> Path:
+    """Pre-train a timm ViT on synthetic images; return the best checkpoint (by held-out accuracy).
+
+    Writes ``out_dir/checkpoints/best-*.ckpt`` and CSV logs under ``out_dir/pretrain/``. Training
+    stops early when held-out accuracy has not improved for ``patience`` epochs.
+
+    Args:
+        model_name, overrides, checkpoint, num_classes, lr, weight_decay: see :class:`ViTClassifier`.
+        train_dataset, val_dataset: ``(image, label)`` datasets; the held-out split is synthetic too
+            (see :func:`split_holdout`), the clients' real data is never seen here.
+        out_dir: folder for checkpoints and logs.
+        max_epochs, batch_size: training length and batch size.
+        accelerator, devices, precision: passed to ``lightning.Trainer``.
+        seed: seeds model initialisation and data order.
+        patience: early-stopping patience in epochs.
+        num_workers: DataLoader workers.
+
+    Returns:
+        path of the best checkpoint, to be read with :func:`load_pretrained_vit`.
+    """
+    if max_epochs < 1:
+        raise ConfigError("pretrain.max_epochs", max_epochs, "an int >= 1")
+    if batch_size < 1:
+        raise ConfigError("pretrain.batch_size", batch_size, "an int >= 1")
+    if patience < 1:
+        raise ConfigError("pretrain.patience", patience, "an int >= 1")
+    out = Path(out_dir)
+    lightning.seed_everything(seed, workers=True, verbose=False)
+    module = ViTClassifier(
+        model_name=model_name,
+        num_classes=num_classes,
+        overrides=overrides,
+        checkpoint=checkpoint,
+        lr=lr,
+        weight_decay=weight_decay,
+    )
+    generator = torch.Generator().manual_seed(seed)
+    train_loader = DataLoader(
+        train_dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers, generator=generator
+    )
+    val_loader = DataLoader(val_dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+    best = ModelCheckpoint(
+        dirpath=out / "checkpoints", filename="best-{epoch}", monitor=_MONITOR, mode="max", save_top_k=1
+    )
+    trainer = lightning.Trainer(
+        accelerator=accelerator,
+        devices=devices,
+        precision=precision,
+        max_epochs=max_epochs,
+        callbacks=[best, EarlyStopping(monitor=_MONITOR, mode="max", patience=patience)],
+        logger=CSVLogger(save_dir=out, name="pretrain"),
+        default_root_dir=out,
+        enable_progress_bar=sys.stderr.isatty(),
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=max(1, min(50, len(train_loader))),
+    )
+    trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=val_loader)
+    if not best.best_model_path:
+        raise RuntimeError(f"pre-training wrote no checkpoint under {out / 'checkpoints'} (did validation run?)")
+    return Path(best.best_model_path)
+
+
+def load_pretrained_vit(ckpt_path: str | os.PathLike[str], *, map_location: str | torch.device = "cpu") -> nn.Module:
+    """The timm ViT (backbone and trained head) from a :func:`pretrain_classifier` checkpoint.
+
+    The checkpoint is read with ``torch.load(weights_only=True)``; the architecture is rebuilt from
+    its hyper-parameters with random initialisation and then overwritten by the saved weights, so
+    the original backbone file is not needed any more.
+
+    Raises:
+        MissingResourceError: no file at ``ckpt_path``.
+    """
+    path = Path(ckpt_path).expanduser()
+    if not path.is_file():
+        raise MissingResourceError(
+            f"pre-trained ViT checkpoint not found at {path}; run the FeDiSyn pre-training step first "
+            "or point the config at an existing .ckpt file"
+        )
+    payload = torch.load(path, map_location=map_location, weights_only=True)
+    hparams = payload["hyper_parameters"]
+    model = _build_timm_vit(
+        model_name=hparams["model_name"],
+        num_classes=hparams["num_classes"],
+        overrides=hparams["overrides"],
+        checkpoint=None,
+    )
+    prefix = "model."
+    state = {k[len(prefix) :]: v for k, v in payload["state_dict"].items() if k.startswith(prefix)}
+    model.load_state_dict(state)
+    return model

@@ -1,0 +1,255 @@
+"""FeDiSyn step 1, client side: per-class latent centroids, noised before they leave the client.
+
+Each client k (FeDiSyn, Sec. "Synthetic data generation"):
+
+1. encodes its images with the Stable Diffusion VAE, z = scaling_factor · E(2x − 1)
+   (:func:`encode_images`);
+2. clusters the latents of every class i into Z centroids e_z with k-means and takes the class's
+   average latent e_avg (:func:`class_centroids`; a class with fewer than Z samples sends all of
+   them);
+3. noises centroids and average at a diffusion timestep s with the forward process
+   x_s = sqrt(ᾱ_s) x_0 + sqrt(1 − ᾱ_s) ε (:func:`noise_latents`, the scheduler's own ``add_noise``);
+4. uploads, per class, only the noised centroids, the noised average, the label and the sample
+   count D_i^k (:class:`ClassLatentUpload`). Images and clean latents stay on the client.
+
+Randomness (k-means initialisation, the timestep when it is drawn, the noise ε) comes from the
+``seed`` argument and the class label only, so a class's upload does not depend on which other
+classes the client holds or on the order it visits them. Give each client its own seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from sklearn.cluster import KMeans
+
+from fl_lightning.errors import ConfigError
+from fl_lightning.federation.transport import SCALAR_BYTES, Upload
+
+__all__ = [
+    "ClassLatentUpload",
+    "encode_images",
+    "class_centroids",
+    "noise_latents",
+    "client_latent_uploads",
+    "to_upload",
+    "from_upload",
+]
+
+
+@dataclass(frozen=True)
+class ClassLatentUpload:
+    """What one client sends the server for one class — and nothing else.
+
+    Args:
+        label: class index i.
+        count: D_i^k, the number of the client's samples of class i.
+        timestep: diffusion timestep s at which ``centroids`` and ``mean`` were noised.
+        centroids: noised k-means centroids, (Z', C, h, w) with Z' = min(Z, count).
+        mean: noised class-average latent, (C, h, w).
+    """
+
+    label: int
+    count: int
+    timestep: int
+    centroids: torch.Tensor
+    mean: torch.Tensor
+
+    @property
+    def num_bytes(self) -> int:
+        """Size on the wire: the two tensors' bytes plus three scalars (label, count, timestep)."""
+        tensors = self.centroids.numel() * self.centroids.element_size() + self.mean.numel() * self.mean.element_size()
+        return tensors + 3 * SCALAR_BYTES
+
+
+@torch.no_grad()
+def encode_images(vae: torch.nn.Module, images: torch.Tensor, *, batch_size: int = 16) -> torch.Tensor:
+    """VAE-encode images in [0, 1] into scaled latents z = scaling_factor · mean(E(2x − 1)).
+
+    The posterior mean (not a sample) is used so a client's latents are deterministic; the noise
+    that protects them is added later, at timestep s.
+
+    Args:
+        vae: a diffusers ``AutoencoderKL`` (its ``config.scaling_factor`` is used, 0.18215 for SD v1).
+        images: (B, 3, H, W) in [0, 1], any device/dtype.
+        batch_size: images per encoder call.
+
+    Returns:
+        (B, C, H/f, W/f) float32 latents on the VAE's device.
+    """
+    if batch_size < 1:
+        raise ConfigError("fedisyn.encode_batch_size", batch_size, "an int >= 1")
+    if images.ndim != 4 or images.shape[1] != 3:
+        raise ValueError(f"images must be (B, 3, H, W), got {tuple(images.shape)}")
+    device, dtype = vae.device, vae.dtype
+    scale = float(vae.config.scaling_factor)
+    out = []
+    for start in range(0, images.shape[0], batch_size):
+        x = images[start : start + batch_size].to(device=device, dtype=dtype) * 2.0 - 1.0  # [0,1] → [-1,1]
+        out.append(vae.encode(x).latent_dist.mean.float() * scale)
+    if not out:
+        raise ValueError("encode_images got no images")
+    return torch.cat(out)
+
+
+def class_centroids(
+    latents: torch.Tensor, *, num_centroids: int, seed: int, n_init: int = 10
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """k-means centroids e_z and the average e_avg of one class's latents.
+
+    Args:
+        latents: (N, C, h, w) latents of one class (N ≥ 1).
+        num_centroids: Z. With N ≤ Z every latent is its own centroid (returned in input order).
+        seed: k-means ``random_state``.
+        n_init: k-means restarts (scikit-learn ``n_init``).
+
+    Returns:
+        ``(centroids, mean)``: (min(Z, N), C, h, w) and (C, h, w), dtype/device of ``latents``.
+    """
+    if num_centroids < 1:
+        raise ConfigError("fedisyn.num_centroids", num_centroids, "an int >= 1")
+    if latents.ndim != 4 or latents.shape[0] == 0:
+        raise ValueError(f"latents must be (N>=1, C, h, w), got {tuple(latents.shape)}")
+    n = latents.shape[0]
+    mean = latents.mean(dim=0)
+    if n <= num_centroids:
+        return latents.clone(), mean
+    # k-means in float64 on the flattened latents; the centroids are cluster means of these.
+    flat = latents.detach().reshape(n, -1).to("cpu", torch.float64).numpy()
+    km = KMeans(n_clusters=num_centroids, n_init=n_init, random_state=seed).fit(flat)
+    centroids = torch.from_numpy(km.cluster_centers_).reshape(num_centroids, *latents.shape[1:])
+    return centroids.to(device=latents.device, dtype=latents.dtype), mean
+
+
+def noise_latents(
+    scheduler, latents: torch.Tensor, timestep: int, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Forward-diffuse latents to timestep s: x_s = sqrt(ᾱ_s) x_0 + sqrt(1 − ᾱ_s) ε, ε ~ N(0, I).
+
+    Uses the scheduler's own ``add_noise`` (DDPM forward process, Ho et al. 2020, Eq. 4), so the
+    server's sampler and the client's noise share one ᾱ table.
+
+    Args:
+        scheduler: a diffusers scheduler with ``add_noise`` and ``config.num_train_timesteps``.
+        latents: clean latents, any shape with a leading batch dimension.
+        timestep: s in [0, num_train_timesteps − 1].
+        generator: source of ε (on the latents' device).
+    """
+    total = int(scheduler.config.num_train_timesteps)
+    if not 0 <= int(timestep) < total:
+        raise ConfigError("fedisyn.timestep", timestep, f"an int in [0, {total - 1}]")
+    noise = torch.randn(latents.shape, generator=generator, device=latents.device, dtype=latents.dtype)
+    t = torch.full((latents.shape[0],), int(timestep), dtype=torch.long, device=latents.device)
+    return scheduler.add_noise(latents, noise, t)
+
+
+def _class_rng_seed(seed: int, label: int) -> list[int]:
+    return [int(seed), int(label)]
+
+
+def _group_by_class(
+    vae: torch.nn.Module,
+    images_by_class: Mapping[int, torch.Tensor] | Iterable[tuple[torch.Tensor, torch.Tensor]],
+    batch_size: int,
+) -> dict[int, torch.Tensor]:
+    if isinstance(images_by_class, Mapping):
+        return {
+            int(label): encode_images(vae, imgs, batch_size=batch_size)
+            for label, imgs in images_by_class.items()
+            if len(imgs) > 0
+        }
+    parts: dict[int, list[torch.Tensor]] = {}
+    for images, labels in images_by_class:
+        z = encode_images(vae, images, batch_size=batch_size)
+        labels = torch.as_tensor(labels).to(z.device)
+        for label in labels.unique().tolist():
+            parts.setdefault(int(label), []).append(z[labels == label])
+    return {label: torch.cat(chunks) for label, chunks in parts.items()}
+
+
+def client_latent_uploads(
+    vae: torch.nn.Module,
+    scheduler,
+    images_by_class: Mapping[int, torch.Tensor] | Iterable[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    num_centroids: int,
+    timestep: int | None,
+    max_timestep: int,
+    seed: int,
+    batch_size: int = 16,
+    n_init: int = 10,
+) -> list[ClassLatentUpload]:
+    """Everything one client sends the server in FeDiSyn step 1, one upload per class it holds.
+
+    Args:
+        vae: the SD ``AutoencoderKL`` (the client needs nothing else of Stable Diffusion).
+        scheduler: the diffusion scheduler whose ``add_noise`` defines the forward process.
+        images_by_class: ``{label: (N, 3, H, W) images in [0, 1]}``, or an iterable of
+            ``(images, labels)`` batches (e.g. a DataLoader over the client's data).
+        num_centroids: Z, centroids per class.
+        timestep: the noise timestep s; ``None`` draws s uniformly in [0, ``max_timestep``] per class.
+        max_timestep: S, the upper end of the random timestep.
+        seed: the client's seed (k-means, timestep draw, noise).
+        batch_size: images per VAE call.
+        n_init: k-means restarts.
+
+    Returns:
+        Uploads sorted by label, tensors on the CPU.
+    """
+    total = int(scheduler.config.num_train_timesteps)
+    if not 0 <= int(max_timestep) < total:
+        raise ConfigError("fedisyn.max_timestep", max_timestep, f"an int in [0, {total - 1}]")
+    if timestep is not None and not 0 <= int(timestep) < total:
+        raise ConfigError("fedisyn.timestep", timestep, f"null or an int in [0, {total - 1}]")
+    latents_by_class = _group_by_class(vae, images_by_class, batch_size)
+    uploads = []
+    for label in sorted(latents_by_class):
+        z = latents_by_class[label]  # (D_i^k, C, h, w), clean: never leaves this function
+        centroids, mean = class_centroids(z, num_centroids=num_centroids, seed=seed, n_init=n_init)
+        rng = np.random.default_rng(_class_rng_seed(seed, label))
+        s = int(rng.integers(0, int(max_timestep) + 1)) if timestep is None else int(timestep)
+        gen = torch.Generator(device=z.device).manual_seed(int(rng.integers(0, 2**63 - 1)))
+        noised = noise_latents(scheduler, torch.cat([centroids, mean[None]]), s, gen)
+        uploads.append(
+            ClassLatentUpload(
+                label=int(label),
+                count=int(z.shape[0]),
+                timestep=s,
+                centroids=noised[:-1].cpu(),
+                mean=noised[-1].cpu(),
+            )
+        )
+    return uploads
+
+
+def to_upload(uploads: Iterable[ClassLatentUpload]) -> Upload:
+    """Pack a client's per-class uploads into one transport :class:`~fl_lightning.federation.transport.Upload`.
+
+    Keys are ``class<label>.centroids`` / ``.mean`` (tensors) and ``.label`` / ``.count`` /
+    ``.timestep`` (scalars), so ``Upload.num_bytes`` equals the sum of the parts' ``num_bytes``.
+    """
+    out = Upload()
+    for up in uploads:
+        key = f"class{up.label}"
+        out.tensors[f"{key}.centroids"] = up.centroids
+        out.tensors[f"{key}.mean"] = up.mean
+        out.meta.update({f"{key}.label": up.label, f"{key}.count": up.count, f"{key}.timestep": up.timestep})
+    return out
+
+
+def from_upload(upload: Upload) -> list[ClassLatentUpload]:
+    """Unpack :func:`to_upload`'s payload on the server (sorted by label)."""
+    labels = sorted(int(v) for k, v in upload.meta.items() if k.endswith(".label"))
+    return [
+        ClassLatentUpload(
+            label=label,
+            count=int(upload.meta[f"class{label}.count"]),
+            timestep=int(upload.meta[f"class{label}.timestep"]),
+            centroids=upload.tensors[f"class{label}.centroids"],
+            mean=upload.tensors[f"class{label}.mean"],
+        )
+        for label in labels
+    ]

@@ -1,0 +1,278 @@
+"""FeDiSyn step 1, server side: expand each class label into several text prompts.
+
+The paper asks a large language model (LLaMA-7B), per label, the question :data:`QUESTION` and uses
+the answers as Stable Diffusion prompts, so that images of one class vary in look and action.
+
+* :class:`LLMPromptExpander` — any causal LM that transformers can load from a local folder
+  (``AutoTokenizer`` + ``AutoModelForCausalLM``, ``local_files_only``), sampled with a seed. Each
+  answer is cut to its first sentence; answers that do not mention the label are replaced by a
+  template sentence, so every label always gets the number of prompts asked for.
+* :class:`TemplatePromptExpander` — the offline fallback: templates × attributes × scenes,
+  drawn without replacement by a generator seeded from (seed, label). Deterministic and varied.
+* :func:`expand_with_cache` — keeps the prompts in a JSON file, so the LLM runs once per label.
+
+Both expanders have ``expand(labels, per_label) -> {label: [prompt, ...]}`` and a ``description``
+string (stored in the cache to notice when the expander changed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from fl_lightning.errors import ConfigError, MissingResourceError
+
+__all__ = [
+    "QUESTION",
+    "PromptExpander",
+    "TemplatePromptExpander",
+    "LLMPromptExpander",
+    "expand_with_cache",
+]
+
+#: The paper's question to the LLM, per label.
+QUESTION = 'Write a sentence using the word "{label}" to describe the characteristics and actions of the object.'
+
+# The template space: 8 × 12 × 10 = 960 distinct prompts per label before any repeats.
+_TEMPLATES: tuple[str, ...] = (
+    "a photo of the {attr} {label} {scene}.",
+    "a close-up photo of the {attr} {label} {scene}.",
+    "the {attr} {label} {scene}, in sharp focus.",
+    "a picture showing one {attr} {label} {scene}.",
+    "a realistic image of the {label}, {attr}, {scene}.",
+    "one {label} that looks {attr}, {scene}.",
+    "a cropped photo of the {attr} {label} {scene}.",
+    "a good photo of the {attr} {label} {scene}, natural colors.",
+)
+_ATTRIBUTES: tuple[str, ...] = (
+    "small", "large", "bright", "dark", "colorful", "old",
+    "clean", "detailed", "shiny", "weathered", "typical", "striking",
+)
+_SCENES: tuple[str, ...] = (
+    "in the wild", "on a table", "in a city street", "at sunset", "seen from above",
+    "in soft daylight", "indoors", "against a plain background", "in motion", "up close",
+)
+
+
+def _readable(label: str) -> str:
+    """Class names such as ``apple_pie`` read as ``apple pie`` in a sentence."""
+    return " ".join(label.replace("_", " ").split())
+
+
+def _label_seed(seed: int, label: str) -> list[int]:
+    # crc32, not hash(): Python's str hash changes between processes.
+    return [int(seed), zlib.crc32(label.encode("utf-8"))]
+
+
+def _check_per_label(per_label: int) -> None:
+    if int(per_label) < 1:
+        raise ConfigError("fedisyn.prompts_per_label", per_label, "an int >= 1")
+
+
+class PromptExpander(Protocol):
+    """Anything that turns labels into prompts."""
+
+    description: str
+
+    def expand(self, labels: Sequence[str], per_label: int) -> dict[str, list[str]]: ...
+
+
+class TemplatePromptExpander:
+    """Deterministic, varied prompts without a language model (templates × attributes × scenes).
+
+    Args:
+        seed: the prompts of a label depend only on (seed, label).
+
+    Example:
+        >>> TemplatePromptExpander(seed=0).expand(["cat"], 2)["cat"]  # doctest: +SKIP
+        ['a cropped photo of the shiny cat at sunset.', 'the old cat indoors, in sharp focus.']
+    """
+
+    def __init__(self, *, seed: int = 0) -> None:
+        self.seed = int(seed)
+        self.description = f"template(seed={self.seed})"
+
+    def prompts_for(self, label: str, per_label: int) -> list[str]:
+        """``per_label`` prompts for one label: distinct while the template space lasts, then cycled."""
+        _check_per_label(per_label)
+        name = _readable(label)
+        n_t, n_a, n_s = len(_TEMPLATES), len(_ATTRIBUTES), len(_SCENES)
+        order = np.random.default_rng(_label_seed(self.seed, label)).permutation(n_t * n_a * n_s)
+        out = []
+        for j in range(int(per_label)):
+            code = int(order[j % order.size])
+            t, rest = divmod(code, n_a * n_s)
+            a, s = divmod(rest, n_s)
+            out.append(_TEMPLATES[t].format(label=name, attr=_ATTRIBUTES[a], scene=_SCENES[s]))
+        return out
+
+    def expand(self, labels: Sequence[str], per_label: int) -> dict[str, list[str]]:
+        """``{label: per_label prompts}``, each containing the (readable) label."""
+        return {label: self.prompts_for(label, per_label) for label in labels}
+
+
+# A sentence ends at . ! or ? followed (after an optional closing quote) by a space or the end.
+_SENTENCE = re.compile(r"(.+?[.!?])(?=[\"'”]?(?:\s|$))", re.DOTALL)
+
+
+def _first_sentence(text: str) -> str:
+    """The first sentence of a generated answer, whitespace collapsed, quotes stripped."""
+    # Drop what a model may put before the sentence: quotes, stray punctuation, list dashes.
+    text = " ".join(text.split()).lstrip(" \"'“”.,;:!?-*")
+    match = _SENTENCE.match(text)
+    return (match.group(1) if match else text).strip(" \"'“”")
+
+
+def _mentions(sentence: str, label: str) -> bool:
+    return re.search(rf"\b{re.escape(_readable(label))}\b", sentence, flags=re.IGNORECASE) is not None
+
+
+class LLMPromptExpander:
+    """Prompts written by a local causal language model (the paper uses LLaMA-7B).
+
+    Args:
+        model_path: folder with a transformers tokenizer and causal-LM weights.
+        max_new_tokens: length limit of each answer.
+        device: where the model runs.
+        dtype: model dtype (``torch.float16``/``bfloat16`` on a GPU).
+        seed: sampling seed; the prompts of a label depend only on (seed, label).
+        temperature: sampling temperature.
+        top_p: nucleus-sampling mass.
+
+    Raises:
+        MissingResourceError: ``model_path`` holds no loadable model.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        max_new_tokens: int = 48,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        seed: int = 0,
+        temperature: float = 0.9,
+        top_p: float = 0.95,
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.model_path = Path(model_path).expanduser()
+        if max_new_tokens < 1:
+            raise ConfigError("fedisyn.llm_max_new_tokens", max_new_tokens, "an int >= 1")
+        if not temperature > 0:
+            raise ConfigError("fedisyn.llm_temperature", temperature, "a float > 0")
+        hint = (
+            "set fedisyn.llm_path to a local transformers causal-LM folder (e.g. LLaMA-7B saved with "
+            "save_pretrained), or set it to null to use the template prompt expander"
+        )
+        if not self.model_path.is_dir():
+            raise MissingResourceError(f"language model not found: {self.model_path} is not a folder; {hint}")
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
+            self.model = AutoModelForCausalLM.from_pretrained(self.model_path, local_files_only=True, dtype=dtype)
+        except (OSError, ValueError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise MissingResourceError(
+                f"could not load a language model from {self.model_path} ({first}); {hint}"
+            ) from err
+        self.device = torch.device(device)
+        self.model.to(self.device).eval().requires_grad_(False)
+        self.max_new_tokens = int(max_new_tokens)
+        self.seed = int(seed)
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.fallback = TemplatePromptExpander(seed=seed)
+        self.description = (
+            f"llm(path={self.model_path}, seed={self.seed}, temperature={self.temperature}, "
+            f"top_p={self.top_p}, max_new_tokens={self.max_new_tokens})"
+        )
+
+    def _query(self, label: str) -> str:
+        question = QUESTION.format(label=_readable(label))
+        if getattr(self.tokenizer, "chat_template", None):  # instruction-tuned models want their chat format
+            return self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+            )
+        return question + "\n"
+
+    @torch.no_grad()
+    def _answers(self, label: str, n: int) -> list[str]:
+        inputs = self.tokenizer(self._query(label), return_tensors="pt").to(self.device)
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        devices = [self.device.index or 0] if self.device.type == "cuda" else []
+        # generate() samples from the global RNG: fork it so the caller's RNG state is untouched.
+        with torch.random.fork_rng(devices=devices):
+            seed = int(np.random.default_rng(_label_seed(self.seed, label)).integers(0, 2**63 - 1))
+            torch.manual_seed(seed)
+            out = self.model.generate(
+                **inputs,
+                do_sample=True,
+                temperature=self.temperature,
+                top_p=self.top_p,
+                max_new_tokens=self.max_new_tokens,
+                num_return_sequences=n,
+                pad_token_id=pad_id,
+            )
+        new_tokens = out[:, inputs["input_ids"].shape[1] :]
+        return self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+
+    def prompts_for(self, label: str, per_label: int) -> list[str]:
+        """``per_label`` one-sentence prompts mentioning the label (template sentences fill the gaps)."""
+        _check_per_label(per_label)
+        kept: list[str] = []
+        for answer in self._answers(label, int(per_label)):
+            sentence = _first_sentence(answer)
+            if sentence and _mentions(sentence, label) and sentence not in kept:
+                kept.append(sentence)
+        templates = [p for p in self.fallback.prompts_for(label, int(per_label) + len(kept)) if p not in kept]
+        return kept + templates[: int(per_label) - len(kept)]
+
+    def expand(self, labels: Sequence[str], per_label: int) -> dict[str, list[str]]:
+        """``{label: per_label prompts}``, each containing the (readable) label."""
+        return {label: self.prompts_for(label, per_label) for label in labels}
+
+
+def expand_with_cache(
+    expander: PromptExpander, labels: Sequence[str], per_label: int, cache_path: str | Path
+) -> dict[str, list[str]]:
+    """Expand ``labels``, reading and writing a JSON cache so each label is expanded once.
+
+    The cache file is ``{"expander": description, "prompts": {label: [...]}}``. Entries made by a
+    different expander (other model, other seed) are discarded; a label with fewer cached prompts
+    than ``per_label`` is expanded again.
+
+    Args:
+        expander: a :class:`TemplatePromptExpander` or :class:`LLMPromptExpander`.
+        labels: class names.
+        per_label: prompts per label.
+        cache_path: JSON file (created with its folder).
+
+    Returns:
+        ``{label: per_label prompts}`` for the requested labels.
+    """
+    _check_per_label(per_label)
+    cache_path = Path(cache_path)
+    cached: dict[str, list[str]] = {}
+    if cache_path.is_file():
+        data = json.loads(cache_path.read_text(encoding="utf-8"))
+        if data.get("expander") == expander.description:
+            cached = {str(k): list(v) for k, v in data.get("prompts", {}).items()}
+    missing = [label for label in labels if len(cached.get(label, [])) < per_label]
+    if missing:
+        cached.update(expander.expand(missing, per_label))
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_path.with_name(cache_path.name + ".tmp")
+        tmp.write_text(
+            json.dumps({"expander": expander.description, "prompts": cached}, indent=1, ensure_ascii=False),
+            encoding="utf-8",
+        )
+        os.replace(tmp, cache_path)  # atomic: a crash never leaves half a cache
+    return {label: cached[label][:per_label] for label in labels}

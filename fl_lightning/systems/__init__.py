@@ -1,0 +1,63 @@
+"""FeDiSyn's system model: devices, wireless channel, water-filling, LoRA depth, scaling law, clock.
+
+Everything here is pure math on numpy float64 arrays (no Lightning, no I/O), so the federation
+loop can plan a round (depths → compute times → bandwidths → round time) and tests can check each
+piece against an independent reference.
+"""
+
+from fl_lightning.systems.channel import (
+    ChannelConfig,
+    device_spectral_efficiency,
+    path_gain,
+    place_devices,
+    spectral_efficiency,
+    upload_time,
+)
+from fl_lightning.systems.clc import (
+    capacity_depths,
+    contribution_aware_depths,
+    depth_contribution,
+    depth_round_time,
+    fixed_depths,
+    full_depths,
+    memory_depth_limits,
+)
+from fl_lightning.systems.clock import PHASES, SimulatedClock
+from fl_lightning.systems.devices import (
+    PAPER_TESTBED,
+    PROFILES,
+    DeviceProfile,
+    compute_time,
+    max_depth,
+    measured_profiles,
+    paper_testbed,
+    profile_arrays,
+)
+from fl_lightning.systems.wfba import allocate_bandwidth
+
+# scaling_law is also a CLI (`python -m fl_lightning.systems.scaling_law`); importing it here
+# eagerly would make runpy warn that the module was imported before it ran, so its names are
+# resolved on first access instead (PEP 562).
+_SCALING_LAW_NAMES = ("ScalingLawParams", "fit_scaling_law", "optimal_lambda",
+                      "synthesis_cost_per_unit_lambda", "total_time")
+
+
+def __getattr__(name: str) -> object:
+    if name in _SCALING_LAW_NAMES:
+        from fl_lightning.systems import scaling_law
+
+        return getattr(scaling_law, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+__all__ = [
+    "ChannelConfig", "place_devices", "path_gain", "spectral_efficiency", "upload_time",
+    "device_spectral_efficiency",
+    "contribution_aware_depths", "capacity_depths", "full_depths", "fixed_depths",
+    "memory_depth_limits", "depth_contribution", "depth_round_time",
+    "SimulatedClock", "PHASES",
+    "DeviceProfile", "PROFILES", "PAPER_TESTBED", "paper_testbed", "compute_time", "max_depth",
+    "measured_profiles", "profile_arrays",
+    "ScalingLawParams", "total_time", "synthesis_cost_per_unit_lambda", "fit_scaling_law",
+    "optimal_lambda",
+    "allocate_bandwidth",
+]

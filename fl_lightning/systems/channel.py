@@ -1,0 +1,140 @@
+"""Simulated FDMA wireless uplink of the FeDiSyn system model.
+
+The server sits at the origin; the N devices are dropped uniformly at random in a disc of radius
+R = 50 m centred at (300 m, 0). Device i, at distance d_i, sees the large-scale fading gain
+
+    g_i = (d_i / d0)^(-α),   d0 = 10 m, α = 3.5
+
+and, with bandwidth B_i out of the total B = 10 MHz (FDMA, Σ B_i ≤ B), uploads at the Shannon rate
+
+    r_i = B_i · log2(1 + p_i g_i / σ²),   σ² = 1e-11 W
+
+so that sending S bits takes S / r_i seconds. Assumption (as in the paper's model): σ² is a fixed
+noise power, *not* a density times B_i, so the SNR p_i g_i / σ² and hence the spectral
+efficiency e_i = log2(1 + p_i g_i / σ²) of a device do not depend on its bandwidth share; the rate
+is then linear in B_i, which is what makes water-filling (``wfba.py``) a one-dimensional search.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+from fl_lightning.errors import ConfigError
+
+__all__ = [
+    "ChannelConfig",
+    "place_devices",
+    "path_gain",
+    "spectral_efficiency",
+    "upload_time",
+    "device_spectral_efficiency",
+]
+
+
+@dataclass(frozen=True)
+class ChannelConfig:
+    """The wireless channel's constants (defaults: the paper's simulation setting).
+
+    Args:
+        radius_m: radius of the disc the devices are dropped in (m).
+        center_m: centre of that disc; the server is at (0, 0) (m).
+        d0_m: reference distance of the path-loss model (m).
+        path_loss_exponent: α in g = (d / d0)^-α.
+        noise_power_w: σ², receiver noise power (W).
+        total_bandwidth_hz: B, the uplink bandwidth shared by FDMA (Hz).
+    """
+
+    radius_m: float = 50.0
+    center_m: tuple[float, float] = (300.0, 0.0)
+    d0_m: float = 10.0
+    path_loss_exponent: float = 3.5
+    noise_power_w: float = 1e-11
+    total_bandwidth_hz: float = 10e6
+
+    def __post_init__(self) -> None:
+        for key in ("radius_m", "d0_m", "path_loss_exponent", "noise_power_w",
+                    "total_bandwidth_hz"):
+            value = getattr(self, key)
+            if not (isinstance(value, numbers.Real) and math.isfinite(value) and value > 0):
+                raise ConfigError(f"channel.{key}", value, "a finite float > 0")
+        center = self.center_m
+        if not (len(center) == 2 and all(math.isfinite(float(c)) for c in center)):
+            raise ConfigError("channel.center_m", center, "a pair of finite floats (x, y)")
+        if math.hypot(*center) <= self.radius_m:
+            # A device could land on the server (d = 0, infinite gain).
+            raise ConfigError("channel.center_m", center,
+                              f"a centre farther than radius_m={self.radius_m} from the server")
+
+
+def place_devices(
+    n: int,
+    *,
+    radius_m: float = 50.0,
+    center_m: tuple[float, float] = (300.0, 0.0),
+    seed: int,
+) -> np.ndarray:
+    """Drop n devices uniformly (in area) in a disc.
+
+    Uniform in area means the radius is R·sqrt(u), not R·u (which would crowd the centre).
+
+    Args:
+        n: number of devices.
+        radius_m: disc radius R (m).
+        center_m: disc centre (m).
+        seed: seed of the private ``np.random.default_rng``.
+
+    Returns:
+        (n, 2) float64 positions in metres.
+    """
+    if n < 0:
+        raise ConfigError("num_devices", n, "an int >= 0")
+    rng = np.random.default_rng(seed)
+    r = radius_m * np.sqrt(rng.uniform(size=n))  # (n,)
+    theta = rng.uniform(0.0, 2.0 * math.pi, size=n)  # (n,)
+    offsets = np.stack([r * np.cos(theta), r * np.sin(theta)], axis=1)  # (n, 2)
+    return offsets + np.asarray(center_m, dtype=np.float64)
+
+
+def path_gain(distance_m: float | np.ndarray, *, d0_m: float = 10.0,
+              exponent: float = 3.5) -> np.ndarray:
+    """Large-scale fading gain g = (d / d0)^(-α) (linear, not dB)."""
+    d = np.asarray(distance_m, dtype=np.float64)
+    if np.any(d <= 0):
+        raise ConfigError("distance_m", distance_m, "distances > 0 m")
+    return (d / d0_m) ** (-exponent)
+
+
+def spectral_efficiency(transmit_power_w: float | np.ndarray, gain: float | np.ndarray,
+                        noise_power_w: float) -> np.ndarray:
+    """Spectral efficiency e = log2(1 + p g / σ²) in bit/s/Hz (independent of the bandwidth)."""
+    snr = np.asarray(transmit_power_w, dtype=np.float64) * np.asarray(gain, dtype=np.float64)
+    return np.log2(1.0 + snr / noise_power_w)
+
+
+def upload_time(payload_bits: float | np.ndarray, bandwidth_hz: float | np.ndarray,
+                spectral_efficiency: float | np.ndarray) -> np.ndarray:
+    """Upload time S / (B_i · e_i) in seconds; 0 for an empty payload, inf for no bandwidth."""
+    S = np.asarray(payload_bits, dtype=np.float64)
+    rate = np.asarray(bandwidth_hz, dtype=np.float64) * np.asarray(spectral_efficiency,
+                                                                    dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = S / rate
+    return np.where(S == 0, 0.0, t)
+
+
+def device_spectral_efficiency(transmit_power_w: np.ndarray, *, config: ChannelConfig,
+                               seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Drop one device per transmit power and return (positions (N, 2), efficiencies (N,)).
+
+    Convenience for the planner: place → distance to the server → gain → spectral efficiency.
+    """
+    p = np.asarray(transmit_power_w, dtype=np.float64)  # (N,)
+    positions = place_devices(p.shape[0], radius_m=config.radius_m, center_m=config.center_m,
+                              seed=seed)
+    gain = path_gain(np.linalg.norm(positions, axis=1), d0_m=config.d0_m,
+                     exponent=config.path_loss_exponent)
+    return positions, spectral_efficiency(p, gain, config.noise_power_w)

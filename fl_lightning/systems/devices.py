@@ -1,0 +1,236 @@
+"""Edge-device profiles of the FeDiSyn system model: compute time and memory of depth-x LoRA.
+
+Device i fine-tunes LoRA only in its last ``x_i`` transformer blocks. Its per-round compute time
+and memory are (FeDiSyn, system model, Sec. III)
+
+    H_i^comp = D_i · (h̄_i + x_i · h_i)          # forward of every sample + backward of x_i blocks
+    m̄_i + x_i · m_i ≤ M_i                       # fixed memory + one share per trainable block
+
+with D_i the number of samples it processes, h̄_i the per-sample forward time, h_i the per-sample
+backward time of one block, m̄_i the fixed memory, m_i the memory of one trainable block and M_i
+the device's memory budget.
+
+The paper's testbed is 1 Jetson AGX Xavier, 5 Jetson Orin NX, 3 Jetson AGX Orin and 1 Jetson AGX
+Thor. **The numbers in :data:`PROFILES` are calibrations for ViT-B/16-class LoRA, to be
+overridden, not measurements**; they were chosen to be plausible and mutually consistent:
+
+* speed relative to the Xavier: Orin NX 1.5×, AGX Orin 3×, Thor 8×; the Xavier forwards a
+  224² image through ViT-B/16 in ~20 ms and back-propagates one block in ~3.5 ms (about twice the
+  forward cost of one of its 12 blocks);
+* memory: 2.5 GB fixed (weights, CUDA context, forward working set) and 1.5 GB per trainable block
+  (~12 MB of saved activations per image and block × a batch of 128, plus LoRA weights and Adam
+  state); budgets are the boards' 32/16/64/128 GB of unified memory minus a 4 GB OS share;
+* uplink transmit power 0.1–0.2 W.
+
+``measured_profiles`` replaces the times by ones derived from the simulating host's own measured
+times (see the round-timing callback), keeping each profile's speed relative to the slowest one.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from fl_lightning.errors import ConfigError
+
+__all__ = [
+    "DeviceProfile",
+    "PROFILES",
+    "PAPER_TESTBED",
+    "paper_testbed",
+    "compute_time",
+    "max_depth",
+    "measured_profiles",
+    "profile_arrays",
+]
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """Compute, memory and radio characteristics of one edge device.
+
+    Args:
+        name: profile name (e.g. ``"jetson_orin_nx"``).
+        forward_time_s: h̄, forward time of one sample through the whole backbone (s).
+        backward_time_per_layer_s: h, backward time of one sample through one trainable block (s).
+        fixed_memory_gb: m̄, memory used whatever the depth (GB).
+        memory_per_layer_gb: m, extra memory of each trainable block (GB).
+        memory_budget_gb: M, memory available for training (GB).
+        transmit_power_w: p, uplink transmit power (W).
+    """
+
+    name: str
+    forward_time_s: float
+    backward_time_per_layer_s: float
+    fixed_memory_gb: float
+    memory_per_layer_gb: float
+    memory_budget_gb: float
+    transmit_power_w: float
+
+    def __post_init__(self) -> None:
+        for key in ("forward_time_s", "backward_time_per_layer_s", "memory_per_layer_gb",
+                    "memory_budget_gb", "transmit_power_w"):
+            _check_positive(f"device.{self.name}.{key}", getattr(self, key))
+        value = self.fixed_memory_gb
+        if not (_is_real(value) and math.isfinite(value) and value >= 0):
+            raise ConfigError(f"device.{self.name}.fixed_memory_gb", value, "a finite float >= 0")
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _check_positive(key: str, value: object) -> None:
+    if not (_is_real(value) and math.isfinite(value) and value > 0):
+        raise ConfigError(key, value, "a finite float > 0")
+
+
+# Shared by all boards because they run the same model; only the budget differs.
+_FIXED_GB = 2.5  # ViT-B/16 weights (0.35 GB) + CUDA/cuDNN context + forward working set
+_PER_LAYER_GB = 1.5  # ~12 MB saved activations / image / block × batch 128 + LoRA + Adam state
+_OS_SHARE_GB = 4.0  # unified memory kept by the OS and the display/camera stack
+_XAVIER_FORWARD_S = 0.020  # one 224² image through ViT-B/16
+_XAVIER_BACKWARD_PER_LAYER_S = 0.0035  # ≈ 2 × (forward / 12 blocks)
+
+
+def _board(name: str, speed: float, memory_gb: float, power_w: float) -> DeviceProfile:
+    return DeviceProfile(
+        name=name,
+        forward_time_s=_XAVIER_FORWARD_S / speed,
+        backward_time_per_layer_s=_XAVIER_BACKWARD_PER_LAYER_S / speed,
+        fixed_memory_gb=_FIXED_GB,
+        memory_per_layer_gb=_PER_LAYER_GB,
+        memory_budget_gb=memory_gb - _OS_SHARE_GB,
+        transmit_power_w=power_w,
+    )
+
+
+PROFILES: dict[str, DeviceProfile] = {
+    "jetson_agx_xavier": _board("jetson_agx_xavier", speed=1.0, memory_gb=32.0, power_w=0.10),
+    "jetson_orin_nx": _board("jetson_orin_nx", speed=1.5, memory_gb=16.0, power_w=0.12),
+    "jetson_agx_orin": _board("jetson_agx_orin", speed=3.0, memory_gb=64.0, power_w=0.15),
+    "jetson_agx_thor": _board("jetson_agx_thor", speed=8.0, memory_gb=128.0, power_w=0.20),
+}
+"""Calibrated profiles of the paper's boards (see the module docstring); override as needed."""
+
+# 1 Xavier, 5 Orin NX, 3 AGX Orin, 1 Thor: the paper's 10-device testbed.
+PAPER_TESTBED: tuple[str, ...] = (
+    ("jetson_agx_xavier",) + ("jetson_orin_nx",) * 5 + ("jetson_agx_orin",) * 3
+    + ("jetson_agx_thor",)
+)
+
+
+def paper_testbed() -> list[DeviceProfile]:
+    """The paper's 10 devices in order: 1 AGX Xavier, 5 Orin NX, 3 AGX Orin, 1 AGX Thor."""
+    return [PROFILES[name] for name in PAPER_TESTBED]
+
+
+def profile_arrays(profiles: Sequence[DeviceProfile]) -> dict[str, np.ndarray]:
+    """Stack a list of profiles into float64 arrays, one per field (keys = field names).
+
+    The returned keys match the keyword arguments of :func:`fl_lightning.systems.clc.
+    contribution_aware_depths` (plus ``transmit_power_w``).
+    """
+    keys = ("forward_time_s", "backward_time_per_layer_s", "fixed_memory_gb",
+            "memory_per_layer_gb", "memory_budget_gb", "transmit_power_w")
+    return {key: np.array([getattr(p, key) for p in profiles], dtype=np.float64) for key in keys}
+
+
+def compute_time(
+    num_samples: float | np.ndarray,
+    profile_or_arrays: DeviceProfile | Sequence[DeviceProfile] | tuple[np.ndarray, np.ndarray],
+    depth: int | np.ndarray,
+) -> np.ndarray:
+    """Compute time H_i^comp = D_i · (h̄_i + x_i · h_i), vectorised over devices.
+
+    Args:
+        num_samples: D_i, samples each device processes in the round (scalar or (N,)).
+            Multiply by the local epochs before calling if a device passes over its data
+            several times.
+        profile_or_arrays: one profile, a list of N profiles, or a pair of arrays
+            ``(forward_time_s, backward_time_per_layer_s)`` of shape (N,).
+        depth: x_i, number of trainable (last) blocks (scalar or (N,)).
+
+    Returns:
+        float64 array of compute times in seconds (broadcast shape of the inputs; 0-d for scalars).
+    """
+    if isinstance(profile_or_arrays, DeviceProfile):
+        forward = np.float64(profile_or_arrays.forward_time_s)
+        backward = np.float64(profile_or_arrays.backward_time_per_layer_s)
+    elif isinstance(profile_or_arrays, tuple) and len(profile_or_arrays) == 2 and not any(
+        isinstance(p, DeviceProfile) for p in profile_or_arrays
+    ):
+        forward = np.asarray(profile_or_arrays[0], dtype=np.float64)
+        backward = np.asarray(profile_or_arrays[1], dtype=np.float64)
+    else:
+        arrays = profile_arrays(list(profile_or_arrays))
+        forward, backward = arrays["forward_time_s"], arrays["backward_time_per_layer_s"]
+    D = np.asarray(num_samples, dtype=np.float64)
+    x = np.asarray(depth, dtype=np.float64)
+    if np.any(D < 0):
+        raise ConfigError("num_samples", num_samples, "non-negative sample counts")
+    if np.any(x < 0):
+        raise ConfigError("depth", depth, "non-negative depths")
+    return D * (forward + x * backward)  # H_i^comp
+
+
+def max_depth(profile: DeviceProfile, num_layers: int) -> int:
+    """Largest depth x ≤ num_layers with m̄ + x·m ≤ M.
+
+    Raises:
+        ConfigError: if even one trainable block does not fit in the memory budget.
+    """
+    if num_layers < 1:
+        raise ConfigError("num_layers", num_layers, "an int >= 1")
+    room = (profile.memory_budget_gb - profile.fixed_memory_gb) / profile.memory_per_layer_gb
+    # The tiny slack keeps an exact fit (e.g. 9.0 GB / 1.5 GB = 6) from rounding down to 5.
+    depth = min(num_layers, math.floor(room + 1e-9))
+    if depth < 1:
+        raise ConfigError(
+            f"device.{profile.name}.memory_budget_gb", profile.memory_budget_gb,
+            f">= fixed_memory_gb + memory_per_layer_gb = "
+            f"{profile.fixed_memory_gb + profile.memory_per_layer_gb:g} GB so one LoRA block fits",
+        )
+    return depth
+
+
+def measured_profiles(
+    base: Sequence[DeviceProfile],
+    host_forward_s: float,
+    host_backward_per_layer_s: float,
+    *,
+    reference: DeviceProfile | None = None,
+) -> list[DeviceProfile]:
+    """Profiles whose times come from the simulating host's measurements.
+
+    The host is taken to be as fast as ``reference`` (default: the slowest profile of ``base``,
+    i.e. the one with the largest forward time); every other profile keeps its speed relative to
+    it: h̄_i = host_forward · h̄_i / h̄_ref and h_i = host_backward · h_i / h_ref. Memory and
+    transmit power are kept.
+
+    Args:
+        base: the profiles to rescale (e.g. :func:`paper_testbed`).
+        host_forward_s: measured per-sample forward time on this host (s).
+        host_backward_per_layer_s: measured per-sample backward time of one block on this host (s).
+        reference: the profile the host stands for.
+    """
+    if len(base) == 0:
+        raise ConfigError("devices", list(base), "at least one device profile")
+    _check_positive("host_forward_s", host_forward_s)
+    _check_positive("host_backward_per_layer_s", host_backward_per_layer_s)
+    ref = reference if reference is not None else max(base, key=lambda p: p.forward_time_s)
+    return [
+        replace(
+            p,
+            forward_time_s=host_forward_s * p.forward_time_s / ref.forward_time_s,
+            backward_time_per_layer_s=(
+                host_backward_per_layer_s * p.backward_time_per_layer_s
+                / ref.backward_time_per_layer_s
+            ),
+        )
+        for p in base
+    ]

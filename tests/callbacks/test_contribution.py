@@ -1,0 +1,91 @@
+"""Tests for fl_lightning.callbacks.contribution: G_i from LoRA gradients, and per-layer estimates."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pytest
+import timm
+import torch
+
+from fl_lightning.callbacks.contribution import GradientContribution, estimate_layer_contributions
+from fl_lightning.models.lora import LoraSpec
+from fl_lightning.modules.lora_classifier import LoRAClassifier
+
+
+def make() -> LoRAClassifier:
+    torch.manual_seed(0)
+    vit = timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, num_classes=3,
+        img_size=16, patch_size=8, embed_dim=32, depth=3, num_heads=2,
+    )
+    module = LoRAClassifier(backbone=vit, spec=LoraSpec(rank=2, alpha=4), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    module.load_lora_state({k: torch.randn(v.shape, generator=g) * 0.1 for k, v in module.lora_state().items()})
+    return module
+
+
+def test_matches_manual_squared_gradient_norms():
+    module = make()
+    module.set_depth(2)
+    optimizer = module.configure_optimizers()
+    callback = GradientContribution()
+    callback.reset()
+    manual: dict[int, list[float]] = {1: [], 2: []}
+    for step in range(3):
+        g = torch.Generator().manual_seed(10 + step)
+        x, y = torch.randn(4, 3, 16, 16, generator=g), torch.tensor([0, 1, 2, 0])
+        optimizer.zero_grad(set_to_none=True)
+        module.training_step((x, y), step).backward()
+        callback.on_after_backward(module=module)
+        # Independent reference: walk the modules, not the parameter names.
+        for block in (1, 2):
+            attn = module.model.base_model.model.blocks[block].attn
+            total = 0.0
+            for layer in (attn.qkv, attn.proj):
+                for p in (layer.lora_A["default"].weight, layer.lora_B["default"].weight):
+                    total += float(np.sum(p.grad.double().numpy() ** 2))
+            manual[block].append(total)
+        optimizer.step()
+    per_layer = callback.per_layer()
+    assert sorted(per_layer) == [1, 2]  # block 0 is frozen: no measurement
+    for block, values in manual.items():
+        assert per_layer[block] == pytest.approx(np.mean(values), rel=1e-12)
+    assert callback.total() == pytest.approx(sum(np.mean(v) for v in manual.values()), rel=1e-12)
+    assert callback.total() > 0
+
+
+def test_reset_and_state_dict():
+    module = make()
+    callback = GradientContribution()
+    assert callback.per_layer() == {} and callback.total() == 0.0
+    module.training_step((torch.randn(2, 3, 16, 16), torch.tensor([0, 1])), 0).backward()
+    callback.on_after_backward(module=module)
+    restored = GradientContribution()
+    restored.load_state_dict(callback.state_dict())
+    assert restored.per_layer() == callback.per_layer() and len(callback.per_layer()) == 3
+    callback.reset()
+    assert callback.per_layer() == {} and callback.total() == 0.0
+
+
+def test_estimate_uses_latest_measurement_then_last_round_mean():
+    history = {0: 9.0, 3: 1.0, 4: 2.0}  # block 0 measured in an older round
+    last_round = {3: 1.5, 4: 2.5}  # trained last round: blocks 3, 4 (mean 2.0)
+    out = estimate_layer_contributions(history, 5, prior=7.0, last_round=last_round)
+    np.testing.assert_array_equal(out, [9.0, 2.0, 2.0, 1.5, 2.5])
+    assert out.dtype == np.float64
+
+
+def test_estimate_without_last_round_uses_history_mean_and_prior():
+    np.testing.assert_array_equal(estimate_layer_contributions({2: 4.0, 1: 2.0}, 4, prior=0.0), [3.0, 2.0, 4.0, 3.0])
+    np.testing.assert_array_equal(estimate_layer_contributions({}, 3, prior=0.5), [0.5, 0.5, 0.5])
+
+
+def test_estimate_rejects_bad_layers():
+    with pytest.raises(ValueError, match="outside"):
+        estimate_layer_contributions({5: 1.0}, 5, prior=0.0)
+    with pytest.raises(ValueError, match="num_layers"):
+        estimate_layer_contributions({}, 0, prior=0.0)

@@ -1,0 +1,129 @@
+"""The federation loop on FedAvg with a tiny backbone: determinism, 1 vs 2 ranks, resume, faults."""
+
+import json
+import math
+
+import pytest
+import torch
+
+import fl_lightning.algorithms  # noqa: F401 — registers the methods
+from fl_lightning.algorithms.fedavg import FedAvg
+from fl_lightning.config import load_config
+from fl_lightning.federation.algorithm import register
+from fl_lightning.federation.checkpoint import safe_load
+from fl_lightning.federation.simulation import ClientFailure, Simulation
+from fl_lightning.federation.transport import Upload
+from tests.conftest import CONF, run_cli
+
+
+def _cfg(tmp_path, *extra):
+    return load_config(CONF / "fedavg_digits_tiny.yaml",
+                       ["--output_dir", str(tmp_path), "--federation.rounds", "2", "--partition.num_clients", "4",
+                        "--logging.progress", "false", *extra])
+
+
+def _comparable(summary):
+    return {k: v for k, v in summary.items() if k not in ("wall_time_s", "world_size")}
+
+
+def _state(cfg):
+    return safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
+
+
+def test_run_folder_contract_and_determinism(tmp_path):
+    a = Simulation(cfg=_cfg(tmp_path / "a"), loggers=[]).run()
+    b = Simulation(cfg=_cfg(tmp_path / "b"), loggers=[]).run()
+    assert _comparable(a) == _comparable(b)
+    for k, v in _state(_cfg(tmp_path / "a")).items():
+        assert torch.equal(v, _state(_cfg(tmp_path / "b"))[k])
+    run = _cfg(tmp_path / "a").run_dir
+    for name in ("config.yaml", "summary.json", "metrics.csv", "partition.csv", "partition.png", "checkpoints/server.pt"):
+        assert (run / name).exists(), name
+    summary = json.loads((run / "summary.json").read_text())
+    for key in ("algorithm", "dataset", "num_clients", "alpha", "seed", "rounds", "accuracy", "bytes_up",
+                "bytes_down", "wall_time_s"):
+        assert key in summary
+    assert 0.0 <= summary["accuracy"] <= 1.0 and summary["rounds"] == 2
+    # 4 clients x 2 rounds x (head 10x32 + 10 float32, + 1 scalar)
+    assert summary["bytes_up"] == 2 * 4 * ((10 * 32 + 10) * 4 + 8)
+    assert summary["bytes_down"] == 2 * 4 * (10 * 32 + 10) * 4
+    rows = (run / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 3 and rows[0].startswith("round,accuracy,loss")
+    assert not list((run / "checkpoints").glob("round*_rank*.pt"))  # partial checkpoints cleaned up
+
+
+class _StopAfter:
+    """Simulates a crash after ``n`` finished clients."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def on_client_end(self, **_):
+        self.n -= 1
+        if self.n == 0:
+            raise KeyboardInterrupt
+
+
+def test_resume_mid_round_equals_uninterrupted(tmp_path):
+    full = Simulation(cfg=_cfg(tmp_path / "full"), loggers=[]).run()
+    cfg = _cfg(tmp_path / "cut")
+    with pytest.raises(KeyboardInterrupt):
+        Simulation(cfg=cfg, loggers=[], callbacks=[_StopAfter(6)]).run()  # round 1, 2 of 4 clients done
+    ckpts = sorted(p.name for p in (cfg.run_dir / "checkpoints").iterdir())
+    assert "server.pt" in ckpts and any(n.startswith("round0001_rank0") for n in ckpts)
+    resumed = Simulation(cfg=cfg, loggers=[], resume=True).run()
+    assert _comparable(resumed) == _comparable(full)
+    for k, v in _state(cfg).items():
+        assert torch.equal(v, _state(_cfg(tmp_path / "full"))[k])
+
+
+@register("test_faulty")
+class _Faulty(FedAvg):
+    def client_update(self, round_idx, client, download):
+        if client.index == 1:
+            raise RuntimeError("boom")
+        up = super().client_update(round_idx, client, download)
+        if client.index == 2:
+            up = Upload({k: torch.full_like(v, math.nan) for k, v in up.tensors.items()}, up.meta)
+        return up
+
+
+def test_client_error_raise_names_client_and_keeps_checkpoint(tmp_path):
+    cfg = _cfg(tmp_path)
+    cfg.algorithm = "test_faulty"
+    with pytest.raises(ClientFailure, match=r"client 1 failed in round 0: RuntimeError: boom"):
+        Simulation(cfg=cfg, loggers=[]).run()
+    assert list((cfg.run_dir / "checkpoints").glob("round0000_rank0.pt"))
+
+
+def test_client_error_skip_records_failures_and_aggregates_rest(tmp_path):
+    cfg = _cfg(tmp_path, "--federation.on_client_error", "skip")
+    cfg.algorithm = "test_faulty"
+    summary = Simulation(cfg=cfg, loggers=[]).run()
+    assert set(summary["failed_clients"]) == {"1", "2"}
+    assert "boom" in summary["failed_clients"]["1"] and "non-finite" in summary["failed_clients"]["2"]
+    assert all(torch.isfinite(v).all() for v in _state(cfg).values())
+    assert summary["bytes_up"] == 2 * 2 * ((10 * 32 + 10) * 4 + 8)  # only the 2 healthy clients' uploads
+
+
+def test_two_cpu_processes_equal_one(tmp_path):
+    """Same config and seed: devices 1 and devices 2 (ddp over gloo) give identical numbers and tensors.
+
+    Bitwise equality needs the same CPU thread count per process (float reductions depend on it):
+    Fabric gives each of N ranks cpu_count/N threads unless OMP_NUM_THREADS is set, so we set it."""
+    base = ["--config", str(CONF / "fedavg_digits_tiny.yaml"), "--federation.rounds", "2",
+            "--partition.num_clients", "5", "--logging.progress", "false"]
+    threads = {"OMP_NUM_THREADS": "1"}
+    one = run_cli(*base, "--output_dir", str(tmp_path / "one"), env=threads)
+    two = run_cli(*base, "--output_dir", str(tmp_path / "two"), "--federation.devices", "2", env=threads)
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert two.returncode == 0, two.stderr[-2000:]
+    name = "fedavg_digits_a0.5_s0"
+    s1 = json.loads((tmp_path / "one" / name / "summary.json").read_text())
+    s2 = json.loads((tmp_path / "two" / name / "summary.json").read_text())
+    assert s2["world_size"] == 2
+    assert _comparable(s1) == _comparable(s2)
+    t1 = safe_load(tmp_path / "one" / name / "checkpoints" / "server.pt")["state"]
+    t2 = safe_load(tmp_path / "two" / name / "checkpoints" / "server.pt")["state"]
+    for k in t1:
+        assert torch.equal(t1[k], t2[k]), k

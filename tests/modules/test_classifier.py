@@ -1,0 +1,100 @@
+"""Tests for fl_lightning.modules.classifier: FeDiSyn's server pre-training of a ViT."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from torch.utils.data import TensorDataset
+
+from fl_lightning.errors import ConfigError, MissingResourceError
+from fl_lightning.modules.classifier import ViTClassifier, load_pretrained_vit, pretrain_classifier, split_holdout
+
+NAME = "vit_tiny_patch16_224"
+TINY = dict(img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=2)
+
+
+def tiny_dataset(n: int, num_classes: int = 3, seed: int = 0) -> TensorDataset:
+    # Class-dependent mean so the task is learnable; images (n, 3, 16, 16).
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % num_classes
+    x = torch.randn(n, 3, 16, 16, generator=g) * 0.5 + (y.float() - 1.0).view(-1, 1, 1, 1)
+    return TensorDataset(x, y)
+
+
+def test_split_holdout_is_a_seeded_partition():
+    data = tiny_dataset(20)
+    train, held = split_holdout(data, 0.25, seed=7)
+    assert len(held) == 5 and len(train) == 15
+    assert sorted(train.indices + held.indices) == list(range(20))
+    assert split_holdout(data, 0.25, seed=7)[1].indices == held.indices
+    assert split_holdout(data, 0.25, seed=8)[1].indices != held.indices
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0, 0.01, 0.99])
+def test_split_holdout_rejects_bad_fraction(fraction):
+    with pytest.raises(ConfigError, match="holdout_fraction"):
+        split_holdout(tiny_dataset(20), fraction, seed=0)
+
+
+def test_missing_local_weights_raise_one_line(tmp_path):
+    missing = tmp_path / "nope.pth"
+    with pytest.raises(MissingResourceError) as info:
+        ViTClassifier(model_name=NAME, num_classes=3, overrides=TINY, checkpoint=missing)
+    message = str(info.value)
+    assert "\n" not in message and str(missing) in message and NAME in message
+
+
+def test_local_backbone_weights_are_used(tmp_path):
+    torch.manual_seed(0)
+    source = timm.create_model(NAME, pretrained=False, num_classes=10, **TINY)
+    path = tmp_path / "backbone.pth"
+    torch.save(source.state_dict(), path)
+    module = ViTClassifier(model_name=NAME, num_classes=3, overrides=TINY, checkpoint=path)
+    torch.testing.assert_close(module.model.blocks[1].mlp.fc2.weight, source.blocks[1].mlp.fc2.weight)
+    assert module.model.get_classifier().out_features == 3
+
+
+def test_training_step_returns_finite_loss():
+    module = ViTClassifier(model_name=NAME, num_classes=3, overrides=TINY)
+    x, y = tiny_dataset(4)[:]
+    loss = module.training_step((x, y), 0)
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    loss.backward()
+    assert module.model.blocks[0].attn.qkv.weight.grad is not None
+
+
+def test_pretrain_and_reload(tmp_path):
+    train, val = split_holdout(tiny_dataset(48), 0.25, seed=0)
+    ckpt = pretrain_classifier(
+        model_name=NAME, overrides=TINY, checkpoint=None, num_classes=3,
+        train_dataset=train, val_dataset=val, out_dir=tmp_path, max_epochs=2, batch_size=16,
+        lr=3e-3, accelerator="cpu", devices=1, precision="32-true", seed=0, patience=2,
+    )
+    assert ckpt.is_file() and ckpt.parent == tmp_path / "checkpoints"
+    assert list((tmp_path / "pretrain").rglob("metrics.csv"))
+
+    model = load_pretrained_vit(ckpt)
+    assert isinstance(model, timm.models.vision_transformer.VisionTransformer)
+    saved = torch.load(ckpt, weights_only=True)["state_dict"]
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, saved[f"model.{name}"], rtol=0, atol=0)
+    # The reloaded model is the trained one: training moved it away from its seeded initialisation.
+    torch.manual_seed(0)
+    fresh = timm.create_model(NAME, pretrained=False, num_classes=3, **TINY)
+    assert not torch.equal(model.blocks[0].attn.qkv.weight, fresh.blocks[0].attn.qkv.weight)
+    assert not torch.equal(model.head.weight, fresh.head.weight)
+    model.eval()
+    x, _ = val[:]
+    assert model(x).shape == (len(val), 3)
+
+
+def test_load_pretrained_vit_missing_file(tmp_path):
+    with pytest.raises(MissingResourceError, match="not found"):
+        load_pretrained_vit(Path(tmp_path) / "absent.ckpt")

@@ -1,0 +1,65 @@
+import math
+
+import pytest
+
+from fl_lightning.config import RunConfig, dump_config, load_config
+from fl_lightning.errors import ConfigError, UsageError
+from tests.conftest import CONF
+
+
+def test_yaml_overrides_and_round_trip(tmp_path):
+    cfg = load_config(CONF / "fedavg_digits_tiny.yaml", ["--partition.alpha", "0.01", "--federation.rounds=4"])
+    assert cfg.partition.alpha == 0.01 and cfg.federation.rounds == 4
+    path = tmp_path / "c.yaml"
+    path.write_text(dump_config(cfg))
+    assert load_config(path) == cfg
+
+
+def test_inf_alpha_and_int_for_float():
+    cfg = load_config(None, ["--partition.alpha", "inf", "--analytic.lam", "0"])
+    assert math.isinf(cfg.partition.alpha) and cfg.analytic.lam == 0.0 and isinstance(cfg.analytic.lam, float)
+    assert cfg.resolved_run_name == "fedopal_digits_ainf_s0"
+
+
+@pytest.mark.parametrize(
+    "override, key, allowed",
+    [
+        (["--partition.alpha", "0"], "partition.alpha", "> 0"),
+        (["--partition.num_clients", "0"], "partition.num_clients", ">= 1"),
+        (["--fedopal.mu", "-1"], "fedopal.mu", ">= 0"),
+        (["--analytic.lam", "-1e-3"], "analytic.lam", ">= 0"),
+        (["--fedopal.num_prompts", "-1"], "fedopal.num_prompts", ">= 0"),
+        (["--federation.client_fraction", "1.5"], "federation.client_fraction", "(0, 1]"),
+        (["--federation.client_fraction", "0"], "federation.client_fraction", "(0, 1]"),
+        (["--federation.rounds", "many"], "federation.rounds", "an int"),
+        (["--data.name", "cifar11"], "data.name", "did you mean 'cifar10'"),
+        (["--algorithm", "fedopl"], "algorithm", "did you mean 'fedopal'"),
+        (["--model.library", "keras"], "model.library", "'open_clip', 'timm'"),
+    ],
+)
+def test_bad_values_name_key_value_and_allowed(override, key, allowed):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, override)
+    msg = str(err.value)
+    assert key in msg and allowed in msg and "\n" not in msg
+
+
+def test_unknown_key_suggests():
+    with pytest.raises(UsageError, match=r"unknown key 'partition.alpa' \(did you mean 'partition.alpha'\?\)"):
+        load_config(None, ["--partition.alpa", "1"])
+    with pytest.raises(UsageError, match="unknown key 'federaton'"):
+        load_config(None, ["--federaton.rounds", "1"])
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(UsageError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data: [unclosed\n")
+    with pytest.raises(UsageError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_defaults_are_paper_settings():
+    cfg = RunConfig()
+    assert (cfg.fedopal.num_prompts, cfg.fedopal.mu, cfg.analytic.lam, cfg.train.epochs) == (10, 0.1, 1e-6, 5)
