@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         config_path, resume, print_config, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-        from fl_lightning.config import dump_config, load_config
+        from fl_lightning.config import dump_config, expand_variants, load_config
+        from fl_lightning.errors import ConfigError
 
         if resume is not None:
             run_dir = Path(resume)
@@ -69,17 +70,34 @@ def main(argv: list[str] | None = None) -> int:
         if print_config:
             print(dump_config(cfg), end="")
             return 0
+        runs = expand_variants(cfg)
+        if len(runs) > 1 and cfg.federation.devices * cfg.federation.num_nodes > 1:
+            raise ConfigError("variants", f"{len(runs)} runs", "a single run when federation.devices > 1 "
+                              "(launch one process group per run)")
         import fl_lightning.algorithms  # noqa: F401 — registers the methods
         from fl_lightning.federation.simulation import Simulation
 
-        summary = Simulation(cfg=cfg, resume=resume is not None).run()
+        summaries = [(run, Simulation(cfg=run, resume=resume is not None).run()) for run in runs]
     except UsageError as err:
         print(f"fl_lightning: {err}", file=sys.stderr)
         return 2
-    if summary.get("world_size", 1) == 1 or os.environ.get("LOCAL_RANK", "0") == "0":
-        print(f"{cfg.algorithm} on {cfg.data.name}: accuracy {summary['accuracy']:.4f}, "
-              f"bytes up {summary['bytes_up']:,}, run folder {cfg.run_dir}")
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print_results(summaries)
     return 0
+
+
+def print_results(summaries: list) -> None:
+    """One line per run (a rich table): method, accuracy, bytes uploaded per client, run folder."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="fl_lightning results")
+    for column in ("run", "algorithm", "accuracy", "bytes up / client", "wall time (s)", "run folder"):
+        table.add_column(column)
+    for cfg, s in summaries:
+        table.add_row(cfg.resolved_run_name, cfg.algorithm, f"{s['accuracy']:.4f}",
+                      f"{s['bytes_up_per_client']:,.0f}", f"{s['wall_time_s']:.1f}", str(cfg.run_dir))
+    Console(width=max(Console().width, 160)).print(table)
 
 
 if __name__ == "__main__":

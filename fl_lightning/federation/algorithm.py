@@ -148,8 +148,8 @@ class Algorithm(ABC):
     def evaluate(self, state: State) -> dict[str, Any]:
         """Metrics of the global state on the test split (rank 0): at least ``accuracy`` in [0, 1]."""
 
-    def round_extras(self, round_idx: int) -> dict[str, float]:
-        """Extra per-round numbers for metrics.csv (e.g. the simulated round time)."""
+    def round_extras(self, round_idx: int, state: State) -> dict[str, float]:
+        """Extra per-round numbers for metrics.csv (e.g. the simulated clock), from the new state."""
         return {}
 
     def summary_extras(self, state: State) -> dict[str, Any]:

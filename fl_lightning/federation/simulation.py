@@ -199,7 +199,7 @@ class Simulation:
                         "bytes_down_round": bytes_down, "bytes_up": totals["bytes_up"],
                         "bytes_down": totals["bytes_down"], "round_time_s": history.round_s[-1],
                         "client_compute_s_max": max(results["compute_s"].values(), default=0.0),
-                        **algorithm.round_extras(round_idx)})
+                        **algorithm.round_extras(round_idx, state)})
             per_class = row.pop("per_class_accuracy", None)
             rows.append(row)
             fabric.call("on_round_end", round_idx=round_idx, metrics=row, results=results, history=history)

@@ -1,0 +1,120 @@
+"""FedOPAL and AFL through the engine, against centralized references in float64."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from lightning.fabric import seed_everything
+
+import fl_lightning.algorithms  # noqa: F401
+from fl_lightning.algorithms.common import frozen_backbone
+from fl_lightning.config import load_config
+from fl_lightning.data.registry import build_dataset
+from fl_lightning.data.transforms import build_transform
+from fl_lightning.federation.algorithm import InputSpec
+from fl_lightning.federation.checkpoint import safe_load
+from fl_lightning.federation.simulation import Simulation, partition_for
+from fl_lightning.models.vpt import PromptedViT
+from tests.conftest import CONF, run_cli
+
+
+def _cfg(tmp_path, *extra):
+    return load_config(CONF / "fedopal_digits_tiny.yaml",
+                       ["--output_dir", str(tmp_path), "--logging.progress", "false", "--train.epochs", "1",
+                        "--partition.num_clients", "4", *extra])
+
+
+def _centralized_features(cfg, prompts=None):
+    """Features of the whole training split, with the backbone the simulation builds (same seed)."""
+    seed_everything(cfg.seed, verbose=False)
+    backbone = frozen_backbone(cfg)
+    spec = InputSpec.of_backbone(backbone, cfg.data.image_size)
+    t = build_transform(normalization=spec.normalization, image_size=spec.image_size, train=False,
+                        mean=spec.mean, std=spec.std)
+    splits = build_dataset(cfg.data.name, root=cfg.data.root, train_transform=t, test_transform=t, seed=cfg.seed)
+    model = PromptedViT(backbone, num_prompts=0 if prompts is None else prompts.shape[0])
+    if prompts is not None:
+        model.set_prompts(prompts)
+    # the clients' own batches: float32 forwards depend on the batch they run in
+    hs, ys = [], []
+    for part in partition_for(cfg, splits.train_targets):
+        for start in range(0, len(part), cfg.data.batch_size):
+            idx = part[start:start + cfg.data.batch_size]
+            x = torch.stack([splits.train[int(i)][0] for i in idx])
+            with torch.inference_mode():
+                hs.append(model(x).double().numpy())
+            ys.append(np.eye(len(splits.classes))[splits.train_targets[idx]])
+    return np.concatenate(hs), np.concatenate(ys)
+
+
+def _ridge(h, y, lam):
+    return np.linalg.solve(h.T @ h + lam * np.eye(h.shape[1]), h.T @ y)
+
+
+@pytest.mark.parametrize("clients, alpha", [(1, "0.1"), (4, "0.1"), (7, "inf"), (5, "0.01")])
+def test_afl_equals_centralized_ridge(tmp_path, clients, alpha):
+    cfg = _cfg(tmp_path, "--algorithm", "afl", "--partition.num_clients", str(clients), "--partition.alpha", alpha,
+               "--analytic.lam", "0.1")
+    summary = Simulation(cfg=cfg, loggers=[]).run()
+    W = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]["W"].numpy()
+    h, y = _centralized_features(cfg)
+    np.testing.assert_allclose(W, _ridge(h, y, 0.1), rtol=1e-8, atol=1e-10)
+    d, c = h.shape[1], y.shape[1]
+    assert summary["bytes_up"] == clients * (d * (d + 1) // 2 * 8 + d * c * 8 + 8)  # R upper, C, N
+
+
+def test_per_client_regularization_convention(tmp_path):
+    cfg = _cfg(tmp_path, "--algorithm", "afl", "--analytic.lam", "0.5", "--analytic.regularization", "per_client")
+    Simulation(cfg=cfg, loggers=[]).run()
+    W = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]["W"].numpy()
+    h, y = _centralized_features(cfg)
+    np.testing.assert_allclose(W, _ridge(h, y, 4 * 0.5), rtol=1e-8)  # K·γ·I, as AFL's code
+
+
+def test_no_training_fedopal_statistics_equal_afl_with_p_init(tmp_path):
+    """mu → ∞ keeps the prompts at P_init; its exact limit is no prompt training at all."""
+    cfg = _cfg(tmp_path, "--train.epochs", "0")
+    Simulation(cfg=cfg, loggers=[]).run()
+    state = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
+    h, y = _centralized_features(cfg, prompts=state["prompts"])
+    np.testing.assert_allclose(state["W"].numpy(), _ridge(h, y, cfg.analytic.lam), rtol=1e-6, atol=1e-8)
+
+
+def test_growing_mu_pulls_prompts_to_p_init(tmp_path):
+    drift = []
+    for mu in ("0", "10", "90"):  # lr·mu < 1 keeps plain SGD stable
+        cfg = _cfg(tmp_path / mu, "--fedopal.mu", mu, "--train.momentum", "0", "--train.lr", "0.01",
+                   "--train.epochs", "2")
+        Simulation(cfg=cfg, loggers=[]).run()
+        state = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
+        p_init = PromptedViT(frozen_backbone(cfg), num_prompts=10, seed=cfg.fedopal.prompt_seed).get_prompts()
+        drift.append(float((state["prompts"] - p_init).norm()))
+    assert drift[0] > drift[1] > drift[2] > 0
+
+
+def test_restat_global_solves_on_the_inference_features(tmp_path):
+    cfg = _cfg(tmp_path, "--fedopal.restat", "global")
+    summary = Simulation(cfg=cfg, loggers=[]).run()
+    assert summary["rounds"] == 2
+    state = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
+    h, y = _centralized_features(cfg, prompts=state["prompts"])
+    np.testing.assert_allclose(state["W"].numpy(), _ridge(h, y, cfg.analytic.lam), rtol=1e-6, atol=1e-8)
+    rows = (cfg.run_dir / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 3  # round 0 = the faithful FedOPAL result, round 1 = restat
+
+
+def test_fedopal_one_vs_two_processes_same_w(tmp_path):
+    base = ["--config", str(CONF / "fedopal_digits_tiny.yaml"), "--partition.num_clients", "5",
+            "--train.epochs", "1", "--logging.progress", "false"]
+    env = {"OMP_NUM_THREADS": "1"}
+    one = run_cli(*base, "--output_dir", str(tmp_path / "one"), env=env)
+    two = run_cli(*base, "--output_dir", str(tmp_path / "two"), "--federation.devices", "2", env=env)
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr[-1500:], two.stderr[-1500:])
+    name = "fedopal_digits_a0.1_s0"
+    w1 = safe_load(tmp_path / "one" / name / "checkpoints" / "server.pt")["state"]
+    w2 = safe_load(tmp_path / "two" / name / "checkpoints" / "server.pt")["state"]
+    assert torch.equal(w1["W"], w2["W"]) and torch.equal(w1["prompts"], w2["prompts"])
+    s1 = json.loads((tmp_path / "one" / name / "summary.json").read_text())
+    s2 = json.loads((tmp_path / "two" / name / "summary.json").read_text())
+    assert s1["accuracy"] == s2["accuracy"] and s1["bytes_up"] == s2["bytes_up"] and s2["world_size"] == 2
