@@ -8,12 +8,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("WANDB_SILENT", "true")
+# One intra-op thread per process: the tiny test models gain nothing from more, and the DDP tests
+# run two processes on a 2-core machine, where oversubscribed OpenMP threads spin and slow everything
+# down by orders of magnitude. It also makes 1-process and 2-process runs bitwise comparable.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -27,6 +30,14 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300,
                           cwd=cwd or REPO, env=env, timeout=timeout)
 
 
-@pytest.fixture
-def tiny_fedavg_overrides(tmp_path: Path) -> list[str]:
-    return ["--output_dir", str(tmp_path / "runs"), "--federation.rounds", "2", "--partition.num_clients", "4"]
+class StopAfterClients:
+    """A callback that simulates a crash (KeyboardInterrupt) after ``n`` finished clients."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def on_client_end(self, **_: object) -> None:
+        self.n -= 1
+        if self.n == 0:
+            raise KeyboardInterrupt
+

@@ -13,7 +13,7 @@ from fl_lightning.federation.algorithm import register
 from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.simulation import ClientFailure, Simulation
 from fl_lightning.federation.transport import Upload
-from tests.conftest import CONF, run_cli
+from tests.conftest import CONF, StopAfterClients, run_cli
 
 
 def _cfg(tmp_path, *extra):
@@ -52,23 +52,11 @@ def test_run_folder_contract_and_determinism(tmp_path):
     assert not list((run / "checkpoints").glob("round*_rank*.pt"))  # partial checkpoints cleaned up
 
 
-class _StopAfter:
-    """Simulates a crash after ``n`` finished clients."""
-
-    def __init__(self, n):
-        self.n = n
-
-    def on_client_end(self, **_):
-        self.n -= 1
-        if self.n == 0:
-            raise KeyboardInterrupt
-
-
 def test_resume_mid_round_equals_uninterrupted(tmp_path):
     full = Simulation(cfg=_cfg(tmp_path / "full"), loggers=[]).run()
     cfg = _cfg(tmp_path / "cut")
     with pytest.raises(KeyboardInterrupt):
-        Simulation(cfg=cfg, loggers=[], callbacks=[_StopAfter(6)]).run()  # round 1, 2 of 4 clients done
+        Simulation(cfg=cfg, loggers=[], callbacks=[StopAfterClients(6)]).run()  # round 1, 2 of 4 clients done
     ckpts = sorted(p.name for p in (cfg.run_dir / "checkpoints").iterdir())
     assert "server.pt" in ckpts and any(n.startswith("round0001_rank0") for n in ckpts)
     resumed = Simulation(cfg=cfg, loggers=[], resume=True).run()

@@ -1,0 +1,182 @@
+"""FeDiSyn's server round 0: latents → prompts → synthetic images → pre-trained ViT (orchestration only).
+
+The math lives in ``fl_lightning.synthesis`` (plan, sampling) and ``fl_lightning.modules.classifier``
+(pre-training); this file wires them to the run folder:
+
+    <run_dir>/prompts.json            the label → prompts cache (the LLM runs once per label)
+    <run_dir>/synthetic/<class>/*.png  the generated images + manifest.jsonl (re-running skips existing ones)
+    <run_dir>/pretrain/               the pre-training checkpoints and CSV logs
+
+and measures the server's wall times ĥ (per generated image) and h̃ (per image and epoch of
+pre-training), which the simulated clock and the scaling law use unless the config fixes them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+from torch import nn
+from torch.utils.data import Dataset
+
+from fl_lightning.config import FeDiSynConfig
+from fl_lightning.data.transforms import build_transform
+from fl_lightning.errors import ConfigError
+from fl_lightning.federation.algorithm import InputSpec
+from fl_lightning.models.diffusion import DiffusionComponents
+from fl_lightning.modules.classifier import load_pretrained_vit, pretrain_classifier, split_holdout
+from fl_lightning.synthesis.generate import MANIFEST_NAME, generate_images, plan_generation, synthetic_volume
+from fl_lightning.synthesis.latents import ClassLatentUpload
+from fl_lightning.synthesis.prompts import LLMPromptExpander, TemplatePromptExpander, expand_with_cache
+from fl_lightning.systems.scaling_law import ScalingLawParams, optimal_lambda, synthesis_cost_per_unit_lambda
+
+__all__ = ["SynthesisResult", "SyntheticFolder", "choose_lambda", "synthesise_and_pretrain"]
+
+
+@dataclass
+class SynthesisResult:
+    """What round 0 produced on the server."""
+
+    model: nn.Module  # the pre-trained timm ViT (with its head)
+    lam: float
+    images_per_class: dict[int, int]
+    generation_s: float  # H_gene (measured, or ĥ · images from the config)
+    pretraining_s: float  # H_pre
+    pretrain_checkpoint: Path
+
+
+class SyntheticFolder(Dataset):
+    """The generated images with the REAL label indices from the manifest (not the folder order)."""
+
+    def __init__(self, root: Path, transform=None) -> None:
+        rows = [json.loads(line) for line in (root / MANIFEST_NAME).read_text(encoding="utf-8").splitlines() if line]
+        self.root, self.transform = root, transform
+        self.items = [(row["path"], int(row["label"])) for row in rows]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int):
+        path, label = self.items[index]
+        with Image.open(self.root / path) as img:
+            image = img.convert("RGB")
+        return (self.transform(image) if self.transform else image), label
+
+
+def choose_lambda(cfg: FeDiSynConfig, *, gen_time_per_image: float, pretrain_time_per_image_epoch: float,
+                  num_real_samples: int) -> float:
+    """λ from the config, or λ* of the scaling law with h0 = (ĥ + h̃ T̂) D."""
+    if cfg.synthetic_lambda is not None:
+        return float(cfg.synthetic_lambda)
+    h0 = synthesis_cost_per_unit_lambda(gen_time_per_image, pretrain_time_per_image_epoch, cfg.pretrain_epochs,
+                                        num_real_samples)
+    k1, k2, k3, k4 = (float(k) for k in cfg.scaling_kappa or ())
+    return optimal_lambda(cfg.target_accuracy, h0=h0,
+                          params=ScalingLawParams(kappa1=k1, kappa2=k2, kappa3=k3, kappa4=k4))
+
+
+def _expander(cfg: FeDiSynConfig, *, seed: int, device: torch.device):
+    if cfg.llm_path is None:
+        return TemplatePromptExpander(seed=seed)
+    return LLMPromptExpander(cfg.llm_path, device=device, seed=seed,
+                             dtype=torch.float16 if device.type == "cuda" else torch.float32)
+
+
+def _dtype(cfg: FeDiSynConfig, device: torch.device) -> torch.dtype:
+    if cfg.diffusion_precision == "auto":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    return getattr(torch, cfg.diffusion_precision)
+
+
+def _probe_generation(cfg: FeDiSynConfig, components: DiffusionComponents, requests, folder: Path,
+                      device: torch.device) -> float:
+    """ĥ on this host: time one batch of real requests into a scratch folder (discarded)."""
+    batch = list(requests[: cfg.generation_batch_size])
+    start = time.monotonic()
+    generate_images(components, batch, folder, batch_size=cfg.generation_batch_size,
+                    num_inference_steps=cfg.num_inference_steps, guidance_scale=cfg.guidance_scale,
+                    device=device, dtype=_dtype(cfg, device), progress=False)
+    shutil.rmtree(folder, ignore_errors=True)
+    return (time.monotonic() - start) / max(len(batch), 1)
+
+
+def synthesise_and_pretrain(
+    cfg: FeDiSynConfig, *, components: DiffusionComponents,
+    uploads_by_client: Mapping[int, Sequence[ClassLatentUpload]],
+    class_names: Sequence[str], spec: InputSpec, run_dir: Path, seed: int, device: torch.device,
+    precision: str, progress: bool,
+) -> SynthesisResult:
+    """Steps 1 (server side) and 2 of FeDiSyn; resumable (prompts cached, images skipped when present)."""
+    totals: dict[int, int] = {}
+    for ups in uploads_by_client.values():
+        for up in ups:
+            totals[up.label] = totals.get(up.label, 0) + up.count
+    D = sum(totals.values())
+    prompts = expand_with_cache(_expander(cfg, seed=seed, device=device), list(class_names), cfg.prompts_per_label,
+                                run_dir / "prompts.json")
+    folder = run_dir / "synthetic"
+    h_gen, h_pre = cfg.generation_time_per_image_s, cfg.pretrain_time_per_image_epoch_s
+    if cfg.synthetic_lambda is None and (h_gen is None or h_pre is None):
+        probe = plan_generation(uploads_by_client, class_names, prompts, volume_per_class=totals, rho=cfg.rho,
+                                seed=seed)
+        if h_gen is None:
+            h_gen = _probe_generation(cfg, components, probe, run_dir / "probe", device)
+        if h_pre is None:
+            # a first-order stand-in until pre-training is measured: ViT training costs ~ a generation step
+            h_pre = h_gen / max(cfg.num_inference_steps, 1)
+    lam = choose_lambda(cfg, gen_time_per_image=h_gen or 0.0, pretrain_time_per_image_epoch=h_pre or 0.0,
+                        num_real_samples=D)
+    volume = synthetic_volume(totals, lam)
+    if sum(volume.values()) < 2:
+        raise ConfigError("fedisyn.synthetic_lambda", lam,
+                          f"a λ that gives at least 2 synthetic images (D = {D} real samples)")
+    requests = plan_generation(uploads_by_client, class_names, prompts, volume_per_class=volume, rho=cfg.rho,
+                               seed=seed)
+    start = time.monotonic()
+    generate_images(components, requests, folder, batch_size=cfg.generation_batch_size,
+                    num_inference_steps=cfg.num_inference_steps, guidance_scale=cfg.guidance_scale,
+                    device=device, dtype=_dtype(cfg, device), progress=progress)
+    generation_s = time.monotonic() - start
+    components.to(device="cpu")  # free the accelerator for pre-training and fine-tuning
+    n_images = len(requests)
+    if cfg.generation_time_per_image_s is not None:
+        generation_s = cfg.generation_time_per_image_s * n_images
+
+    transform = dict(normalization=spec.normalization, image_size=spec.image_size, mean=spec.mean, std=spec.std)
+    train_set, _ = split_holdout(SyntheticFolder(folder, build_transform(**transform, train=True)),
+                                 cfg.pretrain_holdout, seed)
+    _, val_set = split_holdout(SyntheticFolder(folder, build_transform(**transform, train=False)),
+                               cfg.pretrain_holdout, seed)
+    out = run_dir / "pretrain"
+    shutil.rmtree(out, ignore_errors=True)  # an interrupted pre-training starts over (no stale "best")
+    start = time.monotonic()
+    best = pretrain_classifier(
+        model_name=cfg.pretrain_model, overrides=cfg.pretrain_overrides, checkpoint=cfg.pretrain_checkpoint,
+        num_classes=len(class_names), train_dataset=train_set, val_dataset=val_set, out_dir=out,
+        max_epochs=cfg.pretrain_epochs, batch_size=cfg.pretrain_batch_size, lr=cfg.pretrain_lr,
+        accelerator=device.type, devices=1, precision=precision, seed=seed, patience=cfg.pretrain_patience)
+    pretraining_s = time.monotonic() - start
+    epochs_run = _epochs_run(out)
+    if cfg.pretrain_time_per_image_epoch_s is not None:
+        pretraining_s = cfg.pretrain_time_per_image_epoch_s * len(train_set) * epochs_run
+    model = load_pretrained_vit(best, map_location="cpu")
+    per_class = {label: int(v) for label, v in volume.items()}
+    return SynthesisResult(model, lam, per_class, generation_s, pretraining_s, best)
+
+
+def _epochs_run(out: Path) -> int:
+    """Epochs the pre-training actually ran (early stopping may end it before pretrain_epochs)."""
+    metrics = sorted(out.glob("pretrain/version_*/metrics.csv"))
+    if not metrics:
+        return 1
+    import csv
+
+    with metrics[-1].open(newline="") as f:
+        epochs = {int(float(r["epoch"])) for r in csv.DictReader(f) if r.get("epoch")}
+    return max(len(epochs), 1)

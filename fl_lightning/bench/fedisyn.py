@@ -1,0 +1,360 @@
+"""FeDiSyn performance figures, each against a baseline measured in the same run.
+
+1. ``generation_images_per_s`` / ``generation_batched_speedup`` — server-side synthesis with the
+   framework's sampler (:func:`~fl_lightning.synthesis.generate.denoise_latents` from a mid
+   timestep s with PNDM, classifier-free guidance, then
+   :func:`~fl_lightning.synthesis.generate.decode_latents`) on tiny random SD components
+   (:func:`~fl_lightning.models.diffusion.tiny_diffusion_components`): images per second at a
+   batch size, the per-image time ĥ, and the speedup of one batched chain over the same images
+   generated one at a time.
+2. ``upload_vs_raw_sd15`` / ``upload_vs_raw_tiny_vae`` — bytes a client uploads for one class
+   (Z noised centroids + 1 noised mean + label, count, timestep) over the class's raw uint8 images.
+   SD v1-5 (VAE ×8: 4×28×28 latents at 224 px, 4×64×64 at 512 px) is computed with the
+   framework's own accounting (``ClassLatentUpload.num_bytes``); the tiny VAE (×2 only, so its
+   latents are LARGER than the image) is measured end to end with ``client_latent_uploads``.
+3. ``round_overhead`` — the server's per-round work (CLC depths + WFBA bandwidths for the paper's
+   10-device testbed, 12 blocks; layer-wise averaging of 10 clients' LoRA states) as a percentage
+   of the round's client compute (10 clients × local LoRA steps): ≤ 1 %.
+   Assumption, stated in the output: each client runs one local epoch over 500 samples at the
+   measured batch size (63 steps at batch 8) — fewer than any of the papers' data sets gives per
+   client, so the percentage is an upper bound. A client's step time at its CLC depth is
+   interpolated linearly between the depths measured in 4. (the system model's H = D(h̄ + x h)).
+4. ``lora_step_vs_full`` / ``lora_memory_vs_depth`` — a LoRA local step (rank 8 on ``attn.qkv`` and
+   ``attn.proj``, all 12 blocks training, through :class:`LoRAClassifier`) over a step of the same
+   ViT with every weight trainable; and memory at depths 1, 4, 12. On CUDA memory is
+   ``torch.cuda.max_memory_allocated`` over a step; on the CPU (no allocator counter) it is the
+   sum of weights, activations saved for backward (``saved_tensors_hooks``, parameters not
+   counted twice), gradients and AdamW state — the terms that make up a step's peak.
+
+Sizes: the default uses timm ``vit_base_patch16_224`` (random weights, 101 classes, batch 8) and
+224 px images; ``quick`` a 12-block ViT of width 32 on 32 px images (same depth, so CLC and the
+depth sweep are the real ones) and smaller generation/upload sets.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from fl_lightning.bench._timing import (
+    CudaPeak,
+    SavedTensorBytes,
+    Timing,
+    autocast_factory,
+    figure,
+    pick_device,
+    tensor_bytes,
+    time_call,
+    time_interleaved,
+)
+from fl_lightning.federation.aggregate import layerwise_average
+from fl_lightning.models.diffusion import tiny_diffusion_components
+from fl_lightning.models.lora import LoraSpec, last_blocks, lora_bits_per_layer, lora_layer_index
+from fl_lightning.modules.lora_classifier import LoRAClassifier
+from fl_lightning.synthesis.generate import decode_latents, denoise_latents, encode_prompts
+from fl_lightning.synthesis.latents import ClassLatentUpload, client_latent_uploads, to_upload
+from fl_lightning.systems.channel import ChannelConfig, device_spectral_efficiency
+from fl_lightning.systems.clc import contribution_aware_depths, depth_round_time
+from fl_lightning.systems.devices import paper_testbed, profile_arrays
+
+__all__ = ["FeDiSynSizes", "sizes_for", "run"]
+
+_SEED = 0
+# Round-overhead assumption (see the module docstring): per client, one local epoch over 500 samples.
+_SAMPLES_PER_CLIENT = 500
+_LOCAL_EPOCHS = 1
+
+
+@dataclass(frozen=True)
+class FeDiSynSizes:
+    """What each FeDiSyn figure runs on (see :func:`sizes_for`)."""
+
+    vit_overrides: dict[str, int] = field(default_factory=dict)  # timm kwargs over vit_base_patch16_224
+    image_size: int = 224
+    num_classes: int = 101
+    step_batch: int = 8
+    depths: tuple[int, ...] = (1, 4, 12)
+    lora_rank: int = 8
+    num_clients: int = 10
+    gen_image_size: int = 32  # tiny components: 16x16 latents (their self-attention grows with side**4)
+    gen_batch: int = 8
+    gen_steps: int = 50  # n of the full PNDM chain; from s = 500 that is ~n/2 UNet calls
+    gen_timestep: int = 500
+    guidance_scale: float = 7.5
+    upload_images: int = 100  # D, images of the class
+    upload_image_size: int = 224
+    num_centroids: int = 4  # Z (the config's default)
+    warmup: int = 1
+    repeats: int = 2
+
+
+def sizes_for(*, quick: bool, device: torch.device) -> FeDiSynSizes:
+    """Sizes for ``quick`` (tiny, seconds) or the real ViT-B/16 on ``device``.
+
+    A ViT-B/16 training step at batch 8 takes several seconds on two CPU cores, so the CPU default
+    times 2 repeats after 1 warm-up (a few minutes for all figures); a GPU gets more repeats.
+    """
+    if quick:
+        tiny = dict(img_size=32, patch_size=8, embed_dim=32, depth=12, num_heads=2)
+        # 5-step chain from s = 500: UNet at 500, 300, 300, 100 and the x0 projection
+        return FeDiSynSizes(vit_overrides=tiny, image_size=32, num_classes=10, gen_image_size=16, gen_batch=2,
+                            gen_steps=5, upload_images=20, upload_image_size=32, warmup=1, repeats=2)
+    if device.type == "cuda":
+        return FeDiSynSizes(warmup=2, repeats=7)
+    return FeDiSynSizes()
+
+
+# -- 1. generation --------------------------------------------------------------------------------
+def _generation(sizes: FeDiSynSizes, device: torch.device) -> tuple[dict[str, Any], dict[str, Any]]:
+    autocast = autocast_factory(device)
+    parts = tiny_diffusion_components(seed=_SEED, image_size=sizes.gen_image_size).to(device)
+    factor = 2 ** (len(parts.vae.config.block_out_channels) - 1)  # VAE downsampling
+    side, channels, b = sizes.gen_image_size // factor, parts.vae.config.latent_channels, sizes.gen_batch
+    g = torch.Generator().manual_seed(_SEED)
+    latents = torch.randn(b, channels, side, side, generator=g).to(device)  # as if noised at s
+    prompts = [f"a photo of a class {i} object" for i in range(b)]
+    with autocast():
+        uncond = encode_prompts(parts, [""])  # (1, L, D), once per run as in generate_images
+
+    def generate(x: torch.Tensor, texts: list[str]) -> torch.Tensor:
+        with autocast():
+            x0 = denoise_latents(parts.unet, parts.scheduler, x, timestep=sizes.gen_timestep,
+                                 num_inference_steps=sizes.gen_steps, text_embeddings=encode_prompts(parts, texts),
+                                 uncond_embeddings=uncond, guidance_scale=sizes.guidance_scale)
+            return decode_latents(parts.vae, x0)
+
+    def batched() -> None:
+        generate(latents, prompts)
+
+    def one_at_a_time() -> None:
+        for i in range(b):
+            generate(latents[i : i + 1], prompts[i : i + 1])
+
+    t = time_interleaved({"batched": batched, "one_at_a_time": one_at_a_time}, warmup=sizes.warmup,
+                         repeats=sizes.repeats, device=device)
+    t_batch, t_single = t["batched"].median_s, t["one_at_a_time"].median_s
+    details = {"batch_size": b, "image_size": sizes.gen_image_size, "latent_shape": [channels, side, side],
+               "num_inference_steps": sizes.gen_steps, "timestep": sizes.gen_timestep,
+               "guidance_scale": sizes.guidance_scale, "per_image_s_batched": t_batch / b,
+               "per_image_s_one_at_a_time": t_single / b, "batched": t["batched"].to_dict(),
+               "one_at_a_time": t["one_at_a_time"].to_dict(), "components": "tiny_diffusion_components (random)"}
+    rate = figure(b / t_batch, "img/s", note=f"batch {b}; per-image time h = {1e3 * t_batch / b:.1f} ms", details=details)
+    speedup = figure(t_single / t_batch, "x", note=f"batch of {b} vs {b} single-image chains", details=details)
+    return rate, speedup
+
+
+# -- 2. upload size ----------------------------------------------------------------------------------
+def _class_upload_bytes(*, images: int, centroids: int, latent_shape: tuple[int, int, int]) -> int:
+    """Bytes of one class's upload with float32 latents, by the framework's own accounting."""
+    z = min(centroids, images)
+    up = ClassLatentUpload(label=0, count=images, timestep=0, centroids=torch.empty(z, *latent_shape),
+                           mean=torch.empty(*latent_shape))
+    return up.num_bytes
+
+
+def _upload_size(sizes: FeDiSynSizes) -> tuple[dict[str, Any], dict[str, Any]]:
+    D, Z = sizes.upload_images, sizes.num_centroids
+    sd = {}
+    for px in (224, 512):
+        side = px // 8  # SD v1-5's VAE downsamples by 8 into 4 channels
+        up, raw = _class_upload_bytes(images=D, centroids=Z, latent_shape=(4, side, side)), D * 3 * px * px
+        sd[f"{px}px"] = {"latent_shape": [4, side, side], "upload_bytes": up, "raw_bytes": raw, "ratio": up / raw}
+    sd_fig = figure(sd["224px"]["ratio"], "x",
+                    note=f"SD v1-5, {D} images 224 px, Z={Z}: {sd['224px']['upload_bytes']:,} B vs {sd['224px']['raw_bytes']:,} B",
+                    details={"images": D, "num_centroids": Z, **sd})
+
+    parts = tiny_diffusion_components(seed=_SEED, image_size=sizes.upload_image_size)
+    S = sizes.upload_image_size
+    images = torch.rand(D, 3, S, S, generator=torch.Generator().manual_seed(_SEED))
+    uploads = client_latent_uploads(parts.vae, parts.scheduler, {0: images}, num_centroids=Z,
+                                    timestep=sizes.gen_timestep, max_timestep=sizes.gen_timestep, seed=_SEED)
+    up, raw = to_upload(uploads).num_bytes, D * 3 * S * S
+    tiny_fig = figure(up / raw, "x", note=f"tiny VAE (x2, latents larger than pixels), {D} images {S} px, measured",
+                      details={"images": D, "image_size": S, "num_centroids": Z, "upload_bytes": up, "raw_bytes": raw,
+                               "latent_shape": list(uploads[0].mean.shape)})
+    return sd_fig, tiny_fig
+
+
+# -- 4. LoRA step and memory ------------------------------------------------------------------------
+def _build_vit(sizes: FeDiSynSizes) -> nn.Module:
+    import timm
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_SEED)
+        return timm.create_model("vit_base_patch16_224", pretrained=False, num_classes=sizes.num_classes,
+                                 **sizes.vit_overrides)
+
+
+def _train_step(loss_fn: Callable[[], torch.Tensor], optimizer: torch.optim.Optimizer,
+                autocast: Callable) -> Callable[[], None]:
+    """One local step as ``fit_local`` takes it: forward under autocast, backward, optimiser step."""
+    def step() -> None:
+        with autocast():
+            loss = loss_fn()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return step
+
+
+def _step_memory(model: nn.Module, loss_fn: Callable[[], torch.Tensor], optimizer: torch.optim.Optimizer,
+                 autocast: Callable, device: torch.device) -> dict[str, Any]:
+    """Run one step and account its memory (also serves as the step's warm-up).
+
+    The CPU estimate is weights + saved activations + gradients + optimiser state; on CUDA a second
+    step (the first one creates the AdamW state) is measured by the allocator.
+    """
+    params = list(model.parameters())
+    held = params + list(model.buffers())
+    with SavedTensorBytes(exclude=held) as saved:
+        with autocast():
+            loss = loss_fn()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grads = tensor_bytes(p.grad for p in params if p.grad is not None)
+    optimizer.step()
+    state = tensor_bytes(t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))
+    out = {"weights_bytes": tensor_bytes(held), "activations_bytes": saved.bytes, "gradient_bytes": grads,
+           "optimizer_bytes": state}
+    out["estimate_bytes"] = sum(out.values())
+    out["trainable_params"] = sum(p.numel() for p in params if p.requires_grad)
+    if device.type == "cuda":
+        step = _train_step(loss_fn, optimizer, autocast)
+        with CudaPeak(device) as peak:
+            step()
+        out["cuda_peak_bytes"] = peak.bytes
+    return out
+
+
+def _lora_figures(sizes: FeDiSynSizes, device: torch.device) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """LoRA step vs full fine-tuning, memory vs depth; also returns what the round-overhead figure needs."""
+    autocast = autocast_factory(device)
+    full = _build_vit(sizes).to(device).train()
+    spec = LoraSpec(rank=sizes.lora_rank, alpha=2 * sizes.lora_rank)
+    lora = LoRAClassifier(backbone=_build_vit(sizes), spec=spec, lr=1e-4).to(device).train()
+    g = torch.Generator().manual_seed(_SEED)
+    x = torch.randn(sizes.step_batch, 3, sizes.image_size, sizes.image_size, generator=g).to(device)
+    y = torch.randint(sizes.num_classes, (sizes.step_batch,), generator=g).to(device)
+
+    def lora_loss() -> torch.Tensor:
+        return lora.training_step((x, y), 0)
+
+    def full_loss() -> torch.Tensor:
+        return F.cross_entropy(full(x), y)
+
+    memory: dict[str, Any] = {}
+    times: dict[str, Timing] = {}
+    for depth in sizes.depths:
+        lora.set_depth(depth)
+        optimizer = lora.configure_optimizers()  # after set_depth, as the framework does
+        memory[str(depth)] = _step_memory(lora, lora_loss, optimizer, autocast, device)
+        step = _train_step(lora_loss, optimizer, autocast)
+        if depth != max(sizes.depths):
+            times[str(depth)] = time_call(step, warmup=sizes.warmup - 1 if sizes.warmup else 0,
+                                          repeats=sizes.repeats, device=device)
+            continue
+        full_opt = torch.optim.AdamW(full.parameters(), lr=1e-4)
+        memory["full"] = _step_memory(full, full_loss, full_opt, autocast, device)
+        both = time_interleaved({"lora": step, "full": _train_step(full_loss, full_opt, autocast)},
+                                warmup=max(sizes.warmup - 1, 0), repeats=sizes.repeats, device=device)
+        times[str(depth)], times["full"] = both["lora"], both["full"]
+
+    key = "cuda_peak_bytes" if device.type == "cuda" else "estimate_bytes"
+    deepest, shallowest = str(max(sizes.depths)), str(min(sizes.depths))
+    step_fig = figure(
+        times[deepest].median_s / times["full"].median_s, "x",
+        note=f"LoRA r={sizes.lora_rank} step (all {deepest} blocks) / full fine-tuning step, batch {sizes.step_batch}",
+        details={"lora_step_s": times[deepest].median_s, "full_step_s": times["full"].median_s,
+                 "lora": times[deepest].to_dict(), "full": times["full"].to_dict(),
+                 "lora_trainable_params": memory[deepest]["trainable_params"],
+                 "full_trainable_params": memory["full"]["trainable_params"]},
+    )
+    per_depth = {d: {**memory[d], "step_s": times[d].median_s} for d in memory if d != "full"}
+    mem_fig = figure(
+        memory[deepest][key] / memory[shallowest][key], "x",
+        note=f"memory at depth {deepest} / depth {shallowest} ({key}); full FT: "
+             f"{memory['full'][key] / memory[shallowest][key]:.2f}x",
+        details={"measure": key, "per_depth": per_depth, "full_finetuning": memory["full"],
+                 "method": ("torch.cuda.max_memory_allocated over a step" if device.type == "cuda" else
+                            "weights + saved_tensors_hooks activations + gradients + AdamW state")},
+    )
+    step_time = {int(d): times[d].median_s for d in memory if d != "full"}
+    return step_fig, mem_fig, {"step_time_by_depth": step_time, "lora_state": lora.lora_state(),
+                               "num_blocks": lora.num_blocks}
+
+
+# -- 3. round overhead -------------------------------------------------------------------------------
+def _round_overhead(sizes: FeDiSynSizes, step_time_by_depth: dict[int, float], lora_state: dict[str, torch.Tensor],
+                    num_blocks: int) -> dict[str, Any]:
+    cpu = torch.device("cpu")  # the server's planning and averaging run on the host
+    channel = ChannelConfig()
+    profiles = profile_arrays(paper_testbed())
+    n_dev = len(profiles["forward_time_s"])
+    _, efficiency = device_spectral_efficiency(profiles["transmit_power_w"], config=channel, seed=_SEED)
+    rng = np.random.default_rng(_SEED)
+    contributions = np.sort(rng.random((n_dev, num_blocks)), axis=1)  # later blocks weigh more
+    num_samples = np.full(n_dev, float(_SAMPLES_PER_CLIENT * _LOCAL_EPOCHS))
+    layer_bits = lora_bits_per_layer(lora_state)
+    timing_kw = dict(num_samples=num_samples, forward_time_s=profiles["forward_time_s"],
+                     backward_time_per_layer_s=profiles["backward_time_per_layer_s"], layer_bits=layer_bits,
+                     spectral_efficiency=efficiency, total_bandwidth_hz=channel.total_bandwidth_hz)
+    memory_kw = {k: profiles[k] for k in ("fixed_memory_gb", "memory_per_layer_gb", "memory_budget_gb")}
+
+    def plan() -> np.ndarray:
+        depths = contribution_aware_depths(contributions=contributions, **memory_kw, **timing_kw)  # CLC, Alg. 1
+        depth_round_time(depths, **timing_kw)  # the WFBA bandwidths handed to the devices, Alg. 2
+        return depths
+
+    depths = plan()
+    g = torch.Generator().manual_seed(_SEED)
+    client_states = []
+    for x_i in depths[: sizes.num_clients]:
+        keep = set(last_blocks(int(x_i), num_blocks))
+        client_states.append({k: v + 0.01 * torch.randn(v.shape, generator=g) for k, v in lora_state.items()
+                              if lora_layer_index(k) in keep})
+    weights = num_samples[: sizes.num_clients].tolist()
+
+    def aggregate() -> None:
+        layerwise_average(lora_state, client_states, weights, layer_of=lora_layer_index)
+
+    repeats = max(5, sizes.repeats)
+    t_plan = time_call(plan, warmup=1, repeats=repeats, device=cpu)
+    t_agg = time_call(aggregate, warmup=1, repeats=repeats, device=cpu)
+    steps = math.ceil(_SAMPLES_PER_CLIENT / sizes.step_batch) * _LOCAL_EPOCHS
+    measured = sorted(step_time_by_depth)
+    step_s = np.interp(depths[: sizes.num_clients].astype(float), measured, [step_time_by_depth[d] for d in measured])
+    compute_s = float(steps * step_s.sum())
+    overhead_s = t_plan.median_s + t_agg.median_s
+    return figure(
+        100.0 * overhead_s / compute_s, "%", op="<=", bound=1.0,
+        note=f"(CLC+WFBA {1e3 * t_plan.median_s:.1f} ms + aggregation {1e3 * t_agg.median_s:.1f} ms) / "
+             f"{sizes.num_clients} clients x {steps} steps",
+        details={"plan_s": t_plan.median_s, "aggregate_s": t_agg.median_s, "client_compute_s": compute_s,
+                 "depths": depths.tolist(), "steps_per_client": steps, "step_s_by_client": step_s.tolist(),
+                 "lora_layer_bits": layer_bits, "lora_keys": len(lora_state),
+                 "assumption": (f"{_LOCAL_EPOCHS} local epoch over {_SAMPLES_PER_CLIENT} samples per client at "
+                                f"batch {sizes.step_batch}; step time interpolated between measured depths "
+                                f"{measured}")},
+    )
+
+
+def run(*, quick: bool = False, device: torch.device | None = None) -> dict[str, Any]:
+    """All FeDiSyn figures: ``{name: figure}`` plus ``"sizes"``."""
+    device = device or pick_device()
+    sizes = sizes_for(quick=quick, device=device)
+    results: dict[str, Any] = {"sizes": asdict(sizes)}
+    results["generation_images_per_s"], results["generation_batched_speedup"] = _generation(sizes, device)
+    results["upload_vs_raw_sd15"], results["upload_vs_raw_tiny_vae"] = _upload_size(sizes)
+    step_fig, mem_fig, extra = _lora_figures(sizes, device)
+    results["round_overhead"] = _round_overhead(sizes, extra["step_time_by_depth"],
+                                                {k: v.detach().cpu() for k, v in extra["lora_state"].items()},
+                                                extra["num_blocks"])
+    results["lora_step_vs_full"], results["lora_memory_vs_depth"] = step_fig, mem_fig
+    return results

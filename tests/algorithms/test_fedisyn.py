@@ -1,0 +1,172 @@
+"""FeDiSyn on the engine: the tiny config end to end, LoRA aggregation by hand, resume, offline failure."""
+
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import fl_lightning.algorithms  # noqa: F401 — registers the methods
+from fl_lightning.algorithms.fedisyn import FeDiSyn
+from fl_lightning.algorithms.fedisyn_system import RoundPlan
+from fl_lightning.config import load_config
+from fl_lightning.data.registry import build_dataset
+from fl_lightning.errors import ConfigError
+from fl_lightning.federation.simulation import Simulation, partition_for
+from fl_lightning.federation.transport import SCALAR_BYTES, Upload
+from tests.conftest import CONF, StopAfterClients, run_cli
+
+TINY = CONF / "fedisyn_tiny.yaml"
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # tiny models: thread sync costs more than it gives
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _rows(run_dir):
+    with (run_dir / "metrics.csv").open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_tiny_config_end_to_end_through_the_cli(tmp_path):
+    proc = run_cli("--config", str(TINY), "--output_dir", str(tmp_path), env=ONE_THREAD, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cfg = load_config(TINY, ["--output_dir", str(tmp_path)])
+    run = cfg.run_dir
+    for name in ("config.yaml", "summary.json", "metrics.csv", "checkpoints/server.pt", "prompts.json",
+                 "synthetic/manifest.jsonl"):
+        assert (run / name).exists(), name
+    assert list((run / "pretrain" / "checkpoints").glob("best-*.ckpt"))
+    summary = json.loads((run / "summary.json").read_text())
+
+    # synthetic volume: round(λ · D^k) images per class, D^k over all clients' real samples
+    splits = build_dataset("digits", root="data", seed=cfg.seed, num_samples=cfg.data.num_samples)
+    D = np.bincount(splits.train_targets, minlength=10)
+    lam = cfg.fedisyn.synthetic_lambda
+    expected = [math.floor(lam * d + 0.5) for d in D]
+    got = [len(list((run / "synthetic" / str(k)).glob("*.png"))) for k in range(10)]
+    assert got == expected and summary["synthetic_images"] == sum(expected) and summary["lambda"] == lam
+
+    rows = _rows(run)
+    assert [int(r["round"]) for r in rows] == list(range(1 + cfg.federation.rounds))
+    sim = [float(r["simulated_time_s"]) for r in rows]
+    assert sim[0] > 0 and all(b > a for a, b in zip(sim, sim[1:]))
+    assert summary["simulated_time_s"] == pytest.approx(sim[-1])
+    # H_gene + H_pre from the config's ĥ, h̃: ĥ · images + h̃ · train images · epochs run (≤ T̂)
+    assert summary["simulated_generation_s"] == pytest.approx(cfg.fedisyn.generation_time_per_image_s * sum(expected))
+    assert 0 < summary["simulated_pretraining_s"] <= (cfg.fedisyn.pretrain_time_per_image_epoch_s * sum(expected)
+                                                      * cfg.fedisyn.pretrain_epochs)
+
+    # round 0 uploads = the noised latents: per class (min(Z, D_i^k) + 1) latents of (4, 8, 8) float32 + 3 scalars
+    partition = partition_for(cfg, splits.train_targets)
+    latent_bytes = 4 * 8 * 8 * 4
+    up0 = sum((min(cfg.fedisyn.num_centroids, int(n)) + 1) * latent_bytes + 3 * SCALAR_BYTES
+              for idx in partition for n in np.bincount(splits.train_targets[idx], minlength=10) if n > 0)
+    assert int(rows[0]["bytes_up_round"]) == up0 and int(rows[0]["bytes_down_round"]) == 0
+    # the pre-trained model travels once (round 1); later downloads carry LoRA + head only
+    assert int(rows[1]["bytes_down_round"]) > 5 * int(rows[2]["bytes_down_round"]) > 0
+
+    # depths: clients cycle xavier, orin_nx, orin_nx, orin_nx; orin_nx memory allows (5.5 - 2.5) / 1.5 = 2
+    depths = summary["final_depths"]
+    assert all(1 <= d <= 2 for d in depths[1:]) and 1 <= depths[0] <= summary["num_blocks"] == 4
+    assert summary["depth_policy"] == "clc" and 0.0 <= summary["accuracy"] <= 1.0
+
+
+def _hand_state():
+    g = torch.Generator().manual_seed(0)
+    state = {f"lora.blocks.{l}.attn.qkv.lora_A.weight": torch.randn(2, 3, generator=g) for l in range(3)}
+    state.update({"head.weight": torch.randn(2, 2, generator=g), "head.bias": torch.randn(2, generator=g)})
+    state.update({"sys.clock": torch.tensor([1.0, 2.0, 0.0], dtype=torch.float64),
+                  "sys.contrib": torch.zeros(3, 3, dtype=torch.float64),
+                  "sys.contrib_round": torch.full((3, 3), -1, dtype=torch.int64),
+                  "sys.depths": torch.zeros(3, dtype=torch.int64),
+                  "sys.round_time": torch.tensor(0.0, dtype=torch.float64)})
+    return state
+
+
+def _client_upload(state, depth, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    tensors = {k: torch.randn(v.shape, generator=g) for k, v in state.items()
+               if k.startswith("head.") or k.startswith("lora.") and int(k.split(".")[2]) >= 3 - depth}
+    tensors["contribution"] = torch.arange(1, depth + 1, dtype=torch.float32) * seed
+    return Upload(tensors, {"num_samples": n})
+
+
+def _algorithm(plan_clients, depths):
+    algo = FeDiSyn(cfg=load_config(TINY))
+    algo.num_blocks = 3
+    algo._plans = {1: RoundPlan(plan_clients, np.array(depths), np.ones(len(depths)), 2.5, np.ones(len(depths)))}
+    return algo
+
+
+def test_lora_aggregation_is_per_block_over_the_devices_that_trained_it():
+    state = _hand_state()
+    ups = {0: _client_upload(state, 1, 1, 1), 1: _client_upload(state, 3, 2, 2), 2: _client_upload(state, 2, 3, 3)}
+    new = _algorithm([0, 1, 2], [1, 3, 2]).aggregate(1, state, ups, {})
+    f64 = {c: {k: v.double().numpy() for k, v in u.tensors.items()} for c, u in ups.items()}
+    key = "lora.blocks.{}.attn.qkv.lora_A.weight".format
+    # block 0: only client 1 (depth 3); block 1: clients 1, 2; block 2: all three — data-size weights
+    np.testing.assert_allclose(new[key(0)].numpy(), f64[1][key(0)], rtol=1e-6)
+    np.testing.assert_allclose(new[key(1)].numpy(), (2 * f64[1][key(1)] + 3 * f64[2][key(1)]) / 5, rtol=1e-6)
+    np.testing.assert_allclose(new[key(2)].numpy(), (f64[0][key(2)] + 2 * f64[1][key(2)] + 3 * f64[2][key(2)]) / 6,
+                               rtol=1e-6)
+    np.testing.assert_allclose(new["head.weight"].numpy(),
+                               (f64[0]["head.weight"] + 2 * f64[1]["head.weight"] + 3 * f64[2]["head.weight"]) / 6,
+                               rtol=1e-6)
+    # contributions land in each device's last blocks, stamped with the round; clock and depths advance
+    assert new["sys.contrib"][1].tolist() == [2.0, 4.0, 6.0] and new["sys.contrib"][0].tolist() == [0.0, 0.0, 1.0]
+    assert new["sys.contrib_round"][2].tolist() == [-1, 1, 1]
+    assert new["sys.clock"].tolist() == [1.0, 2.0, 2.5] and new["sys.depths"].tolist() == [1, 3, 2]
+
+
+def test_blocks_nobody_trained_keep_their_global_value():
+    state = _hand_state()
+    new = _algorithm([0, 1], [1, 3]).aggregate(1, state, {0: _client_upload(state, 1, 4, 1)}, {1: "crashed"})
+    for block in (0, 1):
+        key = f"lora.blocks.{block}.attn.qkv.lora_A.weight"
+        assert torch.equal(new[key], state[key])
+    assert torch.allclose(new["lora.blocks.2.attn.qkv.lora_A.weight"], _client_upload(state, 1, 4, 1).tensors[
+        "lora.blocks.2.attn.qkv.lora_A.weight"])
+
+
+def test_resume_in_a_lora_round_gives_the_same_summary(tmp_path, one_thread):
+    def cfg(name):
+        return load_config(TINY, ["--output_dir", str(tmp_path / name), "--federation.rounds", "2"])
+
+    full = Simulation(cfg=cfg("full"), loggers=[]).run()
+    cut = cfg("cut")
+    with pytest.raises(KeyboardInterrupt):
+        Simulation(cfg=cut, loggers=[], callbacks=[StopAfterClients(6)]).run()  # round 1, 2 of 4 clients done
+    assert list((cut.run_dir / "checkpoints").glob("round0001_rank0.pt"))
+    resumed = Simulation(cfg=cut, loggers=[], resume=True).run()
+    drop = ("wall_time_s", "world_size")
+    assert {k: v for k, v in resumed.items() if k not in drop} == {k: v for k, v in full.items() if k not in drop}
+
+
+def test_food101_config_fails_offline_with_one_line(tmp_path):
+    proc = run_cli("--config", str(CONF / "fedisyn_food101.yaml"), "--output_dir", str(tmp_path), timeout=120)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("fl_lightning:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr
+    assert "fedisyn.diffusion_path" in errors[0] and "fedisyn.pretrain_checkpoint" in errors[0]
+    assert not (tmp_path / "fedisyn_food101_a0.3_s0" / "synthetic").exists()
+
+
+@pytest.mark.parametrize("override, key", [
+    (["--fedisyn.synthetic_lambda", "null"], "fedisyn.scaling_kappa"),
+    (["--fedisyn.scaling_kappa", "[1, 2]"], "fedisyn.scaling_kappa"),
+    (["--systems.devices", "[jetson_nano]"], "systems.devices"),
+    (["--systems.profiles", "{jetson_orin_nx: {speed: 2}}"], "systems.profiles.jetson_orin_nx"),
+    (["--lora.alpha", "0"], "lora.alpha"),
+])
+def test_bad_fedisyn_settings_name_their_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        load_config(TINY, override)
+    assert err.value.key == key

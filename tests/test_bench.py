@@ -1,0 +1,161 @@
+"""Tests for fl_lightning.bench: the measuring helpers, and one --quick run of every benchmark.
+
+Timings are never compared with thresholds here (a shared CI machine cannot promise them); the
+checks are that every figure is present and well formed, and that the numbers that do not depend
+on the machine (byte counts, token counts, parameter counts, the framework computing the same R
+as the bare loop) are exactly right.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pytest
+import torch
+
+from fl_lightning.bench import BENCHMARKS, format_value, results_table
+from fl_lightning.bench.__main__ import main
+from fl_lightning.bench._timing import SavedTensorBytes, Timing, figure, tensor_bytes, time_interleaved
+
+FEDOPAL_FIGURES = {"statistics_throughput", "vpt_cost", "statistics_memory", "server_solve_ms",
+                   "server_solve_vs_clients"}
+FEDISYN_FIGURES = {"generation_images_per_s", "generation_batched_speedup", "upload_vs_raw_sd15",
+                   "upload_vs_raw_tiny_vae", "round_overhead", "lora_step_vs_full", "lora_memory_vs_depth"}
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("times", [(3.0,), (5.0, 1.0, 2.0), (4.0, 1.0, 3.0, 2.0), (1.0, 1.0, 9.0, 9.0, 2.0, 7.0)])
+def test_timing_median_matches_numpy(times):
+    assert Timing(times).median_s == pytest.approx(float(np.median(times)))
+
+
+@pytest.mark.parametrize(("value", "op", "bound", "meets"), [
+    (0.96, ">=", 0.95, True), (0.94, ">=", 0.95, False), (1.08, "<=", 1.08, True), (1.09, "<=", 1.08, False),
+])
+def test_figure_records_whether_threshold_is_met(value, op, bound, meets):
+    fig = figure(value, "x", op=op, bound=bound)
+    assert fig["meets"] is meets and fig["threshold"] == {"op": op, "value": bound}
+    assert figure(value, "ms")["meets"] is None and figure(value, "ms")["threshold"] is None
+    with pytest.raises(ValueError):
+        figure(value, "x", op=op)
+
+
+def test_time_interleaved_runs_warmup_then_rotates_the_order():
+    calls: list[str] = []
+    fns = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
+    out = time_interleaved(fns, warmup=1, repeats=3, device=torch.device("cpu"))
+    assert calls == ["a", "b", "c", "a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert all(len(t.times_s) == 3 and all(s >= 0 for s in t.times_s) for t in out.values())
+
+
+def test_saved_tensor_bytes_counts_each_storage_once_and_skips_excluded():
+    w = torch.randn(5, 7, requires_grad=True)  # a "parameter"
+    x = torch.randn(4, 5, requires_grad=True)
+    with SavedTensorBytes(exclude=[w]) as saved:
+        y = x * x  # saves x twice: one storage
+        z = (y @ w).sum()  # saves y (4x5) and w (excluded)
+    z.backward()
+    assert saved.bytes == 2 * 4 * 5 * 4  # x and y, float32
+
+
+def test_tensor_bytes_counts_shared_storage_once():
+    a = torch.zeros(10, 10, dtype=torch.float64)
+    assert tensor_bytes([a, a[2:], a.T]) == 800
+    assert tensor_bytes([a, torch.zeros(3, dtype=torch.float16)]) == 806
+
+
+def test_cli_rejects_an_unknown_suite(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["nope"])
+    assert exc.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+# -- one quick run of everything ----------------------------------------------------------------------
+# One in-process `python -m fl_lightning.bench all --quick` shared by the tests below: ~35 s on two
+# idle cores (two fresh processes for the memory probe pay the torch/open_clip import), hence slow.
+@pytest.fixture(scope="module")
+def quick_results(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("bench") / "sub" / "quick.json"
+    assert main(["all", "--quick", "--out", str(out)]) == 0
+    return json.loads(out.read_text(encoding="utf-8"))
+
+
+@pytest.mark.slow
+def test_quick_json_has_every_figure_well_formed(quick_results):
+    assert set(quick_results) == {"meta", *BENCHMARKS}
+    assert quick_results["meta"]["quick"] is True and quick_results["meta"]["device"] in ("cpu", "cuda")
+    assert set(quick_results["fedopal"]) == FEDOPAL_FIGURES | {"sizes"}
+    assert set(quick_results["fedisyn"]) == FEDISYN_FIGURES | {"sizes"}
+    for suite in BENCHMARKS:
+        for name, fig in quick_results[suite].items():
+            if name == "sizes":
+                continue
+            assert math.isfinite(fig["value"]) and fig["value"] > 0, (suite, name)
+            assert isinstance(fig["unit"], str) and isinstance(fig["details"], dict)
+            if fig["threshold"] is None:
+                assert fig["meets"] is None
+            else:
+                op, bound = fig["threshold"]["op"], fig["threshold"]["value"]
+                assert fig["meets"] == (fig["value"] <= bound if op == "<=" else fig["value"] >= bound)
+            assert format_value(fig)
+    assert results_table(quick_results).row_count == len(FEDOPAL_FIGURES) + len(FEDISYN_FIGURES)
+
+
+@pytest.mark.slow
+def test_quick_fedopal_numbers(quick_results):
+    r = quick_results["fedopal"]
+    thr = r["statistics_throughput"]["details"]
+    assert thr["relative_difference_R"] < 1e-6  # the framework and the bare loop computed the same R
+    assert thr["framework_images_per_s"] > 0 and thr["bare_images_per_s"] > 0
+    assert r["statistics_throughput"]["value"] == pytest.approx(thr["bare"]["median_s"] / thr["framework"]["median_s"])
+    vpt = r["vpt_cost"]["details"]
+    assert (vpt["tokens_M0"], vpt["tokens_M10"]) == (197, 207)  # ViT-B/16's geometry even when tiny
+    mem = r["statistics_memory"]["details"]
+    assert mem["10x"]["collected"] == 10 * mem["1x"]["collected"] > 0
+    assert 0.5 < r["statistics_memory"]["value"] < 5  # sane, not the ≤ 1.1 threshold
+    per_k = r["server_solve_ms"]["details"]["per_num_clients"]
+    assert set(per_k) == {"10", "100"} and all(v["solve_ms"] > 0 and v["sum_ms"] > 0 for v in per_k.values())
+
+
+@pytest.mark.slow
+def test_quick_fedisyn_numbers(quick_results):
+    r = quick_results["fedisyn"]
+    sizes = r["sizes"]
+    D, Z = sizes["upload_images"], sizes["num_centroids"]
+    scalars = 3 * 8  # label, count, timestep
+    for px in (224, 512):  # SD v1-5: VAE x8 into 4 float32 channels
+        sd = r["upload_vs_raw_sd15"]["details"][f"{px}px"]
+        assert sd["upload_bytes"] == (Z + 1) * 4 * (px // 8) ** 2 * 4 + scalars
+        assert sd["raw_bytes"] == D * 3 * px * px
+    tiny = r["upload_vs_raw_tiny_vae"]["details"]
+    S = tiny["image_size"]  # tiny VAE: x2 into 4 float32 channels
+    assert tiny["upload_bytes"] == (Z + 1) * 4 * (S // 2) ** 2 * 4 + scalars and tiny["raw_bytes"] == D * 3 * S * S
+
+    gen = r["generation_images_per_s"]["details"]
+    assert r["generation_images_per_s"]["value"] == pytest.approx(gen["batch_size"] / gen["batched"]["median_s"])
+
+    over = r["round_overhead"]["details"]
+    assert len(over["depths"]) == 10 and all(1 <= x <= 12 for x in over["depths"])
+    assert over["steps_per_client"] == math.ceil(500 / sizes["step_batch"])
+    assert r["round_overhead"]["value"] == pytest.approx(
+        100 * (over["plan_s"] + over["aggregate_s"]) / over["client_compute_s"])
+
+    per_depth = r["lora_memory_vs_depth"]["details"]["per_depth"]
+    depths = sorted(per_depth, key=int)
+    assert depths == ["1", "4", "12"]
+    for shallow, deep in zip(depths, depths[1:]):  # training more blocks saves more and trains more
+        assert per_depth[deep]["activations_bytes"] > per_depth[shallow]["activations_bytes"]
+        assert per_depth[deep]["trainable_params"] > per_depth[shallow]["trainable_params"]
+    for d in depths:  # float32 gradients, AdamW keeps two moments per trained parameter
+        assert per_depth[d]["gradient_bytes"] == 4 * per_depth[d]["trainable_params"]
+        assert per_depth[d]["optimizer_bytes"] >= 2 * per_depth[d]["gradient_bytes"]
+    full = r["lora_memory_vs_depth"]["details"]["full_finetuning"]
+    assert full["trainable_params"] > per_depth["12"]["trainable_params"]
+    step = r["lora_step_vs_full"]["details"]
+    assert step["full_trainable_params"] == full["trainable_params"]
