@@ -81,10 +81,10 @@ class FeDiSyn(Algorithm):
     def num_rounds(self) -> int:
         return 1 + self.cfg.federation.rounds  # round 0 = synthesis + pre-training, then T LoRA rounds
 
-    def build(self, fabric: Fabric) -> None:
-        """Check every local resource first (one line listing what is missing), then load SD."""
-        f = self.cfg.fedisyn
-        self.fabric = fabric
+    @classmethod
+    def preflight(cls, cfg: Any) -> None:
+        """Every local resource FeDiSyn needs, checked at once (one line listing what is missing)."""
+        f = cfg.fedisyn
         missing = []
         if f.diffusion_path is not None and not Path(f.diffusion_path).expanduser().is_dir():
             missing.append(f"fedisyn.diffusion_path={f.diffusion_path} (Stable Diffusion v1-5 diffusers folder)")
@@ -96,6 +96,10 @@ class FeDiSyn(Algorithm):
         if missing:
             raise MissingResourceError("FeDiSyn needs local weights that are not on disk: " + "; ".join(missing)
                                        + " — copy them there (nothing is downloaded) or change the paths")
+
+    def build(self, fabric: Fabric) -> None:
+        f = self.cfg.fedisyn
+        self.fabric = fabric
         self.components = (load_diffusion(f.diffusion_path) if f.diffusion_path is not None
                            else tiny_diffusion_components(seed=self.cfg.seed, image_size=f.vae_image_size))
         self.components.vae.to(fabric.device)  # clients need only the VAE; the server moves the rest when it generates

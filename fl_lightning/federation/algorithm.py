@@ -109,6 +109,11 @@ class Algorithm(ABC):
         self.env: Environment | None = None
 
     # -- set-up (each rank) -------------------------------------------------------------------
+    @classmethod
+    def preflight(cls, cfg: "RunConfig") -> None:
+        """Cheap checks of local resources (paths exist) before any process or model starts;
+        raise :class:`~fl_lightning.errors.MissingResourceError` with one line."""
+
     @property
     def num_rounds(self) -> int:
         return self.cfg.federation.rounds

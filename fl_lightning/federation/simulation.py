@@ -73,6 +73,7 @@ class Simulation:
                  loggers: Sequence[object] | None = None) -> None:
         from fl_lightning.callbacks import default_callbacks, default_loggers
 
+        ALGORITHMS[cfg.algorithm].preflight(cfg)  # fail in seconds, before Fabric prints or launches anything
         self.cfg, self.resume = cfg, resume
         self.run_dir = cfg.run_dir
         self.ckpt_dir = self.run_dir / "checkpoints"

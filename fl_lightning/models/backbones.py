@@ -270,6 +270,18 @@ def _open_clip_local_weights(name: str, tag: str, cfg: dict, cache_dir: str | No
     )
 
 
+@contextlib.contextmanager
+def _quiet_root_warnings() -> Iterator[None]:
+    """open_clip warns through the root logger; silence it for one call."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
 def _build_open_clip(
     *,
     name: str,
@@ -319,8 +331,11 @@ def _build_open_clip(
         kwargs.setdefault("force_quick_gelu", True)
     if image_size is not None:
         kwargs.setdefault("force_image_size", image_size)
+    # random initialisation was asked for: open_clip's "No pretrained weights loaded" warning is noise
+    quiet = _quiet_root_warnings() if weights is None else contextlib.nullcontext()
     try:
-        clip = open_clip.create_model(name, pretrained=weights, cache_dir=cache_dir, **kwargs)
+        with quiet:
+            clip = open_clip.create_model(name, pretrained=weights, cache_dir=cache_dir, **kwargs)
     except (OSError, RuntimeError) as err:
         if schema is not None or (download and tag_cfg and checkpoint is None):
             first = str(err).splitlines()[0] if str(err) else type(err).__name__
