@@ -3,7 +3,6 @@ loggers a run gets from its config."""
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 from fl_lightning.callbacks.progress import ProgressCallback
@@ -21,7 +20,6 @@ def default_loggers(cfg: "RunConfig") -> list[object]:
     if cfg.logging.wandb:
         from lightning.pytorch.loggers import WandbLogger
 
-        os.environ.setdefault("WANDB_DIR", str(cfg.run_dir))
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
         logger = WandbLogger(project=cfg.logging.project, entity=cfg.logging.entity, name=cfg.resolved_run_name,
                              save_dir=str(cfg.run_dir), offline=cfg.logging.mode == "offline")

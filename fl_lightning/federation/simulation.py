@@ -218,6 +218,8 @@ class Simulation:
 
         summary = self._summary(algorithm, env, state, rows, totals, failed_clients)
         fabric.call("on_run_end", summary=summary, run_dir=self.run_dir)
+        for logger in fabric.loggers:  # flush W&B / TensorBoard now, not at interpreter exit
+            logger.finalize("success")
         return summary
 
     def _run_client(self, algorithm: Algorithm, env: Environment, round_idx: int, client_idx: int,
