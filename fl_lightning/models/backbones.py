@@ -271,8 +271,8 @@ def _open_clip_local_weights(name: str, tag: str, cfg: dict, cache_dir: str | No
 
 
 @contextlib.contextmanager
-def _quiet_root_warnings() -> Iterator[None]:
-    """open_clip warns through the root logger; silence it for one call."""
+def _quiet_root_logger() -> Iterator[None]:
+    """Silence open_clip's root-logger warning "initialized randomly" when random weights were asked for."""
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)
@@ -332,7 +332,7 @@ def _build_open_clip(
     if image_size is not None:
         kwargs.setdefault("force_image_size", image_size)
     # random initialisation was asked for: open_clip's "No pretrained weights loaded" warning is noise
-    quiet = _quiet_root_warnings() if weights is None else contextlib.nullcontext()
+    quiet = _quiet_root_logger() if weights is None else contextlib.nullcontext()
     try:
         with quiet:
             clip = open_clip.create_model(name, pretrained=weights, cache_dir=cache_dir, **kwargs)
@@ -505,18 +505,7 @@ def build_tiny_backbone(library: str, *, image_size: int = 32, seed: int = 0, de
     tiny.update(overrides or {})
     # Seed a private copy of the global RNG: the libraries initialise from it, and callers'
     # random streams must not depend on whether a tiny model was built.
-    with torch.random.fork_rng(devices=[]), _quiet_root_logger():
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return build_backbone(library=library, name=name, pretrained=None, overrides=tiny)
 
-
-@contextlib.contextmanager
-def _quiet_root_logger() -> Iterator[None]:
-    """Silence open_clip's root-logger warning "initialized randomly" — the point of a tiny model."""
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        root.setLevel(level)
