@@ -170,3 +170,17 @@ def test_bad_fedisyn_settings_name_their_key(override, key):
     with pytest.raises(ConfigError) as err:
         load_config(TINY, override)
     assert err.value.key == key
+
+
+def test_lambda_from_the_scaling_law(tmp_path, one_thread):
+    """synthetic_lambda: null → λ* = (κ2 e^{κ3 Acc} / (h0 κ1))^{1/(κ2+1)}, h0 = (ĥ + h̃ T̂) D."""
+    kappa = [0.5, 0.8, 2.0, 1.0]
+    cfg = load_config(TINY, ["--output_dir", str(tmp_path), "--federation.rounds", "1",
+                             "--fedisyn.synthetic_lambda", "null", "--fedisyn.scaling_kappa", str(kappa)])
+    summary = Simulation(cfg=cfg, loggers=[]).run()
+    f = cfg.fedisyn
+    h0 = (f.generation_time_per_image_s + f.pretrain_time_per_image_epoch_s * f.pretrain_epochs) * summary["real_samples"]
+    k1, k2, k3, _ = kappa
+    expected = (k2 * math.exp(k3 * f.target_accuracy) / (h0 * k1)) ** (1 / (k2 + 1))
+    assert summary["lambda"] == pytest.approx(expected, rel=1e-9)
+    assert summary["synthetic_images"] > 0
