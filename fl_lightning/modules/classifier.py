@@ -118,8 +118,9 @@ class ViTClassifier(lightning.LightningModule):
         self.model = _build_timm_vit(
             model_name=model_name, num_classes=num_classes, overrides=overrides, checkpoint=checkpoint
         )
-        self.train_acc = MulticlassAccuracy(num_classes=num_classes, average="micro")
-        self.val_acc = MulticlassAccuracy(num_classes=num_classes, average="micro")
+        # the server pre-trains alone, also inside a multi-rank federation: never wait for other ranks
+        self.train_acc = MulticlassAccuracy(num_classes=num_classes, average="micro", sync_on_compute=False)
+        self.val_acc = MulticlassAccuracy(num_classes=num_classes, average="micro", sync_on_compute=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)  # (B, num_classes)

@@ -78,6 +78,15 @@ def test_tiny_config_end_to_end_through_the_cli(tmp_path):
     assert all(1 <= d <= 2 for d in depths[1:]) and 1 <= depths[0] <= summary["num_blocks"] == 4
     assert summary["depth_policy"] == "clc" and 0.0 <= summary["accuracy"] <= 1.0
 
+    # two CPU processes (ddp over gloo; the server pre-trains alone on rank 0): the same run, bitwise
+    two = run_cli("--config", str(TINY), "--output_dir", str(tmp_path / "two"), "--federation.devices", "2",
+                  env=ONE_THREAD, timeout=240)
+    assert two.returncode == 0, two.stderr[-2000:]
+    summary2 = json.loads((tmp_path / "two" / run.name / "summary.json").read_text())
+    assert summary2["world_size"] == 2
+    skip = ("wall_time_s", "world_size")
+    assert {k: v for k, v in summary2.items() if k not in skip} == {k: v for k, v in summary.items() if k not in skip}
+
 
 def _hand_state():
     g = torch.Generator().manual_seed(0)
