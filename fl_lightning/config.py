@@ -97,7 +97,7 @@ class FederationConfig:
     rounds: int = 1
     client_fraction: float = 1.0  # fraction of clients sampled per round (multi-round methods)
     sampling_seed: int = 0  # its own seed for client sampling
-    accelerator: str = "cpu"
+    accelerator: str = "auto"  # Fabric picks the GPUs when there are any, else the CPU
     devices: int = 1  # Fabric ranks on this node; clients are dealt to them
     num_nodes: int = 1
     strategy: str = "auto"  # "auto" → ddp when devices * num_nodes > 1
