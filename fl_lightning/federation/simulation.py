@@ -131,12 +131,14 @@ class Simulation:
         start_round, state, history, rows = 0, algorithm.initial_state(), RoundHistory(), []
         totals = {"bytes_up": 0, "bytes_down": 0, "wall_time_s": 0.0}
         failed_clients: dict[str, str] = {}
+        per_class: list[float] | None = None
         server_ckpt = self.ckpt_dir / "server.pt"
         if self.resume and server_ckpt.exists():
             saved = safe_load(server_ckpt)
             start_round, state, rows = saved["round"] + 1, saved["state"], saved["rows"]
             history = RoundHistory(saved["client_compute_s"], saved["round_s"], rows)
             totals, failed_clients = saved["totals"], saved["failed_clients"]
+            per_class = saved["per_class_accuracy"]
         history.metrics = rows
         if rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -216,7 +218,7 @@ class Simulation:
                 for path in self.ckpt_dir.glob(f"round{round_idx:04d}_rank*.pt"):
                     path.unlink()
 
-        summary = self._summary(algorithm, env, state, rows, totals, failed_clients)
+        summary = self._summary(algorithm, state, rows, totals, failed_clients, per_class)
         fabric.call("on_run_end", summary=summary, run_dir=self.run_dir)
         for logger in fabric.loggers:  # flush W&B / TensorBoard now, not at interpreter exit
             logger.finalize("success")
@@ -239,10 +241,9 @@ class Simulation:
         fabric.call("on_client_end", round_idx=round_idx, client=client_idx,
                     compute_s=out["compute_s"][client_idx], failed=client_idx in out["failures"])
 
-    def _summary(self, algorithm: Algorithm, env: Environment, state: State, rows: list[dict],
-                 totals: dict, failed_clients: dict[str, str]) -> dict[str, Any]:
+    def _summary(self, algorithm: Algorithm, state: State, rows: list[dict], totals: dict,
+                 failed_clients: dict[str, str], per_class: list[float] | None) -> dict[str, Any]:
         cfg, last = self.cfg, rows[-1] if rows else {}
-        saved = safe_load(self.ckpt_dir / "server.pt") if (self.ckpt_dir / "server.pt").exists() else {}
         summary = {
             "algorithm": cfg.algorithm, "dataset": cfg.data.name, "num_clients": cfg.partition.num_clients,
             "alpha": cfg.partition.alpha, "seed": cfg.seed, "rounds": len(rows),
@@ -250,7 +251,7 @@ class Simulation:
             "bytes_up": totals["bytes_up"], "bytes_down": totals["bytes_down"],
             "bytes_up_per_client": totals["bytes_up"] / max(cfg.partition.num_clients, 1),
             "wall_time_s": totals["wall_time_s"], "world_size": self.fabric.world_size,
-            "failed_clients": failed_clients, "per_class_accuracy": saved.get("per_class_accuracy"),
+            "failed_clients": failed_clients, "per_class_accuracy": per_class,
             **algorithm.summary_extras(state),
         }
         if self.fabric.global_rank == 0:
