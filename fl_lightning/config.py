@@ -55,7 +55,7 @@ class DataConfig:
     image_size: int | None = None  # None: the backbone's input size
     batch_size: int = 64
     num_workers: int = 0  # 0 keeps tiny runs free of worker start-up cost
-    num_samples: int | None = None  # size of the `synthetic` set (train); ignored otherwise
+    num_samples: int | None = None  # a seeded subset of this many training images (`synthetic`: how many to make)
 
     def __post_init__(self) -> None:
         _check(self.image_size is None or self.image_size >= 8, "image_size", self.image_size, "an int >= 8 or null")

@@ -1,5 +1,7 @@
 """The real CLI: exit codes and one-line errors (each case is a fresh process, as a user sees it)."""
 
+import json
+
 import pytest
 
 from tests.conftest import CONF, run_cli
@@ -50,3 +52,17 @@ def test_print_config_round_trips(tmp_path):
     path.write_text(out.stdout)
     again = run_cli("--config", str(path), "--print-config")
     assert again.stdout == out.stdout
+
+
+def test_resume_from_the_cli_extends_a_finished_run(tmp_path):
+    """`--resume RUN_DIR` reads the run's own config.yaml; more rounds continue from its checkpoint."""
+    base = ["--config", TINY, "--partition.num_clients", "3", "--logging.progress", "false"]
+    straight = run_cli(*base, "--federation.rounds", "2", "--output_dir", str(tmp_path / "straight"))
+    first = run_cli(*base, "--federation.rounds", "1", "--output_dir", str(tmp_path / "resumed"))
+    run_dir = tmp_path / "resumed" / "fedavg_digits_a0.5_s0"
+    again = run_cli("--resume", str(run_dir), "--federation.rounds", "2")
+    assert straight.returncode == first.returncode == again.returncode == 0, again.stderr[-2000:]
+    a = json.loads((tmp_path / "straight" / run_dir.name / "summary.json").read_text())
+    b = json.loads((run_dir / "summary.json").read_text())
+    for key in ("accuracy", "loss", "rounds", "bytes_up", "bytes_down", "per_class_accuracy"):
+        assert a[key] == b[key], key
