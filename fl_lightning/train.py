@@ -77,7 +77,14 @@ def main(argv: list[str] | None = None) -> int:
         import fl_lightning.algorithms  # noqa: F401 — registers the methods
         from fl_lightning.federation.simulation import Simulation
 
-        summaries = [(run, Simulation(cfg=run, resume=resume is not None).run()) for run in runs]
+        summaries = []
+        for run in runs:
+            try:
+                summaries.append((run, Simulation(cfg=run, resume=resume is not None).run()))
+            except KeyboardInterrupt:
+                print(f"fl_lightning: interrupted; the checkpoint is kept: continue with "
+                      f"python -m fl_lightning.train --resume {run.run_dir}", file=sys.stderr)
+                return 130
     except UsageError as err:
         print(f"fl_lightning: {err}", file=sys.stderr)
         return 2

@@ -27,6 +27,7 @@ from fl_lightning.data.partition import client_class_counts, dirichlet_partition
 from fl_lightning.data.registry import DatasetSplits, build_dataset
 from fl_lightning.data.report import write_partition_report
 from fl_lightning.data.transforms import build_transform
+from fl_lightning.errors import ConfigError
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundHistory, State
 from fl_lightning.federation.checkpoint import atomic_save, safe_load
 from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients
@@ -139,6 +140,9 @@ class Simulation:
             history = RoundHistory(saved["client_compute_s"], saved["round_s"], rows)
             totals, failed_clients = saved["totals"], saved["failed_clients"]
             per_class = saved["per_class_accuracy"]
+            if start_round > algorithm.num_rounds:
+                raise ConfigError("federation.rounds", cfg.federation.rounds,
+                                  f"at least the {start_round} rounds this run has already completed")
         history.metrics = rows
         if rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
