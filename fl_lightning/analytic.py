@@ -44,7 +44,7 @@ class AnalyticStatistics:
 
     @classmethod
     def zeros(cls, d: int, c: int, dtype: torch.dtype = torch.float64,
-              device: torch.device | str | None = None) -> "AnalyticStatistics":
+              device: torch.device | str | None = None) -> AnalyticStatistics:
         """Empty statistics for features of dimension d and c classes."""
         return cls(R=torch.zeros(d, d, dtype=dtype, device=device), C=torch.zeros(d, c, dtype=dtype, device=device), N=0)
 
@@ -56,7 +56,7 @@ class AnalyticStatistics:
     def num_classes(self) -> int:
         return int(self.C.shape[1])
 
-    def update(self, h: Tensor, y: Tensor) -> "AnalyticStatistics":
+    def update(self, h: Tensor, y: Tensor) -> AnalyticStatistics:
         """Eq. (7) in place: R += hᵀh, C += hᵀY, N += B.
 
         Args:
@@ -78,14 +78,14 @@ class AnalyticStatistics:
         self.N += int(h.shape[0])
         return self
 
-    def __add__(self, other: "AnalyticStatistics") -> "AnalyticStatistics":
+    def __add__(self, other: AnalyticStatistics) -> AnalyticStatistics:
         if not isinstance(other, AnalyticStatistics):
             return NotImplemented
         if self.R.shape != other.R.shape or self.C.shape != other.C.shape:
             raise ValueError(f"cannot add statistics of shapes {tuple(self.C.shape)} and {tuple(other.C.shape)}")
         return AnalyticStatistics(R=self.R + other.R, C=self.C + other.C, N=self.N + other.N)
 
-    def __radd__(self, other: object) -> "AnalyticStatistics":
+    def __radd__(self, other: object) -> AnalyticStatistics:
         # lets sum(list_of_statistics) start from 0
         if isinstance(other, int) and other == 0:
             return self
@@ -98,7 +98,7 @@ class AnalyticStatistics:
         return self.R[i, j]
 
     @classmethod
-    def from_upper(cls, vec: Tensor, C: Tensor, N: int) -> "AnalyticStatistics":
+    def from_upper(cls, vec: Tensor, C: Tensor, N: int) -> AnalyticStatistics:
         """Inverse of :meth:`upper_triangle`: rebuild the symmetric R from its upper entries."""
         n = int(vec.numel())
         d = (math.isqrt(8 * n + 1) - 1) // 2

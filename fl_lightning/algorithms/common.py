@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 __all__ = ["frozen_backbone", "evaluate_on_test"]
 
 
-def frozen_backbone(cfg: "RunConfig") -> ViTBackbone:
+def frozen_backbone(cfg: RunConfig) -> ViTBackbone:
     """The config's backbone, frozen and in eval mode (built once per rank)."""
     m = cfg.model
     backbone = build_backbone(library=m.library, name=m.name, pretrained=m.pretrained, checkpoint=m.checkpoint,
@@ -28,6 +28,6 @@ def frozen_backbone(cfg: "RunConfig") -> ViTBackbone:
     return backbone.freeze()
 
 
-def evaluate_on_test(env: "Environment", logits_fn: "Callable[[Tensor], Tensor]") -> dict[str, Any]:
+def evaluate_on_test(env: Environment, logits_fn: Callable[[Tensor], Tensor]) -> dict[str, Any]:
     loader: DataLoader = env.loader(env.splits.test, shuffle=False)
     return evaluate_classifier(logits_fn, loader, num_classes=env.num_classes, device=env.fabric.device)

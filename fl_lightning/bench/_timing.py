@@ -154,7 +154,7 @@ class CudaPeak:
         self.device = device
         self.bytes = 0
 
-    def __enter__(self) -> "CudaPeak":
+    def __enter__(self) -> CudaPeak:
         synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         return self
@@ -244,7 +244,7 @@ class SavedTensorBytes:
     def bytes(self) -> int:
         return sum(self._storages.values())
 
-    def __enter__(self) -> "SavedTensorBytes":
+    def __enter__(self) -> SavedTensorBytes:
         self._hooks.__enter__()
         return self
 

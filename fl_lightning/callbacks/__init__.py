@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ProximalCallback", "RoundTimingCallback", "ProgressCallback", "default_callbacks", "default_loggers"]
 
-def default_loggers(cfg: "RunConfig") -> list[object]:
+def default_loggers(cfg: RunConfig) -> list[object]:
     """W&B (online or offline) and TensorBoard as the config asks; metrics.csv is always written."""
     loggers: list[object] = []
     if cfg.logging.wandb:
@@ -31,7 +31,7 @@ def default_loggers(cfg: "RunConfig") -> list[object]:
     return loggers
 
 
-def default_callbacks(cfg: "RunConfig", loggers: list[object]) -> list[object]:
+def default_callbacks(cfg: RunConfig, loggers: list[object]) -> list[object]:
     callbacks: list[object] = [RoundTimingCallback(), ProgressCallback(enabled=cfg.logging.progress)]
     from lightning.pytorch.loggers import WandbLogger
 

@@ -47,7 +47,7 @@ class InputSpec:
     std: tuple[float, ...] | None = None
 
     @classmethod
-    def of_backbone(cls, backbone: Any, image_size: int | None = None) -> "InputSpec":
+    def of_backbone(cls, backbone: Any, image_size: int | None = None) -> InputSpec:
         style = "clip" if backbone.library == "open_clip" else "imagenet"
         return cls(image_size or backbone.image_size, style, tuple(backbone.mean), tuple(backbone.std))
 
@@ -75,9 +75,9 @@ class RoundHistory:
 class Environment:
     """Per-rank context handed to an algorithm: Fabric, data, partition, run folder."""
 
-    fabric: "Fabric"
-    cfg: "RunConfig"
-    splits: "DatasetSplits"
+    fabric: Fabric
+    cfg: RunConfig
+    splits: DatasetSplits
     partition: list[np.ndarray]
     run_dir: Path
 
@@ -104,13 +104,13 @@ class Algorithm(ABC):
     name: str = ""
     augment: bool = False  # random crops/flips on the training split (frozen-feature methods: off)
 
-    def __init__(self, *, cfg: "RunConfig") -> None:
+    def __init__(self, *, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.env: Environment | None = None
 
     # -- set-up (each rank) -------------------------------------------------------------------
     @classmethod
-    def preflight(cls, cfg: "RunConfig") -> None:
+    def preflight(cls, cfg: RunConfig) -> None:
         """Cheap checks of local resources (paths exist) before any process or model starts;
         raise :class:`~fl_lightning.errors.MissingResourceError` with one line."""
 
@@ -122,7 +122,7 @@ class Algorithm(ABC):
         """What the model expects of an image (called after :meth:`build`)."""
         return InputSpec(self.cfg.data.image_size or 32)
 
-    def build(self, fabric: "Fabric") -> None:
+    def build(self, fabric: Fabric) -> None:
         """Build what is shared by all clients of a rank (e.g. the frozen backbone) ONCE, before data."""
 
     def setup(self, env: Environment) -> None:

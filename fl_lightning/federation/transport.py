@@ -28,7 +28,7 @@ class Payload:
     def num_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values()) + SCALAR_BYTES * len(self.meta)
 
-    def to(self, device: torch.device | str) -> "Payload":
+    def to(self, device: torch.device | str) -> Payload:
         return type(self)({k: v.to(device) for k, v in self.tensors.items()}, dict(self.meta))
 
     def state_dict(self) -> dict:
@@ -36,7 +36,7 @@ class Payload:
         return {"tensors": {k: v.detach().cpu() for k, v in self.tensors.items()}, "meta": dict(self.meta)}
 
     @classmethod
-    def from_state_dict(cls, state: dict) -> "Payload":
+    def from_state_dict(cls, state: dict) -> Payload:
         return cls(dict(state["tensors"]), dict(state["meta"]))
 
 

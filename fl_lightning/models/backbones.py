@@ -197,7 +197,7 @@ class ViTBackbone(nn.Module):
         return self.pool(self.encode(self.embed(images)))
 
     # -- freezing ------------------------------------------------------------------------------------
-    def freeze(self) -> "ViTBackbone":
+    def freeze(self) -> ViTBackbone:
         """Stop gradients to every trunk parameter and keep the trunk in eval mode from now on."""
         self._frozen = True
         self.model.requires_grad_(False)
@@ -208,7 +208,7 @@ class ViTBackbone(nn.Module):
     def frozen(self) -> bool:
         return self._frozen
 
-    def train(self, mode: bool = True) -> "ViTBackbone":
+    def train(self, mode: bool = True) -> ViTBackbone:
         # A frozen trunk stays in eval mode (no dropout / patch dropout) even when a
         # LightningModule around it switches to training.
         super().train(mode)
