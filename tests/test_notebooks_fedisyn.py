@@ -17,4 +17,4 @@ def test_scaling_law_notebook_executes(tmp_path, monkeypatch):
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs)  # the plot
     assert any("lambda* =" in o.get("text", "") for o in outputs)
-    assert len(list((tmp_path / "pilots").glob("pilot_lam*/summary.json"))) == 4
+    assert any("12 observations" in o.get("text", "") for o in outputs)  # 4 pilots x 3 rounds
