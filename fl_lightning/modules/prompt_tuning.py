@@ -60,13 +60,13 @@ class PromptTuningModule(LightningModule):
         if num_classes < 2:
             raise ConfigError("data.num_classes", num_classes, "an int >= 2")
         if optimizer not in OPTIMIZERS:
-            raise ConfigError("client.optimizer", optimizer, "'sgd' or 'adamw'")
+            raise ConfigError("train.optimizer", optimizer, "'sgd' or 'adamw'")
         if not lr > 0:
-            raise ConfigError("client.lr", lr, "a float > 0")
+            raise ConfigError("train.lr", lr, "a float > 0")
         if not weight_decay >= 0:
-            raise ConfigError("client.weight_decay", weight_decay, "a float >= 0")
+            raise ConfigError("train.weight_decay", weight_decay, "a float >= 0")
         if not 0 <= momentum < 1:
-            raise ConfigError("client.momentum", momentum, "a float in [0, 1)")
+            raise ConfigError("train.momentum", momentum, "a float in [0, 1)")
         self.model = model
         self.num_classes = int(num_classes)
         self.optimizer_name = optimizer

@@ -83,7 +83,7 @@ def synthetic_volume(totals: Mapping[int, int], lam: float) -> dict[int, int]:
         lam: λ, synthetic images per real image (from the fitted scaling law).
     """
     if not (isinstance(lam, (int, float)) and math.isfinite(lam) and lam >= 0):
-        raise ConfigError("fedisyn.lam", lam, "a finite float >= 0")
+        raise ConfigError("fedisyn.synthetic_lambda", lam, "a finite float >= 0")
     return {label: int(math.floor(lam * count + 0.5)) for label, count in totals.items()}
 
 

@@ -96,10 +96,10 @@ def test_head_init_is_seeded_and_leaves_global_rng():
 
 
 @pytest.mark.parametrize("kwargs,key", [
-    (dict(optimizer="adam"), "client.optimizer"),
-    (dict(lr=0.0), "client.lr"),
-    (dict(weight_decay=-1.0), "client.weight_decay"),
-    (dict(momentum=1.0), "client.momentum"),
+    (dict(optimizer="adam"), "train.optimizer"),
+    (dict(lr=0.0), "train.lr"),
+    (dict(weight_decay=-1.0), "train.weight_decay"),
+    (dict(momentum=1.0), "train.momentum"),
 ])
 def test_bad_arguments_are_config_errors(kwargs, key):
     with pytest.raises(ConfigError) as info:
