@@ -162,27 +162,10 @@ class Simulation:
             downloads = algorithm.plan(round_idx, clients, state, history) if rank == 0 else None
             downloads = fabric.broadcast(downloads, src=0) if world > 1 else downloads
 
-            # client updates on this rank (skipping those a checkpoint already holds)
-            done = self._load_partial(round_idx)  # empty unless resuming mid-round
-            mine = {"uploads": {}, "failures": {}, "compute_s": {}, "bytes_down": {}}
-            for client_idx in assignment[rank]:
-                if client_idx not in clients or client_idx in done["uploads"] or client_idx in done["failures"]:
-                    continue
-                self._run_client(algorithm, env, round_idx, client_idx, downloads[client_idx], mine)
-                atomic_save(mine, self._partial_path(round_idx, rank))
-            if rank == 0:  # results restored from a checkpoint enter the gather once
-                for key in mine:
-                    mine[key] = {**done[key], **mine[key]}
-
-            # transport: everything reaches the server (rank 0), in client order
-            parts = self._gather(mine)
-            results = {key: {c: v for part in parts for c, v in part[key].items()} for key in mine}
-            fatal = {c: msg for c, msg in results["failures"].items() if cfg.federation.on_client_error == "raise"}
-            if fatal:
-                c = min(fatal)
-                raise ClientFailure(f"client {c} failed in round {round_idx}: {fatal[c]} "
-                                    f"(checkpoint kept in {self.ckpt_dir}; set federation.on_client_error: skip "
-                                    f"to aggregate the others)")
+            # client updates on this rank, then transport: everything reaches the server, in client order
+            results = self._client_phase(algorithm, env, round_idx, [c for c in assignment[rank] if c in clients],
+                                         downloads)
+            self._raise_on_failure(round_idx, results["failures"])
             uploads = {c: Upload.from_state_dict(results["uploads"][c]) for c in sorted(results["uploads"])}
             failures = dict(sorted(results["failures"].items()))
 
@@ -227,6 +210,31 @@ class Simulation:
         for logger in fabric.loggers:  # flush W&B / TensorBoard now, not at interpreter exit
             logger.finalize("success")
         return summary
+
+    def _client_phase(self, algorithm: Algorithm, env: Environment, round_idx: int, my_clients: list[int],
+                      downloads: dict[int, Download]) -> dict[str, dict]:
+        """Run this rank's clients of the round (skipping those a checkpoint already holds), checkpoint
+        after each, and gather every rank's results: {"uploads", "failures", "compute_s", "bytes_down"}."""
+        rank = self.fabric.global_rank
+        done = self._load_partial(round_idx)  # empty unless resuming mid-round
+        mine: dict[str, dict] = {"uploads": {}, "failures": {}, "compute_s": {}, "bytes_down": {}}
+        for client_idx in my_clients:
+            if client_idx in done["uploads"] or client_idx in done["failures"]:
+                continue
+            self._run_client(algorithm, env, round_idx, client_idx, downloads[client_idx], mine)
+            atomic_save(mine, self._partial_path(round_idx, rank))
+        if rank == 0:  # results restored from a checkpoint enter the gather once
+            mine = {key: {**done[key], **mine[key]} for key in mine}
+        parts = self._gather(mine)
+        return {key: {c: v for part in parts for c, v in part[key].items()} for key in mine}
+
+    def _raise_on_failure(self, round_idx: int, failures: dict[int, str]) -> None:
+        """``on_client_error: raise`` stops the run on the first failed client (the checkpoint stays)."""
+        if failures and self.cfg.federation.on_client_error == "raise":
+            c = min(failures)
+            raise ClientFailure(f"client {c} failed in round {round_idx}: {failures[c]} "
+                                f"(checkpoint kept in {self.ckpt_dir}; set federation.on_client_error: skip "
+                                f"to aggregate the others)")
 
     def _run_client(self, algorithm: Algorithm, env: Environment, round_idx: int, client_idx: int,
                     download: Download, out: dict[str, dict]) -> None:
