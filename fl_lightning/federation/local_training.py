@@ -11,7 +11,7 @@ gradient (proximal term, gradient contributions) receive ``on_after_backward(mod
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -70,8 +70,3 @@ def fit_local(fabric: Fabric, module: LightningModule, loader: DataLoader, *, ep
     module.eval()
     return LocalFitResult(steps, total / max(steps, 1), time.monotonic() - start)
 
-
-def batches_on_device(fabric: Fabric, loader: Iterable) -> Iterable:
-    """Yield the loader's batches moved to this rank's device."""
-    for batch in loader:
-        yield fabric.to_device(batch)

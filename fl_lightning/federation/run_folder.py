@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_metrics_csv", "write_summary", "write_text_atomic", "read_summary"]
+__all__ = ["write_metrics_csv", "write_summary", "write_text_atomic"]
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -47,6 +47,3 @@ def write_metrics_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
 def write_summary(path: Path, summary: dict[str, Any]) -> None:
     write_text_atomic(path, json.dumps(_jsonable(summary), indent=2) + "\n")
 
-
-def read_summary(path: Path) -> dict[str, Any]:
-    return json.loads(Path(path).read_text())

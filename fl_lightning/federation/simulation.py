@@ -129,7 +129,8 @@ class Simulation:
         rank, world = fabric.global_rank, fabric.world_size
         assignment = assign_clients([len(p) for p in env.partition], world)
 
-        start_round, state, history, rows = 0, algorithm.initial_state(), RoundHistory(), []
+        start_round, state, rows = 0, algorithm.initial_state(), []
+        history = RoundHistory(metrics=rows)
         totals = {"bytes_up": 0, "bytes_down": 0, "wall_time_s": 0.0}
         failed_clients: dict[str, str] = {}
         per_class: list[float] | None = None
@@ -143,7 +144,6 @@ class Simulation:
             if start_round > algorithm.num_rounds:
                 raise ConfigError("federation.rounds", cfg.federation.rounds,
                                   f"at least the {start_round} rounds this run has already completed")
-        history.metrics = rows
         if rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             write_text_atomic(self.run_dir / "config.yaml", dump_config(cfg))

@@ -7,18 +7,9 @@ import torch.nn.functional as F
 from lightning import LightningModule
 from torch import Tensor, nn
 
-__all__ = ["LinearProbe", "make_optimizer"]
+from fl_lightning.modules.optim import make_optimizer
 
-
-def make_optimizer(params, *, name: str, lr: float, momentum: float = 0.9,
-                   weight_decay: float = 0.0) -> torch.optim.Optimizer:
-    """The optimisers the configs name (``train.optimizer``)."""
-    params = [p for p in params if p.requires_grad]
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    raise ValueError(f"unknown optimizer {name!r}; expected 'sgd' or 'adamw'")
+__all__ = ["LinearProbe"]
 
 
 class LinearProbe(LightningModule):

@@ -16,10 +16,9 @@ from torch import Tensor, nn
 
 from fl_lightning.errors import ConfigError
 from fl_lightning.models.vpt import PromptedViT
+from fl_lightning.modules.optim import OPTIMIZERS, make_optimizer
 
 __all__ = ["PromptTuningModule", "OPTIMIZERS"]
-
-OPTIMIZERS = ("sgd", "adamw")
 
 
 class PromptTuningModule(LightningModule):
@@ -94,7 +93,5 @@ class PromptTuningModule(LightningModule):
         return [self.model.prompts, *self.head.parameters()]
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        params = self.trainable_parameters()
-        if self.optimizer_name == "sgd":
-            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
-        return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
+        return make_optimizer(self.trainable_parameters(), name=self.optimizer_name, lr=self.lr,
+                              momentum=self.momentum, weight_decay=self.weight_decay)
