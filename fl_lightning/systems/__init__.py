@@ -6,6 +6,7 @@ piece against an independent reference.
 """
 
 from fl_lightning.systems.channel import (
+    REFERENCE_LOSS_DB,
     ChannelConfig,
     device_spectral_efficiency,
     path_gain,
@@ -14,6 +15,8 @@ from fl_lightning.systems.channel import (
     upload_time,
 )
 from fl_lightning.systems.clc import (
+    DEPTH_POLICIES,
+    DepthDecision,
     capacity_depths,
     contribution_aware_depths,
     depth_contribution,
@@ -21,6 +24,7 @@ from fl_lightning.systems.clc import (
     fixed_depths,
     full_depths,
     memory_depth_limits,
+    policy_depths,
 )
 from fl_lightning.systems.clock import PHASES, SimulatedClock
 from fl_lightning.systems.devices import (
@@ -33,7 +37,7 @@ from fl_lightning.systems.devices import (
     paper_testbed,
     profile_arrays,
 )
-from fl_lightning.systems.wfba import allocate_bandwidth
+from fl_lightning.systems.wfba import ALLOCATIONS, allocate_bandwidth, equal_bandwidth, finish_time
 
 # scaling_law is also a CLI (`python -m fl_lightning.systems.scaling_law`); importing it here
 # eagerly would make runpy warn that the module was imported before it ran, so its names are
@@ -51,13 +55,14 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "ChannelConfig", "place_devices", "path_gain", "spectral_efficiency", "upload_time",
-    "device_spectral_efficiency",
+    "device_spectral_efficiency", "REFERENCE_LOSS_DB",
     "contribution_aware_depths", "capacity_depths", "full_depths", "fixed_depths",
-    "memory_depth_limits", "depth_contribution", "depth_round_time",
+    "memory_depth_limits", "depth_contribution", "depth_round_time", "policy_depths", "DepthDecision",
+    "DEPTH_POLICIES",
     "SimulatedClock", "PHASES",
     "DeviceProfile", "PROFILES", "PAPER_TESTBED", "paper_testbed", "compute_time", "max_depth",
     "measured_profiles", "profile_arrays",
     "ScalingLawParams", "total_time", "synthesis_cost_per_unit_lambda", "fit_scaling_law",
     "optimal_lambda",
-    "allocate_bandwidth",
+    "allocate_bandwidth", "equal_bandwidth", "finish_time", "ALLOCATIONS",
 ]

@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fl_lightning.errors import ConfigError
-
 __all__ = ["SimulatedClock", "PHASES"]
 
 PHASES: tuple[str, ...] = ("generation", "pretraining", "round")
@@ -36,10 +34,10 @@ class SimulatedClock:
     def add(self, phase: str, seconds: float) -> None:
         """Charge ``seconds`` to ``phase`` (one of :data:`PHASES`); a "round" is one H^t."""
         if phase not in self._totals:
-            raise ConfigError("clock.phase", phase, f"one of {list(PHASES)}")
+            raise ValueError(f"unknown clock phase {phase!r}; expected one of {list(PHASES)}")
         seconds = float(seconds)
         if not (math.isfinite(seconds) and seconds >= 0):
-            raise ConfigError(f"clock.{phase}_seconds", seconds, "a finite float >= 0")
+            raise ValueError(f"simulated seconds charged to {phase!r} must be finite and >= 0, got {seconds!r}")
         self._totals[phase] += seconds
         if phase == "round":
             self._round_times.append(seconds)
@@ -52,7 +50,7 @@ class SimulatedClock:
     def phase_s(self, phase: str) -> float:
         """Seconds charged to one phase so far."""
         if phase not in self._totals:
-            raise ConfigError("clock.phase", phase, f"one of {list(PHASES)}")
+            raise ValueError(f"unknown clock phase {phase!r}; expected one of {list(PHASES)}")
         return self._totals[phase]
 
     @property
@@ -71,8 +69,7 @@ class SimulatedClock:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         totals = state["totals"]
         if set(totals) != set(PHASES):
-            raise ConfigError("clock.state.totals", sorted(totals),
-                              f"exactly the phases {list(PHASES)}")
+            raise ValueError(f"clock state holds the phases {sorted(totals)}; expected exactly {list(PHASES)}")
         self._totals = {phase: float(totals[phase]) for phase in PHASES}
         self._round_times = [float(t) for t in state["round_times"]]
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
-from fl_lightning.errors import ConfigError, UsageError
+from fl_lightning.errors import UsageError
 
 __all__ = [
     "ScalingLawParams",
@@ -72,7 +72,7 @@ def synthesis_cost_per_unit_lambda(gen_time_per_image: float, pretrain_time_per_
               "pretrain_epochs": pretrain_epochs, "num_real_samples": num_real_samples}
     for key, value in values.items():
         if not (math.isfinite(float(value)) and float(value) >= 0):
-            raise ConfigError(f"scaling_law.{key}", value, "a finite number >= 0")
+            raise ValueError(f"{key} must be a finite number >= 0, got {value!r}")
     return float((gen_time_per_image + pretrain_time_per_image_epoch * pretrain_epochs)
                  * num_real_samples)
 
@@ -94,16 +94,16 @@ def fit_scaling_law(lam: np.ndarray, acc: np.ndarray, observed_time: np.ndarray,
     """
     lam, acc, y = (np.asarray(v, dtype=np.float64) for v in (lam, acc, observed_time))
     if lam.ndim != 1 or acc.shape != lam.shape or y.shape != lam.shape:
-        raise ConfigError("scaling_law.pilots", (lam.shape, acc.shape, y.shape),
-                          "lambda, accuracy and time arrays of one shape (n,)")
+        raise ValueError("pilot lambda, accuracy and time must be arrays of one shape (n,), got "
+                         f"{lam.shape}, {acc.shape} and {y.shape}")
     if lam.size < 4:
-        raise ConfigError("scaling_law.pilots", lam.size, "at least 4 pilot runs for 4 parameters")
+        raise ValueError(f"the scaling law needs at least 4 pilot runs for its 4 parameters, got {lam.size}")
     if not (np.all(np.isfinite(lam)) and np.all(lam > 0)):
-        raise ConfigError("scaling_law.lambda", lam.tolist(), "finite values > 0")
+        raise ValueError(f"pilot lambda values must be finite and > 0, got {lam.tolist()}")
     if not (np.all(np.isfinite(acc)) and np.all(np.isfinite(y))):
-        raise ConfigError("scaling_law.pilots", "non-finite values", "finite accuracy and time")
+        raise ValueError("pilot accuracy and time values must be finite")
     if not (math.isfinite(h0) and h0 >= 0):
-        raise ConfigError("scaling_law.h0", h0, "a finite float >= 0")
+        raise ValueError(f"h0 must be a finite float >= 0, got {h0!r}")
 
     rest = y - h0 * lam  # what the fitted terms must explain
     scale = max(float(np.abs(rest).max()), 1e-12)  # conditions LM; does not move the minimum
@@ -117,7 +117,7 @@ def fit_scaling_law(lam: np.ndarray, acc: np.ndarray, observed_time: np.ndarray,
         start = _grid_start(lam, acc, rest)
     else:
         if not initial.kappa1 > 0:
-            raise ConfigError("scaling_law.initial.kappa1", initial.kappa1, "a float > 0")
+            raise ValueError(f"initial.kappa1 must be > 0, got {initial.kappa1!r}")
         start = np.array([math.log(initial.kappa1), initial.kappa2, initial.kappa3,
                           initial.kappa4])
     fit = least_squares(residuals, start, method="lm", xtol=1e-14, ftol=1e-14, gtol=1e-14,
@@ -156,8 +156,8 @@ def optimal_lambda(acc: float, *, h0: float, params: ScalingLawParams) -> float:
     """λ* = (κ2 e^{κ3 Acc} / (h0 κ1))^{1/(κ2+1)}, the minimiser of H(·, Acc)."""
     p = params
     if not (h0 > 0 and p.kappa1 > 0 and p.kappa2 > 0):
-        raise ConfigError("scaling_law", {"h0": h0, "kappa1": p.kappa1, "kappa2": p.kappa2},
-                          "h0 > 0, kappa1 > 0 and kappa2 > 0 (otherwise H has no minimum in λ)")
+        raise ValueError(f"optimal_lambda needs h0 > 0, kappa1 > 0 and kappa2 > 0 (otherwise H has no minimum "
+                         f"in λ), got h0={h0!r}, kappa1={p.kappa1!r}, kappa2={p.kappa2!r}")
     log_lam = (math.log(p.kappa2) + p.kappa3 * acc - math.log(h0 * p.kappa1)) / (p.kappa2 + 1.0)
     return float(math.exp(log_lam))
 
@@ -230,11 +230,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         if not math.isfinite(args.target_accuracy):
-            raise ConfigError("--target-accuracy", args.target_accuracy, "a finite float")
+            raise UsageError(f"--target-accuracy must be a finite float, got {args.target_accuracy!r}")
         lam, acc, observed = _read_pilots(args.pilots)
         params = fit_scaling_law(lam, acc, observed, h0=args.h0)
         lam_star = optimal_lambda(args.target_accuracy, h0=args.h0, params=params)
-    except UsageError as err:
+    except (UsageError, ValueError) as err:  # bad command line or pilots the law cannot fit
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"kappa1={params.kappa1:.6g} kappa2={params.kappa2:.6g} "

@@ -1,4 +1,4 @@
-"""Water-filling bandwidth allocation (WFBA, FeDiSyn Alg. 2).
+"""Bandwidth allocation: water-filling (WFBA, FeDiSyn Alg. 2) and the equal split B/N (w/o WFBA).
 
 A round lasts until the slowest device has computed and uploaded. With device i's compute time
 H_i, payload S_i bits and spectral efficiency e_i (``channel.py``), giving it bandwidth B_i makes
@@ -21,6 +21,9 @@ Starting at lo, Newton on a convex decreasing φ climbs monotonically to the roo
 
 Devices with an empty payload need no bandwidth: they get B_i = 0 and do not enter φ; if one of
 them computes longer than the waterline, the round lasts until it finishes.
+
+The ablation "w/o WFBA" gives every device the same share, B_i = B/N (``equal_bandwidth``); its
+round lasts max_i (H_i + S_i N / (B e_i)) (``finish_time``), never less than WFBA's T.
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ import math
 
 import numpy as np
 
-from fl_lightning.errors import ConfigError
+__all__ = ["allocate_bandwidth", "equal_bandwidth", "finish_time", "ALLOCATIONS"]
 
-__all__ = ["allocate_bandwidth"]
+ALLOCATIONS: tuple[str, ...] = ("wfba", "equal")
+"""Names of the bandwidth allocations: water-filling (FeDiSyn) and the equal split (w/o WFBA)."""
 
 
 def allocate_bandwidth(
@@ -99,6 +103,50 @@ def allocate_bandwidth(
     return bandwidth, float(max(round_time, H.max()))
 
 
+def equal_bandwidth(
+    compute_time: np.ndarray,
+    payload_bits: np.ndarray,
+    spectral_efficiency: np.ndarray,
+    total_bandwidth: float,
+) -> tuple[np.ndarray, float]:
+    """The equal split B_i = B / N (the "w/o WFBA" ablation), and the round time it gives.
+
+    Same arguments and return value as :func:`allocate_bandwidth`, so a caller can swap them. N
+    counts the devices with a payload (a device with nothing to send gets no bandwidth; in a LoRA
+    round every device uploads at least one block, so this is B / N over all devices).
+
+    Returns:
+        ``(bandwidth, round_time)``: (N,) float64 Hz and max_i (H_i + S_i / (B_i e_i)) in seconds.
+    """
+    H, S, e = _check_inputs(compute_time, payload_bits, spectral_efficiency, total_bandwidth)
+    bandwidth = np.zeros_like(H)
+    active = S > 0
+    if np.any(active):
+        bandwidth[active] = float(total_bandwidth) / int(active.sum())
+    return bandwidth, finish_time(H, S, e, bandwidth)
+
+
+def finish_time(compute_time: np.ndarray, payload_bits: np.ndarray, spectral_efficiency: np.ndarray,
+                bandwidth: np.ndarray) -> float:
+    """Round time of any allocation: max_i (H_i + S_i / (B_i e_i)); 0 for no device.
+
+    A device with an empty payload finishes at H_i; one with a payload and no bandwidth never does
+    (inf).
+    """
+    H = np.asarray(compute_time, dtype=np.float64)
+    S = np.asarray(payload_bits, dtype=np.float64)
+    rate = np.asarray(bandwidth, dtype=np.float64) * np.asarray(spectral_efficiency, dtype=np.float64)
+    if H.shape != S.shape or rate.shape != H.shape or H.ndim != 1:
+        raise ValueError("finish_time: compute_time, payload_bits, spectral_efficiency and bandwidth must be "
+                         f"arrays of one shape (N,), got {H.shape}, {S.shape} and {rate.shape}")
+    if H.size == 0:
+        return 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        upload = np.where(S > 0, S / rate, 0.0)
+    upload = np.where((S > 0) & ~(rate > 0), np.inf, upload)
+    return float(np.max(H + upload))
+
+
 def _check_inputs(
     compute_time: np.ndarray, payload_bits: np.ndarray, spectral_efficiency: np.ndarray,
     total_bandwidth: float,
@@ -107,15 +155,15 @@ def _check_inputs(
     S = np.asarray(payload_bits, dtype=np.float64)
     e = np.asarray(spectral_efficiency, dtype=np.float64)
     if H.ndim != 1 or S.shape != H.shape or e.shape != H.shape:
-        raise ConfigError("wfba.shapes", (H.shape, S.shape, e.shape),
-                          "compute_time, payload_bits and spectral_efficiency of one shape (N,)")
+        raise ValueError("compute_time, payload_bits and spectral_efficiency must be arrays of one shape (N,), "
+                         f"got {H.shape}, {S.shape} and {e.shape}")
     if not np.all(np.isfinite(H) & (H >= 0)):
-        raise ConfigError("wfba.compute_time", compute_time, "finite times >= 0 s")
+        raise ValueError(f"compute_time must be finite times >= 0 s, got {H.tolist()}")
     if not np.all(np.isfinite(S) & (S >= 0)):
-        raise ConfigError("wfba.payload_bits", payload_bits, "finite sizes >= 0 bits")
+        raise ValueError(f"payload_bits must be finite sizes >= 0 bits, got {S.tolist()}")
     if not np.all(np.isfinite(e[S > 0]) & (e[S > 0] > 0)):
-        raise ConfigError("wfba.spectral_efficiency", spectral_efficiency,
-                          "finite values > 0 bit/s/Hz for devices with a payload")
+        raise ValueError("spectral_efficiency must be finite and > 0 bit/s/Hz for every device with a payload, "
+                         f"got {e.tolist()}")
     if not (math.isfinite(float(total_bandwidth)) and float(total_bandwidth) > 0):
-        raise ConfigError("wfba.total_bandwidth", total_bandwidth, "a finite float > 0 Hz")
+        raise ValueError(f"total_bandwidth must be a finite float > 0 Hz, got {total_bandwidth!r}")
     return H, S, e

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fl_lightning.errors import ConfigError
 from fl_lightning.systems.channel import (
+    REFERENCE_LOSS_DB,
     ChannelConfig,
     device_spectral_efficiency,
     path_gain,
@@ -23,6 +23,7 @@ def test_defaults_are_the_papers_setting() -> None:
     cfg = ChannelConfig()
     assert (cfg.radius_m, tuple(cfg.center_m), cfg.d0_m) == (50.0, (300.0, 0.0), 10.0)
     assert (cfg.path_loss_exponent, cfg.noise_power_w, cfg.total_bandwidth_hz) == (3.5, 1e-11, 1e7)
+    assert cfg.reference_loss_db == REFERENCE_LOSS_DB == 70.0  # calibrated (module docstring)
 
 
 def test_place_devices_is_seeded_and_inside_the_disc() -> None:
@@ -44,23 +45,31 @@ def test_place_devices_is_uniform_in_area() -> None:
     assert stats.kstest(angle, "uniform", args=(-math.pi, 2 * math.pi)).pvalue > 1e-3
 
 
-def test_path_gain_in_db() -> None:
+@pytest.mark.parametrize("pl0", [0.0, 60.0, 70.0])
+def test_path_gain_in_db(pl0: float) -> None:
     d = np.array([10.0, 20.0, 300.0, 350.0])
-    # In dB: −10·α·log10(d/d0).
-    expected_db = -10 * 3.5 * np.log10(d / 10.0)
-    np.testing.assert_allclose(10 * np.log10(path_gain(d, d0_m=10.0, exponent=3.5)), expected_db,
-                               rtol=1e-12)
-    with pytest.raises(ConfigError):
+    # In dB: −PL0 − 10·α·log10(d/d0).
+    expected_db = -pl0 - 10 * 3.5 * np.log10(d / 10.0)
+    got = path_gain(d, d0_m=10.0, exponent=3.5, reference_loss_db=pl0)
+    np.testing.assert_allclose(10 * np.log10(got), expected_db, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="> 0 m"):
         path_gain(np.array([1.0, 0.0]))
+
+
+def test_default_path_gain_is_the_calibrated_one() -> None:
+    # 300 m: 70 dB at 10 m + 35·log10(30) = 121.7 dB of loss.
+    assert 10 * np.log10(path_gain(300.0)) == pytest.approx(-(70.0 + 35.0 * np.log10(30.0)), rel=1e-12)
 
 
 def test_spectral_efficiency_is_shannon_in_bits() -> None:
     p, g, noise = np.array([0.1, 0.2]), np.array([1e-6, 3e-8]), 1e-11
     expected = np.log1p(p * g / noise) / math.log(2)
     np.testing.assert_allclose(spectral_efficiency(p, g, noise), expected, rtol=1e-12)
-    # A typical device: 0.1 W at 300 m sees an SNR of ~48 dB, i.e. ~16 bit/s/Hz.
+    # Calibrated channel: 0.1 W (20 dBm) at 300 m, 121.7 dB of loss, noise −80 dBm: SNR −21.7 dB
+    # ≈ 0.0068, i.e. ~0.0097 bit/s/Hz: ~10 kbit/s on a 1 MHz share (module docstring).
     e = float(spectral_efficiency(0.1, path_gain(300.0), 1e-11))
-    assert 15.0 < e < 17.0
+    snr = 0.1 * 10 ** (-7.0) * 30.0 ** -3.5 / 1e-11
+    assert e == pytest.approx(math.log2(1 + snr), rel=1e-12) and 0.009 < e < 0.011
 
 
 def test_upload_time() -> None:
@@ -77,12 +86,15 @@ def test_device_spectral_efficiency_composes_the_pieces() -> None:
     np.testing.assert_array_equal(pos, place_devices(3, radius_m=50.0, center_m=(300.0, 0.0),
                                                      seed=11))
     d = np.sqrt((pos ** 2).sum(1))
-    expected = np.log2(1 + power * (d / 10.0) ** -3.5 / 1e-11)
+    expected = np.log2(1 + power * 1e-7 * (d / 10.0) ** -3.5 / 1e-11)  # PL0 = 70 dB
     np.testing.assert_allclose(eff, expected, rtol=1e-12)
+    _, bare = device_spectral_efficiency(power, config=ChannelConfig(reference_loss_db=0.0), seed=11)
+    np.testing.assert_allclose(bare, np.log2(1 + power * (d / 10.0) ** -3.5 / 1e-11), rtol=1e-12)
 
 
 @pytest.mark.parametrize("overrides", [dict(radius_m=-1.0), dict(noise_power_w=0.0),
-                                       dict(center_m=(30.0, 0.0)), dict(total_bandwidth_hz=math.inf)])
+                                       dict(center_m=(30.0, 0.0)), dict(total_bandwidth_hz=math.inf),
+                                       dict(reference_loss_db=math.nan)])
 def test_channel_config_validation(overrides: dict) -> None:
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValueError, match="ChannelConfig"):
         ChannelConfig(**overrides)

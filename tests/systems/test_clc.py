@@ -8,14 +8,15 @@ import numpy as np
 import pytest
 from scipy.optimize import brentq
 
-from fl_lightning.errors import ConfigError
 from fl_lightning.systems.clc import (
+    DEPTH_POLICIES,
     capacity_depths,
     contribution_aware_depths,
     depth_contribution,
     fixed_depths,
     full_depths,
     memory_depth_limits,
+    policy_depths,
 )
 from fl_lightning.systems.devices import max_depth, paper_testbed, profile_arrays
 
@@ -38,7 +39,7 @@ def _case(seed: int, n: int, L: int) -> dict:
 
 
 def _ref_utility(case: dict, x: tuple[int, ...]) -> float:
-    """Σ_i c_i(x_i) / T(x), with T from scipy's brentq and contributions summed by hand."""
+    """Σ_i c_i(x_i) / T(x), with T from scipy's brentq (or B/N by hand) and contributions summed by hand."""
     C = case["contributions"]
     L = C.shape[1]
     contribution = sum(C[i, L - xi:].sum() for i, xi in enumerate(x))
@@ -46,6 +47,8 @@ def _ref_utility(case: dict, x: tuple[int, ...]) -> float:
     H = case["num_samples"] * (case["forward_time_s"] + xs * case["backward_time_per_layer_s"])
     a = case["layer_bits"] * xs / case["spectral_efficiency"]
     B = case["total_bandwidth_hz"]
+    if case.get("allocation") == "equal":
+        return contribution / max(H[i] + a[i] * len(x) / B for i in range(len(x)))
     f = lambda T: float(np.sum(a / (T - H))) - B  # noqa: E731
     lo, hi = H.max(), H.max() + a.sum() / B
     T = brentq(f, lo + 1e-12 * (hi - lo), hi, xtol=1e-14, rtol=1e-15)
@@ -88,8 +91,9 @@ def test_hand_computed_two_device_case() -> None:
 
 @pytest.mark.parametrize("seed, n, L", [(0, 2, 3), (1, 2, 4), (2, 3, 3), (3, 3, 4), (4, 3, 4),
                                         (5, 2, 5), (6, 3, 3), (7, 3, 4)])
-def test_greedy_follows_the_brute_force_path(seed: int, n: int, L: int) -> None:
-    case = _case(seed, n, L)
+@pytest.mark.parametrize("allocation", ["wfba", "equal"])
+def test_greedy_follows_the_brute_force_path(seed: int, n: int, L: int, allocation: str) -> None:
+    case = dict(_case(seed, n, L), allocation=allocation)
     got = contribution_aware_depths(**case)
     assert tuple(got.tolist()) == _ref_greedy(case)
 
@@ -183,7 +187,7 @@ def test_memory_limits_match_max_depth_and_raise_when_nothing_fits() -> None:
                                  memory_per_layer_gb=arrays["memory_per_layer_gb"],
                                  memory_budget_gb=arrays["memory_budget_gb"], num_layers=12)
     assert limits.tolist() == [max_depth(p, 12) for p in paper_testbed()]
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValueError):
         memory_depth_limits(fixed_memory_gb=np.array([4.0]), memory_per_layer_gb=np.array([1.0]),
                             memory_budget_gb=np.array([4.5]), num_layers=12)
 
@@ -212,7 +216,59 @@ def test_capacity_depths_give_slow_devices_at_least_one_block() -> None:
 def test_full_and_fixed_depths() -> None:
     assert full_depths(3, 12).tolist() == [12, 12, 12]
     assert fixed_depths(4, 2).tolist() == [2, 2, 2, 2]
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValueError):
         fixed_depths(3, 0)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValueError):
         full_depths(3, 0)
+
+
+# -- policies by name ---------------------------------------------------------------------------------
+def _testbed_kw() -> dict:
+    arrays = profile_arrays(paper_testbed())
+    return {k: arrays[k] for k in ("forward_time_s", "backward_time_per_layer_s", "fixed_memory_gb",
+                                   "memory_per_layer_gb", "memory_budget_gb")}
+
+
+def test_policy_depths_matches_each_policy_function() -> None:
+    kw = _testbed_kw()
+    limits = [max_depth(p, 12) for p in paper_testbed()]
+    rng = np.random.default_rng(3)
+    clc_kw = dict(contributions=rng.uniform(0, 1, (10, 12)), num_samples=np.full(10, 500.0), layer_bits=1.2e6,
+                  spectral_efficiency=rng.uniform(0.01, 0.03, 10), total_bandwidth_hz=10e6)
+    for policy in DEPTH_POLICIES:
+        d = policy_depths(policy, num_layers=12, fixed_depth=9, **kw, **clc_kw)
+        expected_request = {
+            "clc": contribution_aware_depths(**kw, **clc_kw),
+            "capacity": np.array([2] * 6 + [5] * 3 + [12]),  # 12 · speed / 8, before memory
+            "full": full_depths(10, 12),
+            "fixed": fixed_depths(10, 9),
+        }[policy]
+        np.testing.assert_array_equal(d.requested, expected_request)
+        np.testing.assert_array_equal(d.limits, limits)
+        np.testing.assert_array_equal(d.depths, np.minimum(expected_request, limits))
+        np.testing.assert_array_equal(d.over_memory, expected_request > np.array(limits))
+    np.testing.assert_array_equal(policy_depths("capacity", num_layers=12, **kw).depths, capacity_depths(
+        num_layers=12, **kw))
+    # SFLF asks for all 12 blocks; the boards whose memory holds fewer are named, not hidden.
+    full = policy_depths("full", num_layers=12, **kw)
+    assert full.over_memory.tolist() == [lim < 12 for lim in limits] and full.over_memory.any()
+    assert not policy_depths("clc", num_layers=12, **kw, **clc_kw).over_memory.any()  # CLC searches within memory
+
+
+def test_policy_depths_clc_with_the_equal_split_is_clc_against_that_round_time() -> None:
+    case = _case(4, 3, 4)
+    kw = {k: v for k, v in case.items() if k != "contributions"}
+    got = policy_depths("clc", num_layers=4, contributions=case["contributions"], allocation="equal", **kw)
+    assert tuple(got.depths.tolist()) == _ref_greedy(dict(case, allocation="equal"))
+
+
+def test_policy_depths_rejects_bad_requests() -> None:
+    kw = _testbed_kw()
+    with pytest.raises(ValueError, match="unknown depth policy"):
+        policy_depths("deepest", num_layers=12, **kw)
+    with pytest.raises(ValueError, match="fixed_depth"):
+        policy_depths("fixed", num_layers=12, fixed_depth=13, **kw)
+    with pytest.raises(TypeError, match="contributions"):
+        policy_depths("clc", num_layers=12, **kw)
+    with pytest.raises(ValueError, match="allocation"):
+        contribution_aware_depths(**dict(_case(0, 2, 3), allocation="proportional"))

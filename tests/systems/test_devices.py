@@ -7,7 +7,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-from fl_lightning.errors import ConfigError
 from fl_lightning.systems.devices import (
     PROFILES,
     DeviceProfile,
@@ -64,7 +63,7 @@ def test_compute_time_matches_the_formula_per_device(shape: str) -> None:
 
 
 def test_compute_time_rejects_negative_depth() -> None:
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValueError):
         compute_time(10, _profile(), -1)
 
 
@@ -83,7 +82,7 @@ def test_max_depth_keeps_an_exact_fit() -> None:
 
 
 def test_max_depth_raises_when_one_block_does_not_fit() -> None:
-    with pytest.raises(ConfigError, match="memory_budget_gb"):
+    with pytest.raises(ValueError, match="memory_budget_gb"):
         max_depth(_profile(memory_budget_gb=3.0), num_layers=12)
 
 
@@ -115,14 +114,14 @@ def test_measured_profiles_with_an_explicit_reference() -> None:
 
 
 def test_measured_profiles_rejects_bad_host_times() -> None:
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValueError):
         measured_profiles(paper_testbed(), 0.0, 0.01)
 
 
 def test_profile_validation_and_immutability() -> None:
-    with pytest.raises(ConfigError, match="forward_time_s"):
+    with pytest.raises(ValueError, match="forward_time_s"):
         _profile(forward_time_s=-1.0)
-    with pytest.raises(ConfigError, match="fixed_memory_gb"):
+    with pytest.raises(ValueError, match="fixed_memory_gb"):
         _profile(fixed_memory_gb=float("nan"))
     with pytest.raises(dataclasses.FrozenInstanceError):
         _profile().forward_time_s = 1.0  # type: ignore[misc]

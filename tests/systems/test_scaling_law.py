@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize_scalar
 
-from fl_lightning.errors import ConfigError
 from fl_lightning.systems.scaling_law import (
     ScalingLawParams,
     fit_scaling_law,
@@ -45,7 +44,7 @@ def test_total_time_formula() -> None:
 def test_synthesis_cost_per_unit_lambda() -> None:
     # (ĥ + h̃ T̂) D = (0.5 + 0.01·20)·1000 = 700 s per unit λ.
     assert synthesis_cost_per_unit_lambda(0.5, 0.01, 20, 1000) == pytest.approx(700.0)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValueError):
         synthesis_cost_per_unit_lambda(-1.0, 0.01, 20, 1000)
 
 
@@ -87,23 +86,23 @@ def test_optimal_lambda_grows_with_target_accuracy_and_falls_with_cost() -> None
 
 
 def test_optimal_lambda_needs_an_interior_minimum() -> None:
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValueError):
         optimal_lambda(0.8, h0=H0, params=ScalingLawParams(1e-3, -0.5, 6.0, 0.0))
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValueError):
         optimal_lambda(0.8, h0=0.0, params=TRUE)
 
 
 @pytest.mark.parametrize("n", [0, 3])
 def test_fit_needs_four_pilots(n: int) -> None:
     lam, acc, H = _pilots(0.0)
-    with pytest.raises(ConfigError, match="pilot"):
+    with pytest.raises(ValueError, match="pilot"):
         fit_scaling_law(lam[:n], acc[:n], H[:n], h0=H0)
 
 
 def test_fit_rejects_non_positive_lambda() -> None:
     lam, acc, H = _pilots(0.0)
     lam[0] = 0.0
-    with pytest.raises(ConfigError, match="lambda"):
+    with pytest.raises(ValueError, match="lambda"):
         fit_scaling_law(lam, acc, H, h0=H0)
 
 

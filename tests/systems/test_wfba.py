@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 from scipy.optimize import brentq
 
-from fl_lightning.errors import ConfigError
-from fl_lightning.systems.wfba import allocate_bandwidth
+from fl_lightning.systems.wfba import allocate_bandwidth, equal_bandwidth, finish_time
 
 
 def _instance(seed: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
@@ -129,5 +128,44 @@ def test_tiny_uploads_after_long_compute_keep_precision() -> None:
     (np.ones(2), np.ones(2), np.ones(2), 0.0),
 ])
 def test_bad_inputs_raise(args: tuple) -> None:
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValueError):
         allocate_bandwidth(*args)
+
+
+# -- the equal split B/N (the "w/o WFBA" ablation) -------------------------------------------------
+@pytest.mark.parametrize("seed, n", [(0, 2), (1, 5), (2, 10), (3, 40)])
+def test_equal_split_matches_its_definition_and_never_beats_water_filling(seed: int, n: int) -> None:
+    H, S, e, B = _instance(seed, n)
+    bw, T = equal_bandwidth(H, S, e, B)
+    np.testing.assert_allclose(bw, B / n, rtol=0)
+    # Round time by hand: the last device to finish compute + upload at B/N.
+    assert T == pytest.approx(max(H[i] + S[i] * n / (B * e[i]) for i in range(n)), rel=1e-15)
+    _, T_wfba = allocate_bandwidth(H, S, e, B)
+    assert T >= T_wfba * (1 - 1e-12)  # water-filling minimises the round time
+
+
+def test_equal_split_equals_water_filling_on_identical_devices() -> None:
+    # Identical devices: water-filling also gives B/N, so the two agree.
+    H, S, e = np.full(4, 3.0), np.full(4, 2e6), np.full(4, 0.5)
+    bw_eq, T_eq = equal_bandwidth(H, S, e, 1e6)
+    bw_wf, T_wf = allocate_bandwidth(H, S, e, 1e6)
+    np.testing.assert_allclose(bw_wf, bw_eq, rtol=1e-12)
+    assert T_eq == pytest.approx(T_wf, rel=1e-12) == 3.0 + 2e6 * 4 / (1e6 * 0.5)
+
+
+def test_equal_split_skips_devices_without_a_payload() -> None:
+    bw, T = equal_bandwidth(np.array([1.0, 9.0, 2.0]), np.array([4e6, 0.0, 4e6]), np.array([2.0, 0.0, 1.0]), 4e6)
+    assert bw.tolist() == [2e6, 0.0, 2e6]
+    assert T == pytest.approx(max(1.0 + 1.0, 9.0, 2.0 + 2.0))  # the idle device's compute counts
+
+
+def test_finish_time_of_water_filling_is_its_round_time_and_bad_shapes_raise() -> None:
+    H, S, e, B = _instance(5, 7)
+    bw, T = allocate_bandwidth(H, S, e, B)
+    assert finish_time(H, S, e, bw) == pytest.approx(T, rel=1e-9)
+    assert finish_time(np.array([1.0]), np.array([5.0]), np.array([1.0]), np.array([0.0])) == math.inf
+    assert finish_time(np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0)) == 0.0
+    with pytest.raises(ValueError, match="one shape"):
+        finish_time(np.ones(2), np.ones(3), np.ones(2), np.ones(2))
+    with pytest.raises(ValueError, match="total_bandwidth"):
+        equal_bandwidth(np.ones(2), np.ones(2), np.ones(2), -1.0)
