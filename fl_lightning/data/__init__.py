@@ -2,15 +2,19 @@
 
 * :mod:`.registry` — ``build_dataset(name, root=..., ...)`` -> :class:`DatasetSplits`.
 * :mod:`.transforms` — ``build_transform(normalization=..., image_size=..., train=...)``.
-* :mod:`.partition` — pure, seeded Dirichlet / IID / shard splits among clients.
+* :mod:`.partition` — pure, seeded Dirichlet / IID / shard splits among clients, and
+  ``write_partition_json`` / ``read_partition_json`` to save a split and bring it back.
 * :mod:`.report` — ``partition.csv`` and ``partition.png`` of a split.
 """
 
 from fl_lightning.data.partition import (
+    PartitionArgumentError,
     client_class_counts,
     dirichlet_partition,
     iid_partition,
+    read_partition_json,
     shard_partition,
+    write_partition_json,
 )
 from fl_lightning.data.registry import DATASETS, DatasetSplits, build_dataset, register_dataset
 from fl_lightning.data.report import partition_figure, write_partition_report
@@ -31,13 +35,16 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "NORMALIZATIONS",
+    "PartitionArgumentError",
     "build_dataset",
     "build_transform",
     "client_class_counts",
     "dirichlet_partition",
     "iid_partition",
     "partition_figure",
+    "read_partition_json",
     "register_dataset",
     "shard_partition",
+    "write_partition_json",
     "write_partition_report",
 ]

@@ -28,62 +28,101 @@ Conventions of :func:`dirichlet_partition` and where they depart from other impl
 * **Minimum client size.** Like PFLlib (and flwr-datasets' ``min_partition_size``) we re-draw the
   *whole* partition while some client holds fewer than ``min_samples`` samples. Unlike PFLlib,
   which loops until the minimum is met (and can loop forever for large K / small alpha), we stop
-  after ``max_redraws`` re-draws and raise :class:`~fl_lightning.errors.UsageError` saying what to
-  change. Re-draws only resample the K×C count table (no index shuffling), so 1000 re-draws of a
-  500-client partition take well under a second.
+  after ``max_redraws`` re-draws and raise :class:`~fl_lightning.errors.UsageError` saying which
+  config keys to change. Re-draws only resample the K×C count table (no index shuffling); their
+  cost is the Dirichlet sampling itself (~0.3 ms per class for K=10,000 at alpha=0.1).
 * **Determinism.** All randomness comes from ``np.random.default_rng(seed)`` owned by the call
   (never the global RNG), so the result depends only on (labels, K, alpha, seed, min_samples,
   balance). Each client's index array is returned sorted.
+
+Errors: bad arguments raise :class:`TypeError` / :class:`ValueError` naming the argument (the
+config layer maps them to its keys); only the unmet-minimum advice is a ``UsageError``, since it
+tells the user which config keys to change.
+
+Partitions can also be saved and brought back (:func:`write_partition_json`,
+:func:`read_partition_json`), so that a run uses exactly the split another run, framework or paper
+used; reading checks that the file is an exact cover of the data set's indices.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+from collections.abc import Mapping, Sequence
+from itertools import chain
 from numbers import Integral, Real
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from fl_lightning.errors import ConfigError, UsageError
+from fl_lightning.errors import UsageError
 
 __all__ = [
+    "PartitionArgumentError",
     "dirichlet_partition",
     "iid_partition",
     "shard_partition",
     "client_class_counts",
+    "write_partition_json",
+    "read_partition_json",
 ]
+
+
+class PartitionArgumentError(ValueError):
+    """An argument of a partitioner is out of range or of the wrong type.
+
+    The message names the argument; ``argument`` (e.g. ``"num_clients"``), ``value`` and
+    ``allowed`` let the config layer re-raise it under its own key (``partition.num_clients``).
+    """
+
+    def __init__(self, argument: str, value: object, allowed: str) -> None:
+        self.argument, self.value, self.allowed = argument, value, allowed
+        super().__init__(f"{argument}={value!r} is not allowed; expected {allowed}")
 
 
 # ------------------------------------------------------------------------------------------------
 # validation helpers
 
 
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
+        raise PartitionArgumentError(name, value, f"an integer >= {minimum}")
+    return int(value)
+
+
 def _check_num_clients(num_clients: object, num_samples: int) -> int:
-    if isinstance(num_clients, bool) or not isinstance(num_clients, Integral) or num_clients < 1:
-        raise ConfigError("partition.num_clients", num_clients, "an integer >= 1")
+    num_clients = _check_int("num_clients", num_clients, 1)
     if num_clients > num_samples:
-        raise ConfigError(
-            "partition.num_clients", num_clients, f"at most the number of samples ({num_samples})"
+        raise PartitionArgumentError(
+            "num_clients", num_clients, f"at most the number of samples ({num_samples})"
         )
-    return int(num_clients)
+    return num_clients
 
 
 def _check_labels(labels: np.ndarray) -> np.ndarray:
     labels = np.asarray(labels)
     if labels.ndim != 1 or labels.size == 0:
-        raise ConfigError("labels", f"array of shape {labels.shape}", "a non-empty 1-D array")
+        raise PartitionArgumentError("labels", f"array of shape {labels.shape}", "a non-empty 1-D array")
     if not np.issubdtype(labels.dtype, np.integer):
-        if not np.all(np.equal(np.mod(labels, 1), 0)):
-            raise ConfigError("labels", str(labels.dtype), "integer class labels")
+        if not np.issubdtype(labels.dtype, np.number) or not np.all(np.equal(np.mod(labels, 1), 0)):
+            raise PartitionArgumentError("labels", str(labels.dtype), "integer class labels")
         labels = labels.astype(np.int64)
     if labels.min() < 0:
-        raise ConfigError("labels", int(labels.min()), "class labels >= 0")
+        raise PartitionArgumentError("labels", int(labels.min()), "class labels >= 0")
     return labels
 
 
-def _check_int(key: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
-        raise ConfigError(key, value, f"an integer >= {minimum}")
-    return int(value)
+def _group_by_owner(owner: np.ndarray, num_clients: int) -> list[np.ndarray]:
+    """Client k's sorted sample indices, for every k: ``[flatnonzero(owner == k) for k]`` in one sort.
+
+    A stable argsort keeps the indices of one client in ascending order, so no per-client sort or
+    Python loop over clients is needed (K=10,000 clients of 50,000 samples: a few milliseconds).
+    """
+    order = np.argsort(owner, kind="stable").astype(np.int64, copy=False)
+    sizes = np.bincount(owner, minlength=num_clients)
+    return np.split(order, np.cumsum(sizes)[:-1])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -101,6 +140,9 @@ def iid_partition(num_samples: int, num_clients: int, *, seed: int) -> list[np.n
     Returns:
         K sorted int64 index arrays whose sizes differ by at most one and that cover range(N)
         exactly once.
+
+    Raises:
+        PartitionArgumentError: (a ``ValueError``) an argument is out of range.
     """
     num_samples = _check_int("num_samples", num_samples, 1)
     num_clients = _check_num_clients(num_clients, num_samples)
@@ -109,33 +151,65 @@ def iid_partition(num_samples: int, num_clients: int, *, seed: int) -> list[np.n
     return [np.sort(part) for part in np.array_split(perm, num_clients)]
 
 
+def _draw_proportions(
+    num_classes: int, num_clients: int, alpha: float, rng: np.random.Generator
+) -> np.ndarray:
+    """(C, K) rows q_c ~ Dir(alpha · 1_K), drawn from ``rng`` in class order.
+
+    One ``rng.dirichlet(..., size=C)`` call consumes the generator exactly as C calls in a row,
+    so the rows are bit-identical to drawing class by class. When some row underflowed (alpha so
+    small that every component is 0 or NaN), the generator is rewound and the classes are drawn
+    one at a time, replacing each bad row by all mass on one random client — the alpha -> 0 limit
+    of the Dirichlet — which takes one extra draw from ``rng`` right after that row.
+    """
+    concentration = np.full(num_clients, alpha)
+    state = rng.bit_generator.state
+    q = rng.dirichlet(concentration, size=num_classes)
+    if np.all(np.isfinite(q)) and np.all(q.sum(axis=1) > 0):
+        return q
+    rng.bit_generator.state = state
+    rows = []
+    for _ in range(num_classes):
+        row = rng.dirichlet(concentration)
+        if not np.all(np.isfinite(row)) or row.sum() <= 0:
+            row = np.zeros(num_clients)
+            row[rng.integers(num_clients)] = 1.0
+        rows.append(row)
+    return np.stack(rows)
+
+
 def _draw_counts(
     class_sizes: np.ndarray, num_clients: int, alpha: float, balance: bool, rng: np.random.Generator
 ) -> np.ndarray:
-    """One draw of the (K, C) table of how many samples of class c client k gets (Hsu et al.)."""
+    """One draw of the (K, C) table of how many samples of class c client k gets (Hsu et al.).
+
+    Class c (n_c samples) is cut at floor(n_c · cumsum(q_c)) for the first K-1 clients; the last
+    takes the remainder. Classes with no samples draw nothing.
+    """
     num_classes = class_sizes.shape[0]
     counts = np.zeros((num_clients, num_classes), dtype=np.int64)
-    # Self-balancing compares running client sizes with the average N / K (flwr-datasets' rule).
-    average = class_sizes.sum() / num_clients
-    for c in range(num_classes):
-        n_c = int(class_sizes[c])
-        if n_c == 0:
-            continue
-        q = rng.dirichlet(np.full(num_clients, alpha))  # q_c ~ Dir(alpha 1_K)
-        if not np.all(np.isfinite(q)) or q.sum() <= 0:
-            # Extremely small alpha can underflow every component; all mass on one client is
-            # the alpha -> 0 limit of the Dirichlet, so use that instead of NaNs.
-            q = np.zeros(num_clients)
-            q[rng.integers(num_clients)] = 1.0
-        if balance:
-            below = counts.sum(axis=1) < average
-            if below.any():
-                q_bal = q * below
-                if q_bal.sum() > 0:
-                    q = q_bal / q_bal.sum()
-        cuts = np.floor(np.cumsum(q)[:-1] * n_c).astype(np.int64)
+    present = np.flatnonzero(class_sizes)
+    q = _draw_proportions(present.size, num_clients, alpha, rng)  # (C', K), q_c ~ Dir(alpha 1_K)
+    n_c = class_sizes[present].astype(np.int64)[:, None]  # (C', 1)
+    if not balance:
+        cuts = np.floor(np.cumsum(q, axis=1)[:, :-1] * n_c).astype(np.int64)
         cuts = np.clip(cuts, 0, n_c)  # cumsum may exceed 1 by rounding
-        counts[:, c] = np.diff(np.concatenate(([0], cuts, [n_c])))
+        edges = np.concatenate([np.zeros_like(n_c), cuts, n_c], axis=1)
+        counts[:, present] = np.diff(edges, axis=1).T
+        return counts
+    # Self-balancing compares running client sizes with the average N / K (flwr-datasets' rule),
+    # so classes are dealt one after the other in ascending label order.
+    average = class_sizes.sum() / num_clients
+    for row, c in enumerate(present):
+        q_c = q[row]
+        below = counts.sum(axis=1) < average
+        if below.any():
+            q_bal = q_c * below
+            if q_bal.sum() > 0:
+                q_c = q_bal / q_bal.sum()
+        n = int(n_c[row, 0])
+        cuts_c = np.clip(np.floor(np.cumsum(q_c)[:-1] * n).astype(np.int64), 0, n)
+        counts[:, c] = np.diff(np.concatenate(([0], cuts_c, [n])))
     return counts
 
 
@@ -167,20 +241,23 @@ def dirichlet_partition(
         K sorted int64 index arrays into ``labels``; every index appears in exactly one of them.
 
     Raises:
-        ConfigError: an argument is out of range.
-        UsageError: no partition with ``min_samples`` per client was found.
+        PartitionArgumentError: (a ``ValueError``) an argument is out of range; its message and
+            ``argument`` name it.
+        UsageError: no partition with ``min_samples`` per client was found; the message names the
+            config keys to change (``partition.min_samples``, ``partition.alpha``,
+            ``partition.num_clients``).
     """
     labels = _check_labels(labels)
     n = labels.shape[0]
     num_clients = _check_num_clients(num_clients, n)
     if isinstance(alpha, bool) or not isinstance(alpha, Real) or math.isnan(alpha) or alpha <= 0:
-        raise ConfigError("partition.alpha", alpha, "a float > 0, or inf for IID")
-    min_samples = _check_int("partition.min_samples", min_samples, 0)
-    max_redraws = _check_int("partition.max_redraws", max_redraws, 0)
+        raise PartitionArgumentError("alpha", alpha, "a float > 0, or inf for IID")
+    min_samples = _check_int("min_samples", min_samples, 0)
+    max_redraws = _check_int("max_redraws", max_redraws, 0)
 
     if math.isinf(alpha):
         parts = iid_partition(n, num_clients, seed=seed)
-        smallest = min(len(p) for p in parts)
+        smallest = n // num_clients  # array_split: sizes floor(N/K) and ceil(N/K)
         if smallest < min_samples:
             raise UsageError(_min_error(min_samples, num_clients, alpha, n, smallest, 0))
         return parts
@@ -200,16 +277,15 @@ def dirichlet_partition(
     else:
         raise UsageError(_min_error(min_samples, num_clients, alpha, n, smallest, max_redraws))
 
-    # Only the accepted draw is turned into indices: shuffle each class, deal it by the counts.
-    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    # Only the accepted draw is turned into indices: shuffle each class (its indices in ascending
+    # order, as np.flatnonzero(labels == c) gives them) and deal it to the clients by the counts.
+    by_class = np.split(np.argsort(labels, kind="stable"), np.cumsum(class_sizes)[:-1])
+    owner = np.empty(n, dtype=np.int64)
+    clients = np.arange(num_clients)
     for c in np.flatnonzero(class_sizes):
-        idx_c = rng.permutation(np.flatnonzero(labels == c)).astype(np.int64)
-        for k, chunk in enumerate(np.split(idx_c, np.cumsum(counts[:, c])[:-1])):
-            if chunk.size:
-                parts[k].append(chunk)
-    return [
-        np.sort(np.concatenate(p)) if p else np.empty(0, dtype=np.int64) for p in parts
-    ]
+        idx_c = rng.permutation(by_class[c])
+        owner[idx_c] = np.repeat(clients, counts[:, c])
+    return _group_by_owner(owner, num_clients)
 
 
 def _min_error(
@@ -219,7 +295,7 @@ def _min_error(
     return (
         f"cannot give each of {num_clients} clients >= {min_samples} samples "
         f"(partition.min_samples) from {n} samples with alpha={alpha} {tried}(smallest client got {smallest}); "
-        f"lower partition.min_samples, raise partition.alpha, or use fewer clients"
+        f"lower partition.min_samples, raise partition.alpha, or use fewer clients (partition.num_clients)"
     )
 
 
@@ -240,30 +316,43 @@ def shard_partition(
 
     Returns:
         K sorted int64 index arrays covering range(N) exactly once.
+
+    Raises:
+        PartitionArgumentError: (a ``ValueError``) an argument is out of range.
     """
     labels = _check_labels(labels)
     n = labels.shape[0]
     num_clients = _check_num_clients(num_clients, n)
-    shards_per_client = _check_int("partition.shards_per_client", shards_per_client, 1)
+    shards_per_client = _check_int("shards_per_client", shards_per_client, 1)
     num_shards = num_clients * shards_per_client
     if num_shards > n:
-        raise ConfigError(
-            "partition.shards_per_client",
+        raise PartitionArgumentError(
+            "shards_per_client",
             shards_per_client,
             f"at most N / num_clients = {n // num_clients} so that every shard is non-empty",
         )
     rng = np.random.default_rng(seed)
     perm = rng.permutation(n)
     order = perm[np.argsort(labels[perm], kind="stable")].astype(np.int64)
-    shards = np.array_split(order, num_shards)
+    # Shard j is order[bounds[j]:bounds[j + 1]] (np.array_split's near-equal cut).
+    bounds = np.array([0, *np.cumsum([len(s) for s in np.array_split(np.empty(n), num_shards)])])
     shard_ids = rng.permutation(num_shards).reshape(num_clients, shards_per_client)
-    return [np.sort(np.concatenate([shards[s] for s in row])) for row in shard_ids]
+    shard_of = np.repeat(np.arange(num_shards), np.diff(bounds))
+    owner = np.empty(n, dtype=np.int64)
+    # client_of_shard[j] = the client that received shard j
+    client_of_shard = np.empty(num_shards, dtype=np.int64)
+    client_of_shard[shard_ids.ravel()] = np.repeat(np.arange(num_clients), shards_per_client)
+    owner[order] = client_of_shard[shard_of]
+    return _group_by_owner(owner, num_clients)
 
 
 def client_class_counts(
-    labels: np.ndarray, parts: list[np.ndarray], num_classes: int
+    labels: np.ndarray, parts: Sequence[np.ndarray], num_classes: int
 ) -> np.ndarray:
     """How many samples of each class every client holds.
+
+    One ``np.bincount`` over ``client · C + label`` for all clients at once, so K=10,000 clients
+    cost milliseconds.
 
     Args:
         labels: (N,) integer class labels in [0, num_classes).
@@ -272,12 +361,220 @@ def client_class_counts(
 
     Returns:
         (K, C) int64 array; entry [k, c] = #{i in parts[k] : labels[i] = c}.
+
+    Raises:
+        PartitionArgumentError: (a ``ValueError``) a label is >= ``num_classes`` or an index is
+            outside ``labels``.
     """
     labels = _check_labels(labels)
     num_classes = _check_int("num_classes", num_classes, 1)
     if labels.max() >= num_classes:
-        raise ConfigError("labels", int(labels.max()), f"class labels < num_classes={num_classes}")
-    counts = np.zeros((len(parts), num_classes), dtype=np.int64)
-    for k, idx in enumerate(parts):
-        counts[k] = np.bincount(labels[np.asarray(idx, dtype=np.int64)], minlength=num_classes)
-    return counts
+        raise PartitionArgumentError(
+            "labels", int(labels.max()), f"class labels < num_classes={num_classes}"
+        )
+    num_clients = len(parts)
+    arrays = [np.asarray(idx, dtype=np.int64).reshape(-1) for idx in parts]
+    sizes = np.array([a.size for a in arrays], dtype=np.int64)
+    flat = np.concatenate(arrays) if arrays else np.empty(0, dtype=np.int64)
+    if flat.size and (flat.min() < 0 or flat.max() >= labels.shape[0]):
+        bad = int(flat[(flat < 0) | (flat >= labels.shape[0])][0])
+        raise PartitionArgumentError("parts", f"index {bad}", f"indices in [0, {labels.shape[0]})")
+    client = np.repeat(np.arange(num_clients, dtype=np.int64), sizes)
+    cells = np.bincount(client * num_classes + labels[flat], minlength=num_clients * num_classes)
+    return cells.reshape(num_clients, num_classes).astype(np.int64, copy=False)
+
+
+# ------------------------------------------------------------------------------------------------
+# partitions you can bring: a JSON file of client -> sample indices
+
+_FORMAT = "fl_lightning.partition"
+_VERSION = 1
+# How many offending indices an error message lists before "(and N more)".
+_LISTED = 2
+
+
+def _count_more(total: int) -> str:
+    return f" (and {total - _LISTED} more)" if total > _LISTED else ""
+
+
+def _check_exact_cover(flat: np.ndarray, owner: np.ndarray, num_samples: int, where: str) -> None:
+    """Every index in [0, N) exactly once across clients, or a one-line ``ValueError`` saying
+    what is wrong: an index out of range, one held twice (and by whom), or ones held by no client.
+
+    Args:
+        flat: all clients' indices, concatenated (int64).
+        owner: the client holding each entry of ``flat`` (same length).
+        num_samples: N.
+        where: how to name the source in the message (``"partition file 'p.json'"``).
+    """
+    outside = np.flatnonzero((flat < 0) | (flat >= num_samples))
+    if outside.size:
+        first = outside[0]
+        raise ValueError(
+            f"{where}: index {int(flat[first])} (client {int(owner[first])}) is out of range for "
+            f"{num_samples} training samples{_count_more(outside.size + 1) if outside.size > 1 else ''}"
+        )
+    order = np.argsort(flat, kind="stable")
+    ordered = flat[order]
+    repeated = np.flatnonzero(ordered[1:] == ordered[:-1])
+    if repeated.size:
+        j = repeated[0]
+        index = int(ordered[j])
+        a, b = int(owner[order[j]]), int(owner[order[j + 1]])
+        held = f"appears twice in client {a}" if a == b else f"appears in clients {a} and {b}"
+        others = np.unique(ordered[repeated]).size - 1
+        more = f" (and {others} more indices appear more than once)" if others else ""
+        raise ValueError(f"{where}: index {index} {held}{more}")
+    if flat.size < num_samples:
+        missing = np.flatnonzero(np.bincount(flat, minlength=num_samples) == 0)
+        listed = ", ".join(str(int(i)) for i in missing[:_LISTED])
+        verb = "index" if missing.size == 1 else "indices"
+        are = "is" if missing.size == 1 else "are"
+        raise ValueError(
+            f"{where}: {verb} {listed}{_count_more(missing.size)} {are} assigned to no client "
+            f"(every one of the {num_samples} training samples must belong to exactly one client)"
+        )
+
+
+def write_partition_json(
+    parts: Sequence[np.ndarray], path: str | Path, *, meta: Mapping[str, Any] | None = None
+) -> Path:
+    """Write the client -> sample-indices assignment, so another run can use the same split.
+
+    The file is one JSON object, with one client's sorted indices per line::
+
+        {"format": "fl_lightning.partition", "version": 1, "num_samples": N, "num_clients": K,
+         "meta": {...}, "clients": [
+        [0,4,9,...],
+        ...
+        ]}
+
+    Writing goes through a temporary file and ``os.replace``, so a reader never sees half a file.
+    10,000 clients of 50,000 samples take about 0.05 s and 0.3 MB.
+
+    Args:
+        parts: K integer index arrays that cover range(N) exactly once.
+        path: the file to write (its folder must exist).
+        meta: optional JSON-able provenance (scheme, alpha, seed, data set…); ignored when read.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        ValueError: ``parts`` is not an exact cover of range(N), N = the total of its sizes.
+    """
+    path = Path(path)
+    arrays = []
+    for k, p in enumerate(parts):
+        a = np.asarray(p).reshape(-1)
+        if a.size and not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(f"partition: client {k} holds {a.dtype} values, not integer indices")
+        arrays.append(np.sort(a.astype(np.int64, copy=False)))
+    if not arrays:
+        raise ValueError("partition: no clients to write")
+    sizes = np.array([a.size for a in arrays], dtype=np.int64)
+    num_samples = int(sizes.sum())
+    flat = np.concatenate(arrays)
+    _check_exact_cover(flat, np.repeat(np.arange(len(arrays)), sizes), num_samples, "partition")
+
+    head: dict[str, Any] = {"format": _FORMAT, "version": _VERSION, "num_samples": num_samples,
+                            "num_clients": len(arrays)}
+    if meta:
+        head["meta"] = dict(meta)
+    rows = ",\n".join("[" + ",".join(map(str, a.tolist())) + "]" for a in arrays)
+    text = json.dumps(head)[:-1] + ', "clients": [\n' + rows + "\n]}\n"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def read_partition_json(path: str | Path, num_samples: int) -> list[np.ndarray]:
+    """Read a partition written by :func:`write_partition_json` (or a bare JSON list of index
+    lists, as another framework may write) and check it against a data set of ``num_samples``.
+
+    The file must be an exact cover: every index in [0, num_samples) held by exactly one client,
+    each entry a JSON integer. Clients may be empty. The number of clients is the file's.
+
+    Args:
+        path: the JSON file.
+        num_samples: N, the size of the training split the indices point into.
+
+    Returns:
+        K sorted int64 index arrays, identical to the ``parts`` that were written.
+
+    Raises:
+        ValueError: one line naming the file and what is wrong with it, e.g.
+            ``index 5012 appears in clients 3 and 7``,
+            ``indices 17, 42 (and 3 more) are assigned to no client``,
+            ``index 60000 (client 4) is out of range for 50000 training samples``.
+    """
+    num_samples = _check_int("num_samples", num_samples, 1)
+    path = Path(path)
+    where = f"partition file '{path}'"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise ValueError(f"{where} is a directory, not a JSON file") from None
+    except FileNotFoundError:
+        raise ValueError(f"{where} does not exist") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{where} is not a text file (expected JSON)") from None
+    except OSError as err:
+        raise ValueError(f"{where} cannot be read ({err.strerror or err})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"{where} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})"
+        ) from None
+    if isinstance(data, dict):
+        clients = data.get("clients")
+        declared = data.get("num_samples")
+        if declared is not None and declared != num_samples:
+            raise ValueError(
+                f"{where} was written for {declared} training samples, but this training split "
+                f"has {num_samples}; it belongs to another data set or data.num_samples"
+            )
+        if data.get("num_clients") is not None and isinstance(clients, list) \
+                and data["num_clients"] != len(clients):
+            raise ValueError(
+                f"{where} declares {data['num_clients']} clients but lists {len(clients)}"
+            )
+    else:
+        clients = data
+    if not isinstance(clients, list) or not all(isinstance(c, list) for c in clients):
+        bad = next((k for k, c in enumerate(clients) if not isinstance(c, list)), None) \
+            if isinstance(clients, list) else None
+        detail = f"; client {bad} is {type(clients[bad]).__name__}, not a list" if bad is not None else ""
+        raise ValueError(
+            f"{where} is not a partition: expected a JSON object with a 'clients' list of index "
+            f"lists, or a bare list of index lists{detail}"
+        )
+    if not clients:
+        raise ValueError(f"{where} holds no clients")
+
+    flat_values = list(chain.from_iterable(clients))
+    if not all(type(v) is int for v in flat_values):  # bool and float are not indices
+        for k, c in enumerate(clients):
+            for v in c:
+                if type(v) is not int:
+                    raise ValueError(f"{where}: client {k} holds {json.dumps(v)}, which is not an "
+                                     f"integer sample index")
+    sizes = np.array([len(c) for c in clients], dtype=np.int64)
+    owner_of_entry = np.repeat(np.arange(len(clients), dtype=np.int64), sizes)
+    try:
+        flat = np.array(flat_values, dtype=np.int64)
+    except OverflowError:
+        k_big = next(i for i, v in enumerate(flat_values) if not -(2**63) <= v < 2**63)
+        raise ValueError(
+            f"{where}: index {flat_values[k_big]} (client {int(owner_of_entry[k_big])}) is out of "
+            f"range for {num_samples} training samples"
+        ) from None
+    _check_exact_cover(flat, owner_of_entry, num_samples, where)
+    owner = np.empty(num_samples, dtype=np.int64)
+    owner[flat] = owner_of_entry
+    return _group_by_owner(owner, len(clients))

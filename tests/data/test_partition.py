@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 
@@ -11,10 +12,15 @@ import torch
 from scipy.stats import chi2_contingency
 
 from fl_lightning.data.partition import (
+    PartitionArgumentError,
+    _draw_counts,
+    _draw_proportions,
     client_class_counts,
     dirichlet_partition,
     iid_partition,
+    read_partition_json,
     shard_partition,
+    write_partition_json,
 )
 from fl_lightning.errors import ConfigError, UsageError
 
@@ -138,25 +144,31 @@ def test_impossible_minimum_fails_fast_with_advice(min_samples: int) -> None:
     message = str(info.value)
     assert "\n" not in message
     for token in ("500 clients", f">= {min_samples}", "alpha=0.3", "partition.min_samples",
-                  "raise partition.alpha", "fewer clients"):
+                  "raise partition.alpha", "fewer clients (partition.num_clients)"):
         assert token in message
 
 
 @pytest.mark.parametrize(
-    "kwargs, key",
+    "kwargs, argument",
     [
-        (dict(num_clients=5, alpha=0.0), "partition.alpha"),
-        (dict(num_clients=5, alpha=-1.0), "partition.alpha"),
-        (dict(num_clients=5, alpha=float("nan")), "partition.alpha"),
-        (dict(num_clients=0, alpha=1.0), "partition.num_clients"),
-        (dict(num_clients=101, alpha=1.0), "partition.num_clients"),
-        (dict(num_clients=5, alpha=1.0, min_samples=-1), "partition.min_samples"),
+        (dict(num_clients=5, alpha=0.0), "alpha"),
+        (dict(num_clients=5, alpha=-1.0), "alpha"),
+        (dict(num_clients=5, alpha=float("nan")), "alpha"),
+        (dict(num_clients=5, alpha=True), "alpha"),
+        (dict(num_clients=0, alpha=1.0), "num_clients"),
+        (dict(num_clients=101, alpha=1.0), "num_clients"),
+        (dict(num_clients=2.5, alpha=1.0), "num_clients"),
+        (dict(num_clients=5, alpha=1.0, min_samples=-1), "min_samples"),
     ],
 )
-def test_dirichlet_rejects_bad_arguments(kwargs: dict, key: str) -> None:
-    with pytest.raises(ConfigError) as info:
+def test_dirichlet_rejects_bad_arguments(kwargs: dict, argument: str) -> None:
+    """Pure functions raise ValueError naming the argument; only the config layer raises
+    ConfigError (it maps ``argument`` to ``partition.<argument>``)."""
+    with pytest.raises(PartitionArgumentError) as info:
         dirichlet_partition(_labels(100, 3), seed=0, **kwargs)
-    assert info.value.key == key
+    assert isinstance(info.value, ValueError) and not isinstance(info.value, ConfigError)
+    assert info.value.argument == argument
+    assert str(info.value).startswith(f"{argument}=") and "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("n, k", [(10, 3), (1000, 7), (5, 5), (64, 1)])
@@ -177,8 +189,9 @@ def test_shards_give_each_client_few_classes() -> None:
     assert np.all((counts > 0).sum(axis=1) <= 2)
     again = shard_partition(labels, 10, 2, seed=5)
     assert all(np.array_equal(x, y) for x, y in zip(parts, again))
-    with pytest.raises(ConfigError):
+    with pytest.raises(PartitionArgumentError) as info:
         shard_partition(labels, 10, 101, seed=0)
+    assert info.value.argument == "shards_per_client"
 
 
 def test_client_class_counts_matches_brute_force() -> None:
@@ -190,3 +203,203 @@ def test_client_class_counts_matches_brute_force() -> None:
         for c in range(6):
             assert counts[k, c] == sum(1 for i in p if labels[i] == c)
     np.testing.assert_array_equal(counts.sum(axis=0), np.bincount(labels, minlength=6))
+
+
+def test_shards_match_the_reference_deal() -> None:
+    """The vectorised deal equals dealing np.array_split's shards client by client (McMahan et al.)."""
+    labels = _labels(997, 7)
+    for k, s in [(10, 3), (1, 1), (97, 2), (997, 1)]:
+        parts = shard_partition(labels, k, s, seed=11)
+        rng = np.random.default_rng(11)
+        perm = rng.permutation(labels.size)
+        order = perm[np.argsort(labels[perm], kind="stable")]
+        shards = np.array_split(order, k * s)
+        shard_ids = rng.permutation(k * s).reshape(k, s)
+        reference = [np.sort(np.concatenate([shards[j] for j in row])) for row in shard_ids]
+        assert len(parts) == k
+        for got, want in zip(parts, reference):
+            np.testing.assert_array_equal(got, want)
+            assert got.dtype == np.int64
+
+
+def test_dirichlet_deal_matches_the_class_by_class_reference() -> None:
+    """The vectorised deal of the accepted count table equals the plain loop: shuffle the class,
+    split it by the counts, give chunk k to client k (float64-free, exact)."""
+    labels = _labels(3000, 10, seed=4)
+    k, alpha, seed = 23, 0.3, 9
+    parts = dirichlet_partition(labels, k, alpha, seed=seed, min_samples=0)
+    counts = client_class_counts(labels, parts, 10)
+    rng = np.random.default_rng(seed)
+    drawn = _draw_counts(np.bincount(labels), k, alpha, False, rng)
+    np.testing.assert_array_equal(drawn, counts)
+    reference: list[list[np.ndarray]] = [[] for _ in range(k)]
+    for c in range(10):
+        idx_c = rng.permutation(np.flatnonzero(labels == c))
+        for client, chunk in enumerate(np.split(idx_c, np.cumsum(drawn[:, c])[:-1])):
+            reference[client].append(chunk)
+    for got, chunks in zip(parts, reference):
+        np.testing.assert_array_equal(got, np.sort(np.concatenate(chunks)))
+
+
+def test_proportions_equal_class_by_class_draws() -> None:
+    for alpha in (0.05, 0.1, 1.0):
+        a, b = np.random.default_rng(3), np.random.default_rng(3)
+        rows = _draw_proportions(6, 50, alpha, a)
+        np.testing.assert_array_equal(rows, np.stack([b.dirichlet(np.full(50, alpha)) for _ in range(6)]))
+        assert a.random() == b.random()  # the generator is left at the same point
+
+
+class _UnderflowingRng:
+    """A generator whose second Dirichlet draw underflows (all NaN), as for alpha -> 0."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = np.random.default_rng(seed)
+        self.bit_generator = self._rng.bit_generator
+        self.calls = 0
+
+    def dirichlet(self, alpha: np.ndarray, size: int | None = None) -> np.ndarray:
+        q = self._rng.dirichlet(alpha, size=size)
+        if size is None:
+            self.calls += 1
+            if self.calls == 2:
+                q[:] = np.nan
+        else:
+            q[1] = np.nan
+        return q
+
+    def integers(self, high: int) -> int:
+        return int(self._rng.integers(high))
+
+
+def test_underflowing_class_gets_all_its_mass_on_one_client() -> None:
+    rows = _draw_proportions(3, 8, 0.5, _UnderflowingRng(0))
+    assert np.all(np.isfinite(rows))
+    np.testing.assert_allclose(rows.sum(axis=1), 1.0)
+    assert np.count_nonzero(rows[1]) == 1 and rows[1].max() == 1.0
+    reference = np.random.default_rng(0)  # rows 0 and 2 are the sequential draws around it
+    np.testing.assert_array_equal(rows[0], reference.dirichlet(np.full(8, 0.5)))
+    reference.dirichlet(np.full(8, 0.5))
+    assert rows[1].argmax() == reference.integers(8)
+    np.testing.assert_array_equal(rows[2], reference.dirichlet(np.full(8, 0.5)))
+
+
+@pytest.mark.parametrize(
+    "scheme", ["dirichlet-0.1", "dirichlet-inf", "dirichlet-balance", "iid", "shards"]
+)
+def test_ten_thousand_clients_build_and_cover(scheme: str) -> None:
+    """K=10,000 clients of N=50,000 samples (5 per client on average) build and cover exactly."""
+    n, k = 50_000, 10_000
+    labels = _labels(n, 10, seed=1)
+    if scheme == "iid":
+        parts = iid_partition(n, k, seed=0)
+    elif scheme == "shards":
+        parts = shard_partition(labels, k, 2, seed=0)
+    elif scheme == "dirichlet-inf":
+        parts = dirichlet_partition(labels, k, math.inf, seed=0)
+    else:  # at alpha=0.1 some of 10,000 clients get nothing: min_samples=1 is out of reach
+        parts = dirichlet_partition(labels, k, 0.1, seed=0, min_samples=0,
+                                    balance=scheme.endswith("balance"))
+    assert len(parts) == k
+    _assert_exact_cover(parts, n)
+    counts = client_class_counts(labels, parts, 10)
+    np.testing.assert_array_equal(counts.sum(axis=1), [len(p) for p in parts])
+    np.testing.assert_array_equal(counts.sum(axis=0), np.bincount(labels, minlength=10))
+    k_check = np.random.default_rng(0).choice(k, 20, replace=False)  # spot-check against bincount
+    for j in k_check:
+        np.testing.assert_array_equal(counts[j], np.bincount(labels[parts[j]], minlength=10))
+
+
+def test_client_class_counts_rejects_bad_input() -> None:
+    labels = _labels(50, 3)
+    with pytest.raises(PartitionArgumentError) as info:
+        client_class_counts(labels, [np.arange(10)], 2)
+    assert info.value.argument == "labels"
+    with pytest.raises(PartitionArgumentError) as info:
+        client_class_counts(labels, [np.array([0, 50])], 3)
+    assert info.value.argument == "parts" and "50" in str(info.value)
+    np.testing.assert_array_equal(client_class_counts(labels, [np.empty(0, dtype=np.int64)], 3), [[0, 0, 0]])
+
+
+# ------------------------------------------------------------------------------------------------
+# partitions you can bring
+
+
+def test_partition_json_roundtrip_is_identical(tmp_path) -> None:
+    labels = _labels(2000, 10)
+    parts = dirichlet_partition(labels, 37, 0.1, seed=2, min_samples=0)
+    path = write_partition_json(parts, tmp_path / "partition.json", meta={"scheme": "dirichlet", "alpha": 0.1})
+    back = read_partition_json(path, 2000)
+    assert len(back) == len(parts)
+    for a, b in zip(parts, back):
+        assert b.dtype == np.int64
+        np.testing.assert_array_equal(a, b)
+    # An empty client survives the trip, and so does a bare list-of-lists file from elsewhere.
+    with_empty = [np.array([2, 0]), np.empty(0, dtype=np.int64), np.array([1])]
+    back = read_partition_json(write_partition_json(with_empty, tmp_path / "e.json"), 3)
+    assert [b.tolist() for b in back] == [[0, 2], [], [1]]
+    (tmp_path / "bare.json").write_text("[[3, 1], [0, 2]]")
+    assert [b.tolist() for b in read_partition_json(tmp_path / "bare.json", 4)] == [[1, 3], [0, 2]]
+    assert not list(tmp_path.glob(".*.tmp"))  # the atomic write leaves no temporary behind
+
+
+def test_partition_json_at_ten_thousand_clients(tmp_path) -> None:
+    labels = _labels(50_000, 10, seed=1)
+    parts = dirichlet_partition(labels, 10_000, 0.1, seed=0, min_samples=0)
+    back = read_partition_json(write_partition_json(parts, tmp_path / "p.json"), 50_000)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, back))
+    assert (tmp_path / "p.json").stat().st_size < 1_000_000
+
+
+def _corrupt(tmp_path, clients, *, num_samples=None, raw: str | None = None) -> str:
+    path = tmp_path / "bad.json"
+    if raw is not None:
+        path.write_text(raw)
+    else:
+        doc = {"clients": clients} if num_samples is None else {"num_samples": num_samples, "clients": clients}
+        path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError) as info:
+        read_partition_json(path, 10)
+    message = str(info.value)
+    assert "\n" not in message and str(path) in message
+    return message
+
+
+@pytest.mark.parametrize(
+    "clients, expected",
+    [
+        ([[0, 1, 2, 3, 4], [5, 6, 7, 8, 9, 3]], "index 3 appears in clients 0 and 1"),
+        ([[0, 1, 1, 2, 3, 4], [5, 6, 7, 8, 9]], "index 1 appears twice in client 0"),
+        ([[0, 1, 2, 3, 4], [5, 6, 7, 9, 10]], "index 10 (client 1) is out of range for 10 training samples"),
+        ([[-1, 0, 1, 2, 3, 4], [5, 6, 7, 8, 9]], "index -1 (client 0) is out of range"),
+        ([[0, 1, 2], [5, 6, 7, 8, 9]], "indices 3, 4 are assigned to no client"),
+        ([[0], [9]], "indices 1, 2 (and 6 more) are assigned to no client"),
+        ([[0, 1, 2, 3, 4, 5, 6, 7, 8], []], "index 9 is assigned to no client"),
+        ([[0, 1, 2.0, 3, 4], [5, 6, 7, 8, 9]], "client 0 holds 2.0, which is not an integer"),
+        ([[0, 1, 2, 3, 4], [5, 6, 7, 8, True]], "client 1 holds true, which is not an integer"),
+        ([[0, 1, 2, 3, 4], [5, 6, 7, 8, "9"]], "client 1 holds \"9\", which is not an integer"),
+        ([[0, 1, 2, 3, 4], [5, 6, 7, 8, 2**70]], f"index {2**70} (client 1) is out of range"),
+        ([[0, 1, 2, 3, 4], 5], "client 1 is int, not a list"),
+        ([], "holds no clients"),
+    ],
+)
+def test_corrupt_partition_file_gives_one_line(tmp_path, clients, expected: str) -> None:
+    assert expected in _corrupt(tmp_path, clients)
+
+
+def test_partition_file_for_another_data_set_or_not_json(tmp_path) -> None:
+    assert "written for 12 training samples" in _corrupt(tmp_path, [[0]], num_samples=12)
+    assert "not valid JSON" in _corrupt(tmp_path, None, raw='{"clients": [[0, 1],')
+    assert "not a partition" in _corrupt(tmp_path, None, raw='{"parts": []}')
+    assert "not a partition" in _corrupt(tmp_path, None, raw='"hello"')
+    with pytest.raises(ValueError, match="does not exist"):
+        read_partition_json(tmp_path / "missing.json", 10)
+    with pytest.raises(ValueError, match="is a directory"):
+        read_partition_json(tmp_path, 10)
+
+
+def test_write_refuses_a_partition_that_is_not_a_cover(tmp_path) -> None:
+    with pytest.raises(ValueError, match="index 1 appears in clients 0 and 1"):
+        write_partition_json([np.array([0, 1]), np.array([1, 2])], tmp_path / "p.json")
+    with pytest.raises(ValueError, match="not integer"):
+        write_partition_json([np.array([0.0, 1.0])], tmp_path / "p.json")
+    assert not (tmp_path / "p.json").exists()
