@@ -3,6 +3,10 @@
 The figure is built on a bare :class:`matplotlib.figure.Figure` with the Agg canvas — no pyplot
 global state, no display needed — so it is safe in worker processes and can be handed to W&B
 (``wandb.Image(partition_figure(...))``).
+
+At scale the table keeps every client (10,000 clients × 10 classes: ~0.1 s), while the heatmap
+draws at most ``max_rows`` clients, evenly spaced over the client ids and labelled with their real
+ids; its title says so, and its totals are those of all clients.
 """
 
 from __future__ import annotations
@@ -15,23 +19,25 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
-from fl_lightning.errors import ConfigError
-
-__all__ = ["partition_figure", "write_partition_report"]
+__all__ = ["MAX_HEATMAP_ROWS", "partition_figure", "write_partition_report"]
 
 # Past this many ticks on an axis the labels overlap; show every n-th one instead.
 _MAX_TICKS = 40
 # Cell values are printed inside the cells only while they stay legible.
 _MAX_ANNOTATED_CELLS = 400
+# Past this many clients a heatmap row is thinner than a pixel and drawing costs seconds: show an
+# evenly spaced sample of this many clients instead.
+MAX_HEATMAP_ROWS = 200
 
 
 def _check(counts: np.ndarray, class_names: list[str]) -> np.ndarray:
     counts = np.asarray(counts)
     if counts.ndim != 2:
-        raise ConfigError("counts", f"array of shape {counts.shape}", "a (clients, classes) array")
+        raise ValueError(f"counts has shape {counts.shape}; expected a (clients, classes) array")
     if counts.shape[1] != len(class_names):
-        raise ConfigError(
-            "class_names", f"{len(class_names)} names", f"one name per column ({counts.shape[1]})"
+        raise ValueError(
+            f"class_names has {len(class_names)} names; expected one per column of counts "
+            f"({counts.shape[1]})"
         )
     return counts
 
@@ -41,17 +47,32 @@ def _ticks(n: int) -> np.ndarray:
     return np.arange(0, n, step)
 
 
-def partition_figure(counts: np.ndarray, class_names: list[str]) -> Figure:
+def partition_figure(
+    counts: np.ndarray, class_names: list[str], *, max_rows: int = MAX_HEATMAP_ROWS
+) -> Figure:
     """Heatmap of samples per (client, class), with client totals in the title.
 
     Args:
         counts: (K, C) samples of class c held by client k (see ``client_class_counts``).
         class_names: C names for the columns.
+        max_rows: when K is larger, draw only this many clients, evenly spaced over 0..K-1
+            (their y labels are their real ids and the title says how many are shown).
 
     Returns:
         A matplotlib Figure (Agg canvas attached), sized to stay readable up to ~100 × 100.
+
+    Raises:
+        ValueError: ``counts`` is not 2-D or ``class_names`` does not match its columns.
     """
     counts = _check(counts, class_names)
+    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+        raise ValueError(f"max_rows={max_rows!r} is not allowed; expected an integer >= 1")
+    totals = counts.sum(axis=1)
+    num_total = counts.shape[0]
+    # Rows drawn: all clients, or an evenly spaced sample of max_rows of them (first and last kept).
+    shown = np.unique(np.linspace(0, num_total - 1, max_rows).round().astype(np.int64)) \
+        if num_total > max_rows else np.arange(num_total)
+    counts = counts[shown]
     num_clients, num_classes = counts.shape
     # 0.12 inch per cell, within [6, 18] inches: 100 clients x 101 classes gives ~14 x 13 inches.
     width = float(np.clip(2.5 + 0.12 * num_classes, 6.0, 18.0))
@@ -66,15 +87,20 @@ def partition_figure(counts: np.ndarray, class_names: list[str]) -> Figure:
 
     xt, yt = _ticks(num_classes), _ticks(num_clients)
     ax.set_xticks(xt, [str(class_names[i]) for i in xt], rotation=90, fontsize=7)
-    ax.set_yticks(yt, [str(i) for i in yt], fontsize=7)
+    ax.set_yticks(yt, [str(int(shown[i])) for i in yt], fontsize=7)
     ax.set_xlabel(f"class ({num_classes})")
-    ax.set_ylabel(f"client ({num_clients})")
-    totals = counts.sum(axis=1)
-    ax.set_title(
+    if num_clients < num_total:
+        ax.set_ylabel(f"client ({num_clients} of {num_total} shown)")
+    else:
+        ax.set_ylabel(f"client ({num_total})")
+    title = (
         f"samples per client and class — {int(totals.sum())} samples, client sizes "
-        f"{int(totals.min()) if totals.size else 0}–{int(totals.max()) if totals.size else 0}",
-        fontsize=9,
+        f"{int(totals.min()) if totals.size else 0}–{int(totals.max()) if totals.size else 0}"
     )
+    if num_clients < num_total:
+        title += (f"\n{num_clients} of {num_total} clients shown (evenly spaced ids); "
+                  f"partition.csv lists all of them")
+    ax.set_title(title, fontsize=9)
     if counts.size <= _MAX_ANNOTATED_CELLS:
         for k in range(num_clients):
             for c in range(num_classes):
@@ -92,6 +118,7 @@ def write_partition_report(
     """Write ``partition.csv`` and ``partition.png`` describing a split into ``out_dir``.
 
     The CSV has one row per client: ``client, total, <class name 1>, …, <class name C>``.
+    The PNG draws at most :data:`MAX_HEATMAP_ROWS` clients (see :func:`partition_figure`).
 
     Args:
         counts: (K, C) samples of class c held by client k.
@@ -105,10 +132,10 @@ def write_partition_report(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, png_path = out_dir / "partition.csv", out_dir / "partition.png"
+    table = np.column_stack([np.arange(counts.shape[0]), counts.sum(axis=1), counts]).astype(np.int64)
     with csv_path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["client", "total", *[str(name) for name in class_names]])
-        for k, row in enumerate(counts):
-            writer.writerow([k, int(row.sum()), *[int(v) for v in row]])
+        writer.writerows(table.tolist())
     partition_figure(counts, class_names).savefig(png_path)
     return {"csv": csv_path, "png": png_path}

@@ -10,8 +10,6 @@ from __future__ import annotations
 import torch
 from torchvision.transforms import v2
 
-from fl_lightning.errors import ConfigError
-
 __all__ = [
     "CLIP_MEAN",
     "CLIP_STD",
@@ -66,11 +64,17 @@ def build_transform(*, normalization: str, image_size: int, train: bool,
 
     Returns:
         A ``transforms.v2.Compose`` mapping an image to a (3, S, S) float32 tensor.
+
+    Raises:
+        ValueError: an unknown ``normalization`` or an ``image_size`` < 1 (the message names the
+            argument; the config layer owns the keys these come from).
     """
     if normalization not in NORMALIZATIONS:
-        raise ConfigError("data.normalization", normalization, f"one of {sorted(NORMALIZATIONS)}")
+        raise ValueError(
+            f"normalization={normalization!r} is not allowed; expected one of {sorted(NORMALIZATIONS)}"
+        )
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
-        raise ConfigError("data.image_size", image_size, "an integer >= 1")
+        raise ValueError(f"image_size={image_size!r} is not allowed; expected an integer >= 1")
 
     # ToImage: PIL / ndarray / tensor -> tv_tensors.Image (C, H, W); RGB: 1 channel -> 3.
     steps: list[v2.Transform] = [v2.ToImage(), v2.RGB()]

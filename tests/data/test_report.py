@@ -9,7 +9,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from fl_lightning.data.report import partition_figure, write_partition_report
+from fl_lightning.data.report import MAX_HEATMAP_ROWS, partition_figure, write_partition_report
 from fl_lightning.errors import ConfigError
 
 
@@ -45,5 +45,33 @@ def test_figure_stays_readable_for_100_clients_by_101_classes(tmp_path: Path) ->
 
 
 def test_report_rejects_mismatched_names(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValueError, match="class_names has 2 names") as info:
         write_partition_report(np.ones((2, 3), dtype=int), ["a", "b"], tmp_path)
+    assert not isinstance(info.value, ConfigError)  # pure code: the config layer owns ConfigError
+    with pytest.raises(ValueError, match="counts has shape"):
+        partition_figure(np.ones(3, dtype=int), ["a", "b", "c"])
+
+
+def test_ten_thousand_clients_keep_every_row_in_the_csv_and_a_sample_in_the_figure(tmp_path: Path) -> None:
+    k, names = 10_000, [f"c{i}" for i in range(10)]
+    counts = np.random.default_rng(2).integers(0, 9, (k, 10))
+    paths = write_partition_report(counts, names, tmp_path)
+    with paths["csv"].open(newline="") as f:
+        rows = list(csv.reader(f))
+    assert len(rows) == k + 1
+    body = np.array(rows[1:], dtype=np.int64)
+    np.testing.assert_array_equal(body[:, 0], np.arange(k))
+    np.testing.assert_array_equal(body[:, 1], counts.sum(axis=1))
+    np.testing.assert_array_equal(body[:, 2:], counts)
+
+    fig = partition_figure(counts, names)
+    ax = fig.axes[0]
+    image = ax.get_images()[0].get_array()
+    assert image.shape == (MAX_HEATMAP_ROWS, 10)
+    shown = np.linspace(0, k - 1, MAX_HEATMAP_ROWS).round().astype(int)
+    np.testing.assert_array_equal(image, counts[shown])  # the drawn rows are those clients' rows
+    labels = [int(t.get_text()) for t in ax.get_yticklabels()]
+    assert labels[0] == 0 and set(labels) <= set(shown.tolist())  # ticks carry real client ids
+    assert f"{MAX_HEATMAP_ROWS} of {k} clients shown" in ax.get_title()
+    assert f"{int(counts.sum())} samples" in ax.get_title()  # totals are over all clients
+    assert ax.get_ylabel() == f"client ({MAX_HEATMAP_ROWS} of {k} shown)"
