@@ -25,7 +25,8 @@ from fl_lightning.bench._timing import SavedTensorBytes, Timing, figure, tensor_
 FEDOPAL_FIGURES = {"statistics_throughput", "vpt_cost", "statistics_memory", "server_solve_ms",
                    "server_solve_vs_clients"}
 FEDISYN_FIGURES = {"generation_images_per_s", "generation_batched_speedup", "upload_vs_raw_sd15",
-                   "upload_vs_raw_tiny_vae", "round_overhead", "lora_step_vs_full", "lora_memory_vs_depth"}
+                   "upload_vs_raw_tiny_vae", "round_overhead", "lora_step_vs_full", "lora_memory_vs_depth",
+                   "wfba_vs_equal", "clc_vs_capacity", "calibration_caff_time"}
 
 
 # -- helpers ----------------------------------------------------------------------------------------
@@ -128,7 +129,7 @@ def test_quick_fedisyn_numbers(quick_results):
     r = quick_results["fedisyn"]
     sizes = r["sizes"]
     D, Z = sizes["upload_images"], sizes["num_centroids"]
-    scalars = 3 * 8  # label, count, timestep
+    scalars = 4 * 8  # label, count, timestep, Z' (number of centroids sent)
     for px in (224, 512):  # SD v1-5: VAE x8 into 4 float32 channels
         sd = r["upload_vs_raw_sd15"]["details"][f"{px}px"]
         assert sd["upload_bytes"] == (Z + 1) * 4 * (px // 8) ** 2 * 4 + scalars
@@ -155,7 +156,40 @@ def test_quick_fedisyn_numbers(quick_results):
     for d in depths:  # float32 gradients, AdamW keeps two moments per trained parameter
         assert per_depth[d]["gradient_bytes"] == 4 * per_depth[d]["trainable_params"]
         assert per_depth[d]["optimizer_bytes"] >= 2 * per_depth[d]["gradient_bytes"]
+    assert r["wfba_vs_equal"]["value"] == pytest.approx(
+        r["wfba_vs_equal"]["details"]["per_dataset"]["cifar10"]["policies"]["clc"]["equal_over_wfba"])
+    assert r["clc_vs_capacity"]["details"]["depths_differ"]
     full = r["lora_memory_vs_depth"]["details"]["full_finetuning"]
     assert full["trainable_params"] > per_depth["12"]["trainable_params"]
     step = r["lora_step_vs_full"]["details"]
     assert step["full_trainable_params"] == full["trainable_params"]
+
+
+# -- the FeDiSyn system model figures (pure arithmetic: fast, exact, same in quick and full runs) ---------
+def test_fedisyn_system_model_figures_against_a_hand_computed_round():
+    from fl_lightning.bench.fedisyn import _LORA_BITS_PER_BLOCK, _system_model
+    from fl_lightning.systems.channel import ChannelConfig, device_spectral_efficiency
+    from fl_lightning.systems.devices import paper_testbed, profile_arrays
+
+    assert _LORA_BITS_PER_BLOCK == 36_864 * 32  # rank 8: qkv 8·(768+2304) + proj 8·(768+768) params
+    wfba, clc, cal = _system_model()
+    p = profile_arrays(paper_testbed())
+    _, e = device_spectral_efficiency(p["transmit_power_w"], config=ChannelConfig(), seed=0)
+    for dataset, D in (("cifar10", 5000.0), ("food101", 7575.0)):
+        for policy, row in wfba["details"]["per_dataset"][dataset]["policies"].items():
+            x = np.array(row["depths"], dtype=float)
+            H = D * (p["forward_time_s"] + x * p["backward_time_per_layer_s"])
+            S = _LORA_BITS_PER_BLOCK * x
+            # B/N by hand: the last device to finish computing and uploading at 1 MHz.
+            assert row["equal"]["round_time_s"] == pytest.approx(float(np.max(H + S * 10 / (10e6 * e))), rel=1e-12)
+            if "wfba" in row:  # every device finishes together, within the equal split's time
+                bw = np.array(row["wfba"]["bandwidth_hz"])
+                np.testing.assert_allclose(H + S / (bw * e), row["wfba"]["round_time_s"], rtol=1e-9)
+                assert row["wfba"]["round_time_s"] <= row["equal"]["round_time_s"]
+    # Communication matters under the calibrated channel: WFBA is materially faster than B/N ...
+    assert wfba["value"] >= 1.2 and wfba["meets"]
+    # ... CLC does not pick CAFF's depths, and it scores a higher utility U = Σ c / T than they do ...
+    assert clc["details"]["clc"]["depths"] != clc["details"]["capacity"]["depths"] and clc["value"] > 1
+    # ... and the calibration anchor (CAFF's 31,905 s) is reproduced within 10 %.
+    assert abs(cal["value"] - 1) < 0.1
+    assert cal["details"]["gptfl_full_model_uploads"] == pytest.approx(40, abs=0.5)

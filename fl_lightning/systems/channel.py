@@ -59,8 +59,8 @@ resulting e_i              0.008–0.033 bit/s/Hz SNR −21 to −15 dB: ~8–33
 Checks against figures *not* used in the fit (bench figures ``wfba_vs_equal`` and
 ``clc_vs_capacity``): on CIFAR-10 (5,000 images/device) FeDiSyn's CLC round lasts 1.42× longer
 with the equal split than with WFBA (paper: w/o WFBA needs 41.7 % more time to 74 %); on Food-101
-a FeDiSyn round (CLC + WFBA) lasts ~310 s, so its 50 block uploads (2–5 rounds) leave ~16,000 s of
-the paper's 17,584 s to generation and pre-training on the server. Not checked (the paper's numbers
+a FeDiSyn round (CLC + WFBA) lasts ~310 s, so its 50 block uploads (2–5 rounds) leave
+16,000–17,000 s of the paper's 17,584 s to generation and pre-training on the server. Not checked (the paper's numbers
 are not at hand): full-model FedAvg (GPT-FL, FGL) would take ~3.5·10^5 s per round on this
 channel at B/N — if the paper's time axes show those baselines within the same range as CAFF, the
 calibration is too pessimistic for them and should be revisited.

@@ -26,8 +26,8 @@ block                                            activation gradients + LoRA wei
 relative speed                  Xavier 1, Orin   assumed from the boards' GPU generations and
                                 NX 1.5, AGX      sizes; CAFF's capacity depths follow from them
                                 Orin 3, Thor 8   ([2]*6 + [5]*3 + [12] on the testbed)
-compute / round, CIFAR-10       117–310 s        5,000 images/device, 1 epoch, depths 1–12
-compute / round, Food-101 IID   178–205 s        7,575 images/device (CAFF depths)
+compute / round, CIFAR-10       117–310 s        Xavier, 5,000 images/device, 1 epoch, depth 1–12
+compute / round, Food-101 IID   59–205 s         7,575 images/device, 1 epoch, CAFF depths
 m̄, fixed memory                2.5 GB           ViT-B/16 weights (0.35 GB) + CUDA/cuDNN
                                                  context + forward working set
 m, memory per trainable block   1.5 GB           ~12 MB of saved fp32 activations per image and
