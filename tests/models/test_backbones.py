@@ -3,8 +3,11 @@ load from local files and caches only; missing weights fail at once with one cle
 
 from __future__ import annotations
 
+import argparse
 import copy
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,12 +19,17 @@ import timm  # noqa: E402
 import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from fl_lightning.errors import ConfigError, MissingResourceError  # noqa: E402
+from fl_lightning.errors import MissingResourceError  # noqa: E402
 from fl_lightning.models.backbones import (  # noqa: E402
+    BACKBONES,
     LIBRARIES,
+    BackboneArgumentError,
+    OpenCLIPBackbone,
+    TimmBackbone,
     ViTBackbone,
     build_backbone,
     build_tiny_backbone,
+    check_checkpoint,
     tiny_clip_overrides,
     tiny_timm_overrides,
 )
@@ -54,7 +62,7 @@ def _fake_hf_cache(cache: Path, repo_id: str, filename: str, state: dict) -> Non
 # -- features equal the libraries' own ------------------------------------------------------------
 def test_open_clip_forward_equals_encode_image():
     clip = _tiny_clip()
-    backbone = ViTBackbone(model=clip.visual, library="open_clip", mean=(0.5,) * 3, std=(0.5,) * 3).eval()
+    backbone = OpenCLIPBackbone(model=clip.visual, mean=(0.5,) * 3, std=(0.5,) * 3).eval()
     with torch.no_grad():
         expected = clip.encode_image(IMAGES)
         got = backbone(IMAGES)
@@ -64,8 +72,7 @@ def test_open_clip_forward_equals_encode_image():
 
 def test_open_clip_pre_proj_equals_visual_without_projection():
     clip = _tiny_clip()
-    backbone = ViTBackbone(model=clip.visual, library="open_clip", feature="pre_proj", mean=(0.5,) * 3,
-                           std=(0.5,) * 3).eval()
+    backbone = OpenCLIPBackbone(model=clip.visual, feature="pre_proj", mean=(0.5,) * 3, std=(0.5,) * 3).eval()
     reference = copy.deepcopy(clip.visual)
     reference.proj = None  # open_clip then returns ln_post(CLS)
     with torch.no_grad():
@@ -77,7 +84,7 @@ def test_open_clip_pre_proj_equals_visual_without_projection():
                          ids=["token", "avg-with-fc_norm", "registers"])
 def test_timm_forward_equals_forward_head_with_token_pool(kwargs):
     vit = _tiny_timm(num_classes=0, **kwargs)
-    backbone = ViTBackbone(model=vit, library="timm", mean=(0.5,) * 3, std=(0.5,) * 3).eval()
+    backbone = TimmBackbone(model=vit, mean=(0.5,) * 3, std=(0.5,) * 3).eval()
     reference = copy.deepcopy(vit)
     reference.global_pool = "token"  # always the CLS token, even where the model averages
     with torch.no_grad():
@@ -195,16 +202,169 @@ def test_missing_checkpoint_file(tmp_path):
         build_backbone(library="timm", name="vit_base_patch16_224", checkpoint=str(tmp_path / "nope.pth"))
 
 
-@pytest.mark.parametrize("kwargs,key", [
-    (dict(library="jax", name="ViT-B-16"), "model.library"),
-    (dict(library="open_clip", name="ViT-Z-99"), "model.name"),
-    (dict(library="timm", name="not_a_model"), "model.name"),
-    (dict(library="open_clip", name="ViT-B-16", pretrained="no-such-tag"), "model.pretrained"),
-    (dict(library="open_clip", name="ViT-B-16", feature="mean"), "model.feature"),
+@pytest.mark.parametrize("kwargs,argument", [
+    (dict(library="jax", name="ViT-B-16"), "library"),
+    (dict(library="open_clip", name="ViT-Z-99"), "name"),
+    (dict(library="timm", name="not_a_model"), "name"),
+    (dict(library="open_clip", name="ViT-B-16", pretrained="no-such-tag"), "pretrained"),
+    (dict(library="timm", name="vit_base_patch16_224", pretrained="no-such-tag"), "pretrained"),
+    (dict(library="open_clip", name="ViT-B-16", feature="mean"), "feature"),
+    (dict(library="timm", name="vit_base_patch16_224", feature="mean"), "feature"),
 ])
-def test_config_errors(kwargs, key):
+def test_bad_arguments_are_value_errors_naming_the_argument(kwargs, argument):
+    # models/ is pure: a ValueError carrying the argument; the config layer names its key (model.<argument>)
     if kwargs.get("feature"):
-        kwargs["overrides"] = tiny_clip_overrides(32)
-    with pytest.raises(ConfigError) as info:
+        kwargs["overrides"] = tiny_clip_overrides(32) if kwargs["library"] == "open_clip" else tiny_timm_overrides(32)
+    with pytest.raises(BackboneArgumentError) as info:
         build_backbone(**kwargs)
-    assert info.value.key == key
+    assert isinstance(info.value, ValueError)
+    assert info.value.argument == argument and info.value.value == kwargs[argument]
+    assert f"{argument}=" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_unsupported_layout_is_a_value_error():
+    vit = _tiny_timm(num_classes=0, class_token=False, global_pool="avg")
+    with pytest.raises(BackboneArgumentError, match="class token"):
+        TimmBackbone(model=vit, mean=(0.5,) * 3, std=(0.5,) * 3)
+
+
+def test_registry_maps_each_library_to_its_adapter():
+    assert LIBRARIES == ("open_clip", "timm")
+    assert BACKBONES == {"open_clip": OpenCLIPBackbone, "timm": TimmBackbone}
+    for library, adapter in BACKBONES.items():
+        assert issubclass(adapter, ViTBackbone) and adapter.library == library
+        assert type(build_tiny_backbone(library)) is adapter
+    with pytest.raises(TypeError):
+        ViTBackbone(model=torch.nn.Identity(), mean=(0.5,) * 3, std=(0.5,) * 3)  # abstract
+
+
+# -- a bad model.checkpoint stops with one line naming the file (both libraries) --------------------
+def _model_state(library: str, **kwargs) -> dict:
+    model = _tiny_clip(seed=1, **kwargs) if library == "open_clip" else _tiny_timm(seed=1, num_classes=5, **kwargs)
+    return {k: v.contiguous() for k, v in model.state_dict().items()}
+
+
+def _truncated(path: Path, data: bytes) -> None:
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _write_case(case: str, library: str, tmp_path: Path) -> Path:
+    """A bad weights file of the kind ``case`` for a tiny model of ``library``."""
+    state = _model_state(library)
+    if case == "text":
+        path = tmp_path / "weights.pt"
+        path.write_text("these are not weights\n")
+    elif case == "text.safetensors":
+        path = tmp_path / "weights.safetensors"
+        path.write_text("these are not weights either\n")
+    elif case in ("empty", "empty.safetensors"):
+        path = tmp_path / ("weights.safetensors" if case.endswith("safetensors") else "weights.pt")
+        path.touch()
+    elif case == "truncated.pt":
+        path = tmp_path / "weights.pt"
+        torch.save(state, path)
+        _truncated(path, path.read_bytes())
+    elif case == "truncated.safetensors":
+        path = tmp_path / "weights.safetensors"
+        save_file(state, str(path))
+        _truncated(path, path.read_bytes())
+    elif case == "list":
+        path = tmp_path / "weights.pt"
+        torch.save(list(state.values()), path)
+    elif case == "python-objects":
+        path = tmp_path / "weights.pt"
+        torch.save({**state, "args": argparse.Namespace(lr=0.1)}, path)
+    elif case == "safetensors-named-pt":
+        path = tmp_path / "weights.pt"
+        save_file(state, str(path))
+    elif case == "wrong-keys":
+        path = tmp_path / "weights.safetensors"
+        save_file({f"encoder.layer{i}.weight": torch.zeros(2, 2) for i in range(5)}, str(path))
+    elif case == "missing-keys":
+        path = tmp_path / "weights.pt"
+        dropped = [k for k in state if "blocks.1." in k or "resblocks.1." in k]
+        torch.save({k: v for k, v in state.items() if k not in dropped}, path)
+    elif case == "wrong-shapes":
+        path = tmp_path / "weights.safetensors"
+        biases = [k for k in state if k.endswith(".bias") and "blocks.0." in k][:3]
+        save_file({**state, **{k: torch.zeros(3) for k in biases}}, str(path))
+    else:
+        raise AssertionError(case)
+    return path
+
+
+_FORMAT_CASES = ["text", "text.safetensors", "empty", "empty.safetensors", "truncated.pt", "truncated.safetensors",
+                 "list", "python-objects", "safetensors-named-pt"]
+_FIT_CASES = ["wrong-keys", "missing-keys", "wrong-shapes"]
+
+
+@pytest.mark.parametrize("case", _FORMAT_CASES + _FIT_CASES)
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_bad_checkpoint_is_one_line_naming_the_file(tmp_path, library, case):
+    path = _write_case(case, library, tmp_path)
+    name = "ViT-B-16" if library == "open_clip" else "vit_base_patch16_224"
+    overrides = tiny_clip_overrides(32) if library == "open_clip" else tiny_timm_overrides(32)
+    with pytest.raises(MissingResourceError) as info:
+        build_backbone(library=library, name=name, checkpoint=str(path), overrides=overrides)
+    message = str(info.value)
+    assert "\n" not in message and str(path) in message and "model.checkpoint" in message
+    assert "weights_only=False" not in message
+    cause = info.value.__cause__
+    assert cause is None or "weights_only=False" not in str(cause)
+    if case in ("wrong-keys", "missing-keys"):
+        assert "missing (e.g." in message and "expected a state dict of this very model" in message
+    if case == "missing-keys":
+        assert "blocks.1." in message and "unexpected" not in message
+    if case == "wrong-shapes":
+        assert "wrong shape" in message
+
+
+@pytest.mark.parametrize("case", _FORMAT_CASES)
+def test_check_checkpoint_catches_format_problems_before_any_model(tmp_path, case):
+    path = _write_case(case, "timm", tmp_path)
+    with pytest.raises(MissingResourceError) as info:
+        check_checkpoint(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("case", _FIT_CASES)
+def test_check_checkpoint_leaves_key_matching_to_the_build(tmp_path, case):
+    check_checkpoint(_write_case(case, "open_clip", tmp_path))  # readable state dicts: no error yet
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_checkpoint_in_a_training_checkpoint_wrapper_loads(tmp_path, library):
+    state = _model_state(library)
+    path = tmp_path / "trained.pt"
+    torch.save({"state_dict": state, "epoch": 3}, path)
+    name = "ViT-B-16" if library == "open_clip" else "vit_base_patch16_224"
+    overrides = tiny_clip_overrides(32) if library == "open_clip" else tiny_timm_overrides(32)
+    backbone = build_backbone(library=library, name=name, checkpoint=str(path), overrides=overrides)
+    key = "model.conv1.weight" if library == "open_clip" else "model.patch_embed.proj.weight"
+    source = "visual.conv1.weight" if library == "open_clip" else "patch_embed.proj.weight"
+    assert torch.equal(backbone.state_dict()[key], state[source])
+
+
+# -- imports: a run pays only for the library it uses -----------------------------------------------
+def _run_python(code: str) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_importing_backbones_imports_no_library():
+    _run_python("import sys; import fl_lightning.models.backbones; "
+                "assert not {'open_clip', 'timm'} & set(sys.modules), sorted({'open_clip', 'timm'} & set(sys.modules))")
+
+
+def test_a_timm_backbone_never_imports_open_clip():
+    _run_python("import sys; from fl_lightning.models.backbones import build_tiny_backbone; "
+                "build_tiny_backbone('timm'); assert 'open_clip' not in sys.modules")
+
+
+def test_an_open_clip_backbone_imports_timm_only_through_open_clip():
+    # open_clip itself imports timm (open_clip/timm_model.py, at import time); our adapter does not.
+    _run_python("import sys; from fl_lightning.models.backbones import build_tiny_backbone; "
+                "import open_clip; import fl_lightning.models.open_clip_backbone as m; "
+                "assert 'timm' not in m.__dict__ and 'timm' not in vars(sys.modules['fl_lightning.models.vit_backbone']); "
+                "build_tiny_backbone('open_clip')")

@@ -1,0 +1,224 @@
+"""The timm adapter: ``timm.models.vision_transformer.VisionTransformer`` as a
+:class:`~fl_lightning.models.vit_backbone.ViTBackbone`.
+
+The model runs patch_embed → ``_pos_embed`` (prepends CLS and register tokens, adds pos_embed) →
+patch_drop → norm_pre → blocks → norm → fc_norm(CLS) → head_drop; prompts go in after
+patch_drop, before norm_pre. It is built with ``num_classes=0`` (no classifier), and pooled on the
+CLS token even where the model's own ``global_pool`` averages (which would mix prompts in).
+
+Weights: a tag (``'augreg2_in21k_ft_in1k'``) is looked up in the local caches unless downloading is
+allowed; a local ``checkpoint`` is checked first
+(:func:`~fl_lightning.models.weights.open_state_dict`) and loaded through timm's pretrained loader
+(so its checkpoint filter runs and a classifier head in the file is dropped). That loader is not
+strict once the head is dropped, so the keys are compared with the model's here: a file of another
+model stops with one line instead of leaving the trunk silently random. timm is imported only
+when a model is built.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from fl_lightning.errors import MissingResourceError
+from fl_lightning.models.vit_backbone import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    BackboneArgumentError,
+    ViTBackbone,
+    first_size,
+)
+from fl_lightning.models.weights import (
+    NO_WEIGHTS_HINT,
+    describe_load_error,
+    find_cached_weights,
+    key_mismatch_message,
+    open_state_dict,
+)
+
+__all__ = ["TimmBackbone", "tiny_timm_overrides"]
+
+
+class TimmBackbone(ViTBackbone):
+    """A timm ViT built with ``num_classes=0``; it has no projection, so ``feature`` ``'proj'`` and
+    ``'pre_proj'`` both give the pre-logits CLS feature."""
+
+    library: ClassVar[str] = "timm"
+    default_mean: ClassVar[tuple[float, ...]] = IMAGENET_MEAN
+    default_std: ClassVar[tuple[float, ...]] = IMAGENET_STD
+
+    @staticmethod
+    def _check_model(model: nn.Module) -> None:
+        if not hasattr(model, "patch_embed") or not hasattr(model, "blocks"):
+            raise BackboneArgumentError("name", type(model).__name__, "a timm VisionTransformer")
+        if getattr(model, "cls_token", None) is None:
+            raise BackboneArgumentError("name", type(model).__name__, "a timm ViT with a class token")
+        if getattr(model, "attn_pool", None) is not None:
+            raise BackboneArgumentError("name", type(model).__name__, "a timm ViT without attentional pooling")
+
+    def _read_geometry(self) -> None:
+        m = self.model
+        self.image_size = first_size(m.patch_embed.img_size)
+        self.patch_size = first_size(m.patch_embed.patch_size)
+        self.width = int(m.embed_dim)
+        self.feature_dim = int(m.num_features)
+        self.num_prefix_tokens = int(m.num_prefix_tokens)
+
+    # -- the three seams ---------------------------------------------------------------------------
+    @property
+    def blocks(self) -> nn.ModuleList | nn.Sequential:
+        return self.model.blocks
+
+    def embed(self, images: Tensor) -> Tensor:
+        m = self.model
+        x = m.patch_embed(images)  # (B, L, D)
+        x = m._pos_embed(x)  # adds CLS/register tokens (num_prefix_tokens) and pos_embed: (B, P + L, D)
+        return m.patch_drop(x)
+
+    def encode(self, tokens: Tensor) -> Tensor:
+        """norm_pre → blocks → norm: (B, T, D) → (B, T, D)."""
+        m = self.model
+        x = m.norm_pre(tokens)
+        for block in m.blocks:
+            x = block(x)
+        return m.norm(x)
+
+    def pool(self, tokens: Tensor) -> Tensor:
+        m = self.model
+        # as timm's forward_head(pre_logits=True), with the pooling fixed to the CLS token
+        return m.head_drop(m.fc_norm(tokens[:, 0]))
+
+    # -- factories ---------------------------------------------------------------------------------
+    @classmethod
+    def tiny_config(cls, image_size: int, *, width: int, depth: int) -> tuple[str, dict]:
+        return "vit_base_patch16_224", tiny_timm_overrides(image_size, width=width, depth=depth)
+
+    @classmethod
+    def build(cls, *, name: str, pretrained: str | None, checkpoint: str | None, feature: str,
+              image_size: int | None, overrides: dict, cache_dir: str | None, download: bool) -> TimmBackbone:
+        vit = _build_vit(name=name, pretrained=pretrained, checkpoint=checkpoint, image_size=image_size,
+                         overrides=overrides, cache_dir=cache_dir, download=download)
+        cfg = getattr(vit, "pretrained_cfg", None) or {}
+        mean = tuple(cfg.get("mean", cls.default_mean))
+        std = tuple(cfg.get("std", cls.default_std))
+        return cls(model=vit, feature=feature, mean=mean, std=std)
+
+
+# ------------------------------------------------------------------------------------------------
+# Building with timm's factory (no network unless download=True)
+# ------------------------------------------------------------------------------------------------
+def _pretrained_cfg(name: str, full_name: str, tag: str) -> Any:
+    """timm's config of a pretrained tag, or BackboneArgumentError listing the tags of ``name``."""
+    import timm
+
+    try:
+        cfg = timm.models.get_pretrained_cfg(full_name)
+    except RuntimeError:  # timm: "Invalid pretrained tag (...) for ..."
+        cfg = None
+    if cfg is None:
+        arch = name.split(".", 1)[0]
+        tags = [n.split(".", 1)[1] for n in timm.list_pretrained(arch + ".*")]
+        allowed = f"one of {tags} for {arch}, 'default', or null" if tags else f"null ({arch} has no pretrained weights)"
+        raise BackboneArgumentError("pretrained", tag, allowed)
+    return cfg
+
+
+def _cached_tag_weights(full_name: str, cfg: Any, cache_dir: str | None) -> str:
+    """The file of a timm pretrained tag already on disk, or MissingResourceError."""
+    names = [cfg.hf_hub_filename] if cfg.hf_hub_filename else ["model.safetensors", "pytorch_model.bin"]
+    return find_cached_weights(what=f"timm weights {full_name}", file=cfg.file or None,
+                               hf_hub_id=cfg.hf_hub_id or None, hf_filenames=names, url=cfg.url or None,
+                               url_dir=cache_dir or os.path.join(torch.hub.get_dir(), "checkpoints"),
+                               cache_dir=cache_dir)
+
+
+def _file_keys_as_timm_sees_them(state: dict[str, Tensor], model: nn.Module) -> set[str]:
+    """The keys timm's pretrained loader would hand to ``load_state_dict`` for this file.
+
+    Mirrors that loader at the level of key names: drop a DataParallel ``module.`` prefix, run the
+    model family's ``checkpoint_filter_fn`` (which converts other layouts, e.g. OpenAI CLIP, to
+    timm's) and drop the classifier that ``num_classes=0`` discards. The tensors may be ``meta``
+    tensors: only names are used. The weights themselves are loaded by timm, not from here.
+    """
+    state = {(k[7:] if k.startswith("module.") else k): v for k, v in state.items()}
+    filter_fn = getattr(sys.modules.get(type(model).__module__), "checkpoint_filter_fn", None)
+    if filter_fn is not None:
+        try:
+            state = filter_fn(state, model)
+        except Exception:  # noqa: BLE001 — a filter that needs real data: fall back to the names as stored
+            pass
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    classifiers = cfg.get("classifier") or ()
+    classifiers = (classifiers,) if isinstance(classifiers, str) else tuple(classifiers)
+    if cfg.get("num_classes", 0) != 0:
+        state = {k: v for k, v in state.items() if not any(k in (f"{c}.weight", f"{c}.bias") for c in classifiers)}
+    return set(state)
+
+
+def _build_from_file(full_name: str, path: str, *, label: str, check_keys: bool, kwargs: dict) -> nn.Module:
+    import timm
+
+    state = open_state_dict(path, label=label, meta=True)  # readable, a state dict: one line otherwise
+    try:
+        # Through timm's pretrained loader (not checkpoint_path) so that its checkpoint filter runs and a
+        # classifier head in the file is dropped for num_classes=0.
+        vit = timm.create_model(full_name, pretrained=True, num_classes=0,
+                                pretrained_cfg_overlay=dict(file=path), **kwargs)
+    except (RuntimeError, KeyError, ValueError) as err:
+        raise MissingResourceError(f"{label} {path} does not fit timm {full_name}: {describe_load_error(err)}; "
+                                   f"expected a state dict of this model") from None
+    if check_keys:
+        expected = set(vit.state_dict())
+        got = _file_keys_as_timm_sees_them(state, vit)
+        missing, unexpected = sorted(expected - got), sorted(got - expected)
+        if missing or unexpected:
+            raise MissingResourceError(key_mismatch_message(label=label, path=path, model=f"timm {full_name}",
+                                                            missing=missing, unexpected=unexpected))
+    return vit
+
+
+def _build_vit(*, name: str, pretrained: str | None, checkpoint: str | None, image_size: int | None,
+               overrides: dict, cache_dir: str | None, download: bool) -> nn.Module:
+    import timm
+
+    if not timm.is_model(name):
+        raise BackboneArgumentError("name", name, "a timm model name (see timm.list_models('vit_*'))")
+    kwargs: dict[str, Any] = dict(overrides)
+    if image_size is not None:
+        kwargs.setdefault("img_size", image_size)
+    # `pretrained` is a timm tag ('augreg2_in21k_ft_in1k'), or 'default' for the name's default tag.
+    full_name = name if not pretrained or pretrained == "default" or "." in name else f"{name}.{pretrained}"
+    cfg = _pretrained_cfg(name, full_name, pretrained) if pretrained else None
+    if checkpoint is not None:
+        if not os.path.isfile(checkpoint):
+            raise MissingResourceError(f"model.checkpoint={checkpoint!r} is not a file; give the path of a "
+                                       f"local timm weights file (.pth, .bin or .safetensors)")
+        return _build_from_file(full_name, checkpoint, label="model.checkpoint", check_keys=True, kwargs=kwargs)
+    if not pretrained:
+        return timm.create_model(name, pretrained=False, num_classes=0, **kwargs)
+    if not download:
+        file = _cached_tag_weights(full_name, cfg, cache_dir)
+        if file.endswith((".npz", ".npy")):  # big_vision weights: timm's custom loader reads them
+            return timm.create_model(full_name, pretrained=True, num_classes=0,
+                                     pretrained_cfg_overlay=dict(file=file), **kwargs)
+        # the published file of this very tag: its keys are the model's, only readability is in doubt
+        return _build_from_file(full_name, file, label=f"cached timm weights {full_name}:", check_keys=False,
+                                kwargs=kwargs)
+    try:
+        return timm.create_model(full_name, pretrained=True, num_classes=0, cache_dir=cache_dir, **kwargs)
+    except (OSError, RuntimeError) as err:
+        raise MissingResourceError(f"timm could not load {full_name} (cache_dir={cache_dir!r}): "
+                                   f"{describe_load_error(err)}; {NO_WEIGHTS_HINT}") from err
+
+
+# ------------------------------------------------------------------------------------------------
+# Tiny random model for tests and offline demos
+# ------------------------------------------------------------------------------------------------
+def tiny_timm_overrides(image_size: int = 32, *, patch_size: int = 8, width: int = 64, depth: int = 2,
+                        num_heads: int = 2) -> dict:
+    """``timm.create_model('vit_base_patch16_224', **overrides)`` kwargs for a tiny random ViT."""
+    return dict(img_size=image_size, patch_size=patch_size, embed_dim=width, depth=depth, num_heads=num_heads)
