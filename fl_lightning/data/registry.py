@@ -18,13 +18,23 @@ Data sets:
 * ``synthetic`` — seeded class-conditional 3×32×32 images a small model can learn (tests, demos).
 
 Downloading is opt-in (``download=True``); otherwise a missing data set raises
-:class:`~fl_lightning.errors.MissingResourceError` naming what was looked for and where.
+:class:`~fl_lightning.errors.MissingResourceError` naming what was looked for and where. Data that
+is there but unusable is reported as such, in one line that names the file and what to do:
+
+* :class:`CorruptDatasetError` — the data set's folder or files exist but torchvision's integrity
+  check rejects them (torchvision says "not found or corrupted" for both cases; we tell them apart
+  by whether the expected files exist);
+* :class:`CorruptImageError` — an image of a folder data set cannot be decoded; raised when that
+  image is loaded (also from a DataLoader worker), naming the file;
+* a folder data set with fewer than two class folders, or a test/ split with no images, is a
+  :class:`~fl_lightning.errors.UsageError` when the data set is built.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,13 +42,50 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
+from PIL import Image
 from torch.utils.data import ConcatDataset, Dataset, Subset
 from torchvision import datasets
 from torchvision.datasets import ImageFolder
 
-from fl_lightning.errors import ConfigError, MissingResourceError
+from fl_lightning.errors import ConfigError, MissingResourceError, UsageError
 
-__all__ = ["DatasetSplits", "DATASETS", "register_dataset", "build_dataset"]
+__all__ = [
+    "CorruptDatasetError",
+    "CorruptImageError",
+    "DatasetSplits",
+    "DATASETS",
+    "register_dataset",
+    "build_dataset",
+]
+
+
+def _own_line(message: str, name: str) -> str:
+    """Our one-line message, also when a DataLoader worker re-raised the error.
+
+    torch re-raises an exception from a worker as ``type(err)("Caught X in DataLoader worker
+    process 0.\nOriginal Traceback …")``: the traceback's last ``…X: <message>`` line is ours.
+    """
+    if "\n" not in message:
+        return message
+    for line in reversed(message.splitlines()):
+        _, sep, rest = line.partition(f"{name}: ")
+        if sep:
+            return rest.strip()
+    return message
+
+
+class CorruptImageError(UsageError):
+    """An image file of the data set cannot be decoded. The message names the file and says to
+    remove or replace it; it stays one line when the error comes from a DataLoader worker."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(_own_line(message, type(self).__name__))
+
+
+class CorruptDatasetError(UsageError):
+    """A data set's files are on disk but unusable (checksums fail, files truncated or missing
+    from an existing folder). Not a :class:`MissingResourceError`: downloading is not the fix
+    unless the broken copy is removed first, and the message says so."""
 
 Transform = Callable[[Any], Any] | None
 T = TypeVar("T")
@@ -222,14 +269,33 @@ def _missing(
     )
 
 
+def _corrupt(name: str, root: Path, found: Sequence[Path], reason: str) -> CorruptDatasetError:
+    listed = " and ".join(f"'{p}'" for p in found)
+    return CorruptDatasetError(
+        f"dataset {name!r} under '{root}' is corrupt or incomplete: {listed} "
+        f"{'exists' if len(found) == 1 else 'exist'} but {reason}; delete "
+        f"{'it' if len(found) == 1 else 'them'} and put a complete copy there, or set "
+        f"data.download: true on a machine with internet access"
+    )
+
+
 def _torchvision(
-    name: str, root: Path, looked_for: str, download: bool, build: Callable[[], T]
+    name: str, root: Path, looked_for: str, download: bool, build: Callable[[], T],
+    expected: Sequence[Path] = (),
 ) -> T:
-    """Run a torchvision constructor, turning its not-found / download failures into ours."""
+    """Run a torchvision constructor, turning its not-found / download failures into ours.
+
+    torchvision raises the same "Dataset not found or corrupted" for a missing data set and for
+    one whose files fail their checksums; ``expected`` (the data set's folder or files) tells the
+    cases apart: if any of them exists, the copy on disk is corrupt, not missing.
+    """
     try:
         return build()
     except RuntimeError as err:
         if "not found" in str(err).lower():
+            found = [p for p in expected if p.exists()]
+            if found:
+                raise _corrupt(name, root, found, "fails torchvision's integrity check") from None
             raise _missing(name, root, looked_for) from None
         raise
     except OSError as err:  # download=True without network: URLError, socket errors, ...
@@ -281,7 +347,7 @@ def _cifar(name: str, cls: type[datasets.CIFAR10], folder: str, root: Path, down
 
     def make(train: bool, transform: Transform) -> datasets.CIFAR10:
         return _torchvision(name, root, looked_for, download, lambda: cls(
-            root, train=train, transform=transform, download=download))
+            root, train=train, transform=transform, download=download), [root / folder])
 
     train, test = make(True, train_transform), make(False, test_transform)
     splits = DatasetSplits(train, test, list(train.classes), _targets(train.targets),
@@ -303,7 +369,8 @@ def _svhn(
 
     def make(split: str, transform: Transform) -> datasets.SVHN:
         return _torchvision("svhn", root, looked_for, download, lambda: datasets.SVHN(
-            root, split=split, transform=transform, download=download))
+            root, split=split, transform=transform, download=download),
+            [root / f"{split}_32x32.mat"])
 
     train, test = make("train", train_transform), make("test", test_transform)
     # SVHN stores digit 0 as label 10; torchvision already maps it back to 0.
@@ -326,7 +393,8 @@ def _dtd(
 
     def make(split: str, transform: Transform) -> datasets.DTD:
         return _torchvision("dtd", root, looked_for, download, lambda: datasets.DTD(
-            root, split=split, partition=1, transform=transform, download=download))
+            root, split=split, partition=1, transform=transform, download=download),
+            [root / "dtd" / "dtd"])
 
     train, val, test = (make("train", train_transform), make("val", train_transform),
                         make("test", test_transform))
@@ -352,7 +420,8 @@ def _food101(
 
     def make(split: str, transform: Transform) -> datasets.Food101:
         return _torchvision("food101", root, looked_for, download, lambda: datasets.Food101(
-            root, split=split, transform=transform, download=download))
+            root, split=split, transform=transform, download=download),
+            [base / "images", base / "meta"])
 
     train, test = make("train", train_transform), make("test", test_transform)
     splits = DatasetSplits(train, test, list(train.classes), _targets(train._labels),
@@ -364,16 +433,39 @@ def _food101(
 # folder data sets with a seeded 4:1 split
 
 
+# What PIL raises for a truncated, garbled or hostile file (UnidentifiedImageError is an OSError;
+# some broken PNGs raise SyntaxError, short headers struct.error or EOFError).
+_IMAGE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, Image.DecompressionBombError)
+
+
+def _load_rgb(path: str) -> Image.Image:
+    """Decode one image file to RGB, or raise :class:`CorruptImageError` naming it.
+
+    The image is fully decoded here (``convert`` reads every pixel), so a truncated file fails
+    now rather than later inside a transform, where the path is no longer known.
+    """
+    try:
+        with open(path, "rb") as f:
+            return Image.open(f).convert("RGB")
+    except _IMAGE_ERRORS as err:
+        reason = " ".join(str(err).split()) or type(err).__name__
+        raise CorruptImageError(
+            f"image '{path}' cannot be read ({reason}); remove or replace it"
+        ) from err
+
+
 class _ClassFolder(ImageFolder):
     """ImageFolder that skips hidden folders (and ``exclude_prefix*`` ones) and can reuse another
     split's class list, so that train/ and test/ share one label mapping. A module-level class so
-    that it pickles into DataLoader workers. Its loader converts every image to RGB."""
+    that it pickles into DataLoader workers. Its loader converts every image to RGB and names the
+    file when it cannot (:class:`CorruptImageError`)."""
 
     def __init__(self, root: Path, *, transform: Transform = None,
                  exclude_prefix: str | None = None, classes: list[str] | None = None) -> None:
         self._exclude_prefix, self._fixed_classes = exclude_prefix, classes
         # allow_empty: a test/ split may lack some of train/'s classes.
-        super().__init__(str(root), transform=transform, allow_empty=classes is not None)
+        super().__init__(str(root), transform=transform, loader=_load_rgb,
+                         allow_empty=classes is not None)
 
     def find_classes(self, directory: str | Path) -> tuple[list[str], dict[str, int]]:
         if self._fixed_classes is not None:
@@ -383,6 +475,16 @@ class _ClassFolder(ImageFolder):
             if not names:
                 raise FileNotFoundError(f"no class folders in '{directory}'")
         return names, {c: i for i, c in enumerate(names)}
+
+
+def _check_classes(name: str, folder: Path, classes: Sequence[str]) -> None:
+    """A classification run needs two classes or more: say so about the folder, not about a key."""
+    if len(classes) < 2:
+        found = f"1 class folder ('{classes[0]}')" if classes else "no class folders"
+        raise UsageError(
+            f"{name} at '{folder}' has {found}; a classification run needs at least 2 "
+            f"(one sub-folder of images per class)"
+        )
 
 
 def _class_dirs(directory: Path, exclude_prefix: str | None = None) -> list[str]:
@@ -400,6 +502,7 @@ def _split_folder(name: str, folder: Path, root: Path, looked_for: str, exclude_
         base = _ClassFolder(folder, exclude_prefix=exclude_prefix)
     except FileNotFoundError:
         raise _missing(name, root, looked_for, downloadable=downloadable) from None
+    _check_classes(name, folder, base.classes)
     targets = _targets(base.targets)
     train_idx, test_idx = _split_4_to_1(targets, seed)
     return DatasetSplits(
@@ -466,11 +569,17 @@ def _imagefolder(
             train = _ClassFolder(train_dir, transform=train_transform)
         except FileNotFoundError:
             raise _missing("imagefolder", root, looked_for, downloadable=False) from None
+        _check_classes("imagefolder", train_dir, train.classes)
         unknown = sorted(set(_class_dirs(test_dir)) - set(train.classes))
         if unknown:
             raise ConfigError("data.root", str(root),
                               f"test/ class folders that also exist in train/ (extra: {unknown})")
         test = _ClassFolder(test_dir, transform=test_transform, classes=list(train.classes))
+        if len(test) == 0:
+            raise UsageError(
+                f"imagefolder at '{root}': test/ holds no images in folders named like train/'s "
+                f"classes; put test images in test/<class>/"
+            )
         splits = DatasetSplits(train, test, list(train.classes), _targets(train.targets),
                                _targets(test.targets))
     else:

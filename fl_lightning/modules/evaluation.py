@@ -1,4 +1,4 @@
-"""Test-split evaluation of a global model: top-1 accuracy, loss and per-class accuracy (torchmetrics)."""
+"""Test-split evaluation of a global model: top-1 accuracy, loss and per-class accuracy."""
 
 from __future__ import annotations
 
@@ -10,7 +10,24 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics.classification import MulticlassAccuracy
 
-__all__ = ["evaluate_classifier"]
+__all__ = ["evaluate_classifier", "per_class_accuracy"]
+
+
+def per_class_accuracy(correct: Tensor, support: Tensor) -> Tensor:
+    """Recall of every class, acc_c = #{correct predictions of class c} / #{test images of class c}.
+
+    A class with no test images has no accuracy: NaN, so that it drops out of any ``nanmean``
+    instead of counting as 0 (torchmetrics' ``average=None`` reports 0.0 for it).
+
+    Args:
+        correct: (C,) correct predictions per true class.
+        support: (C,) test images per true class.
+
+    Returns:
+        (C,) float32; NaN where ``support == 0``. float32 division, as torchmetrics computes it.
+    """
+    correct, support = correct.float(), support.float()
+    return torch.where(support > 0, correct / support.clamp_min(1.0), torch.full_like(support, float("nan")))
 
 
 @torch.inference_mode()
@@ -20,11 +37,13 @@ def evaluate_classifier(logits_fn: Callable[[Tensor], Tensor], batches: Iterable
 
     Returns:
         ``accuracy`` (micro top-1 in [0, 1]), ``loss`` (mean cross-entropy) and ``per_class_accuracy``
-        (a list, NaN-free: classes absent from the test split get 0).
+        (a list of C floats rounded to 6 digits; ``nan`` for a class with no test images — it has no
+        accuracy, and 0.0 would read as "always wrong").
     """
     # the server evaluates alone (rank 0): no cross-rank sync, which would wait for the other ranks
     top1 = MulticlassAccuracy(num_classes=num_classes, average="micro", sync_on_compute=False).to(device)
-    per_class = MulticlassAccuracy(num_classes=num_classes, average=None, sync_on_compute=False).to(device)
+    correct = torch.zeros(num_classes, dtype=torch.long, device=device)
+    support = torch.zeros(num_classes, dtype=torch.long, device=device)
     loss_sum, count = 0.0, 0
     for images, labels in batches:
         images, labels = images.to(device), labels.to(device)
@@ -32,6 +51,8 @@ def evaluate_classifier(logits_fn: Callable[[Tensor], Tensor], batches: Iterable
         loss_sum += float(F.cross_entropy(logits, labels, reduction="sum"))
         count += labels.numel()
         top1.update(logits, labels)
-        per_class.update(logits, labels)
+        hits = logits.argmax(dim=1) == labels
+        support += torch.bincount(labels, minlength=num_classes)
+        correct += torch.bincount(labels[hits], minlength=num_classes)
     return {"accuracy": float(top1.compute()), "loss": loss_sum / max(count, 1),
-            "per_class_accuracy": [round(float(a), 6) for a in per_class.compute().nan_to_num(0.0)]}
+            "per_class_accuracy": [round(float(a), 6) for a in per_class_accuracy(correct, support)]}

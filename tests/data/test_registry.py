@@ -10,9 +10,9 @@ import pytest
 import torch
 from PIL import Image
 
-from fl_lightning.data.registry import DATASETS, build_dataset
+from fl_lightning.data.registry import DATASETS, CorruptDatasetError, CorruptImageError, build_dataset
 from fl_lightning.data.transforms import build_transform
-from fl_lightning.errors import ConfigError, MissingResourceError
+from fl_lightning.errors import ConfigError, MissingResourceError, UsageError
 
 
 def _tf(size: int, train: bool = False):
@@ -182,3 +182,133 @@ def test_unknown_name_and_bad_num_samples() -> None:
     assert info.value.key == "data.num_samples"
     with pytest.raises(ConfigError):
         build_dataset("synthetic", root=".", num_samples=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# data that is there but unusable: one line naming the file and what to do
+
+
+def _truncate(path: Path, keep: float = 0.5) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def _two_class_folder(root: Path, rng: np.random.Generator, n: int = 3) -> None:
+    for c in ("ant", "bee"):
+        for i in range(n):
+            _write_png(root / "train" / c / f"{i}.png", rng)
+            _write_png(root / "test" / c / f"{i}.png", rng)
+
+
+def _assert_names_file(err: BaseException, path: Path) -> None:
+    message = str(err)
+    assert "\n" not in message
+    assert f"image '{path}' cannot be read (" in message and message.endswith("remove or replace it")
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+@pytest.mark.parametrize("damage", ["truncated-png", "truncated-jpeg", "not-an-image"])
+def test_corrupt_image_names_the_file(tmp_path: Path, split: str, damage: str) -> None:
+    rng = np.random.default_rng(0)
+    _two_class_folder(tmp_path, rng)
+    bad = tmp_path / split / "bee" / "1.png"
+    if damage == "truncated-jpeg":
+        bad = bad.with_suffix(".jpg")
+        Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(bad, quality=90)
+        _truncate(bad)
+    elif damage == "truncated-png":
+        Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(bad)
+        _truncate(bad)
+    else:
+        bad.write_bytes(b"this is not an image at all")
+    s = build_dataset("imagefolder", root=tmp_path, train_transform=_tf(8), test_transform=_tf(8))
+    dataset = s.train if split == "train" else s.test
+    position = next(i for i, (p, _) in enumerate(dataset.samples) if p == str(bad))
+    with pytest.raises(CorruptImageError) as info:
+        dataset[position]
+    assert isinstance(info.value, UsageError)  # the CLI prints it as one line, exit 2
+    _assert_names_file(info.value, bad)
+    dataset[(position + 1) % len(dataset)]  # the other images still load
+
+
+def test_corrupt_image_in_a_dataloader_worker_stays_one_line(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    _two_class_folder(tmp_path, rng)
+    bad = tmp_path / "train" / "ant" / "0.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n garbage")
+    s = build_dataset("imagefolder", root=tmp_path, train_transform=_tf(8), test_transform=_tf(8))
+    loader = torch.utils.data.DataLoader(s.train, batch_size=2, num_workers=1)
+    with pytest.raises(CorruptImageError) as info:
+        list(loader)
+    _assert_names_file(info.value, bad)
+
+
+def test_corrupt_image_in_a_split_folder_and_caltech(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    base = tmp_path / "caltech101" / "101_ObjectCategories"
+    for c in ("accordion", "airplanes"):
+        for i in range(5):
+            _write_png(base / c / f"image_{i + 1:04d}.jpg", rng)
+    bad = base / "airplanes" / "image_0003.jpg"
+    _truncate(bad, 0.3)
+    s = build_dataset("caltech101", root=tmp_path)
+    with pytest.raises(CorruptImageError) as info:
+        for i in range(len(s.train)):
+            s.train[i]
+        for i in range(len(s.test)):
+            s.test[i]
+    _assert_names_file(info.value, bad)
+
+
+@pytest.mark.parametrize("classes", [["only"], []])
+def test_one_class_folder_names_the_folder_not_a_key(tmp_path: Path, classes: list[str]) -> None:
+    rng = np.random.default_rng(3)
+    for c in classes:
+        for i in range(5):
+            _write_png(tmp_path / "train" / c / f"{i}.png", rng)
+            _write_png(tmp_path / "flat" / c / f"{i}.png", rng)
+    (tmp_path / "test").mkdir()
+    if classes:
+        for root, folder in ((tmp_path, tmp_path / "train"), (tmp_path / "flat", tmp_path / "flat")):
+            with pytest.raises(UsageError) as info:
+                build_dataset("imagefolder", root=root)
+            message = str(info.value)
+            assert message == (f"imagefolder at '{folder}' has 1 class folder ('only'); a "
+                               f"classification run needs at least 2 (one sub-folder of images per class)")
+            assert "num_classes" not in message
+    else:
+        (tmp_path / "train").mkdir()
+        with pytest.raises(MissingResourceError):
+            build_dataset("imagefolder", root=tmp_path)
+
+
+def test_empty_test_split_is_reported(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    for c in ("a", "b"):
+        for i in range(2):
+            _write_png(tmp_path / "train" / c / f"{i}.png", rng)
+    (tmp_path / "test" / "a").mkdir(parents=True)
+    with pytest.raises(UsageError, match=r"test/ holds no images"):
+        build_dataset("imagefolder", root=tmp_path)
+
+
+@pytest.mark.parametrize(
+    "name, files",
+    [
+        ("cifar10", ["cifar-10-batches-py/data_batch_1", "cifar-10-batches-py/test_batch"]),
+        ("cifar100", ["cifar-100-python/train", "cifar-100-python/test"]),
+        ("svhn", ["train_32x32.mat", "test_32x32.mat"]),
+        ("cifar10", ["cifar-10-batches-py/.keep"]),  # the folder alone: incomplete
+    ],
+)
+def test_corrupt_torchvision_folder_is_not_reported_as_missing(tmp_path: Path, name: str,
+                                                               files: list[str]) -> None:
+    for f in files:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_bytes(b"garbage " * 64)
+    with pytest.raises(CorruptDatasetError) as info:
+        build_dataset(name, root=tmp_path)
+    message = str(info.value)
+    assert not isinstance(info.value, MissingResourceError)
+    assert "\n" not in message and "corrupt or incomplete" in message and "not found" not in message
+    assert str(tmp_path / files[0].split("/")[0]) in message and "delete" in message
