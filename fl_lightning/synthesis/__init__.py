@@ -2,7 +2,8 @@
 
 * :mod:`.latents` — client side: VAE latents → per-class k-means centroids → noised uploads.
 * :mod:`.prompts` — server side: labels → text prompts (local LLM, or a template fallback).
-* :mod:`.generate` — server side: volumes λ·D^k, generation plan, PNDM denoising, image folder.
+* :mod:`.generate` — server side: volumes λ·D^k, generation plan, per-image noise top-up, PNDM
+  denoising, image folder.
 """
 
 from fl_lightning.synthesis.generate import (
@@ -10,12 +11,18 @@ from fl_lightning.synthesis.generate import (
     class_totals,
     decode_latents,
     denoise_latents,
+    diffuse_forward,
     encode_prompts,
+    fresh_timestep,
     generate_images,
     mix_latents,
+    mix_noise_fraction,
     plan_generation,
     plms_chain,
+    start_latent,
     synthetic_volume,
+    top_up_latent,
+    top_up_std,
 )
 from fl_lightning.synthesis.latents import (
     ClassLatentUpload,
@@ -49,7 +56,13 @@ __all__ = [
     "class_totals",
     "synthetic_volume",
     "mix_latents",
+    "mix_noise_fraction",
+    "top_up_std",
+    "top_up_latent",
+    "fresh_timestep",
+    "diffuse_forward",
     "plan_generation",
+    "start_latent",
     "encode_prompts",
     "plms_chain",
     "denoise_latents",

@@ -5,13 +5,19 @@
 2. Plan (:func:`plan_generation`): class k's images are shared among the clients that hold k in
    proportion to their counts D_i^k (largest remainder), and within a client round-robin over its
    centroids. Each image starts from the latent mix Ē = ρ·e_z + (1 − ρ)·e_avg (:func:`mix_latents`)
-   of one noised centroid e_z and the client's noised class average e_avg, and takes the class's
-   prompts in turn.
-3. Denoise (:func:`denoise_latents`): the latents are already noised at the client's timestep s,
-   so the server runs the PNDM (PLMS) sampler from s down to 0 with the UNet conditioned on the
-   CLIP text embeddings of the prompt, with classifier-free guidance
-   ε̂ = ε(x, ∅) + g · (ε(x, c) − ε(x, ∅)) (Ho & Salimans 2022, Eq. 6).
-4. Decode and write (:func:`generate_images`): ``<out>/<class>/<index>.png`` (a torchvision
+   of one noised centroid e_z and the client's noised class average e_avg (or from e_avg alone when
+   the client uploaded its mean only, see :mod:`.latents`), and takes the class's prompts in turn.
+3. Fresh noise per image (:func:`start_latent`): e_z and e_avg carry independent noise, so Ē holds
+   only (ρ² + (1 − ρ)²)·σ_s² of noise where the sampler at s assumes σ_s² = 1 − ᾱ_s. Noise drawn
+   from the image's own seed tops Ē up to exactly σ_s² (:func:`top_up_latent`, derivation there).
+   That fresh part also makes every image a different sample. Where it would be smaller than
+   ``min_fresh_fraction`` of the noise (a mean-only upload, ρ near 0 or 1), the latent is diffused
+   further forward, from s to the first t whose noise is that fresh (:func:`fresh_timestep`,
+   :func:`diffuse_forward`), and denoising starts at t.
+4. Denoise (:func:`denoise_latents`): the server runs the PNDM (PLMS) sampler from the start
+   timestep down to 0 with the UNet conditioned on the CLIP text embeddings of the prompt, with
+   classifier-free guidance ε̂ = ε(x, ∅) + g · (ε(x, c) − ε(x, ∅)) (Ho & Salimans 2022, Eq. 6).
+5. Decode and write (:func:`generate_images`): ``<out>/<class>/<index>.png`` (a torchvision
    ``ImageFolder``) plus ``manifest.jsonl``; re-running skips images that already exist.
 
 Why our own sampling loop: diffusers' img2img pipeline treats a 4-channel ``image`` as *clean*
@@ -20,10 +26,10 @@ timesteps: its first two calls are an Euler step and a Heun-style correction at 
 timestep (the scheduler's ``set_timesteps`` writes the second timestep twice). :func:`plms_chain`
 builds that pattern starting exactly at s.
 
-Reproducibility: PNDM sampling has no randomness, so an image depends only on its request
-(latent, timestep, prompt); batching or resuming cannot change it beyond float round-off. Each
-request still carries a per-image seed derived from (seed, label, index), recorded in the
-manifest, which also fixes where the prompt cycle of a class starts.
+Reproducibility: PNDM sampling has no randomness of its own; the only randomness on the server is
+the fresh noise of step 3, drawn on the CPU from the image's seed, itself derived from (run seed,
+label, index). So an image depends only on its request: batching, resuming or the device cannot
+change it beyond float round-off, and the same seed gives the same images.
 """
 
 from __future__ import annotations
@@ -41,7 +47,6 @@ import torch
 from diffusers import PNDMScheduler
 from PIL import Image
 
-from fl_lightning.errors import ConfigError
 from fl_lightning.models.diffusion import DiffusionComponents
 from fl_lightning.synthesis.latents import ClassLatentUpload
 
@@ -50,7 +55,13 @@ __all__ = [
     "class_totals",
     "synthetic_volume",
     "mix_latents",
+    "mix_noise_fraction",
+    "top_up_std",
+    "top_up_latent",
+    "fresh_timestep",
+    "diffuse_forward",
     "plan_generation",
+    "start_latent",
     "encode_prompts",
     "plms_chain",
     "denoise_latents",
@@ -83,7 +94,7 @@ def synthetic_volume(totals: Mapping[int, int], lam: float) -> dict[int, int]:
         lam: λ, synthetic images per real image (from the fitted scaling law).
     """
     if not (isinstance(lam, (int, float)) and math.isfinite(lam) and lam >= 0):
-        raise ConfigError("fedisyn.synthetic_lambda", lam, "a finite float >= 0")
+        raise ValueError(f"lam (λ, synthetic images per real image) must be a finite float >= 0, got {lam!r}")
     return {label: int(math.floor(lam * count + 0.5)) for label, count in totals.items()}
 
 
@@ -95,9 +106,139 @@ def mix_latents(centroid: torch.Tensor, mean: torch.Tensor, rho: float) -> torch
         mean: e_avg, broadcastable to ``centroid``.
         rho: ρ in [0, 1]; 1 keeps the centroid, 0 the average.
     """
-    if not 0.0 <= float(rho) <= 1.0:
-        raise ConfigError("fedisyn.rho", rho, "a float in [0, 1]")
+    _check_rho(rho)
     return rho * centroid + (1.0 - rho) * mean
+
+
+def _check_rho(rho: float) -> None:
+    if not (isinstance(rho, (int, float)) and 0.0 <= float(rho) <= 1.0):
+        raise ValueError(f"rho (ρ of Ē = ρ·e_z + (1 − ρ)·e_avg) must be a float in [0, 1], got {rho!r}")
+
+
+def _check_fraction(name: str, value: float, *, upper_open: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and 0.0 <= float(value) and (
+        float(value) < 1.0 if upper_open else float(value) <= 1.0
+    )
+    if not ok:
+        raise ValueError(f"{name} must be a float in [0, {'1)' if upper_open else '1]'}, got {value!r}")
+
+
+def mix_noise_fraction(rho: float) -> float:
+    """q = ρ² + (1 − ρ)²: the share of σ_s² that the ρ-mix of two independently noised latents keeps.
+
+    Ē = ρ·e_z + (1 − ρ)·e_avg with e = sqrt(ᾱ_s) x_0 + σ_s ε and ε_z, ε_avg independent has noise
+    σ_s (ρ ε_z + (1 − ρ) ε_avg), of variance (ρ² + (1 − ρ)²) σ_s² (0.58 σ_s² at ρ = 0.7).
+    """
+    _check_rho(rho)
+    return float(rho) ** 2 + (1.0 - float(rho)) ** 2
+
+
+def top_up_std(alpha_bar: float, noise_fraction: float) -> float:
+    """σ_top = sqrt((1 − ᾱ_s)(1 − q)): the fresh noise that brings a mix's noise variance to σ_s².
+
+    For the ρ-mix, 1 − q = 2ρ(1 − ρ) (see :func:`top_up_latent`).
+
+    Args:
+        alpha_bar: ᾱ_s of the timestep the latents were noised at, in (0, 1].
+        noise_fraction: q, the mix's noise variance over σ_s² = 1 − ᾱ_s, in [0, 1].
+    """
+    if not 0.0 < float(alpha_bar) <= 1.0:
+        raise ValueError(f"alpha_bar (ᾱ_s) must be in (0, 1], got {alpha_bar!r}")
+    _check_fraction("noise_fraction", noise_fraction)
+    return math.sqrt((1.0 - float(alpha_bar)) * (1.0 - float(noise_fraction)))
+
+
+def top_up_latent(
+    mixed: torch.Tensor, noise: torch.Tensor, *, alpha_bar: float, noise_fraction: float
+) -> torch.Tensor:
+    """x_s = Ē + sqrt((1 − ᾱ_s)(1 − q)) ξ: a mix of noised latents, topped up to the schedule's noise.
+
+    Derivation. The client noises its centroid c_z and class average m at timestep s with the
+    forward process (Ho et al. 2020, Eq. 4), independently:
+    e_z = sqrt(ᾱ_s) c_z + σ_s ε_z and e_avg = sqrt(ᾱ_s) m + σ_s ε_avg, σ_s² = 1 − ᾱ_s. The mix is
+
+        Ē = ρ e_z + (1 − ρ) e_avg = sqrt(ᾱ_s) x̄_0 + σ_s (ρ ε_z + (1 − ρ) ε_avg),  x̄_0 = ρ c_z + (1 − ρ) m.
+
+    The signal part is linear in the latents, so it is exactly the forward process's signal of the
+    mixed clean latent x̄_0; the noise part is Gaussian with variance q σ_s², q = ρ² + (1 − ρ)² < 1.
+    Adding fresh noise ξ ~ N(0, I) independent of both,
+
+        x_s = Ē + σ_s sqrt(1 − q) ξ = sqrt(ᾱ_s) x̄_0 + σ_s (ρ ε_z + (1 − ρ) ε_avg + sqrt(1 − q) ξ),
+
+    gives noise of variance σ_s² (q + 1 − q) = σ_s² and leaves the signal untouched: x_s is distributed
+    as q(x_s | x̄_0) = N(sqrt(ᾱ_s) x̄_0, (1 − ᾱ_s) I), exactly what the sampler assumes at s. For the
+    ρ-mix 1 − q = 2ρ(1 − ρ) (0.42 at ρ = 0.7; none at ρ ∈ {0, 1} or for a single noised latent, q = 1).
+
+    Args:
+        mixed: Ē, any shape.
+        noise: ξ ~ N(0, I), same shape (drawn from the image's own seed).
+        alpha_bar: ᾱ_s.
+        noise_fraction: q (:func:`mix_noise_fraction`; 1 for a single noised latent).
+
+    Returns:
+        x_s, same shape and dtype as ``mixed``.
+    """
+    if noise.shape != mixed.shape:
+        raise ValueError(f"noise {tuple(noise.shape)} must have the shape of the mixed latent {tuple(mixed.shape)}")
+    return mixed + top_up_std(alpha_bar, noise_fraction) * noise.to(mixed.dtype)
+
+
+def fresh_timestep(
+    alphas_cumprod: torch.Tensor, timestep: int, noise_fraction: float, min_fresh_fraction: float
+) -> int:
+    """The first t ≥ s at which at least ``min_fresh_fraction`` of a latent's noise is its own.
+
+    After :func:`top_up_latent` a latent at s holds shared noise (variance q σ_s², the same for
+    every image started from the same centroid) and its own noise ((1 − q) σ_s²). Diffusing it
+    forward to t ≥ s (:func:`diffuse_forward`) scales the shared part by ᾱ_t/ᾱ_s and adds own noise,
+    so the own fraction of the noise at t is
+
+        f_t = 1 − q (ᾱ_t / ᾱ_s) (1 − ᾱ_s) / (1 − ᾱ_t),
+
+    which grows with t (f_s = 1 − q). Returns s when 1 − q already reaches the floor, else the
+    smallest t with f_t ≥ the floor (T − 1 if none does).
+
+    Args:
+        alphas_cumprod: ᾱ_0 … ᾱ_{T−1} of the scheduler.
+        timestep: s.
+        noise_fraction: q of the latent at s.
+        min_fresh_fraction: the floor, in [0, 1).
+    """
+    _check_fraction("noise_fraction", noise_fraction)
+    _check_fraction("min_fresh_fraction", min_fresh_fraction, upper_open=True)
+    abar = alphas_cumprod.detach().to("cpu", torch.float64)
+    total = abar.numel()
+    if not 0 <= int(timestep) < total:
+        raise ValueError(f"timestep must be an int in [0, {total - 1}], got {timestep!r}")
+    s, q = int(timestep), float(noise_fraction)
+    if 1.0 - q >= min_fresh_fraction:
+        return s
+    a_s = abar[s]
+    a_t = abar[s:]
+    fresh = 1.0 - q * (a_t / a_s) * (1.0 - a_s) / (1.0 - a_t)
+    ok = torch.nonzero(fresh >= min_fresh_fraction)
+    return s + int(ok[0]) if ok.numel() else total - 1
+
+
+def diffuse_forward(x_s: torch.Tensor, noise: torch.Tensor, *, alpha_bar_s: float, alpha_bar_t: float) -> torch.Tensor:
+    """x_t = sqrt(ᾱ_t/ᾱ_s) x_s + sqrt(1 − ᾱ_t/ᾱ_s) ξ: the forward process from s to t ≥ s.
+
+    q(x_t | x_s) = N(sqrt(ᾱ_t/ᾱ_s) x_s, (1 − ᾱ_t/ᾱ_s) I) is the product of the one-step kernels of
+    Ho et al. 2020, Eq. 2; applied to x_s ~ q(x_s | x_0) it gives exactly q(x_t | x_0) (Eq. 4).
+
+    Args:
+        x_s: latent at s.
+        noise: ξ ~ N(0, I), same shape.
+        alpha_bar_s: ᾱ_s.
+        alpha_bar_t: ᾱ_t ≤ ᾱ_s.
+    """
+    a_s, a_t = float(alpha_bar_s), float(alpha_bar_t)
+    if not 0.0 < a_t <= a_s <= 1.0:
+        raise ValueError(f"need 0 < ᾱ_t <= ᾱ_s <= 1 (t >= s), got ᾱ_s={a_s!r}, ᾱ_t={a_t!r}")
+    if noise.shape != x_s.shape:
+        raise ValueError(f"noise {tuple(noise.shape)} must have the shape of x_s {tuple(x_s.shape)}")
+    ratio = a_t / a_s
+    return math.sqrt(ratio) * x_s + math.sqrt(1.0 - ratio) * noise.to(x_s.dtype)
 
 
 @dataclass(frozen=True)
@@ -108,12 +249,16 @@ class GenerationRequest:
         class_name: folder name of the class.
         label: class index.
         client: the client whose centroid the image starts from.
-        centroid_index: which of that client's centroids of the class.
-        latent: Ē, (C, h, w), noised at ``timestep``.
-        timestep: s, where denoising starts.
+        centroid_index: which of that client's centroids of the class; -1 for the class average
+            (a client that uploaded its mean only).
+        latent: Ē, (C, h, w), noised at ``timestep``, before the per-image top-up (shared by the
+            requests of one centroid).
+        timestep: s, the noise level of ``latent``.
         prompt: the text prompt.
-        seed: per-image seed derived from (seed, label, index).
+        seed: per-image seed derived from (seed, label, index): the source of the image's fresh noise.
         index: position of the image within its class (its file name).
+        noise_fraction: q, the noise variance of ``latent`` over σ_s² (ρ² + (1 − ρ)² for the ρ-mix,
+            1 for a single noised latent); :func:`start_latent` tops it up to σ_s².
     """
 
     class_name: str
@@ -125,6 +270,7 @@ class GenerationRequest:
     prompt: str
     seed: int
     index: int
+    noise_fraction: float = 1.0
 
     @property
     def relpath(self) -> str:
@@ -157,12 +303,15 @@ def plan_generation(
     rho: float,
     seed: int,
 ) -> list[GenerationRequest]:
-    """Every image to synthesise, with its starting latent, timestep and prompt.
+    """Every image to synthesise, with its starting latent, timestep, prompt and seed.
 
     Class k's ``volume_per_class[k]`` images are dealt to the clients holding k in proportion to
     their counts D_i^k (largest remainder, ties to the lower client id); a client's share goes
-    round-robin over its centroids. Prompts of the class are used in turn, starting at an offset
-    drawn from (seed, label). Requests that share a centroid share one mixed latent tensor.
+    round-robin over its centroids, each mixed as Ē = ρ·e_z + (1 − ρ)·e_avg (q = ρ² + (1 − ρ)²). A
+    client that uploaded its class average only (≤ Z samples, see :mod:`.latents`) starts all its
+    images from e_avg (q = 1). Prompts of the class are used in turn, starting at an offset drawn
+    from (seed, label). Requests that share a centroid share one mixed latent tensor; what makes
+    each image its own sample is the fresh noise drawn from its ``seed`` (:func:`start_latent`).
 
     Args:
         uploads_by_client: ``{client: [ClassLatentUpload, ...]}``.
@@ -175,7 +324,7 @@ def plan_generation(
     Returns:
         Requests ordered by label, then index.
     """
-    mix_latents(torch.zeros(()), torch.zeros(()), rho)  # validate rho once, before any work
+    q_mix = mix_noise_fraction(rho)  # validates rho once, before any work
     by_label: dict[int, list[tuple[int, ClassLatentUpload]]] = defaultdict(list)
     for client in sorted(uploads_by_client):
         for up in uploads_by_client[client]:
@@ -185,7 +334,7 @@ def plan_generation(
         volume = int(volume_per_class[label])
         if volume <= 0:
             continue
-        holders = [(c, up) for c, up in by_label.get(label, []) if up.count > 0 and up.centroids.shape[0] > 0]
+        holders = [(c, up) for c, up in by_label.get(label, []) if up.count > 0]
         if not holders:
             raise ValueError(f"class {label} asks for {volume} images but no client uploaded latents for it")
         if not 0 <= label < len(class_names):
@@ -198,24 +347,64 @@ def plan_generation(
         shares = _largest_remainder(volume, [up.count for _, up in holders])
         index = 0
         for (client, up), share in zip(holders, shares):
-            mixed = [mix_latents(up.centroids[z], up.mean, rho) for z in range(min(share, up.centroids.shape[0]))]
+            num_z = up.centroids.shape[0]
+            if num_z == 0:  # mean-only upload: every image starts from the noised class average
+                starts, q = [(-1, up.mean)], 1.0
+            else:
+                starts = [(z, mix_latents(up.centroids[z], up.mean, rho)) for z in range(min(share, num_z))]
+                q = q_mix
             for j in range(share):
-                z = j % up.centroids.shape[0]
+                z, latent = starts[j % len(starts)]
                 requests.append(
                     GenerationRequest(
                         class_name=name,
                         label=int(label),
                         client=int(client),
                         centroid_index=z,
-                        latent=mixed[z],
+                        latent=latent,
                         timestep=int(up.timestep),
                         prompt=prompts[(offset + index) % len(prompts)],
                         seed=_image_seed(seed, label, index),
                         index=index,
+                        noise_fraction=q,
                     )
                 )
                 index += 1
     return requests
+
+
+def start_latent(
+    request: GenerationRequest, alphas_cumprod: torch.Tensor, *, min_fresh_fraction: float
+) -> tuple[torch.Tensor, int]:
+    """The latent an image's sampling chain starts from, and the timestep it starts at.
+
+    Two standard normals are drawn on the CPU from ``request.seed`` (so the result does not depend on
+    batching or device): ξ₁ tops Ē up to the schedule's noise at s (:func:`top_up_latent`); if the
+    image's own share of the noise is still below ``min_fresh_fraction``, ξ₂ diffuses it forward to
+    t = :func:`fresh_timestep` (:func:`diffuse_forward`).
+
+    Args:
+        request: one planned image.
+        alphas_cumprod: the scheduler's ᾱ table.
+        min_fresh_fraction: floor on the image's own share of the start noise, in [0, 1).
+
+    Returns:
+        ``(x, t)``: (C, h, w) float32 latent distributed as q(x_t | x̄_0), and t ≥ s.
+    """
+    abar = alphas_cumprod.detach().to("cpu", torch.float64)
+    s = int(request.timestep)
+    t = fresh_timestep(abar, s, request.noise_fraction, min_fresh_fraction)
+    gen = torch.Generator().manual_seed(int(request.seed))
+    shape = tuple(request.latent.shape)
+    xi_top = torch.randn(shape, generator=gen, dtype=torch.float64)
+    xi_fwd = torch.randn(shape, generator=gen, dtype=torch.float64)
+    x = top_up_latent(
+        request.latent.detach().to("cpu", torch.float64), xi_top,
+        alpha_bar=float(abar[s]), noise_fraction=request.noise_fraction,
+    )
+    if t != s:
+        x = diffuse_forward(x, xi_fwd, alpha_bar_s=float(abar[s]), alpha_bar_t=float(abar[t]))
+    return x.to(torch.float32), t
 
 
 # ------------------------------------------------------------------------------------------------
@@ -260,10 +449,10 @@ def plms_chain(timestep: int, *, num_train_timesteps: int, num_inference_steps: 
 
 
 def _check_pndm(scheduler) -> None:
-    if not isinstance(scheduler, PNDMScheduler) or not scheduler.config.skip_prk_steps:
-        raise ConfigError(
-            "fedisyn.scheduler", type(scheduler).__name__, "PNDMScheduler with skip_prk_steps=True (SD v1-5's)"
-        )
+    if not isinstance(scheduler, PNDMScheduler):
+        raise TypeError(f"the sampler needs SD v1-5's PNDMScheduler, got {type(scheduler).__name__}")
+    if not scheduler.config.skip_prk_steps:
+        raise ValueError("the sampler needs a PNDMScheduler with skip_prk_steps=True (PLMS only, as SD v1-5)")
 
 
 @torch.no_grad()
@@ -305,9 +494,9 @@ def denoise_latents(
     _check_pndm(scheduler)
     total = int(scheduler.config.num_train_timesteps)
     if not 0 <= int(timestep) < total:
-        raise ConfigError("fedisyn.timestep", timestep, f"an int in [0, {total - 1}]")
+        raise ValueError(f"timestep must be an int in [0, {total - 1}], got {timestep!r}")
     if not 1 <= int(num_inference_steps) <= total:
-        raise ConfigError("fedisyn.num_inference_steps", num_inference_steps, f"an int in [1, {total}]")
+        raise ValueError(f"num_inference_steps must be an int in [1, {total}], got {num_inference_steps!r}")
     batch = latents.shape[0]
     if text_embeddings.shape[0] != batch:
         raise ValueError(f"{text_embeddings.shape[0]} text embeddings for {batch} latents")
@@ -366,7 +555,7 @@ def _save_png(image: torch.Tensor, path: Path) -> None:
     os.replace(tmp, path)  # atomic: an interrupted run never leaves a truncated image to be skipped
 
 
-def _manifest_row(req: GenerationRequest) -> dict[str, object]:
+def _manifest_row(req: GenerationRequest, start_timestep: int) -> dict[str, object]:
     return {
         "path": req.relpath,
         "class": req.class_name,
@@ -375,15 +564,18 @@ def _manifest_row(req: GenerationRequest) -> dict[str, object]:
         "centroid_index": req.centroid_index,
         "prompt": req.prompt,
         "timestep": req.timestep,
+        "start_timestep": start_timestep,
         "seed": req.seed,
     }
 
 
-def _batches(requests: Sequence[GenerationRequest], batch_size: int) -> list[list[GenerationRequest]]:
-    """Batches of requests that share a timestep (one sampling chain per batch)."""
+def _batches(
+    requests: Sequence[GenerationRequest], starts: Sequence[int], batch_size: int
+) -> list[list[GenerationRequest]]:
+    """Batches of requests that share a start timestep (one sampling chain per batch)."""
     by_t: dict[int, list[GenerationRequest]] = defaultdict(list)
-    for req in requests:
-        by_t[req.timestep].append(req)
+    for req, t in zip(requests, starts):
+        by_t[t].append(req)
     return [
         by_t[t][i : i + batch_size] for t in sorted(by_t) for i in range(0, len(by_t[t]), batch_size)
     ]
@@ -415,12 +607,15 @@ def generate_images(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     progress: bool = True,
+    min_fresh_fraction: float = 0.25,
 ) -> Path:
     """Denoise, decode and write every request as ``<out_dir>/<class>/<index>.png``; resumable.
 
-    Requests whose image file already exists are skipped; the others are sampled in batches of
-    equal timestep. ``manifest.jsonl`` (one JSON object per image: path, class, label, client,
-    centroid_index, prompt, timestep, seed) is rewritten at the end for all requests.
+    Each image starts from :func:`start_latent` (its ρ-mix topped up to the schedule's noise with
+    fresh noise from its own seed). Requests whose image file already exists are skipped; the
+    others are sampled in batches of equal start timestep. ``manifest.jsonl`` (one JSON object per
+    image: path, class, label, client, centroid_index, prompt, timestep s, start_timestep t, seed)
+    is rewritten at the end for all requests.
 
     Args:
         components: Stable Diffusion parts; moved to ``device``/``dtype`` in place.
@@ -432,17 +627,28 @@ def generate_images(
         device: where to run.
         dtype: network dtype (``torch.float16``/``bfloat16`` on a GPU; latents stay float32).
         progress: show a rich progress bar (only when stderr is a terminal).
+        min_fresh_fraction: floor on each image's own share of its start noise (:func:`fresh_timestep`).
+            The ρ-mix at the default ρ = 0.7 gives 0.42 at s already; the floor acts on mean-only
+            uploads and on ρ near 0 or 1, which start a little above s. 0 never moves the start.
 
     Returns:
         Path of the manifest.
     """
     if batch_size < 1:
-        raise ConfigError("fedisyn.batch_size", batch_size, "an int >= 1")
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    _check_fraction("min_fresh_fraction", min_fresh_fraction, upper_open=True)
     out_dir = Path(out_dir)
     paths = [req.relpath for req in requests]
     if len(set(paths)) != len(paths):
         raise ValueError("requests must have distinct (class_name, index) pairs")
-    pending = [req for req in requests if not (out_dir / req.relpath).is_file()]
+    abar = components.scheduler.alphas_cumprod.detach().to("cpu", torch.float64)
+    memo: dict[tuple[int, float], int] = {}
+    for req in requests:
+        key = (int(req.timestep), float(req.noise_fraction))
+        if key not in memo:
+            memo[key] = fresh_timestep(abar, key[0], key[1], min_fresh_fraction)
+    start_t = [memo[(int(req.timestep), float(req.noise_fraction))] for req in requests]
+    pending = [(req, t) for req, t in zip(requests, start_t) if not (out_dir / req.relpath).is_file()]
     out_dir.mkdir(parents=True, exist_ok=True)
     if pending:
         components.to(device, dtype)
@@ -450,13 +656,14 @@ def generate_images(
         uncond = encode_prompts(components, [""])  # (1, L, D), shared by every batch
         with _progress(progress) as bar:
             task = bar.add_task("synthesising", total=len(pending))
-            for batch in _batches(pending, batch_size):
-                latents = torch.stack([req.latent for req in batch]).to(device=device, dtype=torch.float32)
+            for batch in _batches([r for r, _ in pending], [t for _, t in pending], batch_size):
+                starts = [start_latent(req, abar, min_fresh_fraction=min_fresh_fraction) for req in batch]
+                latents = torch.stack([x for x, _ in starts]).to(device=device, dtype=torch.float32)
                 x0 = denoise_latents(
                     components.unet,
                     components.scheduler,
                     latents,
-                    timestep=batch[0].timestep,
+                    timestep=starts[0][1],
                     num_inference_steps=num_inference_steps,
                     text_embeddings=encode_prompts(components, [req.prompt for req in batch]),
                     uncond_embeddings=uncond,
@@ -468,7 +675,7 @@ def generate_images(
     manifest = out_dir / MANIFEST_NAME
     tmp = manifest.with_name(manifest.name + ".tmp")
     with tmp.open("w", encoding="utf-8") as f:
-        for req in requests:
-            f.write(json.dumps(_manifest_row(req), ensure_ascii=False) + "\n")
+        for req, t in zip(requests, start_t):
+            f.write(json.dumps(_manifest_row(req, t), ensure_ascii=False) + "\n")
     os.replace(tmp, manifest)
     return manifest

@@ -5,12 +5,22 @@ Each client k (FeDiSyn, Sec. "Synthetic data generation"):
 1. encodes its images with the Stable Diffusion VAE, z = scaling_factor · E(2x − 1)
    (:func:`encode_images`);
 2. clusters the latents of every class i into Z centroids e_z with k-means and takes the class's
-   average latent e_avg (:func:`class_centroids`; a class with fewer than Z samples sends all of
-   them);
+   average latent e_avg (:func:`class_centroids`);
 3. noises centroids and average at a diffusion timestep s with the forward process
    x_s = sqrt(ᾱ_s) x_0 + sqrt(1 − ᾱ_s) ε (:func:`noise_latents`, the scheduler's own ``add_noise``);
-4. uploads, per class, only the noised centroids, the noised average, the label and the sample
-   count D_i^k (:class:`ClassLatentUpload`). Images and clean latents stay on the client.
+4. uploads, per class, only the noised centroids, the noised average, the label, the sample
+   count D_i^k and the number of centroids Z' (:class:`ClassLatentUpload`). Images and clean
+   latents stay on the client.
+
+Privacy departure (small classes). k-means with Z centroids over N ≤ Z samples returns the samples
+themselves, so a literal implementation would upload per-sample latents of every small class. Here
+a class with N ≤ Z samples uploads its average only (Z' = 0, an empty centroid tensor, recorded as
+``num_centroids = 0`` in the upload); the server then starts all of that client's images of the
+class from e_avg (:func:`fl_lightning.synthesis.generate.plan_generation`). We chose the mean over
+"fewer centroids of groups of samples" because it is the one statistic the method uploads for
+every class anyway, so a small class reveals nothing beyond what a large one does. Caveats: with
+N = 1 the mean *is* the sample (noised at s) — any per-class upload reveals that much; and with
+N > Z, k-means may still leave a singleton cluster, whose centroid is one sample.
 
 Randomness (k-means initialisation, the timestep when it is drawn, the noise ε) comes from the
 ``seed`` argument and the class label only, so a class's upload does not depend on which other
@@ -26,7 +36,6 @@ import numpy as np
 import torch
 from sklearn.cluster import KMeans
 
-from fl_lightning.errors import ConfigError
 from fl_lightning.federation.transport import SCALAR_BYTES, Upload
 
 __all__ = [
@@ -48,7 +57,8 @@ class ClassLatentUpload:
         label: class index i.
         count: D_i^k, the number of the client's samples of class i.
         timestep: diffusion timestep s at which ``centroids`` and ``mean`` were noised.
-        centroids: noised k-means centroids, (Z', C, h, w) with Z' = min(Z, count).
+        centroids: noised k-means centroids, (Z', C, h, w): Z' = Z when count > Z, else Z' = 0
+            (a small class sends its average only, see the module docstring).
         mean: noised class-average latent, (C, h, w).
     """
 
@@ -59,10 +69,20 @@ class ClassLatentUpload:
     mean: torch.Tensor
 
     @property
+    def num_centroids(self) -> int:
+        """Z', the number of uploaded centroids (0: the class average only)."""
+        return int(self.centroids.shape[0])
+
+    @property
+    def mean_only(self) -> bool:
+        """Whether the class was too small (count ≤ Z) to upload centroids."""
+        return self.num_centroids == 0
+
+    @property
     def num_bytes(self) -> int:
-        """Size on the wire: the two tensors' bytes plus three scalars (label, count, timestep)."""
+        """Size on the wire: the two tensors' bytes plus four scalars (label, count, timestep, Z')."""
         tensors = self.centroids.numel() * self.centroids.element_size() + self.mean.numel() * self.mean.element_size()
-        return tensors + 3 * SCALAR_BYTES
+        return tensors + 4 * SCALAR_BYTES
 
 
 @torch.no_grad()
@@ -81,7 +101,7 @@ def encode_images(vae: torch.nn.Module, images: torch.Tensor, *, batch_size: int
         (B, C, H/f, W/f) float32 latents on the VAE's device.
     """
     if batch_size < 1:
-        raise ConfigError("fedisyn.encode_batch_size", batch_size, "an int >= 1")
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     if images.ndim != 4 or images.shape[1] != 3:
         raise ValueError(f"images must be (B, 3, H, W), got {tuple(images.shape)}")
     device, dtype = vae.device, vae.dtype
@@ -102,21 +122,25 @@ def class_centroids(
 
     Args:
         latents: (N, C, h, w) latents of one class (N ≥ 1).
-        num_centroids: Z. With N ≤ Z every latent is its own centroid (returned in input order).
+        num_centroids: Z. With N ≤ Z, k-means would return the samples themselves: no centroids
+            are returned then (privacy; see the module docstring), only the average.
         seed: k-means ``random_state``.
         n_init: k-means restarts (scikit-learn ``n_init``).
 
     Returns:
-        ``(centroids, mean)``: (min(Z, N), C, h, w) and (C, h, w), dtype/device of ``latents``.
+        ``(centroids, mean)``: (Z, C, h, w) — or (0, C, h, w) when N ≤ Z — and (C, h, w), dtype and
+        device of ``latents``.
     """
+    if not isinstance(num_centroids, int) or isinstance(num_centroids, bool):
+        raise TypeError(f"num_centroids must be an int, got {type(num_centroids).__name__}")
     if num_centroids < 1:
-        raise ConfigError("fedisyn.num_centroids", num_centroids, "an int >= 1")
+        raise ValueError(f"num_centroids (Z) must be an int >= 1, got {num_centroids!r}")
     if latents.ndim != 4 or latents.shape[0] == 0:
         raise ValueError(f"latents must be (N>=1, C, h, w), got {tuple(latents.shape)}")
     n = latents.shape[0]
     mean = latents.mean(dim=0)
     if n <= num_centroids:
-        return latents.clone(), mean
+        return latents.new_empty((0, *latents.shape[1:])), mean
     # k-means in float64 on the flattened latents; the centroids are cluster means of these.
     flat = latents.detach().reshape(n, -1).to("cpu", torch.float64).numpy()
     km = KMeans(n_clusters=num_centroids, n_init=n_init, random_state=seed).fit(flat)
@@ -140,7 +164,7 @@ def noise_latents(
     """
     total = int(scheduler.config.num_train_timesteps)
     if not 0 <= int(timestep) < total:
-        raise ConfigError("fedisyn.timestep", timestep, f"an int in [0, {total - 1}]")
+        raise ValueError(f"timestep must be an int in [0, {total - 1}], got {timestep!r}")
     noise = torch.randn(latents.shape, generator=generator, device=latents.device, dtype=latents.dtype)
     t = torch.full((latents.shape[0],), int(timestep), dtype=torch.long, device=latents.device)
     return scheduler.add_noise(latents, noise, t)
@@ -201,9 +225,9 @@ def client_latent_uploads(
     """
     total = int(scheduler.config.num_train_timesteps)
     if not 0 <= int(max_timestep) < total:
-        raise ConfigError("fedisyn.max_timestep", max_timestep, f"an int in [0, {total - 1}]")
+        raise ValueError(f"max_timestep must be an int in [0, {total - 1}], got {max_timestep!r}")
     if timestep is not None and not 0 <= int(timestep) < total:
-        raise ConfigError("fedisyn.timestep", timestep, f"null or an int in [0, {total - 1}]")
+        raise ValueError(f"timestep must be None or an int in [0, {total - 1}], got {timestep!r}")
     latents_by_class = _group_by_class(vae, images_by_class, batch_size)
     uploads = []
     for label in sorted(latents_by_class):
@@ -229,27 +253,39 @@ def to_upload(uploads: Iterable[ClassLatentUpload]) -> Upload:
     """Pack a client's per-class uploads into one transport :class:`~fl_lightning.federation.transport.Upload`.
 
     Keys are ``class<label>.centroids`` / ``.mean`` (tensors) and ``.label`` / ``.count`` /
-    ``.timestep`` (scalars), so ``Upload.num_bytes`` equals the sum of the parts' ``num_bytes``.
+    ``.timestep`` / ``.num_centroids`` (scalars; ``num_centroids`` 0 marks a mean-only class), so
+    ``Upload.num_bytes`` equals the sum of the parts' ``num_bytes``.
     """
     out = Upload()
     for up in uploads:
         key = f"class{up.label}"
         out.tensors[f"{key}.centroids"] = up.centroids
         out.tensors[f"{key}.mean"] = up.mean
-        out.meta.update({f"{key}.label": up.label, f"{key}.count": up.count, f"{key}.timestep": up.timestep})
+        out.meta.update({f"{key}.label": up.label, f"{key}.count": up.count, f"{key}.timestep": up.timestep,
+                         f"{key}.num_centroids": up.num_centroids})
     return out
 
 
 def from_upload(upload: Upload) -> list[ClassLatentUpload]:
-    """Unpack :func:`to_upload`'s payload on the server (sorted by label)."""
+    """Unpack :func:`to_upload`'s payload on the server (sorted by label).
+
+    Raises:
+        ValueError: the recorded ``num_centroids`` disagrees with the centroid tensor.
+    """
     labels = sorted(int(v) for k, v in upload.meta.items() if k.endswith(".label"))
-    return [
-        ClassLatentUpload(
+    out = []
+    for label in labels:
+        up = ClassLatentUpload(
             label=label,
             count=int(upload.meta[f"class{label}.count"]),
             timestep=int(upload.meta[f"class{label}.timestep"]),
             centroids=upload.tensors[f"class{label}.centroids"],
             mean=upload.tensors[f"class{label}.mean"],
         )
-        for label in labels
-    ]
+        recorded = upload.meta.get(f"class{label}.num_centroids", up.num_centroids)
+        if int(recorded) != up.num_centroids:
+            raise ValueError(
+                f"class {label}: the upload records {int(recorded)} centroids but carries {up.num_centroids}"
+            )
+        out.append(up)
+    return out

@@ -28,7 +28,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from fl_lightning.errors import ConfigError, MissingResourceError
+from fl_lightning.errors import MissingResourceError
 
 __all__ = [
     "QUESTION",
@@ -74,7 +74,7 @@ def _label_seed(seed: int, label: str) -> list[int]:
 
 def _check_per_label(per_label: int) -> None:
     if int(per_label) < 1:
-        raise ConfigError("fedisyn.prompts_per_label", per_label, "an int >= 1")
+        raise ValueError(f"per_label (prompts per label) must be an int >= 1, got {per_label!r}")
 
 
 class PromptExpander(Protocol):
@@ -166,9 +166,9 @@ class LLMPromptExpander:
 
         self.model_path = Path(model_path).expanduser()
         if max_new_tokens < 1:
-            raise ConfigError("fedisyn.llm_max_new_tokens", max_new_tokens, "an int >= 1")
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         if not temperature > 0:
-            raise ConfigError("fedisyn.llm_temperature", temperature, "a float > 0")
+            raise ValueError(f"temperature must be a float > 0, got {temperature!r}")
         hint = (
             "set fedisyn.llm_path to a local transformers causal-LM folder (e.g. LLaMA-7B saved with "
             "save_pretrained), or set it to null to use the template prompt expander"

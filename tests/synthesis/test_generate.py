@@ -1,4 +1,4 @@
-"""Tests for fl_lightning.synthesis.generate: PNDM mid-chain sampling, the plan, the image folder."""
+"""Tests for fl_lightning.synthesis.generate: PNDM mid-chain sampling, the noise top-up, the plan, the image folder."""
 
 import json
 import math
@@ -9,18 +9,24 @@ import torch
 from diffusers import DDIMScheduler, PNDMScheduler
 from PIL import Image
 
-from fl_lightning.errors import ConfigError
 from fl_lightning.models.diffusion import sd15_scheduler
 from fl_lightning.synthesis.generate import (
     MANIFEST_NAME,
     _largest_remainder,
+    GenerationRequest,
     class_totals,
     denoise_latents,
+    diffuse_forward,
+    fresh_timestep,
     generate_images,
     mix_latents,
+    mix_noise_fraction,
     plan_generation,
     plms_chain,
+    start_latent,
     synthetic_volume,
+    top_up_latent,
+    top_up_std,
 )
 from fl_lightning.synthesis.latents import ClassLatentUpload, client_latent_uploads
 from fl_lightning.synthesis.prompts import TemplatePromptExpander
@@ -139,9 +145,12 @@ def test_classifier_free_guidance_combines_eps():
 
 
 def test_denoise_rejects_other_schedulers_and_bad_timesteps():
-    with pytest.raises(ConfigError):
+    with pytest.raises(TypeError):
         denoise_latents(OracleUNet(X0), DDIMScheduler(), X0, timestep=10, num_inference_steps=10, text_embeddings=TEXT)
-    with pytest.raises(ConfigError):
+    prk = PNDMScheduler.from_config(sd15_scheduler().config, skip_prk_steps=False)
+    with pytest.raises(ValueError):
+        denoise_latents(OracleUNet(X0), prk, X0, timestep=10, num_inference_steps=10, text_embeddings=TEXT)
+    with pytest.raises(ValueError):
         denoise_latents(
             OracleUNet(X0), sd15_scheduler(), X0, timestep=1000, num_inference_steps=10, text_embeddings=TEXT
         )
@@ -155,8 +164,130 @@ def test_mix_latents():
     c, m = torch.randn(4, 2, 2), torch.randn(4, 2, 2)
     assert torch.allclose(mix_latents(c, m, 0.3).double(), 0.3 * c.double() + 0.7 * m.double(), atol=1e-6)
     assert torch.equal(mix_latents(c, m, 1.0), c)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValueError):
         mix_latents(c, m, 1.5)
+    with pytest.raises(ValueError):
+        synthetic_volume({0: 3}, float("nan"))
+    with pytest.raises(ValueError):
+        generate_images(None, [], "unused", batch_size=0)
+
+
+# ------------------------------------------------------------------------------------------------
+# the noise top-up: Monte-Carlo against the forward process, in float64
+
+
+@pytest.mark.parametrize("rho,s", [(0.7, 400), (0.5, 50), (0.9, 900), (0.2, 700)])
+def test_topped_up_mix_has_the_schedules_noise_and_keeps_the_signal(rho, s):
+    """Mix two independently noised latents, top up with fresh noise: the result must be distributed
+    as q(x_s | x̄_0) = N(sqrt(ᾱ_s) x̄_0, (1 − ᾱ_s) I) with x̄_0 = ρ c + (1 − ρ) m."""
+    rng = np.random.default_rng(s)
+    n, d = 40_000, 16  # 640k noise values: the variance is known to ±0.35% (one sd)
+    abar = float(_abar64()[s])
+    sigma2 = 1.0 - abar
+    c, m = rng.normal(size=d), rng.normal(size=d)
+    e_z = np.sqrt(abar) * c + np.sqrt(sigma2) * rng.normal(size=(n, d))  # client-side forward process
+    e_avg = np.sqrt(abar) * m + np.sqrt(sigma2) * rng.normal(size=(n, d))
+    mixed = torch.from_numpy(rho * e_z + (1 - rho) * e_avg)
+    q = mix_noise_fraction(rho)
+    assert q == pytest.approx(rho**2 + (1 - rho) ** 2)
+    assert top_up_std(abar, q) ** 2 == pytest.approx(sigma2 * 2 * rho * (1 - rho))
+    xi = torch.from_numpy(rng.normal(size=(n, d)))
+    x = top_up_latent(mixed, xi, alpha_bar=abar, noise_fraction=q).numpy()
+    signal = np.sqrt(abar) * (rho * c + (1 - rho) * m)
+    resid = x - signal
+    tol = 4 * np.sqrt(2.0 / resid.size)  # 4 sd of a variance estimate, relative
+    assert abs(resid.var() / sigma2 - 1.0) < tol  # the schedule's σ_s², not q σ_s²
+    assert abs((mixed.numpy() - signal).var() / sigma2 - q) < tol  # before the top-up: the bug being fixed
+    assert np.abs(resid.mean(0)).max() < 5 * np.sqrt(sigma2 / n)  # signal kept: E[x] = sqrt(ᾱ_s) x̄_0
+    assert np.abs(np.corrcoef(resid.reshape(n, d).T) - np.eye(d)).max() < 0.03  # noise stays white
+
+
+def test_start_latent_draws_fresh_noise_from_the_request_seed():
+    """Through the real path: requests that share one mixed latent get their own noise from their
+    seed, together distributed with the schedule's variance at s; same seed → same tensor."""
+    sched = sd15_scheduler()
+    s, rho = 300, 0.7
+    abar = float(_abar64()[s])
+    g = torch.Generator().manual_seed(0)
+    c = torch.randn(4, 4, 4, generator=g, dtype=torch.float64)
+    m = torch.randn(4, 4, 4, generator=g, dtype=torch.float64)
+    e_z = abar**0.5 * c + (1 - abar) ** 0.5 * torch.randn(4, 4, 4, generator=g, dtype=torch.float64)
+    e_avg = abar**0.5 * m + (1 - abar) ** 0.5 * torch.randn(4, 4, 4, generator=g, dtype=torch.float64)
+    mixed = mix_latents(e_z, e_avg, rho).float()
+    q = mix_noise_fraction(rho)
+
+    def req(seed):
+        return GenerationRequest("cat", 0, 0, 0, mixed, s, "a cat.", seed, 0, noise_fraction=q)
+
+    starts = [start_latent(req(seed), sched.alphas_cumprod, min_fresh_fraction=0.25) for seed in range(4000)]
+    assert {t for _, t in starts} == {s}  # 2ρ(1 − ρ) = 0.42 ≥ 0.25: no forward step
+    x = torch.stack([x for x, _ in starts]).double()
+    fresh = x - mixed.double()  # what start_latent added
+    tol = 4 * np.sqrt(2.0 / fresh.numel())
+    assert abs(fresh.var().item() / ((1 - abar) * (1 - q)) - 1) < tol
+    assert abs(fresh.mean().item()) < 4 * ((1 - abar) * (1 - q) / fresh.numel()) ** 0.5
+    a, t_a = start_latent(req(7), sched.alphas_cumprod, min_fresh_fraction=0.25)
+    b, _ = start_latent(req(7), sched.alphas_cumprod, min_fresh_fraction=0.25)
+    assert torch.equal(a, b) and a.dtype == torch.float32 and t_a == s
+
+
+def _fresh_reference(abar, s, q, floor):
+    """Brute force: track the shared-noise coefficient through x_t = sqrt(ᾱ_t/ᾱ_s) x_s + ..., step by step."""
+    abar = abar.numpy()
+    shared_var_s = q * (1 - abar[s])
+    for t in range(s, len(abar)):
+        coef2 = (abar[t] / abar[s]) * shared_var_s  # (sqrt(ᾱ_t/ᾱ_s))² × shared variance at s
+        if 1 - coef2 / (1 - abar[t]) >= floor - 1e-12:
+            return t
+    return len(abar) - 1
+
+
+@pytest.mark.parametrize("s,q,floor", [(400, 1.0, 0.25), (0, 1.0, 0.25), (400, 0.58, 0.25), (700, 0.82, 0.3),
+                                       (50, 1.0, 0.9), (999, 1.0, 0.25), (400, 1.0, 0.0)])
+def test_fresh_timestep_matches_brute_force(s, q, floor):
+    abar = _abar64()
+    t = fresh_timestep(abar, s, q, floor)
+    assert t == _fresh_reference(abar, s, q, floor)
+    if 1 - q >= floor:
+        assert t == s
+
+
+def test_diffuse_forward_lands_on_the_schedule_at_t():
+    """Monte-Carlo: x_s ~ q(x_s | x_0) pushed to t is q(x_t | x_0) (signal sqrt(ᾱ_t) x_0, variance 1 − ᾱ_t)."""
+    rng = np.random.default_rng(1)
+    abar = _abar64().numpy()
+    s, t, n, d = 200, 450, 50_000, 8
+    x0 = rng.normal(size=d)
+    x_s = np.sqrt(abar[s]) * x0 + np.sqrt(1 - abar[s]) * rng.normal(size=(n, d))
+    x_t = diffuse_forward(
+        torch.from_numpy(x_s), torch.from_numpy(rng.normal(size=(n, d))), alpha_bar_s=abar[s], alpha_bar_t=abar[t]
+    ).numpy()
+    resid = x_t - np.sqrt(abar[t]) * x0
+    assert abs(resid.var() / (1 - abar[t]) - 1) < 4 * np.sqrt(2.0 / resid.size)
+    assert np.abs(resid.mean(0)).max() < 5 * np.sqrt((1 - abar[t]) / n)
+    with pytest.raises(ValueError):
+        diffuse_forward(torch.zeros(2), torch.zeros(2), alpha_bar_s=0.5, alpha_bar_t=0.6)  # t < s
+    with pytest.raises(ValueError):
+        top_up_latent(torch.zeros(2), torch.zeros(3), alpha_bar=0.5, noise_fraction=0.5)
+    with pytest.raises(ValueError):
+        fresh_timestep(_abar64(), 10, 1.0, 1.0)
+
+
+def test_mean_only_start_is_diffused_to_a_fresh_timestep():
+    """A mean-only upload (q = 1) has no mix to top up: each image is pushed forward to
+    t = fresh_timestep(...), where its own noise is ≥ the floor and the variance is the schedule's."""
+    sched, s, floor = sd15_scheduler(), 400, 0.25
+    abar = _abar64()
+    t_ref = _fresh_reference(abar, s, 1.0, floor)
+    assert t_ref > s
+    mean = torch.zeros(4, 4, 4)  # x_0 = 0 and no client noise: what remains is the image's own noise
+    reqs = [GenerationRequest("cat", 0, 0, -1, mean, s, "a cat.", seed, 0, noise_fraction=1.0) for seed in range(3000)]
+    outs = [start_latent(r, sched.alphas_cumprod, min_fresh_fraction=floor) for r in reqs]
+    assert {t for _, t in outs} == {t_ref}
+    own = torch.stack([x for x, _ in outs]).double()
+    expected = 1 - float(abar[t_ref]) / float(abar[s])  # own variance added by the forward step
+    assert abs(own.var().item() / expected - 1) < 4 * np.sqrt(2.0 / own.numel())
+    assert expected / (1 - float(abar[t_ref])) >= floor
 
 
 @pytest.mark.parametrize(
@@ -176,7 +307,9 @@ def _up(label, count, z, t, seed):
 
 
 def test_volumes_and_plan():
-    uploads = {0: [_up(0, 6, 3, 100, 0), _up(1, 1, 1, 100, 1)], 1: [_up(0, 2, 2, 50, 2)], 2: [_up(1, 3, 2, 70, 3)]}
+    mean_only = ClassLatentUpload(label=1, count=1, timestep=100, centroids=torch.empty(0, 4, 2, 2),
+                                  mean=torch.randn(4, 2, 2, generator=torch.Generator().manual_seed(9)))
+    uploads = {0: [_up(0, 6, 3, 100, 0), mean_only], 1: [_up(0, 2, 2, 50, 2)], 2: [_up(1, 3, 2, 70, 3)]}
     totals = class_totals(uploads)
     assert totals == {0: 8, 1: 4}
     volume = synthetic_volume(totals, 1.3)
@@ -196,8 +329,13 @@ def test_volumes_and_plan():
     for r in reqs:
         up = next(u for u in uploads[r.client] if u.label == r.label)
         assert r.timestep == up.timestep
+        if up.mean_only:  # starts from the noised class average, a single noised latent: q = 1
+            assert r.centroid_index == -1 and torch.equal(r.latent, up.mean) and r.noise_fraction == 1.0
+            continue
         ref = 0.25 * up.centroids[r.centroid_index].double() + 0.75 * up.mean.double()
         assert torch.allclose(r.latent.double(), ref, atol=1e-6)
+        assert r.noise_fraction == pytest.approx(0.25**2 + 0.75**2)
+    assert sum(r.centroid_index == -1 for r in reqs) == _largest_remainder(5, [1, 3])[0] == 1
     from_client0 = [r.centroid_index for r in cat if r.client == 0]
     assert from_client0 == [0, 1, 2, 0, 1, 2, 0, 1][: len(from_client0)]  # round-robin over centroids
     assert len({r.seed for r in reqs}) == len(reqs)
@@ -253,8 +391,10 @@ def test_whole_chain_writes_an_imagefolder_resumably(tiny_sd, tmp_path):
         assert (tmp_path / "a" / row["path"]).is_file()
         assert row == {
             "path": req.relpath, "class": req.class_name, "label": req.label, "client": req.client,
-            "centroid_index": req.centroid_index, "prompt": req.prompt, "timestep": req.timestep, "seed": req.seed,
+            "centroid_index": req.centroid_index, "prompt": req.prompt, "timestep": req.timestep,
+            "start_timestep": row["start_timestep"], "seed": req.seed,
         }
+        assert row["start_timestep"] >= req.timestep
     assert {row["client"] for row in rows} == {0, 1}
 
     # re-running regenerates nothing
@@ -290,3 +430,58 @@ def test_bfloat16_networks_give_close_images(tmp_path):
     for r in reqs:
         a, b = _pixels(tmp_path / "f32" / r.relpath), _pixels(tmp_path / "bf16" / r.relpath)
         assert np.abs(a - b).mean() < 0.2 * a.std()  # bf16 round-off, not a different image
+
+
+# ------------------------------------------------------------------------------------------------
+# distinct samples: tiny SD at λ = 1
+
+
+def _mad_matrix(folder):
+    """Mean absolute pixel difference between every two PNGs under ``folder``, in 0..255 units."""
+    files = sorted(p for p in folder.rglob("*.png"))
+    px = np.stack([_pixels(f).astype(np.float64).ravel() for f in files])
+    mad = np.abs(px[:, None, :] - px[None, :, :]).mean(-1)
+    np.fill_diagonal(mad, np.inf)
+    return files, mad
+
+
+def test_every_image_is_its_own_sample_and_reproducible(tiny_sd, tmp_path):
+    """λ = 1 with Z = 2 centroids and 2 prompts per class: far more images per (client, class) than
+    distinct (centroid, prompt) inputs, and small classes that upload their mean only. ≥ 95% of the
+    images have no near-duplicate (mean |Δpixel| < 2/255) among all others; the same seed gives
+    bit-identical files; another seed gives other images from the same uploads."""
+    def imgs(n, seed):
+        return torch.rand(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+
+    data = {0: {0: imgs(9, 0), 1: imgs(2, 1)}, 1: {0: imgs(3, 2), 1: imgs(8, 3)}}
+    uploads = {
+        c: client_latent_uploads(tiny_sd.vae, tiny_sd.scheduler, d, num_centroids=2, timestep=400,
+                                 max_timestep=999, seed=20 + c)
+        for c, d in data.items()
+    }
+    assert [u.mean_only for u in uploads[0]] == [False, True]  # client 0, class 1: 2 ≤ Z samples
+    names = ["cat", "dog"]
+    volume = synthetic_volume(class_totals(uploads), 1.0)
+    assert sum(volume.values()) == 22
+    prompts = TemplatePromptExpander(seed=0).expand(names, 2)
+    kw = dict(batch_size=8, num_inference_steps=10, guidance_scale=2.0, progress=False)
+
+    def run(folder, seed):
+        reqs = plan_generation(uploads, names, prompts, volume_per_class=volume, rho=0.7, seed=seed)
+        generate_images(tiny_sd, reqs, folder, **kw)
+        return reqs
+
+    reqs = run(tmp_path / "a", 0)
+    inputs = {(r.client, r.label, r.centroid_index, r.prompt) for r in reqs}
+    assert len(inputs) < 0.6 * len(reqs)  # without per-image noise most images would be copies
+    files, mad = _mad_matrix(tmp_path / "a")
+    assert len(files) == len(reqs)
+    distinct = (mad.min(1) >= 2.0).mean()
+    assert distinct >= 0.95, f"only {distinct:.0%} of images are near-distinct (closest pair {mad.min():.2f}/255)"
+
+    run(tmp_path / "b", 0)
+    for f in files:
+        assert (tmp_path / "b" / f.relative_to(tmp_path / "a")).read_bytes() == f.read_bytes()
+    run(tmp_path / "c", 1)
+    moved = [np.abs(_pixels(tmp_path / "c" / f.relative_to(tmp_path / "a")) - _pixels(f)).mean() for f in files]
+    assert np.mean(np.array(moved) >= 2.0) >= 0.95

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from fl_lightning.errors import ConfigError
 from fl_lightning.synthesis.latents import (
     ClassLatentUpload,
     class_centroids,
@@ -50,12 +49,21 @@ def test_centroids_are_cluster_means_of_separated_clusters():
     assert torch.equal(again, centroids)
 
 
-@pytest.mark.parametrize("num_centroids", [4, 5, 9])
-def test_fewer_samples_than_centroids_sends_them_all(num_centroids):
-    latents = torch.randn(4, 4, 3, 3, generator=torch.Generator().manual_seed(1))
+@pytest.mark.parametrize("n,num_centroids", [(4, 4), (4, 5), (4, 9), (1, 1), (2, 3)])
+def test_small_class_sends_its_mean_only(n, num_centroids):
+    """Privacy: with N ≤ Z, k-means' centroids would be the samples themselves; none are returned."""
+    latents = torch.randn(n, 4, 3, 3, generator=torch.Generator().manual_seed(1))
     centroids, mean = class_centroids(latents, num_centroids=num_centroids, seed=0)
-    assert torch.equal(centroids, latents)
+    assert centroids.shape == (0, 4, 3, 3) and centroids.dtype == latents.dtype
     assert torch.allclose(mean.double(), latents.double().mean(0), atol=1e-6)
+
+
+def test_class_centroids_rejects_bad_z():
+    x = torch.randn(3, 4, 2, 2)
+    with pytest.raises(ValueError):
+        class_centroids(x, num_centroids=0, seed=0)
+    with pytest.raises(TypeError):
+        class_centroids(x, num_centroids=2.0, seed=0)
 
 
 def test_noise_latents_matches_forward_process(tiny_sd):
@@ -74,12 +82,12 @@ def test_noise_latents_matches_forward_process(tiny_sd):
     assert (near - x).norm() / x.norm() < 0.05
     far = noise_latents(sched, x, 999, torch.Generator().manual_seed(7))
     assert (far - x).norm() / x.norm() > 1.0
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValueError):
         noise_latents(sched, x, 1000, None)
 
 
 def _client_data():
-    return {0: _images(5, 10), 1: _images(2, 11)}
+    return {0: _images(5, 10), 1: _images(2, 11)}  # class 1 has 2 ≤ Z = 3 samples: mean only
 
 
 def test_upload_holds_only_noised_summaries(tiny_sd):
@@ -96,7 +104,9 @@ def test_upload_holds_only_noised_summaries(tiny_sd):
         clean = encode_images(tiny_sd.vae, imgs)
         c_clean, m_clean = class_centroids(clean, num_centroids=3, seed=5)
         assert up.count == len(imgs) and up.timestep == 400
-        assert up.centroids.shape == (min(3, len(imgs)), 4, 16, 16) and up.mean.shape == (4, 16, 16)
+        z_sent = 3 if len(imgs) > 3 else 0
+        assert up.centroids.shape == (z_sent, 4, 16, 16) and up.mean.shape == (4, 16, 16)
+        assert up.num_centroids == z_sent and up.mean_only == (z_sent == 0)
         assert up.centroids.device.type == "cpu"
         # every tensor sent is a noised latent-space summary, never an image or a clean latent
         for tensor in (up.centroids, up.mean):
@@ -107,14 +117,40 @@ def test_upload_holds_only_noised_summaries(tiny_sd):
         assert abs(implied_eps.mean().item()) < 0.1 and abs(implied_eps.std().item() - 1) < 0.1
         for z in clean:
             assert (sent - z).flatten(1).norm(dim=1).min() > 1.0
-        assert up.num_bytes == sent.numel() * 4 + 3 * 8
+        assert up.num_bytes == sent.numel() * 4 + 4 * 8
     # packed for the transport layer: same bytes, nothing added, lossless
     packed = to_upload(uploads)
     assert packed.num_bytes == sum(u.num_bytes for u in uploads)
     assert set(packed.tensors) == {f"class{u.label}.{n}" for u in uploads for n in ("centroids", "mean")}
+    assert packed.meta["class0.num_centroids"] == 3 and packed.meta["class1.num_centroids"] == 0
     for a, b in zip(from_upload(packed), uploads, strict=True):
         assert (a.label, a.count, a.timestep) == (b.label, b.count, b.timestep)
         assert torch.equal(a.centroids, b.centroids) and torch.equal(a.mean, b.mean)
+
+
+def test_small_class_upload_never_holds_a_per_sample_latent(tiny_sd):
+    """A class with ≤ Z samples sends one tensor, the noised mean: no sent tensor is closer to a
+    sample's noised latent than noise allows, and the packed upload says it is mean-only."""
+    imgs = torch.stack([torch.full((3, 32, 32), v) for v in (0.0, 0.5, 1.0)])  # far-apart samples
+    ups = client_latent_uploads(
+        tiny_sd.vae, tiny_sd.scheduler, {4: imgs}, num_centroids=3, timestep=0, max_timestep=999, seed=1
+    )
+    (up,) = ups
+    assert up.mean_only and up.count == 3 and up.centroids.numel() == 0
+    clean = encode_images(tiny_sd.vae, imgs)
+    # at s = 0 the noise is small (σ ≈ 0.03): the sent tensor is the noised mean, not a noised sample
+    abar = float(tiny_sd.scheduler.alphas_cumprod[0])
+    implied = lambda x0: (up.mean - abar**0.5 * x0) / (1 - abar) ** 0.5  # noqa: E731
+    assert abs(implied(clean.mean(0)).std().item() - 1) < 0.05  # sampling error of a std over 1024 values ≈ 0.02
+    assert min(implied(z).std().item() for z in clean) > 1.1
+    packed = to_upload(ups)
+    assert packed.meta["class4.num_centroids"] == 0
+    assert packed.num_bytes == up.mean.numel() * 4 + 4 * 8
+    (back,) = from_upload(packed)
+    assert back.mean_only and torch.equal(back.mean, up.mean)
+    packed.meta["class4.num_centroids"] = 2  # a record that disagrees with the tensors is refused
+    with pytest.raises(ValueError):
+        from_upload(packed)
 
 
 def test_batches_input_equals_dict_input(tiny_sd):
@@ -148,7 +184,7 @@ def test_random_timestep_is_seeded_and_in_range(tiny_sd):
         assert all(torch.equal(u.centroids, v.centroids) for u, v in zip(ups, again))
         draws += [u.timestep for u in ups]
     assert all(0 <= t <= 50 for t in draws) and len(set(draws)) > 3
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValueError):
         client_latent_uploads(
             tiny_sd.vae, tiny_sd.scheduler, data, num_centroids=2, timestep=None, max_timestep=1000, seed=0
         )
