@@ -24,8 +24,8 @@ is there but unusable is reported as such, in one line that names the file and w
 * :class:`CorruptDatasetError` — the data set's folder or files exist but torchvision's integrity
   check rejects them (torchvision says "not found or corrupted" for both cases; we tell them apart
   by whether the expected files exist);
-* :class:`CorruptImageError` — an image of a folder data set cannot be decoded; raised when that
-  image is loaded (also from a DataLoader worker), naming the file;
+* :class:`CorruptImageError` — an image file (imagefolder, caltech101, food101, dtd) cannot be
+  decoded; raised when that image is loaded (also from a DataLoader worker), naming the file;
 * a folder data set with fewer than two class folders, or a test/ split with no images, is a
   :class:`~fl_lightning.errors.UsageError` when the data set is built.
 """
@@ -393,7 +393,8 @@ def _dtd(
 
     def make(split: str, transform: Transform) -> datasets.DTD:
         return _torchvision("dtd", root, looked_for, download, lambda: datasets.DTD(
-            root, split=split, partition=1, transform=transform, download=download),
+            root, split=split, partition=1, transform=transform, download=download,
+            loader=_load_rgb),
             [root / "dtd" / "dtd"])
 
     train, val, test = (make("train", train_transform), make("val", train_transform),
@@ -420,7 +421,7 @@ def _food101(
 
     def make(split: str, transform: Transform) -> datasets.Food101:
         return _torchvision("food101", root, looked_for, download, lambda: datasets.Food101(
-            root, split=split, transform=transform, download=download),
+            root, split=split, transform=transform, download=download, loader=_load_rgb),
             [base / "images", base / "meta"])
 
     train, test = make("train", train_transform), make("test", test_transform)
@@ -438,7 +439,7 @@ def _food101(
 _IMAGE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, Image.DecompressionBombError)
 
 
-def _load_rgb(path: str) -> Image.Image:
+def _load_rgb(path: str | Path) -> Image.Image:
     """Decode one image file to RGB, or raise :class:`CorruptImageError` naming it.
 
     The image is fully decoded here (``convert`` reads every pixel), so a truncated file fails

@@ -312,3 +312,26 @@ def test_corrupt_torchvision_folder_is_not_reported_as_missing(tmp_path: Path, n
     assert not isinstance(info.value, MissingResourceError)
     assert "\n" not in message and "corrupt or incomplete" in message and "not found" not in message
     assert str(tmp_path / files[0].split("/")[0]) in message and "delete" in message
+
+
+def test_corrupt_image_in_food101_names_the_file(tmp_path: Path) -> None:
+    """torchvision's file-backed sets load through our loader too (a tiny fake Food-101 layout)."""
+    import json
+
+    rng = np.random.default_rng(5)
+    base = tmp_path / "food-101"
+    meta = {c: [f"{c}/{i}" for i in range(2)] for c in ("pho", "ramen")}
+    (base / "meta").mkdir(parents=True)
+    for split in ("train", "test"):
+        (base / "meta" / f"{split}.json").write_text(json.dumps(meta))
+    for c, ids in meta.items():
+        for image_id in ids:
+            _write_png(base / "images" / f"{image_id}.jpg", rng)
+    bad = base / "images" / "ramen" / "1.jpg"
+    _truncate(bad, 0.2)
+    s = build_dataset("food101", root=tmp_path, train_transform=_tf(8), test_transform=_tf(8))
+    assert s.classes == ["pho", "ramen"]
+    assert tuple(s.train[0][0].shape) == (3, 8, 8)
+    with pytest.raises(CorruptImageError) as info:
+        s.test[3]
+    _assert_names_file(info.value, bad)
