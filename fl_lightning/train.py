@@ -74,7 +74,6 @@ def main(argv: list[str] | None = None) -> int:
         if len(runs) > 1 and cfg.federation.devices * cfg.federation.num_nodes > 1:
             raise ConfigError("variants", f"{len(runs)} runs", "a single run when federation.devices > 1 "
                               "(launch one process group per run)")
-        import fl_lightning.algorithms  # noqa: F401 — registers the methods
         from fl_lightning.federation.simulation import Simulation
 
         summaries = []

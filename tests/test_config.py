@@ -16,8 +16,8 @@ def test_yaml_overrides_and_round_trip(tmp_path):
 
 
 def test_inf_alpha_and_int_for_float():
-    cfg = load_config(None, ["--partition.alpha", "inf", "--analytic.lam", "0"])
-    assert math.isinf(cfg.partition.alpha) and cfg.analytic.lam == 0.0 and isinstance(cfg.analytic.lam, float)
+    cfg = load_config(None, ["--partition.alpha", "inf", "--fedopal.lam", "0"])
+    assert math.isinf(cfg.partition.alpha) and cfg.method.lam == 0.0 and isinstance(cfg.method.lam, float)
     assert cfg.resolved_run_name == "fedopal_digits_ainf_s0"
 
 
@@ -27,8 +27,9 @@ def test_inf_alpha_and_int_for_float():
         (["--partition.alpha", "0"], "partition.alpha", "> 0"),
         (["--partition.num_clients", "0"], "partition.num_clients", ">= 1"),
         (["--fedopal.mu", "-1"], "fedopal.mu", ">= 0"),
-        (["--analytic.lam", "-1e-3"], "analytic.lam", ">= 0"),
-        (["--fedopal.num_prompts", "-1"], "fedopal.num_prompts", ">= 0"),
+        (["--fedopal.lam", "-1e-3"], "fedopal.lam", ">= 0"),
+        (["--fedopal.num_prompts", "0"], "fedopal.num_prompts", ">= 1 (no prompts: algorithm afl)"),
+        (["--algorithm", "afl", "--afl.lam", "-1"], "afl.lam", ">= 0"),
         (["--federation.client_fraction", "1.5"], "federation.client_fraction", "(0, 1]"),
         (["--federation.client_fraction", "0"], "federation.client_fraction", "(0, 1]"),
         (["--federation.rounds", "many"], "federation.rounds", "an int"),
@@ -61,5 +62,6 @@ def test_missing_file_and_bad_yaml(tmp_path):
 
 
 def test_defaults_are_paper_settings():
-    cfg = RunConfig()
-    assert (cfg.fedopal.num_prompts, cfg.fedopal.mu, cfg.analytic.lam, cfg.train.epochs) == (10, 0.1, 1e-6, 5)
+    cfg = load_config(None)
+    assert (cfg.fedopal.num_prompts, cfg.fedopal.mu, cfg.fedopal.lam, cfg.train.epochs) == (10, 0.1, 1e-6, 5)
+    assert RunConfig().method is None  # the method's section comes from the loader

@@ -7,6 +7,7 @@ import pytest
 from tests.conftest import CONF, run_cli
 
 TINY = str(CONF / "fedavg_digits_tiny.yaml")
+OPAL = str(CONF / "fedopal_digits_tiny.yaml")
 
 
 @pytest.mark.parametrize(
@@ -17,9 +18,10 @@ TINY = str(CONF / "fedavg_digits_tiny.yaml")
         (["--config", TINY, "--partition.alpa", "1"], "did you mean 'partition.alpha'"),
         (["--config", TINY, "--partition.alpha", "0"], "partition.alpha=0.0 is not allowed"),
         (["--config", TINY, "--partition.num_clients", "0"], "partition.num_clients=0"),
-        (["--config", TINY, "--fedopal.mu", "-1"], "fedopal.mu=-1.0"),
-        (["--config", TINY, "--analytic.lam", "-1"], "analytic.lam=-1.0"),
-        (["--config", TINY, "--fedopal.num_prompts", "-2"], "fedopal.num_prompts=-2"),
+        (["--config", OPAL, "--fedopal.mu", "-1"], "fedopal.mu=-1.0"),
+        (["--config", OPAL, "--fedopal.lam", "-1"], "fedopal.lam=-1.0"),
+        (["--config", OPAL, "--fedopal.num_prompts", "-2"], "fedopal.num_prompts=-2"),
+        (["--config", TINY, "--fedopal.mu", "0.5"], "fedopal: section given but algorithm is fedavg"),
         (["--config", TINY, "--federation.client_fraction", "2"], "(0, 1]"),
         (["--config", TINY, "--federation.rounds", "two"], "federation.rounds='two'"),
         (["--config", TINY, "--data.name", "imagenet22k"], "data.name='imagenet22k'"),

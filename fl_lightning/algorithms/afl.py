@@ -1,30 +1,149 @@
-"""AFL (analytic federated learning, He et al. 2024): FedOPAL's pipeline with no prompts and no
-local training — each client uploads R_k = Σ h hᵀ and C_k = Σ h yᵀ of the frozen backbone's
-features, and the server solves the ridge regression W = (Σ_k R_k + λ_total·I)⁻¹ Σ_k C_k.
+"""AFL (analytic federated learning, He et al. 2024): one round, no local training, exact.
 
-Regularisation conventions (``analytic.regularization``): ``once`` adds λ to the aggregate as
-FedOPAL's Eq. (9); ``per_client`` follows AFL's published code, where every client adds γI so the
-aggregate carries K·γ·I; ``analytic.remove_regularization: true`` takes it back out (the exact,
-or least-norm, unregularised solution). The federated W equals the centralized ridge solution on
-the same features for any number of clients, partition and client order (tests).
+Each client streams its data once through the frozen backbone and uploads the sufficient statistics
+R_k = Σ h hᵀ (upper triangle) and C_k = Σ h yᵀ of its features h (FedOPAL's Eq. (7) without
+prompts); the server solves the ridge regression W = (Σ_k R_k + λ_total·I)⁻¹ Σ_k C_k (Eq. (9)).
+The federated W equals the centralized ridge solution on the same features for any number of
+clients, partition and client order (tests), so AFL's accuracy does not depend on α.
+
+Backbone: ``model.*`` (the paper's FedOPAL comparison runs AFL on the same frozen CLIP ViT-B/16 as
+FedOPAL, ``conf/afl_*.yaml``; any timm ViT works, e.g. a ResNet-free DINOv2 ViT-S/14 for studies).
+Core keys not used: ``train.*`` (there is no local training) and ``federation.rounds`` (one round).
+
+Regularisation conventions (``afl.regularization``): ``once`` adds λ to the aggregate as FedOPAL's
+Eq. (9); ``per_client`` follows AFL's published code, where every client adds γI so the aggregate
+carries K·γ·I; ``remove_regularization: true`` takes it back out (the exact, or least-norm,
+unregularised solution).
+
+The server folds the uploads one at a time in client order (a sum: memory flat in K, bit-identical
+for any number of ranks). FedOPAL (``fedopal.py``) is this method plus prompts.
 """
 
 from __future__ import annotations
 
-from fl_lightning.algorithms.fedopal import FedOPAL
-from fl_lightning.federation.algorithm import register
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
-__all__ = ["AFL"]
+import torch
+from lightning.fabric import Fabric
+from torch import Tensor, nn
+
+from fl_lightning.algorithms.common import evaluate_on_test, frozen_backbone
+from fl_lightning.analytic import AnalyticStatistics, regularization, solve_classifier
+from fl_lightning.config import check
+from fl_lightning.federation.algorithm import (
+    Algorithm,
+    Client,
+    Environment,
+    InputSpec,
+    RoundHistory,
+    RoundPlan,
+    State,
+    register,
+)
+from fl_lightning.federation.transport import Download, Upload
+from fl_lightning.models.backbones import ViTBackbone
+from fl_lightning.modules.statistics import collect_statistics
+
+__all__ = ["AFL", "AFLConfig"]
+
+
+@dataclass
+class AFLConfig:
+    lam: float = 1e-6  # λ of Eq. (9)
+    regularization: Literal["once", "per_client"] = "once"  # FedOPAL adds λ once; AFL's code K·γ
+    remove_regularization: bool = False  # AFL's option to take the per-client γ back out
+    dtype: Literal["float64", "float32"] = "float64"  # accumulation and solve precision
+
+    def __post_init__(self) -> None:
+        check(self.lam >= 0, "lam", self.lam, "a float >= 0")
 
 
 @register("afl")
-class AFL(FedOPAL):
-    def _num_prompts(self) -> int:
-        return 0
-
-    def _local_epochs(self) -> int:
-        return 0
+class AFL(Algorithm):
+    config_class = AFLConfig
 
     @property
     def num_rounds(self) -> int:
         return 1
+
+    # -- set-up ----------------------------------------------------------------------------------
+    def build(self, fabric: Fabric) -> None:
+        self.fabric = fabric
+        self.backbone = frozen_backbone(self.cfg)
+        self.model = self.feature_model(self.backbone)
+
+    def feature_model(self, backbone: ViTBackbone) -> nn.Module:
+        """images → h: the frozen backbone itself (FedOPAL: the backbone with prompts)."""
+        return backbone
+
+    def input_spec(self) -> InputSpec:
+        return InputSpec.of_backbone(self.backbone, self.cfg.data.image_size)
+
+    def setup(self, env: Environment) -> None:
+        super().setup(env)
+        self.model = self.fabric.to_device(self.model)
+        self._dtype = getattr(torch, self.config.dtype)
+
+    def initial_state(self) -> State:
+        return {}
+
+    # -- client ----------------------------------------------------------------------------------
+    def plan(self, round_idx: int, clients: Sequence[int], state: State, history: RoundHistory) -> RoundPlan:
+        return RoundPlan({c: Download() for c in clients})  # clients hold the frozen backbone: nothing to send
+
+    def statistics(self, client: Client) -> AnalyticStatistics:
+        """Eq. (7) on one client, streamed batch by batch."""
+        loader = self.env.loader(client.dataset, shuffle=False)
+        return collect_statistics(self.model, loader, num_classes=self.env.num_classes, device=self.fabric.device,
+                                  dtype=self._dtype, autocast=self.fabric.autocast,
+                                  feature_dim=self.backbone.feature_dim)
+
+    def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
+        stats = self.statistics(client)
+        return Upload({"R_upper": stats.upper_triangle().cpu(), "C": stats.C.cpu()}, {"num_samples": int(stats.N)})
+
+    def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
+        d, c = self.backbone.feature_dim, self.env.num_classes
+        return {"R_upper": (d * (d + 1) // 2,), "C": (d, c)}
+
+    # -- server ----------------------------------------------------------------------------------
+    def fold_statistics(self, round_idx: int, uploads: Mapping[int, Upload],
+                        visit: Callable[[Upload], None] | None = None) -> tuple[AnalyticStatistics, int]:
+        """Σ_k (R_k, C_k, N_k) folded in client order, one upload in memory at a time; ``visit`` sees each
+        upload on the way (FedOPAL collects its prompts there)."""
+        total, count = None, 0
+        for upload in uploads.values():
+            if visit is not None:
+                visit(upload)
+            stats = AnalyticStatistics.from_upper(upload.tensors["R_upper"], upload.tensors["C"],
+                                                  int(upload.meta["num_samples"]))
+            total, count = stats if total is None else total + stats, count + 1
+        if total is None:
+            raise RuntimeError(f"round {round_idx}: no client uploaded statistics; nothing to solve")
+        return total, count
+
+    def solve(self, total: AnalyticStatistics, num_clients: int) -> Tensor:
+        """Eq. (9): W* = (Σ R_k + λI)⁻¹ Σ C_k in ``afl.dtype`` (λ by the configured convention)."""
+        c = self.config
+        lam = regularization(c.lam, num_clients=num_clients, convention=c.regularization,
+                             remove=c.remove_regularization)
+        return solve_classifier(total.R, total.C, lam=lam)
+
+    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
+                  plan: RoundPlan) -> State:
+        total, count = self.fold_statistics(round_idx, uploads)
+        return {**state, "W": self.solve(total, count)}
+
+    def _logits(self, images: Tensor) -> Tensor:  # Eq. (10)
+        with self.fabric.autocast():
+            h = self.model(images)
+        return (h.to(self._W.dtype) @ self._W).float()
+
+    def evaluate(self, state: State) -> dict[str, Any]:
+        self._W = state["W"].to(self.fabric.device)
+        return evaluate_on_test(self.env, self._logits)
+
+    def summary_extras(self, state: State) -> dict[str, Any]:
+        return {"feature_dim": int(state["W"].shape[0]) if "W" in state else None}

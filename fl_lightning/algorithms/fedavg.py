@@ -4,11 +4,15 @@ Each round, sampled clients start from the global head, train it for ``train.epo
 with cross-entropy, and upload it with their sample count; the server averages the heads (weighted
 by sample counts when ``fedavg.weighted``). The backbone is frozen, built once per rank and never
 crosses the network.
+
+Core keys used: ``model.*`` (the frozen backbone), ``train.*`` (local epochs, optimizer, lr, momentum,
+weight decay, batch size) and ``federation.rounds`` / ``client_fraction``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,19 +20,26 @@ from lightning.fabric import Fabric
 
 from fl_lightning.algorithms.common import evaluate_on_test, frozen_backbone
 from fl_lightning.federation.aggregate import weighted_average
-from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, State, register
+from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.modules.linear_probe import LinearProbe
 
-__all__ = ["FedAvg"]
+__all__ = ["FedAvg", "FedAvgConfig"]
 
 _KEYS = ("head.weight", "head.bias")
 
 
+@dataclass
+class FedAvgConfig:
+    weighted: bool = True  # weight client heads by their sample counts
+
+
 @register("fedavg")
 class FedAvg(Algorithm):
+    config_class = FedAvgConfig
+
     def build(self, fabric: Fabric) -> None:
         self.fabric = fabric
         self.backbone = fabric.to_device(frozen_backbone(self.cfg))
@@ -60,12 +71,17 @@ class FedAvg(Algorithm):
         head = {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items() if k in _KEYS}
         return Upload(head, {"num_samples": client.num_samples})
 
-    def aggregate(self, round_idx: int, state: State, uploads: dict[int, Upload], failures: dict[int, str]) -> State:
+    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
+                  plan: RoundPlan) -> State:
         if not uploads:
             return state
-        ups: Sequence[Upload] = list(uploads.values())
-        weights = [u.meta["num_samples"] if self.cfg.fedavg.weighted else 1.0 for u in ups]
-        return {k: weighted_average([u.tensors[k] for u in ups], weights) for k in _KEYS}
+        heads = {k: [] for k in _KEYS}
+        weights = []
+        for upload in uploads.values():  # the heads are small: one pass, kept for the float64 average
+            weights.append(upload.meta["num_samples"] if self.config.weighted else 1.0)
+            for k in _KEYS:
+                heads[k].append(upload.tensors[k])
+        return {k: weighted_average(heads[k], weights) for k in _KEYS}
 
     def evaluate(self, state: State) -> dict[str, Any]:
         self.module.load_state_dict({k: v.to(self.fabric.device) for k, v in state.items()}, strict=False)

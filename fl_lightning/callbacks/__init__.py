@@ -33,9 +33,10 @@ def default_loggers(cfg: RunConfig) -> list[object]:
 
 def default_callbacks(cfg: RunConfig, loggers: list[object]) -> list[object]:
     callbacks: list[object] = [RoundTimingCallback(), ProgressCallback(enabled=cfg.logging.progress)]
-    from lightning.pytorch.loggers import WandbLogger
+    if cfg.logging.wandb:  # lightning.pytorch's loggers cost seconds to import: only when W&B is on
+        from lightning.pytorch.loggers import WandbLogger
 
-    from fl_lightning.callbacks.wandb_logging import WandbExtrasCallback
+        from fl_lightning.callbacks.wandb_logging import WandbExtrasCallback
 
-    callbacks += [WandbExtrasCallback(logger=lg) for lg in loggers if isinstance(lg, WandbLogger)]
+        callbacks += [WandbExtrasCallback(logger=lg) for lg in loggers if isinstance(lg, WandbLogger)]
     return callbacks

@@ -9,14 +9,17 @@ spread of those times to each round's metrics, where stragglers show.
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fl_lightning.federation.round_store import RoundResult
 
 __all__ = ["RoundTimingCallback"]
 
 
 class RoundTimingCallback:
-    def on_round_end(self, *, metrics: dict[str, Any], results: dict[str, dict], **_: Any) -> None:
-        times = list(results["compute_s"].values())
+    def on_round_end(self, *, metrics: dict[str, Any], results: RoundResult, **_: Any) -> None:
+        times = list(results.compute_s.values())
         if not times:
             return
         metrics["client_compute_s_mean"] = statistics.fmean(times)

@@ -27,7 +27,8 @@ class WandbExtrasCallback:
         counts = client_class_counts(env.splits.train_targets, env.partition, env.num_classes)
         self.logger.log_image("partition", [partition_figure(counts, env.splits.classes)])
 
-    def on_round_end(self, *, round_idx: int, results: dict[str, dict], **_: Any) -> None:
-        rows = [[round_idx, c, results["compute_s"].get(c), results["bytes_down"].get(c),
-                 c in results["failures"]] for c in sorted(results["compute_s"])]
-        self.logger.log_table("clients", columns=["round", "client", "compute_s", "bytes_down", "failed"], data=rows)
+    def on_round_end(self, *, round_idx: int, results: Any, **_: Any) -> None:
+        rows = [[round_idx, c, r.compute_s, r.bytes_down, r.bytes_up, r.failure is not None]
+                for c, r in sorted(results.records.items())]
+        self.logger.log_table("clients", columns=["round", "client", "compute_s", "bytes_down", "bytes_up", "failed"],
+                              data=rows)

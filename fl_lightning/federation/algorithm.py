@@ -2,19 +2,27 @@
 
 The simulation calls, for each round ``t``:
 
-    plan(t, clients, state, history)         server: per-client Downloads (what each client receives)
-    client_update(t, client, download)       each rank, each of its clients: → Upload
-    aggregate(t, state, uploads, failures)   server, once: → new global state
-    evaluate(state)                          server: → metrics (at least "accuracy")
+    plan(t, clients, state, history)              server: a RoundPlan — per-client Downloads plus what
+                                                  the server decided (depths, bandwidth, …)
+    client_update(t, client, download)            each rank, each of its clients: → Upload
+    aggregate(t, state, uploads, failures, plan)  server, once: → new global state
+    evaluate(state)                               server: → metrics (at least "accuracy")
+
+The plan is checkpointed with the round, so a resumed round aggregates with the very plan its
+clients ran under; a method keeps no round state on ``self``. ``uploads`` is a read-only mapping in
+client order that may load each upload only when it is read (the engine keeps them on disk): a
+method whose aggregate is a sum folds them one at a time and its server memory stays flat in K.
 
 One-shot methods are the one-round case. A method is one file under ``fl_lightning/algorithms/``
-that subclasses :class:`Algorithm` and registers itself with :func:`register`.
+(found by discovery) that subclasses :class:`Algorithm`, declares its config section as
+``config_class`` and registers itself with :func:`register`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,9 +40,40 @@ if TYPE_CHECKING:
     from fl_lightning.config import RunConfig
     from fl_lightning.data.registry import DatasetSplits
 
-__all__ = ["Algorithm", "Client", "Environment", "InputSpec", "RoundHistory", "register", "ALGORITHMS", "State"]
+__all__ = ["Algorithm", "Client", "Environment", "InputSpec", "NoConfig", "RoundHistory", "RoundPlan", "register",
+           "ALGORITHMS", "State"]
 
 State = dict[str, Tensor]  # the server's global state: named tensors only (checkpointable, broadcastable)
+
+
+@dataclass
+class NoConfig:
+    """The section of a method that has no options of its own (it stays empty in the YAML)."""
+
+
+@dataclass
+class RoundPlan:
+    """What the server decided for one round: each sampled client's Download, plus its decisions.
+
+    ``decisions`` holds plain, checkpointable values only (tensors, numbers, strings, lists and dicts
+    of them): e.g. FeDiSyn's depths, bandwidths and round time. The engine checkpoints the plan at the
+    start of the round and hands it back to :meth:`Algorithm.aggregate`.
+    """
+
+    downloads: dict[int, Download]
+    decisions: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def clients(self) -> list[int]:
+        return sorted(self.downloads)
+
+    def state_dict(self) -> dict:
+        return {"downloads": {c: d.state_dict() for c, d in self.downloads.items()}, "decisions": self.decisions}
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> RoundPlan:
+        return cls({int(c): Download.from_state_dict(d) for c, d in state["downloads"].items()},
+                   dict(state["decisions"]))
 
 
 @dataclass(frozen=True)
@@ -99,13 +138,20 @@ class Environment:
 
 
 class Algorithm(ABC):
-    """Base class of a federated method. Keyword-only constructor: ``Algo(cfg=...)``."""
+    """Base class of a federated method. Keyword-only constructor: ``Algo(cfg=...)``.
+
+    ``self.cfg`` is the whole :class:`~fl_lightning.config.RunConfig` (core sections: data, partition,
+    model, federation, train, logging); ``self.config`` is this method's own section, an instance of
+    ``config_class``.
+    """
 
     name: str = ""
+    config_class: type = NoConfig  # the dataclass of this method's YAML section (named like the method)
     augment: bool = False  # random crops/flips on the training split (frozen-feature methods: off)
 
     def __init__(self, *, cfg: RunConfig) -> None:
         self.cfg = cfg
+        self.config = cfg.method if cfg.method is not None else self.config_class()
         self.env: Environment | None = None
 
     # -- set-up (each rank) -------------------------------------------------------------------
@@ -132,10 +178,14 @@ class Algorithm(ABC):
     def initial_state(self) -> State:
         """The server's global state before round 0 (identical on every rank)."""
 
+    def load_state(self, state: State) -> None:
+        """Called on every rank when a run resumes, with the checkpointed global state (e.g. to restore
+        weights that reached the ranks in an earlier round's download)."""
+
     # -- one round ------------------------------------------------------------------------------
-    def plan(self, round_idx: int, clients: Sequence[int], state: State, history: RoundHistory) -> dict[int, Download]:
+    def plan(self, round_idx: int, clients: Sequence[int], state: State, history: RoundHistory) -> RoundPlan:
         """Per-client instructions. Default: every client receives the whole global state."""
-        return {c: Download(dict(state)) for c in clients}
+        return RoundPlan({c: Download(dict(state)) for c in clients})
 
     @abstractmethod
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
@@ -146,8 +196,13 @@ class Algorithm(ABC):
         return None
 
     @abstractmethod
-    def aggregate(self, round_idx: int, state: State, uploads: dict[int, Upload], failures: dict[int, str]) -> State:
-        """Server step: runs once (rank 0); the result is broadcast to every rank."""
+    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
+                  plan: RoundPlan) -> State:
+        """Server step: runs once (rank 0); the result is broadcast to every rank.
+
+        ``uploads`` iterates in client order and may load each upload only when read: fold them one at a
+        time (``for client, upload in uploads.items()``) rather than listing them, where the method allows.
+        """
 
     @abstractmethod
     def evaluate(self, state: State) -> dict[str, Any]:
@@ -166,7 +221,21 @@ ALGORITHMS: dict[str, type[Algorithm]] = {}
 
 
 def register(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:
+    """Class decorator: make a method selectable as ``algorithm: <name>`` with its section ``<name>:``."""
+    from fl_lightning.config import CORE_SECTIONS, RunConfig
+
+    reserved = {*CORE_SECTIONS, *(f.name for f in dataclasses.fields(RunConfig))}
+    if name in reserved or not name.isidentifier():
+        raise ValueError(f"cannot register a method named {name!r}: a method name is an identifier and not one of "
+                         f"the core keys {sorted(reserved)}")
+
     def deco(cls: type[Algorithm]) -> type[Algorithm]:
+        if not dataclasses.is_dataclass(cls.config_class):
+            raise TypeError(f"{cls.__name__}.config_class must be a dataclass, got {cls.config_class!r}")
+        previous = ALGORITHMS.get(name)
+        if previous is not None and previous.__qualname__ != cls.__qualname__:
+            raise ValueError(f"two methods named {name!r}: {previous.__module__}.{previous.__qualname__} and "
+                             f"{cls.__module__}.{cls.__qualname__}")
         cls.name = name
         ALGORITHMS[name] = cls
         return cls

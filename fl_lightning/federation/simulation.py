@@ -1,12 +1,17 @@
 """The Fabric federation loop: one visible ``for round_idx`` with the phases in order.
 
-    plan → client updates (each rank, its clients) → transport (gather to the server) → aggregate
+    plan → client updates (each rank, its clients) → transport (records to the server) → aggregate
          → evaluate → callbacks, metrics.csv, checkpoint
 
-Fabric launches the ranks; clients are dealt to ranks balanced by data size; each rank builds the
-algorithm's shared model ONCE and swaps only per-client state. Uploads are gathered to rank 0 and
-aggregated in client order, so ``devices: 1`` and ``devices: 2`` give identical results. A
-checkpoint is written after every finished client and every round; ``resume`` continues from it.
+Fabric launches the ranks (or an external launcher did: ``fabric run``, torchrun, SLURM); clients
+are dealt to ranks balanced by data size; each rank builds the algorithm's shared model ONCE and
+swaps only per-client state. Every finished client leaves one record on disk (its upload and a few
+numbers, :mod:`~fl_lightning.federation.round_store`); only those small numbers are gathered to
+rank 0, which reads the uploads back in client order while it aggregates — so ``devices: 1`` and
+``devices: 2`` give identical results, a client costs O(its upload), and a sum-type aggregate holds
+one upload at a time. The server's :class:`~fl_lightning.federation.run_state.RunState` is
+checkpointed after every round; ``resume`` continues from it and from the records of the round in
+progress.
 """
 
 from __future__ import annotations
@@ -14,7 +19,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,16 +32,23 @@ from fl_lightning.data.registry import DatasetSplits, build_dataset
 from fl_lightning.data.report import write_partition_report
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.errors import ConfigError
-from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundHistory, State
+from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundPlan
 from fl_lightning.federation.checkpoint import atomic_save, safe_load
+from fl_lightning.federation.launch import check_launcher
 from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients
+from fl_lightning.federation.round_store import ClientRecord, RoundResult, RoundStore
 from fl_lightning.federation.run_folder import write_metrics_csv, write_summary, write_text_atomic
-from fl_lightning.federation.transport import Download, Upload, check_upload
+from fl_lightning.federation.run_state import RunState
+from fl_lightning.federation.transport import Upload, check_upload
 
-__all__ = ["Simulation", "ClientFailure", "partition_for"]
+__all__ = ["Simulation", "RunFailure", "ClientFailure", "partition_for"]
 
 
-class ClientFailure(RuntimeError):
+class RunFailure(RuntimeError):
+    """The run cannot go on as configured (exit status 1; the checkpoint is kept for ``--resume``)."""
+
+
+class ClientFailure(RunFailure):
     """A client raised (or sent a rejected upload) and ``federation.on_client_error`` is ``raise``."""
 
 
@@ -65,6 +76,7 @@ class Simulation:
         cfg: the resolved run configuration.
         callbacks: extra Fabric callbacks (objects with hook methods such as ``on_round_end``).
         resume: continue from ``cfg.run_dir/checkpoints`` instead of starting afresh.
+        loggers: Fabric loggers (default: those the config asks for).
 
     Example:
         >>> summary = Simulation(cfg=load_config("conf/quickstart.yaml")).run()
@@ -75,6 +87,7 @@ class Simulation:
         from fl_lightning.callbacks import default_callbacks, default_loggers
 
         ALGORITHMS[cfg.algorithm].preflight(cfg)  # fail in seconds, before Fabric prints or launches anything
+        self.launcher = check_launcher(cfg.federation.devices, cfg.federation.num_nodes)
         self.cfg, self.resume = cfg, resume
         self.run_dir = cfg.run_dir
         self.ckpt_dir = self.run_dir / "checkpoints"
@@ -102,169 +115,195 @@ class Simulation:
         algorithm.setup(env)
         return algorithm, env
 
-    def _gather(self, obj: Any) -> list[Any]:
-        if self.fabric.world_size == 1:
-            return [obj]
-        out: list[Any] = [None] * self.fabric.world_size
-        dist.all_gather_object(out, obj)
-        return out
+    def _restore(self, algorithm: Algorithm) -> RunState:
+        """The run so far: fresh, or the checkpointed RunState when resuming (restored on every rank)."""
+        server_ckpt = self.ckpt_dir / "server.pt"
+        if not (self.resume and server_ckpt.exists()):
+            return RunState(state=algorithm.initial_state())
+        run = RunState.from_state_dict(safe_load(server_ckpt))
+        if run.completed_rounds > algorithm.num_rounds:
+            raise ConfigError("federation.rounds", self.cfg.federation.rounds,
+                              f"at least the {run.completed_rounds} rounds this run has already completed")
+        algorithm.load_state(run.state)
+        return run
 
-    def _partial_path(self, round_idx: int, rank: int) -> Path:
-        return self.ckpt_dir / f"round{round_idx:04d}_rank{rank}.pt"
-
-    def _load_partial(self, round_idx: int) -> dict[str, dict]:
-        done: dict[str, dict] = {"uploads": {}, "failures": {}, "compute_s": {}, "bytes_down": {}}
-        for path in sorted(self.ckpt_dir.glob(f"round{round_idx:04d}_rank*.pt")):
-            part = safe_load(path)
-            for key in done:
-                done[key].update(part[key])
-        return done
+    def _drop_stale_rounds(self, next_round: int) -> None:
+        """Records of any round other than the one to run next are from an abandoned start: remove them."""
+        for folder in self.ckpt_dir.glob("round*"):
+            if folder.is_dir() and folder.name != f"round{next_round:04d}":
+                RoundStore(self.ckpt_dir, int(folder.name[5:])).clear()
 
     # -------------------------------------------------------------------------------------- run
     def run(self) -> dict[str, Any]:
         fabric, cfg = self.fabric, self.cfg
-        fabric.launch()
+        if self.launcher != "fabric run":  # Fabric's CLI has created and set up the processes already
+            fabric.launch()
         seed_everything(cfg.seed, verbose=False)
         algorithm, env = self._setup()
         rank, world = fabric.global_rank, fabric.world_size
         assignment = assign_clients([len(p) for p in env.partition], world)
-
-        start_round, state, rows = 0, algorithm.initial_state(), []
-        history = RoundHistory(metrics=rows)
-        totals = {"bytes_up": 0, "bytes_down": 0, "wall_time_s": 0.0}
-        failed_clients: dict[str, str] = {}
-        per_class: list[float] | None = None
-        server_ckpt = self.ckpt_dir / "server.pt"
-        if self.resume and server_ckpt.exists():
-            saved = safe_load(server_ckpt)
-            start_round, state, rows = saved["round"] + 1, saved["state"], saved["rows"]
-            history = RoundHistory(saved["client_compute_s"], saved["round_s"], rows)
-            totals, failed_clients = saved["totals"], saved["failed_clients"]
-            per_class = saved["per_class_accuracy"]
-            if start_round > algorithm.num_rounds:
-                raise ConfigError("federation.rounds", cfg.federation.rounds,
-                                  f"at least the {start_round} rounds this run has already completed")
+        run = self._restore(algorithm)
         if rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._drop_stale_rounds(run.completed_rounds if self.resume else -1)
             write_text_atomic(self.run_dir / "config.yaml", dump_config(cfg))
             counts = client_class_counts(env.splits.train_targets, env.partition, env.num_classes)
             write_partition_report(counts, env.splits.classes, self.run_dir)
+        fabric.barrier()
         fabric.call("on_run_start", cfg=cfg, env=env, run_dir=self.run_dir)
-        run_start = time.monotonic() - totals["wall_time_s"]
+        run_start = time.monotonic() - run.wall_time_s
 
-        for round_idx in range(start_round, algorithm.num_rounds):
+        for round_idx in range(run.completed_rounds, algorithm.num_rounds):
             round_start = time.monotonic()
+            store = RoundStore(self.ckpt_dir, round_idx)
             clients = sample_clients(cfg.partition.num_clients, cfg.federation.client_fraction,
                                      seed=cfg.federation.sampling_seed, round_idx=round_idx)
             fabric.call("on_round_start", round_idx=round_idx, clients=clients)
 
-            # plan: the server decides once; every rank receives the same downloads
-            downloads = algorithm.plan(round_idx, clients, state, history) if rank == 0 else None
-            downloads = fabric.broadcast(downloads, src=0) if world > 1 else downloads
+            # plan: the server decides once (a resumed round keeps its checkpointed plan); every rank receives it
+            plan = self._plan(algorithm, store, round_idx, clients, run)
 
-            # client updates on this rank, then transport: everything reaches the server, in client order
-            results = self._client_phase(algorithm, env, round_idx, [c for c in assignment[rank] if c in clients],
-                                         downloads)
-            self._raise_on_failure(round_idx, results["failures"])
-            uploads = {c: Upload.from_state_dict(results["uploads"][c]) for c in sorted(results["uploads"])}
-            failures = dict(sorted(results["failures"].items()))
+            # client updates on this rank (each leaves a record), then transport: the records reach the server
+            sampled = set(plan.downloads)
+            result = self._client_phase(algorithm, env, store, round_idx, [c for c in assignment[rank] if c in sampled],
+                                        plan)
+            self._check_failures(round_idx, result)
 
-            # aggregate + evaluate: once, on the server; the new state reaches every rank
+            # aggregate + evaluate: once, on the server, reading the uploads in client order; the new state
+            # reaches every rank
             row: dict[str, Any] = {}
             if rank == 0:
-                state = algorithm.aggregate(round_idx, state, uploads, failures)
-                row = {"round": round_idx, **algorithm.evaluate(state)}
+                run.state = algorithm.aggregate(round_idx, run.state, store.uploads(result.succeeded),
+                                                result.failures, plan)
+                row = {"round": round_idx, **algorithm.evaluate(run.state)}
             if world > 1:
-                state, row = fabric.broadcast((state, row), src=0)
+                run.state, row = fabric.broadcast((run.state, row), src=0)
 
-            bytes_up = sum(u.num_bytes for u in uploads.values())
-            bytes_down = sum(results["bytes_down"].values())
-            totals["bytes_up"] += bytes_up
-            totals["bytes_down"] += bytes_down
-            failed_clients.update({str(c): f"round {round_idx}: {m}" for c, m in failures.items()})
-            history.client_compute_s.update(results["compute_s"])
-            history.round_s.append(time.monotonic() - round_start)
-            totals["wall_time_s"] = time.monotonic() - run_start
-            row.update({"clients": len(clients), "failed": len(failures), "bytes_up_round": bytes_up,
-                        "bytes_down_round": bytes_down, "bytes_up": totals["bytes_up"],
-                        "bytes_down": totals["bytes_down"], "round_time_s": history.round_s[-1],
-                        "client_compute_s_max": max(results["compute_s"].values(), default=0.0),
-                        **algorithm.round_extras(round_idx, state)})
-            per_class = row.pop("per_class_accuracy", None)
-            rows.append(row)
-            fabric.call("on_round_end", round_idx=round_idx, metrics=row, results=results, history=history)
+            self._record_round(algorithm, run, round_idx, row, result, round_start, run_start)
+            fabric.call("on_round_end", round_idx=round_idx, metrics=row, results=result, history=run.history)
             fabric.log_dict({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=round_idx)
             if rank == 0:
-                write_metrics_csv(self.run_dir / "metrics.csv", rows)
-                atomic_save({"round": round_idx, "state": {k: v.cpu() for k, v in state.items()}, "rows": rows,
-                             "client_compute_s": history.client_compute_s, "round_s": history.round_s,
-                             "totals": totals, "failed_clients": failed_clients,
-                             "per_class_accuracy": per_class}, server_ckpt)
+                write_metrics_csv(self.run_dir / "metrics.csv", run.rows)
+                atomic_save(run.state_dict(), self.ckpt_dir / "server.pt")
             fabric.barrier()
             if rank == 0:
-                for path in self.ckpt_dir.glob(f"round{round_idx:04d}_rank*.pt"):
-                    path.unlink()
+                store.clear()
 
-        summary = self._summary(algorithm, state, rows, totals, failed_clients, per_class)
+        summary = self._summary(algorithm, run)
         fabric.call("on_run_end", summary=summary, run_dir=self.run_dir)
         for logger in fabric.loggers:  # flush W&B / TensorBoard now, not at interpreter exit
             logger.finalize("success")
         return summary
 
-    def _client_phase(self, algorithm: Algorithm, env: Environment, round_idx: int, my_clients: list[int],
-                      downloads: dict[int, Download]) -> dict[str, dict]:
-        """Run this rank's clients of the round (skipping those a checkpoint already holds), checkpoint
-        after each, and gather every rank's results: {"uploads", "failures", "compute_s", "bytes_down"}."""
-        rank = self.fabric.global_rank
-        done = self._load_partial(round_idx)  # empty unless resuming mid-round
-        mine: dict[str, dict] = {"uploads": {}, "failures": {}, "compute_s": {}, "bytes_down": {}}
-        for client_idx in my_clients:
-            if client_idx in done["uploads"] or client_idx in done["failures"]:
-                continue
-            self._run_client(algorithm, env, round_idx, client_idx, downloads[client_idx], mine)
-            atomic_save(mine, self._partial_path(round_idx, rank))
-        if rank == 0:  # results restored from a checkpoint enter the gather once
-            mine = {key: {**done[key], **mine[key]} for key in mine}
-        parts = self._gather(mine)
-        return {key: {c: v for part in parts for c, v in part[key].items()} for key in mine}
+    # ------------------------------------------------------------------------------------ phases
+    def _plan(self, algorithm: Algorithm, store: RoundStore, round_idx: int, clients: list[int],
+              run: RunState) -> RoundPlan:
+        plan = None
+        if self.fabric.global_rank == 0:
+            plan = store.load_plan() if self.resume else None
+            if plan is None:
+                plan = algorithm.plan(round_idx, clients, run.state, run.history)
+                store.save_plan(plan)
+        return self.fabric.broadcast(plan, src=0) if self.fabric.world_size > 1 else plan
 
-    def _raise_on_failure(self, round_idx: int, failures: dict[int, str]) -> None:
-        """``on_client_error: raise`` stops the run on the first failed client (the checkpoint stays)."""
-        if failures and self.cfg.federation.on_client_error == "raise":
-            c = min(failures)
-            raise ClientFailure(f"client {c} failed in round {round_idx}: {failures[c]} "
-                                f"(checkpoint kept in {self.ckpt_dir}; set federation.on_client_error: skip "
-                                f"to aggregate the others)")
+    def _client_phase(self, algorithm: Algorithm, env: Environment, store: RoundStore, round_idx: int,
+                      my_clients: list[int], plan: RoundPlan) -> RoundResult:
+        """Run this rank's clients of the round (those without a record yet), record each, and gather every
+        rank's records (small numbers only) to rank 0. Other ranks return their own records."""
+        mine = RoundResult()
+        for client_idx in my_clients:
+            if self.resume and store.has_client(client_idx):  # finished before the interruption
+                mine.records[client_idx] = store.load_client(client_idx)[0]
+                continue
+            record, upload = self._run_client(algorithm, env, round_idx, client_idx, plan)
+            store.save_client(client_idx, record, upload)
+            mine.records[client_idx] = record
+            self.fabric.call("on_client_end", round_idx=round_idx, client=client_idx, compute_s=record.compute_s,
+                             failed=record.failure is not None)
+        if self.fabric.world_size == 1:
+            return mine
+        parts: list[Any] = [None] * self.fabric.world_size if self.fabric.global_rank == 0 else None
+        dist.gather_object(mine.records, parts, dst=0)  # to the server only: O(clients) small numbers
+        if self.fabric.global_rank != 0:
+            return mine
+        return RoundResult({c: r for part in parts for c, r in part.items()})
 
     def _run_client(self, algorithm: Algorithm, env: Environment, round_idx: int, client_idx: int,
-                    download: Download, out: dict[str, dict]) -> None:
+                    plan: RoundPlan) -> tuple[ClientRecord, Upload | None]:
         fabric, cfg = self.fabric, self.cfg
+        download = plan.downloads[client_idx]
         fabric.call("on_client_start", round_idx=round_idx, client=client_idx)
         torch.manual_seed(client_seed(cfg.seed, round_idx, client_idx))
         start = time.monotonic()
-        out["bytes_down"][client_idx] = download.num_bytes
+        upload, failure = None, None
         try:
             upload = algorithm.client_update(round_idx, env.client(client_idx), download.to(fabric.device))
             check_upload(upload, algorithm.expected_shapes(round_idx, download))
-            out["uploads"][client_idx] = upload.state_dict()
         except Exception as err:  # noqa: BLE001 — recorded; the on_client_error policy decides after the gather
-            out["failures"][client_idx] = f"{type(err).__name__}: {err}"
-        out["compute_s"][client_idx] = time.monotonic() - start
-        fabric.call("on_client_end", round_idx=round_idx, client=client_idx,
-                    compute_s=out["compute_s"][client_idx], failed=client_idx in out["failures"])
+            upload, failure = None, f"{type(err).__name__}: {err}"
+        record = ClientRecord(compute_s=time.monotonic() - start, bytes_down=download.num_bytes,
+                              bytes_up=upload.num_bytes if upload is not None else 0, failure=failure)
+        return record, upload
 
-    def _summary(self, algorithm: Algorithm, state: State, rows: list[dict], totals: dict,
-                 failed_clients: dict[str, str], per_class: list[float] | None) -> dict[str, Any]:
-        cfg, last = self.cfg, rows[-1] if rows else {}
+    def _check_failures(self, round_idx: int, result: RoundResult) -> None:
+        """Stop the run (checkpoint kept) when a client failed under ``on_client_error: raise``, or fewer than
+        ``federation.min_clients`` succeeded; decided on the server, raised on every rank."""
+        message = None
+        if self.fabric.global_rank == 0:
+            message = self._failure_message(round_idx, result)
+        if self.fabric.world_size > 1:
+            message = self.fabric.broadcast(message, src=0)
+        if message is not None:
+            kind, text = message
+            raise (ClientFailure if kind == "client" else RunFailure)(text)
+
+    def _failure_message(self, round_idx: int, result: RoundResult) -> tuple[str, str] | None:
+        failures, f = result.failures, self.cfg.federation
+        where = f"checkpoint kept in {self.ckpt_dir}"
+        if failures and f.on_client_error == "raise":
+            c = min(failures)
+            return "client", (f"client {c} failed in round {round_idx}: {failures[c]} ({where}; set "
+                              f"federation.on_client_error: skip to aggregate the others)")
+        ok = len(result.succeeded)
+        if ok < f.min_clients:
+            shown = "; ".join(f"client {c}: {m}" for c, m in list(failures.items())[:3])
+            more = f" (and {len(failures) - 3} more)" if len(failures) > 3 else ""
+            return "run", (f"round {round_idx}: {ok} of {len(result.records)} clients succeeded, fewer than "
+                           f"federation.min_clients={f.min_clients}; {shown}{more} ({where})")
+        return None
+
+    def _record_round(self, algorithm: Algorithm, run: RunState, round_idx: int, row: dict[str, Any],
+                      result: RoundResult, round_start: float, run_start: float) -> None:
+        """Totals, history and the metrics row of a finished round (identical on every rank)."""
+        if self.fabric.world_size > 1:  # the small per-client numbers, for every rank's history and callbacks
+            result = self.fabric.broadcast(result, src=0)
+        bytes_up, bytes_down = result.bytes_up, sum(result.bytes_down.values())
+        run.bytes_up += bytes_up
+        run.bytes_down += bytes_down
+        run.failed_clients.update({str(c): f"round {round_idx}: {m}" for c, m in result.failures.items()})
+        run.history.client_compute_s.update(result.compute_s)
+        run.history.round_s.append(time.monotonic() - round_start)
+        run.wall_time_s = time.monotonic() - run_start
+        run.completed_rounds = round_idx + 1
+        row.update({"clients": len(result.records), "failed": len(result.failures), "bytes_up_round": bytes_up,
+                    "bytes_down_round": bytes_down, "bytes_up": run.bytes_up, "bytes_down": run.bytes_down,
+                    "round_time_s": run.history.round_s[-1],
+                    "client_compute_s_max": max(result.compute_s.values(), default=0.0),
+                    **algorithm.round_extras(round_idx, run.state)})
+        run.per_class_accuracy = row.pop("per_class_accuracy", None)
+        run.rows.append(row)
+
+    def _summary(self, algorithm: Algorithm, run: RunState) -> dict[str, Any]:
+        cfg, last = self.cfg, run.rows[-1] if run.rows else {}
         summary = {
             "algorithm": cfg.algorithm, "dataset": cfg.data.name, "num_clients": cfg.partition.num_clients,
-            "alpha": cfg.partition.alpha, "seed": cfg.seed, "rounds": len(rows),
+            "alpha": cfg.partition.alpha, "seed": cfg.seed, "rounds": len(run.rows),
             "accuracy": last.get("accuracy"), "loss": last.get("loss"),
-            "bytes_up": totals["bytes_up"], "bytes_down": totals["bytes_down"],
-            "bytes_up_per_client": totals["bytes_up"] / max(cfg.partition.num_clients, 1),
-            "wall_time_s": totals["wall_time_s"], "world_size": self.fabric.world_size,
-            "failed_clients": failed_clients, "per_class_accuracy": per_class,
-            **algorithm.summary_extras(state),
+            "bytes_up": run.bytes_up, "bytes_down": run.bytes_down,
+            "bytes_up_per_client": run.bytes_up / max(cfg.partition.num_clients, 1),
+            "wall_time_s": run.wall_time_s, "world_size": self.fabric.world_size,
+            "failed_clients": run.failed_clients, "per_class_accuracy": run.per_class_accuracy,
+            **algorithm.summary_extras(run.state),
         }
         if self.fabric.global_rank == 0:
             write_summary(self.run_dir / "summary.json", summary)

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-import fl_lightning.algorithms  # noqa: F401 — registers the methods
 from fl_lightning.algorithms.fedisyn import FeDiSyn
-from fl_lightning.algorithms.fedisyn_system import RoundPlan
+from fl_lightning.algorithms.fedisyn.planning import SystemPlan
 from fl_lightning.config import load_config
 from fl_lightning.data.registry import build_dataset
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.simulation import Simulation, partition_for
-from fl_lightning.federation.transport import SCALAR_BYTES, Upload
+from fl_lightning.federation.algorithm import RoundPlan
+from fl_lightning.federation.transport import SCALAR_BYTES, Download, Upload
 from tests.conftest import CONF, StopAfterClients, run_cli
 
 TINY = CONF / "fedisyn_tiny.yaml"
@@ -108,17 +108,21 @@ def _client_upload(state, depth, n, seed):
     return Upload(tensors, {"num_samples": n})
 
 
-def _algorithm(plan_clients, depths):
+def _algorithm():
     algo = FeDiSyn(cfg=load_config(TINY))
     algo.num_blocks = 3
-    algo._plans = {1: RoundPlan(plan_clients, np.array(depths), np.ones(len(depths)), 2.5, np.ones(len(depths)))}
     return algo
+
+
+def _plan(plan_clients, depths):
+    system = SystemPlan(plan_clients, np.array(depths), np.ones(len(depths)), 2.5, np.ones(len(depths)))
+    return RoundPlan({c: Download() for c in plan_clients}, system.as_decisions())
 
 
 def test_lora_aggregation_is_per_block_over_the_devices_that_trained_it():
     state = _hand_state()
     ups = {0: _client_upload(state, 1, 1, 1), 1: _client_upload(state, 3, 2, 2), 2: _client_upload(state, 2, 3, 3)}
-    new = _algorithm([0, 1, 2], [1, 3, 2]).aggregate(1, state, ups, {})
+    new = _algorithm().aggregate(1, state, ups, {}, _plan([0, 1, 2], [1, 3, 2]))
     f64 = {c: {k: v.double().numpy() for k, v in u.tensors.items()} for c, u in ups.items()}
     key = "lora.blocks.{}.attn.qkv.lora_A.weight".format
     # block 0: only client 1 (depth 3); block 1: clients 1, 2; block 2: all three — data-size weights
@@ -137,7 +141,7 @@ def test_lora_aggregation_is_per_block_over_the_devices_that_trained_it():
 
 def test_blocks_nobody_trained_keep_their_global_value():
     state = _hand_state()
-    new = _algorithm([0, 1], [1, 3]).aggregate(1, state, {0: _client_upload(state, 1, 4, 1)}, {1: "crashed"})
+    new = _algorithm().aggregate(1, state, {0: _client_upload(state, 1, 4, 1)}, {1: "crashed"}, _plan([0, 1], [1, 3]))
     for block in (0, 1):
         key = f"lora.blocks.{block}.attn.qkv.lora_A.weight"
         assert torch.equal(new[key], state[key])
@@ -171,9 +175,9 @@ def test_food101_config_fails_offline_with_one_line(tmp_path):
 @pytest.mark.parametrize("override, key", [
     (["--fedisyn.synthetic_lambda", "null"], "fedisyn.scaling_kappa"),
     (["--fedisyn.scaling_kappa", "[1, 2]"], "fedisyn.scaling_kappa"),
-    (["--systems.devices", "[jetson_nano]"], "systems.devices"),
-    (["--systems.profiles", "{jetson_orin_nx: {speed: 2}}"], "systems.profiles.jetson_orin_nx"),
-    (["--lora.alpha", "0"], "lora.alpha"),
+    (["--fedisyn.systems.devices", "[jetson_nano]"], "fedisyn.systems.devices"),
+    (["--fedisyn.systems.profiles", "{jetson_orin_nx: {speed: 2}}"], "fedisyn.systems.profiles.jetson_orin_nx"),
+    (["--fedisyn.lora.alpha", "0"], "fedisyn.lora.alpha"),
 ])
 def test_bad_fedisyn_settings_name_their_key(override, key):
     with pytest.raises(ConfigError) as err:

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from fl_lightning.algorithms.fedisyn_system import client_profiles, fit_host_times, plan_round
-from fl_lightning.config import SystemsConfig
+from fl_lightning.algorithms.fedisyn.planning import client_profiles, fit_host_times, plan_round
+from fl_lightning.algorithms.fedisyn.config import SystemsConfig
 
 
 def test_fit_host_times_recovers_forward_and_backward_times():

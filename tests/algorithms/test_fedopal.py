@@ -7,7 +7,6 @@ import pytest
 import torch
 from lightning.fabric import seed_everything
 
-import fl_lightning.algorithms  # noqa: F401
 from fl_lightning.algorithms.common import frozen_backbone
 from fl_lightning.config import load_config
 from fl_lightning.data.registry import build_dataset
@@ -55,7 +54,7 @@ def _ridge(h, y, lam):
 @pytest.mark.parametrize("clients, alpha", [(1, "0.1"), (4, "0.1"), (7, "inf"), (5, "0.01")])
 def test_afl_equals_centralized_ridge(tmp_path, clients, alpha):
     cfg = _cfg(tmp_path, "--algorithm", "afl", "--partition.num_clients", str(clients), "--partition.alpha", alpha,
-               "--analytic.lam", "0.1")
+               "--afl.lam", "0.1")
     summary = Simulation(cfg=cfg, loggers=[]).run()
     W = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]["W"].numpy()
     h, y = _centralized_features(cfg)
@@ -65,7 +64,7 @@ def test_afl_equals_centralized_ridge(tmp_path, clients, alpha):
 
 
 def test_per_client_regularization_convention(tmp_path):
-    cfg = _cfg(tmp_path, "--algorithm", "afl", "--analytic.lam", "0.5", "--analytic.regularization", "per_client")
+    cfg = _cfg(tmp_path, "--algorithm", "afl", "--afl.lam", "0.5", "--afl.regularization", "per_client")
     Simulation(cfg=cfg, loggers=[]).run()
     W = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]["W"].numpy()
     h, y = _centralized_features(cfg)
@@ -78,7 +77,7 @@ def test_no_training_fedopal_statistics_equal_afl_with_p_init(tmp_path):
     Simulation(cfg=cfg, loggers=[]).run()
     state = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
     h, y = _centralized_features(cfg, prompts=state["prompts"])
-    np.testing.assert_allclose(state["W"].numpy(), _ridge(h, y, cfg.analytic.lam), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(state["W"].numpy(), _ridge(h, y, cfg.method.lam), rtol=1e-6, atol=1e-8)
 
 
 def test_growing_mu_pulls_prompts_to_p_init(tmp_path):
@@ -99,7 +98,7 @@ def test_restat_global_solves_on_the_inference_features(tmp_path):
     assert summary["rounds"] == 2
     state = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
     h, y = _centralized_features(cfg, prompts=state["prompts"])
-    np.testing.assert_allclose(state["W"].numpy(), _ridge(h, y, cfg.analytic.lam), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(state["W"].numpy(), _ridge(h, y, cfg.method.lam), rtol=1e-6, atol=1e-8)
     rows = (cfg.run_dir / "metrics.csv").read_text().splitlines()
     assert len(rows) == 3  # round 0 = the faithful FedOPAL result, round 1 = restat
 

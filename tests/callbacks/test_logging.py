@@ -1,6 +1,5 @@
 """W&B (offline, no network) and TensorBoard receive the run; metrics.csv is always written."""
 
-import fl_lightning.algorithms  # noqa: F401
 from fl_lightning.config import load_config
 from fl_lightning.federation.simulation import Simulation
 from tests.conftest import CONF

@@ -6,7 +6,6 @@ import math
 import pytest
 import torch
 
-import fl_lightning.algorithms  # noqa: F401 — registers the methods
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.config import load_config
 from fl_lightning.federation.algorithm import register
@@ -49,7 +48,7 @@ def test_run_folder_contract_and_determinism(tmp_path):
     assert summary["bytes_down"] == 2 * 4 * (10 * 32 + 10) * 4
     rows = (run / "metrics.csv").read_text().splitlines()
     assert len(rows) == 3 and rows[0].startswith("round,accuracy,loss")
-    assert not list((run / "checkpoints").glob("round*_rank*.pt"))  # partial checkpoints cleaned up
+    assert not list((run / "checkpoints").glob("round*"))  # the records of finished rounds are cleaned up
 
 
 def test_resume_mid_round_equals_uninterrupted(tmp_path):
@@ -58,7 +57,9 @@ def test_resume_mid_round_equals_uninterrupted(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         Simulation(cfg=cfg, loggers=[], callbacks=[StopAfterClients(6)]).run()  # round 1, 2 of 4 clients done
     ckpts = sorted(p.name for p in (cfg.run_dir / "checkpoints").iterdir())
-    assert "server.pt" in ckpts and any(n.startswith("round0001_rank0") for n in ckpts)
+    assert "server.pt" in ckpts and "round0001" in ckpts
+    records = sorted(p.name for p in (cfg.run_dir / "checkpoints" / "round0001").iterdir())
+    assert records == ["client000000.pt", "client000001.pt", "plan.pt"]  # round 1: 2 of 4 clients done
     resumed = Simulation(cfg=cfg, loggers=[], resume=True).run()
     assert _comparable(resumed) == _comparable(full)
     for k, v in _state(cfg).items():
@@ -77,16 +78,14 @@ class _Faulty(FedAvg):
 
 
 def test_client_error_raise_names_client_and_keeps_checkpoint(tmp_path):
-    cfg = _cfg(tmp_path)
-    cfg.algorithm = "test_faulty"
+    cfg = _cfg(tmp_path, "--algorithm", "test_faulty")
     with pytest.raises(ClientFailure, match=r"client 1 failed in round 0: RuntimeError: boom"):
         Simulation(cfg=cfg, loggers=[]).run()
-    assert list((cfg.run_dir / "checkpoints").glob("round0000_rank0.pt"))
+    assert len(list((cfg.run_dir / "checkpoints" / "round0000").glob("client*.pt"))) == 4
 
 
 def test_client_error_skip_records_failures_and_aggregates_rest(tmp_path):
-    cfg = _cfg(tmp_path, "--federation.on_client_error", "skip")
-    cfg.algorithm = "test_faulty"
+    cfg = _cfg(tmp_path, "--federation.on_client_error", "skip", "--algorithm", "test_faulty")
     summary = Simulation(cfg=cfg, loggers=[]).run()
     assert set(summary["failed_clients"]) == {"1", "2"}
     assert "boom" in summary["failed_clients"]["1"] and "non-finite" in summary["failed_clients"]["2"]

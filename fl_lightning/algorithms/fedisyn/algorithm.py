@@ -28,6 +28,7 @@ clock ``sys.clock`` (H_gene, H_pre, Σ H^t), λ, the synthetic volume and the la
 from __future__ import annotations
 
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -36,19 +37,28 @@ import torch.nn.functional as F
 from lightning.fabric import Fabric
 
 from fl_lightning.algorithms.common import evaluate_on_test
-from fl_lightning.algorithms.fedisyn_synthesis import synthesise_and_pretrain
-from fl_lightning.algorithms.fedisyn_system import (
-    RoundPlan,
+from fl_lightning.algorithms.fedisyn.config import UNUSED_CORE_KEYS, FeDiSynConfig
+from fl_lightning.algorithms.fedisyn.planning import (
+    SystemPlan,
     client_profiles,
     estimate_contributions,
     fit_host_times,
     plan_round,
 )
+from fl_lightning.algorithms.fedisyn.synthesis_step import synthesise_and_pretrain
 from fl_lightning.callbacks.contribution import GradientContribution
-from fl_lightning.errors import MissingResourceError
+from fl_lightning.errors import ConfigError, MissingResourceError
 from fl_lightning.federation.aggregate import layerwise_average, weighted_average
-from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundHistory, State, register
-from fl_lightning.federation.checkpoint import safe_load
+from fl_lightning.federation.algorithm import (
+    Algorithm,
+    Client,
+    Environment,
+    InputSpec,
+    RoundHistory,
+    RoundPlan,
+    State,
+    register,
+)
 from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
@@ -74,7 +84,10 @@ def _with(prefix: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tens
 
 @register("fedisyn")
 class FeDiSyn(Algorithm):
-    """FeDiSyn on the federation engine (see the module docstring for the rounds and the State)."""
+    """FeDiSyn on the federation engine (see the module docstring for the rounds and the State, and
+    :mod:`~fl_lightning.algorithms.fedisyn.config` for the core keys it uses and those it does not)."""
+
+    config_class = FeDiSynConfig
 
     # ------------------------------------------------------------------------------------- set-up
     @property
@@ -84,7 +97,7 @@ class FeDiSyn(Algorithm):
     @classmethod
     def preflight(cls, cfg: Any) -> None:
         """Every local resource FeDiSyn needs, checked at once (one line listing what is missing)."""
-        f = cfg.fedisyn
+        f = cfg.method
         missing = []
         if f.diffusion_path is not None and not Path(f.diffusion_path).expanduser().is_dir():
             missing.append(f"fedisyn.diffusion_path={f.diffusion_path} (Stable Diffusion v1-5 diffusers folder)")
@@ -98,7 +111,7 @@ class FeDiSyn(Algorithm):
                                        + " — copy them there (nothing is downloaded) or change the paths")
 
     def build(self, fabric: Fabric) -> None:
-        f = self.cfg.fedisyn
+        f = self.config
         self.fabric = fabric
         self.components = (load_diffusion(f.diffusion_path) if f.diffusion_path is not None
                            else tiny_diffusion_components(seed=self.cfg.seed, image_size=f.vae_image_size))
@@ -107,8 +120,8 @@ class FeDiSyn(Algorithm):
     def input_spec(self) -> InputSpec:
         import timm
 
-        pre = timm.models.get_pretrained_cfg(self.cfg.fedisyn.pretrain_model)
-        size = self.cfg.data.image_size or self.cfg.fedisyn.pretrain_overrides.get("img_size") or pre.input_size[-1]
+        pre = timm.models.get_pretrained_cfg(self.config.pretrain_model)
+        size = self.cfg.data.image_size or self.config.pretrain_overrides.get("img_size") or pre.input_size[-1]
         self.spec = InputSpec(int(size), "imagenet", tuple(pre.mean), tuple(pre.std))
         return self.spec
 
@@ -117,17 +130,20 @@ class FeDiSyn(Algorithm):
         import timm
 
         super().setup(env)
-        f, lora = self.cfg.fedisyn, self.cfg.lora
+        f, lora = self.config, self.config.lora
         vit = timm.create_model(f.pretrain_model, pretrained=False, num_classes=env.num_classes,
                                 **f.pretrain_overrides)
         spec = LoraSpec(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
                         target_modules=tuple(lora.target_modules))
         self.module = self.fabric.to_device(LoRAClassifier(backbone=vit, spec=spec, lr=f.finetune_lr))
         self.num_blocks = self.module.num_blocks
-        self.profiles = client_profiles(self.cfg.systems, self.cfg.partition.num_clients)
+        systems = self.config.systems
+        if systems.depth_policy == "fixed" and systems.fixed_depth > self.num_blocks:
+            raise ConfigError("fedisyn.systems.fixed_depth", systems.fixed_depth,
+                              f"an int in [1, {self.num_blocks}] (the blocks of {f.pretrain_model})")
+        self.profiles = client_profiles(systems, self.cfg.partition.num_clients)
         self.contribution = GradientContribution()
         self._backbone_loaded = False
-        self._plans: dict[int, RoundPlan] = {}
 
     def _backbone_keys(self) -> dict[str, str]:
         """Plain timm key → key in the LoRA-wrapped model, for every non-LoRA, non-head weight."""
@@ -145,11 +161,13 @@ class FeDiSyn(Algorithm):
         self._backbone_loaded = True
 
     def _ensure_backbone(self, tensors: dict[str, torch.Tensor]) -> None:
-        if self._backbone_loaded:
-            return
-        if not any(k.startswith(_BACKBONE) for k in tensors):  # a resumed rank: read the server's checkpointed State
-            tensors = safe_load(self.env.run_dir / "checkpoints" / "server.pt")["state"]
-        self._load_backbone(tensors)
+        if not self._backbone_loaded:
+            self._load_backbone(tensors)
+
+    def load_state(self, state: State) -> None:
+        """A resumed rank: the pre-trained backbone reached it in round 1's download, so restore it here."""
+        if any(k.startswith(_BACKBONE) for k in state):
+            self._load_backbone(state)
 
     def initial_state(self) -> State:
         N, L = self.cfg.partition.num_clients, self.num_blocks
@@ -163,27 +181,27 @@ class FeDiSyn(Algorithm):
                 "sys.round_time": torch.tensor(0.0, dtype=torch.float64)}
 
     # ------------------------------------------------------------------------------------- plan
-    def plan(self, round_idx: int, clients, state: State, history: RoundHistory) -> dict[int, Download]:
+    def plan(self, round_idx: int, clients, state: State, history: RoundHistory) -> RoundPlan:
         if round_idx == 0:
-            return {c: Download() for c in clients}  # clients need nothing: they hold the SD VAE
+            return RoundPlan({c: Download() for c in clients})  # clients need nothing: they hold the SD VAE
         self._ensure_backbone(state)
         E = max(self.cfg.train.epochs, 1)
         sizes = np.array([len(p) for p in self.env.partition], dtype=np.float64)
         profiles = self.profiles
-        if self.cfg.systems.timing == "measured" and round_idx >= 2:
+        if self.config.systems.timing == "measured" and round_idx >= 2:
             depths = {int(c): int(x) for c, x in enumerate(state["sys.depths"].tolist()) if x > 0}
             fit = fit_host_times(history.client_compute_s, {c: sizes[c] * E for c in depths}, depths)
             if fit is not None:
                 profiles = measured_profiles(self.profiles, *fit)
         lora = _strip(_LORA, state)
-        plan = plan_round(self.cfg.systems, clients=clients, profiles=profiles, samples=sizes * E,
+        plan = plan_round(self.config.systems, clients=clients, profiles=profiles, samples=sizes * E,
                           contributions=estimate_contributions(state["sys.contrib"].numpy(),
                                                                state["sys.contrib_round"].numpy()),
                           layer_bits=float(lora_bits_per_layer(lora)), num_layers=self.num_blocks)
-        self._plans[round_idx] = plan
         model = {k: v for k, v in state.items() if k.startswith((_LORA, _HEAD))
                  or round_idx == 1 and k.startswith(_BACKBONE)}  # the full pre-trained model goes out once
-        return {c: Download(model, {"depth": int(x)}) for c, x in zip(plan.clients, plan.depths)}
+        return RoundPlan({c: Download(model, {"depth": int(x)}) for c, x in zip(plan.clients, plan.depths)},
+                         plan.as_decisions())
 
     # ------------------------------------------------------------------------------------ client
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
@@ -205,7 +223,7 @@ class FeDiSyn(Algorithm):
 
     def _synthesis_upload(self, client: Client, seed: int) -> Upload:
         """Step 1 on a client: images back to [0, 1] at the VAE's resolution → noised class latents."""
-        f, spec = self.cfg.fedisyn, self.spec
+        f, spec = self.config, self.spec
         mean = torch.tensor(spec.mean).view(1, 3, 1, 1)
         std = torch.tensor(spec.std).view(1, 3, 1, 1)
 
@@ -222,12 +240,12 @@ class FeDiSyn(Algorithm):
         return to_upload(uploads)
 
     # ---------------------------------------------------------------------------------- aggregate
-    def aggregate(self, round_idx: int, state: State, uploads: dict[int, Upload], failures: dict[int, str]) -> State:
+    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
+                  round_plan: RoundPlan) -> State:
         if round_idx == 0:
             return self._aggregate_synthesis(state, uploads)
-        if round_idx not in self._plans:
-            raise RuntimeError(f"round {round_idx} was not planned on this server")
-        plan = self._plans.pop(round_idx)
+        plan = SystemPlan.from_decisions(round_plan.decisions)
+        uploads = dict(uploads)  # LoRA blocks are averaged layer by layer over all uploads at once
         new = dict(state)
         if uploads:
             ups = [uploads[c] for c in sorted(uploads)]
@@ -251,8 +269,8 @@ class FeDiSyn(Algorithm):
                     "sys.round_time": torch.tensor(plan.round_time_s, dtype=torch.float64)})
         return new
 
-    def _aggregate_synthesis(self, state: State, uploads: dict[int, Upload]) -> State:
-        env, f = self.env, self.cfg.fedisyn
+    def _aggregate_synthesis(self, state: State, uploads: Mapping[int, Upload]) -> State:
+        env, f = self.env, self.config
         by_client = {c: from_upload(u) for c, u in uploads.items()}
         result = synthesise_and_pretrain(
             f, components=self.components, uploads_by_client=by_client, class_names=env.splits.classes,
@@ -295,6 +313,7 @@ class FeDiSyn(Algorithm):
                 **{f"simulated_{name}_s": float(v) for name, v in zip(_CLOCK, clock)},
                 "synthetic_images": int(state["sys.synthetic_images"]), "real_samples": int(state["sys.real_samples"]),
                 "lambda": float(state["sys.lambda"]),
-                "depth_policy": self.cfg.systems.depth_policy, "timing": self.cfg.systems.timing,
+                "depth_policy": self.config.systems.depth_policy, "timing": self.config.systems.timing,
+                "ignored_core_keys": list(UNUSED_CORE_KEYS),
                 "final_depths": [int(x) for x in state["sys.depths"].tolist()],
                 "num_blocks": int(self.num_blocks)}

@@ -48,7 +48,6 @@ class Calibration:
 def run_pilots(config: str | Path, lambdas: Sequence[float], *, output_dir: str | Path,
                overrides: Sequence[str] = ()) -> list[Path]:
     """Run ``config`` once per λ (in this process, W&B off); returns the run folders."""
-    import fl_lightning.algorithms  # noqa: F401 — registers the methods
     from fl_lightning.federation.simulation import Simulation
 
     runs = []

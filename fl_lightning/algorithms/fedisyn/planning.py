@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
+import torch
 from scipy.optimize import nnls
 
 from fl_lightning.callbacks.contribution import estimate_layer_contributions
-from fl_lightning.config import SystemsConfig
-from fl_lightning.errors import ConfigError
+from fl_lightning.algorithms.fedisyn.config import SystemsConfig
 from fl_lightning.systems.channel import ChannelConfig, device_spectral_efficiency
 from fl_lightning.systems.clc import (
     capacity_depths,
@@ -31,12 +31,15 @@ from fl_lightning.systems.clc import (
 )
 from fl_lightning.systems.devices import PAPER_TESTBED, PROFILES, DeviceProfile, profile_arrays
 
-__all__ = ["RoundPlan", "client_profiles", "fit_host_times", "estimate_contributions", "plan_round"]
+__all__ = ["SystemPlan", "client_profiles", "fit_host_times", "estimate_contributions", "plan_round"]
 
 
 @dataclass(frozen=True)
-class RoundPlan:
+class SystemPlan:
     """What the server decided for one LoRA round (arrays over the participating clients, in order).
+
+    It travels in the engine's :class:`~fl_lightning.federation.algorithm.RoundPlan` as its
+    ``decisions`` (:meth:`as_decisions` / :meth:`from_decisions`), checkpointed with the round.
 
     Args:
         clients: participating client indices.
@@ -51,6 +54,18 @@ class RoundPlan:
     bandwidth_hz: np.ndarray
     round_time_s: float
     compute_time_s: np.ndarray
+
+    def as_decisions(self) -> dict[str, object]:
+        """Checkpointable form (tensors and plain values) for ``RoundPlan.decisions``."""
+        return {"clients": list(self.clients), "depths": torch.as_tensor(self.depths, dtype=torch.int64),
+                "bandwidth_hz": torch.as_tensor(self.bandwidth_hz, dtype=torch.float64),
+                "round_time_s": float(self.round_time_s),
+                "compute_time_s": torch.as_tensor(self.compute_time_s, dtype=torch.float64)}
+
+    @classmethod
+    def from_decisions(cls, d: dict) -> SystemPlan:
+        return cls([int(c) for c in d["clients"]], d["depths"].numpy(), d["bandwidth_hz"].numpy(),
+                   float(d["round_time_s"]), d["compute_time_s"].numpy())
 
 
 def client_profiles(cfg: SystemsConfig, num_clients: int) -> list[DeviceProfile]:
@@ -101,7 +116,7 @@ def estimate_contributions(values: np.ndarray, measured_round: np.ndarray) -> np
 
 
 def plan_round(cfg: SystemsConfig, *, clients: Sequence[int], profiles: Sequence[DeviceProfile],
-               samples: np.ndarray, contributions: np.ndarray, layer_bits: float, num_layers: int) -> RoundPlan:
+               samples: np.ndarray, contributions: np.ndarray, layer_bits: float, num_layers: int) -> SystemPlan:
     """Depths, bandwidths and the round time H^t of one LoRA round.
 
     Args:
@@ -140,12 +155,12 @@ def plan_round(cfg: SystemsConfig, *, clients: Sequence[int], profiles: Sequence
         depths = np.minimum(full_depths(len(idx), num_layers), limits)
     elif cfg.depth_policy == "fixed":
         if cfg.fixed_depth > num_layers:
-            raise ConfigError("systems.fixed_depth", cfg.fixed_depth, f"an int in [1, {num_layers}] (model blocks)")
+            raise ValueError(f"fixed depth {cfg.fixed_depth} exceeds the model's {num_layers} blocks")
         depths = np.minimum(fixed_depths(len(idx), cfg.fixed_depth), limits)
     else:  # the config's Literal makes this unreachable
-        raise ConfigError("systems.depth_policy", cfg.depth_policy, "one of 'clc', 'capacity', 'full', 'fixed'")
+        raise ValueError(f"unknown depth policy {cfg.depth_policy!r}; expected clc, capacity, full or fixed")
     depths = np.asarray(depths, dtype=np.int64)
     bandwidth, round_time = depth_round_time(depths, **timing, layer_bits=layer_bits, spectral_efficiency=e,
                                              total_bandwidth_hz=cfg.total_bandwidth_hz)
     compute = D * (arrays["forward_time_s"] + depths * arrays["backward_time_per_layer_s"])
-    return RoundPlan([int(i) for i in idx], depths, bandwidth, float(round_time), compute)
+    return SystemPlan([int(i) for i in idx], depths, bandwidth, float(round_time), compute)

@@ -25,7 +25,7 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import Dataset
 
-from fl_lightning.config import FeDiSynConfig
+from fl_lightning.algorithms.fedisyn.config import FeDiSynConfig
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.algorithm import InputSpec

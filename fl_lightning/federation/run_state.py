@@ -1,0 +1,52 @@
+"""What the server carries from round to round, checkpointed as ``checkpoints/server.pt``.
+
+:class:`RunState` is the whole resumable state of a run between rounds: the global model state,
+the metrics rows so far, the history the planner reads, the traffic and time totals and the failed
+clients. ``state_dict()`` holds only tensors, numbers, strings, lists and dicts, so the checkpoint
+loads with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+from fl_lightning.federation.algorithm import RoundHistory
+
+__all__ = ["RunState"]
+
+
+@dataclass
+class RunState:
+    """The server's record of a run after ``completed_rounds`` rounds."""
+
+    state: dict[str, Tensor]  # the global model state (the Algorithm's State)
+    completed_rounds: int = 0
+    history: RoundHistory = field(default_factory=RoundHistory)  # per-client compute times, round times, metric rows
+    bytes_up: int = 0
+    bytes_down: int = 0
+    wall_time_s: float = 0.0
+    failed_clients: dict[str, str] = field(default_factory=dict)  # "client" → "round t: why"
+    per_class_accuracy: list[float] | None = None  # of the last evaluated round
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return self.history.metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"round": self.completed_rounds - 1, "state": {k: v.detach().cpu() for k, v in self.state.items()},
+                "rows": self.history.metrics, "client_compute_s": self.history.client_compute_s,
+                "round_s": self.history.round_s,
+                "totals": {"bytes_up": self.bytes_up, "bytes_down": self.bytes_down, "wall_time_s": self.wall_time_s},
+                "failed_clients": self.failed_clients, "per_class_accuracy": self.per_class_accuracy}
+
+    @classmethod
+    def from_state_dict(cls, saved: dict[str, Any]) -> RunState:
+        totals = saved["totals"]
+        return cls(state=dict(saved["state"]), completed_rounds=int(saved["round"]) + 1,
+                   history=RoundHistory(dict(saved["client_compute_s"]), list(saved["round_s"]), list(saved["rows"])),
+                   bytes_up=int(totals["bytes_up"]), bytes_down=int(totals["bytes_down"]),
+                   wall_time_s=float(totals["wall_time_s"]), failed_clients=dict(saved["failed_clients"]),
+                   per_class_accuracy=saved["per_class_accuracy"])
