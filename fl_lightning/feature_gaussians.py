@@ -12,7 +12,8 @@ The server adds them up (A^j, N^j, B, N = Σ_j N^j) and forms
     Σ   = (B − N μ μᵀ) / (N − 1)                    global (total) covariance, shared by all classes
 
 and the Gaussian classifier with a shared covariance (a linear discriminant), the official code's
-``eval``: with Σ̂ = Σ + γI (γ = 0 in every published run),
+``eval``: with Σ̂ = Σ + γ·(tr Σ / d)·I (the official code adds an absolute γI, γ = 0 in every
+published run; we scale γ by the mean eigenvalue so one value suits every backbone's feature scale),
 
     w_j = Σ̂⁻¹ μ^j,    b_j = −½ μ^jᵀ Σ̂⁻¹ μ^j + log(N^j / N),    logits_j(h) = w_jᵀ h + b_j.
 
@@ -41,6 +42,7 @@ Pure functions of tensors (float64 for the statistics); no configs, devices, fil
 from __future__ import annotations
 
 import math
+import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -124,16 +126,20 @@ def shared_covariance(R: Tensor, C: Tensor, counts: Tensor, *, covariance: str =
 def gaussian_classifier(means: Tensor, cov: Tensor, counts: Tensor, *, shrinkage: float = 0.0) -> tuple[Tensor, Tensor]:
     """Gaussian class-conditionals with a shared covariance → a linear head (FedCGS, official ``eval``).
 
-        W = Σ̂⁻¹ Mᵀ  (d, c),   b_j = −½ μ^jᵀ Σ̂⁻¹ μ^j + log(N^j / N),   Σ̂ = Σ + γ I.
+        W = Σ̂⁻¹ Mᵀ  (d, c),   b_j = −½ μ^jᵀ Σ̂⁻¹ μ^j + log(N^j / N),   Σ̂ = Σ + γ (tr Σ / d) I.
 
     Σ̂ is solved, never inverted (:func:`fl_lightning.analytic.solve_classifier`: Cholesky for γ > 0;
-    for γ = 0 the SVD least-squares solution, the minimum-norm one with a warning when Σ is singular).
+    for γ = 0 the SVD least-squares solution, the minimum-norm one when Σ is singular). Features
+    taken right after a LayerNorm (a ViT's CLS token without projection) lie in a hyperplane, so
+    their Σ is singular and W is then dominated by rounding noise: a ``RuntimeWarning`` says so when
+    λ_min(Σ̂) < 1e-10 λ_max(Σ̂); a small γ (1e-6) removes the problem.
     A class with N^j = 0 has prior 0: its column of W is 0 and its bias −inf (the Bayes rule never
     predicts it), where the official code would divide 0 by 0.
 
     Args:
         means: μ^j, (c, d).  cov: Σ, (d, d).  counts: N^j, (c,).
-        shrinkage: γ ≥ 0.
+        shrinkage: γ ≥ 0, relative to the mean eigenvalue tr Σ / d (the official code: an absolute
+            γ, always 0).
 
     Returns:
         ``(W, b)``: W (d, c), b (c,); logits = h W + b.
@@ -146,7 +152,14 @@ def gaussian_classifier(means: Tensor, cov: Tensor, counts: Tensor, *, shrinkage
     present = counts > 0
     if not bool(present.any()):
         raise ValueError("no class has a sample")
-    W = solve_classifier(cov, means.T, lam=shrinkage)  # (d, c) = Σ̂⁻¹ [μ^1 … μ^c]
+    lam = shrinkage * float(torch.diagonal(cov).sum()) / d
+    evals = torch.linalg.eigvalsh(cov)  # ascending
+    if float(evals[0]) + lam < 1e-10 * (float(evals[-1]) + lam):
+        warnings.warn(f"the shared covariance is (nearly) singular (eigenvalues {float(evals[0]):.3g} .. "
+                      f"{float(evals[-1]):.3g}); the head follows rounding noise along its null directions. "
+                      "Features after a LayerNorm lie in a hyperplane: use a small shrinkage (e.g. 1e-6)",
+                      RuntimeWarning, stacklevel=2)
+    W = solve_classifier(cov, means.T, lam=lam)  # (d, c) = Σ̂⁻¹ [μ^1 … μ^c]
     W[:, ~present] = 0
     n = counts.to(means.dtype)
     log_prior = torch.where(present, torch.log(n / n.sum()), torch.full_like(n, -math.inf))

@@ -3,6 +3,8 @@ scikit-learn), in float64 where the math is exact."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -57,7 +59,8 @@ def _federated_statistics(H: np.ndarray, y: np.ndarray, c: int, num_clients: int
 def _fedcgs_numpy(H: np.ndarray, y: np.ndarray, c: int, gamma: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """The official formula on pooled features: np.cov (total, ddof 1), class means, log priors."""
     M = np.stack([H[y == j].mean(axis=0) for j in range(c)])
-    S = np.cov(H, rowvar=False) + gamma * np.eye(H.shape[1])
+    S = np.cov(H, rowvar=False)
+    S = S + gamma * np.trace(S) / H.shape[1] * np.eye(H.shape[1])  # γ relative to the mean eigenvalue
     W = np.linalg.solve(S, M.T)
     b = -0.5 * np.einsum("jd,dj->j", M, W) + np.log(np.bincount(y, minlength=c) / len(y))
     return W, b
@@ -130,8 +133,24 @@ def test_singular_covariance_without_shrinkage_is_finite_with_a_warning():
     with pytest.warns(RuntimeWarning, match="singular"):
         W, b = gaussian_head(R, C, counts)
     assert torch.isfinite(W).all() and torch.isfinite(b).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gaussian_head(R, C, counts, shrinkage=1e-6)
     W_shrunk, _ = gaussian_head(R, C, counts, shrinkage=0.1)
     np.testing.assert_allclose(W_shrunk.numpy(), _fedcgs_numpy(H, y, 3, 0.1)[0], rtol=1e-8)
+
+
+def test_features_in_a_hyperplane_warn_and_small_shrinkage_fixes_them():
+    """LayerNorm-like features (each row centred) have a singular total covariance."""
+    H, y = _blobs(50, 6, 3, seed=18)
+    H = H - H.mean(axis=1, keepdims=True)
+    R, C, counts = _federated_statistics(H, y, 3, 3, seed=18)
+    with pytest.warns(RuntimeWarning, match="LayerNorm"):
+        gaussian_head(R, C, counts)
+    W, b = gaussian_head(R, C, counts, shrinkage=1e-6)
+    W_ref, b_ref = _fedcgs_numpy(H, y, 3, 1e-6)
+    np.testing.assert_allclose(W.numpy(), W_ref, rtol=1e-6)
+    np.testing.assert_allclose(b.numpy(), b_ref, rtol=1e-6)
 
 
 @pytest.mark.parametrize("bad", [dict(covariance="pooled"), dict(shrinkage=-1.0), dict(shrinkage=float("nan"))])

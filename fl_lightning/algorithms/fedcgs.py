@@ -1,0 +1,112 @@
+"""FedCGS (Guan, Zhou & Gu, AAAI 2025, "Capture Global Feature Statistics for One-Shot Federated
+Learning"; official code ``Yuqin-G/FedCGS``, ``main_fedcgs.py`` and ``utils_fl.eval``): one round,
+training-free, exact.
+
+Client i streams its data once through the frozen backbone and uploads its class feature sums
+A_i^j (as the columns of C_i = Σ h yᵀ, d × c), its class counts N_i^j and the second moment
+B_i = Σ h hᵀ (upper triangle, d(d+1)/2) — all float64 as in the official code. The server adds them
+and builds (:mod:`fl_lightning.feature_gaussians`)
+
+    μ^j = A^j / N^j,   Σ = (B − N μ μᵀ) / (N − 1)   (the *total* covariance, as the official code),
+    w_j = Σ̂⁻¹ μ^j,   b_j = −½ μ^jᵀ Σ̂⁻¹ μ^j + log(N^j / N),   logits = hᵀ w_j + b_j,   Σ̂ = Σ + γ (tr Σ / d) I.
+
+All statistics are sums, so the head equals the one computed centrally on the pooled features of
+the same backbone: FedCGS's accuracy does not depend on the partition (α) or on the number of clients.
+
+Departures and options:
+- ``fedcgs.shrinkage`` γ: the official code has ``S + γI`` with γ = 0 in every run; we keep γ = 0 as
+  the default, scale γ by the mean eigenvalue tr Σ / d (one value for every backbone's feature
+  scale) and solve instead of inverting (``np.linalg.inv`` there). The official runs use ResNet
+  features; a ViT feature taken right after its final LayerNorm (timm CLS tokens, DINOv2) lies in a
+  hyperplane, so Σ is singular and γ = 0 gives a head that follows rounding noise — a warning says
+  so; use a small γ (1e-6) there. CLIP's projected features (``feature: proj``) do not have this
+  problem when the projection is narrower than the width.
+- ``fedcgs.covariance: within`` (beyond the paper): the class-centred (textbook LDA) covariance.
+- A class no client holds gets prior 0 (bias −inf) where the official code would divide 0 by 0.
+- The official code also uploads Σ h, which is the row sum of C; we do not send it twice.
+- The paper's personalisation round (clients download the global statistics) is not implemented.
+
+Backbone: ``model.*`` — any frozen backbone the framework builds (the official code uses an
+ImageNet ResNet-18's penultimate features; FedOPAL's comparison uses the frozen CLIP ViT-B/16 of
+``conf/afl_*.yaml``). Core keys not used: ``train.*`` (no training anywhere) and
+``federation.rounds`` (one round). Client memory is flat in its number of samples (streamed
+statistics, like AFL); the server folds the uploads one at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from fl_lightning.algorithms.afl import AFL
+from fl_lightning.config import check
+from fl_lightning.feature_gaussians import COVARIANCES, gaussian_head
+from fl_lightning.federation.algorithm import Client, RoundPlan, State, register
+from fl_lightning.federation.transport import Download, Upload
+
+__all__ = ["FedCGS", "FedCGSConfig"]
+
+
+@dataclass
+class FedCGSConfig:
+    covariance: Literal["total", "within"] = "total"  # the official code's total covariance
+    shrinkage: float = 0.0  # γ of Σ + γ(tr Σ/d)I: 0 as every published run (ViT LayerNorm features: 1e-6)
+    dtype: Literal["float64", "float32"] = "float64"  # accumulation and solve precision (official: float64)
+
+    def __post_init__(self) -> None:
+        check(self.covariance in COVARIANCES, "covariance", self.covariance, f"one of {COVARIANCES}")
+        check(self.shrinkage >= 0 and self.shrinkage != float("inf"), "shrinkage", self.shrinkage, "a finite float >= 0")
+
+
+@register("fedcgs")
+class FedCGS(AFL):
+    """AFL's streamed statistics plus class counts; a Gaussian discriminant head instead of ridge."""
+
+    config_class = FedCGSConfig
+
+    # -- client ----------------------------------------------------------------------------------
+    def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
+        stats = self.statistics(client)  # R = B_i, C = [A_i^1 … A_i^c], streamed
+        counts = torch.as_tensor(client.class_counts, dtype=torch.int64)  # N_i^j
+        if int(counts.sum()) != stats.N:
+            raise RuntimeError(f"client {client.index}: {stats.N} features but class counts sum to {int(counts.sum())}")
+        return Upload({"R_upper": stats.upper_triangle().cpu(), "C": stats.C.cpu(), "counts": counts},
+                      {"num_samples": int(stats.N)})
+
+    def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
+        return {**super().expected_shapes(round_idx, download), "counts": (self.env.num_classes,)}
+
+    # -- server ----------------------------------------------------------------------------------
+    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
+                  plan: RoundPlan) -> State:
+        counts = torch.zeros(self.env.num_classes, dtype=torch.int64)
+
+        def add_counts(upload: Upload) -> None:
+            counts.add_(upload.tensors["counts"])
+
+        total, _ = self.fold_statistics(round_idx, uploads, visit=add_counts)
+        W, b = gaussian_head(total.R, total.C, counts, covariance=self.config.covariance,
+                             shrinkage=self.config.shrinkage)
+        return {**state, "W": W, "b": b, "counts": counts}
+
+    def _logits(self, images: Tensor) -> Tensor:
+        with self.fabric.autocast():
+            h = self.model(images)
+        return (h.to(self._W.dtype) @ self._W + self._b).float()
+
+    def evaluate(self, state: State) -> dict[str, Any]:
+        self._b = state["b"].to(self.fabric.device)
+        return super().evaluate(state)  # sets self._W and runs the test split through _logits
+
+    def summary_extras(self, state: State) -> dict[str, Any]:
+        d, c = self.backbone.feature_dim, self.env.num_classes
+        item = torch.finfo(self._dtype).bits // 8
+        return {**super().summary_extras(state), "covariance": self.config.covariance,
+                "shrinkage": self.config.shrinkage,
+                # B (upper triangle) + class sums + class counts (int64) + the sample count
+                "upload_bytes_per_client": (d * (d + 1) // 2 + d * c) * item + 8 * c + 8,
+                "classes_seen": int((state["counts"] > 0).sum()) if "counts" in state else None}
