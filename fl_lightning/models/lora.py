@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fl_lightning.errors import ConfigError
+
 
 __all__ = [
     "LoraSpec",
@@ -74,13 +74,13 @@ class LoraSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.rank, int) or self.rank < 1:
-            raise ConfigError("lora.rank", self.rank, "an int >= 1")
+            raise ValueError(f"rank={self.rank!r} is not allowed; expected an int >= 1")
         if not self.alpha > 0:
-            raise ConfigError("lora.alpha", self.alpha, "a number > 0")
+            raise ValueError(f"alpha={self.alpha!r} is not allowed; expected a number > 0")
         if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError("lora.dropout", self.dropout, "a float in [0, 1)")
+            raise ValueError(f"dropout={self.dropout!r} is not allowed; expected a float in [0, 1)")
         if not self.target_modules:
-            raise ConfigError("lora.target_modules", self.target_modules, "a non-empty list of module names")
+            raise ValueError(f"target_modules={self.target_modules!r} is not allowed; expected a non-empty list of module names")
 
 
 def last_blocks(num_blocks: int, depth: int) -> list[int]:
@@ -90,7 +90,7 @@ def last_blocks(num_blocks: int, depth: int) -> list[int]:
     [9, 10, 11]
     """
     if not 0 <= num_blocks <= depth:
-        raise ConfigError("lora.depth", num_blocks, f"an int in [0, {depth}] (the model has {depth} blocks)")
+        raise ValueError(f"depth={num_blocks!r} is not allowed; expected an int in [0, {depth}] (the model has {depth} blocks)")
     return list(range(depth - num_blocks, depth))
 
 
@@ -120,7 +120,7 @@ def apply_lora(
 
     if layers is not None and len(layers) == 0:
         # peft treats an empty layers_to_transform as "all layers": refuse instead of surprising.
-        raise ConfigError("lora.layers", list(layers), "a non-empty list of block indices, or None for all blocks")
+        raise ValueError(f"layers={list(layers)!r} is not allowed; expected a non-empty list of block indices, or None for all blocks")
     config = LoraConfig(
         r=spec.rank,
         lora_alpha=spec.alpha,

@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 from torchmetrics.classification import MulticlassAccuracy
 
-from fl_lightning.errors import ConfigError, MissingResourceError
+from fl_lightning.errors import MissingResourceError
 
 __all__ = ["ViTClassifier", "pretrain_classifier", "load_pretrained_vit", "split_holdout"]
 
@@ -97,11 +97,11 @@ class ViTClassifier(lightning.LightningModule):
     ) -> None:
         super().__init__()
         if num_classes < 2:
-            raise ConfigError("pretrain.num_classes", num_classes, "an int >= 2")
+            raise ValueError(f"num_classes={num_classes!r} is not allowed; expected an int >= 2")
         if not lr > 0:
-            raise ConfigError("pretrain.lr", lr, "a float > 0")
+            raise ValueError(f"lr={lr!r} is not allowed; expected a float > 0")
         if not weight_decay >= 0:
-            raise ConfigError("pretrain.weight_decay", weight_decay, "a float >= 0")
+            raise ValueError(f"weight_decay={weight_decay!r} is not allowed; expected a float >= 0")
         checkpoint = None if checkpoint is None else str(checkpoint)
         overrides = dict(overrides or {})
         # Plain types only: the checkpoint must load with torch.load(weights_only=True).
@@ -157,16 +157,15 @@ def split_holdout(dataset: Dataset, fraction: float, seed: int) -> tuple[Subset,
     """Seeded random split into (train, held-out) with ``round(fraction * len)`` held-out items.
 
     Raises:
-        ConfigError: ``fraction`` not in (0, 1), or it leaves one side empty.
+        ValueError: ``fraction`` not in (0, 1), or it leaves one side empty.
     """
     n = len(dataset)  # type: ignore[arg-type]
     if not 0.0 < fraction < 1.0:
-        raise ConfigError("pretrain.holdout_fraction", fraction, "a float in (0, 1)")
+        raise ValueError(f"holdout_fraction={fraction!r} is not allowed; expected a float in (0, 1)")
     n_holdout = int(round(fraction * n))
     if not 0 < n_holdout < n:
-        raise ConfigError(
-            "pretrain.holdout_fraction", fraction, f"a fraction that leaves both parts non-empty for {n} images"
-        )
+        raise ValueError(f"holdout_fraction={fraction!r} is not allowed; expected a fraction that leaves both parts "
+                         f"non-empty for {n} images")
     order = np.random.default_rng(seed).permutation(n)
     return Subset(dataset, order[n_holdout:].tolist()), Subset(dataset, order[:n_holdout].tolist())
 
@@ -211,11 +210,11 @@ def pretrain_classifier(
         path of the best checkpoint, to be read with :func:`load_pretrained_vit`.
     """
     if max_epochs < 1:
-        raise ConfigError("pretrain.max_epochs", max_epochs, "an int >= 1")
+        raise ValueError(f"max_epochs={max_epochs!r} is not allowed; expected an int >= 1")
     if batch_size < 1:
-        raise ConfigError("pretrain.batch_size", batch_size, "an int >= 1")
+        raise ValueError(f"batch_size={batch_size!r} is not allowed; expected an int >= 1")
     if patience < 1:
-        raise ConfigError("pretrain.patience", patience, "an int >= 1")
+        raise ValueError(f"patience={patience!r} is not allowed; expected an int >= 1")
     out = Path(out_dir)
     lightning.seed_everything(seed, workers=True, verbose=False)
     module = ViTClassifier(

@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fl_lightning.errors import ConfigError
 from fl_lightning.models.lora import (
     LoraSpec,
     apply_lora,
@@ -65,18 +64,18 @@ class LoRAClassifier(lightning.LightningModule):
     ) -> None:
         super().__init__()
         if not lr > 0:
-            raise ConfigError("lora.lr", lr, "a float > 0")
+            raise ValueError(f"lr must be > 0, got {lr}")
         if not weight_decay >= 0:
-            raise ConfigError("lora.weight_decay", weight_decay, "a float >= 0")
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
         try:
             backbone.get_submodule(head_name)
         except AttributeError:
-            raise ConfigError("lora.head_name", head_name, "the name of the backbone's classification head") from None
+            raise ValueError(f"head_name {head_name!r} is not a module of the backbone (its classification head)") from None
         self.lr, self.weight_decay, self.head_name = float(lr), float(weight_decay), head_name
         self.model = apply_lora(backbone, spec=spec, layers=None, layers_pattern=layers_pattern)
         blocks = lora_layer_indices(self.model)
         if not blocks:
-            raise ConfigError("lora.target_modules", spec.target_modules, "module names that exist in the backbone's blocks")
+            raise ValueError(f"target_modules {list(spec.target_modules)} match no module in the backbone's blocks")
         self.num_blocks = blocks[-1] + 1
         self.head.requires_grad_(True)
         self.depth = self.num_blocks  # all adapters train until set_depth says otherwise

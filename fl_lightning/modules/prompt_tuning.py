@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from lightning import LightningModule
 from torch import Tensor, nn
 
-from fl_lightning.errors import ConfigError
 from fl_lightning.models.vpt import PromptedViT
 from fl_lightning.modules.optim import OPTIMIZERS, make_optimizer
 
@@ -57,15 +56,15 @@ class PromptTuningModule(LightningModule):
     ) -> None:
         super().__init__()
         if num_classes < 2:
-            raise ConfigError("data.num_classes", num_classes, "an int >= 2")
+            raise ValueError(f"num_classes must be >= 2, got {num_classes}")
         if optimizer not in OPTIMIZERS:
-            raise ConfigError("train.optimizer", optimizer, "'sgd' or 'adamw'")
+            raise ValueError(f"optimizer must be 'sgd' or 'adamw', got {optimizer!r}")
         if not lr > 0:
-            raise ConfigError("train.lr", lr, "a float > 0")
+            raise ValueError(f"lr must be > 0, got {lr}")
         if not weight_decay >= 0:
-            raise ConfigError("train.weight_decay", weight_decay, "a float >= 0")
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
         if not 0 <= momentum < 1:
-            raise ConfigError("train.momentum", momentum, "a float in [0, 1)")
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
         self.model = model
         self.num_classes = int(num_classes)
         self.optimizer_name = optimizer

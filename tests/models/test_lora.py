@@ -10,7 +10,6 @@ import pytest
 import timm
 import torch
 
-from fl_lightning.errors import ConfigError
 from fl_lightning.models.lora import (
     LoraSpec,
     apply_lora,
@@ -62,13 +61,13 @@ def test_last_blocks(num, depth, expected):
 
 @pytest.mark.parametrize("num", [-1, 5])
 def test_last_blocks_rejects_out_of_range(num):
-    with pytest.raises(ConfigError, match="lora.depth"):
+    with pytest.raises(ValueError, match="depth"):
         last_blocks(num, 4)
 
 
 @pytest.mark.parametrize("bad", [dict(rank=0), dict(alpha=0), dict(dropout=1.0), dict(target_modules=())])
 def test_spec_rejects_bad_values(bad):
-    with pytest.raises(ConfigError):
+    with pytest.raises(ValueError):
         LoraSpec(**bad)
 
 
@@ -102,7 +101,7 @@ def test_adapters_only_in_chosen_blocks(layers):
 
 
 def test_apply_lora_refuses_empty_layers():
-    with pytest.raises(ConfigError, match="lora.layers"):
+    with pytest.raises(ValueError, match="layers"):
         apply_lora(tiny_vit(), spec=SPEC, layers=[])
 
 

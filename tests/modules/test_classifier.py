@@ -13,7 +13,7 @@ import timm
 import torch
 from torch.utils.data import TensorDataset
 
-from fl_lightning.errors import ConfigError, MissingResourceError
+from fl_lightning.errors import MissingResourceError
 from fl_lightning.modules.classifier import ViTClassifier, load_pretrained_vit, pretrain_classifier, split_holdout
 
 NAME = "vit_tiny_patch16_224"
@@ -39,7 +39,7 @@ def test_split_holdout_is_a_seeded_partition():
 
 @pytest.mark.parametrize("fraction", [0.0, 1.0, 0.01, 0.99])
 def test_split_holdout_rejects_bad_fraction(fraction):
-    with pytest.raises(ConfigError, match="holdout_fraction"):
+    with pytest.raises(ValueError, match="holdout_fraction"):
         split_holdout(tiny_dataset(20), fraction, seed=0)
 
 

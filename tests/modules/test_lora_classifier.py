@@ -10,7 +10,6 @@ import pytest
 import timm
 import torch
 
-from fl_lightning.errors import ConfigError
 from fl_lightning.models.lora import LoraSpec, lora_layer_index
 from fl_lightning.modules.lora_classifier import LoRAClassifier
 
@@ -112,12 +111,12 @@ def test_head_state_round_trip_and_bad_keys():
         module.load_head_state({"fc.weight": state["head.weight"]})
 
 
-@pytest.mark.parametrize(("kwargs", "key"), [(dict(lr=0.0), "lora.lr"), (dict(head_name="fc"), "lora.head_name")])
+@pytest.mark.parametrize(("kwargs", "key"), [(dict(lr=0.0), "lr"), (dict(head_name="fc"), "head_name")])
 def test_bad_arguments(kwargs, key):
-    with pytest.raises(ConfigError, match=key):
+    with pytest.raises(ValueError, match=key):
         make(**kwargs)
 
 
 def test_bad_depth():
-    with pytest.raises(ConfigError, match="lora.depth"):
+    with pytest.raises(ValueError, match="depth"):
         make().set_depth(DEPTH + 1)
