@@ -416,13 +416,17 @@ def build_config(values: dict) -> RunConfig:
     with the method's own ``config_class``. A section of another registered method is an error.
     """
     if not isinstance(values, dict):
-        raise ConfigError("<root>", values, "a mapping of keys to values")
+        raise UsageError(f"config error: a config is a mapping of sections (data:, partition:, …), got "
+                         f"{type(values).__name__}")
     registry = _registry()
     algorithm = values.get("algorithm", RunConfig.algorithm)
     if algorithm not in registry:
+        from fl_lightning.algorithms import import_errors
+
         names = sorted(registry)
-        raise ConfigError("algorithm", algorithm,
-                          f"one of {', '.join(repr(n) for n in names)}{_did_you_mean(str(algorithm), names)}")
+        broken = "; ".join(f"{m} failed to import ({e})" for m, e in import_errors().items() if algorithm in m)
+        raise ConfigError("algorithm", algorithm, f"one of {', '.join(repr(n) for n in names)}"
+                          f"{_did_you_mean(str(algorithm), names)}{f' — {broken}' if broken else ''}")
     core = {k: v for k, v in values.items() if k != algorithm}
     for key in core:
         if key in registry:

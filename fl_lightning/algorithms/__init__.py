@@ -15,16 +15,33 @@ from importlib.metadata import entry_points
 
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm
 
-__all__ = ["available_algorithms", "ALGORITHMS"]
+__all__ = ["available_algorithms", "import_errors", "ALGORITHMS"]
 
 @functools.cache
-def _discover() -> None:
-    """Import the method modules of this package and of plug-ins (once per process)."""
-    for module in pkgutil.walk_packages(__path__, prefix=f"{__name__}."):
+def _discover() -> dict[str, str]:
+    """Import the method modules of this package and of plug-ins (once per process).
+
+    A module that fails to import does not take the other methods down with it: its error is kept
+    and reported when its method is asked for (:func:`import_errors`).
+    """
+    errors: dict[str, str] = {}
+    for module in pkgutil.walk_packages(__path__, prefix=f"{__name__}.", onerror=lambda name: None):
         if not module.name.rsplit(".", 1)[-1].startswith("_"):
-            importlib.import_module(module.name)
+            try:
+                importlib.import_module(module.name)
+            except Exception as err:  # noqa: BLE001 — reported by import_errors(), where a user selects it
+                errors[module.name] = f"{type(err).__name__}: {err}"
     for entry in entry_points(group="fl_lightning.algorithms"):
-        entry.load()
+        try:
+            entry.load()
+        except Exception as err:  # noqa: BLE001
+            errors[entry.value] = f"{type(err).__name__}: {err}"
+    return errors
+
+
+def import_errors() -> dict[str, str]:
+    """Method modules that failed to import: module name → "ExceptionType: message"."""
+    return dict(_discover())
 
 
 def available_algorithms() -> dict[str, type[Algorithm]]:

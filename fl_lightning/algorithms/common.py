@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from fl_lightning.models.backbones import ViTBackbone, build_backbone
+from fl_lightning.errors import ConfigError
+from fl_lightning.models.backbones import BackboneArgumentError, ViTBackbone, build_backbone
 from fl_lightning.modules.evaluation import evaluate_classifier
 
 if TYPE_CHECKING:
@@ -22,9 +23,12 @@ __all__ = ["frozen_backbone", "evaluate_on_test"]
 def frozen_backbone(cfg: RunConfig) -> ViTBackbone:
     """The config's backbone, frozen and in eval mode (built once per rank)."""
     m = cfg.model
-    backbone = build_backbone(library=m.library, name=m.name, pretrained=m.pretrained, checkpoint=m.checkpoint,
-                              feature=m.feature, image_size=cfg.data.image_size, overrides=m.overrides,
-                              cache_dir=m.cache_dir, download=m.download)
+    try:
+        backbone = build_backbone(library=m.library, name=m.name, pretrained=m.pretrained, checkpoint=m.checkpoint,
+                                  feature=m.feature, image_size=cfg.data.image_size, overrides=m.overrides,
+                                  cache_dir=m.cache_dir, download=m.download)
+    except BackboneArgumentError as err:  # the library cannot use a value: name the model.* key
+        raise ConfigError(f"model.{err.argument}", err.value, err.allowed) from None
     return backbone.freeze()
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,11 +28,19 @@ import torch.distributed as dist
 from lightning.fabric import Fabric, seed_everything
 
 from fl_lightning.config import RunConfig, dump_config
-from fl_lightning.data.partition import client_class_counts, dirichlet_partition, iid_partition, shard_partition
+from fl_lightning.data.partition import (
+    PartitionArgumentError,
+    client_class_counts,
+    dirichlet_partition,
+    iid_partition,
+    read_partition_json,
+    shard_partition,
+    write_partition_json,
+)
 from fl_lightning.data.registry import DatasetSplits, build_dataset
 from fl_lightning.data.report import write_partition_report
 from fl_lightning.data.transforms import build_transform
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import ConfigError, UsageError
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundPlan
 from fl_lightning.federation.checkpoint import atomic_save, safe_load
 from fl_lightning.federation.launch import check_launcher
@@ -52,14 +61,36 @@ class ClientFailure(RunFailure):
     """A client raised (or sent a rejected upload) and ``federation.on_client_error`` is ``raise``."""
 
 
+_PARTITION_KEYS = ("num_clients", "alpha", "min_samples", "shards_per_client")
+
+
 def partition_for(cfg: RunConfig, targets: np.ndarray) -> list[np.ndarray]:
+    """The clients' sample indices under ``cfg.partition`` (a bad value is a one-line config error)."""
     p = cfg.partition
-    if p.scheme == "iid" or math.isinf(p.alpha) and p.scheme == "dirichlet":
-        return iid_partition(len(targets), p.num_clients, seed=p.seed)
-    if p.scheme == "shards":
-        return shard_partition(targets, p.num_clients, p.shards_per_client, seed=p.seed)
-    return dirichlet_partition(targets, p.num_clients, p.alpha, seed=p.seed, min_samples=p.min_samples,
-                               balance=p.balance)
+    if p.scheme == "file":
+        return _partition_from_file(Path(p.path).expanduser(), len(targets), p.num_clients)
+    try:
+        if p.scheme == "iid" or math.isinf(p.alpha) and p.scheme == "dirichlet":
+            return iid_partition(len(targets), p.num_clients, seed=p.seed)
+        if p.scheme == "shards":
+            return shard_partition(targets, p.num_clients, p.shards_per_client, seed=p.seed)
+        return dirichlet_partition(targets, p.num_clients, p.alpha, seed=p.seed, min_samples=p.min_samples,
+                                   balance=p.balance)
+    except PartitionArgumentError as err:
+        if err.argument not in _PARTITION_KEYS:
+            raise
+        raise ConfigError(f"partition.{err.argument}", err.value, err.allowed) from None
+
+
+def _partition_from_file(path: Path, num_samples: int, num_clients: int) -> list[np.ndarray]:
+    """``partition.scheme: file``: the exact assignment another run (or framework) used."""
+    try:
+        parts = read_partition_json(path, num_samples)
+    except (ValueError, OSError) as err:
+        raise UsageError(f"config error: partition.path: {err}") from None
+    if len(parts) != num_clients:
+        raise ConfigError("partition.num_clients", num_clients, f"{len(parts)}, the number of clients in '{path}'")
+    return parts
 
 
 def _strategy(cfg: RunConfig) -> str:
@@ -149,6 +180,10 @@ class Simulation:
             write_text_atomic(self.run_dir / "config.yaml", dump_config(cfg))
             counts = client_class_counts(env.splits.train_targets, env.partition, env.num_classes)
             write_partition_report(counts, env.splits.classes, self.run_dir)
+            p = cfg.partition
+            write_partition_json(env.partition, self.run_dir / "partition.json",  # reusable: partition.scheme file
+                                 meta={"dataset": cfg.data.name, "scheme": p.scheme, "alpha": p.alpha, "seed": p.seed,
+                                       "num_samples_subset": cfg.data.num_samples, "data_seed": cfg.seed})
         fabric.barrier()
         fabric.call("on_run_start", cfg=cfg, env=env, run_dir=self.run_dir)
         run_start = time.monotonic() - run.wall_time_s
@@ -235,14 +270,15 @@ class Simulation:
         fabric.call("on_client_start", round_idx=round_idx, client=client_idx)
         torch.manual_seed(client_seed(cfg.seed, round_idx, client_idx))
         start = time.monotonic()
-        upload, failure = None, None
+        upload, failure, user_error = None, None, False
         try:
             upload = algorithm.client_update(round_idx, env.client(client_idx), download.to(fabric.device))
             check_upload(upload, algorithm.expected_shapes(round_idx, download))
         except Exception as err:  # noqa: BLE001 — recorded; the on_client_error policy decides after the gather
-            upload, failure = None, f"{type(err).__name__}: {err}"
+            upload, failure, user_error = None, f"{type(err).__name__}: {err}", isinstance(err, UsageError)
         record = ClientRecord(compute_s=time.monotonic() - start, bytes_down=download.num_bytes,
-                              bytes_up=upload.num_bytes if upload is not None else 0, failure=failure)
+                              bytes_up=upload.num_bytes if upload is not None else 0, failure=failure,
+                              user_error=user_error)
         return record, upload
 
     def _check_failures(self, round_idx: int, result: RoundResult) -> None:
@@ -255,11 +291,14 @@ class Simulation:
             message = self.fabric.broadcast(message, src=0)
         if message is not None:
             kind, text = message
-            raise (ClientFailure if kind == "client" else RunFailure)(text)
+            raise {"client": ClientFailure, "run": RunFailure, "usage": UsageError}[kind](text)
 
     def _failure_message(self, round_idx: int, result: RoundResult) -> tuple[str, str] | None:
         failures, f = result.failures, self.cfg.federation
         where = f"checkpoint kept in {self.ckpt_dir}"
+        user = [c for c, r in sorted(result.records.items()) if r.user_error]
+        if user:  # e.g. a corrupt image: the user's to fix, whatever the failure policy (its message names the file)
+            return "usage", f"client {user[0]} in round {round_idx}: {result.records[user[0]].failure} ({where})"
         if failures and f.on_client_error == "raise":
             c = min(failures)
             return "client", (f"client {c} failed in round {round_idx}: {failures[c]} ({where}; set "
