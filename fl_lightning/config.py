@@ -178,6 +178,10 @@ class RunConfig:
     # A comparison: each entry is a mapping merged over this config (e.g. {algorithm: afl}); the CLI
     # runs them one after another and prints a table. Empty: one run of this config.
     variants: list = field(default_factory=list)
+    # Sweeps over dotted keys, crossed with every variant: {partition.alpha: [0.01, 0.1, 1, .inf], seed: [0, 1, 2]}.
+    # A comparison writes comparison.csv/.md (mean ± std over the seeds) and comparison.png beside the runs.
+    sweep: dict = field(default_factory=dict)
+    label: str | None = None  # this run's row in a comparison table; null: run_name of its variant, or algorithm
     data: DataConfig = field(default_factory=DataConfig)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -459,20 +463,55 @@ def _carried_section(section: dict, old: type, new: type) -> dict:
     return {k: v for k, v in section.items() if k in keep}
 
 
+_NAMED_BY_DEFAULT = ("partition.alpha", "seed")  # keys the default run name already encodes
+
+
+def _sweep_points(sweep: dict) -> list[tuple[dict, dict]]:
+    """The cross product of ``sweep`` ({dotted key: [values]}) as override trees, in a stable order."""
+    import itertools
+
+    for key, values in sweep.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"sweep.{key}", values, "a non-empty list of values")
+    points = []
+    for combo in itertools.product(*sweep.values()):
+        tree: dict = {}
+        for key, value in zip(sweep, combo):
+            node = tree
+            *parents, last = str(key).split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[last] = value
+        points.append((tree, dict(zip(sweep, combo))))
+    return points
+
+
+def _swept_name(run: RunConfig, named: str | None, values: dict) -> str | None:
+    """A run name that tells swept runs apart: the default name encodes α and seed; other swept keys
+    (and every swept key of an explicitly named variant) become suffixes."""
+    suffix = "".join(f"_{key.rsplit('.', 1)[-1]}{value:g}" if isinstance(value, float) else
+                     f"_{key.rsplit('.', 1)[-1]}{value}" for key, value in values.items()
+                     if named is not None or key not in _NAMED_BY_DEFAULT)
+    if named is None and not suffix:
+        return None
+    return (named or run.resolved_run_name) + suffix.replace("/", "-")
+
+
 def expand_variants(cfg: RunConfig) -> list[RunConfig]:
-    """The runs a config asks for: itself, or one per entry of ``variants`` (merged over it).
+    """The runs a config asks for: itself, or one per entry of ``variants`` (merged over it), each
+    crossed with the ``sweep`` grid.
 
     A variant that switches ``algorithm`` keeps the base's method keys only where the two methods'
     configs share them by inheritance (AFL ⊂ FedOPAL); its own method keys go inside the variant.
-    Every variant is built and validated here, before anything runs.
+    Every run is built and validated here, before anything runs.
     """
-    if not cfg.variants:
+    if not cfg.variants and not cfg.sweep:
         return [cfg]
     registry = _registry()
     base = config_to_dict(cfg)
-    base["variants"] = []
+    base["variants"], base["sweep"] = [], {}
     runs = []
-    for i, variant in enumerate(cfg.variants):
+    for i, variant in enumerate(cfg.variants or [{}]):
         if not isinstance(variant, dict):
             raise ConfigError(f"variants[{i}]", variant, "a mapping of config keys, e.g. {algorithm: afl}")
         values = dict(base)
@@ -481,10 +520,18 @@ def expand_variants(cfg: RunConfig) -> list[RunConfig]:
             section = values.pop(cfg.algorithm, {})
             values[algorithm] = _carried_section(section, registry[cfg.algorithm].config_class,
                                                  registry[algorithm].config_class)
-        try:
-            runs.append(build_config(_merge(values, variant)))
-        except UsageError as err:
-            raise UsageError(f"{err} (in variants[{i}])") from None
+        for tree, point in _sweep_points(cfg.sweep) if cfg.sweep else [({}, {})]:
+            try:
+                run = build_config(_merge(_merge(values, variant), tree))
+            except UsageError as err:
+                where = f"variants[{i}]" if cfg.variants else "sweep"
+                raise UsageError(f"{err} (in {where}{f', sweep point {point}' if point else ''})") from None
+            if run.label is None:
+                run.label = variant.get("run_name") or run.algorithm
+            name = _swept_name(run, variant.get("run_name") or cfg.run_name, point)
+            if name is not None:
+                run.run_name = name
+            runs.append(run)
     names = [r.resolved_run_name for r in runs]
     if len(set(names)) != len(names):
         raise ConfigError("variants", names, "distinct run names (set run_name in each variant)")

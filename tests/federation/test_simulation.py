@@ -11,6 +11,7 @@ from fl_lightning.config import load_config
 from fl_lightning.federation.algorithm import register
 from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.simulation import ClientFailure, Simulation
+from fl_lightning.errors import UsageError
 from fl_lightning.federation.transport import Upload
 from tests.conftest import CONF, StopAfterClients, run_cli
 
@@ -114,3 +115,29 @@ def test_two_cpu_processes_equal_one(tmp_path):
     t2 = safe_load(tmp_path / "two" / name / "checkpoints" / "server.pt")["state"]
     for k in t1:
         assert torch.equal(t1[k], t2[k]), k
+
+
+def test_a_partition_written_by_one_run_reproduces_it_in_another(tmp_path):
+    """partition.json of run A, read back with partition.scheme: file (and another partition seed, which the
+    file overrides), gives bit-identical results."""
+    a = Simulation(cfg=_cfg(tmp_path / "a", "--partition.alpha", "0.3"), loggers=[]).run()
+    written = _cfg(tmp_path / "a", "--partition.alpha", "0.3").run_dir / "partition.json"
+    cfg = _cfg(tmp_path / "b", "--partition.scheme", "file", "--partition.path", str(written),
+               "--partition.seed", "7")
+    b = Simulation(cfg=cfg, loggers=[]).run()
+    assert _comparable(a) == {**_comparable(b), "alpha": 0.3}
+    for k, v in _state(_cfg(tmp_path / "a", "--partition.alpha", "0.3")).items():
+        assert torch.equal(v, _state(cfg)[k])
+
+
+def test_a_partition_file_for_another_client_count_is_one_line(tmp_path):
+    Simulation(cfg=_cfg(tmp_path / "a"), loggers=[]).run()
+    written = _cfg(tmp_path / "a").run_dir / "partition.json"
+    with pytest.raises(UsageError, match=r"partition.num_clients=5 is not allowed; expected 4, the number of clients"):
+        Simulation(cfg=_cfg(tmp_path / "b", "--partition.scheme", "file", "--partition.path", str(written),
+                            "--partition.num_clients", "5"), loggers=[]).run()
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"clients": [[0, 1], [1]]}')
+    with pytest.raises(UsageError, match="partition.path: partition file .*bad.json"):
+        Simulation(cfg=_cfg(tmp_path / "c", "--partition.scheme", "file", "--partition.path", str(bad)),
+                   loggers=[]).run()

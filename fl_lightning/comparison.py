@@ -1,0 +1,110 @@
+"""A comparison's table and plot: methods × α, mean ± std over seeds (the layout of FedOPAL's Tables I–II).
+
+A config with ``variants:`` (methods) and ``sweep:`` (e.g. ``partition.alpha`` × ``seed``) runs every
+combination (``fl_lightning.config.expand_variants``); when they have finished, :func:`write_comparison`
+writes beside the run folders:
+
+* ``comparison.csv`` — one row per (method, α): mean and std of the final accuracy over the seeds,
+  the number of runs, and the mean bytes uploaded per client and wall time;
+* ``comparison.md`` — the same as a markdown table, methods as rows and α as columns, in percent;
+* ``comparison.png`` — accuracy against α per method (log-α axis, IID drawn at the right end).
+
+Rows are a run's ``label`` (by default its variant's ``run_name``, or its algorithm); a run whose
+config does not sweep α falls in the single column of its α.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["comparison_rows", "write_comparison"]
+
+
+def _alpha_name(alpha: float) -> str:
+    return "IID" if math.isinf(alpha) else f"{alpha:g}"
+
+
+def comparison_rows(results: Sequence[tuple[Any, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Group (config, summary) pairs by (label, α); mean ± std (population std over the seeds, 0 for one run)."""
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = defaultdict(list)
+    order: list[str] = []
+    for cfg, summary in results:
+        label = cfg.label or cfg.algorithm
+        if label not in order:
+            order.append(label)
+        groups[(label, float(cfg.partition.alpha))].append(summary)
+    rows = []
+    for (label, alpha), summaries in sorted(groups.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])):
+        acc = [float(s["accuracy"]) for s in summaries if s.get("accuracy") is not None]
+        rows.append({"method": label, "alpha": alpha, "runs": len(summaries),
+                     "accuracy_mean": statistics.fmean(acc) if acc else float("nan"),
+                     "accuracy_std": statistics.pstdev(acc) if len(acc) > 1 else 0.0,
+                     "bytes_up_per_client": statistics.fmean(float(s["bytes_up_per_client"]) for s in summaries),
+                     "wall_time_s": statistics.fmean(float(s["wall_time_s"]) for s in summaries)})
+    return rows
+
+
+def _markdown(rows: list[dict[str, Any]]) -> str:
+    alphas = sorted({r["alpha"] for r in rows})
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    cell = {(r["method"], r["alpha"]): r for r in rows}
+    head = "| method | " + " | ".join(f"α = {_alpha_name(a)}" for a in alphas) + " | bytes up / client |"
+    lines = [head, "|" + " --- |" * (len(alphas) + 2)]
+    for m in methods:
+        cells = []
+        for a in alphas:
+            r = cell.get((m, a))
+            cells.append("—" if r is None else f"{100 * r['accuracy_mean']:.2f} ± {100 * r['accuracy_std']:.2f}")
+        up = statistics.fmean(r["bytes_up_per_client"] for r in rows if r["method"] == m)
+        lines.append(f"| {m} | " + " | ".join(cells) + f" | {up:,.0f} |")
+    runs = sorted({r["runs"] for r in rows})
+    lines.append("")
+    lines.append(f"Top-1 accuracy (%), mean ± std over {'/'.join(map(str, runs))} run(s) per cell (seeds).")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    finite = sorted({r["alpha"] for r in rows if not math.isinf(r["alpha"])})
+    iid_x = (max(finite) * 10 if finite else 1.0)
+    x_of = lambda a: iid_x if math.isinf(a) else a  # noqa: E731
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method in dict.fromkeys(r["method"] for r in rows):
+        pts = sorted((x_of(r["alpha"]), r["accuracy_mean"], r["accuracy_std"]) for r in rows if r["method"] == method)
+        xs, ys, es = zip(*pts)
+        ax.errorbar(xs, [100 * y for y in ys], yerr=[100 * e for e in es], marker="o", capsize=3, label=method)
+    ax.set_xscale("log")
+    ticks = finite + ([iid_x] if any(math.isinf(r["alpha"]) for r in rows) else [])
+    ax.set_xticks(ticks, [_alpha_name(a) if a != iid_x else "IID" for a in ticks])
+    ax.set_xlabel("Dirichlet α (label skew: small = skewed)")
+    ax.set_ylabel("top-1 accuracy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_comparison(results: Sequence[tuple[Any, dict[str, Any]]], out_dir: str | Path) -> dict[str, Path]:
+    """Write comparison.csv, comparison.md and comparison.png into ``out_dir``; return their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = comparison_rows(results)
+    paths = {"csv": out / "comparison.csv", "md": out / "comparison.md", "png": out / "comparison.png"}
+    with paths["csv"].open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    paths["md"].write_text(_markdown(rows))
+    _plot(rows, paths["png"])
+    return paths
