@@ -306,7 +306,10 @@ def _build(cls: type, values: Any, prefix: str, known: list[str] | None = None) 
         if key not in names:
             local = [f"{prefix}.{n}" if prefix else n for n in names]
             hint = _did_you_mean(dotted, local + (known or []))
-            allowed = f"one of {', '.join(names)}" if len(names) <= 12 else f"a key of the '{prefix}' section"
+            allowed = (f"one of {', '.join(names)}" if len(names) <= 12 or not prefix else
+                       f"a key of the '{prefix}' section")
+            if not prefix:
+                allowed += " and the section of the selected algorithm"
             raise UsageError(f"config error: unknown key {dotted!r}{hint}; allowed here: {allowed}")
         kwargs[key] = _convert(hints[key], value, dotted)
     try:
@@ -451,7 +454,24 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         UsageError / ConfigError: one line naming the key, the value and what is allowed.
     """
     values = read_yaml(path) if path is not None else {}
-    return build_config(_merge(values, _parse_overrides(overrides or [])))
+    extra = _parse_overrides(overrides or [])
+    if "algorithm" in extra:  # --algorithm X on a file written for another method: as a variant would switch
+        values = _switch_algorithm(values, extra["algorithm"])
+    return build_config(_merge(values, extra))
+
+
+def _switch_algorithm(values: dict, algorithm: Any) -> dict:
+    """``values`` with its method section made fit for ``algorithm``: the section of the method it names is
+    dropped, except the keys both configs share when one method extends the other (see ``_carried_section``)."""
+    old = values.get("algorithm", RunConfig.algorithm)
+    registry = _registry()
+    if algorithm == old or algorithm not in registry or old not in registry:
+        return values
+    values = dict(values)
+    section = values.pop(old, None) or {}
+    carried = _carried_section(section, registry[old].config_class, registry[algorithm].config_class)
+    values[algorithm] = _merge(carried, values.get(algorithm) or {})
+    return {**values, "algorithm": algorithm}
 
 
 def _carried_section(section: dict, old: type, new: type) -> dict:
@@ -507,19 +527,13 @@ def expand_variants(cfg: RunConfig) -> list[RunConfig]:
     """
     if not cfg.variants and not cfg.sweep:
         return [cfg]
-    registry = _registry()
     base = config_to_dict(cfg)
     base["variants"], base["sweep"] = [], {}
     runs = []
     for i, variant in enumerate(cfg.variants or [{}]):
         if not isinstance(variant, dict):
             raise ConfigError(f"variants[{i}]", variant, "a mapping of config keys, e.g. {algorithm: afl}")
-        values = dict(base)
-        algorithm = variant.get("algorithm", cfg.algorithm)
-        if algorithm != cfg.algorithm and algorithm in registry:
-            section = values.pop(cfg.algorithm, {})
-            values[algorithm] = _carried_section(section, registry[cfg.algorithm].config_class,
-                                                 registry[algorithm].config_class)
+        values = _switch_algorithm(base, variant.get("algorithm", cfg.algorithm))
         for tree, point in _sweep_points(cfg.sweep) if cfg.sweep else [({}, {})]:
             try:
                 run = build_config(_merge(_merge(values, variant), tree))

@@ -65,3 +65,34 @@ def test_defaults_are_paper_settings():
     cfg = load_config(None)
     assert (cfg.fedopal.num_prompts, cfg.fedopal.mu, cfg.fedopal.lam, cfg.train.epochs) == (10, 0.1, 1e-6, 5)
     assert RunConfig().method is None  # the method's section comes from the loader
+
+
+def test_a_method_section_belongs_to_its_method():
+    with pytest.raises(UsageError, match="fedavg: section given but algorithm is fedopal"):
+        load_config(None, ["--fedavg.weighted", "false"])
+    # --algorithm on a file written for another method: the section of the method it extends carries over
+    cfg = load_config(CONF / "quickstart.yaml", ["--algorithm", "afl", "--afl.lam", "0.5"])
+    assert cfg.algorithm == "afl" and cfg.method.lam == 0.5 and not hasattr(cfg.method, "mu")
+
+
+def test_print_config_shows_only_the_runs_own_section(tmp_path):
+    text = dump_config(load_config(CONF / "fedavg_digits_tiny.yaml"))
+    sections = [line.rstrip(":") for line in text.splitlines() if line and not line.startswith((" ", "-"))
+                and line.endswith(":")]
+    assert sections == ["variants", "sweep", "data", "partition", "model", "federation", "train", "logging",
+                        "fedavg"] or sections == ["data", "partition", "model", "federation", "train", "logging",
+                                                  "fedavg"]
+
+
+def test_variants_cross_methods_and_sweeps():
+    from fl_lightning.config import expand_variants
+
+    cfg = load_config(CONF / "quickstart.yaml", ["--sweep", "{partition.alpha: [0.1, .inf], seed: [0, 1]}"])
+    runs = expand_variants(cfg)
+    assert len(runs) == 3 * 4 and len({r.resolved_run_name for r in runs}) == 12
+    assert {(r.algorithm, r.label) for r in runs} == {("afl", "afl"), ("fedopal", "fedopal"),
+                                                      ("fedopal", "fedopal_restat_global_digits")}
+    assert {r.method.restat for r in runs if r.label == "fedopal_restat_global_digits"} == {"global"}
+    with pytest.raises(UsageError, match=r"variants\[1\]"):
+        expand_variants(load_config(CONF / "quickstart.yaml",
+                                    ["--variants", "[{algorithm: afl}, {fedopal: {mu: -1}}]"]))
