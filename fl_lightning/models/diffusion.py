@@ -17,10 +17,13 @@ from __future__ import annotations
 import gzip
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from diffusers import AutoencoderKL, PNDMScheduler, UNet2DConditionModel
-from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+if TYPE_CHECKING:  # imported where used: importing diffusers/transformers costs seconds a non-diffusion run never needs
+    from diffusers import AutoencoderKL, PNDMScheduler, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTokenizer
 
 from fl_lightning.errors import MissingResourceError
 
@@ -89,6 +92,8 @@ def sd15_scheduler(*, num_train_timesteps: int = 1000) -> PNDMScheduler:
     scaled_linear betas 0.00085 → 0.012, PLMS only (``skip_prk_steps``), ``steps_offset=1`` and
     ``set_alpha_to_one=False`` (the last step lands on ᾱ_0, not on 1).
     """
+    from diffusers import PNDMScheduler
+
     return PNDMScheduler(
         num_train_timesteps=num_train_timesteps,
         beta_start=0.00085,
@@ -126,6 +131,9 @@ def load_diffusion(path: str | Path, *, dtype: torch.dtype = torch.float32) -> D
     """
     path = Path(path).expanduser()
     _require_folder(path)
+    from diffusers import AutoencoderKL, PNDMScheduler, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTokenizer
+
     try:
         vae = AutoencoderKL.from_pretrained(path, subfolder="vae", local_files_only=True, torch_dtype=dtype)
         unet = UNet2DConditionModel.from_pretrained(path, subfolder="unet", local_files_only=True, torch_dtype=dtype)
@@ -172,6 +180,7 @@ def clip_bpe_tokenizer(*, model_max_length: int = 77) -> CLIPTokenizer:
     so the vocabulary and merges are passed as objects.
     """
     from open_clip.tokenizer import bytes_to_unicode, default_bpe
+    from transformers import CLIPTokenizer
 
     with gzip.open(default_bpe(), "rt", encoding="utf-8") as f:
         lines = f.read().split("\n")
@@ -198,6 +207,9 @@ def tiny_diffusion_components(*, seed: int = 0, image_size: int = 32) -> Diffusi
     """
     if image_size % 4:
         raise ValueError(f"image_size must be a multiple of 4, got {image_size}")
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
     text_dim = 32
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -1,0 +1,109 @@
+"""Every documented launcher gives the 1-process result: ``fabric run`` (Fabric's CLI) and ``torchrun``
+with 2 CPU processes, against ``python -m fl_lightning.train`` with one; and a launcher whose world
+size disagrees with the config stops with one line.
+
+The job is one-shot AFL on the bundled digits with a tiny random timm ViT (cheap to import and run);
+bitwise equality holds because every process runs one intra-op thread (OMP_NUM_THREADS=1) and the
+server folds the uploads in client order whatever rank computed them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from fl_lightning.federation.checkpoint import safe_load
+from tests.conftest import REPO, run_cli
+
+pytestmark = pytest.mark.slow
+
+RUN = "afl_digits_a0.5_s0"
+JOB = {
+    "algorithm": "afl",
+    "data": {"name": "digits", "image_size": 32, "batch_size": 64},
+    "partition": {"num_clients": 5, "alpha": 0.5},
+    "model": {"library": "timm", "name": "vit_base_patch16_224", "pretrained": None,
+              "overrides": {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2}},
+    "federation": {"accelerator": "cpu"},
+    "logging": {"progress": False},
+}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+
+
+def _launcher(name: str) -> list[str]:
+    """The launcher's command: its console script when installed, else the module it runs."""
+    module = {"fabric": "lightning.fabric.cli", "torchrun": "torch.distributed.run"}[name]
+    exe = shutil.which(name)
+    return [exe] if exe else [sys.executable, "-m", module]
+
+
+def _launch(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=ENV, timeout=timeout)
+
+
+def _comparable(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k not in ("wall_time_s", "world_size")}
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    path = tmp_path_factory.mktemp("conf") / "afl_timm_tiny.yaml"
+    path.write_text(yaml.safe_dump(JOB), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def one_process(config, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one")
+    proc = run_cli("--config", str(config), "--output_dir", str(out), env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / RUN
+
+
+def _assert_same_result(one, two) -> None:
+    s1 = json.loads((one / "summary.json").read_text())
+    s2 = json.loads((two / "summary.json").read_text())
+    assert (s1["world_size"], s2["world_size"]) == (1, 2)
+    assert _comparable(s1) == _comparable(s2)
+    t1 = safe_load(one / "checkpoints" / "server.pt")["state"]
+    t2 = safe_load(two / "checkpoints" / "server.pt")["state"]
+    assert t1.keys() == t2.keys() and t1
+    for k in t1:
+        assert torch.equal(t1[k], t2[k]), k
+
+
+def test_fabric_run_two_cpu_processes_equal_one(config, one_process, tmp_path):
+    proc = _launch([*_launcher("fabric"), "run", "--accelerator", "cpu", "--devices", "2",
+                    "fl_lightning/train.py", "--config", str(config), "--output_dir", str(tmp_path),
+                    "--federation.devices", "2"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "processes have already been created" not in proc.stderr
+    _assert_same_result(one_process, tmp_path / RUN)
+
+
+def test_torchrun_two_cpu_processes_equal_one(config, one_process, tmp_path):
+    proc = _launch([*_launcher("torchrun"), "--nproc-per-node", "2", "-m", "fl_lightning.train",
+                    "--config", str(config), "--output_dir", str(tmp_path), "--federation.devices", "2"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _assert_same_result(one_process, tmp_path / RUN)
+
+
+def test_torchrun_world_size_disagreeing_with_the_config_stops_in_one_line(config, tmp_path):
+    proc = _launch([*_launcher("torchrun"), "--nproc-per-node", "2", "-m", "fl_lightning.train",
+                    "--config", str(config), "--output_dir", str(tmp_path), "--federation.devices", "1"])
+    # each rank exits 2 with our one line; torchrun then exits 1 and prints its own failure report
+    assert proc.returncode == 1
+    assert set(re.findall(r"exitcode\s*:\s*(-?\d+)", proc.stderr)) == {"2"}, proc.stderr[-3000:]
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("fl_lightning:")]
+    assert len(ours) == 2 and ours[0] == ours[1], proc.stderr[-3000:]
+    assert "torchrun started 2 process(es)" in ours[0] and "federation.devices" in ours[0]
+    assert f'File "{REPO / "fl_lightning"}' not in proc.stderr  # no traceback through our code
+    assert not (tmp_path / RUN).exists()  # stopped before anything was written
