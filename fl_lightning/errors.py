@@ -2,12 +2,15 @@
 
 Anything raised as a :class:`UsageError` (or a subclass) is reported by ``fl_lightning.train`` as a
 single line, without a traceback: bad configuration, a missing file, weights or a data set that are
-not on disk. Everything else is a bug or a runtime failure and exits with status 1.
+not on disk, a machine that cannot give what the config asks for, a run folder that holds another
+run or is in use. A run that fails while it runs (``RunFailure``, in ``federation.simulation``) is
+one line with exit status 1. Anything else is a bug: a traceback and exit status 1 (``--debug``
+shows the traceback of the one-line errors too).
 """
 
 from __future__ import annotations
 
-__all__ = ["UsageError", "ConfigError", "MissingResourceError"]
+__all__ = ["UsageError", "ConfigError", "MissingResourceError", "ResourceError", "RunFolderError"]
 
 
 class UsageError(Exception):
@@ -30,3 +33,11 @@ class ConfigError(UsageError):
 
 class MissingResourceError(UsageError):
     """Weights or data that the run needs are not on disk (and downloading is off or impossible)."""
+
+
+class ResourceError(UsageError):
+    """The machine cannot give what the config asks for (CPU cores, GPUs, memory, a writable folder)."""
+
+
+class RunFolderError(UsageError):
+    """The run folder holds another run, is in use by a live process, or its record was edited."""

@@ -2,31 +2,57 @@
 
 Other forms:
     --print-config      print the resolved config (YAML) and exit
-    --resume RUN_DIR    continue an interrupted run from its folder (its config.yaml and checkpoints)
+    --resume RUN_DIR    continue an interrupted run from its folder (its config.yaml and checkpoints);
+                        only keys that cannot change what already ran may differ (federation.rounds,
+                        federation.devices, the failure policy, logging.*; see federation/run_folder.py)
+    --overwrite         start afresh in a run folder that already holds a run (its files are deleted)
+    --debug             show the full traceback of the one-line errors too
 
-Exit status: 0 on success; 2 for a usage or config error (one line on stderr, no traceback);
-1 for anything else.
+A run folder is a record that is never silently changed: a fresh start into a folder that holds a
+run stops (``--overwrite`` empties it; another ``--run_name`` keeps both), and a second run into a
+folder in use stops (``.lock`` names the holder; a lock of a dead process is taken over).
+
+Exit status: 0 on success; 2 for a usage, config or resource error, found before anything runs
+where it can be (one line on stderr, no traceback); 1 when the run fails while it runs (e.g. fewer
+than ``federation.min_clients`` clients succeed: one line, the checkpoint is kept) and for bugs (a
+traceback); 130 on Ctrl-C (SIGINT) and 143 on SIGTERM, both with the checkpoint kept and the
+``--resume`` command printed.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
+import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["main", "parse_args"]
+__all__ = ["main", "parse_args", "Args"]
 
-_USAGE = ("usage: python -m fl_lightning.train --config FILE [--section.key VALUE ...] [--print-config]\n"
-          "       python -m fl_lightning.train --resume RUN_DIR [--federation.devices N ...]")
+_USAGE = ("usage: python -m fl_lightning.train --config FILE [--section.key VALUE ...] [--print-config] "
+          "[--overwrite] [--debug]\n"
+          "       python -m fl_lightning.train --resume RUN_DIR [--federation.rounds N ...] [--debug]")
 
 
-def parse_args(argv: list[str]) -> tuple[str | None, str | None, bool, list[str]]:
-    """Split argv into (config path, resume dir, print-config flag, dotted overrides)."""
+@dataclass
+class Args:
+    """The command line, split: the config (or the run to resume), flags, and ``--section.key value`` overrides."""
+
+    config: str | None = None
+    resume: str | None = None
+    print_config: bool = False
+    overwrite: bool = False
+    debug: bool = False
+    overrides: list[str] = field(default_factory=list)
+
+
+def parse_args(argv: list[str]) -> Args:
+    """Split argv into :class:`Args`; a repeated or contradictory option is one usage error."""
     from fl_lightning.errors import UsageError
 
-    config = resume = None
-    print_config = False
-    rest: list[str] = []
+    args = Args()
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -36,60 +62,215 @@ def parse_args(argv: list[str]) -> tuple[str | None, str | None, bool, list[str]
                 if i + 1 >= len(argv):
                     raise UsageError(f"usage error: {name} needs a value")
                 value, i = argv[i + 1], i + 1
-            config, resume = (value, resume) if name == "--config" else (config, value)
+            if getattr(args, name[2:]) is not None:
+                raise UsageError(f"usage error: {name} given twice ({getattr(args, name[2:])!r} and {value!r}); "
+                                 f"give it once (a config file's values can be overridden with --section.key VALUE)")
+            setattr(args, name[2:], value)
         elif arg == "--print-config":
-            print_config = True
+            args.print_config = True
+        elif arg == "--overwrite":
+            args.overwrite = True
+        elif arg == "--debug":
+            args.debug = True
         elif arg in ("-h", "--help"):
             print(_USAGE)
             raise SystemExit(0)
         else:
-            rest.append(arg)
+            args.overrides.append(arg)
         i += 1
-    if config is None and resume is None:
+    if args.config is None and args.resume is None:
         raise UsageError("usage error: --config FILE (or --resume RUN_DIR) is required; see conf/ for examples")
-    return config, resume, print_config, rest
+    if args.config is not None and args.resume is not None:
+        raise UsageError("usage error: --config and --resume together: a resumed run keeps its own config.yaml; "
+                         "pass only --resume RUN_DIR (plus overrides such as --federation.rounds N)")
+    if args.resume is not None and args.overwrite:
+        raise UsageError("usage error: --overwrite and --resume together: --resume continues the run, --overwrite "
+                         "would delete it; choose one")
+    pinned = [o for o in args.overrides if o.split("=")[0] in ("--output_dir", "--run_name")]
+    if args.resume is not None and pinned:
+        raise UsageError(f"usage error: {pinned[0].split('=')[0]} with --resume: a resumed run stays in its folder "
+                         f"({args.resume})")
+    return args
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or ``kill``'s stop), handled like Ctrl-C: the checkpoint is kept."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
+def _is_primary() -> bool:
+    """The process that checks and locks the run folder: rank 0 before any launch (Fabric's children and
+    an external launcher's other ranks have a non-zero rank in their environment)."""
+    return all(os.environ.get(k, "0") == "0" for k in ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK",
+                                                       "SLURM_PROCID"))
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv
+    locks: list = []
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     from fl_lightning.errors import UsageError
 
     try:
-        config_path, resume, print_config, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+        return _main(argv, locks)
+    except UsageError as err:
+        return _report(err, 2, debug)
+    except Exception as err:
+        simulation = sys.modules.get("fl_lightning.federation.simulation")
+        if simulation is not None and isinstance(err, simulation.RunFailure):
+            return _report(err, 1, debug)
+        raise  # our bug: the traceback is the report
+    finally:
+        for lock in locks:
+            lock.release()
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _report(err: BaseException, status: int, debug: bool) -> int:
+    if debug:
+        traceback.print_exception(err)
+    print(f"fl_lightning: {_one_line(str(err))}", file=sys.stderr)
+    return status
+
+
+def _main(argv: list[str], locks: list) -> int:
+    args = parse_args(argv)
+    try:
         from fl_lightning.config import dump_config, expand_variants, load_config
         from fl_lightning.errors import ConfigError
 
-        if resume is not None:
-            run_dir = Path(resume)
-            if not (run_dir / "config.yaml").is_file():
-                raise UsageError(f"usage error: --resume {resume}: no config.yaml there; pass the folder of an "
-                                 f"earlier run (<output_dir>/<run_name>)")
+        config_path, overrides, recorded = args.config, list(args.overrides), None
+        if args.resume is not None:
+            run_dir = Path(args.resume)
+            recorded = _check_resume_folder(run_dir)
             # the run keeps its folder: output_dir/run_name are pinned to where it is
             overrides = [*overrides, "--output_dir", str(run_dir.parent), "--run_name", run_dir.name]
             config_path = str(run_dir / "config.yaml")
         cfg = load_config(config_path, overrides)
-        if print_config:
+        if args.print_config:
             print(dump_config(cfg), end="")
             return 0
         runs = expand_variants(cfg)
         if len(runs) > 1 and cfg.federation.devices * cfg.federation.num_nodes > 1:
             raise ConfigError("variants", f"{len(runs)} runs", "a single run when federation.devices > 1 "
                               "(launch one process group per run)")
-        from fl_lightning.federation.simulation import Simulation
+        primary = _is_primary()
+        if primary:
+            from fl_lightning.preflight import preflight
 
-        summaries = []
-        for run in runs:
-            try:
-                summaries.append((run, Simulation(cfg=run, resume=resume is not None).run()))
-            except KeyboardInterrupt:
-                print(f"fl_lightning: interrupted; the checkpoint is kept: continue with "
+            preflight(runs)  # every variant, before the first one starts
+            for run in runs:
+                _claim_run_folder(run, args, recorded, argv, locks)
+        from fl_lightning.federation.simulation import Simulation
+    except KeyboardInterrupt as err:
+        print("fl_lightning: interrupted before the run started", file=sys.stderr)
+        return 143 if isinstance(err, _Terminated) else 130
+
+    summaries = []
+    for run in runs:
+        try:
+            summaries.append((run, Simulation(cfg=run, resume=args.resume is not None).run()))
+        except KeyboardInterrupt as err:
+            if primary:
+                how = "terminated (SIGTERM)" if isinstance(err, _Terminated) else "interrupted"
+                print(f"fl_lightning: {how}; the checkpoint is kept: continue with "
                       f"python -m fl_lightning.train --resume {run.run_dir}", file=sys.stderr)
-                return 130
-    except UsageError as err:
-        print(f"fl_lightning: {err}", file=sys.stderr)
-        return 2
+            return 143 if isinstance(err, _Terminated) else 130
     if os.environ.get("LOCAL_RANK", "0") == "0":
         print_results(summaries)
     return 0
+
+
+def _check_resume_folder(run_dir: Path) -> dict | None:
+    """The config the run recorded when it started (None for a folder written before records), after
+    checking that the folder's config.yaml was not edited in a way that changes what ran."""
+    from fl_lightning.config import read_yaml
+    from fl_lightning.errors import RunFolderError, UsageError
+    from fl_lightning.federation.run_folder import RECORD, config_diff, format_diff, read_record
+
+    if not (run_dir / "config.yaml").is_file():
+        raise UsageError(f"usage error: --resume {run_dir}: no config.yaml there; pass the folder of an "
+                         f"earlier run (<output_dir>/<run_name>)")
+    record = read_record(run_dir)
+    if record is None:
+        return None
+    edited = config_diff(record["config"], read_yaml(run_dir / "config.yaml"))
+    if edited:
+        raise RunFolderError(f"run folder error: {run_dir / 'config.yaml'} was edited after the run started "
+                             f"({format_diff(edited)}); the completed rounds ran under the recorded values "
+                             f"({run_dir / RECORD}): put them back, or start a new run with --config")
+    return record["config"]
+
+
+def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list[str], locks: list) -> None:
+    """Lock the run's folder, check that this start may write there, and record the start (run.json)."""
+    from fl_lightning.config import config_to_dict, dump_config, load_config, read_yaml
+    from fl_lightning.errors import ConfigError, RunFolderError
+    from fl_lightning.federation.run_folder import (
+        LOCK,
+        RunLock,
+        clear_run_folder,
+        completed_rounds,
+        config_diff,
+        format_diff,
+        is_run_folder,
+        read_record,
+        write_record,
+        write_text_atomic,
+    )
+
+    run_dir: Path = cfg.run_dir
+    lock = RunLock(run_dir)
+    lock.acquire()
+    locks.append(lock)
+    current = config_to_dict(cfg)
+    if args.resume is not None:
+        if recorded is None:  # a folder from before run.json: its config.yaml (resolved) is the record
+            recorded = config_to_dict(load_config(run_dir / "config.yaml"))
+        changed = config_diff(recorded, current)
+        if changed:
+            raise RunFolderError(f"run folder error: --resume cannot change {format_diff(changed)}: the completed "
+                                 f"rounds ran under the recorded values; only federation.rounds, "
+                                 f"federation.devices, the failure policy and logging.* may change on resume; "
+                                 f"start a new run (another --run_name) for other settings")
+        done = completed_rounds(run_dir)
+        if cfg.federation.rounds < done:
+            raise ConfigError("federation.rounds", cfg.federation.rounds,
+                              f"at least the {done} rounds this run has already completed")
+    elif any(p.name != LOCK for p in run_dir.iterdir()):
+        if not is_run_folder(run_dir):
+            raise RunFolderError(f"run folder error: '{run_dir}' already holds files that are not a run's; "
+                                 f"choose another --run_name or --output_dir")
+        if not args.overwrite and not _nothing_ran(run_dir):
+            record = read_record(run_dir)
+            before = record["config"] if record else (read_yaml(run_dir / "config.yaml")
+                                                      if (run_dir / "config.yaml").is_file() else {})
+            differs = config_diff(before, current, include_resumable=True)
+            what = f"a different run ({format_diff(differs)})" if differs else "this run already"
+            hint = (" (continue it with --resume instead)" if not config_diff(before, current) else "")
+            raise RunFolderError(f"run folder error: '{run_dir}' holds {what}; pass --overwrite to delete it and "
+                                 f"start afresh{hint}, or choose another --run_name / --output_dir")
+        clear_run_folder(run_dir)
+    write_record(run_dir, current, resumed=args.resume is not None, argv=argv)
+    write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
+
+
+def _nothing_ran(run_dir: Path) -> bool:
+    """A start that failed before any client finished (e.g. a model that did not build): nothing to lose,
+    so a new start may take the folder over without --overwrite."""
+    checkpoints = run_dir / "checkpoints"
+    return not (run_dir / "summary.json").exists() and not (run_dir / "metrics.csv").exists() and not (
+        checkpoints.is_dir() and any(p.is_file() for p in checkpoints.rglob("*")))
 
 
 def print_results(summaries: list) -> None:
@@ -101,7 +282,8 @@ def print_results(summaries: list) -> None:
     for column in ("run", "algorithm", "accuracy", "bytes up / client", "wall time (s)", "run folder"):
         table.add_column(column)
     for cfg, s in summaries:
-        table.add_row(cfg.resolved_run_name, cfg.algorithm, f"{s['accuracy']:.4f}",
+        accuracy = s.get("accuracy")
+        table.add_row(cfg.resolved_run_name, cfg.algorithm, "-" if accuracy is None else f"{accuracy:.4f}",
                       f"{s['bytes_up_per_client']:,.0f}", f"{s['wall_time_s']:.1f}", str(cfg.run_dir))
     Console(width=max(Console().width, 160)).print(table)
 

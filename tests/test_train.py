@@ -1,41 +1,25 @@
 """The real CLI: exit codes and one-line errors (each case is a fresh process, as a user sees it)."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
-import pytest
-
-from tests.conftest import CONF, run_cli
+from tests.conftest import CONF, REPO, run_cli
 
 TINY = str(CONF / "fedavg_digits_tiny.yaml")
 OPAL = str(CONF / "fedopal_digits_tiny.yaml")
 
 
-@pytest.mark.parametrize(
-    "args, needle",
-    [
-        (["--config", "does/not/exist.yaml"], "config file 'does/not/exist.yaml' not found"),
-        ([], "--config FILE (or --resume RUN_DIR) is required"),
-        (["--config", TINY, "--partition.alpa", "1"], "did you mean 'partition.alpha'"),
-        (["--config", TINY, "--partition.alpha", "0"], "partition.alpha=0.0 is not allowed"),
-        (["--config", TINY, "--partition.num_clients", "0"], "partition.num_clients=0"),
-        (["--config", OPAL, "--fedopal.mu", "-1"], "fedopal.mu=-1.0"),
-        (["--config", OPAL, "--fedopal.lam", "-1"], "fedopal.lam=-1.0"),
-        (["--config", OPAL, "--fedopal.num_prompts", "-2"], "fedopal.num_prompts=-2"),
-        (["--config", TINY, "--fedopal.mu", "0.5"], "fedopal: section given but algorithm is fedavg"),
-        (["--config", TINY, "--federation.client_fraction", "2"], "(0, 1]"),
-        (["--config", TINY, "--federation.rounds", "two"], "federation.rounds='two'"),
-        (["--config", TINY, "--data.name", "imagenet22k"], "data.name='imagenet22k'"),
-        (["--config", TINY, "--model.library", "keras"], "model.library='keras'"),
-        (["--config", TINY, "--algorithm", "scaffold"], "algorithm='scaffold'"),
-        (["--resume", "/nonexistent/run"], "no config.yaml there"),
-    ],
-)
-def test_usage_errors_exit_2_with_one_line(args, needle):
-    out = run_cli(*args)
+def test_usage_error_from_a_real_process_is_one_line():
+    """The `python -m fl_lightning.train` wiring (sys.exit(main())); the whole table of hostile inputs is in
+    tests/test_hostile_inputs.py, in one process."""
+    out = run_cli("--config", "does/not/exist.yaml")
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0], out.stderr
-    assert "Traceback" not in out.stderr
+    assert len(lines) == 1 and "config file 'does/not/exist.yaml' not found" in lines[0], out.stderr
 
 
 def test_missing_dataset_is_one_line(tmp_path):
@@ -68,3 +52,83 @@ def test_resume_from_the_cli_extends_a_finished_run(tmp_path):
     b = json.loads((run_dir / "summary.json").read_text())
     for key in ("accuracy", "loss", "rounds", "bytes_up", "bytes_down", "per_class_accuracy"):
         assert a[key] == b[key], key
+
+
+def test_sigterm_keeps_the_checkpoint_and_prints_the_resume_hint(tmp_path):
+    """SIGTERM (a scheduler's stop) is handled as Ctrl-C: exit 143 (128 + SIGTERM), the --resume line."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "fl_lightning.train", "--config", TINY, "--partition.num_clients",
+                             "3", "--federation.rounds", "500", "--logging.progress", "false", "--output_dir",
+                             str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    run_dir = tmp_path / "fedavg_digits_a0.5_s0"
+    deadline = time.monotonic() + 240
+    while not (run_dir / "checkpoints" / "server.pt").exists() and proc.poll() is None:
+        assert time.monotonic() < deadline, "no round finished in time"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert "terminated (SIGTERM)" in last and f"--resume {run_dir}" in last and "Traceback" not in err
+    assert not (run_dir / ".lock").exists() and (run_dir / "checkpoints" / "server.pt").exists()
+
+
+_FAILING_METHOD = r"""
+import contextlib, io, json, sys
+from dataclasses import dataclass
+import torch
+from fl_lightning import train
+from fl_lightning.federation.algorithm import Algorithm, register
+
+
+@dataclass
+class AlwaysFailsConfig:
+    pass
+
+
+@register("always_fails")
+class AlwaysFails(Algorithm):
+    config_class = AlwaysFailsConfig
+
+    def initial_state(self):
+        return {"w": torch.zeros(1)}
+
+    def client_update(self, round_idx, client, download):
+        raise RuntimeError(f"boom on client {client.index if hasattr(client, 'index') else '?'}")
+
+    def aggregate(self, round_idx, state, uploads, failures, plan):
+        return state
+
+    def evaluate(self, state):
+        return {"accuracy": 0.0}
+
+
+results = {}
+for name, extra in json.loads(sys.argv[1]).items():
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = train.main([*json.loads(sys.argv[2]), "--run_name", name, *extra])
+    results[name] = {"rc": rc, "stderr": err.getvalue()}
+print(json.dumps(results))
+"""
+
+
+def test_failed_clients_end_the_run_with_exit_1_and_one_line(tmp_path):
+    """Failure is never reported as success: a failing client under `raise`, and every client failing under
+    `skip` (fewer than federation.min_clients succeed), are one line and exit 1; the checkpoint folder stays."""
+    base = ["--config", TINY, "--algorithm", "always_fails", "--partition.num_clients", "3",
+            "--logging.progress", "false", "--output_dir", str(tmp_path)]
+    cases = {"raise": [], "skip": ["--federation.on_client_error", "skip"],
+             "debug": ["--federation.on_client_error", "skip", "--debug"]}
+    proc = subprocess.run([sys.executable, "-c", _FAILING_METHOD, json.dumps(cases), json.dumps(base)],
+                          capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, needles in (("raise", ["client 0 failed in round 0", "boom", "on_client_error: skip"]),
+                          ("skip", ["round 0: 0 of 3 clients succeeded", "federation.min_clients=1", "boom"])):
+        lines = r[name]["stderr"].strip().splitlines()
+        assert r[name]["rc"] == 1 and len(lines) == 1 and "Traceback" not in r[name]["stderr"], r[name]
+        assert all(n in lines[0] for n in needles), lines[0]
+        assert "checkpoint kept in" in lines[0] and not (tmp_path / name / "summary.json").exists()
+    assert r["debug"]["rc"] == 1 and "Traceback" in r["debug"]["stderr"]
