@@ -35,6 +35,7 @@ statistics, like AFL); the server folds the uploads one at a time.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -59,7 +60,7 @@ class FedCGSConfig:
 
     def __post_init__(self) -> None:
         check(self.covariance in COVARIANCES, "covariance", self.covariance, f"one of {COVARIANCES}")
-        check(self.shrinkage >= 0 and self.shrinkage != float("inf"), "shrinkage", self.shrinkage, "a finite float >= 0")
+        check(math.isfinite(self.shrinkage) and self.shrinkage >= 0, "shrinkage", self.shrinkage, "a finite float >= 0")
 
 
 @register("fedcgs")
