@@ -162,8 +162,9 @@ def _generation(sizes: FeDiSynSizes, device: torch.device) -> tuple[dict[str, An
 
 # -- 2. upload size ----------------------------------------------------------------------------------
 def _class_upload_bytes(*, images: int, centroids: int, latent_shape: tuple[int, int, int]) -> int:
-    """Bytes of one class's upload with float32 latents, by the framework's own accounting."""
-    z = min(centroids, images)
+    """Bytes of one class's upload with float32 latents, by the framework's own accounting (a class with
+    <= Z images uploads its mean only, see ``synthesis/latents.py``)."""
+    z = centroids if images > centroids else 0
     up = ClassLatentUpload(label=0, count=images, timestep=0, centroids=torch.empty(z, *latent_shape),
                            mean=torch.empty(*latent_shape))
     return up.num_bytes

@@ -6,8 +6,8 @@ The contribution-aware depth choice (CLC) scores device i by how much its LoRA l
 
 the squared L2 norm of the gradients of its LoRA parameters θ_l, measured over the last round.
 :class:`GradientContribution` measures the per-layer terms g_{i,l} while the client trains; the
-pure :func:`estimate_layer_contributions` fills in the layers the device did not train, which the
-depth planner needs to price a deeper assignment.
+pure estimator that fills in the layers a device did not train (which the depth planner needs to
+price a deeper assignment) lives next to CLC, in :mod:`fl_lightning.systems.contributions`.
 
 Sum vs mean over local steps: we take the MEAN over the backward passes of the round,
 g_{i,l} = (1/S) Σ_s ||∇_{θ_l} F_i^{(s)}||². The paper's "gradients of the last round" does not fix
@@ -21,13 +21,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from fl_lightning.models.lora import is_lora_param, lora_layer_index
 
-__all__ = ["GradientContribution", "estimate_layer_contributions"]
+__all__ = ["GradientContribution"]
 
 
 class GradientContribution:
@@ -84,44 +83,3 @@ class GradientContribution:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._sums = {int(k): float(v) for k, v in state["sums"].items()}
         self._steps = int(state["steps"])
-
-
-def estimate_layer_contributions(
-    history: Mapping[int, float],
-    num_layers: int,
-    *,
-    prior: float,
-    last_round: Mapping[int, float] | None = None,
-) -> np.ndarray:
-    """Per-layer contribution estimates ĝ_{i,l} for l = 0..num_layers-1 for one device.
-
-    A layer's gain can only be measured when the device trains it, yet the depth planner must
-    price layers it did not train. The estimate, per layer l:
-
-    1. the most recent measurement of layer l by this device, if there is one: ``last_round[l]``,
-       else ``history[l]`` (layers change slowly between rounds, so an old measurement beats a guess);
-    2. otherwise the mean per-layer contribution over the layers the device trained last round
-       (``last_round``; default: all of ``history``) — the device's own current gradient scale,
-       assuming a layer it has never trained learns about as much as an average one it did;
-    3. ``prior`` when the device has no measurement at all (before its first round).
-
-    Args:
-        history: block index -> most recent measured g_{i,l} of this device.
-        num_layers: number of blocks L.
-        prior: value for a device with no measurement (e.g. the mean over all devices).
-        last_round: block index -> g_{i,l} measured in the last round (``GradientContribution.per_layer()``).
-
-    Returns:
-        float64 array of shape (num_layers,).
-    """
-    if num_layers < 1:
-        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-    bad = [l for l in list(history) + list(last_round or {}) if not 0 <= l < num_layers]
-    if bad:
-        raise ValueError(f"layer index {bad[0]} is outside 0..{num_layers - 1}")
-    recent = last_round if last_round else history
-    fallback = float(np.mean(list(recent.values()))) if recent else float(prior)
-    estimate = np.full(num_layers, fallback, dtype=np.float64)
-    for layer, value in {**history, **(last_round or {})}.items():
-        estimate[layer] = value
-    return estimate

@@ -6,9 +6,11 @@ fine-tuning starts. This file holds that step:
 
 * :class:`ViTClassifier` — the LightningModule (timm ViT + cross-entropy, AdamW with a cosine schedule);
 * :func:`pretrain_classifier` — a ``lightning.Trainer`` run with early stopping on a held-out synthetic
-  split, returning the best checkpoint;
+  split, returning the best checkpoint and the epochs it ran (:class:`PretrainResult`);
 * :func:`load_pretrained_vit` — the trained timm model (with its head) back from that checkpoint;
-* :func:`split_holdout` — a seeded train / held-out split of a dataset.
+* :func:`split_holdout` — a seeded train / held-out split of a dataset;
+* :func:`build_timm_vit` — a timm classifier at random init or from local (e.g. ImageNet) weights, also
+  the starting point of the baselines that skip synthetic pre-training (SFLF, CAFF).
 
 Weights are never downloaded: the backbone starts from random initialisation or from a local file.
 """
@@ -19,7 +21,7 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import lightning
 import numpy as np
@@ -33,13 +35,14 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from fl_lightning.errors import MissingResourceError
 
-__all__ = ["ViTClassifier", "pretrain_classifier", "load_pretrained_vit", "split_holdout"]
+__all__ = ["ViTClassifier", "PretrainResult", "build_timm_vit", "pretrain_classifier", "load_pretrained_vit",
+           "split_holdout"]
 
 # Metric that picks the best checkpoint and drives early stopping (held-out synthetic accuracy).
 _MONITOR = "val_acc"
 
 
-def _build_timm_vit(
+def build_timm_vit(
     *, model_name: str, num_classes: int, overrides: Mapping[str, Any] | None, checkpoint: str | None
 ) -> nn.Module:
     """A timm model, randomly initialised or with backbone weights from a local file.
@@ -115,7 +118,7 @@ class ViTClassifier(lightning.LightningModule):
                 weight_decay=float(weight_decay),
             )
         )
-        self.model = _build_timm_vit(
+        self.model = build_timm_vit(
             model_name=model_name, num_classes=num_classes, overrides=overrides, checkpoint=checkpoint
         )
         # the server pre-trains alone, also inside a multi-rank federation: never wait for other ranks
@@ -170,6 +173,13 @@ def split_holdout(dataset: Dataset, fraction: float, seed: int) -> tuple[Subset,
     return Subset(dataset, order[n_holdout:].tolist()), Subset(dataset, order[:n_holdout].tolist())
 
 
+class PretrainResult(NamedTuple):
+    """What a pre-training run produced."""
+
+    checkpoint: Path  # the best checkpoint (by held-out accuracy), for :func:`load_pretrained_vit`
+    epochs: int  # epochs actually run (early stopping may end before max_epochs)
+
+
 def pretrain_classifier(
     *,
     model_name: str,
@@ -189,8 +199,8 @@ def pretrain_classifier(
     seed: int = 0,
     patience: int = 3,
     num_workers: int = 0,
-) -> Path:
-    """Pre-train a timm ViT on synthetic images; return the best checkpoint (by held-out accuracy).
+) -> PretrainResult:
+    """Pre-train a timm ViT on synthetic images; return the best checkpoint and the epochs run.
 
     Writes ``out_dir/checkpoints/best-*.ckpt`` and CSV logs under ``out_dir/pretrain/``. Training
     stops early when held-out accuracy has not improved for ``patience`` epochs.
@@ -249,7 +259,8 @@ def pretrain_classifier(
     trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=val_loader)
     if not best.best_model_path:
         raise RuntimeError(f"pre-training wrote no checkpoint under {out / 'checkpoints'} (did validation run?)")
-    return Path(best.best_model_path)
+    # current_epoch counts the epochs completed (early stopping ends the loop after its epoch finished)
+    return PretrainResult(Path(best.best_model_path), max(int(trainer.current_epoch), 1))
 
 
 def load_pretrained_vit(ckpt_path: str | os.PathLike[str], *, map_location: str | torch.device = "cpu") -> nn.Module:
@@ -270,7 +281,7 @@ def load_pretrained_vit(ckpt_path: str | os.PathLike[str], *, map_location: str 
         )
     payload = torch.load(path, map_location=map_location, weights_only=True)
     hparams = payload["hyper_parameters"]
-    model = _build_timm_vit(
+    model = build_timm_vit(
         model_name=hparams["model_name"],
         num_classes=hparams["num_classes"],
         overrides=hparams["overrides"],

@@ -64,10 +64,12 @@ def test_tiny_config_end_to_end_through_the_cli(tmp_path):
     assert 0 < summary["simulated_pretraining_s"] <= (cfg.fedisyn.pretrain_time_per_image_epoch_s * sum(expected)
                                                       * cfg.fedisyn.pretrain_epochs)
 
-    # round 0 uploads = the noised latents: per class (min(Z, D_i^k) + 1) latents of (4, 8, 8) float32 + 3 scalars
+    # round 0 uploads = the noised latents: per class Z centroids + the mean of (4, 8, 8) float32, or the mean
+    # only for a class with <= Z samples (privacy), + 4 scalars (label, count, timestep, Z')
     partition = partition_for(cfg, splits.train_targets)
     latent_bytes = 4 * 8 * 8 * 4
-    up0 = sum((min(cfg.fedisyn.num_centroids, int(n)) + 1) * latent_bytes + 3 * SCALAR_BYTES
+    Z = cfg.fedisyn.num_centroids
+    up0 = sum(((Z + 1) if int(n) > Z else 1) * latent_bytes + 4 * SCALAR_BYTES
               for idx in partition for n in np.bincount(splits.train_targets[idx], minlength=10) if n > 0)
     assert int(rows[0]["bytes_up_round"]) == up0 and int(rows[0]["bytes_down_round"]) == 0
     # the pre-trained model travels once (round 1); later downloads carry LoRA + head only
@@ -96,6 +98,9 @@ def _hand_state():
                   "sys.contrib": torch.zeros(3, 3, dtype=torch.float64),
                   "sys.contrib_round": torch.full((3, 3), -1, dtype=torch.int64),
                   "sys.depths": torch.zeros(3, dtype=torch.int64),
+                  "sys.requested": torch.zeros(3, dtype=torch.int64),
+                  "sys.limits": torch.zeros(3, dtype=torch.int64),
+                  "sys.over_memory_rounds": torch.zeros(3, dtype=torch.int64),
                   "sys.round_time": torch.tensor(0.0, dtype=torch.float64)})
     return state
 
@@ -157,7 +162,7 @@ def test_resume_in_a_lora_round_gives_the_same_summary(tmp_path, one_thread):
     cut = cfg("cut")
     with pytest.raises(KeyboardInterrupt):
         Simulation(cfg=cut, loggers=[], callbacks=[StopAfterClients(6)]).run()  # round 1, 2 of 4 clients done
-    assert list((cut.run_dir / "checkpoints").glob("round0001_rank0.pt"))
+    assert list((cut.run_dir / "checkpoints").glob("round0001*"))  # the interrupted round's records
     resumed = Simulation(cfg=cut, loggers=[], resume=True).run()
     drop = ("wall_time_s", "world_size")
     assert {k: v for k, v in resumed.items() if k not in drop} == {k: v for k, v in full.items() if k not in drop}
@@ -178,6 +183,15 @@ def test_food101_config_fails_offline_with_one_line(tmp_path):
     (["--fedisyn.systems.devices", "[jetson_nano]"], "fedisyn.systems.devices"),
     (["--fedisyn.systems.profiles", "{jetson_orin_nx: {speed: 2}}"], "fedisyn.systems.profiles.jetson_orin_nx"),
     (["--fedisyn.lora.alpha", "0"], "fedisyn.lora.alpha"),
+    (["--fedisyn.systems.profiles", "{jetson_orin_nx: {forward_time_s: -1}}"],
+     "fedisyn.systems.profiles.jetson_orin_nx.forward_time_s"),
+    (["--fedisyn.systems.profiles", "{jetson_orin_nx: {memory_budget_gb: 3.0}}"],  # 2.5 + 1.5 > 3: not one block
+     "fedisyn.systems.profiles.jetson_orin_nx.memory_budget_gb"),
+    (["--fedisyn.systems.reference_loss_db", ".nan"], "fedisyn.systems.reference_loss_db"),
+    (["--fedisyn.systems.bandwidth_allocation", "fair"], "fedisyn.systems.bandwidth_allocation"),
+    (["--fedisyn.synthetic_lambda", "null", "--fedisyn.scaling_kappa", "[1, -0.5, 2, 0]"], "fedisyn.scaling_kappa"),
+    (["--fedisyn.scaling_kappa", "[1, .inf, 2, 0]"], "fedisyn.scaling_kappa"),
+    (["--fedisyn.min_fresh_fraction", "1.0"], "fedisyn.min_fresh_fraction"),
 ])
 def test_bad_fedisyn_settings_name_their_key(override, key):
     with pytest.raises(ConfigError) as err:
@@ -197,3 +211,13 @@ def test_lambda_from_the_scaling_law(tmp_path, one_thread):
     expected = (k2 * math.exp(k3 * f.target_accuracy) / (h0 * k1)) ** (1 / (k2 + 1))
     assert summary["lambda"] == pytest.approx(expected, rel=1e-9)
     assert summary["synthetic_images"] > 0
+
+
+def test_a_lambda_star_that_overflows_names_the_kappas(tmp_path):
+    """κ3·Acc so large that e^{κ3 Acc} overflows: a ConfigError on fedisyn.scaling_kappa, before any image."""
+    from fl_lightning.algorithms.fedisyn.synthesis_step import choose_lambda
+
+    cfg = load_config(TINY, ["--fedisyn.synthetic_lambda", "null", "--fedisyn.scaling_kappa", "[1.0, 1.0, 1000000.0, 0]"])
+    with pytest.raises(ConfigError) as err:
+        choose_lambda(cfg.fedisyn, gen_time_per_image=0.5, pretrain_time_per_image_epoch=0.01, num_real_samples=240)
+    assert err.value.key == "fedisyn.scaling_kappa"

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fl_lightning.algorithms.fedisyn.planning import client_profiles, fit_host_times, plan_round
+from fl_lightning.algorithms.fedisyn.planning import SystemPlan, client_profiles, fit_host_times, plan_round
 from fl_lightning.algorithms.fedisyn.config import SystemsConfig
 
 
@@ -29,3 +29,80 @@ def test_plan_respects_memory_and_finishes_everyone_together(policy):
         assert 1 <= x <= 12 and p.fixed_memory_gb + x * p.memory_per_layer_gb <= p.memory_budget_gb + 1e-12
     assert plan.bandwidth_hz.sum() == pytest.approx(cfg.total_bandwidth_hz, rel=1e-9)
     assert (plan.bandwidth_hz >= 0).all() and plan.round_time_s >= plan.compute_time_s.max()
+
+
+def _channel_by_hand(cfg: SystemsConfig, profiles) -> np.ndarray:
+    """e_i = log2(1 + p_i g_i / σ²), g_i = 10^(−PL0/10) (d_i / d0)^(−α), from the seeded positions (float64)."""
+    from fl_lightning.systems.channel import place_devices
+
+    pos = place_devices(len(profiles), radius_m=cfg.radius_m, center_m=(cfg.center_x_m, 0.0), seed=cfg.placement_seed)
+    d = np.hypot(pos[:, 0], pos[:, 1])
+    g = 10 ** (-cfg.reference_loss_db / 10) * (d / cfg.d0_m) ** (-cfg.path_loss_exponent)
+    p = np.array([pr.transmit_power_w for pr in profiles])
+    return np.log2(1 + p * g / cfg.noise_power_w)
+
+
+def _hand_round(cfg, profiles, samples, depths, payload_bits):
+    H = np.array([s * (p.forward_time_s + x * p.backward_time_per_layer_s)
+                  for s, p, x in zip(samples, profiles, depths)])
+    e = _channel_by_hand(cfg, profiles)
+    return H, e, np.max(H + payload_bits / (cfg.total_bandwidth_hz / len(H) * e))  # the equal split's finish
+
+
+@pytest.mark.parametrize("extra_bits", [0.0, 3.0e6])
+def test_equal_split_round_time_matches_the_channel_by_hand_and_counts_the_head(extra_bits):
+    """w/o WFBA: B_i = B/N and H^t = max_i (H_i + S_i N / (B e_i)); the head's bits are in S_i when it trains."""
+    cfg = SystemsConfig(depth_policy="fixed", fixed_depth=2, bandwidth_allocation="equal")
+    profiles = client_profiles(cfg, 6)
+    samples = np.linspace(100, 600, 6)
+    tau = 8 * 32 * 768 * 2 * 4
+    plan = plan_round(cfg, clients=range(6), profiles=profiles, samples=samples, contributions=np.ones((6, 12)),
+                      layer_bits=tau, num_layers=12, extra_bits=extra_bits)
+    payload = tau * plan.depths + extra_bits
+    _, _, T = _hand_round(cfg, profiles, samples, plan.depths, payload)
+    np.testing.assert_allclose(plan.bandwidth_hz, cfg.total_bandwidth_hz / 6)
+    np.testing.assert_allclose(plan.payload_bits, payload)
+    assert plan.round_time_s == pytest.approx(T, rel=1e-12)
+
+
+def test_wfba_is_never_slower_than_the_equal_split_on_the_same_depths():
+    profiles = client_profiles(SystemsConfig(), 10)
+    samples = np.full(10, 5000.0)
+    kw = dict(clients=range(10), profiles=profiles, samples=samples, contributions=np.ones((10, 12)),
+              layer_bits=1_179_648.0, num_layers=12)
+    wfba = plan_round(SystemsConfig(depth_policy="capacity"), **kw)
+    equal = plan_round(SystemsConfig(depth_policy="capacity", bandwidth_allocation="equal"), **kw)
+    np.testing.assert_array_equal(wfba.depths, equal.depths)
+    assert wfba.round_time_s < equal.round_time_s
+    # WFBA: every device with a payload finishes exactly at H^t (Alg. 2)
+    H, e, _ = _hand_round(SystemsConfig(), profiles, samples, wfba.depths, wfba.payload_bits)
+    np.testing.assert_allclose(H + wfba.payload_bits / (wfba.bandwidth_hz * e), wfba.round_time_s, rtol=1e-9)
+
+
+def test_a_policy_that_asks_for_more_than_memory_is_reported_not_silently_capped():
+    cfg = SystemsConfig(depth_policy="full")
+    profiles = client_profiles(cfg, 10)  # the paper testbed: Orin NX boards hold 6 of 12 blocks
+    plan = plan_round(cfg, clients=range(10), profiles=profiles, samples=np.full(10, 100.0),
+                      contributions=np.ones((10, 12)), layer_bits=1e6, num_layers=12)
+    limits = np.array([min(int(np.floor((p.memory_budget_gb - p.fixed_memory_gb) / p.memory_per_layer_gb + 1e-9)), 12)
+                       for p in profiles])
+    np.testing.assert_array_equal(plan.requested, 12)
+    np.testing.assert_array_equal(plan.limits, limits)
+    np.testing.assert_array_equal(plan.depths, np.minimum(12, limits))
+    np.testing.assert_array_equal(plan.over_memory, limits < 12)
+    assert plan.over_memory.any() and not plan.over_memory.all()
+    back = SystemPlan.from_decisions(plan.as_decisions())  # the checkpointed form keeps what was requested
+    np.testing.assert_array_equal(back.requested, plan.requested)
+    np.testing.assert_array_equal(back.over_memory, plan.over_memory)
+
+
+def test_full_parameter_fedavg_uploads_the_whole_model_at_full_depth():
+    cfg = SystemsConfig(bandwidth_allocation="equal")
+    profiles = client_profiles(cfg, 4)
+    model_bits = 32.0 * 5_000_000
+    plan = plan_round(cfg, clients=range(4), profiles=profiles, samples=np.full(4, 50.0),
+                      contributions=np.ones((4, 12)), layer_bits=1e6, num_layers=12, full_model_bits=model_bits)
+    np.testing.assert_array_equal(plan.depths, 12)  # every weight trains, whatever memory LoRA would allow
+    np.testing.assert_allclose(plan.payload_bits, model_bits)
+    _, _, T = _hand_round(cfg, profiles, np.full(4, 50.0), plan.depths, plan.payload_bits)
+    assert plan.round_time_s == pytest.approx(T, rel=1e-12)

@@ -1,4 +1,4 @@
-"""Tests for fl_lightning.callbacks.contribution: G_i from LoRA gradients, and per-layer estimates."""
+"""Tests for fl_lightning.callbacks.contribution: G_i from LoRA gradients (estimates: tests/systems/test_contributions.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import timm
 import torch
 
-from fl_lightning.callbacks.contribution import GradientContribution, estimate_layer_contributions
+from fl_lightning.callbacks.contribution import GradientContribution
 from fl_lightning.models.lora import LoraSpec
 from fl_lightning.modules.lora_classifier import LoRAClassifier
 
@@ -69,23 +69,3 @@ def test_reset_and_state_dict():
     assert restored.per_layer() == callback.per_layer() and len(callback.per_layer()) == 3
     callback.reset()
     assert callback.per_layer() == {} and callback.total() == 0.0
-
-
-def test_estimate_uses_latest_measurement_then_last_round_mean():
-    history = {0: 9.0, 3: 1.0, 4: 2.0}  # block 0 measured in an older round
-    last_round = {3: 1.5, 4: 2.5}  # trained last round: blocks 3, 4 (mean 2.0)
-    out = estimate_layer_contributions(history, 5, prior=7.0, last_round=last_round)
-    np.testing.assert_array_equal(out, [9.0, 2.0, 2.0, 1.5, 2.5])
-    assert out.dtype == np.float64
-
-
-def test_estimate_without_last_round_uses_history_mean_and_prior():
-    np.testing.assert_array_equal(estimate_layer_contributions({2: 4.0, 1: 2.0}, 4, prior=0.0), [3.0, 2.0, 4.0, 3.0])
-    np.testing.assert_array_equal(estimate_layer_contributions({}, 3, prior=0.5), [0.5, 0.5, 0.5])
-
-
-def test_estimate_rejects_bad_layers():
-    with pytest.raises(ValueError, match="outside"):
-        estimate_layer_contributions({5: 1.0}, 5, prior=0.0)
-    with pytest.raises(ValueError, match="num_layers"):
-        estimate_layer_contributions({}, 0, prior=0.0)

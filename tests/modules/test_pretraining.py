@@ -1,4 +1,4 @@
-"""Tests for fl_lightning.modules.classifier: FeDiSyn's server pre-training of a ViT."""
+"""Tests for fl_lightning.modules.pretraining: FeDiSyn's server pre-training of a ViT."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from fl_lightning.errors import MissingResourceError
-from fl_lightning.modules.classifier import ViTClassifier, load_pretrained_vit, pretrain_classifier, split_holdout
+from fl_lightning.modules.pretraining import ViTClassifier, load_pretrained_vit, pretrain_classifier, split_holdout
 
 NAME = "vit_tiny_patch16_224"
 TINY = dict(img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=2)
@@ -72,12 +72,13 @@ def test_training_step_returns_finite_loss():
 
 def test_pretrain_and_reload(tmp_path):
     train, val = split_holdout(tiny_dataset(48), 0.25, seed=0)
-    ckpt = pretrain_classifier(
+    ckpt, epochs = pretrain_classifier(
         model_name=NAME, overrides=TINY, checkpoint=None, num_classes=3,
         train_dataset=train, val_dataset=val, out_dir=tmp_path, max_epochs=2, batch_size=16,
         lr=3e-3, accelerator="cpu", devices=1, precision="32-true", seed=0, patience=2,
     )
     assert ckpt.is_file() and ckpt.parent == tmp_path / "checkpoints"
+    assert epochs == 2  # patience 2 cannot stop a 2-epoch run early
     assert list((tmp_path / "pretrain").rglob("metrics.csv"))
 
     model = load_pretrained_vit(ckpt)
@@ -93,6 +94,19 @@ def test_pretrain_and_reload(tmp_path):
     model.eval()
     x, _ = val[:]
     assert model(x).shape == (len(val), 3)
+
+
+def test_pretrain_reports_the_epochs_early_stopping_ran(tmp_path):
+    """The epoch count agrees with the epochs in Lightning's own CSV log, also when stopping early."""
+    import csv
+
+    train, val = split_holdout(tiny_dataset(24), 0.25, seed=0)
+    _, epochs = pretrain_classifier(
+        model_name=NAME, overrides=TINY, checkpoint=None, num_classes=3, train_dataset=train, val_dataset=val,
+        out_dir=tmp_path, max_epochs=8, batch_size=32, lr=1e-9, accelerator="cpu", seed=0, patience=1)
+    with next((tmp_path / "pretrain").rglob("metrics.csv")).open(newline="") as f:
+        logged = {int(float(r["epoch"])) for r in csv.DictReader(f) if r.get("epoch")}
+    assert epochs == len(logged) and epochs < 8  # lr 1e-9: held-out accuracy cannot improve, patience 1 stops it
 
 
 def test_load_pretrained_vit_missing_file(tmp_path):

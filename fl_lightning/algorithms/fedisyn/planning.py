@@ -1,12 +1,19 @@
 """FeDiSyn's per-round system plan: device profiles → contributions → depths (CLC) → bandwidth (WFBA).
 
 Pure functions on numpy arrays and config values (no Lightning, no I/O), used by
-:class:`fl_lightning.algorithms.fedisyn.FeDiSyn` on the server at the start of every LoRA round:
+:class:`fl_lightning.algorithms.fedisyn.FeDiSyn` (and the baselines built on it) on the server at the
+start of every fine-tuning round:
 
     profiles (named boards, cycled over the clients; or fitted to this host's compute times)
-    contributions Ĉ[i, l]  (last measured ||∇θ_l||² of device i, estimated where unmeasured)
-    depths x_i            (systems.depth_policy: clc | capacity | full | fixed, capped by memory)
-    bandwidth B_i, H^t    (water-filling: every device finishes compute + upload at H^t)
+    contributions Ĉ[i, l]  (``fl_lightning.systems.contributions``: last measured ||∇θ_l||², estimated elsewhere)
+    depths x_i            (systems.depth_policy: clc | capacity | full | fixed, ``systems.clc.policy_depths``);
+                          a device whose memory holds fewer blocks than asked trains what it holds and
+                          is reported (``requested`` / ``limits`` / ``over_memory``)
+    bandwidth B_i, H^t    (systems.bandwidth_allocation: wfba = water-filling, every device finishes
+                          compute + upload at H^t; equal = B/N, the w/o-WFBA ablation)
+
+Payload of device i: τ·x_i bits of LoRA plus ``extra_bits`` (the head, when it trains) — or, for
+full-parameter FedAvg (GPT-FL, FGL), the whole model whatever the depth.
 """
 
 from __future__ import annotations
@@ -18,35 +25,31 @@ import numpy as np
 import torch
 from scipy.optimize import nnls
 
-from fl_lightning.callbacks.contribution import estimate_layer_contributions
 from fl_lightning.algorithms.fedisyn.config import SystemsConfig
 from fl_lightning.systems.channel import ChannelConfig, device_spectral_efficiency
-from fl_lightning.systems.clc import (
-    capacity_depths,
-    contribution_aware_depths,
-    depth_round_time,
-    fixed_depths,
-    full_depths,
-    memory_depth_limits,
-)
+from fl_lightning.systems.clc import policy_depths
 from fl_lightning.systems.devices import PAPER_TESTBED, PROFILES, DeviceProfile, profile_arrays
+from fl_lightning.systems.wfba import allocate_bandwidth, equal_bandwidth
 
-__all__ = ["SystemPlan", "client_profiles", "fit_host_times", "estimate_contributions", "plan_round"]
+__all__ = ["SystemPlan", "client_profiles", "fit_host_times", "plan_round"]
 
 
 @dataclass(frozen=True)
 class SystemPlan:
-    """What the server decided for one LoRA round (arrays over the participating clients, in order).
+    """What the server decided for one fine-tuning round (arrays over the participating clients, in order).
 
     It travels in the engine's :class:`~fl_lightning.federation.algorithm.RoundPlan` as its
     ``decisions`` (:meth:`as_decisions` / :meth:`from_decisions`), checkpointed with the round.
 
     Args:
         clients: participating client indices.
-        depths: x_i, trained last blocks per client.
-        bandwidth_hz: B_i from WFBA.
-        round_time_s: H^t, the WFBA round time (all devices finish together).
+        depths: x_i, trained last blocks per client (within its memory).
+        bandwidth_hz: B_i (water-filling or B/N).
+        round_time_s: H^t, when the last device has computed and uploaded.
         compute_time_s: D_i E (h̄_i + x_i h_i) per client.
+        requested: the depths the policy asked for, before memory.
+        limits: each device's memory limit (largest x with m̄_i + x m_i ≤ M_i, at most L).
+        payload_bits: S_i, what each device uploads (bits) in the channel model.
     """
 
     clients: list[int]
@@ -54,18 +57,35 @@ class SystemPlan:
     bandwidth_hz: np.ndarray
     round_time_s: float
     compute_time_s: np.ndarray
+    requested: np.ndarray | None = None
+    limits: np.ndarray | None = None
+    payload_bits: np.ndarray | None = None
+
+    @property
+    def over_memory(self) -> np.ndarray:
+        """(n,) bool: devices whose memory holds fewer blocks than the policy asked for."""
+        if self.requested is None or self.limits is None:
+            return np.zeros(len(self.clients), dtype=bool)
+        return np.asarray(self.requested) > np.asarray(self.limits)
 
     def as_decisions(self) -> dict[str, object]:
         """Checkpointable form (tensors and plain values) for ``RoundPlan.decisions``."""
-        return {"clients": list(self.clients), "depths": torch.as_tensor(self.depths, dtype=torch.int64),
+        def ints(a):
+            return torch.as_tensor(self.depths if a is None else a, dtype=torch.int64)
+
+        return {"clients": list(self.clients), "depths": ints(self.depths),
                 "bandwidth_hz": torch.as_tensor(self.bandwidth_hz, dtype=torch.float64),
                 "round_time_s": float(self.round_time_s),
-                "compute_time_s": torch.as_tensor(self.compute_time_s, dtype=torch.float64)}
+                "compute_time_s": torch.as_tensor(self.compute_time_s, dtype=torch.float64),
+                "requested": ints(self.requested), "limits": ints(self.limits),
+                "payload_bits": torch.as_tensor(np.zeros(len(self.clients)) if self.payload_bits is None
+                                                else self.payload_bits, dtype=torch.float64)}
 
     @classmethod
     def from_decisions(cls, d: dict) -> SystemPlan:
+        optional = {k: d[k].numpy() for k in ("requested", "limits", "payload_bits") if k in d}
         return cls([int(c) for c in d["clients"]], d["depths"].numpy(), d["bandwidth_hz"].numpy(),
-                   float(d["round_time_s"]), d["compute_time_s"].numpy())
+                   float(d["round_time_s"]), d["compute_time_s"].numpy(), **optional)
 
 
 def client_profiles(cfg: SystemsConfig, num_clients: int) -> list[DeviceProfile]:
@@ -95,72 +115,52 @@ def fit_host_times(compute_s: Mapping[int, float], samples: Mapping[int, float],
     return float(h_bar), float(h)
 
 
-def estimate_contributions(values: np.ndarray, measured_round: np.ndarray) -> np.ndarray:
-    """Ĉ (N, L) from the per-device, per-block last measurements ``values`` and their rounds (−1: never).
-
-    Per device, the blocks measured in its most recent round are ``last_round``; older measurements
-    are ``history``; the prior for a device never measured is the mean over all measurements (1.0
-    before any) — see :func:`fl_lightning.callbacks.contribution.estimate_layer_contributions`.
-    """
-    N, L = values.shape
-    seen = measured_round >= 0
-    prior = float(values[seen].mean()) if seen.any() else 1.0
-    out = np.empty((N, L), dtype=np.float64)
-    for i in range(N):
-        layers = np.flatnonzero(seen[i])
-        history = {int(l): float(values[i, l]) for l in layers}
-        latest = measured_round[i].max()
-        last = {int(l): float(values[i, l]) for l in layers if measured_round[i, l] == latest}
-        out[i] = estimate_layer_contributions(history, L, prior=prior, last_round=last or None)
-    return out
-
-
 def plan_round(cfg: SystemsConfig, *, clients: Sequence[int], profiles: Sequence[DeviceProfile],
-               samples: np.ndarray, contributions: np.ndarray, layer_bits: float, num_layers: int) -> SystemPlan:
-    """Depths, bandwidths and the round time H^t of one LoRA round.
+               samples: np.ndarray, contributions: np.ndarray, layer_bits: float, num_layers: int,
+               extra_bits: float = 0.0, full_model_bits: float | None = None) -> SystemPlan:
+    """Depths, bandwidths and the round time H^t of one fine-tuning round.
 
     Args:
-        cfg: the systems section (depth policy, channel).
+        cfg: the systems section (depth policy, bandwidth allocation, channel).
         clients: participating client indices (rows of ``contributions``/``samples`` are per client index).
         profiles: the profile of every client (index → profile).
         samples: (K,) samples each client processes this round, D_i · E.
-        contributions: (K, L) Ĉ of every client.
-        layer_bits: τ, bits uploaded per trained block.
+        contributions: (K, L) Ĉ of every client (read by CLC only).
+        layer_bits: τ, bits uploaded per trained LoRA block.
         num_layers: L.
+        extra_bits: bits every device uploads besides its blocks (the head, when it trains). CLC's greedy
+            prices depths with τ·x only (``systems.clc`` has no constant payload term); the round time
+            and the bandwidths here include it.
+        full_model_bits: full-parameter FedAvg (GPT-FL, FGL): every device trains and uploads the whole
+            model (these bits), whatever ``depth_policy`` says; memory limits are still reported.
     """
     idx = np.asarray(list(clients), dtype=np.int64)
     arrays = profile_arrays([profiles[i] for i in idx])
-    memory = dict(fixed_memory_gb=arrays["fixed_memory_gb"], memory_per_layer_gb=arrays["memory_per_layer_gb"],
-                  memory_budget_gb=arrays["memory_budget_gb"])
-    limits = memory_depth_limits(**memory, num_layers=num_layers)
     channel = ChannelConfig(radius_m=cfg.radius_m, center_m=(cfg.center_x_m, 0.0), d0_m=cfg.d0_m,
                             path_loss_exponent=cfg.path_loss_exponent, noise_power_w=cfg.noise_power_w,
-                            total_bandwidth_hz=cfg.total_bandwidth_hz)
+                            total_bandwidth_hz=cfg.total_bandwidth_hz, reference_loss_db=cfg.reference_loss_db)
     # every client has a fixed position (seeded over ALL clients, so sampling does not move devices)
     all_p = profile_arrays(list(profiles))["transmit_power_w"]
     _, efficiency = device_spectral_efficiency(all_p, config=channel, seed=cfg.placement_seed)
     e = efficiency[idx]
     D = np.asarray(samples, dtype=np.float64)[idx]
-    timing = dict(num_samples=D, forward_time_s=arrays["forward_time_s"],
-                  backward_time_per_layer_s=arrays["backward_time_per_layer_s"])
-    if cfg.depth_policy == "clc":
-        depths = contribution_aware_depths(contributions=np.asarray(contributions)[idx], **timing, **memory,
-                                           layer_bits=layer_bits, spectral_efficiency=e,
-                                           total_bandwidth_hz=cfg.total_bandwidth_hz)
-    elif cfg.depth_policy == "capacity":
-        depths = capacity_depths(forward_time_s=arrays["forward_time_s"],
-                                 backward_time_per_layer_s=arrays["backward_time_per_layer_s"], **memory,
-                                 num_layers=num_layers)
-    elif cfg.depth_policy == "full":
-        depths = np.minimum(full_depths(len(idx), num_layers), limits)
-    elif cfg.depth_policy == "fixed":
-        if cfg.fixed_depth > num_layers:
-            raise ValueError(f"fixed depth {cfg.fixed_depth} exceeds the model's {num_layers} blocks")
-        depths = np.minimum(fixed_depths(len(idx), cfg.fixed_depth), limits)
-    else:  # the config's Literal makes this unreachable
-        raise ValueError(f"unknown depth policy {cfg.depth_policy!r}; expected clc, capacity, full or fixed")
-    depths = np.asarray(depths, dtype=np.int64)
-    bandwidth, round_time = depth_round_time(depths, **timing, layer_bits=layer_bits, spectral_efficiency=e,
-                                             total_bandwidth_hz=cfg.total_bandwidth_hz)
+    timing = dict(forward_time_s=arrays["forward_time_s"], backward_time_per_layer_s=arrays["backward_time_per_layer_s"])
+    memory = dict(fixed_memory_gb=arrays["fixed_memory_gb"], memory_per_layer_gb=arrays["memory_per_layer_gb"],
+                  memory_budget_gb=arrays["memory_budget_gb"])
+    policy = "full" if full_model_bits is not None else cfg.depth_policy
+    decision = policy_depths(policy, num_layers=num_layers, **timing, **memory,
+                             contributions=np.asarray(contributions, dtype=np.float64)[idx], num_samples=D,
+                             layer_bits=layer_bits, spectral_efficiency=e, total_bandwidth_hz=cfg.total_bandwidth_hz,
+                             fixed_depth=cfg.fixed_depth, allocation=cfg.bandwidth_allocation)
+    if full_model_bits is not None:  # full-parameter training: nothing to cap, the whole model moves
+        depths = np.asarray(decision.requested, dtype=np.int64)
+        payload = np.full(len(idx), float(full_model_bits))
+    else:
+        depths = np.asarray(decision.depths, dtype=np.int64)
+        payload = layer_bits * depths + float(extra_bits)
     compute = D * (arrays["forward_time_s"] + depths * arrays["backward_time_per_layer_s"])
-    return SystemPlan([int(i) for i in idx], depths, bandwidth, float(round_time), compute)
+    allocate = allocate_bandwidth if cfg.bandwidth_allocation == "wfba" else equal_bandwidth
+    bandwidth, round_time = allocate(compute, payload, e, cfg.total_bandwidth_hz)
+    return SystemPlan([int(i) for i in idx], depths, bandwidth, float(round_time), compute,
+                      requested=np.asarray(decision.requested, dtype=np.int64),
+                      limits=np.asarray(decision.limits, dtype=np.int64), payload_bits=payload)

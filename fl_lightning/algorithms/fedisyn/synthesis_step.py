@@ -1,6 +1,6 @@
 """FeDiSyn's server round 0: latents → prompts → synthetic images → pre-trained ViT (orchestration only).
 
-The math lives in ``fl_lightning.synthesis`` (plan, sampling) and ``fl_lightning.modules.classifier``
+The math lives in ``fl_lightning.synthesis`` (plan, sampling) and ``fl_lightning.modules.pretraining``
 (pre-training); this file wires them to the run folder:
 
     <run_dir>/prompts.json            the label → prompts cache (the LLM runs once per label)
@@ -9,17 +9,29 @@ The math lives in ``fl_lightning.synthesis`` (plan, sampling) and ``fl_lightning
 
 and measures the server's wall times ĥ (per generated image) and h̃ (per image and epoch of
 pre-training), which the simulated clock and the scaling law use unless the config fixes them.
+
+Two ways to start an image (``generation``):
+
+* ``feature_guided`` (FeDiSyn): from a client's noised latent centroid mixed with its class average
+  (``synthesis.generate.plan_generation``), denoised from the upload's timestep s;
+* ``text_only`` (GPT-FL, FGL and FeDiSyn w/o FG): from pure noise at the last training timestep
+  T − 1, conditioned on the prompt only — x_{T−1} = sqrt(1 − ᾱ_{T−1}) ξ, the ``noise_fraction = 0``
+  case of ``synthesis.generate.top_up_latent`` on a zero latent (SD's text-to-image start N(0, I)
+  up to 1 − ᾱ_{T−1} ≈ 0.995). The volumes are the same λ·D^k per class as FeDiSyn's, so an
+  ablation changes the generation only.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from PIL import Image
 from torch import nn
@@ -30,13 +42,19 @@ from fl_lightning.data.transforms import build_transform
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.algorithm import InputSpec
 from fl_lightning.models.diffusion import DiffusionComponents
-from fl_lightning.modules.classifier import load_pretrained_vit, pretrain_classifier, split_holdout
-from fl_lightning.synthesis.generate import MANIFEST_NAME, generate_images, plan_generation, synthetic_volume
+from fl_lightning.modules.pretraining import load_pretrained_vit, pretrain_classifier, split_holdout
+from fl_lightning.synthesis.generate import (
+    MANIFEST_NAME,
+    GenerationRequest,
+    generate_images,
+    plan_generation,
+    synthetic_volume,
+)
 from fl_lightning.synthesis.latents import ClassLatentUpload
 from fl_lightning.synthesis.prompts import LLMPromptExpander, TemplatePromptExpander, expand_with_cache
 from fl_lightning.systems.scaling_law import ScalingLawParams, optimal_lambda, synthesis_cost_per_unit_lambda
 
-__all__ = ["SynthesisResult", "SyntheticFolder", "choose_lambda", "synthesise_and_pretrain"]
+__all__ = ["SynthesisResult", "SyntheticFolder", "choose_lambda", "text_only_requests", "synthesise_and_pretrain"]
 
 
 @dataclass
@@ -70,15 +88,53 @@ class SyntheticFolder(Dataset):
 
 
 def choose_lambda(cfg: FeDiSynConfig, *, gen_time_per_image: float, pretrain_time_per_image_epoch: float,
-                  num_real_samples: int) -> float:
-    """λ from the config, or λ* of the scaling law with h0 = (ĥ + h̃ T̂) D."""
+                  num_real_samples: int, section: str = "fedisyn") -> float:
+    """λ from the config, or λ* of the scaling law with h0 = (ĥ + h̃ T̂) D.
+
+    Raises:
+        ConfigError: λ* is not a finite number > 0 (e.g. e^{κ3 Acc} overflows, or h0 is 0 because ĥ and
+            h̃ are both 0): named ``<section>.scaling_kappa``.
+    """
     if cfg.synthetic_lambda is not None:
         return float(cfg.synthetic_lambda)
     h0 = synthesis_cost_per_unit_lambda(gen_time_per_image, pretrain_time_per_image_epoch, cfg.pretrain_epochs,
                                         num_real_samples)
     k1, k2, k3, k4 = (float(k) for k in cfg.scaling_kappa or ())
-    return optimal_lambda(cfg.target_accuracy, h0=h0,
-                          params=ScalingLawParams(kappa1=k1, kappa2=k2, kappa3=k3, kappa4=k4))
+    try:
+        lam = optimal_lambda(cfg.target_accuracy, h0=h0,
+                             params=ScalingLawParams(kappa1=k1, kappa2=k2, kappa3=k3, kappa4=k4))
+    except (ValueError, OverflowError) as err:
+        raise ConfigError(f"{section}.scaling_kappa", cfg.scaling_kappa,
+                          f"κ that give a finite λ* > 0 at target_accuracy {cfg.target_accuracy} with h0 = {h0:g} s "
+                          f"({err})") from None
+    if not (math.isfinite(lam) and lam > 0):
+        raise ConfigError(f"{section}.scaling_kappa", cfg.scaling_kappa,
+                          f"κ that give a finite λ* > 0 (got λ* = {lam!r} with h0 = {h0:g} s)")
+    return lam
+
+
+def text_only_requests(class_names: Sequence[str], prompts_by_class: Mapping[str, Sequence[str]], *,
+                       volume_per_class: Mapping[int, int], latent_shape: tuple[int, ...], timestep: int,
+                       seed: int) -> list[GenerationRequest]:
+    """Requests that start from pure noise at ``timestep`` (T − 1), conditioned on prompts only.
+
+    Each request carries a zero latent with ``noise_fraction = 0``: ``start_latent`` then draws the
+    whole noise σ_s ξ from the image's own seed (derived from (seed, label, index)). Class k's images
+    take its prompts in turn (FGL: the clients' captions; GPT-FL: the LLM's prompts).
+    """
+    zero = torch.zeros(latent_shape)
+    requests = []
+    for label in sorted(volume_per_class):
+        prompts = list(prompts_by_class.get(class_names[label], []))
+        if volume_per_class[label] > 0 and not prompts:
+            raise ValueError(f"no prompts for class {class_names[label]!r}")
+        for index in range(int(volume_per_class[label])):
+            image_seed = int(np.random.SeedSequence([int(seed), int(label), int(index), 1]).generate_state(1)[0])
+            requests.append(GenerationRequest(class_name=class_names[label], label=int(label), client=-1,
+                                              centroid_index=-1, latent=zero, timestep=int(timestep),
+                                              prompt=prompts[index % len(prompts)], seed=image_seed, index=index,
+                                              noise_fraction=0.0))
+    return requests
 
 
 def _expander(cfg: FeDiSynConfig, *, seed: int, device: torch.device):
@@ -101,47 +157,72 @@ def _probe_generation(cfg: FeDiSynConfig, components: DiffusionComponents, reque
     start = time.monotonic()
     generate_images(components, batch, folder, batch_size=cfg.generation_batch_size,
                     num_inference_steps=cfg.num_inference_steps, guidance_scale=cfg.guidance_scale,
-                    device=device, dtype=_dtype(cfg, device), progress=False)
+                    device=device, dtype=_dtype(cfg, device), progress=False,
+                    min_fresh_fraction=cfg.min_fresh_fraction)
     shutil.rmtree(folder, ignore_errors=True)
     return (time.monotonic() - start) / max(len(batch), 1)
 
 
+def _latent_shape(components: DiffusionComponents, image_size: int) -> tuple[int, int, int]:
+    """(C, h, w) of the VAE's latents for ``image_size`` images (SD: 4 channels, ÷8)."""
+    config = components.vae.config
+    factor = 2 ** (len(config.block_out_channels) - 1)
+    return (int(config.latent_channels), image_size // factor, image_size // factor)
+
+
 def synthesise_and_pretrain(
     cfg: FeDiSynConfig, *, components: DiffusionComponents,
-    uploads_by_client: Mapping[int, Sequence[ClassLatentUpload]],
+    uploads_by_client: Mapping[int, Sequence[ClassLatentUpload]] | None, class_counts: Mapping[int, int],
     class_names: Sequence[str], spec: InputSpec, run_dir: Path, seed: int, device: torch.device,
-    precision: str, progress: bool,
+    precision: str, progress: bool, prompts_by_class: Mapping[str, Sequence[str]] | None = None,
+    section: str = "fedisyn",
 ) -> SynthesisResult:
-    """Steps 1 (server side) and 2 of FeDiSyn; resumable (prompts cached, images skipped when present)."""
-    totals: dict[int, int] = {}
-    for ups in uploads_by_client.values():
-        for up in ups:
-            totals[up.label] = totals.get(up.label, 0) + up.count
+    """Steps 1 (server side) and 2 of FeDiSyn; resumable (prompts cached, images skipped when present).
+
+    Args:
+        cfg: the method's section.
+        uploads_by_client: the clients' noised latents (``feature_guided``; None for ``text_only``).
+        class_counts: D^k per label, summed over the clients.
+        prompts_by_class: prompts to use instead of the label expansion (FGL: the clients' captions).
+        section: the method's config section, for error keys.
+    """
+    totals = {int(k): int(v) for k, v in class_counts.items() if v > 0}
     D = sum(totals.values())
-    prompts = expand_with_cache(_expander(cfg, seed=seed, device=device), list(class_names), cfg.prompts_per_label,
-                                run_dir / "prompts.json")
+    if prompts_by_class is None:
+        prompts_by_class = expand_with_cache(_expander(cfg, seed=seed, device=device), list(class_names),
+                                             cfg.prompts_per_label, run_dir / "prompts.json")
+    text_only = cfg.generation == "text_only"
+    if not text_only and uploads_by_client is None:
+        raise ValueError("feature-guided generation needs the clients' latent uploads")
+    last_t = int(components.scheduler.config.num_train_timesteps) - 1
+
+    def requests_for(volume: Mapping[int, int]) -> list[GenerationRequest]:
+        if text_only:
+            return text_only_requests(class_names, prompts_by_class, volume_per_class=volume, seed=seed,
+                                      latent_shape=_latent_shape(components, cfg.vae_image_size), timestep=last_t)
+        return plan_generation(uploads_by_client, class_names, prompts_by_class, volume_per_class=volume,
+                               rho=cfg.rho, seed=seed)
+
     folder = run_dir / "synthetic"
     h_gen, h_pre = cfg.generation_time_per_image_s, cfg.pretrain_time_per_image_epoch_s
     if cfg.synthetic_lambda is None and (h_gen is None or h_pre is None):
-        probe = plan_generation(uploads_by_client, class_names, prompts, volume_per_class=totals, rho=cfg.rho,
-                                seed=seed)
         if h_gen is None:
-            h_gen = _probe_generation(cfg, components, probe, run_dir / "probe", device)
+            h_gen = _probe_generation(cfg, components, requests_for(totals), run_dir / "probe", device)
         if h_pre is None:
             # a first-order stand-in until pre-training is measured: ViT training costs ~ a generation step
             h_pre = h_gen / max(cfg.num_inference_steps, 1)
     lam = choose_lambda(cfg, gen_time_per_image=h_gen or 0.0, pretrain_time_per_image_epoch=h_pre or 0.0,
-                        num_real_samples=D)
+                        num_real_samples=D, section=section)
     volume = synthetic_volume(totals, lam)
     if sum(volume.values()) < 2:
-        raise ConfigError("fedisyn.synthetic_lambda", lam,
+        raise ConfigError(f"{section}.synthetic_lambda", lam,
                           f"a λ that gives at least 2 synthetic images (D = {D} real samples)")
-    requests = plan_generation(uploads_by_client, class_names, prompts, volume_per_class=volume, rho=cfg.rho,
-                               seed=seed)
+    requests = requests_for(volume)
     start = time.monotonic()
     generate_images(components, requests, folder, batch_size=cfg.generation_batch_size,
                     num_inference_steps=cfg.num_inference_steps, guidance_scale=cfg.guidance_scale,
-                    device=device, dtype=_dtype(cfg, device), progress=progress)
+                    device=device, dtype=_dtype(cfg, device), progress=progress,
+                    min_fresh_fraction=cfg.min_fresh_fraction)
     generation_s = time.monotonic() - start
     components.to(device="cpu")  # free the accelerator for pre-training and fine-tuning
     n_images = len(requests)
@@ -156,27 +237,14 @@ def synthesise_and_pretrain(
     out = run_dir / "pretrain"
     shutil.rmtree(out, ignore_errors=True)  # an interrupted pre-training starts over (no stale "best")
     start = time.monotonic()
-    best = pretrain_classifier(
+    best, epochs_run = pretrain_classifier(
         model_name=cfg.pretrain_model, overrides=cfg.pretrain_overrides, checkpoint=cfg.pretrain_checkpoint,
         num_classes=len(class_names), train_dataset=train_set, val_dataset=val_set, out_dir=out,
         max_epochs=cfg.pretrain_epochs, batch_size=cfg.pretrain_batch_size, lr=cfg.pretrain_lr,
         accelerator=device.type, devices=1, precision=precision, seed=seed, patience=cfg.pretrain_patience)
     pretraining_s = time.monotonic() - start
-    epochs_run = _epochs_run(out)
     if cfg.pretrain_time_per_image_epoch_s is not None:
         pretraining_s = cfg.pretrain_time_per_image_epoch_s * len(train_set) * epochs_run
     model = load_pretrained_vit(best, map_location="cpu")
     per_class = {label: int(v) for label, v in volume.items()}
     return SynthesisResult(model, lam, per_class, generation_s, pretraining_s, best)
-
-
-def _epochs_run(out: Path) -> int:
-    """Epochs the pre-training actually ran (early stopping may end it before pretrain_epochs)."""
-    metrics = sorted(out.glob("pretrain/version_*/metrics.csv"))
-    if not metrics:
-        return 1
-    import csv
-
-    with metrics[-1].open(newline="") as f:
-        epochs = {int(float(r["epoch"])) for r in csv.DictReader(f) if r.get("epoch")}
-    return max(len(epochs), 1)

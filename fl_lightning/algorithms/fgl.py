@@ -1,0 +1,123 @@
+"""FGL (Federated Generative Learning, Zhang et al. 2023) as FeDiSyn's Benchmarks paragraph defines it.
+
+    devices caption their images with BLIP → upload the captions → text-only generation →
+    server pre-training → full-parameter FedAvg
+
+Round 0: each device captions every image it holds with BLIP (``models/captioning.py``,
+``captioner_path`` a local ``BlipForConditionalGeneration`` folder; null: a tiny random BLIP for
+tests) and uploads, per class, its captions as UTF-8 bytes (one uint8 tensor per class, so the
+traffic counts every byte) plus its class counts. The server makes class k's prompts
+"<class name>, <caption>" from the captions of all devices (in client order; the class name keeps a
+caption that does not name the object tied to its label — an empty caption leaves the class name),
+generates round(λ·D^k) images per class from pure noise and those prompts (captions taken in turn),
+and pre-trains the ViT as FeDiSyn does. Rounds 1..T: full-parameter FedAvg, as GPT-FL
+(:mod:`fl_lightning.algorithms.gptfl`).
+
+Privacy: unlike FeDiSyn's noised latents, captions describe individual images in words; that is the
+method's own trade-off, reproduced as is.
+
+Config: the ``fgl:`` section takes GPT-FL's keys plus the captioner's; ``llm_path`` and
+``prompts_per_label`` are not read (the captions are the prompts; ``summary.json``: ``ignored_method_keys``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.fabric import Fabric
+
+from fl_lightning.algorithms.fedisyn.config import check
+from fl_lightning.algorithms.gptfl import FULL_FEDAVG_UNUSED_KEYS, GPTFL, GPTFLConfig
+from fl_lightning.federation.algorithm import Client, register
+from fl_lightning.federation.transport import Upload
+
+__all__ = ["FGL", "FGLConfig", "pack_captions", "unpack_captions"]
+
+_CAPTIONS = "captions."  # upload key prefix: captions.<label> = UTF-8 bytes of the captions, newline-separated
+
+
+@dataclass
+class FGLConfig(GPTFLConfig):
+    captioner_path: str | None = None  # a local BLIP captioning folder; null: tiny random BLIP (tests)
+    caption_max_tokens: int = 20  # BLIP's greedy caption length cap
+    caption_batch_size: int = 16  # images per BLIP call on a device
+    caption_image_size: int = 32  # the tiny BLIP's input size (a real BLIP uses its processor's own)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.caption_max_tokens >= 1, "caption_max_tokens", self.caption_max_tokens, "an int >= 1")
+        check(self.caption_batch_size >= 1, "caption_batch_size", self.caption_batch_size, "an int >= 1")
+        check(self.caption_image_size >= 8, "caption_image_size", self.caption_image_size, "an int >= 8")
+
+
+def pack_captions(captions: list[str]) -> torch.Tensor:
+    """Captions → one uint8 tensor of their UTF-8 bytes joined by newlines (newlines inside become spaces)."""
+    data = "\n".join(c.replace("\n", " ") for c in captions).encode("utf-8")
+    return torch.tensor(list(data), dtype=torch.uint8)  # (bytes,); empty for one empty caption
+
+
+def unpack_captions(tensor: torch.Tensor, count: int) -> list[str]:
+    """The inverse of :func:`pack_captions` for ``count`` captions."""
+    text = bytes(tensor.to(torch.uint8).tolist()).decode("utf-8")
+    captions = text.split("\n")
+    if len(captions) != count:
+        raise ValueError(f"expected {count} captions, the upload holds {len(captions)}")
+    return captions
+
+
+@register("fgl")
+class FGL(GPTFL):
+    """Caption-prompted text-only synthesis, then full-parameter FedAvg (see the module docstring)."""
+
+    config_class = FGLConfig
+    ignored_keys = (*FULL_FEDAVG_UNUSED_KEYS, "llm_path", "prompts_per_label")
+
+    @classmethod
+    def _missing_resources(cls, cfg: Any) -> list[str]:
+        path = cfg.method.captioner_path
+        if path is not None and not Path(path).expanduser().is_dir():
+            return [f"{cls.name}.captioner_path={path} (BLIP captioning folder, e.g. blip-image-captioning-base)"]
+        return []
+
+    def build(self, fabric: Fabric) -> None:
+        from fl_lightning.models.captioning import Captioner, tiny_blip
+
+        super().build(fabric)
+        f = self.config
+        if f.captioner_path is None:
+            self.captioner = tiny_blip(seed=self.cfg.seed, image_size=f.caption_image_size,
+                                       max_new_tokens=f.caption_max_tokens)
+            self.captioner.model.to(fabric.device)
+            self.captioner.device = fabric.device
+        else:
+            self.captioner = Captioner.from_path(f.captioner_path, max_new_tokens=f.caption_max_tokens,
+                                                 device=fabric.device)
+
+    def _synthesis_upload(self, client: Client, seed: int) -> Upload:
+        """Round 0 on a device: a caption per image, grouped by class, as bytes; plus the class counts."""
+        by_label: dict[int, list[str]] = {}
+        for images, labels in self._client_images(client, batch_size=self.config.caption_batch_size):
+            for caption, label in zip(self.captioner.caption(images), labels.tolist()):
+                by_label.setdefault(int(label), []).append(caption)
+        tensors = {f"{_CAPTIONS}{label}": pack_captions(captions) for label, captions in sorted(by_label.items())}
+        tensors["class_counts"] = torch.as_tensor(client.class_counts, dtype=torch.int64)
+        return Upload(tensors)
+
+    def _synthesis_inputs(self, uploads: Mapping[int, Upload]):
+        names = self.env.splits.classes
+        counts = np.zeros(len(names), dtype=np.int64)
+        prompts: dict[str, list[str]] = {name: [] for name in names}
+        for _, upload in uploads.items():
+            client_counts = upload.tensors["class_counts"].numpy()
+            counts += client_counts
+            for key, tensor in upload.tensors.items():
+                if key.startswith(_CAPTIONS):
+                    label = int(key[len(_CAPTIONS):])
+                    for caption in unpack_captions(tensor, int(client_counts[label])):
+                        prompts[names[label]].append(f"{names[label]}, {caption}" if caption else names[label])
+        return None, {k: int(v) for k, v in enumerate(counts)}, prompts

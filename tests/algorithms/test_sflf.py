@@ -1,0 +1,109 @@
+"""SFLF: ImageNet-initialised (a local weights file), every device asks for all blocks, B/N channel time."""
+
+import csv
+
+import numpy as np
+import pytest
+import torch
+
+from fl_lightning.config import load_config
+from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.transport import SCALAR_BYTES
+from fl_lightning.systems.channel import place_devices
+from fl_lightning.systems.devices import PAPER_TESTBED, PROFILES
+from tests.conftest import CONF
+
+TINY = CONF / "sflf_tiny.yaml"
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _rows(run_dir):
+    with (run_dir / "metrics.csv").open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_sflf_starts_from_the_weights_file_reports_memory_and_times_the_upload_by_hand(tmp_path, one_thread):
+    import timm
+    from safetensors.torch import save_file
+
+    cfg0 = load_config(TINY)
+    f = cfg0.sflf
+    torch.manual_seed(123)  # stands in for ImageNet weights: any file of the architecture
+    source = timm.create_model(f.pretrain_model, pretrained=False, num_classes=1000, **f.pretrain_overrides)
+    weights = tmp_path / "imagenet.safetensors"
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(weights))
+    cfg = load_config(TINY, ["--output_dir", str(tmp_path), "--federation.rounds", "1",
+                             "--sflf.pretrain_checkpoint", str(weights)])
+    summary = Simulation(cfg=cfg, loggers=[]).run()
+    run = cfg.run_dir
+    assert not (run / "synthetic").exists() and summary["synthetic_images"] == 0
+    assert summary["simulated_generation_s"] == 0 and summary["simulated_pretraining_s"] == 0
+
+    # the backbone is the file's (LoRA leaves it untouched); the 1000-class head was replaced by a 10-class one
+    state = torch.load(run / "checkpoints" / "server.pt", weights_only=False)["state"]
+    for key in ("blocks.0.attn.qkv.weight", "blocks.3.mlp.fc2.bias", "patch_embed.proj.weight", "pos_embed"):
+        torch.testing.assert_close(state[f"backbone.{key}"], source.state_dict()[key], rtol=0, atol=0)
+    assert state["head.weight"].shape == (10, f.pretrain_overrides["embed_dim"])
+
+    # all 4 blocks asked of every device; the Orin NX boards (clients 1-3) hold 2 and are reported
+    assert summary["requested_depths"] == [4, 4, 4, 4] and summary["memory_limits"] == [4, 2, 2, 2]
+    assert summary["final_depths"] == [4, 2, 2, 2] and summary["over_memory_clients"] == [1, 2, 3]
+    assert summary["depth_policy"] == "full" and summary["bandwidth_allocation"] == "equal"
+    row = _rows(run)[0]
+    assert float(row["over_memory_devices"]) == 3 and float(row["mean_requested_depth"]) == 4
+
+    # uploads: the trained blocks' LoRA + the head (train_head: true) + the per-block contributions + n
+    lora_per_block = sum(v.numel() for k, v in state.items() if k.startswith("lora.blocks.0."))
+    head = sum(v.numel() for k, v in state.items() if k.startswith("head."))
+    depths = np.array(summary["final_depths"])
+    per_client = 4 * (lora_per_block * depths + head + depths) + SCALAR_BYTES
+    assert int(row["bytes_up_round"]) == per_client.sum()
+
+    # channel time by hand: B/N each, e_i = log2(1 + p g / σ²), payload τ x_i + head bits (float32)
+    s = f.systems
+    names = [PAPER_TESTBED[i % len(PAPER_TESTBED)] for i in range(4)]
+    boards = [PROFILES[n] for n in names]
+    boards = [b if n != "jetson_orin_nx" else type(b)(**{**b.__dict__, "memory_budget_gb": 5.5})
+              for b, n in zip(boards, names)]
+    pos = place_devices(4, radius_m=s.radius_m, center_m=(s.center_x_m, 0.0), seed=s.placement_seed)
+    g = 10 ** (-s.reference_loss_db / 10) * (np.hypot(*pos.T) / s.d0_m) ** (-s.path_loss_exponent)
+    e = np.log2(1 + np.array([b.transmit_power_w for b in boards]) * g / s.noise_power_w)
+    sizes = np.array([len(p) for p in _partition(cfg)])
+    H = sizes * cfg.train.epochs * np.array([b.forward_time_s + x * b.backward_time_per_layer_s
+                                             for b, x in zip(boards, depths)])
+    bits = 32 * (lora_per_block * depths + head)
+    T = np.max(H + bits / (s.total_bandwidth_hz / 4 * e))
+    assert summary["simulated_time_s"] == pytest.approx(T, rel=1e-9)
+
+
+def _partition(cfg):
+    from fl_lightning.data.registry import build_dataset
+    from fl_lightning.federation.simulation import partition_for
+
+    splits = build_dataset(cfg.data.name, root=cfg.data.root, seed=cfg.seed, num_samples=cfg.data.num_samples)
+    return partition_for(cfg, splits.train_targets)
+
+
+def test_lora_only_by_default_leaves_the_head_at_its_start(tmp_path, one_thread):
+    """train_head: false (the paper's LoRA-only fine-tuning): no head in the uploads, the global head unchanged."""
+    cfg = load_config(TINY, ["--output_dir", str(tmp_path), "--federation.rounds", "1", "--sflf.train_head", "false"])
+    summary = Simulation(cfg=cfg, loggers=[]).run()
+    state = torch.load(cfg.run_dir / "checkpoints" / "server.pt", weights_only=False)["state"]
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg.seed)  # the initial model is seeded by the run seed: rebuild its head
+        import timm
+
+        f = cfg.sflf
+        start = timm.create_model(f.pretrain_model, pretrained=False, num_classes=10, **f.pretrain_overrides)
+    torch.testing.assert_close(state["head.weight"], start.head.weight, rtol=0, atol=0)
+    lora_per_block = sum(v.numel() for k, v in state.items() if k.startswith("lora.blocks.0."))
+    depths = np.array(summary["final_depths"])
+    assert summary["bytes_up"] == (4 * (lora_per_block * depths + depths) + SCALAR_BYTES).sum()
+    assert summary["train_head"] is False
