@@ -221,3 +221,16 @@ def test_a_lambda_star_that_overflows_names_the_kappas(tmp_path):
     with pytest.raises(ConfigError) as err:
         choose_lambda(cfg.fedisyn, gen_time_per_image=0.5, pretrain_time_per_image_epoch=0.01, num_real_samples=240)
     assert err.value.key == "fedisyn.scaling_kappa"
+
+
+def test_without_feature_guidance_clients_upload_counts_and_images_start_from_noise(tmp_path, one_thread):
+    """w/o FG (generation: text_only): round 0 carries C int64 counts per client, no latent; then FeDiSyn's LoRA."""
+    cfg = load_config(TINY, ["--output_dir", str(tmp_path), "--federation.rounds", "1",
+                             "--fedisyn.generation", "text_only"])
+    summary = Simulation(cfg=cfg, loggers=[]).run()
+    rows = _rows(cfg.run_dir)
+    assert int(rows[0]["bytes_up_round"]) == cfg.partition.num_clients * 10 * 8
+    manifest = [json.loads(line) for line in (cfg.run_dir / "synthetic" / "manifest.jsonl").read_text().splitlines()]
+    assert {m["start_timestep"] for m in manifest} == {999} and len(manifest) == summary["synthetic_images"]
+    assert summary["generation"] == "text_only" and summary["depth_policy"] == "clc"
+    assert summary["train_head"] is False and summary["over_memory_clients"] == []  # CLC searches within memory
