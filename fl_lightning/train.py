@@ -188,6 +188,11 @@ def _main(argv: list[str], locks: list) -> int:
             return 143 if isinstance(err, _Terminated) else 130
     if os.environ.get("LOCAL_RANK", "0") == "0":
         print_results(summaries)
+        if len(summaries) > 1:  # a comparison: methods × α, mean ± std over seeds, beside the runs
+            from fl_lightning.comparison import write_comparison
+
+            paths = write_comparison(summaries, cfg.output_dir)
+            print(f"comparison: {paths['md']} (table), {paths['csv']}, {paths['png']}")
     return 0
 
 

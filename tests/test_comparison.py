@@ -1,0 +1,43 @@
+"""A comparison from one command: methods × α × seeds → comparison.csv / .md / .png beside the runs."""
+
+import csv
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from fl_lightning import train
+from fl_lightning.comparison import comparison_rows
+from tests.conftest import CONF
+
+
+def _run(label, alpha, acc):
+    cfg = SimpleNamespace(label=label, algorithm=label.lower(), partition=SimpleNamespace(alpha=alpha))
+    return cfg, {"accuracy": acc, "bytes_up_per_client": 10.0, "wall_time_s": 1.0}
+
+
+def test_rows_are_mean_and_population_std_over_seeds_per_method_and_alpha():
+    rows = comparison_rows([_run("A", 0.1, 0.5), _run("A", 0.1, 0.7), _run("A", math.inf, 0.9), _run("B", 0.1, 0.2)])
+    assert [(r["method"], r["alpha"], r["runs"]) for r in rows] == [("A", 0.1, 2), ("A", math.inf, 1), ("B", 0.1, 1)]
+    assert rows[0]["accuracy_mean"] == pytest.approx(0.6) and rows[0]["accuracy_std"] == pytest.approx(0.1)
+    assert rows[1]["accuracy_std"] == 0.0
+
+
+def test_the_tiny_table_from_one_command(tmp_path, capsys):
+    """The shipped tiny comparison, cut to its two training-free methods: AFL and FedCGS are exact
+    (federated = centralized), so their mean and spread over the seeds are the same at every α."""
+    variants = "[{algorithm: afl, label: AFL}, {algorithm: fedcgs, label: FedCGS, fedcgs: {shrinkage: 1.0e-6}}]"
+    rc = train.main(["--config", str(CONF / "fedopal_table2_tiny.yaml"), "--variants", variants,
+                     "--output_dir", str(tmp_path)])
+    assert rc == 0, capsys.readouterr().err
+    with (tmp_path / "comparison.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["method"], r["alpha"], r["runs"]) for r in rows] == [
+        ("AFL", "0.1", "2"), ("AFL", "inf", "2"), ("FedCGS", "0.1", "2"), ("FedCGS", "inf", "2")]
+    for method in ("AFL", "FedCGS"):
+        cells = {(r["accuracy_mean"], r["accuracy_std"]) for r in rows if r["method"] == method}
+        assert len(cells) == 1, cells
+    table = (tmp_path / "comparison.md").read_text()
+    assert "| method | α = 0.1 | α = IID | bytes up / client |" in table and "| FedCGS |" in table
+    assert (tmp_path / "comparison.png").stat().st_size > 1000
+    assert len([p for p in tmp_path.iterdir() if p.is_dir()]) == 8  # 2 methods × 2 α × 2 seeds, one folder each
