@@ -96,3 +96,11 @@ def test_variants_cross_methods_and_sweeps():
     with pytest.raises(UsageError, match=r"variants\[1\]"):
         expand_variants(load_config(CONF / "quickstart.yaml",
                                     ["--variants", "[{algorithm: afl}, {fedopal: {mu: -1}}]"]))
+
+
+@pytest.mark.parametrize("path", sorted(CONF.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads_and_expands(path):
+    from fl_lightning.config import expand_variants
+
+    runs = expand_variants(load_config(path))
+    assert runs and len({r.resolved_run_name for r in runs}) == len(runs)
