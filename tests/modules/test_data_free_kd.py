@@ -1,0 +1,220 @@
+"""Data-free KD pieces (DENSE / Co-Boosting) against float64 numpy references and on tiny models."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fl_lightning.modules.data_free_kd import (
+    BNStatistics,
+    Generator,
+    SynthesisSettings,
+    WeightedEnsemble,
+    adversarial_loss,
+    combine_logits,
+    distill_epoch,
+    hardness_weighted_ce,
+    kd_kl,
+    ods_perturb,
+    random_shift_flip,
+    reset_generator,
+    reweight_ensemble,
+    synthesize,
+)
+
+
+def _softmax(z):
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _logits(seed, shape=(6, 5)):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 2
+
+
+@pytest.mark.parametrize("T", [1.0, 3.0, 20.0])
+def test_kd_kl_matches_numpy(T):
+    s, t = _logits(0), _logits(1)
+    p, q = _softmax(t.numpy() / T), _softmax(s.numpy() / T)
+    ref = T * T * (p * np.log(p / q)).sum(axis=1)
+    np.testing.assert_allclose(kd_kl(s, t, temperature=T, reduction="none").numpy(), ref, rtol=1e-10)
+    np.testing.assert_allclose(float(kd_kl(s, t, temperature=T)), ref.mean(), rtol=1e-10)
+    # torch's own KL (batchmean) agrees
+    torch_ref = F.kl_div(F.log_softmax(s / T, 1), F.softmax(t / T, 1), reduction="batchmean") * T * T
+    assert torch.allclose(kd_kl(s, t, temperature=T), torch_ref)
+
+
+@pytest.mark.parametrize("mask", [True, False])
+def test_adversarial_loss_masks_agreeing_samples(mask):
+    s, t = _logits(2), _logits(3)
+    kl = kd_kl(s, t, temperature=3.0, reduction="none").numpy()
+    m = (s.argmax(1) != t.argmax(1)).numpy() if mask else np.ones(len(kl))
+    assert 0 < m.sum() < len(m) or not mask  # the case exercises both kinds of sample
+    np.testing.assert_allclose(float(adversarial_loss(s, t, temperature=3.0, mask_agreement=mask)),
+                               -(kl * m).mean(), rtol=1e-10)
+
+
+@pytest.mark.parametrize("gamma", [0.0, 1.0, 2.5])
+def test_hardness_weighted_ce_matches_numpy(gamma):
+    z = _logits(4).requires_grad_(True)
+    y = torch.tensor([0, 1, 2, 3, 4, 0])
+    p = _softmax(z.detach().numpy())
+    p_y = p[np.arange(6), y.numpy()]
+    ref = ((1 - p_y) ** gamma * -np.log(p_y)).mean()
+    loss = hardness_weighted_ce(z, y, gamma=gamma)
+    np.testing.assert_allclose(float(loss.detach()), ref, rtol=1e-10)
+    # the weight is a constant: the gradient is the weighted cross-entropy's gradient
+    loss.backward()
+    onehot = np.eye(5)[y.numpy()]
+    grad = ((1 - p_y) ** gamma)[:, None] * (p - onehot) / 6
+    np.testing.assert_allclose(z.grad.numpy(), grad, rtol=1e-8, atol=1e-12)
+    if gamma == 0:
+        assert torch.allclose(loss, F.cross_entropy(z, y))
+
+
+def test_combine_logits_is_the_weighted_mean():
+    logits = torch.randn(3, 4, 5, dtype=torch.float64)
+    w = torch.tensor([0.2, 0.0, 0.7], dtype=torch.float64)
+    ref = (0.2 * logits[0].numpy() + 0.7 * logits[2].numpy()) / 0.9
+    np.testing.assert_allclose(combine_logits(logits, w).numpy(), ref, rtol=1e-12)
+    models = [nn.Linear(2, 3) for _ in range(3)]
+    x = torch.randn(4, 2)
+    plain = WeightedEnsemble(models)(x)
+    assert torch.allclose(plain, sum(m(x) for m in models) / 3, atol=1e-6)
+    with pytest.raises(ValueError):
+        combine_logits(logits, w[:2])
+
+
+def test_bn_statistics_loss_matches_manual():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 1), nn.BatchNorm2d(2))
+    for bn in (net[1], net[4]):
+        bn.running_mean.normal_()
+        bn.running_var.uniform_(0.5, 2.0)
+    net.eval()
+    x = torch.randn(5, 3, 6, 6)
+    ref = 0.0
+    h = x
+    for layer in net:
+        if isinstance(layer, nn.BatchNorm2d):
+            a = h.detach().double().numpy()
+            mean, var = a.mean(axis=(0, 2, 3)), a.var(axis=(0, 2, 3))
+            ref += np.linalg.norm(layer.running_var.double().numpy() - var)
+            ref += np.linalg.norm(layer.running_mean.double().numpy() - mean)
+        h = layer(h)
+    with BNStatistics([net]) as stats:
+        net(x)
+        np.testing.assert_allclose(float(stats.loss().detach()), ref, rtol=1e-5)
+    assert not net[1]._forward_hooks  # removed on exit
+
+
+def test_reweight_ensemble_takes_signed_clipped_steps():
+    w = torch.tensor([0.0, 0.5, 1.0, 0.3])
+    g = torch.tensor([1.0, -2.0, -0.1, 0.0])
+    np.testing.assert_allclose(reweight_ensemble(w, g, step=0.1).numpy(), [0.0, 0.6, 1.0, 0.3], atol=1e-7)
+
+
+def test_ods_perturb_is_a_signed_step_along_the_random_output_direction():
+    torch.manual_seed(0)
+    lin = nn.Linear(12, 4).double()
+    x = torch.randn(3, 12, dtype=torch.float64)
+    out = ods_perturb(x, lin, eta=0.1, rng=torch.Generator().manual_seed(7), temperature=4.0)
+    # reference: the same random directions, the gradient by finite differences
+    r = torch.rand(3, 4, generator=torch.Generator().manual_seed(7), dtype=torch.float32).double() * 2 - 1
+
+    def objective(v):
+        with torch.no_grad():
+            return float((r * F.softmax(lin(v) / 4.0, dim=1)).sum())
+
+    grad = np.zeros((3, 12))
+    for i in range(3):
+        for j in range(12):
+            e = torch.zeros_like(x)
+            e[i, j] = 1e-6
+            grad[i, j] = (objective(x + e) - objective(x - e)) / 2e-6
+    np.testing.assert_allclose((out - x).numpy(), 0.1 * np.sign(grad), atol=1e-12)
+
+
+def test_generator_shapes_range_and_seeded_reset():
+    g = Generator(nz=8, ngf=4, image_size=12, channels=3)
+    reset_generator(g, rng=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        a = g(torch.randn(5, 8))
+    assert a.shape == (5, 3, 12, 12) and float(a.min()) >= 0 and float(a.max()) <= 1
+    w1 = g.project.weight.clone()
+    reset_generator(g, rng=torch.Generator().manual_seed(1))
+    assert torch.equal(w1, g.project.weight) and abs(float(w1.std()) - 0.02) < 0.005
+    with pytest.raises(ValueError):
+        Generator(image_size=10)
+
+
+def test_random_shift_flip_is_a_crop_of_the_padded_image():
+    x = torch.arange(2 * 1 * 4 * 4, dtype=torch.float32).view(2, 1, 4, 4)
+    assert torch.equal(random_shift_flip(x, rng=torch.Generator().manual_seed(0), padding=0, flip=False), x)
+    out = random_shift_flip(x, rng=torch.Generator().manual_seed(3), padding=1, flip=True)
+    padded = F.pad(x, (1, 1, 1, 1))
+    for i in range(2):
+        views = [padded[i, :, a:a + 4, b:b + 4] for a in range(3) for b in range(3)]
+        views += [v.flip(2) for v in views]
+        assert any(torch.equal(out[i], v) for v in views)
+
+
+class _TinyCNN(nn.Module):
+    def __init__(self, seed: int, classes: int = 5) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                                  nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(32, classes))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def _settings(**kw):
+    base = dict(steps=40, batch_size=40, lr=0.05, oh=1.0, bn=0.0, adv=0.0, adv_temperature=1.0, mask_agreement=True,
+                hardness=None, bn_per_model=False, augment=False, clip_grad=None)
+    return SynthesisSettings(**{**base, **kw})
+
+
+@pytest.mark.parametrize("size, kw", [
+    (8, {}),  # CE only
+    (16, {"bn": 0.1, "adv": 1.0, "augment": True}),  # DENSE's losses; its ±4 px shift needs a larger image
+    (8, {"hardness": 1.0, "bn": 0.1, "bn_per_model": True, "clip_grad": 10.0, "adv": 1.0, "mask_agreement": False}),
+])
+def test_synthesized_samples_drive_the_ensemble_to_the_sampled_labels(size, kw):
+    teachers = [_TinyCNN(s).eval() for s in range(3)]
+    ensemble = WeightedEnsemble(teachers)
+    student = _TinyCNN(9).eval()
+    gen = Generator(nz=16, ngf=8, image_size=size)
+    rng = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # before: an untrained G's images give (nearly) one prediction for all
+        before = ensemble(Generator(nz=16, ngf=8, image_size=size)(torch.randn(40, 16)))
+    images, labels = synthesize(gen, ensemble, student, num_classes=5, settings=_settings(**kw),
+                                normalize=lambda x: (x - 0.5) / 0.25, rng=rng, device=torch.device("cpu"))
+    with torch.no_grad():
+        after = ensemble(images)
+    assert images.shape == (40, 3, size, size) and labels.shape == (40,)
+    assert len(set(after.argmax(1).tolist())) >= 3  # not a constant output
+    assert float(after.std(0).mean()) > 3 * float(before.std(0).mean())
+    assert float((after.argmax(1) == labels).float().mean()) > 0.5  # chance: 0.2
+    assert all(not m.training for m in teachers) and not student.training
+
+
+def test_distill_epoch_brings_the_student_to_the_teacher():
+    teacher = WeightedEnsemble([_TinyCNN(1).eval(), _TinyCNN(2).eval()])
+    student = _TinyCNN(3)
+    pool = torch.randn(64, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    opt = torch.optim.SGD(student.parameters(), lr=0.1, momentum=0.9)
+    rng = torch.Generator().manual_seed(0)
+
+    def gap():
+        with torch.no_grad():
+            student.eval()
+            return float(kd_kl(student(pool), teacher(pool)))
+
+    first = gap()
+    for _ in range(30):
+        distill_epoch(student, teacher, pool, optimizer=opt, batch_size=16, temperature=4.0, rng=rng,
+                      ods_eta=0.01, clip_grad=10.0)
+    assert gap() < 0.3 * first
