@@ -8,7 +8,7 @@ exit status 2) that names the key, the value and what this machine has.
 
 What is checked:
 
-* ranks: ``federation.devices`` against the CPU cores this process may use (``os.sched_getaffinity``)
+* ranks: ``federation.devices`` (and ``data.num_workers``) against the CPU cores this process may use (``os.sched_getaffinity``)
   or the visible GPUs, a GPU accelerator on a machine without one, a rough memory floor per rank;
   accelerator/precision/strategy as Fabric's connector sees them (without launching anything), and
   a strategy that would spawn its processes (``ddp_spawn``…; this program launches by re-running
@@ -109,6 +109,11 @@ def check_devices(cfg: RunConfig, *, cpus: int | None = None, gpus: int | None =
         raise ResourceError(f"resource error: federation.devices={f.devices} asks for {f.devices} CPU ranks but "
                             f"this process may use {cpus} CPU core(s); use --federation.devices {cpus} or fewer "
                             f"(clients are dealt to the ranks there are)")
+    workers = cfg.data.num_workers
+    if workers > cpus:  # torch's DataLoader would start them all (a process each) for every client
+        raise ResourceError(f"resource error: data.num_workers={workers} loader processes per rank but this "
+                            f"process may use {cpus} CPU core(s); use --data.num_workers {cpus} or fewer (0 loads "
+                            f"in the rank itself)")
     memory = available_memory_bytes() if memory is None else memory
     if f.devices > 1 and memory is not None and memory < f.devices * RANK_MEMORY_FLOOR:
         raise ResourceError(f"resource error: federation.devices={f.devices} ranks need at least "

@@ -158,6 +158,7 @@ def _cases(d) -> list[tuple[str, list[str], int, list[str]]]:
         ("model-name", [*base, "--model.name", "NoSuchModel"], 2, ["model.name='NoSuchModel'"]),
         # resources
         ("devices-64", [*base, "--federation.devices", "64"], 2, ["federation.devices=64", "CPU core"]),
+        ("loader-workers", [*base, "--data.num_workers", "1000"], 2, ["data.num_workers=1000", "CPU core"]),
         ("gpu-without-gpu", [*base, "--federation.accelerator", "gpu"], 2, ["federation.accelerator='gpu'",
                                                                             "no visible GPU"]),
         ("output-dir-file", ["--config", TINY, *QUIET, "--output_dir", str(d / "a_file")], 2,
@@ -223,6 +224,29 @@ def test_debug_shows_the_traceback(table):
     r = table["debug"]
     assert r["rc"] == 2 and "Traceback" in r["stderr"]
     assert r["stderr"].strip().splitlines()[-1].startswith("fl_lightning: config error: train.momentum")
+
+
+@pytest.mark.parametrize("overrides, gpus, cpus, memory, needle", [
+    (["--federation.accelerator", "gpu", "--federation.devices", "4"], 2, 64, 2**40, "2 GPU(s) are visible"),
+    (["--federation.devices", "4"], 2, 64, 2**40, "2 GPU(s) are visible"),  # auto picks the GPUs
+    (["--federation.accelerator", "cuda"], 0, 64, 2**40, "no visible GPU"),
+    (["--federation.devices", "3"], 0, 2, 2**40, "may use 2 CPU core(s)"),
+    (["--federation.devices", "2"], 0, 2, 2**29, "GiB are available"),
+    (["--federation.devices", "4", "--federation.accelerator", "cpu"], 8, 4, 2**40, None),  # CPU ranks on a GPU box
+    (["--federation.devices", "2"], 2, 1, 2**20, None),  # GPU ranks: the CPU and memory floor do not apply
+])
+def test_devices_against_what_the_machine_has(overrides, gpus, cpus, memory, needle, monkeypatch):
+    from fl_lightning.config import load_config
+    from fl_lightning.errors import ResourceError
+    from fl_lightning.preflight import check_devices
+
+    monkeypatch.delenv("FL_LIGHTNING_SKIP_RESOURCE_CHECK", raising=False)
+    cfg = load_config(TINY, overrides)
+    if needle is None:
+        check_devices(cfg, gpus=gpus, cpus=cpus, memory=memory)
+        return
+    with pytest.raises(ResourceError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        check_devices(cfg, gpus=gpus, cpus=cpus, memory=memory)
 
 
 # ----------------------------------------------------------------------------- a run folder's life
