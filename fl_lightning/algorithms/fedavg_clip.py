@@ -1,0 +1,118 @@
+"""FedAvg (McMahan et al. 2017) of VPT prompts plus a linear head on a frozen CLIP: "FedAvg (CLIP)".
+
+FedOPAL's comparison trains the same parameters as FedOPAL's clients — M VPT-shallow prompt tokens
+P ∈ R^{M×D} (FedOPAL Eq. (4)-(5)) and a linear head W, b — but aggregates them by multi-round
+FedAvg instead of the analytic solve. Each round, the sampled clients load the global (P, W, b),
+train them for ``train.epochs`` epochs with cross-entropy (``train.*``: optimizer, lr, momentum, weight
+decay, batch size; no proximal term), and upload them with their sample count; the server averages
+each tensor, weighted by n_k (``fedavg_clip.weighted``) or plainly.
+
+Backbone: ``model.*``, frozen and never sent — the paper's is OpenAI CLIP ViT-B/16 (``library:
+open_clip``); any timm ViT works too. The prompted model and the client module are FedOPAL's own
+(:class:`~fl_lightning.models.vpt.PromptedViT`, :class:`~fl_lightning.modules.prompt_tuning.PromptTuningModule`).
+P starts from FedOPAL's P_init (``prompt_seed``) and the head from ``seed``, identical on every rank.
+The head-only variant is the ``fedavg`` method. Core keys not used: none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor
+
+from fl_lightning.algorithms.common import evaluate_on_test, frozen_backbone
+from fl_lightning.config import check
+from fl_lightning.federation.aggregate import weighted_average
+from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
+from fl_lightning.federation.local_training import fit_local
+from fl_lightning.federation.placement import client_seed
+from fl_lightning.federation.transport import Download, Upload
+
+if TYPE_CHECKING:
+    from lightning.fabric import Fabric
+
+__all__ = ["FedAvgCLIP", "FedAvgCLIPConfig"]
+
+_HEAD = ("head.weight", "head.bias")
+
+
+@dataclass
+class FedAvgCLIPConfig:
+    num_prompts: int = 10  # M prompt tokens, as FedOPAL's clients
+    prompt_seed: int = 0  # P_init, identical on every client (FedOPAL's)
+    weighted: bool = True  # weight clients by their sample counts (McMahan et al.)
+
+    def __post_init__(self) -> None:
+        check(self.num_prompts >= 1, "num_prompts", self.num_prompts, "an int >= 1 (head only: algorithm fedavg)")
+
+
+@register("fedavg_clip")
+class FedAvgCLIP(Algorithm):
+    config_class = FedAvgCLIPConfig
+
+    def build(self, fabric: Fabric) -> None:
+        from fl_lightning.models.vpt import PromptedViT
+
+        self.fabric = fabric
+        self.backbone = frozen_backbone(self.cfg)
+        self.model = PromptedViT(self.backbone, num_prompts=self.config.num_prompts, seed=self.config.prompt_seed)
+
+    def input_spec(self) -> InputSpec:
+        return InputSpec.of_backbone(self.backbone, self.cfg.data.image_size)
+
+    def setup(self, env: Environment) -> None:
+        from fl_lightning.modules.prompt_tuning import PromptTuningModule
+
+        super().setup(env)
+        t = self.cfg.train
+        module = PromptTuningModule(model=self.model, num_classes=env.num_classes, optimizer=t.optimizer, lr=t.lr,
+                                    weight_decay=t.weight_decay, momentum=t.momentum, head_seed=self.cfg.seed)
+        self.module = self.fabric.to_device(module)
+        self._initial = self._trainable()
+
+    def _trainable(self) -> State:
+        """What a client trains and uploads: P (M, D), W (C, d), b (C,)."""
+        head = self.module.head.state_dict()
+        return {"prompts": self.model.get_prompts().cpu(), **{k: head[k.split(".")[1]].detach().cpu().clone()
+                                                              for k in _HEAD}}
+
+    def _load(self, tensors: Mapping[str, Tensor]) -> None:
+        self.model.set_prompts(tensors["prompts"].to(self.fabric.device))
+        self.module.head.load_state_dict({k.split(".")[1]: tensors[k].to(self.fabric.device) for k in _HEAD})
+
+    def initial_state(self) -> State:
+        return {k: v.clone() for k, v in self._initial.items()}
+
+    def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
+        return {k: tuple(v.shape) for k, v in self._initial.items()}
+
+    def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
+        self._load(download.tensors)
+        if client.num_samples and self.cfg.train.epochs:
+            loader = self.env.loader(client.dataset, shuffle=True, batch_size=self.cfg.train.batch_size,
+                                     seed=client_seed(self.cfg.seed, round_idx, client.index))
+            fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs)
+        return Upload(self._trainable(), {"num_samples": client.num_samples})
+
+    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
+                  plan: RoundPlan) -> State:
+        tensors: dict[str, list[Tensor]] = {k: [] for k in state}
+        weights: list[float] = []
+        for upload in uploads.values():  # prompts and a head per client: small
+            weights.append(float(upload.meta["num_samples"]) if self.config.weighted else 1.0)
+            for k in state:
+                tensors[k].append(upload.tensors[k])
+        if not weights or sum(weights) <= 0:
+            return state
+        return {k: weighted_average(v, weights) for k, v in tensors.items()}
+
+    def evaluate(self, state: State) -> dict[str, Any]:
+        self._load(state)
+        self.module.eval()
+        return evaluate_on_test(self.env, self.module)
+
+    def summary_extras(self, state: State) -> dict[str, Any]:
+        m = self.cfg.model
+        return {"backbone": f"{m.library} {m.name}", "num_prompts": self.config.num_prompts}

@@ -1,0 +1,188 @@
+"""FedAvg (McMahan et al. 2017) of a whole timm classifier: FedOPAL's "FedAvg (ResNet)" baseline.
+
+Backbone: a timm CNN trained end to end by every client, by default ``model.name: resnet18``
+(``model.library`` must be ``timm``). It starts from ImageNet weights when ``model.checkpoint`` names
+a local weights file (timm's loader drops the file's 1000-class ``fc`` and draws a fresh one for our
+classes), and from timm's random initialisation otherwise. Tests use a tiny ResNet through
+``model.overrides`` (``layers``, ``channels``, ``stem_width``). The same client model is what
+DENSE and Co-Boosting (``dense.py``, ``coboosting.py``) start from.
+
+Each round, the sampled clients load the global weights, train all parameters for ``train.epochs``
+epochs with cross-entropy (``train.*``: optimizer, lr, momentum, weight decay, batch size), and upload
+the whole state dict (parameters and BatchNorm buffers) with their sample count. The server averages
+every tensor, w = Σ_k n_k w_k / Σ_k n_k (``fedavg_resnet.weighted``; plain mean otherwise), folding the
+uploads one at a time in float64 (server memory: two models, whatever K). BatchNorm's integer batch
+counters are averaged and rounded, as a state dict average does.
+
+Core keys not used: ``model.pretrained`` (only a local ``model.checkpoint`` gives weights — never a
+download), ``model.feature`` (no feature head: the model is the classifier). Images are ImageNet-
+normalised at ``data.image_size`` (default 32); ``fedavg_resnet.augment`` turns on random crops/flips.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from lightning import LightningModule
+from torch import Tensor, nn
+
+from fl_lightning.algorithms.common import evaluate_on_test
+from fl_lightning.errors import ConfigError, MissingResourceError
+from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
+from fl_lightning.federation.local_training import fit_local
+from fl_lightning.federation.placement import client_seed
+from fl_lightning.federation.transport import Download, Upload
+from fl_lightning.modules.optim import make_optimizer
+
+if TYPE_CHECKING:
+    from lightning.fabric import Fabric
+
+    from fl_lightning.config import RunConfig
+
+__all__ = ["FedAvgResNet", "FedAvgResNetConfig", "ImageClassifier", "build_timm_classifier"]
+
+_DEFAULT_IMAGE_SIZE = 32
+
+
+@dataclass
+class FedAvgResNetConfig:
+    weighted: bool = True  # weight client models by their sample counts (McMahan et al.)
+    augment: bool = False  # random resized crops + flips on the clients' images (size >= 32 only)
+
+
+def build_timm_classifier(cfg: RunConfig, num_classes: int, *, seed: int) -> nn.Module:
+    """``timm.create_model(model.name, num_classes)`` with ``model.overrides``; ImageNet weights from
+    ``model.checkpoint`` when given (classifier re-drawn), else random; initialised under ``seed``
+    (the global RNG is left as it was)."""
+    import timm
+
+    m = cfg.model
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if m.checkpoint is None:
+            return timm.create_model(m.name, pretrained=False, num_classes=num_classes, **m.overrides)
+        try:
+            return timm.create_model(m.name, pretrained=True, num_classes=num_classes,
+                                     pretrained_cfg_overlay=dict(file=m.checkpoint), **m.overrides)
+        except (RuntimeError, KeyError, ValueError) as err:
+            raise MissingResourceError(f"model.checkpoint {m.checkpoint} does not fit timm {m.name}: "
+                                       f"{str(err).splitlines()[0][:300]}") from None
+
+
+class ImageClassifier(LightningModule):
+    """A whole classifier trained with cross-entropy on all of its parameters (a FedAvg client).
+
+    Args:
+        model: images (B, 3, S, S) → logits (B, C).
+        optimizer, lr, momentum, weight_decay: the local optimiser (``train.*``).
+    """
+
+    def __init__(self, *, model: nn.Module, optimizer: str = "sgd", lr: float = 0.01, momentum: float = 0.9,
+                 weight_decay: float = 0.0) -> None:
+        super().__init__()
+        self.model = model
+        self._opt = dict(name=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.model(images)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        images, labels = batch
+        return F.cross_entropy(self(images), labels)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return make_optimizer(self.model.parameters(), **self._opt)
+
+
+def _cpu_state(model: nn.Module) -> State:
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+@register("fedavg_resnet")
+class FedAvgResNet(Algorithm):
+    config_class = FedAvgResNetConfig
+
+    @property
+    def augment(self) -> bool:  # type: ignore[override]
+        return self.config.augment
+
+    @classmethod
+    def preflight(cls, cfg: RunConfig) -> None:
+        if cfg.model.library != "timm":
+            raise ConfigError("model.library", cfg.model.library, f"'timm' for {cfg.algorithm} (a timm CNN, "
+                              "e.g. model.name: resnet18)")
+        if cfg.model.checkpoint is not None:
+            from fl_lightning.models.weights import check_checkpoint
+
+            check_checkpoint(cfg.model.checkpoint)
+
+    # -- set-up ----------------------------------------------------------------------------------
+    def build(self, fabric: Fabric) -> None:
+        self.fabric = fabric
+
+    def input_spec(self) -> InputSpec:
+        return InputSpec(self.cfg.data.image_size or _DEFAULT_IMAGE_SIZE, "imagenet")
+
+    def setup(self, env: Environment) -> None:
+        super().setup(env)
+        t = self.cfg.train
+        model = build_timm_classifier(self.cfg, env.num_classes, seed=self.cfg.seed)
+        self.module = self.fabric.to_device(ImageClassifier(model=model, optimizer=t.optimizer, lr=t.lr,
+                                                            momentum=t.momentum, weight_decay=t.weight_decay))
+        self._initial = _cpu_state(model)  # identical on every rank: built under cfg.seed
+
+    def initial_state(self) -> State:
+        return {k: v.clone() for k, v in self._initial.items()}
+
+    # -- client ----------------------------------------------------------------------------------
+    def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
+        return {k: tuple(v.shape) for k, v in self._initial.items()}
+
+    def train_client(self, round_idx: int, client: Client, weights: Mapping[str, Tensor]) -> float:
+        """Load ``weights`` and train the whole model on the client's data; returns the seconds it took."""
+        self.module.model.load_state_dict(weights)
+        start = time.monotonic()
+        if client.num_samples and self.cfg.train.epochs:
+            loader = self.env.loader(client.dataset, shuffle=True, batch_size=self.cfg.train.batch_size,
+                                     seed=client_seed(self.cfg.seed, round_idx, client.index))
+            fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs)
+        return time.monotonic() - start
+
+    def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
+        self.train_client(round_idx, client, download.tensors)
+        return Upload(_cpu_state(self.module.model), {"num_samples": client.num_samples})
+
+    # -- server ----------------------------------------------------------------------------------
+    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
+                  plan: RoundPlan) -> State:
+        total: dict[str, Tensor] | None = None
+        weight_sum = 0.0
+        for upload in uploads.values():  # one client model in memory at a time
+            n = float(upload.meta["num_samples"]) if self.config.weighted else 1.0
+            if total is None:
+                total = {k: torch.zeros(v.shape, dtype=torch.float64) for k, v in upload.tensors.items()}
+            for k, v in upload.tensors.items():
+                total[k] += v.to(torch.float64) * n
+            weight_sum += n
+        if total is None or weight_sum <= 0:
+            return state
+        out = {}
+        for k, ref in state.items():
+            mean = total[k] / weight_sum
+            out[k] = mean.round().to(ref.dtype) if not ref.is_floating_point() else mean.to(ref.dtype)
+        return out
+
+    def evaluate(self, state: State) -> dict[str, Any]:
+        model = self.module.model
+        model.load_state_dict({k: v.to(self.fabric.device) for k, v in state.items() if k in self._initial})
+        model.eval()
+        return evaluate_on_test(self.env, model)
+
+    def summary_extras(self, state: State) -> dict[str, Any]:
+        return {"backbone": f"timm {self.cfg.model.name}", "imagenet_init": self.cfg.model.checkpoint is not None,
+                "num_parameters": sum(v.numel() for k, v in self._initial.items() if v.is_floating_point())}
