@@ -18,6 +18,8 @@ METHODS = [  # (key, label, rounds, upload per client, client compute vs AFL: se
     ("skip_oneshot", "one shot, min_classes 2", 1, "S + P", "≤ 6.4"),
     ("oneshot_concat", "one shot, [h0, h_P] concat", 1, "4S + P", "7.4"),
     ("skip_oneshot_concat", "one shot, concat + min_classes 2", 1, "4S + P", "≤ 7.4"),
+    ("oneshot_meanfix", "one shot, client mean-shift removed", 1, "S + P", "8.0"),
+    ("skip_oneshot_meanfix", "one shot, mean-shift removed + min_classes 2", 1, "S + P", "≤ 8.0"),
     ("skip_restat", "FedOPAL+ (prompts → stats, min_classes 2)", 2, "S + 2P", "≤ 6.4"),
     ("shrink_restat", "prompts → stats, skipped vote P_init", 2, "S + 2P", "≤ 6.4"),
     ("restat_concat", "prompts → stats, [h0, h_P] concat", 2, "4S + 2P", "7.4"),
@@ -41,8 +43,13 @@ def main() -> None:
     ap.add_argument("--plot")
     a = ap.parse_args()
     rows = [json.loads(line) for f in a.files for line in open(f) if line.strip()]
-    runs = [r for r in rows if "alpha" in r]
+    merged: dict = {}
+    for r in rows:  # sweep.py and oneshot_fix.py lines of the same (α, seed) are one run
+        if "alpha" in r:
+            merged.setdefault((r["alpha"], r["seed"]), {}).update(r)
+    runs = list(merged.values())
     ceil = [r["ceiling"] for r in rows if "ceiling" in r]
+    pinit = [r["p_init"] for r in rows if "p_init" in r]
     alphas = sorted({r["alpha"] for r in runs})
     by = defaultdict(lambda: defaultdict(list))
     for r in runs:
@@ -57,11 +64,15 @@ def main() -> None:
         print(f"| {label} | {rounds} | {up} | {comp} | " + " | ".join(fmt(by[k][x]) for x in alphas) + " |")
     if ceil:
         print(f"| K=1 ceiling (tuned prompts, all data on one client) | – | – | – | {fmt(ceil)} (any α) |")
+    if pinit:
+        print(f"| untrained prompts P_init, exact statistics (no training) | – | – | – | {fmt(pinit)} (any α) |")
     n = {x: len(by['afl'][x]) for x in alphas}
     print(f"\nseeds per α: {n}")
     # wins / losses vs AFL per run
     for k, label, *_ in METHODS[1:]:
-        diffs = [r[k] - r["afl"] for r in runs if k in r]
+        diffs = [r[k] - r["afl"] for r in runs if k in r and "afl" in r]
+        if not diffs:
+            continue
         print(f"{label}: min over runs of (method − AFL) = {min(diffs):+.2f}, mean {np.mean(diffs):+.2f}")
     if a.plot:
         import matplotlib

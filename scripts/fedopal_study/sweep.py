@@ -76,7 +76,7 @@ def run_one(b, alpha: float, seed: int, cfg: TrainConfig, min_classes: int) -> d
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--alphas", type=float, nargs="+", default=[0.01, 0.1, 1.0, math.inf])
+    ap.add_argument("--alphas", type=float, nargs="*", default=[0.01, 0.1, 1.0, math.inf])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -98,7 +98,8 @@ def main() -> None:
                 P = train_prompts(b, b.train_tokens, b.train_labels, b.p_init, cfg, seed=1000 * s)
                 h, ht = features(b, b.train_tokens, P), features(b, b.test_tokens, P)
                 r = {"ceiling_seed": s, "ceiling": accuracy(stats(h, b.train_labels), ht, b.test_labels),
-                     "afl": accuracy(stats(b.h0, b.train_labels), b.h0t, b.test_labels), "s": round(t(), 1),
+                     "afl": accuracy(stats(b.h0, b.train_labels), b.h0t, b.test_labels),
+                     "p_init": accuracy(stats(b.hi, b.train_labels), b.hit, b.test_labels), "s": round(t(), 1),
                      "cfg": vars(cfg)}
                 print(json.dumps(r), flush=True)
                 f.write(json.dumps(r) + "\n")
