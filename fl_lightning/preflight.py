@@ -43,8 +43,8 @@ from fl_lightning.errors import ConfigError, ResourceError, UsageError
 __all__ = ["preflight", "preflight_run", "available_cpus", "available_memory_bytes", "check_devices",
            "check_fabric_settings", "check_output_dir", "check_model", "check_values"]
 
-# A rank imports torch, Lightning and the model library before it holds any data: ~0.5 GiB measured
-# for the tiny configs here; a floor, not an estimate of a real run's needs.
+# A rank imports torch, Lightning and the model library before it holds any data. An assumed floor
+# (not measured per model): below it the ranks cannot even start; it is no estimate of a real run's needs.
 RANK_MEMORY_FLOOR = 512 * 2**20
 # ViT attention memory grows as (image_size / patch)^4: at 1024 px and 16 px patches one attention map
 # of one head of one image is already 64 MiB. Larger inputs are a typo, not an experiment.
