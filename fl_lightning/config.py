@@ -48,6 +48,7 @@ PRECISIONS = ("32-true", "32", "64-true", "64", "16-mixed", "16", "bf16-mixed", 
               "transformer-engine", "transformer-engine-float16")
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 _SEED_MAX = 2**32 - 1  # numpy's and seed_everything's range
+_FLOAT32_MAX = 3.4028234663852886e38  # a larger step size overflows inside a float32 optimiser
 
 
 def check(ok: bool, key: str, value: object, allowed: str) -> None:
@@ -151,8 +152,9 @@ class LocalTrainingConfig:
 
     def __post_init__(self) -> None:
         _check(self.epochs >= 0, "epochs", self.epochs, "an int >= 0")
-        _check(self.lr > 0, "lr", self.lr, "a float > 0")
-        _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a float >= 0")
+        _check(0 < self.lr <= _FLOAT32_MAX, "lr", self.lr, "a finite float > 0 (the optimisers run in float32)")
+        _check(0 <= self.momentum < 1, "momentum", self.momentum, "a float in [0, 1)")
+        _check(0 <= self.weight_decay <= _FLOAT32_MAX, "weight_decay", self.weight_decay, "a finite float >= 0")
         _check(self.batch_size is None or self.batch_size >= 1, "batch_size", self.batch_size, "an int >= 1 or null")
 
 
