@@ -193,3 +193,50 @@ def test_fedisyn_system_model_figures_against_a_hand_computed_round():
     # ... and the calibration anchor (CAFF's 31,905 s) is reproduced within 10 %.
     assert abs(cal["value"] - 1) < 0.1
     assert cal["details"]["gptfl_full_model_uploads"] == pytest.approx(40, abs=0.5)
+
+
+# -- the engine at scale (fl_lightning/bench/scale.py) ---------------------------------------------------
+@pytest.mark.slow
+def test_quick_scale_numbers(tmp_path):
+    """``python -m fl_lightning.bench scale --quick --clients 10,40 --engine-only``: four fresh processes
+    (framework and bare loop at K=10 and 40) plus a 2-process run at each K. Checks what does not depend on
+    the machine: the framework and the bare loop compute the same classifier, the bytes written are the
+    uploads' plus a small constant per record, 2 processes give the 1-process result and report both ranks."""
+    from fl_lightning.bench.scale import SIZES
+
+    out = tmp_path / "scale.json"
+    assert main(["scale", "--quick", "--clients", "10,40", "--processes", "1,2", "--engine-only",
+                 "--out", str(out)]) == 0
+    r = json.loads(out.read_text(encoding="utf-8"))["scale"]
+    assert {"overhead_per_client_s", "overhead_vs_compute_pct", "checkpoint_bytes_linearity", "rss_rank0_ratio",
+            "rss_rank0_ratio_2proc", "rss_other_ranks_ratio"} == set(r) - {"sizes"}
+    d = SIZES[True]["dim"]
+    upload = (d * (d + 1) // 2 + d * 10) * 8 + 8  # R's upper triangle + C (d x 10), float64, + N
+    per_k = r["sizes"]["per_k"]
+    assert sorted(map(int, per_k)) == [10, 40]
+    for k, point in per_k.items():
+        one, two = point["p1"], point["p2"]
+        assert one["relative_difference_W"] < 1e-6  # the same statistics and solve as the bare loop
+        assert one["accuracy"] == pytest.approx(one["bare_accuracy"], abs=1e-6)
+        assert one["bytes_up"] == two["bytes_up"] == int(k) * upload
+        assert one["round_folder_files"] == two["round_folder_files"] == int(k) + 1  # the plan + one per client
+        assert int(k) * upload < one["round_folder_bytes"] <= one["bytes_written"]
+        assert one["bytes_written"] < int(k) * (upload + 4096) + 64 * 1024  # O(upload) per client, not O(K)
+        assert one["overhead_per_client_s"] == pytest.approx((one["wall_s"] - one["bare_s"]) / int(k))
+        assert two["accuracy"] == one["accuracy"]
+        assert len(two["peak_rss_rounds_bytes"]) == 2 and min(two["peak_rss_rounds_bytes"]) > 0
+    assert r["checkpoint_bytes_linearity"]["value"] < 1.1
+
+
+def test_scale_import_times_parse_importtime_output():
+    from fl_lightning.bench.scale import _import_times
+
+    text = "\n".join([
+        "import time: self [us] | cumulative | imported package",
+        "import time:      1000 |    1500000 |     torch",
+        "import time:       200 |    2500000 |   lightning.fabric",
+        "import time:       100 |    2600000 | lightning",
+        "import time:        50 |      70000 | timm.layers",
+        "import time:        10 |     900000 | timm",
+    ])
+    assert _import_times(text) == {"lightning": 2.6, "lightning.fabric": 2.5, "torch": 1.5, "timm": 0.9}

@@ -1,6 +1,6 @@
-"""Performance benchmarks of FedOPAL and FeDiSyn, reported as ratios to same-run baselines.
+"""Performance benchmarks of FedOPAL, FeDiSyn and the engine at scale, as ratios to same-run baselines.
 
-Run ``python -m fl_lightning.bench [fedopal|fedisyn|all] [--quick] [--out FILE.json]``: it prints a
+Run ``python -m fl_lightning.bench [fedopal|fedisyn|scale|all] [--quick] [--out FILE.json]``: it prints a
 table (figure, value, the threshold the issue sets, whether it is met) and writes every number,
 with the raw repeat times and the sizes used, to JSON. ``--quick`` runs tiny models in seconds (to
 check the machinery, not the thresholds); the default runs ViT-B/16 at 224 px with random weights
@@ -23,9 +23,11 @@ from typing import Any
 
 import torch
 
-__all__ = ["BENCHMARKS", "run_benchmarks", "results_table", "format_value"]
+__all__ = ["BENCHMARKS", "ENGINE_BENCHMARKS", "run_benchmarks", "results_table", "format_value"]
 
-BENCHMARKS: tuple[str, ...] = ("fedopal", "fedisyn")
+BENCHMARKS: tuple[str, ...] = ("fedopal", "fedisyn")  # the method suites: what "all" runs
+# the engine at scale (fl_lightning/bench/scale.py): an hour at full size, so run by name only
+ENGINE_BENCHMARKS: tuple[str, ...] = ("scale",)
 
 
 def _runner(name: str):
@@ -38,7 +40,11 @@ def _runner(name: str):
         from fl_lightning.bench import fedisyn
 
         return fedisyn.run
-    raise ValueError(f"unknown benchmark {name!r}; expected one of {BENCHMARKS}")
+    if name == "scale":
+        from fl_lightning.bench import scale
+
+        return scale.run
+    raise ValueError(f"unknown benchmark {name!r}; expected one of {BENCHMARKS + ENGINE_BENCHMARKS}")
 
 
 def run_benchmarks(
@@ -47,20 +53,22 @@ def run_benchmarks(
     quick: bool,
     device: torch.device | None = None,
     on_suite_start: Callable[[str], None] | None = None,
+    options: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run the named suites and return ``{"meta": {...}, name: {figure: {...}, "sizes": {...}}}``.
 
     Args:
-        names: a subset of :data:`BENCHMARKS`, run in the order given.
+        names: a subset of :data:`BENCHMARKS` and :data:`ENGINE_BENCHMARKS`, run in the order given.
         quick: tiny models (seconds) instead of the real sizes (minutes on a CPU).
         device: where to run; default CUDA when available, else the CPU.
         on_suite_start: called with a suite's name before it runs (progress display).
+        options: extra keyword arguments of a suite's ``run``, by suite (e.g. ``{"scale": {"clients": [10]}}``).
     """
     from fl_lightning.bench._timing import pick_device
 
-    unknown = [n for n in names if n not in BENCHMARKS]
+    unknown = [n for n in names if n not in BENCHMARKS + ENGINE_BENCHMARKS]
     if unknown:
-        raise ValueError(f"unknown benchmark {unknown[0]!r}; expected one of {BENCHMARKS}")
+        raise ValueError(f"unknown benchmark {unknown[0]!r}; expected one of {BENCHMARKS + ENGINE_BENCHMARKS}")
     device = device or pick_device()
     meta: dict[str, Any] = {
         "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -80,7 +88,7 @@ def run_benchmarks(
         if on_suite_start is not None:
             on_suite_start(name)
         start = time.perf_counter()
-        results[name] = _runner(name)(quick=quick, device=device)
+        results[name] = _runner(name)(quick=quick, device=device, **(options or {}).get(name, {}))
         meta["wall_s"][name] = time.perf_counter() - start
     return results
 
@@ -105,7 +113,7 @@ def results_table(results: dict[str, Any]):
         table.caption = "quick: tiny models check the machinery; the thresholds are meant for the real sizes"
     for column in ("suite", "figure", "value", "threshold", "met", "note"):
         table.add_column(column, overflow="fold")
-    for suite in BENCHMARKS:
+    for suite in BENCHMARKS + ENGINE_BENCHMARKS:
         for name, fig in results.get(suite, {}).items():
             if not isinstance(fig, dict) or "value" not in fig:
                 continue  # "sizes"

@@ -1,4 +1,7 @@
-"""``python -m fl_lightning.bench [fedopal|fedisyn|all] [--quick] [--out FILE.json]``."""
+"""``python -m fl_lightning.bench [fedopal|fedisyn|scale|all] [--quick] [--out FILE.json]``.
+
+``all`` runs the method suites (fedopal, fedisyn); ``scale`` (the engine from 10 to 10,000 clients)
+runs by name: ``--clients 10,100``, ``--processes 1`` and ``--engine-only`` narrow it."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from pathlib import Path
 # Nothing here downloads (random weights, tiny diffusion parts); make sure no library tries.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from fl_lightning.bench import BENCHMARKS, results_table, run_benchmarks  # noqa: E402
+from fl_lightning.bench import BENCHMARKS, ENGINE_BENCHMARKS, results_table, run_benchmarks  # noqa: E402
 
 __all__ = ["main"]
 
@@ -23,18 +26,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m fl_lightning.bench",
         description="FedOPAL / FeDiSyn performance figures as ratios to same-run baselines.",
     )
-    parser.add_argument("which", nargs="?", default="all", choices=(*BENCHMARKS, "all"),
-                        help="which suite to run (default: all)")
+    parser.add_argument("which", nargs="?", default="all", choices=(*BENCHMARKS, *ENGINE_BENCHMARKS, "all"),
+                        help="which suite to run (default: all = the method suites; scale runs by name)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny models, seconds: checks the machinery, not the thresholds")
     parser.add_argument("--out", type=Path, default=None, help="write all numbers to this JSON file")
+    parser.add_argument("--clients", type=_int_list, default=None,
+                        help="scale: the numbers of clients K, e.g. 10,100 (default 10,100,1000,10000; quick 10,100)")
+    parser.add_argument("--processes", type=_int_list, default=[1, 2],
+                        help="scale: run the framework with these numbers of processes (default 1,2)")
+    parser.add_argument("--engine-only", action="store_true",
+                        help="scale: skip the peer job and the start-up timing (the engine's figures only)")
     args = parser.parse_args(argv)
+    options = {"scale": {"clients": args.clients, "processes": args.processes, "extras": not args.engine_only}}
 
     from rich.console import Console
 
     names = list(BENCHMARKS) if args.which == "all" else [args.which]
     progress = Console(stderr=True)
-    results = run_benchmarks(names, quick=args.quick,
+    results = run_benchmarks(names, quick=args.quick, options=options,
                              on_suite_start=lambda name: progress.print(f"running {name} benchmarks ..."))
     console = Console()
     if not console.is_terminal:  # piped or captured: do not fold the table to 80 columns
@@ -45,6 +55,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
         console.print(f"wrote {args.out}")
     return 0
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
 
 
 if __name__ == "__main__":
