@@ -1,0 +1,215 @@
+"""DENSE: data-free one-shot federated learning (Zhang et al., NeurIPS 2022).
+
+One round. Each client trains its local model once — the FedAvg (ResNet) client of ``fedavg_resnet.py``,
+a timm CNN (``model.name: resnet18`` by default), for ``train.epochs`` epochs with cross-entropy — and
+uploads its whole state dict and its sample count. The server never sees data. It holds the ensemble
+A(x) = (1/K) Σ_k f_k(x) and, for ``dense.epochs`` epochs (paper Alg. 1):
+
+1. data generation (Eq. (3)-(5)): re-draws a generator G and inputs z and trains both for ``g_steps``
+   Adam steps (lr ``lr_g``, betas (0.5, 0.999)) on
+       L_G = λ_oh·CE(A(x̃), y) + λ_bn·Σ_l (‖μ_l(x̃) − μ̂_l‖₂ + ‖σ²_l(x̃) − σ̂²_l‖₂) − λ_adv·mean_i m_i·KL(A(x̃_i) ‖ S(x̃_i)),
+   x̃ a randomly shifted and flipped view of x = normalise(G(z)), y uniform labels, the BN statistics
+   over every BatchNorm layer of every client model, m_i = 1[S and A disagree on x̃_i]; the batch of
+   lowest L_G joins the synthetic pool;
+2. model distillation (Eq. (6)): one pass of SGD over the whole pool on T²·KL_T(A(x) ‖ S(x)).
+
+The global model S is the returned state (same architecture as the clients, started from the clients'
+initial weights). Defaults are the official code's (zj-jayzhang/DENSE README: ``--g_steps 30 --lr_g
+1e-3 --bn 1 --oh 1 --adv 1 --T 20 --lr 0.005 --epochs 200 --synthesis_batch_size 256 --batch_size 256``,
+nz 256, ngf 64, SGD momentum 0.9; the adversarial KL at T = 1).
+
+Backbone: a timm CNN trained end to end (the paper: a CNN or ResNet-18 from scratch; FedOPAL's table:
+ResNet-18), ImageNet-initialised from ``model.checkpoint`` when given. Core keys not used:
+``model.pretrained``, ``model.feature``, ``federation.rounds`` (one round).
+
+Departures, and why:
+* The clients' common initial model is agreed through ``seed`` (or the checkpoint file), not downloaded
+  (as FedOPAL's P_init): bytes_down is 0. The student starts from that same model (the official code
+  draws a fresh random one; with an ImageNet checkpoint, starting from it is the useful choice).
+* The synthetic pool is kept in memory (the official code writes PNGs and reads them back, quantising to
+  8 bits); ``dense.pool: last`` distils on the newest batch only (cheaper; not the paper's).
+* The view for the teacher is a pad-4 random shift plus flip; DENSE also computes an unused second
+  "local" view (random resized crop), which we skip.
+* The server also reports each client model's and the ensemble's test accuracy (``client_accuracy``,
+  ``ensemble_accuracy``), as the official code prints them: they are evaluation, not training input.
+* Each client's upload carries its local training time (``train_s``, 8 bytes) so that summary.json
+  can report it; the server's synthesis + distillation time is reported too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from fl_lightning.algorithms.common import evaluate_on_test
+from fl_lightning.algorithms.fedavg_resnet import FedAvgResNet, build_timm_classifier
+from fl_lightning.config import check
+from fl_lightning.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from fl_lightning.federation.algorithm import Client, RoundHistory, RoundPlan, State, register
+from fl_lightning.federation.transport import Download, Upload
+
+__all__ = ["DENSE", "DENSEConfig"]
+
+_STAT = "kd."  # server-side numbers kept in the state for summary.json; never part of the model
+
+
+@dataclass
+class DENSEConfig:
+    epochs: int = 200  # server epochs: one synthesis + one distillation pass each
+    g_steps: int = 30  # Adam steps on G and z per synthesis
+    lr_g: float = 1e-3
+    nz: int = 256  # latent size
+    ngf: int = 64  # generator width
+    synthesis_batch_size: int = 256  # synthetic images added to the pool per epoch
+    batch_size: int = 256  # distillation batch
+    kd_lr: float = 0.005  # student SGD
+    kd_momentum: float = 0.9
+    kd_weight_decay: float = 0.0
+    kd_schedule: Literal["constant", "cosine"] = "constant"
+    temperature: float = 20.0  # T of the distillation KL (README's --T 20)
+    oh: float = 1.0  # λ_oh
+    bn: float = 1.0  # λ_bn
+    adv: float = 1.0  # λ_adv
+    adv_temperature: float = 1.0  # T of the adversarial KL
+    adv_mask: bool = True  # only samples on which student and ensemble disagree push G
+    synthesis_augment: bool = True  # the teacher sees a shifted and flipped view of G's images
+    clip_grad: float | None = None  # max gradient norm of G and of the student (None: no clipping)
+    pool: Literal["history", "last"] = "history"  # distil on every batch made so far, or the newest only
+    augment: bool = False  # random crops/flips in the clients' local training
+
+    def __post_init__(self) -> None:
+        for key in ("epochs", "g_steps", "nz", "ngf", "synthesis_batch_size", "batch_size"):
+            check(getattr(self, key) >= 1, key, getattr(self, key), "an int >= 1")
+        for key in ("lr_g", "kd_lr", "temperature", "adv_temperature"):
+            check(getattr(self, key) > 0, key, getattr(self, key), "a float > 0")
+        for key in ("oh", "bn", "adv", "kd_weight_decay"):
+            check(getattr(self, key) >= 0, key, getattr(self, key), "a float >= 0")
+        check(0 <= self.kd_momentum < 1, "kd_momentum", self.kd_momentum, "a float in [0, 1)")
+        check(self.clip_grad is None or self.clip_grad > 0, "clip_grad", self.clip_grad, "a float > 0 or null")
+
+
+@register("dense")
+class DENSE(FedAvgResNet):
+    config_class = DENSEConfig
+    bn_per_model = False  # DENSE sums L_BN over all client models; Co-Boosting averages
+
+    @property
+    def num_rounds(self) -> int:
+        return 1
+
+    def input_spec(self):  # noqa: ANN201 — the generator needs a multiple of 4
+        spec = super().input_spec()
+        if spec.image_size % 4:
+            from fl_lightning.errors import ConfigError
+
+            raise ConfigError("data.image_size", spec.image_size, f"a multiple of 4 for {self.name}'s generator")
+        return spec
+
+    # -- client: train once, upload the model ----------------------------------------------------
+    def plan(self, round_idx: int, clients: Sequence[int], state: State, history: RoundHistory) -> RoundPlan:
+        return RoundPlan({c: Download() for c in clients})  # the initial model is agreed by seed
+
+    def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
+        train_s = self.train_client(round_idx, client, self._initial)
+        state = {k: v.detach().cpu().clone() for k, v in self.module.model.state_dict().items()}
+        return Upload(state, {"num_samples": client.num_samples, "train_s": train_s})
+
+    # -- server: ensemble → generator → student --------------------------------------------------
+    def synthesis_settings(self):  # noqa: ANN201
+        from fl_lightning.modules.data_free_kd import SynthesisSettings
+
+        c = self.config
+        return SynthesisSettings(steps=c.g_steps, batch_size=c.synthesis_batch_size, lr=c.lr_g, oh=c.oh, bn=c.bn,
+                                 adv=c.adv, adv_temperature=c.adv_temperature, mask_agreement=c.adv_mask,
+                                 hardness=None, bn_per_model=self.bn_per_model, augment=c.synthesis_augment,
+                                 clip_grad=c.clip_grad)
+
+    def ods_eta(self) -> float | None:
+        """Co-Boosting's hard-sample step size in the distillation (DENSE: none)."""
+        return None
+
+    def after_synthesis(self, epoch: int, ensemble: nn.Module, images: Tensor, labels: Tensor) -> None:
+        """Hook between synthesis and distillation (Co-Boosting re-weights the ensemble here)."""
+
+    def _client_models(self, uploads: Mapping[int, Upload], device: torch.device) -> tuple[list[nn.Module], float]:
+        models, train_s = [], 0.0
+        for upload in uploads.values():
+            model = build_timm_classifier(self.cfg, self.env.num_classes, seed=self.cfg.seed)
+            model.load_state_dict(upload.tensors)
+            models.append(model.to(device).eval().requires_grad_(False))
+            train_s += float(upload.meta.get("train_s", 0.0))
+        return models, train_s
+
+    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
+                  plan: RoundPlan) -> State:
+        from fl_lightning.modules.data_free_kd import Generator, distill_epoch, synthesize
+
+        start = time.monotonic()
+        c, device = self.config, self.fabric.device
+        models, client_train_s = self._client_models(uploads, device)
+        if not models:
+            raise RuntimeError(f"round {round_idx}: no client uploaded a model; nothing to distil")
+        ensemble = self.make_ensemble(models).to(device)
+        student = build_timm_classifier(self.cfg, self.env.num_classes, seed=self.cfg.seed)
+        student.load_state_dict(self._initial)
+        student = student.to(device).eval()
+        size = self.input_spec().image_size
+        generator = Generator(nz=c.nz, ngf=c.ngf, image_size=size, channels=3).to(device)
+        mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1)
+        std = torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1)
+
+        def normalize(x: Tensor) -> Tensor:
+            return (x - mean) / std
+
+        rng = torch.Generator().manual_seed(self.cfg.seed)
+        optimizer = torch.optim.SGD(student.parameters(), lr=c.kd_lr, momentum=c.kd_momentum,
+                                    weight_decay=c.kd_weight_decay)
+        scheduler = (torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=c.epochs)
+                     if c.kd_schedule == "cosine" else None)
+        settings = self.synthesis_settings()
+        pool_x: list[Tensor] = []
+        pool_y: list[Tensor] = []
+        for epoch in range(c.epochs):
+            images, labels = synthesize(generator, ensemble, student, num_classes=self.env.num_classes,
+                                        settings=settings, normalize=normalize, rng=rng, device=device)
+            if c.pool == "last":
+                pool_x.clear(), pool_y.clear()
+            pool_x.append(images)
+            pool_y.append(labels)
+            pool, pool_labels = torch.cat(pool_x), torch.cat(pool_y)
+            self.after_synthesis(epoch, ensemble, pool, pool_labels)
+            distill_epoch(student, ensemble, pool, optimizer=optimizer, batch_size=c.batch_size,
+                          temperature=c.temperature, rng=rng, ods_eta=self.ods_eta(), clip_grad=c.clip_grad)
+            if scheduler is not None:
+                scheduler.step()
+        out = {k: v.detach().cpu().clone() for k, v in student.state_dict().items()}
+        out[_STAT + "server_distill_s"] = torch.tensor(time.monotonic() - start, dtype=torch.float64)
+        out[_STAT + "client_train_s"] = torch.tensor(client_train_s, dtype=torch.float64)
+        out[_STAT + "ensemble_weights"] = ensemble.weights.detach().cpu().clone()
+        # the test accuracy of each client model and of the ensemble, as the official code logs them
+        members = [evaluate_on_test(self.env, m)["accuracy"] for m in models]
+        out[_STAT + "client_accuracy"] = torch.tensor(members, dtype=torch.float64)
+        out[_STAT + "ensemble_accuracy"] = torch.tensor(evaluate_on_test(self.env, ensemble)["accuracy"],
+                                                        dtype=torch.float64)
+        return out
+
+    def make_ensemble(self, models: list[nn.Module]) -> nn.Module:
+        """DENSE's teacher: the plain mean of the client logits."""
+        from fl_lightning.modules.data_free_kd import WeightedEnsemble
+
+        return WeightedEnsemble(models)
+
+    def summary_extras(self, state: State) -> dict[str, Any]:
+        extras = super().summary_extras(state)
+        for key in ("server_distill_s", "client_train_s", "ensemble_accuracy"):
+            if _STAT + key in state:
+                extras[key] = float(state[_STAT + key])
+        for key in ("ensemble_weights", "client_accuracy"):
+            if _STAT + key in state:
+                extras[key] = [round(float(v), 6) for v in state[_STAT + key]]
+        return extras
