@@ -50,6 +50,7 @@ class OpenCLIPBackbone(ViTBackbone):
     library: ClassVar[str] = "open_clip"
     default_mean: ClassVar[tuple[float, ...]] = OPENAI_CLIP_MEAN
     default_std: ClassVar[tuple[float, ...]] = OPENAI_CLIP_STD
+    preprocess_attr = "preprocess_cfg"
 
     @staticmethod
     def _check_model(model: nn.Module) -> None:
@@ -99,15 +100,9 @@ class OpenCLIPBackbone(ViTBackbone):
     def tiny_config(cls, image_size: int, *, width: int, depth: int) -> tuple[str, dict]:
         return "ViT-B-16", tiny_clip_overrides(image_size, width=width, depth=depth)
 
-    @classmethod
-    def build(cls, *, name: str, pretrained: str | None, checkpoint: str | None, feature: str,
-              image_size: int | None, overrides: dict, cache_dir: str | None, download: bool) -> OpenCLIPBackbone:
-        visual = _build_visual(name=name, pretrained=pretrained, checkpoint=checkpoint, image_size=image_size,
-                               overrides=overrides, cache_dir=cache_dir, download=download)
-        cfg = getattr(visual, "preprocess_cfg", None) or {}
-        mean = tuple(cfg.get("mean", cls.default_mean))
-        std = tuple(cfg.get("std", cls.default_std))
-        return cls(model=visual, feature=feature, mean=mean, std=std)
+    @staticmethod
+    def build_model(**kwargs: Any) -> nn.Module:  # noqa: D102 — see ViTBackbone.build_model
+        return _build_visual(**kwargs)
 
 
 # ------------------------------------------------------------------------------------------------

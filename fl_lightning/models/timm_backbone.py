@@ -50,6 +50,7 @@ class TimmBackbone(ViTBackbone):
     library: ClassVar[str] = "timm"
     default_mean: ClassVar[tuple[float, ...]] = IMAGENET_MEAN
     default_std: ClassVar[tuple[float, ...]] = IMAGENET_STD
+    preprocess_attr = "pretrained_cfg"
 
     @staticmethod
     def _check_model(model: nn.Module) -> None:
@@ -97,15 +98,9 @@ class TimmBackbone(ViTBackbone):
     def tiny_config(cls, image_size: int, *, width: int, depth: int) -> tuple[str, dict]:
         return "vit_base_patch16_224", tiny_timm_overrides(image_size, width=width, depth=depth)
 
-    @classmethod
-    def build(cls, *, name: str, pretrained: str | None, checkpoint: str | None, feature: str,
-              image_size: int | None, overrides: dict, cache_dir: str | None, download: bool) -> TimmBackbone:
-        vit = _build_vit(name=name, pretrained=pretrained, checkpoint=checkpoint, image_size=image_size,
-                         overrides=overrides, cache_dir=cache_dir, download=download)
-        cfg = getattr(vit, "pretrained_cfg", None) or {}
-        mean = tuple(cfg.get("mean", cls.default_mean))
-        std = tuple(cfg.get("std", cls.default_std))
-        return cls(model=vit, feature=feature, mean=mean, std=std)
+    @staticmethod
+    def build_model(**kwargs: Any) -> nn.Module:  # noqa: D102 — see ViTBackbone.build_model
+        return _build_vit(**kwargs)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -102,6 +102,7 @@ class ViTBackbone(nn.Module, ABC):
     library: ClassVar[str]
     default_mean: ClassVar[tuple[float, ...]]
     default_std: ClassVar[tuple[float, ...]]
+    preprocess_attr: ClassVar[str]  # the model attribute holding the weights' own mean/std, if any
 
     # geometry, set by each adapter's _read_geometry
     image_size: int
@@ -124,12 +125,23 @@ class ViTBackbone(nn.Module, ABC):
         self._read_geometry()
         self.num_blocks = len(self.blocks)
 
-    # -- what each library adapter provides --------------------------------------------------------
     @classmethod
-    @abstractmethod
     def build(cls, *, name: str, pretrained: str | None, checkpoint: str | None, feature: str,
               image_size: int | None, overrides: dict, cache_dir: str | None, download: bool) -> ViTBackbone:
-        """Build the library's model with its own factory and loaders (see ``build_backbone``)."""
+        """Build the library's model with its own factory and loaders (see ``build_backbone``), with the
+        normalisation its weights were trained with (the library's default when they do not say)."""
+        model = cls.build_model(name=name, pretrained=pretrained, checkpoint=checkpoint, image_size=image_size,
+                                overrides=overrides, cache_dir=cache_dir, download=download)
+        cfg = getattr(model, cls.preprocess_attr, None) or {}
+        return cls(model=model, feature=feature, mean=tuple(cfg.get("mean", cls.default_mean)),
+                   std=tuple(cfg.get("std", cls.default_std)))
+
+    # -- what each library adapter provides --------------------------------------------------------
+    @staticmethod
+    @abstractmethod
+    def build_model(*, name: str, pretrained: str | None, checkpoint: str | None, image_size: int | None,
+                    overrides: dict, cache_dir: str | None, download: bool) -> nn.Module:
+        """The library's own model, built by its factory, weights loaded by its loaders."""
 
     @classmethod
     @abstractmethod
