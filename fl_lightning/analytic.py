@@ -15,6 +15,7 @@ chosen, no Lightning.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -94,7 +95,7 @@ class AnalyticStatistics:
     def upper_triangle(self) -> Tensor:
         """The d(d+1)/2 entries of R on and above the diagonal, row by row (the wire format:
         R is symmetric, so the lower triangle carries no information)."""
-        i, j = torch.triu_indices(self.feature_dim, self.feature_dim, device=self.R.device)
+        i, j = _triu_indices(self.feature_dim, self.R.device)
         return self.R[i, j]
 
     @classmethod
@@ -104,11 +105,18 @@ class AnalyticStatistics:
         d = (math.isqrt(8 * n + 1) - 1) // 2
         if d * (d + 1) // 2 != n:
             raise ValueError(f"{n} entries are not the upper triangle of a square matrix")
-        i, j = torch.triu_indices(d, d, device=vec.device)
+        i, j = _triu_indices(d, vec.device)
         R = torch.zeros(d, d, dtype=vec.dtype, device=vec.device)
         R[i, j] = vec.reshape(-1)
         R[j, i] = vec.reshape(-1)
         return cls(R=R, C=C, N=int(N))
+
+
+@functools.lru_cache(maxsize=8)
+def _triu_indices(d: int, device: torch.device) -> Tensor:
+    """(2, d(d+1)/2) row/column indices of the upper triangle, built once per (d, device): every client's
+    upload and the server's fold use the same d."""
+    return torch.triu_indices(d, d, device=device)
 
 
 def solve_classifier(R: Tensor, C: Tensor, *, lam: float) -> Tensor:

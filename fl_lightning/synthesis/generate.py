@@ -41,14 +41,17 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from diffusers import PNDMScheduler
 from PIL import Image
 
 from fl_lightning.models.diffusion import DiffusionComponents
 from fl_lightning.synthesis.latents import ClassLatentUpload
+
+if TYPE_CHECKING:
+    from diffusers import PNDMScheduler
 
 __all__ = [
     "GenerationRequest",
@@ -449,6 +452,8 @@ def plms_chain(timestep: int, *, num_train_timesteps: int, num_inference_steps: 
 
 
 def _check_pndm(scheduler) -> None:
+    from diffusers import PNDMScheduler  # here, not at import: a run that never samples never loads diffusers
+
     if not isinstance(scheduler, PNDMScheduler):
         raise TypeError(f"the sampler needs SD v1-5's PNDMScheduler, got {type(scheduler).__name__}")
     if not scheduler.config.skip_prk_steps:

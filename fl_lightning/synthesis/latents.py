@@ -34,7 +34,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from sklearn.cluster import KMeans
 
 from fl_lightning.federation.transport import SCALAR_BYTES, Upload
 
@@ -143,6 +142,8 @@ def class_centroids(
         return latents.new_empty((0, *latents.shape[1:])), mean
     # k-means in float64 on the flattened latents; the centroids are cluster means of these.
     flat = latents.detach().reshape(n, -1).to("cpu", torch.float64).numpy()
+    from sklearn.cluster import KMeans  # here: scikit-learn costs import time to runs that never cluster
+
     km = KMeans(n_clusters=num_centroids, n_init=n_init, random_state=seed).fit(flat)
     centroids = torch.from_numpy(km.cluster_centers_).reshape(num_centroids, *latents.shape[1:])
     return centroids.to(device=latents.device, dtype=latents.dtype), mean
