@@ -1,4 +1,4 @@
-"""FeDiSyn's system model: devices, wireless channel, water-filling, LoRA depth, scaling law, clock.
+"""FeDiSyn's system model: devices, channel, water-filling, LoRA depth, contributions, scaling law, clock.
 
 Everything here is pure math on numpy float64 arrays (no Lightning, no I/O), so the federation
 loop can plan a round (depths → compute times → bandwidths → round time) and tests can check each
@@ -38,20 +38,13 @@ from fl_lightning.systems.devices import (
     profile_arrays,
 )
 from fl_lightning.systems.wfba import ALLOCATIONS, allocate_bandwidth, equal_bandwidth, finish_time
-
-# scaling_law is also a CLI (`python -m fl_lightning.systems.scaling_law`); importing it here
-# eagerly would make runpy warn that the module was imported before it ran, so its names are
-# resolved on first access instead (PEP 562).
-_SCALING_LAW_NAMES = ("ScalingLawParams", "fit_scaling_law", "optimal_lambda",
-                      "synthesis_cost_per_unit_lambda", "total_time")
-
-
-def __getattr__(name: str) -> object:
-    if name in _SCALING_LAW_NAMES:
-        from fl_lightning.systems import scaling_law
-
-        return getattr(scaling_law, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+from fl_lightning.systems.scaling_law import (
+    ScalingLawParams,
+    fit_scaling_law,
+    optimal_lambda,
+    synthesis_cost_per_unit_lambda,
+    total_time,
+)
 
 __all__ = [
     "ChannelConfig", "place_devices", "path_gain", "spectral_efficiency", "upload_time",
