@@ -99,11 +99,13 @@ def test_torchrun_two_cpu_processes_equal_one(config, one_process, tmp_path):
 def test_torchrun_world_size_disagreeing_with_the_config_stops_in_one_line(config, tmp_path):
     proc = _launch([*_launcher("torchrun"), "--nproc-per-node", "2", "-m", "fl_lightning.train",
                     "--config", str(config), "--output_dir", str(tmp_path), "--federation.devices", "1"])
-    # each rank exits 2 with our one line; torchrun then exits 1 and prints its own failure report
+    # each rank exits 2 with our one line; torchrun then exits 1 and prints its own failure report. The
+    # first rank to exit makes torchrun SIGTERM the other (-15) if that one has not exited yet: a race.
     assert proc.returncode == 1
-    assert set(re.findall(r"exitcode\s*:\s*(-?\d+)", proc.stderr)) == {"2"}, proc.stderr[-3000:]
+    codes = set(re.findall(r"exitcode\s*:\s*(-?\d+)", proc.stderr))
+    assert "2" in codes and codes <= {"2", "-15"}, proc.stderr[-3000:]
     ours = [line for line in proc.stderr.splitlines() if line.startswith("fl_lightning:")]
-    assert len(ours) == 2 and ours[0] == ours[1], proc.stderr[-3000:]
+    assert 1 <= len(ours) <= 2 and len(set(ours)) == 1, proc.stderr[-3000:]
     assert "torchrun started 2 process(es)" in ours[0] and "federation.devices" in ours[0]
     assert f'File "{REPO / "fl_lightning"}' not in proc.stderr  # no traceback through our code
     assert not (tmp_path / RUN).exists()  # stopped before anything was written
