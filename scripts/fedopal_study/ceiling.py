@@ -19,6 +19,8 @@ from lib import Timer, TrainConfig, accuracy, features, load_bench, stats, train
 GRID = [  # run 1 (E=1, lr 1e-3, mu 0.1, linear head) gave val 97.22 = AFL; then the stronger settings
     dict(epochs=1, lr=1e-2, mu=0.1, head="linear"),
     dict(epochs=1, lr=1e-2, mu=0.1, head="ridge"),
+    dict(epochs=3, lr=1e-3, mu=0.1, head="linear"),
+    dict(epochs=3, lr=1e-3, mu=0.0, head="linear"),
 ]
 
 
