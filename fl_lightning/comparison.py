@@ -7,7 +7,9 @@ writes beside the run folders:
 * ``comparison.csv`` — one row per (method, α): mean and std of the final accuracy over the seeds,
   the number of runs, and the mean bytes uploaded per client and wall time;
 * ``comparison.md`` — the same as a markdown table, methods as rows and α as columns, in percent;
-* ``comparison.png`` — accuracy against α per method (log-α axis, IID drawn at the right end).
+* ``comparison.png`` — accuracy against α per method (log-α axis, IID drawn at the right end);
+* when every run has a simulated clock (a system model, e.g. FeDiSyn and its baselines), the
+  time- and traffic-to-accuracy curves of :mod:`fl_lightning.curves` too.
 
 Rows are a run's ``label`` (by default its variant's ``run_name``, or its algorithm); a run whose
 config does not sweep α falls in the single column of its α.
@@ -107,4 +109,8 @@ def write_comparison(results: Sequence[tuple[Any, dict[str, Any]]], out_dir: str
         writer.writerows(rows)
     paths["md"].write_text(_markdown(rows))
     _plot(rows, paths["png"])
+    if all("simulated_time_s" in summary for _, summary in results):
+        from fl_lightning.curves import write_curves
+
+        paths.update(write_curves([cfg.run_dir for cfg, _ in results], out))
     return paths

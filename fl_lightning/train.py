@@ -192,12 +192,7 @@ def _main(argv: list[str], locks: list) -> int:
             from fl_lightning.comparison import write_comparison
 
             paths = write_comparison(summaries, cfg.output_dir)
-            print(f"comparison: {paths['md']} (table), {paths['csv']}, {paths['png']}")
-            if all("simulated_time_s" in s for _, s in summaries):  # a system model ran: time/traffic curves
-                from fl_lightning.algorithms.fedisyn.curves import write_curves
-
-                write_curves([run.run_dir for run, _ in summaries], cfg.output_dir)
-                print(f"curves: {Path(cfg.output_dir) / 'curves_time.png'}, time_to_accuracy.csv")
+            print("comparison: " + ", ".join(str(p) for p in paths.values()))
     return 0
 
 

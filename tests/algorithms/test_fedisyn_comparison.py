@@ -4,7 +4,7 @@ import csv
 
 import pytest
 
-from fl_lightning.algorithms.fedisyn.curves import Curve, first_reaching, main, read_curve, write_curves
+from fl_lightning.curves import Curve, first_reaching, main, read_curve, write_curves
 from tests.conftest import CONF, run_cli
 
 METHODS = ["fedisyn", "sflf", "caff", "gptfl", "fgl"]

@@ -16,7 +16,7 @@ for CAFF on non-IID Food-101 — count uploads; see ``systems/channel.py``). A m
 
 Command line::
 
-    python -m fl_lightning.algorithms.fedisyn.curves RUN_DIR [RUN_DIR ...] --out DIR [--targets 0.5 0.7]
+    python -m fl_lightning.curves RUN_DIR [RUN_DIR ...] --out DIR [--targets 0.5 0.7]
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _Parser(prog="python -m fl_lightning.algorithms.fedisyn.curves",
+    parser = _Parser(prog="python -m fl_lightning.curves",
                      description="Time- and traffic-to-accuracy curves (CSV + PNG) from run folders.")
     parser.add_argument("runs", nargs="+", type=Path, help="run folders (with metrics.csv)")
     parser.add_argument("--out", type=Path, required=True, help="folder for curves.csv, time_to_accuracy.csv, PNGs")
