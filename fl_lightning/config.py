@@ -61,9 +61,6 @@ def check(ok: bool, key: str, value: object, allowed: str) -> None:
         raise ConfigError(key, value, allowed)
 
 
-_check = check
-
-
 def _check_seed(key: str, value: int) -> None:
     check(0 <= value <= _SEED_MAX, key, value, f"an int in [0, {_SEED_MAX}]")
 
@@ -79,9 +76,9 @@ class DataConfig:
     num_samples: int | None = None  # a seeded subset of this many training images (`synthetic`: how many to make)
 
     def __post_init__(self) -> None:
-        _check(self.image_size is None or self.image_size >= 8, "image_size", self.image_size, "an int >= 8 or null")
-        _check(self.batch_size >= 1, "batch_size", self.batch_size, "an int >= 1")
-        _check(self.num_workers >= 0, "num_workers", self.num_workers, "an int >= 0")
+        check(self.image_size is None or self.image_size >= 8, "image_size", self.image_size, "an int >= 8 or null")
+        check(self.batch_size >= 1, "batch_size", self.batch_size, "an int >= 1")
+        check(self.num_workers >= 0, "num_workers", self.num_workers, "an int >= 0")
 
 
 @dataclass
@@ -96,13 +93,13 @@ class PartitionConfig:
     path: str | None = None  # `file` scheme: a partition.json written by an earlier run (or another framework)
 
     def __post_init__(self) -> None:
-        _check(self.num_clients >= 1, "num_clients", self.num_clients, "an int >= 1")
+        check(self.num_clients >= 1, "num_clients", self.num_clients, "an int >= 1")
         _check_seed("seed", self.seed)
-        _check(self.scheme != "file" or self.path is not None, "path", self.path,
+        check(self.scheme != "file" or self.path is not None, "path", self.path,
                "the path of a partition.json when scheme is 'file'")
-        _check(self.alpha > 0, "alpha", self.alpha, "a float > 0, or inf for IID")
-        _check(self.min_samples >= 0, "min_samples", self.min_samples, "an int >= 0")
-        _check(self.shards_per_client >= 1, "shards_per_client", self.shards_per_client, "an int >= 1")
+        check(self.alpha > 0, "alpha", self.alpha, "a float > 0, or inf for IID")
+        check(self.min_samples >= 0, "min_samples", self.min_samples, "an int >= 0")
+        check(self.shards_per_client >= 1, "shards_per_client", self.shards_per_client, "an int >= 1")
 
 
 @dataclass
@@ -133,11 +130,11 @@ class FederationConfig:
     min_clients: int = 1
 
     def __post_init__(self) -> None:
-        _check(self.rounds >= 1, "rounds", self.rounds, "an int >= 1")
-        _check(0 < self.client_fraction <= 1, "client_fraction", self.client_fraction, "a float in (0, 1]")
-        _check(self.devices >= 1, "devices", self.devices, "an int >= 1")
-        _check(self.num_nodes >= 1, "num_nodes", self.num_nodes, "an int >= 1")
-        _check(self.min_clients >= 1, "min_clients", self.min_clients, "an int >= 1")
+        check(self.rounds >= 1, "rounds", self.rounds, "an int >= 1")
+        check(0 < self.client_fraction <= 1, "client_fraction", self.client_fraction, "a float in (0, 1]")
+        check(self.devices >= 1, "devices", self.devices, "an int >= 1")
+        check(self.num_nodes >= 1, "num_nodes", self.num_nodes, "an int >= 1")
+        check(self.min_clients >= 1, "min_clients", self.min_clients, "an int >= 1")
         _check_seed("sampling_seed", self.sampling_seed)
 
 
@@ -151,11 +148,11 @@ class LocalTrainingConfig:
     batch_size: int | None = None  # None: data.batch_size
 
     def __post_init__(self) -> None:
-        _check(self.epochs >= 0, "epochs", self.epochs, "an int >= 0")
-        _check(0 < self.lr <= _FLOAT32_MAX, "lr", self.lr, "a finite float > 0 (the optimisers run in float32)")
-        _check(0 <= self.momentum < 1, "momentum", self.momentum, "a float in [0, 1)")
-        _check(0 <= self.weight_decay <= _FLOAT32_MAX, "weight_decay", self.weight_decay, "a finite float >= 0")
-        _check(self.batch_size is None or self.batch_size >= 1, "batch_size", self.batch_size, "an int >= 1 or null")
+        check(self.epochs >= 0, "epochs", self.epochs, "an int >= 0")
+        check(0 < self.lr <= _FLOAT32_MAX, "lr", self.lr, "a finite float > 0 (the optimisers run in float32)")
+        check(0 <= self.momentum < 1, "momentum", self.momentum, "a float in [0, 1)")
+        check(0 <= self.weight_decay <= _FLOAT32_MAX, "weight_decay", self.weight_decay, "a finite float >= 0")
+        check(self.batch_size is None or self.batch_size >= 1, "batch_size", self.batch_size, "an int >= 1 or null")
 
 
 @dataclass
