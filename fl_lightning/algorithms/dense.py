@@ -28,7 +28,8 @@ Departures, and why:
   draws a fresh random one; with an ImageNet checkpoint, starting from it is the useful choice).
 * The synthetic pool is kept in memory (the official code writes PNGs and reads them back, quantising to
   8 bits); ``dense.pool: last`` distils on the newest batch only (cheaper; not the paper's).
-* The view for the teacher is a pad-4 random shift plus flip; DENSE also computes an unused second
+* The view for the teacher is a random shift by up to 1/8 of the side (DENSE's 4 px at 32 px, so the
+  same at 32 px; 1 px at 8 px) plus flip; DENSE also computes an unused second
   "local" view (random resized crop), which we skip.
 * The server also reports each client model's and the ensemble's test accuracy (``client_accuracy``,
   ``ensemble_accuracy``), as the official code prints them: they are evaluation, not training input.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 __all__ = ["assign_clients", "sample_clients", "client_seed"]
 
@@ -44,3 +45,18 @@ def sample_clients(num_clients: int, fraction: float, *, seed: int, round_idx: i
 def client_seed(seed: int, round_idx: int, client: int) -> int:
     """A per-(round, client) seed: a client's randomness is independent of which rank runs it."""
     return int(np.random.SeedSequence([seed, round_idx, client]).generate_state(1)[0])
+
+
+def seed_torch(seed: int, device: torch.device) -> None:
+    """Seed torch's generators for work on ``device``: what ``torch.manual_seed(seed)`` does for that run.
+
+    ``torch.manual_seed`` also queues a seed for every accelerator type torch knows (CUDA, XPU, MTIA) and
+    records a Python stack for each while they are uninitialised: ~1 ms per call on a CPU run, paid per
+    client. A rank computes on one device, so seeding the CPU generator and that device's is the same.
+    """
+    torch.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed(seed)  # the rank's current device (initialised: no queued call)
+    elif device.type != "cpu":
+        torch.manual_seed(seed)  # any other accelerator: torch's own route
+

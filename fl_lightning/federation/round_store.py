@@ -114,9 +114,10 @@ class RoundStore:
     # -- clients --------------------------------------------------------------------------------
     def save_client(self, client: int, record: ClientRecord, upload: Upload | None) -> None:
         # no fsync: a killed process loses nothing the OS already holds; only a power cut could, and the
-        # client then simply runs again (its record is missing, never half-written)
+        # client then simply runs again (its record is missing, never half-written). No CRC either: torch.load
+        # never checks it, and the record lives only until the round is aggregated
         atomic_save({"record": record.state_dict(), "upload": upload.state_dict() if upload is not None else None},
-                    self._client_path(client), durable=False)
+                    self._client_path(client), durable=False, checksum=False)
 
     def has_client(self, client: int) -> bool:
         return self._client_path(client).is_file()

@@ -38,13 +38,13 @@ from fl_lightning.data.partition import (
     write_partition_json,
 )
 from fl_lightning.data.registry import DatasetSplits, build_dataset
-from fl_lightning.data.report import write_partition_report
+from fl_lightning.data.report import write_partition_figure, write_partition_report
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.errors import ConfigError, UsageError
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundPlan
 from fl_lightning.federation.checkpoint import atomic_save, safe_load
 from fl_lightning.federation.launch import check_launcher
-from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients
+from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients, seed_torch
 from fl_lightning.federation.round_store import ClientRecord, RoundResult, RoundStore
 from fl_lightning.federation.run_folder import write_metrics_csv, write_summary, write_text_atomic
 from fl_lightning.federation.run_state import RunState
@@ -179,7 +179,7 @@ class Simulation:
             self._drop_stale_rounds(run.completed_rounds if self.resume else -1)
             write_text_atomic(self.run_dir / "config.yaml", dump_config(cfg))
             counts = client_class_counts(env.splits.train_targets, env.partition, env.num_classes)
-            write_partition_report(counts, env.splits.classes, self.run_dir)
+            write_partition_report(counts, env.splits.classes, self.run_dir, figure=False)  # figure: below
             p = cfg.partition
             write_partition_json(env.partition, self.run_dir / "partition.json",  # reusable: partition.scheme file
                                  meta={"dataset": cfg.data.name, "scheme": p.scheme, "alpha": p.alpha, "seed": p.seed,
@@ -223,12 +223,21 @@ class Simulation:
             fabric.barrier()
             if rank == 0:
                 store.clear()
+                self._draw_partition(env, counts)  # once the first round is done: not before the first client
 
+        if rank == 0:
+            self._draw_partition(env, counts)  # a resumed run with no round left to run
         summary = self._summary(algorithm, run)
         fabric.call("on_run_end", summary=summary, run_dir=self.run_dir)
         for logger in fabric.loggers:  # flush W&B / TensorBoard now, not at interpreter exit
             logger.finalize("success")
         return summary
+
+    def _draw_partition(self, env: Environment, counts: np.ndarray) -> None:
+        """partition.png, unless drawn already (matplotlib is the slowest part of the partition report, so the
+        figure waits for the first round instead of delaying the first client)."""
+        if not (self.run_dir / "partition.png").exists():
+            write_partition_figure(counts, env.splits.classes, self.run_dir)
 
     # ------------------------------------------------------------------------------------ phases
     def _plan(self, algorithm: Algorithm, store: RoundStore, round_idx: int, clients: list[int],
@@ -268,7 +277,7 @@ class Simulation:
         fabric, cfg = self.fabric, self.cfg
         download = plan.downloads[client_idx]
         fabric.call("on_client_start", round_idx=round_idx, client=client_idx)
-        torch.manual_seed(client_seed(cfg.seed, round_idx, client_idx))
+        seed_torch(client_seed(cfg.seed, round_idx, client_idx), fabric.device)
         start = time.monotonic()
         upload, failure, user_error = None, None, False
         try:

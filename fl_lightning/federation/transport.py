@@ -52,6 +52,14 @@ class UploadRejected(ValueError):
     """An upload with a missing tensor, a wrong shape or non-finite values."""
 
 
+def _all_finite(t: Tensor) -> bool:
+    """No NaN or ±inf in ``t``: min and max propagate both, in one pass and without a (numel,) mask."""
+    if t.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(t.detach())
+    return math.isfinite(float(lo)) and math.isfinite(float(hi))
+
+
 def check_upload(upload: Upload, expected_shapes: dict[str, tuple[int, ...]] | None = None) -> None:
     """Reject an upload whose tensors are missing, mis-shaped or non-finite.
 
@@ -65,7 +73,7 @@ def check_upload(upload: Upload, expected_shapes: dict[str, tuple[int, ...]] | N
         if tuple(upload.tensors[name].shape) != tuple(shape):
             raise UploadRejected(f"tensor {name!r} has shape {tuple(upload.tensors[name].shape)}, expected {tuple(shape)}")
     for name, t in upload.tensors.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        if t.is_floating_point() and not _all_finite(t):
             raise UploadRejected(f"tensor {name!r} has non-finite values")
     for name, v in upload.meta.items():
         if isinstance(v, float) and not math.isfinite(v):

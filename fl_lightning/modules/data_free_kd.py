@@ -288,7 +288,8 @@ def synthesize(generator: Generator, ensemble: WeightedEnsemble, student: nn.Mod
     with BNStatistics(list(ensemble.members) if s.bn > 0 else []) as bn_stats:
         for _ in range(s.steps):
             images = normalize(generator(z))  # (B, C, S, S)
-            view = random_shift_flip(images, rng=rng) if s.augment else images
+            # DENSE shifts a 32-px image by up to 4 px: 1/8 of the side, kept at other sizes
+            view = random_shift_flip(images, rng=rng, padding=max(1, images.shape[-1] // 8)) if s.augment else images
             t_out = ensemble(view)
             loss_oh = (F.cross_entropy(t_out, targets) if s.hardness is None
                        else hardness_weighted_ce(t_out, targets, gamma=s.hardness))

@@ -23,3 +23,17 @@ def test_coboosting_server_sees_only_models_and_reweights_the_ensemble(tmp_path)
 def test_no_reweighting_keeps_the_plain_mean(tmp_path):
     summary, _, _ = run(CoBoosting, "coboosting_digits_tiny.yaml", tmp_path, *TINY, "--coboosting.mu", "0")
     assert summary["ensemble_weights"] == pytest.approx([0.2] * 5)
+
+
+@pytest.mark.slow  # ~70 s on 2 cores: 30 server epochs of synthesis, re-weighting and distillation
+def test_distilled_model_beats_the_average_client(tmp_path):
+    """DENSE's check (tests/algorithms/test_dense.py) for Co-Boosting, on the same pathological partition.
+
+    Measured with conf/coboosting_digits_tiny.yaml: student 0.347, mean client 0.198, re-weighted ensemble
+    0.572 (seed 0). With seed 1 (other clients, other synthesis) the student reached only 0.228 against
+    0.198: Co-Boosting's margin on this tiny setting is seed-dependent; DENSE's held at every seed tried.
+    """
+    summary, _, _ = run(CoBoosting, "coboosting_digits_tiny.yaml", tmp_path)
+    mean_client = sum(summary["client_accuracy"]) / len(summary["client_accuracy"])
+    assert summary["ensemble_accuracy"] > mean_client
+    assert summary["accuracy"] > mean_client + 0.05, summary

@@ -71,13 +71,14 @@ def test_dense_server_sees_only_models_and_counts(tmp_path):
     assert summary["rounds"] == 1 and summary["ensemble_weights"] == [1.0] * 5
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(reason="not yet tuned: measured student 0.203 vs mean client 0.198 vs ensemble 0.525 with "
-                          "conf/dense_digits_tiny.yaml (10 server epochs); needs more server epochs than a "
-                          "60 s test allows on this machine", strict=False)
+@pytest.mark.slow  # ~65 s on 2 cores: 30 server epochs of synthesis + distillation
 def test_distilled_model_beats_the_average_client(tmp_path):
     """Pathological non-IID (2 classes per client): each client alone is near 20 %; the ensemble's
-    knowledge, distilled without data, is worth more than an average client."""
+    knowledge, distilled without data, is worth more than an average client.
+
+    Measured with conf/dense_digits_tiny.yaml: student 0.322, mean client 0.198, ensemble 0.525 (seed 0;
+    0.39 and 0.33 with other synthesis seeds). The margin asked for is 5 points.
+    """
     summary, _, _ = run(DENSE, "dense_digits_tiny.yaml", tmp_path)
     mean_client = sum(summary["client_accuracy"]) / len(summary["client_accuracy"])
     assert summary["ensemble_accuracy"] > mean_client

@@ -1,6 +1,7 @@
 import itertools
 
 import numpy as np
+import torch
 import pytest
 
 from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients
@@ -34,3 +35,14 @@ def test_sampling_depends_only_on_seed_and_round():
 def test_client_seed_distinct():
     seeds = {client_seed(0, r, c) for r in range(5) for c in range(50)}
     assert len(seeds) == 250
+
+
+def test_seed_torch_draws_what_torch_manual_seed_draws_on_cpu():
+    from fl_lightning.federation.placement import seed_torch
+
+    torch.manual_seed(1234)
+    expected = (torch.rand(5), torch.randn(3, 2), torch.randint(0, 10, (4,)))
+    torch.manual_seed(0)  # a different state first: seed_torch must reset it fully
+    seed_torch(1234, torch.device("cpu"))
+    got = (torch.rand(5), torch.randn(3, 2), torch.randint(0, 10, (4,)))
+    assert all(torch.equal(a, b) for a, b in zip(expected, got))

@@ -19,8 +19,13 @@ def test_rejects_wrong_shape_missing_and_nonfinite():
         check_upload(good, {"w": (2, 3)})
     with pytest.raises(UploadRejected, match="missing"):
         check_upload(good, {"v": (2, 2)})
-    with pytest.raises(UploadRejected, match="non-finite"):
-        check_upload(Upload({"w": torch.tensor([1.0, math.nan])}))
+    for bad in (math.nan, math.inf, -math.inf):  # anywhere, in any float dtype
+        for dtype in (torch.float16, torch.float32, torch.float64):
+            w = torch.ones(7, 5, dtype=dtype)
+            w[3, 2] = bad
+            with pytest.raises(UploadRejected, match="non-finite"):
+                check_upload(Upload({"w": w}))
+    check_upload(Upload({"empty": torch.zeros(0), "ints": torch.arange(3)}))
     with pytest.raises(UploadRejected, match="not finite"):
         check_upload(Upload({}, {"loss": math.inf}))
 
