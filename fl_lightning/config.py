@@ -475,11 +475,31 @@ def _switch_algorithm(values: dict, algorithm: Any) -> dict:
 
 def _carried_section(section: dict, old: type, new: type) -> dict:
     """What of method ``old``'s section a variant that switches to ``new`` keeps: the keys both configs
-    declare, when one method extends the other (FedOPAL's config extends AFL's); otherwise nothing."""
+    declare, when one method extends the other (FedOPAL's config extends AFL's); otherwise nothing.
+
+    A key whose value is ``old``'s default, where ``new`` declares another default, is not carried: the
+    section may be a resolved config (every default written out), and FedOPAL's ``restat: local`` must not
+    become FedOPAL+'s (whose default is ``global``). Set such a key inside the variant.
+    """
     if not (issubclass(old, new) or issubclass(new, old)):
         return {}
-    keep = {f.name for f in dataclasses.fields(new)} & {f.name for f in dataclasses.fields(old)}
-    return {k: v for k, v in section.items() if k in keep}
+    old_defaults, new_defaults = _field_defaults(old), _field_defaults(new)
+    keep = old_defaults.keys() & new_defaults.keys()
+    return {k: v for k, v in section.items()
+            if k in keep and not (v == old_defaults[k] and old_defaults[k] != new_defaults[k])}
+
+
+def _field_defaults(config_class: type) -> dict[str, Any]:
+    """Each field's default value (built from its factory where it has one)."""
+    out = {}
+    for f in dataclasses.fields(config_class):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+        else:
+            out[f.name] = dataclasses.MISSING
+    return out
 
 
 _NAMED_BY_DEFAULT = ("partition.alpha", "seed")  # keys the default run name already encodes

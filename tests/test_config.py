@@ -75,6 +75,18 @@ def test_a_method_section_belongs_to_its_method():
     assert cfg.algorithm == "afl" and cfg.method.lam == 0.5 and not hasattr(cfg.method, "mu")
 
 
+def test_a_variant_that_switches_method_keeps_the_new_methods_own_defaults():
+    """FedOPAL+ extends FedOPAL's config but defaults restat to global: a base fedopal section (resolved,
+    every default written out) must not hand it FedOPAL's restat: local. Set keys carry over."""
+    from fl_lightning.config import expand_variants
+
+    variants = "[{algorithm: fedopal_plus}, {algorithm: fedopal_plus, run_name: p_local, fedopal_plus: {restat: local}}]"
+    runs = expand_variants(load_config(CONF / "quickstart.yaml", ["--variants", variants, "--fedopal.mu", "0.3"]))
+    assert [(r.method.restat, r.method.mu) for r in runs] == [("global", 0.3), ("local", 0.3)]
+    cfg = load_config(CONF / "quickstart.yaml", ["--algorithm", "fedopal_plus"])
+    assert cfg.method.restat == "global"
+
+
 def test_print_config_shows_only_the_runs_own_section(tmp_path):
     text = dump_config(load_config(CONF / "fedavg_digits_tiny.yaml"))
     sections = [line.rstrip(":") for line in text.splitlines() if line and not line.startswith((" ", "-"))

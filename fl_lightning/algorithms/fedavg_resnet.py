@@ -21,6 +21,7 @@ normalised at ``data.image_size`` (default 32); ``fedavg_resnet.augment`` turns 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -68,7 +69,7 @@ def build_timm_classifier(cfg: RunConfig, num_classes: int, *, seed: int) -> nn.
             return timm.create_model(m.name, pretrained=False, num_classes=num_classes, **m.overrides)
         try:
             return timm.create_model(m.name, pretrained=True, num_classes=num_classes,
-                                     pretrained_cfg_overlay=dict(file=m.checkpoint), **m.overrides)
+                                     pretrained_cfg_overlay=dict(file=os.path.expanduser(m.checkpoint)), **m.overrides)
         except (RuntimeError, KeyError, ValueError) as err:
             raise MissingResourceError(f"model.checkpoint {m.checkpoint} does not fit timm {m.name}: "
                                        f"{str(err).splitlines()[0][:300]}") from None

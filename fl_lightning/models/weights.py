@@ -182,7 +182,7 @@ def open_state_dict(path: str | os.PathLike[str], *, label: str = "model.checkpo
             whose content does not match its suffix (the libraries pick their loader by suffix).
             The message names the path and says what is expected.
     """
-    path = os.fspath(path)
+    path = os.path.expanduser(os.fspath(path))  # "~/..." as a shell would read it
     if not os.path.isfile(path):
         what = "is a directory" if os.path.isdir(path) else "does not exist"
         raise _bad(label, path, f"{what}; give the path of a local weights file")

@@ -29,8 +29,8 @@ def test_no_reweighting_keeps_the_plain_mean(tmp_path):
 def test_distilled_model_beats_the_average_client(tmp_path):
     """DENSE's check (tests/algorithms/test_dense.py) for Co-Boosting, on the same pathological partition.
 
-    Measured with conf/coboosting_digits_tiny.yaml: student 0.347, mean client 0.198, re-weighted ensemble
-    0.572 (seed 0). With seed 1 (other clients, other synthesis) the student reached only 0.228 against
+    Measured with conf/coboosting_digits_tiny.yaml, one thread as here: student 0.347, mean client 0.198,
+    re-weighted ensemble 0.572 (seed 0). With seed 1 (other clients, other synthesis) the student reached only 0.228 against
     0.198: Co-Boosting's margin on this tiny setting is seed-dependent; DENSE's held at every seed tried.
     """
     summary, _, _ = run(CoBoosting, "coboosting_digits_tiny.yaml", tmp_path)

@@ -112,3 +112,10 @@ def test_key_mismatch_message_counts_and_examples():
     assert "\n" not in message and "/w.pt" in message
     assert "5 missing (e.g. 'blocks.0.w', 'blocks.1.w', 'blocks.2.w', …)" in message
     assert "1 unexpected (e.g. 'head.x')" in message
+
+
+def test_a_home_relative_path_is_expanded(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    save_file({"w": torch.ones(2)}, str(tmp_path / "w.safetensors"))
+    check_checkpoint("~/w.safetensors")  # as the shipped configs write it
+    assert torch.equal(open_state_dict("~/w.safetensors")["w"], torch.ones(2))
