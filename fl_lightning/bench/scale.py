@@ -14,7 +14,8 @@ Eq. (9) solve) with d=768 features (a random timm ViT, ``embed_dim 768, depth 1`
   not hide growth; the peak since process start is in the details too);
 * ``checkpoint_bytes_linearity`` — bytes written per client, max over min across K (1.0: exactly
   linear in K). Bytes are MEASURED, not derived: each rank's ``wchar`` (bytes passed to write(2),
-  ``/proc/self/io``) from the start of the round to the end of the run, summed over ranks, plus the
+  ``/proc/self/io``) from the start of the round to its end (the run's constant files — server.pt,
+  metrics.csv, partition.png — come after), summed over ranks, plus the
   size of the round folder just before it is cleared.
 
 Full size: 16 px synthetic images in one 16 px patch, so 10,000 images cost ~20 CPU-seconds and the
@@ -153,12 +154,14 @@ class _Probe:
 
     def on_round_end(self, *, round_idx: int, **_: Any) -> None:
         total, files = _folder_bytes(self.ckpt_dir / f"round{round_idx:04d}")
-        self.result.update(round_folder_bytes=total, round_folder_files=files)
+        # bytes written through the round (plan, client records): what grows with K; the run's constant
+        # files (server.pt, metrics.csv, partition.png, summary.json) come after this call
+        self.result.update(round_folder_bytes=total, round_folder_files=files,
+                           bytes_written=_bytes_written() - self.written)
 
     def on_run_end(self, **_: Any) -> None:
         self.result["wall_s"] = time.perf_counter() - self.start
         self.result["cpu_s"] = time.process_time() - self.cpu
-        self.result["bytes_written"] = _bytes_written() - self.written
         self.result["peak_rss_rounds_bytes"] = peak_rss_bytes()
         self.result["rank"] = self.rank
         (self.out_dir / f"rank{self.rank}.json").write_text(json.dumps(self.result), encoding="utf-8")
