@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-__all__ = ["assign_clients", "sample_clients", "client_seed"]
+__all__ = ["assign_clients", "sample_clients", "client_seed", "seed_torch"]
 
 
 def assign_clients(sizes: Sequence[int], world_size: int) -> list[list[int]]:
@@ -59,4 +59,3 @@ def seed_torch(seed: int, device: torch.device) -> None:
         torch.cuda.manual_seed(seed)  # the rank's current device (initialised: no queued call)
     elif device.type != "cpu":
         torch.manual_seed(seed)  # any other accelerator: torch's own route
-
