@@ -71,15 +71,16 @@ def test_dense_server_sees_only_models_and_counts(tmp_path):
     assert summary["rounds"] == 1 and summary["ensemble_weights"] == [1.0] * 5
 
 
-@pytest.mark.slow  # ~65 s on 2 cores: 30 server epochs of synthesis + distillation
+@pytest.mark.slow  # ~45 s on 2 cores: 20 server epochs of synthesis + distillation
 def test_distilled_model_beats_the_average_client(tmp_path):
     """Pathological non-IID (2 classes per client): each client alone is near 20 %; the ensemble's
     knowledge, distilled without data, is worth more than an average client.
 
     Measured with conf/dense_digits_tiny.yaml, one thread as here: student 0.336, mean client 0.198,
-    ensemble 0.567 (seed 0); seed 1: 0.286 against 0.198. The margin asked for is 5 points.
+    ensemble 0.567 (seed 0; seed 1: 0.286 against 0.198); with the 20 server epochs run here (of the
+    file's 30, to keep the suite short) 0.303. The margin asked for is 5 points.
     """
-    summary, _, _ = run(DENSE, "dense_digits_tiny.yaml", tmp_path)
+    summary, _, _ = run(DENSE, "dense_digits_tiny.yaml", tmp_path, "--dense.epochs", "20")
     mean_client = sum(summary["client_accuracy"]) / len(summary["client_accuracy"])
     assert summary["ensemble_accuracy"] > mean_client
     assert summary["accuracy"] > mean_client + 0.05, summary
