@@ -33,6 +33,7 @@ from pathlib import Path
 import yaml
 
 from fl_lightning.errors import UsageError
+from fl_lightning.federation.run_folder import read_metrics_csv
 
 __all__ = ["Curve", "read_curve", "first_reaching", "write_curves", "main"]
 
@@ -65,8 +66,7 @@ def read_curve(run_dir: str | Path) -> Curve:
     metrics = run / "metrics.csv"
     if not metrics.is_file():
         raise UsageError(f"no metrics.csv in {run} (is it a run folder?)")
-    with metrics.open(newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_metrics_csv(metrics)
     if not rows or "simulated_time_s" not in rows[0]:
         raise UsageError(f"{metrics} has no simulated_time_s column: the method has no system model")
     label = None

@@ -17,6 +17,8 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import pytest  # noqa: E402
+
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -28,6 +30,17 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300,
     env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run([sys.executable, "-m", "fl_lightning.train", *args], capture_output=True, text=True,
                           cwd=cwd or REPO, env=env, timeout=timeout)
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one intra-op thread for the test (tiny models: thread sync costs more than it gives)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 class StopAfterClients:

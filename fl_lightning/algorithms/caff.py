@@ -38,7 +38,6 @@ class CAFFConfig(FeDiSynConfig):
     systems: CAFFSystemsConfig = field(default_factory=CAFFSystemsConfig)
 
 
-
 @register("caff")
 class CAFF(FeDiSyn):
     """FeDiSyn's fine-tuning from ImageNet weights at capacity-proportional depths (see the module docstring)."""

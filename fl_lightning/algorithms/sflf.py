@@ -41,7 +41,6 @@ class SFLFConfig(FeDiSynConfig):
     systems: SFLFSystemsConfig = field(default_factory=SFLFSystemsConfig)
 
 
-
 @register("sflf")
 class SFLF(FeDiSyn):
     """FeDiSyn's fine-tuning from ImageNet weights, all blocks on every device (see the module docstring)."""

@@ -33,7 +33,7 @@ from typing import Any
 from fl_lightning.errors import RunFolderError
 
 __all__ = [
-    "write_metrics_csv", "write_summary", "write_text_atomic",
+    "write_metrics_csv", "read_metrics_csv", "write_summary", "write_text_atomic",
     "RECORD", "LOCK", "RESUMABLE_KEYS", "RunLock", "flatten", "fingerprint", "config_diff", "format_diff",
     "read_record", "write_record", "is_run_folder", "completed_rounds", "clear_run_folder",
 ]
@@ -84,6 +84,12 @@ def write_metrics_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
         writer.writeheader()
         writer.writerows(rows)
     os.replace(tmp, path)
+
+
+def read_metrics_csv(path: Path) -> list[dict[str, str]]:
+    """The rows :func:`write_metrics_csv` wrote, one mapping per round (values as the CSV's strings)."""
+    with Path(path).open(newline="") as f:
+        return list(csv.DictReader(f))
 
 
 def write_summary(path: Path, summary: dict[str, Any]) -> None:
@@ -191,8 +197,7 @@ def completed_rounds(run_dir: Path) -> int:
     path = Path(run_dir) / "metrics.csv"
     if not path.is_file():
         return 0
-    with path.open(newline="") as f:
-        return max(sum(1 for _ in csv.reader(f)) - 1, 0)
+    return len(read_metrics_csv(path))
 
 
 def clear_run_folder(run_dir: Path) -> None:

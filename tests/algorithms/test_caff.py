@@ -3,7 +3,6 @@
 import math
 
 import pytest
-import torch
 
 from fl_lightning.config import load_config
 from fl_lightning.errors import ConfigError
@@ -14,14 +13,9 @@ from tests.conftest import CONF
 TINY = CONF / "caff_tiny.yaml"
 
 
-def test_caff_depths_are_capacity_proportional_by_hand(tmp_path):
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        cfg = load_config(TINY, ["--output_dir", str(tmp_path), "--federation.rounds", "1"])
-        summary = Simulation(cfg=cfg, loggers=[]).run()
-    finally:
-        torch.set_num_threads(before)
+def test_caff_depths_are_capacity_proportional_by_hand(tmp_path, one_thread):
+    cfg = load_config(TINY, ["--output_dir", str(tmp_path), "--federation.rounds", "1"])
+    summary = Simulation(cfg=cfg, loggers=[]).run()
     L = summary["num_blocks"]
     boards = [PROFILES[PAPER_TESTBED[i % len(PAPER_TESTBED)]] for i in range(4)]
     cap = [1 / (b.forward_time_s + L * b.backward_time_per_layer_s) for b in boards]

@@ -1,6 +1,5 @@
 """FeDiSyn on the engine: the tiny config end to end, LoRA aggregation by hand, resume, offline failure."""
 
-import csv
 import json
 import math
 
@@ -13,6 +12,7 @@ from fl_lightning.algorithms.fedisyn.planning import SystemPlan
 from fl_lightning.config import load_config
 from fl_lightning.data.registry import build_dataset
 from fl_lightning.errors import ConfigError
+from fl_lightning.federation.run_folder import read_metrics_csv
 from fl_lightning.federation.simulation import Simulation, partition_for
 from fl_lightning.federation.algorithm import RoundPlan
 from fl_lightning.federation.transport import SCALAR_BYTES, Download, Upload
@@ -22,17 +22,8 @@ TINY = CONF / "fedisyn_tiny.yaml"
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # tiny models: thread sync costs more than it gives
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _rows(run_dir):
-    with (run_dir / "metrics.csv").open(newline="") as f:
-        return list(csv.DictReader(f))
+    return read_metrics_csv(run_dir / "metrics.csv")
 
 
 def test_tiny_config_end_to_end_through_the_cli(tmp_path):

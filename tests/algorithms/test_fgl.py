@@ -50,14 +50,9 @@ def test_a_device_uploads_its_captions_by_class_and_the_server_prompts_with_them
     assert prompts["eel"] == [f"eel, {c}" for c in by_class[2]] * 2
 
 
-def test_fgl_tiny_one_round(tmp_path):
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        cfg = load_config(TINY, ["--output_dir", str(tmp_path), "--federation.rounds", "1"])
-        summary = Simulation(cfg=cfg, loggers=[]).run()
-    finally:
-        torch.set_num_threads(before)
+def test_fgl_tiny_one_round(tmp_path, one_thread):
+    cfg = load_config(TINY, ["--output_dir", str(tmp_path), "--federation.rounds", "1"])
+    summary = Simulation(cfg=cfg, loggers=[]).run()
     manifest = [json.loads(line) for line in (cfg.run_dir / "synthetic" / "manifest.jsonl").read_text().splitlines()]
     words = set(TINY_VOCAB)
     for m in manifest:  # every prompt is "<class>, <caption of one of the class's images>"

@@ -12,6 +12,7 @@ from fl_lightning.algorithms.gptfl import GPTFL
 from fl_lightning.config import load_config
 from fl_lightning.data.registry import build_dataset
 from fl_lightning.errors import ConfigError
+from fl_lightning.federation.run_folder import read_metrics_csv
 from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.transport import SCALAR_BYTES, Upload
 from tests.conftest import CONF
@@ -19,19 +20,11 @@ from tests.conftest import CONF
 TINY = CONF / "gptfl_tiny.yaml"
 
 
-def test_gptfl_tiny_one_round(tmp_path):
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        cfg = load_config(TINY, ["--output_dir", str(tmp_path), "--federation.rounds", "1"])
-        summary = Simulation(cfg=cfg, loggers=[]).run()
-    finally:
-        torch.set_num_threads(before)
+def test_gptfl_tiny_one_round(tmp_path, one_thread):
+    cfg = load_config(TINY, ["--output_dir", str(tmp_path), "--federation.rounds", "1"])
+    summary = Simulation(cfg=cfg, loggers=[]).run()
     run = cfg.run_dir
-    import csv
-
-    with (run / "metrics.csv").open(newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_metrics_csv(run / "metrics.csv")
     # round 0: each client sends its C class counts (int64) — no latent, no per-image information
     assert int(rows[0]["bytes_up_round"]) == 4 * 10 * 8
     # text-only: every image starts from pure noise at T − 1, from its own seed; λ·D^k per class

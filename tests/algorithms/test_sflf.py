@@ -1,12 +1,12 @@
 """SFLF: ImageNet-initialised (a local weights file), every device asks for all blocks, B/N channel time."""
 
-import csv
 
 import numpy as np
 import pytest
 import torch
 
 from fl_lightning.config import load_config
+from fl_lightning.federation.run_folder import read_metrics_csv
 from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.transport import SCALAR_BYTES
 from fl_lightning.systems.channel import place_devices
@@ -16,17 +16,8 @@ from tests.conftest import CONF
 TINY = CONF / "sflf_tiny.yaml"
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _rows(run_dir):
-    with (run_dir / "metrics.csv").open(newline="") as f:
-        return list(csv.DictReader(f))
+    return read_metrics_csv(run_dir / "metrics.csv")
 
 
 def test_sflf_starts_from_the_weights_file_reports_memory_and_times_the_upload_by_hand(tmp_path, one_thread):

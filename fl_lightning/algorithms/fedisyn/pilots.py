@@ -28,6 +28,7 @@ import numpy as np
 
 from fl_lightning.config import load_config
 from fl_lightning.errors import UsageError
+from fl_lightning.federation.run_folder import read_metrics_csv
 from fl_lightning.systems.scaling_law import (
     ScalingLawParams,
     fit_scaling_law,
@@ -78,10 +79,8 @@ def pilot_points(run_dirs: Sequence[str | Path]) -> PilotPoints:
     lam, acc, time_s, h0 = [], [], [], math.nan
     for run in map(Path, run_dirs):
         summary = json.loads((run / "summary.json").read_text())
-        with (run / "metrics.csv").open(newline="") as f:
-            rows = list(csv.DictReader(f))
         best = 0.0
-        for row in rows:
+        for row in read_metrics_csv(run / "metrics.csv"):
             best = max(best, float(row["accuracy"]))
             lam.append(summary["lambda"])
             acc.append(best)
