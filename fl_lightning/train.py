@@ -14,8 +14,9 @@ folder in use stops (``.lock`` names the holder; a lock of a dead process is tak
 
 Exit status: 0 on success; 2 for a usage, config or resource error, found before anything runs
 where it can be (one line on stderr, no traceback); 1 when the run fails while it runs (e.g. fewer
-than ``federation.min_clients`` clients succeed: one line, the checkpoint is kept) and for bugs (a
-traceback); 130 on Ctrl-C (SIGINT) and 143 on SIGTERM, both with the checkpoint kept and the
+than ``federation.min_clients`` clients succeed: one line, the checkpoint is kept; the error classes
+are in fl_lightning/errors.py) and for bugs (a traceback; ``--debug`` also shows the traceback of a
+client that failed, not only the one line); 130 on Ctrl-C (SIGINT) and 143 on SIGTERM, both with the checkpoint kept and the
 ``--resume`` command printed.
 """
 
@@ -118,17 +119,15 @@ def main(argv: list[str] | None = None) -> int:
     locks: list = []
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
-    from fl_lightning.errors import UsageError
+    from fl_lightning.errors import RunFailure, UsageError
 
     try:
         return _main(argv, locks)
     except UsageError as err:
         return _report(err, 2, debug)
-    except Exception as err:
-        simulation = sys.modules.get("fl_lightning.federation.simulation")
-        if simulation is not None and isinstance(err, simulation.RunFailure):
-            return _report(err, 1, debug)
-        raise  # our bug: the traceback is the report
+    except RunFailure as err:
+        return _report(err, 1, debug)
+    # anything else is our bug: the traceback is the report
     finally:
         for lock in locks:
             lock.release()
@@ -137,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(err: BaseException, status: int, debug: bool) -> int:
+    """One line on stderr; with ``--debug`` the traceback first, which for a client's failure starts with the
+    client's own traceback (its ``__cause__``, see :class:`fl_lightning.errors.RemoteTraceback`)."""
     if debug:
         traceback.print_exception(err)
     print(f"fl_lightning: {_one_line(str(err))}", file=sys.stderr)

@@ -119,7 +119,7 @@ def test_failed_clients_end_the_run_with_exit_1_and_one_line(tmp_path):
     base = ["--config", TINY, "--algorithm", "always_fails", "--partition.num_clients", "3",
             "--logging.progress", "false", "--output_dir", str(tmp_path)]
     cases = {"raise": [], "skip": ["--federation.on_client_error", "skip"],
-             "debug": ["--federation.on_client_error", "skip", "--debug"]}
+             "debug": ["--federation.on_client_error", "skip", "--debug"], "raise_debug": ["--debug"]}
     proc = subprocess.run([sys.executable, "-c", _FAILING_METHOD, json.dumps(cases), json.dumps(base)],
                           capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                           timeout=300)
@@ -132,3 +132,25 @@ def test_failed_clients_end_the_run_with_exit_1_and_one_line(tmp_path):
         assert all(n in lines[0] for n in needles), lines[0]
         assert "checkpoint kept in" in lines[0] and not (tmp_path / name / "summary.json").exists()
     assert r["debug"]["rc"] == 1 and "Traceback" in r["debug"]["stderr"]
+    # --debug shows the cause, not only the one line: the client's own traceback, down to the method's code
+    for name in ("debug", "raise_debug"):
+        err = r[name]["stderr"]
+        assert r[name]["rc"] == 1 and 'File "<string>", line 22, in client_update' in err, err  # the method's own line
+        assert "The above exception was the direct cause of the following exception" in err, err
+        assert err.strip().splitlines()[-1].startswith("fl_lightning: "), err  # the one line still comes last
+    assert "TooFewClients" in r["debug"]["stderr"] and "ClientFailure" in r["raise_debug"]["stderr"]
+
+
+def test_a_run_failure_is_caught_by_its_class(monkeypatch, capsys):
+    """main() knows RunFailure from fl_lightning.errors (no lookup of the simulation module): one line, exit 1,
+    and a UsageError raised as deep stays one line, exit 2, without --debug."""
+    from fl_lightning import train
+    from fl_lightning.errors import ClientUsageError, RunFailure
+
+    for err, status in ((RunFailure("round 3: the server gave up"), 1),
+                        (ClientUsageError("client 2 in round 0: corrupt image x.png", 2, 0, "Traceback ...\n"), 2)):
+        def fail(argv, locks, err=err):
+            raise err
+        monkeypatch.setattr(train, "_main", fail)
+        assert train.main(["--config", TINY]) == status
+        assert capsys.readouterr().err.splitlines() == [f"fl_lightning: {err}"]

@@ -36,15 +36,16 @@ class ClientRecord:
     bytes_up: int = 0
     failure: str | None = None  # "ExceptionType: message" when the client failed or its upload was rejected
     user_error: bool = False  # the failure is the user's to fix (a corrupt image…): the run stops with exit 2
+    traceback: str | None = None  # the failure's formatted traceback (its cause, which --debug prints)
 
     def state_dict(self) -> dict[str, Any]:
         return {"compute_s": self.compute_s, "bytes_down": self.bytes_down, "bytes_up": self.bytes_up,
-                "failure": self.failure, "user_error": self.user_error}
+                "failure": self.failure, "user_error": self.user_error, "traceback": self.traceback}
 
     @classmethod
     def from_state_dict(cls, d: dict[str, Any]) -> ClientRecord:
         return cls(float(d["compute_s"]), int(d["bytes_down"]), int(d["bytes_up"]), d["failure"],
-                   bool(d.get("user_error", False)))
+                   bool(d.get("user_error", False)), d.get("traceback"))  # records written before tracebacks
 
 
 @dataclass

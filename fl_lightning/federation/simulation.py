@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ from fl_lightning.data.partition import (
 from fl_lightning.data.registry import DatasetSplits, build_dataset
 from fl_lightning.data.report import write_partition_figure, write_partition_report
 from fl_lightning.data.transforms import build_transform
-from fl_lightning.errors import ConfigError, UsageError
+from fl_lightning.errors import ClientFailure, ClientUsageError, ConfigError, RunFailure, TooFewClients, UsageError
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundPlan
 from fl_lightning.federation.checkpoint import atomic_save, safe_load
 from fl_lightning.federation.launch import check_launcher
@@ -50,16 +51,7 @@ from fl_lightning.federation.run_folder import write_metrics_csv, write_summary,
 from fl_lightning.federation.run_state import RunState
 from fl_lightning.federation.transport import Upload, check_upload
 
-__all__ = ["Simulation", "RunFailure", "ClientFailure", "partition_for"]
-
-
-class RunFailure(RuntimeError):
-    """The run cannot go on as configured (exit status 1; the checkpoint is kept for ``--resume``)."""
-
-
-class ClientFailure(RunFailure):
-    """A client raised (or sent a rejected upload) and ``federation.on_client_error`` is ``raise``."""
-
+__all__ = ["Simulation", "partition_for"]
 
 _PARTITION_KEYS = ("num_clients", "alpha", "min_samples", "shards_per_client")
 
@@ -279,45 +271,48 @@ class Simulation:
         fabric.call("on_client_start", round_idx=round_idx, client=client_idx)
         seed_torch(client_seed(cfg.seed, round_idx, client_idx), fabric.device)
         start = time.monotonic()
-        upload, failure, user_error = None, None, False
+        upload, failure, trace, user_error = None, None, None, False
         try:
             upload = algorithm.client_update(round_idx, env.client(client_idx), download.to(fabric.device))
             check_upload(upload, algorithm.expected_shapes(round_idx, download))
         except Exception as err:  # noqa: BLE001 — recorded; the on_client_error policy decides after the gather
             upload, failure, user_error = None, f"{type(err).__name__}: {err}", isinstance(err, UsageError)
+            trace = "".join(traceback.format_exception(err))  # the cause, for --debug (the object stays here)
         record = ClientRecord(compute_s=time.monotonic() - start, bytes_down=download.num_bytes,
                               bytes_up=upload.num_bytes if upload is not None else 0, failure=failure,
-                              user_error=user_error)
+                              user_error=user_error, traceback=trace)
         return record, upload
 
     def _check_failures(self, round_idx: int, result: RoundResult) -> None:
         """Stop the run (checkpoint kept) when a client failed under ``on_client_error: raise``, or fewer than
         ``federation.min_clients`` succeeded; decided on the server, raised on every rank."""
-        message = None
-        if self.fabric.global_rank == 0:
-            message = self._failure_message(round_idx, result)
+        failure = self._failure(round_idx, result) if self.fabric.global_rank == 0 else None
         if self.fabric.world_size > 1:
-            message = self.fabric.broadcast(message, src=0)
-        if message is not None:
-            kind, text = message
-            raise {"client": ClientFailure, "run": RunFailure, "usage": UsageError}[kind](text)
+            failure = self.fabric.broadcast(failure, src=0)
+        if failure is not None:
+            raise failure
 
-    def _failure_message(self, round_idx: int, result: RoundResult) -> tuple[str, str] | None:
-        failures, f = result.failures, self.cfg.federation
+    def _failure(self, round_idx: int, result: RoundResult) -> UsageError | RunFailure | None:
+        """The error that ends the run after this round's client phase, or None when the round goes on."""
+        failures, records, f = result.failures, result.records, self.cfg.federation
         where = f"checkpoint kept in {self.ckpt_dir}"
-        user = [c for c, r in sorted(result.records.items()) if r.user_error]
+        user = [c for c, r in sorted(records.items()) if r.user_error]
         if user:  # e.g. a corrupt image: the user's to fix, whatever the failure policy (its message names the file)
-            return "usage", f"client {user[0]} in round {round_idx}: {result.records[user[0]].failure} ({where})"
+            c = user[0]
+            return ClientUsageError(f"client {c} in round {round_idx}: {records[c].failure} ({where})", c, round_idx,
+                                    records[c].traceback)
         if failures and f.on_client_error == "raise":
             c = min(failures)
-            return "client", (f"client {c} failed in round {round_idx}: {failures[c]} ({where}; set "
-                              f"federation.on_client_error: skip to aggregate the others)")
+            return ClientFailure(f"client {c} failed in round {round_idx}: {failures[c]} ({where}; set "
+                                 f"federation.on_client_error: skip to aggregate the others)", c, round_idx,
+                                 records[c].traceback)
         ok = len(result.succeeded)
         if ok < f.min_clients:
             shown = "; ".join(f"client {c}: {m}" for c, m in list(failures.items())[:3])
             more = f" (and {len(failures) - 3} more)" if len(failures) > 3 else ""
-            return "run", (f"round {round_idx}: {ok} of {len(result.records)} clients succeeded, fewer than "
-                           f"federation.min_clients={f.min_clients}; {shown}{more} ({where})")
+            return TooFewClients(f"round {round_idx}: {ok} of {len(records)} clients succeeded, fewer than "
+                                 f"federation.min_clients={f.min_clients}; {shown}{more} ({where})", round_idx, ok,
+                                 {c: records[c].traceback for c in failures if records[c].traceback})
         return None
 
     def _record_round(self, algorithm: Algorithm, run: RunState, round_idx: int, row: dict[str, Any],

@@ -10,8 +10,9 @@ from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.config import load_config
 from fl_lightning.federation.algorithm import register
 from fl_lightning.federation.checkpoint import safe_load
-from fl_lightning.federation.simulation import ClientFailure, Simulation
-from fl_lightning.errors import UsageError
+from fl_lightning.errors import ClientFailure, RemoteTraceback, RunFailure, TooFewClients, UsageError
+from fl_lightning.federation.round_store import RoundStore
+from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.transport import Upload
 from tests.conftest import CONF, StopAfterClients, run_cli
 
@@ -83,6 +84,36 @@ def test_client_error_raise_names_client_and_keeps_checkpoint(tmp_path):
     with pytest.raises(ClientFailure, match=r"client 1 failed in round 0: RuntimeError: boom"):
         Simulation(cfg=cfg, loggers=[]).run()
     assert len(list((cfg.run_dir / "checkpoints" / "round0000").glob("client*.pt"))) == 4
+
+
+def test_a_failed_client_keeps_its_traceback_in_its_record_and_in_the_failure(tmp_path):
+    """The one line names the client; the cause is not reduced to it: the record on disk keeps the formatted
+    traceback (it ends in the method's own code) and the ClientFailure carries it as its __cause__."""
+    cfg = _cfg(tmp_path, "--algorithm", "test_faulty")
+    with pytest.raises(ClientFailure) as info:
+        Simulation(cfg=cfg, loggers=[]).run()
+    err = info.value
+    assert (err.client, err.round_idx) == (1, 0) and isinstance(err, RunFailure)
+    assert "Traceback (most recent call last)" in err.client_traceback
+    assert "in client_update" in err.client_traceback and 'raise RuntimeError("boom")' in err.client_traceback
+    assert err.client_traceback.rstrip().endswith("RuntimeError: boom")
+    assert isinstance(err.__cause__, RemoteTraceback) and err.__cause__.text == err.client_traceback
+    store = RoundStore(cfg.run_dir / "checkpoints", 0)
+    record = store.load_client(1)[0]
+    assert record.failure == "RuntimeError: boom" and record.traceback == err.client_traceback
+    rejected = store.load_client(2)[0]  # a NaN upload: rejected by the server's check, which raised there
+    assert "non-finite" in rejected.failure and "check_upload" in rejected.traceback
+    assert store.load_client(0)[0].traceback is None
+
+
+def test_too_few_clients_is_a_run_failure_with_the_tracebacks(tmp_path):
+    cfg = _cfg(tmp_path, "--algorithm", "test_faulty", "--federation.on_client_error", "skip",
+               "--federation.min_clients", "3")
+    with pytest.raises(TooFewClients, match=r"round 0: 2 of 4 clients succeeded, fewer than "
+                                            r"federation.min_clients=3") as info:
+        Simulation(cfg=cfg, loggers=[]).run()
+    assert sorted(info.value.client_tracebacks) == [1, 2] and info.value.succeeded == 2
+    assert 'raise RuntimeError("boom")' in info.value.__cause__.text  # the first failed client's
 
 
 def test_client_error_skip_records_failures_and_aggregates_rest(tmp_path):
