@@ -5,7 +5,12 @@ A config has the **core sections** that every method shares (``data``, ``partiti
 ``algorithm:`` (e.g. ``fedopal: {mu: 0.1}``). A method declares that section's dataclass on its own
 class (``config_class``); the loader finds it through the algorithm registry, so a new method adds
 its file and nothing here. A config is built once at the entry point (``load_config``) and passed
-down as objects — never a dict or an ``args`` namespace.
+down as objects — never a dict or an ``args`` namespace. The method's section is read in one way:
+``cfg.method`` (inside the method, ``self.config``).
+
+Imports point one way: this module reads the registry (``fl_lightning.algorithms``, imported on first
+use so that ``import fl_lightning.config`` stays cheap); the registry and the methods never import it
+at run time (a method's config checks use :func:`fl_lightning.errors.check`).
 
 Why our own loader rather than jsonargparse/LightningCLI: we need (a) ONE line per error naming the
 dotted key, the value and what is allowed (jsonargparse prints a multi-line usage block), (b) a
@@ -23,7 +28,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -32,13 +39,13 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from fl_lightning.errors import ConfigError, UsageError
+from fl_lightning.errors import ConfigError, UsageError, check
 
 __all__ = [
     "DataConfig", "PartitionConfig", "ModelConfig", "FederationConfig", "LocalTrainingConfig", "LoggingConfig",
     "RunConfig", "check", "load_config", "build_config", "config_to_dict", "dump_config", "expand_variants",
-    "schema_keys", "DATASET_NAMES", "CORE_SECTIONS", "PRECISIONS", "ACCELERATORS",
-]
+    "schema_keys", "current_names", "DATASET_NAMES", "CORE_SECTIONS", "PRECISIONS", "ACCELERATORS",
+]  # check lives in fl_lightning.errors (method configs import it from there, not from here)
 
 DATASET_NAMES = ("cifar10", "cifar100", "svhn", "dtd", "food101", "caltech101", "imagefolder", "digits",
                  "synthetic")
@@ -49,16 +56,6 @@ PRECISIONS = ("32-true", "32", "64-true", "64", "16-mixed", "16", "bf16-mixed", 
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 _SEED_MAX = 2**32 - 1  # numpy's and seed_everything's range
 _FLOAT32_MAX = 3.4028234663852886e38  # a larger step size overflows inside a float32 optimiser
-
-
-def check(ok: bool, key: str, value: object, allowed: str) -> None:
-    """Raise a :class:`ConfigError` for ``key`` unless ``ok``.
-
-    Used in ``__post_init__`` of config dataclasses (the core ones here and every method's own):
-    ``key`` is the field name; the loader prefixes the section (``fedopal.mu``).
-    """
-    if not ok:
-        raise ConfigError(key, value, allowed)
 
 
 def _check_seed(key: str, value: int) -> None:
@@ -198,12 +195,6 @@ class RunConfig:
             check(name not in ("", ".", "..") and "/" not in name and "\\" not in name and "\0" not in name,
                   "run_name", name, "a single folder name (no '/', no '..', not absolute)")
 
-    def __getattr__(self, name: str) -> Any:
-        # cfg.<section of this run's method> reads the method's section: cfg.fedopal.mu on a FedOPAL run
-        if name != "algorithm" and name == self.__dict__.get("algorithm") and self.__dict__.get("method") is not None:
-            return self.__dict__["method"]
-        raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
-
     @property
     def resolved_run_name(self) -> str:
         if self.run_name:
@@ -220,9 +211,51 @@ class RunConfig:
 
 
 def _registry() -> dict[str, type]:
-    from fl_lightning.algorithms import available_algorithms
+    """The registered methods (discovery imports them here, on first use: ``import fl_lightning.config`` stays
+    cheap, and the registry never imports the config). A method named like a core key is refused here, where
+    the core keys are known."""
+    from fl_lightning.algorithms import available_algorithms, renamed_algorithms
 
-    return available_algorithms()
+    registry = available_algorithms()
+    reserved = {*CORE_SECTIONS, *(f.name for f in dataclasses.fields(RunConfig))}
+    clash = sorted(reserved & {*registry, *renamed_algorithms()})
+    if clash:
+        raise ValueError(f"cannot register a method named {clash[0]!r}: a method name is not one of the core keys "
+                         f"{sorted(reserved)}")
+    return registry
+
+
+def _renamed() -> dict[str, str]:
+    from fl_lightning.algorithms import renamed_algorithms
+
+    return renamed_algorithms()
+
+
+def current_names(values: dict) -> dict:
+    """``values`` (a config's mapping) with a method's former name replaced by its name now, both as
+    ``algorithm:`` and as the section's key; one line on stderr says which name to use (see ``register``)."""
+    renamed = _renamed()
+    if not isinstance(values, dict) or not renamed:
+        return values
+    out = dict(values)
+    old = out.get("algorithm")
+    if isinstance(old, str) and old in renamed:
+        _hint_renamed(old, renamed[old])
+        out["algorithm"] = renamed[old]
+    for key in [k for k in out if k in renamed]:
+        new = renamed[key]
+        _hint_renamed(key, new)
+        if new in out:
+            raise UsageError(f"config error: sections {key!r} and {new!r} both given; {key!r} is the former name of "
+                             f"{new!r}: keep only {new!r}")
+        out[new] = out.pop(key)
+    return out
+
+
+@functools.cache  # once per name and process (a comparison builds every variant)
+def _hint_renamed(old: str, new: str) -> None:
+    print(f"fl_lightning: method {old!r} is now called {new!r}; the old name still works, but use {new!r} "
+          f"(algorithm: {new}, section {new}:)", file=sys.stderr)
 
 
 def _type_name(tp: Any) -> str:
@@ -425,6 +458,7 @@ def build_config(values: dict) -> RunConfig:
         raise UsageError(f"config error: a config is a mapping of sections (data:, partition:, …), got "
                          f"{type(values).__name__}")
     registry = _registry()
+    values = current_names(values)
     algorithm = values.get("algorithm", RunConfig.algorithm)
     if algorithm not in registry:
         from fl_lightning.algorithms import import_errors
@@ -452,8 +486,8 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     Raises:
         UsageError / ConfigError: one line naming the key, the value and what is allowed.
     """
-    values = read_yaml(path) if path is not None else {}
-    extra = _parse_overrides(overrides or [])
+    values = current_names(read_yaml(path) if path is not None else {})
+    extra = current_names(_parse_overrides(overrides or []))
     if "algorithm" in extra:  # --algorithm X on a file written for another method: as a variant would switch
         values = _switch_algorithm(values, extra["algorithm"])
     return build_config(_merge(values, extra))
@@ -552,6 +586,7 @@ def expand_variants(cfg: RunConfig) -> list[RunConfig]:
     for i, variant in enumerate(cfg.variants or [{}]):
         if not isinstance(variant, dict):
             raise ConfigError(f"variants[{i}]", variant, "a mapping of config keys, e.g. {algorithm: afl}")
+        variant = current_names(variant)
         values = _switch_algorithm(base, variant.get("algorithm", cfg.algorithm))
         for tree, point in _sweep_points(cfg.sweep) if cfg.sweep else [({}, {})]:
             try:

@@ -200,7 +200,7 @@ def _main(argv: list[str], locks: list) -> int:
 def _check_resume_folder(run_dir: Path) -> dict | None:
     """The config the run recorded when it started (None for a folder written before records), after
     checking that the folder's config.yaml was not edited in a way that changes what ran."""
-    from fl_lightning.config import read_yaml
+    from fl_lightning.config import current_names, read_yaml
     from fl_lightning.errors import RunFolderError, UsageError
     from fl_lightning.federation.run_folder import RECORD, config_diff, format_diff, read_record
 
@@ -215,12 +215,12 @@ def _check_resume_folder(run_dir: Path) -> dict | None:
         raise RunFolderError(f"run folder error: {run_dir / 'config.yaml'} was edited after the run started "
                              f"({format_diff(edited)}); the completed rounds ran under the recorded values "
                              f"({run_dir / RECORD}): put them back, or start a new run with --config")
-    return record["config"]
+    return current_names(record["config"])  # a run recorded under a method's former name resumes under its name now
 
 
 def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list[str], locks: list) -> None:
     """Lock the run's folder, check that this start may write there, and record the start (run.json)."""
-    from fl_lightning.config import config_to_dict, dump_config, load_config, read_yaml
+    from fl_lightning.config import config_to_dict, current_names, dump_config, load_config, read_yaml
     from fl_lightning.errors import ConfigError, RunFolderError
     from fl_lightning.federation.run_folder import (
         LOCK,
@@ -259,8 +259,8 @@ def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list
                                  f"choose another --run_name or --output_dir")
         if not args.overwrite and not _nothing_ran(run_dir):
             record = read_record(run_dir)
-            before = record["config"] if record else (read_yaml(run_dir / "config.yaml")
-                                                      if (run_dir / "config.yaml").is_file() else {})
+            before = current_names(record["config"] if record else (read_yaml(run_dir / "config.yaml")
+                                                                    if (run_dir / "config.yaml").is_file() else {}))
             differs = config_diff(before, current, include_resumable=True)
             what = f"a different run ({format_diff(differs)})" if differs else "this run already"
             hint = (" (continue it with --resume instead)" if not config_diff(before, current) else "")

@@ -13,9 +13,10 @@ import importlib
 import pkgutil
 from importlib.metadata import entry_points
 
-from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm
+from fl_lightning.federation.algorithm import ALGORITHMS, RENAMED, Algorithm
 
-__all__ = ["available_algorithms", "import_errors", "ALGORITHMS"]
+__all__ = ["available_algorithms", "renamed_algorithms", "import_errors", "ALGORITHMS"]
+
 
 @functools.cache
 def _discover() -> dict[str, str]:
@@ -48,3 +49,9 @@ def available_algorithms() -> dict[str, type[Algorithm]]:
     """Every registered method, by name (methods registered later, e.g. in a test file, included)."""
     _discover()
     return dict(ALGORITHMS)
+
+
+def renamed_algorithms() -> dict[str, str]:
+    """Former method names that still work: former name → the method's name now (see ``register``)."""
+    _discover()
+    return dict(RENAMED)

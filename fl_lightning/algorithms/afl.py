@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from fl_lightning.algorithms.common import evaluate_on_test, frozen_backbone
 from fl_lightning.analytic import AnalyticStatistics, regularization, solve_classifier
-from fl_lightning.config import check
+from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import (
     Algorithm,
     Client,

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fl_lightning.algorithms.dense import DENSE, DENSEConfig
-from fl_lightning.config import check
+from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import register
 
 __all__ = ["CoBoosting", "CoBoostingConfig"]

@@ -49,8 +49,8 @@ from torch import Tensor, nn
 
 from fl_lightning.algorithms.common import evaluate_on_test
 from fl_lightning.algorithms.fedavg_resnet import FedAvgResNet, build_timm_classifier
-from fl_lightning.config import check
 from fl_lightning.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, RoundHistory, RoundPlan, State, register
 from fl_lightning.federation.transport import Download, Upload
 

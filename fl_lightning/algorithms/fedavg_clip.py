@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 
 from fl_lightning.algorithms.common import evaluate_on_test, frozen_backbone
-from fl_lightning.config import check
+from fl_lightning.errors import check
 from fl_lightning.federation.aggregate import weighted_average
 from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local
@@ -48,7 +48,7 @@ class FedAvgCLIPConfig:
         check(self.num_prompts >= 1, "num_prompts", self.num_prompts, "an int >= 1 (head only: algorithm fedavg)")
 
 
-@register("fedavg_clip")
+@register("fedavg_prompts", renamed_from=("fedavg_clip",))  # any ViT, not CLIP only
 class FedAvgCLIP(Algorithm):
     config_class = FedAvgCLIPConfig
 

@@ -104,7 +104,7 @@ def _cpu_state(model: nn.Module) -> State:
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
-@register("fedavg_resnet")
+@register("fedavg_cnn", renamed_from=("fedavg_resnet",))  # any timm CNN, not ResNet only
 class FedAvgResNet(Algorithm):
     config_class = FedAvgResNetConfig
 

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning.algorithms.afl import AFL
-from fl_lightning.config import check
+from fl_lightning.errors import check
 from fl_lightning.feature_gaussians import COVARIANCES, gaussian_head
 from fl_lightning.federation.algorithm import Client, RoundPlan, State, register
 from fl_lightning.federation.transport import Download, Upload

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from fl_lightning.algorithms.afl import AFL, AFLConfig
 from fl_lightning.callbacks.proximal import ProximalCallback
-from fl_lightning.config import check
+from fl_lightning.errors import check
 from fl_lightning.federation.aggregate import weighted_average
 from fl_lightning.federation.algorithm import Client, Environment, RoundHistory, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local

@@ -42,7 +42,7 @@ from lightning.fabric import Fabric
 from torch import Tensor
 
 from fl_lightning.algorithms.common import evaluate_on_test, frozen_backbone
-from fl_lightning.config import check
+from fl_lightning.errors import check
 from fl_lightning.feature_gaussians import (
     COVARIANCE_TYPES,
     fit_class_gmms,

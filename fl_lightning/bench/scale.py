@@ -209,7 +209,7 @@ def _bare_worker(config: Path, out_dir: Path) -> None:
                 C_k += h.T @ torch.nn.functional.one_hot(y, c).double()
             R += R_k
             C += C_k
-        W = torch.linalg.solve(R + cfg.afl.lam * torch.eye(d, dtype=torch.float64), C)  # Eq. (9)
+        W = torch.linalg.solve(R + cfg.method.lam * torch.eye(d, dtype=torch.float64), C)  # Eq. (9)
         correct = 0
         for x, y in DataLoader(splits.test, batch_size=cfg.data.batch_size):
             correct += int(((model(x).double() @ W).argmax(1) == y).sum())

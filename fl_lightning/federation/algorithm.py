@@ -15,7 +15,9 @@ method whose aggregate is a sum folds them one at a time and its server memory s
 
 One-shot methods are the one-round case. A method is one file under ``fl_lightning/algorithms/``
 (found by discovery) that subclasses :class:`Algorithm`, declares its config section as
-``config_class`` and registers itself with :func:`register`.
+``config_class`` and registers itself with :func:`register`. This module imports no config code at
+run time: the loader (``fl_lightning.config``) reads the registry, never the other way round
+(docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
     from fl_lightning.data.registry import DatasetSplits
 
 __all__ = ["Algorithm", "Client", "Environment", "InputSpec", "NoConfig", "RoundHistory", "RoundPlan", "register",
-           "ALGORITHMS", "State"]
+           "ALGORITHMS", "RENAMED", "State"]
 
 State = dict[str, Tensor]  # the server's global state: named tensors only (checkpointable, broadcastable)
 
@@ -218,16 +220,26 @@ class Algorithm(ABC):
 
 
 ALGORITHMS: dict[str, type[Algorithm]] = {}
+RENAMED: dict[str, str] = {}  # a method's former name → its name now (a config may still use the former)
 
 
-def register(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:
-    """Class decorator: make a method selectable as ``algorithm: <name>`` with its section ``<name>:``."""
-    from fl_lightning.config import CORE_SECTIONS, RunConfig
+def register(name: str, *, renamed_from: Sequence[str] = ()) -> Callable[[type[Algorithm]], type[Algorithm]]:
+    """Class decorator: make a method selectable as ``algorithm: <name>`` with its section ``<name>:``.
 
-    reserved = {*CORE_SECTIONS, *(f.name for f in dataclasses.fields(RunConfig))}
-    if name in reserved or not name.isidentifier():
-        raise ValueError(f"cannot register a method named {name!r}: a method name is an identifier and not one of "
-                         f"the core keys {sorted(reserved)}")
+    Args:
+        name: the method's name, an identifier. The config layer refuses one that is a core key
+            (``data``, ``seed``, …) when it reads the registry: the core keys are its to know, and the
+            registry does not import the config (the arrow points one way: config → registry).
+        renamed_from: names the method had before. A config that still uses one (as ``algorithm:`` or as
+            its section) runs this method, and the loader prints one line naming the new name.
+
+    Example:
+        >>> @register("fedavg_prompts", renamed_from=("fedavg_clip",))
+        ... class FedAvgPrompts(Algorithm): ...
+    """
+    for n in (name, *renamed_from):
+        if not isinstance(n, str) or not n.isidentifier():
+            raise ValueError(f"cannot register a method named {n!r}: a method name is an identifier")
 
     def deco(cls: type[Algorithm]) -> type[Algorithm]:
         if not dataclasses.is_dataclass(cls.config_class):
@@ -236,6 +248,14 @@ def register(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:
         if previous is not None and previous.__qualname__ != cls.__qualname__:
             raise ValueError(f"two methods named {name!r}: {previous.__module__}.{previous.__qualname__} and "
                              f"{cls.__module__}.{cls.__qualname__}")
+        if name in RENAMED:
+            raise ValueError(f"cannot register a method named {name!r}: it is the former name of {RENAMED[name]!r}")
+        for old in renamed_from:
+            if old in ALGORITHMS or RENAMED.get(old, name) != name:
+                taken = old if old in ALGORITHMS else RENAMED[old]
+                raise ValueError(f"{cls.__qualname__}: {old!r} cannot be a former name of {name!r}: it names "
+                                 f"{taken!r}")
+        RENAMED.update(dict.fromkeys(renamed_from, name))
         cls.name = name
         ALGORITHMS[name] = cls
         return cls

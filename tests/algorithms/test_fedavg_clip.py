@@ -16,7 +16,7 @@ from tests.conftest import CONF
 
 
 def _cfg(tmp_path, *extra):
-    return load_config(CONF / "fedavg_clip_digits_tiny.yaml",
+    return load_config(CONF / "fedavg_prompts_digits_tiny.yaml",
                        ["--output_dir", str(tmp_path), "--logging.progress", "false", *extra])
 
 

@@ -15,7 +15,7 @@ from tests.conftest import CONF
 
 
 def _cfg(tmp_path, *extra):
-    return load_config(CONF / "fedavg_resnet_digits_tiny.yaml",
+    return load_config(CONF / "fedavg_cnn_digits_tiny.yaml",
                        ["--output_dir", str(tmp_path), "--logging.progress", "false", *extra])
 
 

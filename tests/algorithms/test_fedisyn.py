@@ -40,7 +40,7 @@ def test_tiny_config_end_to_end_through_the_cli(tmp_path):
     # synthetic volume: round(λ · D^k) images per class, D^k over all clients' real samples
     splits = build_dataset("digits", root="data", seed=cfg.seed, num_samples=cfg.data.num_samples)
     D = np.bincount(splits.train_targets, minlength=10)
-    lam = cfg.fedisyn.synthetic_lambda
+    lam = cfg.method.synthetic_lambda
     expected = [math.floor(lam * d + 0.5) for d in D]
     got = [len(list((run / "synthetic" / str(k)).glob("*.png"))) for k in range(10)]
     assert got == expected and summary["synthetic_images"] == sum(expected) and summary["lambda"] == lam
@@ -51,15 +51,15 @@ def test_tiny_config_end_to_end_through_the_cli(tmp_path):
     assert sim[0] > 0 and all(b > a for a, b in zip(sim, sim[1:]))
     assert summary["simulated_time_s"] == pytest.approx(sim[-1])
     # H_gene + H_pre from the config's ĥ, h̃: ĥ · images + h̃ · train images · epochs run (≤ T̂)
-    assert summary["simulated_generation_s"] == pytest.approx(cfg.fedisyn.generation_time_per_image_s * sum(expected))
-    assert 0 < summary["simulated_pretraining_s"] <= (cfg.fedisyn.pretrain_time_per_image_epoch_s * sum(expected)
-                                                      * cfg.fedisyn.pretrain_epochs)
+    assert summary["simulated_generation_s"] == pytest.approx(cfg.method.generation_time_per_image_s * sum(expected))
+    assert 0 < summary["simulated_pretraining_s"] <= (cfg.method.pretrain_time_per_image_epoch_s * sum(expected)
+                                                      * cfg.method.pretrain_epochs)
 
     # round 0 uploads = the noised latents: per class Z centroids + the mean of (4, 8, 8) float32, or the mean
     # only for a class with <= Z samples (privacy), + 4 scalars (label, count, timestep, Z')
     partition = partition_for(cfg, splits.train_targets)
     latent_bytes = 4 * 8 * 8 * 4
-    Z = cfg.fedisyn.num_centroids
+    Z = cfg.method.num_centroids
     up0 = sum(((Z + 1) if int(n) > Z else 1) * latent_bytes + 4 * SCALAR_BYTES
               for idx in partition for n in np.bincount(splits.train_targets[idx], minlength=10) if n > 0)
     assert int(rows[0]["bytes_up_round"]) == up0 and int(rows[0]["bytes_down_round"]) == 0
@@ -196,7 +196,7 @@ def test_lambda_from_the_scaling_law(tmp_path, one_thread):
     cfg = load_config(TINY, ["--output_dir", str(tmp_path), "--federation.rounds", "1",
                              "--fedisyn.synthetic_lambda", "null", "--fedisyn.scaling_kappa", str(kappa)])
     summary = Simulation(cfg=cfg, loggers=[]).run()
-    f = cfg.fedisyn
+    f = cfg.method
     h0 = (f.generation_time_per_image_s + f.pretrain_time_per_image_epoch_s * f.pretrain_epochs) * summary["real_samples"]
     k1, k2, k3, _ = kappa
     expected = (k2 * math.exp(k3 * f.target_accuracy) / (h0 * k1)) ** (1 / (k2 + 1))
@@ -210,7 +210,7 @@ def test_a_lambda_star_that_overflows_names_the_kappas(tmp_path):
 
     cfg = load_config(TINY, ["--fedisyn.synthetic_lambda", "null", "--fedisyn.scaling_kappa", "[1.0, 1.0, 1000000.0, 0]"])
     with pytest.raises(ConfigError) as err:
-        choose_lambda(cfg.fedisyn, gen_time_per_image=0.5, pretrain_time_per_image_epoch=0.01, num_real_samples=240)
+        choose_lambda(cfg.method, gen_time_per_image=0.5, pretrain_time_per_image_epoch=0.01, num_real_samples=240)
     assert err.value.key == "fedisyn.scaling_kappa"
 
 

@@ -87,7 +87,7 @@ def test_growing_mu_pulls_prompts_to_p_init(tmp_path):
                    "--train.epochs", "2")
         Simulation(cfg=cfg, loggers=[]).run()
         state = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
-        p_init = PromptedViT(frozen_backbone(cfg), num_prompts=10, seed=cfg.fedopal.prompt_seed).get_prompts()
+        p_init = PromptedViT(frozen_backbone(cfg), num_prompts=10, seed=cfg.method.prompt_seed).get_prompts()
         drift.append(float((state["prompts"] - p_init).norm()))
     assert drift[0] > drift[1] > drift[2] > 0
 

@@ -78,7 +78,7 @@ def test_head_on_synthetic_features_is_close_to_head_on_real_features(tmp_path):
     s = Simulation(cfg=cfg, loggers=[]).run()
     state = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
     Xtr, ytr, Xte, yte = _features(cfg)
-    c = cfg.fedpft
+    c = cfg.method
     w, b = train_linear_head(Xtr, ytr, num_classes=10, epochs=c.head_epochs, batch_size=c.head_batch_size,
                              optimizer=c.head_optimizer, lr=c.head_lr, momentum=c.head_momentum, seed=cfg.seed)
     real = float(((Xte @ w.T + b).argmax(1) == yte).float().mean())

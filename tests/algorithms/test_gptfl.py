@@ -34,7 +34,7 @@ def test_gptfl_tiny_one_round(tmp_path, one_thread):
     D = np.bincount(build_dataset("digits", root="data", seed=cfg.seed,
                                   num_samples=cfg.data.num_samples).train_targets, minlength=10)
     per_class = np.bincount([m["label"] for m in manifest], minlength=10)
-    assert per_class.tolist() == [math.floor(cfg.gptfl.synthetic_lambda * d + 0.5) for d in D]
+    assert per_class.tolist() == [math.floor(cfg.method.synthetic_lambda * d + 0.5) for d in D]
     # full-parameter FedAvg: every client uploads every weight of the ViT (float32) + its sample count
     state = torch.load(run / "checkpoints" / "server.pt", weights_only=False)["state"]
     params = sum(v.numel() for k, v in state.items() if k.startswith(("backbone.", "head.")))

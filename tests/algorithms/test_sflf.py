@@ -25,7 +25,7 @@ def test_sflf_starts_from_the_weights_file_reports_memory_and_times_the_upload_b
     from safetensors.torch import save_file
 
     cfg0 = load_config(TINY)
-    f = cfg0.sflf
+    f = cfg0.method
     torch.manual_seed(123)  # stands in for ImageNet weights: any file of the architecture
     source = timm.create_model(f.pretrain_model, pretrained=False, num_classes=1000, **f.pretrain_overrides)
     weights = tmp_path / "imagenet.safetensors"
@@ -91,7 +91,7 @@ def test_lora_only_by_default_leaves_the_head_at_its_start(tmp_path, one_thread)
         torch.manual_seed(cfg.seed)  # the initial model is seeded by the run seed: rebuild its head
         import timm
 
-        f = cfg.sflf
+        f = cfg.method
         start = timm.create_model(f.pretrain_model, pretrained=False, num_classes=10, **f.pretrain_overrides)
     torch.testing.assert_close(state["head.weight"], start.head.weight, rtol=0, atol=0)
     lora_per_block = sum(v.numel() for k, v in state.items() if k.startswith("lora.blocks.0."))

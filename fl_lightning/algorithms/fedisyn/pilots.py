@@ -89,8 +89,8 @@ def pilot_points(run_dirs: Sequence[str | Path]) -> PilotPoints:
             cfg = load_config(run / "config.yaml")
             images, D = summary["synthetic_images"], summary["real_samples"]
             h_gen = summary["simulated_generation_s"] / images
-            h_pre = summary["simulated_pretraining_s"] / (images * cfg.fedisyn.pretrain_epochs)
-            h0 = synthesis_cost_per_unit_lambda(h_gen, h_pre, cfg.fedisyn.pretrain_epochs, D)
+            h_pre = summary["simulated_pretraining_s"] / (images * cfg.method.pretrain_epochs)
+            h0 = synthesis_cost_per_unit_lambda(h_gen, h_pre, cfg.method.pretrain_epochs, D)
     return PilotPoints(np.array(lam), np.array(acc), np.array(time_s), float(h0))
 
 
