@@ -1,4 +1,4 @@
-"""The one rule of extension (DESIGN.md): a new method is one file, with its own config section.
+"""The one rule of extension (docs/architecture.md): a new method is one file, with its own config section.
 
 The throwaway method below lives entirely in this test file — its config dataclass, its class, its
 registration — and runs through the real command-line entry (``fl_lightning.train.main``), with

@@ -1,7 +1,7 @@
 """Performance benchmarks of FedOPAL, FeDiSyn and the engine at scale, as ratios to same-run baselines.
 
 Run ``python -m fl_lightning.bench [fedopal|fedisyn|scale|all] [--quick] [--out FILE.json]``: it prints a
-table (figure, value, the threshold the issue sets, whether it is met) and writes every number,
+table (figure, value, its threshold, whether it is met) and writes every number,
 with the raw repeat times and the sizes used, to JSON. ``--quick`` runs tiny models in seconds (to
 check the machinery, not the thresholds); the default runs ViT-B/16 at 224 px with random weights
 (nothing is downloaded). Device: CUDA when available (bf16 autocast), else the CPU.

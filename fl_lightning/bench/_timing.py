@@ -1,7 +1,8 @@
 """Measurement helpers shared by the benchmarks: timing, memory and the result record.
 
 Every figure is a RATIO against a baseline measured in the same run (or a size/time reported with
-the threshold the issue asks for), so the numbers mean the same on a laptop CPU and on a GPU.
+the bound it is held to; the cost contract in docs/architecture.md), so the numbers mean the same on
+a laptop CPU and on a GPU.
 
 * Timing: ``time.perf_counter`` around the call, ``warmup`` untimed calls first (allocator, lazy
   init, caches), the MEDIAN of ``repeats`` (robust to one slow repeat on a shared machine). When two

@@ -359,7 +359,7 @@ def _round_overhead(sizes: FeDiSynSizes, step_time_by_depth: dict[int, float], l
 # -- 5. the system model under the paper's settings -----------------------------------------------------
 _NUM_BLOCKS = 12  # ViT-B/16
 _LORA_BITS_PER_BLOCK = 8 * ((768 + 3 * 768) + (768 + 768)) * 32  # rank 8 on qkv + proj, float32: 1,179,648
-_PAPER = {  # figures the paper reports (issue 13)
+_PAPER = {  # figures the paper reports (the calibration in systems/channel.py)
     "caff_food101_iid_time_s": 31_905.0, "fedisyn_food101_iid_time_s": 17_584.0,
     "caff_food101_noniid_bytes": 262.1e6, "fedisyn_food101_noniid_bytes": 7.4e6,
     "gptfl_food101_noniid_bytes": 13_676e6, "wfba_gap_cifar10": 0.417,

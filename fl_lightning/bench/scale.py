@@ -51,10 +51,10 @@ from fl_lightning.bench._timing import figure, peak_rss_bytes, reset_peak_rss
 
 __all__ = ["run", "scale_config", "peer_config", "SIZES"]
 
-# full: the issue's sizes; quick: the same machinery in seconds
+# full: the sizes of the cost contract (docs/architecture.md); quick: the same machinery in seconds
 SIZES: dict[bool, dict[str, Any]] = {
     # 16 px images in one 16 px patch (+ CLS: 2 tokens): 10,000 images through a 768-wide block stay
-    # ~20 CPU-seconds, so the engine's cost is not buried under the model's; the upload (d=768) is the issue's
+    # ~20 CPU-seconds, so the engine's cost is not buried under the model's; the upload (d=768) is a ViT-B's
     False: {"dim": 768, "heads": 12, "image_size": 16, "patch_size": 16, "clients": (10, 100, 1000, 10000),
             "num_samples": 10_000,
             "two_process_clients": (10, 100, 1000, 10000), "peer_clients": (20, 100), "reference_clients": 100},
@@ -382,7 +382,7 @@ def run(*, quick: bool, device: torch.device | None = None, clients: Sequence[in
     """Every figure of the suite (see the module docstring). CPU only: the engine's cost is what is measured.
 
     Args:
-        quick: tiny sizes (seconds) instead of the issue's.
+        quick: tiny sizes (seconds) instead of the full ones.
         device: ignored (the runs are CPU processes); accepted for the common runner signature.
         clients: the K values (default: ``SIZES[quick]["clients"]``).
         processes: run the framework with 1 and/or 2 processes.

@@ -1,4 +1,4 @@
-"""The run folder contract (DESIGN.md): config.yaml, summary.json, metrics.csv, checkpoints/ — and
+"""The run folder contract (docs/architecture.md): config.yaml, summary.json, metrics.csv, checkpoints/ — and
 the record that keeps a run folder honest.
 
 A run folder is a record that is never silently changed:

@@ -15,7 +15,7 @@ noise power, *not* a density times B_i, so the SNR p_i g_i / σ² and hence the 
 efficiency e_i = log2(1 + p_i g_i / σ²) of a device do not depend on its bandwidth share; the rate
 is then linear in B_i, which is what makes water-filling (``wfba.py``) a one-dimensional search.
 
-Calibration (issue 13). Without PL0 (the loss at d0) the model had a gain of 1 at 10 m: an SNR of
+Calibration. Without PL0 (the loss at d0) the model had a gain of 1 at 10 m: an SNR of
 ~48 dB and ~16 bit/s/Hz at 300 m, so a 12-block LoRA upload took < 1 s against 117–310 s of
 compute and water-filling changed a round by < 0.3 %, whereas the paper simulates the edge network
 precisely so that communication is not negligible. PL0 is the one number added; it is fitted to the

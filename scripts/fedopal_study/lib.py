@@ -1,4 +1,4 @@
-"""Building blocks of the FedOPAL study (issue 14): the real DINOv2 ViT-S/14 on the bundled digits.
+"""Building blocks of the FedOPAL study (notebooks/fedopal_beyond.md): the real DINOv2 ViT-S/14 on the bundled digits.
 
 Everything runs on frozen *embedded tokens*: VPT-shallow prompts enter after the patch embedding
 and the position embedding (Eq. (4)), so the embedding stage is computed once per image and cached;
@@ -32,7 +32,7 @@ from fl_lightning.models.vpt import PromptedViT
 CHECKPOINT = os.path.expanduser("~/.cache/fl_lightning/vits14_dinov2.safetensors")
 CACHE = Path(os.path.expanduser("~/.cache/fl_lightning/fedopal_study"))
 NUM_CLASSES = 10
-LAM = 1e-6  # analytic.lam of the issue's runs (added once, Eq. (9))
+LAM = 1e-6  # λ of the study's runs (added once, Eq. (9))
 
 
 @dataclass

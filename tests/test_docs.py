@@ -1,0 +1,35 @@
+"""The design notes live in the repository: what the code, configs and README point to is in docs/, and
+nothing points outside the repository or to a tracker's numbered threads a user does not have."""
+
+from __future__ import annotations
+
+import re
+
+from tests.conftest import REPO
+
+_SCANNED = ("fl_lightning", "conf", "tests", "scripts", "notebooks", "docs")
+_SUFFIXES = (".py", ".md", ".yaml", ".ipynb", ".cfg", ".toml")
+# FedOPAL+ is being restructured on another branch; its module docstring is rewritten there.
+_NOT_YET_REWRITTEN = {"fl_lightning/algorithms/fedopal_plus.py"}
+
+
+def _texts():
+    paths = [REPO / "README.md", REPO / "setup.cfg"]
+    for top in _SCANNED:
+        paths += [p for p in sorted((REPO / top).rglob("*")) if p.suffix in _SUFFIXES and p.is_file()]
+    for path in paths:
+        yield str(path.relative_to(REPO)), path.read_text(errors="ignore")
+
+
+def test_no_reference_outside_the_repository_or_to_an_issue_number():
+    outside = re.compile(r"\.\./" + "shared" + r"|\bissues? #?\d+\b", re.IGNORECASE)
+    found = [f"{name}: {m.group(0)!r}" for name, text in _texts() if name not in _NOT_YET_REWRITTEN
+             and name != "tests/test_docs.py" for m in outside.finditer(text)]
+    assert not found, found
+
+
+def test_every_docs_path_named_exists():
+    named = {m.group(0).rstrip(".,:;)`'\"") for _, text in _texts() for m in re.finditer(r"(?<![\w/.-])docs/[\w./-]+", text)}
+    assert "docs/architecture.md" in named
+    missing = sorted(n for n in named if not (REPO / n).exists())
+    assert not missing, missing
