@@ -16,8 +16,8 @@ Exit status: 0 on success; 2 for a usage, config or resource error, found before
 where it can be (one line on stderr, no traceback); 1 when the run fails while it runs (e.g. fewer
 than ``federation.min_clients`` clients succeed: one line, the checkpoint is kept; the error classes
 are in fl_lightning/errors.py) and for bugs (a traceback; ``--debug`` also shows the traceback of a
-client that failed, not only the one line); 130 on Ctrl-C (SIGINT) and 143 on SIGTERM, both with the checkpoint kept and the
-``--resume`` command printed.
+client that failed, not only the one line); 130 on Ctrl-C (SIGINT) and 143 on SIGTERM, both with
+the checkpoint kept and the ``--resume`` command printed.
 """
 
 from __future__ import annotations

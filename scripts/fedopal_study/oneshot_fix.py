@@ -1,4 +1,5 @@
-"""One-shot statistics correction (the FedOPAL study, notebooks/fedopal_beyond.md; step 3): remove each client's prompt-induced mean shift.
+"""One-shot statistics correction (the FedOPAL study, notebooks/fedopal_beyond.md; step 3): remove
+each client's prompt-induced mean shift.
 
 The faithful method's collapse comes from client-level drift: client k's statistics are taken under
 its own P_k, whose feature shift s_k = E_k[h_{P_k}] − E_k[h_{P_init}] is constant within the client

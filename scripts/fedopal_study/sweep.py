@@ -1,5 +1,6 @@
-"""The α × seed sweep of the FedOPAL study (notebooks/fedopal_beyond.md): AFL, faithful FedOPAL, restat: global, the K=1 ceiling and the
-variants, on the real DINOv2 ViT-S/14 and the bundled digits (K=10 clients, M=10, λ=1e-6).
+"""The α × seed sweep of the FedOPAL study (notebooks/fedopal_beyond.md): AFL, faithful FedOPAL,
+restat: global, the K=1 ceiling and the variants, on the real DINOv2 ViT-S/14 and the bundled digits
+(K=10 clients, M=10, λ=1e-6).
 
 One prompt-training pass per (α, seed) serves every variant that differs only in what is computed
 after training (statistics, aggregation, which clients' prompts count), so they are compared on the
