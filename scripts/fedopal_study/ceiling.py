@@ -1,6 +1,7 @@
 """K=1 ceiling of FedOPAL (the FedOPAL study, notebooks/fedopal_beyond.md; step 1): tune the prompts
 on a validation split carved from the training data (80/20, stratified, seed 0) — never the test
-split. Prints one line per setting: AFL and P_init references, then each (epochs, lr, optimizer, mu, M, head) with its validation accuracy.
+split. Prints one line per setting: AFL and P_init references, then each (epochs, lr, optimizer, mu,
+M, head) with its validation accuracy.
 
     OMP_NUM_THREADS=1 nice -n 10 python scripts/fedopal_study/ceiling.py
 """
