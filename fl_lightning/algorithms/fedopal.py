@@ -98,10 +98,8 @@ class FedOPAL(AFL):
         self.model.set_prompts(prompts)
         if round_idx == 0:
             self.train_prompts(round_idx, client, prompts)
-        upload = super().client_update(round_idx, client, download)  # statistics under this client's prompts
-        if round_idx == 0:
-            upload.tensors = {"prompts": self.model.get_prompts().detach().cpu().clone(), **upload.tensors}
-        return upload
+        first = {"prompts": self.model.get_prompts().detach().cpu().clone()} if round_idx == 0 else None
+        return self.statistics_upload(self.statistics(client), first)  # statistics under this client's prompts
 
     def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
         shapes = super().expected_shapes(round_idx, download)

@@ -45,6 +45,7 @@ from torch import Tensor
 
 from fl_lightning.algorithms.fedopal import FedOPAL, FedOPALConfig
 from fl_lightning.config import check
+from fl_lightning.federation.aggregate import weighted_average
 from fl_lightning.federation.algorithm import Client, RoundPlan, State, register
 from fl_lightning.federation.transport import Download, Upload
 
@@ -95,13 +96,10 @@ def aggregate_prompts(prompts: Sequence[Tensor], weights: Sequence[float], p_ini
         return p_init.clone()
     if any(not w > 0 for w in weights):
         raise ValueError(f"weights must be > 0, got {list(weights)}")
-    total = float(sum(weights))
-    acc = torch.zeros(p_init.shape, dtype=torch.float64)
-    for p, w in zip(prompts, weights):
+    for p in prompts:
         if tuple(p.shape) != tuple(p_init.shape):
             raise ValueError(f"prompts of shape {tuple(p.shape)} do not fit {tuple(p_init.shape)}")
-        acc += p.detach().cpu().to(torch.float64) * (float(w) / total)
-    return acc.to(p_init.dtype)
+    return weighted_average([p.detach().cpu() for p in prompts], weights).to(p_init.dtype)
 
 
 @register("fedopal_plus")
@@ -113,8 +111,7 @@ class FedOPALPlus(FedOPAL):
         return self.config.restat == "global" and round_idx == 0
 
     def _trains(self, client: Client) -> bool:
-        held = int((torch.as_tensor(client.class_counts) > 0).sum())
-        return held >= self.config.min_classes
+        return bool(covering_clients(torch.as_tensor(client.class_counts)[None], self.config.min_classes)[0])
 
     # -- client ----------------------------------------------------------------------------------
     def plan(self, round_idx: int, clients: Sequence[int], state: State, history: Any) -> RoundPlan:
@@ -124,18 +121,14 @@ class FedOPALPlus(FedOPAL):
         prompts = download.tensors["prompts"]
         self.model.set_prompts(prompts)
         if round_idx > 0:  # statistics under P_global (Eq. (7))
-            stats = self.statistics(client)
-            return Upload({"R_upper": stats.upper_triangle().cpu(), "C": stats.C.cpu()},
-                          {"num_samples": int(stats.N)})
+            return self.statistics_upload(self.statistics(client))
         trains = self._trains(client)
         if trains:
             self.train_prompts(round_idx, client, prompts)  # Eq. (6)
         tensors = {"prompts": self.model.get_prompts().detach().cpu().clone()}
-        meta: dict[str, int | float] = {"num_samples": int(client.num_samples), "trained": int(trains)}
         if not self._prompts_only(round_idx):  # one shot: FedOPAL's local statistics under P_k
-            stats = self.statistics(client)
-            tensors.update({"R_upper": stats.upper_triangle().cpu(), "C": stats.C.cpu()})
-        return Upload(tensors, meta)
+            return self.statistics_upload(self.statistics(client), tensors, trained=int(trains))
+        return Upload(tensors, {"num_samples": int(client.num_samples), "trained": int(trains)})
 
     def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
         if self._prompts_only(round_idx):

@@ -31,7 +31,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from PIL import Image
 from torch import nn
@@ -41,6 +40,7 @@ from fl_lightning.algorithms.fedisyn.config import FeDiSynConfig
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.algorithm import InputSpec
+from fl_lightning.federation.placement import derive_seed
 from fl_lightning.models.diffusion import DiffusionComponents
 from fl_lightning.modules.pretraining import load_pretrained_vit, pretrain_classifier, split_holdout
 from fl_lightning.synthesis.generate import (
@@ -129,7 +129,7 @@ def text_only_requests(class_names: Sequence[str], prompts_by_class: Mapping[str
         if volume_per_class[label] > 0 and not prompts:
             raise ValueError(f"no prompts for class {class_names[label]!r}")
         for index in range(int(volume_per_class[label])):
-            image_seed = int(np.random.SeedSequence([int(seed), int(label), int(index), 1]).generate_state(1)[0])
+            image_seed = derive_seed(seed, label, index, 1)
             requests.append(GenerationRequest(class_name=class_names[label], label=int(label), client=-1,
                                               centroid_index=-1, latent=zero, timestep=int(timestep),
                                               prompt=prompts[index % len(prompts)], seed=image_seed, index=index,
