@@ -29,6 +29,7 @@ import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -36,7 +37,6 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import Dataset
 
-from fl_lightning.algorithms.fedisyn.config import FeDiSynConfig
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.algorithm import InputSpec
@@ -87,7 +87,7 @@ class SyntheticFolder(Dataset):
         return (self.transform(image) if self.transform else image), label
 
 
-def choose_lambda(cfg: FeDiSynConfig, *, gen_time_per_image: float, pretrain_time_per_image_epoch: float,
+def choose_lambda(cfg: Any, *, gen_time_per_image: float, pretrain_time_per_image_epoch: float,
                   num_real_samples: int, section: str = "fedisyn") -> float:
     """λ from the config, or λ* of the scaling law with h0 = (ĥ + h̃ T̂) D.
 
@@ -137,20 +137,20 @@ def text_only_requests(class_names: Sequence[str], prompts_by_class: Mapping[str
     return requests
 
 
-def _expander(cfg: FeDiSynConfig, *, seed: int, device: torch.device):
+def _expander(cfg: Any, *, seed: int, device: torch.device):
     if cfg.llm_path is None:
         return TemplatePromptExpander(seed=seed)
     return LLMPromptExpander(cfg.llm_path, device=device, seed=seed,
                              dtype=torch.float16 if device.type == "cuda" else torch.float32)
 
 
-def _dtype(cfg: FeDiSynConfig, device: torch.device) -> torch.dtype:
+def _dtype(cfg: Any, device: torch.device) -> torch.dtype:
     if cfg.diffusion_precision == "auto":
         return torch.float16 if device.type == "cuda" else torch.float32
     return getattr(torch, cfg.diffusion_precision)
 
 
-def _probe_generation(cfg: FeDiSynConfig, components: DiffusionComponents, requests, folder: Path,
+def _probe_generation(cfg: Any, components: DiffusionComponents, requests, folder: Path,
                       device: torch.device) -> float:
     """ĥ on this host: time one batch of real requests into a scratch folder (discarded)."""
     batch = list(requests[: cfg.generation_batch_size])
@@ -171,27 +171,28 @@ def _latent_shape(components: DiffusionComponents, image_size: int) -> tuple[int
 
 
 def synthesise_and_pretrain(
-    cfg: FeDiSynConfig, *, components: DiffusionComponents,
+    cfg: Any, *, components: DiffusionComponents,
     uploads_by_client: Mapping[int, Sequence[ClassLatentUpload]] | None, class_counts: Mapping[int, int],
     class_names: Sequence[str], spec: InputSpec, run_dir: Path, seed: int, device: torch.device,
     precision: str, progress: bool, prompts_by_class: Mapping[str, Sequence[str]] | None = None,
-    section: str = "fedisyn",
+    section: str = "fedisyn", text_only: bool = False,
 ) -> SynthesisResult:
     """Steps 1 (server side) and 2 of FeDiSyn; resumable (prompts cached, images skipped when present).
 
     Args:
-        cfg: the method's section.
+        cfg: the method's section (the keys of ``synthesis.DiffusionConfig``, and of the prompt and
+            feature-guided configs where those are used).
         uploads_by_client: the clients' noised latents (``feature_guided``; None for ``text_only``).
         class_counts: D^k per label, summed over the clients.
         prompts_by_class: prompts to use instead of the label expansion (FGL: the clients' captions).
         section: the method's config section, for error keys.
+        text_only: images start from pure noise and the prompts (``uploads_by_client`` is None).
     """
     totals = {int(k): int(v) for k, v in class_counts.items() if v > 0}
     D = sum(totals.values())
     if prompts_by_class is None:
         prompts_by_class = expand_with_cache(_expander(cfg, seed=seed, device=device), list(class_names),
                                              cfg.prompts_per_label, run_dir / "prompts.json")
-    text_only = cfg.generation == "text_only"
     if not text_only and uploads_by_client is None:
         raise ValueError("feature-guided generation needs the clients' latent uploads")
     last_t = int(components.scheduler.config.num_train_timesteps) - 1
