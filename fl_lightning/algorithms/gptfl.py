@@ -92,7 +92,7 @@ class FullFedAvg(FineTuningStage):
         return mean.result() if mean.total_weight > 0 else {}
 
     def summary_extras(self, state: State) -> dict[str, Any]:
-        return {"depth_policy": "full (full-parameter FedAvg)", "train_head": True}
+        return {**super().summary_extras(state), "depth_policy": "full (full-parameter FedAvg)", "train_head": True}
 
 
 @dataclass

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from fl_lightning.algorithms.common import evaluate_on_test
-from fl_lightning.algorithms.fedisyn.finetune import LoRAFineTuning, LoRAFineTuningConfig
+from fl_lightning.algorithms.fedisyn.finetune import FineTuningStage, LoRAFineTuning, LoRAFineTuningConfig
 from fl_lightning.algorithms.fedisyn.model import BACKBONE, HEAD, LORA, backbone_keys, strip, with_prefix
 from fl_lightning.algorithms.fedisyn.planning import client_profiles
 from fl_lightning.algorithms.fedisyn.synthesis import FeatureGuidedConfig, FeatureGuidedSynthesis, TextOnlySynthesis
@@ -57,7 +57,7 @@ class FeDiSynFamily(StagedAlgorithm):
         return []
 
     @property
-    def tuning(self) -> Stage:
+    def tuning(self) -> FineTuningStage:
         """The fine-tuning stage (the last one): it owns how the global model is loaded."""
         return self.parts[-1]
 
@@ -128,20 +128,8 @@ class FeDiSynFamily(StagedAlgorithm):
 
     # -- state, evaluation, reports ---------------------------------------------------------------
     def initial_state(self) -> State:
-        N, L = self.cfg.partition.num_clients, self.num_blocks
-        state = {"sys.clock": torch.zeros(3, dtype=torch.float64),
-                 "sys.contrib": torch.zeros(N, L, dtype=torch.float64),
-                 "sys.contrib_round": torch.full((N, L), -1, dtype=torch.int64),
-                 "sys.depths": torch.zeros(N, dtype=torch.int64),
-                 "sys.requested": torch.zeros(N, dtype=torch.int64),
-                 "sys.limits": torch.zeros(N, dtype=torch.int64),
-                 "sys.over_memory_rounds": torch.zeros(N, dtype=torch.int64),
-                 "sys.lambda": torch.tensor(0.0, dtype=torch.float64),
-                 "sys.synthetic_images": torch.tensor(0, dtype=torch.int64),
-                 "sys.real_samples": torch.tensor(0, dtype=torch.int64),
-                 "sys.round_time": torch.tensor(0.0, dtype=torch.float64)}
-        state.update(super().initial_state())
-        return state
+        """The simulated clock (H_gene, H_pre, Σ H^t: one timeline for all stages), then each stage's own state."""
+        return {"sys.clock": torch.zeros(3, dtype=torch.float64), **super().initial_state()}
 
     def evaluate(self, state: State) -> dict[str, Any]:
         self.tuning.load_global(state)
@@ -149,31 +137,13 @@ class FeDiSynFamily(StagedAlgorithm):
         return evaluate_on_test(self.env, self.module)
 
     def round_extras(self, round_idx: int, state: State) -> dict[str, float]:
-        depths, requested, limits = state["sys.depths"], state["sys.requested"], state["sys.limits"]
-        active = depths > 0
-        tuning = bool(active.any())  # no depths before the first fine-tuning round
-        return {"simulated_time_s": float(state["sys.clock"].sum()),
-                "simulated_round_s": float(state["sys.round_time"]) if tuning else 0.0,
-                "mean_depth": float(depths[active].float().mean()) if tuning else 0.0,
-                "mean_requested_depth": float(requested[active].float().mean()) if tuning else 0.0,
-                # devices (of those that last took part) whose memory holds fewer blocks than requested
-                "over_memory_devices": float((requested[active] > limits[active]).sum()) if tuning else 0.0}
+        return {"simulated_time_s": float(state["sys.clock"].sum()), **self.tuning.round_extras(state)}
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         clock = state["sys.clock"].tolist()
-        systems = self.config.systems
-        over = state["sys.over_memory_rounds"]
         return {"simulated_time_s": float(sum(clock)),
                 **{f"simulated_{name}_s": float(v) for name, v in zip(_CLOCK, clock)},
-                "synthetic_images": int(state["sys.synthetic_images"]), "real_samples": int(state["sys.real_samples"]),
-                "lambda": float(state["sys.lambda"]),
-                "bandwidth_allocation": systems.bandwidth_allocation, "timing": systems.timing,
-                **super().summary_extras(state),
-                "stages": [type(stage).__name__ for stage in self.parts],
-                "final_depths": [int(x) for x in state["sys.depths"].tolist()],
-                "requested_depths": [int(x) for x in state["sys.requested"].tolist()],
-                "memory_limits": [int(x) for x in state["sys.limits"].tolist()],
-                "over_memory_clients": [int(c) for c in torch.nonzero(over > 0).flatten().tolist()],
+                **super().summary_extras(state), "stages": [type(stage).__name__ for stage in self.parts],
                 "num_blocks": int(self.num_blocks)}
 
 

@@ -45,8 +45,8 @@ from fl_lightning.models.lora import lora_bits_per_layer, lora_layer_index
 from fl_lightning.systems.contributions import estimate_contributions
 from fl_lightning.systems.devices import measured_profiles
 
-__all__ = ["FineTuningConfig", "LoRAFineTuningConfig", "ImageNetInitConfig", "FineTuningStage", "LoRAFineTuning",
-           "ImageNetInit"]
+__all__ = ["FineTuningConfig", "LoRAFineTuningConfig", "ImageNetInitConfig", "FineTuningState", "FineTuningStage",
+           "LoRAFineTuning", "ImageNetInit"]
 
 
 @dataclass
@@ -72,6 +72,37 @@ class LoRAFineTuningConfig(FineTuningConfig):
 @dataclass
 class ImageNetInitConfig(ViTConfig):
     """``pretrain_checkpoint`` = the local ImageNet weights of ``pretrain_model`` (null: random init)."""
+
+
+@dataclass
+class FineTuningState:
+    """The fine-tuning stage's server memory, checkpointed in the State under ``sys.*`` (survives ``--resume``)."""
+
+    contrib: torch.Tensor  # (N, L) float64: each device's last measured ||∇θ_l||² per block
+    contrib_round: torch.Tensor  # (N, L) int64: the round it was measured in (−1: never)
+    depths: torch.Tensor  # (N,) int64: x_i of the device's last round (0: not yet)
+    requested: torch.Tensor  # (N,) int64: what the depth policy asked for, before memory
+    limits: torch.Tensor  # (N,) int64: the device's memory limit (blocks)
+    over_memory_rounds: torch.Tensor  # (N,) int64: rounds in which it could not hold what was asked
+    round_time: torch.Tensor  # () float64: H^t of the last round
+
+    _KEYS = {"contrib": "sys.contrib", "contrib_round": "sys.contrib_round", "depths": "sys.depths",
+             "requested": "sys.requested", "limits": "sys.limits", "over_memory_rounds": "sys.over_memory_rounds",
+             "round_time": "sys.round_time"}
+
+    @classmethod
+    def zeros(cls, num_clients: int, num_blocks: int) -> FineTuningState:
+        N, L = num_clients, num_blocks
+        ints = lambda: torch.zeros(N, dtype=torch.int64)  # noqa: E731
+        return cls(torch.zeros(N, L, dtype=torch.float64), torch.full((N, L), -1, dtype=torch.int64), ints(), ints(),
+                   ints(), ints(), torch.tensor(0.0, dtype=torch.float64))
+
+    def state_dict(self) -> State:
+        return {key: getattr(self, name) for name, key in self._KEYS.items()}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, torch.Tensor]) -> FineTuningState:
+        return cls(**{name: state[key] for name, key in cls._KEYS.items()})
 
 
 class ImageNetInit(Stage):
@@ -100,7 +131,7 @@ class ImageNetInit(Stage):
         raise RuntimeError("ImageNetInit owns no rounds")
 
     def summary_extras(self, state: State) -> dict[str, Any]:
-        return {"generation": "none"}
+        return {"generation": "none", "synthetic_images": 0, "real_samples": 0, "lambda": 0.0}
 
 
 class FineTuningStage(Stage):
@@ -110,6 +141,9 @@ class FineTuningStage(Stage):
 
     def rounds(self) -> int:
         return self.method.cfg.federation.rounds
+
+    def initial_state(self) -> State:
+        return FineTuningState.zeros(self.method.cfg.partition.num_clients, self.method.num_blocks).state_dict()
 
     # -- what differs between LoRA and full-parameter fine-tuning -----------------------------------
     @abstractmethod
@@ -145,15 +179,14 @@ class FineTuningStage(Stage):
         self.ensure_backbone(state)
         E = max(m.cfg.train.epochs, 1)
         sizes = np.array([len(p) for p in m.env.partition], dtype=np.float64)
-        profiles = m.profiles
+        profiles, own = m.profiles, FineTuningState.from_state(state)
         if m.config.systems.timing == "measured" and round_idx > self.first_round:
-            depths = {int(c): int(x) for c, x in enumerate(state["sys.depths"].tolist()) if x > 0}
+            depths = {int(c): int(x) for c, x in enumerate(own.depths.tolist()) if x > 0}
             fit = fit_host_times(history.client_compute_s, {c: sizes[c] * E for c in depths}, depths)
             if fit is not None:
                 profiles = measured_profiles(m.profiles, *fit)
         plan = plan_round(m.config.systems, clients=clients, profiles=profiles, samples=sizes * E,
-                          contributions=estimate_contributions(state["sys.contrib"].numpy(),
-                                                               state["sys.contrib_round"].numpy()),
+                          contributions=estimate_contributions(own.contrib.numpy(), own.contrib_round.numpy()),
                           num_layers=m.num_blocks, **self.payload_bits(state))
         model = {k: v for k, v in state.items() if self.sends(k, round_idx)}
         return RoundPlan({c: Download(model, {"depth": int(x)}) for c, x in zip(plan.clients, plan.depths)},
@@ -171,19 +204,40 @@ class FineTuningStage(Stage):
         plan = SystemPlan.from_decisions(round_plan.decisions)
         new = dict(state)
         new.update(self.fold(round_idx, state, uploads))
-        clients = plan.clients
-        for key, values in (("sys.depths", plan.depths), ("sys.requested", plan.requested),
-                            ("sys.limits", plan.limits)):
-            column = state[key].clone()
-            column[clients] = torch.as_tensor(values if values is not None else plan.depths, dtype=torch.int64)
-            new[key] = column
-        over = state["sys.over_memory_rounds"].clone()
-        over[clients] += torch.as_tensor(plan.over_memory, dtype=torch.int64)
+        own, clients = FineTuningState.from_state(new), plan.clients
+
+        def column(values: torch.Tensor, plan_values) -> torch.Tensor:
+            out = values.clone()
+            out[clients] = torch.as_tensor(plan_values if plan_values is not None else plan.depths, dtype=torch.int64)
+            return out
+
+        own.depths, own.requested, own.limits = (column(own.depths, plan.depths), column(own.requested, plan.requested),
+                                                 column(own.limits, plan.limits))
+        own.over_memory_rounds = own.over_memory_rounds.clone()
+        own.over_memory_rounds[clients] += torch.as_tensor(plan.over_memory, dtype=torch.int64)
+        own.round_time = torch.tensor(plan.round_time_s, dtype=torch.float64)
         clock = state["sys.clock"].clone()
         clock[2] += plan.round_time_s  # H^t: the last device has computed and uploaded
-        new.update({"sys.over_memory_rounds": over, "sys.clock": clock,
-                    "sys.round_time": torch.tensor(plan.round_time_s, dtype=torch.float64)})
+        new.update({**own.state_dict(), "sys.clock": clock})
         return new
+
+    def round_extras(self, state: State) -> dict[str, float]:
+        own = FineTuningState.from_state(state)
+        active = own.depths > 0
+        tuning = bool(active.any())  # no depths before the first fine-tuning round
+        return {"simulated_round_s": float(own.round_time) if tuning else 0.0,
+                "mean_depth": float(own.depths[active].float().mean()) if tuning else 0.0,
+                "mean_requested_depth": float(own.requested[active].float().mean()) if tuning else 0.0,
+                # devices (of those that last took part) whose memory holds fewer blocks than requested
+                "over_memory_devices": float((own.requested[active] > own.limits[active]).sum()) if tuning else 0.0}
+
+    def summary_extras(self, state: State) -> dict[str, Any]:
+        own, systems = FineTuningState.from_state(state), self.method.config.systems
+        return {"bandwidth_allocation": systems.bandwidth_allocation, "timing": systems.timing,
+                "final_depths": [int(x) for x in own.depths.tolist()],
+                "requested_depths": [int(x) for x in own.requested.tolist()],
+                "memory_limits": [int(x) for x in own.limits.tolist()],
+                "over_memory_clients": [int(c) for c in torch.nonzero(own.over_memory_rounds > 0).flatten().tolist()]}
 
 
 class LoRAFineTuning(FineTuningStage):
@@ -220,7 +274,8 @@ class LoRAFineTuning(FineTuningStage):
         """Each LoRA block over the devices that trained it, the head over all (when it trains); contributions."""
         lora_global, L = strip(LORA, state), self.method.num_blocks
         mean = WeightedMean()
-        contrib, measured = state["sys.contrib"].clone(), state["sys.contrib_round"].clone()
+        own = FineTuningState.from_state(state)
+        contrib, measured = own.contrib.clone(), own.contrib_round.clone()
         for c, u in uploads.items():
             check_whole_layers(lora_global, strip(LORA, u.tensors), layer_of=lora_layer_index,
                                name=f"client {c}'s LoRA")
@@ -230,8 +285,9 @@ class LoRAFineTuning(FineTuningStage):
             contrib[c, blocks], measured[c, blocks] = g, round_idx
         if len(mean) == 0:
             return {}
-        return {**mean.result(), "sys.contrib": contrib, "sys.contrib_round": measured}
+        own.contrib, own.contrib_round = contrib, measured
+        return {**mean.result(), **own.state_dict()}
 
     def summary_extras(self, state: State) -> dict[str, Any]:
-        return {"depth_policy": self.method.config.systems.depth_policy,
+        return {**super().summary_extras(state), "depth_policy": self.method.config.systems.depth_policy,
                 "train_head": bool(self.method.config.train_head)}

@@ -36,6 +36,7 @@ import torch
 from fl_lightning.algorithms.fedisyn.config import ViTConfig
 from fl_lightning.algorithms.fedisyn.synthesis_step import SynthesisResult, synthesise_and_pretrain
 from fl_lightning.config import check
+from fl_lightning.federation.algorithm import State
 from fl_lightning.federation.placement import client_seed
 from fl_lightning.federation.stages import Stage, StageConfig
 from fl_lightning.federation.transport import Upload
@@ -44,11 +45,11 @@ from fl_lightning.synthesis.latents import ClassLatentUpload, client_latent_uplo
 if TYPE_CHECKING:
     from lightning.fabric import Fabric
 
-    from fl_lightning.federation.algorithm import Client, RoundPlan, State
+    from fl_lightning.federation.algorithm import Client, RoundPlan
     from fl_lightning.federation.transport import Download
 
 __all__ = ["PretrainingConfig", "DiffusionConfig", "PromptConfig", "TextOnlyConfig", "FeatureGuidedConfig",
-           "GenerationInputs", "SynthesisStage", "DiffusionSynthesis", "TextOnlySynthesis", "FeatureGuidedSynthesis"]
+           "SynthesisState", "GenerationInputs", "SynthesisStage", "DiffusionSynthesis", "TextOnlySynthesis", "FeatureGuidedSynthesis"]
 
 _COUNTS = "class_counts"  # the text-only upload: D_i^k per class (int64, C)
 
@@ -156,6 +157,29 @@ class FeatureGuidedConfig(TextOnlyConfig):
 
 
 @dataclass
+class SynthesisState:
+    """The synthesis stage's server memory, checkpointed in the State under ``sys.*``."""
+
+    lam: torch.Tensor  # () float64: λ used
+    synthetic_images: torch.Tensor  # () int64: images generated (Σ_k round(λ·D^k))
+    real_samples: torch.Tensor  # () int64: D, the clients' real samples
+
+    _KEYS = {"lam": "sys.lambda", "synthetic_images": "sys.synthetic_images", "real_samples": "sys.real_samples"}
+
+    @classmethod
+    def zeros(cls) -> SynthesisState:
+        return cls(torch.tensor(0.0, dtype=torch.float64), torch.tensor(0, dtype=torch.int64),
+                   torch.tensor(0, dtype=torch.int64))
+
+    def state_dict(self) -> State:
+        return {key: getattr(self, name) for name, key in self._KEYS.items()}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, torch.Tensor]) -> SynthesisState:
+        return cls(**{name: state[key] for name, key in cls._KEYS.items()})
+
+
+@dataclass
 class GenerationInputs:
     """What the server generates from, read off round 0's uploads."""
 
@@ -169,6 +193,9 @@ class SynthesisStage(Stage):
 
     config_class = PretrainingConfig
 
+    def initial_state(self) -> State:
+        return SynthesisState.zeros().state_dict()
+
     @abstractmethod
     def synthesise(self, uploads: Mapping[int, Upload]) -> tuple[SynthesisResult, int]:
         """(the pre-trained model with λ, volumes and times; D = the real samples) from round 0's uploads."""
@@ -180,13 +207,15 @@ class SynthesisStage(Stage):
         new.update(self.method.model_state(result.model))
         clock = state["sys.clock"].clone()
         clock[0], clock[1] = result.generation_s, result.pretraining_s
-        new.update({"sys.clock": clock, "sys.lambda": torch.tensor(result.lam, dtype=torch.float64),
-                    "sys.synthetic_images": torch.tensor(sum(result.images_per_class.values())),
-                    "sys.real_samples": torch.tensor(real_samples)})
+        own = SynthesisState(torch.tensor(result.lam, dtype=torch.float64),
+                             torch.tensor(sum(result.images_per_class.values())), torch.tensor(real_samples))
+        new.update({"sys.clock": clock, **own.state_dict()})
         return new
 
     def summary_extras(self, state: State) -> dict[str, Any]:
-        return {"generation": self.method.config.generation}
+        own = SynthesisState.from_state(state)
+        return {"generation": self.method.config.generation, "synthetic_images": int(own.synthetic_images),
+                "real_samples": int(own.real_samples), "lambda": float(own.lam)}
 
 
 class DiffusionSynthesis(SynthesisStage):
