@@ -54,7 +54,8 @@ from fl_lightning.synthesis.latents import ClassLatentUpload
 from fl_lightning.synthesis.prompts import LLMPromptExpander, TemplatePromptExpander, expand_with_cache
 from fl_lightning.systems.scaling_law import ScalingLawParams, optimal_lambda, synthesis_cost_per_unit_lambda
 
-__all__ = ["SynthesisResult", "SyntheticFolder", "choose_lambda", "text_only_requests", "synthesise_and_pretrain"]
+__all__ = ["SynthesisResult", "SyntheticFolder", "choose_lambda", "text_only_requests", "synthesise_and_pretrain",
+           "pretrain_on_synthetic"]
 
 
 @dataclass
@@ -229,7 +230,20 @@ def synthesise_and_pretrain(
     n_images = len(requests)
     if cfg.generation_time_per_image_s is not None:
         generation_s = cfg.generation_time_per_image_s * n_images
+    model, pretraining_s, best = pretrain_on_synthetic(cfg, folder, num_classes=len(class_names), spec=spec,
+                                                       run_dir=run_dir, seed=seed, device=device, precision=precision)
+    per_class = {label: int(v) for label, v in volume.items()}
+    return SynthesisResult(model, lam, per_class, generation_s, pretraining_s, best)
 
+
+def pretrain_on_synthetic(cfg: Any, folder: Path, *, num_classes: int, spec: InputSpec, run_dir: Path, seed: int,
+                          device: torch.device, precision: str) -> tuple[nn.Module, float, Path]:
+    """Step 2: pre-train the timm ViT on the images of ``folder`` (a :class:`SyntheticFolder`, whatever made it).
+
+    Returns:
+        the best model (by held-out loss), H_pre (measured, or h̃ · images · epochs from the config) and
+        its checkpoint.
+    """
     transform = dict(normalization=spec.normalization, image_size=spec.image_size, mean=spec.mean, std=spec.std)
     train_set, _ = split_holdout(SyntheticFolder(folder, build_transform(**transform, train=True)),
                                  cfg.pretrain_holdout, seed)
@@ -240,12 +254,10 @@ def synthesise_and_pretrain(
     start = time.monotonic()
     best, epochs_run = pretrain_classifier(
         model_name=cfg.pretrain_model, overrides=cfg.pretrain_overrides, checkpoint=cfg.pretrain_checkpoint,
-        num_classes=len(class_names), train_dataset=train_set, val_dataset=val_set, out_dir=out,
+        num_classes=num_classes, train_dataset=train_set, val_dataset=val_set, out_dir=out,
         max_epochs=cfg.pretrain_epochs, batch_size=cfg.pretrain_batch_size, lr=cfg.pretrain_lr,
         accelerator=device.type, devices=1, precision=precision, seed=seed, patience=cfg.pretrain_patience)
     pretraining_s = time.monotonic() - start
     if cfg.pretrain_time_per_image_epoch_s is not None:
         pretraining_s = cfg.pretrain_time_per_image_epoch_s * len(train_set) * epochs_run
-    model = load_pretrained_vit(best, map_location="cpu")
-    per_class = {label: int(v) for label, v in volume.items()}
-    return SynthesisResult(model, lam, per_class, generation_s, pretraining_s, best)
+    return load_pretrained_vit(best, map_location="cpu"), pretraining_s, best
