@@ -93,9 +93,9 @@ class FineTuningState:
     @classmethod
     def zeros(cls, num_clients: int, num_blocks: int) -> FineTuningState:
         N, L = num_clients, num_blocks
-        ints = lambda: torch.zeros(N, dtype=torch.int64)  # noqa: E731
-        return cls(torch.zeros(N, L, dtype=torch.float64), torch.full((N, L), -1, dtype=torch.int64), ints(), ints(),
-                   ints(), ints(), torch.tensor(0.0, dtype=torch.float64))
+        depths, requested, limits, over = (torch.zeros(N, dtype=torch.int64) for _ in range(4))
+        return cls(torch.zeros(N, L, dtype=torch.float64), torch.full((N, L), -1, dtype=torch.int64), depths,
+                   requested, limits, over, torch.tensor(0.0, dtype=torch.float64))
 
     def state_dict(self) -> State:
         return {key: getattr(self, name) for name, key in self._KEYS.items()}
