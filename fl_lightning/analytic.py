@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-__all__ = ["AnalyticStatistics", "solve_classifier", "regularization", "logits", "CONVENTIONS"]
+__all__ = ["AnalyticStatistics", "StatisticsSum", "solve_classifier", "regularization", "logits", "CONVENTIONS"]
 
 CONVENTIONS = ("once", "per_client")
 
@@ -108,6 +108,16 @@ class AnalyticStatistics:
         # a gather of flat indices: ~4x faster than R[i, j] at d = 768, and paid by every client
         return self.R.reshape(-1).index_select(0, _triu_flat_indices(self.feature_dim, self.R.device))
 
+    def to_upload(self) -> dict[str, Tensor]:
+        """The wire format of one client's statistics: ``R_upper`` (d(d+1)/2,) and ``C`` (d, c); N travels
+        as the upload's sample count. :class:`StatisticsSum` folds it back."""
+        return {"R_upper": self.upper_triangle(), "C": self.C}
+
+    @staticmethod
+    def upload_shapes(d: int, c: int) -> dict[str, tuple[int, ...]]:
+        """The shapes of :meth:`to_upload` for features of dimension d and c classes."""
+        return {"R_upper": (d * (d + 1) // 2,), "C": (d, c)}
+
     @classmethod
     def from_upper(cls, vec: Tensor, C: Tensor, N: int) -> AnalyticStatistics:
         """Inverse of :meth:`upper_triangle`: rebuild the symmetric R from its upper entries."""
@@ -120,6 +130,37 @@ class AnalyticStatistics:
         R[i, j] = vec.reshape(-1)
         R[j, i] = vec.reshape(-1)
         return cls(R=R, C=C, N=int(N))
+
+
+class StatisticsSum:
+    """Σ_k (R_k, C_k, N_k) of uploads in the wire format of :meth:`AnalyticStatistics.to_upload`, folded
+    one upload at a time (server memory flat in K).
+
+    The wire format is folded in place (R's upper triangle, C) and R is rebuilt once in :meth:`total`:
+    the same additions in the same order as summing the full matrices, so the same bits, at a fraction
+    of the cost per client.
+    """
+
+    def __init__(self) -> None:
+        self._upper: Tensor | None = None
+        self._C: Tensor | None = None
+        self.num_samples = 0
+        self.count = 0  # uploads folded in
+
+    def add_upload(self, tensors: dict[str, Tensor], num_samples: int) -> None:
+        upper, C = tensors["R_upper"], tensors["C"]
+        if self._upper is None:
+            self._upper, self._C = upper.clone(), C.clone()
+        else:
+            self._upper.add_(upper)
+            self._C.add_(C)
+        self.num_samples += int(num_samples)
+        self.count += 1
+
+    def total(self) -> AnalyticStatistics:
+        if self._upper is None:
+            raise ValueError("no statistics were added")
+        return AnalyticStatistics.from_upper(self._upper, self._C, self.num_samples)
 
 
 @functools.lru_cache(maxsize=8)

@@ -509,18 +509,26 @@ def _switch_algorithm(values: dict, algorithm: Any) -> dict:
 
 def _carried_section(section: dict, old: type, new: type) -> dict:
     """What of method ``old``'s section a variant that switches to ``new`` keeps: the keys both configs
-    declare, when one method extends the other (FedOPAL's config extends AFL's); otherwise nothing.
+    declare, when one method's config extends the other's (FedOPAL's extends AFL's) or both are composed of
+    a common stage's (FeDiSyn's and SFLF's of LoRA fine-tuning); otherwise nothing.
 
     A key whose value is ``old``'s default, where ``new`` declares another default, is not carried: the
     section may be a resolved config (every default written out), and FedOPAL's ``restat: local`` must not
     become FedOPAL+'s (whose default is ``global``). Set such a key inside the variant.
     """
-    if not (issubclass(old, new) or issubclass(new, old)):
+    if not _share_a_section(old, new):
         return {}
     old_defaults, new_defaults = _field_defaults(old), _field_defaults(new)
     keep = old_defaults.keys() & new_defaults.keys()
     return {k: v for k, v in section.items()
             if k in keep and not (v == old_defaults[k] and old_defaults[k] != new_defaults[k])}
+
+
+def _share_a_section(a: type, b: type) -> bool:
+    """Whether one config extends the other, or both extend a config with keys of its own (two methods
+    composed of a common stage, e.g. FeDiSyn and SFLF of LoRA fine-tuning)."""
+    return any(dataclasses.is_dataclass(base) and base.__dict__.get("__annotations__") and issubclass(b, base)
+               for base in a.__mro__)
 
 
 def _field_defaults(config_class: type) -> dict[str, Any]:

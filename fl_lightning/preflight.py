@@ -16,8 +16,8 @@ What is checked:
 * ``output_dir``: a file where a folder should be, a folder this process cannot write;
 * ``model.checkpoint``: readable, and a torch archive or safetensors file (the header only);
 * ``model.overrides``: keys the open_clip model (or a timm ViT) accepts;
-* values torch rejects or cannot represent: ``train.momentum`` < 0, ``train.lr`` beyond float32,
-  ``data.image_size`` whose attention would not fit any machine;
+* ``data.image_size`` whose attention would not fit any machine (``train.*`` values torch rejects are
+  already refused by the config loader);
 * the method's own preflight (``Algorithm.preflight``: its weights and files).
 
 Set ``FL_LIGHTNING_SKIP_RESOURCE_CHECK=1`` to skip the CPU/memory checks (e.g. to oversubscribe a
@@ -30,7 +30,6 @@ import contextlib
 import dataclasses
 import inspect
 import io
-import math
 import os
 import tempfile
 import warnings
@@ -49,7 +48,6 @@ RANK_MEMORY_FLOOR = 512 * 2**20
 # ViT attention memory grows as (image_size / patch)^4: at 1024 px and 16 px patches one attention map
 # of one head of one image is already 64 MiB. Larger inputs are a typo, not an experiment.
 MAX_IMAGE_SIZE = 1024
-_FLOAT32_MAX = 3.4028234663852886e38
 
 
 def available_cpus() -> int:
@@ -237,13 +235,8 @@ def check_values(cfg: RunConfig) -> None:
     Raises:
         ConfigError: one line naming the key.
     """
-    t = cfg.train
-    if not math.isfinite(t.lr) or t.lr > _FLOAT32_MAX:
-        raise ConfigError("train.lr", t.lr, "a finite float > 0 that float32 parameters can hold")
-    if t.momentum < 0 or not math.isfinite(t.momentum):
-        raise ConfigError("train.momentum", t.momentum, "a float >= 0 (torch's optimisers reject a negative one)")
-    if not math.isfinite(t.weight_decay):
-        raise ConfigError("train.weight_decay", t.weight_decay, "a finite float >= 0")
+    # train.lr / momentum / weight_decay beyond float32 or negative cannot get here: LocalTrainingConfig
+    # rejects them when the config is built
     if cfg.data.image_size is not None and cfg.data.image_size > MAX_IMAGE_SIZE:
         raise ConfigError("data.image_size", cfg.data.image_size,
                           f"an int in [8, {MAX_IMAGE_SIZE}] (ViT attention memory grows as the 4th power of it)")

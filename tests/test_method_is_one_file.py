@@ -143,6 +143,9 @@ def _fields_by_class() -> dict[str, set[str]]:
         for tp in typing.get_type_hints(cls).values():
             if dataclasses.is_dataclass(tp):
                 visit(tp)
+        for base in cls.__mro__[1:]:  # a section composed of its stages' configs (federation/stages.py)
+            if dataclasses.is_dataclass(base):
+                visit(base)
 
     visit(RunConfig)
     for algorithm in available_algorithms().values():

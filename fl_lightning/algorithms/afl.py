@@ -30,7 +30,7 @@ from lightning.fabric import Fabric
 from torch import Tensor, nn
 
 from fl_lightning.algorithms.common import evaluate_on_test, frozen_backbone
-from fl_lightning.analytic import AnalyticStatistics, regularization, solve_classifier
+from fl_lightning.analytic import AnalyticStatistics, StatisticsSum, logits, regularization, solve_classifier
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import (
     Algorithm,
@@ -100,40 +100,31 @@ class AFL(Algorithm):
                                   dtype=self._dtype, autocast=self.fabric.autocast,
                                   feature_dim=self.backbone.feature_dim)
 
+    def statistics_upload(self, stats: AnalyticStatistics, first: dict[str, Tensor] | None = None,
+                          **meta: int) -> Upload:
+        """An Upload of ``stats`` in their wire format (after the tensors ``first``), N as ``num_samples``."""
+        wire = {k: v.cpu() for k, v in stats.to_upload().items()}
+        return Upload({**(first or {}), **wire}, {"num_samples": int(stats.N), **meta})
+
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
-        stats = self.statistics(client)
-        return Upload({"R_upper": stats.upper_triangle().cpu(), "C": stats.C.cpu()}, {"num_samples": int(stats.N)})
+        return self.statistics_upload(self.statistics(client))
 
     def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
-        d, c = self.backbone.feature_dim, self.env.num_classes
-        return {"R_upper": (d * (d + 1) // 2,), "C": (d, c)}
+        return AnalyticStatistics.upload_shapes(self.backbone.feature_dim, self.env.num_classes)
 
     # -- server ----------------------------------------------------------------------------------
     def fold_statistics(self, round_idx: int, uploads: Mapping[int, Upload],
                         visit: Callable[[Upload], None] | None = None) -> tuple[AnalyticStatistics, int]:
-        """Σ_k (R_k, C_k, N_k) folded in client order, one upload in memory at a time; ``visit`` sees each
-        upload on the way (FedOPAL collects its prompts there).
-
-        The wire format is folded in place (R's upper triangle, C) and R is rebuilt once at the end: the
-        same additions in the same order as summing the full matrices, so the same bits, at a fraction of
-        the cost per client.
-        """
-        upper = C = None
-        num_samples = count = 0
+        """Σ_k (R_k, C_k, N_k) folded in client order (:class:`~fl_lightning.analytic.StatisticsSum`), one
+        upload in memory at a time; ``visit`` sees each upload on the way (FedCGS counts classes there)."""
+        fold = StatisticsSum()
         for upload in uploads.values():
             if visit is not None:
                 visit(upload)
-            u, c = upload.tensors["R_upper"], upload.tensors["C"]
-            if upper is None:
-                upper, C = u.clone(), c.clone()
-            else:
-                upper.add_(u)
-                C.add_(c)
-            num_samples += int(upload.meta["num_samples"])
-            count += 1
-        if upper is None:
+            fold.add_upload(upload.tensors, upload.meta["num_samples"])
+        if fold.count == 0:
             raise RuntimeError(f"round {round_idx}: no client uploaded statistics; nothing to solve")
-        return AnalyticStatistics.from_upper(upper, C, num_samples), count
+        return fold.total(), fold.count
 
     def solve(self, total: AnalyticStatistics, num_clients: int) -> Tensor:
         """Eq. (9): W* = (Σ R_k + λI)⁻¹ Σ C_k in ``afl.dtype`` (λ by the configured convention)."""
@@ -150,7 +141,7 @@ class AFL(Algorithm):
     def _logits(self, images: Tensor) -> Tensor:  # Eq. (10)
         with self.fabric.autocast():
             h = self.model(images)
-        return (h.to(self._W.dtype) @ self._W).float()
+        return logits(h, self._W).float()
 
     def evaluate(self, state: State) -> dict[str, Any]:
         self._W = state["W"].to(self.fabric.device)

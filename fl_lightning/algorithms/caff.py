@@ -1,16 +1,17 @@
 """CAFF — the capacity-aware federated fine-tuning baseline of FeDiSyn's Benchmarks paragraph.
 
+    CAFF = ImageNet init → LoRA fine-tuning (capacity-proportional depths, equal bandwidth)
+
 As the paper defines it: the ViT starts from ImageNet weights (no synthetic data) and each device
 LoRA-tunes a depth proportional to its compute capability, 1 / (h̄_i + L h_i): the fastest device
 gets all L blocks, device i round(L · cap_i / max cap) (``systems.clc.capacity_depths``), capped by
 its memory and reported when capped. Uploads share the bandwidth equally (B/N), as the channel
 calibration assumes (``systems/channel.py``: CAFF's 31,905 s to 80 % on Food-101 IID fixes PL0).
-Everything else is FeDiSyn's fine-tuning (:class:`~fl_lightning.algorithms.fedisyn.FeDiSyn` with
-``synthesis = False``).
+Everything else is FeDiSyn's fine-tuning stage.
 
-Config: the ``caff:`` section takes FeDiSyn's fine-tuning keys (``pretrain_model``,
+Config: the ``caff:`` section holds the keys of its two stages (``pretrain_model``,
 ``pretrain_checkpoint`` = the local ImageNet weights, ``finetune_lr``, ``train_head``, ``lora.*``,
-``systems.*``); the synthesis and pre-training keys are not read (``summary.json``: ``ignored_method_keys``).
+``systems.*``); a synthesis key is an unknown key.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from fl_lightning.algorithms.fedisyn import FeDiSyn, FeDiSynConfig, SystemsConfig
-from fl_lightning.algorithms.fedisyn.config import SYNTHESIS_KEYS
+from fl_lightning.algorithms.fedisyn import FeDiSynFamily, SystemsConfig
+from fl_lightning.algorithms.fedisyn.finetune import ImageNetInit, ImageNetInitConfig, LoRAFineTuning, LoRAFineTuningConfig
 from fl_lightning.federation.algorithm import register
 
 __all__ = ["CAFF", "CAFFConfig", "CAFFSystemsConfig"]
@@ -34,14 +35,13 @@ class CAFFSystemsConfig(SystemsConfig):
 
 
 @dataclass
-class CAFFConfig(FeDiSynConfig):
+class CAFFConfig(ImageNetInitConfig, LoRAFineTuningConfig):
     systems: CAFFSystemsConfig = field(default_factory=CAFFSystemsConfig)
 
 
 @register("caff")
-class CAFF(FeDiSyn):
+class CAFF(FeDiSynFamily):
     """FeDiSyn's fine-tuning from ImageNet weights at capacity-proportional depths (see the module docstring)."""
 
     config_class = CAFFConfig
-    synthesis = False
-    ignored_keys = SYNTHESIS_KEYS
+    stages = (ImageNetInit, LoRAFineTuning)

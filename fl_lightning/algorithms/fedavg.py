@@ -19,7 +19,7 @@ import torch
 from lightning.fabric import Fabric
 
 from fl_lightning.algorithms.common import evaluate_on_test, frozen_backbone
-from fl_lightning.federation.aggregate import weighted_average
+from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.placement import client_seed
@@ -73,15 +73,10 @@ class FedAvg(Algorithm):
 
     def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
                   plan: RoundPlan) -> State:
-        if not uploads:
-            return state
-        heads = {k: [] for k in _KEYS}
-        weights = []
-        for upload in uploads.values():  # the heads are small: one pass, kept for the float64 average
-            weights.append(upload.meta["num_samples"] if self.config.weighted else 1.0)
-            for k in _KEYS:
-                heads[k].append(upload.tensors[k])
-        return {k: weighted_average(heads[k], weights) for k in _KEYS}
+        fold = WeightedMean()
+        for upload in uploads.values():
+            fold.add({k: upload.tensors[k] for k in _KEYS}, upload.meta["num_samples"] if self.config.weighted else 1.0)
+        return fold.result() if fold.total_weight > 0 else state
 
     def evaluate(self, state: State) -> dict[str, Any]:
         self.module.load_state_dict({k: v.to(self.fabric.device) for k, v in state.items()}, strict=False)

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from fl_lightning.algorithms.common import evaluate_on_test, frozen_backbone
 from fl_lightning.errors import check
-from fl_lightning.federation.aggregate import weighted_average
+from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.placement import client_seed
@@ -98,15 +98,11 @@ class FedAvgCLIP(Algorithm):
 
     def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
                   plan: RoundPlan) -> State:
-        tensors: dict[str, list[Tensor]] = {k: [] for k in state}
-        weights: list[float] = []
-        for upload in uploads.values():  # prompts and a head per client: small
-            weights.append(float(upload.meta["num_samples"]) if self.config.weighted else 1.0)
-            for k in state:
-                tensors[k].append(upload.tensors[k])
-        if not weights or sum(weights) <= 0:
-            return state
-        return {k: weighted_average(v, weights) for k, v in tensors.items()}
+        fold = WeightedMean()
+        for upload in uploads.values():  # prompts and a head per client
+            fold.add({k: upload.tensors[k] for k in state},
+                     float(upload.meta["num_samples"]) if self.config.weighted else 1.0)
+        return fold.result() if fold.total_weight > 0 else state
 
     def evaluate(self, state: State) -> dict[str, Any]:
         self._load(state)

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from fl_lightning.algorithms.common import evaluate_on_test
 from fl_lightning.errors import ConfigError, MissingResourceError
+from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.placement import client_seed
@@ -161,22 +162,11 @@ class FedAvgResNet(Algorithm):
     # -- server ----------------------------------------------------------------------------------
     def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
                   plan: RoundPlan) -> State:
-        total: dict[str, Tensor] | None = None
-        weight_sum = 0.0
+        fold = WeightedMean()
         for upload in uploads.values():  # one client model in memory at a time
-            n = float(upload.meta["num_samples"]) if self.config.weighted else 1.0
-            if total is None:
-                total = {k: torch.zeros(v.shape, dtype=torch.float64) for k, v in upload.tensors.items()}
-            for k, v in upload.tensors.items():
-                total[k] += v.to(torch.float64) * n
-            weight_sum += n
-        if total is None or weight_sum <= 0:
-            return state
-        out = {}
-        for k, ref in state.items():
-            mean = total[k] / weight_sum
-            out[k] = mean.round().to(ref.dtype) if not ref.is_floating_point() else mean.to(ref.dtype)
-        return out
+            fold.add({k: upload.tensors[k] for k in state},
+                     float(upload.meta["num_samples"]) if self.config.weighted else 1.0)
+        return fold.result() if fold.total_weight > 0 else state
 
     def evaluate(self, state: State) -> dict[str, Any]:
         model = self.module.model

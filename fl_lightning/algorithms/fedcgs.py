@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning.algorithms.afl import AFL
+from fl_lightning.analytic import logits
 from fl_lightning.errors import check
 from fl_lightning.feature_gaussians import COVARIANCES, gaussian_head
 from fl_lightning.federation.algorithm import Client, RoundPlan, State, register
@@ -75,8 +76,9 @@ class FedCGS(AFL):
         counts = torch.as_tensor(client.class_counts, dtype=torch.int64)  # N_i^j
         if int(counts.sum()) != stats.N:
             raise RuntimeError(f"client {client.index}: {stats.N} features but class counts sum to {int(counts.sum())}")
-        return Upload({"R_upper": stats.upper_triangle().cpu(), "C": stats.C.cpu(), "counts": counts},
-                      {"num_samples": int(stats.N)})
+        upload = self.statistics_upload(stats)
+        upload.tensors["counts"] = counts
+        return upload
 
     def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
         return {**super().expected_shapes(round_idx, download), "counts": (self.env.num_classes,)}
@@ -97,7 +99,7 @@ class FedCGS(AFL):
     def _logits(self, images: Tensor) -> Tensor:
         with self.fabric.autocast():
             h = self.model(images)
-        return (h.to(self._W.dtype) @ self._W + self._b).float()
+        return (logits(h, self._W) + self._b).float()
 
     def evaluate(self, state: State) -> dict[str, Any]:
         self._b = state["b"].to(self.fabric.device)

@@ -10,32 +10,36 @@ Server: P_global = mean_k P_k (Eq. (8); ``weighted`` by N_k as an option) and
 W* = (Σ_k R_k + λI)⁻¹ Σ_k C_k (Eq. (9), :class:`~fl_lightning.algorithms.afl.AFL`'s solve).
 Inference uses P_global and W* (Eq. (10)). One round, zero server training.
 
-Beyond the paper, ``fedopal.restat: global`` adds a second round in which every client recomputes
-its statistics under P_global, so that W* is solved on the very features used at inference. Round 0
-still reports the faithful FedOPAL result, so metrics.csv shows both.
+Stages: FedOPAL = one round of :class:`PromptsWithStatistics` (Eq. (6)-(9)). Beyond the paper,
+``fedopal.restat: global`` adds a :class:`Statistics` round (AFL's, under P_global) in which every
+client recomputes its statistics under P_global, so that W* is solved on the very features used at
+inference. Round 0 still reports the faithful FedOPAL result, so metrics.csv shows both. FedOPAL+
+(``fedopal_plus.py``) declares prompts first, then statistics.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from torch import Tensor, nn
 
 from fl_lightning.algorithms.afl import AFL, AFLConfig
+from fl_lightning.analytic import AnalyticStatistics
 from fl_lightning.callbacks.proximal import ProximalCallback
 from fl_lightning.errors import check
 from fl_lightning.federation.aggregate import weighted_average
 from fl_lightning.federation.algorithm import Client, Environment, RoundHistory, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.placement import client_seed
+from fl_lightning.federation.stages import Stage, StagedAlgorithm
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.models.backbones import ViTBackbone
 from fl_lightning.models.vpt import PromptedViT
 from fl_lightning.modules.prompt_tuning import PromptTuningModule
 
-__all__ = ["FedOPAL", "FedOPALConfig"]
+__all__ = ["FedOPAL", "FedOPALConfig", "PromptTuning", "PromptsWithStatistics", "Statistics", "aggregate_prompts"]
 
 
 @dataclass
@@ -52,13 +56,141 @@ class FedOPALConfig(AFLConfig):
         check(self.mu >= 0, "mu", self.mu, "a float >= 0")
 
 
-@register("fedopal")
-class FedOPAL(AFL):
+def aggregate_prompts(prompts: Sequence[Tensor], weights: Sequence[float], p_init: Tensor) -> Tensor:
+    """Eq. (8) over the voting clients: Σ_k w_k P_k / Σ_k w_k (``weighted_average``), or P_init when none votes.
+
+    Args:
+        prompts: the voters' P_k, each (M, D).
+        weights: w_k >= 0 with a positive sum (1 for the plain mean, N_k for the weighted one).
+        p_init: (M, D), returned (as a copy) when ``prompts`` is empty.
+
+    Returns:
+        P_global, (M, D), in ``p_init``'s dtype; accumulated in float64.
+    """
+    if len(prompts) != len(weights):
+        raise ValueError(f"{len(prompts)} prompts but {len(weights)} weights")
+    if not prompts:
+        return p_init.clone()
+    for p in prompts:
+        if tuple(p.shape) != tuple(p_init.shape):
+            raise ValueError(f"prompts of shape {tuple(p.shape)} do not fit {tuple(p_init.shape)}")
+    return weighted_average([p.detach().cpu() for p in prompts], weights).to(p_init.dtype)
+
+
+def _prompts_download(clients: Sequence[int], state: State) -> RoundPlan:
+    return RoundPlan({c: Download({"prompts": state["prompts"]}) for c in clients})  # all a client needs
+
+
+class Statistics(Stage):
+    """AFL's round under the global prompts: R_k, C_k of Eq. (7) under P_global → W* of Eq. (9)."""
+
+    config_class = AFLConfig
+
+    def plan(self, round_idx: int, clients: Sequence[int], state: State, history: RoundHistory) -> RoundPlan:
+        return _prompts_download(clients, state)
+
+    def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
+        m = self.method
+        m.model.set_prompts(download.tensors["prompts"])
+        return m.statistics_upload(m.statistics(client))
+
+    def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
+        return AnalyticStatistics.upload_shapes(self.method.backbone.feature_dim, self.method.env.num_classes)
+
+    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
+                  plan: RoundPlan) -> State:
+        total, count = self.method.fold_statistics(round_idx, uploads)
+        return {**state, "W": self.method.solve(total, count)}
+
+
+class PromptTuning(Stage):
+    """Eq. (6) on the clients (from the downloaded prompts), Eq. (8) on the server over the voters' P_k."""
+
     config_class = FedOPALConfig
 
-    @property
-    def num_rounds(self) -> int:
-        return 2 if self.config.restat == "global" else 1
+    def plan(self, round_idx: int, clients: Sequence[int], state: State, history: RoundHistory) -> RoundPlan:
+        return _prompts_download(clients, state)
+
+    def trains(self, client: Client) -> bool:
+        """Whether the client tunes its prompts (and its P_k votes in Eq. (8))."""
+        return True
+
+    def meta(self, client: Client, trains: bool) -> dict[str, int]:
+        """The scalars an upload carries besides its tensors."""
+        return {"num_samples": int(client.num_samples)}
+
+    def upload(self, client: Client, prompts: dict[str, Tensor], trains: bool) -> Upload:
+        return Upload(prompts, self.meta(client, trains))
+
+    def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
+        m = self.method
+        prompts = download.tensors["prompts"]
+        m.model.set_prompts(prompts)
+        trains = self.trains(client)
+        if trains:
+            m.train_prompts(round_idx, client, prompts)  # Eq. (6)
+        return self.upload(client, {"prompts": m.model.get_prompts().detach().cpu().clone()}, trains)
+
+    def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
+        return {"prompts": tuple(download.tensors["prompts"].shape)}
+
+    def votes(self, upload: Upload) -> bool:
+        return True
+
+    def prompt_state(self, prompts: list[Tensor], weights: list[float], state: State) -> State:
+        """The global state's prompt entries after Eq. (8)."""
+        return {"prompts": aggregate_prompts(prompts, weights, state["prompts"].cpu())}
+
+    def fold(self, round_idx: int, uploads: Mapping[int, Upload], visit: Callable[[Upload], None]) -> State:
+        """One pass over the uploads (``visit`` collects the prompts); what else this stage solves."""
+        for upload in uploads.values():
+            visit(upload)
+        return {}
+
+    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
+                  plan: RoundPlan) -> State:
+        if not uploads:
+            raise RuntimeError(f"round {round_idx}: no client uploaded anything")
+        weighted = self.method.config.prompt_aggregation == "weighted"
+        prompts: list[Tensor] = []
+        weights: list[float] = []
+
+        def vote(upload: Upload) -> None:
+            if self.votes(upload):
+                prompts.append(upload.tensors["prompts"])
+                weights.append(float(upload.meta["num_samples"]) if weighted else 1.0)
+
+        solved = self.fold(round_idx, uploads, vote)
+        return {**state, **self.prompt_state(prompts, weights, state), **solved}
+
+
+class PromptsWithStatistics(PromptTuning):
+    """FedOPAL's one shot: P_k, then R_k, C_k under the client's own P_k; the server solves W* too (Eq. (9))."""
+
+    def upload(self, client: Client, prompts: dict[str, Tensor], trains: bool) -> Upload:
+        m = self.method
+        return m.statistics_upload(m.statistics(client), prompts, **self.meta(client, trains))
+
+    def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
+        m = self.method
+        return {**AnalyticStatistics.upload_shapes(m.backbone.feature_dim, m.env.num_classes),
+                **super().expected_shapes(round_idx, download)}
+
+    def fold(self, round_idx: int, uploads: Mapping[int, Upload], visit: Callable[[Upload], None]) -> State:
+        total, count = self.method.fold_statistics(round_idx, uploads, visit)
+        return {"W": self.method.solve(total, count)}
+
+
+@register("fedopal")
+class FedOPAL(StagedAlgorithm, AFL):
+    """AFL plus prompts: the stages of ``restat`` (see the module docstring)."""
+
+    config_class = FedOPALConfig
+    schedules = {"local": (PromptsWithStatistics,), "global": (PromptsWithStatistics, Statistics)}  # by restat
+
+    @classmethod
+    def stages_for(cls, config: FedOPALConfig) -> tuple[type[Stage], ...]:
+        return cls.schedules[config.restat]
 
     # -- set-up ----------------------------------------------------------------------------------
     def feature_model(self, backbone: ViTBackbone) -> nn.Module:
@@ -78,11 +210,6 @@ class FedOPAL(AFL):
     def initial_state(self) -> State:
         return {"prompts": self.p_init.clone()}
 
-    # -- client ----------------------------------------------------------------------------------
-    def plan(self, round_idx: int, clients: Sequence[int], state: State, history: RoundHistory) -> RoundPlan:
-        # round 0: the shared P_init; restat round: P_global. Prompts are all a client needs.
-        return RoundPlan({c: Download({"prompts": state["prompts"]}) for c in clients})
-
     def train_prompts(self, round_idx: int, client: Client, p_init: Tensor) -> None:
         """Eq. (6): prompts + a fresh temporary head, cross-entropy + proximal term towards P_init."""
         self.module.head.load_state_dict(self._head_init)
@@ -93,40 +220,10 @@ class FedOPAL(AFL):
         proximal = ProximalCallback(mu=self.config.mu, reference={PromptTuningModule.prompt_parameter_name: p_init})
         fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs, callbacks=[proximal])
 
-    def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
-        prompts = download.tensors["prompts"]
-        self.model.set_prompts(prompts)
-        if round_idx == 0:
-            self.train_prompts(round_idx, client, prompts)
-        upload = super().client_update(round_idx, client, download)  # statistics under this client's prompts
-        if round_idx == 0:
-            upload.tensors = {"prompts": self.model.get_prompts().detach().cpu().clone(), **upload.tensors}
-        return upload
-
-    def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
-        shapes = super().expected_shapes(round_idx, download)
-        if round_idx == 0:
-            shapes["prompts"] = tuple(download.tensors["prompts"].shape)
-        return shapes
-
     # -- server ----------------------------------------------------------------------------------
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
-        prompts: list[Tensor] = []
-        weights: list[float] = []
-
-        def keep_prompts(upload: Upload) -> None:
-            prompts.append(upload.tensors["prompts"])
-            weights.append(upload.meta["num_samples"] if self.config.prompt_aggregation == "weighted" else 1.0)
-
-        total, count = self.fold_statistics(round_idx, uploads, keep_prompts if round_idx == 0 else None)
-        state = dict(state)
-        if round_idx == 0:  # Eq. (8)
-            state["prompts"] = weighted_average(prompts, weights)
-        state["W"] = self.solve(total, count)
-        return state
-
     def evaluate(self, state: State) -> dict[str, Any]:
+        if "W" not in state:  # after a prompts-only round there is no classifier yet
+            return {}
         self.model.set_prompts(state["prompts"].to(self.fabric.device))
         return super().evaluate(state)
 

@@ -1,7 +1,7 @@
 """FedOPAL+ : FedOPAL whose prompts never put the analytic classifier at odds with its features.
 
 Departures from FedOPAL (``fedopal.py``), each measured in ``notebooks/fedopal_beyond.md`` on a real
-DINOv2 ViT-S/14 (issue 14):
+DINOv2 ViT-S/14:
 
 1. **Prompts first, statistics second** (``restat: global``, the default here; two rounds).
    Faithful FedOPAL solves W* (Eq. (9)) from statistics taken under each client's own drifted
@@ -23,6 +23,10 @@ DINOv2 ViT-S/14 (issue 14):
 3. **Prompt aggregation over contributing clients** (``prompt_aggregation``): the plain mean (the
    paper) or the N_k-weighted mean, over the clients that trained (departure 2).
 
+Stages: ``restat: global`` = :class:`CoveringPrompts` (round 0, prompts only) → FedOPAL's
+:class:`~fl_lightning.algorithms.fedopal.Statistics` (round 1, under P_global); ``restat: local`` =
+:class:`CoveringPromptsWithStatistics` (one round).
+
 Everything else is FedOPAL's: VPT-shallow prompts (``num_prompts``, ``prompt_seed``), Eq. (6) with
 the proximal ``mu`` for the clients that train, the temporary linear head and ``train.*``
 (epochs, optimizer, lr, momentum, weight decay, batch size), and AFL's solve (``lam``,
@@ -36,19 +40,26 @@ FedOPAL's prompt training.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from fl_lightning.algorithms.fedopal import FedOPAL, FedOPALConfig
-from fl_lightning.config import check
-from fl_lightning.federation.algorithm import Client, RoundPlan, State, register
-from fl_lightning.federation.transport import Download, Upload
+from fl_lightning.algorithms.fedopal import (
+    FedOPAL,
+    FedOPALConfig,
+    PromptsWithStatistics,
+    PromptTuning,
+    Statistics,
+    aggregate_prompts,
+)
+from fl_lightning.errors import check
+from fl_lightning.federation.algorithm import Client, State, register
+from fl_lightning.federation.transport import Upload
 
-__all__ = ["FedOPALPlus", "FedOPALPlusConfig", "covering_clients", "aggregate_prompts"]
+__all__ = ["FedOPALPlus", "FedOPALPlusConfig", "CoveringPrompts", "CoveringPromptsWithStatistics", "covering_clients",
+           "aggregate_prompts"]
 
 
 @dataclass
@@ -78,92 +89,32 @@ def covering_clients(class_counts: Tensor, min_classes: int) -> Tensor:
     return (class_counts > 0).sum(dim=1) >= min_classes
 
 
-def aggregate_prompts(prompts: Sequence[Tensor], weights: Sequence[float], p_init: Tensor) -> Tensor:
-    """Eq. (8) over the contributing clients: Σ_k w_k P_k / Σ_k w_k, or P_init when none contributes.
+class CoveringPrompts(PromptTuning):
+    """Departures 2 and 3: only a client holding ``min_classes`` labels trains, and only its P_k votes."""
 
-    Args:
-        prompts: the contributing clients' P_k, each (M, D).
-        weights: w_k > 0 (1 for the plain mean, N_k for the weighted one).
-        p_init: (M, D), returned (as a copy) when ``prompts`` is empty.
+    def trains(self, client: Client) -> bool:
+        counts = torch.as_tensor(client.class_counts)[None]
+        return bool(covering_clients(counts, self.method.config.min_classes)[0])
 
-    Returns:
-        P_global, (M, D), in ``p_init``'s dtype; accumulated in float64.
-    """
-    if len(prompts) != len(weights):
-        raise ValueError(f"{len(prompts)} prompts but {len(weights)} weights")
-    if not prompts:
-        return p_init.clone()
-    if any(not w > 0 for w in weights):
-        raise ValueError(f"weights must be > 0, got {list(weights)}")
-    total = float(sum(weights))
-    acc = torch.zeros(p_init.shape, dtype=torch.float64)
-    for p, w in zip(prompts, weights):
-        if tuple(p.shape) != tuple(p_init.shape):
-            raise ValueError(f"prompts of shape {tuple(p.shape)} do not fit {tuple(p_init.shape)}")
-        acc += p.detach().cpu().to(torch.float64) * (float(w) / total)
-    return acc.to(p_init.dtype)
+    def meta(self, client: Client, trains: bool) -> dict[str, int]:
+        return {**super().meta(client, trains), "trained": int(trains)}
+
+    def votes(self, upload: Upload) -> bool:
+        return bool(int(upload.meta.get("trained", 1)))
+
+    def prompt_state(self, prompts: list[Tensor], weights: list[float], state: State) -> State:
+        return {"prompts": aggregate_prompts(prompts, weights, state["prompts"].cpu()),
+                "prompt_voters": torch.tensor(len(prompts))}
+
+
+class CoveringPromptsWithStatistics(CoveringPrompts, PromptsWithStatistics):
+    """``restat: local``: one shot with FedOPAL's local statistics under P_k (and its mismatch)."""
 
 
 @register("fedopal_plus")
 class FedOPALPlus(FedOPAL):
     config_class = FedOPALPlusConfig
-
-    def _prompts_only(self, round_idx: int) -> bool:
-        """Round 0 of the two-round schedule carries prompts and no statistics."""
-        return self.config.restat == "global" and round_idx == 0
-
-    def _trains(self, client: Client) -> bool:
-        held = int((torch.as_tensor(client.class_counts) > 0).sum())
-        return held >= self.config.min_classes
-
-    # -- client ----------------------------------------------------------------------------------
-    def plan(self, round_idx: int, clients: Sequence[int], state: State, history: Any) -> RoundPlan:
-        return RoundPlan({c: Download({"prompts": state["prompts"]}) for c in clients})
-
-    def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
-        prompts = download.tensors["prompts"]
-        self.model.set_prompts(prompts)
-        if round_idx > 0:  # statistics under P_global (Eq. (7))
-            stats = self.statistics(client)
-            return Upload({"R_upper": stats.upper_triangle().cpu(), "C": stats.C.cpu()},
-                          {"num_samples": int(stats.N)})
-        trains = self._trains(client)
-        if trains:
-            self.train_prompts(round_idx, client, prompts)  # Eq. (6)
-        tensors = {"prompts": self.model.get_prompts().detach().cpu().clone()}
-        meta: dict[str, int | float] = {"num_samples": int(client.num_samples), "trained": int(trains)}
-        if not self._prompts_only(round_idx):  # one shot: FedOPAL's local statistics under P_k
-            stats = self.statistics(client)
-            tensors.update({"R_upper": stats.upper_triangle().cpu(), "C": stats.C.cpu()})
-        return Upload(tensors, meta)
-
-    def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
-        if self._prompts_only(round_idx):
-            return {"prompts": tuple(download.tensors["prompts"].shape)}
-        return super().expected_shapes(round_idx, download)
-
-    # -- server ----------------------------------------------------------------------------------
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
-        if not uploads:
-            raise RuntimeError(f"round {round_idx}: no client uploaded anything")
-        state = dict(state)
-        if round_idx == 0:
-            voters = [u for u in uploads.values() if int(u.meta.get("trained", 1))]
-            weights = [float(u.meta["num_samples"]) if self.config.prompt_aggregation == "weighted" else 1.0
-                       for u in voters]
-            state["prompts"] = aggregate_prompts([u.tensors["prompts"] for u in voters], weights,
-                                                 state["prompts"].cpu())
-            state["prompt_voters"] = torch.tensor(len(voters))
-        if not self._prompts_only(round_idx):
-            total, count = self.fold_statistics(round_idx, uploads)
-            state["W"] = self.solve(total, count)  # Eq. (9)
-        return state
-
-    def evaluate(self, state: State) -> dict[str, Any]:
-        if "W" not in state:  # after the prompts-only round there is no classifier yet
-            return {}
-        return super().evaluate(state)
+    schedules = {"global": (CoveringPrompts, Statistics), "local": (CoveringPromptsWithStatistics,)}  # by restat
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         voters = int(state["prompt_voters"]) if "prompt_voters" in state else None

@@ -1,5 +1,6 @@
 """FGL (Federated Generative Learning, Zhang et al. 2023) as FeDiSyn's Benchmarks paragraph defines it.
 
+    FGL = synthesis (captions) → full-parameter FedAvg
     devices caption their images with BLIP → upload the captions → text-only generation →
     server pre-training → full-parameter FedAvg
 
@@ -16,8 +17,9 @@ and pre-trains the ViT as FeDiSyn does. Rounds 1..T: full-parameter FedAvg, as G
 Privacy: unlike FeDiSyn's noised latents, captions describe individual images in words; that is the
 method's own trade-off, reproduced as is.
 
-Config: the ``fgl:`` section takes GPT-FL's keys plus the captioner's; ``llm_path`` and
-``prompts_per_label`` are not read (the captions are the prompts; ``summary.json``: ``ignored_method_keys``).
+Config: the ``fgl:`` section holds the keys of its two stages — Stable Diffusion and pre-training
+(``synthesis.DiffusionConfig``) plus the captioner's, and GPT-FL's fine-tuning; there is no
+``llm_path`` or ``prompts_per_label`` (the captions are the prompts: such a key is an unknown key).
 """
 
 from __future__ import annotations
@@ -31,18 +33,20 @@ import numpy as np
 import torch
 from lightning.fabric import Fabric
 
-from fl_lightning.algorithms.fedisyn.config import check
-from fl_lightning.algorithms.gptfl import FULL_FEDAVG_UNUSED_KEYS, GPTFL, GPTFLConfig
+from fl_lightning.algorithms.fedisyn import FeDiSynFamily
+from fl_lightning.algorithms.fedisyn.synthesis import DiffusionConfig, DiffusionSynthesis, GenerationInputs
+from fl_lightning.algorithms.gptfl import FullFedAvg, FullFedAvgConfig
+from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, register
-from fl_lightning.federation.transport import Upload
+from fl_lightning.federation.transport import Download, Upload
 
-__all__ = ["FGL", "FGLConfig", "pack_captions", "unpack_captions"]
+__all__ = ["FGL", "FGLConfig", "CaptionConfig", "CaptionSynthesis", "pack_captions", "unpack_captions"]
 
 _CAPTIONS = "captions."  # upload key prefix: captions.<label> = UTF-8 bytes of the captions, newline-separated
 
 
 @dataclass
-class FGLConfig(GPTFLConfig):
+class CaptionConfig(DiffusionConfig):
     captioner_path: str | None = None  # a local BLIP captioning folder; null: tiny random BLIP (tests)
     caption_max_tokens: int = 20  # BLIP's greedy caption length cap
     caption_batch_size: int = 16  # images per BLIP call on a device
@@ -70,27 +74,26 @@ def unpack_captions(tensor: torch.Tensor, count: int) -> list[str]:
     return captions
 
 
-@register("fgl")
-class FGL(GPTFL):
-    """Caption-prompted text-only synthesis, then full-parameter FedAvg (see the module docstring)."""
+class CaptionSynthesis(DiffusionSynthesis):
+    """Round 0: devices caption their images; the server generates from "<class name>, <caption>" prompts."""
 
-    config_class = FGLConfig
-    ignored_keys = (*FULL_FEDAVG_UNUSED_KEYS, "llm_path", "prompts_per_label")
+    config_class = CaptionConfig
 
     @classmethod
-    def _missing_resources(cls, cfg: Any) -> list[str]:
-        path = cfg.method.captioner_path
+    def missing_resources(cls, config: Any, section: str) -> list[str]:
+        missing = super().missing_resources(config, section)
+        path = config.captioner_path
         if path is not None and not Path(path).expanduser().is_dir():
-            return [f"{cls.name}.captioner_path={path} (BLIP captioning folder, e.g. blip-image-captioning-base)"]
-        return []
+            missing.append(f"{section}.captioner_path={path} (BLIP captioning folder, e.g. blip-image-captioning-base)")
+        return missing
 
     def build(self, fabric: Fabric) -> None:
         from fl_lightning.models.captioning import Captioner, tiny_blip
 
         super().build(fabric)
-        f = self.config
+        f = self.method.config
         if f.captioner_path is None:
-            self.captioner = tiny_blip(seed=self.cfg.seed, image_size=f.caption_image_size,
+            self.captioner = tiny_blip(seed=self.method.cfg.seed, image_size=f.caption_image_size,
                                        max_new_tokens=f.caption_max_tokens)
             self.captioner.model.to(fabric.device)
             self.captioner.device = fabric.device
@@ -98,18 +101,18 @@ class FGL(GPTFL):
             self.captioner = Captioner.from_path(f.captioner_path, max_new_tokens=f.caption_max_tokens,
                                                  device=fabric.device)
 
-    def _synthesis_upload(self, client: Client, seed: int) -> Upload:
-        """Round 0 on a device: a caption per image, grouped by class, as bytes; plus the class counts."""
+    def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
+        """A caption per image, grouped by class, as bytes; plus the class counts."""
         by_label: dict[int, list[str]] = {}
-        for images, labels in self._client_images(client, batch_size=self.config.caption_batch_size):
+        for images, labels in self.method.client_images(client, batch_size=self.method.config.caption_batch_size):
             for caption, label in zip(self.captioner.caption(images), labels.tolist()):
                 by_label.setdefault(int(label), []).append(caption)
         tensors = {f"{_CAPTIONS}{label}": pack_captions(captions) for label, captions in sorted(by_label.items())}
         tensors["class_counts"] = torch.as_tensor(client.class_counts, dtype=torch.int64)
         return Upload(tensors)
 
-    def _synthesis_inputs(self, uploads: Mapping[int, Upload]):
-        names = self.env.splits.classes
+    def generation_inputs(self, uploads: Mapping[int, Upload]) -> GenerationInputs:
+        names = self.method.env.splits.classes
         counts = np.zeros(len(names), dtype=np.int64)
         prompts: dict[str, list[str]] = {name: [] for name in names}
         for _, upload in uploads.items():
@@ -120,4 +123,17 @@ class FGL(GPTFL):
                     label = int(key[len(_CAPTIONS):])
                     for caption in unpack_captions(tensor, int(client_counts[label])):
                         prompts[names[label]].append(f"{names[label]}, {caption}" if caption else names[label])
-        return None, {k: int(v) for k, v in enumerate(counts)}, prompts
+        return GenerationInputs({k: int(v) for k, v in enumerate(counts)}, prompts_by_class=prompts)
+
+
+@dataclass
+class FGLConfig(CaptionConfig, FullFedAvgConfig):
+    """The ``fgl:`` section: caption-prompted synthesis + full-parameter FedAvg."""
+
+
+@register("fgl")
+class FGL(FeDiSynFamily):
+    """Caption-prompted text-only synthesis, then full-parameter FedAvg (see the module docstring)."""
+
+    config_class = FGLConfig
+    stages = (CaptionSynthesis, FullFedAvg)

@@ -1,43 +1,49 @@
 """GPT-FL (Zhang et al. 2023) as FeDiSyn's Benchmarks paragraph defines it.
 
-    labels → LLM prompts → text-only generation → server pre-training → full-parameter FedAvg
+    GPT-FL = synthesis (text-only) → full-parameter FedAvg
+           labels → LLM prompts → text-only generation → server pre-training → full-parameter FedAvg
 
-Round 0: each client uploads its class counts D_i^k (C int64 scalars, counted in the traffic); the
-server expands the label names into prompts (``llm_path``: a local causal LM, the paper's LLaMA-7B;
-null: templates), generates round(λ·D^k) images per class from pure noise and the prompts only
-(``synthesis_step.text_only_requests``) and pre-trains the ViT on them, exactly as FeDiSyn does.
-Rounds 1..T: full-parameter FedAvg — every device trains ALL weights of the ViT (backbone and head)
-for E epochs and uploads them; the server averages them weighted by data size, and the next download
-is the whole model again. Its traffic (uploads and downloads) counts in ``bytes_up``/``bytes_down``,
-and the channel model times each device's upload of the whole model (32 bits per parameter) under the
-equal split B/N — the baselines have no allocation of their own (``systems/channel.py``).
+Round 0 (:class:`~fl_lightning.algorithms.fedisyn.synthesis.TextOnlySynthesis`): each client uploads its
+class counts D_i^k (C int64 scalars, counted in the traffic); the server expands the label names into
+prompts (``llm_path``: a local causal LM, the paper's LLaMA-7B; null: templates), generates round(λ·D^k)
+images per class from pure noise and the prompts only and pre-trains the ViT on them, as FeDiSyn does.
+Rounds 1..T (:class:`FullFedAvg`): every device trains ALL weights of the ViT (backbone and head) for
+E epochs and uploads them; the server averages them weighted by data size, and the next download is
+the whole model again. Its traffic counts in ``bytes_up``/``bytes_down``, and the channel model times
+each device's upload of the whole model (32 bits per parameter) under the equal split B/N — the
+baselines have no allocation of their own (``systems/channel.py``).
 
 Departures (said here, not hidden): the volume per class is FeDiSyn's λ·D^k, so that the comparison
 changes the generation and the fine-tuning only (GPT-FL fixes a number of images per class; knowing
 D^k costs C scalars per client). Memory: the device model prices LoRA blocks, not full-parameter
 training, so every device trains the whole model and ``over_memory_clients`` only says which devices
-could not even hold all LoRA blocks.
+could not even hold all LoRA blocks. The family's ViT carries LoRA adapters (``lora.*``) at peft's
+zero-effect init; they are frozen here but travel in the downloads.
 
-Config: the ``gptfl:`` section takes FeDiSyn's keys; the latent-upload keys (``num_centroids``,
-``timestep``, ``max_timestep``, ``rho``, ``encode_batch_size``), the LoRA section and ``train_head``
-are not read (``summary.json``: ``ignored_method_keys``). ``generation`` must be ``text_only`` — set it
-in a comparison variant, which carries the fedisyn section's keys over.
+Config: the ``gptfl:`` section holds the keys of its two stages only — text-only synthesis
+(``synthesis.TextOnlyConfig``) and fine-tuning (``finetune_lr``, ``systems``, ``lora``, the ViT keys);
+``generation`` is ``text_only``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-from fl_lightning.algorithms.fedisyn import FeDiSyn, FeDiSynConfig, SystemsConfig
-from fl_lightning.algorithms.fedisyn.config import check
-from fl_lightning.federation.algorithm import register
+import torch
 
-__all__ = ["GPTFL", "GPTFLConfig", "FullFedAvgSystemsConfig", "FULL_FEDAVG_UNUSED_KEYS"]
+from fl_lightning.algorithms.fedisyn import FeDiSynFamily, SystemsConfig
+from fl_lightning.algorithms.fedisyn.finetune import FineTuningConfig, FineTuningStage
+from fl_lightning.algorithms.fedisyn.model import BACKBONE, HEAD, LORA, backbone_state, bits, strip, with_prefix
+from fl_lightning.algorithms.fedisyn.synthesis import TextOnlyConfig, TextOnlySynthesis
+from fl_lightning.federation.aggregate import WeightedMean
+from fl_lightning.federation.algorithm import Client, State, register
+from fl_lightning.federation.local_training import fit_local
+from fl_lightning.federation.transport import Download, Upload
+from fl_lightning.models.lora import is_lora_param, lora_bits_per_layer
 
-# FeDiSyn keys a full-parameter FedAvg method with text-only generation does not read
-FULL_FEDAVG_UNUSED_KEYS = ("num_centroids", "timestep", "max_timestep", "rho", "encode_batch_size", "train_head",
-                           "lora")
+__all__ = ["GPTFL", "GPTFLConfig", "FullFedAvg", "FullFedAvgConfig", "FullFedAvgSystemsConfig"]
 
 
 @dataclass
@@ -49,20 +55,54 @@ class FullFedAvgSystemsConfig(SystemsConfig):
 
 
 @dataclass
-class GPTFLConfig(FeDiSynConfig):
-    generation: Literal["text_only"] = "text_only"  # labels → prompts → images, no client features
+class FullFedAvgConfig(FineTuningConfig):
     finetune_lr: float = 1e-4  # AdamW on ALL weights: a smaller step than LoRA's
     systems: FullFedAvgSystemsConfig = field(default_factory=FullFedAvgSystemsConfig)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(self.generation == "text_only", "generation", self.generation, "'text_only'")
+
+class FullFedAvg(FineTuningStage):
+    """Full-parameter FedAvg: Σ n_k w_k / Σ n_k per backbone and head tensor, the whole model every round."""
+
+    config_class = FullFedAvgConfig
+
+    def ensure_backbone(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        self.method.load_backbone(tensors)  # it changes every round
+
+    def payload_bits(self, state: State) -> dict[str, float]:
+        return {"layer_bits": float(lora_bits_per_layer(strip(LORA, state))),
+                "full_model_bits": bits(strip(BACKBONE, state)) + bits(strip(HEAD, state))}
+
+    def sends(self, key: str, round_idx: int) -> bool:
+        return key.startswith((LORA, HEAD, BACKBONE))
+
+    def train(self, client: Client, download: Download, loader) -> dict[str, torch.Tensor]:
+        m = self.method
+        for name, param in m.module.model.named_parameters():
+            param.requires_grad_(not is_lora_param(name))  # every weight but the (zero-effect) adapters
+        fit_local(m.fabric, m.module, loader, epochs=m.cfg.train.epochs)
+        return {**with_prefix(BACKBONE, backbone_state(m.module)),
+                **with_prefix(HEAD, strip(HEAD, m.module.head_state()))}
+
+    def fold(self, round_idx: int, state: State, uploads: Mapping[int, Upload]) -> State:
+        """Folded in client order (server memory: one model's running sum, flat in K)."""
+        mean = WeightedMean()
+        for _, upload in uploads.items():
+            mean.add({k: v for k, v in upload.tensors.items() if k.startswith((BACKBONE, HEAD))},
+                     upload.meta["num_samples"])
+        return mean.result() if mean.total_weight > 0 else {}
+
+    def summary_extras(self, state: State) -> dict[str, Any]:
+        return {**super().summary_extras(state), "depth_policy": "full (full-parameter FedAvg)", "train_head": True}
+
+
+@dataclass
+class GPTFLConfig(TextOnlyConfig, FullFedAvgConfig):
+    """The ``gptfl:`` section: text-only synthesis + full-parameter FedAvg."""
 
 
 @register("gptfl")
-class GPTFL(FeDiSyn):
+class GPTFL(FeDiSynFamily):
     """Text-only synthetic pre-training, then full-parameter FedAvg (see the module docstring)."""
 
     config_class = GPTFLConfig
-    full_parameter = True
-    ignored_keys = FULL_FEDAVG_UNUSED_KEYS
+    stages = (TextOnlySynthesis, FullFedAvg)

@@ -1,19 +1,21 @@
 """SFLF — the "split-free LoRA fine-tuning" baseline of FeDiSyn's Benchmarks paragraph.
 
+    SFLF = ImageNet init → LoRA fine-tuning (all blocks, equal bandwidth)
+
 As the paper defines it: the ViT starts from ImageNet weights (no synthetic data, no server
 pre-training) and every device LoRA-tunes ALL blocks; uploads share the bandwidth equally (B/N:
 the baselines have no allocation of their own, the assumption behind the channel calibration in
 ``systems/channel.py``). Everything else — the LoRA adapters, local training, block-wise FedAvg,
-the simulated devices and channel — is FeDiSyn's (:class:`~fl_lightning.algorithms.fedisyn.FeDiSyn`
-with ``synthesis = False``), so the comparison changes only what the paper changes.
+the simulated devices and channel — is FeDiSyn's fine-tuning stage, so the comparison changes only
+what the paper changes.
 
 Memory: a device that cannot hold all L blocks (the testbed's Orin NX boards hold 6 of ViT-B's 12)
 trains as many as it holds; ``summary.json`` lists it in ``over_memory_clients`` with its
 ``requested_depths`` and ``memory_limits``, and ``metrics.csv`` counts ``over_memory_devices`` per round.
 
-Config: the ``sflf:`` section takes FeDiSyn's fine-tuning keys (``pretrain_model``,
+Config: the ``sflf:`` section holds the keys of its two stages (``pretrain_model``,
 ``pretrain_checkpoint`` = the local ImageNet weights, ``pretrain_overrides``, ``finetune_lr``,
-``train_head``, ``lora.*``, ``systems.*``); the synthesis and pre-training keys are not read (``summary.json``: ``ignored_method_keys``).
+``train_head``, ``lora.*``, ``systems.*``); a synthesis key (``--sflf.rho``) is an unknown key.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from fl_lightning.algorithms.fedisyn import FeDiSyn, FeDiSynConfig, SystemsConfig
-from fl_lightning.algorithms.fedisyn.config import SYNTHESIS_KEYS
+from fl_lightning.algorithms.fedisyn import FeDiSynFamily, SystemsConfig
+from fl_lightning.algorithms.fedisyn.finetune import ImageNetInit, ImageNetInitConfig, LoRAFineTuning, LoRAFineTuningConfig
 from fl_lightning.federation.algorithm import register
 
 __all__ = ["SFLF", "SFLFConfig", "SFLFSystemsConfig"]
@@ -37,14 +39,13 @@ class SFLFSystemsConfig(SystemsConfig):
 
 
 @dataclass
-class SFLFConfig(FeDiSynConfig):
+class SFLFConfig(ImageNetInitConfig, LoRAFineTuningConfig):
     systems: SFLFSystemsConfig = field(default_factory=SFLFSystemsConfig)
 
 
 @register("sflf")
-class SFLF(FeDiSyn):
+class SFLF(FeDiSynFamily):
     """FeDiSyn's fine-tuning from ImageNet weights, all blocks on every device (see the module docstring)."""
 
     config_class = SFLFConfig
-    synthesis = False
-    ignored_keys = SYNTHESIS_KEYS
+    stages = (ImageNetInit, LoRAFineTuning)

@@ -1,41 +1,85 @@
-"""Server-side averaging of client states (pure functions on tensors).
+"""Server-side averaging of client states: one streamed fold, pure functions on tensors.
 
-* :func:`weighted_average` / :func:`average_states` — FedAvg (McMahan et al., 2017):
-  ``w = Σ_k n_k w_k / Σ_k n_k``.
+* :class:`WeightedMean` — THE weighted-mean fold every averaging method uses (FedAvg, McMahan et al.
+  2017, of heads, prompts, whole models, LoRA blocks):
+
+      w[key] = Σ_k n_k w_k[key]  /  Σ_k n_k   over the uploads k that hold ``key``,
+
+  folded one upload at a time in client order (server memory: one running sum per key, flat in K).
+  Sums run in float64 so that many small weights do not lose precision; the mean comes back in the
+  dtype the key arrived in, and an integer (or bool) buffer — e.g. BatchNorm's ``num_batches_tracked``
+  — is rounded to the nearest integer first rather than truncated. That rule lives here only.
+* :func:`weighted_average` — the fold over one list of tensors.
 * :func:`layerwise_average` — FeDiSyn's depth-aware LoRA aggregation: device i trains LoRA only in
   its last x_i blocks, so block l is averaged over the devices that trained it,
 
       W_l = Σ_i 1[l > L − x_i] · n_i · W_{i,l}  /  Σ_i 1[l > L − x_i] · n_i,
 
-  with blocks numbered 1..L and the Iverson indicator 1[·] read off which blocks a client uploaded; a block that no device
-  trained this round keeps its global value.
-
-Sums run in float64 so that many small weights do not lose precision in half/single precision;
-results come back in the inputs' dtype.
+  with blocks numbered 1..L and the Iverson indicator 1[·] read off which blocks a client uploaded
+  (the fold's per-key weight does exactly that); a block that no device trained keeps its global value.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-__all__ = ["weighted_average", "average_states", "layerwise_average"]
+__all__ = ["WeightedMean", "weighted_average", "layerwise_average", "check_whole_layers"]
 
 
-def _check_weights(weights: Sequence[float], count: int) -> list[float]:
-    values = [float(w) for w in weights]
-    if len(values) != count:
-        raise ValueError(f"got {count} item(s) but {len(values)} weight(s)")
-    if any(not w >= 0.0 for w in values):  # also rejects NaN
-        raise ValueError(f"weights must be >= 0, got {values}")
-    if sum(values) <= 0.0:
-        raise ValueError(f"weights must have a positive sum, got {values}")
-    return values
+class WeightedMean:
+    """Streamed weighted mean per key, in float64 (see the module docstring).
+
+    Example:
+        >>> fold = WeightedMean()
+        >>> fold.add({"w": torch.tensor([1.0])}, 1.0)
+        >>> fold.add({"w": torch.tensor([4.0])}, 3.0)
+        >>> fold.result()["w"]
+        tensor([3.2500])
+    """
+
+    def __init__(self) -> None:
+        self._sums: dict[str, torch.Tensor] = {}  # Σ n_k w_k[key], float64
+        self._weights: dict[str, float] = {}  # Σ n_k over the uploads that held the key
+        self._dtypes: dict[str, torch.dtype] = {}
+        self.total_weight = 0.0  # Σ n_k over every add
+
+    def add(self, tensors: Mapping[str, torch.Tensor], weight: float) -> None:
+        """Fold one client's tensors in with weight ``weight`` (>= 0, e.g. its sample count n_k)."""
+        w = float(weight)
+        if not (w >= 0.0 and math.isfinite(w)):  # also rejects NaN
+            raise ValueError(f"weights must be >= 0 and finite, got {weight!r}")
+        for key, tensor in tensors.items():
+            term = tensor.detach().to(torch.float64) * w
+            if key not in self._sums:
+                self._sums[key], self._weights[key], self._dtypes[key] = term, w, tensor.dtype
+                continue
+            if term.shape != self._sums[key].shape:
+                raise ValueError(f"cannot average tensors of shapes {tuple(self._sums[key].shape)} and "
+                                 f"{tuple(term.shape)} (key {key!r})")
+            self._sums[key] += term
+            self._weights[key] += w
+        self.total_weight += w
+
+    def __len__(self) -> int:
+        return len(self._sums)
+
+    def result(self) -> dict[str, torch.Tensor]:
+        """``{key: Σ n_k w_k / Σ n_k}`` in each key's incoming dtype (integers rounded to nearest)."""
+        out = {}
+        for key, acc in self._sums.items():
+            if self._weights[key] <= 0.0:
+                raise ValueError(f"{key!r}: every upload that holds it has weight 0 (weights need a positive sum)")
+            mean = acc / self._weights[key]
+            dtype = self._dtypes[key]
+            out[key] = (mean if dtype.is_floating_point or dtype.is_complex else mean.round()).to(dtype)
+        return out
 
 
 def weighted_average(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
-    """``Σ_k w_k T_k / Σ_k w_k``, accumulated in float64, returned in ``tensors[0]``'s dtype.
+    """``Σ_k w_k T_k / Σ_k w_k`` through :class:`WeightedMean`, returned in ``tensors[0]``'s dtype.
 
     Args:
         tensors: same-shape tensors (one per client).
@@ -43,34 +87,27 @@ def weighted_average(tensors: Sequence[torch.Tensor], weights: Sequence[float]) 
     """
     if not tensors:
         raise ValueError("nothing to average: no tensors")
-    w = _check_weights(weights, len(tensors))
-    shape, dtype = tensors[0].shape, tensors[0].dtype
-    total = sum(w)
-    acc = torch.zeros(shape, dtype=torch.float64, device=tensors[0].device)
-    for tensor, weight in zip(tensors, w):
-        if tensor.shape != shape:
-            raise ValueError(f"cannot average tensors of shapes {tuple(shape)} and {tuple(tensor.shape)}")
-        acc += tensor.detach().to(torch.float64) * (weight / total)
-    return acc.to(dtype)
+    if len(weights) != len(tensors):
+        raise ValueError(f"got {len(tensors)} item(s) but {len(weights)} weight(s)")
+    fold = WeightedMean()
+    for tensor, weight in zip(tensors, weights):
+        fold.add({"t": tensor}, weight)
+    if fold.total_weight <= 0.0:
+        raise ValueError(f"weights must have a positive sum, got {list(weights)}")
+    return fold.result()["t"]
 
 
-def average_states(
-    states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]
-) -> dict[str, torch.Tensor]:
-    """FedAvg of whole states: every state must hold the same keys.
-
-    Returns:
-        ``{key: weighted_average([s[key] for s in states], weights)}``.
-    """
-    if not states:
-        raise ValueError("nothing to average: no states")
-    _check_weights(weights, len(states))
-    keys = list(states[0])
-    for i, state in enumerate(states[1:], start=1):
-        if set(state) != set(keys):
-            diff = sorted(set(state) ^ set(keys))
-            raise ValueError(f"state {i} has different keys from state 0, e.g. {diff[0]!r}")
-    return {key: weighted_average([s[key] for s in states], weights) for key in keys}
+def check_whole_layers(global_state: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor], *,
+                       layer_of: Callable[[str], int], name: str = "client state") -> None:
+    """A partial state must hold only keys of ``global_state`` and, of each layer it touches, ALL its keys
+    (a half-uploaded layer is a bug upstream)."""
+    unknown = [k for k in state if k not in global_state]
+    if unknown:
+        raise ValueError(f"{name} has key {unknown[0]!r} that the global state lacks")
+    touched = {layer_of(k) for k in state}
+    missing = sorted(k for k in global_state if layer_of(k) in touched and k not in state)
+    if missing:
+        raise ValueError(f"{name} sent layer {layer_of(missing[0])} only in part: missing {missing[0]!r}")
 
 
 def layerwise_average(
@@ -83,8 +120,9 @@ def layerwise_average(
     """Depth-aware aggregation: each layer averaged over the clients that trained it.
 
     A client takes part in layer l (the Iverson indicator) when its state holds any key of that
-    layer; it must then hold ALL of the layer's keys, since a half-uploaded layer is a bug upstream.
-    Weights are renormalised over a layer's participants. Layers no client sent keep the global value.
+    layer; it must then hold ALL of the layer's keys (:func:`check_whole_layers`). The weights are
+    renormalised over a layer's participants (the fold's per-key weight). Layers no client sent keep
+    the global value.
 
     Args:
         global_state: the server's current state (all layers); defines the keys of the result.
@@ -95,34 +133,15 @@ def layerwise_average(
     Returns:
         a new state with the keys of ``global_state``.
     """
-    w = [float(x) for x in weights]
-    if len(w) != len(client_states):
-        raise ValueError(f"got {len(client_states)} client state(s) but {len(w)} weight(s)")
-    if any(not x >= 0.0 for x in w):
-        raise ValueError(f"weights must be >= 0, got {w}")
-
-    keys_of_layer: dict[int, set[str]] = {}
-    for key in global_state:
-        keys_of_layer.setdefault(layer_of(key), set()).add(key)
-
-    participants: dict[int, list[int]] = {layer: [] for layer in keys_of_layer}
-    for i, state in enumerate(client_states):
-        unknown = [k for k in state if k not in global_state]
-        if unknown:
-            raise ValueError(f"client state {i} has key {unknown[0]!r} that the global state lacks")
-        for layer in sorted({layer_of(k) for k in state}):
-            missing = keys_of_layer[layer] - set(state)
-            if missing:
-                raise ValueError(f"client state {i} sent layer {layer} only in part: missing {sorted(missing)[0]!r}")
-            participants[layer].append(i)
-
+    if len(weights) != len(client_states):
+        raise ValueError(f"got {len(client_states)} client state(s) but {len(weights)} weight(s)")
+    fold = WeightedMean()
+    for i, (state, weight) in enumerate(zip(client_states, weights)):
+        check_whole_layers(global_state, state, layer_of=layer_of, name=f"client state {i}")
+        fold.add(state, weight)
     result = {key: value.detach().clone() for key, value in global_state.items()}
-    for layer, clients in participants.items():
-        if not clients:
-            continue  # nobody trained this layer: keep the global value
-        layer_weights = [w[i] for i in clients]
-        if sum(layer_weights) <= 0.0:
-            raise ValueError(f"layer {layer}: its clients {clients} all have weight 0")
-        for key in keys_of_layer[layer]:
-            result[key] = weighted_average([client_states[i][key] for i in clients], layer_weights)
+    try:
+        result.update(fold.result())
+    except ValueError as err:
+        raise ValueError(f"layer of {err}") from None
     return result

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-__all__ = ["assign_clients", "sample_clients", "client_seed", "seed_torch"]
+__all__ = ["assign_clients", "sample_clients", "derive_seed", "client_seed", "seed_torch"]
 
 
 def assign_clients(sizes: Sequence[int], world_size: int) -> list[list[int]]:
@@ -42,9 +42,15 @@ def sample_clients(num_clients: int, fraction: float, *, seed: int, round_idx: i
     return sorted(int(c) for c in rng.choice(num_clients, size=m, replace=False))
 
 
+def derive_seed(*keys: int) -> int:
+    """One 32-bit seed derived from a run seed and the indices that name a piece of work (numpy's
+    ``SeedSequence``: independent streams for distinct keys, the same seed wherever the work runs)."""
+    return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1)[0])
+
+
 def client_seed(seed: int, round_idx: int, client: int) -> int:
     """A per-(round, client) seed: a client's randomness is independent of which rank runs it."""
-    return int(np.random.SeedSequence([seed, round_idx, client]).generate_state(1)[0])
+    return derive_seed(seed, round_idx, client)
 
 
 def seed_torch(seed: int, device: torch.device) -> None:

@@ -47,6 +47,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from fl_lightning.federation.placement import derive_seed
 from fl_lightning.models.diffusion import DiffusionComponents
 from fl_lightning.synthesis.latents import ClassLatentUpload
 
@@ -293,10 +294,6 @@ def _largest_remainder(total: int, weights: Sequence[int]) -> list[int]:
     return shares
 
 
-def _image_seed(seed: int, label: int, index: int) -> int:
-    return int(np.random.SeedSequence([int(seed), int(label), int(index)]).generate_state(1)[0])
-
-
 def plan_generation(
     uploads_by_client: Mapping[int, Sequence[ClassLatentUpload]],
     class_names: Sequence[str],
@@ -367,7 +364,7 @@ def plan_generation(
                         latent=latent,
                         timestep=int(up.timestep),
                         prompt=prompts[(offset + index) % len(prompts)],
-                        seed=_image_seed(seed, label, index),
+                        seed=derive_seed(seed, label, index),
                         index=index,
                         noise_fraction=q,
                     )

@@ -1,4 +1,4 @@
-"""FeDiSyn's system model: devices, channel, water-filling, LoRA depth, contributions, scaling law, clock.
+"""FeDiSyn's system model: devices, channel, water-filling, LoRA depth, contributions, scaling law.
 
 Everything here is pure math on numpy float64 arrays (no Lightning, no I/O), so the federation
 loop can plan a round (depths → compute times → bandwidths → round time) and tests can check each
@@ -26,7 +26,6 @@ from fl_lightning.systems.clc import (
     memory_depth_limits,
     policy_depths,
 )
-from fl_lightning.systems.clock import PHASES, SimulatedClock
 from fl_lightning.systems.devices import (
     PAPER_TESTBED,
     PROFILES,
@@ -52,7 +51,6 @@ __all__ = [
     "contribution_aware_depths", "capacity_depths", "full_depths", "fixed_depths",
     "memory_depth_limits", "depth_contribution", "depth_round_time", "policy_depths", "DepthDecision",
     "DEPTH_POLICIES",
-    "SimulatedClock", "PHASES",
     "DeviceProfile", "PROFILES", "PAPER_TESTBED", "paper_testbed", "compute_time", "max_depth",
     "measured_profiles", "profile_arrays",
     "ScalingLawParams", "total_time", "synthesis_cost_per_unit_lambda", "fit_scaling_law",

@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from fl_lightning.algorithms.fgl import FGL, pack_captions, unpack_captions
+from fl_lightning.algorithms.fgl import CaptionSynthesis, pack_captions, unpack_captions
 from fl_lightning.config import load_config
+from fl_lightning.errors import UsageError
 from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.transport import Download
 from fl_lightning.models.captioning import TINY_VOCAB
 from tests.conftest import CONF
 
@@ -32,22 +34,23 @@ class _Captioner:
 
 
 def test_a_device_uploads_its_captions_by_class_and_the_server_prompts_with_them():
-    algo = FGL.__new__(FGL)
-    algo.captioner = _Captioner()
-    algo.config = SimpleNamespace(caption_batch_size=2)
+    stage = CaptionSynthesis.__new__(CaptionSynthesis)
+    stage.captioner = _Captioner()
     images = torch.rand(5, 3, 4, 4, generator=torch.Generator().manual_seed(0))
     labels = torch.tensor([2, 0, 2, 2, 1])
-    algo._client_images = lambda client, batch_size: iter([(images[:2], labels[:2]), (images[2:], labels[2:])])
+    stage.method = SimpleNamespace(
+        config=SimpleNamespace(caption_batch_size=2),
+        client_images=lambda client, batch_size: iter([(images[:2], labels[:2]), (images[2:], labels[2:])]))
     client = SimpleNamespace(class_counts=np.bincount(labels.numpy(), minlength=3))
-    upload = algo._synthesis_upload(client, seed=0)
+    upload = stage.client_update(0, client, Download())
     captions = _Captioner().caption(images)
     by_class = {k: [c for c, l in zip(captions, labels.tolist()) if l == k] for k in range(3)}
     expected = sum(len("\n".join(v).encode()) for v in by_class.values()) + 3 * 8  # + the int64 counts
     assert upload.num_bytes == expected
-    algo.env = SimpleNamespace(splits=SimpleNamespace(classes=["cat", "dog", "eel"]))
-    latents, counts, prompts = algo._synthesis_inputs({0: upload, 1: upload})
-    assert latents is None and counts == {0: 2, 1: 2, 2: 6}
-    assert prompts["eel"] == [f"eel, {c}" for c in by_class[2]] * 2
+    stage.method.env = SimpleNamespace(splits=SimpleNamespace(classes=["cat", "dog", "eel"]))
+    inputs = stage.generation_inputs({0: upload, 1: upload})
+    assert inputs.latents_by_client is None and inputs.class_counts == {0: 2, 1: 2, 2: 6}
+    assert inputs.prompts_by_class["eel"] == [f"eel, {c}" for c in by_class[2]] * 2
 
 
 def test_fgl_tiny_one_round(tmp_path, one_thread):
@@ -59,4 +62,11 @@ def test_fgl_tiny_one_round(tmp_path, one_thread):
         name, caption = m["prompt"].split(", ", 1)
         assert name == m["class"] and set(caption.split()) <= words and len(caption.split()) == 6
     assert summary["bytes_up"] > 0 and summary["synthetic_images"] == len(manifest)
-    assert summary["ignored_method_keys"][-2:] == ["llm_path", "prompts_per_label"]
+    assert summary["stages"] == ["CaptionSynthesis", "FullFedAvg"]
+
+
+@pytest.mark.parametrize("key", ["llm_path", "prompts_per_label", "rho", "train_head"])
+def test_keys_no_stage_of_fgl_reads_are_unknown(key):
+    """The captions are the prompts (no LLM), the start is pure noise (no latents), all weights train."""
+    with pytest.raises(UsageError, match=f"unknown key 'fgl.{key}'"):
+        load_config(TINY, [f"--fgl.{key}", "1"])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fl_lightning.algorithms.gptfl import GPTFL
+from fl_lightning.algorithms.gptfl import FullFedAvg
 from fl_lightning.config import load_config
 from fl_lightning.data.registry import build_dataset
 from fl_lightning.errors import ConfigError
@@ -46,17 +46,17 @@ def test_gptfl_tiny_one_round(tmp_path, one_thread):
 
 
 def test_full_parameter_fedavg_is_the_data_weighted_mean():
-    algo = GPTFL.__new__(GPTFL)  # the aggregation needs no model
+    stage = FullFedAvg.__new__(FullFedAvg)  # the aggregation needs no model
     g = torch.Generator().manual_seed(0)
     state = {"backbone.w": torch.zeros(3, 2), "head.b": torch.zeros(2), "lora.x": torch.ones(1)}
     ups = {c: Upload({"backbone.w": torch.randn(3, 2, generator=g), "head.b": torch.randn(2, generator=g)},
                      {"num_samples": n}) for c, n in ((0, 5), (2, 1), (3, 14))}
-    new = algo._fedavg(state, ups)
+    new = stage.fold(1, state, ups)
     n = np.array([5.0, 1.0, 14.0])
     for key in ("backbone.w", "head.b"):
         expected = sum(w * ups[c].tensors[key].double().numpy() for w, c in zip(n, (0, 2, 3))) / n.sum()
         np.testing.assert_allclose(new[key].numpy(), expected, rtol=1e-6)
-    assert "lora.x" not in new and algo._fedavg(state, {}) == {}
+    assert "lora.x" not in new and stage.fold(1, state, {}) == {}
 
 
 def test_gptfl_generation_must_be_text_only():

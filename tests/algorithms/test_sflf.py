@@ -98,3 +98,28 @@ def test_lora_only_by_default_leaves_the_head_at_its_start(tmp_path, one_thread)
     depths = np.array(summary["final_depths"])
     assert summary["bytes_up"] == (4 * (lora_per_block * depths + depths) + SCALAR_BYTES).sum()
     assert summary["train_head"] is False
+
+
+@pytest.mark.parametrize("key, hint", [("rho", "did you mean 'sflf.lora'?"), ("vae_image_size", "allowed here"),
+                                       ("pretrain_epochs", "did you mean 'sflf.pretrain_model'?")])
+def test_a_key_no_stage_of_sflf_reads_is_an_unknown_key(key, hint):
+    """SFLF = ImageNet init → LoRA: its section is composed of those stages' keys, so a synthesis or
+    pre-training key is refused with a did-you-mean, on the command line and in the YAML."""
+    from fl_lightning.errors import UsageError
+
+    with pytest.raises(UsageError, match=f"unknown key 'sflf.{key}'") as err:
+        load_config(TINY, [f"--sflf.{key}", "1"])
+    assert hint in str(err.value)
+
+
+def test_a_comparison_carries_over_only_the_keys_sflf_reads():
+    """A variant switching from fedisyn keeps the shared fine-tuning keys (lora, finetune_lr, the ViT) and
+    drops the synthesis ones, rather than accepting and ignoring them."""
+    from fl_lightning.config import expand_variants
+
+    runs = {r.run_name: r for r in expand_variants(load_config(CONF / "fedisyn_compare_tiny.yaml"))}
+    sflf, fedisyn = runs["sflf"].method, runs["fedisyn"].method
+    assert (sflf.lora, sflf.finetune_lr, sflf.pretrain_overrides) == (fedisyn.lora, fedisyn.finetune_lr,
+                                                                      fedisyn.pretrain_overrides)
+    assert not hasattr(sflf, "rho") and not hasattr(sflf, "vae_image_size")
+    assert sflf.systems.depth_policy == "full" and sflf.systems.profiles == fedisyn.systems.profiles

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fl_lightning.federation.aggregate import average_states, layerwise_average, weighted_average
+from fl_lightning.federation.aggregate import WeightedMean, layerwise_average, weighted_average
 
 
 def layer_of(key: str) -> int:
@@ -55,17 +55,59 @@ def test_weighted_average_rejects_bad_input(tensors, weights, message):
         weighted_average(tensors, weights)
 
 
-def test_average_states_fedavg():
-    s1 = {"w": torch.tensor([0.0, 10.0]), "b": torch.tensor(1.0)}
-    s2 = {"w": torch.tensor([4.0, 2.0]), "b": torch.tensor(5.0)}
-    out = average_states([s1, s2], [3, 1])
-    torch.testing.assert_close(out["w"], torch.tensor([1.0, 8.0]))
-    torch.testing.assert_close(out["b"], torch.tensor(2.0))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64, torch.int64, torch.int32, torch.bool])
+def test_weighted_mean_fold_matches_numpy_float64(dtype):
+    # streamed, one upload at a time, against np.average in float64; integers rounded to nearest, not truncated
+    rng = np.random.default_rng(3)
+    raw = [rng.normal(scale=5.0, size=(4, 3)) for _ in range(5)]
+    if dtype == torch.bool:
+        raw = [a > 0 for a in raw]
+    tensors = [torch.tensor(a).to(dtype) for a in raw]
+    weights = rng.integers(1, 40, size=5).astype(float)
+    fold = WeightedMean()
+    for t, w in zip(tensors, weights):
+        fold.add({"x": t, "n": torch.tensor(7, dtype=torch.int64)}, w)
+    out = fold.result()
+    assert out["x"].dtype == dtype and out["n"].dtype == torch.int64
+    expected = np.average(np.stack([t.double().numpy() for t in tensors]), axis=0, weights=weights)
+    if dtype.is_floating_point:
+        tol = 2e-3 if dtype == torch.float16 else 1e-6
+        np.testing.assert_allclose(out["x"].double().numpy(), expected, rtol=tol, atol=tol)
+    else:
+        np.testing.assert_array_equal(out["x"].double().numpy(), np.round(expected).astype(np.float64))
+    assert int(out["n"]) == 7
+    assert fold.total_weight == float(weights.sum())
 
 
-def test_average_states_rejects_different_keys():
-    with pytest.raises(ValueError, match="different keys"):
-        average_states([{"a": torch.zeros(1)}, {"b": torch.zeros(1)}], [1, 1])
+def test_weighted_mean_rounds_integer_buffers_instead_of_truncating():
+    fold = WeightedMean()
+    fold.add({"num_batches_tracked": torch.tensor(2)}, 1.0)
+    fold.add({"num_batches_tracked": torch.tensor(3)}, 3.0)  # (2 + 9) / 4 = 2.75 -> 3, not 2
+    assert fold.result()["num_batches_tracked"] == torch.tensor(3)
+
+
+def test_weighted_mean_weights_each_key_over_the_uploads_that_hold_it():
+    fold = WeightedMean()
+    fold.add({"a": torch.tensor([1.0]), "b": torch.tensor([10.0])}, 1.0)
+    fold.add({"a": torch.tensor([5.0])}, 3.0)  # "b" only from the first upload
+    out = fold.result()
+    torch.testing.assert_close(out["a"], torch.tensor([4.0]))
+    torch.testing.assert_close(out["b"], torch.tensor([10.0]))
+
+
+@pytest.mark.parametrize(("weight", "message"), [(-1.0, ">= 0"), (float("nan"), ">= 0"), (float("inf"), "finite")])
+def test_weighted_mean_rejects_bad_weights(weight, message):
+    with pytest.raises(ValueError, match=message):
+        WeightedMean().add({"a": torch.zeros(1)}, weight)
+
+
+def test_weighted_mean_rejects_zero_total_and_shape_mismatch():
+    fold = WeightedMean()
+    fold.add({"a": torch.zeros(2)}, 0.0)
+    with pytest.raises(ValueError, match="weight 0"):
+        fold.result()
+    with pytest.raises(ValueError, match="shapes"):
+        fold.add({"a": torch.zeros(3)}, 1.0)
 
 
 def test_layerwise_average_hand_computed():

@@ -1,13 +1,16 @@
-"""FeDiSyn as a package: its config, the method, the round planning, the synthesis step and pilots.
+"""FeDiSyn as a package of stages: the ViT and its wire names, synthesis, fine-tuning, planning, pilots.
 
-    config.py          the ``fedisyn:`` section (with ``lora`` and ``systems`` nested)
-    algorithm.py       :class:`FeDiSyn` on the federation engine (rounds, wire format, State)
+    config.py          the shared config pieces (the ViT, ``lora``, ``systems``)
+    model.py           State / wire key prefixes and the LoRA-wrapped ViT's backbone keys
+    synthesis.py       the synthesis stage (round 0) and its sources: feature-guided, text-only
+    synthesis_step.py  the server side of round 0: latents → prompts → synthetic images → pre-trained ViT
+    finetune.py        the fine-tuning stage (LoRA, CLC, WFBA) and the ImageNet start of SFLF / CAFF
+    algorithm.py       :class:`FeDiSynFamily` (what the family shares) and :class:`FeDiSyn` = its two stages
     planning.py        per-round system plan: profiles → contributions → depths (CLC) → bandwidth (WFBA)
-    synthesis_step.py  server round 0: latents → prompts → synthetic images → pre-trained ViT
     pilots.py          pilot runs and the scaling-law fit (``python -m fl_lightning.algorithms.fedisyn.pilots``)
 """
 
-from fl_lightning.algorithms.fedisyn.algorithm import FeDiSyn
-from fl_lightning.algorithms.fedisyn.config import FeDiSynConfig, LoraConfig, SystemsConfig
+from fl_lightning.algorithms.fedisyn.algorithm import FeDiSyn, FeDiSynConfig, FeDiSynFamily
+from fl_lightning.algorithms.fedisyn.config import LoraConfig, SystemsConfig
 
-__all__ = ["FeDiSyn", "FeDiSynConfig", "LoraConfig", "SystemsConfig"]
+__all__ = ["FeDiSyn", "FeDiSynConfig", "FeDiSynFamily", "LoraConfig", "SystemsConfig"]

@@ -29,18 +29,18 @@ import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
-import numpy as np
 import torch
 from PIL import Image
 from torch import nn
 from torch.utils.data import Dataset
 
-from fl_lightning.algorithms.fedisyn.config import FeDiSynConfig
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.algorithm import InputSpec
+from fl_lightning.federation.placement import derive_seed
 from fl_lightning.models.diffusion import DiffusionComponents
 from fl_lightning.modules.pretraining import load_pretrained_vit, pretrain_classifier, split_holdout
 from fl_lightning.synthesis.generate import (
@@ -54,7 +54,8 @@ from fl_lightning.synthesis.latents import ClassLatentUpload
 from fl_lightning.synthesis.prompts import LLMPromptExpander, TemplatePromptExpander, expand_with_cache
 from fl_lightning.systems.scaling_law import ScalingLawParams, optimal_lambda, synthesis_cost_per_unit_lambda
 
-__all__ = ["SynthesisResult", "SyntheticFolder", "choose_lambda", "text_only_requests", "synthesise_and_pretrain"]
+__all__ = ["SynthesisResult", "SyntheticFolder", "choose_lambda", "text_only_requests", "synthesise_and_pretrain",
+           "pretrain_on_synthetic"]
 
 
 @dataclass
@@ -87,7 +88,7 @@ class SyntheticFolder(Dataset):
         return (self.transform(image) if self.transform else image), label
 
 
-def choose_lambda(cfg: FeDiSynConfig, *, gen_time_per_image: float, pretrain_time_per_image_epoch: float,
+def choose_lambda(cfg: Any, *, gen_time_per_image: float, pretrain_time_per_image_epoch: float,
                   num_real_samples: int, section: str = "fedisyn") -> float:
     """λ from the config, or λ* of the scaling law with h0 = (ĥ + h̃ T̂) D.
 
@@ -129,7 +130,7 @@ def text_only_requests(class_names: Sequence[str], prompts_by_class: Mapping[str
         if volume_per_class[label] > 0 and not prompts:
             raise ValueError(f"no prompts for class {class_names[label]!r}")
         for index in range(int(volume_per_class[label])):
-            image_seed = int(np.random.SeedSequence([int(seed), int(label), int(index), 1]).generate_state(1)[0])
+            image_seed = derive_seed(seed, label, index, 1)
             requests.append(GenerationRequest(class_name=class_names[label], label=int(label), client=-1,
                                               centroid_index=-1, latent=zero, timestep=int(timestep),
                                               prompt=prompts[index % len(prompts)], seed=image_seed, index=index,
@@ -137,20 +138,20 @@ def text_only_requests(class_names: Sequence[str], prompts_by_class: Mapping[str
     return requests
 
 
-def _expander(cfg: FeDiSynConfig, *, seed: int, device: torch.device):
+def _expander(cfg: Any, *, seed: int, device: torch.device):
     if cfg.llm_path is None:
         return TemplatePromptExpander(seed=seed)
     return LLMPromptExpander(cfg.llm_path, device=device, seed=seed,
                              dtype=torch.float16 if device.type == "cuda" else torch.float32)
 
 
-def _dtype(cfg: FeDiSynConfig, device: torch.device) -> torch.dtype:
+def _dtype(cfg: Any, device: torch.device) -> torch.dtype:
     if cfg.diffusion_precision == "auto":
         return torch.float16 if device.type == "cuda" else torch.float32
     return getattr(torch, cfg.diffusion_precision)
 
 
-def _probe_generation(cfg: FeDiSynConfig, components: DiffusionComponents, requests, folder: Path,
+def _probe_generation(cfg: Any, components: DiffusionComponents, requests, folder: Path,
                       device: torch.device) -> float:
     """ĥ on this host: time one batch of real requests into a scratch folder (discarded)."""
     batch = list(requests[: cfg.generation_batch_size])
@@ -171,27 +172,28 @@ def _latent_shape(components: DiffusionComponents, image_size: int) -> tuple[int
 
 
 def synthesise_and_pretrain(
-    cfg: FeDiSynConfig, *, components: DiffusionComponents,
+    cfg: Any, *, components: DiffusionComponents,
     uploads_by_client: Mapping[int, Sequence[ClassLatentUpload]] | None, class_counts: Mapping[int, int],
     class_names: Sequence[str], spec: InputSpec, run_dir: Path, seed: int, device: torch.device,
     precision: str, progress: bool, prompts_by_class: Mapping[str, Sequence[str]] | None = None,
-    section: str = "fedisyn",
+    section: str = "fedisyn", text_only: bool = False,
 ) -> SynthesisResult:
     """Steps 1 (server side) and 2 of FeDiSyn; resumable (prompts cached, images skipped when present).
 
     Args:
-        cfg: the method's section.
+        cfg: the method's section (the keys of ``synthesis.DiffusionConfig``, and of the prompt and
+            feature-guided configs where those are used).
         uploads_by_client: the clients' noised latents (``feature_guided``; None for ``text_only``).
         class_counts: D^k per label, summed over the clients.
         prompts_by_class: prompts to use instead of the label expansion (FGL: the clients' captions).
         section: the method's config section, for error keys.
+        text_only: images start from pure noise and the prompts (``uploads_by_client`` is None).
     """
     totals = {int(k): int(v) for k, v in class_counts.items() if v > 0}
     D = sum(totals.values())
     if prompts_by_class is None:
         prompts_by_class = expand_with_cache(_expander(cfg, seed=seed, device=device), list(class_names),
                                              cfg.prompts_per_label, run_dir / "prompts.json")
-    text_only = cfg.generation == "text_only"
     if not text_only and uploads_by_client is None:
         raise ValueError("feature-guided generation needs the clients' latent uploads")
     last_t = int(components.scheduler.config.num_train_timesteps) - 1
@@ -228,7 +230,20 @@ def synthesise_and_pretrain(
     n_images = len(requests)
     if cfg.generation_time_per_image_s is not None:
         generation_s = cfg.generation_time_per_image_s * n_images
+    model, pretraining_s, best = pretrain_on_synthetic(cfg, folder, num_classes=len(class_names), spec=spec,
+                                                       run_dir=run_dir, seed=seed, device=device, precision=precision)
+    per_class = {label: int(v) for label, v in volume.items()}
+    return SynthesisResult(model, lam, per_class, generation_s, pretraining_s, best)
 
+
+def pretrain_on_synthetic(cfg: Any, folder: Path, *, num_classes: int, spec: InputSpec, run_dir: Path, seed: int,
+                          device: torch.device, precision: str) -> tuple[nn.Module, float, Path]:
+    """Step 2: pre-train the timm ViT on the images of ``folder`` (a :class:`SyntheticFolder`, whatever made it).
+
+    Returns:
+        the best model (by held-out loss), H_pre (measured, or h̃ · images · epochs from the config) and
+        its checkpoint.
+    """
     transform = dict(normalization=spec.normalization, image_size=spec.image_size, mean=spec.mean, std=spec.std)
     train_set, _ = split_holdout(SyntheticFolder(folder, build_transform(**transform, train=True)),
                                  cfg.pretrain_holdout, seed)
@@ -239,12 +254,10 @@ def synthesise_and_pretrain(
     start = time.monotonic()
     best, epochs_run = pretrain_classifier(
         model_name=cfg.pretrain_model, overrides=cfg.pretrain_overrides, checkpoint=cfg.pretrain_checkpoint,
-        num_classes=len(class_names), train_dataset=train_set, val_dataset=val_set, out_dir=out,
+        num_classes=num_classes, train_dataset=train_set, val_dataset=val_set, out_dir=out,
         max_epochs=cfg.pretrain_epochs, batch_size=cfg.pretrain_batch_size, lr=cfg.pretrain_lr,
         accelerator=device.type, devices=1, precision=precision, seed=seed, patience=cfg.pretrain_patience)
     pretraining_s = time.monotonic() - start
     if cfg.pretrain_time_per_image_epoch_s is not None:
         pretraining_s = cfg.pretrain_time_per_image_epoch_s * len(train_set) * epochs_run
-    model = load_pretrained_vit(best, map_location="cpu")
-    per_class = {label: int(v) for label, v in volume.items()}
-    return SynthesisResult(model, lam, per_class, generation_s, pretraining_s, best)
+    return load_pretrained_vit(best, map_location="cpu"), pretraining_s, best

@@ -1,0 +1,302 @@
+"""FeDiSyn's synthesis stage (round 0): steps 1 and 2 — clients' uploads → synthetic images → a pre-trained ViT.
+
+The seam is :class:`SynthesisStage`: a source says what a client uploads (:meth:`~SynthesisStage.client_update`)
+and how the server turns the uploads into a pre-trained model (:meth:`~SynthesisStage.synthesise`); the
+stage writes that model and the clock into the State. The sources here denoise with Stable Diffusion
+(:class:`DiffusionSynthesis`), starting from
+
+* :class:`FeatureGuidedSynthesis` (FeDiSyn): the clients' noised class latents — each client VAE-encodes
+  its images (the ViT normalisation undone, resized to the VAE's resolution), clusters each class into
+  Z noised centroids + a noised mean and uploads them with their counts D_i^k;
+* :class:`TextOnlySynthesis` (GPT-FL, FeDiSyn's "w/o FG" ablation): pure noise and the prompt; clients
+  upload their class counts only;
+* FGL's captions (``algorithms/fgl.py``).
+
+The server takes λ (config, or λ* of the scaling law), expands labels into prompts, denoises
+round(λ·D^k) images per class into ``<run_dir>/synthetic/`` and pre-trains a timm ViT on them
+(``synthesis_step.py``). A new source — e.g. the paper's w/o DM, a class-conditional GAN trained on the
+server from the uploads — is one new file: a :class:`SynthesisStage` subclass with its config and its
+two methods, and a method that declares ``stages = (GANSynthesis, LoRAFineTuning)``. (w/o DM is not
+implemented: the paper gives neither the GAN's architecture nor its budget, and Z + 1 noised latents
+per client and class are far too little to train one that stands in for Stable Diffusion at 224 px.)
+"""
+
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import torch
+
+from fl_lightning.algorithms.fedisyn.config import ViTConfig
+from fl_lightning.algorithms.fedisyn.synthesis_step import SynthesisResult, synthesise_and_pretrain
+from fl_lightning.errors import check
+from fl_lightning.federation.algorithm import State
+from fl_lightning.federation.placement import client_seed
+from fl_lightning.federation.stages import Stage, StageConfig
+from fl_lightning.federation.transport import Upload
+from fl_lightning.synthesis.latents import ClassLatentUpload, client_latent_uploads, from_upload, to_upload
+
+if TYPE_CHECKING:
+    from lightning.fabric import Fabric
+
+    from fl_lightning.federation.algorithm import Client, RoundPlan
+    from fl_lightning.federation.transport import Download
+
+__all__ = ["PretrainingConfig", "DiffusionConfig", "PromptConfig", "TextOnlyConfig", "FeatureGuidedConfig",
+           "SynthesisState", "GenerationInputs", "SynthesisStage", "DiffusionSynthesis", "TextOnlySynthesis", "FeatureGuidedSynthesis"]
+
+_COUNTS = "class_counts"  # the text-only upload: D_i^k per class (int64, C)
+
+
+@dataclass
+class PretrainingConfig(ViTConfig):
+    """λ and step 2 (server pre-training on the synthetic images)."""
+
+    synthetic_lambda: float | None = 1.0  # λ: synthetic images per real image; null → λ* of the scaling law
+    scaling_kappa: list | None = None  # κ1..κ4 fitted on pilot runs (notebooks/fedisyn_scaling_law.ipynb)
+    target_accuracy: float = 0.8  # Acc of λ* = (κ2 e^{κ3 Acc} / (h0 κ1))^{1/(κ2+1)}
+    # ĥ and h̃ (s): null → measured on this host (wall time); numbers make the simulated clock reproducible
+    generation_time_per_image_s: float | None = None
+    pretrain_time_per_image_epoch_s: float | None = None
+    pretrain_epochs: int = 10  # T̂
+    pretrain_lr: float = 3e-4  # AdamW peak, cosine decay (ViT fine-tuning order)
+    pretrain_batch_size: int = 64
+    pretrain_holdout: float = 0.1  # held-out synthetic fraction for early stopping
+    pretrain_patience: int = 3  # epochs without held-out improvement before stopping
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.synthetic_lambda is None or self.synthetic_lambda > 0, "synthetic_lambda",
+              self.synthetic_lambda, "a float > 0 or null")
+        check(self.scaling_kappa is None or len(self.scaling_kappa) == 4 and all(
+            isinstance(k, (int, float)) and not isinstance(k, bool) for k in self.scaling_kappa),
+              "scaling_kappa", self.scaling_kappa, "null or a list of 4 numbers [κ1, κ2, κ3, κ4]")
+        check(self.scaling_kappa is None or all(math.isfinite(k) for k in self.scaling_kappa)
+              and self.scaling_kappa[0] > 0 and self.scaling_kappa[1] > 0, "scaling_kappa", self.scaling_kappa,
+              "finite [κ1, κ2, κ3, κ4] with κ1 > 0 and κ2 > 0 (otherwise H(λ) has no minimum: no λ*)")
+        check(self.synthetic_lambda is not None or self.scaling_kappa is not None, "scaling_kappa",
+              self.scaling_kappa, "[κ1, κ2, κ3, κ4] when synthetic_lambda is null (λ* needs the fitted law)")
+        check(0 < self.target_accuracy <= 1, "target_accuracy", self.target_accuracy, "a float in (0, 1]")
+        for key in ("generation_time_per_image_s", "pretrain_time_per_image_epoch_s"):
+            value = getattr(self, key)
+            check(value is None or value >= 0, key, value, "null or a float >= 0")
+        check(self.pretrain_epochs >= 1, "pretrain_epochs", self.pretrain_epochs, "an int >= 1")
+        check(self.pretrain_lr > 0, "pretrain_lr", self.pretrain_lr, "a float > 0")
+        check(self.pretrain_batch_size >= 1, "pretrain_batch_size", self.pretrain_batch_size, "an int >= 1")
+        check(0 < self.pretrain_holdout < 1, "pretrain_holdout", self.pretrain_holdout, "a float in (0, 1)")
+        check(self.pretrain_patience >= 1, "pretrain_patience", self.pretrain_patience, "an int >= 1")
+
+
+@dataclass
+class DiffusionConfig(PretrainingConfig):
+    """Stable Diffusion on the server (weights from a local path only)."""
+
+    diffusion_path: str | None = None  # a diffusers SD v1-5 folder; null: tiny random components (tests)
+    vae_image_size: int = 512  # SD v1-5's native resolution (clients resize their images to it)
+    guidance_scale: float = 7.5  # SD's usual classifier-free guidance
+    num_inference_steps: int = 50  # PNDM steps of the full 0..T chain (a start at s runs ≈ 50·s/T)
+    generation_batch_size: int = 16
+    min_fresh_fraction: float = 0.25  # floor on each image's own share of its start noise (synthesis/generate.py)
+    diffusion_precision: Literal["auto", "float32", "float16", "bfloat16"] = "auto"  # auto: fp16 on GPU, fp32 on CPU
+    generation: Literal["text_only"] = "text_only"  # where an image starts: pure noise + its prompt
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.vae_image_size >= 8 and self.vae_image_size % 8 == 0, "vae_image_size", self.vae_image_size,
+              "a multiple of 8 (>= 8)")
+        check(self.guidance_scale >= 0, "guidance_scale", self.guidance_scale, "a float >= 0")
+        check(1 <= self.num_inference_steps <= 1000, "num_inference_steps", self.num_inference_steps,
+              "an int in [1, 1000]")
+        check(self.generation_batch_size >= 1, "generation_batch_size", self.generation_batch_size, "an int >= 1")
+        check(0 <= self.min_fresh_fraction < 1, "min_fresh_fraction", self.min_fresh_fraction, "a float in [0, 1)")
+
+
+@dataclass
+class PromptConfig(StageConfig):
+    """Label → prompts expansion (the paper: LLaMA-7B)."""
+
+    llm_path: str | None = None  # a causal LM folder for prompt expansion; null: templates
+    prompts_per_label: int = 8
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.prompts_per_label >= 1, "prompts_per_label", self.prompts_per_label, "an int >= 1")
+
+
+@dataclass
+class TextOnlyConfig(DiffusionConfig, PromptConfig):
+    """Text-only generation from the label prompts (GPT-FL; FeDiSyn w/o FG)."""
+
+
+@dataclass
+class FeatureGuidedConfig(TextOnlyConfig):
+    """FeDiSyn's step 1: the clients' noised latent centroids guide the generation."""
+
+    encode_batch_size: int = 16  # images per VAE call on a client
+    num_centroids: int = 4  # Z k-means centroids per class per client
+    timestep: int | None = None  # s; null: random in [0, max_timestep] per class
+    max_timestep: int = 600  # S: above ~600 of 1000 the class content is mostly noise
+    rho: float = 0.7  # Ē = ρ·e_z + (1−ρ)·e_avg
+    # feature_guided = FeDiSyn; text_only = pure noise + prompts, clients upload counts only (w/o FG)
+    generation: Literal["feature_guided", "text_only"] = "feature_guided"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.encode_batch_size >= 1, "encode_batch_size", self.encode_batch_size, "an int >= 1")
+        check(self.num_centroids >= 1, "num_centroids", self.num_centroids, "an int >= 1")
+        check(0 <= self.max_timestep < 1000, "max_timestep", self.max_timestep, "an int in [0, 999]")
+        check(self.timestep is None or 0 <= self.timestep < 1000, "timestep", self.timestep,
+              "null or an int in [0, 999]")
+        check(0 <= self.rho <= 1, "rho", self.rho, "a float in [0, 1]")
+
+
+@dataclass
+class SynthesisState:
+    """The synthesis stage's server memory, checkpointed in the State under ``sys.*``."""
+
+    lam: torch.Tensor  # () float64: λ used
+    synthetic_images: torch.Tensor  # () int64: images generated (Σ_k round(λ·D^k))
+    real_samples: torch.Tensor  # () int64: D, the clients' real samples
+
+    _KEYS = {"lam": "sys.lambda", "synthetic_images": "sys.synthetic_images", "real_samples": "sys.real_samples"}
+
+    @classmethod
+    def zeros(cls) -> SynthesisState:
+        return cls(torch.tensor(0.0, dtype=torch.float64), torch.tensor(0, dtype=torch.int64),
+                   torch.tensor(0, dtype=torch.int64))
+
+    def state_dict(self) -> State:
+        return {key: getattr(self, name) for name, key in self._KEYS.items()}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, torch.Tensor]) -> SynthesisState:
+        return cls(**{name: state[key] for name, key in cls._KEYS.items()})
+
+
+@dataclass
+class GenerationInputs:
+    """What the server generates from, read off round 0's uploads."""
+
+    class_counts: dict[int, int]  # D^k per label, summed over the clients
+    latents_by_client: dict[int, list[ClassLatentUpload]] | None = None  # feature-guided starts; None: pure noise
+    prompts_by_class: dict[str, list[str]] | None = None  # None: expand the labels (llm_path or templates)
+
+
+class SynthesisStage(Stage):
+    """One round: clients upload what the source needs; the server synthesises and pre-trains the ViT."""
+
+    config_class = PretrainingConfig
+
+    def initial_state(self) -> State:
+        return SynthesisState.zeros().state_dict()
+
+    @abstractmethod
+    def synthesise(self, uploads: Mapping[int, Upload]) -> tuple[SynthesisResult, int]:
+        """(the pre-trained model with λ, volumes and times; D = the real samples) from round 0's uploads."""
+
+    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
+                  plan: RoundPlan) -> State:
+        result, real_samples = self.synthesise(uploads)
+        new = dict(state)
+        new.update(self.method.model_state(result.model))
+        clock = state["sys.clock"].clone()
+        clock[0], clock[1] = result.generation_s, result.pretraining_s
+        own = SynthesisState(torch.tensor(result.lam, dtype=torch.float64),
+                             torch.tensor(sum(result.images_per_class.values())), torch.tensor(real_samples))
+        new.update({"sys.clock": clock, **own.state_dict()})
+        return new
+
+    def summary_extras(self, state: State) -> dict[str, Any]:
+        own = SynthesisState.from_state(state)
+        return {"generation": self.method.config.generation, "synthetic_images": int(own.synthetic_images),
+                "real_samples": int(own.real_samples), "lambda": float(own.lam)}
+
+
+class DiffusionSynthesis(SynthesisStage):
+    """Synthesis with Stable Diffusion (PNDM) conditioned on CLIP text embeddings of the prompts."""
+
+    config_class = DiffusionConfig
+
+    @classmethod
+    def missing_resources(cls, config: Any, section: str) -> list[str]:
+        path = config.diffusion_path
+        if path is not None and not Path(path).expanduser().is_dir():
+            return [f"{section}.diffusion_path={path} (Stable Diffusion v1-5 diffusers folder)"]
+        return []
+
+    def build(self, fabric: Fabric) -> None:
+        from fl_lightning.models.diffusion import load_diffusion, tiny_diffusion_components
+
+        f = self.method.config
+        self.components = (load_diffusion(f.diffusion_path) if f.diffusion_path is not None
+                           else tiny_diffusion_components(seed=self.method.cfg.seed, image_size=f.vae_image_size))
+        self.components.vae.to(fabric.device)  # clients need only the VAE; the server moves the rest
+
+    @abstractmethod
+    def generation_inputs(self, uploads: Mapping[int, Upload]) -> GenerationInputs:
+        """Counts, latents and prompts from round 0's uploads."""
+
+    def synthesise(self, uploads: Mapping[int, Upload]) -> tuple[SynthesisResult, int]:
+        m = self.method
+        inputs = self.generation_inputs(uploads)
+        result = synthesise_and_pretrain(
+            m.config, components=self.components, uploads_by_client=inputs.latents_by_client,
+            class_counts=inputs.class_counts, class_names=m.env.splits.classes, spec=m.spec, run_dir=m.env.run_dir,
+            seed=m.cfg.seed, device=m.fabric.device, precision=m.cfg.federation.precision,
+            progress=m.cfg.logging.progress, prompts_by_class=inputs.prompts_by_class, section=m.name,
+            text_only=inputs.latents_by_client is None)
+        self.components.vae.to(m.fabric.device)
+        return result, sum(inputs.class_counts.values())
+
+
+class TextOnlySynthesis(DiffusionSynthesis):
+    """Clients upload their class counts D_i^k (C int64 scalars); images start from pure noise and prompts."""
+
+    config_class = TextOnlyConfig
+
+    @classmethod
+    def missing_resources(cls, config: Any, section: str) -> list[str]:
+        missing = super().missing_resources(config, section)
+        if config.llm_path is not None and not Path(config.llm_path).expanduser().is_dir():
+            missing.append(f"{section}.llm_path={config.llm_path} (causal-LM folder, e.g. LLaMA-7B; null: "
+                           "template prompts)")
+        return missing
+
+    def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
+        return Upload({_COUNTS: torch.as_tensor(client.class_counts, dtype=torch.int64)})
+
+    def generation_inputs(self, uploads: Mapping[int, Upload]) -> GenerationInputs:
+        counts = np.zeros(self.method.env.num_classes, dtype=np.int64)
+        for _, u in uploads.items():
+            counts += u.tensors[_COUNTS].numpy()
+        return GenerationInputs({k: int(v) for k, v in enumerate(counts)})
+
+
+class FeatureGuidedSynthesis(TextOnlySynthesis):
+    """FeDiSyn's step 1 on a client: images back to [0, 1] at the VAE's resolution → noised class latents."""
+
+    config_class = FeatureGuidedConfig
+
+    def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
+        f, m = self.method.config, self.method
+        batches = m.client_images(client, batch_size=f.encode_batch_size, size=f.vae_image_size)
+        uploads = client_latent_uploads(self.components.vae, self.components.scheduler, batches,
+                                        num_centroids=f.num_centroids, timestep=f.timestep,
+                                        max_timestep=f.max_timestep, seed=client_seed(m.cfg.seed, round_idx,
+                                                                                      client.index),
+                                        batch_size=f.encode_batch_size)
+        return to_upload(uploads)
+
+    def generation_inputs(self, uploads: Mapping[int, Upload]) -> GenerationInputs:
+        counts = np.zeros(self.method.env.num_classes, dtype=np.int64)
+        by_client: dict[int, list[ClassLatentUpload]] = {c: from_upload(u) for c, u in uploads.items()}
+        for ups in by_client.values():
+            for up in ups:
+                counts[up.label] += up.count
+        return GenerationInputs({k: int(v) for k, v in enumerate(counts)}, latents_by_client=by_client)
