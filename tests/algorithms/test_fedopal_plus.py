@@ -9,6 +9,7 @@ import torch
 
 from fl_lightning.algorithms.fedopal_plus import aggregate_prompts, covering_clients
 from tests.conftest import CONF, run_cli
+from tests.outcomes import expect, outcome_seed
 
 
 @pytest.mark.parametrize("seed, m", [(0, 1), (1, 2), (2, 3), (3, 11)])
@@ -55,14 +56,22 @@ def _run(tmp_path, *extra):
     return run_dir, json.loads((run_dir / "summary.json").read_text())
 
 
+@pytest.mark.outcome
 def test_two_rounds_solve_exactly_on_the_inference_features(tmp_path):
-    """Round 0 sends prompts only; round 1's W is the centralized ridge under P_global (float64)."""
+    """Round 0 sends prompts only; round 1's W is the centralized ridge under P_global (float64).
+
+    The analytic head on the tiny random ViT's features is far above chance (0.1): measured 0.73 at
+    seed 0 (AVX-512 and AVX2 alike); bound 0.5. (AFL on the same partition reaches 0.77 here: this tiny
+    setting does not show FedOPAL+'s advantage, and the test does not claim it.)"""
     from fl_lightning.federation.checkpoint import safe_load
     from tests.algorithms.test_fedopal import _centralized_features, _ridge
     from fl_lightning.config import load_config
 
-    run_dir, summary = _run(tmp_path, "--partition.alpha", "1.0", "--fedopal_plus.lam", "0.1")
-    assert summary["rounds"] == 2 and 0.0 <= summary["accuracy"] <= 1.0
+    seed = str(outcome_seed())
+    run_dir, summary = _run(tmp_path, "--partition.alpha", "1.0", "--fedopal_plus.lam", "0.1", "--seed", seed,
+                            "--partition.seed", seed)
+    assert summary["rounds"] == 2
+    expect("test accuracy", summary["accuracy"], ">", 0.5)
     state = safe_load(run_dir / "checkpoints" / "server.pt")["state"]
     cfg = load_config(run_dir / "config.yaml", [])
     h, y = _centralized_features(cfg, prompts=state["prompts"])

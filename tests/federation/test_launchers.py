@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -38,11 +39,16 @@ JOB = {
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
 
 
-def _launcher(name: str) -> list[str]:
-    """The launcher's command: its console script when installed, else the module it runs."""
+def _launcher(name: str) -> tuple[list[str], str]:
+    """The launcher's command: its console script when installed, else the module it runs; on a free port
+    (the launchers' default ports, 29500 and 29400, collide when two suites or jobs share the machine)."""
     module = {"fabric": "lightning.fabric.cli", "torchrun": "torch.distributed.run"}[name]
     exe = shutil.which(name)
-    return [exe] if exe else [sys.executable, "-m", module]
+    command = [exe] if exe else [sys.executable, "-m", module]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    return command + (["--master-port", port] if name == "torchrun" else []), port
 
 
 def _launch(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
@@ -81,7 +87,8 @@ def _assert_same_result(one, two) -> None:
 
 
 def test_fabric_run_two_cpu_processes_equal_one(config, one_process, tmp_path):
-    proc = _launch([*_launcher("fabric"), "run", "--accelerator", "cpu", "--devices", "2",
+    fabric, port = _launcher("fabric")
+    proc = _launch([*fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", port,
                     "fl_lightning/train.py", "--config", str(config), "--output_dir", str(tmp_path),
                     "--federation.devices", "2"])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -90,14 +97,14 @@ def test_fabric_run_two_cpu_processes_equal_one(config, one_process, tmp_path):
 
 
 def test_torchrun_two_cpu_processes_equal_one(config, one_process, tmp_path):
-    proc = _launch([*_launcher("torchrun"), "--nproc-per-node", "2", "-m", "fl_lightning.train",
+    proc = _launch([*_launcher("torchrun")[0], "--nproc-per-node", "2", "-m", "fl_lightning.train",
                     "--config", str(config), "--output_dir", str(tmp_path), "--federation.devices", "2"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     _assert_same_result(one_process, tmp_path / RUN)
 
 
 def test_torchrun_world_size_disagreeing_with_the_config_stops_in_one_line(config, tmp_path):
-    proc = _launch([*_launcher("torchrun"), "--nproc-per-node", "2", "-m", "fl_lightning.train",
+    proc = _launch([*_launcher("torchrun")[0], "--nproc-per-node", "2", "-m", "fl_lightning.train",
                     "--config", str(config), "--output_dir", str(tmp_path), "--federation.devices", "1"])
     # each rank exits 2 with our one line; torchrun then exits 1 and prints its own failure report. The
     # first rank to exit makes torchrun SIGTERM the other (-15) if that one has not exited yet: a race.

@@ -22,6 +22,7 @@ from fl_lightning.modules.data_free_kd import (
     reweight_ensemble,
     synthesize,
 )
+from tests.outcomes import expect, outcome_seed
 
 
 def _softmax(z):
@@ -177,36 +178,47 @@ def _settings(**kw):
     return SynthesisSettings(**{**base, **kw})
 
 
+@pytest.mark.outcome
 @pytest.mark.parametrize("size, kw", [
     (8, {}),  # CE only
     (16, {"bn": 0.1, "adv": 1.0, "augment": True}),  # DENSE's losses; its ±4 px shift needs a larger image
     (8, {"hardness": 1.0, "bn": 0.1, "bn_per_model": True, "clip_grad": 10.0, "adv": 1.0, "mask_agreement": False}),
 ])
 def test_synthesized_samples_drive_the_ensemble_to_the_sampled_labels(size, kw):
-    teachers = [_TinyCNN(s).eval() for s in range(3)]
-    ensemble = WeightedEnsemble(teachers)
-    student = _TinyCNN(9).eval()
-    gen = Generator(nz=16, ngf=8, image_size=size)
-    rng = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # before: an untrained G's images give (nearly) one prediction for all
-        before = ensemble(Generator(nz=16, ngf=8, image_size=size)(torch.randn(40, 16)))
-    images, labels = synthesize(gen, ensemble, student, num_classes=5, settings=_settings(**kw),
-                                normalize=lambda x: (x - 0.5) / 0.25, rng=rng, device=torch.device("cpu"))
-    with torch.no_grad():
-        after = ensemble(images)
-    assert images.shape == (40, 3, size, size) and labels.shape == (40,)
-    assert len(set(after.argmax(1).tolist())) >= 3  # not a constant output
-    assert float(after.std(0).mean()) > 3 * float(before.std(0).mean())
-    assert float((after.argmax(1) == labels).float().mean()) > 0.5  # chance: 0.2
-    assert all(not m.training for m in teachers) and not student.training
+    """Synthesis makes images the ensemble labels as sampled, for 3 sets of random teachers.
+
+    Agreement is averaged over the 3 sets: with DENSE's losses (the 16 px case) one set of random teachers
+    can resist (0.18-0.28 at one seed of six, with 40 to 120 steps) while the others reach 0.48-1.0.
+    Measured over FL_TEST_SEED 0-5 (tests/outcomes.py; AVX-512, 1 thread): the 3-set mean is 0.55-0.79 with
+    DENSE's losses, 0.58-0.93 with Co-Boosting's, 0.98-1.0 with CE only; bound 0.45 (chance 0.2)."""
+    agreements = []
+    for k in range(3):
+        teachers = [_TinyCNN(outcome_seed(10 * k + s)).eval() for s in range(3)]
+        ensemble = WeightedEnsemble(teachers)
+        student = _TinyCNN(outcome_seed(10 * k + 9)).eval()
+        gen = Generator(nz=16, ngf=8, image_size=size)
+        rng = torch.Generator().manual_seed(outcome_seed(10 * k))
+        with torch.no_grad():  # before: an untrained G's images give (nearly) one prediction for all
+            before = ensemble(Generator(nz=16, ngf=8, image_size=size)(torch.randn(40, 16)))
+        images, labels = synthesize(gen, ensemble, student, num_classes=5, settings=_settings(**kw),
+                                    normalize=lambda x: (x - 0.5) / 0.25, rng=rng, device=torch.device("cpu"))
+        with torch.no_grad():
+            after = ensemble(images)
+        assert images.shape == (40, 3, size, size) and labels.shape == (40,)
+        assert all(not m.training for m in teachers) and not student.training
+        expect("distinct ensemble predictions", len(set(after.argmax(1).tolist())), ">=", 3)  # not constant
+        expect("ensemble logit spread after / before", float(after.std(0).mean() / before.std(0).mean()), ">", 3)
+        agreements.append(float((after.argmax(1) == labels).float().mean()))
+    expect("ensemble agrees with the sampled labels (mean of 3 teacher sets)", sum(agreements) / 3, ">", 0.45)
 
 
+@pytest.mark.outcome
 def test_distill_epoch_brings_the_student_to_the_teacher():
-    teacher = WeightedEnsemble([_TinyCNN(1).eval(), _TinyCNN(2).eval()])
-    student = _TinyCNN(3)
-    pool = torch.randn(64, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    teacher = WeightedEnsemble([_TinyCNN(outcome_seed(1)).eval(), _TinyCNN(outcome_seed(2)).eval()])
+    student = _TinyCNN(outcome_seed(3))
+    pool = torch.randn(64, 3, 8, 8, generator=torch.Generator().manual_seed(outcome_seed()))
     opt = torch.optim.SGD(student.parameters(), lr=0.1, momentum=0.9)
-    rng = torch.Generator().manual_seed(0)
+    rng = torch.Generator().manual_seed(outcome_seed())
 
     def gap():
         with torch.no_grad():
@@ -217,4 +229,4 @@ def test_distill_epoch_brings_the_student_to_the_teacher():
     for _ in range(30):
         distill_epoch(student, teacher, pool, optimizer=opt, batch_size=16, temperature=4.0, rng=rng,
                       ods_eta=0.01, clip_grad=10.0)
-    assert gap() < 0.3 * first
+    expect("KL(teacher || student) after / before", gap() / first, "<", 0.3)

@@ -9,9 +9,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import timm
 import torch
+import torch.nn.functional as F
 
 from fl_lightning.models.lora import LoraSpec, lora_layer_index
 from fl_lightning.modules.lora_classifier import LoRAClassifier
+from tests.outcomes import expect, outcome_seed
 
 DEPTH = 3
 
@@ -120,3 +122,32 @@ def test_bad_arguments(kwargs, key):
 def test_bad_depth():
     with pytest.raises(ValueError, match="depth"):
         make().set_depth(DEPTH + 1)
+
+
+@pytest.mark.outcome
+def test_lora_adapters_alone_fit_a_small_task():
+    """With the head and the backbone frozen, the LoRA adapters alone must learn: 40 AdamW steps on 32
+    images whose class shifts their mean take the training loss well below where it started, and the
+    training accuracy well above chance (0.25). A LoRA that stopped learning (no gradient reaching the
+    adapters, B stuck at zero, the optimizer missing them) leaves both where they were.
+
+    Measured (seeds 0-3, AVX-512, 1 thread): loss ratio 0.63-0.73, accuracy 1.0 from 0.09-0.31 before; the
+    frozen random head caps how far the loss falls. Bounds: ratio < 0.85, accuracy > 0.6."""
+    module = make(seed=outcome_seed(), lr=1e-2)
+    module.head.requires_grad_(False)
+    g = torch.Generator().manual_seed(outcome_seed())
+    y = torch.arange(32) % 4
+    x = torch.randn(32, 3, 16, 16, generator=g) + (y.float() - 1.5).view(-1, 1, 1, 1)
+    optimizer = module.configure_optimizers()
+    assert {id(p) for group in optimizer.param_groups for p in group["params"]} == {
+        id(p) for n, p in module.named_parameters() if ".lora_" in n}
+    with torch.no_grad():
+        first = float(module.training_step((x, y), 0))
+    for step in range(40):
+        optimizer.zero_grad()
+        module.training_step((x, y), step).backward()
+        optimizer.step()
+    with torch.no_grad():
+        logits = module(x)
+    expect("training loss after 40 LoRA-only steps / first", float(F.cross_entropy(logits, y)) / first, "<", 0.85)
+    expect("training accuracy after 40 LoRA-only steps", float((logits.argmax(1) == y).float().mean()), ">", 0.6)

@@ -12,6 +12,7 @@ from fl_lightning.callbacks.proximal import ProximalCallback
 from fl_lightning.models.backbones import LIBRARIES, build_tiny_backbone
 from fl_lightning.models.vpt import PromptedViT
 from fl_lightning.modules.prompt_tuning import PromptTuningModule
+from tests.outcomes import expect, outcome_seed
 
 _gen = torch.Generator().manual_seed(0)
 IMAGES = torch.randn(8, 3, 32, 32, generator=_gen)
@@ -67,15 +68,20 @@ def test_trainer_fit_moves_prompts_and_head_but_not_the_backbone():
     assert not module.model.backbone.model.training  # frozen trunk stays in eval mode
 
 
+@pytest.mark.outcome
 def test_manual_loop_with_proximal_callback_reduces_loss_and_pulls_to_reference():
-    module = _module("timm", lr=0.2, momentum=0.0)
+    gen = torch.Generator().manual_seed(outcome_seed())
+    images, labels = torch.randn(8, 3, 32, 32, generator=gen), torch.randint(0, 4, (8,), generator=gen)
+    module = PromptTuningModule(model=PromptedViT(build_tiny_backbone("timm", seed=outcome_seed()), num_prompts=4,
+                                                  seed=outcome_seed()),
+                                num_classes=4, lr=0.05, momentum=0.0, head_seed=outcome_seed())
     optimizer = module.configure_optimizers()
     p_init = module.model.get_prompts()
     callback = ProximalCallback(mu=1.0, reference={PromptTuningModule.prompt_parameter_name: p_init})
     first = None
     for step in range(15):
         optimizer.zero_grad()
-        loss = module.training_step((IMAGES, LABELS), step)
+        loss = module.training_step((images, labels), step)
         loss.backward()
         grad_ce = module.model.prompts.grad.clone()
         callback.on_after_backward(module=module)
@@ -83,7 +89,9 @@ def test_manual_loop_with_proximal_callback_reduces_loss_and_pulls_to_reference(
         torch.testing.assert_close(module.model.prompts.grad, grad_ce + (module.model.prompts.detach() - p_init))
         optimizer.step()
         first = loss.item() if first is None else first
-    assert loss.item() < first
+    # lr 0.05: the loss ratio is 0.64-0.75 over seeds 0-5 (FL_TEST_SEED); at the former lr 0.2 it rose
+    # above the first loss at 3 of those 6 seeds (to 1.3-2.4) and the test passed only by its seed
+    expect("training loss after 15 steps / first", loss.item() / first, "<", 0.9)
 
 
 def test_head_init_is_seeded_and_leaves_global_rng():
