@@ -8,9 +8,12 @@ Other forms:
     --overwrite         start afresh in a run folder that already holds a run (its files are deleted)
     --debug             show the full traceback of the one-line errors too
 
-A run folder is a record that is never silently changed: a fresh start into a folder that holds a
-run stops (``--overwrite`` empties it; another ``--run_name`` keeps both), and a second run into a
-folder in use stops (``.lock`` names the holder; a lock of a dead process is taken over).
+A run folder is a record that is never silently changed. The same command again is safe: a run that
+finished under the same config is not run again (its summary is reported, the comparison's table
+rebuilt, its folder untouched); an interrupted one continues from its checkpoint, as ``--resume`` would.
+A start into a folder that holds a different run stops with one line naming the keys (``--overwrite``
+empties it; another ``--run_name`` keeps both), and a second run into a folder in use stops (``.lock``
+names the holder; a lock of a dead process is taken over).
 
 Exit status: 0 on success; 2 for a usage, config or resource error, found before anything runs
 where it can be (one line on stderr, no traceback); 1 when the run fails while it runs (e.g. fewer
@@ -166,26 +169,45 @@ def _main(argv: list[str], locks: list) -> int:
             raise ConfigError("variants", f"{len(runs)} runs", "a single run when federation.devices > 1 "
                               "(launch one process group per run)")
         primary = _is_primary()
-        if primary:
+        # the same command again: a run that finished under this very config is not run again (every rank
+        # sees the same folder, so no rank launches for it); --overwrite and --resume always run
+        finished = {} if args.overwrite or args.resume is not None else {
+            i: s for i, run in enumerate(runs) if (s := _finished_summary(run)) is not None}
+        todo = [run for i, run in enumerate(runs) if i not in finished]
+        resume = {id(run): args.resume is not None for run in todo}
+        held = {}  # a run's lock, released when it has finished (a killed comparison leaves none on those)
+        if primary and todo:
             from fl_lightning.preflight import preflight
 
-            preflight(runs)  # every variant, before the first one starts
-            for run in runs:
-                _claim_run_folder(run, args, recorded, argv, locks)
-        from fl_lightning.federation.simulation import Simulation
+            preflight(todo)  # every run still to run, before the first one starts
+            for run in todo:
+                resume[id(run)] = _claim_run_folder(run, args, recorded, argv, locks)
+                held[id(run)] = locks[-1]
+        if finished and primary:
+            print(f"fl_lightning: {len(finished)} of {len(runs)} run(s) finished already with this config, not run "
+                  f"again: {', '.join(runs[i].resolved_run_name for i in finished)}", file=sys.stderr)
+        if todo:
+            from fl_lightning.federation.simulation import Simulation
     except KeyboardInterrupt as err:
         print("fl_lightning: interrupted before the run started", file=sys.stderr)
         return 143 if isinstance(err, _Terminated) else 130
 
     summaries = []
-    for run in runs:
+    for i, run in enumerate(runs):
+        if i in finished:
+            summaries.append((run, finished[i]))
+            continue
         try:
-            summaries.append((run, Simulation(cfg=run, resume=args.resume is not None).run()))
+            summaries.append((run, Simulation(cfg=run, resume=resume[id(run)]).run()))
+            if id(run) in held:
+                held[id(run)].release()
         except KeyboardInterrupt as err:
             if primary:
                 how = "terminated (SIGTERM)" if isinstance(err, _Terminated) else "interrupted"
+                again = (" (or run the same command again: finished runs are not run again, this one continues)"
+                         if len(runs) > 1 else "")
                 print(f"fl_lightning: {how}; the checkpoint is kept: continue with "
-                      f"python -m fl_lightning.train --resume {run.run_dir}", file=sys.stderr)
+                      f"python -m fl_lightning.train --resume {run.run_dir}{again}", file=sys.stderr)
             return 143 if isinstance(err, _Terminated) else 130
     if os.environ.get("LOCAL_RANK", "0") == "0":
         print_results(summaries)
@@ -218,8 +240,41 @@ def _check_resume_folder(run_dir: Path) -> dict | None:
     return current_names(record["config"])  # a run recorded under a method's former name resumes under its name now
 
 
-def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list[str], locks: list) -> None:
-    """Lock the run's folder, check that this start may write there, and record the start (run.json)."""
+def _finished_summary(cfg: object) -> dict | None:
+    """The summary of the run in ``cfg.run_dir`` when that run finished under this very config (every key
+    alike but where the folder is and ``logging.*``; see ``config_diff``), else None.
+
+    Finished means: ``summary.json`` is there, and it and ``metrics.csv`` hold all the rounds the method runs
+    (a run extended with ``--resume`` and stopped again keeps the shorter run's summary: not finished).
+    Only reads: a finished folder is not touched.
+    """
+    import json
+
+    from fl_lightning.config import config_to_dict, current_names
+    from fl_lightning.federation.algorithm import ALGORITHMS
+    from fl_lightning.federation.run_folder import completed_rounds, config_diff, read_record
+
+    run_dir: Path = cfg.run_dir
+    if not (run_dir / "summary.json").is_file():
+        return None
+    record = read_record(run_dir)
+    if record is None or config_diff(current_names(record["config"]), config_to_dict(cfg), include_resumable=True):
+        return None  # a folder from before records, or another run: claiming it says so
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    rounds = ALGORITHMS[cfg.algorithm](cfg=cfg).num_rounds
+    if not isinstance(summary, dict) or summary.get("rounds") != rounds or completed_rounds(run_dir) != rounds:
+        return None
+    return summary
+
+
+def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list[str], locks: list) -> bool:
+    """Lock the run's folder, check that this start may write there, and record the start (run.json).
+
+    Returns whether the run continues from the folder's checkpoint: with ``--resume``, and when the folder
+    holds an unfinished run of this very config (the same command again, after an interruption)."""
     from fl_lightning.config import config_to_dict, current_names, dump_config, load_config, read_yaml
     from fl_lightning.errors import ConfigError, RunFolderError
     from fl_lightning.federation.run_folder import (
@@ -262,6 +317,10 @@ def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list
             before = current_names(record["config"] if record else (read_yaml(run_dir / "config.yaml")
                                                                     if (run_dir / "config.yaml").is_file() else {}))
             differs = config_diff(before, current, include_resumable=True)
+            if not differs:  # the same command after an interruption (a finished run is not claimed at all)
+                write_record(run_dir, current, resumed=True, argv=argv)
+                write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
+                return True
             what = f"a different run ({format_diff(differs)})" if differs else "this run already"
             hint = (" (continue it with --resume instead)" if not config_diff(before, current) else "")
             raise RunFolderError(f"run folder error: '{run_dir}' holds {what}; pass --overwrite to delete it and "
@@ -269,6 +328,7 @@ def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list
         clear_run_folder(run_dir)
     write_record(run_dir, current, resumed=args.resume is not None, argv=argv)
     write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
+    return args.resume is not None
 
 
 def _nothing_ran(run_dir: Path) -> bool:

@@ -271,6 +271,7 @@ def test_a_run_folder_is_never_silently_changed(tmp_path):
           for name in ("run.json", "config.yaml", "summary.json")],
         {"id": "fewer-rounds", "argv": ["--resume", str(run), "--federation.rounds", "1"]},
         {"id": "rerun-same", "argv": [*base, "--federation.rounds", "2"]},
+        *[{"copy": str(run / name), "to": str(tmp_path / f"rerun.{name}")} for name in ("run.json", "summary.json")],
         {"id": "rerun-other", "argv": [*base, "--train.lr", "0.5"]},
         {"id": "overwrite", "argv": [*base, "--train.lr", "0.5", "--overwrite"]},
         {"id": "failed-start", "argv": [*base, "--run_name", "fs", "--model.name", "NoSuchModel"]},
@@ -292,7 +293,11 @@ def test_a_run_folder_is_never_silently_changed(tmp_path):
     assert yaml.safe_load((tmp_path / "extended.config.yaml").read_text())["federation"]["rounds"] == 2
     extended = json.loads((tmp_path / "extended.summary.json").read_text())
     assert extended["rounds"] == 2 and extended["alpha"] == 0.5 and extended["seed"] == 0
-    assert_one_line(r["rerun-same"], 2, "holds this run already", "--overwrite", "--resume")
+    # the same command again on a finished run: not run again, its results reported, the folder untouched
+    assert r["rerun-same"]["rc"] == 0, r["rerun-same"]["stderr"][-2000:]
+    assert_one_line(r["rerun-same"], 0, "1 of 1 run(s) finished already", "not run again")
+    assert (tmp_path / "rerun.run.json").read_text() == (tmp_path / "extended.run.json").read_text()
+    assert (tmp_path / "rerun.summary.json").read_text() == (tmp_path / "extended.summary.json").read_text()
     assert_one_line(r["rerun-other"], 2, "holds a different run", "train.lr: 0.1 → 0.5", "--overwrite")
     assert r["overwrite"]["rc"] == 0, r["overwrite"]["stderr"][-2000:]
     summary = json.loads((run / "summary.json").read_text())

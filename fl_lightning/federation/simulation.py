@@ -161,6 +161,8 @@ class Simulation:
         fabric, cfg = self.fabric, self.cfg
         if self.launcher != "fabric run":  # Fabric's CLI has created and set up the processes already
             fabric.launch()
+        if fabric.world_size > 1:  # rank 0 decided (train.py: --resume, or the same command after an interruption)
+            self.resume = fabric.broadcast(self.resume, src=0)
         seed_everything(cfg.seed, verbose=False)
         algorithm, env = self._setup()
         rank, world = fabric.global_rank, fabric.world_size
