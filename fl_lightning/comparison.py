@@ -19,11 +19,13 @@ config does not sweep α falls in the single column of its α.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
+import os
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +57,7 @@ def comparison_rows(results: Sequence[tuple[Any, dict[str, Any]]]) -> list[dict[
     return rows
 
 
-def _markdown(rows: list[dict[str, Any]]) -> str:
+def _markdown(rows: list[dict[str, Any]], missing: Sequence[str] = ()) -> str:
     alphas = sorted({r["alpha"] for r in rows})
     methods = list(dict.fromkeys(r["method"] for r in rows))
     cell = {(r["method"], r["alpha"]): r for r in rows}
@@ -71,6 +73,9 @@ def _markdown(rows: list[dict[str, Any]]) -> str:
     lines.append("")
     lines.append("Top-1 accuracy (%), mean ± sample std (ddof = 1) over the n runs (seeds) of each cell; "
                  "a cell of one run has no ±.")
+    if missing:
+        lines.append("")
+        lines.append(f"Not finished yet ({len(missing)} run(s), not in the table): {', '.join(missing)}.")
     return "\n".join(lines) + "\n"
 
 
@@ -79,6 +84,17 @@ def _cell(row: dict[str, Any]) -> str:
     mean = f"{100 * row['accuracy_mean']:.2f}"
     spread = "" if row["accuracy_std"] is None else f" ± {100 * row['accuracy_std']:.2f}"
     return f"{mean}{spread} (n={row['runs']})"
+
+
+@contextlib.contextmanager
+def _replaced(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` (unique to this process) that replaces ``path`` when the block ends."""
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -108,18 +124,26 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def write_comparison(results: Sequence[tuple[Any, dict[str, Any]]], out_dir: str | Path) -> dict[str, Path]:
-    """Write comparison.csv, comparison.md and comparison.png into ``out_dir``; return their paths."""
+def write_comparison(results: Sequence[tuple[Any, dict[str, Any]]], out_dir: str | Path, *,
+                     missing: Sequence[str] = ()) -> dict[str, Path]:
+    """Write comparison.csv, comparison.md and comparison.png into ``out_dir``; return their paths.
+
+    Each file is replaced whole (written aside, then renamed): the shares of a comparison (``--shard``) that
+    finish together never leave a torn table. ``missing``: runs of the comparison not finished yet (named
+    in comparison.md).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = comparison_rows(results)
     paths = {"csv": out / "comparison.csv", "md": out / "comparison.md", "png": out / "comparison.png"}
-    with paths["csv"].open("w", newline="") as f:
+    with _replaced(paths["csv"]) as tmp, tmp.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    paths["md"].write_text(_markdown(rows))
-    _plot(rows, paths["png"])
+    with _replaced(paths["md"]) as tmp:
+        tmp.write_text(_markdown(rows, missing))
+    with _replaced(paths["png"]) as tmp:
+        _plot(rows, tmp)
     if all("simulated_time_s" in summary for _, summary in results):
         from fl_lightning.curves import write_curves
 

@@ -6,6 +6,10 @@ Other forms:
                         only keys that cannot change what already ran may differ (federation.rounds,
                         federation.devices, the failure policy, logging.*; see federation/run_folder.py)
     --overwrite         start afresh in a run folder that already holds a run (its files are deleted)
+    --list-runs         print the runs of the config (a comparison's, in their fixed order) and their state; exit
+    --shard I/N         run only the I-th of N shares of a comparison's runs (0 <= I < N): one share per job of a
+                        SLURM array or per GPU; the table is built from whatever runs have finished
+                        (``python -m fl_lightning.compare DIR`` rebuilds it once every share is done)
     --debug             show the full traceback of the one-line errors too
 
 A run folder is a record that is never silently changed. The same command again is safe: a run that
@@ -36,7 +40,7 @@ from pathlib import Path
 __all__ = ["main", "parse_args", "Args"]
 
 _USAGE = ("usage: python -m fl_lightning.train --config FILE [--section.key VALUE ...] [--print-config] "
-          "[--overwrite] [--debug]\n"
+          "[--list-runs] [--shard I/N] [--overwrite] [--debug]\n"
           "       python -m fl_lightning.train --resume RUN_DIR [--federation.rounds N ...] [--debug]")
 
 
@@ -49,6 +53,8 @@ class Args:
     print_config: bool = False
     overwrite: bool = False
     debug: bool = False
+    list_runs: bool = False
+    shard: tuple[int, int] | None = None  # (I, N): the I-th of N shares of the runs
     overrides: list[str] = field(default_factory=list)
 
 
@@ -72,6 +78,18 @@ def parse_args(argv: list[str]) -> Args:
             setattr(args, name[2:], value)
         elif arg == "--print-config":
             args.print_config = True
+        elif arg == "--list-runs":
+            args.list_runs = True
+        elif name == "--shard":
+            from fl_lightning.compare import parse_shard
+
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise UsageError("usage error: --shard needs a value, I/N (e.g. --shard 0/4)")
+                value, i = argv[i + 1], i + 1
+            if args.shard is not None:
+                raise UsageError("usage error: --shard given twice; give it once")
+            args.shard = parse_shard(value)
         elif arg == "--overwrite":
             args.overwrite = True
         elif arg == "--debug":
@@ -90,6 +108,9 @@ def parse_args(argv: list[str]) -> Args:
     if args.resume is not None and args.overwrite:
         raise UsageError("usage error: --overwrite and --resume together: --resume continues the run, --overwrite "
                          "would delete it; choose one")
+    if args.resume is not None and args.shard is not None:
+        raise UsageError("usage error: --shard and --resume together: --resume continues one run; run the "
+                         "comparison's command with --shard instead (an interrupted run continues by itself)")
     pinned = [o for o in args.overrides if o.split("=")[0] in ("--output_dir", "--run_name")]
     if args.resume is not None and pinned:
         raise UsageError(f"usage error: {pinned[0].split('=')[0]} with --resume: a resumed run stays in its folder "
@@ -165,26 +186,38 @@ def _main(argv: list[str], locks: list) -> int:
             print(dump_config(cfg), end="")
             return 0
         runs = expand_variants(cfg)
-        if len(runs) > 1 and cfg.federation.devices * cfg.federation.num_nodes > 1:
-            raise ConfigError("variants", f"{len(runs)} runs", "a single run when federation.devices > 1 "
-                              "(launch one process group per run)")
+        from fl_lightning.compare import finished_summary, select_shard
+
+        mine = list(range(len(runs))) if args.shard is None else select_shard(range(len(runs)), *args.shard)
+        if args.list_runs:
+            _list_runs(runs, mine)
+            return 0
+        if len(mine) > 1 and cfg.federation.devices * cfg.federation.num_nodes > 1:
+            raise ConfigError("variants", f"{len(mine)} runs", "a single run when federation.devices > 1 "
+                              "(launch one process group per run, e.g. with --shard I/N)")
+        if not mine:
+            print(f"fl_lightning: --shard {args.shard[0]}/{args.shard[1]} holds no run ({len(runs)} run(s) in all)",
+                  file=sys.stderr)
+            return 0
         primary = _is_primary()
         # the same command again: a run that finished under this very config is not run again (every rank
         # sees the same folder, so no rank launches for it); --overwrite and --resume always run
         finished = {} if args.overwrite or args.resume is not None else {
-            i: s for i, run in enumerate(runs) if (s := _finished_summary(run)) is not None}
-        todo = [run for i, run in enumerate(runs) if i not in finished]
-        resume = {id(run): args.resume is not None for run in todo}
+            i: s for i in mine if (s := finished_summary(runs[i])) is not None}
+        todo = [i for i in mine if i not in finished]
+        resume = {i: args.resume is not None for i in todo}
         held = {}  # a run's lock, released when it has finished (a killed comparison leaves none on those)
         if primary and todo:
             from fl_lightning.preflight import preflight
 
-            preflight(todo)  # every run still to run, before the first one starts
-            for run in todo:
-                resume[id(run)] = _claim_run_folder(run, args, recorded, argv, locks)
-                held[id(run)] = locks[-1]
+            preflight([runs[i] for i in todo])  # every run still to run, before the first one starts
+            for i in todo:
+                resume[i] = _claim_run_folder(runs[i], args, recorded, argv, locks)
+                held[i] = locks[-1]
+            if len(runs) > 1:  # the comparison's own config: which runs it has (python -m fl_lightning.compare)
+                _record_comparison(cfg)
         if finished and primary:
-            print(f"fl_lightning: {len(finished)} of {len(runs)} run(s) finished already with this config, not run "
+            print(f"fl_lightning: {len(finished)} of {len(mine)} run(s) finished already with this config, not run "
                   f"again: {', '.join(runs[i].resolved_run_name for i in finished)}", file=sys.stderr)
         if todo:
             from fl_lightning.federation.simulation import Simulation
@@ -192,15 +225,13 @@ def _main(argv: list[str], locks: list) -> int:
         print("fl_lightning: interrupted before the run started", file=sys.stderr)
         return 143 if isinstance(err, _Terminated) else 130
 
-    summaries = []
-    for i, run in enumerate(runs):
-        if i in finished:
-            summaries.append((run, finished[i]))
-            continue
+    summaries = dict(finished)
+    for i in todo:
+        run = runs[i]
         try:
-            summaries.append((run, Simulation(cfg=run, resume=resume[id(run)]).run()))
-            if id(run) in held:
-                held[id(run)].release()
+            summaries[i] = Simulation(cfg=run, resume=resume[i]).run()
+            if i in held:
+                held[i].release()
         except KeyboardInterrupt as err:
             if primary:
                 how = "terminated (SIGTERM)" if isinstance(err, _Terminated) else "interrupted"
@@ -210,13 +241,37 @@ def _main(argv: list[str], locks: list) -> int:
                       f"python -m fl_lightning.train --resume {run.run_dir}{again}", file=sys.stderr)
             return 143 if isinstance(err, _Terminated) else 130
     if os.environ.get("LOCAL_RANK", "0") == "0":
-        print_results(summaries)
-        if len(summaries) > 1:  # a comparison: methods × α, mean ± std over seeds, beside the runs
-            from fl_lightning.comparison import write_comparison
+        print_results([(runs[i], summaries[i]) for i in mine])
+        if len(runs) > 1:  # a comparison: methods × α, mean ± std over seeds, of every finished run (all shares)
+            from fl_lightning.compare import collect, write_table
 
-            paths = write_comparison(summaries, cfg.output_dir)
-            print("comparison: " + ", ".join(str(p) for p in paths.values()))
+            write_table(*collect(runs, summaries), cfg.output_dir)
     return 0
+
+
+def _list_runs(runs: list, mine: list[int]) -> None:
+    """One line per run (of this share): its place in the fixed order, its name, whether it has finished."""
+    from fl_lightning.compare import finished_summary
+    from fl_lightning.federation.run_folder import is_run_folder
+
+    for i in mine:
+        run = runs[i]
+        state = ("finished" if finished_summary(run) is not None else
+                 "started" if run.run_dir.is_dir() and is_run_folder(run.run_dir) else "not started")
+        print(f"{i}\t{run.resolved_run_name}\t{state}\t{run.run_dir}")
+
+
+def _record_comparison(cfg: object) -> None:
+    """``<output_dir>/comparison.yaml``: the comparison's config as resolved (variants and sweep included)."""
+    from fl_lightning.compare import COMPARISON_CONFIG
+    from fl_lightning.config import dump_config
+
+    path = Path(cfg.output_dir) / COMPARISON_CONFIG
+    text = dump_config(cfg)
+    if not path.is_file() or path.read_text() != text:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # shares may write it at once
+        tmp.write_text(text)
+        os.replace(tmp, path)
 
 
 def _check_resume_folder(run_dir: Path) -> dict | None:
@@ -238,36 +293,6 @@ def _check_resume_folder(run_dir: Path) -> dict | None:
                              f"({format_diff(edited)}); the completed rounds ran under the recorded values "
                              f"({run_dir / RECORD}): put them back, or start a new run with --config")
     return current_names(record["config"])  # a run recorded under a method's former name resumes under its name now
-
-
-def _finished_summary(cfg: object) -> dict | None:
-    """The summary of the run in ``cfg.run_dir`` when that run finished under this very config (every key
-    alike but where the folder is and ``logging.*``; see ``config_diff``), else None.
-
-    Finished means: ``summary.json`` is there, and it and ``metrics.csv`` hold all the rounds the method runs
-    (a run extended with ``--resume`` and stopped again keeps the shorter run's summary: not finished).
-    Only reads: a finished folder is not touched.
-    """
-    import json
-
-    from fl_lightning.config import config_to_dict, current_names
-    from fl_lightning.federation.algorithm import ALGORITHMS
-    from fl_lightning.federation.run_folder import completed_rounds, config_diff, read_record
-
-    run_dir: Path = cfg.run_dir
-    if not (run_dir / "summary.json").is_file():
-        return None
-    record = read_record(run_dir)
-    if record is None or config_diff(current_names(record["config"]), config_to_dict(cfg), include_resumable=True):
-        return None  # a folder from before records, or another run: claiming it says so
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
-    rounds = ALGORITHMS[cfg.algorithm](cfg=cfg).num_rounds
-    if not isinstance(summary, dict) or summary.get("rounds") != rounds or completed_rounds(run_dir) != rounds:
-        return None
-    return summary
 
 
 def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list[str], locks: list) -> bool:
