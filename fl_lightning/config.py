@@ -386,9 +386,13 @@ def _parse_overrides(overrides: list[str]) -> dict:
             raw, i = overrides[i + 1], i + 1
         i += 1
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = _load_yaml(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
+        except _TooBig as err:
+            raise UsageError(f"usage error: --{key} holds {err.what}; write the values out") from None
+        except RecursionError:
+            raise UsageError(f"usage error: --{key} is nested too deeply to be a config value") from None
         node = tree
         parts = key.split(".")
         for part in parts[:-1]:
@@ -422,6 +426,60 @@ def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 
+# A config has hundreds of values; YAML aliases (&a / *a) can make a few lines mean billions (the "billion
+# laughs"), which every later step (merging, printing, comparing records) would walk. Counted on the
+# composed node graph, where an alias is a reference: linear in the distinct nodes, before anything is built.
+MAX_YAML_VALUES = 100_000
+
+
+class _TooBig(Exception):
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+
+def _expanded_values(root: yaml.Node, limit: int = MAX_YAML_VALUES) -> int:
+    """How many values ``root`` stands for with every alias expanded; raises :class:`_TooBig` beyond ``limit``
+    or for an alias inside its own anchor (a recursive structure). Iterative: a deep document cannot
+    exhaust the stack here."""
+    def children(node: yaml.Node) -> list[yaml.Node]:
+        if isinstance(node, yaml.MappingNode):
+            return [n for pair in node.value for n in pair]
+        return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+    total: dict[int, int] = {}
+    started: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            started.discard(key)
+            total[key] = 1 + sum(total[id(c)] for c in children(node))
+            if total[key] > limit:
+                raise _TooBig(f"more than {limit:,} values once its aliases (*name) are expanded")
+            continue
+        if key in total:
+            continue
+        if key in started:
+            raise _TooBig("an alias (*name) inside the structure its anchor (&name) marks: a recursive structure")
+        started.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children(node) if id(c) not in total)
+    return total[id(root)]
+
+
+def _load_yaml(text: str) -> Any:
+    """``text`` as YAML (unique keys), refusing alias bombs and recursive aliases (:class:`_TooBig`)."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_values(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
 
 def read_yaml(path: str | Path) -> dict:
     """A config file as a mapping; one line (UsageError) when it is missing, not YAML, or not a mapping."""
@@ -432,9 +490,13 @@ def read_yaml(path: str | Path) -> dict:
         raise UsageError(f"usage error: config file '{path}' not found; pass --config with an existing YAML "
                          f"file (see conf/)")
     try:
-        values = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 — a SafeLoader subclass
+        values = _load_yaml(path.read_text())
     except UnicodeDecodeError:
         raise UsageError(f"usage error: config file '{path}' is not a text (YAML) file") from None
+    except _TooBig as err:
+        raise UsageError(f"usage error: config file '{path}' holds {err.what}; write the values out") from None
+    except RecursionError:
+        raise UsageError(f"usage error: config file '{path}' is nested too deeply to be a config") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
