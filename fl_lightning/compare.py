@@ -101,6 +101,12 @@ def write_table(finished: Sequence[tuple[Any, dict[str, Any]]], missing: Sequenc
 
     paths = write_comparison(finished, out_dir, missing=[run.resolved_run_name for run in missing])
     print("comparison: " + ", ".join(str(p) for p in paths.values()))
+    logged = [run for run, _ in finished if run.logging.wandb]
+    if logged:  # the table and the plot, once per comparison, in a W&B run of its own
+        from fl_lightning.callbacks.wandb_logging import log_comparison
+        from fl_lightning.comparison import comparison_rows
+
+        log_comparison(logged[0], comparison_rows(finished), paths["png"], Path(out_dir))
     if missing:
         names = ", ".join(run.resolved_run_name for run in missing)
         print(f"fl_lightning: the table holds {len(finished)} of {len(finished) + len(missing)} runs; not finished "
