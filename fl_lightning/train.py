@@ -33,6 +33,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,8 +227,16 @@ def _main(argv: list[str], locks: list) -> int:
         return 143 if isinstance(err, _Terminated) else 130
 
     summaries = dict(finished)
-    for i in todo:
+    started = time.monotonic()
+    for k, i in enumerate(todo):
         run = runs[i]
+        if primary and len(mine) > 1 and run.logging.progress:  # the comparison's progress: run k/N, its ETA
+            from fl_lightning.callbacks.progress import eta_s, format_duration
+
+            eta = eta_s(time.monotonic() - started, k, len(todo))
+            print(f"fl_lightning: run {k + 1}/{len(todo)}{' to run' if finished else ''} "
+                  f"({len(finished) + k} of {len(mine)} done): {run.resolved_run_name}, ETA of the rest "
+                  f"{format_duration(eta)}", flush=True)
         try:
             summaries[i] = Simulation(cfg=run, resume=resume[i]).run()
             if i in held:
