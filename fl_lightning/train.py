@@ -10,6 +10,8 @@ Other forms:
     --shard I/N         run only the I-th of N shares of a comparison's runs (0 <= I < N): one share per job of a
                         SLURM array or per GPU; the table is built from whatever runs have finished
                         (``python -m fl_lightning.compare DIR`` rebuilds it once every share is done)
+    --jobs N            run a comparison as N processes on this machine (each one --shard i/N; with GPUs, one
+                        GPU each, round-robin), then build the table
     --debug             show the full traceback of the one-line errors too
 
 A run folder is a record that is never silently changed. The same command again is safe: a run that
@@ -41,7 +43,7 @@ from pathlib import Path
 __all__ = ["main", "parse_args", "Args"]
 
 _USAGE = ("usage: python -m fl_lightning.train --config FILE [--section.key VALUE ...] [--print-config] "
-          "[--list-runs] [--shard I/N] [--overwrite] [--debug]\n"
+          "[--list-runs] [--shard I/N] [--jobs N] [--overwrite] [--debug]\n"
           "       python -m fl_lightning.train --resume RUN_DIR [--federation.rounds N ...] [--debug]")
 
 
@@ -56,6 +58,7 @@ class Args:
     debug: bool = False
     list_runs: bool = False
     shard: tuple[int, int] | None = None  # (I, N): the I-th of N shares of the runs
+    jobs: int | None = None  # run the shares as this many local processes
     overrides: list[str] = field(default_factory=list)
 
 
@@ -91,6 +94,17 @@ def parse_args(argv: list[str]) -> Args:
             if args.shard is not None:
                 raise UsageError("usage error: --shard given twice; give it once")
             args.shard = parse_shard(value)
+        elif name == "--jobs":
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise UsageError("usage error: --jobs needs a value, the number of processes (e.g. --jobs 4)")
+                value, i = argv[i + 1], i + 1
+            try:
+                args.jobs = int(value)
+            except ValueError:
+                args.jobs = 0
+            if args.jobs < 1:
+                raise UsageError(f"usage error: --jobs {value!r}: expected a number of processes >= 1")
         elif arg == "--overwrite":
             args.overwrite = True
         elif arg == "--debug":
@@ -109,6 +123,9 @@ def parse_args(argv: list[str]) -> Args:
     if args.resume is not None and args.overwrite:
         raise UsageError("usage error: --overwrite and --resume together: --resume continues the run, --overwrite "
                          "would delete it; choose one")
+    if args.jobs is not None and (args.shard is not None or args.resume is not None):
+        raise UsageError(f"usage error: --jobs with {'--shard' if args.shard is not None else '--resume'}: --jobs "
+                         f"starts the shares itself (each process one --shard i/N)")
     if args.resume is not None and args.shard is not None:
         raise UsageError("usage error: --shard and --resume together: --resume continues one run; run the "
                          "comparison's command with --shard instead (an interrupted run continues by itself)")
@@ -196,6 +213,8 @@ def _main(argv: list[str], locks: list) -> int:
         if len(mine) > 1 and cfg.federation.devices * cfg.federation.num_nodes > 1:
             raise ConfigError("variants", f"{len(mine)} runs", "a single run when federation.devices > 1 "
                               "(launch one process group per run, e.g. with --shard I/N)")
+        if args.jobs is not None and _is_primary():
+            return _run_jobs(args, argv, cfg, runs)
         if not mine:
             print(f"fl_lightning: --shard {args.shard[0]}/{args.shard[1]} holds no run ({len(runs)} run(s) in all)",
                   file=sys.stderr)
@@ -256,6 +275,58 @@ def _main(argv: list[str], locks: list) -> int:
 
             write_table(*collect(runs, summaries), cfg.output_dir)
     return 0
+
+
+def _run_jobs(args: Args, argv: list[str], cfg: object, runs: list) -> int:
+    """``--jobs N``: the comparison as N processes of this command, each ``--shard i/N`` (checked here first, so a
+    bad run stops before any starts); then the table of every finished run. Exit status: the worst of theirs."""
+    import subprocess
+
+    from fl_lightning.compare import collect, finished_summary, write_table
+    from fl_lightning.preflight import available_cpus, preflight
+
+    todo = [run for run in runs if args.overwrite or finished_summary(run) is None]
+    if todo:
+        preflight(todo)
+    n = min(args.jobs, max(len(todo), 1))
+    child_argv = [a for k, a in enumerate(argv) if a != "--jobs" and not a.startswith("--jobs=")
+                  and not (k > 0 and argv[k - 1] == "--jobs")]
+    gpus = _visible_gpus() if cfg.federation.accelerator in ("auto", "gpu", "cuda") else []
+    procs = []
+    try:
+        for i in range(n):
+            env = dict(os.environ)
+            if gpus:
+                env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
+            else:
+                env.setdefault("OMP_NUM_THREADS", str(max(1, available_cpus() // n)))
+            procs.append(subprocess.Popen([sys.executable, "-m", "fl_lightning.train", *child_argv, "--shard",
+                                           f"{i}/{n}"], env=env))
+        codes = [p.wait() for p in procs]
+    except KeyboardInterrupt as err:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait()
+        print("fl_lightning: interrupted; the shares keep their checkpoints: run the same command again",
+              file=sys.stderr)
+        return 143 if isinstance(err, _Terminated) else 130
+    if len(runs) > 1:
+        finished, missing = collect(runs)
+        if finished:
+            write_table(finished, missing, cfg.output_dir)
+    return max(codes, default=0)
+
+
+def _visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries ([] without any)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g.strip() for g in visible.split(",") if g.strip() and g.strip() != "-1"]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
 
 
 def _list_runs(runs: list, mine: list[int]) -> None:

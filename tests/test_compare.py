@@ -114,3 +114,19 @@ def test_the_table_builder_on_a_folder_without_finished_runs_is_one_line(tmp_pat
         assert compare.main(argv) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+def test_jobs_runs_the_shares_as_local_processes_and_builds_the_table(tmp_path, capsys):
+    ref, out = tmp_path / "ref", tmp_path / "jobs"
+    rc, _, err = _main([*_ARGS, "--output_dir", str(ref)], capsys)
+    assert rc == 0, err[-3000:]
+    proc = subprocess.run([sys.executable, "-m", "fl_lightning.train", *_ARGS, "--output_dir", str(out), "--jobs", "2"],
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _table(out / "comparison.csv") == _table(ref / "comparison.csv")
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == sorted(_NAMES)
+    for argv, needle in (([*_ARGS, "--jobs", "0"], "--jobs '0'"), ([*_ARGS, "--jobs", "2", "--shard", "0/2"],
+                                                                    "--jobs with --shard")):
+        rc, _, err = _main(argv, capsys)
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
