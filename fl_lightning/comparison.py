@@ -4,9 +4,11 @@ A config with ``variants:`` (methods) and ``sweep:`` (e.g. ``partition.alpha`` �
 combination (``fl_lightning.config.expand_variants``); when they have finished, :func:`write_comparison`
 writes beside the run folders:
 
-* ``comparison.csv`` — one row per (method, α): mean and std of the final accuracy over the seeds,
-  the number of runs, and the mean bytes uploaded per client and wall time;
-* ``comparison.md`` — the same as a markdown table, methods as rows and α as columns, in percent;
+* ``comparison.csv`` — one row per (method, α): mean and sample standard deviation (ddof = 1; empty for
+  a single run, which has no spread to show) of the final accuracy over the seeds, the number of runs,
+  and the mean bytes uploaded per client and wall time;
+* ``comparison.md`` — the same as a markdown table, methods as rows and α as columns, in percent, each
+  cell with its number of runs (``85.00 ± 1.20 (n=3)``; one run: ``85.00 (n=1)``, no ±);
 * ``comparison.png`` — accuracy against α per method (log-α axis, IID drawn at the right end);
 * when every run has a simulated clock (a system model, e.g. FeDiSyn and its baselines), the
   time- and traffic-to-accuracy curves of :mod:`fl_lightning.curves` too.
@@ -17,11 +19,13 @@ config does not sweep α falls in the single column of its α.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
+import os
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +37,8 @@ def _alpha_name(alpha: float) -> str:
 
 
 def comparison_rows(results: Sequence[tuple[Any, dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Group (config, summary) pairs by (label, α); mean ± std (population std over the seeds, 0 for one run)."""
+    """Group (config, summary) pairs by (label, α); mean and sample std (ddof = 1) of the accuracy over the
+    runs (the seeds); the std is None where fewer than two runs have an accuracy."""
     groups: dict[tuple[str, float], list[dict[str, Any]]] = defaultdict(list)
     order: list[str] = []
     for cfg, summary in results:
@@ -46,13 +51,13 @@ def comparison_rows(results: Sequence[tuple[Any, dict[str, Any]]]) -> list[dict[
         acc = [float(s["accuracy"]) for s in summaries if s.get("accuracy") is not None]
         rows.append({"method": label, "alpha": alpha, "runs": len(summaries),
                      "accuracy_mean": statistics.fmean(acc) if acc else float("nan"),
-                     "accuracy_std": statistics.pstdev(acc) if len(acc) > 1 else 0.0,
+                     "accuracy_std": statistics.stdev(acc) if len(acc) > 1 else None,
                      "bytes_up_per_client": statistics.fmean(float(s["bytes_up_per_client"]) for s in summaries),
                      "wall_time_s": statistics.fmean(float(s["wall_time_s"]) for s in summaries)})
     return rows
 
 
-def _markdown(rows: list[dict[str, Any]]) -> str:
+def _markdown(rows: list[dict[str, Any]], missing: Sequence[str] = ()) -> str:
     alphas = sorted({r["alpha"] for r in rows})
     methods = list(dict.fromkeys(r["method"] for r in rows))
     cell = {(r["method"], r["alpha"]): r for r in rows}
@@ -62,13 +67,34 @@ def _markdown(rows: list[dict[str, Any]]) -> str:
         cells = []
         for a in alphas:
             r = cell.get((m, a))
-            cells.append("—" if r is None else f"{100 * r['accuracy_mean']:.2f} ± {100 * r['accuracy_std']:.2f}")
+            cells.append("—" if r is None else _cell(r))
         up = statistics.fmean(r["bytes_up_per_client"] for r in rows if r["method"] == m)
         lines.append(f"| {m} | " + " | ".join(cells) + f" | {up:,.0f} |")
-    runs = sorted({r["runs"] for r in rows})
     lines.append("")
-    lines.append(f"Top-1 accuracy (%), mean ± std over {'/'.join(map(str, runs))} run(s) per cell (seeds).")
+    lines.append("Top-1 accuracy (%), mean ± sample std (ddof = 1) over the n runs (seeds) of each cell; "
+                 "a cell of one run has no ±.")
+    if missing:
+        lines.append("")
+        lines.append(f"Not finished yet ({len(missing)} run(s), not in the table): {', '.join(missing)}.")
     return "\n".join(lines) + "\n"
+
+
+def _cell(row: dict[str, Any]) -> str:
+    """``85.00 ± 1.20 (n=3)``; ``85.00 (n=1)`` for a single run (no spread to show)."""
+    mean = f"{100 * row['accuracy_mean']:.2f}"
+    spread = "" if row["accuracy_std"] is None else f" ± {100 * row['accuracy_std']:.2f}"
+    return f"{mean}{spread} (n={row['runs']})"
+
+
+@contextlib.contextmanager
+def _replaced(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` (unique to this process) that replaces ``path`` when the block ends."""
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -82,7 +108,8 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     x_of = lambda a: iid_x if math.isinf(a) else a  # noqa: E731
     fig, ax = plt.subplots(figsize=(6, 4))
     for method in dict.fromkeys(r["method"] for r in rows):
-        pts = sorted((x_of(r["alpha"]), r["accuracy_mean"], r["accuracy_std"]) for r in rows if r["method"] == method)
+        pts = sorted((x_of(r["alpha"]), r["accuracy_mean"], r["accuracy_std"] or 0.0)  # one run: no error bar
+                     for r in rows if r["method"] == method)
         xs, ys, es = zip(*pts)
         ax.errorbar(xs, [100 * y for y in ys], yerr=[100 * e for e in es], marker="o", capsize=3, label=method)
     ax.set_xscale("log")
@@ -97,18 +124,26 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def write_comparison(results: Sequence[tuple[Any, dict[str, Any]]], out_dir: str | Path) -> dict[str, Path]:
-    """Write comparison.csv, comparison.md and comparison.png into ``out_dir``; return their paths."""
+def write_comparison(results: Sequence[tuple[Any, dict[str, Any]]], out_dir: str | Path, *,
+                     missing: Sequence[str] = ()) -> dict[str, Path]:
+    """Write comparison.csv, comparison.md and comparison.png into ``out_dir``; return their paths.
+
+    Each file is replaced whole (written aside, then renamed): the shares of a comparison (``--shard``) that
+    finish together never leave a torn table. ``missing``: runs of the comparison not finished yet (named
+    in comparison.md).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = comparison_rows(results)
     paths = {"csv": out / "comparison.csv", "md": out / "comparison.md", "png": out / "comparison.png"}
-    with paths["csv"].open("w", newline="") as f:
+    with _replaced(paths["csv"]) as tmp, tmp.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    paths["md"].write_text(_markdown(rows))
-    _plot(rows, paths["png"])
+    with _replaced(paths["md"]) as tmp:
+        tmp.write_text(_markdown(rows, missing))
+    with _replaced(paths["png"]) as tmp:
+        _plot(rows, tmp)
     if all("simulated_time_s" in summary for _, summary in results):
         from fl_lightning.curves import write_curves
 

@@ -175,7 +175,8 @@ class RunConfig:
     # runs them one after another and prints a table. Empty: one run of this config.
     variants: list = field(default_factory=list)
     # Sweeps over dotted keys, crossed with every variant: {partition.alpha: [0.01, 0.1, 1, .inf], seed: [0, 1, 2]}.
-    # A comparison writes comparison.csv/.md (mean ± std over the seeds) and comparison.png beside the runs.
+    # Keys joined by commas vary together: {"seed,partition.seed": [[0, 0], [1, 1], [2, 2]]} (each seed its own
+    # partition). A comparison writes comparison.csv/.md (mean ± sample std over the seeds) and comparison.png.
     sweep: dict = field(default_factory=dict)
     label: str | None = None  # this run's row in a comparison table; null: run_name of its variant, or algorithm
     data: DataConfig = field(default_factory=DataConfig)
@@ -385,9 +386,13 @@ def _parse_overrides(overrides: list[str]) -> dict:
             raw, i = overrides[i + 1], i + 1
         i += 1
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = _load_yaml(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
+        except _TooBig as err:
+            raise UsageError(f"usage error: --{key} holds {err.what}; write the values out") from None
+        except RecursionError:
+            raise UsageError(f"usage error: --{key} is nested too deeply to be a config value") from None
         node = tree
         parts = key.split(".")
         for part in parts[:-1]:
@@ -421,6 +426,60 @@ def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 
+# A config has hundreds of values; YAML aliases (&a / *a) can make a few lines mean billions (the "billion
+# laughs"), which every later step (merging, printing, comparing records) would walk. Counted on the
+# composed node graph, where an alias is a reference: linear in the distinct nodes, before anything is built.
+MAX_YAML_VALUES = 100_000
+
+
+class _TooBig(Exception):
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+
+def _expanded_values(root: yaml.Node, limit: int = MAX_YAML_VALUES) -> int:
+    """How many values ``root`` stands for with every alias expanded; raises :class:`_TooBig` beyond ``limit``
+    or for an alias inside its own anchor (a recursive structure). Iterative: a deep document cannot
+    exhaust the stack here."""
+    def children(node: yaml.Node) -> list[yaml.Node]:
+        if isinstance(node, yaml.MappingNode):
+            return [n for pair in node.value for n in pair]
+        return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+    total: dict[int, int] = {}
+    started: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            started.discard(key)
+            total[key] = 1 + sum(total[id(c)] for c in children(node))
+            if total[key] > limit:
+                raise _TooBig(f"more than {limit:,} values once its aliases (*name) are expanded")
+            continue
+        if key in total:
+            continue
+        if key in started:
+            raise _TooBig("an alias (*name) inside the structure its anchor (&name) marks: a recursive structure")
+        started.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children(node) if id(c) not in total)
+    return total[id(root)]
+
+
+def _load_yaml(text: str) -> Any:
+    """``text`` as YAML (unique keys), refusing alias bombs and recursive aliases (:class:`_TooBig`)."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_values(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
 
 def read_yaml(path: str | Path) -> dict:
     """A config file as a mapping; one line (UsageError) when it is missing, not YAML, or not a mapping."""
@@ -431,9 +490,13 @@ def read_yaml(path: str | Path) -> dict:
         raise UsageError(f"usage error: config file '{path}' not found; pass --config with an existing YAML "
                          f"file (see conf/)")
     try:
-        values = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 — a SafeLoader subclass
+        values = _load_yaml(path.read_text())
     except UnicodeDecodeError:
         raise UsageError(f"usage error: config file '{path}' is not a text (YAML) file") from None
+    except _TooBig as err:
+        raise UsageError(f"usage error: config file '{path}' holds {err.what}; write the values out") from None
+    except RecursionError:
+        raise UsageError(f"usage error: config file '{path}' is nested too deeply to be a config") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -547,23 +610,61 @@ def _field_defaults(config_class: type) -> dict[str, Any]:
 _NAMED_BY_DEFAULT = ("partition.alpha", "seed")  # keys the default run name already encodes
 
 
-def _sweep_points(sweep: dict) -> list[tuple[dict, dict]]:
-    """The cross product of ``sweep`` ({dotted key: [values]}) as override trees, in a stable order."""
+def _sweep_groups(sweep: dict) -> list[tuple[list[str], list[tuple]]]:
+    """``sweep`` as groups of keys that vary together, each with its points (one value per key).
+
+    A plain key (``seed: [0, 1, 2]``) is a group of one. A key that names several dotted keys joined by
+    commas varies them together, one list of values per point, in the key's order:
+    ``"seed,partition.seed": [[0, 0], [1, 1], [2, 2]]`` is three points, not nine. Groups are crossed.
+    """
+    groups: list[tuple[list[str], list[tuple]]] = []
+    seen: dict[str, str] = {}
+    for key, values in sweep.items():
+        where = f"sweep.{key}"
+        names = [part.strip() for part in str(key).split(",")]
+        if any(not n for n in names):
+            raise ConfigError(where, values, "a dotted key, or dotted keys joined by commas "
+                              "(e.g. \"seed,partition.seed\"), none of them empty")
+        for name in names:
+            if name in seen or names.count(name) > 1:
+                raise UsageError(f"config error: sweep: key {name!r} is swept twice ({where} and "
+                                 f"sweep.{seen.get(name, key)}); sweep each key in one entry")
+            seen[name] = str(key)
+        if not isinstance(values, list) or not values:
+            raise ConfigError(where, values, "a non-empty list of values")
+        if len(names) == 1:
+            groups.append((names, [(v,) for v in values]))
+            continue
+        for point in values:
+            if not isinstance(point, list) or len(point) != len(names):
+                raise ConfigError(where, point, f"a list of {len(names)} values, one for each of {', '.join(names)} "
+                                  f"(e.g. {[[0] * len(names), [1] * len(names)]}): the keys vary together")
+        groups.append((names, [tuple(point) for point in values]))
+    return groups
+
+
+def _sweep_points(sweep: dict) -> list[tuple[dict, dict, dict]]:
+    """The cross product of ``sweep``'s groups (see :func:`_sweep_groups`) as override trees, in a stable order:
+    ``(tree, every swept key → value, the naming keys → value)``. A group's first key names its point in the
+    run name (the others move with it)."""
     import itertools
 
-    for key, values in sweep.items():
-        if not isinstance(values, list) or not values:
-            raise ConfigError(f"sweep.{key}", values, "a non-empty list of values")
+    groups = _sweep_groups(sweep)
     points = []
-    for combo in itertools.product(*sweep.values()):
+    for combo in itertools.product(*(group_points for _, group_points in groups)):
         tree: dict = {}
-        for key, value in zip(sweep, combo):
-            node = tree
-            *parents, last = str(key).split(".")
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[last] = value
-        points.append((tree, dict(zip(sweep, combo))))
+        values: dict = {}
+        naming: dict = {}
+        for (names, _), point in zip(groups, combo):
+            naming[names[0]] = point[0]
+            for key, value in zip(names, point):
+                values[key] = value
+                node = tree
+                *parents, last = key.split(".")
+                for part in parents:
+                    node = node.setdefault(part, {})
+                node[last] = value
+        points.append((tree, values, naming))
     return points
 
 
@@ -596,7 +697,7 @@ def expand_variants(cfg: RunConfig) -> list[RunConfig]:
             raise ConfigError(f"variants[{i}]", variant, "a mapping of config keys, e.g. {algorithm: afl}")
         variant = current_names(variant)
         values = _switch_algorithm(base, variant.get("algorithm", cfg.algorithm))
-        for tree, point in _sweep_points(cfg.sweep) if cfg.sweep else [({}, {})]:
+        for tree, point, naming in _sweep_points(cfg.sweep) if cfg.sweep else [({}, {}, {})]:
             try:
                 run = build_config(_merge(_merge(values, variant), tree))
             except UsageError as err:
@@ -604,7 +705,7 @@ def expand_variants(cfg: RunConfig) -> list[RunConfig]:
                 raise UsageError(f"{err} (in {where}{f', sweep point {point}' if point else ''})") from None
             if run.label is None:
                 run.label = variant.get("run_name") or run.algorithm
-            name = _swept_name(run, variant.get("run_name") or cfg.run_name, point)
+            name = _swept_name(run, variant.get("run_name") or cfg.run_name, naming)
             if name is not None:
                 run.run_name = name
             runs.append(run)

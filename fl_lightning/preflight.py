@@ -16,6 +16,8 @@ What is checked:
 * ``output_dir``: a file where a folder should be, a folder this process cannot write;
 * ``model.checkpoint``: readable, and a torch archive or safetensors file (the header only);
 * ``model.overrides``: keys the open_clip model (or a timm ViT) accepts;
+* ``data.image_size``: the size a ViT's ``model.overrides`` fixes, and at least one patch;
+* ``federation.min_clients``: at most the clients a round samples;
 * ``data.image_size`` whose attention would not fit any machine (``train.*`` values torch rejects are
   already refused by the config loader);
 * the method's own preflight (``Algorithm.preflight``: its weights and files).
@@ -40,7 +42,8 @@ from fl_lightning.config import RunConfig
 from fl_lightning.errors import ConfigError, ResourceError, UsageError
 
 __all__ = ["preflight", "preflight_run", "available_cpus", "available_memory_bytes", "check_devices",
-           "check_fabric_settings", "check_output_dir", "check_model", "check_values"]
+           "check_fabric_settings", "check_output_dir", "check_model", "check_image_size", "check_federation",
+           "check_values"]
 
 # A rank imports torch, Lightning and the model library before it holds any data. An assumed floor
 # (not measured per model): below it the ranks cannot even start; it is no estimate of a real run's needs.
@@ -242,18 +245,78 @@ def check_values(cfg: RunConfig) -> None:
                           f"an int in [8, {MAX_IMAGE_SIZE}] (ViT attention memory grows as the 4th power of it)")
 
 
+def _vit_input(cfg: RunConfig) -> tuple[int | None, str | None, int | None]:
+    """For a ViT backbone: (the input size ``model.overrides`` fixes, the key that fixes it, the patch size);
+    ``(None, None, None)`` for other models (a CNN takes any size). Read from the config and the library's
+    model table, without building anything."""
+    import re
+
+    m, overrides = cfg.model, cfg.model.overrides or {}
+    if m.library == "open_clip":
+        vision = overrides.get("vision_cfg") if isinstance(overrides.get("vision_cfg"), dict) else {}
+        fixed = vision.get("image_size")
+        patch = vision.get("patch_size")
+        if patch is None and ":" not in m.name:
+            import open_clip
+
+            patch = ((open_clip.get_model_config(m.name) or {}).get("vision_cfg") or {}).get("patch_size")
+        return fixed, "model.overrides.vision_cfg.image_size", patch
+    if m.library == "timm" and m.name.startswith("vit_") and "hybrid" not in m.name:
+        match = re.search(r"patch(\d+)", m.name)
+        patch = overrides.get("patch_size", int(match.group(1)) if match else None)
+        return overrides.get("img_size"), "model.overrides.img_size", patch
+    return None, None, None
+
+
+def check_image_size(cfg: RunConfig) -> None:
+    """``data.image_size`` that the model can take: the size ``model.overrides`` fixes for a ViT (the data are
+    resized to ``data.image_size``, the model would get images of another size), and at least one patch.
+
+    Raises:
+        ConfigError: one line naming ``data.image_size``.
+    """
+    size = cfg.data.image_size
+    if size is None:
+        return
+    fixed, key, patch = _vit_input(cfg)
+    if fixed is not None and set(fixed if isinstance(fixed, (list, tuple)) else [fixed]) != {size}:
+        raise ConfigError("data.image_size", size, f"{fixed!r}, the input size {key} builds the model for (or "
+                          f"null: the model's size); or change both")
+    if isinstance(patch, int) and size < patch:
+        raise ConfigError("data.image_size", size, f"at least the model's patch size, {patch} (a multiple of it, "
+                          f"or null: the model's size)")
+
+
+def check_federation(cfg: RunConfig) -> None:
+    """``federation.min_clients`` that a round can reach: at most the clients it samples.
+
+    Raises:
+        ConfigError: one line naming ``federation.min_clients``.
+    """
+    from fl_lightning.federation.placement import clients_per_round
+
+    f, k = cfg.federation, cfg.partition.num_clients
+    sampled = clients_per_round(k, f.client_fraction)
+    if f.min_clients > sampled:
+        raise ConfigError("federation.min_clients", f.min_clients,
+                          f"at most {sampled}, the clients a round samples (partition.num_clients={k} × "
+                          f"federation.client_fraction={f.client_fraction:g}): no round could succeed")
+
+
 def preflight_run(cfg: RunConfig) -> None:
     """Every check of one run (see the module docstring), cheapest first."""
     from fl_lightning.algorithms import available_algorithms
     from fl_lightning.federation.launch import check_launcher
 
     check_values(cfg)
+    check_federation(cfg)
     launcher = check_launcher(cfg.federation.devices, cfg.federation.num_nodes)
     check_devices(cfg, launcher=launcher)
     if launcher is None:
         check_fabric_settings(cfg)
     check_output_dir(cfg)
     check_model(cfg)
+    check_image_size(cfg)
     available_algorithms()[cfg.algorithm].preflight(cfg)
 
 

@@ -6,11 +6,20 @@ Other forms:
                         only keys that cannot change what already ran may differ (federation.rounds,
                         federation.devices, the failure policy, logging.*; see federation/run_folder.py)
     --overwrite         start afresh in a run folder that already holds a run (its files are deleted)
+    --list-runs         print the runs of the config (a comparison's, in their fixed order) and their state; exit
+    --shard I/N         run only the I-th of N shares of a comparison's runs (0 <= I < N): one share per job of a
+                        SLURM array or per GPU; the table is built from whatever runs have finished
+                        (``python -m fl_lightning.compare DIR`` rebuilds it once every share is done)
+    --jobs N            run a comparison as N processes on this machine (each one --shard i/N; with GPUs, one
+                        GPU each, round-robin), then build the table
     --debug             show the full traceback of the one-line errors too
 
-A run folder is a record that is never silently changed: a fresh start into a folder that holds a
-run stops (``--overwrite`` empties it; another ``--run_name`` keeps both), and a second run into a
-folder in use stops (``.lock`` names the holder; a lock of a dead process is taken over).
+A run folder is a record that is never silently changed. The same command again is safe: a run that
+finished under the same config is not run again (its summary is reported, the comparison's table
+rebuilt, its folder untouched); an interrupted one continues from its checkpoint, as ``--resume`` would.
+A start into a folder that holds a different run stops with one line naming the keys (``--overwrite``
+empties it; another ``--run_name`` keeps both), and a second run into a folder in use stops (``.lock``
+names the holder; a lock of a dead process is taken over).
 
 Exit status: 0 on success; 2 for a usage, config or resource error, found before anything runs
 where it can be (one line on stderr, no traceback); 1 when the run fails while it runs (e.g. fewer
@@ -26,6 +35,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +43,7 @@ from pathlib import Path
 __all__ = ["main", "parse_args", "Args"]
 
 _USAGE = ("usage: python -m fl_lightning.train --config FILE [--section.key VALUE ...] [--print-config] "
-          "[--overwrite] [--debug]\n"
+          "[--list-runs] [--shard I/N] [--jobs N] [--overwrite] [--debug]\n"
           "       python -m fl_lightning.train --resume RUN_DIR [--federation.rounds N ...] [--debug]")
 
 
@@ -46,6 +56,9 @@ class Args:
     print_config: bool = False
     overwrite: bool = False
     debug: bool = False
+    list_runs: bool = False
+    shard: tuple[int, int] | None = None  # (I, N): the I-th of N shares of the runs
+    jobs: int | None = None  # run the shares as this many local processes
     overrides: list[str] = field(default_factory=list)
 
 
@@ -69,6 +82,29 @@ def parse_args(argv: list[str]) -> Args:
             setattr(args, name[2:], value)
         elif arg == "--print-config":
             args.print_config = True
+        elif arg == "--list-runs":
+            args.list_runs = True
+        elif name == "--shard":
+            from fl_lightning.compare import parse_shard
+
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise UsageError("usage error: --shard needs a value, I/N (e.g. --shard 0/4)")
+                value, i = argv[i + 1], i + 1
+            if args.shard is not None:
+                raise UsageError("usage error: --shard given twice; give it once")
+            args.shard = parse_shard(value)
+        elif name == "--jobs":
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise UsageError("usage error: --jobs needs a value, the number of processes (e.g. --jobs 4)")
+                value, i = argv[i + 1], i + 1
+            try:
+                args.jobs = int(value)
+            except ValueError:
+                args.jobs = 0
+            if args.jobs < 1:
+                raise UsageError(f"usage error: --jobs {value!r}: expected a number of processes >= 1")
         elif arg == "--overwrite":
             args.overwrite = True
         elif arg == "--debug":
@@ -87,6 +123,12 @@ def parse_args(argv: list[str]) -> Args:
     if args.resume is not None and args.overwrite:
         raise UsageError("usage error: --overwrite and --resume together: --resume continues the run, --overwrite "
                          "would delete it; choose one")
+    if args.jobs is not None and (args.shard is not None or args.resume is not None):
+        raise UsageError(f"usage error: --jobs with {'--shard' if args.shard is not None else '--resume'}: --jobs "
+                         f"starts the shares itself (each process one --shard i/N)")
+    if args.resume is not None and args.shard is not None:
+        raise UsageError("usage error: --shard and --resume together: --resume continues one run; run the "
+                         "comparison's command with --shard instead (an interrupted run continues by itself)")
     pinned = [o for o in args.overrides if o.split("=")[0] in ("--output_dir", "--run_name")]
     if args.resume is not None and pinned:
         raise UsageError(f"usage error: {pinned[0].split('=')[0]} with --resume: a resumed run stays in its folder "
@@ -162,39 +204,154 @@ def _main(argv: list[str], locks: list) -> int:
             print(dump_config(cfg), end="")
             return 0
         runs = expand_variants(cfg)
-        if len(runs) > 1 and cfg.federation.devices * cfg.federation.num_nodes > 1:
-            raise ConfigError("variants", f"{len(runs)} runs", "a single run when federation.devices > 1 "
-                              "(launch one process group per run)")
+        from fl_lightning.compare import finished_summary, select_shard
+
+        mine = list(range(len(runs))) if args.shard is None else select_shard(range(len(runs)), *args.shard)
+        if args.list_runs:
+            _list_runs(runs, mine)
+            return 0
+        if len(mine) > 1 and cfg.federation.devices * cfg.federation.num_nodes > 1:
+            raise ConfigError("variants", f"{len(mine)} runs", "a single run when federation.devices > 1 "
+                              "(launch one process group per run, e.g. with --shard I/N)")
+        if args.jobs is not None and _is_primary():
+            return _run_jobs(args, argv, cfg, runs)
+        if not mine:
+            print(f"fl_lightning: --shard {args.shard[0]}/{args.shard[1]} holds no run ({len(runs)} run(s) in all)",
+                  file=sys.stderr)
+            return 0
         primary = _is_primary()
-        if primary:
+        # the same command again: a run that finished under this very config is not run again (every rank
+        # sees the same folder, so no rank launches for it); --overwrite and --resume always run
+        finished = {} if args.overwrite or args.resume is not None else {
+            i: s for i in mine if (s := finished_summary(runs[i])) is not None}
+        todo = [i for i in mine if i not in finished]
+        resume = {i: args.resume is not None for i in todo}
+        held = {}  # a run's lock, released when it has finished (a killed comparison leaves none on those)
+        if primary and todo:
             from fl_lightning.preflight import preflight
 
-            preflight(runs)  # every variant, before the first one starts
-            for run in runs:
-                _claim_run_folder(run, args, recorded, argv, locks)
-        from fl_lightning.federation.simulation import Simulation
+            preflight([runs[i] for i in todo])  # every run still to run, before the first one starts
+            for i in todo:
+                resume[i] = _claim_run_folder(runs[i], args, recorded, argv, locks)
+                held[i] = locks[-1]
+            if len(runs) > 1:  # the comparison's own config: which runs it has (python -m fl_lightning.compare)
+                _record_comparison(cfg)
+        if finished and primary:
+            print(f"fl_lightning: {len(finished)} of {len(mine)} run(s) finished already with this config, not run "
+                  f"again: {', '.join(runs[i].resolved_run_name for i in finished)}", file=sys.stderr)
+        if todo:
+            from fl_lightning.federation.simulation import Simulation
     except KeyboardInterrupt as err:
         print("fl_lightning: interrupted before the run started", file=sys.stderr)
         return 143 if isinstance(err, _Terminated) else 130
 
-    summaries = []
-    for run in runs:
+    summaries = dict(finished)
+    started = time.monotonic()
+    for k, i in enumerate(todo):
+        run = runs[i]
+        if primary and len(mine) > 1 and run.logging.progress:  # the comparison's progress: run k/N, its ETA
+            from fl_lightning.callbacks.progress import eta_s, format_duration
+
+            eta = eta_s(time.monotonic() - started, k, len(todo))
+            print(f"fl_lightning: run {k + 1}/{len(todo)}{' to run' if finished else ''} "
+                  f"({len(finished) + k} of {len(mine)} done): {run.resolved_run_name}, ETA of the rest "
+                  f"{format_duration(eta)}", flush=True)
         try:
-            summaries.append((run, Simulation(cfg=run, resume=args.resume is not None).run()))
+            summaries[i] = Simulation(cfg=run, resume=resume[i]).run()
+            if i in held:
+                held[i].release()
         except KeyboardInterrupt as err:
             if primary:
                 how = "terminated (SIGTERM)" if isinstance(err, _Terminated) else "interrupted"
+                again = (" (or run the same command again: finished runs are not run again, this one continues)"
+                         if len(runs) > 1 else "")
                 print(f"fl_lightning: {how}; the checkpoint is kept: continue with "
-                      f"python -m fl_lightning.train --resume {run.run_dir}", file=sys.stderr)
+                      f"python -m fl_lightning.train --resume {run.run_dir}{again}", file=sys.stderr)
             return 143 if isinstance(err, _Terminated) else 130
     if os.environ.get("LOCAL_RANK", "0") == "0":
-        print_results(summaries)
-        if len(summaries) > 1:  # a comparison: methods × α, mean ± std over seeds, beside the runs
-            from fl_lightning.comparison import write_comparison
+        print_results([(runs[i], summaries[i]) for i in mine])
+        if len(runs) > 1:  # a comparison: methods × α, mean ± std over seeds, of every finished run (all shares)
+            from fl_lightning.compare import collect, write_table
 
-            paths = write_comparison(summaries, cfg.output_dir)
-            print("comparison: " + ", ".join(str(p) for p in paths.values()))
+            write_table(*collect(runs, summaries), cfg.output_dir)
     return 0
+
+
+def _run_jobs(args: Args, argv: list[str], cfg: object, runs: list) -> int:
+    """``--jobs N``: the comparison as N processes of this command, each ``--shard i/N`` (checked here first, so a
+    bad run stops before any starts); then the table of every finished run. Exit status: the worst of theirs."""
+    import subprocess
+
+    from fl_lightning.compare import collect, finished_summary, write_table
+    from fl_lightning.preflight import available_cpus, preflight
+
+    todo = [run for run in runs if args.overwrite or finished_summary(run) is None]
+    if todo:
+        preflight(todo)
+    n = min(args.jobs, max(len(todo), 1))
+    child_argv = [a for k, a in enumerate(argv) if a != "--jobs" and not a.startswith("--jobs=")
+                  and not (k > 0 and argv[k - 1] == "--jobs")]
+    gpus = _visible_gpus() if cfg.federation.accelerator in ("auto", "gpu", "cuda") else []
+    procs = []
+    try:
+        for i in range(n):
+            env = dict(os.environ)
+            if gpus:
+                env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
+            else:
+                env.setdefault("OMP_NUM_THREADS", str(max(1, available_cpus() // n)))
+            procs.append(subprocess.Popen([sys.executable, "-m", "fl_lightning.train", *child_argv, "--shard",
+                                           f"{i}/{n}"], env=env))
+        codes = [p.wait() for p in procs]
+    except KeyboardInterrupt as err:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait()
+        print("fl_lightning: interrupted; the shares keep their checkpoints: run the same command again",
+              file=sys.stderr)
+        return 143 if isinstance(err, _Terminated) else 130
+    if len(runs) > 1:
+        finished, missing = collect(runs)
+        if finished:
+            write_table(finished, missing, cfg.output_dir)
+    return max(codes, default=0)
+
+
+def _visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries ([] without any)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g.strip() for g in visible.split(",") if g.strip() and g.strip() != "-1"]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def _list_runs(runs: list, mine: list[int]) -> None:
+    """One line per run (of this share): its place in the fixed order, its name, whether it has finished."""
+    from fl_lightning.compare import finished_summary
+    from fl_lightning.federation.run_folder import is_run_folder
+
+    for i in mine:
+        run = runs[i]
+        state = ("finished" if finished_summary(run) is not None else
+                 "started" if run.run_dir.is_dir() and is_run_folder(run.run_dir) else "not started")
+        print(f"{i}\t{run.resolved_run_name}\t{state}\t{run.run_dir}")
+
+
+def _record_comparison(cfg: object) -> None:
+    """``<output_dir>/comparison.yaml``: the comparison's config as resolved (variants and sweep included)."""
+    from fl_lightning.compare import COMPARISON_CONFIG
+    from fl_lightning.config import dump_config
+
+    path = Path(cfg.output_dir) / COMPARISON_CONFIG
+    text = dump_config(cfg)
+    if not path.is_file() or path.read_text() != text:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # shares may write it at once
+        tmp.write_text(text)
+        os.replace(tmp, path)
 
 
 def _check_resume_folder(run_dir: Path) -> dict | None:
@@ -218,8 +375,11 @@ def _check_resume_folder(run_dir: Path) -> dict | None:
     return current_names(record["config"])  # a run recorded under a method's former name resumes under its name now
 
 
-def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list[str], locks: list) -> None:
-    """Lock the run's folder, check that this start may write there, and record the start (run.json)."""
+def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list[str], locks: list) -> bool:
+    """Lock the run's folder, check that this start may write there, and record the start (run.json).
+
+    Returns whether the run continues from the folder's checkpoint: with ``--resume``, and when the folder
+    holds an unfinished run of this very config (the same command again, after an interruption)."""
     from fl_lightning.config import config_to_dict, current_names, dump_config, load_config, read_yaml
     from fl_lightning.errors import ConfigError, RunFolderError
     from fl_lightning.federation.run_folder import (
@@ -262,6 +422,10 @@ def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list
             before = current_names(record["config"] if record else (read_yaml(run_dir / "config.yaml")
                                                                     if (run_dir / "config.yaml").is_file() else {}))
             differs = config_diff(before, current, include_resumable=True)
+            if not differs:  # the same command after an interruption (a finished run is not claimed at all)
+                write_record(run_dir, current, resumed=True, argv=argv)
+                write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
+                return True
             what = f"a different run ({format_diff(differs)})" if differs else "this run already"
             hint = (" (continue it with --resume instead)" if not config_diff(before, current) else "")
             raise RunFolderError(f"run folder error: '{run_dir}' holds {what}; pass --overwrite to delete it and "
@@ -269,6 +433,7 @@ def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list
         clear_run_folder(run_dir)
     write_record(run_dir, current, resumed=args.resume is not None, argv=argv)
     write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
+    return args.resume is not None
 
 
 def _nothing_ran(run_dir: Path) -> bool:

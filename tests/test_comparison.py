@@ -4,6 +4,7 @@ import csv
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from fl_lightning import train
@@ -16,11 +17,31 @@ def _run(label, alpha, acc):
     return cfg, {"accuracy": acc, "bytes_up_per_client": 10.0, "wall_time_s": 1.0}
 
 
-def test_rows_are_mean_and_population_std_over_seeds_per_method_and_alpha():
-    rows = comparison_rows([_run("A", 0.1, 0.5), _run("A", 0.1, 0.7), _run("A", math.inf, 0.9), _run("B", 0.1, 0.2)])
-    assert [(r["method"], r["alpha"], r["runs"]) for r in rows] == [("A", 0.1, 2), ("A", math.inf, 1), ("B", 0.1, 1)]
-    assert rows[0]["accuracy_mean"] == pytest.approx(0.6) and rows[0]["accuracy_std"] == pytest.approx(0.1)
-    assert rows[1]["accuracy_std"] == 0.0
+def test_rows_are_mean_and_sample_std_over_seeds_per_method_and_alpha():
+    accs = [0.5, 0.7, 0.65]
+    rows = comparison_rows([*(_run("A", 0.1, a) for a in accs), _run("A", math.inf, 0.9), _run("B", 0.1, 0.2)])
+    assert [(r["method"], r["alpha"], r["runs"]) for r in rows] == [("A", 0.1, 3), ("A", math.inf, 1), ("B", 0.1, 1)]
+    assert rows[0]["accuracy_mean"] == pytest.approx(np.mean(accs))
+    assert rows[0]["accuracy_std"] == pytest.approx(np.std(accs, ddof=1))  # the sample std, not the population's
+    assert rows[0]["accuracy_std"] != pytest.approx(np.std(accs))
+    assert rows[1]["accuracy_std"] is None and rows[2]["accuracy_std"] is None  # one run: no spread
+
+
+def test_a_single_run_cell_has_no_plus_minus_and_every_cell_its_count(tmp_path):
+    from fl_lightning.comparison import write_comparison
+
+    results = [_run("A", 0.1, 0.5), _run("A", 0.1, 0.7), _run("A", 1.0, 0.9), _run("B", 0.1, 0.25)]
+    for cfg, _ in results:
+        cfg.run_dir = tmp_path / "none"
+    write_comparison(results, tmp_path)
+    table = (tmp_path / "comparison.md").read_text()
+    assert f"| A | 60.00 ± {100 * np.std([0.5, 0.7], ddof=1):.2f} (n=2) | 90.00 (n=1) |" in table, table
+    assert "| B | 25.00 (n=1) | — |" in table, table
+    assert "± 0.00" not in table and "sample std" in table
+    with (tmp_path / "comparison.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["method"], r["alpha"], r["runs"], r["accuracy_std"] == "") for r in rows] == [
+        ("A", "0.1", "2", False), ("A", "1.0", "1", True), ("B", "0.1", "1", True)]
 
 
 def test_the_tiny_table_from_one_command(tmp_path, capsys):

@@ -114,6 +114,50 @@ def test_variants_cross_methods_and_sweeps():
                                     ["--variants", "[{algorithm: afl}, {fedopal: {mu: -1}}]"]))
 
 
+def test_keys_joined_by_commas_vary_together_in_a_sweep():
+    """"seed,partition.seed": [[0, 0], [1, 1]] is 2 points (not 4), crossed with the other keys; the group's
+    first key names the run (the default name already encodes the seed)."""
+    import itertools
+
+    from fl_lightning.config import expand_variants
+
+    sweep = '{partition.alpha: [0.1, .inf], "seed,partition.seed": [[0, 0], [1, 1], [2, 7]]}'
+    runs = expand_variants(load_config(CONF / "fedavg_digits_tiny.yaml", ["--sweep", sweep]))
+    expected = list(itertools.product([0.1, math.inf], [(0, 0), (1, 1), (2, 7)]))
+    assert [(r.partition.alpha, (r.seed, r.partition.seed)) for r in runs] == expected
+    assert [r.resolved_run_name for r in runs] == [f"fedavg_digits_a{a}_s{s}" for a in ("0.1", "inf") for s in (0, 1, 2)]
+
+
+@pytest.mark.parametrize("sweep, needle", [
+    ('{"seed,partition.seed": [[0, 0], [1]]}', "sweep.seed,partition.seed=[1]"),
+    ('{"seed,partition.seed": [0, 1]}', "a list of 2 values, one for each of seed, partition.seed"),
+    ('{"seed,partition.seed": []}', "a non-empty list"),
+    ('{"seed,": [[0, 0]]}', "none of them empty"),
+    ('{seed: [0, 1], "seed,partition.seed": [[0, 0]]}', "key 'seed' is swept twice"),
+    ('{"seed,seed": [[0, 0]]}', "key 'seed' is swept twice"),
+    ('{"seed,partition.sed": [[0, 0]]}', "did you mean 'partition.seed'"),
+])
+def test_a_bad_sweep_group_is_one_line(sweep, needle):
+    from fl_lightning.config import expand_variants
+
+    with pytest.raises(UsageError) as err:
+        expand_variants(load_config(CONF / "fedavg_digits_tiny.yaml", ["--sweep", sweep]))
+    assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_every_shipped_sweep_of_seeds_gives_each_seed_its_own_partition():
+    from fl_lightning.config import expand_variants
+
+    swept = [p for p in sorted(CONF.glob("*.yaml")) if "seed" in str(load_config(p).sweep)]
+    assert len(swept) >= 6, swept
+    for path in swept:
+        runs = expand_variants(load_config(path))
+        assert all(r.partition.seed == r.seed for r in runs), path.name
+    for name in ("cifar10", "cifar100", "dtd", "svhn", "dinov2_digits"):  # the paper's α grid
+        alphas = {r.partition.alpha for r in expand_variants(load_config(CONF / f"fedopal_table2_{name}.yaml"))}
+        assert alphas == {0.01, 0.1, 1.0, 10.0}, name
+
+
 @pytest.mark.parametrize("path", sorted(CONF.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_loads_and_expands(path):
     from fl_lightning.config import expand_variants

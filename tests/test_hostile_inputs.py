@@ -84,6 +84,16 @@ def files(tmp_path_factory):
     (d / "dup.yaml").write_text("seed: 1\nseed: 2\n")
     (d / "bad.yaml").write_text("data: [unclosed\n")
     (d / "a_dir.yaml").mkdir()
+    (d / "bomb.yaml").write_text(alias_bomb())
+    nested = yaml.safe_load(open(TINY))
+    (d / "bomb_nested.yaml").write_text(yaml.safe_dump(nested, sort_keys=False).replace(
+        "  overrides:\n", "  overrides:\n" + "".join(f"    {line}\n" for line in alias_bomb().splitlines()), 1))
+    (d / "recursive.yaml").write_text("model:\n  overrides: &a {x: [*a]}\n")
+    vit = yaml.safe_load(open(TINY))  # a timm ViT whose input size is not fixed: 16 px patches (its name)
+    vit["model"] = {"library": "timm", "name": "vit_base_patch16_224", "pretrained": None,
+                    "overrides": {"embed_dim": 32, "depth": 1, "num_heads": 2}}
+    vit["data"]["image_size"] = 8
+    (d / "vit_small_input.yaml").write_text(yaml.safe_dump(vit, sort_keys=False))
     (d / "notes.txt").write_text("these are not weights\n")
     (d / "empty.pt").write_bytes(b"")
     torch.save({"w": torch.zeros(64)}, d / "good.pt")
@@ -108,6 +118,13 @@ def files(tmp_path_factory):
     holder.wait()
 
 
+def alias_bomb(levels: int = 9, width: int = 9) -> str:
+    """The "billion laughs" in YAML: ``width ** levels`` strings from a few lines of aliases."""
+    lines = [f"l0: &l0 [{', '.join(['x'] * width)}]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
 def _cases(d) -> list[tuple[str, list[str], int, list[str]]]:
     """(id, argv, exit status, what the one line must name)."""
     out = ["--output_dir", str(d / "runs")]
@@ -128,6 +145,16 @@ def _cases(d) -> list[tuple[str, list[str], int, list[str]]]:
         ("config-scalar", ["--config", str(d / "scalar.yaml")], 2, ["holds a int at the top level"]),
         ("config-duplicate-key", ["--config", str(d / "dup.yaml")], 2, ["duplicate key 'seed'"]),
         ("config-not-yaml", ["--config", str(d / "bad.yaml")], 2, ["not valid YAML"]),
+        ("alias-bomb", ["--config", str(d / "bomb.yaml")], 2, ["bomb.yaml' holds more than 100,000 values",
+                                                               "aliases"]),
+        ("alias-bomb-print-config", ["--config", str(d / "bomb.yaml"), "--print-config"], 2,
+         ["bomb.yaml' holds more than 100,000 values"]),
+        ("alias-bomb-nested-print-config", ["--config", str(d / "bomb_nested.yaml"), "--print-config"], 2,
+         ["bomb_nested.yaml' holds more than 100,000 values"]),
+        ("alias-bomb-override", ["--config", TINY, "--model.overrides", "{" + alias_bomb().replace("\n", ", ") + "}",
+                                 "--print-config"], 2, ["--model.overrides holds more than 100,000 values"]),
+        ("alias-recursive", ["--config", str(d / "recursive.yaml"), "--print-config"], 2,
+         ["recursive.yaml' holds an alias (*name) inside the structure its anchor"]),
         # keys and values
         ("unknown-key", [*base, "--partition.alpa", "1"], 2, ["did you mean 'partition.alpha'"]),
         ("alpha-zero", [*base, "--partition.alpha", "0"], 2, ["partition.alpha=0.0"]),
@@ -152,6 +179,15 @@ def _cases(d) -> list[tuple[str, list[str], int, list[str]]]:
         ("lr-overflow", [*base, "--train.lr", "1e300"], 2, ["train.lr=1e+300", "float32"]),
         ("momentum", [*base, "--train.momentum", "-1"], 2, ["train.momentum=-1.0"]),
         ("image-size-huge", [*base, "--data.image_size", "4096"], 2, ["data.image_size=4096"]),
+        ("image-size-not-the-models", [*base, "--data.image_size", "48"], 2,
+         ["data.image_size=48", "32, the input size model.overrides.vision_cfg.image_size builds the model for"]),
+        ("image-size-below-a-patch", ["--config", str(d / "vit_small_input.yaml"), *QUIET, *out], 2,
+         ["data.image_size=8", "at least the model's patch size, 16"]),
+        ("min-clients-above-all", [*base, "--federation.min_clients", "4"], 2,
+         ["federation.min_clients=4", "at most 3, the clients a round samples"]),
+        ("min-clients-above-sampled", [*base, "--partition.num_clients", "10", "--federation.client_fraction", "0.2",
+                                       "--federation.min_clients", "3"], 2,
+         ["federation.min_clients=3", "at most 2", "federation.client_fraction=0.2"]),
         ("override-key", [*base, "--model.overrides", "{foo: 1}"], 2, ["model.overrides.foo"]),
         ("override-subkey", [*base, "--model.overrides", "{vision_cfg: {widht: 64}}"], 2,
          ["model.overrides.vision_cfg.widht", "did you mean 'width'"]),
@@ -220,6 +256,26 @@ def test_nothing_was_written_by_the_failed_cases(table, files):
     assert not list(runs.glob("*/.lock")) or list(runs.glob("*/.lock")) == [runs / "busy" / ".lock"]
 
 
+@pytest.mark.parametrize("extra", [[], ["--print-config"]])
+def test_an_alias_bomb_stops_within_2_s(extra, files, capsys):
+    from fl_lightning.train import main
+
+    start = time.monotonic()
+    assert main(["--config", str(files / "bomb.yaml"), *extra]) == 2
+    # ~0.1 s here (the aliases are counted before anything is built); unguarded it runs until killed. The
+    # bound is 10x the 2 s asked for, so that a slow or loaded machine cannot fail it (tests/outcomes.py).
+    assert time.monotonic() - start < 20.0
+    assert "holds more than 100,000 values" in capsys.readouterr().err
+
+
+def test_aliases_of_a_normal_size_still_work(tmp_path):
+    from fl_lightning.config import load_config
+
+    path = tmp_path / "aliases.yaml"
+    path.write_text(open(TINY).read() + "variants:\n  - &v {algorithm: afl, train: {lr: 0.5}}\n  - *v\n")
+    assert load_config(path).variants == [{"algorithm": "afl", "train": {"lr": 0.5}}] * 2
+
+
 def test_debug_shows_the_traceback(table):
     r = table["debug"]
     assert r["rc"] == 2 and "Traceback" in r["stderr"]
@@ -271,6 +327,7 @@ def test_a_run_folder_is_never_silently_changed(tmp_path):
           for name in ("run.json", "config.yaml", "summary.json")],
         {"id": "fewer-rounds", "argv": ["--resume", str(run), "--federation.rounds", "1"]},
         {"id": "rerun-same", "argv": [*base, "--federation.rounds", "2"]},
+        *[{"copy": str(run / name), "to": str(tmp_path / f"rerun.{name}")} for name in ("run.json", "summary.json")],
         {"id": "rerun-other", "argv": [*base, "--train.lr", "0.5"]},
         {"id": "overwrite", "argv": [*base, "--train.lr", "0.5", "--overwrite"]},
         {"id": "failed-start", "argv": [*base, "--run_name", "fs", "--model.name", "NoSuchModel"]},
@@ -292,7 +349,11 @@ def test_a_run_folder_is_never_silently_changed(tmp_path):
     assert yaml.safe_load((tmp_path / "extended.config.yaml").read_text())["federation"]["rounds"] == 2
     extended = json.loads((tmp_path / "extended.summary.json").read_text())
     assert extended["rounds"] == 2 and extended["alpha"] == 0.5 and extended["seed"] == 0
-    assert_one_line(r["rerun-same"], 2, "holds this run already", "--overwrite", "--resume")
+    # the same command again on a finished run: not run again, its results reported, the folder untouched
+    assert r["rerun-same"]["rc"] == 0, r["rerun-same"]["stderr"][-2000:]
+    assert_one_line(r["rerun-same"], 0, "1 of 1 run(s) finished already", "not run again")
+    assert (tmp_path / "rerun.run.json").read_text() == (tmp_path / "extended.run.json").read_text()
+    assert (tmp_path / "rerun.summary.json").read_text() == (tmp_path / "extended.summary.json").read_text()
     assert_one_line(r["rerun-other"], 2, "holds a different run", "train.lr: 0.1 → 0.5", "--overwrite")
     assert r["overwrite"]["rc"] == 0, r["overwrite"]["stderr"][-2000:]
     summary = json.loads((run / "summary.json").read_text())

@@ -15,15 +15,16 @@ if TYPE_CHECKING:
 __all__ = ["ProximalCallback", "RoundTimingCallback", "ProgressCallback", "default_callbacks", "default_loggers"]
 
 def default_loggers(cfg: RunConfig) -> list[object]:
-    """W&B (online or offline) and TensorBoard as the config asks; metrics.csv is always written."""
+    """W&B (online or offline: one W&B run per run, see :mod:`~fl_lightning.callbacks.wandb_logging`) and
+    TensorBoard as the config asks; metrics.csv is always written."""
     loggers: list[object] = []
     if cfg.logging.wandb:
         from lightning.pytorch.loggers import WandbLogger
 
+        from fl_lightning.callbacks.wandb_logging import wandb_init_args
+
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        logger = WandbLogger(project=cfg.logging.project, entity=cfg.logging.entity, name=cfg.resolved_run_name,
-                             save_dir=str(cfg.run_dir), offline=cfg.logging.mode == "offline")
-        loggers.append(logger)
+        loggers.append(WandbLogger(**wandb_init_args(cfg)))
     if cfg.logging.tensorboard:
         from lightning.fabric.loggers import TensorBoardLogger
 

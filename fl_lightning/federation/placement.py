@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-__all__ = ["assign_clients", "sample_clients", "derive_seed", "client_seed", "seed_torch"]
+__all__ = ["assign_clients", "sample_clients", "clients_per_round", "derive_seed", "client_seed", "seed_torch"]
 
 
 def assign_clients(sizes: Sequence[int], world_size: int) -> list[list[int]]:
@@ -30,6 +30,11 @@ def assign_clients(sizes: Sequence[int], world_size: int) -> list[list[int]]:
     return [sorted(r) for r in ranks]
 
 
+def clients_per_round(num_clients: int, fraction: float) -> int:
+    """How many clients a round samples: all of them at ``fraction`` 1, else ``max(1, round(fraction·K))``."""
+    return num_clients if fraction >= 1.0 else max(1, int(round(fraction * num_clients)))
+
+
 def sample_clients(num_clients: int, fraction: float, *, seed: int, round_idx: int) -> list[int]:
     """The clients taking part in a round: ``max(1, round(fraction·K))`` of them, without replacement.
 
@@ -37,7 +42,7 @@ def sample_clients(num_clients: int, fraction: float, *, seed: int, round_idx: i
     """
     if fraction >= 1.0:
         return list(range(num_clients))
-    m = max(1, int(round(fraction * num_clients)))
+    m = clients_per_round(num_clients, fraction)
     rng = np.random.default_rng([seed, round_idx])
     return sorted(int(c) for c in rng.choice(num_clients, size=m, replace=False))
 

@@ -26,6 +26,7 @@ import os
 import shutil
 import socket
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -177,14 +178,17 @@ def read_record(run_dir: Path) -> dict[str, Any] | None:
 
 
 def write_record(run_dir: Path, config: dict[str, Any], *, resumed: bool, argv: Sequence[str] = ()) -> None:
-    """Write (or, on resume, update) ``run.json``: the config as it now stands, its fingerprint, and one
-    entry per start (when, which process, the command line, fresh or resumed)."""
+    """Write (or, on resume, update) ``run.json``: the config as it now stands, its fingerprint, the run's id
+    (``run_id``: drawn at a fresh start, kept on resume) and one entry per start (when, which process, the
+    command line, fresh or resumed)."""
     run_dir = Path(run_dir)
     previous = read_record(run_dir) if resumed else None
     starts = list(previous.get("starts", [])) if previous else []
     starts.append({"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(), "host": socket.gethostname(),
                    "resume": resumed, "argv": list(argv)})
-    record = {"fingerprint": fingerprint(config), "config": _jsonable(config), "starts": starts}
+    # the run's identity across its starts (e.g. its W&B run id): new on a fresh start, kept on resume
+    run_id = (previous or {}).get("run_id") or uuid.uuid4().hex[:16]
+    record = {"fingerprint": fingerprint(config), "run_id": run_id, "config": _jsonable(config), "starts": starts}
     write_text_atomic(run_dir / RECORD, json.dumps(record, indent=2) + "\n")
 
 

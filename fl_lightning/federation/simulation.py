@@ -161,6 +161,8 @@ class Simulation:
         fabric, cfg = self.fabric, self.cfg
         if self.launcher != "fabric run":  # Fabric's CLI has created and set up the processes already
             fabric.launch()
+        if fabric.world_size > 1:  # rank 0 decided (train.py: --resume, or the same command after an interruption)
+            self.resume = fabric.broadcast(self.resume, src=0)
         seed_everything(cfg.seed, verbose=False)
         algorithm, env = self._setup()
         rank, world = fabric.global_rank, fabric.world_size
@@ -177,7 +179,8 @@ class Simulation:
                                  meta={"dataset": cfg.data.name, "scheme": p.scheme, "alpha": p.alpha, "seed": p.seed,
                                        "num_samples_subset": cfg.data.num_samples, "data_seed": cfg.seed})
         fabric.barrier()
-        fabric.call("on_run_start", cfg=cfg, env=env, run_dir=self.run_dir)
+        fabric.call("on_run_start", cfg=cfg, env=env, run_dir=self.run_dir, rounds=algorithm.num_rounds,
+                    completed_rounds=run.completed_rounds)
         run_start = time.monotonic() - run.wall_time_s
 
         for round_idx in range(run.completed_rounds, algorithm.num_rounds):
@@ -185,7 +188,8 @@ class Simulation:
             store = RoundStore(self.ckpt_dir, round_idx)
             clients = sample_clients(cfg.partition.num_clients, cfg.federation.client_fraction,
                                      seed=cfg.federation.sampling_seed, round_idx=round_idx)
-            fabric.call("on_round_start", round_idx=round_idx, clients=clients)
+            fabric.call("on_round_start", round_idx=round_idx, clients=clients,
+                        local_clients=len(set(assignment[rank]).intersection(clients)))
 
             # plan: the server decides once (a resumed round keeps its checkpointed plan); every rank receives it
             plan = self._plan(algorithm, store, round_idx, clients, run)
