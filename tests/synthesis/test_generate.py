@@ -417,8 +417,26 @@ def test_whole_chain_writes_an_imagefolder_resumably(tiny_sd, tmp_path):
     assert (tmp_path / "b" / MANIFEST_NAME).read_text() == manifest.read_text()
 
 
+def _torch_bf16_attention_broken() -> str | None:
+    """torch 2.14's CPU bfloat16 attention over 77 tokens (the text encoder's) raises "pack_vnni2 is only
+    supported when avx512 is supported" when ``ATEN_CPU_CAPABILITY`` forces AVX2 or no vector kernels on an
+    AVX-512 CPU: its flash kernel picks VNNI packing from the hardware, the dispatched kernel from the
+    switch. A bug of torch's emulation switch (a real AVX2 CPU takes the other path), shown here on torch
+    alone; returns torch's message when it happens."""
+    q = torch.zeros(1, 1, 77, 32, dtype=torch.bfloat16)
+    try:
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    except RuntimeError as err:
+        return str(err)
+    return None
+
+
 def test_bfloat16_networks_give_close_images(tmp_path):
     from fl_lightning.models.diffusion import tiny_diffusion_components
+
+    broken = _torch_bf16_attention_broken()
+    if broken:
+        pytest.skip(f"torch's own bf16 attention fails on this kernel switch: {broken}")
 
     ups = {0: [_up(0, 3, 2, 300, 0)]}
     reqs = plan_generation(ups, ["cat"], {"cat": ["a cat."]}, volume_per_class={0: 2}, rho=0.5, seed=0)
