@@ -1,7 +1,7 @@
 """Co-Boosting: one-shot FL through data and ensemble co-boosting (Dai et al., ICLR 2024) — DENSE plus
 hard samples and a re-weighted ensemble.
 
-Clients are DENSE's (``dense.py``): each trains its local timm CNN once (``fedavg_resnet.py``'s client,
+Clients are DENSE's (``dense.py``): each trains its local timm CNN once (``fedavg_cnn.py``'s client,
 ResNet-18 by default) and uploads it with its sample count. The server keeps per-client ensemble
 weights w ∈ [0, 1]^K (w_0 = 1/K), A_w(x) = Σ_k w_k f_k(x) / Σ_k w_k, and for ``coboosting.epochs``
 epochs (paper Alg. 1):

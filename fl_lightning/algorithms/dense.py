@@ -1,6 +1,6 @@
 """DENSE: data-free one-shot federated learning (Zhang et al., NeurIPS 2022).
 
-One round. Each client trains its local model once — the FedAvg (ResNet) client of ``fedavg_resnet.py``,
+One round. Each client trains its local model once — the FedAvg (ResNet) client of ``fedavg_cnn.py``,
 a timm CNN (``model.name: resnet18`` by default), for ``train.epochs`` epochs with cross-entropy — and
 uploads its whole state dict and its sample count. The server never sees data. It holds the ensemble
 A(x) = (1/K) Σ_k f_k(x) and, for ``dense.epochs`` epochs (paper Alg. 1):
@@ -48,7 +48,7 @@ import torch
 from torch import Tensor, nn
 
 from fl_lightning.algorithms.common import evaluate_on_test
-from fl_lightning.algorithms.fedavg_resnet import FedAvgResNet, build_timm_classifier
+from fl_lightning.algorithms.fedavg_cnn import FedAvgCNN, build_timm_classifier
 from fl_lightning.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, RoundHistory, RoundPlan, State, register
@@ -95,7 +95,7 @@ class DENSEConfig:
 
 
 @register("dense")
-class DENSE(FedAvgResNet):
+class DENSE(FedAvgCNN):
     config_class = DENSEConfig
     bn_per_model = False  # DENSE sums L_BN over all client models; Co-Boosting averages
 

@@ -171,7 +171,7 @@ def test_food101_config_fails_offline_with_one_line(tmp_path):
 @pytest.mark.parametrize("override, key", [
     (["--fedisyn.synthetic_lambda", "null"], "fedisyn.scaling_kappa"),
     (["--fedisyn.scaling_kappa", "[1, 2]"], "fedisyn.scaling_kappa"),
-    (["--fedisyn.systems.devices", "[jetson_nano]"], "fedisyn.systems.devices"),
+    (["--fedisyn.systems.boards", "[jetson_nano]"], "fedisyn.systems.boards"),
     (["--fedisyn.systems.profiles", "{jetson_orin_nx: {speed: 2}}"], "fedisyn.systems.profiles.jetson_orin_nx"),
     (["--fedisyn.lora.alpha", "0"], "fedisyn.lora.alpha"),
     (["--fedisyn.systems.profiles", "{jetson_orin_nx: {forward_time_s: -1}}"],
@@ -225,3 +225,16 @@ def test_without_feature_guidance_clients_upload_counts_and_images_start_from_no
     assert {m["start_timestep"] for m in manifest} == {999} and len(manifest) == summary["synthetic_images"]
     assert summary["generation"] == "text_only" and summary["depth_policy"] == "clc"
     assert summary["train_head"] is False and summary["over_memory_clients"] == []  # CLC searches within memory
+
+
+def test_former_key_systems_devices_still_names_the_boards():
+    """`devices` means ranks in `federation`; the boards are `fedisyn.systems.boards`. The former key works,
+    with a hint, and cannot be given beside the new one."""
+    from fl_lightning.algorithms.fedisyn.config import SystemsConfig
+
+    with pytest.warns(FutureWarning, match="fedisyn.systems.devices is now called fedisyn.systems.boards"):
+        old = SystemsConfig(devices=["jetson_orin_nx"])
+    assert old.boards == ["jetson_orin_nx"] and old.devices is None
+    assert SystemsConfig(boards=["jetson_orin_nx"]) == old
+    with pytest.raises(ConfigError, match="devices"):
+        SystemsConfig(boards=["jetson_orin_nx"], devices=["jetson_agx_xavier"])

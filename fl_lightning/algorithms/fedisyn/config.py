@@ -18,6 +18,7 @@ Which core keys the FeDiSyn family uses (the rest are documented here, not silen
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -50,7 +51,8 @@ _PROFILE_FIELDS = ("forward_time_s", "backward_time_per_layer_s", "fixed_memory_
 
 @dataclass
 class SystemsConfig:
-    devices: str | list = "paper_testbed"  # the paper's 10 boards, cycled over the clients; or a list of profile names
+    boards: str | list = "paper_testbed"  # the paper's 10 boards, cycled over the clients; or a list of profile names
+    devices: str | list | None = None  # the former name of `boards` (still accepted, with a hint); null
     profiles: dict = field(default_factory=dict)  # {profile name: {field: value}} overrides of the calibrated boards
     timing: Literal["profiles", "measured"] = "profiles"  # measured: h̄, h fitted to this host's client compute times
     # clc = FeDiSyn; capacity = CAFF; full = SFLF; fixed. A device whose memory holds fewer blocks than the
@@ -70,14 +72,20 @@ class SystemsConfig:
     def __post_init__(self) -> None:
         from fl_lightning.systems.devices import PROFILES
 
-        if isinstance(self.devices, str):
-            check(self.devices == "paper_testbed", "devices", self.devices,
-                   "'paper_testbed' or a list of profile names")
+        if self.devices is not None:  # `devices` means ranks in `federation`; here the boards are `boards`
+            check(self.boards == "paper_testbed", "devices", self.devices,
+                  "null when `boards` is given (`devices` is the former name of `boards`)")
+            warnings.warn("fedisyn.systems.devices is now called fedisyn.systems.boards; the former name still "
+                          "works", FutureWarning, stacklevel=2)
+            self.boards, self.devices = self.devices, None
+        if isinstance(self.boards, str):
+            check(self.boards == "paper_testbed", "boards", self.boards,
+                  "'paper_testbed' or a list of profile names")
         else:
             names = sorted(PROFILES) + sorted(set(self.profiles) - set(PROFILES))
-            bad = [d for d in self.devices if d not in names]
-            check(len(self.devices) > 0 and not bad, "devices", self.devices,
-                   f"a non-empty list of profile names from {names}")
+            bad = [d for d in self.boards if d not in names]
+            check(len(self.boards) > 0 and not bad, "boards", self.boards,
+                  f"a non-empty list of profile names from {names}")
         for name, fields in self.profiles.items():
             check(isinstance(fields, dict) and set(fields) <= set(_PROFILE_FIELDS), f"profiles.{name}", fields,
                    f"a mapping with keys among {list(_PROFILE_FIELDS)}")

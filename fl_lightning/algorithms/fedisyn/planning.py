@@ -89,11 +89,11 @@ class SystemPlan:
 
 
 def client_profiles(cfg: SystemsConfig, num_clients: int) -> list[DeviceProfile]:
-    """Client i's device profile: ``systems.devices`` cycled over the clients, with ``systems.profiles`` overrides."""
+    """Client i's device profile: ``systems.boards`` cycled over the clients, with ``systems.profiles`` overrides."""
     table = dict(PROFILES)
     for name, fields in cfg.profiles.items():
         table[name] = replace(table[name], **fields) if name in table else DeviceProfile(name=name, **fields)
-    names = list(PAPER_TESTBED) if cfg.devices == "paper_testbed" else list(cfg.devices)
+    names = list(PAPER_TESTBED) if cfg.boards == "paper_testbed" else list(cfg.boards)
     return [table[names[i % len(names)]] for i in range(num_clients)]
 
 

@@ -5,7 +5,7 @@ P ∈ R^{M×D} (FedOPAL Eq. (4)-(5)) and a linear head W, b — but aggregates t
 FedAvg instead of the analytic solve. Each round, the sampled clients load the global (P, W, b),
 train them for ``train.epochs`` epochs with cross-entropy (``train.*``: optimizer, lr, momentum, weight
 decay, batch size; no proximal term), and upload them with their sample count; the server averages
-each tensor, weighted by n_k (``fedavg_clip.weighted``) or plainly.
+each tensor, weighted by n_k (``fedavg_prompts.weighted``) or plainly.
 
 Backbone: ``model.*``, frozen and never sent — the paper's is OpenAI CLIP ViT-B/16 (``library:
 open_clip``); any timm ViT works too. The prompted model and the client module are FedOPAL's own
@@ -33,13 +33,13 @@ from fl_lightning.federation.transport import Download, Upload
 if TYPE_CHECKING:
     from lightning.fabric import Fabric
 
-__all__ = ["FedAvgCLIP", "FedAvgCLIPConfig"]
+__all__ = ["FedAvgPrompts", "FedAvgPromptsConfig"]
 
 _HEAD = ("head.weight", "head.bias")
 
 
 @dataclass
-class FedAvgCLIPConfig:
+class FedAvgPromptsConfig:
     num_prompts: int = 10  # M prompt tokens, as FedOPAL's clients
     prompt_seed: int = 0  # P_init, identical on every client (FedOPAL's)
     weighted: bool = True  # weight clients by their sample counts (McMahan et al.)
@@ -49,8 +49,8 @@ class FedAvgCLIPConfig:
 
 
 @register("fedavg_prompts", renamed_from=("fedavg_clip",))  # any ViT, not CLIP only
-class FedAvgCLIP(Algorithm):
-    config_class = FedAvgCLIPConfig
+class FedAvgPrompts(Algorithm):
+    config_class = FedAvgPromptsConfig
 
     def build(self, fabric: Fabric) -> None:
         from fl_lightning.models.vpt import PromptedViT

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fl_lightning.algorithms.fedavg_resnet import build_timm_classifier
+from fl_lightning.algorithms.fedavg_cnn import build_timm_classifier
 from fl_lightning.config import load_config
 from fl_lightning.data.registry import build_dataset
 from fl_lightning.data.transforms import build_transform

@@ -10,13 +10,13 @@ DENSE and Co-Boosting (``dense.py``, ``coboosting.py``) start from.
 Each round, the sampled clients load the global weights, train all parameters for ``train.epochs``
 epochs with cross-entropy (``train.*``: optimizer, lr, momentum, weight decay, batch size), and upload
 the whole state dict (parameters and BatchNorm buffers) with their sample count. The server averages
-every tensor, w = Σ_k n_k w_k / Σ_k n_k (``fedavg_resnet.weighted``; plain mean otherwise), folding the
+every tensor, w = Σ_k n_k w_k / Σ_k n_k (``fedavg_cnn.weighted``; plain mean otherwise), folding the
 uploads one at a time in float64 (server memory: two models, whatever K). BatchNorm's integer batch
 counters are averaged and rounded, as a state dict average does.
 
 Core keys not used: ``model.pretrained`` (only a local ``model.checkpoint`` gives weights — never a
 download), ``model.feature`` (no feature head: the model is the classifier). Images are ImageNet-
-normalised at ``data.image_size`` (default 32); ``fedavg_resnet.augment`` turns on random crops/flips.
+normalised at ``data.image_size`` (default 32); ``fedavg_cnn.augment`` turns on random crops/flips.
 """
 
 from __future__ import annotations
@@ -46,13 +46,13 @@ if TYPE_CHECKING:
 
     from fl_lightning.config import RunConfig
 
-__all__ = ["FedAvgResNet", "FedAvgResNetConfig", "ImageClassifier", "build_timm_classifier"]
+__all__ = ["FedAvgCNN", "FedAvgCNNConfig", "ImageClassifier", "build_timm_classifier"]
 
 _DEFAULT_IMAGE_SIZE = 32
 
 
 @dataclass
-class FedAvgResNetConfig:
+class FedAvgCNNConfig:
     weighted: bool = True  # weight client models by their sample counts (McMahan et al.)
     augment: bool = False  # random resized crops + flips on the clients' images (size >= 32 only)
 
@@ -106,8 +106,8 @@ def _cpu_state(model: nn.Module) -> State:
 
 
 @register("fedavg_cnn", renamed_from=("fedavg_resnet",))  # any timm CNN, not ResNet only
-class FedAvgResNet(Algorithm):
-    config_class = FedAvgResNetConfig
+class FedAvgCNN(Algorithm):
+    config_class = FedAvgCNNConfig
 
     @property
     def augment(self) -> bool:  # type: ignore[override]
