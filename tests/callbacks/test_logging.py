@@ -34,6 +34,11 @@ def test_a_comparison_leaves_one_wandb_run_per_run_each_with_its_own_data(tmp_pa
                      "--sweep", '{partition.alpha: [0.1], "seed,partition.seed": [[0, 0]]}',
                      "--logging.wandb", "true", "--output_dir", str(tmp_path / "cmp")])
     assert rc == 0, capsys.readouterr().err[-3000:]
+    import wandb
+
+    # finish() hands the last records to wandb's own service process, which writes the .wandb files; wait
+    # for it (a loaded machine read the comparison's file with its header only)
+    wandb.teardown()
     out = tmp_path / "cmp"
     names = {"afl": "afl_digits_a0.1_s0", "fedcgs": "fedcgs_digits_a0.1_s0"}
     data = {}
