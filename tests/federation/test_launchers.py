@@ -44,7 +44,8 @@ def _launcher(name: str) -> tuple[list[str], str]:
     (the launchers' default ports, 29500 and 29400, collide when two suites or jobs share the machine)."""
     module = {"fabric": "lightning.fabric.cli", "torchrun": "torch.distributed.run"}[name]
     exe = shutil.which(name)
-    command = [exe] if exe else [sys.executable, "-m", module]
+    # `fabric run …` as a console script; the module is the `run` command itself (no subcommand)
+    command = ([exe] + (["run"] if name == "fabric" else [])) if exe else [sys.executable, "-m", module]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
@@ -88,7 +89,7 @@ def _assert_same_result(one, two) -> None:
 
 def test_fabric_run_two_cpu_processes_equal_one(config, one_process, tmp_path):
     fabric, port = _launcher("fabric")
-    proc = _launch([*fabric, "run", "--accelerator", "cpu", "--devices", "2", "--main-port", port,
+    proc = _launch([*fabric, "--accelerator", "cpu", "--devices", "2", "--main-port", port,
                     "fl_lightning/train.py", "--config", str(config), "--output_dir", str(tmp_path),
                     "--federation.devices", "2"])
     assert proc.returncode == 0, proc.stderr[-3000:]
