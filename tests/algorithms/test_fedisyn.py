@@ -176,7 +176,7 @@ def test_food101_config_fails_offline_with_one_line(tmp_path):
     (["--fedisyn.lora.alpha", "0"], "fedisyn.lora.alpha"),
     (["--fedisyn.systems.profiles", "{jetson_orin_nx: {forward_time_s: -1}}"],
      "fedisyn.systems.profiles.jetson_orin_nx.forward_time_s"),
-    (["--fedisyn.systems.profiles", "{jetson_orin_nx: {memory_budget_gb: 3.0}}"],  # 2.5 + 1.5 > 3: not one block
+    (["--fedisyn.systems.profiles", "{jetson_orin_nx: {memory_budget_gb: 2.0}}"],  # 2.19 + 0.33 > 2: not one block
      "fedisyn.systems.profiles.jetson_orin_nx.memory_budget_gb"),
     (["--fedisyn.systems.reference_loss_db", ".nan"], "fedisyn.systems.reference_loss_db"),
     (["--fedisyn.systems.bandwidth_allocation", "fair"], "fedisyn.systems.bandwidth_allocation"),

@@ -10,7 +10,8 @@ from fl_lightning.federation.run_folder import read_metrics_csv
 from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.transport import SCALAR_BYTES
 from fl_lightning.systems.channel import place_devices
-from fl_lightning.systems.devices import PAPER_TESTBED, PROFILES
+from fl_lightning.systems.backbones import backbone
+from fl_lightning.systems.devices import PAPER_TESTBED, board_profiles
 from tests.conftest import CONF
 
 TINY = CONF / "sflf_tiny.yaml"
@@ -60,8 +61,10 @@ def test_sflf_starts_from_the_weights_file_reports_memory_and_times_the_upload_b
     # channel time by hand: B/N each, e_i = log2(1 + p g / σ²), payload τ x_i + head bits (float32)
     s = f.systems
     names = [PAPER_TESTBED[i % len(PAPER_TESTBED)] for i in range(4)]
-    boards = [PROFILES[n] for n in names]
-    boards = [b if n != "jetson_orin_nx" else type(b)(**{**b.__dict__, "memory_budget_gb": 5.5})
+    table = board_profiles(backbone(f.pretrain_model), cfg.train.batch_size)  # priced for the named ViT
+    boards = [table[n] for n in names]
+    boards = [b if n != "jetson_orin_nx" else type(b)(**{**b.__dict__, "fixed_memory_gb": 2.5,
+                                                         "memory_per_layer_gb": 1.5, "memory_budget_gb": 5.5})
               for b, n in zip(boards, names)]
     pos = place_devices(4, radius_m=s.radius_m, center_m=(s.center_x_m, 0.0), seed=s.placement_seed)
     g = 10 ** (-s.reference_loss_db / 10) * (np.hypot(*pos.T) / s.d0_m) ** (-s.path_loss_exponent)

@@ -85,9 +85,30 @@ class FeDiSynFamily(StagedAlgorithm):
         if systems.depth_policy == "fixed" and systems.fixed_depth > self.num_blocks:
             raise ConfigError(f"{self.name}.systems.fixed_depth", systems.fixed_depth,
                               f"an int in [1, {self.num_blocks}] (the blocks of {f.pretrain_model})")
-        self.profiles = client_profiles(systems, self.cfg.partition.num_clients)
+        self.profiles = self.device_profiles()
         self.contribution = GradientContribution()
         self.backbone_loaded = False
+
+    def device_profiles(self) -> list:
+        """Each client's board, priced for the named backbone (``systems.backbone`` or ``pretrain_model``) at
+        ``train.batch_size`` (``systems/devices.py``)."""
+        from fl_lightning.systems.backbones import backbone
+
+        systems, name = self.config.systems, self.config.systems.backbone or self.config.pretrain_model
+        key = f"{self.name}.systems.backbone" if systems.backbone else f"{self.name}.pretrain_model"
+        try:
+            vit = backbone(name)
+        except ValueError as err:
+            raise ConfigError(key, name, f"a backbone the system model prices ({err}); or set "
+                              f"{self.name}.systems.backbone to the one it stands for") from None
+        profiles = client_profiles(systems, self.cfg.partition.num_clients, backbone=vit,
+                                   batch_size=self.cfg.train.batch_size, lora_rank=self.config.lora.rank)
+        for p in profiles:
+            if p.fixed_memory_gb + p.memory_per_layer_gb > p.memory_budget_gb:
+                raise ConfigError(f"{self.name}.systems.profiles.{p.name}.memory_budget_gb", p.memory_budget_gb,
+                                  f"a budget that holds one LoRA block of {vit.name} at batch "
+                                  f"{self.cfg.train.batch_size}: >= {p.fixed_memory_gb + p.memory_per_layer_gb:.3g} GB")
+        return profiles
 
     # -- the global model on this rank ------------------------------------------------------------
     def load_backbone(self, tensors: dict[str, torch.Tensor]) -> None:

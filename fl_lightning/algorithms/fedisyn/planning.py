@@ -28,7 +28,8 @@ from scipy.optimize import nnls
 from fl_lightning.algorithms.fedisyn.config import SystemsConfig
 from fl_lightning.systems.channel import ChannelConfig, device_spectral_efficiency
 from fl_lightning.systems.clc import policy_depths
-from fl_lightning.systems.devices import PAPER_TESTBED, PROFILES, DeviceProfile, profile_arrays
+from fl_lightning.systems.backbones import Backbone
+from fl_lightning.systems.devices import PAPER_TESTBED, PROFILES, DeviceProfile, board_profiles, profile_arrays
 from fl_lightning.systems.wfba import allocate_bandwidth, equal_bandwidth
 
 __all__ = ["SystemPlan", "client_profiles", "fit_host_times", "plan_round"]
@@ -88,9 +89,16 @@ class SystemPlan:
                    float(d["round_time_s"]), d["compute_time_s"].numpy(), **optional)
 
 
-def client_profiles(cfg: SystemsConfig, num_clients: int) -> list[DeviceProfile]:
-    """Client i's device profile: ``systems.boards`` cycled over the clients, with ``systems.profiles`` overrides."""
-    table = dict(PROFILES)
+def client_profiles(cfg: SystemsConfig, num_clients: int, *, backbone: Backbone | None = None, batch_size: int = 32,
+                    lora_rank: int = 8) -> list[DeviceProfile]:
+    """Client i's device profile: ``systems.boards`` cycled over the clients, with ``systems.profiles`` overrides.
+
+    Args:
+        backbone: the ViT the boards train (``systems.backbones``); None: ViT-B/16 (:data:`PROFILES`).
+        batch_size: ``train.batch_size`` (the activation memory of a trainable block).
+        lora_rank: the adapters' rank.
+    """
+    table = dict(PROFILES) if backbone is None else board_profiles(backbone, batch_size, lora_rank=lora_rank)
     for name, fields in cfg.profiles.items():
         table[name] = replace(table[name], **fields) if name in table else DeviceProfile(name=name, **fields)
     names = list(PAPER_TESTBED) if cfg.boards == "paper_testbed" else list(cfg.boards)
