@@ -36,7 +36,7 @@ def test_caff_depths_are_capacity_proportional_by_hand(tmp_path, one_thread):
 def test_caff_section_defaults_and_checks():
     cfg = load_config(TINY)
     assert cfg.method.systems.depth_policy == "capacity" and cfg.method.systems.bandwidth_allocation == "equal"
-    assert cfg.method.train_head is True  # the tiny config trains the fresh head; the default is LoRA only
+    assert cfg.method.train_head == "auto"  # CAFF's head is newly drawn for the task: auto trains it
     assert load_config(TINY, ["--caff.train_head", "false"]).method.train_head is False
     with pytest.raises(ConfigError) as err:
         load_config(TINY, ["--caff.systems.bandwidth_allocation", "fair"])

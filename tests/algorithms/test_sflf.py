@@ -51,7 +51,7 @@ def test_sflf_starts_from_the_weights_file_reports_memory_and_times_the_upload_b
     row = _rows(run)[0]
     assert float(row["over_memory_devices"]) == 3 and float(row["mean_requested_depth"]) == 4
 
-    # uploads: the trained blocks' LoRA + the head (train_head: true) + the per-block contributions + n
+    # uploads: the trained blocks' LoRA + the head (train_head: auto → a fresh head trains) + the per-block contributions + n
     lora_per_block = sum(v.numel() for k, v in state.items() if k.startswith("lora.blocks.0."))
     head = sum(v.numel() for k, v in state.items() if k.startswith("head."))
     depths = np.array(summary["final_depths"])
@@ -85,9 +85,11 @@ def _partition(cfg):
     return partition_for(cfg, splits.train_targets)
 
 
-def test_lora_only_by_default_leaves_the_head_at_its_start(tmp_path, one_thread):
-    """train_head: false (the paper's LoRA-only fine-tuning): no head in the uploads, the global head unchanged."""
-    cfg = load_config(TINY, ["--output_dir", str(tmp_path), "--federation.rounds", "1", "--sflf.train_head", "false"])
+def test_sflfs_fresh_head_receives_gradients_under_train_head_auto(tmp_path, one_thread):
+    """train_head: auto (the default): SFLF's head is newly drawn for the task, so it trains with LoRA — the global
+    head moves away from its seeded start, and it is in every upload (the one reading for all LoRA methods)."""
+    cfg = load_config(TINY, ["--output_dir", str(tmp_path), "--federation.rounds", "1"])
+    assert cfg.method.train_head == "auto"
     summary = Simulation(cfg=cfg, loggers=[]).run()
     state = torch.load(cfg.run_dir / "checkpoints" / "server.pt", weights_only=False)["state"]
     with torch.random.fork_rng():
@@ -96,11 +98,13 @@ def test_lora_only_by_default_leaves_the_head_at_its_start(tmp_path, one_thread)
 
         f = cfg.method
         start = timm.create_model(f.pretrain_model, pretrained=False, num_classes=10, **f.pretrain_overrides)
-    torch.testing.assert_close(state["head.weight"], start.head.weight, rtol=0, atol=0)
+    assert not torch.equal(state["head.weight"], start.head.weight)  # it received gradients and was averaged
+    assert torch.isfinite(state["head.weight"]).all()
     lora_per_block = sum(v.numel() for k, v in state.items() if k.startswith("lora.blocks.0."))
+    head = sum(v.numel() for k, v in state.items() if k.startswith("head."))
     depths = np.array(summary["final_depths"])
-    assert summary["bytes_up"] == (4 * (lora_per_block * depths + depths) + SCALAR_BYTES).sum()
-    assert summary["train_head"] is False
+    assert summary["bytes_up"] == (4 * (lora_per_block * depths + head + depths) + SCALAR_BYTES).sum()
+    assert summary["train_head"] is True and summary["train_head_setting"] == "auto"
 
 
 @pytest.mark.parametrize("key, hint", [("rho", "did you mean 'sflf.lora'?"), ("vae_image_size", "allowed here"),
