@@ -183,6 +183,9 @@ def test_food101_config_fails_offline_with_one_line(tmp_path):
     (["--fedisyn.synthetic_lambda", "null", "--fedisyn.scaling_kappa", "[1, -0.5, 2, 0]"], "fedisyn.scaling_kappa"),
     (["--fedisyn.scaling_kappa", "[1, .inf, 2, 0]"], "fedisyn.scaling_kappa"),
     (["--fedisyn.min_fresh_fraction", "1.0"], "fedisyn.min_fresh_fraction"),
+    (["--fedisyn.min_timestep", "0"], "fedisyn.min_timestep"),  # privacy: s >= 1
+    (["--fedisyn.timestep", "0"], "fedisyn.timestep"),
+    (["--fedisyn.systems.backbone", "resnet50"], "fedisyn.systems.backbone"),
 ])
 def test_bad_fedisyn_settings_name_their_key(override, key):
     with pytest.raises(ConfigError) as err:

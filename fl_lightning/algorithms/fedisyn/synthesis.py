@@ -140,7 +140,8 @@ class FeatureGuidedConfig(TextOnlyConfig):
 
     encode_batch_size: int = 16  # images per VAE call on a client
     num_centroids: int = 4  # Z k-means centroids per class per client
-    timestep: int | None = None  # s; null: random in [0, max_timestep] per class
+    timestep: int | None = None  # s; null: random in [min_timestep, max_timestep] per class
+    min_timestep: int = 1  # floor of s (the paper draws s in 1..S): s = 0 would upload an almost clean latent
     max_timestep: int = 600  # S: above ~600 of 1000 the class content is mostly noise
     rho: float = 0.7  # Ē = ρ·e_z + (1−ρ)·e_avg
     # feature_guided = FeDiSyn; text_only = pure noise + prompts, clients upload counts only (w/o FG)
@@ -150,9 +151,12 @@ class FeatureGuidedConfig(TextOnlyConfig):
         super().__post_init__()
         check(self.encode_batch_size >= 1, "encode_batch_size", self.encode_batch_size, "an int >= 1")
         check(self.num_centroids >= 1, "num_centroids", self.num_centroids, "an int >= 1")
-        check(0 <= self.max_timestep < 1000, "max_timestep", self.max_timestep, "an int in [0, 999]")
-        check(self.timestep is None or 0 <= self.timestep < 1000, "timestep", self.timestep,
-              "null or an int in [0, 999]")
+        check(1 <= self.min_timestep <= 999, "min_timestep", self.min_timestep,
+              "an int in [1, 999] (s = 0 would upload an almost clean latent)")
+        check(self.min_timestep <= self.max_timestep < 1000, "max_timestep", self.max_timestep,
+              f"an int in [min_timestep={self.min_timestep}, 999]")
+        check(self.timestep is None or self.min_timestep <= self.timestep < 1000, "timestep", self.timestep,
+              f"null or an int in [min_timestep={self.min_timestep}, 999] (s >= 1: s = 0 uploads an almost clean latent)")
         check(0 <= self.rho <= 1, "rho", self.rho, "a float in [0, 1]")
 
 
@@ -288,7 +292,8 @@ class FeatureGuidedSynthesis(TextOnlySynthesis):
         batches = m.client_images(client, batch_size=f.encode_batch_size, size=f.vae_image_size)
         uploads = client_latent_uploads(self.components.vae, self.components.scheduler, batches,
                                         num_centroids=f.num_centroids, timestep=f.timestep,
-                                        max_timestep=f.max_timestep, seed=client_seed(m.cfg.seed, round_idx,
+                                        max_timestep=f.max_timestep, min_timestep=f.min_timestep,
+                                        seed=client_seed(m.cfg.seed, round_idx,
                                                                                       client.index),
                                         batch_size=f.encode_batch_size)
         return to_upload(uploads)
