@@ -15,7 +15,8 @@ synthesis → full-parameter FedAvg), FGL (captions → full-parameter FedAvg).
 
 Server memory lives in the State only (checkpointed, survives ``--resume``): ``backbone.*``,
 ``head.*``, ``lora.*``, the contribution table ``sys.contrib`` / ``sys.contrib_round`` (N, L), the
-clock ``sys.clock`` (H_gene, H_pre, Σ H^t), λ, the synthetic volume, the last depths, what the policy
+clock ``sys.clock`` (H_gene, H_pre, Σ H^t, the synthesis upload), the traffic ``sys.bytes_up`` (synthesis
+phase, fine-tuning), λ, the synthetic volume, the last depths, what the policy
 requested and each device's memory limit.
 """
 
@@ -42,7 +43,8 @@ from fl_lightning.modules.lora_classifier import LoRAClassifier
 
 __all__ = ["FeDiSyn", "FeDiSynConfig", "FeDiSynFamily"]
 
-_CLOCK = ("generation", "pretraining", "round")  # the order of sys.clock
+_CLOCK = ("generation", "pretraining", "round", "synthesis_upload")  # the order of sys.clock
+_TRAFFIC = ("synthesis", "finetune")  # the order of sys.bytes_up: what the paper counts is the fine-tuning uploads
 
 
 class FeDiSynFamily(StagedAlgorithm):
@@ -150,7 +152,8 @@ class FeDiSynFamily(StagedAlgorithm):
     # -- state, evaluation, reports ---------------------------------------------------------------
     def initial_state(self) -> State:
         """The simulated clock (H_gene, H_pre, Σ H^t: one timeline for all stages), then each stage's own state."""
-        return {"sys.clock": torch.zeros(3, dtype=torch.float64), **super().initial_state()}
+        return {"sys.clock": torch.zeros(len(_CLOCK), dtype=torch.float64),
+                "sys.bytes_up": torch.zeros(len(_TRAFFIC), dtype=torch.float64), **super().initial_state()}
 
     def evaluate(self, state: State) -> dict[str, Any]:
         self.tuning.load_global(state)
@@ -158,12 +161,20 @@ class FeDiSynFamily(StagedAlgorithm):
         return evaluate_on_test(self.env, self.module)
 
     def round_extras(self, round_idx: int, state: State) -> dict[str, float]:
-        return {"simulated_time_s": float(state["sys.clock"].sum()), **self.tuning.round_extras(state)}
+        return {"simulated_time_s": float(state["sys.clock"].sum()), **self._traffic(state),
+                **self.tuning.round_extras(state)}
+
+    @staticmethod
+    def _traffic(state: State) -> dict[str, float]:
+        """The synthesis-phase upload (latents, captions, counts) and the fine-tuning uploads, cumulative bytes."""
+        return {f"bytes_up_{name}": float(v) for name, v in zip(_TRAFFIC, state["sys.bytes_up"].tolist())}
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         clock = state["sys.clock"].tolist()
         return {"simulated_time_s": float(sum(clock)),
-                **{f"simulated_{name}_s": float(v) for name, v in zip(_CLOCK, clock)},
+                **{f"simulated_{name}_s": float(v) for name, v in zip(_CLOCK, clock)}, **self._traffic(state),
+                # what the paper's traffic figures (and the curves' traffic axis) count: fine-tuning uploads
+                "traffic_counted": "bytes_up_finetune",
                 **super().summary_extras(state), "stages": [type(stage).__name__ for stage in self.parts],
                 "num_blocks": int(self.num_blocks)}
 

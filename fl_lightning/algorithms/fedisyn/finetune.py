@@ -225,7 +225,9 @@ class FineTuningStage(Stage):
         own.round_time = torch.tensor(plan.round_time_s, dtype=torch.float64)
         clock = state["sys.clock"].clone()
         clock[2] += plan.round_time_s  # H^t: the last device has computed and uploaded
-        new.update({**own.state_dict(), "sys.clock": clock})
+        traffic = state["sys.bytes_up"].clone()
+        traffic[1] += sum(float(u.num_bytes) for _, u in uploads.items())  # the fine-tuning uploads
+        new.update({**own.state_dict(), "sys.clock": clock, "sys.bytes_up": traffic})
         return new
 
     def round_extras(self, state: State) -> dict[str, float]:
