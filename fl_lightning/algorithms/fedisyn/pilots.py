@@ -111,9 +111,14 @@ def auto_lambda(points: PilotPoints, target_accuracy: float) -> Calibration:
     """``synthetic_lambda: auto``: fit Eq. (13) to the pilots and return the fit with its minimiser λ*.
 
     Raises:
-        ValueError: the pilots cannot be fitted, or the fit has no interior minimum (κ1 ≤ 0, κ2 ≤ 0 or h0 = 0).
+        ValueError: the pilots cannot be fitted, or the fit has no finite interior minimum (κ1 ≤ 0, κ2 ≤ 0,
+            h0 = 0, or λ* beyond float range).
     """
-    cal = calibrate(points, target_accuracy)
+    try:
+        cal = calibrate(points, target_accuracy)
+    except OverflowError:  # e^{κ3 Acc} or λ* beyond float range: the pilots do not pin the law down
+        raise ValueError("the pilots' fit puts λ* beyond float range: run pilots that reach different accuracies, "
+                         "or give synthetic_lambda as a number") from None
     if cal.lam_star is None or not (math.isfinite(cal.lam_star) and cal.lam_star > 0):
         p = cal.params
         raise ValueError(f"the pilots' fit has no minimum in λ (κ1={p.kappa1:.3g}, κ2={p.kappa2:.3g}, h0={points.h0:.3g}): "
