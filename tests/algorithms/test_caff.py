@@ -29,6 +29,7 @@ def test_caff_depths_are_capacity_proportional_by_hand(tmp_path, one_thread):
     assert summary["final_depths"] == [min(r, m) for r, m in zip(requested, limits)]
     assert summary["over_memory_clients"] == [i for i, (r, m) in enumerate(zip(requested, limits)) if r > m]
     assert summary["depth_policy"] == "capacity" and summary["bandwidth_allocation"] == "equal"
+    assert summary["train_head"] is True  # CAFF's head is newly drawn for the task: train_head auto trains it
     assert summary["synthetic_images"] == 0 and not (cfg.run_dir / "synthetic").exists()
     assert 0.0 <= summary["accuracy"] <= 1.0 and summary["simulated_time_s"] > 0
 

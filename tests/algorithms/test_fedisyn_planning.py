@@ -108,3 +108,20 @@ def test_full_parameter_fedavg_uploads_the_whole_model_at_full_depth():
     np.testing.assert_allclose(plan.payload_bits, model_bits)
     _, _, T = _hand_round(cfg, profiles, np.full(4, 50.0), plan.depths, plan.payload_bits)
     assert plan.round_time_s == pytest.approx(T, rel=1e-12)
+
+
+@pytest.mark.parametrize("allocation", ["equal", "wfba"])
+def test_the_synthesis_upload_is_timed_on_the_channel_by_hand(allocation):
+    """Round 0's latents/captions/counts: no compute first; B/N → max_i S_i N / (B e_i); WFBA → everyone finishes
+    together at Σ_i S_i / e_i / B (φ(T) = Σ a_i / T − B = 0 with H = 0)."""
+    from fl_lightning.algorithms.fedisyn.planning import upload_time_s
+
+    cfg = SystemsConfig(bandwidth_allocation=allocation)
+    profiles = client_profiles(cfg, 4)
+    bits = {0: 8e6, 1: 2.4e7, 2: 1.6e6, 3: 4e6}
+    e = _channel_by_hand(cfg, profiles)
+    S = np.array([bits[c] for c in range(4)])
+    expected = (np.max(S * 4 / (cfg.total_bandwidth_hz * e)) if allocation == "equal"
+                else float((S / e).sum() / cfg.total_bandwidth_hz))
+    assert upload_time_s(cfg, profiles, bits) == pytest.approx(expected, rel=1e-9)
+    assert upload_time_s(cfg, profiles, {}) == 0.0
