@@ -103,8 +103,9 @@ class MethodCheck:
 
 
 def latent_upload_bytes(num_centroids: int, latent_shape: tuple[int, ...]) -> int:
-    """One client-class upload: Z noised centroids + the noised mean (fp32) + label, count, timestep (int64)."""
-    return int((num_centroids + 1) * math.prod(latent_shape) * 4 + 3 * 8)
+    """One client-class upload: Z noised centroids + the noised mean (fp32) + label, count, timestep, Z' (64-bit),
+    as ``synthesis.latents.ClassLatentUpload.num_bytes`` counts it."""
+    return int((num_centroids + 1) * math.prod(latent_shape) * 4 + 4 * 8)
 
 
 def _feature_guided_image_s(server: ServerProfile, p: PaperFigures) -> float:
@@ -168,8 +169,9 @@ def paper_consistency(*, reference_loss_db: float, paper: PaperFigures = FOOD101
     latents = paper.num_classes * latent_upload_bytes(paper.num_centroids, paper.latent_shape) * 8.0
     counts = paper.num_classes * 8 * 8.0
     captions = (paper.train_images / N) * paper.caption_bytes * 8.0 + counts
-    caption_compute = float(np.max(D * 2 * backbone("vit_base_patch16_224").forward_macs * (384 / 224) ** 2
-                                   / (arrays["forward_time_s"] ** -1 * vit.forward_macs)))  # 2 ViT-B/16 @ 384 px
+    macs_per_s = vit.forward_macs / arrays["forward_time_s"]  # each board's effective MAC/s
+    blip_macs = 2 * replace(backbone("vit_base_patch16_224"), image_size=384).forward_macs  # encoder + decoder
+    caption_compute = float(np.max(D * blip_macs / macs_per_s))  # FGL: every device captions its images
     text_gen = images * _text_only_image_s(server, paper)
     setting = {  # method: (policy, allocation, head bits, full-parameter, server s, synthesis upload s)
         "fedisyn": ("clc", "wfba", 0.0, False, paper.fedisyn_generation_s + pretrain_s, upload_s(latents, "wfba")),

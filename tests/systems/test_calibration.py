@@ -46,6 +46,6 @@ def test_reference_loss_is_the_fit() -> None:
 
 
 def test_latent_bytes_and_generation_steps_by_hand() -> None:
-    assert latent_upload_bytes(4, (4, 64, 64)) == 5 * 4 * 64 * 64 * 4 + 24
+    assert latent_upload_bytes(4, (4, 64, 64)) == 5 * 4 * 64 * 64 * 4 + 32  # + label, count, timestep, Z'
     assert generation_steps(999, 50) == 50 and generation_steps(0, 50) == 1 and generation_steps(599, 50) == 30
     assert RTX_4090.unet_step_s * 50 + RTX_4090.decode_s == pytest.approx(1.69)
