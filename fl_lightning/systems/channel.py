@@ -40,6 +40,13 @@ the link budget of free space at 10 m (60 dB at 2.4 GHz) plus 4.5 dB of shadowin
 thermal-noise-limited receiver with a 7 dB noise figure (−97 dBm): 47.5 + (−80 + 97) = 64.5 dB. The
 devices then see SNRs of about 0 to +5 dB, e_i ≈ 1.0–2.3 bit/s/Hz (placement seed 0), ~1–2.3 Mbit/s on
 a 1 MHz share.
+
+What the paper's numbers do not let hold at once: a channel fast enough for GPT-FL's and FGL's
+full-model traffic makes a LoRA upload a small part of a round, so water-filling changes a CIFAR-10
+FeDiSyn round by < 1 % (bench ``wfba_vs_equal``: 1.008) where the paper's w/o-WFBA ablation needs 41.7 %
+more time; and CLC then picks deeper blocks than FeDiSyn's 7.4 MB of traffic allows (one round at its
+depths sends ~29 MB; the check charges one round). Any PL0 that restores the WFBA gap makes FGL and
+GPT-FL slower than the paper reports.
 """
 
 from __future__ import annotations
