@@ -10,8 +10,11 @@ uploaded so far ``bytes_up``. :func:`write_curves` reads those files beside the 
 * ``curves_time.png`` / ``curves_traffic.png`` — best-so-far accuracy against simulated time and against
   uploaded traffic, one line per method.
 
-Traffic is what the devices upload (the paper's traffic figures — e.g. 7.4 MB for FeDiSyn vs 262.1 MB
-for CAFF on non-IID Food-101 — count uploads; see ``systems/channel.py``). A method's label is the run's
+Traffic is what the devices upload in fine-tuning — what the paper's traffic figures count (7.4 MB for
+FeDiSyn vs 262.1 MB for CAFF on non-IID Food-101 cannot hold FeDiSyn's ~0.3 GB of fp32 latents; see
+``systems/calibration.py``): the ``bytes_up_finetune`` column where a run has it. The synthesis-phase
+upload (latents, captions, counts; ``bytes_up_synthesis``) is a column of ``curves.csv`` of its own, and
+it is on the simulated clock either way. A method's label is the run's
 ``label`` (the comparison's row name) or, failing that, its algorithm.
 
 Command line::
@@ -49,6 +52,7 @@ class Curve:
     time_s: list[float]
     traffic_mb: list[float]
     accuracy: list[float]
+    synthesis_mb: list[float] | None = None  # the synthesis-phase upload so far (None: the run has no such column)
 
     @property
     def best(self) -> list[float]:
@@ -77,8 +81,10 @@ def read_curve(run_dir: str | Path) -> Curve:
         label = json.loads((run / "summary.json").read_text()).get("algorithm")
     return Curve(label=str(label or run.name), rounds=[int(r["round"]) for r in rows],
                  time_s=[float(r["simulated_time_s"]) for r in rows],
-                 traffic_mb=[float(r["bytes_up"]) / _MB for r in rows],
-                 accuracy=[float(r["accuracy"]) for r in rows])
+                 traffic_mb=[float(r.get("bytes_up_finetune", r["bytes_up"])) / _MB for r in rows],
+                 accuracy=[float(r["accuracy"]) for r in rows],
+                 synthesis_mb=[float(r["bytes_up_synthesis"]) / _MB for r in rows] if "bytes_up_synthesis" in rows[0]
+                 else None)
 
 
 def first_reaching(curve: Curve, target: float) -> tuple[float, float] | None:
@@ -131,9 +137,11 @@ def write_curves(run_dirs: Sequence[str | Path], out_dir: str | Path,
              "time_plot": out / "curves_time.png", "traffic_plot": out / "curves_traffic.png"}
     with paths["curves"].open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["method", "round", "simulated_time_s", "traffic_up_mb", "accuracy", "best_accuracy"])
+        w.writerow(["method", "round", "simulated_time_s", "traffic_up_mb", "accuracy", "best_accuracy",
+                    "synthesis_up_mb"])
         for c in curves:
-            for row in zip(c.rounds, c.time_s, c.traffic_mb, c.accuracy, c.best):
+            synthesis = c.synthesis_mb or [""] * len(c.rounds)
+            for row in zip(c.rounds, c.time_s, c.traffic_mb, c.accuracy, c.best, synthesis):
                 w.writerow([c.label, *row])
     with paths["time_to_accuracy"].open("w", newline="") as f:
         w = csv.writer(f)
@@ -143,7 +151,7 @@ def write_curves(run_dirs: Sequence[str | Path], out_dir: str | Path,
                 hit = first_reaching(c, target)
                 w.writerow([c.label, target, *(hit if hit else ("", ""))])
     _plot(curves, "time_s", paths["time_plot"], "simulated time (s)")
-    _plot(curves, "traffic_mb", paths["traffic_plot"], "uploaded traffic (MB)")
+    _plot(curves, "traffic_mb", paths["traffic_plot"], "fine-tuning uploads (MB)")
     return paths
 
 

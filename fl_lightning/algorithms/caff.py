@@ -6,8 +6,9 @@ As the paper defines it: the ViT starts from ImageNet weights (no synthetic data
 LoRA-tunes a depth proportional to its compute capability, 1 / (h̄_i + L h_i): the fastest device
 gets all L blocks, device i round(L · cap_i / max cap) (``systems.clc.capacity_depths``), capped by
 its memory and reported when capped. Uploads share the bandwidth equally (B/N), as the channel
-calibration assumes (``systems/channel.py``: CAFF's 31,905 s to 80 % on Food-101 IID fixes PL0).
-Everything else is FeDiSyn's fine-tuning stage.
+calibration assumes for every baseline (``systems/calibration.py``). The head: CAFF's ImageNet model gets a
+fresh C-way head, which trains with LoRA (``train_head: auto``) and travels in every upload. Everything
+else is FeDiSyn's fine-tuning stage.
 
 Config: the ``caff:`` section holds the keys of its two stages (``pretrain_model``,
 ``pretrain_checkpoint`` = the local ImageNet weights, ``finetune_lr``, ``train_head``, ``lora.*``,

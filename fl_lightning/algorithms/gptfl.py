@@ -11,7 +11,8 @@ Rounds 1..T (:class:`FullFedAvg`): every device trains ALL weights of the ViT (b
 E epochs and uploads them; the server averages them weighted by data size, and the next download is
 the whole model again. Its traffic counts in ``bytes_up``/``bytes_down``, and the channel model times
 each device's upload of the whole model (32 bits per parameter) under the equal split B/N — the
-baselines have no allocation of their own (``systems/channel.py``).
+baselines have no allocation of their own (``systems/calibration.py``). Round 0's counts are charged
+on the channel clock like any upload, and generation and pre-training on the server profile.
 
 Departures (said here, not hidden): the volume per class is FeDiSyn's λ·D^k, so that the comparison
 changes the generation and the fine-tuning only (GPT-FL fixes a number of images per class; knowing

@@ -5,11 +5,12 @@
 As the paper defines it: the ViT starts from ImageNet weights (no synthetic data, no server
 pre-training) and every device LoRA-tunes ALL blocks; uploads share the bandwidth equally (B/N:
 the baselines have no allocation of their own, the assumption behind the channel calibration in
-``systems/channel.py``). Everything else — the LoRA adapters, local training, block-wise FedAvg,
+``systems/calibration.py``); the fresh C-way head on the ImageNet model trains with LoRA (``train_head:
+auto``) and travels in every upload. Everything else — the LoRA adapters, local training, block-wise FedAvg,
 the simulated devices and channel — is FeDiSyn's fine-tuning stage, so the comparison changes only
 what the paper changes.
 
-Memory: a device that cannot hold all L blocks (the testbed's Orin NX boards hold 6 of ViT-B's 12)
+Memory: a device that cannot hold all L blocks (at batch 32 the testbed's Orin NX boards hold 20 of ViT-L's 24)
 trains as many as it holds; ``summary.json`` lists it in ``over_memory_clients`` with its
 ``requested_depths`` and ``memory_limits``, and ``metrics.csv`` counts ``over_memory_devices`` per round.
 

@@ -26,15 +26,16 @@
    sum of weights, activations saved for backward (``saved_tensors_hooks``, parameters not
    counted twice), gradients and AdamW state — the terms that make up a step's peak.
 
-5. ``wfba_vs_equal`` / ``clc_vs_capacity`` / ``calibration_caff_time`` — the system model under the
-   paper's settings (10-device testbed, ViT-B/16 with rank-8 LoRA on qkv + proj, B = 10 MHz FDMA,
-   the calibrated channel of ``systems/channel.py``), pure arithmetic, identical in ``quick``:
-   the round time of the equal split B/N over WFBA's for FeDiSyn's CLC depths on CIFAR-10 (the
-   paper's "w/o WFBA" ablation; its reported gap is +41.7 % time to 74 %), the CLC depths next to
-   CAFF's capacity depths with the utility U = Σ c_i / T of each, and the model's CAFF time to 80 %
-   on Food-101 IID over the paper's 31,905 s (the figure the channel is calibrated on). CLC needs
-   contributions; as no run is made here they are C[i, l] = D_i / Σ D · w_l with w rising
-   geometrically from 0.2 (first block) to 1 (last): later blocks weigh more, devices by data.
+5. ``wfba_vs_equal`` / ``clc_vs_capacity`` / ``paper_<method>_time`` / ``paper_consistency_worst`` — the
+   system model under the paper's settings (10-device testbed priced per backbone at batch 32: ViT-B/16 for
+   CIFAR-10, ViT-L/16 for Food-101; rank-8 LoRA on qkv + proj; B = 10 MHz FDMA; the channel calibrated in
+   ``systems/calibration.py``), pure arithmetic, identical in ``quick``: the round time of the equal split
+   B/N over WFBA's for FeDiSyn's CLC depths on CIFAR-10 (the paper's "w/o WFBA" ablation; its reported gap
+   is +41.7 % time to 74 %), the CLC depths next to CAFF's capacity depths with the utility U = Σ c_i / T
+   of each, and per method (FeDiSyn, CAFF, SFLF, FGL, GPT-FL) the model's time to 80 % on Food-101 over the
+   paper's, with ``paper_consistency_worst`` the largest of these ratios (and of the implied λ* over 1),
+   which must be ≤ 1. CLC needs contributions; as no run is made here they are C[i, l] = D_i / Σ D · w_l
+   with w rising geometrically from 0.2 (first block) to 1 (last): later blocks weigh more, devices by data.
 
 Sizes: the default uses timm ``vit_base_patch16_224`` (random weights, 101 classes, batch 8) and
 224 px images; ``quick`` a 12-block ViT of width 32 on 32 px images (same depth, so CLC and the
@@ -70,9 +71,11 @@ from fl_lightning.models.lora import LoraSpec, last_blocks, lora_bits_per_layer,
 from fl_lightning.modules.lora_classifier import LoRAClassifier
 from fl_lightning.synthesis.generate import decode_latents, denoise_latents, encode_prompts
 from fl_lightning.synthesis.latents import ClassLatentUpload, client_latent_uploads, to_upload
-from fl_lightning.systems.channel import ChannelConfig, device_spectral_efficiency
+from fl_lightning.systems.backbones import backbone, lora_params_per_block
+from fl_lightning.systems.calibration import FOOD101, paper_consistency
+from fl_lightning.systems.channel import REFERENCE_LOSS_DB, ChannelConfig, device_spectral_efficiency
 from fl_lightning.systems.clc import contribution_aware_depths, depth_contribution, depth_round_time, policy_depths
-from fl_lightning.systems.devices import paper_testbed, profile_arrays
+from fl_lightning.systems.devices import board_profiles, paper_testbed, profile_arrays
 
 __all__ = ["FeDiSynSizes", "sizes_for", "run"]
 
@@ -306,7 +309,7 @@ def _round_overhead(sizes: FeDiSynSizes, step_time_by_depth: dict[int, float], l
                     num_blocks: int) -> dict[str, Any]:
     cpu = torch.device("cpu")  # the server's planning and averaging run on the host
     channel = ChannelConfig()
-    profiles = profile_arrays(paper_testbed())
+    profiles = profile_arrays(paper_testbed())  # ViT-B/16 at batch 32 (the model benchmarked here)
     n_dev = len(profiles["forward_time_s"])
     _, efficiency = device_spectral_efficiency(profiles["transmit_power_w"], config=channel, seed=_SEED)
     rng = np.random.default_rng(_SEED)
@@ -357,29 +360,32 @@ def _round_overhead(sizes: FeDiSynSizes, step_time_by_depth: dict[int, float], l
 
 
 # -- 5. the system model under the paper's settings -----------------------------------------------------
-_NUM_BLOCKS = 12  # ViT-B/16
-_LORA_BITS_PER_BLOCK = 8 * ((768 + 3 * 768) + (768 + 768)) * 32  # rank 8 on qkv + proj, float32: 1,179,648
-_PAPER = {  # figures the paper reports (the calibration in systems/channel.py)
-    "caff_food101_iid_time_s": 31_905.0, "fedisyn_food101_iid_time_s": 17_584.0,
-    "caff_food101_noniid_bytes": 262.1e6, "fedisyn_food101_noniid_bytes": 7.4e6,
-    "gptfl_food101_noniid_bytes": 13_676e6, "wfba_gap_cifar10": 0.417,
-}
-_SAMPLES = {"cifar10": 50_000 / 10, "food101": 75_750 / 10}  # images per device, 1 local epoch
+# per data set: (backbone, images per device for 1 local epoch); the paper's CIFAR-10 / Food-101 settings
+_DATASETS = {"cifar10": ("vit_base_patch16_224", 50_000 / 10), "food101": ("vit_large_patch16_224", 75_750 / 10)}
+_BATCH, _RANK = 32, 8  # the configs' train.batch_size and LoRA rank
+_PAPER_WFBA_GAP_CIFAR10 = 0.417  # w/o WFBA needs 41.7 % more time to 74 %
+
+
+def _layer_bits(model: str) -> float:
+    """τ: float32 bits of one block's rank-8 LoRA on qkv + proj (ViT-B/16: 36,864 params, ViT-L/16: 49,152)."""
+    return 32.0 * lora_params_per_block(backbone(model).embed_dim, _RANK)
 
 
 def _system_setting(dataset: str) -> dict[str, Any]:
-    profiles = profile_arrays(paper_testbed())
-    channel = ChannelConfig()
+    model, samples = _DATASETS[dataset]
+    vit = backbone(model)
+    profiles = profile_arrays(paper_testbed(board_profiles(vit, _BATCH, lora_rank=_RANK)))
+    channel = ChannelConfig()  # the calibrated channel (PL0 fitted by systems/calibration.py)
     _, efficiency = device_spectral_efficiency(profiles["transmit_power_w"], config=channel, seed=0)  # placement_seed 0
     n = len(efficiency)
-    D = np.full(n, _SAMPLES[dataset])
-    w = np.geomspace(0.2, 1.0, _NUM_BLOCKS)  # later blocks weigh more
+    D = np.full(n, samples)
+    w = np.geomspace(0.2, 1.0, vit.depth)  # later blocks weigh more
     return dict(
-        profiles=profiles, efficiency=efficiency, bandwidth=channel.total_bandwidth_hz,
+        num_blocks=vit.depth, profiles=profiles, efficiency=efficiency, bandwidth=channel.total_bandwidth_hz,
         contributions=(D / D.sum())[:, None] * w[None, :],
         timing=dict(num_samples=D, forward_time_s=profiles["forward_time_s"],
                     backward_time_per_layer_s=profiles["backward_time_per_layer_s"],
-                    layer_bits=float(_LORA_BITS_PER_BLOCK), spectral_efficiency=efficiency,
+                    layer_bits=_layer_bits(model), spectral_efficiency=efficiency,
                     total_bandwidth_hz=channel.total_bandwidth_hz),
         memory={k: profiles[k] for k in ("fixed_memory_gb", "memory_per_layer_gb", "memory_budget_gb")},
     )
@@ -387,7 +393,7 @@ def _system_setting(dataset: str) -> dict[str, Any]:
 
 def _depths(setting: dict[str, Any], policy: str, allocation: str = "wfba") -> np.ndarray:
     t = setting["timing"]
-    return policy_depths(policy, num_layers=_NUM_BLOCKS, contributions=setting["contributions"],
+    return policy_depths(policy, num_layers=setting["num_blocks"], contributions=setting["contributions"],
                          allocation=allocation, **setting["memory"], **t).depths
 
 
@@ -398,9 +404,10 @@ def _round(setting: dict[str, Any], depths: np.ndarray, allocation: str) -> dict
     return {"round_time_s": T, "max_compute_s": float(compute.max()), "bandwidth_hz": bandwidth.tolist()}
 
 
-def _system_model() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def _system_model() -> dict[str, dict[str, Any]]:
+    """WFBA vs B/N and CLC vs capacity under the calibration, and the calibration against the paper's figures."""
     per_dataset: dict[str, Any] = {}
-    for dataset in _SAMPLES:
+    for dataset in _DATASETS:
         setting = _system_setting(dataset)
         rows = {}
         for policy in ("clc", "capacity", "full"):
@@ -411,18 +418,20 @@ def _system_model() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
         # The ablation as a whole: CLC optimising against B/N, run with B/N.
         x_eq = _depths(setting, "clc", allocation="equal")
         rows["clc_planned_for_equal"] = {"depths": x_eq.tolist(), "equal": _round(setting, x_eq, "equal")}
-        per_dataset[dataset] = {"spectral_efficiency": setting["efficiency"].tolist(), "policies": rows}
+        per_dataset[dataset] = {"backbone": _DATASETS[dataset][0], "spectral_efficiency": setting["efficiency"].tolist(),
+                                "policies": rows}
 
     cifar = per_dataset["cifar10"]["policies"]
-    wfba_fig = figure(
-        cifar["clc"]["equal_over_wfba"], "x", op=">=", bound=1.2,
-        note=(f"CIFAR-10, CLC depths: round {cifar['clc']['equal']['round_time_s']:.0f} s at B/N vs "
+    figures = {"wfba_vs_equal": figure(
+        cifar["clc"]["equal_over_wfba"], "x",
+        note=(f"CIFAR-10 (ViT-B/16), CLC depths: round {cifar['clc']['equal']['round_time_s']:.0f} s at B/N vs "
               f"{cifar['clc']['wfba']['round_time_s']:.0f} s with WFBA (paper: w/o WFBA +41.7 % time to 74 %)"),
-        details={"per_dataset": per_dataset, "paper_wfba_gap": _PAPER["wfba_gap_cifar10"],
-                 "lora_bits_per_block": _LORA_BITS_PER_BLOCK,
-                 "setting": "paper testbed (1 Xavier, 5 Orin NX, 3 AGX Orin, 1 Thor), 1 local epoch, ChannelConfig() "
-                            "defaults, placement seed 0, contributions D_i/ΣD · geomspace(0.2, 1, 12)"},
-    )
+        details={"per_dataset": per_dataset, "paper_wfba_gap": _PAPER_WFBA_GAP_CIFAR10,
+                 "lora_bits_per_block": {d: _layer_bits(m) for d, (m, _) in _DATASETS.items()},
+                 "setting": "paper testbed (1 Xavier, 5 Orin NX, 3 AGX Orin, 1 Thor) priced per backbone at batch 32, "
+                            "1 local epoch, ChannelConfig() defaults, placement seed 0, contributions "
+                            "D_i/ΣD · geomspace(0.2, 1, L)"},
+    )}
 
     setting = _system_setting("cifar10")
     clc, cap = _depths(setting, "clc"), _depths(setting, "capacity")
@@ -432,35 +441,35 @@ def _system_model() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
         utility[name] = {"depths": x.tolist(), "round_time_s": T,
                          "contribution": float(depth_contribution(setting["contributions"], x).sum()),
                          "utility": float(depth_contribution(setting["contributions"], x).sum()) / T}
-    clc_fig = figure(
+    figures["clc_vs_capacity"] = figure(
         utility["clc"]["utility"] / utility["capacity"]["utility"], "x",
         note=f"U(CLC) / U(capacity), CIFAR-10, WFBA: CLC {clc.tolist()} vs capacity {cap.tolist()}",
         details={**utility, "devices_differing": int((clc != cap).sum()), "depths_differ": bool((clc != cap).any())},
     )
 
-    # Calibration anchor: CAFF (capacity depths, B/N) on Food-101 IID, rounds from its traffic.
-    food = per_dataset["food101"]["policies"]
-    block_bytes = _LORA_BITS_PER_BLOCK / 8
-    caff_rounds = _PAPER["caff_food101_noniid_bytes"] / (block_bytes * sum(food["capacity"]["depths"]))
-    caff_time = caff_rounds * food["capacity"]["equal"]["round_time_s"]
-    fedisyn_blocks = _PAPER["fedisyn_food101_noniid_bytes"] / block_bytes
-    fedisyn_rounds = fedisyn_blocks / sum(food["clc"]["depths"])
-    fedisyn_round_s = food["clc"]["wfba"]["round_time_s"]
-    model_params = 85_876_325  # timm vit_base_patch16_224 with a 101-class head
-    cal_fig = figure(
-        caff_time / _PAPER["caff_food101_iid_time_s"], "x",
-        note=f"model CAFF time to 80 % on Food-101 IID {caff_time:,.0f} s / paper 31,905 s "
-             f"({caff_rounds:.1f} rounds of {food['capacity']['equal']['round_time_s']:.0f} s)",
-        details={"caff_rounds": caff_rounds, "caff_round_s": food["capacity"]["equal"]["round_time_s"],
-                 "caff_time_s": caff_time, "paper": _PAPER,
-                 "fedisyn_block_uploads": fedisyn_blocks, "fedisyn_rounds_at_clc_depths": fedisyn_rounds,
-                 "fedisyn_round_s": fedisyn_round_s,
-                 "fedisyn_server_time_left_s": _PAPER["fedisyn_food101_iid_time_s"] - fedisyn_rounds * fedisyn_round_s,
-                 "gptfl_full_model_uploads": _PAPER["gptfl_food101_noniid_bytes"] / (4 * model_params),
-                 "assumptions": "traffic = fp32 uploads; CAFF uses B/N; IID needs as many rounds as the non-IID "
-                                "traffic implies; Food-101 7,575 images/device, 1 epoch"},
+    # The calibration: every method's model time to 80 % on Food-101 (ViT-L/16) over the paper's (systems/calibration.py)
+    result = paper_consistency(reference_loss_db=REFERENCE_LOSS_DB)
+    checks = result["checks"]
+    for method, c in checks.items():
+        figures[f"paper_{method}_time"] = figure(
+            c.ratio, "x", op="<=", bound=1.0,
+            note=(f"model {c.model_time_s:,.0f} s / paper {c.paper_time_s:,.0f} s ({c.rounds:.1f} rounds of "
+                  f"{c.round_time_s:,.0f} s + server {c.server_s:,.0f} s + synthesis upload {c.synthesis_upload_s:,.0f} s)"),
+            details={**asdict(c), "ratio": c.ratio},
+        )
+    worst = result["worst"]
+    figures["paper_consistency_worst"] = figure(
+        worst, "x", op="<=", bound=1.0,
+        note=f"max model/paper over the Food-101 checks (worst: {result['worst_method']}); PL0 = {REFERENCE_LOSS_DB:g} dB, "
+             f"implied λ* = {result['lambda_star']:.3f}",
+        details={"reference_loss_db": REFERENCE_LOSS_DB, "lambda_star_implied": result["lambda_star"],
+                 "lambda_ratio": result["lambda_ratio"], "synthetic_images": result["synthetic_images"],
+                 "pretraining_s": result["pretraining_s"], "spectral_efficiency": result["spectral_efficiency"],
+                 "ratios": {m: c.ratio for m, c in checks.items()},
+                 "paper": {"time_to_80pct_s": dict(FOOD101.time_to_target_s), "traffic_mb": dict(FOOD101.traffic_mb),
+                           "fedisyn_generation_s": FOOD101.fedisyn_generation_s}},
     )
-    return wfba_fig, clc_fig, cal_fig
+    return figures
 
 
 def run(*, quick: bool = False, device: torch.device | None = None) -> dict[str, Any]:
@@ -475,5 +484,5 @@ def run(*, quick: bool = False, device: torch.device | None = None) -> dict[str,
                                                 {k: v.detach().cpu() for k, v in extra["lora_state"].items()},
                                                 extra["num_blocks"])
     results["lora_step_vs_full"], results["lora_memory_vs_depth"] = step_fig, mem_fig
-    results["wfba_vs_equal"], results["clc_vs_capacity"], results["calibration_caff_time"] = _system_model()
+    results.update(_system_model())
     return results

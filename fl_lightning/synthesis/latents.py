@@ -18,9 +18,14 @@ a class with N ≤ Z samples uploads its average only (Z' = 0, an empty centroid
 ``num_centroids = 0`` in the upload); the server then starts all of that client's images of the
 class from e_avg (:func:`fl_lightning.synthesis.generate.plan_generation`). We chose the mean over
 "fewer centroids of groups of samples" because it is the one statistic the method uploads for
-every class anyway, so a small class reveals nothing beyond what a large one does. Caveats: with
-N = 1 the mean *is* the sample (noised at s) — any per-class upload reveals that much; and with
-N > Z, k-means may still leave a singleton cluster, whose centroid is one sample.
+every class anyway, so a small class reveals nothing beyond what a large one does. With N > Z,
+k-means may still leave a cluster of one sample, whose centroid *is* that sample: such a cluster is
+never uploaded — only the centroids of clusters of at least two samples are (Z' ≤ Z; a class whose
+clusters are all singletons uploads its average only). Caveat: with N = 1 the class average is the
+sample (noised at s) — any per-class upload reveals that much.
+
+Noise floor: s ≥ ``min_timestep`` ≥ 1 (the paper draws s from 1..S): at s = 0 the forward process
+adds almost no noise (1 − ᾱ_0 ≈ 8.5e-4 for SD v1-5) and the upload would be a clean latent.
 
 Randomness (k-means initialisation, the timestep when it is drawn, the noise ε) comes from the
 ``seed`` argument and the class label only, so a class's upload does not depend on which other
@@ -36,6 +41,8 @@ import numpy as np
 import torch
 
 from fl_lightning.federation.transport import SCALAR_BYTES, Upload
+
+_MIN_CLUSTER = 2  # samples a k-means cluster needs before its centroid may leave the client
 
 __all__ = [
     "ClassLatentUpload",
@@ -127,8 +134,8 @@ def class_centroids(
         n_init: k-means restarts (scikit-learn ``n_init``).
 
     Returns:
-        ``(centroids, mean)``: (Z, C, h, w) — or (0, C, h, w) when N ≤ Z — and (C, h, w), dtype and
-        device of ``latents``.
+        ``(centroids, mean)``: (Z', C, h, w) — the centroids of the clusters of at least two samples, in
+        k-means order (Z' = 0 when N ≤ Z) — and (C, h, w), dtype and device of ``latents``.
     """
     if not isinstance(num_centroids, int) or isinstance(num_centroids, bool):
         raise TypeError(f"num_centroids must be an int, got {type(num_centroids).__name__}")
@@ -145,7 +152,9 @@ def class_centroids(
     from sklearn.cluster import KMeans  # here: scikit-learn costs import time to runs that never cluster
 
     km = KMeans(n_clusters=num_centroids, n_init=n_init, random_state=seed).fit(flat)
-    centroids = torch.from_numpy(km.cluster_centers_).reshape(num_centroids, *latents.shape[1:])
+    sizes = np.bincount(km.labels_, minlength=num_centroids)
+    kept = km.cluster_centers_[sizes >= _MIN_CLUSTER]  # a singleton's centroid is its sample: never uploaded
+    centroids = torch.from_numpy(kept).reshape(kept.shape[0], *latents.shape[1:])
     return centroids.to(device=latents.device, dtype=latents.dtype), mean
 
 
@@ -206,6 +215,7 @@ def client_latent_uploads(
     seed: int,
     batch_size: int = 16,
     n_init: int = 10,
+    min_timestep: int = 1,
 ) -> list[ClassLatentUpload]:
     """Everything one client sends the server in FeDiSyn step 1, one upload per class it holds.
 
@@ -215,8 +225,9 @@ def client_latent_uploads(
         images_by_class: ``{label: (N, 3, H, W) images in [0, 1]}``, or an iterable of
             ``(images, labels)`` batches (e.g. a DataLoader over the client's data).
         num_centroids: Z, centroids per class.
-        timestep: the noise timestep s; ``None`` draws s uniformly in [0, ``max_timestep``] per class.
+        timestep: the noise timestep s; ``None`` draws s uniformly in [``min_timestep``, ``max_timestep``] per class.
         max_timestep: S, the upper end of the random timestep.
+        min_timestep: the floor of s (>= 1: s = 0 would upload an almost clean latent).
         seed: the client's seed (k-means, timestep draw, noise).
         batch_size: images per VAE call.
         n_init: k-means restarts.
@@ -225,17 +236,19 @@ def client_latent_uploads(
         Uploads sorted by label, tensors on the CPU.
     """
     total = int(scheduler.config.num_train_timesteps)
-    if not 0 <= int(max_timestep) < total:
-        raise ValueError(f"max_timestep must be an int in [0, {total - 1}], got {max_timestep!r}")
-    if timestep is not None and not 0 <= int(timestep) < total:
-        raise ValueError(f"timestep must be None or an int in [0, {total - 1}], got {timestep!r}")
+    if not 1 <= int(min_timestep) <= int(max_timestep) < total:
+        raise ValueError(f"need 1 <= min_timestep <= max_timestep < {total} (s = 0 uploads an almost clean latent), "
+                         f"got min_timestep={min_timestep!r}, max_timestep={max_timestep!r}")
+    if timestep is not None and not int(min_timestep) <= int(timestep) < total:
+        raise ValueError(f"timestep must be None or an int in [{int(min_timestep)}, {total - 1}] (s >= min_timestep), "
+                         f"got {timestep!r}")
     latents_by_class = _group_by_class(vae, images_by_class, batch_size)
     uploads = []
     for label in sorted(latents_by_class):
         z = latents_by_class[label]  # (D_i^k, C, h, w), clean: never leaves this function
         centroids, mean = class_centroids(z, num_centroids=num_centroids, seed=seed, n_init=n_init)
         rng = np.random.default_rng(_class_rng_seed(seed, label))
-        s = int(rng.integers(0, int(max_timestep) + 1)) if timestep is None else int(timestep)
+        s = int(rng.integers(int(min_timestep), int(max_timestep) + 1)) if timestep is None else int(timestep)
         gen = torch.Generator(device=z.device).manual_seed(int(rng.integers(0, 2**63 - 1)))
         noised = noise_latents(scheduler, torch.cat([centroids, mean[None]]), s, gen)
         uploads.append(

@@ -1,10 +1,12 @@
 """FeDiSyn's system model: devices, channel, water-filling, LoRA depth, contributions, scaling law.
 
+The calibration against the paper's reported times and traffic is ``systems/calibration.py``.
 Everything here is pure math on numpy float64 arrays (no Lightning, no I/O), so the federation
 loop can plan a round (depths → compute times → bandwidths → round time) and tests can check each
 piece against an independent reference.
 """
 
+from fl_lightning.systems.backbones import BACKBONES, Backbone, backbone, head_params, lora_params_per_block
 from fl_lightning.systems.channel import (
     REFERENCE_LOSS_DB,
     ChannelConfig,
@@ -27,6 +29,9 @@ from fl_lightning.systems.clc import (
     policy_depths,
 )
 from fl_lightning.systems.devices import (
+    BOARDS,
+    Board,
+    board_profiles,
     PAPER_TESTBED,
     PROFILES,
     DeviceProfile,
@@ -36,6 +41,7 @@ from fl_lightning.systems.devices import (
     paper_testbed,
     profile_arrays,
 )
+from fl_lightning.systems.server import RTX_4090, SERVERS, ServerProfile, generation_time, pretrain_time_per_image_epoch
 from fl_lightning.systems.wfba import ALLOCATIONS, allocate_bandwidth, equal_bandwidth, finish_time
 from fl_lightning.systems.scaling_law import (
     ScalingLawParams,
@@ -46,6 +52,9 @@ from fl_lightning.systems.scaling_law import (
 )
 
 __all__ = [
+    "Backbone", "BACKBONES", "backbone", "head_params", "lora_params_per_block",
+    "Board", "BOARDS", "board_profiles",
+    "ServerProfile", "RTX_4090", "SERVERS", "generation_time", "pretrain_time_per_image_epoch",
     "ChannelConfig", "place_devices", "path_gain", "spectral_efficiency", "upload_time",
     "device_spectral_efficiency", "REFERENCE_LOSS_DB",
     "contribution_aware_depths", "capacity_depths", "full_depths", "fixed_depths",

@@ -11,35 +11,43 @@ backward time of one block, m̄_i the fixed memory, m_i the memory of one traina
 the device's memory budget.
 
 The paper's testbed is 1 Jetson AGX Xavier, 5 Jetson Orin NX, 3 Jetson AGX Orin and 1 Jetson AGX
-Thor. **The numbers in :data:`PROFILES` are calibrations for ViT-B/16-class LoRA, to be
-overridden, not measurements**; they are plausible, mutually consistent, and — with the channel of
-``channel.py`` — reproduce the paper's CAFF time-to-accuracy within 8.5 % (see there). Every
-assumed number:
+Thor. A profile is computed for a **backbone** (``backbones.py``: ViT-B/16 for CIFAR-10 and
+Caltech-101, ViT-L/16 for Food-101) and the **configured batch size** (:func:`board_profiles`); the
+numbers are calibrations, to be overridden, not measurements. Every number and its source:
 
-==============================  ===============  ==============================================
-quantity                        value            source / derivation
-==============================  ===============  ==============================================
-h̄, Xavier forward / image      20 ms            assumed: ViT-B/16 at 224² (17.6 GFLOP) at
-                                                 ~0.9 effective TFLOP/s on a Xavier
-h, Xavier backward / image /    3.5 ms           ≈ 2 × a block's forward (20 ms / 12 blocks):
-block                                            activation gradients + LoRA weight gradients
-relative speed                  Xavier 1, Orin   assumed from the boards' GPU generations and
-                                NX 1.5, AGX      sizes; CAFF's capacity depths follow from them
-                                Orin 3, Thor 8   ([2]*6 + [5]*3 + [12] on the testbed)
-compute / round, CIFAR-10       117–310 s        Xavier, 5,000 images/device, 1 epoch, depth 1–12
-compute / round, Food-101 IID   59–205 s         7,575 images/device, 1 epoch, CAFF depths
-m̄, fixed memory                2.5 GB           ViT-B/16 weights (0.35 GB) + CUDA/cuDNN
-                                                 context + forward working set
-m, memory per trainable block   1.5 GB           ~12 MB of saved fp32 activations per image and
-                                                 block × a batch of 128, + LoRA, grads, Adam.
-                                                 At the configs' batch 32 this would be ~0.4 GB
-                                                 and every board would hold all 12 blocks; kept
-                                                 at 128 so memory binds as in the paper's model
-                                                 (an Orin NX holds 6 of 12 blocks)
-M, budget                       board − 4 GB     32/16/64/128 GB unified memory; 4 GB for the OS
-p, transmit power               0.10/0.12/0.15/  assumed, within the 0.1–0.2 W of edge radios;
-                                0.20 W           sets each device's SNR with its distance
-==============================  ===============  ==============================================
+==============================  =================  ============================================
+quantity                        value              source / derivation
+==============================  =================  ============================================
+h̄, forward / image             MACs / (0.88 T ·   MACs from ``backbones.py`` (ViT-B/16 17.6 G,
+                                speed) s           ViT-L/16 61.6 G: timm's table); 0.88 TMAC/s
+                                                   effective on a Xavier (≈ 16 % of its 11
+                                                   TFLOP/s FP16 tensor peak; ViT-B: 20 ms,
+                                                   ViT-L: 70 ms per image)
+h, backward / image / block     2 h̄ / L           the usual backward ≈ 2 × forward, per block
+                                                   (an upper bound: frozen weights need no
+                                                   weight gradient)
+relative speed                  Xavier 1, Orin     assumed from the data sheets' dense INT8
+                                NX 1.5, AGX Orin   TOPS (32 : 50 : 138 : ~500) discounted by
+                                3, Thor 8          memory bandwidth (137 : 102 : 205 : 273 GB/s)
+m̄, fixed memory                4 P + 1.5 GB +     fp32 weights (P params with the 1000-class
+                                b · a              head: ViT-B 0.35 GB, ViT-L 1.22 GB), CUDA/
+                                                   cuDNN context (assumed 1.5 GB), the forward
+                                                   working set of one frozen block at batch b
+m, memory / trainable block     b · a + 16 · 6rD   saved activations a = 17 N D fp32 per image
+                                                   (ViT-B 10.3 MB, ViT-L 13.7 MB) × the batch b
+                                                   (``train.batch_size``), + LoRA weights,
+                                                   grads and AdamW's two moments (4 × 4 B ×
+                                                   6 r D). Batch 32: ViT-B 0.33 GB (every board
+                                                   holds 12 of 12), ViT-L 0.44 GB (an Orin NX
+                                                   holds 20 of 24)
+M, budget                       board − 4 GB       32/16/64/128 GB unified memory; 4 GB for the
+                                                   OS
+p, transmit power               0.10/0.12/0.15/    assumed, within the 0.1–0.2 W (20–23 dBm) of
+                                0.20 W             edge radios; with the distance it sets the
+                                                   SNR (``channel.py``)
+==============================  =================  ============================================
+
+:data:`PROFILES` are the boards for ViT-B/16 at batch 32 (the CIFAR-10 / Caltech-101 setting).
 
 ``measured_profiles`` replaces the times by ones derived from the simulating host's own measured
 times (see the round-timing callback), keeping each profile's speed relative to the slowest one.
@@ -54,8 +62,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from fl_lightning.systems.backbones import BACKBONES, Backbone, lora_params_per_block
+
 __all__ = [
     "DeviceProfile",
+    "Board",
+    "BOARDS",
+    "board_profiles",
     "PROFILES",
     "PAPER_TESTBED",
     "paper_testbed",
@@ -109,33 +122,62 @@ def _check_positive(what: str, value: object) -> None:
         raise ValueError(f"{what} must be a finite float > 0, got {value!r}")
 
 
-# Shared by all boards because they run the same model; only the budget differs.
-_FIXED_GB = 2.5  # ViT-B/16 weights (0.35 GB) + CUDA/cuDNN context + forward working set
-_PER_LAYER_GB = 1.5  # ~12 MB saved activations / image / block × batch 128 + LoRA + Adam state
-_OS_SHARE_GB = 4.0  # unified memory kept by the OS and the display/camera stack
-_XAVIER_FORWARD_S = 0.020  # one 224² image through ViT-B/16
-_XAVIER_BACKWARD_PER_LAYER_S = 0.0035  # ≈ 2 × (forward / 12 blocks)
+@dataclass(frozen=True)
+class Board:
+    """An edge board: its speed relative to the AGX Xavier, its unified memory and its radio."""
+
+    name: str
+    speed: float  # relative to the Xavier (module docstring)
+    memory_gb: float
+    transmit_power_w: float
 
 
-def _board(name: str, speed: float, memory_gb: float, power_w: float) -> DeviceProfile:
-    return DeviceProfile(
-        name=name,
-        forward_time_s=_XAVIER_FORWARD_S / speed,
-        backward_time_per_layer_s=_XAVIER_BACKWARD_PER_LAYER_S / speed,
-        fixed_memory_gb=_FIXED_GB,
-        memory_per_layer_gb=_PER_LAYER_GB,
-        memory_budget_gb=memory_gb - _OS_SHARE_GB,
-        transmit_power_w=power_w,
-    )
-
-
-PROFILES: dict[str, DeviceProfile] = {
-    "jetson_agx_xavier": _board("jetson_agx_xavier", speed=1.0, memory_gb=32.0, power_w=0.10),
-    "jetson_orin_nx": _board("jetson_orin_nx", speed=1.5, memory_gb=16.0, power_w=0.12),
-    "jetson_agx_orin": _board("jetson_agx_orin", speed=3.0, memory_gb=64.0, power_w=0.15),
-    "jetson_agx_thor": _board("jetson_agx_thor", speed=8.0, memory_gb=128.0, power_w=0.20),
+BOARDS: dict[str, Board] = {
+    "jetson_agx_xavier": Board("jetson_agx_xavier", speed=1.0, memory_gb=32.0, transmit_power_w=0.10),
+    "jetson_orin_nx": Board("jetson_orin_nx", speed=1.5, memory_gb=16.0, transmit_power_w=0.12),
+    "jetson_agx_orin": Board("jetson_agx_orin", speed=3.0, memory_gb=64.0, transmit_power_w=0.15),
+    "jetson_agx_thor": Board("jetson_agx_thor", speed=8.0, memory_gb=128.0, transmit_power_w=0.20),
 }
-"""Calibrated profiles of the paper's boards (see the module docstring); override as needed."""
+"""The paper's four board types (module docstring)."""
+
+XAVIER_MACS_PER_S = 0.88e12  # effective forward MAC/s of ViT LoRA training on an AGX Xavier (module docstring)
+BACKWARD_OVER_FORWARD = 2.0  # h = 2 h̄ / L
+CONTEXT_GB = 1.5  # CUDA/cuDNN context and allocator slack
+OS_SHARE_GB = 4.0  # unified memory kept by the OS and the display/camera stack
+_GB = 1e9
+
+
+def board_profiles(backbone: Backbone, batch_size: int, *, lora_rank: int = 8) -> dict[str, DeviceProfile]:
+    """Each board's :class:`DeviceProfile` for LoRA fine-tuning of ``backbone`` at ``batch_size``.
+
+    Args:
+        backbone: the ViT the devices train (``systems.backbones``).
+        batch_size: b, images per local step (sets the activation memory of a trainable block).
+        lora_rank: r of the adapters (their weights, grads and AdamW state, per block).
+    """
+    if not (isinstance(batch_size, int) and batch_size >= 1):
+        raise ValueError(f"board_profiles: batch_size must be an int >= 1, got {batch_size!r}")
+    forward_xavier = backbone.forward_macs / XAVIER_MACS_PER_S
+    activations = batch_size * backbone.activation_bytes_per_block()
+    lora_state = 4 * 4 * lora_params_per_block(backbone.embed_dim, lora_rank)  # weights, grads, Adam m and v
+    fixed = (4 * backbone.params(1000) + activations) / _GB + CONTEXT_GB
+    per_layer = (activations + lora_state) / _GB
+    return {
+        b.name: DeviceProfile(
+            name=b.name,
+            forward_time_s=forward_xavier / b.speed,
+            backward_time_per_layer_s=BACKWARD_OVER_FORWARD * forward_xavier / backbone.depth / b.speed,
+            fixed_memory_gb=fixed,
+            memory_per_layer_gb=per_layer,
+            memory_budget_gb=b.memory_gb - OS_SHARE_GB,
+            transmit_power_w=b.transmit_power_w,
+        )
+        for b in BOARDS.values()
+    }
+
+
+PROFILES: dict[str, DeviceProfile] = board_profiles(BACKBONES["vit_base_patch16_224"], 32)
+"""The boards for ViT-B/16 at batch 32 (see the module docstring); override as needed."""
 
 # 1 Xavier, 5 Orin NX, 3 AGX Orin, 1 Thor: the paper's 10-device testbed.
 PAPER_TESTBED: tuple[str, ...] = (
@@ -144,9 +186,15 @@ PAPER_TESTBED: tuple[str, ...] = (
 )
 
 
-def paper_testbed() -> list[DeviceProfile]:
-    """The paper's 10 devices in order: 1 AGX Xavier, 5 Orin NX, 3 AGX Orin, 1 AGX Thor."""
-    return [PROFILES[name] for name in PAPER_TESTBED]
+def paper_testbed(profiles: dict[str, DeviceProfile] | None = None) -> list[DeviceProfile]:
+    """The paper's 10 devices in order: 1 AGX Xavier, 5 Orin NX, 3 AGX Orin, 1 AGX Thor.
+
+    Args:
+        profiles: the boards' profiles (default :data:`PROFILES`, ViT-B/16 at batch 32; e.g.
+            ``board_profiles(backbone("vit_large_patch16_224"), 32)`` for Food-101).
+    """
+    table = PROFILES if profiles is None else profiles
+    return [table[name] for name in PAPER_TESTBED]
 
 
 def profile_arrays(profiles: Sequence[DeviceProfile]) -> dict[str, np.ndarray]:

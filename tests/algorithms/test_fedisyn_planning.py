@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from fl_lightning.systems.backbones import backbone
 from fl_lightning.algorithms.fedisyn.planning import SystemPlan, client_profiles, fit_host_times, plan_round
 from fl_lightning.algorithms.fedisyn.config import SystemsConfig
 
@@ -81,15 +82,16 @@ def test_wfba_is_never_slower_than_the_equal_split_on_the_same_depths():
 
 def test_a_policy_that_asks_for_more_than_memory_is_reported_not_silently_capped():
     cfg = SystemsConfig(depth_policy="full")
-    profiles = client_profiles(cfg, 10)  # the paper testbed: Orin NX boards hold 6 of 12 blocks
+    # the paper testbed with ViT-L/16 at batch 32 (Food-101): Orin NX boards hold 20 of 24 blocks
+    profiles = client_profiles(cfg, 10, backbone=backbone("vit_large_patch16_224"), batch_size=32)
     plan = plan_round(cfg, clients=range(10), profiles=profiles, samples=np.full(10, 100.0),
-                      contributions=np.ones((10, 12)), layer_bits=1e6, num_layers=12)
-    limits = np.array([min(int(np.floor((p.memory_budget_gb - p.fixed_memory_gb) / p.memory_per_layer_gb + 1e-9)), 12)
+                      contributions=np.ones((10, 24)), layer_bits=1e6, num_layers=24)
+    limits = np.array([min(int(np.floor((p.memory_budget_gb - p.fixed_memory_gb) / p.memory_per_layer_gb + 1e-9)), 24)
                        for p in profiles])
-    np.testing.assert_array_equal(plan.requested, 12)
+    np.testing.assert_array_equal(plan.requested, 24)
     np.testing.assert_array_equal(plan.limits, limits)
-    np.testing.assert_array_equal(plan.depths, np.minimum(12, limits))
-    np.testing.assert_array_equal(plan.over_memory, limits < 12)
+    np.testing.assert_array_equal(plan.depths, np.minimum(24, limits))
+    np.testing.assert_array_equal(plan.over_memory, limits < 24)
     assert plan.over_memory.any() and not plan.over_memory.all()
     back = SystemPlan.from_decisions(plan.as_decisions())  # the checkpointed form keeps what was requested
     np.testing.assert_array_equal(back.requested, plan.requested)
@@ -106,3 +108,20 @@ def test_full_parameter_fedavg_uploads_the_whole_model_at_full_depth():
     np.testing.assert_allclose(plan.payload_bits, model_bits)
     _, _, T = _hand_round(cfg, profiles, np.full(4, 50.0), plan.depths, plan.payload_bits)
     assert plan.round_time_s == pytest.approx(T, rel=1e-12)
+
+
+@pytest.mark.parametrize("allocation", ["equal", "wfba"])
+def test_the_synthesis_upload_is_timed_on_the_channel_by_hand(allocation):
+    """Round 0's latents/captions/counts: no compute first; B/N → max_i S_i N / (B e_i); WFBA → everyone finishes
+    together at Σ_i S_i / e_i / B (φ(T) = Σ a_i / T − B = 0 with H = 0)."""
+    from fl_lightning.algorithms.fedisyn.planning import upload_time_s
+
+    cfg = SystemsConfig(bandwidth_allocation=allocation)
+    profiles = client_profiles(cfg, 4)
+    bits = {0: 8e6, 1: 2.4e7, 2: 1.6e6, 3: 4e6}
+    e = _channel_by_hand(cfg, profiles)
+    S = np.array([bits[c] for c in range(4)])
+    expected = (np.max(S * 4 / (cfg.total_bandwidth_hz * e)) if allocation == "equal"
+                else float((S / e).sum() / cfg.total_bandwidth_hz))
+    assert upload_time_s(cfg, profiles, bits) == pytest.approx(expected, rel=1e-9)
+    assert upload_time_s(cfg, profiles, {}) == 0.0

@@ -58,6 +58,34 @@ def test_small_class_sends_its_mean_only(n, num_centroids):
     assert torch.allclose(mean.double(), latents.double().mean(0), atol=1e-6)
 
 
+def test_a_cluster_of_one_sample_is_never_uploaded_as_a_centroid():
+    """Privacy: k-means over N > Z samples with an outlier leaves a singleton cluster, whose centroid is the
+    sample itself; only the clusters of >= 2 samples leave the client (Z' < Z)."""
+    rng = np.random.default_rng(0)
+    tight = [rng.normal(size=(2, 2, 2)) * 50.0 + rng.normal(size=(6, 2, 2, 2)) * 0.1 for _ in range(2)]
+    outlier = np.full((1, 2, 2, 2), 1e4)  # far from everything: k-means gives it its own cluster
+    latents = torch.from_numpy(np.concatenate([*tight, outlier])).float()  # N = 13 > Z = 3
+    centroids, mean = class_centroids(latents, num_centroids=3, seed=0)
+    assert centroids.shape == (2, 2, 2, 2)  # the singleton's centroid is dropped
+    got = centroids.double().reshape(2, -1).numpy()
+    ref = np.stack([t.mean(0) for t in tight]).reshape(2, -1)
+    assert ((ref[:, None] - got[None]) ** 2).sum(-1).min(1).max() < 1e-6  # the two real clusters' means
+    assert (np.abs(got - outlier.reshape(1, -1)).max(1) > 1.0).all()  # no centroid is the lone sample
+    assert torch.allclose(mean.double(), latents.double().mean(0), atol=1e-3)
+
+
+def test_timestep_zero_is_refused_s_is_at_least_one(tiny_sd):
+    """Privacy: s = 0 would upload an almost clean latent; the floor is s >= 1 (and >= min_timestep)."""
+    imgs = torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    for kw in (dict(timestep=0), dict(timestep=None, min_timestep=0), dict(timestep=5, min_timestep=10)):
+        with pytest.raises(ValueError, match="min_timestep|timestep"):
+            client_latent_uploads(tiny_sd.vae, tiny_sd.scheduler, {0: imgs}, num_centroids=2, max_timestep=600,
+                                  seed=0, **kw)
+    ups = client_latent_uploads(tiny_sd.vae, tiny_sd.scheduler, {c: imgs for c in range(20)}, num_centroids=2,
+                                timestep=None, max_timestep=3, seed=0)
+    assert {u.timestep for u in ups} <= {1, 2, 3}
+
+
 def test_class_centroids_rejects_bad_z():
     x = torch.randn(3, 4, 2, 2)
     with pytest.raises(ValueError):
@@ -104,7 +132,7 @@ def test_upload_holds_only_noised_summaries(tiny_sd):
         clean = encode_images(tiny_sd.vae, imgs)
         c_clean, m_clean = class_centroids(clean, num_centroids=3, seed=5)
         assert up.count == len(imgs) and up.timestep == 400
-        z_sent = 3 if len(imgs) > 3 else 0
+        z_sent = c_clean.shape[0]  # the clusters of >= 2 samples (0 for a class of <= Z samples)
         assert up.centroids.shape == (z_sent, 4, 16, 16) and up.mean.shape == (4, 16, 16)
         assert up.num_centroids == z_sent and up.mean_only == (z_sent == 0)
         assert up.centroids.device.type == "cpu"
@@ -122,7 +150,8 @@ def test_upload_holds_only_noised_summaries(tiny_sd):
     packed = to_upload(uploads)
     assert packed.num_bytes == sum(u.num_bytes for u in uploads)
     assert set(packed.tensors) == {f"class{u.label}.{n}" for u in uploads for n in ("centroids", "mean")}
-    assert packed.meta["class0.num_centroids"] == 3 and packed.meta["class1.num_centroids"] == 0
+    assert 0 < packed.meta["class0.num_centroids"] == uploads[0].num_centroids <= 3  # singleton clusters dropped
+    assert packed.meta["class1.num_centroids"] == 0
     for a, b in zip(from_upload(packed), uploads, strict=True):
         assert (a.label, a.count, a.timestep) == (b.label, b.count, b.timestep)
         assert torch.equal(a.centroids, b.centroids) and torch.equal(a.mean, b.mean)
@@ -133,16 +162,16 @@ def test_small_class_upload_never_holds_a_per_sample_latent(tiny_sd):
     sample's noised latent than noise allows, and the packed upload says it is mean-only."""
     imgs = torch.stack([torch.full((3, 32, 32), v) for v in (0.0, 0.5, 1.0)])  # far-apart samples
     ups = client_latent_uploads(
-        tiny_sd.vae, tiny_sd.scheduler, {4: imgs}, num_centroids=3, timestep=0, max_timestep=999, seed=1
+        tiny_sd.vae, tiny_sd.scheduler, {4: imgs}, num_centroids=3, timestep=1, max_timestep=999, seed=1
     )
     (up,) = ups
     assert up.mean_only and up.count == 3 and up.centroids.numel() == 0
     clean = encode_images(tiny_sd.vae, imgs)
-    # at s = 0 the noise is small (σ ≈ 0.03): the sent tensor is the noised mean, not a noised sample
-    abar = float(tiny_sd.scheduler.alphas_cumprod[0])
+    # at s = 1 (the floor) the noise is small (σ ≈ 0.04): the sent tensor is the noised mean, not a noised sample
+    abar = float(tiny_sd.scheduler.alphas_cumprod[1])
     implied = lambda x0: (up.mean - abar**0.5 * x0) / (1 - abar) ** 0.5  # noqa: E731
     assert abs(implied(clean.mean(0)).std().item() - 1) < 0.05  # sampling error of a std over 1024 values ≈ 0.02
-    assert min(implied(z).std().item() for z in clean) > 1.1
+    assert min(implied(z).std().item() for z in clean) > 1.05  # ~1.08 at s = 1
     packed = to_upload(ups)
     assert packed.meta["class4.num_centroids"] == 0
     assert packed.num_bytes == up.mean.numel() * 4 + 4 * 8

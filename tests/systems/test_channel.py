@@ -23,7 +23,7 @@ def test_defaults_are_the_papers_setting() -> None:
     cfg = ChannelConfig()
     assert (cfg.radius_m, tuple(cfg.center_m), cfg.d0_m) == (50.0, (300.0, 0.0), 10.0)
     assert (cfg.path_loss_exponent, cfg.noise_power_w, cfg.total_bandwidth_hz) == (3.5, 1e-11, 1e7)
-    assert cfg.reference_loss_db == REFERENCE_LOSS_DB == 70.0  # calibrated (module docstring)
+    assert cfg.reference_loss_db == REFERENCE_LOSS_DB == 47.5  # fitted (systems/calibration.py)
 
 
 def test_place_devices_is_seeded_and_inside_the_disc() -> None:
@@ -57,19 +57,19 @@ def test_path_gain_in_db(pl0: float) -> None:
 
 
 def test_default_path_gain_is_the_calibrated_one() -> None:
-    # 300 m: 70 dB at 10 m + 35·log10(30) = 121.7 dB of loss.
-    assert 10 * np.log10(path_gain(300.0)) == pytest.approx(-(70.0 + 35.0 * np.log10(30.0)), rel=1e-12)
+    # 300 m: 47.5 dB at 10 m + 35·log10(30) = 99.2 dB of loss.
+    assert 10 * np.log10(path_gain(300.0)) == pytest.approx(-(47.5 + 35.0 * np.log10(30.0)), rel=1e-12)
 
 
 def test_spectral_efficiency_is_shannon_in_bits() -> None:
     p, g, noise = np.array([0.1, 0.2]), np.array([1e-6, 3e-8]), 1e-11
     expected = np.log1p(p * g / noise) / math.log(2)
     np.testing.assert_allclose(spectral_efficiency(p, g, noise), expected, rtol=1e-12)
-    # Calibrated channel: 0.1 W (20 dBm) at 300 m, 121.7 dB of loss, noise −80 dBm: SNR −21.7 dB
-    # ≈ 0.0068, i.e. ~0.0097 bit/s/Hz: ~10 kbit/s on a 1 MHz share (module docstring).
+    # Calibrated channel: 0.1 W (20 dBm) at 300 m, 99.2 dB of loss, noise −80 dBm: SNR +0.8 dB
+    # ≈ 1.2, i.e. ~1.15 bit/s/Hz: ~1.15 Mbit/s on a 1 MHz share (module docstring).
     e = float(spectral_efficiency(0.1, path_gain(300.0), 1e-11))
-    snr = 0.1 * 10 ** (-7.0) * 30.0 ** -3.5 / 1e-11
-    assert e == pytest.approx(math.log2(1 + snr), rel=1e-12) and 0.009 < e < 0.011
+    snr = 0.1 * 10 ** (-4.75) * 30.0 ** -3.5 / 1e-11
+    assert e == pytest.approx(math.log2(1 + snr), rel=1e-12) and 1.1 < e < 1.2
 
 
 def test_upload_time() -> None:
@@ -86,7 +86,7 @@ def test_device_spectral_efficiency_composes_the_pieces() -> None:
     np.testing.assert_array_equal(pos, place_devices(3, radius_m=50.0, center_m=(300.0, 0.0),
                                                      seed=11))
     d = np.sqrt((pos ** 2).sum(1))
-    expected = np.log2(1 + power * 1e-7 * (d / 10.0) ** -3.5 / 1e-11)  # PL0 = 70 dB
+    expected = np.log2(1 + power * 10 ** -4.75 * (d / 10.0) ** -3.5 / 1e-11)  # PL0 = 47.5 dB
     np.testing.assert_allclose(eff, expected, rtol=1e-12)
     _, bare = device_spectral_efficiency(power, config=ChannelConfig(reference_loss_db=0.0), seed=11)
     np.testing.assert_allclose(bare, np.log2(1 + power * (d / 10.0) ** -3.5 / 1e-11), rtol=1e-12)

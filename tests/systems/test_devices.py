@@ -7,8 +7,10 @@ import dataclasses
 import numpy as np
 import pytest
 
+from fl_lightning.systems.backbones import backbone
 from fl_lightning.systems.devices import (
     PROFILES,
+    board_profiles,
     DeviceProfile,
     compute_time,
     max_depth,
@@ -86,9 +88,28 @@ def test_max_depth_raises_when_one_block_does_not_fit() -> None:
         max_depth(_profile(memory_budget_gb=3.0), num_layers=12)
 
 
-def test_paper_testbed_depth_limits_are_heterogeneous() -> None:
-    limits = {p.name: max_depth(p, 12) for p in paper_testbed()}
-    assert limits["jetson_orin_nx"] < 12 == limits["jetson_agx_thor"]
+def test_paper_testbed_depth_limits_are_heterogeneous_for_vit_large() -> None:
+    # Food-101's ViT-L/16 at the configs' batch 32: an Orin NX holds 20 of 24 blocks, ViT-B/16 fits everywhere.
+    large = paper_testbed(board_profiles(backbone("vit_large_patch16_224"), 32))
+    limits = {p.name: max_depth(p, 24) for p in large}
+    assert limits["jetson_orin_nx"] == 20 < 24 == limits["jetson_agx_thor"]
+    assert all(max_depth(p, 12) == 12 for p in paper_testbed())
+
+
+def test_board_profiles_follow_the_backbone_and_the_batch() -> None:
+    b, l = backbone("vit_base_patch16_224"), backbone("vit_large_patch16_224")
+    xb, xl = board_profiles(b, 32)["jetson_agx_xavier"], board_profiles(l, 32)["jetson_agx_xavier"]
+    assert xb.forward_time_s == pytest.approx(0.020, rel=0.01)  # 17.6 GMAC at 0.88 TMAC/s
+    assert xl.forward_time_s / xb.forward_time_s == pytest.approx(l.forward_macs / b.forward_macs)  # ~3.5x
+    assert xb.backward_time_per_layer_s == pytest.approx(2 * xb.forward_time_s / 12)
+    assert xl.backward_time_per_layer_s == pytest.approx(2 * xl.forward_time_s / 24)
+    # memory per trainable block: the batch's saved activations (+ LoRA state), linear in the batch
+    m32, m128 = xb.memory_per_layer_gb, board_profiles(b, 128)["jetson_agx_xavier"].memory_per_layer_gb
+    assert m32 == pytest.approx(32 * b.activation_bytes_per_block() / 1e9, rel=0.01)
+    assert m128 - m32 == pytest.approx(96 * b.activation_bytes_per_block() / 1e9)
+    assert xl.fixed_memory_gb > xb.fixed_memory_gb  # ViT-L's weights
+    with pytest.raises(ValueError, match="batch_size"):
+        board_profiles(b, 0)
 
 
 def test_measured_profiles_anchor_the_host_to_the_slowest_and_keep_ratios() -> None:

@@ -15,7 +15,8 @@ synthesis → full-parameter FedAvg), FGL (captions → full-parameter FedAvg).
 
 Server memory lives in the State only (checkpointed, survives ``--resume``): ``backbone.*``,
 ``head.*``, ``lora.*``, the contribution table ``sys.contrib`` / ``sys.contrib_round`` (N, L), the
-clock ``sys.clock`` (H_gene, H_pre, Σ H^t), λ, the synthetic volume, the last depths, what the policy
+clock ``sys.clock`` (H_gene, H_pre, Σ H^t, the synthesis upload), the traffic ``sys.bytes_up`` (synthesis
+phase, fine-tuning), λ, the synthetic volume, the last depths, what the policy
 requested and each device's memory limit.
 """
 
@@ -42,7 +43,8 @@ from fl_lightning.modules.lora_classifier import LoRAClassifier
 
 __all__ = ["FeDiSyn", "FeDiSynConfig", "FeDiSynFamily"]
 
-_CLOCK = ("generation", "pretraining", "round")  # the order of sys.clock
+_CLOCK = ("generation", "pretraining", "round", "synthesis_upload")  # the order of sys.clock
+_TRAFFIC = ("synthesis", "finetune")  # the order of sys.bytes_up: what the paper counts is the fine-tuning uploads
 
 
 class FeDiSynFamily(StagedAlgorithm):
@@ -85,9 +87,30 @@ class FeDiSynFamily(StagedAlgorithm):
         if systems.depth_policy == "fixed" and systems.fixed_depth > self.num_blocks:
             raise ConfigError(f"{self.name}.systems.fixed_depth", systems.fixed_depth,
                               f"an int in [1, {self.num_blocks}] (the blocks of {f.pretrain_model})")
-        self.profiles = client_profiles(systems, self.cfg.partition.num_clients)
+        self.profiles = self.device_profiles()
         self.contribution = GradientContribution()
         self.backbone_loaded = False
+
+    def device_profiles(self) -> list:
+        """Each client's board, priced for the named backbone (``systems.backbone`` or ``pretrain_model``) at
+        ``train.batch_size`` (``systems/devices.py``)."""
+        from fl_lightning.systems.backbones import backbone
+
+        systems, name = self.config.systems, self.config.systems.backbone or self.config.pretrain_model
+        key = f"{self.name}.systems.backbone" if systems.backbone else f"{self.name}.pretrain_model"
+        try:
+            vit = backbone(name)
+        except ValueError as err:
+            raise ConfigError(key, name, f"a backbone the system model prices ({err}); or set "
+                              f"{self.name}.systems.backbone to the one it stands for") from None
+        profiles = client_profiles(systems, self.cfg.partition.num_clients, backbone=vit,
+                                   batch_size=self.cfg.train.batch_size, lora_rank=self.config.lora.rank)
+        for p in profiles:
+            if p.fixed_memory_gb + p.memory_per_layer_gb > p.memory_budget_gb:
+                raise ConfigError(f"{self.name}.systems.profiles.{p.name}.memory_budget_gb", p.memory_budget_gb,
+                                  f"a budget that holds one LoRA block of {vit.name} at batch "
+                                  f"{self.cfg.train.batch_size}: >= {p.fixed_memory_gb + p.memory_per_layer_gb:.3g} GB")
+        return profiles
 
     # -- the global model on this rank ------------------------------------------------------------
     def load_backbone(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -129,7 +152,8 @@ class FeDiSynFamily(StagedAlgorithm):
     # -- state, evaluation, reports ---------------------------------------------------------------
     def initial_state(self) -> State:
         """The simulated clock (H_gene, H_pre, Σ H^t: one timeline for all stages), then each stage's own state."""
-        return {"sys.clock": torch.zeros(3, dtype=torch.float64), **super().initial_state()}
+        return {"sys.clock": torch.zeros(len(_CLOCK), dtype=torch.float64),
+                "sys.bytes_up": torch.zeros(len(_TRAFFIC), dtype=torch.float64), **super().initial_state()}
 
     def evaluate(self, state: State) -> dict[str, Any]:
         self.tuning.load_global(state)
@@ -137,12 +161,20 @@ class FeDiSynFamily(StagedAlgorithm):
         return evaluate_on_test(self.env, self.module)
 
     def round_extras(self, round_idx: int, state: State) -> dict[str, float]:
-        return {"simulated_time_s": float(state["sys.clock"].sum()), **self.tuning.round_extras(state)}
+        return {"simulated_time_s": float(state["sys.clock"].sum()), **self._traffic(state),
+                **self.tuning.round_extras(state)}
+
+    @staticmethod
+    def _traffic(state: State) -> dict[str, float]:
+        """The synthesis-phase upload (latents, captions, counts) and the fine-tuning uploads, cumulative bytes."""
+        return {f"bytes_up_{name}": float(v) for name, v in zip(_TRAFFIC, state["sys.bytes_up"].tolist())}
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         clock = state["sys.clock"].tolist()
         return {"simulated_time_s": float(sum(clock)),
-                **{f"simulated_{name}_s": float(v) for name, v in zip(_CLOCK, clock)},
+                **{f"simulated_{name}_s": float(v) for name, v in zip(_CLOCK, clock)}, **self._traffic(state),
+                # what the paper's traffic figures (and the curves' traffic axis) count: fine-tuning uploads
+                "traffic_counted": "bytes_up_finetune",
                 **super().summary_extras(state), "stages": [type(stage).__name__ for stage in self.parts],
                 "num_blocks": int(self.num_blocks)}
 

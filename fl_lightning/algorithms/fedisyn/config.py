@@ -54,6 +54,9 @@ class SystemsConfig:
     boards: str | list = "paper_testbed"  # the paper's 10 boards, cycled over the clients; or a list of profile names
     devices: str | list | None = None  # the former name of `boards` (still accepted, with a hint); null
     profiles: dict = field(default_factory=dict)  # {profile name: {field: value}} overrides of the calibrated boards
+    # the ViT the boards are priced for (systems/backbones.py); null: <method>.pretrain_model (a tiny test model
+    # built with pretrain_overrides is priced as the backbone it is named after)
+    backbone: str | None = None
     timing: Literal["profiles", "measured"] = "profiles"  # measured: h̄, h fitted to this host's client compute times
     # clc = FeDiSyn; capacity = CAFF; full = SFLF; fixed. A device whose memory holds fewer blocks than the
     # policy asks for trains what it can hold and is reported (metrics.csv over_memory_devices, summary.json)
@@ -102,6 +105,11 @@ class SystemsConfig:
                 budget = board.memory_budget_gb if board else fields["memory_budget_gb"]
                 check(m_bar + m <= budget, f"profiles.{name}.memory_budget_gb", budget,
                        f"a budget that holds one LoRA block: >= fixed_memory_gb + memory_per_layer_gb = {m_bar + m:g}")
+        if self.backbone is not None:
+            from fl_lightning.systems.backbones import BACKBONES
+
+            check(self.backbone.split(".")[0] in BACKBONES, "backbone", self.backbone,
+                  f"null or one of {sorted(BACKBONES)}")
         check(self.fixed_depth >= 1, "fixed_depth", self.fixed_depth, "an int >= 1")
         check(self.radius_m > 0, "radius_m", self.radius_m, "a float > 0")
         check(self.center_x_m > self.radius_m, "center_x_m", self.center_x_m, "a float > radius_m (server outside the disc)")

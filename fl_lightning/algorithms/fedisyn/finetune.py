@@ -7,9 +7,13 @@ epochs; server — fold the uploads, then advance the depths, the memory report 
 
 :class:`LoRAFineTuning` (FeDiSyn, SFLF, CAFF): a device trains the LoRA of its last x_i blocks and uploads
 them with its per-block contribution ||∇θ_l||²; the server averages each block over the devices that
-trained it (Iverson indicator, data-size weights). The paper fine-tunes LoRA only (``train_head:
-false``); ``train_head: true`` also trains, uploads and averages the head, and its bits count in the
-traffic and in every device's channel time. Wire format: the stage's first download carries the whole
+trained it (Iverson indicator, data-size weights). The head (``train_head: auto``, one reading for all
+LoRA methods): a head newly drawn for the task trains with LoRA — SFLF and CAFF start from ImageNet
+weights with a fresh C-way head, which LoRA alone cannot turn into a classifier — while a head that
+synthetic pre-training already trained on the task's classes stays frozen (FeDiSyn and its ablations:
+the paper's "LoRA-only" fine-tuning, and its 7.4 MB of Food-101 traffic leave no room for a
+0.4 MB ViT-L head per device and round). A trained head is uploaded and averaged, and its bits count
+in the traffic and in every device's channel time; ``true`` / ``false`` force either way. Wire format: the stage's first download carries the whole
 model (backbone, head, LoRA); every download carries the global LoRA of ALL blocks (+ the head), since
 a device's frozen lower blocks take part in its forward pass with the global adapters
 (``models/lora.py``); an upload carries only the x_i trained blocks (τ·x_i bits in the channel model).
@@ -26,7 +30,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -64,9 +68,11 @@ class FineTuningConfig(ViTConfig):
 
 @dataclass
 class LoRAFineTuningConfig(FineTuningConfig):
-    # the paper fine-tunes LoRA only; true: the head trains too, is uploaded and averaged, and its bytes
-    # count in the traffic and in the channel time of every device
-    train_head: bool = False
+    # auto: the head trains (with LoRA) exactly when it was newly drawn for the task — SFLF and CAFF, whose
+    # ImageNet model gets a fresh C-way head — and stays frozen when synthetic pre-training already trained it
+    # on the task's classes (FeDiSyn and its ablations: the paper's LoRA-only fine-tuning). A trained head is
+    # uploaded and averaged, and its bytes count in the traffic and in every device's channel time.
+    train_head: bool | Literal["auto"] = "auto"
 
 
 @dataclass
@@ -109,6 +115,7 @@ class ImageNetInit(Stage):
     """No rounds: fine-tuning starts from ImageNet weights, seeded by the run seed (every rank builds the same)."""
 
     config_class = ImageNetInitConfig
+    draws_head = True  # the C-way head is newly drawn for the task (``train_head: auto`` trains it)
 
     def rounds(self) -> int:
         return 0
@@ -218,7 +225,9 @@ class FineTuningStage(Stage):
         own.round_time = torch.tensor(plan.round_time_s, dtype=torch.float64)
         clock = state["sys.clock"].clone()
         clock[2] += plan.round_time_s  # H^t: the last device has computed and uploaded
-        new.update({**own.state_dict(), "sys.clock": clock})
+        traffic = state["sys.bytes_up"].clone()
+        traffic[1] += sum(float(u.num_bytes) for _, u in uploads.items())  # the fine-tuning uploads
+        new.update({**own.state_dict(), "sys.clock": clock, "sys.bytes_up": traffic})
         return new
 
     def round_extras(self, state: State) -> dict[str, float]:
@@ -245,6 +254,14 @@ class LoRAFineTuning(FineTuningStage):
 
     config_class = LoRAFineTuningConfig
 
+    @property
+    def trains_head(self) -> bool:
+        """``train_head``, with ``auto`` = whether an earlier stage drew the head fresh (see the config)."""
+        setting = self.method.config.train_head
+        if setting != "auto":
+            return bool(setting)
+        return any(getattr(stage, "draws_head", False) for stage in self.method.parts[:-1])
+
     def ensure_backbone(self, tensors: Mapping[str, torch.Tensor]) -> None:
         if not self.method.backbone_loaded:  # LoRA: the backbone never changes, it is loaded once
             self.method.load_backbone(tensors)
@@ -252,7 +269,7 @@ class LoRAFineTuning(FineTuningStage):
     def payload_bits(self, state: State) -> dict[str, float]:
         head = bits(strip(HEAD, state))
         return {"layer_bits": float(lora_bits_per_layer(strip(LORA, state))),
-                "extra_bits": head if self.method.config.train_head else 0.0}
+                "extra_bits": head if self.trains_head else 0.0}
 
     def sends(self, key: str, round_idx: int) -> bool:
         return key.startswith((LORA, HEAD)) or key.startswith(BACKBONE) and round_idx == self.first_round
@@ -260,13 +277,13 @@ class LoRAFineTuning(FineTuningStage):
     def train(self, client: Client, download: Download, loader) -> dict[str, torch.Tensor]:
         m = self.method
         trained = m.module.set_depth(int(download.meta["depth"]))
-        m.module.head.requires_grad_(m.config.train_head)  # the paper: LoRA parameters only
+        m.module.head.requires_grad_(self.trains_head)  # a fresh head trains; a pre-trained one stays (config)
         m.contribution.reset()
         fit_local(m.fabric, m.module, loader, epochs=m.cfg.train.epochs, callbacks=[m.contribution])
         per_layer = m.contribution.per_layer()
         tensors = {**with_prefix(LORA, m.module.lora_state(trained_only=True)),
                    "contribution": torch.tensor([per_layer.get(l, 0.0) for l in trained], dtype=torch.float32)}
-        if m.config.train_head:
+        if self.trains_head:
             tensors.update(with_prefix(HEAD, strip(HEAD, m.module.head_state())))
         return tensors
 
@@ -290,4 +307,4 @@ class LoRAFineTuning(FineTuningStage):
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         return {**super().summary_extras(state), "depth_policy": self.method.config.systems.depth_policy,
-                "train_head": bool(self.method.config.train_head)}
+                "train_head": self.trains_head, "train_head_setting": self.method.config.train_head}

@@ -37,7 +37,8 @@ from fl_lightning.systems.scaling_law import (
     total_time,
 )
 
-__all__ = ["PilotPoints", "Calibration", "run_pilots", "pilot_points", "calibrate", "main"]
+__all__ = ["PilotPoints", "Calibration", "run_pilots", "run_pilot_processes", "pilot_points", "calibrate",
+           "auto_lambda", "main"]
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Calibration:
     params: ScalingLawParams
     target_accuracy: float
     lam_star: float | None  # None when the fit has no interior minimum (κ2 ≤ 0 or κ1 ≤ 0)
+    h0: float = math.nan  # the pilots' synthesis cost per unit λ, (ĥ + h̃ T̂) D
 
 
 def run_pilots(config: str | Path, lambdas: Sequence[float], *, output_dir: str | Path,
@@ -71,10 +73,13 @@ def run_pilots(config: str | Path, lambdas: Sequence[float], *, output_dir: str 
     return runs
 
 
-def pilot_points(run_dirs: Sequence[str | Path]) -> PilotPoints:
+def pilot_points(run_dirs: Sequence[str | Path], *, pretrain_epochs: int | None = None) -> PilotPoints:
     """Every round of every pilot as (λ, best accuracy so far, simulated time); h0 from the first run.
 
     h0 = (ĥ + h̃ T̂) D with ĥ, h̃ as the run charged them: H_gene / images and H_pre / (images · T̂).
+
+    Args:
+        pretrain_epochs: T̂ of the pilots (None: read from the first pilot's ``config.yaml``).
     """
     lam, acc, time_s, h0 = [], [], [], math.nan
     for run in map(Path, run_dirs):
@@ -86,11 +91,11 @@ def pilot_points(run_dirs: Sequence[str | Path]) -> PilotPoints:
             acc.append(best)
             time_s.append(float(row["simulated_time_s"]))
         if math.isnan(h0):
-            cfg = load_config(run / "config.yaml")
+            epochs = pretrain_epochs if pretrain_epochs is not None else load_config(run / "config.yaml").method.pretrain_epochs
             images, D = summary["synthetic_images"], summary["real_samples"]
             h_gen = summary["simulated_generation_s"] / images
-            h_pre = summary["simulated_pretraining_s"] / (images * cfg.method.pretrain_epochs)
-            h0 = synthesis_cost_per_unit_lambda(h_gen, h_pre, cfg.method.pretrain_epochs, D)
+            h_pre = summary["simulated_pretraining_s"] / (images * epochs)
+            h0 = synthesis_cost_per_unit_lambda(h_gen, h_pre, epochs, D)
     return PilotPoints(np.array(lam), np.array(acc), np.array(time_s), float(h0))
 
 
@@ -99,7 +104,55 @@ def calibrate(points: PilotPoints, target_accuracy: float) -> Calibration:
     params = fit_scaling_law(points.lam, points.acc, points.time_s, h0=points.h0)
     ok = params.kappa1 > 0 and params.kappa2 > 0 and points.h0 > 0
     lam_star = optimal_lambda(target_accuracy, h0=points.h0, params=params) if ok else None
-    return Calibration(params, float(target_accuracy), lam_star)
+    return Calibration(params, float(target_accuracy), lam_star, float(points.h0))
+
+
+def auto_lambda(points: PilotPoints, target_accuracy: float) -> Calibration:
+    """``synthetic_lambda: auto``: fit Eq. (13) to the pilots and return the fit with its minimiser λ*.
+
+    Raises:
+        ValueError: the pilots cannot be fitted, or the fit has no finite interior minimum (κ1 ≤ 0, κ2 ≤ 0,
+            h0 = 0, or λ* beyond float range).
+    """
+    try:
+        cal = calibrate(points, target_accuracy)
+    except OverflowError:  # e^{κ3 Acc} or λ* beyond float range: the pilots do not pin the law down
+        raise ValueError("the pilots' fit puts λ* beyond float range: run pilots that reach different accuracies, "
+                         "or give synthetic_lambda as a number") from None
+    if cal.lam_star is None or not (math.isfinite(cal.lam_star) and cal.lam_star > 0):
+        p = cal.params
+        raise ValueError(f"the pilots' fit has no minimum in λ (κ1={p.kappa1:.3g}, κ2={p.kappa2:.3g}, h0={points.h0:.3g}): "
+                         "run pilots that reach different accuracies, or give synthetic_lambda as a number")
+    return cal
+
+
+def run_pilot_processes(run_dir: Path, section: str, lambdas: Sequence[float], *, rounds: int,
+                        timeout_s: float | None = None) -> list[Path]:
+    """The pilots of ``synthetic_lambda: auto``: the run's own ``config.yaml`` at each pilot λ, for ``rounds``
+    fine-tuning rounds, each in a fresh single-process ``python -m fl_lightning.train`` (so a pilot never shares
+    the ranks of the run that asked for it), into ``<run_dir>/pilots/pilot_lam<λ>/``.
+
+    Raises:
+        RuntimeError: a pilot failed (its last stderr line is in the message).
+    """
+    import os
+    import subprocess
+
+    out, runs = Path(run_dir) / "pilots", []
+    for lam in lambdas:
+        name = f"pilot_lam{lam:g}"
+        argv = [sys.executable, "-m", "fl_lightning.train", "--config", str(Path(run_dir) / "config.yaml"),
+                "--output_dir", str(out), "--run_name", name, f"--{section}.synthetic_lambda", repr(float(lam)),
+                "--federation.rounds", str(int(rounds)), "--federation.devices", "1", "--logging.wandb", "false"]
+        if (out / name / "summary.json").is_file():  # a resumed run keeps its finished pilots
+            runs.append(out / name)
+            continue
+        proc = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ), timeout=timeout_s)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise RuntimeError(f"pilot at λ={lam:g} failed: {last}")
+        runs.append(out / name)
+    return runs
 
 
 # --- command line -------------------------------------------------------------------------------------

@@ -28,10 +28,11 @@ from scipy.optimize import nnls
 from fl_lightning.algorithms.fedisyn.config import SystemsConfig
 from fl_lightning.systems.channel import ChannelConfig, device_spectral_efficiency
 from fl_lightning.systems.clc import policy_depths
-from fl_lightning.systems.devices import PAPER_TESTBED, PROFILES, DeviceProfile, profile_arrays
+from fl_lightning.systems.backbones import Backbone
+from fl_lightning.systems.devices import PAPER_TESTBED, PROFILES, DeviceProfile, board_profiles, profile_arrays
 from fl_lightning.systems.wfba import allocate_bandwidth, equal_bandwidth
 
-__all__ = ["SystemPlan", "client_profiles", "fit_host_times", "plan_round"]
+__all__ = ["SystemPlan", "client_profiles", "fit_host_times", "plan_round", "client_efficiency", "upload_time_s"]
 
 
 @dataclass(frozen=True)
@@ -88,9 +89,16 @@ class SystemPlan:
                    float(d["round_time_s"]), d["compute_time_s"].numpy(), **optional)
 
 
-def client_profiles(cfg: SystemsConfig, num_clients: int) -> list[DeviceProfile]:
-    """Client i's device profile: ``systems.boards`` cycled over the clients, with ``systems.profiles`` overrides."""
-    table = dict(PROFILES)
+def client_profiles(cfg: SystemsConfig, num_clients: int, *, backbone: Backbone | None = None, batch_size: int = 32,
+                    lora_rank: int = 8) -> list[DeviceProfile]:
+    """Client i's device profile: ``systems.boards`` cycled over the clients, with ``systems.profiles`` overrides.
+
+    Args:
+        backbone: the ViT the boards train (``systems.backbones``); None: ViT-B/16 (:data:`PROFILES`).
+        batch_size: ``train.batch_size`` (the activation memory of a trainable block).
+        lora_rank: the adapters' rank.
+    """
+    table = dict(PROFILES) if backbone is None else board_profiles(backbone, batch_size, lora_rank=lora_rank)
     for name, fields in cfg.profiles.items():
         table[name] = replace(table[name], **fields) if name in table else DeviceProfile(name=name, **fields)
     names = list(PAPER_TESTBED) if cfg.boards == "paper_testbed" else list(cfg.boards)
@@ -115,6 +123,26 @@ def fit_host_times(compute_s: Mapping[int, float], samples: Mapping[int, float],
     return float(h_bar), float(h)
 
 
+def client_efficiency(cfg: SystemsConfig, profiles: Sequence[DeviceProfile]) -> np.ndarray:
+    """e_i of every client (bit/s/Hz): fixed positions, seeded over ALL clients so sampling moves no device."""
+    channel = ChannelConfig(radius_m=cfg.radius_m, center_m=(cfg.center_x_m, 0.0), d0_m=cfg.d0_m,
+                            path_loss_exponent=cfg.path_loss_exponent, noise_power_w=cfg.noise_power_w,
+                            total_bandwidth_hz=cfg.total_bandwidth_hz, reference_loss_db=cfg.reference_loss_db)
+    power = profile_arrays(list(profiles))["transmit_power_w"]
+    return device_spectral_efficiency(power, config=channel, seed=cfg.placement_seed)[1]
+
+
+def upload_time_s(cfg: SystemsConfig, profiles: Sequence[DeviceProfile], payload_bits: Mapping[int, float]) -> float:
+    """When the last of these clients has uploaded ``payload_bits`` (no compute first), under
+    ``systems.bandwidth_allocation`` — e.g. the synthesis phase's latents, captions or counts."""
+    if not payload_bits:
+        return 0.0
+    idx = np.asarray(sorted(payload_bits), dtype=np.int64)
+    S = np.array([float(payload_bits[int(c)]) for c in idx])
+    allocate = allocate_bandwidth if cfg.bandwidth_allocation == "wfba" else equal_bandwidth
+    return float(allocate(np.zeros(len(idx)), S, client_efficiency(cfg, profiles)[idx], cfg.total_bandwidth_hz)[1])
+
+
 def plan_round(cfg: SystemsConfig, *, clients: Sequence[int], profiles: Sequence[DeviceProfile],
                samples: np.ndarray, contributions: np.ndarray, layer_bits: float, num_layers: int,
                extra_bits: float = 0.0, full_model_bits: float | None = None) -> SystemPlan:
@@ -136,13 +164,7 @@ def plan_round(cfg: SystemsConfig, *, clients: Sequence[int], profiles: Sequence
     """
     idx = np.asarray(list(clients), dtype=np.int64)
     arrays = profile_arrays([profiles[i] for i in idx])
-    channel = ChannelConfig(radius_m=cfg.radius_m, center_m=(cfg.center_x_m, 0.0), d0_m=cfg.d0_m,
-                            path_loss_exponent=cfg.path_loss_exponent, noise_power_w=cfg.noise_power_w,
-                            total_bandwidth_hz=cfg.total_bandwidth_hz, reference_loss_db=cfg.reference_loss_db)
-    # every client has a fixed position (seeded over ALL clients, so sampling does not move devices)
-    all_p = profile_arrays(list(profiles))["transmit_power_w"]
-    _, efficiency = device_spectral_efficiency(all_p, config=channel, seed=cfg.placement_seed)
-    e = efficiency[idx]
+    e = client_efficiency(cfg, profiles)[idx]
     D = np.asarray(samples, dtype=np.float64)[idx]
     timing = dict(forward_time_s=arrays["forward_time_s"], backward_time_per_layer_s=arrays["backward_time_per_layer_s"])
     memory = dict(fixed_memory_gb=arrays["fixed_memory_gb"], memory_per_layer_gb=arrays["memory_per_layer_gb"],

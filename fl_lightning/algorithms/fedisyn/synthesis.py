@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from abc import abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from fl_lightning.algorithms.fedisyn.config import ViTConfig
+from fl_lightning.algorithms.fedisyn.planning import upload_time_s
 from fl_lightning.algorithms.fedisyn.synthesis_step import SynthesisResult, synthesise_and_pretrain
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import State
@@ -58,10 +59,17 @@ _COUNTS = "class_counts"  # the text-only upload: D_i^k per class (int64, C)
 class PretrainingConfig(ViTConfig):
     """λ and step 2 (server pre-training on the synthetic images)."""
 
-    synthetic_lambda: float | None = 1.0  # λ: synthetic images per real image; null → λ* of the scaling law
+    # λ: synthetic images per real image. auto: run the pilots (pilot_lambdas × pilot_rounds, in <run_dir>/pilots/),
+    # fit Eq. (13) and use its minimiser λ* (the fit is in summary.json); null: λ* of the given scaling_kappa
+    synthetic_lambda: float | Literal["auto"] | None = 1.0
     scaling_kappa: list | None = None  # κ1..κ4 fitted on pilot runs (notebooks/fedisyn_scaling_law.ipynb)
+    pilot_lambdas: list = field(default_factory=lambda: [0.05, 0.1, 0.2, 0.4])  # small λ: cheap pilots
+    pilot_rounds: int = 3  # fine-tuning rounds of each pilot (every round is one (λ, Acc, H) observation)
     target_accuracy: float = 0.8  # Acc of λ* = (κ2 e^{κ3 Acc} / (h0 κ1))^{1/(κ2+1)}
-    # ĥ and h̃ (s): null → measured on this host (wall time); numbers make the simulated clock reproducible
+    # the server the clock charges generation and pre-training on (systems/server.py): the paper's RTX 4090, or
+    # host = this machine's wall clock. The host's wall times are reported beside the charged ones either way
+    server: Literal["rtx_4090", "host"] = "rtx_4090"
+    # ĥ and h̃ (s): numbers override the server profile (null: from `server`)
     generation_time_per_image_s: float | None = None
     pretrain_time_per_image_epoch_s: float | None = None
     pretrain_epochs: int = 10  # T̂
@@ -72,8 +80,13 @@ class PretrainingConfig(ViTConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(self.synthetic_lambda is None or self.synthetic_lambda > 0, "synthetic_lambda",
-              self.synthetic_lambda, "a float > 0 or null")
+        check(self.synthetic_lambda in (None, "auto") or self.synthetic_lambda > 0, "synthetic_lambda",
+              self.synthetic_lambda, "a float > 0, auto or null")
+        check(len(self.pilot_lambdas) >= 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                   and math.isfinite(v) and v > 0 for v in self.pilot_lambdas),
+              "pilot_lambdas", self.pilot_lambdas, "a list of at least 2 floats > 0")
+        check(self.pilot_rounds >= 1 and len(self.pilot_lambdas) * (self.pilot_rounds + 1) >= 4, "pilot_rounds",
+              self.pilot_rounds, "an int >= 1 giving >= 4 pilot observations (len(pilot_lambdas) x (rounds + 1))")
         check(self.scaling_kappa is None or len(self.scaling_kappa) == 4 and all(
             isinstance(k, (int, float)) and not isinstance(k, bool) for k in self.scaling_kappa),
               "scaling_kappa", self.scaling_kappa, "null or a list of 4 numbers [κ1, κ2, κ3, κ4]")
@@ -140,7 +153,8 @@ class FeatureGuidedConfig(TextOnlyConfig):
 
     encode_batch_size: int = 16  # images per VAE call on a client
     num_centroids: int = 4  # Z k-means centroids per class per client
-    timestep: int | None = None  # s; null: random in [0, max_timestep] per class
+    timestep: int | None = None  # s; null: random in [min_timestep, max_timestep] per class
+    min_timestep: int = 1  # floor of s (the paper draws s in 1..S): s = 0 would upload an almost clean latent
     max_timestep: int = 600  # S: above ~600 of 1000 the class content is mostly noise
     rho: float = 0.7  # Ē = ρ·e_z + (1−ρ)·e_avg
     # feature_guided = FeDiSyn; text_only = pure noise + prompts, clients upload counts only (w/o FG)
@@ -150,9 +164,12 @@ class FeatureGuidedConfig(TextOnlyConfig):
         super().__post_init__()
         check(self.encode_batch_size >= 1, "encode_batch_size", self.encode_batch_size, "an int >= 1")
         check(self.num_centroids >= 1, "num_centroids", self.num_centroids, "an int >= 1")
-        check(0 <= self.max_timestep < 1000, "max_timestep", self.max_timestep, "an int in [0, 999]")
-        check(self.timestep is None or 0 <= self.timestep < 1000, "timestep", self.timestep,
-              "null or an int in [0, 999]")
+        check(1 <= self.min_timestep <= 999, "min_timestep", self.min_timestep,
+              "an int in [1, 999] (s = 0 would upload an almost clean latent)")
+        check(self.min_timestep <= self.max_timestep < 1000, "max_timestep", self.max_timestep,
+              f"an int in [min_timestep={self.min_timestep}, 999]")
+        check(self.timestep is None or self.min_timestep <= self.timestep < 1000, "timestep", self.timestep,
+              f"null or an int in [min_timestep={self.min_timestep}, 999] (s >= 1: s = 0 uploads an almost clean latent)")
         check(0 <= self.rho <= 1, "rho", self.rho, "a float in [0, 1]")
 
 
@@ -194,7 +211,9 @@ class SynthesisStage(Stage):
     config_class = PretrainingConfig
 
     def initial_state(self) -> State:
-        return SynthesisState.zeros().state_dict()
+        # this host's wall times of generation and pre-training, reported beside the charged ones (not on the clock)
+        return {**SynthesisState.zeros().state_dict(), "sys.host_times": torch.zeros(2, dtype=torch.float64),
+                "sys.lambda_fit": torch.zeros(6, dtype=torch.float64)}  # λ* = 0: no fit
 
     @abstractmethod
     def synthesise(self, uploads: Mapping[int, Upload]) -> tuple[SynthesisResult, int]:
@@ -202,20 +221,37 @@ class SynthesisStage(Stage):
 
     def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
                   plan: RoundPlan) -> State:
+        sent = {int(c): float(u.num_bytes) for c, u in uploads.items()}  # latents, captions or counts
         result, real_samples = self.synthesise(uploads)
+        m = self.method
         new = dict(state)
-        new.update(self.method.model_state(result.model))
+        new.update(m.model_state(result.model))
         clock = state["sys.clock"].clone()
         clock[0], clock[1] = result.generation_s, result.pretraining_s
+        # the synthesis upload is charged on the channel like any other (systems.bandwidth_allocation, no compute)
+        clock[3] = upload_time_s(m.config.systems, m.profiles, {c: 8 * b for c, b in sent.items()})
+        traffic = state["sys.bytes_up"].clone()
+        traffic[0] += sum(sent.values())
+        host = torch.tensor([result.host_generation_s, result.host_pretraining_s], dtype=torch.float64)
         own = SynthesisState(torch.tensor(result.lam, dtype=torch.float64),
                              torch.tensor(sum(result.images_per_class.values())), torch.tensor(real_samples))
-        new.update({"sys.clock": clock, **own.state_dict()})
+        fit = result.lambda_fit  # synthetic_lambda: auto — κ1..κ4, λ*, h0 of the pilots' fit
+        lambda_fit = torch.zeros(6, dtype=torch.float64) if fit is None else torch.tensor(
+            [fit.params.kappa1, fit.params.kappa2, fit.params.kappa3, fit.params.kappa4, fit.lam_star,
+             fit.h0], dtype=torch.float64)
+        new.update({"sys.clock": clock, "sys.bytes_up": traffic, **own.state_dict(),
+                    "sys.host_times": host, "sys.lambda_fit": lambda_fit})
         return new
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         own = SynthesisState.from_state(state)
+        host, fit = state["sys.host_times"].tolist(), state["sys.lambda_fit"].tolist()
+        lambda_fit = None if fit[4] == 0 else {
+            "kappa": fit[:4], "lambda_star": fit[4], "h0": fit[5], "target_accuracy": self.method.config.target_accuracy,
+            "pilots": str(self.method.env.run_dir / "pilots")}
         return {"generation": self.method.config.generation, "synthetic_images": int(own.synthetic_images),
-                "real_samples": int(own.real_samples), "lambda": float(own.lam)}
+                "real_samples": int(own.real_samples), "lambda": float(own.lam), "server": self.method.config.server,
+                "host_generation_s": float(host[0]), "host_pretraining_s": float(host[1]), "lambda_fit": lambda_fit}
 
 
 class DiffusionSynthesis(SynthesisStage):
@@ -288,7 +324,8 @@ class FeatureGuidedSynthesis(TextOnlySynthesis):
         batches = m.client_images(client, batch_size=f.encode_batch_size, size=f.vae_image_size)
         uploads = client_latent_uploads(self.components.vae, self.components.scheduler, batches,
                                         num_centroids=f.num_centroids, timestep=f.timestep,
-                                        max_timestep=f.max_timestep, seed=client_seed(m.cfg.seed, round_idx,
+                                        max_timestep=f.max_timestep, min_timestep=f.min_timestep,
+                                        seed=client_seed(m.cfg.seed, round_idx,
                                                                                       client.index),
                                         batch_size=f.encode_batch_size)
         return to_upload(uploads)

@@ -7,8 +7,12 @@ The math lives in ``fl_lightning.synthesis`` (plan, sampling) and ``fl_lightning
     <run_dir>/synthetic/<class>/*.png  the generated images + manifest.jsonl (re-running skips existing ones)
     <run_dir>/pretrain/               the pre-training checkpoints and CSV logs
 
-and measures the server's wall times ĥ (per generated image) and h̃ (per image and epoch of
-pre-training), which the simulated clock and the scaling law use unless the config fixes them.
+and charges generation and pre-training on the simulated clock with the **server profile**
+(``<method>.server``, default ``rtx_4090``, the paper's server: ``systems/server.py``) — ĥ per image from
+its start timestep, h̃ per image and epoch from the backbone's MACs — unless the config fixes ĥ and h̃
+as numbers; ``server: host`` charges this host's wall clock instead (h̃ then falls back to ĥ / K when
+λ* is needed before pre-training has run). The host's wall times are reported beside the charged ones
+(``summary.json``: ``host_generation_s``, ``host_pretraining_s``), never mixed into the clock.
 
 Two ways to start an image (``generation``):
 
@@ -52,7 +56,9 @@ from fl_lightning.synthesis.generate import (
 )
 from fl_lightning.synthesis.latents import ClassLatentUpload
 from fl_lightning.synthesis.prompts import LLMPromptExpander, TemplatePromptExpander, expand_with_cache
+from fl_lightning.systems.backbones import backbone
 from fl_lightning.systems.scaling_law import ScalingLawParams, optimal_lambda, synthesis_cost_per_unit_lambda
+from fl_lightning.systems.server import SERVERS, ServerProfile, generation_time, pretrain_time_per_image_epoch
 
 __all__ = ["SynthesisResult", "SyntheticFolder", "choose_lambda", "text_only_requests", "synthesise_and_pretrain",
            "pretrain_on_synthetic"]
@@ -65,9 +71,12 @@ class SynthesisResult:
     model: nn.Module  # the pre-trained timm ViT (with its head)
     lam: float
     images_per_class: dict[int, int]
-    generation_s: float  # H_gene (measured, or ĥ · images from the config)
-    pretraining_s: float  # H_pre
+    generation_s: float  # H_gene charged on the simulated clock (server profile, config ĥ, or host wall time)
+    pretraining_s: float  # H_pre charged likewise
     pretrain_checkpoint: Path
+    host_generation_s: float = 0.0  # this host's wall time, reported beside the charged one
+    host_pretraining_s: float = 0.0
+    lambda_fit: Any = None  # synthetic_lambda: auto — the pilots' Calibration (κ1..κ4, λ*); None otherwise
 
 
 class SyntheticFolder(Dataset):
@@ -114,6 +123,22 @@ def choose_lambda(cfg: Any, *, gen_time_per_image: float, pretrain_time_per_imag
     return lam
 
 
+def _auto_lambda(cfg: Any, *, run_dir: Path, section: str):
+    """``synthetic_lambda: auto``: run the pilots (``<run_dir>/pilots/``), fit Eq. (13), return (λ*, the fit).
+
+    Raises:
+        ConfigError: a pilot failed, or the pilots' fit has no minimiser (named ``<section>.synthetic_lambda``).
+    """
+    from fl_lightning.algorithms.fedisyn.pilots import auto_lambda, pilot_points, run_pilot_processes
+
+    try:
+        runs = run_pilot_processes(run_dir, section, [float(v) for v in cfg.pilot_lambdas], rounds=cfg.pilot_rounds)
+        fit = auto_lambda(pilot_points(runs, pretrain_epochs=cfg.pretrain_epochs), cfg.target_accuracy)
+    except (RuntimeError, ValueError) as err:
+        raise ConfigError(f"{section}.synthetic_lambda", "auto", f"pilots whose fit gives λ* ({err})") from None
+    return float(fit.lam_star), fit
+
+
 def text_only_requests(class_names: Sequence[str], prompts_by_class: Mapping[str, Sequence[str]], *,
                        volume_per_class: Mapping[int, int], latent_shape: tuple[int, ...], timestep: int,
                        seed: int) -> list[GenerationRequest]:
@@ -149,6 +174,19 @@ def _dtype(cfg: Any, device: torch.device) -> torch.dtype:
     if cfg.diffusion_precision == "auto":
         return torch.float16 if device.type == "cuda" else torch.float32
     return getattr(torch, cfg.diffusion_precision)
+
+
+def _server(cfg: Any) -> ServerProfile | None:
+    """The server profile the clock charges (None: ``server: host``, this host's wall time)."""
+    return None if cfg.server == "host" else SERVERS[cfg.server]
+
+
+def _server_pretrain_s(cfg: Any, server: ServerProfile, section: str) -> float:
+    """h̃ of the server for ``pretrain_model`` (as the backbone it is named after)."""
+    try:
+        return pretrain_time_per_image_epoch(server, backbone(cfg.pretrain_model))
+    except ValueError as err:
+        raise ConfigError(f"{section}.server", cfg.server, f"'host' for a ViT the server profile cannot price ({err})") from None
 
 
 def _probe_generation(cfg: Any, components: DiffusionComponents, requests, folder: Path,
@@ -206,15 +244,25 @@ def synthesise_and_pretrain(
                                rho=cfg.rho, seed=seed)
 
     folder = run_dir / "synthetic"
+    server = _server(cfg)
     h_gen, h_pre = cfg.generation_time_per_image_s, cfg.pretrain_time_per_image_epoch_s
-    if cfg.synthetic_lambda is None and (h_gen is None or h_pre is None):
-        if h_gen is None:
+    if server is not None and h_pre is None:
+        h_pre = _server_pretrain_s(cfg, server, section)
+    if cfg.synthetic_lambda is None and h_gen is None:  # (auto reads h0 off the pilots instead)
+        if server is not None:  # ĥ: the server's mean time over the images' start timesteps
+            probe = requests_for(totals)
+            h_gen = generation_time(server, [r.timestep for r in probe], cfg.num_inference_steps) / max(len(probe), 1)
+        else:
             h_gen = _probe_generation(cfg, components, requests_for(totals), run_dir / "probe", device)
-        if h_pre is None:
-            # a first-order stand-in until pre-training is measured: ViT training costs ~ a generation step
-            h_pre = h_gen / max(cfg.num_inference_steps, 1)
-    lam = choose_lambda(cfg, gen_time_per_image=h_gen or 0.0, pretrain_time_per_image_epoch=h_pre or 0.0,
-                        num_real_samples=D, section=section)
+    if cfg.synthetic_lambda is None and h_pre is None:
+        # server: host and no h̃ yet: a first-order stand-in until pre-training is measured (a ViT step ~ a UNet step)
+        h_pre = h_gen / max(cfg.num_inference_steps, 1)
+    fit = None
+    if cfg.synthetic_lambda == "auto":
+        lam, fit = _auto_lambda(cfg, run_dir=run_dir, section=section)
+    else:
+        lam = choose_lambda(cfg, gen_time_per_image=h_gen or 0.0, pretrain_time_per_image_epoch=h_pre or 0.0,
+                            num_real_samples=D, section=section)
     volume = synthetic_volume(totals, lam)
     if sum(volume.values()) < 2:
         raise ConfigError(f"{section}.synthetic_lambda", lam,
@@ -225,24 +273,33 @@ def synthesise_and_pretrain(
                     num_inference_steps=cfg.num_inference_steps, guidance_scale=cfg.guidance_scale,
                     device=device, dtype=_dtype(cfg, device), progress=progress,
                     min_fresh_fraction=cfg.min_fresh_fraction)
-    generation_s = time.monotonic() - start
+    host_generation_s = generation_s = time.monotonic() - start
     components.to(device="cpu")  # free the accelerator for pre-training and fine-tuning
     n_images = len(requests)
     if cfg.generation_time_per_image_s is not None:
         generation_s = cfg.generation_time_per_image_s * n_images
-    model, pretraining_s, best = pretrain_on_synthetic(cfg, folder, num_classes=len(class_names), spec=spec,
-                                                       run_dir=run_dir, seed=seed, device=device, precision=precision)
+    elif server is not None:  # H_gene on the server: n(s) guided UNet steps + a decode per image
+        generation_s = generation_time(server, [r.timestep for r in requests], cfg.num_inference_steps)
+    model, pretraining_s, best, host_pretraining_s = pretrain_on_synthetic(
+        cfg, folder, num_classes=len(class_names), spec=spec, run_dir=run_dir, seed=seed, device=device,
+        precision=precision, per_image_epoch_s=h_pre if cfg.pretrain_time_per_image_epoch_s is not None
+        or server is not None else None)
     per_class = {label: int(v) for label, v in volume.items()}
-    return SynthesisResult(model, lam, per_class, generation_s, pretraining_s, best)
+    return SynthesisResult(model, lam, per_class, generation_s, pretraining_s, best, host_generation_s,
+                           host_pretraining_s, fit)
 
 
 def pretrain_on_synthetic(cfg: Any, folder: Path, *, num_classes: int, spec: InputSpec, run_dir: Path, seed: int,
-                          device: torch.device, precision: str) -> tuple[nn.Module, float, Path]:
+                          device: torch.device, precision: str,
+                          per_image_epoch_s: float | None = None) -> tuple[nn.Module, float, Path, float]:
     """Step 2: pre-train the timm ViT on the images of ``folder`` (a :class:`SyntheticFolder`, whatever made it).
 
+    Args:
+        per_image_epoch_s: h̃ to charge (server profile or config); None: this host's wall time.
+
     Returns:
-        the best model (by held-out loss), H_pre (measured, or h̃ · images · epochs from the config) and
-        its checkpoint.
+        the best model (by held-out loss), H_pre (h̃ · images · epochs run, or the host's wall time), its
+        checkpoint, and the host's wall time.
     """
     transform = dict(normalization=spec.normalization, image_size=spec.image_size, mean=spec.mean, std=spec.std)
     train_set, _ = split_holdout(SyntheticFolder(folder, build_transform(**transform, train=True)),
@@ -257,7 +314,7 @@ def pretrain_on_synthetic(cfg: Any, folder: Path, *, num_classes: int, spec: Inp
         num_classes=num_classes, train_dataset=train_set, val_dataset=val_set, out_dir=out,
         max_epochs=cfg.pretrain_epochs, batch_size=cfg.pretrain_batch_size, lr=cfg.pretrain_lr,
         accelerator=device.type, devices=1, precision=precision, seed=seed, patience=cfg.pretrain_patience)
-    pretraining_s = time.monotonic() - start
-    if cfg.pretrain_time_per_image_epoch_s is not None:
-        pretraining_s = cfg.pretrain_time_per_image_epoch_s * len(train_set) * epochs_run
-    return load_pretrained_vit(best, map_location="cpu"), pretraining_s, best
+    host_s = pretraining_s = time.monotonic() - start
+    if per_image_epoch_s is not None:
+        pretraining_s = per_image_epoch_s * len(train_set) * epochs_run
+    return load_pretrained_vit(best, map_location="cpu"), pretraining_s, best, host_s
