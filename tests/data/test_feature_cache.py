@@ -153,3 +153,9 @@ def test_prompt_methods_do_not_use_the_cache(tmp_path):
 def test_an_empty_folder_name_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="data.feature_cache"):
         load_config(CONF / "fedcgs_digits_tiny.yaml", ["--data.feature_cache", " "])
+
+
+def test_split_seed_fixes_the_data_split_whatever_the_run_seed():
+    cfg = load_config(CONF / "fedcgs_digits_tiny.yaml", ["--seed", "3"])
+    assert cfg.data_seed == 3
+    assert load_config(CONF / "fedcgs_digits_tiny.yaml", ["--seed", "3", "--data.split_seed", "0"]).data_seed == 0
