@@ -48,7 +48,7 @@ def state_dict_digest(module: nn.Module) -> str:
     for name, tensor in sorted(module.state_dict().items()):
         t = tensor.detach().cpu().contiguous()
         digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())  # 0-dim buffers too (BatchNorm's count)
     return digest.hexdigest()
 
 
@@ -98,7 +98,7 @@ def split_features(feature_fn: Callable[[Tensor], Tensor], dataset: Dataset, *, 
 
 
 def _tensor_sha256(t: Tensor) -> str:
-    return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+    return hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
 class FeatureCache:

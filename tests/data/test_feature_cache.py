@@ -62,6 +62,10 @@ def test_key_follows_weights_class_and_description():
     assert cache_key(a, desc) != cache_key(a, {**desc, "transform": "Resize(56)"})
     assert cache_key(a, desc) != cache_key(a, {**desc, "dataset": {"name": "digits", "rows": 9}})
     assert cache_key(a, desc) != cache_key(nn.Sequential(a), desc)  # another module, the same tensors inside
+    bn = nn.BatchNorm1d(3)  # a CNN backbone's state dict holds 0-dim buffers (num_batches_tracked)
+    before = state_dict_digest(bn)
+    bn.num_batches_tracked += 1
+    assert state_dict_digest(bn) != before
 
 
 def test_split_features_are_the_split_in_order_in_fixed_batches():
