@@ -96,9 +96,16 @@ def frozen_features(algorithm: Algorithm, backbone: nn.Module, split: Literal["t
                               autocast=fabric.autocast, num_workers=d.num_workers)
 
     if all_ranks and fabric.world_size > 1 and cache.folder is not None:
-        features = cache.get(key, rows=len(targets), compute=compute) if fabric.global_rank == 0 else None
+        features, failed = None, False
+        if fabric.global_rank == 0:
+            try:
+                features = cache.get(key, rows=len(targets), compute=compute)
+            except Exception:  # e.g. a corrupt image: every rank meets it below, none waits at the barrier
+                failed = True
         fabric.barrier()  # rank 0 has written the table: the others read it (or compute, on another node)
-        return features if features is not None else cache.get(key, rows=len(targets), compute=compute)
+        if features is None or failed:
+            features = cache.get(key, rows=len(targets), compute=compute)
+        return features
     return cache.get(key, rows=len(targets), compute=compute)
 
 
