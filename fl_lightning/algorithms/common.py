@@ -109,14 +109,16 @@ def frozen_features(algorithm: Algorithm, backbone: nn.Module, split: Literal["t
     return cache.get(key, rows=len(targets), compute=compute)
 
 
-def client_feature_batches(features: Tensor, targets: Any, indices: Any, batch_size: int) -> list[tuple[Tensor, Tensor]]:
+def client_feature_batches(features: Tensor, targets: Any, indices: Any,
+                           batch_size: int) -> list[tuple[Tensor, Tensor]]:
     """A client's rows of a split's feature table in the batches its DataLoader would make (client order)."""
     idx = torch.as_tensor(indices, dtype=torch.int64)
     h, y = features[idx], torch.as_tensor(targets, dtype=torch.int64)[idx]
     return list(zip(h.split(batch_size), y.split(batch_size)))
 
 
-def evaluate_on_test_features(env: Environment, features: Tensor, head_fn: Callable[[Tensor], Tensor]) -> dict[str, Any]:
+def evaluate_on_test_features(env: Environment, features: Tensor,
+                              head_fn: Callable[[Tensor], Tensor]) -> dict[str, Any]:
     """:func:`evaluate_on_test` on the test split's feature table: the same batches, ``head_fn`` features → logits."""
     dataset = TensorDataset(features, torch.as_tensor(env.splits.test_targets, dtype=torch.int64))
     loader = DataLoader(dataset, batch_size=env.cfg.data.batch_size, shuffle=False)

@@ -80,7 +80,8 @@ def run(*, quick: bool = False, device: torch.device | None = None) -> dict[str,
     import fl_lightning.federation.simulation  # noqa: F401  (imports paid before any timing)
 
     base, fedpft = _config(quick)
-    variants = [{"algorithm": "afl", "label": "AFL", "afl": {"lam": 1.0e-6}}, {"algorithm": "fedcgs", "label": "FedCGS"},
+    variants = [{"algorithm": "afl", "label": "AFL", "afl": {"lam": 1.0e-6}},
+                {"algorithm": "fedcgs", "label": "FedCGS"},
                 {"algorithm": "fedpft", "label": "FedPFT", "fedpft": fedpft}]
     comparison = {**base, "variants": variants, "sweep": {"partition.alpha": _ALPHAS, "seed,partition.seed": _SEEDS}}
     off = {**base, "data": {**base["data"], "feature_cache": False}}
@@ -94,8 +95,8 @@ def run(*, quick: bool = False, device: torch.device | None = None) -> dict[str,
                for (name, s), t in zip(uncached.items(), twins.values()))
     runs = len(variants) * len(_ALPHAS) * len(_SEEDS)
     return {
-        "sizes": {"quick": quick, "runs": runs, "model": base["model"]["name"], "image_size": base["data"]["image_size"],
-                  "clients": base["partition"]["num_clients"], "one_afl_run_s": one_s, "comparison_s": whole_s,
+        "sizes": {"quick": quick, "runs": runs, "model": base["model"]["name"],
+                  "image_size": base["data"]["image_size"], "clients": base["partition"]["num_clients"], "one_afl_run_s": one_s, "comparison_s": whole_s,
                   "uncached_cell_s": cell_s},
         "comparison_vs_one_run": figure(whole_s / one_s, "x", op="<=", bound=2.0,
                                         note=f"{runs} runs (AFL, FedCGS, FedPFT × 3 α × 2 seeds) / one AFL run",
