@@ -19,7 +19,7 @@ The server folds the uploads one at a time in client order (a sum: memory flat i
 for any number of ranks). FedOPAL (``fedopal.py``) is this method plus prompts.
 
 The frozen backbone's features of the training and test splits are computed once per comparison
-(``data.feature_cache``, :func:`~fl_lightning.algorithms.common.frozen_features`): a client reads its
+(``data.feature_cache``, :class:`~fl_lightning.algorithms.common.FrozenFeatures`): a client reads its
 rows of the training split's table in its own batches, so a rank holds that table (N × d) rather than
 streaming images. A subclass with its own feature model (FedOPAL's prompts) streams its images as before.
 """
@@ -38,8 +38,8 @@ from fl_lightning.algorithms.common import (
     client_feature_batches,
     evaluate_on_test,
     evaluate_on_test_features,
+    FrozenFeatures,
     frozen_backbone,
-    frozen_features,
 )
 from fl_lightning.analytic import AnalyticStatistics, StatisticsSum, logits, regularization, solve_classifier
 from fl_lightning.errors import check
@@ -98,7 +98,8 @@ class AFL(Algorithm):
         self._dtype = getattr(torch, self.config.dtype)
         # the frozen backbone's features, once per comparison; a feature model of its own (prompts) streams images
         self._frozen = self.model is self.backbone
-        self._train_h = frozen_features(self, self.backbone, "train", all_ranks=True) if self._frozen else None
+        self._tables = FrozenFeatures(self, self.backbone) if self._frozen else None
+        self._train_h = self._tables.table("train", all_ranks=True) if self._frozen else None
         self._test_h: Tensor | None = None
 
     def initial_state(self) -> State:
@@ -171,7 +172,7 @@ class AFL(Algorithm):
         if not self._frozen:
             return evaluate_on_test(self.env, self._logits)
         if self._test_h is None:  # the server alone evaluates
-            self._test_h = frozen_features(self, self.backbone, "test", all_ranks=False)
+            self._test_h = self._tables.table("test", all_ranks=False)
         return evaluate_on_test_features(self.env, self._test_h, self._head)
 
     def summary_extras(self, state: State) -> dict[str, Any]:

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from fl_lightning.config import RunConfig
     from fl_lightning.federation.algorithm import Algorithm, Environment
 
-__all__ = ["frozen_backbone", "evaluate_on_test", "evaluate_on_test_features", "feature_cache_folder",
-           "frozen_features", "client_feature_batches"]
+__all__ = ["FrozenFeatures", "frozen_backbone", "evaluate_on_test", "evaluate_on_test_features",
+           "feature_cache_folder", "client_feature_batches"]
 
 
 def frozen_backbone(cfg: RunConfig) -> ViTBackbone:
@@ -50,63 +50,83 @@ def feature_cache_folder(cfg: RunConfig) -> Path | None:
     return Path(cfg.output_dir) / "feature_cache" if where is True else Path(where).expanduser()
 
 
-def frozen_features(algorithm: Algorithm, backbone: nn.Module, split: Literal["train", "test"], *,
-                    all_ranks: bool) -> Tensor:
-    """The frozen ``backbone``'s features of the whole ``split``, (N, d) on the CPU in dataset order.
+class FrozenFeatures:
+    """The frozen ``backbone``'s features of whole splits for one run, (N, d) on the CPU in dataset order.
 
     Computed by :func:`~fl_lightning.data.feature_cache.split_features` (the split's own fixed batches),
     read from ``data.feature_cache`` when a valid table of the same key is there, written there otherwise.
-    Only for methods whose training split is not augmented.
+    Only for methods whose training split is not augmented. The backbone's weights are hashed once.
 
     Args:
-        algorithm: the method (its environment, input spec and ``augment``).
-        backbone: the frozen feature extractor, on the rank's device, in eval mode.
-        split: ``train`` (the clients' rows) or ``test`` (the server's evaluation).
-        all_ranks: every rank calls this at the same point (set-up): rank 0 computes a missing table
-            first and the others read it after a barrier; False: one rank alone (the server).
+        algorithm: the method (its environment, input spec and ``augment``), after ``setup``.
+        backbone: the frozen feature extractor, on the rank's device.
+
+    Example:
+        >>> self._features = FrozenFeatures(self, self.backbone)  # doctest: +SKIP
+        >>> H = self._features.table("train", all_ranks=True)  # (N_train, d)  # doctest: +SKIP
     """
-    from fl_lightning.data.feature_cache import FeatureCache, cache_key, split_features, targets_digest
-    from fl_lightning.data.transforms import build_transform
 
-    if split == "train" and algorithm.augment:
-        raise RuntimeError(f"{type(algorithm).__name__} augments its training split: its features are not fixed")
-    env = algorithm.env
-    fabric, cfg = env.fabric, env.cfg
-    dataset = env.splits.train if split == "train" else env.splits.test
-    targets = env.splits.train_targets if split == "train" else env.splits.test_targets
-    spec = algorithm.input_spec()
-    transform = build_transform(normalization=spec.normalization, image_size=spec.image_size, train=False,
-                                mean=spec.mean, std=spec.std)
-    d = cfg.data
-    description = {
-        "transform": repr(transform),
-        "model": {"library": cfg.model.library, "name": cfg.model.name, "feature": cfg.model.feature,
-                  "overrides": cfg.model.overrides},
-        "dataset": {"name": d.name, "root": str(Path(d.root).expanduser().resolve()), "split": split,
-                    "split_seed": cfg.data_seed, "num_samples": d.num_samples, "rows": len(targets),
-                    "targets": targets_digest(targets)},
-        "batch_size": d.batch_size, "precision": cfg.federation.precision, "device": fabric.device.type,
-    }
-    backbone.eval()
-    key = cache_key(backbone, description)
-    cache = FeatureCache(feature_cache_folder(cfg))
+    def __init__(self, algorithm: Algorithm, backbone: nn.Module) -> None:
+        from fl_lightning.data.feature_cache import FeatureCache, state_dict_digest
 
-    def compute() -> Tensor:
-        return split_features(backbone, dataset, batch_size=d.batch_size, device=fabric.device,
-                              autocast=fabric.autocast, num_workers=d.num_workers)
+        if algorithm.augment:
+            raise RuntimeError(f"{type(algorithm).__name__} augments its training split: its features are not fixed")
+        self.algorithm, self.backbone = algorithm, backbone.eval()
+        self.weights = state_dict_digest(backbone)
+        self.cache = FeatureCache(feature_cache_folder(algorithm.env.cfg))
 
-    if all_ranks and fabric.world_size > 1 and cache.folder is not None:
-        features, failed = None, False
-        if fabric.global_rank == 0:
-            try:
-                features = cache.get(key, rows=len(targets), compute=compute)
-            except Exception:  # e.g. a corrupt image: every rank meets it below, none waits at the barrier
-                failed = True
-        fabric.barrier()  # rank 0 has written the table: the others read it (or compute, on another node)
-        if features is None or failed:
-            features = cache.get(key, rows=len(targets), compute=compute)
-        return features
-    return cache.get(key, rows=len(targets), compute=compute)
+    def key(self, split: Literal["train", "test"]) -> str:
+        """The table's key: the weights, the module, the transform, the data set and split, the batching."""
+        from fl_lightning.data.feature_cache import cache_key, targets_digest
+        from fl_lightning.data.transforms import build_transform
+
+        env = self.algorithm.env
+        cfg, d = env.cfg, env.cfg.data
+        targets = env.splits.train_targets if split == "train" else env.splits.test_targets
+        spec = self.algorithm.input_spec()
+        transform = build_transform(normalization=spec.normalization, image_size=spec.image_size, train=False,
+                                    mean=spec.mean, std=spec.std)
+        description = {
+            "transform": repr(transform),
+            "model": {"library": cfg.model.library, "name": cfg.model.name, "feature": cfg.model.feature,
+                      "overrides": cfg.model.overrides},
+            "dataset": {"name": d.name, "root": str(Path(d.root).expanduser().resolve()), "split": split,
+                        "split_seed": cfg.data_seed, "num_samples": d.num_samples, "rows": len(targets),
+                        "targets": targets_digest(targets)},
+            "batch_size": d.batch_size, "precision": cfg.federation.precision, "device": env.fabric.device.type,
+        }
+        return cache_key(self.backbone, description, weights=self.weights)
+
+    def table(self, split: Literal["train", "test"], *, all_ranks: bool) -> Tensor:
+        """The features of ``split``: ``train`` (the clients' rows) or ``test`` (the server's evaluation).
+
+        Args:
+            all_ranks: every rank calls this at the same point (set-up): rank 0 computes a missing table
+                first and the others read it after a barrier; False: one rank alone (the server).
+        """
+        from fl_lightning.data.feature_cache import split_features
+
+        env = self.algorithm.env
+        fabric, d = env.fabric, env.cfg.data
+        dataset = env.splits.train if split == "train" else env.splits.test
+        rows, key, cache = len(dataset), self.key(split), self.cache
+
+        def compute() -> Tensor:
+            return split_features(self.backbone, dataset, batch_size=d.batch_size, device=fabric.device,
+                                  autocast=fabric.autocast, num_workers=d.num_workers)
+
+        if all_ranks and fabric.world_size > 1 and cache.folder is not None:
+            features, failed = None, False
+            if fabric.global_rank == 0:
+                try:
+                    features = cache.get(key, rows=rows, compute=compute)
+                except Exception:  # e.g. a corrupt image: every rank meets it below, none waits at the barrier
+                    failed = True
+            fabric.barrier()  # rank 0 has written the table: the others read it (or compute, on another node)
+            if features is None or failed:
+                features = cache.get(key, rows=rows, compute=compute)
+            return features
+        return cache.get(key, rows=rows, compute=compute)
 
 
 def client_feature_batches(features: Tensor, targets: Any, indices: Any,

@@ -24,7 +24,7 @@ from lightning.fabric import Fabric
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from fl_lightning.algorithms.common import evaluate_on_test_features, frozen_backbone, frozen_features
+from fl_lightning.algorithms.common import FrozenFeatures, evaluate_on_test_features, frozen_backbone
 from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local
@@ -56,7 +56,8 @@ class FedAvg(Algorithm):
     def setup(self, env: Environment) -> None:
         super().setup(env)
         t = self.cfg.train
-        self._train_h = frozen_features(self, self.backbone, "train", all_ranks=True)  # once per comparison
+        self._tables = FrozenFeatures(self, self.backbone)
+        self._train_h = self._tables.table("train", all_ranks=True)  # once per comparison
         self._test_h: torch.Tensor | None = None
         # the head reads the feature tables: the backbone is not in the module
         self.module = LinearProbe(backbone=nn.Identity(), feature_dim=self.backbone.feature_dim,
@@ -92,5 +93,5 @@ class FedAvg(Algorithm):
     def evaluate(self, state: State) -> dict[str, Any]:
         self.module.load_state_dict({k: v.to(self.fabric.device) for k, v in state.items()}, strict=False)
         if self._test_h is None:  # the server alone evaluates
-            self._test_h = frozen_features(self, self.backbone, "test", all_ranks=False)
+            self._test_h = self._tables.table("test", all_ranks=False)
         return evaluate_on_test_features(self.env, self._test_h, self.module)

@@ -43,7 +43,7 @@ import torch
 from lightning.fabric import Fabric
 from torch import Tensor
 
-from fl_lightning.algorithms.common import evaluate_on_test_features, frozen_backbone, frozen_features
+from fl_lightning.algorithms.common import FrozenFeatures, evaluate_on_test_features, frozen_backbone
 from fl_lightning.errors import check
 from fl_lightning.feature_gaussians import (
     COVARIANCE_TYPES,
@@ -119,7 +119,8 @@ class FedPFT(Algorithm):
     def setup(self, env: Environment) -> None:
         super().setup(env)
         self.backbone = self.fabric.to_device(self.backbone)
-        self._train_h = frozen_features(self, self.backbone, "train", all_ranks=True)  # once per comparison
+        self._tables = FrozenFeatures(self, self.backbone)
+        self._train_h = self._tables.table("train", all_ranks=True)  # once per comparison
         self._test_h: Tensor | None = None
 
     def initial_state(self) -> State:
@@ -172,7 +173,7 @@ class FedPFT(Algorithm):
     def evaluate(self, state: State) -> dict[str, Any]:
         self._weight, self._bias = state["weight"].to(self.fabric.device), state["bias"].to(self.fabric.device)
         if self._test_h is None:  # the server alone evaluates
-            self._test_h = frozen_features(self, self.backbone, "test", all_ranks=False)
+            self._test_h = self._tables.table("test", all_ranks=False)
         return evaluate_on_test_features(self.env, self._test_h, self._head)
 
     def summary_extras(self, state: State) -> dict[str, Any]:

@@ -48,23 +48,24 @@ def state_dict_digest(module: nn.Module) -> str:
     for name, tensor in sorted(module.state_dict().items()):
         t = tensor.detach().cpu().contiguous()
         digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())  # 0-dim buffers too (BatchNorm's count)
+        digest.update(t.reshape(-1).view(torch.uint8).numpy())  # 0-dim buffers too (BatchNorm's count)
     return digest.hexdigest()
 
 
-def cache_key(module: nn.Module, description: Mapping[str, Any]) -> str:
+def cache_key(module: nn.Module, description: Mapping[str, Any], *, weights: str | None = None) -> str:
     """The key of a feature table: sha256 of the module's weights, its class and ``description``.
 
     Args:
         module: the frozen feature extractor (images → (B, d)).
         description: JSON-serialisable values that decide the features besides the weights (the
             transform, the dataset, its split and subset, batch size, precision, device type).
+        weights: ``state_dict_digest(module)`` when the caller has it already (it hashes every weight).
 
     Returns:
         64 hex digits.
     """
     text = json.dumps({"format": _FORMAT, "class": f"{type(module).__module__}.{type(module).__qualname__}",
-                       "module": repr(module), "weights": state_dict_digest(module), "torch": torch.__version__,
+                       "module": repr(module), "weights": weights or state_dict_digest(module), "torch": torch.__version__,
                        **description}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
