@@ -71,11 +71,22 @@ class DataConfig:
     batch_size: int = 64
     num_workers: int = 0  # 0 keeps tiny runs free of worker start-up cost
     num_samples: int | None = None  # a seeded subset of this many training images (`synthetic`: how many to make)
+    # the seed of the data set's own train/test split and of the num_samples subset (digits, synthetic,
+    # caltech101, imagefolder); null: the run's seed. Fixed, seeds vary only the partition and the training,
+    # as with CIFAR's official split (and a comparison's frozen features are shared across its seeds)
+    split_seed: int | None = None
+    # frozen-backbone features of each split (AFL, FedCGS, FedPFT, FedAvg of a head), computed once and read
+    # by every later run with the same key: true = <output_dir>/feature_cache, a folder, or false (no disk)
+    feature_cache: bool | str = True
 
     def __post_init__(self) -> None:
         check(self.image_size is None or self.image_size >= 8, "image_size", self.image_size, "an int >= 8 or null")
         check(self.batch_size >= 1, "batch_size", self.batch_size, "an int >= 1")
         check(self.num_workers >= 0, "num_workers", self.num_workers, "an int >= 0")
+        if self.split_seed is not None:
+            _check_seed("split_seed", self.split_seed)
+        check(not isinstance(self.feature_cache, str) or self.feature_cache.strip() != "", "feature_cache",
+              self.feature_cache, "true, false or a folder")
 
 
 @dataclass
@@ -206,6 +217,11 @@ class RunConfig:
     @property
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.resolved_run_name
+
+    @property
+    def data_seed(self) -> int:
+        """The seed of the data set's own split and subset: ``data.split_seed``, else the run's seed."""
+        return self.seed if self.data.split_seed is None else self.data.split_seed
 
 
 # ----------------------------------------------------------------------------- loading

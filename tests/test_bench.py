@@ -247,3 +247,13 @@ def test_scale_import_times_parse_importtime_output():
         "import time:        10 |     900000 | timm",
     ])
     assert _import_times(text) == {"lightning": 2.6, "lightning.fabric": 2.5, "torch": 1.5, "timm": 0.9}
+
+
+# -- frozen features once per comparison (fl_lightning/bench/features.py) ---------------------------------
+def test_features_suite_stops_with_one_line_without_the_checkpoint(tmp_path, monkeypatch, capsys):
+    from fl_lightning.bench import features
+
+    monkeypatch.setattr(features, "CHECKPOINT", tmp_path / "missing.safetensors")
+    assert main(["features"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("fl_lightning.bench: ") and "missing.safetensors" in last and "--quick" in last

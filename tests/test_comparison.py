@@ -61,4 +61,7 @@ def test_the_tiny_table_from_one_command(tmp_path, capsys):
     table = (tmp_path / "comparison.md").read_text()
     assert "| method | α = 0.1 | α = IID | bytes up / client |" in table and "| FedCGS |" in table
     assert (tmp_path / "comparison.png").stat().st_size > 1000
-    assert len([p for p in tmp_path.iterdir() if p.is_dir()]) == 8  # 2 methods × 2 α × 2 seeds, one folder each
+    runs = [p for p in tmp_path.iterdir() if p.is_dir() and p.name != "feature_cache"]
+    assert len(runs) == 8  # 2 methods × 2 α × 2 seeds, one folder each
+    # the 8 runs share their backbone's features: one table per split (train, test) and data seed
+    assert len(list((tmp_path / "feature_cache").glob("*.pt"))) == 4

@@ -17,6 +17,11 @@ unregularised solution).
 
 The server folds the uploads one at a time in client order (a sum: memory flat in K, bit-identical
 for any number of ranks). FedOPAL (``fedopal.py``) is this method plus prompts.
+
+The frozen backbone's features of the training and test splits are computed once per comparison
+(``data.feature_cache``, :class:`~fl_lightning.algorithms.common.FrozenFeatures`): a client reads its
+rows of the training split's table in its own batches, so a rank holds that table (N × d) rather than
+streaming images. A subclass with its own feature model (FedOPAL's prompts) streams its images as before.
 """
 
 from __future__ import annotations
@@ -29,7 +34,13 @@ import torch
 from lightning.fabric import Fabric
 from torch import Tensor, nn
 
-from fl_lightning.algorithms.common import evaluate_on_test, frozen_backbone
+from fl_lightning.algorithms.common import (
+    client_feature_batches,
+    evaluate_on_test,
+    evaluate_on_test_features,
+    FrozenFeatures,
+    frozen_backbone,
+)
 from fl_lightning.analytic import AnalyticStatistics, StatisticsSum, logits, regularization, solve_classifier
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import (
@@ -85,6 +96,11 @@ class AFL(Algorithm):
         super().setup(env)
         self.model = self.fabric.to_device(self.model)
         self._dtype = getattr(torch, self.config.dtype)
+        # the frozen backbone's features, once per comparison; a feature model of its own (prompts) streams images
+        self._frozen = self.model is self.backbone
+        self._tables = FrozenFeatures(self, self.backbone) if self._frozen else None
+        self._train_h = self._tables.table("train", all_ranks=True) if self._frozen else None
+        self._test_h: Tensor | None = None
 
     def initial_state(self) -> State:
         return {}
@@ -94,7 +110,12 @@ class AFL(Algorithm):
         return RoundPlan({c: Download() for c in clients})  # clients hold the frozen backbone: nothing to send
 
     def statistics(self, client: Client) -> AnalyticStatistics:
-        """Eq. (7) on one client, streamed batch by batch."""
+        """Eq. (7) on one client, streamed batch by batch (its rows of the split's feature table, when frozen)."""
+        if self._train_h is not None:
+            batches = client_feature_batches(self._train_h, self.env.splits.train_targets,
+                                             self.env.partition[client.index], self.cfg.data.batch_size)
+            return collect_statistics(_identity, batches, num_classes=self.env.num_classes, device=self.fabric.device,
+                                      dtype=self._dtype, feature_dim=self.backbone.feature_dim)
         loader = self.env.loader(client.dataset, shuffle=False)
         return collect_statistics(self.model, loader, num_classes=self.env.num_classes, device=self.fabric.device,
                                   dtype=self._dtype, autocast=self.fabric.autocast,
@@ -138,14 +159,25 @@ class AFL(Algorithm):
         total, count = self.fold_statistics(round_idx, uploads)
         return {**state, "W": self.solve(total, count)}
 
-    def _logits(self, images: Tensor) -> Tensor:  # Eq. (10)
+    def _head(self, h: Tensor) -> Tensor:  # Eq. (10)
+        return logits(h, self._W).float()
+
+    def _logits(self, images: Tensor) -> Tensor:
         with self.fabric.autocast():
             h = self.model(images)
-        return logits(h, self._W).float()
+        return self._head(h)
 
     def evaluate(self, state: State) -> dict[str, Any]:
         self._W = state["W"].to(self.fabric.device)
-        return evaluate_on_test(self.env, self._logits)
+        if not self._frozen:
+            return evaluate_on_test(self.env, self._logits)
+        if self._test_h is None:  # the server alone evaluates
+            self._test_h = self._tables.table("test", all_ranks=False)
+        return evaluate_on_test_features(self.env, self._test_h, self._head)
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         return {"feature_dim": int(state["W"].shape[0]) if "W" in state else None}
+
+
+def _identity(h: Tensor) -> Tensor:
+    return h

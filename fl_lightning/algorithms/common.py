@@ -1,11 +1,14 @@
-"""Pieces several algorithms share: the frozen backbone from the config and test evaluation."""
+"""Pieces several algorithms share: the frozen backbone from the config, its features of a whole split
+(computed once per comparison, :mod:`fl_lightning.data.feature_cache`) and test evaluation."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
-from torch import Tensor
-from torch.utils.data import DataLoader
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from fl_lightning.errors import ConfigError
 from fl_lightning.models.backbones import BackboneArgumentError, ViTBackbone, build_backbone
@@ -15,9 +18,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from fl_lightning.config import RunConfig
-    from fl_lightning.federation.algorithm import Environment
+    from fl_lightning.federation.algorithm import Algorithm, Environment
 
-__all__ = ["frozen_backbone", "evaluate_on_test"]
+__all__ = ["FrozenFeatures", "frozen_backbone", "evaluate_on_test", "evaluate_on_test_features",
+           "feature_cache_folder", "client_feature_batches"]
 
 
 def frozen_backbone(cfg: RunConfig) -> ViTBackbone:
@@ -35,3 +39,107 @@ def frozen_backbone(cfg: RunConfig) -> ViTBackbone:
 def evaluate_on_test(env: Environment, logits_fn: Callable[[Tensor], Tensor]) -> dict[str, Any]:
     loader: DataLoader = env.loader(env.splits.test, shuffle=False)
     return evaluate_classifier(logits_fn, loader, num_classes=env.num_classes, device=env.fabric.device)
+
+
+def feature_cache_folder(cfg: RunConfig) -> Path | None:
+    """Where feature tables live: ``data.feature_cache`` (true: ``<output_dir>/feature_cache``, shared by
+    every run of a comparison; a path; false: nowhere, each run computes its own)."""
+    where = cfg.data.feature_cache
+    if where is False:
+        return None
+    return Path(cfg.output_dir) / "feature_cache" if where is True else Path(where).expanduser()
+
+
+class FrozenFeatures:
+    """The frozen ``backbone``'s features of whole splits for one run, (N, d) on the CPU in dataset order.
+
+    Computed by :func:`~fl_lightning.data.feature_cache.split_features` (the split's own fixed batches),
+    read from ``data.feature_cache`` when a valid table of the same key is there, written there otherwise.
+    Only for methods whose training split is not augmented. The backbone's weights are hashed once.
+
+    Args:
+        algorithm: the method (its environment, input spec and ``augment``), after ``setup``.
+        backbone: the frozen feature extractor, on the rank's device.
+
+    Example:
+        >>> self._features = FrozenFeatures(self, self.backbone)  # doctest: +SKIP
+        >>> H = self._features.table("train", all_ranks=True)  # (N_train, d)  # doctest: +SKIP
+    """
+
+    def __init__(self, algorithm: Algorithm, backbone: nn.Module) -> None:
+        from fl_lightning.data.feature_cache import FeatureCache, state_dict_digest
+
+        if algorithm.augment:
+            raise RuntimeError(f"{type(algorithm).__name__} augments its training split: its features are not fixed")
+        self.algorithm, self.backbone = algorithm, backbone.eval()
+        self.weights = state_dict_digest(backbone)
+        self.cache = FeatureCache(feature_cache_folder(algorithm.env.cfg))
+
+    def key(self, split: Literal["train", "test"]) -> str:
+        """The table's key: the weights, the module, the transform, the data set and split, the batching."""
+        from fl_lightning.data.feature_cache import cache_key, targets_digest
+        from fl_lightning.data.transforms import build_transform
+
+        env = self.algorithm.env
+        cfg, d = env.cfg, env.cfg.data
+        targets = env.splits.train_targets if split == "train" else env.splits.test_targets
+        spec = self.algorithm.input_spec()
+        transform = build_transform(normalization=spec.normalization, image_size=spec.image_size, train=False,
+                                    mean=spec.mean, std=spec.std)
+        description = {
+            "transform": repr(transform),
+            "model": {"library": cfg.model.library, "name": cfg.model.name, "feature": cfg.model.feature,
+                      "overrides": cfg.model.overrides},
+            "dataset": {"name": d.name, "root": str(Path(d.root).expanduser().resolve()), "split": split,
+                        "split_seed": cfg.data_seed, "num_samples": d.num_samples, "rows": len(targets),
+                        "targets": targets_digest(targets)},
+            "batch_size": d.batch_size, "precision": cfg.federation.precision, "device": env.fabric.device.type,
+        }
+        return cache_key(self.backbone, description, weights=self.weights)
+
+    def table(self, split: Literal["train", "test"], *, all_ranks: bool) -> Tensor:
+        """The features of ``split``: ``train`` (the clients' rows) or ``test`` (the server's evaluation).
+
+        Args:
+            all_ranks: every rank calls this at the same point (set-up): rank 0 computes a missing table
+                first and the others read it after a barrier; False: one rank alone (the server).
+        """
+        from fl_lightning.data.feature_cache import split_features
+
+        env = self.algorithm.env
+        fabric, d = env.fabric, env.cfg.data
+        dataset = env.splits.train if split == "train" else env.splits.test
+        rows, key, cache = len(dataset), self.key(split), self.cache
+
+        def compute() -> Tensor:
+            return split_features(self.backbone, dataset, batch_size=d.batch_size, device=fabric.device,
+                                  autocast=fabric.autocast, num_workers=d.num_workers)
+
+        if all_ranks and fabric.world_size > 1 and cache.folder is not None:
+            features, failed = None, False
+            if fabric.global_rank == 0:
+                try:
+                    features = cache.get(key, rows=rows, compute=compute)
+                except Exception:  # e.g. a corrupt image: every rank meets it below, none waits at the barrier
+                    failed = True
+            fabric.barrier()  # rank 0 has written the table: the others read it (or compute, on another node)
+            if features is None or failed:
+                features = cache.get(key, rows=rows, compute=compute)
+            return features
+        return cache.get(key, rows=rows, compute=compute)
+
+
+def client_feature_batches(features: Tensor, targets: Any, indices: Any,
+                           batch_size: int) -> list[tuple[Tensor, Tensor]]:
+    """A client's rows of a split's feature table in the batches its DataLoader would make (client order)."""
+    idx = torch.as_tensor(indices, dtype=torch.int64)
+    h, y = features[idx], torch.as_tensor(targets, dtype=torch.int64)[idx]
+    return list(zip(h.split(batch_size), y.split(batch_size)))
+
+
+def evaluate_on_test_features(env: Environment, features: Tensor,
+                              head_fn: Callable[[Tensor], Tensor]) -> dict[str, Any]:
+    """:func:`evaluate_on_test` on the test split's feature table: the same batches, ``head_fn`` features → logits."""
+    dataset = TensorDataset(features, torch.as_tensor(env.splits.test_targets, dtype=torch.int64))
+    loader = DataLoader(dataset, batch_size=env.cfg.data.batch_size, shuffle=False)
+    return evaluate_classifier(head_fn, loader, num_classes=env.num_classes, device=env.fabric.device)

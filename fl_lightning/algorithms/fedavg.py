@@ -7,6 +7,10 @@ crosses the network.
 
 Core keys used: ``model.*`` (the frozen backbone), ``train.*`` (local epochs, optimizer, lr, momentum,
 weight decay, batch size) and ``federation.rounds`` / ``client_fraction``.
+
+The head only ever sees the frozen backbone's features of unaugmented images, so those are computed once
+per comparison (``data.feature_cache``): a client trains on its rows of the training split's feature
+table, shuffled by the same seeded generator as its images would be; the rank holds the table (N × d).
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ from typing import Any
 
 import torch
 from lightning.fabric import Fabric
+from torch import nn
+from torch.utils.data import TensorDataset
 
-from fl_lightning.algorithms.common import evaluate_on_test, frozen_backbone
+from fl_lightning.algorithms.common import FrozenFeatures, evaluate_on_test_features, frozen_backbone
 from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local
@@ -50,7 +56,11 @@ class FedAvg(Algorithm):
     def setup(self, env: Environment) -> None:
         super().setup(env)
         t = self.cfg.train
-        self.module = LinearProbe(backbone=self.backbone, feature_dim=self.backbone.feature_dim,
+        self._tables = FrozenFeatures(self, self.backbone)
+        self._train_h = self._tables.table("train", all_ranks=True)  # once per comparison
+        self._test_h: torch.Tensor | None = None
+        # the head reads the feature tables: the backbone is not in the module
+        self.module = LinearProbe(backbone=nn.Identity(), feature_dim=self.backbone.feature_dim,
                                   num_classes=env.num_classes, optimizer=t.optimizer, lr=t.lr,
                                   momentum=t.momentum, weight_decay=t.weight_decay)
         self.module = self.fabric.to_device(self.module)
@@ -65,7 +75,9 @@ class FedAvg(Algorithm):
 
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
         self.module.load_state_dict(download.tensors, strict=False)  # swap in the global head
-        loader = self.env.loader(client.dataset, shuffle=True, seed=client_seed(self.cfg.seed, round_idx, client.index),
+        idx = torch.as_tensor(self.env.partition[client.index], dtype=torch.int64)
+        rows = TensorDataset(self._train_h[idx], torch.as_tensor(self.env.splits.train_targets, dtype=torch.int64)[idx])
+        loader = self.env.loader(rows, shuffle=True, seed=client_seed(self.cfg.seed, round_idx, client.index),
                                  batch_size=self.cfg.train.batch_size)
         fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs)
         head = {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items() if k in _KEYS}
@@ -80,4 +92,6 @@ class FedAvg(Algorithm):
 
     def evaluate(self, state: State) -> dict[str, Any]:
         self.module.load_state_dict({k: v.to(self.fabric.device) for k, v in state.items()}, strict=False)
-        return evaluate_on_test(self.env, self.module)
+        if self._test_h is None:  # the server alone evaluates
+            self._test_h = self._tables.table("test", all_ranks=False)
+        return evaluate_on_test_features(self.env, self._test_h, self.module)

@@ -96,14 +96,12 @@ class FedCGS(AFL):
                              shrinkage=self.config.shrinkage)
         return {**state, "W": W, "b": b, "counts": counts}
 
-    def _logits(self, images: Tensor) -> Tensor:
-        with self.fabric.autocast():
-            h = self.model(images)
+    def _head(self, h: Tensor) -> Tensor:
         return (logits(h, self._W) + self._b).float()
 
     def evaluate(self, state: State) -> dict[str, Any]:
         self._b = state["b"].to(self.fabric.device)
-        return super().evaluate(state)  # sets self._W and runs the test split through _logits
+        return super().evaluate(state)  # sets self._W and runs the test split's features through _head
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         d, c = self.backbone.feature_dim, self.env.num_classes

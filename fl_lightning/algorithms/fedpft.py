@@ -28,7 +28,9 @@ Backbone: ``model.*`` (the FedCGS repo runs FedPFT on an ImageNet ResNet-18; the
 ViT-B/16 and CLIP encoders). Core keys not used: ``train.*`` (the server head has its own
 ``fedpft.head_*`` settings; clients train nothing) and ``federation.rounds`` (one round). Memory:
 a client holds its own features (n_k × d, what EM needs; never the images), the server the pooled
-synthetic features (N × d), as in the paper.
+synthetic features (N × d), as in the paper. The backbone's features of the training and test splits
+are computed once per comparison (``data.feature_cache``; a rank holds the training split's table, N × d,
+and each client gathers its rows).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import torch
 from lightning.fabric import Fabric
 from torch import Tensor
 
-from fl_lightning.algorithms.common import evaluate_on_test, frozen_backbone
+from fl_lightning.algorithms.common import FrozenFeatures, evaluate_on_test_features, frozen_backbone
 from fl_lightning.errors import check
 from fl_lightning.feature_gaussians import (
     COVARIANCE_TYPES,
@@ -117,6 +119,9 @@ class FedPFT(Algorithm):
     def setup(self, env: Environment) -> None:
         super().setup(env)
         self.backbone = self.fabric.to_device(self.backbone)
+        self._tables = FrozenFeatures(self, self.backbone)
+        self._train_h = self._tables.table("train", all_ranks=True)  # once per comparison
+        self._test_h: Tensor | None = None
 
     def initial_state(self) -> State:
         return {}
@@ -126,17 +131,10 @@ class FedPFT(Algorithm):
         return RoundPlan({c: Download() for c in clients})  # clients hold the frozen backbone: nothing to send
 
     def _features(self, client: Client) -> tuple[Tensor, Tensor]:
-        """The client's features (n, d) float32 on the CPU and labels (n,), one batch at a time."""
-        feats, labels = [], []
-        with torch.inference_mode():
-            for images, y in self.env.loader(client.dataset, shuffle=False):
-                with self.fabric.autocast():
-                    h = self.backbone(images.to(self.fabric.device))
-                feats.append(h.float().cpu())
-                labels.append(y.long().cpu())
-        if not feats:
-            return torch.zeros(0, self.backbone.feature_dim), torch.zeros(0, dtype=torch.int64)
-        return torch.cat(feats), torch.cat(labels)
+        """The client's features (n, d) float32 on the CPU and labels (n,): its rows of the split's table."""
+        idx = torch.as_tensor(self.env.partition[client.index], dtype=torch.int64)
+        labels = torch.as_tensor(self.env.splits.train_targets, dtype=torch.int64)[idx]
+        return self._train_h[idx].float(), labels
 
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
         h, y = self._features(client)
@@ -169,14 +167,14 @@ class FedPFT(Algorithm):
         return {**state, "weight": weight.cpu(), "bias": bias.cpu(),
                 "class_mixtures": torch.tensor(mixtures), "synthetic_features": torch.tensor(sum(len(y) for y in labels))}
 
-    def _logits(self, images: Tensor) -> Tensor:
-        with self.fabric.autocast():
-            h = self.backbone(images)
+    def _head(self, h: Tensor) -> Tensor:
         return h.float() @ self._weight.T + self._bias
 
     def evaluate(self, state: State) -> dict[str, Any]:
         self._weight, self._bias = state["weight"].to(self.fabric.device), state["bias"].to(self.fabric.device)
-        return evaluate_on_test(self.env, self._logits)
+        if self._test_h is None:  # the server alone evaluates
+            self._test_h = self._tables.table("test", all_ranks=False)
+        return evaluate_on_test_features(self.env, self._test_h, self._head)
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         c, d = self.config, self.backbone.feature_dim

@@ -26,8 +26,9 @@ import torch
 __all__ = ["BENCHMARKS", "ENGINE_BENCHMARKS", "run_benchmarks", "results_table", "format_value"]
 
 BENCHMARKS: tuple[str, ...] = ("fedopal", "fedisyn")  # the method suites: what "all" runs
-# the engine at scale (fl_lightning/bench/scale.py): an hour at full size, so run by name only
-ENGINE_BENCHMARKS: tuple[str, ...] = ("scale",)
+# run by name only: the engine at scale (fl_lightning/bench/scale.py, an hour at full size) and a comparison of
+# frozen-feature methods on the real DINOv2 checkpoint (fl_lightning/bench/features.py, not always present)
+ENGINE_BENCHMARKS: tuple[str, ...] = ("scale", "features")
 
 
 def _runner(name: str):
@@ -44,6 +45,10 @@ def _runner(name: str):
         from fl_lightning.bench import scale
 
         return scale.run
+    if name == "features":
+        from fl_lightning.bench import features
+
+        return features.run
     raise ValueError(f"unknown benchmark {name!r}; expected one of {BENCHMARKS + ENGINE_BENCHMARKS}")
 
 

@@ -1,7 +1,8 @@
-"""``python -m fl_lightning.bench [fedopal|fedisyn|scale|all] [--quick] [--out FILE.json]``.
+"""``python -m fl_lightning.bench [fedopal|fedisyn|scale|features|all] [--quick] [--out FILE.json]``.
 
 ``all`` runs the method suites (fedopal, fedisyn); ``scale`` (the engine from 10 to 10,000 clients)
-runs by name: ``--clients 10,100``, ``--processes 1`` and ``--engine-only`` narrow it."""
+runs by name: ``--clients 10,100``, ``--processes 1`` and ``--engine-only`` narrow it. ``features`` (a
+comparison of AFL, FedCGS and FedPFT against one AFL run, on the DINOv2 ViT-S/14 checkpoint) runs by name."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse the command line, run the benchmarks, print the table, write the JSON; returns 0."""
+    """Parse the command line, run the benchmarks, print the table, write the JSON; returns 0 (2: a missing resource)."""
     parser = argparse.ArgumentParser(
         prog="python -m fl_lightning.bench",
         description="FedOPAL / FeDiSyn performance figures as ratios to same-run baselines.",
@@ -44,8 +45,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     names = list(BENCHMARKS) if args.which == "all" else [args.which]
     progress = Console(stderr=True)
-    results = run_benchmarks(names, quick=args.quick, options=options,
-                             on_suite_start=lambda name: progress.print(f"running {name} benchmarks ..."))
+    from fl_lightning.errors import UsageError
+
+    try:
+        results = run_benchmarks(names, quick=args.quick, options=options,
+                                 on_suite_start=lambda name: progress.print(f"running {name} benchmarks ..."))
+    except UsageError as err:  # a missing resource (the features suite's checkpoint): one line, exit 2
+        print(f"fl_lightning.bench: {err}", file=sys.stderr)
+        return 2
     console = Console()
     if not console.is_terminal:  # piped or captured: do not fold the table to 80 columns
         console = Console(width=150)

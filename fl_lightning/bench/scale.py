@@ -71,7 +71,9 @@ def scale_config(*, num_clients: int, dim: int, heads: int, num_samples: int, ou
     ``num_samples`` synthetic images cut IID into ``num_clients`` parts (the total does not change with K)."""
     return {
         "algorithm": "afl", "seed": 0, "output_dir": output_dir, "run_name": f"scale_k{num_clients}",
-        "data": {"name": "synthetic", "image_size": image_size, "batch_size": 64, "num_samples": num_samples},
+        # the engine computes its features in every job, as the bare loop does (no feature cache across K)
+        "data": {"name": "synthetic", "image_size": image_size, "batch_size": 64, "num_samples": num_samples,
+                 "feature_cache": False},
         "partition": {"scheme": "iid", "num_clients": num_clients},
         "model": {"library": "timm", "name": "vit_base_patch16_224", "pretrained": None,
                   "overrides": {"img_size": image_size, "patch_size": patch_size, "embed_dim": dim, "depth": 1,
@@ -86,7 +88,7 @@ def peer_config(*, num_clients: int, output_dir: str) -> dict[str, Any]:
     32 px), Dirichlet α=0.5."""
     return {
         "algorithm": "afl", "seed": 0, "output_dir": output_dir, "run_name": f"peer_k{num_clients}",
-        "data": {"name": "digits", "image_size": 32, "batch_size": 64},
+        "data": {"name": "digits", "image_size": 32, "batch_size": 64, "feature_cache": False},
         "partition": {"num_clients": num_clients, "alpha": 0.5},
         "model": {"library": "timm", "name": "vit_base_patch16_224", "pretrained": None,
                   "overrides": {"img_size": 32, "patch_size": 8, "embed_dim": 64, "depth": 2, "num_heads": 2}},

@@ -129,7 +129,7 @@ class Simulation:
         transform = {"normalization": spec.normalization, "image_size": spec.image_size, "mean": spec.mean,
                      "std": spec.std}
         splits: DatasetSplits = build_dataset(
-            cfg.data.name, root=cfg.data.root, download=cfg.data.download, seed=cfg.seed,
+            cfg.data.name, root=cfg.data.root, download=cfg.data.download, seed=cfg.data_seed,
             num_samples=cfg.data.num_samples,
             train_transform=build_transform(**transform, train=algorithm.augment),
             test_transform=build_transform(**transform, train=False))
@@ -177,7 +177,7 @@ class Simulation:
             p = cfg.partition
             write_partition_json(env.partition, self.run_dir / "partition.json",  # reusable: partition.scheme file
                                  meta={"dataset": cfg.data.name, "scheme": p.scheme, "alpha": p.alpha, "seed": p.seed,
-                                       "num_samples_subset": cfg.data.num_samples, "data_seed": cfg.seed})
+                                       "num_samples_subset": cfg.data.num_samples, "data_seed": cfg.data_seed})
         fabric.barrier()
         fabric.call("on_run_start", cfg=cfg, env=env, run_dir=self.run_dir, rounds=algorithm.num_rounds,
                     completed_rounds=run.completed_rounds)

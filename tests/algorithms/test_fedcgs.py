@@ -16,7 +16,7 @@ from fl_lightning.data.registry import build_dataset
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.federation.algorithm import InputSpec
 from fl_lightning.federation.checkpoint import safe_load
-from fl_lightning.federation.simulation import Simulation, partition_for
+from fl_lightning.federation.simulation import Simulation
 from tests.conftest import CONF, run_cli
 
 CONFIG = CONF / "fedcgs_digits_tiny.yaml"
@@ -27,9 +27,10 @@ def _cfg(tmp_path, *extra):
                                 "--partition.num_clients", "4", *extra])
 
 
-def _client_batch_features(cfg) -> tuple[np.ndarray, np.ndarray]:
-    """Features of the whole training split in the clients' own batches (a float32 forward depends on
-    the batch it runs in), with the backbone the simulation builds (same seed)."""
+def _split_batch_features(cfg) -> tuple[np.ndarray, np.ndarray]:
+    """Features of the whole training split in the split's own batches, as the run computes them once
+    (data/feature_cache.py; a float32 forward may depend on the batch it runs in), with the backbone the
+    simulation builds (same seed)."""
     seed_everything(cfg.seed, verbose=False)
     backbone = frozen_backbone(cfg)
     spec = InputSpec.of_backbone(backbone, cfg.data.image_size)
@@ -37,12 +38,11 @@ def _client_batch_features(cfg) -> tuple[np.ndarray, np.ndarray]:
                         mean=spec.mean, std=spec.std)
     splits = build_dataset(cfg.data.name, root=cfg.data.root, train_transform=t, test_transform=t, seed=cfg.seed)
     hs, ys = [], []
-    for part in partition_for(cfg, splits.train_targets):
-        for start in range(0, len(part), cfg.data.batch_size):
-            idx = part[start:start + cfg.data.batch_size]
-            with torch.inference_mode():
-                hs.append(backbone(torch.stack([splits.train[int(i)][0] for i in idx])).double().numpy())
-            ys.append(splits.train_targets[idx])
+    for start in range(0, len(splits.train_targets), cfg.data.batch_size):
+        idx = np.arange(start, min(start + cfg.data.batch_size, len(splits.train_targets)))
+        with torch.inference_mode():
+            hs.append(backbone(torch.stack([splits.train[int(i)][0] for i in idx])).double().numpy())
+        ys.append(splits.train_targets[idx])
     return np.concatenate(hs), np.concatenate(ys)
 
 
@@ -52,7 +52,7 @@ def test_federated_head_equals_the_official_formula_on_pooled_features(tmp_path)
     cfg = _cfg(tmp_path, "--partition.alpha", "0.1", "--fedcgs.shrinkage", "0.01")
     Simulation(cfg=cfg, loggers=[]).run()
     state = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
-    H, y = _client_batch_features(cfg)
+    H, y = _split_batch_features(cfg)
     c, d, N = 10, H.shape[1], len(y)
     n = np.bincount(y, minlength=c)
     M = np.stack([H[y == j].mean(0) for j in range(c)])
@@ -70,7 +70,7 @@ def test_within_class_option_is_lda_on_pooled_features(tmp_path):
     cfg = _cfg(tmp_path, "--fedcgs.covariance", "within", "--fedcgs.shrinkage", "0.01")
     Simulation(cfg=cfg, loggers=[]).run()
     state = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
-    H, y = _client_batch_features(cfg)
+    H, y = _split_batch_features(cfg)
     d, N = H.shape[1], len(y)
     M = np.stack([H[y == j].mean(0) for j in range(10)])
     Sw = sum((H[y == j] - M[j]).T @ (H[y == j] - M[j]) for j in range(10)) / N

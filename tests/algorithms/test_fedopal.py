@@ -36,9 +36,12 @@ def _centralized_features(cfg, prompts=None):
     model = PromptedViT(backbone, num_prompts=0 if prompts is None else prompts.shape[0])
     if prompts is not None:
         model.set_prompts(prompts)
-    # the clients' own batches: float32 forwards depend on the batch they run in
+    # the batches the run uses (a float32 forward may depend on the batch it runs in): FedOPAL's clients
+    # stream their own; AFL reads the split's feature table, computed once in the split's batches
+    n = len(splits.train_targets)
+    parts = partition_for(cfg, splits.train_targets) if prompts is not None else [np.arange(n)]
     hs, ys = [], []
-    for part in partition_for(cfg, splits.train_targets):
+    for part in parts:
         for start in range(0, len(part), cfg.data.batch_size):
             idx = part[start:start + cfg.data.batch_size]
             x = torch.stack([splits.train[int(i)][0] for i in idx])
