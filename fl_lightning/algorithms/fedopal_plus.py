@@ -71,7 +71,14 @@ from fl_lightning.algorithms.fedopal import (
     Statistics,
     aggregate_prompts,
 )
-from fl_lightning.analytic import AnalyticStatistics, StatisticsSum, choose_ridge, logits, regularization, solve_classifier
+from fl_lightning.analytic import (
+    AnalyticStatistics,
+    StatisticsSum,
+    choose_ridge,
+    logits,
+    regularization,
+    solve_classifier,
+)
 from fl_lightning.data.validation import validation_split
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, RoundHistory, RoundPlan, State, register
