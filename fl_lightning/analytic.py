@@ -24,7 +24,8 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-__all__ = ["AnalyticStatistics", "StatisticsSum", "solve_classifier", "regularization", "logits", "CONVENTIONS"]
+__all__ = ["AnalyticStatistics", "StatisticsSum", "solve_classifier", "regularization", "logits", "CONVENTIONS",
+           "validation_loss", "RidgeChoice", "choose_ridge"]
 
 CONVENTIONS = ("once", "per_client")
 
@@ -254,3 +255,74 @@ def regularization(lam: float, *, num_clients: int, convention: str, remove: boo
 def logits(h: Tensor, W: Tensor) -> Tensor:
     """Class scores h W, shape (B, c); h is cast to W's dtype."""
     return h.to(W.dtype) @ W
+
+
+def validation_loss(W: Tensor, val: AnalyticStatistics) -> float:
+    """Mean squared error of the ridge head W on held-out data, from that data's statistics alone.
+
+    With one-hot labels (tr(YᵀY) = N),
+
+        ‖H W − Y‖²_F / N = (tr(Wᵀ R W) − 2·tr(Wᵀ C) + N) / N,    R = HᵀH, C = HᵀY (Eq. (7)),
+
+    the least-squares objective that Eq. (9) minimises on the training statistics, measured on data
+    it did not see: what a server can score a candidate head by without another round.
+
+    Args:
+        W: (d, c) a head.
+        val: the held-out statistics (R, C of one-hot labels, N ≥ 1), in W's dtype.
+
+    Returns:
+        The mean squared error per held-out sample (≥ 0 up to rounding).
+    """
+    if val.N < 1:
+        raise ValueError("validation statistics hold no samples")
+    if W.shape != val.C.shape:
+        raise ValueError(f"W of shape {tuple(W.shape)} does not fit statistics of shape {tuple(val.C.shape)}")
+    R = val.symmetric().R
+    quadratic = (W * (R @ W)).sum()  # tr(Wᵀ R W)
+    linear = (W * val.C).sum()  # tr(Wᵀ C)
+    return float((quadratic - 2 * linear + val.N) / val.N)
+
+
+@dataclass
+class RidgeChoice:
+    """The head :func:`choose_ridge` picked: feature map ``feature``, ridge ``lam``, and every candidate's loss."""
+
+    feature: int  # index into the candidate feature maps (0: the reference, e.g. AFL's prompt-free features)
+    lam: float
+    losses: Tensor  # (F, L) validation loss of feature map f with λ_l
+
+
+def choose_ridge(full: list[AnalyticStatistics], val: list[AnalyticStatistics], lams: list[float]) -> RidgeChoice:
+    """Pick a feature map and a λ by the validation loss of the heads fitted without the validation share.
+
+    For every feature map f (its statistics over all the training data, ``full[f]``, and over the
+    validation share carved from it, ``val[f]``) and every λ_l, the head of Eq. (9) fitted on the rest,
+    W = (R_f − R_f^val + λ_l I)⁻¹ (C_f − C_f^val), is scored by :func:`validation_loss` on the share.
+    Candidates are visited in order (f, then l) and a later one wins only if its loss is strictly
+    lower: on a tie the earliest — (0, 0), the reference — is kept. The caller refits the winner on
+    ``full`` (all the data).
+
+    Args:
+        full: F ≥ 1 statistics over all the training data, one per feature map.
+        val: the matching F statistics of the validation share (a subset of the same samples, N ≥ 1).
+        lams: L ≥ 1 ridge strengths λ ≥ 0, as :func:`solve_classifier` takes them.
+
+    Returns:
+        The :class:`RidgeChoice`.
+    """
+    if not full or len(full) != len(val):
+        raise ValueError(f"need as many validation statistics as feature maps (≥ 1), got {len(full)} and {len(val)}")
+    if not lams:
+        raise ValueError("need at least one λ")
+    losses = torch.empty(len(full), len(lams), dtype=torch.float64)
+    best = (0, 0)
+    for f, (a, v) in enumerate(zip(full, val)):
+        if v.N > a.N:
+            raise ValueError(f"feature map {f}: the validation share ({v.N}) is larger than the data ({a.N})")
+        R, C = a.symmetric().R - v.symmetric().R, a.C - v.C  # the fit share's statistics
+        for j, lam in enumerate(lams):
+            losses[f, j] = validation_loss(solve_classifier(R, C, lam=float(lam)), v)
+            if losses[f, j] < losses[best]:
+                best = (f, j)
+    return RidgeChoice(feature=best[0], lam=float(lams[best[1]]), losses=losses)

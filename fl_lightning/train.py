@@ -234,8 +234,8 @@ def _main(argv: list[str], locks: list) -> int:
             for i in todo:
                 resume[i] = _claim_run_folder(runs[i], args, recorded, argv, locks)
                 held[i] = locks[-1]
-            if len(runs) > 1:  # the comparison's own config: which runs it has (python -m fl_lightning.compare)
-                _record_comparison(cfg)
+        if primary and len(runs) > 1:  # the comparison's own config: which runs it has (fl_lightning.compare);
+            _record_comparison(cfg)  # written even when every run finished already (under a narrower --sweep)
         if finished and primary:
             print(f"fl_lightning: {len(finished)} of {len(mine)} run(s) finished already with this config, not run "
                   f"again: {', '.join(runs[i].resolved_run_name for i in finished)}", file=sys.stderr)

@@ -144,3 +144,75 @@ def test_logits():
     h = torch.randn(4, 3)
     W = torch.randn(3, 2, dtype=torch.float64)
     np.testing.assert_allclose(logits(h, W).numpy(), h.double().numpy() @ W.numpy(), rtol=1e-12)
+
+
+# -- validation_loss / choose_ridge (FedOPAL+'s federated validation) -----------------------------
+
+def _stats(H: np.ndarray, y: np.ndarray, c: int) -> AnalyticStatistics:
+    return AnalyticStatistics.zeros(H.shape[1], c).update(torch.from_numpy(H), torch.from_numpy(y))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_validation_loss_is_the_mean_squared_error_of_the_held_out_samples(seed):
+    from fl_lightning.analytic import validation_loss
+
+    n, d, c = 40, 6, 4
+    H, y = _data(n, d, c, seed)
+    W = np.random.default_rng(seed + 10).normal(size=(d, c))
+    expected = ((H @ W - np.eye(c)[y]) ** 2).sum() / n  # brute force over the samples
+    assert validation_loss(torch.from_numpy(W), _stats(H, y, c)) == pytest.approx(expected, rel=1e-10)
+
+
+def _two_feature_maps(seed: int, good: int):
+    """Feature map ``good`` separates the labels (one-hot + small noise); the other is pure noise."""
+    rng = np.random.default_rng(seed)
+    n, d, c = 200, 8, 4
+    y = rng.integers(0, c, size=n)
+    informative = np.eye(c, d)[y] * 3 + 0.1 * rng.normal(size=(n, d))
+    noise = rng.normal(size=(n, d))
+    maps = [informative, noise] if good == 0 else [noise, informative]
+    held = rng.permutation(n)[:40]
+    return maps, y, held, c
+
+
+@pytest.mark.parametrize("good", [0, 1])
+def test_choose_ridge_picks_the_feature_map_that_predicts_the_held_out_share(good):
+    from fl_lightning.analytic import choose_ridge, validation_loss
+
+    maps, y, held, c = _two_feature_maps(seed=good, good=good)
+    full = [_stats(H, y, c) for H in maps]
+    val = [_stats(H[held], y[held], c) for H in maps]
+    lams = [1e-6, 1.0]
+    choice = choose_ridge(full, val, lams)
+    assert choice.feature == good
+    # every loss is that of the head fitted on the rest only (numpy reference), scored on the share
+    rest = np.setdiff1d(np.arange(len(y)), held)
+    for f, H in enumerate(maps):
+        for j, lam in enumerate(lams):
+            W = _ridge_numpy(H[rest], y[rest], c, lam)
+            ref = validation_loss(torch.from_numpy(W), val[f])
+            assert float(choice.losses[f, j]) == pytest.approx(ref, rel=1e-7)
+    f, j = np.unravel_index(int(torch.argmin(choice.losses)), tuple(choice.losses.shape))
+    assert (choice.feature, choice.lam) == (f, lams[j])
+
+
+def test_choose_ridge_keeps_the_reference_on_a_tie():
+    """Identical candidates: the first (AFL's head at the configured λ) is kept, never a later copy."""
+    from fl_lightning.analytic import choose_ridge
+
+    maps, y, held, c = _two_feature_maps(seed=3, good=0)
+    full = [_stats(maps[0], y, c)] * 3
+    val = [_stats(maps[0][held], y[held], c)] * 3
+    choice = choose_ridge(full, val, [0.5, 0.5])
+    assert (choice.feature, choice.lam) == (0, 0.5)
+
+
+@pytest.mark.parametrize("full, val, lams", [([], [], [1.0]), ("one", "two", [1.0]), ("one", "one", [])])
+def test_choose_ridge_rejects_bad_input(full, val, lams):
+    from fl_lightning.analytic import choose_ridge
+
+    H, y = _data(10, 3, 2, 0)
+    s = {"one": [_stats(H, y, 2)], "two": [_stats(H, y, 2)] * 2}
+    with pytest.raises(ValueError):
+        choose_ridge(s.get(full, full) if isinstance(full, str) else full,
+                     s.get(val, val) if isinstance(val, str) else val, lams)

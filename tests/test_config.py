@@ -84,7 +84,8 @@ def test_a_variant_that_switches_method_keeps_the_new_methods_own_defaults():
     every default written out) must not hand it FedOPAL's restat: local. Set keys carry over."""
     from fl_lightning.config import expand_variants
 
-    variants = "[{algorithm: fedopal_plus}, {algorithm: fedopal_plus, run_name: p_local, fedopal_plus: {restat: local}}]"
+    variants = ("[{algorithm: fedopal_plus}, {algorithm: fedopal_plus, run_name: p_local, "
+                "fedopal_plus: {restat: local, val_fraction: 0}}]")
     runs = expand_variants(load_config(CONF / "quickstart.yaml", ["--variants", variants, "--fedopal.mu", "0.3"]))
     assert [(r.method.restat, r.method.mu) for r in runs] == [("global", 0.3), ("local", 0.3)]
     cfg = load_config(CONF / "quickstart.yaml", ["--algorithm", "fedopal_plus"])

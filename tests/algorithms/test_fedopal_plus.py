@@ -7,7 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from fl_lightning.algorithms.fedopal_plus import aggregate_prompts, covering_clients
+from fl_lightning.algorithms.fedopal_plus import (
+    STATISTICS_SETS,
+    FedOPALPlusConfig,
+    ValidatedStatistics,
+    aggregate_prompts,
+    covering_clients,
+)
+from fl_lightning.analytic import AnalyticStatistics, StatisticsSum, regularization, solve_classifier
+from fl_lightning.errors import UsageError
+from fl_lightning.federation.transport import Upload
 from tests.conftest import CONF, run_cli
 from tests.outcomes import expect, outcome_seed
 
@@ -58,7 +67,8 @@ def _run(tmp_path, *extra):
 
 @pytest.mark.outcome
 def test_two_rounds_solve_exactly_on_the_inference_features(tmp_path):
-    """Round 0 sends prompts only; round 1's W is the centralized ridge under P_global (float64).
+    """Without a validation share (``val_fraction: 0``): round 0 sends prompts only; round 1's W is the
+    centralized ridge under P_global (float64).
 
     The analytic head on the tiny random ViT's features is far above chance (0.1): measured 0.73 at
     seed 0 (AVX-512 and AVX2 alike); bound 0.5. (AFL on the same partition reaches 0.77 here: this tiny
@@ -69,7 +79,7 @@ def test_two_rounds_solve_exactly_on_the_inference_features(tmp_path):
 
     seed = str(outcome_seed())
     run_dir, summary = _run(tmp_path, "--partition.alpha", "1.0", "--fedopal_plus.lam", "0.1", "--seed", seed,
-                            "--partition.seed", seed)
+                            "--partition.seed", seed, "--fedopal_plus.val_fraction", "0")
     assert summary["rounds"] == 2
     expect("test accuracy", summary["accuracy"], ">", 0.5)
     state = safe_load(run_dir / "checkpoints" / "server.pt")["state"]
@@ -95,3 +105,147 @@ def test_single_class_clients_keep_p_init(tmp_path):
     state = safe_load(run_dir / "checkpoints" / "server.pt")["state"]
     p_init = PromptedViT(frozen_backbone(cfg), num_prompts=10, seed=cfg.method.prompt_seed).get_prompts()
     assert torch.equal(state["prompts"], p_init)
+
+
+# -- departure 4: the validated choice between AFL's head and the prompted one --------------------
+
+def _client_uploads(good: str, seed: int = 0, clients: int = 3):
+    """Synthetic round-1 uploads: the ``good`` feature map separates the labels, the other is noise."""
+    rng = np.random.default_rng(seed)
+    d, c = 6, 3
+    uploads, full = {}, {"afl": StatisticsSum(), "prompted": StatisticsSum()}
+    for k in range(clients):
+        n = 30 + 10 * k
+        y = rng.integers(0, c, size=n)
+        informative = np.eye(c, d)[y] * 2 + 0.1 * rng.normal(size=(n, d))
+        maps = {"afl": rng.normal(size=(n, d)), "prompted": rng.normal(size=(n, d))}
+        maps[good] = informative
+        held = np.sort(rng.permutation(n)[: n // 5])
+        tensors = {}
+        for name in STATISTICS_SETS:
+            H = maps[name.removesuffix("_val")]
+            rows = held if name.endswith("_val") else np.arange(n)
+            st = AnalyticStatistics.zeros(d, c).update(torch.from_numpy(H[rows]), torch.from_numpy(y[rows]))
+            tensors.update({f"{name}.{key}": t for key, t in st.to_upload().items()})
+            if name in full:
+                full[name].add_upload(st.to_upload(), n)
+        uploads[k] = Upload(tensors, {"num_samples": n, "num_val": len(held)})
+    return uploads, {name: fold.total() for name, fold in full.items()}
+
+
+class _NoEnvironment:
+    """A method stub holding the config only: the server's choice has no data set, no test split, to read."""
+
+    def __init__(self, **config):
+        self.config = FedOPALPlusConfig(**config)
+
+
+@pytest.mark.parametrize("regularization_", ["once", "per_client"])
+def test_server_returns_afls_head_exactly_when_the_prompted_one_is_worse_on_validation(regularization_):
+    uploads, full = _client_uploads(good="afl")
+    method = _NoEnvironment(lam=0.5, lam_grid=[1e-3], regularization=regularization_)
+    state = ValidatedStatistics(method, 1).aggregate(1, {"prompts": torch.zeros(2, 4)}, uploads, {}, None)
+    assert int(state["head"]) == 0 and float(state["lam_chosen"]) in {regularization(v, num_clients=3,
+                                                                      convention=regularization_) for v in (0.5, 1e-3)}
+    # AFL's own solve (afl.py: Σ R_k, C_k folded in client order, λ by the convention) gives the same bits
+    lam = float(state["lam_chosen"])
+    assert torch.equal(state["W"], solve_classifier(full["afl"].R, full["afl"].C, lam=lam))
+    assert state["val_losses"].shape == (2, 2) and int(state["val_samples"]) == sum(u.meta["num_val"]
+                                                                                   for u in uploads.values())
+
+
+def test_server_takes_the_prompted_head_when_it_is_better_on_validation():
+    uploads, full = _client_uploads(good="prompted")
+    state = ValidatedStatistics(_NoEnvironment(lam=0.5), 1).aggregate(1, {}, uploads, {}, None)
+    assert int(state["head"]) == 1 and float(state["lam_chosen"]) == 0.5
+    assert torch.equal(state["W"], solve_classifier(full["prompted"].R, full["prompted"].C, lam=0.5))
+
+
+def test_without_validation_samples_the_server_keeps_afls_head():
+    uploads, full = _client_uploads(good="prompted")
+    for u in uploads.values():  # nobody held anything out
+        u.meta["num_val"] = 0
+        for name in ("afl_val", "prompted_val"):
+            u.tensors[f"{name}.R_upper"] = torch.zeros_like(u.tensors[f"{name}.R_upper"])
+            u.tensors[f"{name}.C"] = torch.zeros_like(u.tensors[f"{name}.C"])
+    state = ValidatedStatistics(_NoEnvironment(lam=0.5), 1).aggregate(1, {}, uploads, {}, None)
+    assert int(state["head"]) == 0
+    assert torch.equal(state["W"], solve_classifier(full["afl"].R, full["afl"].C, lam=0.5))
+
+
+@pytest.mark.parametrize("config", [{"val_fraction": 1.0}, {"val_fraction": -0.1}, {"restat": "local"},
+                                    {"val_fraction": 0.0, "lam_grid": [1.0]}, {"lam_grid": ["a"]}])
+def test_config_rejects_what_cannot_run(config):
+    with pytest.raises(UsageError):
+        FedOPALPlusConfig(**config)
+
+
+def _simulation(tmp_path, *extra):
+    from fl_lightning.config import load_config
+    from fl_lightning.federation.simulation import Simulation
+
+    cfg = load_config(CONF / "fedopal_digits_tiny.yaml",
+                      ["--algorithm", "fedopal_plus", "--output_dir", str(tmp_path), "--logging.progress", "false",
+                       "--train.epochs", "1", "--partition.num_clients", "3", "--data.num_samples", "300", *extra])
+    return Simulation(cfg=cfg, loggers=[])
+
+
+def test_validation_share_is_carved_from_the_clients_data_and_never_trained_on(tmp_path):
+    """The fit share trains the prompts, the validation share is disjoint from it (by indices into the
+    training split), and the prompt-free statistics of round 1 are AFL's own, bit for bit."""
+    from fl_lightning.modules.statistics import collect_statistics
+
+    algo, env = _simulation(tmp_path)._setup()
+    for k in range(3):
+        client = env.client(k)
+        own = np.asarray(client.dataset.indices)  # positions in the training split
+        fit = np.asarray(client.dataset.indices)[np.asarray(algo.fit_client(client).dataset.indices)]
+        val = own[algo.validation_positions(client)]
+        assert np.intersect1d(fit, val).size == 0 and np.array_equal(np.sort(np.r_[fit, val]), np.sort(own))
+        assert len(val) == int(0.2 * len(own))
+    client = env.client(0)
+    stats = algo.dual_statistics(client)
+    afl = collect_statistics(algo.backbone, env.loader(client.dataset, shuffle=False), num_classes=env.num_classes,
+                             device="cpu", feature_dim=algo.backbone.feature_dim)
+    assert torch.equal(stats[0].R, afl.R) and torch.equal(stats[0].C, afl.C)
+    val = torch.utils.data.Subset(client.dataset, algo.validation_positions(client).tolist())
+    afl_val = collect_statistics(algo.backbone, env.loader(val, shuffle=False), num_classes=env.num_classes,
+                                 device="cpu", feature_dim=algo.backbone.feature_dim)
+    assert stats[2].N == len(val)
+    torch.testing.assert_close(stats[2].R, afl_val.R, rtol=1e-5, atol=1e-6)  # other batches: float32 rounding
+
+
+def test_the_test_split_cannot_change_the_choice(tmp_path, monkeypatch):
+    """Wrong labels on every test image change the accuracy, never the head, λ, W or the validation losses."""
+    from fl_lightning.federation import simulation
+    from fl_lightning.federation.checkpoint import safe_load
+
+    def states(folder):
+        sim = _simulation(tmp_path / folder, "--fedopal_plus.lam_grid", "[0.01, 1.0]")
+        summary = sim.run()
+        return summary, safe_load(sim.run_dir / "checkpoints" / "server.pt")["state"]
+
+    clean_summary, clean = states("clean")
+    build = simulation.build_dataset
+
+    class WrongLabels(torch.utils.data.Dataset):
+        def __init__(self, base, c):
+            self.base, self.c = base, c
+
+        def __len__(self):
+            return len(self.base)
+
+        def __getitem__(self, i):
+            x, y = self.base[i]
+            return x, (int(y) + 1) % self.c
+
+    def wrong_test_labels(*args, **kwargs):
+        splits = build(*args, **kwargs)
+        splits.test = WrongLabels(splits.test, len(splits.classes))
+        return splits
+
+    monkeypatch.setattr(simulation, "build_dataset", wrong_test_labels)
+    wrong_summary, wrong = states("wrong")
+    assert wrong_summary["accuracy"] != clean_summary["accuracy"]
+    for key in ("head", "lam_chosen", "val_losses", "W", "prompts"):
+        assert torch.equal(clean[key], wrong[key]), key
