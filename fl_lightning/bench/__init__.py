@@ -26,8 +26,9 @@ import torch
 __all__ = ["BENCHMARKS", "ENGINE_BENCHMARKS", "run_benchmarks", "results_table", "format_value"]
 
 BENCHMARKS: tuple[str, ...] = ("fedopal", "fedisyn")  # the method suites: what "all" runs
-# the engine at scale (fl_lightning/bench/scale.py): an hour at full size, so run by name only
-ENGINE_BENCHMARKS: tuple[str, ...] = ("scale",)
+# the engine at scale (fl_lightning/bench/scale.py: an hour at full size) and a multi-round round against a
+# bare loop (fl_lightning/bench/engine.py: minutes): run by name only
+ENGINE_BENCHMARKS: tuple[str, ...] = ("scale", "engine")
 
 
 def _runner(name: str):
@@ -44,6 +45,10 @@ def _runner(name: str):
         from fl_lightning.bench import scale
 
         return scale.run
+    if name == "engine":
+        from fl_lightning.bench import engine
+
+        return engine.run
     raise ValueError(f"unknown benchmark {name!r}; expected one of {BENCHMARKS + ENGINE_BENCHMARKS}")
 
 
