@@ -38,6 +38,7 @@ from fl_lightning.data.partition import (
     shard_partition,
     write_partition_json,
 )
+from fl_lightning.data.preprocessed import PreprocessedSplit, is_deterministic
 from fl_lightning.data.registry import DatasetSplits, build_dataset
 from fl_lightning.data.report import write_partition_figure, write_partition_report
 from fl_lightning.data.transforms import build_transform
@@ -128,11 +129,16 @@ class Simulation:
         spec = algorithm.input_spec()
         transform = {"normalization": spec.normalization, "image_size": spec.image_size, "mean": spec.mean,
                      "std": spec.std}
+        train_transform = build_transform(**transform, train=algorithm.augment)
+        test_transform = build_transform(**transform, train=False)
         splits: DatasetSplits = build_dataset(
             cfg.data.name, root=cfg.data.root, download=cfg.data.download, seed=cfg.seed,
-            num_samples=cfg.data.num_samples,
-            train_transform=build_transform(**transform, train=algorithm.augment),
-            test_transform=build_transform(**transform, train=False))
+            num_samples=cfg.data.num_samples, train_transform=train_transform, test_transform=test_transform)
+        budget = cfg.data.cache_mb << 20  # each split its own budget
+        if budget and is_deterministic(train_transform):  # augmentation still runs per item, every pass
+            splits.train = PreprocessedSplit(splits.train, budget_bytes=budget)
+        if budget and is_deterministic(test_transform):
+            splits.test = PreprocessedSplit(splits.test, budget_bytes=budget)
         partition = partition_for(cfg, splits.train_targets)
         env = Environment(fabric, cfg, splits, partition, self.run_dir)
         algorithm.setup(env)
@@ -185,7 +191,9 @@ class Simulation:
 
         for round_idx in range(run.completed_rounds, algorithm.num_rounds):
             round_start = time.monotonic()
-            store = RoundStore(self.ckpt_dir, round_idx)
+            # the server holds its own clients' records in memory while the round is short (round_store.py)
+            store = RoundStore(self.ckpt_dir, round_idx,
+                               hold_s=cfg.federation.record_after_s if rank == 0 else 0.0)
             clients = sample_clients(cfg.partition.num_clients, cfg.federation.client_fraction,
                                      seed=cfg.federation.sampling_seed, round_idx=round_idx)
             fabric.call("on_round_start", round_idx=round_idx, clients=clients,
@@ -196,9 +204,13 @@ class Simulation:
 
             # client updates on this rank (each leaves a record), then transport: the records reach the server
             sampled = set(plan.downloads)
-            result = self._client_phase(algorithm, env, store, round_idx, [c for c in assignment[rank] if c in sampled],
-                                        plan)
-            self._check_failures(round_idx, result)
+            try:
+                result = self._client_phase(algorithm, env, store, round_idx,
+                                            [c for c in assignment[rank] if c in sampled], plan)
+                self._check_failures(round_idx, result)
+            except BaseException:  # a failure, Ctrl-C, SIGTERM: keep the finished clients for --resume
+                store.write_held()
+                raise
 
             # aggregate + evaluate: once, on the server, reading the uploads in client order; the new state
             # reaches every rank
