@@ -107,4 +107,8 @@ class PreprocessedSplit(Dataset):
         return x, y
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
-        return [self[i] for i in indices]
+        idx = torch.as_tensor([int(i) for i in indices], dtype=torch.long)
+        if self._inputs is None or not bool(self._filled[idx].all()):
+            return [self[i] for i in indices]
+        batch = self._inputs[idx]  # one gather: a fresh tensor, so the items below never alias the store
+        return list(zip(batch.unbind(0), (self._targets[int(i)] for i in idx)))

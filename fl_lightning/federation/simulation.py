@@ -231,10 +231,9 @@ class Simulation:
             fabric.barrier()
             if rank == 0:
                 store.clear()
-                self._draw_partition(env, counts)  # once the first round is done: not before the first client
 
         if rank == 0:
-            self._draw_partition(env, counts)  # a resumed run with no round left to run
+            self._draw_partition(env, counts)  # a one-off report: after the rounds, never inside one
         summary = self._summary(algorithm, run)
         fabric.call("on_run_end", summary=summary, run_dir=self.run_dir)
         for logger in fabric.loggers:  # flush W&B / TensorBoard now, not at interpreter exit
@@ -242,8 +241,9 @@ class Simulation:
         return summary
 
     def _draw_partition(self, env: Environment, counts: np.ndarray) -> None:
-        """partition.png, unless drawn already (matplotlib is the slowest part of the partition report, so the
-        figure waits for the first round instead of delaying the first client)."""
+        """partition.png, unless drawn already. matplotlib is the slowest part of the partition report (~0.8 s
+        on a CPU), so the figure is drawn once the rounds are done: it delays neither the first client nor a
+        round (partition.csv and partition.json, written at the start, hold the same numbers)."""
         if not (self.run_dir / "partition.png").exists():
             write_partition_figure(counts, env.splits.classes, self.run_dir)
 

@@ -82,4 +82,7 @@ def test_a_read_is_a_copy_of_the_store():
     first.zero_()
     again = cached[0][0]
     again.add_(1.0)
-    assert torch.equal(cached[0][0], splits.test[0][0])
+    cached[1]
+    for x, _ in cached.__getitems__([0, 1]):  # the batched read (what a DataLoader calls) too
+        x.mul_(0.0)
+    assert torch.equal(cached[0][0], splits.test[0][0]) and torch.equal(cached[1][0], splits.test[1][0])
