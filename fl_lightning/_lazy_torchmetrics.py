@@ -25,7 +25,8 @@ submodules import from the root, and a module ``__getattr__``:
 * any other name runs the real ``__init__`` in that same module object, once, and returns the name:
   ``torchmetrics.Accuracy``, ``torchmetrics.functional``… work as always, only later.
 
-Submodules (``from torchmetrics.classification import MulticlassAccuracy``) import as usual. Nothing of
+Submodules (``from torchmetrics.classification import MulticlassAccuracy``) import as usual, with
+``torchmetrics.utilities`` first (:class:`_UtilitiesFirst`: torchmetrics' own import order). Nothing of
 torchmetrics' code is copied or changed; values are the library's own. When torchmetrics is absent or
 already imported, or ``FL_LIGHTNING_EAGER_TORCHMETRICS=1`` is set, nothing is done; any error while
 installing leaves the normal import in place.
@@ -85,4 +86,43 @@ def install() -> bool:
 
     module.__getattr__ = __getattr__  # type: ignore[method-assign]
     sys.modules[_NAME] = module
+    sys.meta_path.insert(0, _UtilitiesFirst())
     return True
+
+
+class _Existing:
+    """A loader that hands back a module some other import already finished (never runs it twice)."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    def create_module(self, spec: Any) -> Any:
+        return self.module
+
+    def exec_module(self, module: Any) -> None:
+        pass
+
+
+class _UtilitiesFirst:
+    """A ``sys.meta_path`` finder that imports ``torchmetrics.utilities`` before any other submodule.
+
+    torchmetrics' modules import each other in a cycle (``metric`` → ``utilities`` → ``utilities.checks``
+    → ``metric``) that resolves only when ``utilities`` is entered first — the order the root ``__init__``
+    happens to import them in. With the root deferred, ``from torchmetrics.classification import ...``
+    would enter the cycle at ``metric``; this finder restores torchmetrics' own order and then steps aside
+    (it removes itself once ``torchmetrics.utilities`` is imported).
+    """
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if not fullname.startswith(_NAME + ".") or fullname.startswith(_NAME + ".utilities") \
+                or fullname == _NAME + ".__about__":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        if _NAME + ".utilities" not in sys.modules:
+            importlib.import_module(_NAME + ".utilities")
+        done = sys.modules.get(fullname)
+        if done is None:  # not imported on the way: the normal finders take it from here
+            return None
+        return importlib.util.spec_from_loader(fullname, _Existing(done), origin=getattr(done, "__file__", None),
+                                               is_package=hasattr(done, "__path__"))

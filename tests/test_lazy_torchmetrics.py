@@ -4,6 +4,8 @@ any other name loads the real package, once, in the same module object."""
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 _CODE = """
@@ -32,6 +34,20 @@ print('ok')
 """
 
 
-def test_lightning_imports_without_torchmetrics_domains_and_the_rest_loads_on_demand():
-    proc = subprocess.run([sys.executable, "-c", _CODE], capture_output=True, text=True, cwd=REPO, timeout=300)
+# a submodule before anything else (torchmetrics' internal import cycle must still resolve), then the root
+_SUBMODULE_FIRST = """
+import fl_lightning
+from torchmetrics.classification import MulticlassAccuracy
+import torchmetrics, torchmetrics.metric
+assert issubclass(MulticlassAccuracy, torchmetrics.metric.Metric) and torchmetrics.Metric is torchmetrics.metric.Metric
+assert torchmetrics.classification.MulticlassAccuracy is MulticlassAccuracy
+assert torchmetrics.Accuracy is torchmetrics.classification.Accuracy  # the root, loaded on demand: one set of modules
+assert torchmetrics.classification.MulticlassAccuracy is MulticlassAccuracy
+print('ok')
+"""
+
+
+@pytest.mark.parametrize("code", [_CODE, _SUBMODULE_FIRST], ids=["lightning-first", "submodule-first"])
+def test_lightning_imports_without_torchmetrics_domains_and_the_rest_loads_on_demand(code):
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
