@@ -185,7 +185,7 @@ def test_sigkill_in_a_short_round_resumes_to_the_uninterrupted_result(tmp_path):
 
     from tests.conftest import REPO
 
-    extra = ("--federation.rounds", "5")
+    extra = ("--federation.rounds", "4")
     full = Simulation(cfg=_cfg(tmp_path / "full", *extra), loggers=[]).run()
     cfg = _cfg(tmp_path / "cut", *extra)
     argv = [sys.executable, "-m", "fl_lightning.train", "--config", str(CONF / "fedavg_digits_tiny.yaml"),
