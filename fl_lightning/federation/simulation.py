@@ -44,7 +44,7 @@ from fl_lightning.data.report import write_partition_figure, write_partition_rep
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.errors import ClientFailure, ClientUsageError, ConfigError, RunFailure, TooFewClients, UsageError
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundPlan
-from fl_lightning.federation.checkpoint import atomic_save, safe_load
+from fl_lightning.federation.checkpoint import DurableWriter, safe_load
 from fl_lightning.federation.launch import check_launcher
 from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients, seed_torch
 from fl_lightning.federation.round_store import ClientRecord, RoundResult, RoundStore
@@ -188,7 +188,25 @@ class Simulation:
         fabric.call("on_run_start", cfg=cfg, env=env, run_dir=self.run_dir, rounds=algorithm.num_rounds,
                     completed_rounds=run.completed_rounds)
         run_start = time.monotonic() - run.wall_time_s
+        checkpoint = DurableWriter()
+        try:
+            self._rounds(algorithm, env, run, assignment, checkpoint, run_start)
+        finally:
+            checkpoint.wait()  # server.pt is on disk before the summary (or before an error propagates)
 
+        if rank == 0:
+            self._draw_partition(env, counts)  # a one-off report: after the rounds, never inside one
+        summary = self._summary(algorithm, run)
+        fabric.call("on_run_end", summary=summary, run_dir=self.run_dir)
+        for logger in fabric.loggers:  # flush W&B / TensorBoard now, not at interpreter exit
+            logger.finalize("success")
+        return summary
+
+    def _rounds(self, algorithm: Algorithm, env: Environment, run: RunState, assignment: list[list[int]],
+                checkpoint: DurableWriter, run_start: float) -> None:
+        """The federation loop: plan → client updates → transport → aggregate → evaluate → checkpoint."""
+        fabric, cfg = self.fabric, self.cfg
+        rank, world = fabric.global_rank, fabric.world_size
         for round_idx in range(run.completed_rounds, algorithm.num_rounds):
             round_start = time.monotonic()
             # the server holds its own clients' records in memory while the round is short (round_store.py)
@@ -227,18 +245,10 @@ class Simulation:
             fabric.log_dict({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=round_idx)
             if rank == 0:
                 write_metrics_csv(self.run_dir / "metrics.csv", run.rows)
-                atomic_save(run.state_dict(), self.ckpt_dir / "server.pt")
+                checkpoint.save(run.state_dict(), self.ckpt_dir / "server.pt")  # fsync + rename in the background
             fabric.barrier()
             if rank == 0:
                 store.clear()
-
-        if rank == 0:
-            self._draw_partition(env, counts)  # a one-off report: after the rounds, never inside one
-        summary = self._summary(algorithm, run)
-        fabric.call("on_run_end", summary=summary, run_dir=self.run_dir)
-        for logger in fabric.loggers:  # flush W&B / TensorBoard now, not at interpreter exit
-            logger.finalize("success")
-        return summary
 
     def _draw_partition(self, env: Environment, counts: np.ndarray) -> None:
         """partition.png, unless drawn already. matplotlib is the slowest part of the partition report (~0.8 s
