@@ -78,9 +78,13 @@ class DataConfig:
     # frozen-backbone features of each split (AFL, FedCGS, FedPFT, FedAvg of a head), computed once and read
     # by every later run with the same key: true = <output_dir>/feature_cache, a folder, or false (no disk)
     feature_cache: bool | str = True
+    # a split whose transform is deterministic keeps its preprocessed tensors in memory when they fit this
+    # many MiB (data/preprocessed.py: each item is transformed once, not once per pass); 0 turns it off
+    cache_mb: int = 2048
 
     def __post_init__(self) -> None:
         check(self.image_size is None or self.image_size >= 8, "image_size", self.image_size, "an int >= 8 or null")
+        check(self.cache_mb >= 0, "cache_mb", self.cache_mb, "an int >= 0 (MiB; 0: no cache)")
         check(self.batch_size >= 1, "batch_size", self.batch_size, "an int >= 1")
         check(self.num_workers >= 0, "num_workers", self.num_workers, "an int >= 0")
         if self.split_seed is not None:
@@ -136,9 +140,15 @@ class FederationConfig:
     # a round with fewer successful clients than this stops the run (exit 1, checkpoint kept), as Flower's
     # min_fit_clients: failure is never reported as success
     min_clients: int = 1
+    # crash safety that pays for itself (federation/round_store.py): the server's finished clients stay in
+    # memory until their round has run this many seconds, then every record is written to disk; a crash
+    # (SIGKILL) earlier costs at most this much work, re-run to the same result. 0: write each record at once
+    record_after_s: float = 10.0
 
     def __post_init__(self) -> None:
         check(self.rounds >= 1, "rounds", self.rounds, "an int >= 1")
+        check(0 <= self.record_after_s <= _FLOAT32_MAX, "record_after_s", self.record_after_s,
+              "a finite float >= 0 (seconds)")
         check(0 < self.client_fraction <= 1, "client_fraction", self.client_fraction, "a float in (0, 1]")
         check(self.devices >= 1, "devices", self.devices, "an int >= 1")
         check(self.num_nodes >= 1, "num_nodes", self.num_nodes, "an int >= 1")

@@ -257,3 +257,24 @@ def test_features_suite_stops_with_one_line_without_the_checkpoint(tmp_path, mon
     assert main(["features"]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("fl_lightning.bench: ") and "missing.safetensors" in last and "--quick" in last
+
+
+def test_engine_bench_bare_loop_matches_the_framework_round_by_round(tmp_path, one_thread):
+    """``bench engine``'s two jobs (run here in process, 2 rounds, the tiny model): the bare loop and the
+    framework give the same test accuracy in every round, and each reports one time per round."""
+    import yaml
+
+    from fl_lightning.bench.engine import _bare_worker, _framework_worker, engine_config
+    from fl_lightning.config import build_config
+
+    values = engine_config(output_dir=str(tmp_path / "runs"), model="tiny", num_clients=20, rounds=2)
+    cfg = build_config(values)
+    assert round(cfg.federation.client_fraction * cfg.partition.num_clients) == 10
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump(values), encoding="utf-8")
+    _bare_worker(config, tmp_path / "bare.json")
+    _framework_worker(config, tmp_path / "framework.json")
+    bare, fw = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("bare", "framework"))
+    n = bare["test_size"]
+    assert [round(a * n) for a in fw["accuracy"]] == [round(a * n) for a in bare["accuracy"]]
+    assert len(fw["round_s"]) == len(bare["round_s"]) == len(fw["round_cpu_s"]) == 2

@@ -26,6 +26,9 @@ def _config(tmp_path: Path) -> Path:
     cfg = yaml.safe_load((CONF / "fedopal_table2_tiny.yaml").read_text())
     cfg.update(variants=_VARIANTS, sweep={"seed": [0, 1, 2]})
     cfg["partition"]["alpha"] = 0.1
+    # every finished client's record on disk at once (the default holds a short round's records in memory):
+    # the kill below lands mid-round, after a record, and the resumed run re-runs only the clients without one
+    cfg.setdefault("federation", {})["record_after_s"] = 0
     path = tmp_path / "compare.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path

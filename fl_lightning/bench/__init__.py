@@ -26,9 +26,10 @@ import torch
 __all__ = ["BENCHMARKS", "ENGINE_BENCHMARKS", "run_benchmarks", "results_table", "format_value"]
 
 BENCHMARKS: tuple[str, ...] = ("fedopal", "fedisyn")  # the method suites: what "all" runs
-# run by name only: the engine at scale (fl_lightning/bench/scale.py, an hour at full size) and a comparison of
-# frozen-feature methods on the real DINOv2 checkpoint (fl_lightning/bench/features.py, not always present)
-ENGINE_BENCHMARKS: tuple[str, ...] = ("scale", "features")
+# run by name only: the engine at scale (fl_lightning/bench/scale.py, an hour at full size), a multi-round
+# round against a bare loop (fl_lightning/bench/engine.py: minutes) and a comparison of frozen-feature
+# methods on the real DINOv2 checkpoint (fl_lightning/bench/features.py, not always present)
+ENGINE_BENCHMARKS: tuple[str, ...] = ("scale", "engine", "features")
 
 
 def _runner(name: str):
@@ -49,6 +50,10 @@ def _runner(name: str):
         from fl_lightning.bench import features
 
         return features.run
+    if name == "engine":
+        from fl_lightning.bench import engine
+
+        return engine.run
     raise ValueError(f"unknown benchmark {name!r}; expected one of {BENCHMARKS + ENGINE_BENCHMARKS}")
 
 

@@ -1,8 +1,10 @@
-"""``python -m fl_lightning.bench [fedopal|fedisyn|scale|features|all] [--quick] [--out FILE.json]``.
+"""``python -m fl_lightning.bench [fedopal|fedisyn|scale|engine|features|all] [--quick] [--out FILE.json]``.
 
 ``all`` runs the method suites (fedopal, fedisyn); ``scale`` (the engine from 10 to 10,000 clients)
-runs by name: ``--clients 10,100``, ``--processes 1`` and ``--engine-only`` narrow it. ``features`` (a
-comparison of AFL, FedCGS and FedPFT against one AFL run, on the DINOv2 ViT-S/14 checkpoint) runs by name."""
+runs by name: ``--clients 10,100``, ``--processes 1`` and ``--engine-only`` narrow it. ``engine`` (a
+30-round FedAvg against a bare loop) runs by name too: ``--threads 1,2``, ``--model large`` and
+``--clients 1000`` choose the point. ``features`` (a comparison of AFL, FedCGS and FedPFT against one
+AFL run, on the DINOv2 ViT-S/14 checkpoint) runs by name."""
 
 from __future__ import annotations
 
@@ -33,13 +35,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="tiny models, seconds: checks the machinery, not the thresholds")
     parser.add_argument("--out", type=Path, default=None, help="write all numbers to this JSON file")
     parser.add_argument("--clients", type=_int_list, default=None,
-                        help="scale: the numbers of clients K, e.g. 10,100 (default 10,100,1000,10000; quick 10,100)")
+                        help="scale: the numbers of clients K, e.g. 10,100 (default 10,100,1000,10000; quick 10,100); "
+                             "engine: K (default 50; 10 a round)")
     parser.add_argument("--processes", type=_int_list, default=[1, 2],
                         help="scale: run the framework with these numbers of processes (default 1,2)")
     parser.add_argument("--engine-only", action="store_true",
                         help="scale: skip the peer job and the start-up timing (the engine's figures only)")
+    parser.add_argument("--threads", type=_int_list, default=[1, 2],
+                        help="engine: torch threads of both jobs, one point per value (default 1,2)")
+    parser.add_argument("--model", choices=("small", "large"), default="small",
+                        help="engine: the 327 k-parameter ResNet (small, default) or a 2.8 M one (large)")
     args = parser.parse_args(argv)
-    options = {"scale": {"clients": args.clients, "processes": args.processes, "extras": not args.engine_only}}
+    options = {"scale": {"clients": args.clients, "processes": args.processes, "extras": not args.engine_only},
+               "engine": {"threads": args.threads, "model": args.model,
+                          "clients": args.clients[0] if args.clients else 50}}
 
     from rich.console import Console
 

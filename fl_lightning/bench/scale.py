@@ -78,7 +78,9 @@ def scale_config(*, num_clients: int, dim: int, heads: int, num_samples: int, ou
         "model": {"library": "timm", "name": "vit_base_patch16_224", "pretrained": None,
                   "overrides": {"img_size": image_size, "patch_size": patch_size, "embed_dim": dim, "depth": 1,
                                 "num_heads": heads}},
-        "federation": {"accelerator": "cpu", "devices": devices},
+        # the durable path, the engine's worst case: every record written and read back (the default keeps a
+        # round shorter than federation.record_after_s in memory, and writes nothing but server.pt)
+        "federation": {"accelerator": "cpu", "devices": devices, "record_after_s": 0},
         "logging": {"progress": False},
     }
 

@@ -131,8 +131,8 @@ def write_partition_report(
         class_names: C column names.
         out_dir: folder to write into (created if missing).
         figure: also draw the PNG. Drawing it (matplotlib, ~0.7 s on 2 cores) is the slowest part; the
-            engine writes the CSV before the first client and the figure once the first round is done
-            (:func:`write_partition_figure`), so that it does not delay the start.
+            engine writes the CSV before the first client and the figure once the rounds are done
+            (:func:`write_partition_figure`), so that it delays neither the start nor a round.
 
     Returns:
         ``{"csv": path, "png": path}`` (``"png"`` only when drawn).

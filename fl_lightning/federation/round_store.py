@@ -1,10 +1,22 @@
-"""A round in progress on disk: the plan, then one record per finished client.
+"""A round in progress: the plan, then one record per finished client — in memory while the round is
+short, on disk once losing it would hurt.
 
-Layout: ``checkpoints/round0003/plan.pt`` (written by the server when it plans) and
-``checkpoints/round0003/client000042.pt`` (written by the rank that ran client 42, right after it
-finished). Each file is written atomically (temp file + rename), so a run killed at any moment —
-during a write included — leaves only whole records behind; a resumed round re-runs exactly the
-clients that have none. Writing a client costs O(its upload), never O(clients so far).
+Layout on disk: ``checkpoints/round0003/plan.pt`` and ``checkpoints/round0003/client000042.pt`` (the
+record of client 42: its upload and a few numbers). Each file is written atomically (temp file +
+rename), so a run killed at any moment — during a write included — leaves only whole records behind;
+a resumed round re-runs exactly the clients that have none. Writing a client costs O(its upload),
+never O(clients so far).
+
+When the records are written (``federation.record_after_s``, default 10 s): a store that may *hold*
+keeps the plan and its finished clients' records in memory until the round has run ``hold_s`` seconds
+(or the held uploads pass ``hold_bytes``, 1 GiB by default); then it writes everything it holds and every
+later record goes straight to disk. A short round therefore writes nothing but the server's checkpoint
+after it, and a kill during it costs at most ``hold_s`` seconds of clients, which the resumed run
+re-runs to the same result: with no record on disk there is no plan on disk either, and the plan is
+recomputed from the checkpointed state it was first computed from (``Algorithm.plan`` is a function of
+its arguments and seeds). Only the rank that aggregates (rank 0) holds — its own clients; the records
+of other ranks' clients reach it through the disk, as before. ``hold_s = 0`` writes every record at once
+(the crash-safety tests, and a user who wants the finest-grained resume).
 
 The server reads uploads back one at a time, in client order, through :class:`StoredUploads`: a
 sum-type aggregate (AFL, FedOPAL's statistics) then holds one upload in memory at a time, and the
@@ -15,6 +27,7 @@ folder on a file system all nodes share (as resuming does).
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,17 +108,69 @@ class StoredUploads(Mapping[int, Upload]):
         return len(self._clients)
 
 
-class RoundStore:
-    """The on-disk records of round ``round_idx`` under ``checkpoint_dir``."""
+HOLD_BYTES = 1 << 30  # the most upload bytes a store holds in memory before it writes them
 
-    def __init__(self, checkpoint_dir: Path, round_idx: int) -> None:
+
+def _snapshot(upload: Upload | None) -> Upload | None:
+    """What reading the record back would give: CPU copies (an upload may alias a module's parameters, which
+    the next client trains in place, or live on the GPU)."""
+    if upload is None:
+        return None
+    return Upload({k: v.detach().to("cpu", copy=True) for k, v in upload.tensors.items()}, dict(upload.meta))
+
+
+class RoundStore:
+    """The records of round ``round_idx``: on disk under ``checkpoint_dir``, or held in memory while the
+    round is younger than ``hold_s`` seconds (see the module docstring).
+
+    Args:
+        checkpoint_dir: the run's ``checkpoints/`` folder.
+        round_idx: the round.
+        hold_s: hold the plan and the records in memory until the store is this many seconds old (0: write
+            each at once; only the aggregating rank may hold).
+        hold_bytes: ... and while the held uploads take at most this many bytes.
+    """
+
+    def __init__(self, checkpoint_dir: Path, round_idx: int, *, hold_s: float = 0.0,
+                 hold_bytes: int = HOLD_BYTES) -> None:
         self.folder = Path(checkpoint_dir) / f"round{round_idx:04d}"
+        self.hold_s, self.hold_bytes = float(hold_s), int(hold_bytes)
+        self._born = time.monotonic()
+        self._plan: RoundPlan | None = None  # held, not yet written
+        self._held: dict[int, tuple[ClientRecord, Upload | None]] = {}
+        self._held_bytes = 0
+        self._writing = self.hold_s <= 0  # once True, everything goes to disk
 
     def _client_path(self, client: int) -> Path:
         return self.folder / f"client{client:06d}.pt"
 
+    @property
+    def held(self) -> int:
+        """How many client records are held in memory (not on disk)."""
+        return len(self._held)
+
+    def _may_hold(self, extra_bytes: int) -> bool:
+        if not self._writing and (time.monotonic() - self._born >= self.hold_s
+                                  or self._held_bytes + extra_bytes > self.hold_bytes):
+            self.write_held()
+        return not self._writing
+
+    def write_held(self) -> None:
+        """Write the held plan and records to disk; from now on every record is written at once."""
+        self._writing = True
+        if self._plan is not None:
+            atomic_save(self._plan.state_dict(), self.folder / "plan.pt")
+            self._plan = None
+        for client, (record, upload) in sorted(self._held.items()):
+            self._write_client(client, record, upload)
+        self._held.clear()
+        self._held_bytes = 0
+
     # -- the plan -------------------------------------------------------------------------------
     def save_plan(self, plan: RoundPlan) -> None:
+        if self._may_hold(0):
+            self._plan = plan
+            return
         atomic_save(plan.state_dict(), self.folder / "plan.pt")
 
     def load_plan(self) -> RoundPlan | None:
@@ -114,6 +179,13 @@ class RoundStore:
 
     # -- clients --------------------------------------------------------------------------------
     def save_client(self, client: int, record: ClientRecord, upload: Upload | None) -> None:
+        if self._may_hold(upload.num_bytes if upload is not None else 0):
+            self._held[client] = (record, _snapshot(upload))
+            self._held_bytes += upload.num_bytes if upload is not None else 0
+            return
+        self._write_client(client, record, upload)
+
+    def _write_client(self, client: int, record: ClientRecord, upload: Upload | None) -> None:
         # no fsync: a killed process loses nothing the OS already holds; only a power cut could, and the
         # client then simply runs again (its record is missing, never half-written). No CRC either: torch.load
         # never checks it, and the record lives only until the round is aggregated
@@ -121,9 +193,11 @@ class RoundStore:
                     self._client_path(client), durable=False, checksum=False)
 
     def has_client(self, client: int) -> bool:
-        return self._client_path(client).is_file()
+        return client in self._held or self._client_path(client).is_file()
 
     def load_client(self, client: int) -> tuple[ClientRecord, Upload | None]:
+        if client in self._held:
+            return self._held[client]
         saved = safe_load(self._client_path(client))
         upload = Upload.from_state_dict(saved["upload"]) if saved["upload"] is not None else None
         return ClientRecord.from_state_dict(saved["record"]), upload
@@ -132,4 +206,5 @@ class RoundStore:
         return StoredUploads(self, clients)
 
     def clear(self) -> None:
+        self._plan, self._held, self._held_bytes = None, {}, 0
         shutil.rmtree(self.folder, ignore_errors=True)

@@ -8,7 +8,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torchmetrics.classification import MulticlassAccuracy
 
 __all__ = ["evaluate_classifier", "per_class_accuracy"]
 
@@ -40,8 +39,9 @@ def evaluate_classifier(logits_fn: Callable[[Tensor], Tensor], batches: Iterable
         (a list of C floats rounded to 6 digits; ``nan`` for a class with no test images — it has no
         accuracy, and 0.0 would read as "always wrong").
     """
-    # the server evaluates alone (rank 0): no cross-rank sync, which would wait for the other ranks
-    top1 = MulticlassAccuracy(num_classes=num_classes, average="micro", sync_on_compute=False).to(device)
+    # Top-1 from the same counts as the per-class accuracy: micro accuracy is Σ_c correct_c / Σ_c support_c,
+    # a float32 division, as torchmetrics' MulticlassAccuracy(average="micro") computes it (the same float,
+    # tested) — without its per-batch input validation, ~4 ms a batch on a CPU, paid every round
     correct = torch.zeros(num_classes, dtype=torch.long, device=device)
     support = torch.zeros(num_classes, dtype=torch.long, device=device)
     loss_sum, count = 0.0, 0
@@ -50,9 +50,9 @@ def evaluate_classifier(logits_fn: Callable[[Tensor], Tensor], batches: Iterable
         logits = logits_fn(images).float()
         loss_sum += float(F.cross_entropy(logits, labels, reduction="sum"))
         count += labels.numel()
-        top1.update(logits, labels)
         hits = logits.argmax(dim=1) == labels
         support += torch.bincount(labels, minlength=num_classes)
         correct += torch.bincount(labels[hits], minlength=num_classes)
-    return {"accuracy": float(top1.compute()), "loss": loss_sum / max(count, 1),
+    accuracy = correct.sum().float() / support.sum().float() if count else torch.tensor(0.0)
+    return {"accuracy": float(accuracy), "loss": loss_sum / max(count, 1),
             "per_class_accuracy": [round(float(a), 6) for a in per_class_accuracy(correct, support)]}

@@ -31,7 +31,6 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
-from torchmetrics.classification import MulticlassAccuracy
 
 from fl_lightning.errors import MissingResourceError
 
@@ -121,6 +120,10 @@ class ViTClassifier(lightning.LightningModule):
         self.model = build_timm_vit(
             model_name=model_name, num_classes=num_classes, overrides=overrides, checkpoint=checkpoint
         )
+        # imported here: torchmetrics.classification imports every functional metric domain (transformers
+        # among them), which a run that never pre-trains should not pay for
+        from torchmetrics.classification import MulticlassAccuracy
+
         # the server pre-trains alone, also inside a multi-rank federation: never wait for other ranks
         self.train_acc = MulticlassAccuracy(num_classes=num_classes, average="micro", sync_on_compute=False)
         self.val_acc = MulticlassAccuracy(num_classes=num_classes, average="micro", sync_on_compute=False)

@@ -31,7 +31,8 @@ def _cfg(tmp_path, k: int):
         "partition": {"scheme": "iid", "num_clients": k},
         "model": {"library": "timm", "name": "vit_base_patch16_224", "pretrained": None,
                   "overrides": {"img_size": 32, "patch_size": 8, "embed_dim": D, "depth": 1, "num_heads": 2}},
-        "federation": {"accelerator": "cpu"},
+        # the record path: every record on disk at once (the default holds a short round's records in memory)
+        "federation": {"accelerator": "cpu", "record_after_s": 0},
         "logging": {"progress": False},
     })
 

@@ -172,3 +172,58 @@ def test_a_partition_file_for_another_client_count_is_one_line(tmp_path):
     with pytest.raises(UsageError, match="partition.path: partition file .*bad.json"):
         Simulation(cfg=_cfg(tmp_path / "c", "--partition.scheme", "file", "--partition.path", str(bad)),
                    loggers=[]).run()
+
+
+def test_sigkill_in_a_short_round_resumes_to_the_uninterrupted_result(tmp_path):
+    """The default keeps a short round's records in memory: a SIGKILL mid-round leaves no record and no plan
+    of that round on disk, and the resumed run re-runs the round to the uninterrupted result."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    extra = ("--federation.rounds", "4")
+    full = Simulation(cfg=_cfg(tmp_path / "full", *extra), loggers=[]).run()
+    cfg = _cfg(tmp_path / "cut", *extra)
+    argv = [sys.executable, "-m", "fl_lightning.train", "--config", str(CONF / "fedavg_digits_tiny.yaml"),
+            "--output_dir", str(tmp_path / "cut"), "--partition.num_clients", "4", "--logging.progress", "false",
+            *extra]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    server = cfg.run_dir / "checkpoints" / "server.pt"
+    deadline = time.monotonic() + 300
+    while not server.exists():  # round 0 is done: the kill lands in a later round
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "round 0 did not finish in time"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert not (cfg.run_dir / "summary.json").exists()  # killed before the end
+    assert not list((cfg.run_dir / "checkpoints").glob("round*/*.pt"))  # the round's records were in memory
+    resumed = Simulation(cfg=cfg, loggers=[], resume=True).run()
+    assert _comparable(resumed) == _comparable(full)
+    for k, v in _state(cfg).items():
+        assert torch.equal(v, _state(_cfg(tmp_path / "full", *extra))[k])
+
+
+def test_a_timm_fedavg_run_imports_no_library_it_does_not_use():
+    """What `python -m fl_lightning.train` imports for a timm FedAvg run (its config, every discovered method,
+    the loop): no diffusers, open_clip, peft, transformers or scipy.signal (the last two would come with
+    torchmetrics' root package, which fl_lightning/_lazy_torchmetrics.py defers). matplotlib is not in the
+    list: torchmetrics.utilities.plot imports it with ``torchmetrics.Metric``, which Lightning needs."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    code = ("import sys; from fl_lightning.config import load_config; "
+            f"load_config({str(CONF / 'fedavg_cnn_digits_tiny.yaml')!r}); "
+            "import fl_lightning.federation.simulation, fl_lightning.algorithms.fedavg_cnn, fl_lightning.train; "
+            "print(' '.join(sorted(m for m in ('diffusers', 'open_clip', 'peft', 'tensorboard', 'transformers', "
+            "'scipy.signal', 'torchmetrics.functional') if m in sys.modules)))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == ""

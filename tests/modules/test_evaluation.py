@@ -55,3 +55,16 @@ def test_per_class_accuracy_division() -> None:
     assert acc.dtype == torch.float32
     np.testing.assert_array_equal(acc[[0, 1, 3]].numpy(), np.float32([0.75, 0.0, 1.0]))
     assert torch.isnan(acc[2])
+
+
+def test_accuracy_is_torchmetrics_micro_accuracy_to_the_bit() -> None:
+    gen = torch.Generator().manual_seed(1)
+    for n, num_classes in ((101, 6), (360, 10), (7, 3)):
+        labels = torch.randint(0, num_classes, (n,), generator=gen)
+        logits = torch.randn(n, num_classes, generator=gen)
+        logits[torch.arange(n)[: n // 3], labels[: n // 3]] += 2.0
+        out = evaluate_classifier(lambda x: x, _batches(logits, labels, 32), num_classes=num_classes,
+                                  device=torch.device("cpu"))
+        reference = MulticlassAccuracy(num_classes=num_classes, average="micro")
+        reference.update(logits, labels)
+        assert out["accuracy"] == float(reference.compute())

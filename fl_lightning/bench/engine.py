@@ -1,0 +1,284 @@
+"""A multi-round round against a bare loop: ``python -m fl_lightning.bench engine``.
+
+The job: FedAvg of a whole timm ResNet-18 (``fedavg_cnn``) on the bundled digits at 16 px,
+K = 50 Dirichlet clients (α = 0.5), 10 sampled a round, 30 rounds, 1 local epoch of SGD (lr 0.05,
+momentum 0.9, batch 32), the test accuracy after every round. It runs twice, each in a fresh process
+with the same number of torch threads:
+
+* the framework: ``Simulation`` as ``python -m fl_lightning.train`` builds it (default loggers: the CSV
+  log; the run folder, its records and checkpoints), timed by a callback from each round's start to the
+  next one's (so a round's checkpoint, ``metrics.csv`` and clean-up are in it);
+* a bare loop: torch, timm, scikit-learn and the pure functions of the arithmetic (the Dirichlet
+  partition, the client sampling and seeds); the images preprocessed once into one tensor, ONE model
+  object, an SGD optimiser per client, the float64 weighted mean, the test accuracy — the same
+  arithmetic, so the two must agree on the test accuracy of EVERY round (checked: a mismatch is an
+  error, not a figure).
+
+Figures: ``round_ratio`` = mean framework round / mean bare round (bound 1.15), at each thread count
+asked for (``--threads 1,2``), and, with ``--model large`` (a half-width ResNet-18, ~2.8 M parameters)
+or ``--clients 1000`` (10 a round), at that size. ``start_ratio`` = process start → first client of
+the framework over ``python -c "import torch, timm"`` timed in the same run (bound 1.15).
+
+Other processes' load distorts wall times (on a shared 2-core machine, badly): each figure also gives the
+ratio of CPU seconds (``time.process_time`` of the worker; ``getrusage`` of the import process), which
+load distorts much less, and the load average is recorded with the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fl_lightning.bench._timing import figure
+
+__all__ = ["run", "engine_config", "MODELS", "ROUND_BOUND", "START_BOUND"]
+
+ROUND_BOUND = 1.15  # framework round / bare round: the engine costs at most 15 % more than the work
+START_BOUND = 1.15  # process start → first client / `python -c "import torch, timm"`
+
+# timm resnet18 overrides: "small" is a 327 k-parameter model (with BatchNorm buffers), "large" a
+# real ResNet-18's depth at half its width (2.8 M parameters, ~10x)
+MODELS: dict[str, dict[str, Any]] = {
+    "small": {"layers": [1, 1, 1, 1], "channels": [16, 32, 64, 128], "stem_width": 16},
+    "large": {"layers": [2, 2, 2, 2], "channels": [32, 64, 128, 256], "stem_width": 32},
+    "tiny": {"layers": [1, 1, 1, 1], "channels": [8, 16, 32, 64], "stem_width": 8},  # --quick
+}
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def engine_config(*, output_dir: str, model: str = "small", num_clients: int = 50, per_round: int = 10,
+                  rounds: int = 30) -> dict[str, Any]:
+    """The job as a config mapping (the YAML's shape)."""
+    return {
+        "algorithm": "fedavg_cnn", "seed": 0, "output_dir": output_dir, "run_name": f"engine_{model}_k{num_clients}",
+        "data": {"name": "digits", "image_size": 16, "batch_size": 32},
+        "partition": {"num_clients": num_clients, "alpha": 0.5},
+        "federation": {"accelerator": "cpu", "rounds": rounds, "client_fraction": per_round / num_clients},
+        "train": {"epochs": 1, "optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "batch_size": 32},
+        "model": {"library": "timm", "name": "resnet18", "pretrained": None, "overrides": MODELS[model]},
+        "logging": {"progress": False},
+    }
+
+
+# -- the workers (each in a fresh process) ----------------------------------------------------------------
+class _RoundClock:
+    """Wall time of each round, from its start to the next round's start (the last: to the run's end), and
+    the moment the first client starts (seconds since the epoch, for the start-up figure)."""
+
+    def __init__(self) -> None:
+        self.starts: list[tuple[float, float]] = []  # (wall, process CPU)
+        self.first_client: tuple[float, float] | None = None  # (seconds since the epoch, process CPU seconds)
+        self.accuracy: list[float] = []
+
+    def on_round_start(self, **_: Any) -> None:
+        self.starts.append((time.perf_counter(), time.process_time()))
+
+    def on_client_start(self, **_: Any) -> None:
+        if self.first_client is None:
+            self.first_client = (time.time(), time.process_time())
+
+    def on_round_end(self, *, metrics: dict[str, Any], **_: Any) -> None:
+        self.accuracy.append(float(metrics["accuracy"]))
+
+    def on_run_end(self, **_: Any) -> None:
+        self.starts.append((time.perf_counter(), time.process_time()))
+
+
+def _framework_worker(config: Path, out: Path) -> None:
+    from fl_lightning.config import load_config
+    from fl_lightning.federation.simulation import Simulation
+
+    clock = _RoundClock()
+    cfg = load_config(config)
+    Simulation(cfg=cfg, callbacks=[clock]).run()
+    pairs = list(zip(clock.starts, clock.starts[1:]))
+    out.write_text(json.dumps({"round_s": [b[0] - a[0] for a, b in pairs], "round_cpu_s": [b[1] - a[1] for a, b in pairs],
+                               "accuracy": clock.accuracy, "first_client_epoch_s": clock.first_client[0],
+                               "first_client_cpu_s": clock.first_client[1]}), encoding="utf-8")
+
+
+def _bare_worker(config: Path, out: Path) -> None:
+    """The job as one plain PyTorch loop (see the module docstring)."""
+    import numpy as np
+    import timm
+    import torch
+    import torch.nn.functional as F
+    import yaml
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    from torchvision.transforms import v2
+
+    from fl_lightning.data.partition import dirichlet_partition
+    from fl_lightning.federation.placement import client_seed, sample_clients
+
+    values = yaml.safe_load(config.read_text(encoding="utf-8"))
+    seed, data, part, fed, train = (values["seed"], values["data"], values["partition"], values["federation"],
+                                    values["train"])
+    digits = load_digits()
+    gray = np.rint(digits.images * (255.0 / 16.0)).astype(np.uint8)
+    images = torch.from_numpy(gray)[:, None].expand(-1, 3, -1, -1).contiguous()  # (N, 3, 8, 8) uint8
+    targets = np.asarray(digits.target, dtype=np.int64)
+    train_idx, test_idx = (np.sort(i) for i in train_test_split(np.arange(len(targets)), test_size=0.2,
+                                                                random_state=seed, stratify=targets))
+    size = data["image_size"]
+    prep = v2.Compose([v2.Resize(size, antialias=True), v2.CenterCrop(size), v2.ToDtype(torch.float32, scale=True),
+                       v2.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
+    x_train = torch.stack([prep(images[i]) for i in train_idx])  # once: (N_train, 3, S, S)
+    x_test = torch.stack([prep(images[i]) for i in test_idx])
+    y_train, y_test = torch.from_numpy(targets[train_idx]), torch.from_numpy(targets[test_idx])
+    parts = dirichlet_partition(targets[train_idx], part["num_clients"], part["alpha"], seed=0, min_samples=1)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = timm.create_model(values["model"]["name"], pretrained=False, num_classes=10,
+                                  **values["model"]["overrides"])
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    batch = train["batch_size"]
+    round_s, round_cpu_s, accuracy = [], [], []
+    for t in range(fed["rounds"]):
+        start, cpu = time.perf_counter(), time.process_time()
+        sums: dict[str, torch.Tensor] = {}
+        total = 0.0
+        for c in sample_clients(part["num_clients"], fed["client_fraction"], seed=0, round_idx=t):
+            idx = torch.from_numpy(parts[c])
+            cs = client_seed(seed, t, c)
+            torch.default_generator.manual_seed(cs)
+            model.load_state_dict(state)
+            model.train()
+            opt = torch.optim.SGD(model.parameters(), lr=train["lr"], momentum=train["momentum"], weight_decay=0.0)
+            g = torch.Generator().manual_seed(cs)
+            torch.empty((), dtype=torch.int64).random_(generator=g)  # what a DataLoader iterator draws first
+            perm = idx[torch.randperm(len(idx), generator=g)]
+            for i in range(0, len(perm), batch):
+                b = perm[i:i + batch]
+                loss = F.cross_entropy(model(x_train[b]), y_train[b])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            n = float(len(idx))
+            for k, v in model.state_dict().items():  # the float64 weighted mean, folded in client order
+                term = v.detach().to(torch.float64) * n
+                sums[k] = sums[k] + term if k in sums else term
+            total += n
+        state = {k: (s / total if v.is_floating_point() else (s / total).round()).to(v.dtype)
+                 for (k, s), v in zip(sums.items(), state.values())}
+        model.load_state_dict(state)
+        model.eval()
+        correct = 0
+        with torch.inference_mode():
+            for i in range(0, len(x_test), data["batch_size"]):
+                correct += int((model(x_test[i:i + data["batch_size"]]).argmax(1) == y_test[i:i + data["batch_size"]]).sum())
+        accuracy.append(correct / len(y_test))
+        round_s.append(time.perf_counter() - start)
+        round_cpu_s.append(time.process_time() - cpu)
+    out.write_text(json.dumps({"round_s": round_s, "round_cpu_s": round_cpu_s, "accuracy": accuracy,
+                               "test_size": len(y_test)}), encoding="utf-8")
+
+
+# -- the suite --------------------------------------------------------------------------------------------
+def _env(threads: int) -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(_REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
+            "PYTHONPATH": path}
+
+
+def _python(args: list[str], threads: int) -> tuple[float, float]:
+    """Run ``python args`` in a fresh process; returns its wall time and CPU seconds (a failure is an error)."""
+    start, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=_env(threads), cwd=_REPO)
+    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise RuntimeError(f"python {' '.join(args[:4])} ... exited {proc.returncode}: {proc.stderr[-3000:]}")
+    return wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
+def _worker(kind: str, config: Path, out: Path, threads: int) -> tuple[dict[str, Any], float, float]:
+    spawned = time.time()
+    wall, _ = _python(["-m", "fl_lightning.bench.engine", "--worker", kind, str(config), str(out), str(threads)], threads)
+    return json.loads(out.read_text(encoding="utf-8")), wall, spawned
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def _point(work: Path, name: str, threads: int, **job: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Framework and bare loop on one job; their accuracies must agree in every round."""
+    import yaml
+
+    folder = work / name
+    folder.mkdir(parents=True)
+    config = folder / "job.yaml"
+    config.write_text(yaml.safe_dump(engine_config(output_dir=str(folder / "runs"), **job), sort_keys=False),
+                      encoding="utf-8")
+    bare, bare_wall, _ = _worker("bare", config, folder / "bare.json", threads)
+    fw, fw_wall, spawned = _worker("framework", config, folder / "framework.json", threads)
+    n = bare["test_size"]
+    wrong = [t for t, (a, b) in enumerate(zip(fw["accuracy"], bare["accuracy"])) if round(a * n) != round(b * n)]
+    if wrong or len(fw["accuracy"]) != len(bare["accuracy"]):
+        raise RuntimeError(f"{name}: the framework and the bare loop disagree on the test accuracy of rounds {wrong} "
+                           f"(framework {fw['accuracy']}, bare {bare['accuracy']})")
+    ratio = _mean(fw["round_s"]) / _mean(bare["round_s"])
+    cpu_ratio = _mean(fw["round_cpu_s"]) / _mean(bare["round_cpu_s"])
+    details = {"threads": threads, **job, "framework_mean_round_s": _mean(fw["round_s"]),
+               "bare_mean_round_s": _mean(bare["round_s"]), "cpu_ratio": cpu_ratio,
+               "framework_mean_round_cpu_s": _mean(fw["round_cpu_s"]), "bare_mean_round_cpu_s": _mean(bare["round_cpu_s"]),
+               "first_client_cpu_s": fw["first_client_cpu_s"], "framework_process_s": fw_wall,
+               "bare_process_s": bare_wall, "framework_round_s": fw["round_s"], "bare_round_s": bare["round_s"],
+               "accuracy": fw["accuracy"], "first_client_s": fw["first_client_epoch_s"] - spawned}
+    fig = figure(ratio, "x", op="<=", bound=ROUND_BOUND, details=details,
+                 note=f"{threads} thread(s); mean round {details['framework_mean_round_s']:.3f} s vs bare "
+                      f"{details['bare_mean_round_s']:.3f} s (CPU-time ratio {cpu_ratio:.3f}); same accuracy in all "
+                      f"{len(bare['accuracy'])} rounds")
+    return fig, details
+
+
+def run(*, quick: bool, device: Any = None, threads: Sequence[int] = (1, 2), model: str = "small",
+        clients: int = 50) -> dict[str, Any]:
+    """The engine figures (see the module docstring); ``quick``: a tiny model, 3 rounds (the machinery only)."""
+    model = "tiny" if quick else model
+    rounds = 3 if quick else 30
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="fl_engine_bench_") as tmp:
+        work = Path(tmp)
+        first_client = None
+        for n in threads:
+            fig, details = _point(work, f"{model}_k{clients}_t{n}", n, model=model, num_clients=clients, rounds=rounds)
+            results[f"round_ratio_{model}_k{clients}_t{n}"] = fig
+            first_client = first_client or (details["first_client_s"], details["first_client_cpu_s"], n)
+        imports = [_python(["-c", "import torch, timm"], first_client[2]) for _ in range(3)]
+        wall, cpu = min(w for w, _ in imports), min(c for _, c in imports)
+        results["start_ratio"] = figure(
+            first_client[0] / wall, "x", op="<=", bound=START_BOUND,
+            details={"first_client_s": first_client[0], "import_torch_timm_s": wall, "first_client_cpu_s":
+                     first_client[1], "import_torch_timm_cpu_s": cpu, "cpu_ratio": first_client[1] / cpu},
+            note=f"process start → first client {first_client[0]:.2f} s vs `import torch, timm` {wall:.2f} s "
+                 f"(best of 3); CPU seconds {first_client[1]:.2f} vs {cpu:.2f} ({first_client[1] / cpu:.3f}x)")
+    results["sizes"] = {"model": model, "overrides": MODELS[model], "clients": clients, "per_round": 10,
+                        "rounds": rounds, "threads": list(threads),
+                        "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fl_lightning.bench.engine")
+    parser.add_argument("--worker", nargs=4, metavar=("KIND", "CONFIG", "OUT", "THREADS"), required=True)
+    args = parser.parse_args(argv)
+    kind, config, out, threads = args.worker
+    import torch
+
+    torch.set_num_threads(int(threads))
+    {"framework": _framework_worker, "bare": _bare_worker}[kind](Path(config), Path(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
