@@ -26,6 +26,7 @@ from typing import Any, Literal
 from torch import Tensor, nn
 
 from fl_lightning.algorithms.afl import AFL, AFLConfig
+from fl_lightning.algorithms.common import require_vit
 from fl_lightning.analytic import AnalyticStatistics
 from fl_lightning.callbacks.proximal import ProximalCallback
 from fl_lightning.errors import check
@@ -194,7 +195,7 @@ class FedOPAL(StagedAlgorithm, AFL):
 
     # -- set-up ----------------------------------------------------------------------------------
     def feature_model(self, backbone: ViTBackbone) -> nn.Module:
-        model = PromptedViT(backbone, num_prompts=self.config.num_prompts, seed=self.config.prompt_seed)
+        model = PromptedViT(require_vit(self.cfg, backbone), num_prompts=self.config.num_prompts, seed=self.config.prompt_seed)
         self.p_init = model.get_prompts().detach().cpu().clone()  # identical on every client and rank
         return model
 
