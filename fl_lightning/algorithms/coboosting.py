@@ -30,6 +30,7 @@ Backbone, core keys not used and the departures shared with DENSE: see ``dense.p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -58,6 +59,7 @@ class CoBoostingConfig(DENSEConfig):
     adv_mask: bool = False
     synthesis_augment: bool = False
     clip_grad: float | None = 10.0
+    local_clip_grad: float | None = 10.0  # fl_pretrain.py clips the clients' gradient norm at 10 too
     # what Co-Boosting adds
     hardness: float = 1.0  # γ of the hardness weight (1 − p_y)^γ (official --hs)
     ods_eta: float = 8 / 255  # η of the ODS step on distillation batches (official --odseta 8, /255)
@@ -91,8 +93,13 @@ class CoBoosting(DENSE):
 
         return WeightedEnsemble(models, torch.full((len(models),), 1.0 / len(models)))
 
-    def after_synthesis(self, epoch: int, ensemble: nn.Module, images: Tensor, labels: Tensor) -> None:
-        """Eq. (8)-(9): signed-gradient steps on the ensemble weights against the pool's labels."""
+    def reweight(self, epoch: int, ensemble: nn.Module, pool: Tensor, labels: Tensor,
+                 view: Callable[[Tensor, torch.Generator], Tensor]) -> None:
+        """Eq. (8)-(9): signed-gradient steps on the ensemble weights against the pool's labels.
+
+        As the official ``CoBoostingSynthesizer.synthesize``: after the epoch's synthesis and before its batch
+        joins the pool (so the pool holds the earlier epochs' batches), each pool batch read through the
+        distillation's augmentation ``view``."""
         from fl_lightning.modules.data_free_kd import combine_logits, reweight_ensemble
 
         c = self.config
@@ -102,11 +109,11 @@ class CoBoosting(DENSE):
         order_rng = torch.Generator().manual_seed(self.cfg.seed + epoch)
         w = ensemble.weights.detach().clone()
         for _ in range(c.wa_steps):
-            order = torch.randperm(images.shape[0], generator=order_rng)
-            for start in range(0, images.shape[0], c.batch_size):
+            order = torch.randperm(pool.shape[0], generator=order_rng)
+            for start in range(0, pool.shape[0], c.batch_size):
                 idx = order[start:start + c.batch_size]
                 with torch.no_grad():
-                    member = ensemble.member_logits(images[idx])  # (K, B, C)
+                    member = ensemble.member_logits(view(pool[idx], order_rng))  # (K, B, C)
                 w = w.requires_grad_(True)
                 loss = F.cross_entropy(combine_logits(member, w), labels[idx])
                 (grad,) = torch.autograd.grad(loss, w)

@@ -40,7 +40,7 @@ Departures, and why:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -54,9 +54,20 @@ from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, RoundHistory, RoundPlan, State, register
 from fl_lightning.federation.transport import Download, Upload
 
-__all__ = ["DENSE", "DENSEConfig"]
+__all__ = ["ClipGradNorm", "DENSE", "DENSEConfig"]
 
 _STAT = "kd."  # server-side numbers kept in the state for summary.json; never part of the model
+_STUDENT_SEED_OFFSET = 1_000_003  # a fresh student is drawn under seed + this: never the clients' initial model
+
+
+class ClipGradNorm:
+    """A local-training callback: clip the gradient norm of the module's parameters after each backward."""
+
+    def __init__(self, max_norm: float) -> None:
+        self.max_norm = max_norm
+
+    def on_after_backward(self, *, module: nn.Module) -> None:
+        torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm=self.max_norm)
 
 
 @dataclass
@@ -81,7 +92,10 @@ class DENSEConfig:
     synthesis_augment: bool = True  # the teacher sees a shifted and flipped view of G's images
     clip_grad: float | None = None  # max gradient norm of G and of the student (None: no clipping)
     pool: Literal["history", "last"] = "history"  # distil on every batch made so far, or the newest only
-    augment: bool = False  # random crops/flips in the clients' local training
+    pool_augment: bool = True  # the pool is read through CIFAR's crop + flip for distillation (both official codes)
+    student_init: Literal["fresh", "clients"] = "fresh"  # official: a freshly drawn model; or the clients' start
+    augment: bool = True  # CIFAR's pad + crop + flip in the clients' local training (both official codes)
+    local_clip_grad: float | None = None  # max gradient norm in local training (Co-Boosting's code: 10)
 
     def __post_init__(self) -> None:
         for key in ("epochs", "g_steps", "nz", "ngf", "synthesis_batch_size", "batch_size"):
@@ -92,6 +106,8 @@ class DENSEConfig:
             check(getattr(self, key) >= 0, key, getattr(self, key), "a float >= 0")
         check(0 <= self.kd_momentum < 1, "kd_momentum", self.kd_momentum, "a float in [0, 1)")
         check(self.clip_grad is None or self.clip_grad > 0, "clip_grad", self.clip_grad, "a float > 0 or null")
+        check(self.local_clip_grad is None or self.local_clip_grad > 0, "local_clip_grad", self.local_clip_grad,
+              "a float > 0 or null")
 
 
 @register("dense")
@@ -134,8 +150,33 @@ class DENSE(FedAvgCNN):
         """Co-Boosting's hard-sample step size in the distillation (DENSE: none)."""
         return None
 
-    def after_synthesis(self, epoch: int, ensemble: nn.Module, images: Tensor, labels: Tensor) -> None:
-        """Hook between synthesis and distillation (Co-Boosting re-weights the ensemble here)."""
+    def reweight(self, epoch: int, ensemble: nn.Module, pool: Tensor, labels: Tensor,
+                 view: Callable[[Tensor, torch.Generator], Tensor]) -> None:
+        """Hook after a synthesis, before its batch joins the pool (Co-Boosting re-weights the ensemble here,
+        on the pool so far read through ``view``); DENSE: nothing."""
+
+    def local_callbacks(self) -> list[object]:
+        c = self.config
+        return [] if c.local_clip_grad is None else [ClipGradNorm(c.local_clip_grad)]
+
+    def initial_student(self, num_classes: int) -> nn.Module:
+        """S before distillation: a fresh model, drawn under a seed of its own as the official codes draw
+        one (``student_init: fresh``), or the clients' common initial model (``clients``). With an ImageNet
+        ``model.checkpoint`` both start from it; only the classifier differs."""
+        seed = self.cfg.seed if self.config.student_init == "clients" else self.cfg.seed + _STUDENT_SEED_OFFSET
+        return build_timm_classifier(self.cfg, num_classes, seed=seed)
+
+    def pool_view(self, image_size: int, normalize: Callable[[Tensor], Tensor],
+                  device: torch.device) -> Callable[[Tensor, torch.Generator], Tensor]:
+        """How distillation (and re-weighting) read the pool: CIFAR's crop (padding S/8 of black) + flip
+        (``pool_augment``), or as stored."""
+        from fl_lightning.modules.data_free_kd import pool_padding, random_shift_flip
+
+        if not self.config.pool_augment:
+            return lambda x, rng: x
+        black = normalize(torch.zeros(1, 3, 1, 1, device=device))
+        padding = pool_padding(image_size)
+        return lambda x, rng: random_shift_flip(x, rng=rng, padding=padding, fill=black)
 
     def _client_models(self, uploads: Mapping[int, Upload], device: torch.device) -> tuple[list[nn.Module], float]:
         models, train_s = [], 0.0
@@ -156,9 +197,7 @@ class DENSE(FedAvgCNN):
         if not models:
             raise RuntimeError(f"round {round_idx}: no client uploaded a model; nothing to distil")
         ensemble = self.make_ensemble(models).to(device)
-        student = build_timm_classifier(self.cfg, self.env.num_classes, seed=self.cfg.seed)
-        student.load_state_dict(self._initial)
-        student = student.to(device).eval()
+        student = self.initial_student(self.env.num_classes).to(device).eval()
         size = self.input_spec().image_size
         generator = Generator(nz=c.nz, ngf=c.ngf, image_size=size, channels=3).to(device)
         mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1)
@@ -173,19 +212,21 @@ class DENSE(FedAvgCNN):
         scheduler = (torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=c.epochs)
                      if c.kd_schedule == "cosine" else None)
         settings = self.synthesis_settings()
+        view = self.pool_view(size, normalize, device)
         pool_x: list[Tensor] = []
         pool_y: list[Tensor] = []
         for epoch in range(c.epochs):
             images, labels = synthesize(generator, ensemble, student, num_classes=self.env.num_classes,
                                         settings=settings, normalize=normalize, rng=rng, device=device)
+            if pool_x:  # Co-Boosting's order: re-weight on the pool so far, before the new batch joins it
+                self.reweight(epoch, ensemble, torch.cat(pool_x), torch.cat(pool_y), view)
             if c.pool == "last":
                 pool_x.clear(), pool_y.clear()
             pool_x.append(images)
             pool_y.append(labels)
-            pool, pool_labels = torch.cat(pool_x), torch.cat(pool_y)
-            self.after_synthesis(epoch, ensemble, pool, pool_labels)
-            distill_epoch(student, ensemble, pool, optimizer=optimizer, batch_size=c.batch_size,
-                          temperature=c.temperature, rng=rng, ods_eta=self.ods_eta(), clip_grad=c.clip_grad)
+            distill_epoch(student, ensemble, torch.cat(pool_x), optimizer=optimizer, batch_size=c.batch_size,
+                          temperature=c.temperature, rng=rng, ods_eta=self.ods_eta(), clip_grad=c.clip_grad,
+                          augment=view)
             if scheduler is not None:
                 scheduler.step()
         out = {k: v.detach().cpu().clone() for k, v in student.state_dict().items()}

@@ -131,7 +131,7 @@ class Simulation:
         splits: DatasetSplits = build_dataset(
             cfg.data.name, root=cfg.data.root, download=cfg.data.download, seed=cfg.seed,
             num_samples=cfg.data.num_samples,
-            train_transform=build_transform(**transform, train=algorithm.augment),
+            train_transform=build_transform(**transform, train=algorithm.augment, augmentation=spec.augmentation),
             test_transform=build_transform(**transform, train=False))
         partition = partition_for(cfg, splits.train_targets)
         env = Environment(fabric, cfg, splits, partition, self.run_dir)
