@@ -1,27 +1,37 @@
 """Co-Boosting: one-shot FL through data and ensemble co-boosting (Dai et al., ICLR 2024) — DENSE plus
 hard samples and a re-weighted ensemble.
 
-Clients are DENSE's (``dense.py``): each trains its local timm CNN once (``fedavg_cnn.py``'s client,
-ResNet-18 by default) and uploads it with its sample count. The server keeps per-client ensemble
-weights w ∈ [0, 1]^K (w_0 = 1/K), A_w(x) = Σ_k w_k f_k(x) / Σ_k w_k, and for ``coboosting.epochs``
-epochs (paper Alg. 1):
+Clients are DENSE's (``dense.py``): each trains its local timm CNN once (as the official
+``fl_pretrain.py``: the CIFAR-style ResNet-18 ``cifar_resnet18`` from scratch, SGD lr 0.01, momentum 0.9,
+batch 128, 100 local epochs, RandomCrop(32, 4) + flip, gradient norm clipped at 10 —
+``coboosting.local_clip_grad``) and uploads it with its sample count. The server keeps per-client
+ensemble weights w ∈ [0, 1]^K (w_0 = 1/K), A_w(x) = Σ_k w_k f_k(x) / Σ_k w_k, and for
+``coboosting.epochs`` epochs (paper Alg. 1):
 
 1. hard-sample synthesis (Eq. (5)-(6)): a re-drawn G and z trained for ``g_steps`` Adam steps on
        L_G = λ_oh·mean_i (1 − p_{y_i}(x_i))^γ·CE(A_w(x_i), y_i) + λ_bn·L_BN/K − λ_adv·mean_i KL_3(A_w(x_i) ‖ S(x_i)),
    p = softmax(A_w(x)), γ = ``hardness`` (the weight holds no gradient); G's gradient norm clipped at
-   ``clip_grad``; the lowest-loss batch joins the pool with its labels y;
-2. ensemble re-weighting (Eq. (8)-(9)), from the second epoch on: ``wa_steps`` passes over the pool,
-   each batch one signed step w ← clip_[0,1](w − μ·δ^epoch·sign(∇_w CE(A_w(x), y)));
-3. distillation on hardened samples (Eq. (7)): each batch is moved by one ODS step,
-   x' = x + η·sign(∇_x Σ r ⊙ softmax(A_w(x)/4)), r ~ U(−1, 1), and S takes an SGD step on
+   ``clip_grad``; the lowest-loss batch is kept with its labels y;
+2. ensemble re-weighting (Eq. (8)-(9)), from the second epoch on, *before* that batch joins the pool
+   (the official order: ``synthesize`` re-weights, then ``data_pool.add``): ``wa_steps`` passes over the
+   pool so far, each batch read through the distillation's crop + flip and taking one signed step
+   w ← clip_[0,1](w − μ·δ^epoch·sign(∇_w CE(A_w(x), y)));
+3. the batch joins the pool; distillation on hardened samples (Eq. (7)): each pool batch, read through
+   crop + flip (``pool_augment``: the official pool's ``transform`` is the training split's), is moved by
+   one ODS step, x' = x + η·sign(∇_x Σ r ⊙ softmax(A_w(x)/4)), r ~ U(−1, 1), and S takes an SGD step on
    T²·KL_T(A_w(x') ‖ S(x')) (T = 4), gradient norm clipped, cosine learning-rate decay over the epochs.
 
-Defaults are the official code's (rong-dai/Co-Boosting ``co_boosting.sh`` / ``datafree_kd.py``: epochs 200,
-g_steps 30, lr_g 1e-3, batch 128, kd_lr 0.01, weight decay 1e-4, kd_T 4, adv 1, bn 0, oh 1, hs 1,
-odseta 8/255, mu 0.01, wdc 0.99, wa_steps 1; the adversarial KL at T = 3 without DENSE's mask, no
-input augmentation, gradient clipping at 10 for G and S).
+S is a freshly drawn model (the official ``student = registry.get_model(args.student)``). Defaults are
+the official code's (rong-dai/Co-Boosting ``co_boosting.sh`` / ``datafree_kd.py``: epochs 200, g_steps
+30, lr_g 1e-3, batch 128, kd_lr 0.01, weight decay 1e-4, kd_T 4, adv 1, bn 0, oh 1, hs 1, odseta 8/255,
+mu 0.01, wdc 0.99, wa_steps 1; the adversarial KL at T = 3 without DENSE's mask, no augmentation of
+the generator's view, gradient clipping at 10 for G and S).
+
+Reported accuracy: the final student's; the official code logs the best test accuracy over the epochs
+(``best_acc1``), a selection on the test set.
 
 Backbone, core keys not used and the departures shared with DENSE: see ``dense.py``. Also:
+* Images are ImageNet-normalised (the official code normalises CIFAR with mean = std = 0.5).
 * η = 8/255 is applied in the models' (normalised) input space, as the official code does (its pool
   images pass the dataset's normalising transform before the perturbation).
 * The official code clips w − w_0 to [−1, 1] before clipping w to [0, 1]; the second implies the first.

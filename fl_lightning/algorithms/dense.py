@@ -1,36 +1,50 @@
 """DENSE: data-free one-shot federated learning (Zhang et al., NeurIPS 2022).
 
 One round. Each client trains its local model once — the FedAvg (ResNet) client of ``fedavg_cnn.py``,
-a timm CNN (``model.name: resnet18`` by default), for ``train.epochs`` epochs with cross-entropy — and
-uploads its whole state dict and its sample count. The server never sees data. It holds the ensemble
-A(x) = (1/K) Σ_k f_k(x) and, for ``dense.epochs`` epochs (paper Alg. 1):
+a timm CNN, for ``train.epochs`` epochs with cross-entropy, on CIFAR's pad + crop + flip view of its
+images (``dense.augment``) — and uploads its whole state dict and its sample count. The server never
+sees data. It holds the ensemble A(x) = (1/K) Σ_k f_k(x) and, for ``dense.epochs`` epochs (paper Alg. 1):
 
 1. data generation (Eq. (3)-(5)): re-draws a generator G and inputs z and trains both for ``g_steps``
    Adam steps (lr ``lr_g``, betas (0.5, 0.999)) on
        L_G = λ_oh·CE(A(x̃), y) + λ_bn·Σ_l (‖μ_l(x̃) − μ̂_l‖₂ + ‖σ²_l(x̃) − σ̂²_l‖₂) − λ_adv·mean_i m_i·KL(A(x̃_i) ‖ S(x̃_i)),
-   x̃ a randomly shifted and flipped view of x = normalise(G(z)), y uniform labels, the BN statistics
-   over every BatchNorm layer of every client model, m_i = 1[S and A disagree on x̃_i]; the batch of
-   lowest L_G joins the synthetic pool;
-2. model distillation (Eq. (6)): one pass of SGD over the whole pool on T²·KL_T(A(x) ‖ S(x)).
+   x̃ a randomly shifted (black padding) and flipped view of x = normalise(G(z)), y uniform labels, the BN
+   statistics over every BatchNorm layer of every client model, m_i = 1[S and A disagree on x̃_i]; the
+   batch of lowest L_G joins the synthetic pool;
+2. model distillation (Eq. (6)): one pass of SGD over the whole pool, each batch read through CIFAR's
+   crop + flip (``dense.pool_augment``; the official ``synthesizer.get_data`` transform), on
+   T²·KL_T(A(x) ‖ S(x)).
 
-The global model S is the returned state (same architecture as the clients, started from the clients'
-initial weights). Defaults are the official code's (zj-jayzhang/DENSE README: ``--g_steps 30 --lr_g
-1e-3 --bn 1 --oh 1 --adv 1 --T 20 --lr 0.005 --epochs 200 --synthesis_batch_size 256 --batch_size 256``,
-nz 256, ngf 64, SGD momentum 0.9; the adversarial KL at T = 1).
+The global model S is the returned state: the clients' architecture, freshly drawn (``student_init:
+fresh``, as the official ``global_model = get_model(args)`` before distillation). Defaults are the
+official code's (zj-jayzhang/DENSE README: ``--g_steps 30 --lr_g 1e-3 --bn 1 --oh 1 --adv 1 --T 20
+--lr 0.005 --epochs 200 --synthesis_batch_size 256 --batch_size 256``, nz 256, ngf 64, SGD momentum
+0.9; the adversarial KL at T = 1).
 
-Backbone: a timm CNN trained end to end (the paper: a CNN or ResNet-18 from scratch; FedOPAL's table:
-ResNet-18), ImageNet-initialised from ``model.checkpoint`` when given. Core keys not used:
-``model.pretrained``, ``model.feature``, ``federation.rounds`` (one round).
+Backbone, as the official code trains it (``loop_df_fl.py``, ``models/resnet.py``, ``helpers/datasets.py``):
+``model.name: cifar_resnet18`` — the CIFAR-style ResNet-18 (3×3 stride-1 stem, no max-pool; 11.17 M
+parameters at 10 classes; :mod:`fl_lightning.models.cifar_resnet`) from scratch, local SGD lr 0.01,
+momentum 0.9, batch 128 (``local_bs``), no weight decay, 100 local epochs (``--local_ep``'s default; the
+README's example runs 400), RandomCrop(32, padding=4) + RandomHorizontalFlip: the ``train:`` section of
+``conf/fedopal_table2_*.yaml`` and ``conf/fedopal_kd_baselines_digits.yaml``. Any timm CNN works
+(``model.name: resnet18`` with an ImageNet ``model.checkpoint``: FedOPAL's own ResNet-18 reading).
+Core keys not used: ``model.pretrained``, ``model.feature``, ``federation.rounds`` (one round).
+
+Reported accuracy: the final student's. The official code keeps the best test accuracy over the
+server epochs (``bst_acc``), i.e. selects on the test set; we do not.
 
 Departures, and why:
 * The clients' common initial model is agreed through ``seed`` (or the checkpoint file), not downloaded
-  (as FedOPAL's P_init): bytes_down is 0. The student starts from that same model (the official code
-  draws a fresh random one; with an ImageNet checkpoint, starting from it is the useful choice).
+  (as FedOPAL's P_init): bytes_down is 0. (The official clients all start from one ``deepcopy`` too.)
+* Images are ImageNet-normalised for the classifiers (the official DENSE feeds [0, 1] images without
+  normalisation); the crops pad with black in pixel space either way (normalize(0) after normalising).
+* The crop pads by S/8 (4 px at 32 px, 1 px at 8 px) at every resolution; for non-CIFAR datasets the
+  official pool transform is a flip only, ours crop + flip everywhere.
+* The fresh student is drawn under ``seed + 1000003`` (the official code draws it from the global RNG
+  after the clients' training).
 * The synthetic pool is kept in memory (the official code writes PNGs and reads them back, quantising to
   8 bits); ``dense.pool: last`` distils on the newest batch only (cheaper; not the paper's).
-* The view for the teacher is a random shift by up to 1/8 of the side (DENSE's 4 px at 32 px, so the
-  same at 32 px; 1 px at 8 px) plus flip; DENSE also computes an unused second
-  "local" view (random resized crop), which we skip.
+* DENSE also computes an unused second "local" view (random resized crop) of G's images, which we skip.
 * The server also reports each client model's and the ensemble's test accuracy (``client_accuracy``,
   ``ensemble_accuracy``), as the official code prints them: they are evaluation, not training input.
 * Each client's upload carries its local training time (``train_s``, 8 bytes) so that summary.json

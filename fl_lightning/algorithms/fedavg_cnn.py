@@ -5,7 +5,9 @@ Backbone: a timm CNN trained end to end by every client, by default ``model.name
 a local weights file (timm's loader drops the file's 1000-class ``fc`` and draws a fresh one for our
 classes), and from timm's random initialisation otherwise. Tests use a tiny ResNet through
 ``model.overrides`` (``layers``, ``channels``, ``stem_width``). The same client model is what
-DENSE and Co-Boosting (``dense.py``, ``coboosting.py``) start from.
+DENSE and Co-Boosting (``dense.py``, ``coboosting.py``) train; their official code's CIFAR-style
+ResNet-18 (3×3 stride-1 stem, no max-pool) is ``model.name: cifar_resnet18``
+(:mod:`fl_lightning.models.cifar_resnet`, registered with timm).
 
 Each round, the sampled clients load the global weights, train all parameters for ``train.epochs``
 epochs with cross-entropy (``train.*``: optimizer, lr, momentum, weight decay, batch size), and upload
@@ -16,7 +18,9 @@ counters are averaged and rounded, as a state dict average does.
 
 Core keys not used: ``model.pretrained`` (only a local ``model.checkpoint`` gives weights — never a
 download), ``model.feature`` (no feature head: the model is the classifier). Images are ImageNet-
-normalised at ``data.image_size`` (default 32); ``fedavg_cnn.augment`` turns on random crops/flips.
+normalised at ``data.image_size`` (default 32); ``fedavg_cnn.augment`` turns on CIFAR's augmentation
+(zero-pad by S/8 — 4 px at 32 px —, random S×S crop, horizontal flip; ``data/transforms.py``); FedOPAL
+does not say whether its FedAvg (ResNet) row augments, so the default is off.
 """
 
 from __future__ import annotations
