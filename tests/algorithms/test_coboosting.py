@@ -39,6 +39,10 @@ def test_distilled_model_learns_from_the_ensemble(tmp_path):
     run: 0.347 at seed 0, 0.231 at seed 1, 0.211 at seed 0 on AVX2 kernels, against 0.198), so this test
     asserts what does hold — the re-weighted ensemble is far better than a client, and the student has
     learnt from it well above chance (0.1) — and a student that learns nothing still fails.
+
+    Those ranges were measured with the student started from the clients' initial model; now it
+    is drawn fresh (as the official code) and re-weighting runs before the new batch joins the pool: the
+    bounds were re-checked at FL_TEST_SEED 0 on one machine only (passed).
     """
     acc = distilled_vs_clients(CoBoosting, "coboosting_digits_tiny.yaml", tmp_path, "--coboosting.epochs", "10")
     expect("ensemble - mean client (3-seed mean)", acc["ensemble"] - acc["client"], ">", 0.2)

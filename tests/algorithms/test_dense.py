@@ -101,6 +101,10 @@ def test_distilled_model_beats_the_average_client(tmp_path):
     tests/outcomes.py): student − mean client 0.057-0.120 (mean 0.089), ensemble − mean client 0.36-0.45.
     Bounds: > 0 and > 0.2. A single run is not a test here: at seed 2 one 10-epoch student reached only
     0.219 against 0.197, and a 30-epoch one moves by 5-10 points with the seed and the kernels.
+
+    Those ranges were measured with the student started from the clients' initial model; now it
+    is drawn fresh (as the official code) and re-weighting runs before the new batch joins the pool: the
+    bounds were re-checked at FL_TEST_SEED 0 on one machine only (passed).
     """
     acc = distilled_vs_clients(DENSE, "dense_digits_tiny.yaml", tmp_path, "--dense.epochs", "10")
     expect("ensemble - mean client (3-seed mean)", acc["ensemble"] - acc["client"], ">", 0.2)
