@@ -120,7 +120,9 @@ class ModelConfig:
     name: str = "ViT-B-16"
     pretrained: str | None = "openai"  # open_clip tag, or for timm any non-null value means "pretrained"
     checkpoint: str | None = None  # a local weights file; wins over `pretrained`
-    feature: Literal["proj", "pre_proj"] = "proj"  # CLIP: image embedding (after proj) or the width-D state
+    # ViTs: "proj" the CLIP image embedding (ln_post(CLS) @ proj; timm: = pre_proj), "pre_proj" the width-D
+    # ln_post(CLS), "cls" the last block's CLS state (no final norm). timm CNNs: pooled features, key unused
+    feature: Literal["proj", "pre_proj", "cls"] = "proj"
     download: bool = False
     cache_dir: str | None = None
     overrides: dict = field(default_factory=dict)  # passed to the library's factory (tiny test models)

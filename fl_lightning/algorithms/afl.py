@@ -6,8 +6,12 @@ prompts); the server solves the ridge regression W = (Σ_k R_k + λ_total·I)⁻
 The federated W equals the centralized ridge solution on the same features for any number of
 clients, partition and client order (tests), so AFL's accuracy does not depend on α.
 
-Backbone: ``model.*`` (the paper's FedOPAL comparison runs AFL on the same frozen CLIP ViT-B/16 as
-FedOPAL, ``conf/afl_*.yaml``; any timm ViT works, e.g. a ResNet-free DINOv2 ViT-S/14 for studies).
+Backbone: ``model.*``, any frozen backbone the framework builds: a ViT's CLS feature, or a timm CNN's
+pooled pre-logit features (``model: {library: timm, name: resnet18}``, :mod:`fl_lightning.models.cnn_backbone`).
+AFL's paper and official code (ZHUANGHP/Analytic-federated-learning, ``main.py``) use an ImageNet
+ResNet-18 (torchvision weights, images resized to 224 px, the 512-d pooled features); FedOPAL's
+comparison reports AFL on that backbone (its 82.50 on CIFAR-10 fits ResNet features) — the Table I–II
+configs carry both that row and AFL on FedOPAL's CLIP ViT-B/16 (``conf/fedopal_table2_*.yaml``).
 Core keys not used: ``train.*`` (there is no local training) and ``federation.rounds`` (one round).
 
 Regularisation conventions (``afl.regularization``): ``once`` adds λ to the aggregate as FedOPAL's

@@ -11,7 +11,8 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fl_lightning.errors import ConfigError
-from fl_lightning.models.backbones import BackboneArgumentError, ViTBackbone, build_backbone
+from fl_lightning.models.backbones import BackboneArgumentError, ViTBackbone, build_feature_backbone
+from fl_lightning.models.cnn_backbone import CNNBackbone
 from fl_lightning.modules.evaluation import evaluate_classifier
 
 if TYPE_CHECKING:
@@ -21,19 +22,28 @@ if TYPE_CHECKING:
     from fl_lightning.federation.algorithm import Algorithm, Environment
 
 __all__ = ["FrozenFeatures", "frozen_backbone", "evaluate_on_test", "evaluate_on_test_features",
-           "feature_cache_folder", "client_feature_batches"]
+           "feature_cache_folder", "client_feature_batches", "require_vit"]
 
 
-def frozen_backbone(cfg: RunConfig) -> ViTBackbone:
-    """The config's backbone, frozen and in eval mode (built once per rank)."""
+def frozen_backbone(cfg: RunConfig) -> ViTBackbone | CNNBackbone:
+    """The config's backbone, frozen and in eval mode (built once per rank): a ViT, or for a timm CNN
+    (``model.name: resnet18``) its pooled pre-logit features (:class:`CNNBackbone`)."""
     m = cfg.model
     try:
-        backbone = build_backbone(library=m.library, name=m.name, pretrained=m.pretrained, checkpoint=m.checkpoint,
+        backbone = build_feature_backbone(library=m.library, name=m.name, pretrained=m.pretrained, checkpoint=m.checkpoint,
                                   feature=m.feature, image_size=cfg.data.image_size, overrides=m.overrides,
                                   cache_dir=m.cache_dir, download=m.download)
     except BackboneArgumentError as err:  # the library cannot use a value: name the model.* key
         raise ConfigError(f"model.{err.argument}", err.value, err.allowed) from None
     return backbone.freeze()
+
+
+def require_vit(cfg: RunConfig, backbone: ViTBackbone | CNNBackbone) -> ViTBackbone:
+    """``backbone`` if it is a ViT; else a ConfigError on ``model.name`` (prompts need a ViT's tokens)."""
+    if not isinstance(backbone, ViTBackbone):
+        raise ConfigError("model.name", cfg.model.name, f"a ViT for {cfg.algorithm} (its prompts go between a "
+                          "ViT's embedding and its blocks); a CNN's pooled features serve afl, fedcgs, fedpft, fedavg")
+    return backbone
 
 
 def evaluate_on_test(env: Environment, logits_fn: Callable[[Tensor], Tensor]) -> dict[str, Any]:

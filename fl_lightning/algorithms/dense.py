@@ -1,36 +1,50 @@
 """DENSE: data-free one-shot federated learning (Zhang et al., NeurIPS 2022).
 
 One round. Each client trains its local model once — the FedAvg (ResNet) client of ``fedavg_cnn.py``,
-a timm CNN (``model.name: resnet18`` by default), for ``train.epochs`` epochs with cross-entropy — and
-uploads its whole state dict and its sample count. The server never sees data. It holds the ensemble
-A(x) = (1/K) Σ_k f_k(x) and, for ``dense.epochs`` epochs (paper Alg. 1):
+a timm CNN, for ``train.epochs`` epochs with cross-entropy, on CIFAR's pad + crop + flip view of its
+images (``dense.augment``) — and uploads its whole state dict and its sample count. The server never
+sees data. It holds the ensemble A(x) = (1/K) Σ_k f_k(x) and, for ``dense.epochs`` epochs (paper Alg. 1):
 
 1. data generation (Eq. (3)-(5)): re-draws a generator G and inputs z and trains both for ``g_steps``
    Adam steps (lr ``lr_g``, betas (0.5, 0.999)) on
        L_G = λ_oh·CE(A(x̃), y) + λ_bn·Σ_l (‖μ_l(x̃) − μ̂_l‖₂ + ‖σ²_l(x̃) − σ̂²_l‖₂) − λ_adv·mean_i m_i·KL(A(x̃_i) ‖ S(x̃_i)),
-   x̃ a randomly shifted and flipped view of x = normalise(G(z)), y uniform labels, the BN statistics
-   over every BatchNorm layer of every client model, m_i = 1[S and A disagree on x̃_i]; the batch of
-   lowest L_G joins the synthetic pool;
-2. model distillation (Eq. (6)): one pass of SGD over the whole pool on T²·KL_T(A(x) ‖ S(x)).
+   x̃ a randomly shifted (black padding) and flipped view of x = normalise(G(z)), y uniform labels, the BN
+   statistics over every BatchNorm layer of every client model, m_i = 1[S and A disagree on x̃_i]; the
+   batch of lowest L_G joins the synthetic pool;
+2. model distillation (Eq. (6)): one pass of SGD over the whole pool, each batch read through CIFAR's
+   crop + flip (``dense.pool_augment``; the official ``synthesizer.get_data`` transform), on
+   T²·KL_T(A(x) ‖ S(x)).
 
-The global model S is the returned state (same architecture as the clients, started from the clients'
-initial weights). Defaults are the official code's (zj-jayzhang/DENSE README: ``--g_steps 30 --lr_g
-1e-3 --bn 1 --oh 1 --adv 1 --T 20 --lr 0.005 --epochs 200 --synthesis_batch_size 256 --batch_size 256``,
-nz 256, ngf 64, SGD momentum 0.9; the adversarial KL at T = 1).
+The global model S is the returned state: the clients' architecture, freshly drawn (``student_init:
+fresh``, as the official ``global_model = get_model(args)`` before distillation). Defaults are the
+official code's (zj-jayzhang/DENSE README: ``--g_steps 30 --lr_g 1e-3 --bn 1 --oh 1 --adv 1 --T 20
+--lr 0.005 --epochs 200 --synthesis_batch_size 256 --batch_size 256``, nz 256, ngf 64, SGD momentum
+0.9; the adversarial KL at T = 1).
 
-Backbone: a timm CNN trained end to end (the paper: a CNN or ResNet-18 from scratch; FedOPAL's table:
-ResNet-18), ImageNet-initialised from ``model.checkpoint`` when given. Core keys not used:
-``model.pretrained``, ``model.feature``, ``federation.rounds`` (one round).
+Backbone, as the official code trains it (``loop_df_fl.py``, ``models/resnet.py``, ``helpers/datasets.py``):
+``model.name: cifar_resnet18`` — the CIFAR-style ResNet-18 (3×3 stride-1 stem, no max-pool; 11.17 M
+parameters at 10 classes; :mod:`fl_lightning.models.cifar_resnet`) from scratch, local SGD lr 0.01,
+momentum 0.9, batch 128 (``local_bs``), no weight decay, 100 local epochs (``--local_ep``'s default; the
+README's example runs 400), RandomCrop(32, padding=4) + RandomHorizontalFlip: the ``train:`` section of
+``conf/fedopal_table2_*.yaml`` and ``conf/fedopal_kd_baselines_digits.yaml``. Any timm CNN works
+(``model.name: resnet18`` with an ImageNet ``model.checkpoint``: FedOPAL's own ResNet-18 reading).
+Core keys not used: ``model.pretrained``, ``model.feature``, ``federation.rounds`` (one round).
+
+Reported accuracy: the final student's. The official code keeps the best test accuracy over the
+server epochs (``bst_acc``), i.e. selects on the test set; we do not.
 
 Departures, and why:
 * The clients' common initial model is agreed through ``seed`` (or the checkpoint file), not downloaded
-  (as FedOPAL's P_init): bytes_down is 0. The student starts from that same model (the official code
-  draws a fresh random one; with an ImageNet checkpoint, starting from it is the useful choice).
+  (as FedOPAL's P_init): bytes_down is 0. (The official clients all start from one ``deepcopy`` too.)
+* Images are ImageNet-normalised for the classifiers (the official DENSE feeds [0, 1] images without
+  normalisation); the crops pad with black in pixel space either way (normalize(0) after normalising).
+* The crop pads by S/8 (4 px at 32 px, 1 px at 8 px) at every resolution; for non-CIFAR datasets the
+  official pool transform is a flip only, ours crop + flip everywhere.
+* The fresh student is drawn under ``seed + 1000003`` (the official code draws it from the global RNG
+  after the clients' training).
 * The synthetic pool is kept in memory (the official code writes PNGs and reads them back, quantising to
   8 bits); ``dense.pool: last`` distils on the newest batch only (cheaper; not the paper's).
-* The view for the teacher is a random shift by up to 1/8 of the side (DENSE's 4 px at 32 px, so the
-  same at 32 px; 1 px at 8 px) plus flip; DENSE also computes an unused second
-  "local" view (random resized crop), which we skip.
+* DENSE also computes an unused second "local" view (random resized crop) of G's images, which we skip.
 * The server also reports each client model's and the ensemble's test accuracy (``client_accuracy``,
   ``ensemble_accuracy``), as the official code prints them: they are evaluation, not training input.
 * Each client's upload carries its local training time (``train_s``, 8 bytes) so that summary.json
@@ -40,7 +54,7 @@ Departures, and why:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -54,9 +68,20 @@ from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, RoundHistory, RoundPlan, State, register
 from fl_lightning.federation.transport import Download, Upload
 
-__all__ = ["DENSE", "DENSEConfig"]
+__all__ = ["ClipGradNorm", "DENSE", "DENSEConfig"]
 
 _STAT = "kd."  # server-side numbers kept in the state for summary.json; never part of the model
+_STUDENT_SEED_OFFSET = 1_000_003  # a fresh student is drawn under seed + this: never the clients' initial model
+
+
+class ClipGradNorm:
+    """A local-training callback: clip the gradient norm of the module's parameters after each backward."""
+
+    def __init__(self, max_norm: float) -> None:
+        self.max_norm = max_norm
+
+    def on_after_backward(self, *, module: nn.Module) -> None:
+        torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm=self.max_norm)
 
 
 @dataclass
@@ -81,7 +106,10 @@ class DENSEConfig:
     synthesis_augment: bool = True  # the teacher sees a shifted and flipped view of G's images
     clip_grad: float | None = None  # max gradient norm of G and of the student (None: no clipping)
     pool: Literal["history", "last"] = "history"  # distil on every batch made so far, or the newest only
-    augment: bool = False  # random crops/flips in the clients' local training
+    pool_augment: bool = True  # the pool is read through CIFAR's crop + flip for distillation (both official codes)
+    student_init: Literal["fresh", "clients"] = "fresh"  # official: a freshly drawn model; or the clients' start
+    augment: bool = True  # CIFAR's pad + crop + flip in the clients' local training (both official codes)
+    local_clip_grad: float | None = None  # max gradient norm in local training (Co-Boosting's code: 10)
 
     def __post_init__(self) -> None:
         for key in ("epochs", "g_steps", "nz", "ngf", "synthesis_batch_size", "batch_size"):
@@ -92,6 +120,8 @@ class DENSEConfig:
             check(getattr(self, key) >= 0, key, getattr(self, key), "a float >= 0")
         check(0 <= self.kd_momentum < 1, "kd_momentum", self.kd_momentum, "a float in [0, 1)")
         check(self.clip_grad is None or self.clip_grad > 0, "clip_grad", self.clip_grad, "a float > 0 or null")
+        check(self.local_clip_grad is None or self.local_clip_grad > 0, "local_clip_grad", self.local_clip_grad,
+              "a float > 0 or null")
 
 
 @register("dense")
@@ -134,8 +164,33 @@ class DENSE(FedAvgCNN):
         """Co-Boosting's hard-sample step size in the distillation (DENSE: none)."""
         return None
 
-    def after_synthesis(self, epoch: int, ensemble: nn.Module, images: Tensor, labels: Tensor) -> None:
-        """Hook between synthesis and distillation (Co-Boosting re-weights the ensemble here)."""
+    def reweight(self, epoch: int, ensemble: nn.Module, pool: Tensor, labels: Tensor,
+                 view: Callable[[Tensor, torch.Generator], Tensor]) -> None:
+        """Hook after a synthesis, before its batch joins the pool (Co-Boosting re-weights the ensemble here,
+        on the pool so far read through ``view``); DENSE: nothing."""
+
+    def local_callbacks(self) -> list[object]:
+        c = self.config
+        return [] if c.local_clip_grad is None else [ClipGradNorm(c.local_clip_grad)]
+
+    def initial_student(self, num_classes: int) -> nn.Module:
+        """S before distillation: a fresh model, drawn under a seed of its own as the official codes draw
+        one (``student_init: fresh``), or the clients' common initial model (``clients``). With an ImageNet
+        ``model.checkpoint`` both start from it; only the classifier differs."""
+        seed = self.cfg.seed if self.config.student_init == "clients" else self.cfg.seed + _STUDENT_SEED_OFFSET
+        return build_timm_classifier(self.cfg, num_classes, seed=seed)
+
+    def pool_view(self, image_size: int, normalize: Callable[[Tensor], Tensor],
+                  device: torch.device) -> Callable[[Tensor, torch.Generator], Tensor]:
+        """How distillation (and re-weighting) read the pool: CIFAR's crop (padding S/8 of black) + flip
+        (``pool_augment``), or as stored."""
+        from fl_lightning.modules.data_free_kd import pool_padding, random_shift_flip
+
+        if not self.config.pool_augment:
+            return lambda x, rng: x
+        black = normalize(torch.zeros(1, 3, 1, 1, device=device))
+        padding = pool_padding(image_size)
+        return lambda x, rng: random_shift_flip(x, rng=rng, padding=padding, fill=black)
 
     def _client_models(self, uploads: Mapping[int, Upload], device: torch.device) -> tuple[list[nn.Module], float]:
         models, train_s = [], 0.0
@@ -156,9 +211,7 @@ class DENSE(FedAvgCNN):
         if not models:
             raise RuntimeError(f"round {round_idx}: no client uploaded a model; nothing to distil")
         ensemble = self.make_ensemble(models).to(device)
-        student = build_timm_classifier(self.cfg, self.env.num_classes, seed=self.cfg.seed)
-        student.load_state_dict(self._initial)
-        student = student.to(device).eval()
+        student = self.initial_student(self.env.num_classes).to(device).eval()
         size = self.input_spec().image_size
         generator = Generator(nz=c.nz, ngf=c.ngf, image_size=size, channels=3).to(device)
         mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1)
@@ -173,19 +226,21 @@ class DENSE(FedAvgCNN):
         scheduler = (torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=c.epochs)
                      if c.kd_schedule == "cosine" else None)
         settings = self.synthesis_settings()
+        view = self.pool_view(size, normalize, device)
         pool_x: list[Tensor] = []
         pool_y: list[Tensor] = []
         for epoch in range(c.epochs):
             images, labels = synthesize(generator, ensemble, student, num_classes=self.env.num_classes,
                                         settings=settings, normalize=normalize, rng=rng, device=device)
+            if pool_x:  # Co-Boosting's order: re-weight on the pool so far, before the new batch joins it
+                self.reweight(epoch, ensemble, torch.cat(pool_x), torch.cat(pool_y), view)
             if c.pool == "last":
                 pool_x.clear(), pool_y.clear()
             pool_x.append(images)
             pool_y.append(labels)
-            pool, pool_labels = torch.cat(pool_x), torch.cat(pool_y)
-            self.after_synthesis(epoch, ensemble, pool, pool_labels)
-            distill_epoch(student, ensemble, pool, optimizer=optimizer, batch_size=c.batch_size,
-                          temperature=c.temperature, rng=rng, ods_eta=self.ods_eta(), clip_grad=c.clip_grad)
+            distill_epoch(student, ensemble, torch.cat(pool_x), optimizer=optimizer, batch_size=c.batch_size,
+                          temperature=c.temperature, rng=rng, ods_eta=self.ods_eta(), clip_grad=c.clip_grad,
+                          augment=view)
             if scheduler is not None:
                 scheduler.step()
         out = {k: v.detach().cpu().clone() for k, v in student.state_dict().items()}

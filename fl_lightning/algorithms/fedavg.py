@@ -5,6 +5,9 @@ with cross-entropy, and upload it with their sample count; the server averages t
 by sample counts when ``fedavg.weighted``). The backbone is frozen, built once per rank and never
 crosses the network.
 
+Backbone: any frozen backbone the framework builds — a ViT's CLS feature or a timm CNN's pooled
+pre-logit features (``model.name: resnet18``, :mod:`fl_lightning.models.cnn_backbone`).
+
 Core keys used: ``model.*`` (the frozen backbone), ``train.*`` (local epochs, optimizer, lr, momentum,
 weight decay, batch size) and ``federation.rounds`` / ``client_fraction``.
 

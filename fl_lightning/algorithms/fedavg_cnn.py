@@ -5,7 +5,9 @@ Backbone: a timm CNN trained end to end by every client, by default ``model.name
 a local weights file (timm's loader drops the file's 1000-class ``fc`` and draws a fresh one for our
 classes), and from timm's random initialisation otherwise. Tests use a tiny ResNet through
 ``model.overrides`` (``layers``, ``channels``, ``stem_width``). The same client model is what
-DENSE and Co-Boosting (``dense.py``, ``coboosting.py``) start from.
+DENSE and Co-Boosting (``dense.py``, ``coboosting.py``) train; their official code's CIFAR-style
+ResNet-18 (3×3 stride-1 stem, no max-pool) is ``model.name: cifar_resnet18``
+(:mod:`fl_lightning.models.cifar_resnet`, registered with timm).
 
 Each round, the sampled clients load the global weights, train all parameters for ``train.epochs``
 epochs with cross-entropy (``train.*``: optimizer, lr, momentum, weight decay, batch size), and upload
@@ -16,7 +18,9 @@ counters are averaged and rounded, as a state dict average does.
 
 Core keys not used: ``model.pretrained`` (only a local ``model.checkpoint`` gives weights — never a
 download), ``model.feature`` (no feature head: the model is the classifier). Images are ImageNet-
-normalised at ``data.image_size`` (default 32); ``fedavg_cnn.augment`` turns on random crops/flips.
+normalised at ``data.image_size`` (default 32); ``fedavg_cnn.augment`` turns on CIFAR's augmentation
+(zero-pad by S/8 — 4 px at 32 px —, random S×S crop, horizontal flip; ``data/transforms.py``); FedOPAL
+does not say whether its FedAvg (ResNet) row augments, so the default is off.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ _DEFAULT_IMAGE_SIZE = 32
 @dataclass
 class FedAvgCNNConfig:
     weighted: bool = True  # weight client models by their sample counts (McMahan et al.)
-    augment: bool = False  # random resized crops + flips on the clients' images (size >= 32 only)
+    augment: bool = False  # CIFAR's pad (S/8) + random crop + horizontal flip on the clients' images
 
 
 def build_timm_classifier(cfg: RunConfig, num_classes: int, *, seed: int) -> nn.Module:
@@ -62,6 +66,8 @@ def build_timm_classifier(cfg: RunConfig, num_classes: int, *, seed: int) -> nn.
     ``model.checkpoint`` when given (classifier re-drawn), else random; initialised under ``seed``
     (the global RNG is left as it was)."""
     import timm
+
+    import fl_lightning.models.cifar_resnet  # noqa: F401 — registers cifar_resnet18 / cifar_resnet34 with timm
 
     m = cfg.model
     with torch.random.fork_rng(devices=[]):
@@ -128,7 +134,12 @@ class FedAvgCNN(Algorithm):
         self.fabric = fabric
 
     def input_spec(self) -> InputSpec:
-        return InputSpec(self.cfg.data.image_size or _DEFAULT_IMAGE_SIZE, "imagenet")
+        # augment: CIFAR's zero-pad (S/8: 4 px at 32) + random crop + horizontal flip (data/transforms.py)
+        return InputSpec(self.cfg.data.image_size or _DEFAULT_IMAGE_SIZE, "imagenet", augmentation="crop_flip")
+
+    def local_callbacks(self) -> list[object]:
+        """Callbacks of the local training (``fit_local``); Co-Boosting clips gradients here."""
+        return []
 
     def setup(self, env: Environment) -> None:
         super().setup(env)
@@ -152,7 +163,7 @@ class FedAvgCNN(Algorithm):
         if client.num_samples and self.cfg.train.epochs:
             loader = self.env.loader(client.dataset, shuffle=True, batch_size=self.cfg.train.batch_size,
                                      seed=client_seed(self.cfg.seed, round_idx, client.index))
-            fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs)
+            fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs, callbacks=self.local_callbacks())
         return time.monotonic() - start
 
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from fl_lightning.algorithms.common import evaluate_on_test, frozen_backbone
+from fl_lightning.algorithms.common import evaluate_on_test, frozen_backbone, require_vit
 from fl_lightning.errors import check
 from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
@@ -56,7 +56,7 @@ class FedAvgPrompts(Algorithm):
         from fl_lightning.models.vpt import PromptedViT
 
         self.fabric = fabric
-        self.backbone = frozen_backbone(self.cfg)
+        self.backbone = require_vit(self.cfg, frozen_backbone(self.cfg))
         self.model = PromptedViT(self.backbone, num_prompts=self.config.num_prompts, seed=self.config.prompt_seed)
 
     def input_spec(self) -> InputSpec:

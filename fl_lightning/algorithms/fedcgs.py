@@ -26,9 +26,11 @@ Departures and options:
 - The official code also uploads Σ h, which is the row sum of C; we do not send it twice.
 - The paper's personalisation round (clients download the global statistics) is not implemented.
 
-Backbone: ``model.*`` — any frozen backbone the framework builds (the official code uses an
-ImageNet ResNet-18's penultimate features; FedOPAL's comparison uses the frozen CLIP ViT-B/16 of
-``conf/afl_*.yaml``). Core keys not used: ``train.*`` (no training anywhere) and
+Backbone: ``model.*`` — any frozen backbone the framework builds, a ViT or a timm CNN's pooled
+pre-logit features (:mod:`fl_lightning.models.cnn_backbone`). The official code
+(``main_fedcgs.py``: ``resnet18_imagenet``) uses an ImageNet ResNet-18's 512-d penultimate features
+on 32-px images (its 224-px resize is commented out); the Table I–II configs carry that row and
+FedCGS on FedOPAL's CLIP ViT-B/16. Core keys not used: ``train.*`` (no training anywhere) and
 ``federation.rounds`` (one round). Client memory is flat in its number of samples (streamed
 statistics, like AFL); the server folds the uploads one at a time.
 """

@@ -10,6 +10,16 @@ Server: P_global = mean_k P_k (Eq. (8); ``weighted`` by N_k as an option) and
 W* = (Σ_k R_k + λI)⁻¹ Σ_k C_k (Eq. (9), :class:`~fl_lightning.algorithms.afl.AFL`'s solve).
 Inference uses P_global and W* (Eq. (10)). One round, zero server training.
 
+Settings — what the paper gives and what is ours. The paper (§IV-A): K = 10 clients, Dirichlet
+α ∈ {0.01, 0.1, 1, 10}, E = 5 local epochs, μ = 0.1, λ = 1e-6, M = 10 prompts, a frozen CLIP ViT-B/16,
+h = "the class token state at the last layer". Our choices where it is silent or ambiguous, in the
+configs (``conf/fedopal_*.yaml``): SGD with lr 0.01, momentum 0.9, batch 64, no augmentation (the CLIP
+preprocessing only), and h = the 512-d projected CLIP image embedding (``model.feature: proj``, the
+default). ``model.feature`` also offers ``pre_proj`` (the 768-d ``ln_post(CLS)``) and ``cls`` (the last
+block's CLS state itself, before ``ln_post``: the paper's words read literally). The Table configs keep
+``proj``: it is CLIP's trained image-embedding space, its statistics are (512/768)² ≈ 0.44 of the size,
+and it is what every number in this repository so far was measured with.
+
 Stages: FedOPAL = one round of :class:`PromptsWithStatistics` (Eq. (6)-(9)). Beyond the paper,
 ``fedopal.restat: global`` adds a :class:`Statistics` round (AFL's, under P_global) in which every
 client recomputes its statistics under P_global, so that W* is solved on the very features used at
@@ -26,6 +36,7 @@ from typing import Any, Literal
 from torch import Tensor, nn
 
 from fl_lightning.algorithms.afl import AFL, AFLConfig
+from fl_lightning.algorithms.common import require_vit
 from fl_lightning.analytic import AnalyticStatistics
 from fl_lightning.callbacks.proximal import ProximalCallback
 from fl_lightning.errors import check
@@ -194,7 +205,7 @@ class FedOPAL(StagedAlgorithm, AFL):
 
     # -- set-up ----------------------------------------------------------------------------------
     def feature_model(self, backbone: ViTBackbone) -> nn.Module:
-        model = PromptedViT(backbone, num_prompts=self.config.num_prompts, seed=self.config.prompt_seed)
+        model = PromptedViT(require_vit(self.cfg, backbone), num_prompts=self.config.num_prompts, seed=self.config.prompt_seed)
         self.p_init = model.get_prompts().detach().cpu().clone()  # identical on every client and rank
         return model
 

@@ -86,6 +86,9 @@ class InputSpec:
     normalization: str = "none"  # "clip" (bicubic, no augmentation), "imagenet" or "none"
     mean: tuple[float, ...] | None = None  # the weights' own statistics, when they differ from the name's
     std: tuple[float, ...] | None = None
+    # the training split's augmentation when the method's ``augment`` is on (data/transforms.AUGMENTATIONS):
+    # "random_resized_crop" + flip, or CIFAR's "crop_flip" (pad by S/8 — 4 px at 32 — random crop + flip)
+    augmentation: str = "random_resized_crop"
 
     @classmethod
     def of_backbone(cls, backbone: Any, image_size: int | None = None) -> InputSpec:

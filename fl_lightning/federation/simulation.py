@@ -129,7 +129,7 @@ class Simulation:
         spec = algorithm.input_spec()
         transform = {"normalization": spec.normalization, "image_size": spec.image_size, "mean": spec.mean,
                      "std": spec.std}
-        train_transform = build_transform(**transform, train=algorithm.augment)
+        train_transform = build_transform(**transform, train=algorithm.augment, augmentation=spec.augmentation)
         test_transform = build_transform(**transform, train=False)
         splits: DatasetSplits = build_dataset(
             cfg.data.name, root=cfg.data.root, download=cfg.data.download, seed=cfg.data_seed,

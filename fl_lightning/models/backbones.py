@@ -18,6 +18,7 @@ check on its own, for a preflight).
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,6 +26,9 @@ from fl_lightning.models.open_clip_backbone import OpenCLIPBackbone, tiny_clip_o
 from fl_lightning.models.timm_backbone import TimmBackbone, tiny_timm_overrides
 from fl_lightning.models.vit_backbone import BackboneArgumentError, ViTBackbone
 from fl_lightning.models.weights import check_checkpoint
+
+if TYPE_CHECKING:
+    from fl_lightning.models.cnn_backbone import CNNBackbone
 
 __all__ = [
     "BACKBONES",
@@ -35,6 +39,7 @@ __all__ = [
     "ViTBackbone",
     "backbone_class",
     "build_backbone",
+    "build_feature_backbone",
     "build_tiny_backbone",
     "check_checkpoint",
     "tiny_clip_overrides",
@@ -110,6 +115,31 @@ def build_backbone(
     return adapter.build(name=name, pretrained=pretrained, checkpoint=checkpoint, feature=feature,
                          image_size=image_size, overrides=dict(overrides or {}), cache_dir=cache_dir,
                          download=download)
+
+
+def build_feature_backbone(*, library: str, name: str, image_size: int | None = None, overrides: dict | None = None,
+                           **kwargs: Any) -> ViTBackbone | CNNBackbone:
+    """The frozen-feature backbone of the statistical methods (AFL, FedCGS, FedPFT, FedAvg of a head):
+    :func:`build_backbone`'s ViT, or for a timm model without a ViT layout (``resnet18``, ``resnet50``,
+    ``convnext_tiny``…) a :class:`~fl_lightning.models.cnn_backbone.CNNBackbone` of its pooled
+    pre-logit features. ``kwargs``: those of :func:`build_backbone` (``model.feature`` applies to ViTs).
+
+    Raises:
+        as :func:`build_backbone`.
+    """
+    from fl_lightning.models.timm_backbone import is_timm_vit
+
+    if library == "timm" and not is_timm_vit(name, overrides):
+        from fl_lightning.models.cnn_backbone import CNNBackbone
+
+        kwargs.pop("feature", None)
+        for key in ("checkpoint", "cache_dir"):
+            if kwargs.get(key) is not None:
+                kwargs[key] = os.path.expanduser(kwargs[key])
+        return CNNBackbone.build(name=name, image_size=image_size, overrides=dict(overrides or {}),
+                                 pretrained=kwargs.get("pretrained"), checkpoint=kwargs.get("checkpoint"),
+                                 cache_dir=kwargs.get("cache_dir"), download=bool(kwargs.get("download", False)))
+    return build_backbone(library=library, name=name, image_size=image_size, overrides=overrides, **kwargs)
 
 
 def build_tiny_backbone(library: str, *, image_size: int = 32, seed: int = 0, depth: int = 2,

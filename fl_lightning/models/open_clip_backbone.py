@@ -45,7 +45,8 @@ __all__ = ["OpenCLIPBackbone", "tiny_clip_overrides"]
 
 class OpenCLIPBackbone(ViTBackbone):
     """CLIP's visual tower from open_clip. ``feature='proj'`` gives the CLIP image embedding
-    (``ln_post(CLS) @ proj``), ``'pre_proj'`` the width-D state ``ln_post(CLS)``."""
+    (``ln_post(CLS) @ proj``), ``'pre_proj'`` the width-D state ``ln_post(CLS)``, ``'cls'`` the last
+    resblock's CLS state before ``ln_post``."""
 
     library: ClassVar[str] = "open_clip"
     default_mean: ClassVar[tuple[float, ...]] = OPENAI_CLIP_MEAN
@@ -90,6 +91,8 @@ class OpenCLIPBackbone(ViTBackbone):
 
     def pool(self, tokens: Tensor) -> Tensor:
         m = self.model
+        if self.feature == "cls":  # the last block's CLS state itself, (B, D)
+            return tokens[:, 0]
         h = m.ln_post(tokens[:, 0])  # CLS, (B, D)
         if self.feature == "proj" and m.proj is not None:
             h = h @ m.proj

@@ -40,12 +40,13 @@ from fl_lightning.models.weights import (
     open_state_dict,
 )
 
-__all__ = ["TimmBackbone", "tiny_timm_overrides"]
+__all__ = ["TimmBackbone", "build_timm_model", "is_timm_vit", "tiny_timm_overrides"]
 
 
 class TimmBackbone(ViTBackbone):
     """A timm ViT built with ``num_classes=0``; it has no projection, so ``feature`` ``'proj'`` and
-    ``'pre_proj'`` both give the pre-logits CLS feature."""
+    ``'pre_proj'`` both give the pre-logits CLS feature (after the final norm); ``'cls'`` the last
+    block's CLS state before it."""
 
     library: ClassVar[str] = "timm"
     default_mean: ClassVar[tuple[float, ...]] = IMAGENET_MEAN
@@ -81,15 +82,17 @@ class TimmBackbone(ViTBackbone):
         return m.patch_drop(x)
 
     def encode(self, tokens: Tensor) -> Tensor:
-        """norm_pre → blocks → norm: (B, T, D) → (B, T, D)."""
+        """norm_pre → blocks → norm: (B, T, D) → (B, T, D) (``feature='cls'``: without the final norm)."""
         m = self.model
         x = m.norm_pre(tokens)
         for block in m.blocks:
             x = block(x)
-        return m.norm(x)
+        return x if self.feature == "cls" else m.norm(x)
 
     def pool(self, tokens: Tensor) -> Tensor:
         m = self.model
+        if self.feature == "cls":  # the last block's CLS state itself
+            return tokens[:, 0]
         # as timm's forward_head(pre_logits=True), with the pooling fixed to the CLS token
         return m.head_drop(m.fc_norm(tokens[:, 0]))
 
@@ -100,7 +103,7 @@ class TimmBackbone(ViTBackbone):
 
     @staticmethod
     def build_model(**kwargs: Any) -> nn.Module:  # noqa: D102 — see ViTBackbone.build_model
-        return _build_vit(**kwargs)
+        return build_timm_model(**kwargs)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -176,14 +179,33 @@ def _build_from_file(full_name: str, path: str, *, label: str, check_keys: bool,
     return vit
 
 
-def _build_vit(*, name: str, pretrained: str | None, checkpoint: str | None, image_size: int | None,
-               overrides: dict, cache_dir: str | None, download: bool) -> nn.Module:
+def is_timm_vit(name: str, overrides: dict | None = None) -> bool:
+    """Whether timm's ``name`` (with ``overrides``) is a ViT with patch embedding and blocks, decided by
+    building it on the ``meta`` device (no memory, no weights: ~0.1 s). An unknown name counts as a ViT,
+    so that the ViT path reports it."""
+    import timm
+
+    if not timm.is_model(name.split(".", 1)[0]) and not timm.is_model(name):
+        return True
+    try:
+        with torch.device("meta"):
+            model = timm.create_model(name, pretrained=False, num_classes=0, **dict(overrides or {}))
+    except Exception:  # noqa: BLE001 — bad overrides etc.: let the real build report them
+        return True
+    return hasattr(model, "patch_embed") and hasattr(model, "blocks")
+
+
+def build_timm_model(*, name: str, pretrained: str | None, checkpoint: str | None, image_size: int | None,
+                     overrides: dict, cache_dir: str | None, download: bool, vit: bool = True) -> nn.Module:
+    """A timm model without classifier (``num_classes=0``), weights from a local file, the caches or
+    (``download``) the hub, with the one-line errors of this module. ``vit``: pass ``image_size`` as
+    ``img_size`` (a CNN takes any input size and has no such argument)."""
     import timm
 
     if not timm.is_model(name):
         raise BackboneArgumentError("name", name, "a timm model name (see timm.list_models('vit_*'))")
     kwargs: dict[str, Any] = dict(overrides)
-    if image_size is not None:
+    if image_size is not None and vit:
         kwargs.setdefault("img_size", image_size)
     # `pretrained` is a timm tag ('augreg2_in21k_ft_in1k'), or 'default' for the name's default tag.
     full_name = name if not pretrained or pretrained == "default" or "." in name else f"{name}.{pretrained}"

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 __all__ = ["BackboneArgumentError", "FEATURES", "ViTBackbone", "normalization_name"]
 
-FEATURES = ("proj", "pre_proj")
+FEATURES = ("proj", "pre_proj", "cls")
 
 # Normalisation names for the data transforms; the exact values are on ViTBackbone.mean/std.
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -78,9 +78,11 @@ class ViTBackbone(nn.Module, ABC):
         model: the library's vision model, kept as the submodule ``model`` so parameter paths keep
             the library's names (``model.transformer.resblocks.3...`` / ``model.blocks.3...``),
             which peft's ``layers_to_transform`` relies on.
-        feature: ``'proj'`` (the CLIP image embedding, ``ln_post(CLS) @ proj``) or ``'pre_proj'``
-            (the width-D state before any projection). Models without a projection give the same
-            feature for both.
+        feature: ``'proj'`` (the CLIP image embedding, ``ln_post(CLS) @ proj``), ``'pre_proj'``
+            (the width-D state after the final LayerNorm, before any projection) or ``'cls'`` (the
+            class token's state as the last block outputs it: no final LayerNorm, no projection —
+            FedOPAL's words, "the class token state at the last layer", read literally). Models
+            without a projection give the same feature for ``'proj'`` and ``'pre_proj'``.
         mean, std: the input normalisation the weights expect.
 
     Attributes:

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 __all__ = [
     "Generator", "reset_generator", "BNStatistics", "WeightedEnsemble", "combine_logits", "kd_kl", "adversarial_loss",
-    "hardness_weighted_ce", "ods_perturb", "reweight_ensemble", "random_shift_flip", "SynthesisSettings",
+    "hardness_weighted_ce", "ods_perturb", "reweight_ensemble", "random_shift_flip", "pool_padding", "SynthesisSettings",
     "synthesize", "distill_epoch",
 ]
 
@@ -65,7 +65,7 @@ class Generator(nn.Module):
             raise ValueError(f"image_size must be a positive multiple of 4, got {image_size}")
         if nz < 1 or ngf < 1 or channels < 1:
             raise ValueError(f"nz, ngf and channels must be >= 1, got {nz}, {ngf}, {channels}")
-        self.nz, self.init_size = nz, image_size // 4
+        self.nz, self.init_size, self.channels = nz, image_size // 4, channels
         self.project = nn.Linear(nz, 2 * ngf * self.init_size ** 2)
         self.blocks = nn.Sequential(
             nn.BatchNorm2d(2 * ngf),
@@ -232,11 +232,18 @@ def reweight_ensemble(weights: Tensor, grad: Tensor, *, step: float) -> Tensor:
     return (weights - step * grad.sign()).clamp(0.0, 1.0)
 
 
-def random_shift_flip(images: Tensor, *, rng: torch.Generator, padding: int = 4, flip: bool = True) -> Tensor:
-    """DENSE's view of a synthetic batch: a random crop of the zero-padded image (a shift by up to
-    ``padding`` pixels) and a random horizontal flip, per sample, differentiable in ``images``."""
-    b, _, h, w = images.shape
-    padded = F.pad(images, (padding,) * 4)
+def random_shift_flip(images: Tensor, *, rng: torch.Generator, padding: int = 4, flip: bool = True,
+                      fill: Tensor | float = 0.0) -> Tensor:
+    """CIFAR's augmentation on a batch: a random crop of the padded image (a shift by up to ``padding``
+    pixels) and a random horizontal flip, per sample, differentiable in ``images``.
+
+    ``fill`` is the padding value, a number or one per channel (C,) / (1, C, 1, 1): on normalised images
+    pass the normalised black, ``normalize(0)``, so that the padding is the black border that
+    ``RandomCrop(padding=4)`` adds to a [0, 1] image in both official codes."""
+    b, c, h, w = images.shape
+    fill = torch.as_tensor(fill, dtype=images.dtype, device=images.device).reshape(1, -1, 1, 1)
+    padded = fill.expand(b, c, h + 2 * padding, w + 2 * padding).clone()
+    padded[:, :, padding:padding + h, padding:padding + w] = images
     dy = torch.randint(0, 2 * padding + 1, (b,), generator=rng).tolist()
     dx = torch.randint(0, 2 * padding + 1, (b,), generator=rng).tolist()
     out = torch.stack([padded[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(b)])
@@ -265,6 +272,11 @@ class SynthesisSettings:
     clip_grad: float | None  # Co-Boosting clips G's gradient norm at 10
 
 
+def pool_padding(image_size: int) -> int:
+    """The CIFAR crop's padding at another resolution: 4 px at 32 px, i.e. S/8, at least 1."""
+    return max(1, image_size // 8)
+
+
 def synthesize(generator: Generator, ensemble: WeightedEnsemble, student: nn.Module, *, num_classes: int,
                settings: SynthesisSettings, normalize: Callable[[Tensor], Tensor], rng: torch.Generator,
                device: torch.device) -> tuple[Tensor, Tensor]:
@@ -285,11 +297,13 @@ def synthesize(generator: Generator, ensemble: WeightedEnsemble, student: nn.Mod
     optimizer = torch.optim.Adam([*generator.parameters(), z], lr=s.lr, betas=(0.5, 0.999))
     best_loss, best = float("inf"), None
     k = len(ensemble.members)
+    black = normalize(torch.zeros(1, generator.channels, 1, 1, device=device))  # padding of the view
     with BNStatistics(list(ensemble.members) if s.bn > 0 else []) as bn_stats:
         for _ in range(s.steps):
             images = normalize(generator(z))  # (B, C, S, S)
             # DENSE shifts a 32-px image by up to 4 px: 1/8 of the side, kept at other sizes
-            view = random_shift_flip(images, rng=rng, padding=max(1, images.shape[-1] // 8)) if s.augment else images
+            view = (random_shift_flip(images, rng=rng, padding=pool_padding(images.shape[-1]), fill=black)
+                    if s.augment else images)
             t_out = ensemble(view)
             loss_oh = (F.cross_entropy(t_out, targets) if s.hardness is None
                        else hardness_weighted_ce(t_out, targets, gamma=s.hardness))
@@ -313,15 +327,20 @@ def synthesize(generator: Generator, ensemble: WeightedEnsemble, student: nn.Mod
 
 def distill_epoch(student: nn.Module, teacher: Callable[[Tensor], Tensor], pool: Tensor, *,
                   optimizer: torch.optim.Optimizer, batch_size: int, temperature: float, rng: torch.Generator,
-                  ods_eta: float | None = None, clip_grad: float | None = None) -> float:
+                  ods_eta: float | None = None, clip_grad: float | None = None,
+                  augment: Callable[[Tensor, torch.Generator], Tensor] | None = None) -> float:
     """One pass of L_S = KL_T(A(x) ‖ S(x)) over the synthetic ``pool`` (N, C, S, S), shuffled with ``rng``.
 
-    With ``ods_eta`` each batch is first moved by :func:`ods_perturb` (Co-Boosting). Returns the mean loss.
+    Each batch is first augmented by ``augment(batch, rng)`` (both official codes read the pool through
+    a crop + flip transform), then, with ``ods_eta``, moved by :func:`ods_perturb` (Co-Boosting).
+    Returns the mean loss.
     """
     order = torch.randperm(pool.shape[0], generator=rng)
     total, batches = 0.0, 0
     for start in range(0, pool.shape[0], batch_size):
         images = pool[order[start:start + batch_size]]
+        if augment is not None:
+            images = augment(images, rng)
         if ods_eta:
             images = ods_perturb(images, teacher, eta=ods_eta, rng=rng)
         with torch.no_grad():

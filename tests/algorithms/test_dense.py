@@ -101,7 +101,46 @@ def test_distilled_model_beats_the_average_client(tmp_path):
     tests/outcomes.py): student − mean client 0.057-0.120 (mean 0.089), ensemble − mean client 0.36-0.45.
     Bounds: > 0 and > 0.2. A single run is not a test here: at seed 2 one 10-epoch student reached only
     0.219 against 0.197, and a 30-epoch one moves by 5-10 points with the seed and the kernels.
+
+    Those ranges were measured with the student started from the clients' initial model; now it
+    is drawn fresh (as the official code) and re-weighting runs before the new batch joins the pool: the
+    bounds were re-checked at FL_TEST_SEED 0 on one machine only (passed).
     """
     acc = distilled_vs_clients(DENSE, "dense_digits_tiny.yaml", tmp_path, "--dense.epochs", "10")
     expect("ensemble - mean client (3-seed mean)", acc["ensemble"] - acc["client"], ">", 0.2)
     expect("student - mean client (3-seed mean)", acc["student"] - acc["client"], ">", 0.0)
+
+
+@pytest.mark.parametrize("init", ["fresh", "clients"])
+def test_student_starts_fresh_as_the_official_code(tmp_path, init):
+    """Both official codes distil into a newly drawn model (DENSE's get_model, Co-Boosting's registry.get_model),
+    not into the clients' common initial one; ``student_init: clients`` keeps our former choice."""
+    cfg = load_config(CONF / "dense_digits_tiny.yaml", ["--output_dir", str(tmp_path), "--dense.student_init", init])
+    student = DENSE(cfg=cfg).initial_student(10).state_dict()
+    clients = build_timm_classifier(cfg, 10, seed=cfg.seed).state_dict()
+    assert student.keys() == clients.keys()
+    weights = [k for k, v in clients.items() if v.dim() >= 2]  # every convolution and the classifier (BN starts at 1, 0)
+    same = [torch.equal(student[k], clients[k]) for k in weights]
+    assert all(same) if init == "clients" else not any(same)
+
+
+@pytest.mark.parametrize("pool_augment", [True, False])
+def test_pool_is_read_through_crop_and_flip(tmp_path, pool_augment):
+    """dense.pool_augment: distillation reads each pool batch as a crop of the image padded with black (in the
+    normalised space: normalize(0)) by S/8, or its mirror; off: as stored."""
+    cfg = load_config(CONF / "dense_digits_tiny.yaml", ["--output_dir", str(tmp_path), "--data.image_size", "16",
+                                                        "--dense.pool_augment", str(pool_augment).lower()])
+    black = torch.tensor([-1.0, -2.0, -3.0]).view(1, 3, 1, 1)
+    view = DENSE(cfg=cfg).pool_view(16, lambda x: x - torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1),
+                                    torch.device("cpu"))
+    pool = torch.rand(6, 3, 16, 16)
+    out = view(pool, torch.Generator().manual_seed(0))
+    if not pool_augment:
+        assert torch.equal(out, pool)
+        return
+    padded = black.expand(6, 3, 20, 20).clone()
+    padded[:, :, 2:18, 2:18] = pool
+    for i in range(6):
+        crops = [padded[i, :, a:a + 16, b:b + 16] for a in range(5) for b in range(5)]
+        assert any(torch.equal(out[i], c) or torch.equal(out[i], c.flip(-1)) for c in crops)
+    assert not torch.equal(out, pool)

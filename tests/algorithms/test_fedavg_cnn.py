@@ -78,3 +78,18 @@ def test_imagenet_weights_from_a_local_file(tmp_path):
     random = build_timm_classifier(_cfg(tmp_path), 10, seed=0)
     assert not torch.equal(random.conv1.weight, model.conv1.weight)
     np.testing.assert_equal(model.fc.weight.shape, (10, 64))
+
+
+@pytest.mark.parametrize("augment", [True, False])
+def test_crop_flip_is_visible_in_the_clients_batches(tmp_path, augment):
+    """fedavg_cnn.augment: the training split the clients read is CIFAR's pad + crop + flip (two reads of the
+    same images differ), or the deterministic view; the test split never changes."""
+    cfg = _cfg(tmp_path, "--fedavg_cnn.augment", str(augment).lower())
+    sim = Simulation(cfg=cfg, loggers=[])
+    sim.fabric.launch()
+    algorithm, env = sim._setup()
+    assert algorithm.input_spec().augmentation == "crop_flip"
+    first, again = (next(iter(env.loader(env.splits.train, shuffle=False)))[0] for _ in range(2))
+    assert torch.equal(first, again) is not augment
+    test_a, test_b = (next(iter(env.loader(env.splits.test, shuffle=False)))[0] for _ in range(2))
+    assert torch.equal(test_a, test_b)

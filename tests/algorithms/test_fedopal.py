@@ -124,3 +124,63 @@ def test_fedopal_one_vs_two_processes_same_w(tmp_path):
     s1 = json.loads((tmp_path / "one" / name / "summary.json").read_text())
     s2 = json.loads((tmp_path / "two" / name / "summary.json").read_text())
     assert s1["accuracy"] == s2["accuracy"] and s1["bytes_up"] == s2["bytes_up"] and s2["world_size"] == 2
+
+
+def test_afl_on_a_frozen_cnn_equals_centralized_ridge(tmp_path):
+    """model.name: resnet18 (a tiny random timm ResNet): the pooled pre-logit features of the frozen CNN,
+    summed over 3 clients, solve to the centralized ridge on the same features (float64)."""
+    conf = tmp_path / "afl_cnn.yaml"
+    conf.write_text("algorithm: afl\ndata: {name: digits, image_size: 32, batch_size: 64}\n"
+                    "partition: {num_clients: 3, alpha: 0.1}\nafl: {lam: 0.1}\nlogging: {progress: false}\n"
+                    "model: {library: timm, name: resnet18, pretrained: null,\n"
+                    "        overrides: {layers: [1, 1, 1, 1], channels: [8, 16, 32, 64]}}\n")
+    cfg = load_config(conf, ["--output_dir", str(tmp_path)])
+    summary = Simulation(cfg=cfg, loggers=[]).run()
+    W = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]["W"].numpy()
+    seed_everything(cfg.seed, verbose=False)
+    backbone = frozen_backbone(cfg)
+    assert type(backbone).__name__ == "CNNBackbone" and summary["feature_dim"] == 64
+    spec = InputSpec.of_backbone(backbone, cfg.data.image_size)
+    t = build_transform(normalization=spec.normalization, image_size=spec.image_size, train=False,
+                        mean=spec.mean, std=spec.std)
+    splits = build_dataset(cfg.data.name, root=cfg.data.root, train_transform=t, test_transform=t, seed=cfg.seed)
+    hs, ys = [], []
+    for part in partition_for(cfg, splits.train_targets):
+        for start in range(0, len(part), cfg.data.batch_size):
+            idx = part[start:start + cfg.data.batch_size]
+            with torch.inference_mode():
+                hs.append(backbone(torch.stack([splits.train[int(i)][0] for i in idx])).double().numpy())
+            ys.append(np.eye(len(splits.classes))[splits.train_targets[idx]])
+    h, y = np.concatenate(hs), np.concatenate(ys)
+    reference = _ridge(h, y, 0.1)  # float64 both; Cholesky vs LU differ in the last digits of small entries
+    np.testing.assert_allclose(W, reference, rtol=1e-6, atol=1e-8 * np.abs(reference).max())
+
+
+@pytest.mark.parametrize("library, last_block", [("timm", "model.blocks"), ("open_clip", "model.transformer.resblocks")])
+def test_cls_feature_is_the_last_blocks_class_token(library, last_block):
+    """model.feature: cls — the class token as the last block outputs it (no final LayerNorm, no projection)."""
+    from fl_lightning.models.backbones import build_tiny_backbone
+
+    tiny = build_tiny_backbone(library)
+    cls = type(tiny)(model=tiny.model, feature="cls", mean=tiny.mean, std=tiny.std)
+    assert cls.feature_dim == tiny.width
+    seen = []
+    block = cls.get_submodule(last_block)[-1]
+    handle = block.register_forward_hook(lambda m, i, o: seen.append(o[:, 0]))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        h = cls.eval()(x)
+    handle.remove()
+    torch.testing.assert_close(h, seen[0])
+    pre_proj = type(tiny)(model=tiny.model, feature="pre_proj", mean=tiny.mean, std=tiny.std).eval()
+    with torch.no_grad():
+        assert not torch.allclose(h, pre_proj(x))  # the final LayerNorm is not applied
+
+
+def test_no_config_or_readme_names_the_former_analytic_section():
+    """The method section is ``afl:`` (``--afl.*``); ``--analytic.*`` keys no longer exist."""
+    import re
+
+    pattern = re.compile(r"analytic\.(lam|regularization|remove_regularization|dtype)\b")
+    files = [*sorted(CONF.glob("*.yaml")), CONF.parent / "README.md"]
+    assert not [f.name for f in files if pattern.search(f.read_text())]

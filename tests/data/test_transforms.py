@@ -88,3 +88,25 @@ def test_bad_arguments_raise_value_error(kwargs: dict, argument: str) -> None:
         build_transform(train=False, **kwargs)
     assert not isinstance(info.value, ConfigError)
     assert str(info.value).startswith(argument)
+
+
+def test_crop_flip_is_cifars_pad_crop_and_flip() -> None:
+    """augmentation='crop_flip': each training view is an S×S crop of the image zero-padded by S/8 (4 px at
+    32 px; normalised, the padding is the normalised black), or its mirror; off in evaluation."""
+    torch.manual_seed(0)
+    image = torch.rand(3, 32, 32)
+    plain = build_transform(normalization="none", image_size=32, train=False)(image)
+    augment = build_transform(normalization="none", image_size=32, train=True, augmentation="crop_flip")
+    padded = torch.nn.functional.pad(plain, (4, 4, 4, 4))
+    crops = [padded[:, a:a + 32, b:b + 32] for a in range(9) for b in range(9)]
+    crops += [c.flip(-1) for c in crops]
+    views = [augment(image) for _ in range(8)]
+    assert all(any(torch.equal(v, c) for c in crops) for v in views)
+    assert any(not torch.equal(v, plain) for v in views)  # on: the batches differ from the plain image
+    fixed = build_transform(normalization="none", image_size=32, train=False, augmentation="crop_flip")
+    assert torch.equal(fixed(image), plain)  # off: the deterministic view
+
+
+def test_unknown_augmentation_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="^augmentation='mixup'"):
+        build_transform(normalization="imagenet", image_size=32, train=True, augmentation="mixup")
