@@ -17,6 +17,7 @@ progress.
 from __future__ import annotations
 
 import math
+import shutil
 import time
 import traceback
 from collections.abc import Sequence
@@ -254,7 +255,12 @@ class Simulation:
         """partition.png, unless drawn already. matplotlib is the slowest part of the partition report (~0.8 s
         on a CPU), so the figure is drawn once the rounds are done: it delays neither the first client nor a
         round (partition.csv and partition.json, written at the start, hold the same numbers)."""
-        if not (self.run_dir / "partition.png").exists():
+        if (self.run_dir / "partition.png").exists():
+            return
+        twin = _drawn_twin(self.run_dir)
+        if twin is not None:  # a comparison's runs on one partition share one drawing (the same figure)
+            shutil.copyfile(twin, self.run_dir / "partition.png")
+        else:
             write_partition_figure(counts, env.splits.classes, self.run_dir)
 
     # ------------------------------------------------------------------------------------ phases
@@ -377,3 +383,22 @@ class Simulation:
         if self.fabric.global_rank == 0:
             write_summary(self.run_dir / "summary.json", summary)
         return summary
+
+
+def _drawn_twin(run_dir: Path) -> Path | None:
+    """A sibling run folder's ``partition.png`` drawn from a byte-identical ``partition.csv`` (the same
+    clients, counts and class names, so the same figure): a comparison draws each partition once."""
+    mine = run_dir / "partition.csv"
+    if not mine.is_file():
+        return None
+    data = mine.read_bytes()
+    for csv_path in sorted(run_dir.parent.glob("*/partition.csv")):
+        png = csv_path.with_name("partition.png")
+        if csv_path.parent != run_dir and png.is_file():
+            try:
+                if csv_path.stat().st_size == len(data) and csv_path.read_bytes() == data:
+                    return png
+            except OSError:  # a sibling being written or removed: draw our own
+                continue
+    return None
+

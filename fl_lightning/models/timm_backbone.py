@@ -181,8 +181,22 @@ def _build_from_file(full_name: str, path: str, *, label: str, check_keys: bool,
 
 def is_timm_vit(name: str, overrides: dict | None = None) -> bool:
     """Whether timm's ``name`` (with ``overrides``) is a ViT with patch embedding and blocks, decided by
-    building it on the ``meta`` device (no memory, no weights: ~0.1 s). An unknown name counts as a ViT,
-    so that the ViT path reports it."""
+    building it on the ``meta`` device (no memory, no weights: ~0.1–0.3 s) once per process for each
+    ``(name, overrides)``: a comparison's runs in one process ask again and again. An unknown name counts
+    as a ViT, so that the ViT path reports it."""
+    try:
+        key = repr(sorted(dict(overrides or {}).items()))
+    except TypeError:  # unorderable override keys: no memo
+        return _probe_timm_vit(name, overrides)
+    if (name, key) not in _VIT_PROBES:
+        _VIT_PROBES[(name, key)] = _probe_timm_vit(name, overrides)
+    return _VIT_PROBES[(name, key)]
+
+
+_VIT_PROBES: dict[tuple[str, str], bool] = {}  # is_timm_vit's answers, per process
+
+
+def _probe_timm_vit(name: str, overrides: dict | None) -> bool:
     import timm
 
     if not timm.is_model(name.split(".", 1)[0]) and not timm.is_model(name):

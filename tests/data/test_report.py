@@ -75,3 +75,22 @@ def test_ten_thousand_clients_keep_every_row_in_the_csv_and_a_sample_in_the_figu
     assert f"{MAX_HEATMAP_ROWS} of {k} clients shown" in ax.get_title()
     assert f"{int(counts.sum())} samples" in ax.get_title()  # totals are over all clients
     assert ax.get_ylabel() == f"client ({MAX_HEATMAP_ROWS} of {k} shown)"
+
+
+def test_a_comparison_draws_each_partition_once(tmp_path: Path) -> None:
+    """A run whose partition.csv is byte-identical to a sibling run's (a comparison's methods on one
+    partition) is given that run's drawing; another partition, or an undrawn sibling, is not a twin."""
+    from fl_lightning.federation.simulation import _drawn_twin
+
+    counts = np.random.default_rng(0).integers(0, 50, (4, 3))
+    names = ["a", "b", "c"]
+    first = write_partition_report(counts, names, tmp_path / "afl_s0")
+    assert not list((tmp_path / "afl_s0").glob(".partition.*"))  # drawn whole, then renamed into place
+    write_partition_report(counts, names, tmp_path / "fedcgs_s0", figure=False)
+    write_partition_report(counts + 1, names, tmp_path / "afl_s1", figure=False)
+    write_partition_report(counts, names, tmp_path / "undrawn", figure=False)
+    assert _drawn_twin(tmp_path / "fedcgs_s0") == first["png"]
+    assert _drawn_twin(tmp_path / "afl_s1") is None  # other counts
+    assert _drawn_twin(tmp_path / "afl_s0") is None  # never its own figure
+    (tmp_path / "afl_s0" / "partition.png").unlink()
+    assert _drawn_twin(tmp_path / "undrawn") is None  # no sibling has a drawing
