@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
+from fl_lightning.models.frozen_trunk import FrozenTrunk
 from fl_lightning.models.vit_backbone import IMAGENET_MEAN, IMAGENET_STD, normalization_name
 
 __all__ = ["CNNBackbone"]
@@ -35,7 +36,7 @@ __all__ = ["CNNBackbone"]
 _DEFAULT_IMAGE_SIZE = 224  # the ImageNet resolution the weights were trained at (any size runs)
 
 
-class CNNBackbone(nn.Module):
+class CNNBackbone(FrozenTrunk):
     """A timm model's pooled pre-logit features (``forward_head(..., pre_logits=True)``), frozen on request.
 
     Args:
@@ -84,20 +85,3 @@ class CNNBackbone(nn.Module):
         m = self.model
         return m.forward_head(m.forward_features(images), pre_logits=True)
 
-    def freeze(self) -> CNNBackbone:
-        """No gradients to any parameter, and BatchNorm in eval mode (running statistics) from now on."""
-        self._frozen = True
-        self.model.requires_grad_(False)
-        self.model.eval()
-        return self
-
-    @property
-    def frozen(self) -> bool:
-        return self._frozen
-
-    def train(self, mode: bool = True) -> CNNBackbone:
-        # a frozen CNN keeps its BatchNorm running statistics even inside a module switched to training
-        super().train(mode)
-        if self._frozen:
-            self.model.eval()
-        return self

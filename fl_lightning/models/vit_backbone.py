@@ -24,6 +24,8 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
+from fl_lightning.models.frozen_trunk import FrozenTrunk
+
 __all__ = ["BackboneArgumentError", "FEATURES", "ViTBackbone", "normalization_name"]
 
 FEATURES = ("proj", "pre_proj", "cls")
@@ -71,7 +73,7 @@ def first_size(size: Any) -> int:
     return int(size[0]) if isinstance(size, (tuple, list)) else int(size)
 
 
-class ViTBackbone(nn.Module, ABC):
+class ViTBackbone(FrozenTrunk, ABC):
     """A ViT trunk with ``embed``/``encode``/``pool`` seams; one subclass per library.
 
     Args:
@@ -185,21 +187,3 @@ class ViTBackbone(nn.Module, ABC):
         """h = pool(encode(embed(images))), shape (B, feature_dim)."""
         return self.pool(self.encode(self.embed(images)))
 
-    def freeze(self) -> ViTBackbone:
-        """Stop gradients to every trunk parameter and keep the trunk in eval mode from now on."""
-        self._frozen = True
-        self.model.requires_grad_(False)
-        self.model.eval()
-        return self
-
-    @property
-    def frozen(self) -> bool:
-        return self._frozen
-
-    def train(self, mode: bool = True) -> ViTBackbone:
-        # A frozen trunk stays in eval mode (no dropout / patch dropout) even when a
-        # LightningModule around it switches to training.
-        super().train(mode)
-        if self._frozen:
-            self.model.eval()
-        return self
