@@ -148,13 +148,14 @@ class FedAvgCNN(Algorithm):
         self.module = self.fabric.to_device(ImageClassifier(model=model, optimizer=t.optimizer, lr=t.lr,
                                                             momentum=t.momentum, weight_decay=t.weight_decay))
         self._initial = _cpu_state(model)  # identical on every rank: built under cfg.seed
+        self._shapes = {k: tuple(v.shape) for k, v in self._initial.items()}
 
     def initial_state(self) -> State:
         return {k: v.clone() for k, v in self._initial.items()}
 
     # -- client ----------------------------------------------------------------------------------
     def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
-        return {k: tuple(v.shape) for k, v in self._initial.items()}
+        return self._shapes
 
     def train_client(self, round_idx: int, client: Client, weights: Mapping[str, Tensor]) -> float:
         """Load ``weights`` and train the whole model on the client's data; returns the seconds it took."""
@@ -168,7 +169,10 @@ class FedAvgCNN(Algorithm):
 
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
         self.train_client(round_idx, client, download.tensors)
-        return Upload(_cpu_state(self.module.model), {"num_samples": client.num_samples})
+        # the module's own tensors, not a copy: the engine snapshots an upload before the next client trains
+        # (round_store.py), so a second copy here would only double the per-client cost
+        state = {k: v.detach() for k, v in self.module.model.state_dict().items()}
+        return Upload(state, {"num_samples": client.num_samples})
 
     # -- server ----------------------------------------------------------------------------------
     def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],

@@ -3,8 +3,9 @@
 ``all`` runs the method suites (fedopal, fedisyn); ``scale`` (the engine from 10 to 10,000 clients)
 runs by name: ``--clients 10,100``, ``--processes 1`` and ``--engine-only`` narrow it. ``engine`` (a
 30-round FedAvg against a bare loop) runs by name too: ``--threads 1,2``, ``--model large`` and
-``--clients 1000`` choose the point. ``features`` (a comparison of AFL, FedCGS and FedPFT against one
-AFL run, on the DINOv2 ViT-S/14 checkpoint) runs by name."""
+``--clients 1000`` choose the point, ``--repeats`` how many fresh runs of each side (best taken).
+``features`` (a comparison of AFL, FedCGS and FedPFT against one AFL run, on the DINOv2 ViT-S/14
+checkpoint) runs by name."""
 
 from __future__ import annotations
 
@@ -45,10 +46,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="engine: torch threads of both jobs, one point per value (default 1,2)")
     parser.add_argument("--model", choices=("small", "large"), default="small",
                         help="engine: the 327 k-parameter ResNet (small, default) or a 2.8 M one (large)")
+    parser.add_argument("--repeats", type=_positive_int, default=3,
+                        help="engine: fresh runs of each job, bare and framework alternating (best taken; default 3)")
     args = parser.parse_args(argv)
     options = {"scale": {"clients": args.clients, "processes": args.processes, "extras": not args.engine_only},
                "engine": {"threads": args.threads, "model": args.model,
-                          "clients": args.clients[0] if args.clients else 50}}
+                          "clients": args.clients[0] if args.clients else 50,
+                          "repeats": args.repeats}}
 
     from rich.console import Console
 
@@ -71,6 +75,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
         console.print(f"wrote {args.out}")
     return 0
+
+
+def _positive_int(text: str) -> int:
+    values = _int_list(text)
+    if len(values) != 1:
+        raise argparse.ArgumentTypeError(f"expected one integer >= 1, got {text!r}")
+    return values[0]
 
 
 def _int_list(text: str) -> list[int]:

@@ -193,7 +193,8 @@ def build_dataset(
 
 
 class _InMemoryImages(Dataset):
-    """uint8 images (N, 3, H, W) held in memory; the transform runs per item."""
+    """uint8 images (N, 3, H, W) held in memory; the transform runs per item (or on all of them at once:
+    :meth:`bulk_items`, which :class:`~fl_lightning.data.preprocessed.PreprocessedSplit` uses)."""
 
     def __init__(self, *, images: torch.Tensor, targets: np.ndarray, transform: Transform) -> None:
         if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[0] != len(targets):
@@ -208,6 +209,11 @@ class _InMemoryImages(Dataset):
         if self.transform is not None:
             image = self.transform(image)
         return image, int(self.targets[index])
+
+    def bulk_items(self) -> tuple[torch.Tensor, list[int]]:
+        """Every item's input, the transform run once on the (N, 3, H, W) batch, and the targets."""
+        images = self.images if self.transform is None else self.transform(self.images)
+        return images, [int(t) for t in self.targets]
 
 
 class _TransformedSubset(Dataset):

@@ -194,7 +194,10 @@ class Algorithm(ABC):
 
     @abstractmethod
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
-        """Local work of one client; returns what it sends to the server."""
+        """Local work of one client; returns what it sends to the server.
+
+        The upload may hold the method's own live tensors (e.g. its module's ``state_dict()``): the engine
+        copies it to the CPU, or writes it, before anything else runs (``RoundStore.save_client``)."""
 
     def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]] | None:
         """Shapes the server requires of an upload (None: only the finiteness check)."""

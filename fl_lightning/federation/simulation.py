@@ -194,6 +194,8 @@ class Simulation:
             self._rounds(algorithm, env, run, assignment, checkpoint, run_start)
         finally:
             checkpoint.wait()  # server.pt is on disk before the summary (or before an error propagates)
+        # the rounds are done and durable; the end-of-run reports (partition.png, summary.json) follow
+        fabric.call("on_rounds_end", completed_rounds=run.completed_rounds, run_dir=self.run_dir)
 
         if rank == 0:
             self._draw_partition(env, counts)  # a one-off report: after the rounds, never inside one

@@ -67,12 +67,14 @@ def check_upload(upload: Upload, expected_shapes: dict[str, tuple[int, ...]] | N
         upload: what a client sent.
         expected_shapes: name → shape the server expects (None: only the finiteness check).
     """
+    tensors = upload.tensors
     for name, shape in (expected_shapes or {}).items():
-        if name not in upload.tensors:
+        t = tensors.get(name)
+        if t is None:
             raise UploadRejected(f"missing tensor {name!r}")
-        if tuple(upload.tensors[name].shape) != tuple(shape):
-            raise UploadRejected(f"tensor {name!r} has shape {tuple(upload.tensors[name].shape)}, expected {tuple(shape)}")
-    for name, t in upload.tensors.items():
+        if t.shape != tuple(shape):
+            raise UploadRejected(f"tensor {name!r} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+    for name, t in tensors.items():
         if t.is_floating_point() and not _all_finite(t):
             raise UploadRejected(f"tensor {name!r} has non-finite values")
     for name, v in upload.meta.items():

@@ -22,7 +22,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import least_squares
 
 __all__ = [
     "ScalingLawParams",
@@ -108,6 +107,8 @@ def fit_scaling_law(lam: np.ndarray, acc: np.ndarray, observed_time: np.ndarray,
             raise ValueError(f"initial.kappa1 must be > 0, got {initial.kappa1!r}")
         start = np.array([math.log(initial.kappa1), initial.kappa2, initial.kappa3,
                           initial.kappa4])
+    from scipy.optimize import least_squares  # here: SciPy's import costs every run's start, few runs fit
+
     fit = least_squares(residuals, start, method="lm", xtol=1e-14, ftol=1e-14, gtol=1e-14,
                         max_nfev=20000)
     log_k1, k2, k3, k4 = fit.x

@@ -86,3 +86,48 @@ def test_a_read_is_a_copy_of_the_store():
     for x, _ in cached.__getitems__([0, 1]):  # the batched read (what a DataLoader calls) too
         x.mul_(0.0)
     assert torch.equal(cached[0][0], splits.test[0][0]) and torch.equal(cached[1][0], splits.test[1][0])
+
+
+def test_an_in_memory_split_fills_whole_in_one_call_with_the_per_item_values():
+    """The digits split offers ``bulk_items``: the first read stores every item, through one transform call
+    on the whole batch (plus the per-item reads that check it), and every stored item equals the per-item
+    transform's output bit for bit."""
+    splits, t = _splits()
+    reference = [splits.test[i] for i in range(len(splits.test))]
+    counting = _CountingTransform(t)
+    splits.test.transform = counting
+    cached = PreprocessedSplit(splits.test, budget_bytes=1 << 30)
+    cached[7]
+    assert cached.stored == len(cached) and counting.calls <= 4  # 1 batch + the read + 2 checks
+    for i, (x, y) in enumerate(reference):
+        got_x, got_y = cached[i]
+        assert torch.equal(got_x, x) and got_y == y
+    assert counting.calls <= 4
+
+
+class _DriftingBulk(torch.utils.data.Dataset):
+    """A split whose whole-batch values differ from its per-item ones in the last item (as a kernel that
+    rounds a batch differently would)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        return self.inner[i]
+
+    def bulk_items(self):
+        inputs, targets = self.inner.bulk_items()
+        inputs = inputs.clone()
+        inputs[-1] += 1e-6
+        return inputs, targets
+
+
+def test_a_bulk_fill_that_differs_from_the_items_is_not_used():
+    splits, _ = _splits()
+    cached = PreprocessedSplit(_DriftingBulk(splits.test), budget_bytes=1 << 30)
+    assert torch.equal(cached[3][0], splits.test[3][0]) and cached.stored == 1  # item by item, as before
+    last = len(cached) - 1
+    assert torch.equal(cached[last][0], splits.test[last][0])

@@ -53,6 +53,29 @@ def test_run_folder_contract_and_determinism(tmp_path):
     assert not list((run / "checkpoints").glob("round*"))  # the records of finished rounds are cleaned up
 
 
+class _HookOrder:
+    def __init__(self, run_dir):
+        self.run_dir, self.events = run_dir, []
+
+    def on_round_end(self, *, round_idx, **_):
+        self.events.append(("round_end", round_idx))
+
+    def on_rounds_end(self, *, completed_rounds, run_dir, **_):
+        assert run_dir == self.run_dir and (run_dir / "checkpoints" / "server.pt").is_file()  # durable already
+        assert not (run_dir / "summary.json").exists()  # the end-of-run reports come after
+        self.events.append(("rounds_end", completed_rounds))
+
+    def on_run_end(self, **_):
+        self.events.append(("run_end",))
+
+
+def test_on_rounds_end_comes_once_the_last_checkpoint_is_durable_and_before_the_reports(tmp_path):
+    cfg = _cfg(tmp_path)
+    hooks = _HookOrder(cfg.run_dir)
+    Simulation(cfg=cfg, loggers=[], callbacks=[hooks]).run()
+    assert hooks.events == [("round_end", 0), ("round_end", 1), ("rounds_end", 2), ("run_end",)]
+
+
 def test_resume_mid_round_equals_uninterrupted(tmp_path):
     full = Simulation(cfg=_cfg(tmp_path / "full"), loggers=[]).run()
     cfg = _cfg(tmp_path / "cut")
@@ -212,8 +235,9 @@ def test_sigkill_in_a_short_round_resumes_to_the_uninterrupted_result(tmp_path):
 def test_a_timm_fedavg_run_imports_no_library_it_does_not_use():
     """What `python -m fl_lightning.train` imports for a timm FedAvg run (its config, every discovered method,
     the loop): no diffusers, open_clip, peft, transformers or scipy.signal (the last two would come with
-    torchmetrics' root package, which fl_lightning/_lazy_torchmetrics.py defers). matplotlib is not in the
-    list: torchmetrics.utilities.plot imports it with ``torchmetrics.Metric``, which Lightning needs."""
+    torchmetrics' root package, which fl_lightning/_lazy_torchmetrics.py defers), and no SciPy or
+    scikit-learn at all (the methods that fit or cluster import them where they do). matplotlib is not in
+    the list: torchmetrics.utilities.plot imports it with ``torchmetrics.Metric``, which Lightning needs."""
     import subprocess
     import sys
 
@@ -222,8 +246,9 @@ def test_a_timm_fedavg_run_imports_no_library_it_does_not_use():
     code = ("import sys; from fl_lightning.config import load_config; "
             f"load_config({str(CONF / 'fedavg_cnn_digits_tiny.yaml')!r}); "
             "import fl_lightning.federation.simulation, fl_lightning.algorithms.fedavg_cnn, fl_lightning.train; "
+            "from fl_lightning.algorithms import available_algorithms; available_algorithms(); "
             "print(' '.join(sorted(m for m in ('diffusers', 'open_clip', 'peft', 'tensorboard', 'transformers', "
-            "'scipy.signal', 'torchmetrics.functional') if m in sys.modules)))")
+            "'scipy', 'sklearn', 'torchmetrics.functional') if m in sys.modules)))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == ""

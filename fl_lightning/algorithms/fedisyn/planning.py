@@ -23,7 +23,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
-from scipy.optimize import nnls
 
 from fl_lightning.algorithms.fedisyn.config import SystemsConfig
 from fl_lightning.systems.channel import ChannelConfig, device_spectral_efficiency
@@ -117,6 +116,8 @@ def fit_host_times(compute_s: Mapping[int, float], samples: Mapping[int, float],
         return None
     A = np.array([[samples[c], samples[c] * depths[c]] for c in clients], dtype=np.float64)
     y = np.array([compute_s[c] for c in clients], dtype=np.float64)
+    from scipy.optimize import nnls  # here: SciPy's import costs every run's start
+
     (h_bar, h), _ = nnls(A, y)
     if not (h_bar > 0 and h > 0):
         return None
