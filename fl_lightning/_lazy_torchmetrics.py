@@ -30,6 +30,19 @@ Submodules (``from torchmetrics.classification import MulticlassAccuracy``) impo
 torchmetrics' code is copied or changed; values are the library's own. When torchmetrics is absent or
 already imported, or ``FL_LIGHTNING_EAGER_TORCHMETRICS=1`` is set, nothing is done; any error while
 installing leaves the normal import in place.
+
+**matplotlib on first use** (:class:`_PlotOnFirstUse`). ``torchmetrics.metric`` — which Lightning needs
+for ``Metric`` — imports ``torchmetrics.utilities.plot``, and that module imports ``matplotlib.pyplot``
+at its top whenever matplotlib is installed (~0.6 s of a run's start on a 2-core CPU), only to name three
+annotation types and to wrap its three plot functions in ``plt.style.context``. The upstream fix
+(Lightning-AI/torchmetrics PR "Do not import scipy.signal and matplotlib at package import time", for
+the open issue on import time named above) was closed unmerged. Here the plot module is executed with its "matplotlib not installed"
+branch (the annotation types are ``object``, as that PR has them at runtime), and then completed on first
+use: its ``_MATPLOTLIB_AVAILABLE`` becomes an object that, the first time a plot function asks it,
+imports matplotlib and puts ``plt``, ``matplotlib`` and ``style_change = plt.style.context`` into the
+module, exactly the names its top would have bound; and its three plot functions enter
+``plt.style.context`` at call time rather than at definition. ``metric.plot()`` draws the same figure
+as before; matplotlib is imported when something plots (or draws ``partition.png``), not at start.
 """
 
 from __future__ import annotations
@@ -87,6 +100,8 @@ def install() -> bool:
     module.__getattr__ = __getattr__  # type: ignore[method-assign]
     sys.modules[_NAME] = module
     sys.meta_path.insert(0, _UtilitiesFirst())
+    if "matplotlib.pyplot" not in sys.modules and importlib.util.find_spec("matplotlib") is not None:
+        sys.meta_path.insert(0, _PlotOnFirstUse())
     return True
 
 
@@ -126,3 +141,100 @@ class _UtilitiesFirst:
             return None
         return importlib.util.spec_from_loader(fullname, _Existing(done), origin=getattr(done, "__file__", None),
                                                is_package=hasattr(done, "__path__"))
+
+
+_PLOT = _NAME + ".utilities.plot"
+
+
+class _PlotOnFirstUse:
+    """A ``sys.meta_path`` finder for ``torchmetrics.utilities.plot`` alone (see the module docstring): it
+    executes the real module with ``torchmetrics.utilities.imports._MATPLOTLIB_AVAILABLE`` false for the
+    duration of that one execution, then completes it on first use (:class:`_MatplotlibOnFirstUse`). It
+    removes itself after that one import."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != _PLOT:
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _PlotLoader(spec.loader)
+        return spec
+
+
+class _PlotLoader:
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        flags = importlib.import_module(_NAME + ".utilities.imports")
+        available = flags._MATPLOTLIB_AVAILABLE
+        flags._MATPLOTLIB_AVAILABLE = False
+        try:
+            self.loader.exec_module(module)
+        finally:
+            flags._MATPLOTLIB_AVAILABLE = available
+        if not available:  # matplotlib is not installed after all: the module is exactly as torchmetrics made it
+            return
+        style = module.__dict__.get("_style", ["default"])
+        for name, fn in list(module.__dict__.items()):  # the functions its top wrapped in style_change
+            if callable(fn) and getattr(fn, "__module__", None) == _PLOT and hasattr(fn, "__wrapped__"):
+                module.__dict__[name] = _styled_at_call(module, fn.__wrapped__, style)
+        module._AX_TYPE = _Axes  # what isinstance checks elsewhere in torchmetrics import from it
+        module._MATPLOTLIB_AVAILABLE = _MatplotlibOnFirstUse(module, available)
+
+
+class _AxesCheck(type):
+    def __instancecheck__(cls, obj: Any) -> bool:
+        axes = sys.modules.get("matplotlib.axes")  # no Axes can exist before matplotlib.axes is imported
+        return axes is not None and isinstance(obj, axes.Axes)
+
+    def __subclasscheck__(cls, sub: Any) -> bool:
+        axes = sys.modules.get("matplotlib.axes")
+        return axes is not None and issubclass(sub, axes.Axes)
+
+
+class _Axes(metaclass=_AxesCheck):
+    """``matplotlib.axes.Axes`` for ``isinstance`` / ``issubclass`` (the plot module's ``_AX_TYPE``, which
+    ``MetricCollection.plot`` and ``MultitaskWrapper.plot`` use to check their ``ax``), without importing
+    matplotlib: false for everything until matplotlib.axes is imported, then exactly ``Axes``'s answer."""
+
+
+class _MatplotlibOnFirstUse:
+    """The plot module's ``_MATPLOTLIB_AVAILABLE``: true or false as matplotlib's presence, and the first
+    time it is asked, the plot module receives the names its top binds when matplotlib is there."""
+
+    def __init__(self, module: Any, available: Any) -> None:
+        self.module, self.available = module, available
+
+    def __bool__(self) -> bool:
+        if not self.available:
+            return False
+        import matplotlib
+        import matplotlib.axes
+        import matplotlib.pyplot as plt
+
+        names = self.module.__dict__
+        names.update(matplotlib=matplotlib, plt=plt, style_change=plt.style.context, _AX_TYPE=matplotlib.axes.Axes)
+        names["_MATPLOTLIB_AVAILABLE"] = self.available
+        return True
+
+
+def _styled_at_call(module: Any, fn: Any, style: Any) -> Any:
+    """``fn`` run inside ``plt.style.context(style)``, entered when it is called (the module's top did it at
+    definition, which needs pyplot)."""
+    import functools
+
+    @functools.wraps(fn)
+    def plot_function(*args: Any, **kwargs: Any) -> Any:
+        if not module._MATPLOTLIB_AVAILABLE:  # the first plot completes the module (or finds matplotlib gone)
+            return fn(*args, **kwargs)  # torchmetrics' own "install matplotlib" error
+        with module.plt.style.context(style):
+            return fn(*args, **kwargs)
+
+    return plot_function

@@ -259,7 +259,8 @@ def test_features_suite_stops_with_one_line_without_the_checkpoint(tmp_path, mon
     assert last.startswith("fl_lightning.bench: ") and "missing.safetensors" in last and "--quick" in last
 
 
-def test_engine_bench_bare_loop_matches_the_framework_round_by_round(tmp_path, one_thread):
+@pytest.mark.parametrize("num_clients", [20, 150])  # digits, Dirichlet; beyond 100: generated data in shards
+def test_engine_bench_bare_loop_matches_the_framework_round_by_round(tmp_path, one_thread, num_clients):
     """``bench engine``'s two jobs (run here in process, 2 rounds, the tiny model): the bare loop and the
     framework give the same test accuracy in every round, and each reports one time per round."""
     import yaml
@@ -267,7 +268,8 @@ def test_engine_bench_bare_loop_matches_the_framework_round_by_round(tmp_path, o
     from fl_lightning.bench.engine import _bare_worker, _framework_worker, engine_config
     from fl_lightning.config import build_config
 
-    values = engine_config(output_dir=str(tmp_path / "runs"), model="tiny", num_clients=20, rounds=2)
+    values = engine_config(output_dir=str(tmp_path / "runs"), model="tiny", num_clients=num_clients, rounds=2)
+    assert values["data"]["name"] == ("digits" if num_clients <= 100 else "synthetic")
     cfg = build_config(values)
     assert round(cfg.federation.client_fraction * cfg.partition.num_clients) == 10
     config = tmp_path / "job.yaml"
@@ -278,3 +280,40 @@ def test_engine_bench_bare_loop_matches_the_framework_round_by_round(tmp_path, o
     n = bare["test_size"]
     assert [round(a * n) for a in fw["accuracy"]] == [round(a * n) for a in bare["accuracy"]]
     assert len(fw["round_s"]) == len(bare["round_s"]) == len(fw["round_cpu_s"]) == 2
+
+
+def test_engine_point_takes_each_sides_best_run_and_refuses_a_disagreement(tmp_path, monkeypatch):
+    """``bench engine``'s figure from alternating fresh runs (the processes faked here): each side's best
+    mean round, every run kept in the details, the start-up references timed after each framework run;
+    a run whose accuracy differs from the bare loop's in any round is an error, not a figure."""
+    from fl_lightning.bench import engine
+
+    bare_means, fw_means = iter([0.30, 0.20, 0.25]), iter([0.33, 0.26, 0.24])
+    accuracy = [0.5, 0.75]
+
+    def fake_worker(kind, config, out, threads):
+        mean = next(bare_means if kind == "bare" else fw_means)
+        result = {"round_s": [mean, mean], "round_cpu_s": [mean, mean], "accuracy": accuracy, "test_size": 4,
+                  "first_client_epoch_s": 105.0, "first_client_cpu_s": 4.0, "report_s": 0.1}
+        return result, 9.0, 100.0
+
+    monkeypatch.setattr(engine, "_worker", fake_worker)
+    monkeypatch.setattr(engine, "_python", lambda args, threads: (4.0, 3.9))
+    fig, details = engine._point(tmp_path, "job", 1, 3, time_imports=True, model="tiny", num_clients=20, rounds=2)
+    assert fig["value"] == pytest.approx(0.24 / 0.20) and fig["meets"] is False
+    assert details["framework_mean_round_s_runs"] == pytest.approx([0.33, 0.26, 0.24])
+    assert details["first_client_s"] == pytest.approx(5.0)
+    start = engine._start_figures(details)
+    assert start["start_ratio"]["value"] == pytest.approx(5.0 / 4.0)
+    assert len(start["start_ratio"]["details"]["imports_runs"]) == 3
+
+    bare_means, fw_means = iter([0.3]), iter([0.3])
+    accuracy_iter = iter([[0.5, 0.75], [0.5, 0.5]])
+
+    def disagreeing(kind, config, out, threads):
+        result, wall, spawned = fake_worker(kind, config, out, threads)
+        return {**result, "accuracy": next(accuracy_iter)}, wall, spawned
+
+    monkeypatch.setattr(engine, "_worker", disagreeing)
+    with pytest.raises(RuntimeError, match="disagree on the test accuracy of rounds \\[1\\]"):
+        engine._point(tmp_path / "again", "job", 1, 1, model="tiny", num_clients=20, rounds=2)

@@ -36,3 +36,49 @@ print('ok')
 def test_a_submodule_lightning_and_the_root_on_demand_all_get_the_real_torchmetrics():
     proc = subprocess.run([sys.executable, "-c", _CODE], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+_PLOT_CODE = """
+import sys, json, torch
+import fl_lightning, lightning
+from lightning import LightningModule
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy
+before = 'matplotlib' in sys.modules
+import matplotlib
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt
+plt.rcParams['axes.facecolor'] = 'red'  # torchmetrics draws under plt.style.context(['default']): not red
+m = MulticlassAccuracy(num_classes=3)
+values = [m(torch.tensor([0, 1, 2, 1]), torch.tensor([0, 1, 1, 1])) for _ in range(3)]
+fig, ax = m.plot(values)
+mc = MetricCollection([MulticlassAccuracy(num_classes=3)])
+mc.update(torch.tensor([0, 1, 2, 1]), torch.tensor([0, 1, 1, 1]))
+try:
+    mc.plot(ax='not an axes', together=True)
+    bad_ax = 'accepted'
+except ValueError:
+    bad_ax = 'refused'
+print(json.dumps({'matplotlib_at_import': before, 'facecolor': list(ax.get_facecolor()), 'xlabel': ax.get_xlabel(),
+                  'ydata': [list(map(float, line.get_ydata())) for line in ax.get_lines()], 'bad_ax': bad_ax}))
+"""
+
+
+def test_matplotlib_waits_for_the_first_plot_which_draws_as_torchmetrics_does():
+    """``import lightning`` through fl_lightning imports no matplotlib; the first ``metric.plot()`` then
+    draws the same figure (style context, labels, values) as eager torchmetrics, and ``MetricCollection``
+    still refuses an ``ax`` that is not a matplotlib axis."""
+    import json
+    import os
+
+    out = {}
+    for mode, env in (("deferred", {}), ("eager", {"FL_LIGHTNING_EAGER_TORCHMETRICS": "1"})):
+        proc = subprocess.run([sys.executable, "-c", _PLOT_CODE], capture_output=True, text=True, cwd=REPO,
+                              timeout=300, env={**os.environ, **env})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["deferred"]["matplotlib_at_import"] is False and out["eager"]["matplotlib_at_import"] is True
+    assert out["deferred"]["facecolor"] == [1.0, 1.0, 1.0, 1.0]
+    assert out["deferred"]["bad_ax"] == "refused"
+    assert {k: v for k, v in out["deferred"].items() if k != "matplotlib_at_import"} == \
+        {k: v for k, v in out["eager"].items() if k != "matplotlib_at_import"}

@@ -2,16 +2,17 @@
 
 The job: FedAvg of a whole timm ResNet-18 (``fedavg_cnn``) on the bundled digits at 16 px,
 K = 50 Dirichlet clients (α = 0.5), 10 sampled a round, 30 rounds, 1 local epoch of SGD (lr 0.05,
-momentum 0.9, batch 32), the test accuracy after every round. It runs twice, each in a fresh process
-with the same number of torch threads:
+momentum 0.9, batch 32), the test accuracy after every round (``--clients 1000``: the generated
+``synthetic`` images in shards, 16 per client, :func:`engine_config`). It runs twice, each in a fresh
+process with the same number of torch threads:
 
 * the framework: ``Simulation`` as ``python -m fl_lightning.train`` builds it (default loggers: the CSV
   log; the run folder, its records and checkpoints), timed by a callback from each round's start to the
   next one's (so a round's checkpoint, ``metrics.csv`` and clean-up are in it), the last round to the
   end of the rounds (its checkpoint durable); the one-off end-of-run reports after that (the partition
   figure, ``summary.json``) are given apart (``report_s``), not spread over the rounds;
-* a bare loop: torch, timm, scikit-learn and the pure functions of the arithmetic (the Dirichlet
-  partition, the client sampling and seeds); the images preprocessed once into one tensor, ONE model
+* a bare loop: torch, timm, scikit-learn and the pure functions of the arithmetic (the Dirichlet or
+  shard partition, the client sampling and seeds; the synthetic generator for the large-K job); the images preprocessed once into one tensor, ONE model
   object, an SGD optimiser per client, the float64 weighted mean, the test accuracy — the same
   arithmetic, so the two must agree on the test accuracy of EVERY round (checked: a mismatch is an
   error, not a figure).
@@ -64,13 +65,28 @@ MODELS: dict[str, dict[str, Any]] = {
 _REPO = Path(__file__).resolve().parents[2]
 
 
+DIGITS_MAX_CLIENTS = 100  # above this, digits' 1,437 training images are too few (see engine_config)
+_SHARD = 8  # K > DIGITS_MAX_CLIENTS: images per shard; 2 shards a client
+
+
 def engine_config(*, output_dir: str, model: str = "small", num_clients: int = 50, per_round: int = 10,
                   rounds: int = 30) -> dict[str, Any]:
-    """The job as a config mapping (the YAML's shape)."""
+    """The job as a config mapping (the YAML's shape).
+
+    Up to :data:`DIGITS_MAX_CLIENTS` clients: the bundled digits, Dirichlet α = 0.5. More clients cannot
+    share digits' 1,437 training images (a one-image client's batch of one also fails the ResNet's
+    BatchNorm on its 1×1 last feature map), so the large-K job is the generated ``synthetic`` data set
+    with 16 training images per client in McMahan et al.'s shards (2 of 8 images, sorted by label, dealt
+    at random: every client's one batch holds 16 images) and its test split of a quarter of that size."""
+    data: dict[str, Any] = {"name": "digits", "image_size": 16, "batch_size": 32}
+    partition: dict[str, Any] = {"num_clients": num_clients, "alpha": 0.5}
+    if num_clients > DIGITS_MAX_CLIENTS:
+        data = {**data, "name": "synthetic", "num_samples": 2 * _SHARD * num_clients}
+        partition = {"num_clients": num_clients, "scheme": "shards", "shards_per_client": 2}
     return {
         "algorithm": "fedavg_cnn", "seed": 0, "output_dir": output_dir, "run_name": f"engine_{model}_k{num_clients}",
-        "data": {"name": "digits", "image_size": 16, "batch_size": 32},
-        "partition": {"num_clients": num_clients, "alpha": 0.5},
+        "data": data,
+        "partition": partition,
         "federation": {"accelerator": "cpu", "rounds": rounds, "client_fraction": per_round / num_clients},
         "train": {"epochs": 1, "optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "batch_size": 32},
         "model": {"library": "timm", "name": "resnet18", "pretrained": None, "overrides": MODELS[model]},
@@ -132,25 +148,37 @@ def _bare_worker(config: Path, out: Path) -> None:
     from sklearn.model_selection import train_test_split
     from torchvision.transforms import v2
 
-    from fl_lightning.data.partition import dirichlet_partition
+    from fl_lightning.data.partition import dirichlet_partition, shard_partition
     from fl_lightning.federation.placement import client_seed, sample_clients
 
     values = yaml.safe_load(config.read_text(encoding="utf-8"))
     seed, data, part, fed, train = (values["seed"], values["data"], values["partition"], values["federation"],
                                     values["train"])
-    digits = load_digits()
-    gray = np.rint(digits.images * (255.0 / 16.0)).astype(np.uint8)
-    images = torch.from_numpy(gray)[:, None].expand(-1, 3, -1, -1).contiguous()  # (N, 3, 8, 8) uint8
-    targets = np.asarray(digits.target, dtype=np.int64)
-    train_idx, test_idx = (np.sort(i) for i in train_test_split(np.arange(len(targets)), test_size=0.2,
-                                                                random_state=seed, stratify=targets))
+    if data["name"] == "digits":
+        digits = load_digits()
+        gray = np.rint(digits.images * (255.0 / 16.0)).astype(np.uint8)
+        images = torch.from_numpy(gray)[:, None].expand(-1, 3, -1, -1).contiguous()  # (N, 3, 8, 8) uint8
+        targets = np.asarray(digits.target, dtype=np.int64)
+        train_idx, test_idx = (np.sort(i) for i in train_test_split(np.arange(len(targets)), test_size=0.2,
+                                                                    random_state=seed, stratify=targets))
+        raw_train, raw_test = images[train_idx], images[test_idx]
+        t_train, t_test = targets[train_idx], targets[test_idx]
+    else:  # the generated images (a pure function of the seed), untransformed
+        from fl_lightning.data.registry import build_dataset
+
+        generated = build_dataset("synthetic", root=".", seed=seed, num_samples=data["num_samples"])
+        raw_train, raw_test = generated.train.images, generated.test.images
+        t_train, t_test = generated.train_targets, generated.test_targets
     size = data["image_size"]
     prep = v2.Compose([v2.Resize(size, antialias=True), v2.CenterCrop(size), v2.ToDtype(torch.float32, scale=True),
                        v2.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
-    x_train = torch.stack([prep(images[i]) for i in train_idx])  # once: (N_train, 3, S, S)
-    x_test = torch.stack([prep(images[i]) for i in test_idx])
-    y_train, y_test = torch.from_numpy(targets[train_idx]), torch.from_numpy(targets[test_idx])
-    parts = dirichlet_partition(targets[train_idx], part["num_clients"], part["alpha"], seed=0, min_samples=1)
+    x_train = torch.stack([prep(x) for x in raw_train])  # once: (N_train, 3, S, S)
+    x_test = torch.stack([prep(x) for x in raw_test])
+    y_train, y_test = torch.from_numpy(t_train), torch.from_numpy(t_test)
+    if part.get("scheme") == "shards":
+        parts = shard_partition(t_train, part["num_clients"], part["shards_per_client"], seed=0)
+    else:
+        parts = dirichlet_partition(t_train, part["num_clients"], part["alpha"], seed=0, min_samples=1)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = timm.create_model(values["model"]["name"], pretrained=False, num_classes=10,
@@ -247,12 +275,19 @@ def _check_same_accuracy(name: str, fw: dict[str, Any], bare: dict[str, Any]) ->
                            f"(framework {fw['accuracy']}, bare {bare['accuracy']})")
 
 
-def _point(work: Path, name: str, threads: int, repeats: int = 3, **job: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+_START_REFERENCES = (("start_ratio", "import torch, timm", "`import torch, timm`"),
+                     ("start_ratio_with_data_library", "import torch, timm, sklearn.datasets, sklearn.model_selection",
+                      "`import torch, timm` + scikit-learn (the digits' library)"))
+
+
+def _point(work: Path, name: str, threads: int, repeats: int = 3, *, time_imports: bool = False,
+           **job: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """Framework and bare loop on one job, ``repeats`` fresh processes each, alternating; their accuracies
-    must agree in every round of every run. The figure compares each side's best mean round."""
+    must agree in every round of every run. The figure compares each side's best mean round.
+    ``time_imports``: after each framework run, time the start-up references too (same conditions)."""
     config = _job_config(work, name, **job)
     folder = config.parent
-    bares, fws = [], []
+    bares, fws, imports = [], [], {key: [] for key, _, _ in _START_REFERENCES}
     for r in range(repeats):
         bare, bare_wall, _ = _worker("bare", config, folder / f"bare{r}.json", threads)
         shutil.rmtree(folder / "runs", ignore_errors=True)  # each framework run starts afresh, not a resume
@@ -260,6 +295,10 @@ def _point(work: Path, name: str, threads: int, repeats: int = 3, **job: Any) ->
         _check_same_accuracy(name, fw, bare)
         bares.append({**bare, "process_s": bare_wall})
         fws.append({**fw, "process_s": fw_wall, "first_client_s": fw["first_client_epoch_s"] - spawned})
+        for key, code, _ in _START_REFERENCES if time_imports else ():
+            if "sklearn" in code and job.get("num_clients", 50) > DIGITS_MAX_CLIENTS:
+                continue  # the generated data set needs no scikit-learn
+            imports[key].append(_python(["-c", code], threads))
     fw_means = [_mean(f["round_s"]) for f in fws]
     bare_means = [_mean(b["round_s"]) for b in bares]
     fw_cpu = [_mean(f["round_cpu_s"]) for f in fws]
@@ -270,38 +309,42 @@ def _point(work: Path, name: str, threads: int, repeats: int = 3, **job: Any) ->
                "framework_mean_round_s": min(fw_means), "bare_mean_round_s": min(bare_means),
                "framework_mean_round_s_runs": fw_means, "bare_mean_round_s_runs": bare_means,
                "median_ratio_of_runs": statistics.median(f / b for f, b in zip(fw_means, bare_means)),
+               "overhead_per_round_ms": 1e3 * (min(fw_means) - min(bare_means)),
                "cpu_ratio": cpu_ratio, "framework_mean_round_cpu_s": min(fw_cpu), "bare_mean_round_cpu_s": min(bare_cpu),
                "framework_process_s": [f["process_s"] for f in fws], "bare_process_s": [b["process_s"] for b in bares],
                "framework_round_s": best_fw["round_s"], "bare_round_s": best_bare["round_s"],
                "accuracy": best_fw["accuracy"],
                "first_client_s": min(f["first_client_s"] for f in fws),
                "framework_report_s": [f["report_s"] for f in fws],
-               "first_client_cpu_s": min(f["first_client_cpu_s"] for f in fws)}
+               "first_client_cpu_s": min(f["first_client_cpu_s"] for f in fws), "imports": imports}
     runs = ", ".join(f"{f:.3f}/{b:.3f}" for f, b in zip(fw_means, bare_means))
     fig = figure(ratio, "x", op="<=", bound=ROUND_BOUND, details=details,
-                 note=f"{threads} thread(s); best mean round {min(fw_means):.3f} s vs bare {min(bare_means):.3f} s "
+                 note=f"{threads} thread(s); best mean round {min(fw_means):.3f} s vs bare {min(bare_means):.3f} s, "
+                      f"{1e3 * (min(fw_means) - min(bare_means)):+.1f} ms a round "
                       f"(each run, framework/bare: {runs}; CPU-time ratio {cpu_ratio:.3f}); end-of-run reports "
                       f"{min(details['framework_report_s']):.2f} s once, not in a round; same accuracy in all "
                       f"{len(best_bare['accuracy'])} rounds of every run")
     return fig, details
 
 
-def _start_figures(first_client_s: float, first_client_cpu_s: float, threads: int) -> dict[str, Any]:
-    """Process start → first client against the imports' own cost (best of 3 fresh processes each)."""
+def _start_figures(details: dict[str, Any]) -> dict[str, Any]:
+    """Process start → first client against the imports' own cost (each side's best of the repeats, the
+    references timed right after each framework run)."""
     out = {}
-    for key, code, what in (("start_ratio", "import torch, timm", "`import torch, timm`"),
-                            ("start_ratio_with_data_library",
-                             "import torch, timm, sklearn.datasets, sklearn.model_selection",
-                             "`import torch, timm` + scikit-learn (the digits' library)")):
-        imports = [_python(["-c", code], threads) for _ in range(3)]
-        wall, cpu = min(w for w, _ in imports), min(c for _, c in imports)
+    first_client_s, first_client_cpu_s = details["first_client_s"], details["first_client_cpu_s"]
+    for key, code, what in _START_REFERENCES:
+        runs = details["imports"].get(key)
+        if not runs:
+            continue
+        wall, cpu = min(w for w, _ in runs), min(c for _, c in runs)
         out[key] = figure(
             first_client_s / wall, "x", op="<=", bound=START_BOUND,
             details={"first_client_s": first_client_s, "imports_s": wall, "imports": code,
                      "first_client_cpu_s": first_client_cpu_s, "imports_cpu_s": cpu,
-                     "cpu_ratio": first_client_cpu_s / cpu},
-            note=f"process start → first client {first_client_s:.2f} s vs {what} {wall:.2f} s (best of 3 each); "
-                 f"CPU seconds {first_client_cpu_s:.2f} vs {cpu:.2f} ({first_client_cpu_s / cpu:.3f}x)")
+                     "cpu_ratio": first_client_cpu_s / cpu, "imports_runs": runs},
+            note=f"process start → first client {first_client_s:.2f} s vs {what} {wall:.2f} s (best of "
+                 f"{len(runs)} each, alternating); CPU seconds {first_client_cpu_s:.2f} vs {cpu:.2f} "
+                 f"({first_client_cpu_s / cpu:.3f}x)")
     return out
 
 
@@ -314,13 +357,12 @@ def run(*, quick: bool, device: Any = None, threads: Sequence[int] = (1, 2), mod
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="fl_engine_bench_") as tmp:
         work = Path(tmp)
-        first_client = None
-        for n in threads:
-            fig, details = _point(work, f"{model}_k{clients}_t{n}", n, repeats, model=model, num_clients=clients,
-                                  rounds=rounds)
+        for i, n in enumerate(threads):
+            fig, details = _point(work, f"{model}_k{clients}_t{n}", n, repeats, time_imports=i == 0, model=model,
+                                  num_clients=clients, rounds=rounds)
             results[f"round_ratio_{model}_k{clients}_t{n}"] = fig
-            first_client = first_client or (details["first_client_s"], details["first_client_cpu_s"], n)
-        results.update(_start_figures(*first_client))
+            if i == 0:
+                results.update(_start_figures(details))
     results["sizes"] = {"model": model, "overrides": MODELS[model], "clients": clients, "per_round": 10,
                         "rounds": rounds, "threads": list(threads), "repeats": repeats,
                         "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}

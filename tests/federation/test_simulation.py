@@ -235,9 +235,10 @@ def test_sigkill_in_a_short_round_resumes_to_the_uninterrupted_result(tmp_path):
 def test_a_timm_fedavg_run_imports_no_library_it_does_not_use():
     """What `python -m fl_lightning.train` imports for a timm FedAvg run (its config, every discovered method,
     the loop): no diffusers, open_clip, peft, transformers or scipy.signal (the last two would come with
-    torchmetrics' root package, which fl_lightning/_lazy_torchmetrics.py defers), and no SciPy or
-    scikit-learn at all (the methods that fit or cluster import them where they do). matplotlib is not in
-    the list: torchmetrics.utilities.plot imports it with ``torchmetrics.Metric``, which Lightning needs."""
+    torchmetrics' root package, which fl_lightning/_lazy_torchmetrics.py defers), no matplotlib (which
+    torchmetrics.utilities.plot would import with ``torchmetrics.Metric``: deferred to the first plot, the
+    same module), and no SciPy or scikit-learn at all (the methods that fit or cluster import them where
+    they do)."""
     import subprocess
     import sys
 
@@ -248,7 +249,7 @@ def test_a_timm_fedavg_run_imports_no_library_it_does_not_use():
             "import fl_lightning.federation.simulation, fl_lightning.algorithms.fedavg_cnn, fl_lightning.train; "
             "from fl_lightning.algorithms import available_algorithms; available_algorithms(); "
             "print(' '.join(sorted(m for m in ('diffusers', 'open_clip', 'peft', 'tensorboard', 'transformers', "
-            "'scipy', 'sklearn', 'torchmetrics.functional') if m in sys.modules)))")
+            "'scipy', 'sklearn', 'matplotlib', 'torchmetrics.functional') if m in sys.modules)))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == ""
