@@ -299,7 +299,8 @@ def test_engine_point_takes_each_sides_best_run_and_refuses_a_disagreement(tmp_p
 
     monkeypatch.setattr(engine, "_worker", fake_worker)
     monkeypatch.setattr(engine, "_python", lambda args, threads: (4.0, 3.9))
-    fig, details = engine._point(tmp_path, "job", 1, 3, time_imports=True, model="tiny", num_clients=20, rounds=2)
+    fig, details = engine._point(tmp_path, "job", 1, 3, time_imports=True, concurrent=False, model="tiny",
+                                 num_clients=20, rounds=2)
     assert fig["value"] == pytest.approx(0.24 / 0.20) and fig["meets"] is False
     assert details["framework_mean_round_s_runs"] == pytest.approx([0.33, 0.26, 0.24])
     assert details["first_client_s"] == pytest.approx(5.0)
@@ -316,4 +317,26 @@ def test_engine_point_takes_each_sides_best_run_and_refuses_a_disagreement(tmp_p
 
     monkeypatch.setattr(engine, "_worker", disagreeing)
     with pytest.raises(RuntimeError, match="disagree on the test accuracy of rounds \\[1\\]"):
-        engine._point(tmp_path / "again", "job", 1, 1, model="tiny", num_clients=20, rounds=2)
+        engine._point(tmp_path / "again", "job", 1, 1, concurrent=False, model="tiny", num_clients=20, rounds=2)
+
+    # one thread on two cores: the pair runs at once; start-up is then timed alone (the "start" worker)
+    pairs = iter([0.30, 0.36, 0.28, 0.30])
+
+    def fake_pair(config, folder, r):
+        bare, fw = next(pairs), next(pairs)
+        one = {"accuracy": accuracy, "test_size": 4, "report_s": 0.1}
+        return ({**one, "round_s": [bare], "round_cpu_s": [bare]}, 9.0), ({**one, "round_s": [fw], "round_cpu_s": [fw]}, 9.0)
+
+    kinds = []
+
+    def fake_start(kind, config, out, threads):
+        kinds.append(kind)
+        return {"first_client_epoch_s": 106.0, "first_client_cpu_s": 5.5}, 7.0, 100.0
+
+    monkeypatch.setattr(engine, "_cores", lambda: [0, 1])
+    monkeypatch.setattr(engine, "_pair_at_once", fake_pair)
+    monkeypatch.setattr(engine, "_worker", fake_start)
+    fig, details = engine._point(tmp_path / "pairs", "job", 1, 2, time_imports=True, model="tiny", num_clients=20,
+                                 rounds=1)
+    assert details["concurrent"] and kinds == ["start", "start"] and details["first_client_s"] == pytest.approx(6.0)
+    assert fig["value"] == pytest.approx(0.30 / 0.28)

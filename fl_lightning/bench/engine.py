@@ -24,12 +24,16 @@ the framework over ``python -c "import torch, timm"`` timed in the same run (bou
 ``start_ratio_with_data_library`` puts scikit-learn into that reference, since the bundled digits are
 scikit-learn's and their split is its ``train_test_split`` (the bare loop imports it too).
 
-Each job runs ``--repeats`` times (default 3), bare and framework alternating, each time in a fresh
-process; a figure takes each side's best run (the least disturbed, as ``timeit`` does) and every run's
-numbers are kept in its details. Other processes' load distorts wall times (on a shared 2-core
-machine, badly, and even a quiet one varies by ±15 % from process to process): each figure also gives
-the ratio of CPU seconds (``time.process_time`` of the worker; ``getrusage`` of the import process),
-which load distorts less, and the load average is recorded with the results.
+Each job runs ``--repeats`` times (default 3), each time in fresh processes; a figure takes each
+side's best run (the least disturbed, as ``timeit`` does) and every run's numbers are kept in its
+details. Other processes' load distorts wall times: on the shared 2-core development machine the same
+bare loop's mean round varied from 0.25 to 0.40 s between runs, with every phase of a round slowed
+together. So with one thread and at least two cores the bare loop and the framework run AT THE SAME
+TIME, each pinned to its own core (the cores swap between repeats): a slow moment slows both. With
+more threads they alternate. Start-up is timed in a process of its own (the framework stopped at its
+first client), each reference right after it. Each figure also gives the ratio of CPU seconds
+(``time.process_time`` of the worker; ``getrusage`` of the import process), and the load average is
+recorded with the results.
 """
 
 from __future__ import annotations
@@ -137,6 +141,33 @@ def _framework_worker(config: Path, out: Path) -> None:
                    encoding="utf-8")
 
 
+class _FirstClient(Exception):
+    pass
+
+
+class _StopAtFirstClient:
+    def __init__(self) -> None:
+        self.at: tuple[float, float] | None = None
+
+    def on_client_start(self, **_: Any) -> None:
+        self.at = (time.time(), time.process_time())
+        raise _FirstClient
+
+
+def _start_worker(config: Path, out: Path) -> None:
+    """The framework from process start to its first client, then stop (the start-up figure)."""
+    from fl_lightning.config import load_config
+    from fl_lightning.federation.simulation import Simulation
+
+    stop = _StopAtFirstClient()
+    try:
+        Simulation(cfg=load_config(config), callbacks=[stop]).run()
+    except _FirstClient:
+        pass
+    out.write_text(json.dumps({"first_client_epoch_s": stop.at[0], "first_client_cpu_s": stop.at[1]}),
+                   encoding="utf-8")
+
+
 def _bare_worker(config: Path, out: Path) -> None:
     """The job as one plain PyTorch loop (see the module docstring)."""
     import numpy as np
@@ -231,8 +262,12 @@ def _bare_worker(config: Path, out: Path) -> None:
 
 # -- the suite --------------------------------------------------------------------------------------------
 def _env(threads: int) -> dict[str, str]:
+    """The workers' environment: ``threads`` torch threads, offline, and Python's bytecode cache on as on
+    any ordinary installation (a machine that sets PYTHONDONTWRITEBYTECODE would otherwise compile this
+    package's sources in every fresh process, ~0.2 s, while the reference imports come precompiled)."""
     path = os.pathsep.join(p for p in (str(_REPO), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
             "PYTHONPATH": path}
 
 
@@ -250,6 +285,35 @@ def _worker(kind: str, config: Path, out: Path, threads: int) -> tuple[dict[str,
     spawned = time.time()
     wall, _ = _python(["-m", "fl_lightning.bench.engine", "--worker", kind, str(config), str(out), str(threads)], threads)
     return json.loads(out.read_text(encoding="utf-8")), wall, spawned
+
+
+_CORE_VARIABLE = "FL_ENGINE_BENCH_CORE"
+
+
+def _cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
+
+def _pair_at_once(config: Path, folder: Path, r: int) -> tuple[tuple[dict[str, Any], float], tuple[dict[str, Any], float]]:
+    """Bare loop and framework at the same time, one torch thread each, each pinned to its own core (the
+    cores swap from one repeat to the next): whatever else the machine does at that moment, both see it."""
+    cores = _cores()[:2]
+    if r % 2:
+        cores.reverse()
+    procs, started = {}, time.perf_counter()
+    for kind, core in zip(("bare", "framework"), cores):
+        env = {**_env(1), _CORE_VARIABLE: str(core)}
+        procs[kind] = subprocess.Popen([sys.executable, "-m", "fl_lightning.bench.engine", "--worker", kind, str(config),
+                                        str(folder / f"{kind}{r}.json"), "1"], env=env, cwd=_REPO,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    results = {}
+    for kind, proc in procs.items():
+        _, err = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"the {kind} worker exited {proc.returncode}: {err[-3000:]}")
+        results[kind] = (json.loads((folder / f"{kind}{r}.json").read_text(encoding="utf-8")),
+                         time.perf_counter() - started)
+    return results["bare"], results["framework"]
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -281,20 +345,31 @@ _START_REFERENCES = (("start_ratio", "import torch, timm", "`import torch, timm`
 
 
 def _point(work: Path, name: str, threads: int, repeats: int = 3, *, time_imports: bool = False,
-           **job: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Framework and bare loop on one job, ``repeats`` fresh processes each, alternating; their accuracies
-    must agree in every round of every run. The figure compares each side's best mean round.
-    ``time_imports``: after each framework run, time the start-up references too (same conditions)."""
+           concurrent: bool = True, **job: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Framework and bare loop on one job, ``repeats`` fresh processes each; their accuracies must agree
+    in every round of every run. The figure compares each side's best mean round. With one thread and
+    two cores (and ``concurrent``) each repeat runs the two at once, one core each; otherwise one after
+    the other. ``time_imports``: each repeat also times the start-up (alone) and its references."""
     config = _job_config(work, name, **job)
     folder = config.parent
-    bares, fws, imports = [], [], {key: [] for key, _, _ in _START_REFERENCES}
+    at_once = threads == 1 and len(_cores()) >= 2 and concurrent
+    bares, fws, starts, imports = [], [], [], {key: [] for key, _, _ in _START_REFERENCES}
     for r in range(repeats):
-        bare, bare_wall, _ = _worker("bare", config, folder / f"bare{r}.json", threads)
         shutil.rmtree(folder / "runs", ignore_errors=True)  # each framework run starts afresh, not a resume
-        fw, fw_wall, spawned = _worker("framework", config, folder / f"framework{r}.json", threads)
+        if at_once:
+            (bare, bare_wall), (fw, fw_wall) = _pair_at_once(config, folder, r)
+        else:
+            bare, bare_wall, _ = _worker("bare", config, folder / f"bare{r}.json", threads)
+            shutil.rmtree(folder / "runs", ignore_errors=True)
+            fw, fw_wall, spawned = _worker("framework", config, folder / f"framework{r}.json", threads)
+            starts.append((fw["first_client_epoch_s"] - spawned, fw["first_client_cpu_s"]))
         _check_same_accuracy(name, fw, bare)
         bares.append({**bare, "process_s": bare_wall})
-        fws.append({**fw, "process_s": fw_wall, "first_client_s": fw["first_client_epoch_s"] - spawned})
+        fws.append({**fw, "process_s": fw_wall})
+        if time_imports and at_once:  # start-up alone on the machine, not beside a bare loop
+            shutil.rmtree(folder / "runs", ignore_errors=True)
+            first, _, spawned = _worker("start", config, folder / f"start{r}.json", threads)
+            starts.append((first["first_client_epoch_s"] - spawned, first["first_client_cpu_s"]))
         for key, code, _ in _START_REFERENCES if time_imports else ():
             if "sklearn" in code and job.get("num_clients", 50) > DIGITS_MAX_CLIENTS:
                 continue  # the generated data set needs no scikit-learn
@@ -314,12 +389,13 @@ def _point(work: Path, name: str, threads: int, repeats: int = 3, *, time_import
                "framework_process_s": [f["process_s"] for f in fws], "bare_process_s": [b["process_s"] for b in bares],
                "framework_round_s": best_fw["round_s"], "bare_round_s": best_bare["round_s"],
                "accuracy": best_fw["accuracy"],
-               "first_client_s": min(f["first_client_s"] for f in fws),
+               "concurrent": at_once,
+               "first_client_s": min(w for w, _ in starts) if starts else None,
                "framework_report_s": [f["report_s"] for f in fws],
-               "first_client_cpu_s": min(f["first_client_cpu_s"] for f in fws), "imports": imports}
+               "first_client_cpu_s": min(c for _, c in starts) if starts else None, "imports": imports}
     runs = ", ".join(f"{f:.3f}/{b:.3f}" for f, b in zip(fw_means, bare_means))
     fig = figure(ratio, "x", op="<=", bound=ROUND_BOUND, details=details,
-                 note=f"{threads} thread(s); best mean round {min(fw_means):.3f} s vs bare {min(bare_means):.3f} s, "
+                 note=f"{threads} thread(s){', run side by side, one core each' if at_once else ''}; best mean round {min(fw_means):.3f} s vs bare {min(bare_means):.3f} s, "
                       f"{1e3 * (min(fw_means) - min(bare_means)):+.1f} ms a round "
                       f"(each run, framework/bare: {runs}; CPU-time ratio {cpu_ratio:.3f}); end-of-run reports "
                       f"{min(details['framework_report_s']):.2f} s once, not in a round; same accuracy in all "
@@ -374,10 +450,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--worker", nargs=4, metavar=("KIND", "CONFIG", "OUT", "THREADS"), required=True)
     args = parser.parse_args(argv)
     kind, config, out, threads = args.worker
+    core = os.environ.get(_CORE_VARIABLE)
+    if core is not None:  # a concurrent pair: each worker on its own core
+        os.sched_setaffinity(0, {int(core)})
     import torch
 
     torch.set_num_threads(int(threads))
-    {"framework": _framework_worker, "bare": _bare_worker}[kind](Path(config), Path(out))
+    {"framework": _framework_worker, "bare": _bare_worker, "start": _start_worker}[kind](Path(config), Path(out))
     return 0
 
 

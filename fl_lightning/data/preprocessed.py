@@ -18,9 +18,10 @@ tensor. The values are the transform's own, so results are bit-identical to the 
   transform per item. It is used only when it reproduces the per-item values exactly: the first item
   the caller asked for, and the first and last item, are computed both ways and compared with
   ``torch.equal``; on any difference the store fills item by item as before.
-* Batched reads (``__getitems__``, which ``DataLoader`` and ``Subset`` use) return the stored items
-  without a Python-level transform call each; a read returns a copy, so a caller that edits its
-  tensor in place never changes the store.
+* Batched reads (``__getitems__``, which ``DataLoader`` and ``Subset`` use) gather the stored items in
+  one indexing call, without a transform call each; with :func:`collate` (the engine's loaders use it)
+  that gathered tensor is the batch itself, not unbound and re-stacked. A read returns a copy, so a
+  caller that edits its tensor in place never changes the store.
 * Per process and per split, keyed by what it wraps: the cache lives as long as the split object (a
   run's ``Environment``), so a different transform or data set is a different split object and never
   sees these tensors. With ``data.num_workers > 0`` each worker fills its own copy (still correct).
@@ -35,10 +36,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 from torchvision.transforms import v2
 
-__all__ = ["PreprocessedSplit", "is_deterministic", "DETERMINISTIC_STEPS"]
+__all__ = ["PreprocessedSplit", "StoredBatch", "collate", "is_deterministic", "DETERMINISTIC_STEPS"]
 
 # transforms.v2 steps whose output depends only on their input (no random draw)
 DETERMINISTIC_STEPS: tuple[type, ...] = (v2.ToImage, v2.RGB, v2.Resize, v2.CenterCrop, v2.ToDtype, v2.Normalize,
@@ -135,9 +136,34 @@ class PreprocessedSplit(Dataset):
         self._filled.fill_(True)
         return True
 
-    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, Any]]:
+    def __getitems__(self, indices: Sequence[int]) -> Sequence[tuple[Any, Any]]:
         idx = torch.as_tensor([int(i) for i in indices], dtype=torch.long)
         if self._inputs is None or not bool(self._filled[idx].all()):
             return [self[i] for i in indices]
-        batch = self._inputs[idx]  # one gather: a fresh tensor, so the items below never alias the store
-        return list(zip(batch.unbind(0), (self._targets[int(i)] for i in idx)))
+        # one gather: a fresh tensor, so nothing read from it aliases the store
+        return StoredBatch(self._inputs[idx], [self._targets[int(i)] for i in idx])
+
+
+class StoredBatch(Sequence):
+    """The ``(input, target)`` items of one batch read from a :class:`PreprocessedSplit`, with the inputs
+    already gathered into one ``(B, ...)`` tensor: :func:`collate` hands that tensor on instead of
+    unbinding and stacking it again. Any other reader sees a sequence of pairs, as ``__getitems__`` gives."""
+
+    def __init__(self, inputs: torch.Tensor, targets: list[Any]) -> None:
+        self.inputs, self.targets = inputs, targets
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self.inputs[i], self.targets[i]
+
+
+def collate(batch: Sequence[Any]) -> Any:
+    """``torch.utils.data.default_collate``, except that a :class:`StoredBatch` of integer targets comes
+    out as ``[inputs, int64 targets]`` at once — the same two tensors, values and dtypes."""
+    if isinstance(batch, StoredBatch) and all(type(t) is int for t in batch.targets):
+        return [batch.inputs, torch.tensor(batch.targets, dtype=torch.int64)]
+    return default_collate(list(batch) if isinstance(batch, StoredBatch) else batch)

@@ -136,10 +136,12 @@ class Environment:
 
     def loader(self, dataset: Dataset, *, shuffle: bool, seed: int = 0, batch_size: int | None = None) -> DataLoader:
         """A DataLoader on this rank; shuffling from its own seeded generator (never the global RNG)."""
+        from fl_lightning.data.preprocessed import collate
+
         generator = torch.Generator().manual_seed(seed) if shuffle else None
         return DataLoader(dataset, batch_size=batch_size or self.cfg.data.batch_size, shuffle=shuffle,
                           generator=generator, num_workers=self.cfg.data.num_workers,
-                          persistent_workers=False)
+                          persistent_workers=False, collate_fn=collate)
 
 
 class Algorithm(ABC):

@@ -131,3 +131,26 @@ def test_a_bulk_fill_that_differs_from_the_items_is_not_used():
     assert torch.equal(cached[3][0], splits.test[3][0]) and cached.stored == 1  # item by item, as before
     last = len(cached) - 1
     assert torch.equal(cached[last][0], splits.test[last][0])
+
+
+def test_collate_hands_on_the_gathered_batch_equal_to_the_default_one():
+    """The engine's loaders collate a stored batch without re-stacking it: the same tensors (values, dtypes,
+    shapes) as torch's default_collate of the same items; other batches are default_collate's."""
+    from torch.utils.data import default_collate
+
+    from fl_lightning.data.preprocessed import StoredBatch, collate
+
+    splits, _ = _splits()
+    cached = PreprocessedSplit(splits.train, budget_bytes=1 << 30)
+    part = Subset(cached, list(range(3, 200, 5)))
+    ours = list(DataLoader(part, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(1),
+                           collate_fn=collate))
+    theirs = list(DataLoader(Subset(splits.train, list(range(3, 200, 5))), batch_size=8, shuffle=True,
+                             generator=torch.Generator().manual_seed(1)))
+    assert len(ours) == len(theirs)
+    for (xa, ya), (xb, yb) in zip(ours, theirs):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb) and ya.dtype == yb.dtype == torch.int64
+    batch = cached.__getitems__([0, 1, 2])
+    assert isinstance(batch, StoredBatch) and len(batch) == 3 and torch.equal(batch[1][0], splits.train[1][0])
+    pairs = [(torch.zeros(2), 1), (torch.ones(2), 0)]
+    assert all(torch.equal(a, b) for a, b in zip(collate(pairs), default_collate(pairs)))
