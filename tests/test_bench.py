@@ -298,7 +298,7 @@ def test_engine_point_takes_each_sides_best_run_and_refuses_a_disagreement(tmp_p
         return result, 9.0, 100.0
 
     monkeypatch.setattr(engine, "_worker", fake_worker)
-    monkeypatch.setattr(engine, "_python", lambda args, threads: (4.0, 3.9))
+    monkeypatch.setattr(engine, "_imports_done", lambda code, threads: (4.0, 3.9))
     fig, details = engine._point(tmp_path, "job", 1, 3, time_imports=True, concurrent=False, model="tiny",
                                  num_clients=20, rounds=2)
     assert fig["value"] == pytest.approx(0.24 / 0.20) and fig["meets"] is False
