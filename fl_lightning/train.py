@@ -39,6 +39,10 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fl_lightning.federation.collector import Paused
 
 __all__ = ["main", "parse_args", "Args"]
 
@@ -156,6 +160,9 @@ def _one_line(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from fl_lightning.federation.collector import pause_collection
+
+    paused = pause_collection()  # the start-up's imports and set-up without full collections (collector.py)
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv
     locks: list = []
@@ -164,13 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     from fl_lightning.errors import RunFailure, UsageError
 
     try:
-        return _main(argv, locks)
+        return _main(argv, locks, paused)
     except UsageError as err:
         return _report(err, 2, debug)
     except RunFailure as err:
         return _report(err, 1, debug)
     # anything else is our bug: the traceback is the report
     finally:
+        paused.release()  # back on, whether or not a run began
         for lock in locks:
             lock.release()
         if in_main_thread:
@@ -186,7 +194,7 @@ def _report(err: BaseException, status: int, debug: bool) -> int:
     return status
 
 
-def _main(argv: list[str], locks: list) -> int:
+def _main(argv: list[str], locks: list, paused: Paused) -> int:
     args = parse_args(argv)
     try:
         from fl_lightning.config import dump_config, expand_variants, load_config
@@ -257,7 +265,7 @@ def _main(argv: list[str], locks: list) -> int:
                   f"({len(finished) + k} of {len(mine)} done): {run.resolved_run_name}, ETA of the rest "
                   f"{format_duration(eta)}", flush=True)
         try:
-            summaries[i] = Simulation(cfg=run, resume=resume[i]).run()
+            summaries[i] = Simulation(cfg=run, resume=resume[i], callbacks=[paused]).run()
             if i in held:
                 held[i].release()
         except KeyboardInterrupt as err:

@@ -149,7 +149,7 @@ def test_a_run_failure_is_caught_by_its_class(monkeypatch, capsys):
 
     for err, status in ((RunFailure("round 3: the server gave up"), 1),
                         (ClientUsageError("client 2 in round 0: corrupt image x.png", 2, 0, "Traceback ...\n"), 2)):
-        def fail(argv, locks, err=err):
+        def fail(argv, locks, paused, err=err):
             raise err
         monkeypatch.setattr(train, "_main", fail)
         assert train.main(["--config", TINY]) == status

@@ -127,13 +127,13 @@ class _RoundClock:
         self.report_s = time.perf_counter() - self.starts[-1][0]
 
 
-def _framework_worker(config: Path, out: Path) -> None:
+def _framework_worker(config: Path, out: Path, paused: Any = None) -> None:
     from fl_lightning.config import load_config
     from fl_lightning.federation.simulation import Simulation
 
     clock = _RoundClock()
     cfg = load_config(config)
-    Simulation(cfg=cfg, callbacks=[clock]).run()
+    Simulation(cfg=cfg, callbacks=[clock, *([paused] if paused is not None else [])]).run()
     pairs = list(zip(clock.starts, clock.starts[1:]))
     out.write_text(json.dumps({"round_s": [b[0] - a[0] for a, b in pairs], "round_cpu_s": [b[1] - a[1] for a, b in pairs],
                                "accuracy": clock.accuracy, "first_client_epoch_s": clock.first_client[0],
@@ -154,14 +154,14 @@ class _StopAtFirstClient:
         raise _FirstClient
 
 
-def _start_worker(config: Path, out: Path) -> None:
+def _start_worker(config: Path, out: Path, paused: Any = None) -> None:
     """The framework from process start to its first client, then stop (the start-up figure)."""
     from fl_lightning.config import load_config
     from fl_lightning.federation.simulation import Simulation
 
     stop = _StopAtFirstClient()
     try:
-        Simulation(cfg=load_config(config), callbacks=[stop]).run()
+        Simulation(cfg=load_config(config), callbacks=[*([paused] if paused is not None else []), stop]).run()
     except _FirstClient:
         pass
     out.write_text(json.dumps({"first_client_epoch_s": stop.at[0], "first_client_cpu_s": stop.at[1]}),
@@ -466,10 +466,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     core = os.environ.get(_CORE_VARIABLE)
     if core is not None:  # a concurrent pair: each worker on its own core
         os.sched_setaffinity(0, {int(core)})
+    if kind == "bare":
+        import torch
+
+        torch.set_num_threads(int(threads))
+        _bare_worker(Path(config), Path(out))
+        return 0
+    from fl_lightning.federation.collector import pause_collection
+
+    paused = pause_collection()  # what fl_lightning.train's main does first, before it imports torch
     import torch
 
     torch.set_num_threads(int(threads))
-    {"framework": _framework_worker, "bare": _bare_worker, "start": _start_worker}[kind](Path(config), Path(out))
+    {"framework": _framework_worker, "start": _start_worker}[kind](Path(config), Path(out), paused)
     return 0
 
 

@@ -46,6 +46,7 @@ from fl_lightning.data.transforms import build_transform
 from fl_lightning.errors import ClientFailure, ClientUsageError, ConfigError, RunFailure, TooFewClients, UsageError
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundPlan
 from fl_lightning.federation.checkpoint import DurableWriter, safe_load
+from fl_lightning.federation.collector import frozen_during_rounds
 from fl_lightning.federation.launch import check_launcher
 from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients, seed_torch
 from fl_lightning.federation.round_store import ClientRecord, RoundResult, RoundStore
@@ -191,7 +192,8 @@ class Simulation:
         run_start = time.monotonic() - run.wall_time_s
         checkpoint = DurableWriter()
         try:
-            self._rounds(algorithm, env, run, assignment, checkpoint, run_start)
+            with frozen_during_rounds():  # no collection in the rounds rescans the start-up's objects
+                self._rounds(algorithm, env, run, assignment, checkpoint, run_start)
         finally:
             checkpoint.wait()  # server.pt is on disk before the summary (or before an error propagates)
         # the rounds are done and durable; the end-of-run reports (partition.png, summary.json) follow
