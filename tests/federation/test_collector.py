@@ -3,6 +3,8 @@ released), someone else's "off" left alone, and the start-up's objects frozen on
 
 import gc
 
+import pytest
+
 from fl_lightning.federation.collector import frozen_during_rounds, pause_collection
 from fl_lightning.federation.simulation import Simulation
 from tests.federation.test_simulation import _cfg
@@ -28,11 +30,8 @@ def test_freeze_lasts_for_the_block_only_even_when_it_raises():
     with frozen_during_rounds():
         assert gc.get_freeze_count() > 0
     assert gc.get_freeze_count() == 0
-    try:
-        with frozen_during_rounds():
-            raise KeyError
-    except KeyError:
-        pass
+    with pytest.raises(KeyError), frozen_during_rounds():
+        raise KeyError
     assert gc.get_freeze_count() == 0
 
 
