@@ -38,12 +38,16 @@ def test_freeze_lasts_for_the_block_only_even_when_it_raises():
 class _Seen:
     def __init__(self):
         self.rounds = []
+        self.frozen_at_run_start = None
+
+    def on_run_start(self, **_):
+        self.frozen_at_run_start = gc.get_freeze_count() > 0
 
     def on_round_start(self, **_):
         self.rounds.append((gc.isenabled(), gc.get_freeze_count() > 0))
 
 
-def test_a_run_collects_in_its_rounds_with_the_start_up_frozen_and_unfreezes_after(tmp_path):
+def test_a_run_freezes_the_start_up_before_the_pause_ends_collects_in_its_rounds_and_unfreezes_after(tmp_path):
     seen = _Seen()
     paused = pause_collection()
     try:
@@ -51,4 +55,6 @@ def test_a_run_collects_in_its_rounds_with_the_start_up_frozen_and_unfreezes_aft
     finally:
         paused.release()
     assert seen.rounds == [(True, True), (True, True)]  # on again and the start-up frozen, in every round
+    # frozen already when the pause ends (on_run_start): the collector's first pass must not scan the start-up
+    assert seen.frozen_at_run_start
     assert gc.isenabled() and gc.get_freeze_count() == 0
