@@ -179,9 +179,10 @@ class RoundStore:
 
     # -- clients --------------------------------------------------------------------------------
     def save_client(self, client: int, record: ClientRecord, upload: Upload | None) -> None:
-        if self._may_hold(upload.num_bytes if upload is not None else 0):
+        num_bytes = upload.num_bytes if upload is not None else 0
+        if self._may_hold(num_bytes):
             self._held[client] = (record, _snapshot(upload))
-            self._held_bytes += upload.num_bytes if upload is not None else 0
+            self._held_bytes += num_bytes
             return
         self._write_client(client, record, upload)
 

@@ -79,6 +79,29 @@ def test_weighted_mean_fold_matches_numpy_float64(dtype):
     assert fold.total_weight == float(weights.sum())
 
 
+def test_weighted_mean_fold_is_bit_identical_to_the_plain_float64_idiom():
+    # the fold's reused scratch buffer must give exactly `acc += t.to(float64) * w` (the bench's bare loop),
+    # for keys of different sizes (the buffer is shared and grown) and non-contiguous inputs
+    gen = torch.Generator().manual_seed(0)
+    shapes = {"small": (3,), "big": (64, 33), "mid": (5, 7, 2), "count": ()}
+    uploads = [{k: (torch.randint(0, 50, s, generator=gen) if k == "count"
+                    else torch.randn(s, generator=gen, dtype=torch.float32) * 10) for k, s in shapes.items()}
+               for _ in range(6)]
+    uploads[2]["big"] = torch.randn(33, 64, generator=gen).t()  # a transposed view
+    weights = [17.0, 3.0, 0.1, 250.0, 1.0, 9.5]
+    fold, expected = WeightedMean(), {}
+    for up, w in zip(uploads, weights):
+        fold.add(up, w)
+        for k, t in up.items():
+            term = t.to(torch.float64) * w
+            expected[k] = term if k not in expected else expected[k] + term
+    total = sum(weights)
+    for k, out in fold.result().items():
+        mean = expected[k] / total
+        want = (mean.round() if k == "count" else mean).to(uploads[0][k].dtype)
+        assert torch.equal(out, want), k
+
+
 def test_weighted_mean_rounds_integer_buffers_instead_of_truncating():
     fold = WeightedMean()
     fold.add({"num_batches_tracked": torch.tensor(2)}, 1.0)
