@@ -29,6 +29,9 @@ import torch
 __all__ = ["WeightedMean", "weighted_average", "layerwise_average", "check_whole_layers"]
 
 
+_SCRATCH_MIN_NUMEL = 1 << 14  # from this size a key folds through the reused scratch buffer (WeightedMean._term)
+
+
 class WeightedMean:
     """Streamed weighted mean per key, in float64 (see the module docstring).
 
@@ -61,12 +64,14 @@ class WeightedMean:
             if tensor.shape != acc.shape:
                 raise ValueError(f"cannot average tensors of shapes {tuple(acc.shape)} and "
                                  f"{tuple(tensor.shape)} (key {key!r})")
-            # the same float64 product and sum as `acc += tensor.to(float64) * w`, bit for bit, through one
-            # reused buffer: a fresh float64 temporary per key and client is mostly page faults (~2x the fold)
-            term = self._term(acc)
-            term.copy_(tensor.detach())
-            term.mul_(w)
-            acc.add_(term)
+            if tensor.numel() < _SCRATCH_MIN_NUMEL:  # small: the temporaries are cheap, the extra calls are not
+                acc += tensor.detach().to(torch.float64) * w
+            else:  # the same float64 product and sum, bit for bit, through one reused buffer: a fresh
+                # float64 temporary per large key and client is mostly page faults (~2x the fold)
+                term = self._term(acc)
+                term.copy_(tensor.detach())
+                term.mul_(w)
+                acc.add_(term)
             self._weights[key] += w
         self.total_weight += w
 

@@ -80,14 +80,15 @@ def test_weighted_mean_fold_matches_numpy_float64(dtype):
 
 
 def test_weighted_mean_fold_is_bit_identical_to_the_plain_float64_idiom():
-    # the fold's reused scratch buffer must give exactly `acc += t.to(float64) * w` (the bench's bare loop),
-    # for keys of different sizes (the buffer is shared and grown) and non-contiguous inputs
+    # the fold's reused scratch buffer (keys of >= 16,384 elements) must give exactly `acc += t.to(float64) * w`
+    # (the bench's bare loop), for keys of different sizes (the buffer is shared and grown) and a
+    # non-contiguous input
     gen = torch.Generator().manual_seed(0)
-    shapes = {"small": (3,), "big": (64, 33), "mid": (5, 7, 2), "count": ()}
+    shapes = {"small": (3,), "big": (130, 131), "mid": (5, 7, 2), "bigger": (150, 150), "count": ()}
     uploads = [{k: (torch.randint(0, 50, s, generator=gen) if k == "count"
                     else torch.randn(s, generator=gen, dtype=torch.float32) * 10) for k, s in shapes.items()}
                for _ in range(6)]
-    uploads[2]["big"] = torch.randn(33, 64, generator=gen).t()  # a transposed view
+    uploads[2]["big"] = torch.randn(131, 130, generator=gen).t()  # a transposed view
     weights = [17.0, 3.0, 0.1, 250.0, 1.0, 9.5]
     fold, expected = WeightedMean(), {}
     for up, w in zip(uploads, weights):
