@@ -54,3 +54,17 @@ class StopAfterClients:
         if self.n == 0:
             raise KeyboardInterrupt
 
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``python -m pytest`` leaves out the few tests marked ``slow`` (each tens of seconds: whole CLI
+    comparisons, the kill-and-rerun, notebooks, multi-process launchers, the quick benches), so that the
+    suite stays near 10 minutes on 2 cores; ``.ci/run`` runs them next with ``pytest -m slow``. Any ``-m``
+    expression (``-m slow``, ``-m outcome``, ``-m "slow or not slow"``) or a test named by its id selects
+    as usual."""
+    if config.option.markexpr or any("::" in str(arg) for arg in config.args):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]

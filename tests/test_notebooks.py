@@ -9,6 +9,7 @@ from nbclient import NotebookClient
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
+@pytest.mark.slow  # ~20 s on 2 cores: a notebook kernel running the quickstart
 @pytest.mark.parametrize("name", ["fedopal_quickstart.ipynb"])
 def test_notebook_executes(name):
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)

@@ -3,11 +3,13 @@
 import os
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 from tests.conftest import REPO
 
 
+@pytest.mark.slow  # ~30 s on 2 cores: a notebook kernel running the pilots
 def test_scaling_law_notebook_executes(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import CONF, REPO, run_cli
@@ -43,6 +44,7 @@ def _mtimes(folder: Path) -> dict[str, int]:
     return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow  # ~50 s on 2 cores: a comparison run, SIGKILLed, and run again
 def test_a_killed_comparison_finishes_when_the_same_command_is_run_again(tmp_path):
     config = _config(tmp_path)
     straight = run_cli("--config", str(config), "--output_dir", str(tmp_path / "straight"))

@@ -26,6 +26,7 @@ def _rows(run_dir):
     return read_metrics_csv(run_dir / "metrics.csv")
 
 
+@pytest.mark.slow  # ~40 s on 2 cores: every FeDiSyn stage through the CLI
 def test_tiny_config_end_to_end_through_the_cli(tmp_path):
     proc = run_cli("--config", str(TINY), "--output_dir", str(tmp_path), env=ONE_THREAD, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
