@@ -55,7 +55,6 @@ class StopAfterClients:
             raise KeyboardInterrupt
 
 
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``python -m pytest`` leaves out the few tests marked ``slow`` (each tens of seconds: whole CLI
     comparisons, the kill-and-rerun, notebooks, multi-process launchers, the quick benches), so that the
