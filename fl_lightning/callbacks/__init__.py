@@ -40,4 +40,10 @@ def default_callbacks(cfg: RunConfig, loggers: list[object]) -> list[object]:
         from fl_lightning.callbacks.wandb_logging import WandbExtrasCallback
 
         callbacks += [WandbExtrasCallback(logger=lg) for lg in loggers if isinstance(lg, WandbLogger)]
+    if cfg.logging.tensorboard:
+        from lightning.fabric.loggers import TensorBoardLogger
+
+        from fl_lightning.callbacks.tensorboard_logging import TensorBoardExtrasCallback
+
+        callbacks += [TensorBoardExtrasCallback(logger=lg) for lg in loggers if isinstance(lg, TensorBoardLogger)]
     return callbacks

@@ -77,12 +77,13 @@ class WandbExtrasCallback:
             return
         from fl_lightning.config import config_to_dict
         from fl_lightning.data.partition import client_class_counts
-        from fl_lightning.data.report import partition_figure
+        from fl_lightning.data.report import partition_image
 
         self.classes = list(env.splits.classes)
         self.logger.log_hyperparams(config_to_dict(cfg))
         counts = client_class_counts(env.splits.train_targets, env.partition, env.num_classes)
-        self.logger.log_image("partition", [partition_figure(counts, env.splits.classes)])
+        # pixels, not a Figure: wandb.Image(figure) needs matplotlib.pyplot imported (see data/report.py)
+        self.logger.log_image("partition", [partition_image(counts, env.splits.classes)])
 
     def on_round_end(self, *, round_idx: int, results: Any, **_: Any) -> None:
         rows = [[round_idx, c, r.compute_s, r.bytes_down, r.bytes_up, r.failure is not None]

@@ -17,7 +17,7 @@ from fl_lightning.data.partition import (
     write_partition_json,
 )
 from fl_lightning.data.registry import DATASETS, DatasetSplits, build_dataset, register_dataset
-from fl_lightning.data.report import partition_figure, write_partition_report
+from fl_lightning.data.report import partition_figure, partition_image, write_partition_report
 from fl_lightning.data.transforms import (
     CLIP_MEAN,
     CLIP_STD,
@@ -42,6 +42,7 @@ __all__ = [
     "dirichlet_partition",
     "iid_partition",
     "partition_figure",
+    "partition_image",
     "read_partition_json",
     "register_dataset",
     "shard_partition",

@@ -1,8 +1,10 @@
 """A table and a heatmap of how a data set was split among clients (``partition.csv``/``.png``).
 
 The figure is built on a bare :class:`matplotlib.figure.Figure` with the Agg canvas — no pyplot
-global state, no display needed — so it is safe in worker processes and can be handed to W&B
-(``wandb.Image(partition_figure(...))``).
+global state, no display needed — so it is safe in worker processes. Loggers get it as pixels
+(:func:`partition_image`, an RGB array): W&B's ``wandb.Image(figure)`` compares the figure with
+``matplotlib.pyplot`` and fails in a process that never imported pyplot (wandb 0.31), while an array
+is read the same whatever the process imported before.
 
 At scale the table keeps every client (10,000 clients × 10 classes: ~0.1 s), while the heatmap
 draws at most ``max_rows`` clients, evenly spaced over the client ids and labelled with their real
@@ -22,7 +24,7 @@ import numpy as np
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["MAX_HEATMAP_ROWS", "partition_figure", "write_partition_figure", "write_partition_report"]
+__all__ = ["MAX_HEATMAP_ROWS", "partition_figure", "partition_image", "write_partition_figure", "write_partition_report"]
 
 # Past this many ticks on an axis the labels overlap; show every n-th one instead.
 _MAX_TICKS = 40
@@ -117,6 +119,14 @@ def partition_figure(
                     ax.text(c, k, str(value), ha="center", va="center", fontsize=6, color=color)
     fig.colorbar(im, ax=ax, label="samples")
     return fig
+
+
+def partition_image(counts: np.ndarray, class_names: list[str], *, max_rows: int = MAX_HEATMAP_ROWS) -> np.ndarray:
+    """:func:`partition_figure` rendered by its Agg canvas: a ``(H, W, 3)`` uint8 RGB array, the pixels that
+    ``partition.png`` holds, for loggers (``WandbLogger.log_image``, TensorBoard) that take images."""
+    fig = partition_figure(counts, class_names, max_rows=max_rows)
+    fig.canvas.draw()
+    return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
 
 
 def write_partition_report(

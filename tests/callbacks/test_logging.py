@@ -2,21 +2,81 @@
 
 import json
 
+import pytest
+
 from fl_lightning.config import load_config
 from fl_lightning.federation.simulation import Simulation
 from tests.conftest import CONF
 
 
 def test_wandb_offline_and_tensorboard(tmp_path, monkeypatch):
+    """Read back as W&B and TensorBoard record them: one W&B run (its id, name, job type and tags), the resolved
+    config, a history row per round with its accuracy, the partition image as pixels, the final summary and a
+    clean exit; TensorBoard: one event file with the rounds' scalars, the config as HParams and the image.
+    Run alone in a fresh process this is what a user's first run meets (no pyplot imported by anyone)."""
+    import numpy as np
+
+    from fl_lightning.data.report import partition_image
+    from tests.logger_records import tensorboard_run, wandb_run
+
     monkeypatch.setenv("WANDB_MODE", "offline")
     cfg = load_config(CONF / "fedavg_digits_tiny.yaml",
                       ["--output_dir", str(tmp_path), "--federation.rounds", "2", "--partition.num_clients", "3",
                        "--logging.wandb", "true", "--logging.tensorboard", "true", "--logging.progress", "false"])
-    Simulation(cfg=cfg).run()
-    runs = list((cfg.run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
-    assert len(runs) == 1 and runs[0].stat().st_size > 0
-    assert list((cfg.run_dir / "tensorboard").rglob("events.out.tfevents.*"))
-    assert len((cfg.run_dir / "metrics.csv").read_text().splitlines()) == 3
+    summary = Simulation(cfg=cfg).run()
+    import wandb
+
+    wandb.teardown()  # the service process writes the last records: wait for it
+    files = list((cfg.run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(files) == 1
+    rec = wandb_run(files[0])
+    assert len(rec["runs"]) == 1 and rec["exit"]
+    run = rec["runs"][0]
+    assert files[0].name == f"run-{run.run_id}.wandb"  # (the CLI's run.json fixes the id: see the next tests)
+    assert (run.display_name, run.job_type, run.run_group) == (cfg.resolved_run_name, "fedavg", "")
+    assert {"fedavg", "alpha=0.5", "seed=0"} <= set(run.tags)
+    assert rec["config"]["algorithm"] == "fedavg" and rec["config"]["federation"]["rounds"] == 2
+    assert rec["config"]["partition"]["num_clients"] == 3
+
+    metrics = [line.split(",") for line in (cfg.run_dir / "metrics.csv").read_text().splitlines()]
+    csv_acc = [float(row[metrics[0].index("accuracy")]) for row in metrics[1:]]
+    rounds = [row for row in rec["history"] if "accuracy" in row]
+    assert [row["round"] for row in rounds] == [0, 1]
+    assert [row["accuracy"] for row in rounds] == pytest.approx(csv_acc, rel=1e-6)
+    image = [row for row in rec["history"] if "partition/width" in row]
+    assert len(image) == 1
+    pixels = partition_image(np.zeros((3, 10), dtype=np.int64), [str(c) for c in range(10)])
+    assert (image[0]["partition/height"], image[0]["partition/width"]) == pixels.shape[:2]
+    assert len(list(files[0].parent.glob("files/media/images/partition_*.png"))) == 1
+    assert rec["summary"]["accuracy"] == pytest.approx(summary["accuracy"], rel=1e-6)
+    assert rec["summary"]["bytes_up"] == summary["bytes_up"] and rec["summary"]["rounds"] == 2
+
+    tb = tensorboard_run(cfg.run_dir / "tensorboard")
+    assert tb["files"] == 1
+    assert [step for step, _ in tb["scalars"]["accuracy"]] == [0, 1]
+    assert [v for _, v in tb["scalars"]["accuracy"]] == pytest.approx(csv_acc, rel=1e-6)
+    assert tb["hparams"]["algorithm"] == "fedavg" and tb["hparams"]["federation/rounds"] == 2
+    assert tb["images"]["partition"] == [(0, pixels.shape[1], pixels.shape[0])]
+    assert len(metrics) == 3
+
+
+def test_the_partition_reaches_wandb_as_pixels_in_a_process_that_never_imported_pyplot(tmp_path):
+    """The failure a fresh install met (wandb 0.31 compares a Figure with ``matplotlib.pyplot``), checked in a
+    process of its own, whatever this test process imported before."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np, wandb\n"
+        "from fl_lightning.data.report import partition_image\n"
+        "img = wandb.Image(partition_image(np.array([[1, 2], [3, 0]]), ['a', 'b']))\n"
+        "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot was imported'\n"
+        "print(img.image.size)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**__import__("os").environ, "PYTHONPATH": str(CONF.parent)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().startswith("(")
 
 
 def _wandb_files(folder):
@@ -27,6 +87,7 @@ def test_a_comparison_leaves_one_wandb_run_per_run_each_with_its_own_data(tmp_pa
     """Two variants: two W&B runs (each run's metrics, partition image and tables in its own, finished when the
     run ends, grouped by the comparison and tagged), plus one for the comparison's table and plot."""
     from fl_lightning import train
+    from tests.logger_records import wandb_run
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     rc = train.main(["--config", str(CONF / "fedopal_table2_tiny.yaml"), "--variants",
@@ -57,7 +118,19 @@ def test_a_comparison_leaves_one_wandb_run_per_run_each_with_its_own_data(tmp_pa
     ids = {m: json.loads((out / n / "run.json").read_text())["run_id"].encode() for m, n in names.items()}
     assert ids["afl"] != ids["fedcgs"]  # the W&B run id is the run's id in run.json
     assert ids["afl"] in data["afl"] and ids["fedcgs"] in data["fedcgs"] and ids["afl"] not in data["fedcgs"]
+    for method, name in names.items():  # as W&B records them
+        rec = wandb_run(_wandb_files(out / name)[0])
+        assert len(rec["runs"]) == 1 and rec["exit"]
+        run = rec["runs"][0]
+        assert (run.run_id, run.run_group, run.job_type, run.display_name) == (ids[method].decode(), "cmp", method,
+                                                                               name)
+        assert rec["config"]["algorithm"] == method and rec["config"]["label"] == ("AFL" if method == "afl" else
+                                                                                   "FedCGS")
+        assert len([row for row in rec["history"] if "accuracy" in row]) == 1  # one round
+        assert {"accuracy", "bytes_up_per_client", "rounds"} <= set(rec["summary"])
     table = _wandb_files(out)  # the comparison's own W&B run
+    comparison = wandb_run(table[0])["runs"]
+    assert [(r.run_group, r.job_type) for r in comparison] == [("cmp", "comparison")]
     assert len(table) == 1 and b"comparison" in table[0].read_bytes()
     assert list(table[0].parent.glob("files/media/table/comparison_*.table.json"))
     assert list(table[0].parent.glob("files/media/images/comparison_plot_*.png"))
