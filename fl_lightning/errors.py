@@ -17,7 +17,7 @@ so the traceback that ``--debug`` prints ends in the client's own code.
 
 from __future__ import annotations
 
-__all__ = ["UsageError", "ConfigError", "MissingResourceError", "ResourceError", "RunFolderError",
+__all__ = ["UsageError", "ConfigError", "MissingResourceError", "ResourceError", "DiskFullError", "RunFolderError",
            "ClientUsageError", "RunFailure", "ClientFailure", "TooFewClients", "RemoteTraceback", "check"]
 
 
@@ -58,6 +58,27 @@ class MissingResourceError(UsageError):
 
 class ResourceError(UsageError):
     """The machine cannot give what the config asks for (CPU cores, GPUs, memory, a writable folder)."""
+
+
+class DiskFullError(ResourceError):
+    """A file of the run could not be written: no space left (or the quota is spent) where it goes.
+
+    The file it replaces is intact (writes go to a temp file, renamed only when whole); the message is the
+    one line (the file, the bytes it needed, the space free, what to do).
+
+    Args:
+        message: the one line.
+        path: the file that could not be written.
+        needed: bytes it needed (None when unknown).
+        free: bytes free on its filesystem after the failed write was cleaned up (None when unknown).
+    """
+
+    def __init__(self, message: str, path: str, needed: int | None = None, free: int | None = None) -> None:
+        super().__init__(message)
+        self.path, self.needed, self.free = path, needed, free
+
+    def __reduce__(self) -> tuple:  # pickled when a rank's error is broadcast to the others
+        return type(self), (str(self), self.path, self.needed, self.free)
 
 
 class RunFolderError(UsageError):
