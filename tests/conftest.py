@@ -58,7 +58,8 @@ class StopAfterClients:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``python -m pytest`` leaves out the few tests marked ``slow`` (each tens of seconds: whole CLI
     comparisons, the kill-and-rerun, notebooks, multi-process launchers, the quick benches), so that the
-    suite stays near 10 minutes on 2 cores; ``.ci/run`` runs them next with ``pytest -m slow``. Any ``-m``
+    suite stays near 10 minutes on 2 cores; ``.ci/run`` runs them in its pass of every file alone
+    (``scripts/test_files_alone.py``), and ``pytest -m slow`` runs them all. Any ``-m``
     expression (``-m slow``, ``-m outcome``, ``-m "slow or not slow"``) or a test named by its id selects
     as usual."""
     if config.option.markexpr or any("::" in str(arg) for arg in config.args):
@@ -67,3 +68,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """Say how to repeat a shuffled run: pytest-randomly (in the ``dev`` extra) orders the tests by a fresh seed
+    each run, and ``-q`` hides its header line."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if config.pluginmanager.has_plugin("randomly") and isinstance(seed, int):
+        terminalreporter.write_line(f"tests shuffled by pytest-randomly; repeat this order with -p randomly "
+                                    f"--randomly-seed={seed}")
