@@ -1,4 +1,9 @@
-"""Atomic, safe checkpoints: temp file + rename, and ``torch.load(weights_only=True)`` only."""
+"""Atomic, safe checkpoints: temp file + rename, and ``torch.load(weights_only=True)`` only.
+
+A save that fails for lack of space (ENOSPC/EDQUOT, or torch's ``inline_container`` error on a full disk)
+raises :class:`~fl_lightning.errors.DiskFullError`: one line naming the file, the bytes it needed, the space
+free and what to do; the file it would have replaced is intact and its temp file removed.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,14 @@ import pickle
 import tempfile
 import threading
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fl_lightning.errors import UsageError
+from fl_lightning.errors import DiskFullError, UsageError
+from fl_lightning.federation.run_folder import disk_full_error
 
 __all__ = ["atomic_save", "safe_load", "CorruptCheckpointError", "DurableWriter"]
 
@@ -42,9 +49,53 @@ def atomic_save(obj: Any, path: str | Path, *, durable: bool = True, checksum: b
                 f.flush()
                 os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        full = _disk_full(err, path, lambda: _serialized_bytes(obj))
+        if full is not None:
+            raise full  # noqa: B904 — its __cause__ is err
         raise
+
+
+class _Counter:
+    """A file that keeps only the count of the bytes written to it."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def write(self, data: bytes) -> int:
+        self.n += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def _serialized_bytes(obj: Any) -> int | None:
+    """The size of ``torch.save(obj)``, serialized into a counter (no memory, no disk; the failure path only)."""
+    from torch.utils.serialization import config as serialization
+
+    counter = _Counter()
+    try:
+        with serialization.patch({"save.compute_crc32": False}):  # the CRC's field has its size either way
+            torch.save(obj, counter)
+    except Exception:  # noqa: BLE001 — the size is only for the message
+        return None
+    return counter.n
+
+
+def _disk_full(err: BaseException, path: Path, needed: Callable[[], int | None]) -> DiskFullError | None:
+    """The one-line :class:`DiskFullError` (caused by ``err``) when lack of space made the save fail, else None.
+    ``needed`` gives the bytes the save needed; it is asked only when ``err`` may be that."""
+    if not isinstance(err, (OSError, RuntimeError)):
+        return None
+    size, what = needed(), "its serialized size"
+    if size is None and path.is_file():
+        size, what = path.stat().st_size, "the size of its previous version, an estimate"
+    full = disk_full_error(err, path, size, needed_is=what)
+    if full is not None:
+        full.__cause__ = err
+    return full
 
 
 class DurableWriter:
@@ -71,8 +122,11 @@ class DurableWriter:
         try:
             with os.fdopen(fd, "wb") as f, serialization.patch({"save.compute_crc32": True}):
                 torch.save(obj, f)
-        except BaseException:
+        except BaseException as err:
             Path(tmp).unlink(missing_ok=True)
+            full = _disk_full(err, path, lambda: _serialized_bytes(obj))
+            if full is not None:
+                raise full  # noqa: B904 — its __cause__ is err
             raise
         self._thread = threading.Thread(target=self._finish, args=(tmp, path), name="fl-checkpoint")
         self._thread.start()  # not a daemon: an interpreter that exits still finishes the rename
@@ -86,8 +140,12 @@ class DurableWriter:
                 os.close(fd)
             os.replace(tmp, path)
         except BaseException as err:  # noqa: BLE001 — re-raised by wait()
+            try:
+                size: int | None = os.stat(tmp).st_size  # the whole file: torch.save wrote it all
+            except OSError:
+                size = None
             Path(tmp).unlink(missing_ok=True)
-            self._error = err
+            self._error = _disk_full(err, path, lambda: size) or err
 
     def wait(self) -> None:
         """Block until the last save is durable at its path; raise its error, if any."""

@@ -127,8 +127,8 @@ def disk_full_error(err: BaseException, path: Path, needed: int | None, *,
     room = "?" if free is None else _size(free)
     where = (f"the disk quota there is used up ({room} free on the filesystem)" if code == errno.EDQUOT
              else f"{room} free there")
-    return DiskFullError(f"disk full: '{path}' could not be written: {need}, {where}; the previous file is intact: "
-                         f"free space there (or move the run folder to a disk with room), then continue the run "
+    return DiskFullError(f"disk full: '{path}' could not be written: {need}, {where}; any earlier version of it is "
+                         f"intact: free space there, or move output_dir to a disk with room; then continue the run "
                          f"with --resume", str(path), needed, free)
 
 
@@ -647,7 +647,7 @@ def _blind_ranks_message(blind: list[dict[str, Any]], sent: dict[str, Any], limi
     for host, entries in list(by_host.items())[:limit]:
         ranks = ", ".join(str(e["rank"]) for e in entries)
         first = entries[0]
-        named = "" if first["path"] == sent["path"] else f" as '{first['path']}'"
+        named = "" if first["path"] == sent["path"] else f"; it looks in '{first['path']}'"
         parts.append(f"rank{'s' if len(entries) > 1 else ''} {ranks} on host {host} ({first['why']}{named})")
     more = f" and {len(by_host) - limit} more host(s)" if len(by_host) > limit else ""
     return (f"run folder error: {'; '.join(parts)}{more} cannot see the run folder '{sent['path']}' that rank 0 "
