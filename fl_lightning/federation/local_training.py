@@ -3,9 +3,15 @@
 
 Each rank trains its clients one after another on its own device. The module is deliberately NOT
 wrapped with ``fabric.setup`` — under DDP that would all-reduce gradients across ranks, mixing
-different clients' updates. Precision comes from ``fabric.autocast()``. Callbacks that shape the
-gradient (proximal term, gradient contributions) receive ``on_after_backward(module=...)`` right after
-``backward``, the hook name Lightning uses.
+different clients' updates. Precision comes from Fabric's precision plugin all the same: the forward runs
+under ``fabric.autocast()``, and backward and the optimiser step go through the plugin, so that with
+``16-mixed`` the loss is scaled, the gradients are unscaled before any hook sees them and a step with
+non-finite gradients is skipped (torch's ``GradScaler``; fp16 gradients underflow without it). Each client
+gets a fresh scaler: no client's loss scale depends on which clients this rank trained before it.
+Callbacks that shape the gradient (proximal term, gradient contributions) receive
+``on_after_backward(module=...)`` right after ``backward``, the hook name Lightning uses. The loss is
+summed on the device (float64: the same sum as adding Python floats) and read once at the end, not
+synchronised every step.
 """
 
 from __future__ import annotations
@@ -38,6 +44,14 @@ def _optimizer(module: LightningModule) -> torch.optim.Optimizer:
     return opt
 
 
+def _client_scaler(fabric: Fabric) -> torch.amp.GradScaler | None:
+    """A fresh ``GradScaler`` like the one Fabric's precision plugin holds (``16-mixed``), or None."""
+    scaler = getattr(fabric.strategy.precision, "scaler", None)
+    if scaler is None:
+        return None
+    return torch.amp.GradScaler(device=fabric.device.type)
+
+
 def fit_local(fabric: Fabric, module: LightningModule, loader: DataLoader, *, epochs: int,
               callbacks: Sequence[object] = ()) -> LocalFitResult:
     """Train ``module`` for ``epochs`` over ``loader`` on this rank's device.
@@ -54,19 +68,30 @@ def fit_local(fabric: Fabric, module: LightningModule, loader: DataLoader, *, ep
     module.train()
     optimizer = _optimizer(module)
     hooks = [cb.on_after_backward for cb in callbacks if hasattr(cb, "on_after_backward")]
-    steps, total = 0, 0.0
+    scaler = _client_scaler(fabric)
+    # float64 where the device has it (MPS has not): the same sum as adding the losses as Python floats
+    acc_dtype = torch.float32 if fabric.device.type == "mps" else torch.float64
+    steps, total = 0, torch.zeros((), dtype=acc_dtype, device=fabric.device)
     for _ in range(epochs):
         for batch_idx, batch in enumerate(loader):
             batch = fabric.to_device(batch)
             with fabric.autocast():
                 loss = module.training_step(batch, batch_idx)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            if scaler is None:
+                loss.backward()
+            else:
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)  # hooks see (and shape) the true gradients
             for hook in hooks:
                 hook(module=module)
-            optimizer.step()
+            if scaler is None:
+                optimizer.step()
+            else:
+                scaler.step(optimizer)  # skipped when a gradient is inf/NaN
+                scaler.update()
             steps += 1
-            total += float(loss.detach())
+            total += loss.detach().to(acc_dtype)
     module.eval()
-    return LocalFitResult(steps, total / max(steps, 1), time.monotonic() - start)
+    return LocalFitResult(steps, float(total) / max(steps, 1), time.monotonic() - start)
 
