@@ -146,9 +146,17 @@ class FederationConfig:
     # memory until their round has run this many seconds, then every record is written to disk; a crash
     # (SIGKILL) earlier costs at most this much work, re-run to the same result. 0: write each record at once
     record_after_s: float = 10.0
+    # the longest a rank waits in one collective (the start-up's rendezvous included) before it stops with one
+    # line (exit 1). The longest wait is the server's phase: ranks 1..N-1 wait while rank 0 plans, aggregates and
+    # evaluates — hours in FeDiSyn's round 0 (the synthesis on the server), where torch's default (30 min for
+    # NCCL) lets the watchdog abort them. 24 h covers that phase; a failure on rank 0 still ends every rank at
+    # once (federation/collectives.py), so the long default never makes a failed run wait
+    collective_timeout_s: float = 86400.0
 
     def __post_init__(self) -> None:
         check(self.rounds >= 1, "rounds", self.rounds, "an int >= 1")
+        check(0 < self.collective_timeout_s <= 1e9, "collective_timeout_s", self.collective_timeout_s,
+              "a float in (0, 1e9] (seconds; 86400 is a day)")
         check(0 <= self.record_after_s <= _FLOAT32_MAX, "record_after_s", self.record_after_s,
               "a finite float >= 0 (seconds)")
         check(0 < self.client_fraction <= 1, "client_fraction", self.client_fraction, "a float in (0, 1]")

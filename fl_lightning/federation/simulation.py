@@ -20,7 +20,9 @@ import math
 import shutil
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from lightning.fabric import Fabric, seed_everything
+from lightning.fabric.strategies import STRATEGY_REGISTRY, DDPStrategy, Strategy
 
 from fl_lightning.config import RunConfig, dump_config
 from fl_lightning.data.partition import (
@@ -46,6 +49,7 @@ from fl_lightning.data.transforms import build_transform
 from fl_lightning.errors import ClientFailure, ClientUsageError, ConfigError, RunFailure, TooFewClients, UsageError
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundPlan
 from fl_lightning.federation.checkpoint import DurableWriter, safe_load
+from fl_lightning.federation.collectives import from_server, waiting
 from fl_lightning.federation.collector import frozen_during_rounds
 from fl_lightning.federation.launch import check_launcher
 from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients, seed_torch
@@ -88,11 +92,16 @@ def _partition_from_file(path: Path, num_samples: int, num_clients: int) -> list
     return parts
 
 
-def _strategy(cfg: RunConfig) -> str:
+def _strategy(cfg: RunConfig) -> str | Strategy:
+    """Fabric's strategy: ``auto`` is DDP on more than one rank. A DDP strategy (``ddp`` or one of its registered
+    variants, ``ddp_spawn`` …) is built here with ``federation.collective_timeout_s``: by name, Fabric would use
+    torch's default process-group timeout (30 min for NCCL), shorter than a long server phase."""
     f = cfg.federation
-    if f.strategy != "auto":
-        return f.strategy
-    return "ddp" if f.devices * f.num_nodes > 1 else "auto"
+    name = f.strategy if f.strategy != "auto" else "ddp" if f.devices * f.num_nodes > 1 else "auto"
+    entry = STRATEGY_REGISTRY[name] if name in STRATEGY_REGISTRY else None  # its .get() would build one
+    if entry is None or not issubclass(entry["strategy"], DDPStrategy):
+        return name
+    return entry["strategy"](**entry["init_params"], timeout=timedelta(seconds=f.collective_timeout_s))
 
 
 class Simulation:
@@ -168,25 +177,17 @@ class Simulation:
     def run(self) -> dict[str, Any]:
         fabric, cfg = self.fabric, self.cfg
         if self.launcher != "fabric run":  # Fabric's CLI has created and set up the processes already
-            fabric.launch()
-        if fabric.world_size > 1:  # rank 0 decided (train.py: --resume, or the same command after an interruption)
-            self.resume = fabric.broadcast(self.resume, src=0)
+            with waiting("the other ranks to start", cfg.federation.collective_timeout_s, fabric.global_rank):
+                fabric.launch()
+        # rank 0 decided (train.py: --resume, or the same command after an interruption)
+        self.resume = self._from_server(lambda: self.resume, "the start")
         seed_everything(cfg.seed, verbose=False)
         algorithm, env = self._setup()
         rank, world = fabric.global_rank, fabric.world_size
         assignment = assign_clients([len(p) for p in env.partition], world)
         run = self._restore(algorithm)
-        if rank == 0:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._drop_stale_rounds(run.completed_rounds if self.resume else -1)
-            write_text_atomic(self.run_dir / "config.yaml", dump_config(cfg))
-            counts = client_class_counts(env.splits.train_targets, env.partition, env.num_classes)
-            write_partition_report(counts, env.splits.classes, self.run_dir, figure=False)  # figure: below
-            p = cfg.partition
-            write_partition_json(env.partition, self.run_dir / "partition.json",  # reusable: partition.scheme file
-                                 meta={"dataset": cfg.data.name, "scheme": p.scheme, "alpha": p.alpha, "seed": p.seed,
-                                       "num_samples_subset": cfg.data.num_samples, "data_seed": cfg.data_seed})
-        fabric.barrier()
+        # the run folder's start, on the server; the other ranks wait for it (and stop if it fails)
+        counts = self._from_server(lambda: self._start_run_folder(env, run), "the run folder's start", send=False)
         checkpoint = DurableWriter()
         # no collection in the rounds rescans the start-up's objects; frozen BEFORE on_run_start, which turns
         # a collector paused through the start-up back on (collector.py): unfrozen, its first collection
@@ -210,11 +211,30 @@ class Simulation:
             logger.finalize("success")
         return summary
 
+    def _start_run_folder(self, env: Environment, run: RunState) -> np.ndarray:
+        """config.yaml, partition.csv and partition.json of the run (rank 0); the clients' class counts."""
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._drop_stale_rounds(run.completed_rounds if self.resume else -1)
+        write_text_atomic(self.run_dir / "config.yaml", dump_config(cfg))
+        counts = client_class_counts(env.splits.train_targets, env.partition, env.num_classes)
+        write_partition_report(counts, env.splits.classes, self.run_dir, figure=False)  # figure: after the rounds
+        p = cfg.partition
+        write_partition_json(env.partition, self.run_dir / "partition.json",  # reusable: partition.scheme file
+                             meta={"dataset": cfg.data.name, "scheme": p.scheme, "alpha": p.alpha, "seed": p.seed,
+                                   "num_samples_subset": cfg.data.num_samples, "data_seed": cfg.data_seed})
+        return counts
+
+    def _from_server(self, step: Callable[[], Any], what: str, *, send: bool = True) -> Any:
+        """``step()`` on rank 0, its outcome on every rank (collectives.py: a failure there ends every rank)."""
+        return from_server(self.fabric, step, what=what, timeout_s=self.cfg.federation.collective_timeout_s,
+                           send=send)
+
     def _rounds(self, algorithm: Algorithm, env: Environment, run: RunState, assignment: list[list[int]],
                 checkpoint: DurableWriter, run_start: float) -> None:
         """The federation loop: plan → client updates → transport → aggregate → evaluate → checkpoint."""
         fabric, cfg = self.fabric, self.cfg
-        rank, world = fabric.global_rank, fabric.world_size
+        rank = fabric.global_rank
         for round_idx in range(run.completed_rounds, algorithm.num_rounds):
             round_start = time.monotonic()
             # the server holds its own clients' records in memory while the round is short (round_store.py)
@@ -240,23 +260,28 @@ class Simulation:
 
             # aggregate + evaluate: once, on the server, reading the uploads in client order; the new state
             # reaches every rank
-            row: dict[str, Any] = {}
-            if rank == 0:
-                run.state = algorithm.aggregate(round_idx, run.state, store.uploads(result.succeeded),
-                                                result.failures, plan)
-                row = {"round": round_idx, **algorithm.evaluate(run.state)}
-            if world > 1:
-                run.state, row = fabric.broadcast((run.state, row), src=0)
+            run.state, row = self._from_server(partial(self._serve, algorithm, run, store, round_idx, plan, result),
+                                               f"round {round_idx}'s aggregate and evaluation")
 
             self._record_round(algorithm, run, round_idx, row, result, round_start, run_start)
             fabric.call("on_round_end", round_idx=round_idx, metrics=row, results=result, history=run.history)
             fabric.log_dict({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=round_idx)
-            if rank == 0:
-                write_metrics_csv(self.run_dir / "metrics.csv", run.rows)
-                checkpoint.save(run.state_dict(), self.ckpt_dir / "server.pt")  # fsync + rename in the background
-            fabric.barrier()
-            if rank == 0:
-                store.clear()
+            self._from_server(partial(self._save_round, run, store, checkpoint), f"round {round_idx}'s checkpoint",
+                              send=False)
+
+    @staticmethod
+    def _serve(algorithm: Algorithm, run: RunState, store: RoundStore, round_idx: int, plan: RoundPlan,
+               result: RoundResult) -> tuple[dict, dict[str, Any]]:
+        """The server's aggregate (reading the uploads back in client order) and evaluation: the new state and
+        the round's metrics row."""
+        state = algorithm.aggregate(round_idx, run.state, store.uploads(result.succeeded), result.failures, plan)
+        return state, {"round": round_idx, **algorithm.evaluate(state)}
+
+    def _save_round(self, run: RunState, store: RoundStore, checkpoint: DurableWriter) -> None:
+        """The server's files of a finished round: metrics.csv, server.pt; then its records go."""
+        write_metrics_csv(self.run_dir / "metrics.csv", run.rows)
+        checkpoint.save(run.state_dict(), self.ckpt_dir / "server.pt")  # fsync + rename in the background
+        store.clear()
 
     def _draw_partition(self, env: Environment, counts: np.ndarray) -> None:
         """partition.png, unless drawn already. matplotlib is the slowest part of the partition report (~0.8 s
@@ -273,13 +298,14 @@ class Simulation:
     # ------------------------------------------------------------------------------------ phases
     def _plan(self, algorithm: Algorithm, store: RoundStore, round_idx: int, clients: list[int],
               run: RunState) -> RoundPlan:
-        plan = None
-        if self.fabric.global_rank == 0:
+        def decide() -> RoundPlan:
             plan = store.load_plan() if self.resume else None
             if plan is None:
                 plan = algorithm.plan(round_idx, clients, run.state, run.history)
                 store.save_plan(plan)
-        return self.fabric.broadcast(plan, src=0) if self.fabric.world_size > 1 else plan
+            return plan
+
+        return self._from_server(decide, f"round {round_idx}'s plan")
 
     def _client_phase(self, algorithm: Algorithm, env: Environment, store: RoundStore, round_idx: int,
                       my_clients: list[int], plan: RoundPlan) -> RoundResult:
@@ -298,7 +324,8 @@ class Simulation:
         if self.fabric.world_size == 1:
             return mine
         parts: list[Any] = [None] * self.fabric.world_size if self.fabric.global_rank == 0 else None
-        dist.gather_object(mine.records, parts, dst=0)  # to the server only: O(clients) small numbers
+        with waiting(f"round {round_idx}'s clients", self.cfg.federation.collective_timeout_s, self.fabric.global_rank):
+            dist.gather_object(mine.records, parts, dst=0)  # to the server only: O(clients) small numbers
         if self.fabric.global_rank != 0:
             return mine
         return RoundResult({c: r for part in parts for c, r in part.items()})
@@ -324,12 +351,13 @@ class Simulation:
 
     def _check_failures(self, round_idx: int, result: RoundResult) -> None:
         """Stop the run (checkpoint kept) when a client failed under ``on_client_error: raise``, or fewer than
-        ``federation.min_clients`` succeeded; decided on the server, raised on every rank."""
-        failure = self._failure(round_idx, result) if self.fabric.global_rank == 0 else None
-        if self.fabric.world_size > 1:
-            failure = self.fabric.broadcast(failure, src=0)
-        if failure is not None:
-            raise failure
+        ``federation.min_clients`` succeeded; decided and raised on the server, the other ranks stop with it."""
+        def decide() -> None:
+            failure = self._failure(round_idx, result)
+            if failure is not None:
+                raise failure
+
+        self._from_server(decide, f"round {round_idx}'s client results", send=False)
 
     def _failure(self, round_idx: int, result: RoundResult) -> UsageError | RunFailure | None:
         """The error that ends the run after this round's client phase, or None when the round goes on."""
@@ -357,8 +385,8 @@ class Simulation:
     def _record_round(self, algorithm: Algorithm, run: RunState, round_idx: int, row: dict[str, Any],
                       result: RoundResult, round_start: float, run_start: float) -> None:
         """Totals, history and the metrics row of a finished round (identical on every rank)."""
-        if self.fabric.world_size > 1:  # the small per-client numbers, for every rank's history and callbacks
-            result = self.fabric.broadcast(result, src=0)
+        # the small per-client numbers, for every rank's history and callbacks
+        result = self._from_server(lambda: result, f"round {round_idx}'s client records")
         bytes_up, bytes_down = result.bytes_up, sum(result.bytes_down.values())
         run.bytes_up += bytes_up
         run.bytes_down += bytes_down

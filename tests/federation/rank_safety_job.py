@@ -1,0 +1,60 @@
+"""The CLI with two test methods whose server phase sleeps or fails, for tests/federation/test_rank_safety.py.
+
+``python tests/federation/rank_safety_job.py OUT_DIR CLI_ARGS...`` registers the methods, then runs
+``fl_lightning.train.main(CLI_ARGS)``, as a user's ``python -m fl_lightning.train`` would. Fabric's launcher
+starts rank 1 by running this same command again (torchrun starts both), so every rank knows the methods.
+Each rank writes its stderr to ``OUT_DIR/rank<R>.err``, its pid to ``rank<R>.pid`` and its exit status to
+``rank<R>.rc``; the failing method writes the time it raised to ``raised``.
+
+* ``test_slow_server``: FedAvg whose aggregate first sleeps ``FL_TEST_SERVER_SLEEP_S`` seconds.
+* ``test_failing_server``: FedAvg whose aggregate raises a :class:`MissingResourceError` (a usage error: one
+  line, exit status 2).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+OUT = Path(sys.argv[1])
+RANK = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
+OUT.mkdir(parents=True, exist_ok=True)
+_err = open(OUT / f"rank{RANK}.err", "w")  # noqa: SIM115 — this process's stderr until it exits
+os.dup2(_err.fileno(), 2)
+sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+(OUT / f"rank{RANK}.pid").write_text(str(os.getpid()))
+
+from fl_lightning.algorithms.fedavg import FedAvg  # noqa: E402 — imported before torchrun's ranks meet
+from fl_lightning.errors import MissingResourceError  # noqa: E402
+from fl_lightning.federation.algorithm import register  # noqa: E402
+from fl_lightning.train import main  # noqa: E402
+
+
+@register("test_slow_server")
+class _SlowServer(FedAvg):
+    def aggregate(self, *args, **kwargs):
+        time.sleep(float(os.environ["FL_TEST_SERVER_SLEEP_S"]))
+        return super().aggregate(*args, **kwargs)
+
+
+@register("test_failing_server")
+class _FailingServer(FedAvg):
+    def aggregate(self, *args, **kwargs):
+        (OUT / "raised").write_text(repr(time.time()))
+        raise MissingResourceError("the server's test weights are not on disk: /nowhere/weights.pt")
+
+
+if __name__ == "__main__":
+    try:
+        status = main(sys.argv[2:])
+    except SystemExit as err:
+        status = err.code if isinstance(err.code, int) else 1
+    except BaseException:  # noqa: BLE001 — an uncaught error is reported as the CLI would
+        traceback.print_exc()
+        status = 1
+    (OUT / f"rank{RANK}.rc").write_text(str(status))
+    sys.stderr.flush()
+    sys.exit(status)

@@ -1,0 +1,294 @@
+"""No rank dies waiting and no failure hangs the others (federation/collectives.py, issue 31).
+
+Unit tests (a fake Fabric): the helper that moves what crosses the wire to the CPU, the outcome that rank 0
+broadcasts, the strategy built with ``federation.collective_timeout_s``. Then 2 CPU processes (gloo) running
+the CLI (tests/federation/rank_safety_job.py): a server phase longer than a short key stops within seconds with
+a line naming the key, the same phase under a long enough key completes, and a server that raises in its
+aggregate ends both ranks at once — rank 0 with its one line, rank 1 quietly, both with exit status 2.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.fabric.strategies import DDPStrategy
+
+from fl_lightning.config import load_config
+from fl_lightning.errors import ConfigError, MissingResourceError, RunFailure, TooFewClients
+from fl_lightning.federation.algorithm import RoundPlan
+from fl_lightning.federation.collectives import (
+    CollectiveTimeout,
+    RankStopped,
+    _Outcome,
+    from_server,
+    to_cpu,
+)
+from fl_lightning.federation.round_store import ClientRecord, RoundResult
+from fl_lightning.federation.simulation import _strategy
+from fl_lightning.federation.transport import Download
+from tests.conftest import CONF, REPO
+
+JOB = Path(__file__).with_name("rank_safety_job.py")
+
+
+# ------------------------------------------------------------------------------------------- to_cpu
+def _tensors(obj):
+    """Every tensor in the objects the engine broadcasts (dicts, sequences, its dataclasses)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)
+    elif hasattr(obj, "__dataclass_fields__"):
+        for name in obj.__dataclass_fields__:
+            yield from _tensors(getattr(obj, name))
+
+
+def _broadcast_objects(device: str):
+    """The state + row, a plan, a round result and an outcome as the engine broadcasts them."""
+    def t(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape)), dtype=torch.float64
+                           ).to(dtype).to(device)
+
+    state = {"head.weight": t(10, 32), "head.bias": t(10, dtype=torch.bfloat16), "sys.clock": t(3, dtype=torch.float64),
+             "count": torch.arange(5).to(device), "view": t(6, 4)[:, 1]}  # a non-contiguous view
+    row = {"round": 0, "accuracy": 0.5, "per_class_accuracy": [0.1, 0.9]}
+    plan = RoundPlan({0: Download({"w": t(4, 4)}, {"n": 3}), 1: Download({"w": t(4, 4)})},
+                     {"depths": t(2), "round_time_s": 1.5, "names": ["a", "b"]})
+    result = RoundResult({0: ClientRecord(compute_s=0.1, bytes_down=64), 1: ClientRecord(0.2, 64, failure="boom")})
+    return [(state, row), plan, result, _Outcome(value=(state, row))]
+
+
+@pytest.mark.parametrize("which", range(4), ids=["state+row", "plan", "result", "outcome"])
+def test_to_cpu_moves_every_tensor_and_keeps_its_bits(which, monkeypatch):
+    """'meta' stands in for CUDA: to_cpu leaves no tensor on it. A meta tensor has no values, so its copy is
+    faked (zeros); the values are checked on CPU tensors: the same objects, bit for bit, structure kept."""
+    real_to = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        if self.device.type == "meta":
+            return torch.zeros(self.shape, dtype=self.dtype)
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    on_meta = _broadcast_objects("meta")[which]
+    n = len(list(_tensors(on_meta)))  # the round result holds numbers and strings only
+    assert [x.device.type for x in _tensors(on_meta)] == ["meta"] * n and (n > 0) == (which != 2)
+    moved = to_cpu(on_meta)
+    assert [x.device.type for x in _tensors(moved)] == ["cpu"] * n
+    monkeypatch.undo()
+
+    on_cpu = _broadcast_objects("cpu")[which]
+    moved = to_cpu(on_cpu)
+    assert type(moved) is type(on_cpu)
+    before, after = list(_tensors(on_cpu)), list(_tensors(moved))
+    assert len(before) == len(after) == n
+    for a, b in zip(before, after):
+        assert b is a  # a CPU tensor is not copied: its values cannot change
+        assert a.dtype == b.dtype and a.stride() == b.stride()
+    if which == 1:
+        assert moved.downloads[0].meta == {"n": 3} and moved.decisions["names"] == ["a", "b"]
+    if which == 2:
+        assert moved.failures == {1: "boom"} and moved.succeeded == [0]
+
+
+# -------------------------------------------------------------------------------------- from_server
+@dataclass
+class _FakeFabric:
+    """One rank of ``world_size``; ``broadcast`` records what it sends and returns ``incoming`` on rank > 0."""
+
+    global_rank: int = 0
+    world_size: int = 2
+    incoming: object = None
+    sent: list = field(default_factory=list)
+
+    def broadcast(self, obj, src=0):
+        self.sent.append(obj)
+        if isinstance(self.incoming, BaseException):
+            raise self.incoming
+        return obj if self.global_rank == src else self.incoming
+
+
+def test_one_process_only_calls_the_step():
+    fabric, state = _FakeFabric(world_size=1), {"w": torch.ones(2)}
+    assert from_server(fabric, lambda: state, what="x", timeout_s=1) is state
+    assert fabric.sent == []
+
+
+def test_rank0_keeps_its_objects_and_sends_cpu_ones():
+    fabric, state = _FakeFabric(), {"w": torch.ones(2)}
+    assert from_server(fabric, lambda: state, what="x", timeout_s=1) is state
+    (outcome,) = fabric.sent
+    assert outcome.error is None and torch.equal(outcome.value["w"], state["w"])
+
+
+@pytest.mark.parametrize("error, status", [
+    (MissingResourceError("weights not on disk: /w.pt"), 2),  # a usage error: exit 2
+    (TooFewClients("round 0: 1 of 4 clients succeeded", 0, 1), 1),  # a run failure: exit 1
+    (ValueError("a bug\nover two lines"), 1),  # a bug: exit 1 (rank 0 prints the traceback)
+])
+def test_a_failing_step_raises_on_rank0_and_stops_the_others_with_its_status(error, status):
+    leader = _FakeFabric()
+
+    def step():
+        raise error
+
+    with pytest.raises(type(error)) as raised:
+        from_server(leader, step, what="round 0's aggregate", timeout_s=1)
+    assert raised.value is error
+    (outcome,) = leader.sent
+    assert outcome.status == status and "\n" not in outcome.error and str(error).split()[0] in outcome.error
+
+    follower = _FakeFabric(global_rank=1, incoming=outcome)
+    with pytest.raises(RankStopped) as stopped:
+        from_server(follower, step, what="round 0's aggregate", timeout_s=1)
+    assert isinstance(stopped.value, SystemExit) and stopped.value.code == status
+    assert stopped.value.message == outcome.error
+
+
+def test_a_timed_out_wait_is_one_line_naming_the_key():
+    gloo = RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation")
+    follower = _FakeFabric(global_rank=1, incoming=gloo)
+    with pytest.raises(CollectiveTimeout, match=r"rank 1 waited more than federation.collective_timeout_s=3 s "
+                                                r"for round 2's plan") as info:
+        from_server(follower, dict, what="round 2's plan", timeout_s=3.0)
+    assert isinstance(info.value, RunFailure) and info.value.__cause__ is gloo
+    other = RuntimeError("Connection closed by peer")  # not a timeout: the backend's own error
+    with pytest.raises(RuntimeError, match="Connection closed"):
+        from_server(_FakeFabric(global_rank=1, incoming=other), dict, what="x", timeout_s=3.0)
+
+
+# ------------------------------------------------------------------------------------- config, strategy
+def _cfg(*extra):
+    return load_config(CONF / "fedavg_digits_tiny.yaml", list(extra))
+
+
+@pytest.mark.parametrize("extra, start_method", [
+    (("--federation.devices", "2"), "popen"),  # auto on 2 ranks
+    (("--federation.strategy", "ddp"), "popen"),
+    (("--federation.strategy", "ddp_spawn"), "spawn"),
+])
+def test_a_ddp_strategy_carries_the_collective_timeout(extra, start_method):
+    assert _cfg().federation.collective_timeout_s == 86400  # a day: longer than FeDiSyn's round 0 on the server
+    strategy = _strategy(_cfg(*extra, "--federation.collective_timeout_s", "7.5"))
+    assert isinstance(strategy, DDPStrategy) and strategy._start_method == start_method
+    assert strategy._timeout == timedelta(seconds=7.5)
+
+
+@pytest.mark.parametrize("extra, name", [((), "auto"), (("--federation.strategy", "fsdp"), "fsdp"),
+                                         (("--federation.strategy", "dp"), "dp")])
+def test_other_strategies_stay_names(extra, name):
+    assert _strategy(_cfg(*extra)) == name
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "2e9"])
+def test_a_bad_collective_timeout_is_a_config_error(value):
+    with pytest.raises(ConfigError, match=r"federation.collective_timeout_s=.* is not allowed; expected a float"):
+        _cfg("--federation.collective_timeout_s", value)
+
+
+# ------------------------------------------------------------------------------------ 2 CPU processes
+def _free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def _job(tmp_path: Path, algorithm: str, *extra: str, torchrun: bool, sleep_s: float = 0.0,
+         timeout: float = 240) -> tuple[subprocess.CompletedProcess, float, Path]:
+    """The job on 2 CPU ranks: under torchrun (the ranks start together) or the CLI's own Fabric launcher
+    (rank 0 starts rank 1). Returns the launcher's process, its seconds and the folder of the ranks' files."""
+    out = tmp_path / "ranks"
+    cli = ["--config", str(CONF / "fedavg_digits_tiny.yaml"), "--output_dir", str(tmp_path / "runs"),
+           "--algorithm", algorithm, "--federation.rounds", "1", "--federation.devices", "2",
+           "--federation.accelerator", "cpu", "--logging.progress", "false", *extra]
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                 _free_port()] if torchrun else [sys.executable])
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "FL_TEST_SERVER_SLEEP_S": str(sleep_s), "MASTER_PORT": _free_port()}
+    start = time.monotonic()
+    try:
+        proc = subprocess.run([*launcher, str(JOB), str(out), *cli], capture_output=True, text=True, cwd=REPO,
+                              env=env, timeout=timeout)
+    finally:
+        _wait_for_ranks(out)
+    return proc, time.monotonic() - start, out
+
+
+def _wait_for_ranks(out: Path, patience_s: float = 60) -> None:
+    """Rank 1 outlives rank 0 under Fabric's launcher by a moment: wait for its exit status, kill it if late."""
+    deadline = time.monotonic() + patience_s
+    for pid_file in sorted(out.glob("rank*.pid")):
+        rc = pid_file.with_suffix(".rc")
+        while not rc.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not rc.exists():
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _read(out: Path, name: str) -> str:
+    path = out / name
+    return path.read_text() if path.exists() else ""
+
+
+_SHORT_S, _SLEEP_S = 5.0, 9.0  # a server phase of 9 s against a key of 5 s
+
+
+@pytest.mark.slow
+def test_a_server_phase_longer_than_the_key_stops_within_seconds_with_one_line(tmp_path):
+    """torchrun: the ranks start together, so a short key covers their rendezvous. Rank 1 waits in round 0's
+    aggregate broadcast, times out after 5 s and stops with one line (exit 1); torchrun then stops rank 0."""
+    proc, seconds, out = _job(tmp_path, "test_slow_server", "--federation.collective_timeout_s", str(_SHORT_S),
+                              torchrun=True, sleep_s=_SLEEP_S)
+    rank1 = _read(out, "rank1.err")
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    assert (f"fl_lightning: rank 1 waited more than federation.collective_timeout_s={_SHORT_S:g} s for round 0's "
+            f"aggregate and evaluation") in rank1, rank1[-3000:] + _read(out, "rank0.err")[-3000:]
+    assert "Traceback" not in rank1 and _read(out, "rank1.rc") == "1"
+    assert not (tmp_path / "runs" / "fedavg_digits_a0.5_s0" / "summary.json").exists()
+    assert seconds < 120
+
+
+@pytest.mark.slow
+def test_the_same_phase_under_a_long_enough_key_completes(tmp_path):
+    proc, _, out = _job(tmp_path, "test_slow_server", "--federation.collective_timeout_s", str(4 * _SLEEP_S),
+                        torchrun=True, sleep_s=_SLEEP_S)
+    assert proc.returncode == 0, _read(out, "rank0.err")[-3000:] + _read(out, "rank1.err")[-3000:]
+    assert _read(out, "rank0.rc") == _read(out, "rank1.rc") == "0"
+    runs = list((tmp_path / "runs").glob("*/summary.json"))
+    assert len(runs) == 1 and '"world_size": 2' in runs[0].read_text()
+
+
+@pytest.mark.slow
+def test_a_server_that_raises_ends_every_rank_at_once(tmp_path):
+    """The CLI's own launcher (rank 0 starts rank 1; a child that exits non-zero makes Lightning SIGKILL rank
+    0): rank 0 prints its one line and exits 2; rank 1 stops quietly with 2, after rank 0 has exited."""
+    proc, _, out = _job(tmp_path, "test_failing_server", torchrun=False)
+    rank0, rank1 = _read(out, "rank0.err"), _read(out, "rank1.err")
+    assert proc.returncode == 2, rank0[-3000:] + rank1[-3000:]
+    ours = [line for line in rank0.splitlines() if line.startswith("fl_lightning:")]
+    assert ours == ["fl_lightning: the server's test weights are not on disk: /nowhere/weights.pt"], rank0[-3000:]
+    assert "Traceback" not in rank0
+    assert "Traceback" not in rank1 and "fl_lightning:" not in rank1, rank1[-3000:]
+    assert _read(out, "rank1.rc") == "2"
+    raised = float(_read(out, "raised"))
+    for rank in (0, 1):  # both exited within seconds of the error (never waited for the collective timeout)
+        assert (out / f"rank{rank}.rc").stat().st_mtime - raised < 30
+    assert math.isfinite(raised)
