@@ -85,14 +85,8 @@ def _serialized_bytes(obj: Any) -> int | None:
 
 
 def _disk_full(err: BaseException, path: Path, needed: Callable[[], int | None]) -> DiskFullError | None:
-    """The one-line :class:`DiskFullError` (caused by ``err``) when lack of space made the save fail, else None.
-    ``needed`` gives the bytes the save needed; it is asked only when ``err`` may be that."""
-    if not isinstance(err, (OSError, RuntimeError)):
-        return None
-    size, what = needed(), "its serialized size"
-    if size is None and path.is_file():
-        size, what = path.stat().st_size, "the size of its previous version, an estimate"
-    full = disk_full_error(err, path, size, needed_is=what)
+    """The one-line :class:`DiskFullError` (caused by ``err``) when lack of space made the save fail, else None."""
+    full = disk_full_error(err, path, needed, needed_is="its serialized size")
     if full is not None:
         full.__cause__ = err
     return full

@@ -98,38 +98,42 @@ def _no_space_errno(err: BaseException) -> int | None:
     return None
 
 
-def disk_full_error(err: BaseException, path: Path, needed: int | None, *,
+def disk_full_error(err: BaseException, path: Path, needed: int | Callable[[], int | None] | None, *,
                     needed_is: str = "its size") -> DiskFullError | None:
     """The one-line error for a write of ``path`` that failed for lack of space, or None when ``err`` is another
     failure. Call it after the partial temp file is removed: the free space it reports is what the user has.
 
     Lack of space is an OSError ENOSPC/EDQUOT anywhere in the chain, or torch's ``inline_container``
-    RuntimeError (its writer's failed write) while less than ``needed`` bytes are free.
+    RuntimeError (its writer's failed write) while less than the bytes needed are free.
 
     Args:
         err: what the write raised.
         path: the file that was being written.
-        needed: bytes the write needed (None when unknown).
-        needed_is: where ``needed`` comes from, in words (``"its size"``, ``"the previous checkpoint's size,
-            an estimate"``).
+        needed: bytes the write needed, or a function giving them (asked only when ``err`` may be a lack of
+            space); None (or None given) when unknown: then the size of ``path``'s previous version stands in,
+            said to be an estimate.
+        needed_is: where ``needed`` comes from, in words (``"its size"``, ``"its serialized size"``).
     """
     path = Path(path)
     code = _no_space_errno(err)
+    if code is None and not (isinstance(err, RuntimeError) and "inline_container" in str(err)):
+        return None
+    size = needed() if callable(needed) else needed
+    if size is None and path.is_file():
+        size, needed_is = path.stat().st_size, "the size of its previous version, an estimate"
     try:
         free: int | None = shutil.disk_usage(path.parent).free
     except OSError:
         free = None
-    if code is None:
-        if not (isinstance(err, RuntimeError) and "inline_container" in str(err) and free is not None
-                and needed is not None and free < needed):
-            return None
-    need = f"it needs {_size(needed)} ({needed_is})" if needed is not None else "its size is unknown"
+    if code is None and (free is None or size is None or free >= size):
+        return None  # torch's writer failed, but not for want of space
+    need = f"it needs {_size(size)} ({needed_is})" if size is not None else "its size is unknown"
     room = "?" if free is None else _size(free)
     where = (f"the disk quota there is used up ({room} free on the filesystem)" if code == errno.EDQUOT
              else f"{room} free there")
     return DiskFullError(f"disk full: '{path}' could not be written: {need}, {where}; any earlier version of it is "
                          f"intact: free space there, or move output_dir to a disk with room; then continue the run "
-                         f"with --resume", str(path), needed, free)
+                         f"with --resume", str(path), size, free)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -457,8 +461,9 @@ class RunLock:
             raw = self.path.read_bytes()
         except FileNotFoundError:
             return None, None
-        except OSError:
-            return b"", None
+        except OSError as err:
+            raise RunFolderError(f"run folder error: the lock '{self.path}' cannot be read ({err.strerror or err}); "
+                                 f"make it readable, or choose another --run_name / --output_dir") from None
         try:
             info = json.loads(raw)
             int(info["pid"]), str(info["host"])

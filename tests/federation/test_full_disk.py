@@ -224,3 +224,11 @@ def test_a_run_into_a_full_disk_stops_with_one_line(tiny_disk):
     assert len(lines) == 1 and lines[0].startswith("fl_lightning: disk full: "), out.stderr[-3000:]
     assert "feature_cache" in lines[0] and "--resume" in lines[0]
     assert not (tiny_disk / "runs" / "fedavg_digits_a0.5_s0" / ".lock").exists()
+
+
+def test_the_error_survives_the_broadcast_to_the_other_ranks():
+    import pickle
+
+    err = DiskFullError("disk full: 'x' could not be written", "x", 1200, 500)
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is DiskFullError and str(back) == str(err) and vars(back) == vars(err)
