@@ -12,14 +12,21 @@ fine-tuning starts. This file holds that step:
 * :func:`build_timm_vit` — a timm classifier at random init or from local (e.g. ImageNet) weights, also
   the starting point of the baselines that skip synthetic pre-training (SFLF, CAFF).
 
+Resuming: every epoch ends with the whole training state in ``<out_dir>/epoch_state.ckpt`` (weights, the
+optimizer's moments — only trainable parameters have any —, schedule, loop counters, early stopping, the best
+checkpoint's record, and the random states: torch / CUDA / numpy / Python and the data order's generator),
+written whole then renamed. An interrupted pre-training called again with the same arguments continues from
+it and reaches the weights of an uninterrupted one; the file is deleted when training finishes.
+
 Weights are never downloaded: the backbone starts from random initialisation or from a local file.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -27,7 +34,7 @@ import lightning
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, Checkpoint, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
@@ -35,7 +42,10 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from fl_lightning.errors import MissingResourceError
 
 __all__ = ["ViTClassifier", "PretrainResult", "build_timm_vit", "pretrain_classifier", "load_pretrained_vit",
-           "split_holdout"]
+           "split_holdout", "EPOCH_STATE"]
+
+# The end-of-epoch training state in the pre-training folder (present only while a pre-training is unfinished).
+EPOCH_STATE = "epoch_state.ckpt"
 
 # Metric that picks the best checkpoint and drives early stopping (held-out synthetic accuracy).
 _MONITOR = "val_acc"
@@ -176,6 +186,55 @@ def split_holdout(dataset: Dataset, fraction: float, seed: int) -> tuple[Subset,
     return Subset(dataset, order[n_holdout:].tolist()), Subset(dataset, order[:n_holdout].tolist())
 
 
+def _rng_states() -> dict[str, Any]:
+    """The global random states, in types ``torch.load(weights_only=True)`` reads (every checkpoint of the
+    Trainer carries them, the best one that :func:`load_pretrained_vit` reads too)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+            "numpy": [str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+            "python": random.getstate()}
+
+
+def _set_rng_states(states: Mapping[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    if states["cuda"]:
+        torch.cuda.set_rng_state_all(states["cuda"])
+    name, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+class _EpochState(Checkpoint):
+    """Writes the Trainer's whole state to ``path`` at the end of every epoch, atomically, with the random states.
+
+    A :class:`Checkpoint`, so the Trainer calls it after the other callbacks: at ``on_train_epoch_end`` early
+    stopping and the best-checkpoint callback have recorded this epoch already, and what is saved is the state
+    the next epoch starts from. The random states and the data order's ``generator`` go into this callback's own
+    state and are put back when a resumed fit restores it (after the model was rebuilt, which draws).
+    """
+
+    def __init__(self, path: Path, generator: torch.Generator) -> None:
+        self.path, self.generator = path, generator
+
+    def on_train_epoch_end(self, trainer: lightning.Trainer, pl_module: lightning.LightningModule) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        trainer.save_checkpoint(tmp)
+        with open(tmp, "rb") as f:  # on disk before the rename: a crash leaves the previous epoch's whole file
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": _rng_states(), "data_order": self.generator.get_state()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # at once: the Trainer restores callbacks before it builds the epoch's data iterator (whose creation
+        # draws a base seed from ``generator``), and nothing draws between here and the first batch
+        _set_rng_states(state_dict["rng"])
+        self.generator.set_state(state_dict["data_order"])
+
+
 class PretrainResult(NamedTuple):
     """What a pre-training run produced."""
 
@@ -202,11 +261,16 @@ def pretrain_classifier(
     seed: int = 0,
     patience: int = 3,
     num_workers: int = 0,
+    callbacks: Sequence[Callback] = (),
 ) -> PretrainResult:
     """Pre-train a timm ViT on synthetic images; return the best checkpoint and the epochs run.
 
     Writes ``out_dir/checkpoints/best-*.ckpt`` and CSV logs under ``out_dir/pretrain/``. Training
     stops early when held-out accuracy has not improved for ``patience`` epochs.
+
+    Resumable: each epoch ends with the training state in ``out_dir/epoch_state.ckpt`` (:data:`EPOCH_STATE`);
+    when that file exists the call continues from it (call it with the same arguments and data), and it is
+    deleted once training has finished.
 
     Args:
         model_name, overrides, checkpoint, num_classes, lr, weight_decay: see :class:`ViTClassifier`.
@@ -218,6 +282,7 @@ def pretrain_classifier(
         seed: seeds model initialisation and data order.
         patience: early-stopping patience in epochs.
         num_workers: DataLoader workers.
+        callbacks: more Lightning callbacks (called before the checkpointing ones).
 
     Returns:
         path of the best checkpoint, to be read with :func:`load_pretrained_vit`.
@@ -246,12 +311,14 @@ def pretrain_classifier(
     best = ModelCheckpoint(
         dirpath=out / "checkpoints", filename="best-{epoch}", monitor=_MONITOR, mode="max", save_top_k=1
     )
+    state = out / EPOCH_STATE
     trainer = lightning.Trainer(
         accelerator=accelerator,
         devices=devices,
         precision=precision,
         max_epochs=max_epochs,
-        callbacks=[best, EarlyStopping(monitor=_MONITOR, mode="max", patience=patience)],
+        callbacks=[*callbacks, EarlyStopping(monitor=_MONITOR, mode="max", patience=patience), best,
+                   _EpochState(state, generator)],
         logger=CSVLogger(save_dir=out, name="pretrain"),
         default_root_dir=out,
         enable_progress_bar=sys.stderr.isatty(),
@@ -259,7 +326,10 @@ def pretrain_classifier(
         num_sanity_val_steps=0,
         log_every_n_steps=max(1, min(50, len(train_loader))),
     )
-    trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=val_loader)
+    # our own file in the run folder: weights_only=False reads its Python-typed loop and callback states
+    trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=val_loader,
+                ckpt_path=state if state.is_file() else None, weights_only=False)
+    state.unlink(missing_ok=True)
     if not best.best_model_path:
         raise RuntimeError(f"pre-training wrote no checkpoint under {out / 'checkpoints'} (did validation run?)")
     # current_epoch counts the epochs completed (early stopping ends the loop after its epoch finished)

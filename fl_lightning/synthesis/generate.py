@@ -614,8 +614,11 @@ def generate_images(
     """Denoise, decode and write every request as ``<out_dir>/<class>/<index>.png``; resumable.
 
     Each image starts from :func:`start_latent` (its ρ-mix topped up to the schedule's noise with
-    fresh noise from its own seed). Requests whose image file already exists are skipped; the
-    others are sampled in batches of equal start timestep. ``manifest.jsonl`` (one JSON object per
+    fresh noise from its own seed); requests are sampled in batches of equal start timestep. Resuming:
+    every image file is written whole then renamed, so one that exists is complete; a batch whose images
+    all exist is skipped, one with any missing is sampled whole again (the same batch as an uninterrupted
+    run, so the missing files come out byte-identical to that run's) and only its missing files are
+    written. ``manifest.jsonl`` (one JSON object per
     image: path, class, label, client, centroid_index, prompt, timestep s, start_timestep t, seed)
     is rewritten at the end for all requests.
 
@@ -650,15 +653,20 @@ def generate_images(
         if key not in memo:
             memo[key] = fresh_timestep(abar, key[0], key[1], min_fresh_fraction)
     start_t = [memo[(int(req.timestep), float(req.noise_fraction))] for req in requests]
-    pending = [(req, t) for req, t in zip(requests, start_t) if not (out_dir / req.relpath).is_file()]
+    # Batches are formed over ALL requests, as an uninterrupted run forms them, and a batch with any image
+    # missing is sampled whole: a batch's arithmetic (its UNet and VAE calls) depends on what else is in it at
+    # float round-off, so regrouping the missing images would change their bytes. Only missing files are written.
+    batches = _batches(requests, start_t, batch_size)
+    missing = [[not (out_dir / req.relpath).is_file() for req in batch] for batch in batches]
+    pending = [(batch, todo) for batch, todo in zip(batches, missing) if any(todo)]
     out_dir.mkdir(parents=True, exist_ok=True)
     if pending:
         components.to(device, dtype)
         device = components.device
         uncond = encode_prompts(components, [""])  # (1, L, D), shared by every batch
         with _progress(progress) as bar:
-            task = bar.add_task("synthesising", total=len(pending))
-            for batch in _batches([r for r, _ in pending], [t for _, t in pending], batch_size):
+            task = bar.add_task("synthesising", total=sum(sum(todo) for _, todo in pending))
+            for batch, todo in pending:
                 starts = [start_latent(req, abar, min_fresh_fraction=min_fresh_fraction) for req in batch]
                 latents = torch.stack([x for x, _ in starts]).to(device=device, dtype=torch.float32)
                 x0 = denoise_latents(
@@ -671,9 +679,10 @@ def generate_images(
                     uncond_embeddings=uncond,
                     guidance_scale=guidance_scale,
                 )
-                for req, image in zip(batch, decode_latents(components.vae, x0)):
-                    _save_png(image, out_dir / req.relpath)
-                bar.advance(task, len(batch))
+                for req, image, write in zip(batch, decode_latents(components.vae, x0), todo):
+                    if write:
+                        _save_png(image, out_dir / req.relpath)
+                bar.advance(task, sum(todo))
     manifest = out_dir / MANIFEST_NAME
     tmp = manifest.with_name(manifest.name + ".tmp")
     with tmp.open("w", encoding="utf-8") as f:

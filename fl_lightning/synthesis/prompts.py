@@ -84,6 +84,9 @@ class PromptExpander(Protocol):
 
     def expand(self, labels: Sequence[str], per_label: int) -> dict[str, list[str]]: ...
 
+    def release(self) -> None:
+        """Drop what the expander holds on the accelerator (it is not used again)."""
+
 
 class TemplatePromptExpander:
     """Deterministic, varied prompts without a language model (templates × attributes × scenes).
@@ -117,6 +120,9 @@ class TemplatePromptExpander:
     def expand(self, labels: Sequence[str], per_label: int) -> dict[str, list[str]]:
         """``{label: per_label prompts}``, each containing the (readable) label."""
         return {label: self.prompts_for(label, per_label) for label in labels}
+
+    def release(self) -> None:
+        """Nothing to drop: the templates hold no model."""
 
 
 # A sentence ends at . ! or ? followed (after an optional closing quote) by a space or the end.
@@ -203,8 +209,16 @@ class LLMPromptExpander:
             )
         return question + "\n"
 
+    def release(self) -> None:
+        """Drop the language model: its weights' memory is free once collected (``gc.collect``; on CUDA the
+        caching allocator then still reserves it until ``torch.cuda.empty_cache``). The expander cannot
+        expand afterwards; the cache file it filled stays valid."""
+        self.model = None
+
     @torch.no_grad()
     def _answers(self, label: str, n: int) -> list[str]:
+        if self.model is None:
+            raise RuntimeError(f"{self.description}: the language model was released; build a new expander")
         inputs = self.tokenizer(self._query(label), return_tensors="pt").to(self.device)
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         devices = [self.device.index or 0] if self.device.type == "cuda" else []

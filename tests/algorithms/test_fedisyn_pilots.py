@@ -110,13 +110,13 @@ def test_auto_lambda_picks_the_minimiser_of_a_known_eq13(tmp_path: Path, monkeyp
     assert cfg.method.synthetic_lambda == "auto"
     asked = []
 
-    def fake_runs(run_dir, section, lambdas, *, rounds):
-        asked.append((section, list(lambdas), rounds))
+    def fake_runs(run_dir, section, lambdas, *, rounds, cuda_device=None):
+        asked.append((section, list(lambdas), rounds, cuda_device))
         return _fake_pilot_runs(Path(run_dir) / "pilots", H0)
 
     monkeypatch.setattr(pilots, "run_pilot_processes", fake_runs)
     lam, fit = synthesis_step._auto_lambda(cfg.method, run_dir=tmp_path, section="fedisyn")
-    assert asked == [("fedisyn", cfg.method.pilot_lambdas, cfg.method.pilot_rounds)]
+    assert asked == [("fedisyn", cfg.method.pilot_lambdas, cfg.method.pilot_rounds, None)]  # no CUDA here
     best = minimize_scalar(lambda u: float(total_time(math.exp(u), 0.8, h0=H0, params=TRUE)), bounds=(-8.0, 4.0),
                            method="bounded", options={"xatol": 1e-10})
     assert lam == pytest.approx(math.exp(best.x), rel=1e-4)
@@ -124,7 +124,7 @@ def test_auto_lambda_picks_the_minimiser_of_a_known_eq13(tmp_path: Path, monkeyp
     assert fit.h0 == pytest.approx(H0) and fit.params.kappa2 == pytest.approx(TRUE.kappa2, rel=1e-4)
 
     # pilots whose fit has no minimum (time grows with λ only) are one clear ConfigError, not a silent λ
-    def flat_runs(run_dir, section, lambdas, *, rounds):
+    def flat_runs(run_dir, section, lambdas, *, rounds, cuda_device=None):
         runs = _fake_pilot_runs(Path(run_dir) / "flat", H0)
         for run in runs:
             lines = (run / "metrics.csv").read_text().splitlines()

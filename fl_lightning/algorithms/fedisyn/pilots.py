@@ -127,10 +127,18 @@ def auto_lambda(points: PilotPoints, target_accuracy: float) -> Calibration:
 
 
 def run_pilot_processes(run_dir: Path, section: str, lambdas: Sequence[float], *, rounds: int,
-                        timeout_s: float | None = None) -> list[Path]:
+                        timeout_s: float | None = None, cuda_device: int | None = None) -> list[Path]:
     """The pilots of ``synthetic_lambda: auto``: the run's own ``config.yaml`` at each pilot λ, for ``rounds``
     fine-tuning rounds, each in a fresh single-process ``python -m fl_lightning.train`` (so a pilot never shares
     the ranks of the run that asked for it), into ``<run_dir>/pilots/pilot_lam<λ>/``.
+
+    A pilot gets this process's environment without what a launcher set for its ranks
+    (:func:`~fl_lightning.federation.launch.clean_launcher_env`): started from a rank of torchrun, ``fabric run``
+    or srun, it would otherwise take itself for one of that launcher's processes (and stop: the launcher's
+    world size is not its ``--federation.devices 1``).
+
+    Args:
+        cuda_device: the CUDA device this rank computes on (None off CUDA): each pilot sees that device only.
 
     Raises:
         RuntimeError: a pilot failed (its last stderr line is in the message).
@@ -138,6 +146,9 @@ def run_pilot_processes(run_dir: Path, section: str, lambdas: Sequence[float], *
     import os
     import subprocess
 
+    from fl_lightning.federation.launch import clean_launcher_env
+
+    env = clean_launcher_env(os.environ, cuda_device=cuda_device)
     out, runs = Path(run_dir) / "pilots", []
     for lam in lambdas:
         name = f"pilot_lam{lam:g}"
@@ -147,7 +158,7 @@ def run_pilot_processes(run_dir: Path, section: str, lambdas: Sequence[float], *
         if (out / name / "summary.json").is_file():  # a resumed run keeps its finished pilots
             runs.append(out / name)
             continue
-        proc = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ), timeout=timeout_s)
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise RuntimeError(f"pilot at λ={lam:g} failed: {last}")

@@ -5,7 +5,8 @@ The math lives in ``fl_lightning.synthesis`` (plan, sampling) and ``fl_lightning
 
     <run_dir>/prompts.json            the label → prompts cache (the LLM runs once per label)
     <run_dir>/synthetic/<class>/*.png  the generated images + manifest.jsonl (re-running skips existing ones)
-    <run_dir>/pretrain/               the pre-training checkpoints and CSV logs
+    <run_dir>/pretrain/               the pre-training checkpoints and CSV logs (+ epoch_state.ckpt while unfinished:
+                                      a resumed round 0 continues pre-training from its last finished epoch)
 
 and charges generation and pre-training on the simulated clock with the **server profile**
 (``<method>.server``, default ``rtx_4090``, the paper's server: ``systems/server.py``) — ĥ per image from
@@ -46,7 +47,7 @@ from fl_lightning.errors import ConfigError
 from fl_lightning.federation.algorithm import InputSpec
 from fl_lightning.federation.placement import derive_seed
 from fl_lightning.models.diffusion import DiffusionComponents
-from fl_lightning.modules.pretraining import load_pretrained_vit, pretrain_classifier, split_holdout
+from fl_lightning.modules.pretraining import EPOCH_STATE, load_pretrained_vit, pretrain_classifier, split_holdout
 from fl_lightning.synthesis.generate import (
     MANIFEST_NAME,
     GenerationRequest,
@@ -61,7 +62,7 @@ from fl_lightning.systems.scaling_law import ScalingLawParams, optimal_lambda, s
 from fl_lightning.systems.server import SERVERS, ServerProfile, generation_time, pretrain_time_per_image_epoch
 
 __all__ = ["SynthesisResult", "SyntheticFolder", "choose_lambda", "text_only_requests", "synthesise_and_pretrain",
-           "pretrain_on_synthetic"]
+           "pretrain_on_synthetic", "release_accelerator_memory"]
 
 
 @dataclass
@@ -123,16 +124,41 @@ def choose_lambda(cfg: Any, *, gen_time_per_image: float, pretrain_time_per_imag
     return lam
 
 
-def _auto_lambda(cfg: Any, *, run_dir: Path, section: str):
+def release_accelerator_memory(*park: Any) -> None:
+    """Give the accelerator's memory back before another process needs it (FeDiSyn's pilots).
+
+    Moves the modules in ``park`` (``nn.Module`` or :class:`DiffusionComponents`, anything with ``.to(device=)``)
+    to the CPU — their dtype is kept, so moving them back is exact —, collects the reference cycles that keep
+    dropped models alive (a transformers LLM has some), and, when CUDA is initialised, returns the caching
+    allocator's free blocks to the driver (``torch.cuda.empty_cache``): memory this process freed is otherwise
+    still reserved by it, and a child process cannot use it. Without CUDA it only moves and collects.
+    """
+    import gc
+
+    for item in park:
+        item.to(device="cpu")
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def _auto_lambda(cfg: Any, *, run_dir: Path, section: str, device: torch.device | None = None):
     """``synthetic_lambda: auto``: run the pilots (``<run_dir>/pilots/``), fit Eq. (13), return (λ*, the fit).
+
+    Args:
+        device: this rank's device; on CUDA each pilot sees that device only.
 
     Raises:
         ConfigError: a pilot failed, or the pilots' fit has no minimiser (named ``<section>.synthetic_lambda``).
     """
     from fl_lightning.algorithms.fedisyn.pilots import auto_lambda, pilot_points, run_pilot_processes
 
+    cuda_device = None
+    if device is not None and device.type == "cuda":
+        cuda_device = torch.cuda.current_device() if device.index is None else int(device.index)
     try:
-        runs = run_pilot_processes(run_dir, section, [float(v) for v in cfg.pilot_lambdas], rounds=cfg.pilot_rounds)
+        runs = run_pilot_processes(run_dir, section, [float(v) for v in cfg.pilot_lambdas], rounds=cfg.pilot_rounds,
+                                   cuda_device=cuda_device)
         fit = auto_lambda(pilot_points(runs, pretrain_epochs=cfg.pretrain_epochs), cfg.target_accuracy)
     except (RuntimeError, ValueError) as err:
         raise ConfigError(f"{section}.synthetic_lambda", "auto", f"pilots whose fit gives λ* ({err})") from None
@@ -230,8 +256,11 @@ def synthesise_and_pretrain(
     totals = {int(k): int(v) for k, v in class_counts.items() if v > 0}
     D = sum(totals.values())
     if prompts_by_class is None:
-        prompts_by_class = expand_with_cache(_expander(cfg, seed=seed, device=device), list(class_names),
-                                             cfg.prompts_per_label, run_dir / "prompts.json")
+        expander = _expander(cfg, seed=seed, device=device)
+        prompts_by_class = expand_with_cache(expander, list(class_names), cfg.prompts_per_label,
+                                             run_dir / "prompts.json")
+        expander.release()  # the LLM is not needed again: its weights go (their memory with the next collection)
+        del expander
     if not text_only and uploads_by_client is None:
         raise ValueError("feature-guided generation needs the clients' latent uploads")
     last_t = int(components.scheduler.config.num_train_timesteps) - 1
@@ -259,7 +288,9 @@ def synthesise_and_pretrain(
         h_pre = h_gen / max(cfg.num_inference_steps, 1)
     fit = None
     if cfg.synthetic_lambda == "auto":
-        lam, fit = _auto_lambda(cfg, run_dir=run_dir, section=section)
+        # the pilots are processes of their own: hand them the accelerator (generate_images moves the networks back)
+        release_accelerator_memory(components)
+        lam, fit = _auto_lambda(cfg, run_dir=run_dir, section=section, device=device)
     else:
         lam = choose_lambda(cfg, gen_time_per_image=h_gen or 0.0, pretrain_time_per_image_epoch=h_pre or 0.0,
                             num_real_samples=D, section=section)
@@ -307,7 +338,8 @@ def pretrain_on_synthetic(cfg: Any, folder: Path, *, num_classes: int, spec: Inp
     _, val_set = split_holdout(SyntheticFolder(folder, build_transform(**transform, train=False)),
                                cfg.pretrain_holdout, seed)
     out = run_dir / "pretrain"
-    shutil.rmtree(out, ignore_errors=True)  # an interrupted pre-training starts over (no stale "best")
+    if not (out / EPOCH_STATE).is_file():  # interrupted mid-way: continue from its last epoch; else start clean
+        shutil.rmtree(out, ignore_errors=True)  # (no stale "best" of a run that had finished or never saved)
     start = time.monotonic()
     best, epochs_run = pretrain_classifier(
         model_name=cfg.pretrain_model, overrides=cfg.pretrain_overrides, checkpoint=cfg.pretrain_checkpoint,

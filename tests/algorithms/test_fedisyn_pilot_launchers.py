@@ -1,0 +1,137 @@
+"""FeDiSyn's pilots under any launcher: a pilot started from a launched rank gets a clean environment
+(``federation.launch.clean_launcher_env``), and ``synthetic_lambda: auto`` under ``torchrun`` with 2 CPU
+processes picks the λ* of the one-process run (both ranks exit 0: rank 1 waits for rank 0's pilots).
+
+The pilots are 2 λ × 1 fine-tuning round of the tiny config: on it the ViT stays near chance, so the fit is
+a degenerate but deterministic one; ``target_accuracy 0.12`` is where it has an interior minimum
+(λ* ≈ 0.25, 60 synthetic images). What the test checks is that the launcher changes nothing of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from fl_lightning.federation.launch import clean_launcher_env, external_launcher
+from tests.conftest import CONF, REPO, run_cli
+
+TORCHRUN_RANK = {  # what torchrun's agent sets for rank 1 of 2 (local_elastic_agent.py), plus Fabric's seed
+    "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0",
+    "GROUP_WORLD_SIZE": "1", "ROLE_RANK": "1", "ROLE_NAME": "default", "ROLE_WORLD_SIZE": "2",
+    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "0",
+    "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_USE_AGENT_STORE": "True",
+    "TORCHELASTIC_ERROR_FILE": "/tmp/err.json", "TORCH_ELASTIC_WORKER_IDENTICAL": "1",
+    "PL_GLOBAL_SEED": "0", "PL_SEED_WORKERS": "0",
+}
+FABRIC_RUN = {"LT_CLI_USED": "1", "LT_ACCELERATOR": "cuda", "LT_DEVICES": "4", "LT_NUM_NODES": "2",
+              "LT_STRATEGY": "ddp", "LT_PRECISION": "16-mixed", "NODE_RANK": "1"}
+SLURM_TASK = {  # srun --ntasks 8 --ntasks-per-node 4, task 5 on the second node
+    "SLURM_NTASKS": "8", "SLURM_NPROCS": "8", "SLURM_NTASKS_PER_NODE": "4", "SLURM_TASKS_PER_NODE": "4(x2)",
+    "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_STEP_ID": "0",
+    "SLURM_STEP_NUM_TASKS": "8", "SLURM_STEP_NODELIST": "gpu[01-02]", "SLURM_NODELIST": "gpu[01-02]",
+    "SLURM_NNODES": "2", "SLURM_SRUN_COMM_PORT": "40000", "SLURM_CPU_BIND": "quiet,mask_cpu:0x0F",
+    "OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "PMI_RANK": "5", "PMIX_RANK": "5",
+}
+SLURM_JOB = {"SLURM_JOB_ID": "4242", "SLURM_JOBID": "4242", "SLURM_JOB_NAME": "fedisyn",
+             "SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_RESTART_COUNT": "1",
+             "SLURM_SUBMIT_DIR": "/home/u"}
+USER = {"HOME": "/home/u", "PATH": "/usr/bin", "PYTHONPATH": "/src", "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+
+
+@pytest.mark.parametrize("launcher", [TORCHRUN_RANK, {**TORCHRUN_RANK, **FABRIC_RUN}, {**SLURM_TASK, **SLURM_JOB}],
+                         ids=["torchrun", "fabric run", "srun"])
+def test_clean_env_drops_the_launchers_variables_and_keeps_the_rest(launcher: dict[str, str]) -> None:
+    parent = {**USER, **launcher}
+    assert external_launcher(parent) is not None  # the parent is a launched rank ...
+    env = clean_launcher_env(parent)
+    assert external_launcher(env) is None  # ... the child is a run of its own
+    kept_job = {k: v for k, v in launcher.items() if k in SLURM_JOB}
+    assert env == {**USER, **kept_job}  # user settings and the SLURM job's identity (run lock, shards) stay
+    assert parent == {**USER, **launcher}  # not modified
+
+
+@pytest.mark.parametrize("visible, device, expected", [
+    (None, 0, "0"),  # no restriction: torch's index is the driver's
+    (None, 3, "3"),
+    ("4,5,6,7", 1, "5"),  # torchrun on a node whose job owns GPUs 4-7, rank on cuda:1
+    ("GPU-aa,GPU-bb", 1, "GPU-bb"),  # UUIDs (and MIG names) are kept as they are
+    ("2", 0, "2"),  # srun --gpus-per-task 1: the task sees its one device already
+])
+def test_clean_env_restricts_cuda_to_this_ranks_device(visible: str | None, device: int, expected: str) -> None:
+    parent = {**USER, **TORCHRUN_RANK, **({} if visible is None else {"CUDA_VISIBLE_DEVICES": visible})}
+    env = clean_launcher_env(parent, cuda_device=device)
+    assert env["CUDA_VISIBLE_DEVICES"] == expected
+    assert env == {**USER, "CUDA_VISIBLE_DEVICES": expected}
+    assert clean_launcher_env(parent).get("CUDA_VISIBLE_DEVICES") == visible  # unknown device: left as is
+
+
+@pytest.mark.parametrize("visible, device", [("0,1", 2), ("", 0), (None, -1), (None, True)])
+def test_clean_env_refuses_a_device_the_rank_cannot_see(visible: str | None, device: int) -> None:
+    parent = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    with pytest.raises(ValueError, match="cuda_device"):
+        clean_launcher_env(parent, cuda_device=device)
+
+
+def test_pilots_get_the_clean_environment(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_pilot_processes hands each pilot clean_launcher_env(os.environ) with its device, nothing else."""
+    from fl_lightning.algorithms.fedisyn import pilots
+
+    for k, v in {**TORCHRUN_RANK, "CUDA_VISIBLE_DEVICES": "6,7"}.items():
+        monkeypatch.setenv(k, v)
+    seen = []
+
+    def fake_run(argv, *, env, **kw):
+        seen.append(env)
+        run = tmp_path / "pilots" / argv[argv.index("--run_name") + 1]
+        run.mkdir(parents=True)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    runs = pilots.run_pilot_processes(tmp_path, "fedisyn", [0.1, 0.2], rounds=1, cuda_device=1)
+    assert [r.name for r in runs] == ["pilot_lam0.1", "pilot_lam0.2"]
+    assert seen == [clean_launcher_env(os.environ, cuda_device=1)] * 2
+    assert seen[0]["CUDA_VISIBLE_DEVICES"] == "7" and "RANK" not in seen[0] and "MASTER_PORT" not in seen[0]
+
+
+# -- end to end: synthetic_lambda auto under torchrun ----------------------------------------------------
+AUTO = ["--config", str(CONF / "fedisyn_tiny.yaml"), "--fedisyn.synthetic_lambda", "auto",
+        "--fedisyn.pilot_lambdas", "[0.1, 0.4]", "--fedisyn.pilot_rounds", "1", "--fedisyn.target_accuracy", "0.12",
+        "--federation.rounds", "1", "--federation.accelerator", "cpu", "--logging.wandb", "false"]
+RUN = "fedisyn_tiny"
+
+
+def _free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+@pytest.mark.slow  # ~3 min on 2 cores: 2 × (2 pilot processes + the run itself)
+def test_auto_lambda_under_torchrun_equals_one_process(tmp_path) -> None:
+    env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}  # one intra-op thread: the pilots' arithmetic matches
+    one = run_cli(*AUTO, "--output_dir", str(tmp_path / "one"), env=env, timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                           _free_port(), "-m", "fl_lightning.train", *AUTO, "--output_dir", str(tmp_path / "two"),
+                           "--federation.devices", "2"],
+                          capture_output=True, text=True, cwd=REPO, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO), **env})
+    assert proc.returncode == 0, proc.stderr[-4000:]  # no rank died (rank 1 waited through rank 0's pilots)
+    assert "torchrun started" not in proc.stderr
+    s1 = json.loads((tmp_path / "one" / RUN / "summary.json").read_text())
+    s2 = json.loads((tmp_path / "two" / RUN / "summary.json").read_text())
+    assert s2["world_size"] == 2
+    assert s1["lambda_fit"]["lambda_star"] > 0
+    assert s2["lambda_fit"]["lambda_star"] == s1["lambda_fit"]["lambda_star"]
+    assert s2["lambda_fit"]["kappa"] == s1["lambda_fit"]["kappa"]
+    assert s2["lambda"] == s1["lambda"] and s2["synthetic_images"] == s1["synthetic_images"]
+    for lam in ("0.1", "0.4"):  # each pilot was a one-process run of its own
+        pilot = json.loads((tmp_path / "two" / RUN / "pilots" / f"pilot_lam{lam}" / "summary.json").read_text())
+        assert pilot["world_size"] == 1

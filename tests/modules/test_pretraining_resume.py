@@ -1,0 +1,103 @@
+"""Pre-training resumes where it stopped: interrupted during epoch 2 of 2 and called again, it reaches the
+weights of an uninterrupted run bit for bit (CPU, one thread), and leaves no epoch state behind.
+
+The training data draws from the global torch RNG per item (a noise augmentation, as the random crops of
+the real transform do) and is shuffled by the loader's generator: both are part of the saved state, so an
+equal result means the model, optimizer, schedule, loop counters and random streams all came back.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from pathlib import Path
+
+import lightning
+import pytest
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+from fl_lightning.modules.pretraining import EPOCH_STATE, pretrain_classifier
+
+NAME = "vit_tiny_patch16_224"
+TINY = dict(img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=2)
+
+
+class NoisyImages(Dataset):
+    """Class-dependent images plus fresh noise from the global RNG on every read (a random augmentation)."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.y = torch.arange(n) % 3
+        self.x = torch.randn(n, 3, 16, 16, generator=g) * 0.5 + (self.y.float() - 1.0).view(-1, 1, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int):
+        return self.x[i] + 0.1 * torch.randn(3, 16, 16), self.y[i]
+
+
+class Interrupted(RuntimeError):
+    pass
+
+
+class StopInEpoch(lightning.Callback):
+    """A crash in the middle of epoch ``epoch`` (after its first optimizer step)."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.current_epoch == self.epoch and batch_idx == 1:
+            raise Interrupted(f"stopped in epoch {self.epoch}")
+
+
+def _pretrain(out: Path, **kw):
+    val = TensorDataset(torch.randn(6, 3, 16, 16, generator=torch.Generator().manual_seed(9)), torch.arange(6) % 3)
+    return pretrain_classifier(model_name=NAME, overrides=TINY, num_classes=3, train_dataset=NoisyImages(40, 1),
+                               val_dataset=val, out_dir=out, max_epochs=2, batch_size=8, lr=1e-3, accelerator="cpu",
+                               seed=3, patience=5, **kw)
+
+
+def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    return torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
+
+
+def test_interrupted_pretraining_resumes_to_the_uninterrupted_weights(tmp_path: Path, one_thread) -> None:
+    straight = _pretrain(tmp_path / "straight")
+    assert not (tmp_path / "straight" / EPOCH_STATE).exists()  # deleted once training finished
+
+    out = tmp_path / "resumed"
+    with pytest.raises(Interrupted):
+        _pretrain(out, callbacks=[StopInEpoch(1)])
+    state = torch.load(out / EPOCH_STATE, map_location="cpu", weights_only=False)
+    assert state["epoch"] == 0 and not (out / f"{EPOCH_STATE}.tmp").exists()  # epoch 1's end, written whole
+    resumed = _pretrain(out)
+    assert not (out / EPOCH_STATE).exists()
+    assert resumed.epochs == straight.epochs == 2
+    assert resumed.checkpoint.name == straight.checkpoint.name
+    a, b = _weights(straight.checkpoint), _weights(resumed.checkpoint)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_frozen_parameters_have_no_optimizer_state_in_the_epoch_state(tmp_path: Path, one_thread) -> None:
+    """Only what the optimizer trains is saved with moments: a frozen patch embedding carries none."""
+    from fl_lightning.modules import pretraining
+
+    class FrozenStem(lightning.Callback):
+        def setup(self, trainer, pl_module, stage) -> None:
+            pl_module.model.patch_embed.requires_grad_(False)
+
+    out = tmp_path / "frozen"
+    with pytest.raises(Interrupted):
+        _pretrain(out, callbacks=[FrozenStem(), StopInEpoch(1)])
+    state = torch.load(out / EPOCH_STATE, map_location="cpu", weights_only=False)
+    (opt,) = state["optimizer_states"]
+    module = pretraining.ViTClassifier(model_name=NAME, num_classes=3, overrides=TINY)
+    trainable = sum(1 for n, p in module.named_parameters() if not n.startswith("model.patch_embed."))
+    assert len(opt["state"]) == trainable == len(opt["param_groups"][0]["params"])
