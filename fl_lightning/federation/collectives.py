@@ -10,7 +10,7 @@ longer than ``federation.collective_timeout_s`` stops with one line naming that 
 process with its own message).
 
 What crosses the wire is moved to the CPU first (:func:`to_cpu`): ``broadcast_object_list`` unpickles
-a CUDA tensor onto the device it was pickled from, i.e. the sender's GPU (torch issue 76865). Rank 0
+a CUDA tensor onto the device it was pickled from, i.e. the sender's GPU (a known torch behaviour). Rank 0
 keeps its own objects; the other ranks receive CPU tensors, and the algorithms move state to their
 device where they use it (the engine moves each download to the rank's device).
 

@@ -1,4 +1,4 @@
-"""No rank dies waiting and no failure hangs the others (federation/collectives.py, issue 31).
+"""No rank dies waiting and no failure hangs the others (federation/collectives.py).
 
 Unit tests (a fake Fabric): the helper that moves what crosses the wire to the CPU, the outcome that rank 0
 broadcasts, the strategy built with ``federation.collective_timeout_s``. Then 2 CPU processes (gloo) running
@@ -290,5 +290,5 @@ def test_a_server_that_raises_ends_every_rank_at_once(tmp_path):
     assert _read(out, "rank1.rc") == "2"
     raised = float(_read(out, "raised"))
     for rank in (0, 1):  # both exited within seconds of the error (never waited for the collective timeout)
-        assert (out / f"rank{rank}.rc").stat().st_mtime - raised < 30
+        assert (out / f"rank{rank}.rc").stat().st_mtime - raised < 20  # rank 1 waits at most 30 s for rank 0
     assert math.isfinite(raised)
