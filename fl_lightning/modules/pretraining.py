@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import sys
+import threading
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -235,6 +238,32 @@ class _EpochState(Checkpoint):
         self.generator.set_state(state_dict["data_order"])
 
 
+class _Interruption(Callback):
+    """Keeps the exception that ended ``fit``: Lightning turns a KeyboardInterrupt (Ctrl-C, or the CLI's SIGTERM,
+    which subclasses it) into ``sys.exit(1)`` and leaves SIGINT ignored; the caller must see the interruption
+    itself (exit 130 / 143, the run's checkpoint kept, ``--resume`` printed)."""
+
+    exception: BaseException | None = None
+
+    def on_exception(self, trainer: lightning.Trainer, pl_module: lightning.LightningModule,
+                     exception: BaseException) -> None:
+        self.exception = exception
+
+
+def _fit(trainer: lightning.Trainer, module: lightning.LightningModule, interruption: _Interruption,
+         **kwargs: Any) -> None:
+    main = threading.current_thread() is threading.main_thread()
+    sigint = signal.getsignal(signal.SIGINT) if main else None
+    try:
+        trainer.fit(module, **kwargs)
+    except SystemExit:
+        if not isinstance(interruption.exception, KeyboardInterrupt):
+            raise
+        if sigint is not None:
+            signal.signal(signal.SIGINT, sigint)  # Lightning set SIG_IGN for its shutdown
+        raise interruption.exception from None
+
+
 class PretrainResult(NamedTuple):
     """What a pre-training run produced."""
 
@@ -312,13 +341,14 @@ def pretrain_classifier(
         dirpath=out / "checkpoints", filename="best-{epoch}", monitor=_MONITOR, mode="max", save_top_k=1
     )
     state = out / EPOCH_STATE
+    interruption = _Interruption()
     trainer = lightning.Trainer(
         accelerator=accelerator,
         devices=devices,
         precision=precision,
         max_epochs=max_epochs,
         callbacks=[*callbacks, EarlyStopping(monitor=_MONITOR, mode="max", patience=patience), best,
-                   _EpochState(state, generator)],
+                   _EpochState(state, generator), interruption],
         logger=CSVLogger(save_dir=out, name="pretrain"),
         default_root_dir=out,
         enable_progress_bar=sys.stderr.isatty(),
@@ -326,9 +356,13 @@ def pretrain_classifier(
         num_sanity_val_steps=0,
         log_every_n_steps=max(1, min(50, len(train_loader))),
     )
-    # our own file in the run folder: weights_only=False reads its Python-typed loop and callback states
-    trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=val_loader,
-                ckpt_path=state if state.is_file() else None, weights_only=False)
+    resuming = state.is_file()
+    with warnings.catch_warnings():
+        if resuming:  # the best checkpoint so far is in there, as it should be
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+        # our own file in the run folder: weights_only=False reads its Python-typed loop and callback states
+        _fit(trainer, module, interruption, train_dataloaders=train_loader, val_dataloaders=val_loader,
+             ckpt_path=state if resuming else None, weights_only=False)
     state.unlink(missing_ok=True)
     if not best.best_model_path:
         raise RuntimeError(f"pre-training wrote no checkpoint under {out / 'checkpoints'} (did validation run?)")

@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from fl_lightning.federation.launch import clean_launcher_env, external_launcher
 from tests.conftest import CONF, REPO, run_cli
@@ -135,3 +136,68 @@ def test_auto_lambda_under_torchrun_equals_one_process(tmp_path) -> None:
     for lam in ("0.1", "0.4"):  # each pilot was a one-process run of its own
         pilot = json.loads((tmp_path / "two" / RUN / "pilots" / f"pilot_lam{lam}" / "summary.json").read_text())
         assert pilot["world_size"] == 1
+
+
+# -- the accelerator's memory before the pilots ------------------------------------------------------------
+def test_release_accelerator_memory_parks_collects_and_empties_only_under_cuda(monkeypatch: pytest.MonkeyPatch):
+    import gc
+    import weakref
+
+    from fl_lightning.algorithms.fedisyn.synthesis_step import release_accelerator_memory
+
+    class Parked:
+        def __init__(self) -> None:
+            self.moves: list[str] = []
+
+        def to(self, *, device: str) -> None:
+            self.moves.append(device)
+
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    dropped = torch.nn.Linear(4, 4)
+    dropped.self_ref = [dropped]  # a reference cycle, as a transformers model has: only a collection frees it
+    ref = weakref.ref(dropped)
+    del dropped
+    gc.disable()  # the automatic collector must not do the test's work (the CLI pauses it in the start-up too)
+    try:
+        assert ref() is not None
+        parked = Parked()
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+        release_accelerator_memory(parked)
+        assert ref() is None and parked.moves == ["cpu"]
+        assert emptied == []  # no CUDA: nothing to hand back (and CUDA is not initialised by asking)
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+        release_accelerator_memory()
+        assert emptied == [True]
+    finally:
+        gc.enable()
+
+
+def test_pilots_start_after_the_parent_parked_its_networks(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """synthetic_lambda: auto parks the diffusion networks on the CPU and releases memory before the pilots."""
+    from fl_lightning.algorithms.fedisyn import synthesis_step
+
+    order = []
+    monkeypatch.setattr(synthesis_step, "release_accelerator_memory", lambda *park: order.append(("release", park)))
+
+    def fake_auto(cfg, *, run_dir, section, device=None):
+        order.append(("pilots", device))
+        raise RuntimeError("stop after the pilots")
+
+    monkeypatch.setattr(synthesis_step, "_auto_lambda", fake_auto)
+
+    class Cfg:  # the keys synthesise_and_pretrain reads before the pilots
+        synthetic_lambda, generation_time_per_image_s, pretrain_time_per_image_epoch_s, server = "auto", 0.5, 0.01, "host"
+
+    class Components:
+        class scheduler:
+            class config:
+                num_train_timesteps = 1000
+
+    comps = Components()
+    with pytest.raises(RuntimeError, match="stop after the pilots"):
+        synthesis_step.synthesise_and_pretrain(
+            Cfg, components=comps, uploads_by_client={}, class_counts={0: 10}, class_names=["a"], spec=None,
+            run_dir=tmp_path, seed=0, device=torch.device("cpu"), precision="32-true", progress=False,
+            prompts_by_class={"a": ["a photo of a"]})
+    assert order == [("release", (comps,)), ("pilots", torch.device("cpu"))]

@@ -44,15 +44,19 @@ class Interrupted(RuntimeError):
     pass
 
 
-class StopInEpoch(lightning.Callback):
-    """A crash in the middle of epoch ``epoch`` (after its first optimizer step)."""
+class Terminated(KeyboardInterrupt):
+    """As the CLI's SIGTERM (``train._Terminated``): a KeyboardInterrupt, which Lightning turns into exit(1)."""
 
-    def __init__(self, epoch: int) -> None:
-        self.epoch = epoch
+
+class StopInEpoch(lightning.Callback):
+    """A crash in the middle of epoch ``epoch`` (after its second optimizer step)."""
+
+    def __init__(self, epoch: int, error: type[BaseException] = Interrupted) -> None:
+        self.epoch, self.error = epoch, error
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.current_epoch == self.epoch and batch_idx == 1:
-            raise Interrupted(f"stopped in epoch {self.epoch}")
+            raise self.error(f"stopped in epoch {self.epoch}")
 
 
 def _pretrain(out: Path, **kw):
@@ -66,13 +70,19 @@ def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
     return torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
 
 
-def test_interrupted_pretraining_resumes_to_the_uninterrupted_weights(tmp_path: Path, one_thread) -> None:
+@pytest.mark.parametrize("error", [Interrupted, KeyboardInterrupt, Terminated])
+def test_interrupted_pretraining_resumes_to_the_uninterrupted_weights(tmp_path: Path, one_thread, error) -> None:
+    import signal
+
     straight = _pretrain(tmp_path / "straight")
     assert not (tmp_path / "straight" / EPOCH_STATE).exists()  # deleted once training finished
 
     out = tmp_path / "resumed"
-    with pytest.raises(Interrupted):
-        _pretrain(out, callbacks=[StopInEpoch(1)])
+    sigint = signal.getsignal(signal.SIGINT)
+    with pytest.raises(error) as raised:  # the interruption itself, not Lightning's exit(1)
+        _pretrain(out, callbacks=[StopInEpoch(1, error)])
+    assert type(raised.value) is error
+    assert signal.getsignal(signal.SIGINT) is sigint  # Ctrl-C works again
     state = torch.load(out / EPOCH_STATE, map_location="cpu", weights_only=False)
     assert state["epoch"] == 0 and not (out / f"{EPOCH_STATE}.tmp").exists()  # epoch 1's end, written whole
     resumed = _pretrain(out)

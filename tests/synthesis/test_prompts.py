@@ -130,3 +130,20 @@ def test_cache_expands_each_label_once(tmp_path):
 def test_first_sentence_drops_leading_punctuation():
     assert _first_sentence(". zebra runs .") == "zebra runs ."
     assert _first_sentence('- "A zebra grazes." next') == "A zebra grazes."
+
+
+def test_released_llm_is_collected_and_the_expander_says_so(tiny_llm):
+    """release() drops the LLM: once collected (the pilots' release_accelerator_memory does gc.collect) its
+    weights are gone; expanding afterwards is one clear error, not a silent reload."""
+    import gc
+    import weakref
+
+    exp = LLMPromptExpander(tiny_llm, max_new_tokens=8, seed=0)
+    exp.expand(["zebra"], 1)
+    model = weakref.ref(exp.model)
+    exp.release()
+    gc.collect()
+    assert model() is None
+    with pytest.raises(RuntimeError, match="released"):
+        exp.expand(["zebra"], 1)
+    TemplatePromptExpander(seed=0).release()  # the template expander holds nothing: a no-op
