@@ -54,7 +54,8 @@ from fl_lightning.federation.collector import frozen_during_rounds
 from fl_lightning.federation.launch import check_launcher
 from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients, seed_torch
 from fl_lightning.federation.round_store import ClientRecord, RoundResult, RoundStore
-from fl_lightning.federation.run_folder import write_metrics_csv, write_summary, write_text_atomic
+from fl_lightning.federation.run_folder import (check_shared_run_folder, write_metrics_csv, write_summary,
+                                               write_text_atomic)
 from fl_lightning.federation.run_state import RunState
 from fl_lightning.federation.transport import Upload, check_upload
 
@@ -181,6 +182,9 @@ class Simulation:
                 fabric.launch()
         # rank 0 decided (train.py: --resume, or the same command after an interruption)
         self.resume = self._from_server(lambda: self.resume, "the start")
+        # every rank sees the folder rank 0 writes (one shared output_dir, not one per node): seconds, before
+        # any data or model is built, not after a whole client phase
+        check_shared_run_folder(fabric, self.run_dir)
         seed_everything(cfg.seed, verbose=False)
         algorithm, env = self._setup()
         rank, world = fabric.global_rank, fabric.world_size
