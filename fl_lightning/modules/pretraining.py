@@ -360,9 +360,8 @@ def pretrain_classifier(
     with warnings.catch_warnings():
         if resuming:  # the best checkpoint so far is in there, as it should be
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
-        # our own file in the run folder: weights_only=False reads its Python-typed loop and callback states
         _fit(trainer, module, interruption, train_dataloaders=train_loader, val_dataloaders=val_loader,
-             ckpt_path=state if resuming else None, weights_only=False)
+             ckpt_path=state if resuming else None, weights_only=True)  # plain types only (_rng_states)
     state.unlink(missing_ok=True)
     if not best.best_model_path:
         raise RuntimeError(f"pre-training wrote no checkpoint under {out / 'checkpoints'} (did validation run?)")

@@ -171,6 +171,50 @@ def test_resume_in_a_lora_round_gives_the_same_summary(tmp_path, one_thread):
     assert {k: v for k, v in resumed.items() if k not in drop} == {k: v for k, v in full.items() if k not in drop}
 
 
+def test_resume_in_round_0_pretraining_continues_and_gives_the_same_summary(tmp_path, one_thread, monkeypatch):
+    """Interrupted in epoch 2 of 2 of the server's pre-training, --resume keeps every synthetic image, continues
+    pre-training from the end of epoch 1 and ends with the uninterrupted run's summary and server state."""
+    import lightning
+
+    from fl_lightning.algorithms.fedisyn import synthesis_step
+    from fl_lightning.federation.checkpoint import safe_load
+    from fl_lightning.modules.pretraining import EPOCH_STATE
+
+    class StopInEpoch2(lightning.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if trainer.current_epoch == 1:
+                raise KeyboardInterrupt
+
+    def cfg(name):
+        return load_config(TINY, ["--output_dir", str(tmp_path / name), "--federation.rounds", "1"])
+
+    full = Simulation(cfg=cfg("full"), loggers=[]).run()
+    real, resumed_from = synthesis_step.pretrain_classifier, []
+    monkeypatch.setattr(synthesis_step, "pretrain_classifier", lambda **kw: real(**kw, callbacks=[StopInEpoch2()]))
+    cut = cfg("cut")
+    with pytest.raises(KeyboardInterrupt):
+        Simulation(cfg=cut, loggers=[]).run()
+    assert (cut.run_dir / "pretrain" / EPOCH_STATE).is_file()
+    images = {p: p.stat().st_mtime_ns for p in (cut.run_dir / "synthetic").rglob("*.png")}
+    assert images
+
+    def spy(**kw):
+        resumed_from.append((kw["out_dir"] / EPOCH_STATE).is_file())
+        return real(**kw)
+
+    monkeypatch.setattr(synthesis_step, "pretrain_classifier", spy)
+    resumed = Simulation(cfg=cut, loggers=[], resume=True).run()
+    assert resumed_from == [True] and not (cut.run_dir / "pretrain" / EPOCH_STATE).exists()
+    assert {p: p.stat().st_mtime_ns for p in (cut.run_dir / "synthetic").rglob("*.png")} == images  # none redone
+    drop = ("wall_time_s", "world_size", "host_generation_s", "host_pretraining_s")  # wall clocks
+    assert {k: v for k, v in resumed.items() if k not in drop} == {k: v for k, v in full.items() if k not in drop}
+    a = safe_load(tmp_path / "full" / cut.run_dir.name / "checkpoints" / "server.pt")["state"]
+    b = safe_load(cut.run_dir / "checkpoints" / "server.pt")["state"]
+    assert a.keys() == b.keys()
+    for k in a.keys() - {"sys.host_times"}:  # (this host's wall times)
+        assert torch.equal(a[k], b[k]), k
+
+
 def test_food101_config_fails_offline_with_one_line(tmp_path):
     proc = run_cli("--config", str(CONF / "fedisyn_food101.yaml"), "--output_dir", str(tmp_path), timeout=120)
     assert proc.returncode == 2

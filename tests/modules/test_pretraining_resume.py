@@ -83,7 +83,7 @@ def test_interrupted_pretraining_resumes_to_the_uninterrupted_weights(tmp_path: 
         _pretrain(out, callbacks=[StopInEpoch(1, error)])
     assert type(raised.value) is error
     assert signal.getsignal(signal.SIGINT) is sigint  # Ctrl-C works again
-    state = torch.load(out / EPOCH_STATE, map_location="cpu", weights_only=False)
+    state = torch.load(out / EPOCH_STATE, map_location="cpu", weights_only=True)
     assert state["epoch"] == 0 and not (out / f"{EPOCH_STATE}.tmp").exists()  # epoch 1's end, written whole
     resumed = _pretrain(out)
     assert not (out / EPOCH_STATE).exists()
@@ -106,7 +106,7 @@ def test_frozen_parameters_have_no_optimizer_state_in_the_epoch_state(tmp_path: 
     out = tmp_path / "frozen"
     with pytest.raises(Interrupted):
         _pretrain(out, callbacks=[FrozenStem(), StopInEpoch(1)])
-    state = torch.load(out / EPOCH_STATE, map_location="cpu", weights_only=False)
+    state = torch.load(out / EPOCH_STATE, map_location="cpu", weights_only=True)
     (opt,) = state["optimizer_states"]
     module = pretraining.ViTClassifier(model_name=NAME, num_classes=3, overrides=TINY)
     trainable = sum(1 for n, p in module.named_parameters() if not n.startswith("model.patch_embed."))
