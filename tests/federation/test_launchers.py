@@ -119,3 +119,41 @@ def test_torchrun_world_size_disagreeing_with_the_config_stops_in_one_line(confi
     assert "torchrun started 2 process(es)" in ours[0] and "federation.devices" in ours[0]
     assert f'File "{REPO / "fl_lightning"}' not in proc.stderr  # no traceback through our code
     assert not (tmp_path / RUN).exists()  # stopped before anything was written
+
+
+def _two_nodes(config, out0, out1, timeout: float = 300) -> list[subprocess.CompletedProcess]:
+    """Two "nodes" on this machine: ``torchrun --nnodes 2`` once per node rank over 127.0.0.1, one process
+    each, as a two-node job starts them (each node names its own ``output_dir``)."""
+    base, port = _launcher("torchrun")
+    base = [a for a in base if a not in ("--master-port", port)]
+    procs = [subprocess.Popen([*base, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
+                               "--master-addr", "127.0.0.1", "--master-port", port, "-m", "fl_lightning.train",
+                               "--config", str(config), "--output_dir", str(out),
+                               "--federation.num_nodes", "2", "--federation.devices", "1"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=ENV)
+             for node, out in enumerate((out0, out1))]
+    done = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    return done
+
+
+def test_two_nodes_sharing_the_run_folder_equal_one_process(config, one_process, tmp_path):
+    node0, node1 = _two_nodes(config, tmp_path, tmp_path)
+    assert (node0.returncode, node1.returncode) == (0, 0), node0.stderr[-3000:] + node1.stderr[-3000:]
+    _assert_same_result(one_process, tmp_path / RUN)
+
+
+def test_two_nodes_with_node_local_run_folders_stop_at_start_up_in_one_line(config, tmp_path):
+    """Each node's ``output_dir`` is its own (a node-local disk): both stop in seconds, before any client runs,
+    rank 0 with one line that names the folder and the rank that cannot see it; no traceback anywhere."""
+    node0, node1 = _two_nodes(config, tmp_path / "node0", tmp_path / "node1")
+    assert node0.returncode != 0 and node1.returncode != 0
+    ours = [line for line in node0.stderr.splitlines() if line.startswith("fl_lightning:")]
+    assert len(ours) == 1 and "run folder" in ours[0] and str(tmp_path / "node0") in ours[0], node0.stderr[-3000:]
+    # torchrun prints its own failure report (with its agent's traceback); none runs through our code
+    assert f'File "{REPO / "fl_lightning"}' not in node0.stderr + node1.stderr, node0.stderr[-3000:]
+    codes = set(re.findall(r"exitcode\s*:\s*(-?\d+)", node0.stderr + node1.stderr))
+    assert "2" in codes, node0.stderr[-3000:]  # our usage-error status
+    assert not (tmp_path / "node0" / RUN / "checkpoints" / "server.pt").exists()
