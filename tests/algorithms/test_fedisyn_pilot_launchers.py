@@ -90,6 +90,8 @@ def test_pilots_get_the_clean_environment(tmp_path, monkeypatch: pytest.MonkeyPa
 
     def fake_run(argv, *, env, **kw):
         seen.append(env)
+        flags = dict(zip(argv[3::2], argv[4::2]))  # [python, -m, fl_lightning.train, --key, value, ...]
+        assert flags["--federation.devices"] == flags["--federation.num_nodes"] == "1"
         run = tmp_path / "pilots" / argv[argv.index("--run_name") + 1]
         run.mkdir(parents=True)
         return subprocess.CompletedProcess(argv, 0, "", "")

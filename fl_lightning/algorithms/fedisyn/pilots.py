@@ -129,8 +129,8 @@ def auto_lambda(points: PilotPoints, target_accuracy: float) -> Calibration:
 def run_pilot_processes(run_dir: Path, section: str, lambdas: Sequence[float], *, rounds: int,
                         timeout_s: float | None = None, cuda_device: int | None = None) -> list[Path]:
     """The pilots of ``synthetic_lambda: auto``: the run's own ``config.yaml`` at each pilot λ, for ``rounds``
-    fine-tuning rounds, each in a fresh single-process ``python -m fl_lightning.train`` (so a pilot never shares
-    the ranks of the run that asked for it), into ``<run_dir>/pilots/pilot_lam<λ>/``.
+    fine-tuning rounds, each in a fresh single-process ``python -m fl_lightning.train`` (one device, one node: a
+    pilot never shares the ranks of the run that asked for it), into ``<run_dir>/pilots/pilot_lam<λ>/``.
 
     A pilot gets this process's environment without what a launcher set for its ranks
     (:func:`~fl_lightning.federation.launch.clean_launcher_env`): started from a rank of torchrun, ``fabric run``
@@ -154,7 +154,8 @@ def run_pilot_processes(run_dir: Path, section: str, lambdas: Sequence[float], *
         name = f"pilot_lam{lam:g}"
         argv = [sys.executable, "-m", "fl_lightning.train", "--config", str(Path(run_dir) / "config.yaml"),
                 "--output_dir", str(out), "--run_name", name, f"--{section}.synthetic_lambda", repr(float(lam)),
-                "--federation.rounds", str(int(rounds)), "--federation.devices", "1", "--logging.wandb", "false"]
+                "--federation.rounds", str(int(rounds)), "--federation.devices", "1", "--federation.num_nodes", "1",
+                "--logging.wandb", "false"]
         if (out / name / "summary.json").is_file():  # a resumed run keeps its finished pilots
             runs.append(out / name)
             continue
