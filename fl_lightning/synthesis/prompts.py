@@ -23,7 +23,7 @@ import re
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -141,8 +141,17 @@ def _mentions(sentence: str, label: str) -> bool:
     return re.search(rf"\b{re.escape(_readable(label))}\b", sentence, flags=re.IGNORECASE) is not None
 
 
+_LLM_HINT = (
+    "set fedisyn.llm_path to a local transformers causal-LM folder (e.g. LLaMA-7B saved with "
+    "save_pretrained), or set it to null to use the template prompt expander"
+)
+
+
 class LLMPromptExpander:
     """Prompts written by a local causal language model (the paper uses LLaMA-7B).
+
+    The model is loaded when the first label is expanded, so :func:`expand_with_cache` with a cache that
+    already covers every label never loads it.
 
     Args:
         model_path: folder with a transformers tokenizer and causal-LM weights.
@@ -154,7 +163,8 @@ class LLMPromptExpander:
         top_p: nucleus-sampling mass.
 
     Raises:
-        MissingResourceError: ``model_path`` holds no loadable model.
+        MissingResourceError: ``model_path`` is not a folder (here), or holds no loadable model (at the first
+            expansion).
     """
 
     def __init__(
@@ -168,29 +178,15 @@ class LLMPromptExpander:
         temperature: float = 0.9,
         top_p: float = 0.95,
     ) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         self.model_path = Path(model_path).expanduser()
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         if not temperature > 0:
             raise ValueError(f"temperature must be a float > 0, got {temperature!r}")
-        hint = (
-            "set fedisyn.llm_path to a local transformers causal-LM folder (e.g. LLaMA-7B saved with "
-            "save_pretrained), or set it to null to use the template prompt expander"
-        )
         if not self.model_path.is_dir():
-            raise MissingResourceError(f"language model not found: {self.model_path} is not a folder; {hint}")
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
-            self.model = AutoModelForCausalLM.from_pretrained(self.model_path, local_files_only=True, dtype=dtype)
-        except (OSError, ValueError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise MissingResourceError(
-                f"could not load a language model from {self.model_path} ({first}); {hint}"
-            ) from err
+            raise MissingResourceError(f"language model not found: {self.model_path} is not a folder; {_LLM_HINT}")
         self.device = torch.device(device)
-        self.model.to(self.device).eval().requires_grad_(False)
+        self.dtype = dtype
         self.max_new_tokens = int(max_new_tokens)
         self.seed = int(seed)
         self.temperature = float(temperature)
@@ -200,6 +196,30 @@ class LLMPromptExpander:
             f"llm(path={self.model_path}, seed={self.seed}, temperature={self.temperature}, "
             f"top_p={self.top_p}, max_new_tokens={self.max_new_tokens})"
         )
+        # Loaded on the first expansion (_load), not here: a cache that already holds every label (a resumed
+        # round 0) never needs the model, and a 7B LLM costs minutes and its size in memory to load.
+        self.tokenizer: Any = None
+        self.model: Any = None
+        self._released = False
+
+    def _load(self) -> None:
+        """Load the tokenizer and the model from ``model_path`` (once; never after :meth:`release`)."""
+        if self._released:
+            raise RuntimeError(f"{self.description}: the language model was released; build a new expander")
+        if self.model is not None:
+            return
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(self.model_path, local_files_only=True, dtype=self.dtype)
+        except (OSError, ValueError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise MissingResourceError(
+                f"could not load a language model from {self.model_path} ({first}); {_LLM_HINT}"
+            ) from err
+        self.tokenizer = tokenizer
+        self.model = model.to(self.device).eval().requires_grad_(False)
 
     def _query(self, label: str) -> str:
         question = QUESTION.format(label=_readable(label))
@@ -210,15 +230,15 @@ class LLMPromptExpander:
         return question + "\n"
 
     def release(self) -> None:
-        """Drop the language model: its weights' memory is free once collected (``gc.collect``; on CUDA the
-        caching allocator then still reserves it until ``torch.cuda.empty_cache``). The expander cannot
-        expand afterwards; the cache file it filled stays valid."""
-        self.model = None
+        """Drop the language model (if it was loaded): its weights' memory is free once collected
+        (``gc.collect``; on CUDA the caching allocator then still reserves it until ``torch.cuda.empty_cache``).
+        The expander cannot expand afterwards; the cache file it filled stays valid."""
+        self.model = self.tokenizer = None
+        self._released = True
 
     @torch.no_grad()
     def _answers(self, label: str, n: int) -> list[str]:
-        if self.model is None:
-            raise RuntimeError(f"{self.description}: the language model was released; build a new expander")
+        self._load()
         inputs = self.tokenizer(self._query(label), return_tensors="pt").to(self.device)
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         devices = [self.device.index or 0] if self.device.type == "cuda" else []

@@ -5,6 +5,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -95,8 +96,75 @@ def test_llm_missing_path_is_one_clear_line(tmp_path):
     msg = str(err.value)
     assert "\n" not in msg and str(tmp_path / "llama-7b") in msg and "fedisyn.llm_path" in msg
     (tmp_path / "empty").mkdir()
-    with pytest.raises(MissingResourceError):
-        LLMPromptExpander(tmp_path / "empty")
+    empty = LLMPromptExpander(tmp_path / "empty")  # a folder: what it holds is read at the first expansion
+    with pytest.raises(MissingResourceError) as err:
+        empty.expand(["zebra"], 1)
+    msg = str(err.value)
+    assert "\n" not in msg and str(tmp_path / "empty") in msg and "fedisyn.llm_path" in msg
+
+
+@pytest.fixture
+def llm_loads(monkeypatch):
+    """The folders ``AutoModelForCausalLM.from_pretrained`` loaded a model from, in order (it still loads)."""
+    from transformers import AutoModelForCausalLM
+
+    loads = []
+    load = AutoModelForCausalLM.from_pretrained.__func__
+
+    def counted(cls, path, *args, **kwargs):
+        loads.append(Path(path))
+        return load(cls, path, *args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(counted))
+    return loads
+
+
+def test_llm_is_loaded_only_when_the_cache_lacks_a_label(tiny_llm, llm_loads, tmp_path):
+    """A resumed round 0 whose prompts.json covers every label never loads the LLM; one whose cache lacks a label
+    loads it once; the prompts (and the cache file) are the uninterrupted run's either way."""
+    labels, cache = ["zebra", "yak"], tmp_path / "prompts.json"
+
+    def expander():
+        return LLMPromptExpander(tiny_llm, max_new_tokens=8, seed=0)
+
+    first = expand_with_cache(expander(), labels, 3, cache)
+    assert llm_loads == [Path(tiny_llm)]
+    complete = cache.read_bytes()
+
+    resumed = expander()  # built as synthesise_and_pretrain builds it: nothing loaded yet
+    assert resumed.model is None
+    assert expand_with_cache(resumed, labels, 3, cache) == first
+    resumed.release()
+    assert llm_loads == [Path(tiny_llm)] and resumed.model is None
+    assert cache.read_bytes() == complete  # nothing rewritten
+
+    data = json.loads(complete)
+    del data["prompts"]["yak"]  # a cache written before "yak" was a label
+    cache.write_text(json.dumps(data), encoding="utf-8")
+    assert expand_with_cache(expander(), labels, 3, cache) == first
+    assert llm_loads == [Path(tiny_llm)] * 2
+    assert json.loads(cache.read_text()) == json.loads(complete)
+
+
+def test_fedisyn_round_0_with_a_complete_cache_does_not_load_the_llm(tiny_llm, llm_loads, tmp_path):
+    """FeDiSyn's round 0 (``synthesise_and_pretrain``) on a resumed run folder: its prompts.json covers every label,
+    so the LLM named by ``llm_path`` is never loaded (stopped right after the prompts: no uploads)."""
+    from fl_lightning.algorithms.fedisyn.synthesis_step import synthesise_and_pretrain
+
+    class Cfg:  # the keys read before the images
+        llm_path, prompts_per_label = str(tiny_llm), 3
+
+    labels = ["zebra", "yak"]
+    cache = tmp_path / "prompts.json"  # as the first attempt's expansion left it (the expander's own description)
+    cache.write_text(json.dumps({"expander": LLMPromptExpander(tiny_llm, seed=0).description,
+                                 "prompts": {label: [f"a {label}.", f"one {label}.", f"the {label}."]
+                                             for label in labels}}), encoding="utf-8")
+    written = cache.read_bytes()
+    with pytest.raises(ValueError, match="latent uploads"):
+        synthesise_and_pretrain(Cfg, components=None, uploads_by_client=None, class_counts={0: 5, 1: 5},
+                                class_names=labels, spec=None, run_dir=tmp_path, seed=0,
+                                device=torch.device("cpu"), precision="32-true", progress=False)
+    assert llm_loads == [] and cache.read_bytes() == written
 
 
 class _Counting(TemplatePromptExpander):
