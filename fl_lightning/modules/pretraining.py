@@ -16,13 +16,17 @@ Resuming: every epoch ends with the whole training state in ``<out_dir>/epoch_st
 optimizer's moments — only trainable parameters have any —, schedule, loop counters, early stopping, the best
 checkpoint's record, and the random states: torch / CUDA / numpy / Python and the data order's generator),
 written whole then renamed. An interrupted pre-training called again with the same arguments continues from
-it and reaches the weights of an uninterrupted one; the file is deleted when training finishes.
+it and reaches the weights of an uninterrupted one; the file is deleted when training finishes. The CSV log
+(``<out_dir>/pretrain/version_0/metrics.csv``) is continued too: it keeps the rows of the epochs the state had
+completed, drops those of the interrupted epoch (which runs again) and appends the new ones, so it reads as the
+log of an uninterrupted run.
 
 Weights are never downloaded: the backbone starts from random initialisation or from a local file.
 """
 
 from __future__ import annotations
 
+import csv
 import os
 import random
 import signal
@@ -38,7 +42,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback, Checkpoint, EarlyStopping, ModelCheckpoint
+from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
@@ -238,6 +244,67 @@ class _EpochState(Checkpoint):
         self.generator.set_state(state_dict["data_order"])
 
 
+def _row_epoch(row: Mapping[str, str]) -> float:
+    try:
+        return float(row.get("epoch") or "nan")
+    except ValueError:
+        return float("nan")
+
+
+class _ContinuedMetrics(ExperimentWriter):
+    """Lightning's CSV writer, continuing the ``metrics.csv`` it finds: the rows of the first ``epochs_done`` epochs
+    stay (rewritten whole, then renamed), the later ones go, and new rows are appended under the same header.
+
+    Lightning's own writer deletes the file instead, in ``_check_log_dir_exists`` (lightning 2.6), which this
+    replaces; ``epochs_done=0`` (a fresh pre-training) likewise starts an empty log.
+    """
+
+    def __init__(self, log_dir: str, *, epochs_done: int) -> None:
+        self.epochs_done = int(epochs_done)
+        super().__init__(log_dir)
+
+    def _check_log_dir_exists(self) -> None:
+        path = Path(self.metrics_file_path)
+        if not path.is_file():
+            return
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            header = list(reader.fieldnames or [])
+            rows = [row for row in reader if _row_epoch(row) < self.epochs_done]  # a row without an epoch goes
+        if not rows:
+            path.unlink()
+            return
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=header)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, path)
+        self.metrics_keys = header  # what save() appends lines up with the file's columns
+
+
+class _PretrainLogger(CSVLogger):
+    """The pre-training's CSV log, one per ``save_dir``: a fixed version (Lightning would give a resumed fit
+    ``version_1``), continued after the ``epochs_done`` epochs a resumed pre-training had completed."""
+
+    def __init__(self, save_dir: Path, *, epochs_done: int) -> None:
+        super().__init__(save_dir=save_dir, name="pretrain", version=0)
+        self._epochs_done = int(epochs_done)
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _ContinuedMetrics(self.log_dir, epochs_done=self._epochs_done)
+        return self._experiment
+
+
+def _epochs_done(state: Path) -> int:
+    """The epochs an epoch state had completed (it is written at an epoch's end; its tensors are not read: mmap)."""
+    return int(torch.load(state, map_location="cpu", weights_only=True, mmap=True)["epoch"]) + 1
+
+
 class _Interruption(Callback):
     """Keeps the exception that ended ``fit``: Lightning turns a KeyboardInterrupt (Ctrl-C, or the CLI's SIGTERM,
     which subclasses it) into ``sys.exit(1)`` and leaves SIGINT ignored; the caller must see the interruption
@@ -294,12 +361,12 @@ def pretrain_classifier(
 ) -> PretrainResult:
     """Pre-train a timm ViT on synthetic images; return the best checkpoint and the epochs run.
 
-    Writes ``out_dir/checkpoints/best-*.ckpt`` and CSV logs under ``out_dir/pretrain/``. Training
-    stops early when held-out accuracy has not improved for ``patience`` epochs.
+    Writes ``out_dir/checkpoints/best-*.ckpt`` and the CSV log ``out_dir/pretrain/version_0/metrics.csv``.
+    Training stops early when held-out accuracy has not improved for ``patience`` epochs.
 
     Resumable: each epoch ends with the training state in ``out_dir/epoch_state.ckpt`` (:data:`EPOCH_STATE`);
     when that file exists the call continues from it (call it with the same arguments and data), and it is
-    deleted once training has finished.
+    deleted once training has finished; the CSV log is continued after the epochs it had completed.
 
     Args:
         model_name, overrides, checkpoint, num_classes, lr, weight_decay: see :class:`ViTClassifier`.
@@ -341,6 +408,7 @@ def pretrain_classifier(
         dirpath=out / "checkpoints", filename="best-{epoch}", monitor=_MONITOR, mode="max", save_top_k=1
     )
     state = out / EPOCH_STATE
+    resuming = state.is_file()
     interruption = _Interruption()
     trainer = lightning.Trainer(
         accelerator=accelerator,
@@ -349,14 +417,13 @@ def pretrain_classifier(
         max_epochs=max_epochs,
         callbacks=[*callbacks, EarlyStopping(monitor=_MONITOR, mode="max", patience=patience), best,
                    _EpochState(state, generator), interruption],
-        logger=CSVLogger(save_dir=out, name="pretrain"),
+        logger=_PretrainLogger(out, epochs_done=_epochs_done(state) if resuming else 0),
         default_root_dir=out,
         enable_progress_bar=sys.stderr.isatty(),
         enable_model_summary=False,
         num_sanity_val_steps=0,
         log_every_n_steps=max(1, min(50, len(train_loader))),
     )
-    resuming = state.is_file()
     with warnings.catch_warnings():
         if resuming:  # the best checkpoint so far is in there, as it should be
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")

@@ -8,6 +8,7 @@ equal result means the model, optimizer, schedule, loop counters and random stre
 
 from __future__ import annotations
 
+import csv
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -93,6 +94,49 @@ def test_interrupted_pretraining_resumes_to_the_uninterrupted_weights(tmp_path: 
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+    assert _metrics(out) == _metrics(tmp_path / "straight")  # one log, continued: the uninterrupted one's rows
+
+
+class StopAtValidation(lightning.Callback):
+    """A crash when epoch ``epoch``'s validation starts: its training rows are in the CSV log already."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if trainer.current_epoch == self.epoch:
+            raise Interrupted(f"stopped before the validation of epoch {self.epoch}")
+
+
+def _metrics(out: Path) -> list[dict[str, str]]:
+    """The pre-training's CSV log, which must be the only one (a resumed fit continues it, no ``version_1``)."""
+    (log,) = (out / "pretrain").iterdir()
+    assert log.name == "version_0" and not (log / "metrics.csv.tmp").exists()
+    with open(log / "metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _epochs(rows: list[dict[str, str]], column: str) -> list[int]:
+    return [int(row["epoch"]) for row in rows if row[column]]
+
+
+def test_resumed_pretraining_continues_its_log_without_repeating_an_epoch(tmp_path: Path, one_thread) -> None:
+    """Interrupted in epoch 2 of 2 after its training rows were logged: the resumed pre-training drops those (the
+    epoch runs again), keeps epoch 1's and appends; the log equals an uninterrupted run's, row for row."""
+    straight = _metrics(_pretrain(tmp_path / "straight").checkpoint.parents[1])
+    assert _epochs(straight, "val_acc") == _epochs(straight, "train_acc") == [0, 1]  # one row per epoch
+    assert _epochs(straight, "train_loss_step") == [0, 1]  # log_every_n_steps = the 5 batches of an epoch
+
+    out = tmp_path / "resumed"
+    with pytest.raises(Interrupted):
+        _pretrain(out, callbacks=[StopAtValidation(1)])
+    interrupted = _metrics(out)
+    assert _epochs(interrupted, "train_loss_step") == [0, 1] and _epochs(interrupted, "val_acc") == [0]
+    assert interrupted[:-1] == straight[: len(interrupted) - 1]  # all of epoch 1, and epoch 2's first row
+    _pretrain(out)
+    resumed = _metrics(out)
+    assert list(resumed[0]) == list(straight[0])  # the same columns, in order
+    assert resumed == straight  # the same epochs, the continued one's values equal
 
 
 def test_frozen_parameters_have_no_optimizer_state_in_the_epoch_state(tmp_path: Path, one_thread) -> None:
