@@ -1,6 +1,7 @@
 """FeDiSyn's pilots under any launcher: a pilot started from a launched rank gets a clean environment
-(``federation.launch.clean_launcher_env``), and ``synthetic_lambda: auto`` under ``torchrun`` with 2 CPU
-processes picks the λ* of the one-process run (both ranks exit 0: rank 1 waits for rank 0's pilots).
+(``federation.launch.clean_launcher_env``), and ``synthetic_lambda: auto`` with 2 CPU
+processes under ``torchrun`` or ``fabric run`` (Fabric's CLI launcher) picks the λ* of the one-process run
+(both ranks exit 0: rank 1 waits for rank 0's pilots).
 
 The pilots are 2 λ × 1 fine-tuning round of the tiny config: on it the ViT stays near chance, so the fit is
 a degenerate but deterministic one; ``target_accuracy 0.12`` is where it has an interior minimum
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -20,6 +20,7 @@ import torch
 
 from fl_lightning.federation.launch import clean_launcher_env, external_launcher
 from tests.conftest import CONF, REPO, run_cli
+from tests.federation.test_launchers import _launcher
 
 TORCHRUN_RANK = {  # what torchrun's agent sets for rank 1 of 2 (local_elastic_agent.py), plus Fabric's seed
     "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0",
@@ -103,32 +104,46 @@ def test_pilots_get_the_clean_environment(tmp_path, monkeypatch: pytest.MonkeyPa
     assert seen[0]["CUDA_VISIBLE_DEVICES"] == "7" and "RANK" not in seen[0] and "MASTER_PORT" not in seen[0]
 
 
-# -- end to end: synthetic_lambda auto under torchrun ----------------------------------------------------
+# -- end to end: synthetic_lambda auto under torchrun and fabric run ---------------------------------------
 AUTO = ["--config", str(CONF / "fedisyn_tiny.yaml"), "--fedisyn.synthetic_lambda", "auto",
         "--fedisyn.pilot_lambdas", "[0.1, 0.4]", "--fedisyn.pilot_rounds", "1", "--fedisyn.target_accuracy", "0.12",
         "--federation.rounds", "1", "--federation.accelerator", "cpu", "--logging.wandb", "false"]
 RUN = "fedisyn_tiny"
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}  # one intra-op thread: the pilots' arithmetic matches
 
 
-def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
+def _two_processes(launcher: str, out) -> list[str]:
+    """The command that runs the tiny auto-λ job in 2 CPU processes under ``launcher``, as the launcher tests
+    start it (``_launcher``: the console script or its module, on a free port)."""
+    job = [*AUTO, "--output_dir", str(out), "--federation.devices", "2"]
+    command, port = _launcher(launcher)
+    if launcher == "torchrun":
+        return [*command, "--nproc-per-node", "2", "-m", "fl_lightning.train", *job]
+    return [*command, "--accelerator", "cpu", "--devices", "2", "--main-port", port, "fl_lightning/train.py", *job]
 
 
-@pytest.mark.slow  # ~3 min on 2 cores: 2 × (2 pilot processes + the run itself)
-def test_auto_lambda_under_torchrun_equals_one_process(tmp_path) -> None:
-    env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}  # one intra-op thread: the pilots' arithmetic matches
-    one = run_cli(*AUTO, "--output_dir", str(tmp_path / "one"), env=env, timeout=600)
-    assert one.returncode == 0, one.stderr[-3000:]
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                           _free_port(), "-m", "fl_lightning.train", *AUTO, "--output_dir", str(tmp_path / "two"),
-                           "--federation.devices", "2"],
-                          capture_output=True, text=True, cwd=REPO, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(REPO), **env})
-    assert proc.returncode == 0, proc.stderr[-4000:]  # no rank died (rank 1 waited through rank 0's pilots)
-    assert "torchrun started" not in proc.stderr
-    s1 = json.loads((tmp_path / "one" / RUN / "summary.json").read_text())
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The one-process run both launchers are compared with (run once for the module)."""
+    out = tmp_path_factory.mktemp("one")
+    proc = run_cli(*AUTO, "--output_dir", str(out), env=ONE_THREAD, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / RUN
+
+
+@pytest.mark.slow  # on 2 cores: ~1.5 min for the one-process run (once), then ~2 min per launcher
+@pytest.mark.parametrize("launcher, its_own_launch", [("torchrun", "torchrun started"),
+                                                      ("fabric run", "processes have already been created")],
+                         ids=["torchrun", "fabric run"])
+def test_auto_lambda_under_a_launcher_equals_one_process(launcher: str, its_own_launch: str, one_process,
+                                                         tmp_path) -> None:
+    proc = subprocess.run(_two_processes(launcher.split()[0], tmp_path / "two"), capture_output=True, text=True,
+                          cwd=REPO, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO), **ONE_THREAD})
+    # both launchers exit 0 only when both ranks did (fabric run is torchrun underneath); rank 1 waited through
+    # rank 0's pilots
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert its_own_launch not in proc.stderr  # the ranks did not launch again (nor did a pilot)
+    s1 = json.loads((one_process / "summary.json").read_text())
     s2 = json.loads((tmp_path / "two" / RUN / "summary.json").read_text())
     assert s2["world_size"] == 2
     assert s1["lambda_fit"]["lambda_star"] > 0
