@@ -1,4 +1,5 @@
-"""The server's phases as seen by every rank: rank 0 works, the others wait for its outcome.
+"""The server's phases as seen by every rank: rank 0 works, the others wait for its outcome; and the one
+phase where every rank works (its clients), whose outcomes rank 0 gathers.
 
 Ranks 1..N-1 spend the server's phases (plan, aggregate + evaluate, the round's files) blocked in one
 broadcast from rank 0. :func:`from_server` makes that broadcast carry the *outcome* of the phase — its
@@ -14,7 +15,15 @@ a CUDA tensor onto the device it was pickled from, i.e. the sender's GPU (a know
 keeps its own objects; the other ranks receive CPU tensors, and the algorithms move state to their
 device where they use it (the engine moves each download to the rank's device).
 
-One process: no broadcast, the phase's function is simply called.
+Every rank's part of a round (its clients, their records on disk) reaches rank 0 through :func:`to_server`
+as an outcome too: its value, or the one line, exit status and traceback of the error it raised. When any
+rank failed, rank 0 raises one error whose line names the first failing rank and its host
+(:class:`RankFailure`, exit status 1; :class:`RankUsageError` for a usage error such as a full disk, exit
+status 2) and broadcasts it as it does a failed server phase: every other rank — the failing one included —
+stops quietly with that status. Only rank 0 prints the line (the failing rank's traceback travels with it
+and ``--debug`` shows it), so a job's log holds the error once, whichever rank hit it.
+
+One process: no broadcast or gather, the phase's function is simply called.
 """
 
 from __future__ import annotations
@@ -22,18 +31,21 @@ from __future__ import annotations
 import os
 import socket
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
+import torch.distributed as dist
 from lightning.fabric import Fabric
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
-from fl_lightning.errors import RunFailure, UsageError
+from fl_lightning.errors import RemoteTraceback, RunFailure, UsageError
 
-__all__ = ["to_cpu", "from_server", "waiting", "RankStopped", "CollectiveTimeout", "exit_status"]
+__all__ = ["to_cpu", "from_server", "to_server", "waiting", "RankStopped", "CollectiveTimeout", "RankFailure",
+           "RankUsageError", "exit_status"]
 
 T = TypeVar("T")
 
@@ -70,15 +82,58 @@ class CollectiveTimeout(RunFailure):
     """A rank waited in a collective longer than ``federation.collective_timeout_s`` (exit status 1)."""
 
 
+class _FromRank:
+    """What the errors raised on rank 0 because another rank failed share: the one line, which rank, its host,
+    and that rank's formatted traceback (the ``__cause__``, shown with ``--debug``).
+
+    Args:
+        message: the one line (it names the rank and its host).
+        rank: the failing rank.
+        host: its host name.
+        rank_traceback: its formatted traceback.
+    """
+
+    def __init__(self, message: str, rank: int, host: str, rank_traceback: str | None = None) -> None:
+        super().__init__(message)
+        self.rank, self.host, self.rank_traceback = rank, host, rank_traceback
+        if rank_traceback:
+            self.__cause__ = RemoteTraceback(rank_traceback)
+
+    def __reduce__(self) -> tuple:
+        return type(self), (str(self), self.rank, self.host, self.rank_traceback)
+
+
+class RankFailure(_FromRank, RunFailure):
+    """Another rank failed in its part of a round (a bug, a run failure): exit status 1."""
+
+
+class RankUsageError(_FromRank, UsageError):
+    """Another rank hit a usage error in its part of a round (a full disk, a missing file): exit status 2."""
+
+
 @dataclass
 class _Outcome:
-    """What rank 0 broadcasts at the end of a server phase: the value, or the error's line and status."""
+    """What rank 0 broadcasts at the end of a server phase, and what each rank gives :func:`to_server`'s gather:
+    the value, or the error's line and status."""
 
     value: Any = None
     error: str | None = None
     status: int = 0
-    pid: int = 0  # rank 0's process and host: a stopping rank lets its parent rank 0 exit first
+    pid: int = 0  # the sender's process and host: a stopping rank lets its parent rank 0 exit first
     host: str = ""
+    traceback: str | None = None  # a failed rank's formatted traceback (gathered to rank 0 for --debug)
+
+
+def _failed(err: Exception) -> _Outcome:
+    """The outcome of a rank's part that raised ``err``: its one line, exit status, process, host and traceback."""
+    return _Outcome(error=_one_line(err), status=exit_status(err), pid=os.getpid(), host=socket.gethostname(),
+                    traceback="".join(traceback.format_exception(err)))
+
+
+def _one_line(err: BaseException) -> str:
+    """``err`` as one line: our errors' message as it is (it is the report), any other error with its type."""
+    text = str(err) if isinstance(err, (UsageError, RunFailure)) else f"{type(err).__name__}: {err}".rstrip(": ")
+    return " ".join(text.split()) or type(err).__name__
 
 
 @contextmanager
@@ -131,6 +186,76 @@ def from_server(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: 
         _let_leader_exit_first(outcome)
         raise RankStopped(outcome.status, outcome.error)
     return outcome.value
+
+
+def to_server(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: float,
+              check: Callable[[list[T]], None] | None = None) -> list[T]:
+    """Every rank's ``step()``, gathered on rank 0 as outcomes; rank 0's verdict on every rank.
+
+    A rank whose ``step()`` raises still takes part in the gather (with its error's line, exit status and
+    traceback), so no rank waits for it until the collective timeout; the verdict is then rank 0's broadcast
+    (:func:`from_server`), which ends every rank when any failed.
+
+    Args:
+        fabric: the launched Fabric.
+        step: this rank's part (its clients); it may raise.
+        what: the part, in words, for the error's line and a timeout's message (``"round 3's clients"``).
+        timeout_s: ``federation.collective_timeout_s``, for that message.
+        check: rank 0's decision on the gathered values when every rank succeeded (the client-failure
+            policy); what it raises ends every rank as a failed rank does.
+
+    Returns:
+        On rank 0, every rank's value in rank order (its own object first, CPU copies of the others'); on the
+        other ranks, their own value alone.
+
+    Raises:
+        On rank 0: its own step's error, else a :class:`RankUsageError` / :class:`RankFailure` naming the first
+        failing rank and its host, else what ``check`` raised. On the others (the failing ones included):
+        :class:`RankStopped` with that error's exit status.
+    """
+    if fabric.world_size == 1:
+        values = [step()]
+        if check is not None:
+            check(values)
+        return values
+    rank = fabric.global_rank
+    own: Exception | None = None
+    try:
+        value = step()
+        mine = _Outcome(value=value if rank == 0 else to_cpu(value))
+    except Exception as err:  # not an interrupt: a launcher or scheduler signals every rank itself
+        own, value, mine = err, None, _failed(err)
+    parts: list[Any] | None = [None] * fabric.world_size if rank == 0 else None
+    try:
+        with waiting(what, timeout_s, rank):
+            dist.gather_object(mine, parts, dst=0)  # to the server only
+    except Exception:
+        if own is None:
+            raise
+        raise own  # this rank's error is the report, not the collective's that it broke
+
+    def verdict() -> None:
+        if own is not None:
+            raise own  # rank 0's own error, as a failing server phase raises it
+        failed = [(r, outcome) for r, outcome in enumerate(parts) if outcome.error is not None]
+        if failed:
+            raise _rank_error(what, failed)
+        if check is not None:
+            check([value, *(outcome.value for outcome in parts[1:])])
+
+    from_server(fabric, verdict, what=f"the outcome of {what}", timeout_s=timeout_s, send=False)
+    if own is not None:  # not reached: rank 0's verdict stops this rank (RankStopped)
+        raise own
+    return [value] if rank != 0 else [value, *(outcome.value for outcome in parts[1:])]
+
+
+def _rank_error(what: str, failed: list[tuple[int, _Outcome]]) -> RankFailure | RankUsageError:
+    """Rank 0's one error for the ranks that failed in ``what``: it names the first (its host, its line)."""
+    rank, outcome = failed[0]
+    more = f" (and {len(failed) - 1} more rank{'s' if len(failed) > 2 else ''})" if len(failed) > 1 else ""
+    message = f"rank {rank} on {outcome.host} failed in {what}{more}: {outcome.error}"
+    error_class = RankUsageError if outcome.status == 2 else RankFailure
+    return error_class(message, rank, outcome.host, outcome.traceback)
 
 
 def _let_leader_exit_first(outcome: _Outcome) -> None:

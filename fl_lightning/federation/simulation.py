@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from lightning.fabric import Fabric, seed_everything
 from lightning.fabric.strategies import STRATEGY_REGISTRY, DDPStrategy, Strategy
 
@@ -49,7 +48,7 @@ from fl_lightning.data.transforms import build_transform
 from fl_lightning.errors import ClientFailure, ClientUsageError, ConfigError, RunFailure, TooFewClients, UsageError
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundPlan
 from fl_lightning.federation.checkpoint import DurableWriter, safe_load
-from fl_lightning.federation.collectives import from_server, waiting
+from fl_lightning.federation.collectives import from_server, to_server, waiting
 from fl_lightning.federation.collector import frozen_during_rounds
 from fl_lightning.federation.launch import check_launcher
 from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients, seed_torch
@@ -252,12 +251,12 @@ class Simulation:
             # plan: the server decides once (a resumed round keeps its checkpointed plan); every rank receives it
             plan = self._plan(algorithm, store, round_idx, clients, run)
 
-            # client updates on this rank (each leaves a record), then transport: the records reach the server
+            # client updates on this rank (each leaves a record), then transport: the records reach the server,
+            # which decides whether the round goes on (a rank that failed, the client-failure policy)
             sampled = set(plan.downloads)
             try:
                 result = self._client_phase(algorithm, env, store, round_idx,
                                             [c for c in assignment[rank] if c in sampled], plan)
-                self._check_failures(round_idx, result)
             except BaseException:  # a failure, Ctrl-C, SIGTERM: keep the finished clients for --resume
                 store.write_held()
                 raise
@@ -313,8 +312,19 @@ class Simulation:
 
     def _client_phase(self, algorithm: Algorithm, env: Environment, store: RoundStore, round_idx: int,
                       my_clients: list[int], plan: RoundPlan) -> RoundResult:
-        """Run this rank's clients of the round (those without a record yet), record each, and gather every
-        rank's records (small numbers only) to rank 0. Other ranks return their own records."""
+        """Run this rank's clients of the round, gather every rank's records (small numbers only) to rank 0 and
+        let it decide whether the round goes on. A rank that fails in its part (a record it cannot save, a
+        callback) reaches rank 0 as an outcome in the same gather (collectives.to_server): rank 0 raises one
+        error naming it, the others — the failing one included — stop quietly. Other ranks return their own
+        records."""
+        parts = to_server(self.fabric, partial(self._run_clients, algorithm, env, store, round_idx, my_clients, plan),
+                          what=f"round {round_idx}'s clients", timeout_s=self.cfg.federation.collective_timeout_s,
+                          check=lambda parts: self._check_failures(round_idx, _merged(parts)))
+        return _merged(parts)
+
+    def _run_clients(self, algorithm: Algorithm, env: Environment, store: RoundStore, round_idx: int,
+                     my_clients: list[int], plan: RoundPlan) -> RoundResult:
+        """This rank's clients of the round (those without a record yet), each recorded."""
         mine = RoundResult()
         for client_idx in my_clients:
             if self.resume and store.has_client(client_idx):  # finished before the interruption
@@ -325,14 +335,7 @@ class Simulation:
             mine.records[client_idx] = record
             self.fabric.call("on_client_end", round_idx=round_idx, client=client_idx, compute_s=record.compute_s,
                              failed=record.failure is not None)
-        if self.fabric.world_size == 1:
-            return mine
-        parts: list[Any] = [None] * self.fabric.world_size if self.fabric.global_rank == 0 else None
-        with waiting(f"round {round_idx}'s clients", self.cfg.federation.collective_timeout_s, self.fabric.global_rank):
-            dist.gather_object(mine.records, parts, dst=0)  # to the server only: O(clients) small numbers
-        if self.fabric.global_rank != 0:
-            return mine
-        return RoundResult({c: r for part in parts for c, r in part.items()})
+        return mine
 
     def _run_client(self, algorithm: Algorithm, env: Environment, round_idx: int, client_idx: int,
                     plan: RoundPlan) -> tuple[ClientRecord, Upload | None]:
@@ -355,13 +358,11 @@ class Simulation:
 
     def _check_failures(self, round_idx: int, result: RoundResult) -> None:
         """Stop the run (checkpoint kept) when a client failed under ``on_client_error: raise``, or fewer than
-        ``federation.min_clients`` succeeded; decided and raised on the server, the other ranks stop with it."""
-        def decide() -> None:
-            failure = self._failure(round_idx, result)
-            if failure is not None:
-                raise failure
-
-        self._from_server(decide, f"round {round_idx}'s client results", send=False)
+        ``federation.min_clients`` succeeded; decided and raised on the server (in the client phase's verdict:
+        the other ranks stop with it)."""
+        failure = self._failure(round_idx, result)
+        if failure is not None:
+            raise failure
 
     def _failure(self, round_idx: int, result: RoundResult) -> UsageError | RunFailure | None:
         """The error that ends the run after this round's client phase, or None when the round goes on."""
@@ -422,6 +423,13 @@ class Simulation:
         if self.fabric.global_rank == 0:
             write_summary(self.run_dir / "summary.json", summary)
         return summary
+
+
+def _merged(parts: list[RoundResult]) -> RoundResult:
+    """The records of every rank's part as one result (one part: that part itself)."""
+    if len(parts) == 1:
+        return parts[0]
+    return RoundResult({c: r for part in parts for c, r in part.records.items()})
 
 
 def _drawn_twin(run_dir: Path) -> Path | None:

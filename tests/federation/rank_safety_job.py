@@ -9,6 +9,8 @@ Each rank writes its stderr to ``OUT_DIR/rank<R>.err``, its pid to ``rank<R>.pid
 * ``test_slow_server``: FedAvg whose aggregate first sleeps ``FL_TEST_SERVER_SLEEP_S`` seconds.
 * ``test_failing_server``: FedAvg whose aggregate raises a :class:`MissingResourceError` (a usage error: one
   line, exit status 2).
+* ``test_failing_records``: FedAvg whose rank 1 cannot save its clients' records (its record step raises):
+  ``FL_TEST_RECORD_ERROR=disk`` a :class:`DiskFullError` (a usage error), ``io`` an ``OSError`` (not ours).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
 (OUT / f"rank{RANK}.pid").write_text(str(os.getpid()))
 
 from fl_lightning.algorithms.fedavg import FedAvg  # noqa: E402 — imported before torchrun's ranks meet
-from fl_lightning.errors import MissingResourceError  # noqa: E402
+from fl_lightning.errors import DiskFullError, MissingResourceError  # noqa: E402
 from fl_lightning.federation.algorithm import register  # noqa: E402
+from fl_lightning.federation.round_store import RoundStore  # noqa: E402
 from fl_lightning.train import main  # noqa: E402
 
 
@@ -45,6 +48,22 @@ class _FailingServer(FedAvg):
     def aggregate(self, *args, **kwargs):
         (OUT / "raised").write_text(repr(time.time()))
         raise MissingResourceError("the server's test weights are not on disk: /nowhere/weights.pt")
+
+
+def _cannot_save(self, client, record, upload):
+    (OUT / "raised").write_text(repr(time.time()))
+    if os.environ["FL_TEST_RECORD_ERROR"] == "disk":
+        raise DiskFullError(f"no space left for client {client}'s record in /full/disk (needs 1 MB, 0 B free)",
+                            "/full/disk", 1 << 20, 0)
+    raise OSError(5, "Input/output error", f"/flaky/mount/client{client}.pt")
+
+
+@register("test_failing_records")
+class _FailingRecords(FedAvg):
+    def setup(self, env):
+        super().setup(env)
+        if env.fabric.global_rank == 1:  # rank 1's record step raises; rank 0's works
+            RoundStore.save_client = _cannot_save
 
 
 if __name__ == "__main__":

@@ -4,13 +4,16 @@ Unit tests (a fake Fabric): the helper that moves what crosses the wire to the C
 broadcasts, the strategy built with ``federation.collective_timeout_s``. Then 2 CPU processes (gloo) running
 the CLI (tests/federation/rank_safety_job.py): a server phase longer than a short key stops within seconds with
 a line naming the key, the same phase under a long enough key completes, and a server that raises in its
-aggregate ends both ranks at once — rank 0 with its one line, rank 1 quietly, both with exit status 2.
+aggregate ends both ranks at once — rank 0 with its one line, rank 1 quietly, both with exit status 2. Every
+rank's part of a round reaches rank 0 as an outcome (``to_server``): rank 1 failing in its record step ends
+both ranks within seconds — rank 0 with one line naming rank 1, rank 1 quietly, both with that error's status.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -25,14 +28,26 @@ import torch
 from lightning.fabric.strategies import DDPStrategy
 
 from fl_lightning.config import load_config
-from fl_lightning.errors import ConfigError, MissingResourceError, RunFailure, TooFewClients
+from fl_lightning.errors import (
+    ConfigError,
+    DiskFullError,
+    MissingResourceError,
+    RemoteTraceback,
+    RunFailure,
+    TooFewClients,
+    UsageError,
+)
+from fl_lightning.federation import collectives
 from fl_lightning.federation.algorithm import RoundPlan
 from fl_lightning.federation.collectives import (
     CollectiveTimeout,
+    RankFailure,
     RankStopped,
+    RankUsageError,
     _Outcome,
     from_server,
     to_cpu,
+    to_server,
 )
 from fl_lightning.federation.round_store import ClientRecord, RoundResult
 from fl_lightning.federation.simulation import _strategy
@@ -172,6 +187,114 @@ def test_a_timed_out_wait_is_one_line_naming_the_key():
         from_server(_FakeFabric(global_rank=1, incoming=other), dict, what="x", timeout_s=3.0)
 
 
+# ---------------------------------------------------------------------------------------- to_server
+def _gather_of(parts_on_rank0: list, sent: list):
+    """``dist.gather_object`` of a world whose other ranks contributed ``parts_on_rank0[1:]``: rank 0's list is
+    filled (its own entry a pickled copy, as torch's is), every rank's contribution is recorded in ``sent``."""
+    import pickle
+
+    def gather_object(obj, object_gather_list=None, dst=0):
+        sent.append(obj)
+        if object_gather_list is not None:
+            object_gather_list[:] = [pickle.loads(pickle.dumps(obj)), *parts_on_rank0[1:]]
+    return gather_object
+
+
+def _rank_outcome(err: Exception) -> _Outcome:
+    """What a rank whose part raised ``err`` contributes to the gather."""
+    try:
+        raise err
+    except Exception as raised:  # with its traceback, as a real failing rank has one
+        return collectives._failed(raised)
+
+
+def test_one_process_calls_the_step_and_the_check_without_a_gather(monkeypatch):
+    monkeypatch.setattr(collectives.dist, "gather_object", lambda *a, **k: pytest.fail("no gather with one process"))
+    fabric, records, checked = _FakeFabric(world_size=1), {"c0": 1}, []
+    assert to_server(fabric, lambda: records, what="x", timeout_s=1, check=checked.append) == [records]
+    assert checked == [[records]] and checked[0][0] is records and fabric.sent == []
+
+
+def test_every_rank_succeeding_gives_rank0_every_value_and_its_check(monkeypatch):
+    sent, checked = [], []
+    mine = {"w": torch.ones(2)}
+    monkeypatch.setattr(collectives.dist, "gather_object", _gather_of([None, _Outcome(value={1: "r1"})], sent))
+    leader = _FakeFabric()
+    values = to_server(leader, lambda: mine, what="round 0's clients", timeout_s=1, check=checked.append)
+    assert values[0] is mine and values[1] == {1: "r1"} and checked == [values]
+    (verdict,) = leader.sent  # one broadcast: the verdict, no value
+    assert verdict.error is None and verdict.value is None
+
+    follower = _FakeFabric(global_rank=1, incoming=_Outcome())
+    assert to_server(follower, lambda: {1: "r1"}, what="x", timeout_s=1) == [{1: "r1"}]
+    assert sent[-1].error is None and sent[-1].value == {1: "r1"}
+
+
+@pytest.mark.parametrize("error, error_class, status", [
+    (DiskFullError("no space left for client 3's record in /full (needs 1 MB, 0 B free)", "/full", 1 << 20, 0),
+     RankUsageError, 2),  # a usage error on rank 1: exit 2 on every rank
+    (OSError(5, "Input/output error", "/flaky/client3.pt"), RankFailure, 1),  # not ours: exit 1
+    (TooFewClients("round 0: 1 of 4 clients succeeded", 0, 1), RankFailure, 1),
+])
+def test_a_rank_that_fails_reaches_rank0_as_one_error_naming_it(error, error_class, status, monkeypatch):
+    failed = _rank_outcome(error)
+    assert failed.status == status and "\n" not in failed.error and failed.host == socket.gethostname()
+    assert "Traceback" in failed.traceback  # for --debug on rank 0
+    sent, checked = [], []
+    monkeypatch.setattr(collectives.dist, "gather_object", _gather_of([None, failed], sent))
+    leader = _FakeFabric()
+    with pytest.raises(error_class) as raised:
+        to_server(leader, lambda: {0: "r0"}, what="round 0's clients", timeout_s=1, check=checked.append)
+    line = str(raised.value)
+    assert line.startswith(f"rank 1 on {socket.gethostname()} failed in round 0's clients: ")
+    assert line.endswith(str(error) if isinstance(error, (UsageError, RunFailure)) else f"OSError: {error}")
+    assert isinstance(raised.value, UsageError if status == 2 else RunFailure) and "\n" not in line
+    assert raised.value.rank == 1 and isinstance(raised.value.__cause__, RemoteTraceback)
+    assert checked == []  # no policy decision on a round a rank could not finish
+    (verdict,) = leader.sent
+    assert verdict.status == status and verdict.error == line
+
+    # the failing rank itself: its error goes into the gather, then it stops quietly with rank 0's status
+    def step():
+        raise error
+
+    follower = _FakeFabric(global_rank=1, incoming=verdict)
+    with pytest.raises(RankStopped) as stopped:
+        to_server(follower, step, what="round 0's clients", timeout_s=1)
+    assert stopped.value.code == status and stopped.value.message == line
+    assert sent[-1].error == failed.error and sent[-1].status == status
+
+
+def test_rank0_failing_in_its_own_part_still_releases_the_others(monkeypatch):
+    sent = []
+    monkeypatch.setattr(collectives.dist, "gather_object",
+                        _gather_of([None, _rank_outcome(ValueError("rank 1 too"))], sent))
+    own = MissingResourceError("rank 0's own record folder is gone: /gone")
+    leader = _FakeFabric()
+
+    def step():
+        raise own
+
+    with pytest.raises(MissingResourceError) as raised:  # its own error, as a failed server phase raises it
+        to_server(leader, step, what="round 0's clients", timeout_s=1)
+    assert raised.value is own and sent[0].error == str(own)  # it took part in the gather
+    assert leader.sent[0].status == 2
+
+
+def test_several_failing_ranks_name_the_first(monkeypatch):
+    outcomes = [None, _rank_outcome(ValueError("one")), _Outcome(value={}), _rank_outcome(KeyError("three")),
+                _rank_outcome(DiskFullError("full", "/f"))]
+    monkeypatch.setattr(collectives.dist, "gather_object", _gather_of(outcomes, []))
+    with pytest.raises(RankFailure, match=r"^rank 1 on .* failed in x \(and 2 more ranks\): ValueError: one$"):
+        to_server(_FakeFabric(world_size=5), dict, what="x", timeout_s=1)
+
+
+def test_a_rank_error_survives_pickling():
+    err = RankUsageError("rank 1 on h failed in x: full", 1, "h", "Traceback ...")
+    back = __import__("pickle").loads(__import__("pickle").dumps(err))
+    assert type(back) is RankUsageError and str(back) == str(err) and (back.rank, back.host) == (1, "h")
+
+
 # ------------------------------------------------------------------------------------- config, strategy
 def _cfg(*extra):
     return load_config(CONF / "fedavg_digits_tiny.yaml", list(extra))
@@ -209,7 +332,7 @@ def _free_port() -> str:
 
 
 def _job(tmp_path: Path, algorithm: str, *extra: str, torchrun: bool, sleep_s: float = 0.0,
-         timeout: float = 240) -> tuple[subprocess.CompletedProcess, float, Path]:
+         timeout: float = 240, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float, Path]:
     """The job on 2 CPU ranks: under torchrun (the ranks start together) or the CLI's own Fabric launcher
     (rank 0 starts rank 1). Returns the launcher's process, its seconds and the folder of the ranks' files."""
     out = tmp_path / "ranks"
@@ -219,7 +342,7 @@ def _job(tmp_path: Path, algorithm: str, *extra: str, torchrun: bool, sleep_s: f
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                  _free_port()] if torchrun else [sys.executable])
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "FL_TEST_SERVER_SLEEP_S": str(sleep_s), "MASTER_PORT": _free_port()}
+           "FL_TEST_SERVER_SLEEP_S": str(sleep_s), "MASTER_PORT": _free_port(), **(env or {})}
     start = time.monotonic()
     try:
         proc = subprocess.run([*launcher, str(JOB), str(out), *cli], capture_output=True, text=True, cwd=REPO,
@@ -292,3 +415,26 @@ def test_a_server_that_raises_ends_every_rank_at_once(tmp_path):
     for rank in (0, 1):  # both exited within seconds of the error (never waited for the collective timeout)
         assert (out / f"rank{rank}.rc").stat().st_mtime - raised < 20  # rank 1 waits at most 30 s for rank 0
     assert math.isfinite(raised)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, torchrun, status, message", [
+    ("disk", False, 2, r"no space left for client \d+'s record in /full/disk \(needs 1 MB, 0 B free\)"),
+    ("io", True, 1, r"OSError: \[Errno 5\] Input/output error: '/flaky/mount/client\d+\.pt'"),
+], ids=["usage error, Fabric's launcher", "other error, torchrun"])
+def test_a_rank_failing_in_its_record_step_ends_every_rank_with_one_line(kind, torchrun, status, message, tmp_path):
+    """Rank 1 raises while saving its first client's record: it contributes the error to the records gather,
+    rank 0 prints one line naming rank 1 and exits with the error's status; rank 1 stops quietly with it."""
+    proc, _, out = _job(tmp_path, "test_failing_records", torchrun=torchrun, env={"FL_TEST_RECORD_ERROR": kind})
+    rank0, rank1 = _read(out, "rank0.err"), _read(out, "rank1.err")
+    assert proc.returncode == status, rank0[-3000:] + rank1[-3000:]
+    ours = [line for line in rank0.splitlines() if line.startswith("fl_lightning:")]
+    head = f"fl_lightning: rank 1 on {re.escape(socket.gethostname())} failed in round 0's clients: "
+    assert len(ours) == 1 and re.fullmatch(head + message, ours[0]), rank0[-3000:]
+    assert "Traceback" not in rank0  # no traceback through fl_lightning code, on either rank
+    assert "Traceback" not in rank1 and "fl_lightning:" not in rank1, rank1[-3000:]  # the line is rank 0's only
+    assert _read(out, "rank0.rc") == _read(out, "rank1.rc") == str(status)
+    raised = float(_read(out, "raised"))
+    for rank in (0, 1):  # both exited within seconds of the error, not after the collective timeout (a day)
+        assert (out / f"rank{rank}.rc").stat().st_mtime - raised < 20
+    assert not list((tmp_path / "runs").glob("*/summary.json"))
