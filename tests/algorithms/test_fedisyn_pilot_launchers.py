@@ -218,3 +218,141 @@ def test_pilots_start_after_the_parent_parked_its_networks(monkeypatch: pytest.M
             run_dir=tmp_path, seed=0, device=torch.device("cpu"), precision="32-true", progress=False,
             prompts_by_class={"a": ["a photo of a"]})
     assert order == [("release", (comps,)), ("pilots", torch.device("cpu"))]
+
+
+# -- the fine-tuning ViT waits on the CPU through the pilots -------------------------------------------------
+def _mixed_module() -> torch.nn.Module:
+    """Parameters and buffers of several dtypes, one frozen, as the LoRA ViT has (bf16 / fp16 under Fabric)."""
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2).to(torch.bfloat16))
+    module[0].weight.requires_grad_(False)  # a frozen backbone weight
+    module.register_buffer("clock", torch.tensor([1.5, 2.25], dtype=torch.float64))
+    module.register_buffer("steps", torch.tensor(7))
+    return module
+
+
+def _where(module: torch.nn.Module) -> list[tuple[str, torch.device, torch.dtype, bool]]:
+    return [(name, t.device, t.dtype, t.requires_grad)
+            for name, t in [*module.named_parameters(), *module.named_buffers()]]
+
+
+def _meta_to_cpu_as_zeros(monkeypatch: pytest.MonkeyPatch) -> None:
+    """'meta' stands in for the accelerator: a meta tensor has no values, so its copy to the CPU is faked (zeros
+    of its dtype); the move itself is real ``Module.to``."""
+    real_to = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        target = kwargs.get("device", args[0] if args else None)
+        if self.device.type == "meta" and target is not None and torch.device(target).type == "cpu":
+            return torch.zeros(self.shape, dtype=self.dtype)
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+
+
+def test_parked_on_cpu_moves_and_brings_back_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fl_lightning.algorithms.fedisyn.synthesis_step import parked_on_cpu
+
+    values = _mixed_module()
+    before = {k: v.clone() for k, v in values.state_dict().items()}
+    layout = _where(values)
+    with pytest.raises(RuntimeError, match="a pilot failed"), parked_on_cpu(values, torch.nn.ReLU()):
+        raise RuntimeError("a pilot failed")  # back also when the block raises
+    assert _where(values) == layout  # dtypes and requires_grad kept
+    after = values.state_dict()
+    assert all(after[k].dtype == v.dtype and torch.equal(after[k], v) for k, v in before.items())  # bit for bit
+
+    _meta_to_cpu_as_zeros(monkeypatch)
+    moved = _mixed_module().to("meta")
+    layout = _where(moved)
+    with parked_on_cpu(moved):
+        assert {d.type for _, d, _, _ in _where(moved)} == {"cpu"}
+        assert [(n, t, g) for n, _, t, g in _where(moved)] == [(n, t, g) for n, _, t, g in layout]
+    assert _where(moved) == layout  # back on the stand-in accelerator
+
+
+@pytest.mark.parametrize("pilots_fail", [True, False], ids=["a pilot fails", "pilots succeed"])
+def test_the_fine_tuning_vit_waits_on_the_cpu_through_the_pilots(pilots_fail: bool, monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path) -> None:
+    """FeDiSyn's round-0 server step with synthetic_lambda auto, through the synthesis step to a fake pilot
+    runner: while the pilots run, the ViT that setup put on the (stand-in) accelerator is on the CPU; when the
+    step ends — a failing pilot or a later stop — it is back, dtypes and frozen weights as they were."""
+    from types import SimpleNamespace
+
+    from fl_lightning.algorithms.fedisyn import pilots, synthesis_step
+    from fl_lightning.algorithms.fedisyn.algorithm import FeDiSyn
+    from fl_lightning.config import load_config
+    from fl_lightning.errors import ConfigError
+
+    cfg = load_config(CONF / "fedisyn_tiny.yaml", ["--fedisyn.synthetic_lambda", "auto",
+                                                   "--fedisyn.pilot_lambdas", "[0.1, 0.4]"])
+    method = FeDiSyn(cfg=cfg)
+    method.fabric = SimpleNamespace(to_device=lambda module: module.to("meta"))  # the stand-in accelerator
+    method.setup(SimpleNamespace(num_classes=10))  # the real fine-tuning ViT with LoRA, frozen backbone
+    layout = _where(method.module)
+    assert {d.type for _, d, _, _ in layout} == {"meta"} and not all(g for *_, g in layout)
+    _meta_to_cpu_as_zeros(monkeypatch)
+
+    seen: dict[str, set[str]] = {}
+
+    def devices() -> set[str]:
+        return {t.device.type for t in method.module.parameters()}
+
+    def fake_pilots(run_dir, section, lambdas, *, rounds, cuda_device=None):
+        seen["pilots"] = devices()
+        if pilots_fail:
+            raise RuntimeError("pilot λ=0.1 exited with status 1")
+        return [run_dir / "pilots" / f"pilot_lam{lam}" for lam in lambdas]
+
+    def stop_generating(*args, **kwargs):  # the images' plan, right after the pilots
+        seen["generation"] = devices()
+        raise KeyboardInterrupt  # stands in for the rest of round 0 (generation, pre-training)
+
+    monkeypatch.setattr(pilots, "run_pilot_processes", fake_pilots)
+    monkeypatch.setattr(pilots, "pilot_points", lambda runs, *, pretrain_epochs: runs)
+    monkeypatch.setattr(pilots, "auto_lambda", lambda points, target: SimpleNamespace(lam_star=0.25))
+    monkeypatch.setattr(synthesis_step, "plan_generation", stop_generating)
+
+    class Components:  # the diffusion networks: parked by the synthesis step itself
+        moves: list[str] = []
+
+        class scheduler:
+            class config:
+                num_train_timesteps = 1000
+
+        def to(self, *, device):
+            self.moves.append(device)
+
+    stage = method.stage_of(0)
+    components = Components()
+
+    def synthesise(uploads):  # the stage's own call, minus the clients' uploads
+        seen["before"] = devices()
+        return synthesis_step.synthesise_and_pretrain(
+            method.config, components=components, uploads_by_client={}, class_counts={0: 120, 1: 120},
+            class_names=["a", "b"], spec=None, run_dir=tmp_path, seed=0, device=torch.device("cpu"),
+            precision="32-true", progress=False, prompts_by_class={"a": ["a"], "b": ["b"]}), 240
+
+    monkeypatch.setattr(stage, "synthesise", synthesise)
+    with pytest.raises(ConfigError if pilots_fail else KeyboardInterrupt) as raised:
+        method.aggregate(0, method.initial_state(), {}, {}, None)
+    if pilots_fail:
+        assert "fedisyn.synthetic_lambda" in str(raised.value) and "pilot λ=0.1" in str(raised.value)
+    assert seen["before"] == seen["pilots"] == {"cpu"}  # parked before the step, through the pilots ...
+    assert seen.get("generation", {"cpu"}) == {"cpu"}  # ... and the rest of the step
+    assert components.moves == ["cpu"]
+    assert _where(method.module) == layout  # back on the stand-in accelerator, dtypes and frozen weights kept
+
+
+def test_other_rounds_and_a_fixed_lambda_leave_the_vit_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fl_lightning.algorithms.fedisyn.algorithm import FeDiSyn
+    from fl_lightning.config import load_config
+
+    _meta_to_cpu_as_zeros(monkeypatch)
+    for extra, round_idx in [([], 0), (["--fedisyn.synthetic_lambda", "auto"], 1)]:  # no pilots: no parking
+        method = FeDiSyn(cfg=load_config(CONF / "fedisyn_tiny.yaml", extra))
+        method.module = _mixed_module().to("meta")
+        seen = []
+        monkeypatch.setattr(method.stage_of(round_idx), "aggregate",
+                            lambda *args: seen.append({t.device.type for t in method.module.parameters()}) or {})
+        assert method.aggregate(round_idx, {}, {}, {}, None) == {}
+        assert seen == [{"meta"}]

@@ -22,6 +22,7 @@ requested and each device's memory limit.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,11 +34,18 @@ from fl_lightning.algorithms.common import evaluate_on_test
 from fl_lightning.algorithms.fedisyn.finetune import FineTuningStage, LoRAFineTuning, LoRAFineTuningConfig
 from fl_lightning.algorithms.fedisyn.model import BACKBONE, HEAD, LORA, backbone_keys, strip, with_prefix
 from fl_lightning.algorithms.fedisyn.planning import client_profiles
-from fl_lightning.algorithms.fedisyn.synthesis import FeatureGuidedConfig, FeatureGuidedSynthesis, TextOnlySynthesis
+from fl_lightning.algorithms.fedisyn.synthesis import (
+    FeatureGuidedConfig,
+    FeatureGuidedSynthesis,
+    SynthesisStage,
+    TextOnlySynthesis,
+)
+from fl_lightning.algorithms.fedisyn.synthesis_step import parked_on_cpu
 from fl_lightning.callbacks.contribution import GradientContribution
 from fl_lightning.errors import ConfigError
-from fl_lightning.federation.algorithm import Client, Environment, InputSpec, State, register
+from fl_lightning.federation.algorithm import Client, Environment, InputSpec, RoundPlan, State, register
 from fl_lightning.federation.stages import Stage, StagedAlgorithm
+from fl_lightning.federation.transport import Upload
 from fl_lightning.models.lora import LoraSpec
 from fl_lightning.modules.lora_classifier import LoRAClassifier
 
@@ -111,6 +119,18 @@ class FeDiSynFamily(StagedAlgorithm):
                                   f"a budget that holds one LoRA block of {vit.name} at batch "
                                   f"{self.cfg.train.batch_size}: >= {p.fixed_memory_gb + p.memory_per_layer_gb:.3g} GB")
         return profiles
+
+    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
+                  plan: RoundPlan) -> State:
+        """The stage's server step. With ``synthetic_lambda: auto`` the synthesis round starts the pilots,
+        processes of their own on this rank's accelerator: the fine-tuning ViT (frozen backbone, LoRA and head,
+        unused until the first fine-tuning round) waits on the CPU through the step — pilots, generation,
+        pre-training — and is back, exactly, before evaluation (the synthesis step parks its own networks)."""
+        if not (isinstance(self.stage_of(round_idx), SynthesisStage)
+                and getattr(self.config, "synthetic_lambda", None) == "auto"):
+            return super().aggregate(round_idx, state, uploads, failures, plan)
+        with parked_on_cpu(self.module):
+            return super().aggregate(round_idx, state, uploads, failures, plan)
 
     # -- the global model on this rank ------------------------------------------------------------
     def load_backbone(self, tensors: dict[str, torch.Tensor]) -> None:

@@ -32,8 +32,10 @@ import json
 import math
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 from pathlib import Path
 
@@ -62,7 +64,7 @@ from fl_lightning.systems.scaling_law import ScalingLawParams, optimal_lambda, s
 from fl_lightning.systems.server import SERVERS, ServerProfile, generation_time, pretrain_time_per_image_epoch
 
 __all__ = ["SynthesisResult", "SyntheticFolder", "choose_lambda", "text_only_requests", "synthesise_and_pretrain",
-           "pretrain_on_synthetic", "release_accelerator_memory"]
+           "pretrain_on_synthetic", "release_accelerator_memory", "parked_on_cpu"]
 
 
 @dataclass
@@ -140,6 +142,29 @@ def release_accelerator_memory(*park: Any) -> None:
     gc.collect()
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+
+
+@contextmanager
+def parked_on_cpu(*modules: nn.Module) -> Iterator[None]:
+    """``modules`` on the CPU for the block, then back on the device each was on — also when the block raises.
+
+    For what the parent still needs after the pilots (the fine-tuning ViT with its frozen backbone): the move
+    keeps every dtype and ``requires_grad`` (``Module.to(device=)``), so both ways are exact copies. The memory it
+    frees on the accelerator reaches another process with :func:`release_accelerator_memory`. A module without
+    parameters or buffers is left where it is.
+    """
+    homes = []
+    for module in modules:
+        first = next(chain(module.parameters(), module.buffers()), None)
+        homes.append(None if first is None else first.device)
+        if first is not None:
+            module.to(device="cpu")
+    try:
+        yield
+    finally:
+        for module, home in zip(modules, homes):
+            if home is not None:
+                module.to(device=home)
 
 
 def _auto_lambda(cfg: Any, *, run_dir: Path, section: str, device: torch.device | None = None):
