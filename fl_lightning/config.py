@@ -54,6 +54,7 @@ DATASET_NAMES = ("cifar10", "cifar100", "svhn", "dtd", "food101", "caltech101", 
 PRECISIONS = ("32-true", "32", "64-true", "64", "16-mixed", "16", "bf16-mixed", "bf16", "16-true", "bf16-true",
               "transformer-engine", "transformer-engine-float16")
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
+_MATMUL_PRECISIONS = ("highest", "high", "medium")  # torch.set_float32_matmul_precision's
 _SEED_MAX = 2**32 - 1  # numpy's and seed_everything's range
 _FLOAT32_MAX = 3.4028234663852886e38  # a larger step size overflows inside a float32 optimiser
 
@@ -152,9 +153,26 @@ class FederationConfig:
     # NCCL) lets the watchdog abort them. 24 h covers that phase; a failure on rank 0 still ends every rank at
     # once (federation/collectives.py), so the long default never makes a failed run wait
     collective_timeout_s: float = 86400.0
+    # CUDA only, set by the CLI (python -m fl_lightning.train) before the run is built; on the CPU nothing changes.
+    # torch.set_float32_matmul_precision for float32 matmuls and convolutions: "highest" full float32; "high"
+    # (default) TF32 tensor cores on Ampere and newer (10 mantissa bits in the products, float32 accumulation:
+    # several times faster, results differ from "highest" in about the 4th significant digit and from one GPU
+    # model to another); "medium" also allows bf16 products (faster still, ~3 significant digits). It changes
+    # the numbers a run computes, so a resumed run cannot change it. Mixed precisions (bf16-mixed, 16-mixed)
+    # compute most matmuls in half precision anyway; this governs the ones left in float32
+    matmul_precision: Literal["highest", "high", "medium"] = "high"
+    # true: the CLI calls torch.use_deterministic_algorithms(True) (and sets CUBLAS_WORKSPACE_CONFIG=:4096:8 when
+    # it is unset) before the run is built, so that a rerun on the same machine and software gives the same bits
+    # on a GPU too. It costs speed (deterministic kernels are slower: cuDNN's benchmark choices, atomics-based
+    # scatter/index_add and some backward passes are replaced) and some ops then raise a RuntimeError instead of
+    # running (those with no deterministic CUDA kernel). The CPU is deterministic already; not resumable
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         check(self.rounds >= 1, "rounds", self.rounds, "an int >= 1")
+        check(self.matmul_precision in _MATMUL_PRECISIONS, "matmul_precision", self.matmul_precision,
+              f"one of {', '.join(_MATMUL_PRECISIONS)} (torch.set_float32_matmul_precision; CUDA only)")
+        check(isinstance(self.deterministic, bool), "deterministic", self.deterministic, "true or false")
         check(0 < self.collective_timeout_s <= 1e9, "collective_timeout_s", self.collective_timeout_s,
               "a float in (0, 1e9] (seconds; 86400 is a day)")
         check(0 <= self.record_after_s <= _FLOAT32_MAX, "record_after_s", self.record_after_s,

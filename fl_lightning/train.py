@@ -31,17 +31,20 @@ the checkpoint kept and the ``--resume`` command printed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from fl_lightning.config import FederationConfig
     from fl_lightning.federation.collector import Paused
 
 __all__ = ["main", "parse_args", "Args"]
@@ -265,7 +268,8 @@ def _main(argv: list[str], locks: list, paused: Paused) -> int:
                   f"({len(finished) + k} of {len(mine)} done): {run.resolved_run_name}, ETA of the rest "
                   f"{format_duration(eta)}", flush=True)
         try:
-            summaries[i] = Simulation(cfg=run, resume=resume[i], callbacks=[paused]).run()
+            with _torch_numerics(run.federation):
+                summaries[i] = Simulation(cfg=run, resume=resume[i], callbacks=[paused]).run()
             if i in held:
                 held[i].release()
         except KeyboardInterrupt as err:
@@ -283,6 +287,51 @@ def _main(argv: list[str], locks: list, paused: Paused) -> int:
 
             write_table(*collect(runs, summaries), cfg.output_dir)
     return 0
+
+
+def _uses_cuda(accelerator: str) -> bool:
+    """Whether ``federation.accelerator`` runs on CUDA: ``cuda``, or ``gpu``/``auto`` with CUDA available (``gpu``
+    on a Mac is MPS)."""
+    import torch
+
+    return accelerator == "cuda" or (accelerator in ("gpu", "auto") and torch.cuda.is_available())
+
+
+@contextlib.contextmanager
+def _torch_numerics(federation: FederationConfig) -> Iterator[None]:
+    """The run's process-wide torch settings, set here (the library never sets them) and restored afterwards, so
+    that each run of a comparison has its own and an in-process ``main()`` leaves the process as it found it.
+
+    * ``federation.matmul_precision``: ``torch.set_float32_matmul_precision`` on CUDA only (TF32 at "high");
+      on the CPU nothing changes.
+    * ``federation.deterministic``: ``torch.use_deterministic_algorithms(True)`` (an op without a deterministic
+      kernel raises) and ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` when unset (cuBLAS needs it for deterministic
+      matmuls; read when CUDA starts, so set before the run builds anything).
+
+    The ranks of a DDP run each start in this CLI (Fabric's ``ddp`` re-runs the command), so each sets them;
+    processes created by ``ddp_spawn`` do not inherit them.
+    """
+    import torch
+
+    matmul = torch.get_float32_matmul_precision()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    set_workspace = federation.deterministic and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    try:
+        if _uses_cuda(federation.accelerator):
+            torch.set_float32_matmul_precision(federation.matmul_precision)
+        if set_workspace:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        if federation.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=False)
+        yield
+    finally:
+        if torch.get_float32_matmul_precision() != matmul:
+            torch.set_float32_matmul_precision(matmul)
+        if federation.deterministic:
+            torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        if set_workspace:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
 
 
 def _run_jobs(args: Args, argv: list[str], cfg: object, runs: list) -> int:

@@ -122,8 +122,8 @@ class CoBoosting(DENSE):
             order = torch.randperm(pool.shape[0], generator=order_rng)
             for start in range(0, pool.shape[0], c.batch_size):
                 idx = order[start:start + c.batch_size]
-                with torch.no_grad():
-                    member = ensemble.member_logits(view(pool[idx], order_rng))  # (K, B, C)
+                with torch.no_grad(), self.fabric.autocast():  # the run's precision; w's step in float32
+                    member = ensemble.member_logits(view(pool[idx], order_rng)).float()  # (K, B, C)
                 w = w.requires_grad_(True)
                 loss = F.cross_entropy(combine_logits(member, w), labels[idx])
                 (grad,) = torch.autograd.grad(loss, w)

@@ -46,9 +46,32 @@ def require_vit(cfg: RunConfig, backbone: ViTBackbone | CNNBackbone) -> ViTBackb
     return backbone
 
 
-def evaluate_on_test(env: Environment, logits_fn: Callable[[Tensor], Tensor]) -> dict[str, Any]:
+def evaluate_on_test(env: Environment, logits_fn: Callable[[Tensor], Tensor], *,
+                     autocast: bool = True) -> dict[str, Any]:
+    """:func:`~fl_lightning.modules.evaluation.evaluate_classifier` of ``logits_fn`` (images → logits) on the
+    test split, the forward under the run's precision (``fabric.autocast()``, as in local training).
+
+    Under ``32-true`` Fabric's autocast is a null context: the numbers are those of the plain call, bit for bit.
+    Under a mixed precision the logits come back in bf16/fp16 and are read in float32 (``evaluate_classifier``
+    casts them before the loss and the arg-max).
+
+    Args:
+        env: the run's environment (its Fabric, test split and batch size).
+        logits_fn: images (B, C, H, W) → logits (B, num_classes).
+        autocast: False runs ``logits_fn`` as it is, for a caller that places the precision itself (e.g. a
+            backbone under autocast and an analytic head in float32/64 outside it).
+    """
     loader: DataLoader = env.loader(env.splits.test, shuffle=False)
-    return evaluate_classifier(logits_fn, loader, num_classes=env.num_classes, device=env.fabric.device)
+    fn = _under_autocast(env.fabric, logits_fn) if autocast else logits_fn
+    return evaluate_classifier(fn, loader, num_classes=env.num_classes, device=env.fabric.device)
+
+
+def _under_autocast(fabric: Any, fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+    """``fn`` called inside ``fabric.autocast()``."""
+    def wrapped(x: Tensor) -> Tensor:
+        with fabric.autocast():
+            return fn(x)
+    return wrapped
 
 
 def feature_cache_folder(cfg: RunConfig) -> Path | None:

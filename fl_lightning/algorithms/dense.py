@@ -203,6 +203,7 @@ class DENSE(FedAvgCNN):
 
     def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
                   plan: RoundPlan) -> State:
+        from fl_lightning.federation.local_training import _client_scaler as fresh_scaler
         from fl_lightning.modules.data_free_kd import Generator, distill_epoch, synthesize
 
         start = time.monotonic()
@@ -227,11 +228,15 @@ class DENSE(FedAvgCNN):
                      if c.kd_schedule == "cosine" else None)
         settings = self.synthesis_settings()
         view = self.pool_view(size, normalize, device)
+        # the run's precision, as in local training: forwards under autocast; under 16-mixed a GradScaler for
+        # each re-drawn G and one for S over all its epochs (None otherwise)
+        autocast, student_scaler = self.fabric.autocast, fresh_scaler(self.fabric)
         pool_x: list[Tensor] = []
         pool_y: list[Tensor] = []
         for epoch in range(c.epochs):
             images, labels = synthesize(generator, ensemble, student, num_classes=self.env.num_classes,
-                                        settings=settings, normalize=normalize, rng=rng, device=device)
+                                        settings=settings, normalize=normalize, rng=rng, device=device,
+                                        autocast=autocast, scaler=fresh_scaler(self.fabric))
             if pool_x:  # Co-Boosting's order: re-weight on the pool so far, before the new batch joins it
                 self.reweight(epoch, ensemble, torch.cat(pool_x), torch.cat(pool_y), view)
             if c.pool == "last":
@@ -240,14 +245,15 @@ class DENSE(FedAvgCNN):
             pool_y.append(labels)
             distill_epoch(student, ensemble, torch.cat(pool_x), optimizer=optimizer, batch_size=c.batch_size,
                           temperature=c.temperature, rng=rng, ods_eta=self.ods_eta(), clip_grad=c.clip_grad,
-                          augment=view)
+                          augment=view, autocast=autocast, scaler=student_scaler)
             if scheduler is not None:
                 scheduler.step()
         out = {k: v.detach().cpu().clone() for k, v in student.state_dict().items()}
         out[_STAT + "server_distill_s"] = torch.tensor(time.monotonic() - start, dtype=torch.float64)
         out[_STAT + "client_train_s"] = torch.tensor(client_train_s, dtype=torch.float64)
         out[_STAT + "ensemble_weights"] = ensemble.weights.detach().cpu().clone()
-        # the test accuracy of each client model and of the ensemble, as the official code logs them
+        # the test accuracy of each client model and of the ensemble, as the official code logs them (under the
+        # run's precision: evaluate_on_test's autocast)
         members = [evaluate_on_test(self.env, m)["accuracy"] for m in models]
         out[_STAT + "client_accuracy"] = torch.tensor(members, dtype=torch.float64)
         out[_STAT + "ensemble_accuracy"] = torch.tensor(evaluate_on_test(self.env, ensemble)["accuracy"],

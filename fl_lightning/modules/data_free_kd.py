@@ -20,6 +20,12 @@ Alg. 1 / Eq. (3)-(6); Co-Boosting, Dai et al., ICLR 2024, Alg. 1 / Eq. (4)-(9)):
   perturbs each distillation batch along a random output direction (ODS, :func:`ods_perturb`) and
   re-weights the ensemble by signed gradient steps on w (:func:`reweight_ensemble`).
 
+Precision: the loops take an ``autocast`` factory (``fabric.autocast``) for their forwards and an optional
+``GradScaler`` (``16-mixed``'s) for their backward and step, as a client's local loop does
+(``federation/local_training.py``). The logits are read in float32 (the losses, the arg-max, the BN
+statistics are computed in float32 whatever the forward ran in); without either, the loops are the plain
+float32 ones bit for bit.
+
 Everything here is pure torch on explicit tensors and modules: no Lightning, no files, no config
 objects. The orchestration (which model, which defaults) is in ``algorithms/dense.py`` and
 ``algorithms/coboosting.py``; our own code, written after reading both papers and their official
@@ -28,7 +34,9 @@ repositories (zj-jayzhang/DENSE, rong-dai/Co-Boosting).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -123,7 +131,7 @@ class BNStatistics:
 
     def _hook(self, index: int) -> Callable:
         def record(module: nn.BatchNorm2d, inputs: tuple[Tensor, ...], output: Tensor) -> None:
-            x = inputs[0]  # (B, C, H, W)
+            x = inputs[0].float()  # (B, C, H, W); float32 under autocast too (its square overflows fp16)
             mean = x.mean(dim=(0, 2, 3))
             var = x.permute(1, 0, 2, 3).flatten(1).var(dim=1, unbiased=False)
             self._terms[index] = (torch.linalg.vector_norm(module.running_var - var)
@@ -277,16 +285,41 @@ def pool_padding(image_size: int) -> int:
     return max(1, image_size // 8)
 
 
+def _backward_step(loss: Tensor, optimizer: torch.optim.Optimizer, *, scaler: torch.amp.GradScaler | None,
+                   clip: float | None, params: Callable[[], object]) -> None:
+    """``loss.backward()``, the gradient norm of ``params()`` clipped at ``clip``, ``optimizer.step()``; with a
+    ``scaler`` the loss is scaled, the gradients unscaled before the clip and a non-finite step skipped."""
+    if scaler is None:
+        loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(params(), max_norm=clip)
+        optimizer.step()
+        return
+    scaler.scale(loss).backward()
+    if clip is not None:
+        scaler.unscale_(optimizer)  # the clip sees the true gradients
+        torch.nn.utils.clip_grad_norm_(params(), max_norm=clip)
+    scaler.step(optimizer)  # skipped when a gradient is inf/NaN
+    scaler.update()
+
+
 def synthesize(generator: Generator, ensemble: WeightedEnsemble, student: nn.Module, *, num_classes: int,
                settings: SynthesisSettings, normalize: Callable[[Tensor], Tensor], rng: torch.Generator,
-               device: torch.device) -> tuple[Tensor, Tensor]:
+               device: torch.device, autocast: Callable[[], AbstractContextManager] | None = None,
+               scaler: torch.amp.GradScaler | None = None) -> tuple[Tensor, Tensor]:
     """Train a freshly drawn G (and its inputs z) for ``settings.steps`` Adam steps on L_G and return the
-    lowest-loss batch seen, as (normalised images (B, C, S, S), sampled labels (B,)), detached.
+    lowest-loss batch seen, as (normalised images (B, C, S, S), sampled labels (B,)), detached, float32.
 
     The client models and the student stay in eval mode (BN running statistics are the targets of L_BN
     and are not updated); only G's and z's parameters change.
+
+    Args:
+        autocast: a factory of the context the forwards of G, the ensemble and the student run under
+            (``fabric.autocast``); None: none. L_G is computed in float32 from their outputs.
+        scaler: a fresh ``torch.amp.GradScaler`` for ``16-mixed`` (G's steps), or None.
     """
     s = settings
+    context = autocast or contextlib.nullcontext
     reset_generator(generator, rng=rng)
     generator.to(device).train()
     student.eval()
@@ -300,26 +333,25 @@ def synthesize(generator: Generator, ensemble: WeightedEnsemble, student: nn.Mod
     black = normalize(torch.zeros(1, generator.channels, 1, 1, device=device))  # padding of the view
     with BNStatistics(list(ensemble.members) if s.bn > 0 else []) as bn_stats:
         for _ in range(s.steps):
-            images = normalize(generator(z))  # (B, C, S, S)
-            # DENSE shifts a 32-px image by up to 4 px: 1/8 of the side, kept at other sizes
-            view = (random_shift_flip(images, rng=rng, padding=pool_padding(images.shape[-1]), fill=black)
-                    if s.augment else images)
-            t_out = ensemble(view)
+            with context():
+                images = normalize(generator(z))  # (B, C, S, S)
+                # DENSE shifts a 32-px image by up to 4 px: 1/8 of the side, kept at other sizes
+                view = (random_shift_flip(images, rng=rng, padding=pool_padding(images.shape[-1]), fill=black)
+                        if s.augment else images)
+                t_out = ensemble(view).float()  # (B, C)
+                s_out = student(view).float() if s.adv > 0 else None
             loss_oh = (F.cross_entropy(t_out, targets) if s.hardness is None
                        else hardness_weighted_ce(t_out, targets, gamma=s.hardness))
             loss = s.oh * loss_oh
             if s.bn > 0:
                 loss = loss + s.bn * bn_stats.loss() / (k if s.bn_per_model else 1)
-            if s.adv > 0:
-                loss = loss + s.adv * adversarial_loss(student(view), t_out, temperature=s.adv_temperature,
+            if s_out is not None:
+                loss = loss + s.adv * adversarial_loss(s_out, t_out, temperature=s.adv_temperature,
                                                        mask_agreement=s.mask_agreement)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if s.clip_grad is not None:
-                torch.nn.utils.clip_grad_norm_(generator.parameters(), max_norm=s.clip_grad)
-            optimizer.step()
+            _backward_step(loss, optimizer, scaler=scaler, clip=s.clip_grad, params=generator.parameters)
             if float(loss.detach()) < best_loss:
-                best_loss, best = float(loss.detach()), images.detach()
+                best_loss, best = float(loss.detach()), images.detach().float()
     for m in (*ensemble.members, student):
         m.zero_grad(set_to_none=True)
     return best, targets.detach()
@@ -328,13 +360,26 @@ def synthesize(generator: Generator, ensemble: WeightedEnsemble, student: nn.Mod
 def distill_epoch(student: nn.Module, teacher: Callable[[Tensor], Tensor], pool: Tensor, *,
                   optimizer: torch.optim.Optimizer, batch_size: int, temperature: float, rng: torch.Generator,
                   ods_eta: float | None = None, clip_grad: float | None = None,
-                  augment: Callable[[Tensor, torch.Generator], Tensor] | None = None) -> float:
+                  augment: Callable[[Tensor, torch.Generator], Tensor] | None = None,
+                  autocast: Callable[[], AbstractContextManager] | None = None,
+                  scaler: torch.amp.GradScaler | None = None) -> float:
     """One pass of L_S = KL_T(A(x) ‖ S(x)) over the synthetic ``pool`` (N, C, S, S), shuffled with ``rng``.
 
     Each batch is first augmented by ``augment(batch, rng)`` (both official codes read the pool through
     a crop + flip transform), then, with ``ods_eta``, moved by :func:`ods_perturb` (Co-Boosting).
     Returns the mean loss.
+
+    Args:
+        autocast: a factory of the context the teacher's and the student's forwards run under
+            (``fabric.autocast``); None: none. The KL is computed in float32 from their logits.
+        scaler: the student's ``torch.amp.GradScaler`` for ``16-mixed`` (kept across its epochs), or None.
     """
+    context = autocast or contextlib.nullcontext
+
+    def teacher_logits(x: Tensor) -> Tensor:
+        with context():
+            return teacher(x).float()
+
     order = torch.randperm(pool.shape[0], generator=rng)
     total, batches = 0.0, 0
     for start in range(0, pool.shape[0], batch_size):
@@ -342,16 +387,15 @@ def distill_epoch(student: nn.Module, teacher: Callable[[Tensor], Tensor], pool:
         if augment is not None:
             images = augment(images, rng)
         if ods_eta:
-            images = ods_perturb(images, teacher, eta=ods_eta, rng=rng)
+            images = ods_perturb(images, teacher_logits, eta=ods_eta, rng=rng)
         with torch.no_grad():
-            t_out = teacher(images)
+            t_out = teacher_logits(images)
         student.train()
-        loss = kd_kl(student(images), t_out, temperature=temperature)
+        with context():
+            s_out = student(images).float()
+        loss = kd_kl(s_out, t_out, temperature=temperature)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if clip_grad is not None:
-            torch.nn.utils.clip_grad_norm_(student.parameters(), max_norm=clip_grad)
-        optimizer.step()
+        _backward_step(loss, optimizer, scaler=scaler, clip=clip_grad, params=student.parameters)
         total, batches = total + float(loss.detach()), batches + 1
     student.eval()
     return total / max(batches, 1)
