@@ -153,13 +153,14 @@ class FederationConfig:
     # NCCL) lets the watchdog abort them. 24 h covers that phase; a failure on rank 0 still ends every rank at
     # once (federation/collectives.py), so the long default never makes a failed run wait
     collective_timeout_s: float = 86400.0
-    # CUDA only, set by the CLI (python -m fl_lightning.train) before the run is built; on the CPU nothing changes.
-    # torch.set_float32_matmul_precision for float32 matmuls and convolutions: "highest" full float32; "high"
-    # (default) TF32 tensor cores on Ampere and newer (10 mantissa bits in the products, float32 accumulation:
-    # several times faster, results differ from "highest" in about the 4th significant digit and from one GPU
-    # model to another); "medium" also allows bf16 products (faster still, ~3 significant digits). It changes
-    # the numbers a run computes, so a resumed run cannot change it. Mixed precisions (bf16-mixed, 16-mixed)
-    # compute most matmuls in half precision anyway; this governs the ones left in float32
+    # CUDA only, set by the CLI (python -m fl_lightning.train) for the run; on the CPU nothing changes (the library
+    # itself never sets it). torch.set_float32_matmul_precision, for float32 matmuls (linear layers, attention):
+    # "highest" full float32 products; "high" (default) TF32 tensor cores on Ampere and newer (10 mantissa bits
+    # in the products, float32 accumulation: several times faster; results differ from "highest" from about the
+    # 4th significant digit, and between GPU models); "medium" bf16 products (faster still, ~3 digits).
+    # Convolutions are not affected (cuDNN's own TF32 switch, on by default in torch). It changes the numbers a
+    # run computes, so a resumed run cannot change it. Under bf16-mixed/16-mixed most matmuls run in half
+    # precision anyway; this governs those left in float32 (and every one of a 32-true run)
     matmul_precision: Literal["highest", "high", "medium"] = "high"
     # true: the CLI calls torch.use_deterministic_algorithms(True) (and sets CUBLAS_WORKSPACE_CONFIG=:4096:8 when
     # it is unset) before the run is built, so that a rerun on the same machine and software gives the same bits

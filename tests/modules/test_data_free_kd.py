@@ -230,3 +230,106 @@ def test_distill_epoch_brings_the_student_to_the_teacher():
         distill_epoch(student, teacher, pool, optimizer=opt, batch_size=16, temperature=4.0, rng=rng,
                       ods_eta=0.01, clip_grad=10.0)
     expect("KL(teacher || student) after / before", gap() / first, "<", 0.3)
+
+
+# ------------------------------------------------------------------------------------------ precision
+_FULL = dict(bn=0.1, adv=1.0, augment=True, hardness=1.0, clip_grad=10.0, steps=5, batch_size=8)
+
+
+def _synthesis(autocast=None, scaler=None):
+    """A short synthesis with every loss term on (BN, adversarial, hardness, augmented view, clipping)."""
+    ensemble = WeightedEnsemble([_TinyCNN(1).eval(), _TinyCNN(2).eval()]).requires_grad_(False)
+    student = _TinyCNN(3).eval()
+    gen = Generator(nz=8, ngf=4, image_size=16)
+    images, labels = synthesize(gen, ensemble, student, num_classes=5, settings=_settings(**_FULL),
+                                normalize=lambda x: (x - 0.5) / 0.25, rng=torch.Generator().manual_seed(0),
+                                device=torch.device("cpu"), autocast=autocast, scaler=scaler)
+    return images, labels, ensemble, student
+
+
+def _distillation(pool, autocast=None, scaler=None, epochs=2):
+    """``epochs`` passes of the student on ``pool`` with ODS and clipping (Co-Boosting's distillation)."""
+    teacher = WeightedEnsemble([_TinyCNN(1).eval(), _TinyCNN(2).eval()]).requires_grad_(False)
+    student = _TinyCNN(3)
+    opt = torch.optim.SGD(student.parameters(), lr=0.1, momentum=0.9)
+    rng = torch.Generator().manual_seed(0)
+    losses = [distill_epoch(student, teacher, pool, optimizer=opt, batch_size=8, temperature=4.0, rng=rng,
+                            ods_eta=0.01, clip_grad=1.0, autocast=autocast, scaler=scaler) for _ in range(epochs)]
+    return student, teacher, losses
+
+
+def _pool():
+    return torch.randn(24, 3, 8, 8, generator=torch.Generator().manual_seed(5))
+
+
+def _autocast_log(*modules):
+    seen = []
+    for m in modules:
+        m.register_forward_hook(lambda mod, i, out: seen.append((torch.is_autocast_enabled("cpu"), out.dtype)))
+    return seen
+
+
+def test_32_true_autocast_is_the_plain_loop_bit_for_bit():
+    from lightning.fabric import Fabric
+
+    autocast = Fabric(accelerator="cpu", devices=1, precision="32-true").autocast
+    plain, wrapped = _synthesis(), _synthesis(autocast=autocast)
+    assert torch.equal(plain[0], wrapped[0]) and torch.equal(plain[1], wrapped[1])
+    (s0, _, l0), (s1, _, l1) = _distillation(_pool()), _distillation(_pool(), autocast=autocast)
+    assert l0 == l1 and all(torch.equal(a, b) for a, b in zip(s0.state_dict().values(), s1.state_dict().values()))
+
+
+def test_under_bf16_autocast_every_forward_is_bf16_and_the_results_float32():
+    from lightning.fabric import Fabric
+
+    autocast = Fabric(accelerator="cpu", devices=1, precision="bf16-mixed").autocast
+    ensemble = WeightedEnsemble([_TinyCNN(1).eval(), _TinyCNN(2).eval()]).requires_grad_(False)
+    student, gen = _TinyCNN(3).eval(), Generator(nz=8, ngf=4, image_size=16)
+    seen = _autocast_log(*ensemble.members, student, gen.blocks[2])  # a conv of G
+    images, _ = synthesize(gen, ensemble, student, num_classes=5, settings=_settings(**_FULL),
+                           normalize=lambda x: (x - 0.5) / 0.25, rng=torch.Generator().manual_seed(0),
+                           device=torch.device("cpu"), autocast=autocast)
+    assert seen and set(seen) == {(True, torch.bfloat16)}
+    assert images.dtype == torch.float32 and torch.isfinite(images).all()
+    student, teacher, losses = _distillation(_pool(), autocast=autocast)
+    seen = _autocast_log(*teacher.members, student)
+    distill_epoch(student, teacher, _pool(), optimizer=torch.optim.SGD(student.parameters(), lr=0.1), batch_size=8,
+                  temperature=4.0, rng=torch.Generator().manual_seed(0), ods_eta=0.01, autocast=autocast)
+    assert seen and set(seen) == {(True, torch.bfloat16)}
+    assert all(np.isfinite(losses)) and all(p.dtype == torch.float32 for p in student.parameters())
+
+
+def test_bn_statistics_are_computed_in_float32_under_autocast():
+    from lightning.fabric import Fabric
+
+    model = _TinyCNN(1).eval()
+    x = torch.randn(6, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    with BNStatistics([model]) as stats, Fabric(accelerator="cpu", devices=1, precision="bf16-mixed").autocast():
+        model(x)
+        loss = stats.loss()
+    assert loss.dtype == torch.float32
+
+
+def test_a_grad_scaler_unscales_before_the_clip_and_skips_non_finite_steps():
+    """In float32 a power-of-two loss scale is exact: scaled, unscaled before the clip, the steps are the plain
+    ones bit for bit (a clip on scaled gradients would differ). A batch with a non-finite gradient is skipped."""
+    def scaler():
+        return torch.amp.GradScaler(device="cpu")
+
+    (s0, _, l0), (s1, _, l1) = _distillation(_pool()), _distillation(_pool(), scaler=scaler())
+    assert l0 == l1 and all(torch.equal(a, b) for a, b in zip(s0.state_dict().values(), s1.state_dict().values()))
+    plain, scaled = _synthesis(), _synthesis(scaler=scaler())
+    assert torch.equal(plain[0], scaled[0])
+
+    bad = _pool()[:8]
+    bad[0, 0, 0, 0] = float("inf")  # one batch of 8 whose gradients are NaN
+    teacher = WeightedEnsemble([_TinyCNN(1).eval()]).requires_grad_(False)
+    for with_scaler in (False, True):
+        student = _TinyCNN(3)
+        distill_epoch(student, teacher, bad, optimizer=torch.optim.SGD(student.parameters(), lr=0.1), batch_size=8,
+                      temperature=4.0, rng=torch.Generator().manual_seed(0), scaler=scaler() if with_scaler else None)
+        weights = [p.detach() for p in student.parameters()]
+        if with_scaler:  # the step was skipped: the initial weights
+            assert all(torch.equal(w, p.detach()) for w, p in zip(weights, _TinyCNN(3).parameters()))
+        else:  # the plain loop steps into NaN
+            assert not all(torch.isfinite(w).all() for w in weights)
