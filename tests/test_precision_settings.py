@@ -86,10 +86,10 @@ def test_evaluation_under_bf16_mixed_runs_the_forward_in_autocast():
     assert set(model.seen) == {(False, torch.float32)}
 
 
-def _tiny_cnn_config(tmp_path, precision: str, *extra: str):
-    """FedAvg of a whole tiny timm CNN on the digits: its evaluation goes through ``evaluate_on_test`` (the head-only
-    ``fedavg`` of fedavg_digits_tiny.yaml evaluates a feature table, ``evaluate_on_test_features``, instead)."""
-    return load_config(CONF / "fedavg_cnn_digits_tiny.yaml",
+def _tiny_config(tmp_path, precision: str, *extra: str, config: str = "fedavg_cnn_digits_tiny.yaml"):
+    """By default FedAvg of a whole tiny timm CNN on the digits: its evaluation goes through ``evaluate_on_test`` (the
+    head-only ``fedavg`` of fedavg_digits_tiny.yaml evaluates a feature table, ``evaluate_on_test_features``)."""
+    return load_config(CONF / config,
                        ["--output_dir", str(tmp_path), "--run_name", precision, "--logging.progress", "false",
                         "--federation.accelerator", "cpu", "--federation.precision", precision, *extra])
 
@@ -115,7 +115,7 @@ def test_a_trained_tiny_model_evaluates_under_bf16_mixed_near_its_32_true_accura
         return evaluate_on_test(env, logits_fn, **kw)
 
     monkeypatch.setattr(fedavg_cnn, "evaluate_on_test", spy)
-    cfg = _tiny_cnn_config(tmp_path, "32-true", "--federation.rounds", "3", "--partition.alpha", "inf")
+    cfg = _tiny_config(tmp_path, "32-true", "--federation.rounds", "3", "--partition.alpha", "inf")
     summary = Simulation(cfg=cfg, loggers=[]).run()
     env, model = calls[-1]  # the last round's evaluation: the final global model
     plain = evaluate_classifier(model, env.loader(env.splits.test, shuffle=False), num_classes=env.num_classes,
@@ -130,9 +130,11 @@ def test_a_trained_tiny_model_evaluates_under_bf16_mixed_near_its_32_true_accura
     assert abs(mixed["accuracy"] - plain["accuracy"]) <= _BF16_ACCURACY_TOL, (mixed["accuracy"], plain["accuracy"])
 
 
-def test_a_bf16_mixed_run_evaluates_under_autocast(tmp_path, monkeypatch):
+@pytest.mark.parametrize("algorithm", ["fedavg_cnn", "fedavg_prompts"])  # a timm CNN; a prompted open_clip ViT
+def test_a_bf16_mixed_run_evaluates_under_autocast(algorithm, tmp_path, monkeypatch):
     """In a real run the environment's Fabric is the run's: under bf16-mixed the evaluation forward sees autocast."""
-    import fl_lightning.algorithms.fedavg_cnn as fedavg_cnn
+    import importlib
+
     from fl_lightning.federation.simulation import Simulation
 
     seen: list[tuple[bool, torch.dtype]] = []
@@ -145,10 +147,11 @@ def test_a_bf16_mixed_run_evaluates_under_autocast(tmp_path, monkeypatch):
         finally:
             handle.remove()
 
-    monkeypatch.setattr(fedavg_cnn, "evaluate_on_test", spy)
+    monkeypatch.setattr(importlib.import_module(f"fl_lightning.algorithms.{algorithm}"), "evaluate_on_test", spy)
     # no local training (train.epochs 0): only the evaluation's precision is looked at here (bf16 local training
     # of this tiny CNN at lr 0.05 sometimes ends with non-finite weights on the CPU)
-    cfg = _tiny_cnn_config(tmp_path, "bf16-mixed", "--federation.rounds", "1", "--train.epochs", "0")
+    cfg = _tiny_config(tmp_path, "bf16-mixed", "--federation.rounds", "1", "--train.epochs", "0",
+                       config=f"{algorithm}_digits_tiny.yaml")
     summary = Simulation(cfg=cfg, loggers=[]).run()
     assert seen and set(seen) == {(True, torch.bfloat16)}
     assert 0.0 <= summary["accuracy"] <= 1.0

@@ -1,9 +1,16 @@
 """Co-Boosting through the engine: DENSE's server view, plus the re-weighted ensemble and hard samples."""
 
 import pytest
+import torch
 
 from fl_lightning.algorithms.coboosting import CoBoosting
-from tests.algorithms.test_dense import check_uploads_are_models_only, distilled_vs_clients, run
+from tests.algorithms.test_dense import (
+    check_server_ran_under_the_precision,
+    check_uploads_are_models_only,
+    distilled_vs_clients,
+    run,
+    run_server_under_bf16,
+)
 from tests.outcomes import expect
 
 TINY = ["--coboosting.epochs", "3", "--coboosting.g_steps", "3", "--coboosting.synthesis_batch_size", "32",
@@ -24,6 +31,33 @@ def test_coboosting_server_sees_only_models_and_reweights_the_ensemble(tmp_path)
 def test_no_reweighting_keeps_the_plain_mean(tmp_path):
     summary, _, _ = run(CoBoosting, "coboosting_digits_tiny.yaml", tmp_path, *TINY, "--coboosting.mu", "0")
     assert summary["ensemble_weights"] == pytest.approx([0.2] * 5)
+
+
+def test_the_server_and_the_reweighting_run_under_the_runs_precision(tmp_path):
+    """DENSE's loops under bf16 autocast with 16-mixed's GradScaler, and the re-weighting's ensemble forwards too
+    (their logits read in float32: w's signed step)."""
+    seen = []
+    original = CoBoosting.reweight
+
+    def recording(self, epoch, ensemble, pool, labels, view):
+        member_logits = ensemble.member_logits
+
+        def spy(x):
+            out = member_logits(x)
+            seen.append((torch.is_autocast_enabled("cpu"), out.dtype))
+            return out
+
+        ensemble.member_logits = spy
+        original(self, epoch, ensemble, pool, labels, view)
+        del ensemble.member_logits
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(CoBoosting, "reweight", recording)
+        summary, log = run_server_under_bf16(CoBoosting, "coboosting_digits_tiny.yaml", tmp_path, *TINY,
+                                             "--coboosting.mu", "0.05")
+    check_server_ran_under_the_precision(summary, log, epochs=3)
+    assert seen and set(seen) == {(True, torch.bfloat16)}
+    assert all(0.0 <= w <= 1.0 for w in summary["ensemble_weights"])
 
 
 @pytest.mark.slow  # ~45 s on 2 cores: 3 runs of 10 server epochs

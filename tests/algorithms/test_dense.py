@@ -52,6 +52,59 @@ def run(algorithm: type, config: str, tmp_path, *extra: str) -> tuple[dict, dict
     return summary, seen, cfg
 
 
+def run_server_under_bf16(algorithm: type, config: str, tmp_path, *extra: str) -> tuple[dict, dict]:
+    """Run ``config`` under bf16-mixed on the CPU with a ``GradScaler`` standing in for 16-mixed's (a CPU has none),
+    no local training (``train.epochs 0``: the clients upload their common initial model), recording the server's
+    loops: each forward of the client models and the student (autocast on?, output dtype) and the scalers."""
+    import fl_lightning.federation.local_training as local_training
+    import fl_lightning.modules.data_free_kd as kd
+
+    log: dict = {"forwards": [], "g_scalers": [], "s_scalers": []}
+
+    def hooked(modules, fn):
+        handles = [m.register_forward_hook(lambda mod, i, out: log["forwards"].append(
+            (torch.is_autocast_enabled("cpu"), out.dtype))) for m in modules]
+        try:
+            return fn()
+        finally:
+            for h in handles:
+                h.remove()
+
+    synthesize, distill_epoch = kd.synthesize, kd.distill_epoch
+
+    def synthesize_spy(generator, ensemble, student, **kw):
+        log["g_scalers"].append(kw["scaler"])
+        return hooked([*ensemble.members, student], lambda: synthesize(generator, ensemble, student, **kw))
+
+    def distill_spy(student, teacher, pool, **kw):
+        log["s_scalers"].append(kw["scaler"])
+        return hooked([*teacher.members, student], lambda: distill_epoch(student, teacher, pool, **kw))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(local_training, "_client_scaler", lambda fabric: torch.amp.GradScaler(device="cpu"))
+        mp.setattr(kd, "synthesize", synthesize_spy)
+        mp.setattr(kd, "distill_epoch", distill_spy)
+        summary, _, _ = run(algorithm, config, tmp_path, "--federation.precision", "bf16-mixed",
+                            "--federation.accelerator", "cpu", *extra, "--train.epochs", "0")
+    return summary, log
+
+
+def check_server_ran_under_the_precision(summary: dict, log: dict, epochs: int) -> None:
+    assert log["forwards"] and set(log["forwards"]) == {(True, torch.bfloat16)}
+    g, s = log["g_scalers"], log["s_scalers"]
+    assert len(g) == len(s) == epochs and all(isinstance(x, torch.amp.GradScaler) for x in g + s)
+    assert len({id(x) for x in g}) == epochs and not {id(x) for x in g} & {id(x) for x in s}  # a fresh one per G
+    assert len({id(x) for x in s}) == 1  # the student's, kept over its epochs
+    assert all(0 <= a <= 1 for a in (*summary["client_accuracy"], summary["ensemble_accuracy"], summary["accuracy"]))
+
+
+def test_the_server_runs_under_the_runs_precision(tmp_path):
+    """Synthesis, distillation and the server's evaluation under bf16 autocast; 16-mixed's GradScaler for G and S
+    (32-true: bit-identical to the loops without autocast, tests/modules/test_data_free_kd.py)."""
+    summary, log = run_server_under_bf16(DENSE, "dense_digits_tiny.yaml", tmp_path, *TINY)
+    check_server_ran_under_the_precision(summary, log, epochs=2)
+
+
 def check_uploads_are_models_only(summary, seen, cfg):
     model = build_timm_classifier(cfg, 10, seed=0)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
