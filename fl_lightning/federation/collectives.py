@@ -5,10 +5,10 @@ Ranks 1..N-1 spend the server's phases (plan, aggregate + evaluate, the round's 
 broadcast from rank 0. :func:`from_server` makes that broadcast carry the *outcome* of the phase — its
 value, or the one line of the error it raised — so a failure on rank 0 ends every rank at once: rank 0
 raises the real error (the CLI reports it as usual, fl_lightning/errors.py), the others stop quietly
-(:class:`RankStopped`: no traceback, no line, the exit status rank 0 exits with). A rank that waits
-longer than ``federation.collective_timeout_s`` stops with one line naming that key
-(:class:`CollectiveTimeout`) instead of a backend's traceback (gloo raises; NCCL's watchdog aborts the
-process with its own message).
+(:class:`RankStopped`: no traceback, no line, the exit status rank 0 exits with; on rank 0's host once rank 0
+has exited, so no launcher stops it before it has printed). A rank that waits longer than
+``federation.collective_timeout_s`` stops with one line naming that key (:class:`CollectiveTimeout`) instead
+of a backend's traceback (gloo raises; NCCL's watchdog aborts the process with its own message).
 
 What crosses the wire is moved to the CPU first (:func:`to_cpu`): ``broadcast_object_list`` unpickles
 a CUDA tensor onto the device it was pickled from, i.e. the sender's GPU (a known torch behaviour). Rank 0
@@ -49,7 +49,7 @@ __all__ = ["to_cpu", "from_server", "to_server", "waiting", "RankStopped", "Coll
 
 T = TypeVar("T")
 
-# how long a stopping rank waits for rank 0 (its parent under Fabric's launcher) to exit first, at most
+# how long a stopping rank waits for rank 0 on its host (its parent under Fabric's launcher) to exit first, at most
 _LEADER_EXIT_GRACE_S = 30.0
 
 
@@ -259,15 +259,29 @@ def _rank_error(what: str, failed: list[tuple[int, _Outcome]]) -> RankFailure | 
 
 
 def _let_leader_exit_first(outcome: _Outcome) -> None:
-    """Under Fabric's launcher rank 0 is this process's parent, and a child that exits non-zero makes it kill
-    rank 0 (SIGKILL, Lightning's ``_ChildProcessObserver``) — possibly before rank 0 has exited with its own
-    status. Wait until the parent is gone (at most a grace period); another launcher's signal meanwhile only
-    ends the wait. Elsewhere (torchrun, SLURM, another host) stop at once."""
-    if outcome.host != socket.gethostname() or os.getppid() != outcome.pid:
+    """Let rank 0 print its line and exit with its status before this rank exits non-zero. Under Fabric's launcher
+    rank 0 is this process's parent, and a child that exits non-zero makes it kill rank 0 (SIGKILL, Lightning's
+    ``_ChildProcessObserver``); torchrun's agent stops the other ranks (SIGTERM) within 0.1 s of one exiting
+    non-zero — either possibly before rank 0 has printed. On rank 0's host wait until it is gone (its parent
+    gone, or under another launcher its process), at most a grace period; a launcher's signal meanwhile only
+    ends the wait. On another host stop at once (rank 0's host has its own launcher)."""
+    if outcome.host != socket.gethostname() or outcome.pid in (0, os.getpid()):
         return
+    parent = os.getppid() == outcome.pid
     deadline = time.monotonic() + _LEADER_EXIT_GRACE_S
     try:
-        while os.getppid() == outcome.pid and time.monotonic() < deadline:
+        while (os.getppid() == outcome.pid if parent else _alive(outcome.pid)) and time.monotonic() < deadline:
             time.sleep(0.05)
     except KeyboardInterrupt:  # stopping anyway, with rank 0's status
         pass
+
+
+def _alive(pid: int) -> bool:
+    """Process ``pid`` exists on this host (an exited one its launcher has not reaped yet counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: it exists
+        return True
+    return True

@@ -187,6 +187,22 @@ def test_a_timed_out_wait_is_one_line_naming_the_key():
         from_server(_FakeFabric(global_rank=1, incoming=other), dict, what="x", timeout_s=3.0)
 
 
+@pytest.mark.parametrize("host", ["here", "elsewhere"])
+def test_a_stopping_rank_lets_rank0_on_its_host_exit_first(host):
+    """torchrun's ranks are siblings: on rank 0's host a stopping rank waits until rank 0's process is gone (here
+    a child reaped by a thread, as torchrun's agent reaps its workers); rank 0 on another host: no wait."""
+    import threading
+
+    leader = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)"])
+    threading.Thread(target=leader.wait, daemon=True).start()
+    start = time.monotonic()
+    collectives._let_leader_exit_first(_Outcome(error="x", status=2, pid=leader.pid,
+                                                host=socket.gethostname() if host == "here" else "no-such-host"))
+    waited = time.monotonic() - start
+    leader.wait()
+    assert (0.5 < waited < 20) if host == "here" else waited < 0.5
+
+
 # ---------------------------------------------------------------------------------------- to_server
 def _gather_of(parts_on_rank0: list, sent: list):
     """``dist.gather_object`` of a world whose other ranks contributed ``parts_on_rank0[1:]``: rank 0's list is
