@@ -163,10 +163,11 @@ class FederationConfig:
     # precision anyway; this governs those left in float32 (and every one of a 32-true run)
     matmul_precision: Literal["highest", "high", "medium"] = "high"
     # true: the CLI calls torch.use_deterministic_algorithms(True) (and sets CUBLAS_WORKSPACE_CONFIG=:4096:8 when
-    # it is unset) before the run is built, so that a rerun on the same machine and software gives the same bits
-    # on a GPU too. It costs speed (deterministic kernels are slower: cuDNN's benchmark choices, atomics-based
-    # scatter/index_add and some backward passes are replaced) and some ops then raise a RuntimeError instead of
-    # running (those with no deterministic CUDA kernel). The CPU is deterministic already; not resumable
+    # it is unset) for the run, so that a rerun on the same machine and software gives the same bits on a GPU
+    # too. It costs speed (deterministic cuDNN convolutions, scatter/index_add without atomics: slower kernels),
+    # and an op with no deterministic CUDA kernel raises a RuntimeError instead of running (torch's list names
+    # e.g. the backward of AdaptiveAvgPool2d, as in timm CNNs' pooling, and of bilinear interpolation). The CPU
+    # runs here give the same numbers either way. It changes which kernels run, so a resumed run cannot change it
     deterministic: bool = False
 
     def __post_init__(self) -> None:

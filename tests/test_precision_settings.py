@@ -253,6 +253,23 @@ def test_the_cli_sets_both_before_the_simulation_is_built_and_restores_them(tmp_
     assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
 
 
+def test_on_the_cpu_a_deterministic_run_is_the_same_run_bit_for_bit(tmp_path, torch_settings):
+    """The real CLI, in this process: deterministic true raises nothing on the CPU, gives the same server state
+    and leaves the process's flags as they were."""
+    from fl_lightning.federation.checkpoint import safe_load
+
+    states = {}
+    for deterministic in ("false", "true"):
+        assert train.main(["--config", str(CONF / "fedavg_cnn_digits_tiny.yaml"), "--output_dir", str(tmp_path),
+                           "--run_name", f"det_{deterministic}", "--logging.progress", "false",
+                           "--federation.rounds", "1", "--federation.accelerator", "cpu",
+                           "--federation.deterministic", deterministic]) == 0
+        states[deterministic] = safe_load(tmp_path / f"det_{deterministic}" / "checkpoints" / "server.pt")["state"]
+        assert not torch.are_deterministic_algorithms_enabled()
+    assert states["true"].keys() == states["false"].keys()
+    assert all(torch.equal(states["true"][k], states["false"][k]) for k in states["true"])
+
+
 @pytest.mark.parametrize(("key", "value"), [("matmul_precision", "low"), ("matmul_precision", "HIGH"),
                                             ("deterministic", "maybe"), ("deterministic", "1")])
 def test_bad_values_are_one_line_config_errors(key, value):
