@@ -32,7 +32,7 @@ def finished_summary(cfg: Any) -> dict[str, Any] | None:
     (a run extended with ``--resume`` and stopped again keeps the shorter run's summary: not finished).
     Only reads: a finished folder is not touched.
     """
-    from fl_lightning.config import config_to_dict, current_names
+    from fl_lightning.config import config_to_dict, recorded_config
     from fl_lightning.federation.algorithm import ALGORITHMS
     from fl_lightning.federation.run_folder import completed_rounds, config_diff, read_record
 
@@ -40,7 +40,7 @@ def finished_summary(cfg: Any) -> dict[str, Any] | None:
     if not (run_dir / "summary.json").is_file():
         return None
     record = read_record(run_dir)
-    if record is None or config_diff(current_names(record["config"]), config_to_dict(cfg), include_resumable=True):
+    if record is None or config_diff(recorded_config(record["config"]), config_to_dict(cfg), include_resumable=True):
         return None  # a folder from before records, or another run: claiming it says so
     try:
         summary = json.loads((run_dir / "summary.json").read_text())

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
 import math
 import sys
 import types
@@ -44,7 +45,7 @@ from fl_lightning.errors import ConfigError, UsageError, check
 __all__ = [
     "DataConfig", "PartitionConfig", "ModelConfig", "FederationConfig", "LocalTrainingConfig", "LoggingConfig",
     "RunConfig", "check", "load_config", "build_config", "config_to_dict", "dump_config", "expand_variants",
-    "schema_keys", "current_names", "DATASET_NAMES", "CORE_SECTIONS", "PRECISIONS", "ACCELERATORS",
+    "schema_keys", "current_names", "recorded_config", "added_key_overrides", "DATASET_NAMES", "CORE_SECTIONS", "PRECISIONS", "ACCELERATORS",
 ]  # check lives in fl_lightning.errors (method configs import it from there, not from here)
 
 DATASET_NAMES = ("cifar10", "cifar100", "svhn", "dtd", "food101", "caltech101", "imagefolder", "digits",
@@ -306,6 +307,39 @@ def current_names(values: dict) -> dict:
             raise UsageError(f"config error: sections {key!r} and {new!r} both given; {key!r} is the former name of "
                              f"{new!r}: keep only {new!r}")
         out[new] = out.pop(key)
+    return out
+
+
+# Keys added after runs were first recorded, with the value a run recorded without them ran under: such a
+# recorded config (run.json) is read with that value — its numbers were made so — not with today's default.
+_ADDED_KEYS: dict[str, dict[str, Any]] = {
+    "federation": {"matmul_precision": "highest", "deterministic": False},  # torch's defaults, which ran then
+}
+
+
+def recorded_config(values: dict) -> dict:
+    """A config a run recorded (``run.json``), in today's terms: :func:`current_names`, and every key added since
+    (:data:`_ADDED_KEYS`) with the value the run ran under, so that ``--resume`` continues it as it ran and a
+    comparison compares like with like."""
+    out = current_names(values)
+    if not isinstance(out, dict):
+        return out
+    out = dict(out)
+    for section, added in _ADDED_KEYS.items():
+        if isinstance(out.get(section), dict):
+            out[section] = {**added, **out[section]}  # what the run recorded wins
+    return out
+
+
+def added_key_overrides(values: dict) -> list[str]:
+    """``--section.key value`` for every key added since (:data:`_ADDED_KEYS`) that a run's own ``config.yaml``
+    lacks: ``--resume`` loads that file with them, under the values the run ran with."""
+    out: list[str] = []
+    for section, added in _ADDED_KEYS.items():
+        present = values.get(section) if isinstance(values, dict) else None
+        for key, value in added.items():
+            if not (isinstance(present, dict) and key in present):
+                out += [f"--{section}.{key}", json.dumps(value)]
     return out
 
 

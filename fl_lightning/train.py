@@ -200,7 +200,7 @@ def _report(err: BaseException, status: int, debug: bool) -> int:
 def _main(argv: list[str], locks: list, paused: Paused) -> int:
     args = parse_args(argv)
     try:
-        from fl_lightning.config import dump_config, expand_variants, load_config
+        from fl_lightning.config import added_key_overrides, dump_config, expand_variants, load_config, read_yaml
         from fl_lightning.errors import ConfigError
 
         config_path, overrides, recorded = args.config, list(args.overrides), None
@@ -210,6 +210,8 @@ def _main(argv: list[str], locks: list, paused: Paused) -> int:
             # the run keeps its folder: output_dir/run_name are pinned to where it is
             overrides = [*overrides, "--output_dir", str(run_dir.parent), "--run_name", run_dir.name]
             config_path = str(run_dir / "config.yaml")
+            # a folder written before a key existed resumes under the value it ran with, not today's default
+            overrides = [*added_key_overrides(read_yaml(config_path)), *overrides]
         cfg = load_config(config_path, overrides)
         if args.print_config:
             print(dump_config(cfg), end="")
@@ -414,7 +416,7 @@ def _record_comparison(cfg: object) -> None:
 def _check_resume_folder(run_dir: Path) -> dict | None:
     """The config the run recorded when it started (None for a folder written before records), after
     checking that the folder's config.yaml was not edited in a way that changes what ran."""
-    from fl_lightning.config import current_names, read_yaml
+    from fl_lightning.config import read_yaml, recorded_config
     from fl_lightning.errors import RunFolderError, UsageError
     from fl_lightning.federation.run_folder import RECORD, config_diff, format_diff, read_record
 
@@ -429,7 +431,9 @@ def _check_resume_folder(run_dir: Path) -> dict | None:
         raise RunFolderError(f"run folder error: {run_dir / 'config.yaml'} was edited after the run started "
                              f"({format_diff(edited)}); the completed rounds ran under the recorded values "
                              f"({run_dir / RECORD}): put them back, or start a new run with --config")
-    return current_names(record["config"])  # a run recorded under a method's former name resumes under its name now
+    # a run recorded under a method's former name resumes under its name now, and without a key added since
+    # under the value it ran with
+    return recorded_config(record["config"])
 
 
 def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list[str], locks: list) -> bool:
@@ -437,7 +441,7 @@ def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list
 
     Returns whether the run continues from the folder's checkpoint: with ``--resume``, and when the folder
     holds an unfinished run of this very config (the same command again, after an interruption)."""
-    from fl_lightning.config import config_to_dict, current_names, dump_config, load_config, read_yaml
+    from fl_lightning.config import config_to_dict, dump_config, load_config, read_yaml, recorded_config
     from fl_lightning.errors import ConfigError, RunFolderError
     from fl_lightning.federation.run_folder import (
         LOCK,
@@ -476,8 +480,8 @@ def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list
                                  f"choose another --run_name or --output_dir")
         if not args.overwrite and not _nothing_ran(run_dir):
             record = read_record(run_dir)
-            before = current_names(record["config"] if record else (read_yaml(run_dir / "config.yaml")
-                                                                    if (run_dir / "config.yaml").is_file() else {}))
+            before = recorded_config(record["config"] if record else (read_yaml(run_dir / "config.yaml")
+                                                                      if (run_dir / "config.yaml").is_file() else {}))
             differs = config_diff(before, current, include_resumable=True)
             if not differs:  # the same command after an interruption (a finished run is not claimed at all)
                 write_record(run_dir, current, resumed=True, argv=argv)

@@ -154,3 +154,28 @@ def test_a_run_failure_is_caught_by_its_class(monkeypatch, capsys):
         monkeypatch.setattr(train, "_main", fail)
         assert train.main(["--config", TINY]) == status
         assert capsys.readouterr().err.splitlines() == [f"fl_lightning: {err}"]
+
+
+def test_a_run_recorded_before_a_key_was_added_resumes_under_the_value_it_ran_with(tmp_path):
+    """A run folder written before ``federation.matmul_precision``/``deterministic`` existed (its run.json and
+    config.yaml lack them) resumes with ``--resume`` under torch's defaults of then, and its config is not
+    reported as changed."""
+    import yaml
+
+    base = ["--config", TINY, "--partition.num_clients", "3", "--logging.progress", "false"]
+    first = run_cli(*base, "--federation.rounds", "1", "--output_dir", str(tmp_path))
+    assert first.returncode == 0, first.stderr[-2000:]
+    run_dir = tmp_path / "fedavg_digits_a0.5_s0"
+    record = json.loads((run_dir / "run.json").read_text())
+    for key in ("matmul_precision", "deterministic"):  # as an older version wrote them
+        del record["config"]["federation"][key]
+    (run_dir / "run.json").write_text(json.dumps(record))
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    for key in ("matmul_precision", "deterministic"):
+        config["federation"].pop(key, None)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    again = run_cli("--resume", str(run_dir), "--federation.rounds", "2")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads((run_dir / "summary.json").read_text())["rounds"] == 2
+    resumed = yaml.safe_load((run_dir / "config.yaml").read_text())["federation"]
+    assert (resumed["matmul_precision"], resumed["deterministic"]) == ("highest", False)
