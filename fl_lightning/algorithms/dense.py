@@ -203,7 +203,7 @@ class DENSE(FedAvgCNN):
 
     def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
                   plan: RoundPlan) -> State:
-        from fl_lightning.federation.local_training import _client_scaler as fresh_scaler
+        from fl_lightning.federation.local_training import fresh_grad_scaler
         from fl_lightning.modules.data_free_kd import Generator, distill_epoch, synthesize
 
         start = time.monotonic()
@@ -230,13 +230,13 @@ class DENSE(FedAvgCNN):
         view = self.pool_view(size, normalize, device)
         # the run's precision, as in local training: forwards under autocast; under 16-mixed a GradScaler for
         # each re-drawn G and one for S over all its epochs (None otherwise)
-        autocast, student_scaler = self.fabric.autocast, fresh_scaler(self.fabric)
+        autocast, student_scaler = self.fabric.autocast, fresh_grad_scaler(self.fabric)
         pool_x: list[Tensor] = []
         pool_y: list[Tensor] = []
         for epoch in range(c.epochs):
             images, labels = synthesize(generator, ensemble, student, num_classes=self.env.num_classes,
                                         settings=settings, normalize=normalize, rng=rng, device=device,
-                                        autocast=autocast, scaler=fresh_scaler(self.fabric))
+                                        autocast=autocast, scaler=fresh_grad_scaler(self.fabric))
             if pool_x:  # Co-Boosting's order: re-weight on the pool so far, before the new batch joins it
                 self.reweight(epoch, ensemble, torch.cat(pool_x), torch.cat(pool_y), view)
             if c.pool == "last":

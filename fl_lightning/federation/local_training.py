@@ -25,7 +25,7 @@ from lightning import LightningModule
 from lightning.fabric import Fabric
 from torch.utils.data import DataLoader
 
-__all__ = ["LocalFitResult", "fit_local"]
+__all__ = ["LocalFitResult", "fit_local", "fresh_grad_scaler"]
 
 
 @dataclass
@@ -44,7 +44,7 @@ def _optimizer(module: LightningModule) -> torch.optim.Optimizer:
     return opt
 
 
-def _client_scaler(fabric: Fabric) -> torch.amp.GradScaler | None:
+def fresh_grad_scaler(fabric: Fabric) -> torch.amp.GradScaler | None:
     """A fresh ``GradScaler`` like the one Fabric's precision plugin holds (``16-mixed``), or None."""
     scaler = getattr(fabric.strategy.precision, "scaler", None)
     if scaler is None:
@@ -68,7 +68,7 @@ def fit_local(fabric: Fabric, module: LightningModule, loader: DataLoader, *, ep
     module.train()
     optimizer = _optimizer(module)
     hooks = [cb.on_after_backward for cb in callbacks if hasattr(cb, "on_after_backward")]
-    scaler = _client_scaler(fabric)
+    scaler = fresh_grad_scaler(fabric)
     # float64 where the device has it (MPS has not): the same sum as adding the losses as Python floats
     acc_dtype = torch.float32 if fabric.device.type == "mps" else torch.float64
     steps, total = 0, torch.zeros((), dtype=acc_dtype, device=fabric.device)

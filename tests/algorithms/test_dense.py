@@ -81,7 +81,7 @@ def run_server_under_bf16(algorithm: type, config: str, tmp_path, *extra: str) -
         return hooked([*teacher.members, student], lambda: distill_epoch(student, teacher, pool, **kw))
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(local_training, "_client_scaler", lambda fabric: torch.amp.GradScaler(device="cpu"))
+        mp.setattr(local_training, "fresh_grad_scaler", lambda fabric: torch.amp.GradScaler(device="cpu"))
         mp.setattr(kd, "synthesize", synthesize_spy)
         mp.setattr(kd, "distill_epoch", distill_spy)
         summary, _, _ = run(algorithm, config, tmp_path, "--federation.precision", "bf16-mixed",
