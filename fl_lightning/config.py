@@ -331,15 +331,17 @@ def recorded_config(values: dict) -> dict:
     return out
 
 
-def added_key_overrides(values: dict) -> list[str]:
-    """``--section.key value`` for every key added since (:data:`_ADDED_KEYS`) that a run's own ``config.yaml``
-    lacks: ``--resume`` loads that file with them, under the values the run ran with."""
+def added_key_overrides(recorded: dict) -> list[str]:
+    """``--section.key value`` for every key added since (:data:`_ADDED_KEYS`), with the value the run ``recorded``
+    (its ``run.json`` config, or its ``config.yaml`` for a folder from before records) ran with: the recorded
+    value, or the key's value from before it existed. ``--resume`` loads the run's ``config.yaml`` with them, so
+    a folder written before a key existed resumes as it ran, not under today's default."""
     out: list[str] = []
     for section, added in _ADDED_KEYS.items():
-        present = values.get(section) if isinstance(values, dict) else None
-        for key, value in added.items():
-            if not (isinstance(present, dict) and key in present):
-                out += [f"--{section}.{key}", json.dumps(value)]
+        present = recorded.get(section) if isinstance(recorded, dict) else None
+        for key, before in added.items():
+            value = present[key] if isinstance(present, dict) and key in present else before
+            out += [f"--{section}.{key}", json.dumps(value)]
     return out
 
 

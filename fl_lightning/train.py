@@ -211,7 +211,8 @@ def _main(argv: list[str], locks: list, paused: Paused) -> int:
             overrides = [*overrides, "--output_dir", str(run_dir.parent), "--run_name", run_dir.name]
             config_path = str(run_dir / "config.yaml")
             # a folder written before a key existed resumes under the value it ran with, not today's default
-            overrides = [*added_key_overrides(read_yaml(config_path)), *overrides]
+            overrides = [*added_key_overrides(recorded if recorded is not None else read_yaml(config_path)),
+                         *overrides]
         cfg = load_config(config_path, overrides)
         if args.print_config:
             print(dump_config(cfg), end="")
@@ -441,7 +442,8 @@ def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list
 
     Returns whether the run continues from the folder's checkpoint: with ``--resume``, and when the folder
     holds an unfinished run of this very config (the same command again, after an interruption)."""
-    from fl_lightning.config import config_to_dict, dump_config, load_config, read_yaml, recorded_config
+    from fl_lightning.config import (added_key_overrides, config_to_dict, dump_config, load_config, read_yaml,
+                                     recorded_config)
     from fl_lightning.errors import ConfigError, RunFolderError
     from fl_lightning.federation.run_folder import (
         LOCK,
@@ -463,7 +465,8 @@ def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list
     current = config_to_dict(cfg)
     if args.resume is not None:
         if recorded is None:  # a folder from before run.json: its config.yaml (resolved) is the record
-            recorded = config_to_dict(load_config(run_dir / "config.yaml"))
+            recorded = config_to_dict(load_config(run_dir / "config.yaml",
+                                                  added_key_overrides(read_yaml(run_dir / "config.yaml"))))
         changed = config_diff(recorded, current)
         if changed:
             raise RunFolderError(f"run folder error: --resume cannot change {format_diff(changed)}: the completed "
