@@ -23,6 +23,11 @@ status 2) and broadcasts it as it does a failed server phase: every other rank �
 stops quietly with that status. Only rank 0 prints the line (the failing rank's traceback travels with it
 and ``--debug`` shows it), so a job's log holds the error once, whichever rank hit it.
 
+Code that every rank runs outside those phases (the end of a round: its totals, the ``on_round_end``
+callbacks, the loggers, rank 0's round files) ends in :func:`everyone`: one exchange of every rank's outcome
+(an all-gather of small objects, no values), from which every rank reaches the same verdict — rank 0 raises its
+own error or one naming the first failing rank, the others stop quietly with that error's status.
+
 One process: no broadcast or gather, the phase's function is simply called.
 """
 
@@ -44,8 +49,8 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from fl_lightning.errors import RemoteTraceback, RunFailure, UsageError
 
-__all__ = ["to_cpu", "from_server", "to_server", "waiting", "RankStopped", "CollectiveTimeout", "RankFailure",
-           "RankUsageError", "exit_status"]
+__all__ = ["to_cpu", "from_server", "to_server", "everyone", "waiting", "RankStopped", "CollectiveTimeout",
+           "RankFailure", "RankUsageError", "exit_status"]
 
 T = TypeVar("T")
 
@@ -247,6 +252,56 @@ def to_server(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: fl
     if own is not None:  # not reached: rank 0's verdict stops this rank (RankStopped)
         raise own
     return [value] if rank != 0 else [value, *(outcome.value for outcome in parts[1:])]
+
+
+def everyone(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: float) -> T:
+    """Every rank's ``step()``, then one exchange of their outcomes (an all-gather of each rank's error line,
+    status, process and host — never its value): every rank reaches the same verdict from it, so a rank that
+    fails ends every rank in one collective, and no rank waits for it until the collective timeout.
+
+    Args:
+        fabric: the launched Fabric.
+        step: this rank's part; it may raise.
+        what: the part, in words, for the error's line and a timeout's message (``"round 3's end"``).
+        timeout_s: ``federation.collective_timeout_s``, for that message.
+
+    Returns:
+        This rank's ``step()`` value (its own object).
+
+    Raises:
+        On rank 0: its own step's error, else a :class:`RankUsageError` / :class:`RankFailure` naming the first
+        failing rank and its host. On the others (the failing ones included): :class:`RankStopped` with that
+        error's exit status.
+    """
+    if fabric.world_size == 1:
+        return step()
+    rank = fabric.global_rank
+    own: Exception | None = None
+    try:
+        value = step()
+        mine = _Outcome(pid=os.getpid(), host=socket.gethostname())
+    except Exception as err:  # not an interrupt: a launcher or scheduler signals every rank itself
+        own, value, mine = err, None, _failed(err)
+    parts: list[Any] = [None] * fabric.world_size
+    try:
+        with waiting(what, timeout_s, rank):
+            dist.all_gather_object(parts, mine)
+    except Exception:
+        if own is None:
+            raise
+        raise own  # this rank's error is the report, not the collective's that it broke
+    failed = [(r, outcome) for r, outcome in enumerate(parts) if outcome.error is not None]
+    if not failed:
+        return value
+    if rank == 0:
+        raise own if own is not None else _rank_error(what, failed)
+    leader = parts[0]
+    if leader.error is not None:  # rank 0's own error: it raises it
+        status, line = leader.status, leader.error
+    else:
+        status, line = failed[0][1].status, str(_rank_error(what, failed))
+    _let_leader_exit_first(leader)
+    raise RankStopped(status, line)
 
 
 def _rank_error(what: str, failed: list[tuple[int, _Outcome]]) -> RankFailure | RankUsageError:

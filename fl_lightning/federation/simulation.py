@@ -48,7 +48,7 @@ from fl_lightning.data.transforms import build_transform
 from fl_lightning.errors import ClientFailure, ClientUsageError, ConfigError, RunFailure, TooFewClients, UsageError
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundPlan
 from fl_lightning.federation.checkpoint import DurableWriter, safe_load
-from fl_lightning.federation.collectives import from_server, to_server, waiting
+from fl_lightning.federation.collectives import everyone, from_server, to_server, waiting
 from fl_lightning.federation.collector import frozen_during_rounds
 from fl_lightning.federation.launch import check_launcher
 from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients, seed_torch
@@ -235,7 +235,13 @@ class Simulation:
 
     def _rounds(self, algorithm: Algorithm, env: Environment, run: RunState, assignment: list[list[int]],
                 checkpoint: DurableWriter, run_start: float) -> None:
-        """The federation loop: plan → client updates → transport → aggregate → evaluate → checkpoint."""
+        """The federation loop: plan → client updates → transport → aggregate → evaluate → checkpoint.
+
+        On several ranks a round takes five collectives, each carrying outcomes (collectives.py), so a failure on
+        any rank anywhere in the round ends every rank: the plan's broadcast (rank 0's ``on_round_start`` and
+        plan), the records gather and its verdict's broadcast (each rank's ``on_round_start`` and clients), the
+        aggregate's broadcast (the state, the row, every rank's records) and the round's end exchange (each
+        rank's totals, ``on_round_end``, loggers; rank 0's files). One process: none, the same calls in order."""
         fabric, cfg = self.fabric, self.cfg
         rank = fabric.global_rank
         for round_idx in range(run.completed_rounds, algorithm.num_rounds):
@@ -245,40 +251,54 @@ class Simulation:
                                hold_s=cfg.federation.record_after_s if rank == 0 else 0.0)
             clients = sample_clients(cfg.partition.num_clients, cfg.federation.client_fraction,
                                      seed=cfg.federation.sampling_seed, round_idx=round_idx)
-            fabric.call("on_round_start", round_idx=round_idx, clients=clients,
-                        local_clients=len(set(assignment[rank]).intersection(clients)))
+            start_round = partial(fabric.call, "on_round_start", round_idx=round_idx, clients=clients,
+                                  local_clients=len(set(assignment[rank]).intersection(clients)))
 
-            # plan: the server decides once (a resumed round keeps its checkpointed plan); every rank receives it
-            plan = self._plan(algorithm, store, round_idx, clients, run)
+            # on_round_start, then the plan: the server decides once (a resumed round keeps its checkpointed plan);
+            # every rank receives it
+            plan, held = self._plan(algorithm, store, round_idx, clients, run, start_round)
 
             # client updates on this rank (each leaves a record), then transport: the records reach the server,
             # which decides whether the round goes on (a rank that failed, the client-failure policy)
             sampled = set(plan.downloads)
             try:
                 result = self._client_phase(algorithm, env, store, round_idx,
-                                            [c for c in assignment[rank] if c in sampled], plan)
+                                            [c for c in assignment[rank] if c in sampled], plan, held)
             except BaseException:  # a failure, Ctrl-C, SIGTERM: keep the finished clients for --resume
                 store.write_held()
                 raise
 
-            # aggregate + evaluate: once, on the server, reading the uploads in client order; the new state
-            # reaches every rank
-            run.state, row = self._from_server(partial(self._serve, algorithm, run, store, round_idx, plan, result),
-                                               f"round {round_idx}'s aggregate and evaluation")
+            # aggregate + evaluate: once, on the server, reading the uploads in client order; the new state, the
+            # row and every rank's client records reach every rank
+            run.state, row, result = self._from_server(
+                partial(self._serve, algorithm, run, store, round_idx, plan, result),
+                f"round {round_idx}'s aggregate and evaluation")
 
-            self._record_round(algorithm, run, round_idx, row, result, round_start, run_start)
-            fabric.call("on_round_end", round_idx=round_idx, metrics=row, results=result, history=run.history)
-            fabric.log_dict({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=round_idx)
-            self._from_server(partial(self._save_round, run, store, checkpoint), f"round {round_idx}'s checkpoint",
-                              send=False)
+            # the round's end on every rank (totals, callbacks, loggers; the server's files), then one exchange of
+            # the outcomes: a failure there, on any rank, ends every rank
+            everyone(self.fabric, partial(self._end_round, algorithm, run, store, checkpoint, round_idx, row, result,
+                                          round_start, run_start),
+                     what=f"round {round_idx}'s end", timeout_s=cfg.federation.collective_timeout_s)
+
+    def _end_round(self, algorithm: Algorithm, run: RunState, store: RoundStore, checkpoint: DurableWriter,
+                   round_idx: int, row: dict[str, Any], result: RoundResult, round_start: float,
+                   run_start: float) -> None:
+        """This rank's end of a round: its totals and history, ``on_round_end``, the loggers; on the server, then,
+        the round's files (only when all of that succeeded on it)."""
+        fabric = self.fabric
+        self._record_round(algorithm, run, round_idx, row, result, round_start, run_start)
+        fabric.call("on_round_end", round_idx=round_idx, metrics=row, results=result, history=run.history)
+        fabric.log_dict({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=round_idx)
+        if fabric.global_rank == 0:
+            self._save_round(run, store, checkpoint)
 
     @staticmethod
     def _serve(algorithm: Algorithm, run: RunState, store: RoundStore, round_idx: int, plan: RoundPlan,
-               result: RoundResult) -> tuple[dict, dict[str, Any]]:
-        """The server's aggregate (reading the uploads back in client order) and evaluation: the new state and
-        the round's metrics row."""
+               result: RoundResult) -> tuple[dict, dict[str, Any], RoundResult]:
+        """The server's aggregate (reading the uploads back in client order) and evaluation: the new state, the
+        round's metrics row and the round's client records (the small numbers, for every rank's history)."""
         state = algorithm.aggregate(round_idx, run.state, store.uploads(result.succeeded), result.failures, plan)
-        return state, {"round": round_idx, **algorithm.evaluate(state)}
+        return state, {"round": round_idx, **algorithm.evaluate(state)}, result
 
     def _save_round(self, run: RunState, store: RoundStore, checkpoint: DurableWriter) -> None:
         """The server's files of a finished round: metrics.csv, server.pt; then its records go."""
@@ -299,26 +319,43 @@ class Simulation:
             write_partition_figure(counts, env.splits.classes, self.run_dir)
 
     # ------------------------------------------------------------------------------------ phases
-    def _plan(self, algorithm: Algorithm, store: RoundStore, round_idx: int, clients: list[int],
-              run: RunState) -> RoundPlan:
+    def _plan(self, algorithm: Algorithm, store: RoundStore, round_idx: int, clients: list[int], run: RunState,
+              start_round: Callable[[], None]) -> tuple[RoundPlan, Exception | None]:
+        """``start_round()`` (the ``on_round_start`` callbacks) on every rank, then the server's plan on every rank.
+        On the server ``start_round()`` runs in the plan's step, so its failure is the plan phase's outcome (every
+        rank stops); another rank's failure there is held and returned, to be raised in its client phase (it
+        reaches the server in the records gather)."""
+        held: Exception | None = None
+        if self.fabric.global_rank != 0:
+            try:
+                start_round()
+            except Exception as err:  # not an interrupt: a launcher signals every rank itself
+                held = err
+
         def decide() -> RoundPlan:
+            start_round()
             plan = store.load_plan() if self.resume else None
             if plan is None:
                 plan = algorithm.plan(round_idx, clients, run.state, run.history)
                 store.save_plan(plan)
             return plan
 
-        return self._from_server(decide, f"round {round_idx}'s plan")
+        return self._from_server(decide, f"round {round_idx}'s plan"), held
 
     def _client_phase(self, algorithm: Algorithm, env: Environment, store: RoundStore, round_idx: int,
-                      my_clients: list[int], plan: RoundPlan) -> RoundResult:
+                      my_clients: list[int], plan: RoundPlan, held: Exception | None = None) -> RoundResult:
         """Run this rank's clients of the round, gather every rank's records (small numbers only) to rank 0 and
         let it decide whether the round goes on. A rank that fails in its part (a record it cannot save, a
-        callback) reaches rank 0 as an outcome in the same gather (collectives.to_server): rank 0 raises one
-        error naming it, the others — the failing one included — stop quietly. Other ranks return their own
-        records."""
-        parts = to_server(self.fabric, partial(self._run_clients, algorithm, env, store, round_idx, my_clients, plan),
-                          what=f"round {round_idx}'s clients", timeout_s=self.cfg.federation.collective_timeout_s,
+        callback; ``held``: its ``on_round_start`` failure) reaches rank 0 as an outcome in the same gather
+        (collectives.to_server): rank 0 raises one error naming it, the others — the failing one included — stop
+        quietly. Other ranks return their own records."""
+        def part() -> RoundResult:
+            if held is not None:
+                raise held
+            return self._run_clients(algorithm, env, store, round_idx, my_clients, plan)
+
+        parts = to_server(self.fabric, part, what=f"round {round_idx}'s clients",
+                          timeout_s=self.cfg.federation.collective_timeout_s,
                           check=lambda parts: self._check_failures(round_idx, _merged(parts)))
         return _merged(parts)
 
@@ -389,9 +426,8 @@ class Simulation:
 
     def _record_round(self, algorithm: Algorithm, run: RunState, round_idx: int, row: dict[str, Any],
                       result: RoundResult, round_start: float, run_start: float) -> None:
-        """Totals, history and the metrics row of a finished round (identical on every rank)."""
-        # the small per-client numbers, for every rank's history and callbacks
-        result = self._from_server(lambda: result, f"round {round_idx}'s client records")
+        """Totals, history and the metrics row of a finished round (identical on every rank: ``result`` holds
+        every rank's client records)."""
         bytes_up, bytes_down = result.bytes_up, sum(result.bytes_down.values())
         run.bytes_up += bytes_up
         run.bytes_down += bytes_down

@@ -11,6 +11,10 @@ Each rank writes its stderr to ``OUT_DIR/rank<R>.err``, its pid to ``rank<R>.pid
   line, exit status 2).
 * ``test_failing_records``: FedAvg whose rank 1 cannot save its clients' records (its record step raises):
   ``FL_TEST_RECORD_ERROR=disk`` a :class:`DiskFullError` (a usage error), ``io`` an ``OSError`` (not ours).
+
+``FL_TEST_FAILING_HOOK=HOOK:R`` (e.g. ``on_round_end:1``) adds a callback whose ``HOOK`` raises on rank ``R``:
+on rank 0 a :class:`MissingResourceError` (a usage error: one line, exit status 2), on another rank a
+``ValueError`` (not ours).
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ os.dup2(_err.fileno(), 2)
 sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
 (OUT / f"rank{RANK}.pid").write_text(str(os.getpid()))
 
-from fl_lightning.algorithms.fedavg import FedAvg  # noqa: E402 — imported before torchrun's ranks meet
+import fl_lightning.callbacks  # noqa: E402 — imported before torchrun's ranks meet
+from fl_lightning.algorithms.fedavg import FedAvg  # noqa: E402
 from fl_lightning.errors import DiskFullError, MissingResourceError  # noqa: E402
 from fl_lightning.federation.algorithm import register  # noqa: E402
 from fl_lightning.federation.round_store import RoundStore  # noqa: E402
@@ -64,6 +69,27 @@ class _FailingRecords(FedAvg):
         super().setup(env)
         if env.fabric.global_rank == 1:  # rank 1's record step raises; rank 0's works
             RoundStore.save_client = _cannot_save
+
+
+class _FailingHook:
+    """A callback whose ``hook`` raises on rank ``rank``."""
+
+    def __init__(self, hook: str, rank: int) -> None:
+        if rank == RANK:
+            setattr(self, hook, self._fail)
+
+    def _fail(self, **kwargs):
+        (OUT / "raised").write_text(repr(time.time()))
+        if RANK == 0:
+            raise MissingResourceError(f"the test callback's file is not on disk on rank {RANK}: /nowhere/cb.json")
+        raise ValueError(f"the test callback failed on rank {RANK}")
+
+
+if os.environ.get("FL_TEST_FAILING_HOOK"):
+    _hook, _rank = os.environ["FL_TEST_FAILING_HOOK"].split(":")
+    _defaults = fl_lightning.callbacks.default_callbacks  # Simulation looks it up when it is built
+    fl_lightning.callbacks.default_callbacks = lambda cfg, loggers: [*_defaults(cfg, loggers),
+                                                                     _FailingHook(_hook, int(_rank))]
 
 
 if __name__ == "__main__":

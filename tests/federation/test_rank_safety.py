@@ -7,6 +7,9 @@ a line naming the key, the same phase under a long enough key completes, and a s
 aggregate ends both ranks at once — rank 0 with its one line, rank 1 quietly, both with exit status 2. Every
 rank's part of a round reaches rank 0 as an outcome (``to_server``): rank 1 failing in its record step ends
 both ranks within seconds — rank 0 with one line naming rank 1, rank 1 quietly, both with that error's status.
+Code outside those phases (``on_round_start``, the round's end: ``on_round_end``, loggers, rank 0's files) ends
+the same way (``everyone``; ``on_round_start`` travels with the plan or the records gather): a callback that
+raises on rank 1, or on rank 0, ends both ranks within seconds.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from fl_lightning.federation.collectives import (
     RankStopped,
     RankUsageError,
     _Outcome,
+    everyone,
     from_server,
     to_cpu,
     to_server,
@@ -305,6 +309,66 @@ def test_several_failing_ranks_name_the_first(monkeypatch):
         to_server(_FakeFabric(world_size=5), dict, what="x", timeout_s=1)
 
 
+# ----------------------------------------------------------------------------------------- everyone
+def _all_gather_of(rank: int, others: dict[int, _Outcome], sent: list):
+    """``dist.all_gather_object`` on ``rank`` of a world whose ranks in ``others`` contributed those outcomes,
+    every other rank a success, and ``rank`` its own (a pickled copy, as torch's is); what it gives is recorded."""
+    import pickle
+
+    def all_gather_object(object_list, obj):
+        sent.append(obj)
+        object_list[:] = [others.get(r, _Outcome()) for r in range(len(object_list))]
+        object_list[rank] = pickle.loads(pickle.dumps(obj))
+    return all_gather_object
+
+
+@pytest.mark.parametrize("failing, status, first", [
+    ({1: ValueError("a callback on rank 1")}, 1, "rank 1 on {host} failed in round 0's end: ValueError: a callback "
+                                                 "on rank 1"),
+    ({1: DiskFullError("full", "/f"), 2: ValueError("x")}, 2, "rank 1 on {host} failed in round 0's end (and 1 "
+                                                              "more rank): full"),
+    ({0: MissingResourceError("rank 0's file: /gone")}, 2, "rank 0's file: /gone"),  # rank 0's own error
+    ({}, 0, None),  # every rank succeeded
+], ids=["rank 1", "ranks 1 and 2", "rank 0", "none"])
+def test_the_end_of_a_round_exchange_gives_every_rank_the_same_verdict(failing, status, first, monkeypatch):
+    """Every rank runs its part, then one all-gather of the outcomes (no broadcast, no values): rank 0 raises its
+    own error or one naming the first failing rank; every other rank — the failing ones included — stops quietly
+    with that error's status."""
+    monkeypatch.setattr(collectives, "_let_leader_exit_first", lambda outcome: None)
+    outcomes = {r: _rank_outcome(err) for r, err in failing.items()}
+    line = first.format(host=socket.gethostname()) if first else None
+    for rank in range(3):
+        sent = []
+        monkeypatch.setattr(collectives.dist, "all_gather_object", _all_gather_of(rank, outcomes, sent))
+        fabric = _FakeFabric(global_rank=rank, world_size=3)
+
+        def step():
+            if rank in failing:
+                raise failing[rank]
+            return {"rank": rank}
+
+        if not failing:
+            assert everyone(fabric, step, what="round 0's end", timeout_s=1) == {"rank": rank}
+        elif rank == 0:
+            with pytest.raises(type(failing[0]) if 0 in failing else RankUsageError if status == 2 else RankFailure
+                               ) as raised:
+                everyone(fabric, step, what="round 0's end", timeout_s=1)
+            assert str(raised.value) == line and (0 in failing or raised.value.rank == 1)
+        else:
+            with pytest.raises(RankStopped) as stopped:
+                everyone(fabric, step, what="round 0's end", timeout_s=1)
+            assert stopped.value.code == status and stopped.value.message == line
+        (mine,) = sent  # one collective, carrying no value
+        assert mine.value is None and (mine.error is not None) == (rank in failing)
+        assert fabric.sent == []  # no broadcast
+
+
+def test_one_process_only_calls_the_end_of_a_round(monkeypatch):
+    monkeypatch.setattr(collectives.dist, "all_gather_object", lambda *a: pytest.fail("no exchange with one process"))
+    state = {"w": torch.ones(2)}
+    assert everyone(_FakeFabric(world_size=1), lambda: state, what="x", timeout_s=1) is state
+
+
 def test_a_rank_error_survives_pickling():
     err = RankUsageError("rank 1 on h failed in x: full", 1, "h", "Traceback ...")
     back = __import__("pickle").loads(__import__("pickle").dumps(err))
@@ -453,4 +517,31 @@ def test_a_rank_failing_in_its_record_step_ends_every_rank_with_one_line(kind, t
     raised = float(_read(out, "raised"))
     for rank in (0, 1):  # both exited within seconds of the error, not after the collective timeout (a day)
         assert (out / f"rank{rank}.rc").stat().st_mtime - raised < 20
+    assert not list((tmp_path / "runs").glob("*/summary.json"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hook, rank, torchrun, status, line", [
+    ("on_round_end", 1, False, 1, "rank 1 on {host} failed in round 0's end: ValueError: the test callback failed on "
+                                  "rank 1"),
+    ("on_round_end", 0, False, 2, "the test callback's file is not on disk on rank 0: /nowhere/cb.json"),
+    ("on_round_start", 1, True, 1, "rank 1 on {host} failed in round 0's clients: ValueError: the test callback "
+                                   "failed on rank 1"),
+], ids=["on_round_end on rank 1, Fabric's launcher", "on_round_end on rank 0, Fabric's launcher",
+        "on_round_start on rank 1, torchrun"])
+def test_a_callback_failing_on_any_rank_ends_every_rank_with_one_line(hook, rank, torchrun, status, line, tmp_path):
+    """A callback raises outside the server's phases and the records gather: the round's end exchange (or, for
+    on_round_start, the records gather) carries it; rank 0 prints one line, the other rank stops quietly, both
+    with that error's status, within seconds."""
+    proc, _, out = _job(tmp_path, "fedavg", torchrun=torchrun, env={"FL_TEST_FAILING_HOOK": f"{hook}:{rank}"})
+    rank0, rank1 = _read(out, "rank0.err"), _read(out, "rank1.err")
+    assert proc.returncode == status, rank0[-3000:] + rank1[-3000:]
+    ours = [x for x in rank0.splitlines() if x.startswith("fl_lightning:")]
+    assert ours == ["fl_lightning: " + line.format(host=socket.gethostname())], rank0[-3000:]
+    assert "Traceback" not in rank0
+    assert "Traceback" not in rank1 and "fl_lightning:" not in rank1, rank1[-3000:]
+    assert _read(out, "rank0.rc") == _read(out, "rank1.rc") == str(status)
+    raised = float(_read(out, "raised"))
+    for r in (0, 1):  # both exited within seconds of the error, not after the collective timeout (a day)
+        assert (out / f"rank{r}.rc").stat().st_mtime - raised < 20
     assert not list((tmp_path / "runs").glob("*/summary.json"))
