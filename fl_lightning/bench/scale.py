@@ -137,7 +137,8 @@ def _bytes_written() -> int:
 
 
 def _folder_bytes(folder: Path) -> tuple[int, int]:
-    """(total bytes, number of files) under ``folder``."""
+    """(total bytes, number of files) under ``folder``. Read it on the rank that clears it (rank 0 clears the
+    round folder after its own ``on_round_end``); on another rank the files may go while it is read."""
     sizes = [p.stat().st_size for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
     return sum(sizes), len(sizes)
 
@@ -157,11 +158,12 @@ class _Probe:
         self.start, self.cpu, self.written = time.perf_counter(), time.process_time(), _bytes_written()
 
     def on_round_end(self, *, round_idx: int, **_: Any) -> None:
-        total, files = _folder_bytes(self.ckpt_dir / f"round{round_idx:04d}")
         # bytes written through the round (plan, client records): what grows with K; the run's constant
         # files (server.pt, metrics.csv, partition.png, summary.json) come after this call
-        self.result.update(round_folder_bytes=total, round_folder_files=files,
-                           bytes_written=_bytes_written() - self.written)
+        self.result["bytes_written"] = _bytes_written() - self.written
+        if self.rank == 0:  # only the server reads the round folder: it clears it once this call returns
+            total, files = _folder_bytes(self.ckpt_dir / f"round{round_idx:04d}")
+            self.result.update(round_folder_bytes=total, round_folder_files=files)
 
     def on_run_end(self, **_: Any) -> None:
         self.result["wall_s"] = time.perf_counter() - self.start
