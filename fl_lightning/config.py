@@ -49,7 +49,7 @@ __all__ = [
 ]  # check lives in fl_lightning.errors (method configs import it from there, not from here)
 
 DATASET_NAMES = ("cifar10", "cifar100", "svhn", "dtd", "food101", "caltech101", "imagefolder", "digits",
-                 "synthetic")
+                 "synthetic", "hf")
 # What Fabric accepts (lightning.fabric.connector._PRECISION_INPUT and accelerator names), checked here
 # so that a typo stops in the config layer, not in a traceback from inside Fabric.
 PRECISIONS = ("32-true", "32", "64-true", "64", "16-mixed", "16", "bf16-mixed", "bf16", "16-true", "bf16-true",
@@ -83,8 +83,17 @@ class DataConfig:
     # a split whose transform is deterministic keeps its preprocessed tensors in memory when they fit this
     # many MiB (data/preprocessed.py: each item is transformed once, not once per pass); 0 turns it off
     cache_mb: int = 2048
+    # name: hf — a Hugging Face dataset (data/hf.py, docs/data_and_weights.md): a hub id read from the HF cache
+    # (fetched only with download: true), or a local path: a save_to_disk folder, a .parquet/.arrow file, a folder
+    path: str | None = None
+    train_split: str = "train"
+    test_split: str | None = "test"  # null: a seeded 4:1 split of train_split (split_seed), as imagefolder
+    image_column: str | None = None  # null: the first Image feature, else a column named image / img
+    label_column: str | None = None  # null: the first ClassLabel feature, else label / labels / fine_label / target
 
     def __post_init__(self) -> None:
+        check(self.name != "hf" or bool(self.path), "path", self.path,
+              "a hub id (org/name) or a local path when name is 'hf'")
         check(self.image_size is None or self.image_size >= 8, "image_size", self.image_size, "an int >= 8 or null")
         check(self.cache_mb >= 0, "cache_mb", self.cache_mb, "an int >= 0 (MiB; 0: no cache)")
         check(self.batch_size >= 1, "batch_size", self.batch_size, "an int >= 1")
@@ -97,7 +106,7 @@ class DataConfig:
 
 @dataclass
 class PartitionConfig:
-    scheme: Literal["dirichlet", "iid", "shards", "file"] = "dirichlet"
+    scheme: Literal["dirichlet", "iid", "shards", "file", "natural"] = "dirichlet"
     num_clients: int = 10
     alpha: float = 0.1  # Dirichlet concentration; inf means IID
     min_samples: int = 1  # every client gets at least this many training samples
@@ -105,8 +114,23 @@ class PartitionConfig:
     balance: bool = False  # flwr-datasets' self-balancing rule (off: plain Hsu et al. 2019)
     seed: int = 0  # its own seed: the same partition whatever the training seed
     path: str | None = None  # `file` scheme: a partition.json written by an earlier run (or another framework)
+    by: str | None = None  # `natural` scheme: the column whose values are the clients (a writer id); data.name: hf
+    # "flower": dirichlet / iid / natural exactly as flwr-datasets' partitioners make them (data/flower_partition.py;
+    # min_samples is its min_partition_size, balance its self_balancing, seed the partitioner's seed)
+    convention: Literal["fl_lightning", "flower"] = "fl_lightning"
+    # flower: the seed of FederatedDataset(shuffle=True, seed=...)'s shuffle before partitioning (Flower's default:
+    # 42); null: no shuffle (FederatedDataset(shuffle=False))
+    flower_shuffle_seed: int | None = None
 
     def __post_init__(self) -> None:
+        check(self.scheme != "natural" or bool(self.by), "by", self.by,
+              "the column whose values are the clients when scheme is 'natural'")
+        check(self.convention != "flower" or self.scheme in ("dirichlet", "iid", "natural"), "convention",
+              self.convention, f"'fl_lightning' for scheme {self.scheme!r} (flwr-datasets: dirichlet, iid, natural)")
+        if self.flower_shuffle_seed is not None:
+            _check_seed("flower_shuffle_seed", self.flower_shuffle_seed)
+            check(self.convention == "flower", "flower_shuffle_seed", self.flower_shuffle_seed,
+                  "null unless partition.convention is 'flower'")
         check(self.num_clients >= 1, "num_clients", self.num_clients, "an int >= 1")
         _check_seed("seed", self.seed)
         check(self.scheme != "file" or self.path is not None, "path", self.path,
@@ -314,6 +338,9 @@ def current_names(values: dict) -> dict:
 # recorded config (run.json) is read with that value — its numbers were made so — not with today's default.
 _ADDED_KEYS: dict[str, dict[str, Any]] = {
     "federation": {"matmul_precision": "highest", "deterministic": False},  # torch's defaults, which ran then
+    # Hugging Face data sets, natural and Flower partitions: every earlier run ran with none of them
+    "data": {"path": None, "train_split": "train", "test_split": "test", "image_column": None, "label_column": None},
+    "partition": {"by": None, "convention": "fl_lightning", "flower_shuffle_seed": None},
 }
 
 

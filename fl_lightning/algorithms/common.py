@@ -128,6 +128,8 @@ class FrozenFeatures:
                         "targets": targets_digest(targets)},
             "batch_size": d.batch_size, "precision": cfg.federation.precision, "device": env.fabric.device.type,
         }
+        if env.splits.fingerprint is not None:  # a Hugging Face data set: its content, not only its name and root
+            description["dataset"]["fingerprint"] = env.splits.fingerprint
         return cache_key(self.backbone, description, weights=self.weights)
 
     def table(self, split: Literal["train", "test"], *, all_ranks: bool) -> Tensor:

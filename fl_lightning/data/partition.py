@@ -8,6 +8,9 @@ Three schemes are provided:
   to the clients in those proportions. Small alpha → each client sees few classes; alpha → inf →
   IID (``alpha=math.inf`` delegates to :func:`iid_partition`).
 * :func:`iid_partition` — a seeded shuffle cut into K near-equal parts (sizes differ by at most 1).
+* :func:`natural_partition` — the data's own clients: one client per value of a column (a writer, a
+  user, a hospital), values in sorted order (flwr-datasets' ``NaturalIdPartitioner``), or the sorted
+  values grouped into K contiguous near-equal runs when there are more values than clients.
 * :func:`shard_partition` — McMahan et al. (2017), "Communication-Efficient Learning of Deep
   Networks from Decentralized Data" (Sec. 3, pathological non-IID): sort by label, cut into
   K·s shards, give every client s random shards.
@@ -64,6 +67,7 @@ __all__ = [
     "dirichlet_partition",
     "iid_partition",
     "shard_partition",
+    "natural_partition",
     "client_class_counts",
     "write_partition_json",
     "read_partition_json",
@@ -344,6 +348,35 @@ def shard_partition(
     client_of_shard[shard_ids.ravel()] = np.repeat(np.arange(num_clients), shards_per_client)
     owner[order] = client_of_shard[shard_of]
     return _group_by_owner(owner, num_clients)
+
+
+def natural_partition(groups: np.ndarray, num_clients: int) -> list[np.ndarray]:
+    """Natural clients: the rows sharing a value of ``groups`` (a writer id, a user) go to one client.
+
+    The V distinct values are sorted and cut into ``num_clients`` contiguous near-equal runs
+    (``np.array_split``: the first ``V mod K`` runs hold one value more); with K = V each client holds
+    exactly one value — flwr-datasets' ``NaturalIdPartitioner``, index for index. No randomness.
+
+    Args:
+        groups: (N,) the column's values (integers or strings), aligned with the training split.
+        num_clients: K, 1 <= K <= V.
+
+    Returns:
+        K sorted int64 index arrays covering range(N) exactly once.
+
+    Raises:
+        PartitionArgumentError: (a ``ValueError``) K larger than the number of distinct values.
+    """
+    groups = np.asarray(groups)
+    if groups.ndim != 1 or groups.size == 0:
+        raise PartitionArgumentError("groups", f"array of shape {groups.shape}", "a non-empty 1-D array")
+    values, value_of_row = np.unique(groups, return_inverse=True)
+    num_clients = _check_int("num_clients", num_clients, 1)
+    if num_clients > values.size:
+        raise PartitionArgumentError("num_clients", num_clients,
+                                     f"at most the {values.size} distinct values of the column (one client per value)")
+    client_of_value = np.repeat(np.arange(num_clients), [len(r) for r in np.array_split(values, num_clients)])
+    return _group_by_owner(client_of_value[value_of_row.reshape(-1)].astype(np.int64), num_clients)
 
 
 def client_class_counts(

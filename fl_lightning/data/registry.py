@@ -13,6 +13,9 @@ Data sets:
   ``<root>/caltech101/101_ObjectCategories`` and split 4:1 per class with ``seed`` (as FeDiSyn).
 * ``imagefolder`` — ``<root>/{train,test}/<class>/<image>``, or ``<root>/<class>/<image>`` split
   4:1 per class with ``seed``.
+* ``hf`` — a Hugging Face ``datasets`` data set (``data.path``: a hub id read from the HF cache, or a
+  ``save_to_disk`` folder or parquet/arrow files), its splits and image/label columns
+  (:mod:`fl_lightning.data.hf`).
 * ``digits`` — scikit-learn's bundled 8×8 handwritten digits (1797 real images, 10 classes), a
   seeded stratified 80/20 split; needs no files at all.
 * ``synthetic`` — seeded class-conditional 3×32×32 images a small model can learn (tests, demos).
@@ -47,6 +50,7 @@ from torch.utils.data import ConcatDataset, Dataset, Subset
 from torchvision import datasets
 from torchvision.datasets import ImageFolder
 
+from fl_lightning.data.hf import HFSource
 from fl_lightning.errors import ConfigError, MissingResourceError, UsageError
 
 __all__ = [
@@ -101,6 +105,10 @@ class DatasetSplits:
         classes: class names; ``num_classes == len(classes)``.
         train_targets: (N_train,) int64 labels, aligned with ``train``.
         test_targets: (N_test,) int64 labels, aligned with ``test``.
+        fingerprint: what identifies the data beyond the config (a Hugging Face data set's fingerprints);
+            part of the feature cache's key when set. None for the built-in data sets.
+        train_column: a training-split column's (N_train,) values by name, aligned with ``train``
+            (``partition.scheme: natural``); None where the data set has no columns besides its labels.
     """
 
     train: Dataset
@@ -108,6 +116,8 @@ class DatasetSplits:
     classes: list[str]
     train_targets: np.ndarray
     test_targets: np.ndarray
+    fingerprint: str | None = None
+    train_column: Callable[[str], np.ndarray] | None = None
 
     @property
     def num_classes(self) -> int:
@@ -151,6 +161,7 @@ def build_dataset(
     test_transform: Transform = None,
     seed: int = 0,
     num_samples: int | None = None,
+    source: HFSource | None = None,
 ) -> DatasetSplits:
     """Build the train/test splits of a registered data set.
 
@@ -164,6 +175,7 @@ def build_dataset(
         num_samples: for ``synthetic``, the number of training images generated (default 512;
             the test split gets a quarter); for the others, keep a seeded random subset of this
             many training images (the test split is kept whole).
+        source: for ``hf``, the data set's path (hub id or local), splits and columns.
 
     Returns:
         The :class:`DatasetSplits`.
@@ -178,6 +190,11 @@ def build_dataset(
         isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1
     ):
         raise ConfigError("data.num_samples", num_samples, "an integer >= 1, or null for all")
+    if name == "hf":  # its builder needs the source besides the common arguments
+        from fl_lightning.data.hf import build_hf_dataset
+
+        return build_hf_dataset(source or HFSource(), download=download, train_transform=train_transform,
+                                test_transform=test_transform, seed=seed, num_samples=num_samples)
     return DATASETS[name](
         root=Path(root).expanduser(),
         download=download,
@@ -258,7 +275,20 @@ def _limit_train(splits: DatasetSplits, num_samples: int | None, seed: int) -> D
     keep = np.sort(np.random.default_rng(seed).choice(n, size=num_samples, replace=False))
     splits.train = Subset(splits.train, keep.tolist())
     splits.train_targets = splits.train_targets[keep]
+    if splits.train_column is not None:
+        splits.train_column = _KeptColumn(splits.train_column, keep)
     return splits
+
+
+@dataclass(frozen=True)
+class _KeptColumn:
+    """A column reader restricted to the rows ``keep`` (the ``num_samples`` subset)."""
+
+    read: Callable[[str], np.ndarray]
+    keep: np.ndarray
+
+    def __call__(self, name: str) -> np.ndarray:
+        return self.read(name)[self.keep]
 
 
 def _missing(
@@ -593,6 +623,26 @@ def _imagefolder(
         splits = _split_folder("imagefolder", root, root, looked_for, None,
                                train_transform, test_transform, seed, downloadable=False)
     return _limit_train(splits, num_samples, seed)
+
+
+# ------------------------------------------------------------------------------------------------
+# Hugging Face datasets (data/hf.py): listed here; build_dataset passes them their source
+
+
+@register_dataset("hf")
+def _hf(
+    *,
+    root: Path,
+    download: bool,
+    train_transform: Transform,
+    test_transform: Transform,
+    seed: int,
+    num_samples: int | None,
+) -> DatasetSplits:
+    from fl_lightning.data.hf import build_hf_dataset
+
+    return build_hf_dataset(HFSource(), download=download, train_transform=train_transform,
+                            test_transform=test_transform, seed=seed, num_samples=num_samples)
 
 
 # ------------------------------------------------------------------------------------------------

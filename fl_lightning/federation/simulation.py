@@ -31,17 +31,19 @@ import torch
 from lightning.fabric import Fabric, seed_everything
 from lightning.fabric.strategies import STRATEGY_REGISTRY, DDPStrategy, Strategy
 
-from fl_lightning.config import RunConfig, dump_config
+from fl_lightning.config import DataConfig, RunConfig, dump_config
 from fl_lightning.data.partition import (
     PartitionArgumentError,
     client_class_counts,
     dirichlet_partition,
     iid_partition,
+    natural_partition,
     read_partition_json,
     shard_partition,
     write_partition_json,
 )
 from fl_lightning.data.preprocessed import PreprocessedSplit, is_deterministic
+from fl_lightning.data.hf import HFSource
 from fl_lightning.data.registry import DatasetSplits, build_dataset
 from fl_lightning.data.report import write_partition_figure, write_partition_report
 from fl_lightning.data.transforms import build_transform
@@ -58,17 +60,33 @@ from fl_lightning.federation.run_folder import (check_shared_run_folder, write_m
 from fl_lightning.federation.run_state import RunState
 from fl_lightning.federation.transport import Upload, check_upload
 
-__all__ = ["Simulation", "partition_for"]
+__all__ = ["Simulation", "hf_source", "partition_for"]
 
 _PARTITION_KEYS = ("num_clients", "alpha", "min_samples", "shards_per_client")
 
 
-def partition_for(cfg: RunConfig, targets: np.ndarray) -> list[np.ndarray]:
-    """The clients' sample indices under ``cfg.partition`` (a bad value is a one-line config error)."""
+def partition_for(cfg: RunConfig, targets: np.ndarray,
+                  column: Callable[[str], np.ndarray] | None = None) -> list[np.ndarray]:
+    """The clients' sample indices under ``cfg.partition`` (a bad value is a one-line config error).
+
+    ``column`` reads a training-split column by name (``DatasetSplits.train_column``): the natural scheme's
+    ``partition.by``. ``convention: flower`` makes dirichlet / iid / natural as flwr-datasets does
+    (``data/flower_partition.py``), after ``FederatedDataset``'s shuffle when ``flower_shuffle_seed`` is set.
+    """
     p = cfg.partition
     if p.scheme == "file":
         return _partition_from_file(Path(p.path).expanduser(), len(targets), p.num_clients)
+    groups = None
+    if p.scheme == "natural":
+        if column is None:
+            raise ConfigError("partition.scheme", p.scheme, f"a scheme other than 'natural' for data.name "
+                              f"{cfg.data.name!r} (it has no columns besides its labels; natural needs data.name: hf)")
+        groups = column(p.by)
     try:
+        if p.convention == "flower":
+            return _flower_partition(cfg, targets, groups)
+        if p.scheme == "natural":
+            return natural_partition(groups, p.num_clients)
         if p.scheme == "iid" or math.isinf(p.alpha) and p.scheme == "dirichlet":
             return iid_partition(len(targets), p.num_clients, seed=p.seed)
         if p.scheme == "shards":
@@ -79,6 +97,35 @@ def partition_for(cfg: RunConfig, targets: np.ndarray) -> list[np.ndarray]:
         if err.argument not in _PARTITION_KEYS:
             raise
         raise ConfigError(f"partition.{err.argument}", err.value, err.allowed) from None
+
+
+def hf_source(data: DataConfig) -> HFSource:
+    """The ``data.*`` keys a Hugging Face data set reads (``data.name: hf``)."""
+    return HFSource(path=data.path, train_split=data.train_split, test_split=data.test_split,
+                    image_column=data.image_column, label_column=data.label_column)
+
+
+def _flower_partition(cfg: RunConfig, targets: np.ndarray, groups: np.ndarray | None) -> list[np.ndarray]:
+    """flwr-datasets' partition of the (optionally FederatedDataset-shuffled) training split, in our row indices."""
+    from fl_lightning.data.flower_partition import flower_dirichlet_partition, flower_iid_partition, flower_preshuffle
+
+    p = cfg.partition
+    n = len(targets)
+    order = None if p.flower_shuffle_seed is None else flower_preshuffle(n, p.flower_shuffle_seed)
+    shuffled = (lambda values: values) if order is None else (lambda values: values[order])  # noqa: E731
+    if p.scheme == "natural":
+        parts = natural_partition(shuffled(groups), p.num_clients)
+    elif p.scheme == "iid":
+        parts = flower_iid_partition(n, p.num_clients)
+    else:
+        try:
+            parts = flower_dirichlet_partition(shuffled(targets), p.num_clients, p.alpha, seed=p.seed,
+                                               min_partition_size=p.min_samples, self_balancing=p.balance)
+        except ValueError as err:
+            if isinstance(err, PartitionArgumentError):
+                raise
+            raise UsageError(f"config error: partition (convention flower): {err}") from None
+    return parts if order is None else [np.sort(order[part]) for part in parts]
 
 
 def _partition_from_file(path: Path, num_samples: int, num_clients: int) -> list[np.ndarray]:
@@ -144,13 +191,14 @@ class Simulation:
         test_transform = build_transform(**transform, train=False)
         splits: DatasetSplits = build_dataset(
             cfg.data.name, root=cfg.data.root, download=cfg.data.download, seed=cfg.data_seed,
-            num_samples=cfg.data.num_samples, train_transform=train_transform, test_transform=test_transform)
+            num_samples=cfg.data.num_samples, train_transform=train_transform, test_transform=test_transform,
+            source=hf_source(cfg.data))
         budget = cfg.data.cache_mb << 20  # each split its own budget
         if budget and is_deterministic(train_transform):  # augmentation still runs per item, every pass
             splits.train = PreprocessedSplit(splits.train, budget_bytes=budget)
         if budget and is_deterministic(test_transform):
             splits.test = PreprocessedSplit(splits.test, budget_bytes=budget)
-        partition = partition_for(cfg, splits.train_targets)
+        partition = partition_for(cfg, splits.train_targets, splits.train_column)
         env = Environment(fabric, cfg, splits, partition, self.run_dir)
         algorithm.setup(env)
         return algorithm, env
@@ -223,9 +271,12 @@ class Simulation:
         counts = client_class_counts(env.splits.train_targets, env.partition, env.num_classes)
         write_partition_report(counts, env.splits.classes, self.run_dir, figure=False)  # figure: after the rounds
         p = cfg.partition
-        write_partition_json(env.partition, self.run_dir / "partition.json",  # reusable: partition.scheme file
-                             meta={"dataset": cfg.data.name, "scheme": p.scheme, "alpha": p.alpha, "seed": p.seed,
-                                   "num_samples_subset": cfg.data.num_samples, "data_seed": cfg.data_seed})
+        meta = {"dataset": cfg.data.name, "scheme": p.scheme, "alpha": p.alpha, "seed": p.seed,
+                "num_samples_subset": cfg.data.num_samples, "data_seed": cfg.data_seed}
+        extra = {"path": cfg.data.path, "by": p.by, "convention": None if p.convention == "fl_lightning" else
+                 p.convention, "flower_shuffle_seed": p.flower_shuffle_seed}
+        meta.update({k: v for k, v in extra.items() if v is not None})  # only what is set: older files unchanged
+        write_partition_json(env.partition, self.run_dir / "partition.json", meta=meta)  # reusable: scheme file
         return counts
 
     def _from_server(self, step: Callable[[], Any], what: str, *, send: bool = True) -> Any:

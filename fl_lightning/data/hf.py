@@ -1,0 +1,301 @@
+"""Hugging Face ``datasets`` as a data set of the registry (``data.name: hf``).
+
+``data.path`` names the data: a **hub id** (``uoft-cs/cifar10``), read from the Hugging Face hub cache
+(``HF_HUB_CACHE``, else ``$HF_HOME/hub``) and downloaded into it only with ``data.download: true``; or a
+**local path**: a folder written by ``save_to_disk``, one ``.parquet`` / ``.arrow`` file, or a folder
+of them (``train-*.parquet``, ``test-*.parquet`` name the splits, as on the hub). A hub id resolves to
+its snapshot folder with ``huggingface_hub.snapshot_download(..., local_files_only=not download)``,
+the rule every weight follows too (:mod:`fl_lightning.models.hub`), and the folder is then read like a
+local one — no request is made unless ``download`` is true, whatever the environment says.
+
+Rows are read through the ``datasets`` library (memory-mapped Arrow): building the splits reads only
+the label column; an image is decoded when its item is read, converted to RGB and passed through the
+split's transform, so the preprocessed cache and the feature cache apply as to every data set. The
+splits carry a fingerprint (the ``datasets`` fingerprints of both splits and the columns used), which
+is part of the feature cache's key.
+
+Columns: ``data.image_column`` (default: the first ``Image`` feature, else a column named ``image`` or
+``img``) and ``data.label_column`` (default: the first ``ClassLabel`` feature, else an integer or string
+column named ``label``, ``labels``, ``fine_label`` or ``target``). A ``ClassLabel`` gives the class
+names; other labels are numbered in sorted order of their values. When a column cannot be found the
+error is one line listing the split's columns. ``datasets`` is imported only here, when such a data
+set is built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from fl_lightning.errors import ConfigError, MissingResourceError, UsageError
+
+__all__ = ["HFSource", "HFImages", "build_hf_dataset", "column_values", "datasets_cache_dir"]
+
+_IMAGE_NAMES = ("image", "img", "picture")
+_LABEL_NAMES = ("label", "labels", "fine_label", "target", "class")
+_DATA_SUFFIXES = {".parquet": "parquet", ".arrow": "arrow"}
+
+
+@dataclass(frozen=True)
+class HFSource:
+    """Where a Hugging Face data set is and which of its parts a run reads.
+
+    Attributes:
+        path: a hub id (``org/name``) or a local path (``save_to_disk`` folder, parquet/arrow files).
+        train_split: the split the clients share.
+        test_split: the split the global model is evaluated on; None: a seeded 4:1 split of
+            ``train_split`` (stratified by class).
+        image_column: the images; None: found from the features.
+        label_column: the integer or string labels; None: found from the features.
+    """
+
+    path: str | None = None
+    train_split: str = "train"
+    test_split: str | None = "test"
+    image_column: str | None = None
+    label_column: str | None = None
+
+
+def datasets_cache_dir() -> str:
+    """Where ``datasets`` keeps its Arrow tables: ``HF_DATASETS_CACHE``, else ``$HF_HOME/datasets``, else
+    the library's default — read per call, so that a process (or a test) that sets the variables is obeyed."""
+    if os.environ.get("HF_DATASETS_CACHE"):
+        return os.path.expanduser(os.environ["HF_DATASETS_CACHE"])
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.path.expanduser(os.environ["HF_HOME"]), "datasets")
+    import datasets
+
+    return str(datasets.config.HF_DATASETS_CACHE)
+
+
+def _is_saved_to_disk(folder: Path) -> bool:
+    return (folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file()
+
+
+def _load_local(path: Path, download: bool) -> Any:
+    """A ``DatasetDict`` (or one ``Dataset``) from a local folder or file."""
+    import datasets
+
+    if path.is_dir() and _is_saved_to_disk(path):
+        return datasets.load_from_disk(str(path))
+    if path.is_file():
+        builder = _DATA_SUFFIXES.get(path.suffix)
+        if builder is None:
+            raise UsageError(f"data.path '{path}' is a {path.suffix or 'suffix-less'} file; expected a .parquet or "
+                             f".arrow file, a folder of them, or a folder written by save_to_disk")
+        return datasets.load_dataset(builder, data_files={"train": str(path)}, cache_dir=datasets_cache_dir())
+    try:  # a folder of data files (a hub snapshot): the library infers the splits from the file names
+        return datasets.load_dataset(str(path), cache_dir=datasets_cache_dir(),
+                                     download_mode=None if download else "reuse_dataset_if_exists")
+    except (FileNotFoundError, ValueError) as err:  # datasets: "Unable to find …", "… doesn't contain any data files"
+        reason = " ".join(str(err).split())
+        raise UsageError(f"data.path '{path}' holds no data set datasets can read ({reason}); expected a folder "
+                         f"written by save_to_disk, or .parquet / .arrow files") from None
+
+
+def _load(source: HFSource, download: bool) -> tuple[Any, str]:
+    """The data set of ``source`` and where it was read from (for messages and the fingerprint)."""
+    if not source.path:
+        raise ConfigError("data.path", source.path, "a hub id (org/name) or a local path when data.name is 'hf'")
+    local = Path(source.path).expanduser()
+    if local.exists():
+        return _load_local(local, download), str(local.resolve())
+    from fl_lightning.models.hub import hub_snapshot, looks_like_hub_id
+
+    if not looks_like_hub_id(source.path):
+        raise MissingResourceError(f"data.path '{source.path}' does not exist; give a hub id (org/name), a folder "
+                                   f"written by save_to_disk, or .parquet / .arrow files")
+
+    folder = hub_snapshot(source.path, repo_type="dataset", download=download, key="data.path",
+                          download_key="data.download")
+    return _load_local(Path(folder), download), folder
+
+
+def _split(data: Any, name: str, key: str) -> Any:
+    import datasets
+
+    if isinstance(data, datasets.Dataset):  # one table (a single file, or save_to_disk of a Dataset)
+        if name == "train":
+            return data
+        raise ConfigError(key, name, "'train' (the data set has one split) or null")
+    if name not in data:
+        raise ConfigError(key, name, f"one of the data set's splits {sorted(data)}")
+    return data[name]
+
+
+def _columns_line(table: Any) -> str:
+    return ", ".join(f"{n} ({type(f).__name__})" for n, f in table.features.items())
+
+
+def _find_column(table: Any, given: str | None, key: str, kind: str, names: Sequence[str],
+                 feature_type: type, accept: Any) -> str:
+    """``given``, or the first feature of ``feature_type``, else the first of ``names`` that ``accept`` takes."""
+    columns = list(table.features)
+    if given is not None:
+        if given not in columns:
+            raise UsageError(f"config error: {key}={given!r} is not a column of the data set; its columns: "
+                             f"{_columns_line(table)}")
+        return given
+    found = [n for n, f in table.features.items() if isinstance(f, feature_type)]
+    if found:
+        return found[0]
+    for name in names:
+        if name in columns and accept(table.features[name]):
+            return name
+    raise UsageError(f"cannot tell which column holds the {kind}; set {key} to one of the data set's columns: "
+                     f"{_columns_line(table)}")
+
+
+def _is_label_value(feature: Any) -> bool:
+    import datasets
+
+    return isinstance(feature, datasets.Value) and (feature.dtype.startswith(("int", "uint")) or
+                                                    feature.dtype in ("string", "large_string"))
+
+
+def column_values(table: Any, name: str) -> np.ndarray:
+    """(N,) values of one column, read from Arrow without decoding any other column."""
+    if getattr(table, "_indices", None) is not None:  # a select()/shuffle() view: materialise its row order
+        table = table.flatten_indices()
+    return np.asarray(table.data.column(name).to_numpy(zero_copy_only=False))
+
+
+def _labels(train: Any, test: Any | None, column: str) -> tuple[list[str], np.ndarray, np.ndarray | None]:
+    """The class names and the int64 targets of both splits (one mapping for both)."""
+    import datasets
+
+    feature = train.features[column]
+    raw_train = column_values(train, column)
+    raw_test = None if test is None else column_values(test, column)
+    if isinstance(feature, datasets.ClassLabel):
+        return list(feature.names), raw_train.astype(np.int64), None if raw_test is None else raw_test.astype(np.int64)
+    if not _is_label_value(feature):
+        raise UsageError(f"column {column!r} holds {feature}, not class labels (integers, strings or a ClassLabel); "
+                         f"set data.label_column to one of: {_columns_line(train)}")
+    values = np.unique(raw_train)  # sorted: integers numerically, strings lexically
+    classes = [str(v) for v in values.tolist()]
+    train_targets = np.searchsorted(values, raw_train).astype(np.int64)
+    if raw_test is None:
+        return classes, train_targets, None
+    unseen = np.setdiff1d(np.unique(raw_test), values)
+    if unseen.size:
+        raise UsageError(f"the test split's column {column!r} holds labels the training split lacks "
+                         f"({', '.join(map(str, unseen[:3].tolist()))}); every test label must occur in training")
+    return classes, train_targets, np.searchsorted(values, raw_test).astype(np.int64)
+
+
+class HFImages(Dataset):
+    """Rows ``rows`` of a ``datasets`` table as ``(image, target)``: the image decoded when read, in RGB, through
+    ``transform``. A module-level class: it pickles into DataLoader workers (the table is memory-mapped)."""
+
+    def __init__(self, *, table: Any, image_column: str, rows: np.ndarray | None, targets: np.ndarray,
+                 transform: Any, where: str) -> None:
+        self.table = table.select_columns([image_column])  # reading a row decodes this column only
+        self.image_column, self.rows, self.targets = image_column, rows, targets
+        self.transform, self.where = transform, where
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        from fl_lightning.data.registry import _IMAGE_ERRORS, CorruptImageError
+
+        row = int(index if self.rows is None else self.rows[index])
+        try:
+            image = self.table[row][self.image_column]
+            image = image.convert("RGB") if hasattr(image, "convert") else image
+        except _IMAGE_ERRORS as err:
+            reason = " ".join(str(err).split()) or type(err).__name__
+            raise CorruptImageError(f"row {row} of '{self.where}' (column {self.image_column!r}) cannot be decoded "
+                                    f"({reason}); remove or replace it") from err
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(self.targets[index])
+
+
+@dataclass(frozen=True)
+class _ColumnReader:
+    """A training split's column by name, in the split's row order (for ``partition.scheme: natural``)."""
+
+    table: Any
+    rows: np.ndarray | None
+
+    def __call__(self, name: str) -> np.ndarray:
+        if name not in self.table.features:
+            raise UsageError(f"config error: partition.by={name!r} is not a column of the data set; its columns: "
+                             f"{_columns_line(self.table)}")
+        values = column_values(self.table, name)
+        return values if self.rows is None else values[self.rows]
+
+
+def build_hf_dataset(source: HFSource, *, download: bool, train_transform: Any, test_transform: Any, seed: int,
+                     num_samples: int | None) -> Any:
+    """The :class:`~fl_lightning.data.registry.DatasetSplits` of a Hugging Face data set.
+
+    Args:
+        source: where the data set is and which splits and columns to read.
+        download: allow fetching a hub id missing from the cache (``data.download``).
+        train_transform, test_transform: applied to each decoded RGB image.
+        seed: the seed of the 4:1 split (``test_split: null``) and of the ``num_samples`` subset.
+        num_samples: keep a seeded random subset of this many training rows.
+
+    Raises:
+        ConfigError / UsageError: a missing split or column (one line listing what there is).
+        MissingResourceError: a hub id that is not in the cache (and downloading is off).
+    """
+    from fl_lightning.data.registry import DatasetSplits, _limit_train, _split_4_to_1
+
+    data, where = _load(source, download)
+    train_table = _split(data, source.train_split, "data.train_split")
+    test_table = None if source.test_split is None else _split(data, source.test_split, "data.test_split")
+    image_column = _find_column(train_table, source.image_column, "data.image_column", "images", _IMAGE_NAMES,
+                                _image_feature(), lambda f: True)
+    label_column = _find_column(train_table, source.label_column, "data.label_column", "labels", _LABEL_NAMES,
+                                _class_label_feature(), _is_label_value)
+    if test_table is not None:
+        for column in (image_column, label_column):
+            if column not in test_table.features:
+                raise UsageError(f"the test split {source.test_split!r} has no column {column!r}; its columns: "
+                                 f"{_columns_line(test_table)}")
+    classes, train_targets, test_targets = _labels(train_table, test_table, label_column)
+    if len(classes) < 2:
+        raise UsageError(f"column {label_column!r} of '{where}' holds {len(classes)} class; a classification run "
+                         f"needs at least 2")
+    train_rows = test_rows = None
+    if test_table is None:  # one table: a seeded, stratified 4:1 split, as for imagefolder
+        train_rows, test_rows = _split_4_to_1(train_targets, seed)
+        test_table, test_targets = train_table, train_targets[test_rows]
+        train_targets = train_targets[train_rows]
+    fingerprint = hashlib.sha256(json.dumps({
+        "where": where, "train": [source.train_split, train_table._fingerprint],
+        "test": [source.test_split, test_table._fingerprint], "image": image_column, "label": label_column,
+    }).encode()).hexdigest()
+    splits = DatasetSplits(
+        HFImages(table=train_table, image_column=image_column, rows=train_rows, targets=train_targets,
+                 transform=train_transform, where=where),
+        HFImages(table=test_table, image_column=image_column, rows=test_rows, targets=test_targets,
+                 transform=test_transform, where=where),
+        classes, train_targets, test_targets, fingerprint=fingerprint,
+        train_column=_ColumnReader(train_table, train_rows),
+    )
+    return _limit_train(splits, num_samples, seed)
+
+
+def _image_feature() -> type:
+    import datasets
+
+    return datasets.Image
+
+
+def _class_label_feature() -> type:
+    import datasets
+
+    return datasets.ClassLabel

@@ -1,0 +1,105 @@
+"""One rule for anything named by a Hugging Face hub id or a local path: data sets and weights.
+
+A value is a **local path** when it exists on disk (used as it is), else a **hub id** (``org/name``)
+looked up in the Hugging Face hub cache — ``HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
+huggingface_hub's default, read at each call — with ``snapshot_download(..., local_files_only=True)``:
+no request is made. Only with ``download`` (``data.download`` / ``model.download``) is the snapshot
+fetched into that cache. What is not there is one :class:`~fl_lightning.errors.MissingResourceError`
+line naming the id, where it looked and the command that fetches it. The library never sets
+``HF_HUB_OFFLINE`` itself: being offline is decided per call.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from fl_lightning.errors import MissingResourceError
+
+__all__ = ["hub_cache_dir", "hub_snapshot", "resolve_local_or_hub", "looks_like_hub_id", "fetch_command"]
+
+
+def hub_cache_dir(cache_dir: str | None = None) -> str:
+    """The hub cache a lookup searches: ``cache_dir``, ``HF_HUB_CACHE``, ``$HF_HOME/hub``, or huggingface_hub's
+    default (which it fixed when it was imported)."""
+    if cache_dir:
+        return os.path.expanduser(cache_dir)
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.path.expanduser(os.environ["HF_HUB_CACHE"])
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.path.expanduser(os.environ["HF_HOME"]), "hub")
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_CACHE
+
+
+def looks_like_hub_id(value: str) -> bool:
+    """``name`` or ``org/name`` (no leading ``/``, ``.`` or ``~``, no file suffix): what the hub could hold."""
+    parts = value.split("/")
+    return (not value.startswith((".", "/", "~")) and 1 <= len(parts) <= 2 and all(parts)
+            and not any(p.endswith((".parquet", ".arrow", ".pt", ".pth", ".bin", ".safetensors")) for p in parts))
+
+
+def fetch_command(repo_id: str, repo_type: str = "model") -> str:
+    """The shell command that puts ``repo_id`` into the hub cache on a machine with internet."""
+    kind = f" --repo-type {repo_type}" if repo_type != "model" else ""
+    return f"hf download {repo_id}{kind}"
+
+
+def hub_snapshot(repo_id: str, *, repo_type: str = "model", download: bool, key: str, download_key: str,
+                 cache_dir: str | None = None) -> str:
+    """The local snapshot folder of ``repo_id`` in the hub cache (fetched first only when ``download``).
+
+    Args:
+        repo_id: ``org/name``.
+        repo_type: ``'model'`` or ``'dataset'``.
+        download: fetch a missing snapshot into the cache.
+        key: the config key that named it (for the message).
+        download_key: the key that allows downloading (``model.download``, ``data.download``).
+        cache_dir: the hub cache to use (None: :func:`hub_cache_dir`).
+
+    Raises:
+        MissingResourceError: not in the cache (downloading off), or the download failed.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    cache = hub_cache_dir(cache_dir)
+    where = os.path.join(cache, f"{repo_type}s--{repo_id.replace('/', '--')}")
+    try:
+        return snapshot_download(repo_id, repo_type=repo_type, cache_dir=cache, local_files_only=not download)
+    except LocalEntryNotFoundError:
+        if download:  # asked to fetch, yet the library found nothing to fetch from
+            raise MissingResourceError(f"{key}={repo_id!r} could not be downloaded into {cache} (no connection to "
+                                       f"the hub?); on a machine with internet run `{fetch_command(repo_id, repo_type)}`"
+                                       f" and copy {where} here") from None
+        raise MissingResourceError(f"{key}={repo_id!r} is not in the Hugging Face cache (looked in {where}; "
+                                   f"downloading is off): run `{fetch_command(repo_id, repo_type)}` on a machine "
+                                   f"with internet (and copy the cache here), set {download_key}: true, or give a "
+                                   f"local path") from None
+    except (HfHubHTTPError, OSError, ValueError) as err:  # unknown repo, gated, no network ...
+        reason = " ".join(str(err).split())[:200] or type(err).__name__
+        raise MissingResourceError(f"{key}={repo_id!r} could not be fetched into {cache} ({reason}); run "
+                                   f"`{fetch_command(repo_id, repo_type)}` on a machine with internet, or give a "
+                                   f"local path") from None
+
+
+def resolve_local_or_hub(value: str, *, download: bool, key: str, download_key: str, what: str,
+                         repo_type: str = "model", cache_dir: str | None = None) -> Path:
+    """A local folder for ``value``: the path itself when it exists, else the hub id's cached snapshot.
+
+    Args:
+        value: a local path or a hub id.
+        download, key, download_key, repo_type, cache_dir: see :func:`hub_snapshot`.
+        what: the weights in words (``"a diffusers Stable Diffusion folder"``), for the message.
+
+    Raises:
+        MissingResourceError: a path that does not exist and is no hub id, or a hub id not in the cache.
+    """
+    local = Path(value).expanduser()
+    if local.exists():
+        return local
+    if not looks_like_hub_id(value):
+        raise MissingResourceError(f"{key}={value!r} does not exist; give {what} or a hub id (org/name)")
+    return Path(hub_snapshot(value, repo_type=repo_type, download=download, key=key, download_key=download_key,
+                             cache_dir=cache_dir))

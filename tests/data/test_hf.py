@@ -1,0 +1,196 @@
+"""data.name: hf — Hugging Face data sets from a save_to_disk folder, parquet files and a hub id in the HF cache,
+natural partitions by a writer column, the one-line errors; built offline from data the tests make."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("datasets")
+
+from fl_lightning.config import load_config  # noqa: E402
+from fl_lightning.data.hf import HFSource  # noqa: E402
+from fl_lightning.data.partition import natural_partition  # noqa: E402
+from fl_lightning.data.registry import build_dataset  # noqa: E402
+from fl_lightning.data.transforms import build_transform  # noqa: E402
+from fl_lightning.errors import ConfigError, MissingResourceError, UsageError  # noqa: E402
+from fl_lightning.federation.simulation import hf_source, partition_for  # noqa: E402
+from tests.conftest import CONF, run_cli  # noqa: E402
+
+N_TRAIN, N_TEST, WRITERS = 40, 12, 5
+
+
+def _tables():
+    import datasets
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    features = datasets.Features({"img": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b", "c"]),
+                                  "writer": datasets.Value("string")})
+
+    def table(n: int):
+        images = [Image.fromarray(rng.integers(0, 255, (10, 12, 3), dtype=np.uint8)) for _ in range(n)]
+        return datasets.Dataset.from_dict({"img": images, "label": [i % 3 for i in range(n)],
+                                           "writer": [f"w{(7 * i) % WRITERS}" for i in range(n)]}, features=features)
+
+    return datasets.DatasetDict(train=table(N_TRAIN), test=table(N_TEST))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> dict[str, Path]:
+    """The same tiny data set three ways: save_to_disk, a folder of parquet files, a hub snapshot in a cache."""
+    root = tmp_path_factory.mktemp("hf")
+    data = _tables()
+    data.save_to_disk(str(root / "disk"))
+    (root / "parquet").mkdir()
+    for split in data:
+        data[split].to_parquet(str(root / "parquet" / f"{split}-00000-of-00001.parquet"))
+    snapshot = root / "hub" / "datasets--lab--tiny-writers" / "snapshots" / ("a" * 40)
+    (snapshot / "data").mkdir(parents=True)
+    for split in data:
+        (snapshot / "data" / f"{split}-00000-of-00001.parquet").write_bytes(
+            (root / "parquet" / f"{split}-00000-of-00001.parquet").read_bytes())
+    (root / "hub" / "datasets--lab--tiny-writers" / "refs").mkdir()
+    (root / "hub" / "datasets--lab--tiny-writers" / "refs" / "main").write_text("a" * 40)
+    return {"disk": root / "disk", "parquet": root / "parquet", "file": root / "parquet" / "train-00000-of-00001.parquet",
+            "hub": root / "hub", "root": root}
+
+
+@pytest.fixture
+def hf_cache(saved, monkeypatch, tmp_path):
+    """HF_HOME / HF_HUB_CACHE of this test only: the hub snapshot above, an empty datasets cache."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(saved["hub"]))
+    monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
+    return saved["hub"]
+
+
+def _build(path, **kw):
+    t = build_transform(normalization="imagenet", image_size=8, train=False)
+    return build_dataset("hf", root=".", source=HFSource(path=str(path), **kw), train_transform=t, test_transform=t)
+
+
+@pytest.mark.parametrize("form", ["disk", "parquet", "hub"])
+def test_every_form_gives_the_same_splits(saved, hf_cache, form):
+    path = "lab/tiny-writers" if form == "hub" else saved[form]
+    splits = _build(path)
+    assert splits.classes == ["a", "b", "c"]
+    assert len(splits.train) == N_TRAIN and len(splits.test) == N_TEST
+    np.testing.assert_array_equal(splits.train_targets, np.arange(N_TRAIN) % 3)
+    image, target = splits.train[4]
+    assert tuple(image.shape) == (3, 8, 8) and target == 1  # decoded, RGB, through the transform
+    assert len(splits.fingerprint) == 64
+    assert list(splits.train_column("writer")[:3]) == ["w0", "w2", "w4"]
+
+
+def test_fingerprint_follows_the_content(saved, hf_cache, tmp_path):
+    import datasets
+
+    other = _tables()
+    other["train"] = other["train"].map(lambda r: {"label": (r["label"] + 1) % 3})
+    other.save_to_disk(str(tmp_path / "other"))
+    assert _build(saved["disk"]).fingerprint != _build(tmp_path / "other").fingerprint
+    assert _build(saved["disk"]).fingerprint == _build(saved["disk"]).fingerprint
+    assert isinstance(datasets.load_from_disk(str(saved["disk"])), datasets.DatasetDict)
+
+
+def test_one_file_and_a_seeded_4_to_1_split(saved, hf_cache):
+    splits = _build(saved["file"], test_split=None)
+    assert len(splits.train) + len(splits.test) == N_TRAIN and len(splits.test) == N_TRAIN // 5
+    assert len(splits.train_column("writer")) == len(splits.train)
+
+
+def test_num_samples_subset_keeps_the_column_aligned(saved, hf_cache):
+    full = _build(saved["disk"])
+    t = build_transform(normalization="imagenet", image_size=8, train=False)
+    sub = build_dataset("hf", root=".", source=HFSource(path=str(saved["disk"])), train_transform=t,
+                        test_transform=t, num_samples=10, seed=3)
+    assert len(sub.train) == 10 and len(sub.train_column("writer")) == 10
+    keep = sub.train.indices
+    np.testing.assert_array_equal(sub.train_column("writer"), full.train_column("writer")[keep])
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"image_column": "photo"}, ["data.image_column='photo'", "img (Image)", "label (ClassLabel)", "writer (Value)"]),
+    ({"label_column": "writer2"}, ["data.label_column='writer2'", "writer (Value)"]),
+    ({"test_split": "validation"}, ["data.test_split='validation'", "['test', 'train']"]),
+])
+def test_bad_columns_and_splits_are_one_line(saved, hf_cache, kw, words):
+    with pytest.raises(UsageError) as info:
+        _build(saved["disk"], **kw)
+    assert "\n" not in str(info.value) and all(w in str(info.value) for w in words), str(info.value)
+
+
+def test_undetectable_image_column_lists_the_columns(tmp_path, hf_cache):
+    import datasets
+
+    datasets.Dataset.from_dict({"pixels": [[0, 1]] * 4, "y": [0, 1, 0, 1]}).save_to_disk(str(tmp_path / "t"))
+    with pytest.raises(UsageError, match=r"^cannot tell which column holds the images; set data.image_column to "
+                                         r"one of the data set's columns: pixels \(List\), y \(Value\)$"):
+        _build(tmp_path / "t", test_split=None)
+
+
+def test_hub_id_not_in_the_cache_is_one_line_with_the_fetch_command(hf_cache):
+    with pytest.raises(MissingResourceError) as info:
+        _build("lab/not-there")
+    text = str(info.value)
+    assert "\n" not in text and "data.path='lab/not-there'" in text and "datasets--lab--not-there" in text
+    assert "`hf download lab/not-there --repo-type dataset`" in text and "data.download: true" in text
+
+
+def test_config_keys_and_natural_partition(saved, hf_cache):
+    cfg = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), [
+        "--data.name", "hf", "--data.path", str(saved["disk"]), "--partition.scheme", "natural",
+        "--partition.by", "writer", "--partition.num_clients", "3"])
+    splits = build_dataset("hf", root=".", source=hf_source(cfg.data))
+    parts = partition_for(cfg, splits.train_targets, splits.train_column)
+    writers = splits.train_column("writer")
+    assert [sorted(set(writers[p])) for p in parts] == [["w0", "w1"], ["w2", "w3"], ["w4"]]
+    with pytest.raises(ConfigError, match=r"partition.num_clients=6 .* at most the 5 distinct values"):
+        partition_for(load_config(str(CONF / "fedcgs_digits_tiny.yaml"), [
+            "--data.name", "hf", "--data.path", str(saved["disk"]), "--partition.scheme", "natural",
+            "--partition.by", "writer", "--partition.num_clients", "6"]), splits.train_targets, splits.train_column)
+    with pytest.raises(UsageError, match=r"partition.by='author' is not a column .* writer \(Value\)"):
+        splits.train_column("author")
+
+
+def test_natural_needs_a_column_source():
+    cfg = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--partition.scheme", "natural", "--partition.by", "w"])
+    with pytest.raises(ConfigError, match="natural needs data.name: hf"):
+        partition_for(cfg, np.arange(20) % 3)
+    with pytest.raises(ConfigError, match="partition.by=None"):
+        load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--partition.scheme", "natural"])
+    with pytest.raises(ConfigError, match="data.path=None"):
+        load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", "hf"])
+
+
+def test_natural_partition_one_client_per_value_and_grouped():
+    groups = np.array(["b", "a", "c", "a", "d", "b"])
+    assert [p.tolist() for p in natural_partition(groups, 4)] == [[1, 3], [0, 5], [2], [4]]
+    assert [p.tolist() for p in natural_partition(groups, 3)] == [[0, 1, 3, 5], [2], [4]]
+
+
+def test_cli_run_on_a_parquet_folder_with_natural_clients(saved, tmp_path):
+    """The whole path as a user runs it: the CLI, a parquet folder, natural clients, the partition report."""
+    out = run_cli("--config", str(CONF / "fedcgs_digits_tiny.yaml"), "--data.name", "hf", "--data.path",
+                  str(saved["parquet"]), "--partition.scheme", "natural", "--partition.by", "writer",
+                  "--partition.num_clients", str(WRITERS), "--output_dir", str(tmp_path / "runs"),
+                  "--run_name", "hf", "--logging.progress", "false",
+                  env={"HF_HOME": str(tmp_path / "home"), "HF_HUB_CACHE": str(saved["hub"])})
+    assert out.returncode == 0, out.stderr[-2000:]
+    run = tmp_path / "runs" / "hf"
+    meta = json.loads((run / "partition.json").read_text().split('"clients"')[0].rstrip(", ") + "}")["meta"]
+    assert meta["scheme"] == "natural" and meta["by"] == "writer" and meta["path"] == str(saved["parquet"])
+    assert (run / "partition.csv").is_file() and (run / "partition.png").is_file()
+    assert json.loads((run / "summary.json").read_text())["num_clients"] == WRITERS
+
+
+def test_importing_the_data_package_does_not_import_datasets():
+    import subprocess
+
+    code = "import sys, fl_lightning, fl_lightning.data, fl_lightning.config; assert 'datasets' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
