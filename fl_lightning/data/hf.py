@@ -253,6 +253,11 @@ def build_hf_dataset(source: HFSource, *, download: bool, train_transform: Any, 
     """
     from fl_lightning.data.registry import DatasetSplits, _limit_train, _split_4_to_1
 
+    try:
+        import datasets  # noqa: F401 — an optional dependency (the extra 'hf')
+    except ImportError:
+        raise MissingResourceError("data.name: hf reads data with the Hugging Face datasets library, which is not "
+                                   "installed: pip install 'fl_lightning[hf]' (or pip install 'datasets>=5.2')") from None
     data, where = _load(source, download)
     train_table = _split(data, source.train_split, "data.train_split")
     test_table = None if source.test_split is None else _split(data, source.test_split, "data.test_split")
