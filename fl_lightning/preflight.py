@@ -209,9 +209,13 @@ def check_model(cfg: RunConfig) -> None:
     """
     m = cfg.model
     if m.checkpoint:
+        from fl_lightning.models.hub import looks_like_hub_id, resolve_weights_file
         from fl_lightning.models.weights import check_checkpoint
 
-        check_checkpoint(m.checkpoint, label="model.checkpoint")
+        if not (m.download and looks_like_hub_id(m.checkpoint) and not os.path.exists(os.path.expanduser(m.checkpoint))):
+            # a hub id to fetch is fetched when the model is built, not in the preflight
+            check_checkpoint(resolve_weights_file(m.checkpoint, download=False, cache_dir=m.cache_dir),
+                             label="model.checkpoint")
     if not m.overrides:
         return
     if m.library == "open_clip":

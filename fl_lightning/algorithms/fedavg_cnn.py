@@ -74,9 +74,12 @@ def build_timm_classifier(cfg: RunConfig, num_classes: int, *, seed: int) -> nn.
         torch.manual_seed(seed)
         if m.checkpoint is None:
             return timm.create_model(m.name, pretrained=False, num_classes=num_classes, **m.overrides)
+        from fl_lightning.models.hub import resolve_weights_file
+
+        file = resolve_weights_file(m.checkpoint, download=m.download, cache_dir=m.cache_dir)  # a file, folder or hub id
         try:
             return timm.create_model(m.name, pretrained=True, num_classes=num_classes,
-                                     pretrained_cfg_overlay=dict(file=os.path.expanduser(m.checkpoint)), **m.overrides)
+                                     pretrained_cfg_overlay=dict(file=file), **m.overrides)
         except (RuntimeError, KeyError, ValueError) as err:
             raise MissingResourceError(f"model.checkpoint {m.checkpoint} does not fit timm {m.name}: "
                                        f"{str(err).splitlines()[0][:300]}") from None

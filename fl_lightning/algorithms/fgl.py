@@ -80,12 +80,15 @@ class CaptionSynthesis(DiffusionSynthesis):
     config_class = CaptionConfig
 
     @classmethod
-    def missing_resources(cls, config: Any, section: str) -> list[str]:
-        missing = super().missing_resources(config, section)
+    def missing_resources(cls, config: Any, section: str, *, download: bool = False) -> list[str]:
+        from fl_lightning.models.hub import missing_weights_phrase
+
+        missing = super().missing_resources(config, section, download=download)
         path = config.captioner_path
-        if path is not None and not Path(path).expanduser().is_dir():
-            missing.append(f"{section}.captioner_path={path} (BLIP captioning folder, e.g. blip-image-captioning-base)")
-        return missing
+        phrase = None if path is None else missing_weights_phrase(
+            path, key=f"{section}.captioner_path", download=download,
+            what="BLIP captioning folder or hub id, e.g. Salesforce/blip-image-captioning-base")
+        return missing + ([phrase] if phrase else [])
 
     def build(self, fabric: Fabric) -> None:
         from fl_lightning.models.captioning import Captioner, tiny_blip
@@ -99,7 +102,8 @@ class CaptionSynthesis(DiffusionSynthesis):
             self.captioner.device = fabric.device
         else:
             self.captioner = Captioner.from_path(f.captioner_path, max_new_tokens=f.caption_max_tokens,
-                                                 device=fabric.device)
+                                                 device=fabric.device, download=self.method.cfg.model.download,
+                                                 key=f"{self.method.name}.captioner_path")
 
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
         """A caption per image, grouped by class, as bytes; plus the class counts."""

@@ -53,8 +53,9 @@ class Stage(ABC):
         self.first_round = first_round
 
     @classmethod
-    def missing_resources(cls, config: Any, section: str) -> list[str]:
-        """Local files this stage needs that are not on disk (one phrase each, for the preflight)."""
+    def missing_resources(cls, config: Any, section: str, *, download: bool = False) -> list[str]:
+        """Weights this stage needs that are not on disk (one phrase each, for the preflight); ``download``: a
+        hub id missing from the cache will be fetched (``model.download``)."""
         return []
 
     def rounds(self) -> int:
@@ -115,16 +116,18 @@ class StagedAlgorithm(Algorithm):
     def preflight(cls, cfg: RunConfig) -> None:
         from fl_lightning.errors import MissingResourceError
 
-        missing = [m for stage in cls.stages_for(cfg.method) for m in stage.missing_resources(cfg.method, cls.name)]
-        missing += cls.missing_resources(cfg.method, cls.name)
+        download = cfg.model.download  # one switch for every weight named by hub id (models/hub.py)
+        missing = [m for stage in cls.stages_for(cfg.method)
+                   for m in stage.missing_resources(cfg.method, cls.name, download=download)]
+        missing += cls.missing_resources(cfg.method, cls.name, download=download)
         if missing:
-            raise MissingResourceError(f"{cls.__name__} needs local weights that are not on disk: "
-                                       + "; ".join(dict.fromkeys(missing)) + " — copy them there (nothing is "
-                                       "downloaded) or change the paths")
+            raise MissingResourceError(f"{cls.__name__} needs weights that are not on disk: "
+                                       + "; ".join(dict.fromkeys(missing)) + " — copy them there or change the paths "
+                                       "(a hub id is read from the Hugging Face cache; model.download: true fetches it)")
 
     @classmethod
-    def missing_resources(cls, config: Any, section: str) -> list[str]:
-        """Local files the method itself needs beyond its stages'."""
+    def missing_resources(cls, config: Any, section: str, *, download: bool = False) -> list[str]:
+        """Weights the method itself needs beyond its stages'."""
         return []
 
     @property

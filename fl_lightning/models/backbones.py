@@ -25,6 +25,7 @@ import torch
 from fl_lightning.models.open_clip_backbone import OpenCLIPBackbone, tiny_clip_overrides
 from fl_lightning.models.timm_backbone import TimmBackbone, tiny_timm_overrides
 from fl_lightning.models.vit_backbone import BackboneArgumentError, ViTBackbone
+from fl_lightning.models.hub import resolve_weights_file
 from fl_lightning.models.weights import check_checkpoint
 
 if TYPE_CHECKING:
@@ -86,7 +87,8 @@ def build_backbone(
             (``'augreg2_in21k_ft_in1k'``) or ``'default'``. ``None``: random initialisation.
             Tags whose weights were trained with QuickGELU (open_clip ``'openai'``) get
             ``force_quick_gelu=True``.
-        checkpoint: a local weights file (.pt/.pth/.bin/.safetensors; ``~`` is expanded), loaded with
+        checkpoint: a local weights file (.pt/.pth/.bin/.safetensors; ``~`` is expanded), a folder holding
+            one, or a hub id (``org/name``: its snapshot in the HF cache, fetched only with ``download``), loaded with
             ``weights_only=True`` or safetensors. open_clip: a full CLIP state dict as open_clip
             saves it (for a visual-only file use ``overrides={'pretrained_image_path': file}``);
             timm: a ViT state dict (a classifier head in it is dropped). Its keys must be the
@@ -108,10 +110,10 @@ def build_backbone(
             naming the file).
     """
     adapter = backbone_class(library)
-    if checkpoint is not None:
-        checkpoint = os.path.expanduser(checkpoint)
     if cache_dir is not None:
         cache_dir = os.path.expanduser(cache_dir)
+    if checkpoint is not None:  # a file, a folder holding one, or a hub id (its cached snapshot: models/hub.py)
+        checkpoint = resolve_weights_file(checkpoint, download=download, cache_dir=cache_dir)
     return adapter.build(name=name, pretrained=pretrained, checkpoint=checkpoint, feature=feature,
                          image_size=image_size, overrides=dict(overrides or {}), cache_dir=cache_dir,
                          download=download)
@@ -136,6 +138,9 @@ def build_feature_backbone(*, library: str, name: str, image_size: int | None = 
         for key in ("checkpoint", "cache_dir"):
             if kwargs.get(key) is not None:
                 kwargs[key] = os.path.expanduser(kwargs[key])
+        if kwargs.get("checkpoint") is not None:
+            kwargs["checkpoint"] = resolve_weights_file(kwargs["checkpoint"], download=bool(kwargs.get("download")),
+                                                        cache_dir=kwargs.get("cache_dir"))
         return CNNBackbone.build(name=name, image_size=image_size, overrides=dict(overrides or {}),
                                  pretrained=kwargs.get("pretrained"), checkpoint=kwargs.get("checkpoint"),
                                  cache_dir=kwargs.get("cache_dir"), download=bool(kwargs.get("download", False)))

@@ -52,19 +52,28 @@ class Captioner:
 
     @classmethod
     def from_path(cls, path: str | Path, *, max_new_tokens: int = 20, device: torch.device | str = "cpu",
-                  dtype: torch.dtype = torch.float32) -> Captioner:
-        """BLIP from a local ``save_pretrained`` folder (model + processor files).
+                  dtype: torch.dtype = torch.float32, download: bool = False,
+                  key: str = "fgl.captioner_path") -> Captioner:
+        """BLIP from a ``save_pretrained`` folder (model + processor files): a local path, or a hub id's
+        snapshot in the Hugging Face cache (``Salesforce/blip-image-captioning-base``; fetched only with
+        ``download``).
 
         Raises:
             MissingResourceError: the folder does not exist (one line saying what to put there).
         """
         from transformers import BlipForConditionalGeneration, BlipProcessor
 
+        from fl_lightning.models.hub import looks_like_hub_id, resolve_local_or_hub
+
         folder = Path(path).expanduser()
+        if not folder.exists() and looks_like_hub_id(str(path)):
+            folder = resolve_local_or_hub(str(path), download=download, key=key, download_key="model.download",
+                                          what="a BLIP captioning folder")
         if not folder.is_dir():
             raise MissingResourceError(f"BLIP captioning model not found at {folder}: copy a "
                                        "BlipForConditionalGeneration folder (config.json, weights, processor files) "
-                                       "there — weights are never downloaded")
+                                       "there, or give a hub id (Salesforce/blip-image-captioning-base) in the Hugging "
+                                       "Face cache")
         model = BlipForConditionalGeneration.from_pretrained(folder, dtype=dtype, local_files_only=True)
         processor = BlipProcessor.from_pretrained(folder, local_files_only=True)
         return cls(model=model, processor=processor, max_new_tokens=max_new_tokens, device=device)

@@ -4,8 +4,9 @@ FeDiSyn ("Scaling Synthetic-Image Pre-Training for Federated Fine-Tuning of Larg
 uses Stable Diffusion v1-5: clients need only its VAE (to encode images into latents), the server
 needs all of it (text encoder for the prompts, UNet + PNDM scheduler to denoise, VAE to decode).
 
-* :func:`load_diffusion` reads a local diffusers folder (``vae/ unet/ text_encoder/ tokenizer/
-  scheduler/``) with ``local_files_only=True``; nothing is ever downloaded here.
+* :func:`load_diffusion` reads a diffusers folder (``vae/ unet/ text_encoder/ tokenizer/
+  scheduler/``) with ``local_files_only=True``: a local path, or a hub id's snapshot in the Hugging Face
+  cache (fetched into it only with ``download``).
 * :func:`tiny_diffusion_components` builds a random, few-hundred-kilobyte stand-in with the same
   interfaces (for tests and offline demos). Its tokenizer is SD v1's CLIP BPE, built from the
   vocabulary that ships inside open_clip, so it gives the same token ids as the real one.
@@ -43,8 +44,8 @@ SUBFOLDERS: tuple[str, ...] = ("vae", "unet", "text_encoder", "tokenizer", "sche
 _DOWNLOAD_HINT = (
     "set fedisyn.diffusion_path to a diffusers Stable Diffusion folder (subfolders "
     + ", ".join(f"{s}/" for s in SUBFOLDERS)
-    + "), e.g. made on a machine with internet by `huggingface-cli download "
-    "stable-diffusion-v1-5/stable-diffusion-v1-5 --local-dir <dir>` and copied here"
+    + ") or its hub id, e.g. stable-diffusion-v1-5/stable-diffusion-v1-5 fetched into the Hugging Face cache "
+    "with `hf download stable-diffusion-v1-5/stable-diffusion-v1-5` (or model.download: true)"
 )
 
 
@@ -115,12 +116,17 @@ def _require_folder(path: Path) -> None:
         )
 
 
-def load_diffusion(path: str | Path, *, dtype: torch.dtype = torch.float32) -> DiffusionComponents:
-    """Load a local diffusers Stable Diffusion folder (no download, ever).
+def load_diffusion(path: str | Path, *, dtype: torch.dtype = torch.float32, download: bool = False,
+                   key: str = "fedisyn.diffusion_path") -> DiffusionComponents:
+    """Load a diffusers Stable Diffusion folder: a local path, or a hub id's snapshot in the HF cache.
 
     Args:
-        path: folder holding ``vae/ unet/ text_encoder/ tokenizer/ scheduler/`` (e.g. SD v1-5).
+        path: folder holding ``vae/ unet/ text_encoder/ tokenizer/ scheduler/`` (e.g. SD v1-5), or a hub id
+            (``stable-diffusion-v1-5/stable-diffusion-v1-5``) read from the Hugging Face cache
+            (:mod:`fl_lightning.models.hub`).
         dtype: parameter dtype of the three networks (``torch.float16``/``bfloat16`` on a GPU).
+        download: fetch a hub id missing from the cache (``model.download``); otherwise no request is made.
+        key: the config key that named it (for the messages).
 
     Returns:
         The components in eval mode with gradients off (FeDiSyn never trains them).
@@ -129,6 +135,11 @@ def load_diffusion(path: str | Path, *, dtype: torch.dtype = torch.float32) -> D
         MissingResourceError: the folder, a subfolder or a weight file is missing (one line saying
             where it looked and how to get the weights).
     """
+    from fl_lightning.models.hub import looks_like_hub_id, resolve_local_or_hub
+
+    if not Path(path).expanduser().exists() and looks_like_hub_id(str(path)):
+        path = resolve_local_or_hub(str(path), download=download, key=key, download_key="model.download",
+                                    what="a diffusers Stable Diffusion folder")
     path = Path(path).expanduser()
     _require_folder(path)
     from diffusers import AutoencoderKL, PNDMScheduler, UNet2DConditionModel

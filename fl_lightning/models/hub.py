@@ -16,7 +16,13 @@ from pathlib import Path
 
 from fl_lightning.errors import MissingResourceError
 
-__all__ = ["hub_cache_dir", "hub_snapshot", "resolve_local_or_hub", "looks_like_hub_id", "fetch_command"]
+__all__ = ["WEIGHT_FILES", "hub_cache_dir", "hub_snapshot", "resolve_local_or_hub", "resolve_weights_file",
+           "looks_like_hub_id", "fetch_command", "hub_cached", "missing_weights_phrase"]
+
+#: The weights file a folder (or a hub snapshot) is read from, best first: timm's, open_clip's, transformers'.
+WEIGHT_FILES = ("model.safetensors", "open_clip_model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin",
+                "model.pth", "model.pt")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt")
 
 
 def hub_cache_dir(cache_dir: str | None = None) -> str:
@@ -103,3 +109,67 @@ def resolve_local_or_hub(value: str, *, download: bool, key: str, download_key: 
         raise MissingResourceError(f"{key}={value!r} does not exist; give {what} or a hub id (org/name)")
     return Path(hub_snapshot(value, repo_type=repo_type, download=download, key=key, download_key=download_key,
                              cache_dir=cache_dir))
+
+
+def resolve_weights_file(value: str, *, download: bool, key: str = "model.checkpoint",
+                         download_key: str = "model.download", cache_dir: str | None = None) -> str:
+    """The weights file that ``value`` names: a file as it is; a folder's (or a hub id's snapshot's) weights file.
+
+    A folder gives the first of :data:`WEIGHT_FILES` in it, else its only ``.safetensors/.bin/.pth/.pt``
+    file. A path that does not exist and is no hub id is returned as given (``~`` expanded), so that the
+    loaders report it in their own words ("is not a file").
+
+    Raises:
+        MissingResourceError: a hub id not in the cache (downloading off), or a folder without a weights file.
+    """
+    local = Path(value).expanduser()
+    if local.is_file() or (not local.exists() and not looks_like_hub_id(value)):
+        return str(local)
+    folder = resolve_local_or_hub(value, download=download, key=key, download_key=download_key, cache_dir=cache_dir,
+                                  what="a weights file (.pt, .pth, .bin, .safetensors) or a folder holding one")
+    for name in WEIGHT_FILES:
+        if (folder / name).is_file():
+            return str(folder / name)
+    found = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in _WEIGHT_SUFFIXES)
+    if len(found) == 1:
+        return str(found[0])
+    held = f"{len(found)} weights files" if found else "no weights file"
+    raise MissingResourceError(f"{key}={value!r}: the folder {folder} holds {held} (looked for "
+                               f"{', '.join(WEIGHT_FILES)}); name the file itself")
+
+
+def hub_cached(repo_id: str, *, repo_type: str = "model", cache_dir: str | None = None) -> bool:
+    """Whether a snapshot of ``repo_id`` is in the hub cache (no request is made)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        snapshot_download(repo_id, repo_type=repo_type, cache_dir=hub_cache_dir(cache_dir), local_files_only=True)
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        return False
+    return True
+
+
+def missing_weights_phrase(value: str, *, key: str, what: str, download: bool, folder: bool = True) -> str | None:
+    """For a preflight: a phrase naming ``key`` when ``value`` (a local path or hub id) cannot be had, else None.
+
+    A local path must exist (as a folder when ``folder``); a hub id must be in the cache — with ``download``
+    it is fetched into the cache here, once, before any process starts (every later lookup is offline);
+    otherwise no request is made.
+    """
+    local = Path(value).expanduser()
+    if local.exists():
+        return None if local.is_dir() or not folder else f"{key}={value} ({what}; it is a file, not a folder)"
+    if not looks_like_hub_id(value):
+        return f"{key}={value} ({what})"
+    if download:
+        try:
+            hub_snapshot(value, download=True, key=key, download_key="model.download")
+        except MissingResourceError as err:
+            return str(err)
+        return None
+    if hub_cached(value):
+        return None
+    where = os.path.join(hub_cache_dir(), f"models--{value.replace('/', '--')}")
+    return (f"{key}={value} ({what}; not in the Hugging Face cache, looked in {where}: run `{fetch_command(value)}` "
+            f"on a machine with internet, or set model.download: true)")

@@ -44,7 +44,7 @@ __all__ = [
     "open_state_dict",
 ]
 
-NO_WEIGHTS_HINT = ("set model.checkpoint: /path/to/weights.(pt|bin|safetensors), "
+NO_WEIGHTS_HINT = ("set model.checkpoint: /path/to/weights.(pt|bin|safetensors) or a hub id (org/name), "
                    "or model.download: true on a machine with internet")
 WEIGHTS_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
 _EXPECTED = ("expected a state dict saved with torch.save(model.state_dict(), path) (.pt, .pth, .bin) "
@@ -58,10 +58,10 @@ _ZIP_MAGIC = b"PK\x03\x04"
 # Resolution in the local caches
 # ------------------------------------------------------------------------------------------------
 def hf_cache_dir(cache_dir: str | None) -> str:
-    """The Hugging Face hub cache folder that a lookup with ``cache_dir`` searches."""
-    from huggingface_hub import constants
+    """The Hugging Face hub cache folder that a lookup with ``cache_dir`` searches (``models/hub.py``'s rule)."""
+    from fl_lightning.models.hub import hub_cache_dir
 
-    return cache_dir or constants.HF_HUB_CACHE
+    return hub_cache_dir(cache_dir)
 
 
 def hf_cached_file(repo_id: str, filenames: Sequence[str], cache_dir: str | None) -> str | None:
@@ -72,7 +72,7 @@ def hf_cached_file(repo_id: str, filenames: Sequence[str], cache_dir: str | None
     from huggingface_hub import try_to_load_from_cache
 
     for filename in filenames:
-        found = try_to_load_from_cache(repo_id, filename, cache_dir=cache_dir)
+        found = try_to_load_from_cache(repo_id, filename, cache_dir=hf_cache_dir(cache_dir))
         if isinstance(found, str) and os.path.isfile(found):
             return found
     return None
@@ -114,8 +114,9 @@ def find_cached_weights(
         if os.path.isfile(target):
             return target
         looked.append(target)
+    fetch = f"run `hf download {hf_hub_id}` on a machine with internet (and copy the cache here), " if hf_hub_id else ""
     raise MissingResourceError(f"{what} are not on disk (looked for {' and '.join(looked) or 'a weights source'}; "
-                               f"downloading is off); {NO_WEIGHTS_HINT}")
+                               f"downloading is off); {fetch}{NO_WEIGHTS_HINT}")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ _MONITOR = "val_acc"
 def build_timm_vit(
     *, model_name: str, num_classes: int, overrides: Mapping[str, Any] | None, checkpoint: str | None
 ) -> nn.Module:
-    """A timm model, randomly initialised or with backbone weights from a local file.
+    """A timm model, randomly initialised or with backbone weights from a local file or a cached hub id.
 
     With a file, timm's own loader (``pretrained_cfg_overlay=dict(file=...)``) adapts the weights and
     re-initialises the classifier when its size differs from ``num_classes`` — pre-training on
@@ -74,7 +74,10 @@ def build_timm_vit(
     kwargs = dict(overrides or {})
     if checkpoint is None:
         return timm.create_model(model_name, pretrained=False, num_classes=num_classes, **kwargs)
-    path = Path(checkpoint).expanduser()
+    from fl_lightning.models.hub import resolve_weights_file
+
+    # a file, or a hub id's snapshot in the HF cache (fetched, with model.download, by the preflight)
+    path = Path(resolve_weights_file(checkpoint, download=False, key="pretrain_checkpoint"))
     if not path.is_file():
         raise MissingResourceError(
             f"timm weights for {model_name!r} not found at {path}; put the .pth/.bin/.safetensors file there "

@@ -143,7 +143,7 @@ def _mentions(sentence: str, label: str) -> bool:
 
 _LLM_HINT = (
     "set fedisyn.llm_path to a local transformers causal-LM folder (e.g. LLaMA-7B saved with "
-    "save_pretrained), or set it to null to use the template prompt expander"
+    "save_pretrained) or a hub id in the Hugging Face cache, or set it to null to use the template prompt expander"
 )
 
 
@@ -179,6 +179,12 @@ class LLMPromptExpander:
         top_p: float = 0.95,
     ) -> None:
         self.model_path = Path(model_path).expanduser()
+        if not self.model_path.exists():  # a hub id: its snapshot in the HF cache (models/hub.py; never fetched here)
+            from fl_lightning.models.hub import looks_like_hub_id, resolve_local_or_hub
+
+            if looks_like_hub_id(str(model_path)):
+                self.model_path = resolve_local_or_hub(str(model_path), download=False, key="llm_path",
+                                                       download_key="model.download", what="a causal-LM folder")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         if not temperature > 0:

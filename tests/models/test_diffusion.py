@@ -111,7 +111,7 @@ def test_missing_folder_is_one_clear_line(tmp_path):
         load_diffusion(missing)
     msg = _one_line(err)
     assert str(missing) in msg and "fedisyn.diffusion_path" in msg
-    assert "huggingface-cli download stable-diffusion-v1-5/stable-diffusion-v1-5" in msg
+    assert "`hf download stable-diffusion-v1-5/stable-diffusion-v1-5`" in msg
 
 
 def test_missing_subfolder_and_missing_weights(tiny, tmp_path):

@@ -59,12 +59,17 @@ class FeDiSynFamily(StagedAlgorithm):
     """The ViT, devices, evaluation and State shared by FeDiSyn and its baselines; the last stage fine-tunes."""
 
     @classmethod
-    def missing_resources(cls, config: Any, section: str) -> list[str]:
+    def missing_resources(cls, config: Any, section: str, *, download: bool = False) -> list[str]:
+        from fl_lightning.models.hub import looks_like_hub_id, missing_weights_phrase
+
         path = config.pretrain_checkpoint
-        if path is not None and not Path(path).expanduser().is_file():
-            return [f"{section}.pretrain_checkpoint={path} (timm ImageNet weights of {config.pretrain_model}; "
-                    "null: random init)"]
-        return []
+        what = f"timm ImageNet weights of {config.pretrain_model}; null: random init"
+        if path is None or Path(path).expanduser().is_file():
+            return []
+        if not Path(path).expanduser().exists() and looks_like_hub_id(path):  # its snapshot's weights file
+            phrase = missing_weights_phrase(path, key=f"{section}.pretrain_checkpoint", what=what, download=download)
+            return [phrase] if phrase else []
+        return [f"{section}.pretrain_checkpoint={path} ({what})"]
 
     @property
     def tuning(self) -> FineTuningStage:

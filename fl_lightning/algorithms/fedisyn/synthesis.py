@@ -108,9 +108,10 @@ class PretrainingConfig(ViTConfig):
 
 @dataclass
 class DiffusionConfig(PretrainingConfig):
-    """Stable Diffusion on the server (weights from a local path only)."""
+    """Stable Diffusion on the server (a local folder or a hub id read from the HF cache; model.download fetches)."""
 
-    diffusion_path: str | None = None  # a diffusers SD v1-5 folder; null: tiny random components (tests)
+    # a diffusers SD v1-5 folder or hub id (stable-diffusion-v1-5/stable-diffusion-v1-5); null: tiny random parts (tests)
+    diffusion_path: str | None = None
     vae_image_size: int = 512  # SD v1-5's native resolution (clients resize their images to it)
     guidance_scale: float = 7.5  # SD's usual classifier-free guidance
     num_inference_steps: int = 50  # PNDM steps of the full 0..T chain (a start at s runs ≈ 50·s/T)
@@ -134,7 +135,7 @@ class DiffusionConfig(PretrainingConfig):
 class PromptConfig(StageConfig):
     """Label → prompts expansion (the paper: LLaMA-7B)."""
 
-    llm_path: str | None = None  # a causal LM folder for prompt expansion; null: templates
+    llm_path: str | None = None  # a causal LM folder or hub id for prompt expansion; null: templates
     prompts_per_label: int = 8
 
     def __post_init__(self) -> None:
@@ -260,17 +261,22 @@ class DiffusionSynthesis(SynthesisStage):
     config_class = DiffusionConfig
 
     @classmethod
-    def missing_resources(cls, config: Any, section: str) -> list[str]:
+    def missing_resources(cls, config: Any, section: str, *, download: bool = False) -> list[str]:
+        from fl_lightning.models.hub import missing_weights_phrase
+
         path = config.diffusion_path
-        if path is not None and not Path(path).expanduser().is_dir():
-            return [f"{section}.diffusion_path={path} (Stable Diffusion v1-5 diffusers folder)"]
-        return []
+        phrase = None if path is None else missing_weights_phrase(
+            path, key=f"{section}.diffusion_path", what="Stable Diffusion v1-5 diffusers folder or hub id",
+            download=download)
+        return [phrase] if phrase else []
 
     def build(self, fabric: Fabric) -> None:
         from fl_lightning.models.diffusion import load_diffusion, tiny_diffusion_components
 
         f = self.method.config
-        self.components = (load_diffusion(f.diffusion_path) if f.diffusion_path is not None
+        download = self.method.cfg.model.download
+        self.components = (load_diffusion(f.diffusion_path, download=download, key=f"{self.method.name}.diffusion_path")
+                           if f.diffusion_path is not None
                            else tiny_diffusion_components(seed=self.method.cfg.seed, image_size=f.vae_image_size))
         self.components.vae.to(fabric.device)  # clients need only the VAE; the server moves the rest
 
@@ -297,12 +303,14 @@ class TextOnlySynthesis(DiffusionSynthesis):
     config_class = TextOnlyConfig
 
     @classmethod
-    def missing_resources(cls, config: Any, section: str) -> list[str]:
-        missing = super().missing_resources(config, section)
-        if config.llm_path is not None and not Path(config.llm_path).expanduser().is_dir():
-            missing.append(f"{section}.llm_path={config.llm_path} (causal-LM folder, e.g. LLaMA-7B; null: "
-                           "template prompts)")
-        return missing
+    def missing_resources(cls, config: Any, section: str, *, download: bool = False) -> list[str]:
+        from fl_lightning.models.hub import missing_weights_phrase
+
+        missing = super().missing_resources(config, section, download=download)
+        phrase = None if config.llm_path is None else missing_weights_phrase(
+            config.llm_path, key=f"{section}.llm_path", download=download,
+            what="causal-LM folder or hub id, e.g. LLaMA-7B; null: template prompts")
+        return missing + ([phrase] if phrase else [])
 
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
         return Upload({_COUNTS: torch.as_tensor(client.class_counts, dtype=torch.int64)})
