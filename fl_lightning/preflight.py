@@ -212,7 +212,8 @@ def check_model(cfg: RunConfig) -> None:
         from fl_lightning.models.hub import looks_like_hub_id, resolve_weights_file
         from fl_lightning.models.weights import check_checkpoint
 
-        if not (m.download and looks_like_hub_id(m.checkpoint) and not os.path.exists(os.path.expanduser(m.checkpoint))):
+        local = os.path.exists(os.path.expanduser(m.checkpoint))
+        if not (m.download and looks_like_hub_id(m.checkpoint) and not local):
             # a hub id to fetch is fetched when the model is built, not in the preflight
             check_checkpoint(resolve_weights_file(m.checkpoint, download=False, cache_dir=m.cache_dir),
                              label="model.checkpoint")

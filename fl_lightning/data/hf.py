@@ -95,7 +95,7 @@ def _load_local(path: Path, download: bool) -> Any:
     try:  # a folder of data files (a hub snapshot): the library infers the splits from the file names
         return datasets.load_dataset(str(path), cache_dir=datasets_cache_dir(),
                                      download_mode=None if download else "reuse_dataset_if_exists")
-    except (FileNotFoundError, ValueError) as err:  # datasets: "Unable to find …", "… doesn't contain any data files"
+    except (FileNotFoundError, ValueError) as err:  # "Unable to find …", "… doesn't contain any data files"
         reason = " ".join(str(err).split())
         raise UsageError(f"data.path '{path}' holds no data set datasets can read ({reason}); expected a folder "
                          f"written by save_to_disk, or .parquet / .arrow files") from None
@@ -257,7 +257,7 @@ def build_hf_dataset(source: HFSource, *, download: bool, train_transform: Any, 
         import datasets  # noqa: F401 — an optional dependency (the extra 'hf')
     except ImportError:
         raise MissingResourceError("data.name: hf reads data with the Hugging Face datasets library, which is not "
-                                   "installed: pip install 'fl_lightning[hf]' (or pip install 'datasets>=5.2')") from None
+                                   "installed: pip install 'fl_lightning[hf]' (or 'datasets>=5.2')") from None
     data, where = _load(source, download)
     train_table = _split(data, source.train_split, "data.train_split")
     test_table = None if source.test_split is None else _split(data, source.test_split, "data.test_split")

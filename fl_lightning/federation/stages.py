@@ -123,7 +123,7 @@ class StagedAlgorithm(Algorithm):
         if missing:
             raise MissingResourceError(f"{cls.__name__} needs weights that are not on disk: "
                                        + "; ".join(dict.fromkeys(missing)) + " — copy them there or change the paths "
-                                       "(a hub id is read from the Hugging Face cache; model.download: true fetches it)")
+                                       "(a hub id is read from the Hugging Face cache; model.download: true fetches)")
 
     @classmethod
     def missing_resources(cls, config: Any, section: str, *, download: bool = False) -> list[str]:

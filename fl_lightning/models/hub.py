@@ -77,8 +77,8 @@ def hub_snapshot(repo_id: str, *, repo_type: str = "model", download: bool, key:
     except LocalEntryNotFoundError:
         if download:  # asked to fetch, yet the library found nothing to fetch from
             raise MissingResourceError(f"{key}={repo_id!r} could not be downloaded into {cache} (no connection to "
-                                       f"the hub?); on a machine with internet run `{fetch_command(repo_id, repo_type)}`"
-                                       f" and copy {where} here") from None
+                                       f"the hub?); on a machine with internet run "
+                                       f"`{fetch_command(repo_id, repo_type)}` and copy {where} here") from None
         raise MissingResourceError(f"{key}={repo_id!r} is not in the Hugging Face cache (looked in {where}; "
                                    f"downloading is off): run `{fetch_command(repo_id, repo_type)}` on a machine "
                                    f"with internet (and copy the cache here), set {download_key}: true, or give a "

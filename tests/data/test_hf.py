@@ -56,8 +56,8 @@ def saved(tmp_path_factory) -> dict[str, Path]:
             (root / "parquet" / f"{split}-00000-of-00001.parquet").read_bytes())
     (root / "hub" / "datasets--lab--tiny-writers" / "refs").mkdir()
     (root / "hub" / "datasets--lab--tiny-writers" / "refs" / "main").write_text("a" * 40)
-    return {"disk": root / "disk", "parquet": root / "parquet", "file": root / "parquet" / "train-00000-of-00001.parquet",
-            "hub": root / "hub", "root": root}
+    return {"disk": root / "disk", "parquet": root / "parquet", "hub": root / "hub", "root": root,
+            "file": root / "parquet" / "train-00000-of-00001.parquet"}
 
 
 @pytest.fixture

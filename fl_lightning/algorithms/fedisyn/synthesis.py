@@ -110,7 +110,7 @@ class PretrainingConfig(ViTConfig):
 class DiffusionConfig(PretrainingConfig):
     """Stable Diffusion on the server (a local folder or a hub id read from the HF cache; model.download fetches)."""
 
-    # a diffusers SD v1-5 folder or hub id (stable-diffusion-v1-5/stable-diffusion-v1-5); null: tiny random parts (tests)
+    # a diffusers SD v1-5 folder or hub id (stable-diffusion-v1-5/stable-diffusion-v1-5); null: tiny random (tests)
     diffusion_path: str | None = None
     vae_image_size: int = 512  # SD v1-5's native resolution (clients resize their images to it)
     guidance_scale: float = 7.5  # SD's usual classifier-free guidance
