@@ -16,8 +16,8 @@ every tensor, w = Σ_k n_k w_k / Σ_k n_k (``fedavg_cnn.weighted``; plain mean o
 uploads one at a time in float64 (server memory: two models, whatever K). BatchNorm's integer batch
 counters are averaged and rounded, as a state dict average does.
 
-Core keys not used: ``model.pretrained`` (only a local ``model.checkpoint`` gives weights — never a
-download), ``model.feature`` (no feature head: the model is the classifier). Images are ImageNet-
+Core keys not used: ``model.pretrained`` (only ``model.checkpoint`` gives weights: a local file, or a hub
+id read from the Hugging Face cache, fetched only with ``model.download``), ``model.feature`` (no feature head: the model is the classifier). Images are ImageNet-
 normalised at ``data.image_size`` (default 32); ``fedavg_cnn.augment`` turns on CIFAR's augmentation
 (zero-pad by S/8 — 4 px at 32 px —, random S×S crop, horizontal flip; ``data/transforms.py``); FedOPAL
 does not say whether its FedAvg (ResNet) row augments, so the default is off.
@@ -76,7 +76,8 @@ def build_timm_classifier(cfg: RunConfig, num_classes: int, *, seed: int) -> nn.
             return timm.create_model(m.name, pretrained=False, num_classes=num_classes, **m.overrides)
         from fl_lightning.models.hub import resolve_weights_file
 
-        file = resolve_weights_file(m.checkpoint, download=m.download, cache_dir=m.cache_dir)  # a file, folder or hub id
+        # a file, a folder holding one, or a hub id (its snapshot in the HF cache)
+        file = resolve_weights_file(m.checkpoint, download=m.download, cache_dir=m.cache_dir)
         try:
             return timm.create_model(m.name, pretrained=True, num_classes=num_classes,
                                      pretrained_cfg_overlay=dict(file=file), **m.overrides)

@@ -187,6 +187,7 @@ def test_cli_run_on_a_parquet_folder_with_natural_clients(saved, tmp_path):
     assert meta["scheme"] == "natural" and meta["by"] == "writer" and meta["path"] == str(saved["parquet"])
     assert (run / "partition.csv").is_file() and (run / "partition.png").is_file()
     assert json.loads((run / "summary.json").read_text())["num_clients"] == WRITERS
+    assert list((tmp_path / "runs" / "feature_cache").glob("*.pt"))  # its key holds the data set's fingerprint
 
 
 def test_importing_the_data_package_does_not_import_datasets():

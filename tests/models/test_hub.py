@@ -125,3 +125,14 @@ def test_download_without_a_network_is_one_line(cache, monkeypatch):
         hub_snapshot("lab/absent", download=True, key="model.checkpoint", download_key="model.download")
     text = str(info.value)
     assert "\n" not in text and "model.checkpoint='lab/absent'" in text and "`hf download lab/absent`" in text
+
+
+def test_paper_configs_name_the_hub_ids_the_papers_used():
+    from fl_lightning.config import load_config
+    from tests.conftest import CONF
+
+    assert not [p.name for p in CONF.glob("*.yaml") if "weights/" in p.read_text()]
+    fedisyn = load_config(str(CONF / "fedisyn_food101.yaml")).method
+    assert (fedisyn.diffusion_path, fedisyn.llm_path, fedisyn.pretrain_checkpoint) == (
+        "stable-diffusion-v1-5/stable-diffusion-v1-5", "huggyllama/llama-7b",
+        "timm/vit_large_patch16_224.augreg_in21k_ft_in1k")
