@@ -14,7 +14,10 @@ What is checked:
   a strategy that would spawn its processes (``ddp_spawn``…; this program launches by re-running
   its command, as ``ddp`` does);
 * ``output_dir``: a file where a folder should be, a folder this process cannot write;
-* ``model.checkpoint``: readable, and a torch archive or safetensors file (the header only);
+* ``model.checkpoint``: readable, and a torch archive or safetensors file (the header only); a hub id in the
+  Hugging Face cache;
+* ``data.path`` of a Hugging Face data set: a local path that exists, or a hub id in the cache (unless
+  ``data.download``);
 * ``model.overrides``: keys the open_clip model (or a timm ViT) accepts;
 * ``data.image_size``: the size a ViT's ``model.overrides`` fixes, and at least one patch;
 * ``federation.min_clients``: at most the clients a round samples;
@@ -200,6 +203,21 @@ def _check_keys(given: dict, allowed: set[str], key: str, what: str) -> None:
             raise ConfigError(f"{key}.{name}", given[name], f"a key {what} accepts{hint}")
 
 
+def check_data(cfg: RunConfig) -> None:
+    """``data.name: hf``: the data set is on disk, or its hub id in the Hugging Face cache (no request is made).
+
+    Raises:
+        MissingResourceError: one line naming ``data.path``, where it looked and the command that fetches it.
+    """
+    d = cfg.data
+    if d.name != "hf" or d.download or not d.path or os.path.exists(os.path.expanduser(d.path)):
+        return
+    from fl_lightning.models.hub import hub_snapshot, looks_like_hub_id
+
+    if looks_like_hub_id(d.path):
+        hub_snapshot(d.path, repo_type="dataset", download=False, key="data.path", download_key="data.download")
+
+
 def check_model(cfg: RunConfig) -> None:
     """``model.checkpoint`` readable and of a known format; ``model.overrides`` keys the factory accepts.
 
@@ -320,6 +338,7 @@ def preflight_run(cfg: RunConfig) -> None:
     if launcher is None:
         check_fabric_settings(cfg)
     check_output_dir(cfg)
+    check_data(cfg)
     check_model(cfg)
     check_image_size(cfg)
     available_algorithms()[cfg.algorithm].preflight(cfg)

@@ -195,3 +195,13 @@ def test_importing_the_data_package_does_not_import_datasets():
 
     code = "import sys, fl_lightning, fl_lightning.data, fl_lightning.config; assert 'datasets' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+def test_the_preflight_stops_a_missing_hub_id_before_anything_starts(hf_cache):
+    from fl_lightning.preflight import check_data
+
+    cfg = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", "hf", "--data.path", "lab/absent"])
+    with pytest.raises(MissingResourceError, match=r"^data.path='lab/absent' is not in the Hugging Face cache"):
+        check_data(cfg)
+    check_data(load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", "hf", "--data.path",
+                                                                   "lab/tiny-writers"]))  # cached: passes
