@@ -2,8 +2,10 @@
 
 * :mod:`.registry` — ``build_dataset(name, root=..., ...)`` -> :class:`DatasetSplits`.
 * :mod:`.transforms` — ``build_transform(normalization=..., image_size=..., train=...)``.
-* :mod:`.partition` — pure, seeded Dirichlet / IID / shard splits among clients, and
+* :mod:`.hf` — Hugging Face data sets (``data.name: hf``; ``datasets`` is imported only there).
+* :mod:`.partition` — pure, seeded Dirichlet / IID / shard / natural splits among clients, and
   ``write_partition_json`` / ``read_partition_json`` to save a split and bring it back.
+* :mod:`.flower_partition` — flwr-datasets' Dirichlet and IID partitions, index for index.
 * :mod:`.report` — ``partition.csv`` and ``partition.png`` of a split.
 """
 
@@ -12,6 +14,7 @@ from fl_lightning.data.partition import (
     client_class_counts,
     dirichlet_partition,
     iid_partition,
+    natural_partition,
     read_partition_json,
     shard_partition,
     write_partition_json,
@@ -41,6 +44,7 @@ __all__ = [
     "client_class_counts",
     "dirichlet_partition",
     "iid_partition",
+    "natural_partition",
     "partition_figure",
     "partition_image",
     "read_partition_json",

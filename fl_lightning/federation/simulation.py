@@ -32,6 +32,7 @@ from lightning.fabric import Fabric, seed_everything
 from lightning.fabric.strategies import STRATEGY_REGISTRY, DDPStrategy, Strategy
 
 from fl_lightning.config import DataConfig, RunConfig, dump_config
+from fl_lightning.data.hf import HFSource
 from fl_lightning.data.partition import (
     PartitionArgumentError,
     client_class_counts,
@@ -43,7 +44,6 @@ from fl_lightning.data.partition import (
     write_partition_json,
 )
 from fl_lightning.data.preprocessed import PreprocessedSplit, is_deterministic
-from fl_lightning.data.hf import HFSource
 from fl_lightning.data.registry import DatasetSplits, build_dataset
 from fl_lightning.data.report import write_partition_figure, write_partition_report
 from fl_lightning.data.transforms import build_transform
