@@ -1,0 +1,192 @@
+"""The federation's differential privacy: where the mechanisms of :mod:`fl_lightning.privacy` act in a round.
+
+Built once per run from ``federation.privacy`` (None when it is ``off``, so a run without DP takes none of
+these paths). The simulation calls it at three points, none of which needs a method's own code:
+
+* ``client_upload`` — on the client, after ``client_update`` (local DP of the statistics: each client
+  noises its own R_k, C_k before they leave it);
+* ``server_uploads`` — the server's view of the round's uploads, read lazily in client order: DP-FedAvg
+  clips each update and weighs every client equally (``num_samples`` reads 1: a data-size weight would be
+  private itself and scale one user's influence); central DP of the statistics puts the noise of the sum
+  on the first upload read (the sum's distribution is the same; a deployment adds it after secure
+  aggregation);
+* ``noised_state`` — DP-FedAvg's Gaussian noise on the averaged keys of the new global state.
+
+The noise is drawn from generators seeded by (seed, round, client): a resumed round draws the same noise, as
+the rest of the simulator does. A deployment draws it from a cryptographically secure source.
+
+Accounting (``fl_lightning.privacy.accountant``): DP-FedAvg composes ``rounds`` releases, each sampling a
+user with probability ``client_fraction`` (the simulator's fixed-size sample of m = round(qK) is accounted
+as Poisson sampling at q = m/K, the usual practice; exact at q = 1); the statistics compose one release per
+round with every record in it (q = 1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fl_lightning.errors import ConfigError
+from fl_lightning.federation.placement import clients_per_round, derive_seed
+from fl_lightning.federation.transport import Upload
+
+if TYPE_CHECKING:
+    from fl_lightning.config import PrivacyConfig, RunConfig
+
+__all__ = ["FederationPrivacy"]
+
+_KEY = "federation.privacy"
+_NOISE_TAG = 0x5EC  # separates the noise streams from every other seed derived from (seed, round, client)
+
+
+@dataclass
+class FederationPrivacy:
+    """The run's mechanism, its calibrated noise multiplier σ and its accounting (see the module docstring)."""
+
+    config: PrivacyConfig
+    seed: int
+    rounds: int
+    q: float  # the probability that a unit (user / record) takes part in one release
+    noise_multiplier: float
+    # dp_fedavg: the keys each client of the round being aggregated sent (m_key counts them)
+    held: dict[int, frozenset[str]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, cfg: RunConfig, rounds: int, num_records: int) -> FederationPrivacy | None:
+        """The run's privacy (None when off); a bad setting is a :class:`ConfigError` (one line, exit 2)."""
+        p = cfg.federation.privacy
+        if p.mechanism == "off":
+            return None
+        if p.mechanism == "dp_fedavg":
+            K = cfg.partition.num_clients
+            q = clients_per_round(K, cfg.federation.client_fraction) / K
+        else:
+            if not p.delta < 1 / num_records:
+                raise ConfigError(f"{_KEY}.delta", p.delta, f"a float < 1/N = {1 / num_records:g} (record-level DP "
+                                                           f"over N = {num_records} training records)")
+            if math.isinf(p.clip_norm):
+                raise ConfigError(f"{_KEY}.clip_norm", p.clip_norm, "a finite float > 0 (features are clipped)")
+            q = 1.0
+        sigma = p.noise_multiplier if p.noise_multiplier is not None else _calibrated(p, q, rounds)
+        if sigma > 0 and math.isinf(p.clip_norm):
+            raise ConfigError(f"{_KEY}.clip_norm", p.clip_norm, "a finite float > 0 when there is noise "
+                                                               "(the sensitivity is the clip norm)")
+        return cls(p, cfg.seed, rounds, q, sigma)
+
+    # -- accounting ---------------------------------------------------------------------------------------
+    def epsilon(self, releases: int) -> float:
+        """ε spent after ``releases`` rounds (inf without noise)."""
+        from fl_lightning.privacy.accountant import epsilon
+
+        if releases <= 0:
+            return 0.0
+        if self.noise_multiplier == 0.0:
+            return math.inf
+        return epsilon(self.noise_multiplier, q=self.q, steps=releases, delta=self.config.delta,
+                       accountant=self.config.accountant)
+
+    def row(self, round_idx: int) -> dict[str, float]:
+        """metrics.csv: ε spent so far (after round ``round_idx``)."""
+        return {"epsilon": self.epsilon(round_idx + 1)}
+
+    def summary(self, rounds_done: int) -> dict[str, Any]:
+        p = self.config
+        return {"privacy": {"mechanism": p.mechanism, "epsilon": self.epsilon(rounds_done),
+                            "target_epsilon": p.epsilon, "delta": p.delta, "noise_multiplier": self.noise_multiplier,
+                            "clip_norm": p.clip_norm, "sampling_rate": self.q, "accountant": p.accountant,
+                            "unit": "user" if p.mechanism == "dp_fedavg" else "record"},
+                "epsilon": self.epsilon(rounds_done), "delta": p.delta, "noise_multiplier": self.noise_multiplier}
+
+    # -- the mechanisms -----------------------------------------------------------------------------------
+    @property
+    def feature_clip(self) -> float | None:
+        """c for the statistics' per-sample feature clipping (None: the statistics are not privatised)."""
+        return self.config.clip_norm if self.config.mechanism.startswith("statistics") else None
+
+    def _generator(self, round_idx: int, client: int) -> torch.Generator:
+        return torch.Generator().manual_seed(derive_seed(self.seed, round_idx, client, _NOISE_TAG))
+
+    def _statistics_std(self, tensors: Mapping[str, torch.Tensor]) -> float:
+        from fl_lightning.privacy.statistics import sensitivity
+
+        return self.noise_multiplier * sensitivity(self.config.clip_norm, with_counts="counts" in tensors)
+
+    def client_upload(self, upload: Upload, round_idx: int, client: int) -> Upload:
+        """Local DP: the client's statistics noised before they leave it (other mechanisms: as is)."""
+        from fl_lightning.privacy.statistics import noise_statistics
+
+        if self.config.mechanism != "statistics_local" or "R_upper" not in upload.tensors:
+            return upload
+        tensors = noise_statistics(upload.tensors, std=self._statistics_std(upload.tensors),
+                                   generator=self._generator(round_idx, client))
+        return Upload(tensors, dict(upload.meta))
+
+    def server_uploads(self, uploads: Mapping[int, Upload], state: Mapping[str, torch.Tensor],
+                       round_idx: int) -> Mapping[int, Upload]:
+        """The uploads as the method's aggregate reads them (clipped / noised); local DP: as they are."""
+        if self.config.mechanism == "dp_fedavg":
+            self.held = {}
+            return _PrivateUploads(uploads, lambda c, u: self._clipped(state, c, u))
+        if self.config.mechanism == "statistics_central":
+            first = next(iter(uploads), None)
+            return _PrivateUploads(uploads, lambda c, u: self._sum_noise(round_idx, u) if c == first else u)
+        return uploads
+
+    def _clipped(self, state: Mapping[str, torch.Tensor], client: int, upload: Upload) -> Upload:
+        from fl_lightning.privacy.dp_fedavg import clip_update, shared_keys
+
+        tensors, _ = clip_update(state, upload.tensors, self.config.clip_norm)
+        self.held[client] = frozenset(shared_keys(state, upload.tensors))  # a second read counts once
+        return Upload(tensors, {**upload.meta, "num_samples": 1})
+
+    def _sum_noise(self, round_idx: int, upload: Upload) -> Upload:
+        from fl_lightning.privacy.statistics import noise_statistics
+
+        if "R_upper" not in upload.tensors:
+            return upload
+        tensors = noise_statistics(upload.tensors, std=self._statistics_std(upload.tensors),
+                                   generator=self._generator(round_idx, 0xFFFFFFFF))
+        return Upload(tensors, dict(upload.meta))
+
+    def noised_state(self, state: dict[str, torch.Tensor], round_idx: int) -> dict[str, torch.Tensor]:
+        """DP-FedAvg: the new state with N(0, (σS/m_key)²) on every key the round's uploads averaged."""
+        from fl_lightning.privacy.dp_fedavg import add_mean_noise
+
+        if self.config.mechanism != "dp_fedavg":
+            return state
+        m: dict[str, int] = {}
+        for keys in self.held.values():
+            for key in keys:
+                m[key] = m.get(key, 0) + 1
+        self.held = {}
+        return add_mean_noise(state, m, noise_multiplier=self.noise_multiplier, clip_norm=self.config.clip_norm,
+                              generator=self._generator(round_idx, 0xFFFFFFFE))
+
+
+class _PrivateUploads(Mapping):
+    """A read-only view of a round's uploads, each passed through ``view(client, upload)`` when read."""
+
+    def __init__(self, uploads: Mapping[int, Upload], view) -> None:
+        self._uploads, self._view = uploads, view
+
+    def __getitem__(self, client: int) -> Upload:
+        return self._view(client, self._uploads[client])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._uploads)
+
+    def __len__(self) -> int:
+        return len(self._uploads)
+
+
+def _calibrated(p: PrivacyConfig, q: float, rounds: int) -> float:
+    from fl_lightning.privacy.accountant import noise_multiplier
+
+    try:
+        return noise_multiplier(p.epsilon, q=q, steps=rounds, delta=p.delta, accountant=p.accountant)
+    except ValueError as err:
+        raise ConfigError(f"{_KEY}.epsilon", p.epsilon, f"a target some noise reaches ({err})") from None
