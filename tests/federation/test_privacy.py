@@ -1,0 +1,83 @@
+"""federation.privacy through the engine: off is today's run, σ=0 with no clipping is FedAvg exactly, ε lands in
+metrics.csv and summary.json, and bad settings stop with one line (exit 2)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+
+from fl_lightning.config import load_config
+from fl_lightning.errors import ConfigError
+from fl_lightning.federation.checkpoint import safe_load
+from fl_lightning.federation.simulation import Simulation
+from tests.conftest import CONF, run_cli
+
+FEDAVG = CONF / "fedavg_digits_tiny.yaml"
+FEDCGS = CONF / "fedcgs_digits_tiny.yaml"
+_FAST = ["--logging.progress", "false", "--federation.rounds", "2", "--partition.num_clients", "4"]
+
+
+def _run(config, tmp_path, name, *extra) -> tuple[dict, dict]:
+    cfg = load_config(config, ["--output_dir", str(tmp_path), "--run_name", name, *_FAST, *extra])
+    summary = Simulation(cfg=cfg, loggers=[]).run()
+    return summary, safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
+
+
+def test_dp_fedavg_without_noise_or_clipping_is_unweighted_fedavg_bit_for_bit(tmp_path):
+    plain, off = _run(FEDAVG, tmp_path, "plain", "--fedavg.weighted", "false")
+    summary, dp = _run(FEDAVG, tmp_path, "dp", "--federation.privacy.mechanism", "dp_fedavg",
+                       "--federation.privacy.noise_multiplier", "0", "--federation.privacy.clip_norm", ".inf",
+                       "--federation.privacy.delta", "0.01")
+    assert off.keys() == dp.keys() and all(torch.equal(off[k], dp[k]) for k in off)
+    assert summary["privacy"]["epsilon"] == float("inf") and "privacy" not in plain and "epsilon" not in plain
+
+
+def test_dp_fedavg_reaches_the_target_and_reports_epsilon_per_round(tmp_path):
+    summary, _ = _run(FEDAVG, tmp_path, "eps", "--federation.privacy.mechanism", "dp_fedavg",
+                      "--federation.privacy.epsilon", "8", "--federation.privacy.delta", "0.01",
+                      "--federation.privacy.clip_norm", "0.5")
+    p = summary["privacy"]
+    assert 8 * 0.99 <= p["epsilon"] <= 8 and p["noise_multiplier"] > 0 and p["unit"] == "user"
+    saved = json.loads((tmp_path / "eps" / "summary.json").read_text())
+    assert saved["epsilon"] == p["epsilon"] and saved["delta"] == 0.01
+    rows = list(csv.DictReader((tmp_path / "eps" / "metrics.csv").open()))
+    spent = [float(r["epsilon"]) for r in rows]
+    assert len(spent) == 2 and 0 < spent[0] < spent[1] == pytest.approx(p["epsilon"])
+
+
+def test_statistics_without_noise_and_a_loose_clip_are_the_statistics_themselves(tmp_path):
+    _, off = _run(FEDCGS, tmp_path, "plain")
+    summary, dp = _run(FEDCGS, tmp_path, "central", "--federation.privacy.mechanism", "statistics_central",
+                       "--federation.privacy.noise_multiplier", "0", "--federation.privacy.clip_norm", "1e6",
+                       "--federation.privacy.delta", "1e-6")
+    assert all(torch.equal(off[k], dp[k]) for k in off)
+    assert summary["privacy"]["unit"] == "record"
+    noisy, state = _run(FEDCGS, tmp_path, "local", "--federation.privacy.mechanism", "statistics_local",
+                        "--federation.privacy.epsilon", "4", "--federation.privacy.delta", "1e-6")
+    assert not torch.equal(state["W"], off["W"]) and 0 <= noisy["accuracy"] <= 1
+    assert noisy["epsilon"] == pytest.approx(4, rel=0.01)
+
+
+@pytest.mark.parametrize("override, key", [
+    (["--federation.privacy.epsilon", "0"], "federation.privacy.epsilon"),
+    (["--federation.privacy.epsilon", "1", "--federation.privacy.clip_norm", "0"], "federation.privacy.clip_norm"),
+    (["--federation.privacy.epsilon", "1", "--federation.privacy.delta", "0.25"], "federation.privacy.delta"),
+    (["--federation.privacy.mechanism", "dp_fedavg"], "federation.privacy.epsilon"),
+])
+def test_bad_settings_name_their_key(override, key):
+    args = ["--federation.privacy.mechanism", "dp_fedavg", "--partition.num_clients", "4", *override]
+    with pytest.raises(ConfigError) as err:
+        load_config(FEDAVG, args)
+    assert err.value.key == key and "\n" not in str(err.value)
+
+
+def test_a_target_no_noise_reaches_is_one_line_and_exit_2(tmp_path):
+    proc = run_cli("--config", str(FEDAVG), "--output_dir", str(tmp_path), *_FAST,
+                   "--federation.privacy.mechanism", "dp_fedavg", "--federation.privacy.epsilon", "1e-6",
+                   "--federation.privacy.delta", "1e-5")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "federation.privacy.epsilon" in lines[0] and "no noise multiplier" in lines[0]
