@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fl_lightning.errors import ConfigError
+from fl_lightning.errors import ConfigError, UsageError
 from fl_lightning.federation.placement import clients_per_round, derive_seed
 from fl_lightning.federation.transport import Upload
 
@@ -61,6 +61,11 @@ class FederationPrivacy:
         p = cfg.federation.privacy
         if p.mechanism == "off":
             return None
+        try:
+            import dp_accounting  # noqa: F401
+        except ImportError:
+            raise UsageError(f"usage error: {_KEY}.mechanism={p.mechanism} needs dp-accounting (the accountant): "
+                             f"pip install --no-deps 'dp-accounting>=0.6.0' absl-py mpmath") from None
         if p.mechanism == "dp_fedavg":
             K = cfg.partition.num_clients
             q = clients_per_round(K, cfg.federation.client_fraction) / K

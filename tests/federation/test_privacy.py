@@ -7,6 +7,8 @@ import csv
 import json
 
 import pytest
+
+pytest.importorskip("dp_accounting")  # the 'privacy' extra
 import torch
 
 from fl_lightning.config import load_config

@@ -6,6 +6,8 @@ import math
 
 import pytest
 
+pytest.importorskip("dp_accounting")  # the 'privacy' extra
+
 from fl_lightning.privacy.accountant import epsilon, noise_multiplier
 
 
