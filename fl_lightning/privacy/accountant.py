@@ -18,6 +18,7 @@ Pure: numbers in, numbers out; raises ``ValueError`` on bad input.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Literal
 
 __all__ = ["ACCOUNTANTS", "epsilon", "noise_multiplier", "MAX_NOISE_MULTIPLIER"]
@@ -40,26 +41,32 @@ def _accountant(kind: str):
     raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {kind!r}")
 
 
-def _event(sigma: float, q: float, steps: int):
-    """``steps`` compositions of a Gaussian mechanism of noise multiplier σ, Poisson-sampled at rate q."""
+def _event(sigma: float, parts: Sequence[tuple[float, int]]):
+    """The composition, over ``parts`` = [(q, steps), …], of ``steps`` Gaussian mechanisms of noise multiplier σ
+    each Poisson-sampled at rate q (one σ for all: e.g. the statistics' release and DP-SGD's steps)."""
     import dp_accounting
 
     gaussian = dp_accounting.GaussianDpEvent(sigma)
-    one = gaussian if q >= 1.0 else dp_accounting.PoissonSampledDpEvent(q, gaussian)
-    return dp_accounting.SelfComposedDpEvent(one, steps)
+    sampled = [(gaussian if q >= 1.0 else dp_accounting.PoissonSampledDpEvent(q, gaussian), steps)
+               for q, steps in parts]
+    events = [dp_accounting.SelfComposedDpEvent(event, steps) for event, steps in sampled]
+    return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)
 
 
-def _check(q: float, steps: int, delta: float) -> None:
-    if not 0.0 < q <= 1.0:
-        raise ValueError(f"sampling rate q must be in (0, 1], got {q!r}")
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps!r}")
+def _check(parts: Sequence[tuple[float, int]], delta: float) -> None:
+    if not parts:
+        raise ValueError("nothing to account: no releases")
+    for q, steps in parts:
+        if not 0.0 < q <= 1.0:
+            raise ValueError(f"sampling rate q must be in (0, 1], got {q!r}")
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps!r}")
     if not 0.0 < delta < 1.0:
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
 
 
-def epsilon(sigma: float, *, q: float, steps: int, delta: float,
-            accountant: Literal["rdp", "pld"] = "rdp") -> float:
+def epsilon(sigma: float, *, q: float = 1.0, steps: int = 1, delta: float,
+            accountant: Literal["rdp", "pld"] = "rdp", parts: Sequence[tuple[float, int]] | None = None) -> float:
     """ε of ``steps`` releases of a Gaussian mechanism with noise multiplier σ (std σ·Δ), sampled at rate q.
 
     Args:
@@ -68,22 +75,25 @@ def epsilon(sigma: float, *, q: float, steps: int, delta: float,
         steps: the number of releases composed.
         delta: the target δ.
         accountant: ``"rdp"`` or ``"pld"``.
+        parts: instead of (q, steps), a composition [(q, steps), …] sharing σ (:func:`_event`).
 
     Returns:
         the ε for which the composition is (ε, δ)-DP, as the library computes it.
     """
-    _check(q, steps, delta)
+    parts = list(parts) if parts is not None else [(q, steps)]
+    _check(parts, delta)
     if not sigma > 0.0:
         raise ValueError(f"noise multiplier must be > 0, got {sigma!r}")
     if math.isinf(sigma):
         return 0.0
     acc = _accountant(accountant)
-    acc.compose(_event(sigma, q, steps))
+    acc.compose(_event(sigma, parts))
     return float(acc.get_epsilon(delta))
 
 
-def noise_multiplier(target_epsilon: float, *, q: float, steps: int, delta: float,
-                     accountant: Literal["rdp", "pld"] = "rdp", tol: float = 1e-3) -> float:
+def noise_multiplier(target_epsilon: float, *, q: float = 1.0, steps: int = 1, delta: float,
+                     accountant: Literal["rdp", "pld"] = "rdp", tol: float = 1e-3,
+                     parts: Sequence[tuple[float, int]] | None = None) -> float:
     """The smallest σ (within ``tol``) whose ``steps`` releases at rate q are (target_epsilon, δ)-DP.
 
     Found by ``dp_accounting.mechanism_calibration.calibrate_dp_mechanism`` with the chosen accountant.
@@ -93,13 +103,15 @@ def noise_multiplier(target_epsilon: float, *, q: float, steps: int, delta: floa
     """
     from dp_accounting import mechanism_calibration as mc
 
-    _check(q, steps, delta)
+    parts = list(parts) if parts is not None else [(q, steps)]
+    _check(parts, delta)
     if not (target_epsilon > 0.0 and math.isfinite(target_epsilon)):
         raise ValueError(f"target epsilon must be a finite float > 0, got {target_epsilon!r}")
     # reachability by RDP (an upper bound on ε that is cheap at any σ; the PLD grid is slow for huge σ)
-    if epsilon(MAX_NOISE_MULTIPLIER, q=q, steps=steps, delta=delta, accountant="rdp") > target_epsilon:
+    if epsilon(MAX_NOISE_MULTIPLIER, delta=delta, accountant="rdp", parts=parts) > target_epsilon:
+        shown = ", ".join(f"{steps} at rate {q:g}" for q, steps in parts)
         raise ValueError(f"no noise multiplier <= {MAX_NOISE_MULTIPLIER:g} reaches epsilon={target_epsilon:g} at "
-                         f"delta={delta:g} over {steps} release(s) at sampling rate {q:g}")
+                         f"delta={delta:g} over the releases ({shown})")
     return float(mc.calibrate_dp_mechanism(
-        lambda: _accountant(accountant), lambda s: _event(s, q, steps), target_epsilon, delta,
+        lambda: _accountant(accountant), lambda s: _event(s, parts), target_epsilon, delta,
         mc.LowerEndpointAndGuess(1e-2, 1.0), tol=tol))

@@ -1,4 +1,4 @@
-"""Record-level DP of R, C: clipped features bound one record's effect by Δ; the noisy R stays positive semi-definite."""
+"""Record-level DP of R, C: clipped features bound one record's effect by Δ; the noisy R stays PSD."""
 
 from __future__ import annotations
 
