@@ -152,6 +152,10 @@ class PrivacyConfig:
     clip_norm: float = 1.0  # S: L2 bound of a client's update (dp_fedavg) or of one feature vector (statistics)
     noise_multiplier: float | None = None  # σ (noise std σ·sensitivity); null: calibrated to epsilon
     accountant: Literal["rdp", "pld"] = "rdp"  # dp-accounting's RDP (fast) or PLD (tighter, slower) accountant
+    # with statistics_*: the local training (FedOPAL's prompts) runs DP-SGD too — per-sample gradients clipped to
+    # grad_clip_norm, noise σ·grad_clip_norm per step, the same σ as the statistics', calibrated to ε jointly
+    dp_sgd: bool = False
+    grad_clip_norm: float = 1.0
 
     def __post_init__(self) -> None:
         if self.mechanism == "off":
@@ -166,6 +170,9 @@ class PrivacyConfig:
         check(self.clip_norm > 0, "clip_norm", self.clip_norm, "a float > 0 (inf: no clipping)")
         check(self.noise_multiplier is None or 0 <= self.noise_multiplier < math.inf, "noise_multiplier",
               self.noise_multiplier, "a finite float >= 0 (0: no noise, ε = inf)")
+        check(not self.dp_sgd or self.mechanism.startswith("statistics"), "dp_sgd", self.dp_sgd,
+              "false unless mechanism is statistics_local or statistics_central (record-level DP)")
+        check(0 < self.grad_clip_norm < math.inf, "grad_clip_norm", self.grad_clip_norm, "a finite float > 0")
 
 
 @dataclass

@@ -10,7 +10,8 @@ these paths). The simulation calls it at three points, none of which needs a met
   private itself and scale one user's influence); central DP of the statistics puts the noise of the sum
   on the first upload read (the sum's distribution is the same; a deployment adds it after secure
   aggregation);
-* ``noised_state`` — DP-FedAvg's Gaussian noise on the averaged keys of the new global state.
+* ``noised_state`` — DP-FedAvg's Gaussian noise on the averaged keys of the new global state;
+* ``dp_sgd`` — the settings a method hands ``fit_local`` for DP-SGD (``Environment.dp_sgd``; FedOPAL's prompts).
 
 The noise is drawn from generators seeded by (seed, round, client): a resumed round draws the same noise, as
 the rest of the simulator does. A deployment draws it from a cryptographically secure source.
@@ -18,7 +19,8 @@ the rest of the simulator does. A deployment draws it from a cryptographically s
 Accounting (``fl_lightning.privacy.accountant``): DP-FedAvg composes ``rounds`` releases, each sampling a
 user with probability ``client_fraction`` (the simulator's fixed-size sample of m = round(qK) is accounted
 as Poisson sampling at q = m/K, the usual practice; exact at q = 1); the statistics compose one release per
-round with every record in it (q = 1).
+round with every record in it (q = 1), and with ``dp_sgd`` the smallest client's DP-SGD steps, all with one σ.
+Every part is composed over all the method's rounds (conservative where a round releases less).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fl_lightning.errors import ConfigError, UsageError
+from fl_lightning.federation.local_training import DPSGD
 from fl_lightning.federation.placement import clients_per_round, derive_seed
 from fl_lightning.federation.transport import Upload
 
@@ -50,13 +53,14 @@ class FederationPrivacy:
     config: PrivacyConfig
     seed: int
     rounds: int
-    q: float  # the probability that a unit (user / record) takes part in one release
+    parts: list[tuple[float, int]]  # per round: (sampling rate, releases) of each mechanism, sharing σ
     noise_multiplier: float
+    sgd: tuple[float, int] | None = None  # DP-SGD's (rate, steps) per round for the smallest client
     # dp_fedavg: the keys each client of the round being aggregated sent (m_key counts them)
     held: dict[int, frozenset[str]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, cfg: RunConfig, rounds: int, num_records: int) -> FederationPrivacy | None:
+    def of(cls, cfg: RunConfig, rounds: int, client_sizes: list[int]) -> FederationPrivacy | None:
         """The run's privacy (None when off); a bad setting is a :class:`ConfigError` (one line, exit 2)."""
         p = cfg.federation.privacy
         if p.mechanism == "off":
@@ -66,21 +70,25 @@ class FederationPrivacy:
         except ImportError:
             raise UsageError(f"usage error: {_KEY}.mechanism={p.mechanism} needs dp-accounting (the accountant): "
                              f"pip install --no-deps 'dp-accounting>=0.6.0' absl-py mpmath") from None
+        num_records, sgd = sum(client_sizes), None
         if p.mechanism == "dp_fedavg":
             K = cfg.partition.num_clients
-            q = clients_per_round(K, cfg.federation.client_fraction) / K
+            parts = [(clients_per_round(K, cfg.federation.client_fraction) / K, 1)]
         else:
             if not p.delta < 1 / num_records:
                 raise ConfigError(f"{_KEY}.delta", p.delta, f"a float < 1/N = {1 / num_records:g} (record-level DP "
                                                            f"over N = {num_records} training records)")
             if math.isinf(p.clip_norm):
                 raise ConfigError(f"{_KEY}.clip_norm", p.clip_norm, "a finite float > 0 (features are clipped)")
-            q = 1.0
-        sigma = p.noise_multiplier if p.noise_multiplier is not None else _calibrated(p, q, rounds)
+            parts = [(1.0, 1)]
+            if p.dp_sgd and cfg.train.epochs > 0:
+                sgd = _sgd_part(cfg, min(n for n in client_sizes if n > 0))
+                parts.append(sgd)
+        sigma = p.noise_multiplier if p.noise_multiplier is not None else _calibrated(p, parts, rounds)
         if sigma > 0 and math.isinf(p.clip_norm):
             raise ConfigError(f"{_KEY}.clip_norm", p.clip_norm, "a finite float > 0 when there is noise "
                                                                "(the sensitivity is the clip norm)")
-        return cls(p, cfg.seed, rounds, q, sigma)
+        return cls(p, cfg.seed, rounds, parts, sigma, sgd)
 
     # -- accounting ---------------------------------------------------------------------------------------
     def epsilon(self, releases: int) -> float:
@@ -91,8 +99,8 @@ class FederationPrivacy:
             return 0.0
         if self.noise_multiplier == 0.0:
             return math.inf
-        return epsilon(self.noise_multiplier, q=self.q, steps=releases, delta=self.config.delta,
-                       accountant=self.config.accountant)
+        return epsilon(self.noise_multiplier, delta=self.config.delta, accountant=self.config.accountant,
+                       parts=[(q, steps * releases) for q, steps in self.parts])
 
     def row(self, round_idx: int) -> dict[str, float]:
         """metrics.csv: ε spent so far (after round ``round_idx``)."""
@@ -102,7 +110,10 @@ class FederationPrivacy:
         p = self.config
         return {"privacy": {"mechanism": p.mechanism, "epsilon": self.epsilon(rounds_done),
                             "target_epsilon": p.epsilon, "delta": p.delta, "noise_multiplier": self.noise_multiplier,
-                            "clip_norm": p.clip_norm, "sampling_rate": self.q, "accountant": p.accountant,
+                            "clip_norm": p.clip_norm, "sampling_rate": self.parts[0][0], "accountant": p.accountant,
+                            "dp_sgd": None if self.sgd is None else {"grad_clip_norm": p.grad_clip_norm,
+                                                                     "sampling_rate": self.sgd[0],
+                                                                     "steps_per_round": self.sgd[1]},
                             "unit": "user" if p.mechanism == "dp_fedavg" else "record"},
                 "epsilon": self.epsilon(rounds_done), "delta": p.delta, "noise_multiplier": self.noise_multiplier}
 
@@ -111,6 +122,13 @@ class FederationPrivacy:
     def feature_clip(self) -> float | None:
         """c for the statistics' per-sample feature clipping (None: the statistics are not privatised)."""
         return self.config.clip_norm if self.config.mechanism.startswith("statistics") else None
+
+    def dp_sgd(self, round_idx: int, client: int) -> DPSGD | None:
+        """DP-SGD's settings of one client's local training (None unless ``dp_sgd`` is on)."""
+        if self.sgd is None:
+            return None
+        return DPSGD(self.config.grad_clip_norm, self.noise_multiplier,
+                     derive_seed(self.seed, round_idx, client, _NOISE_TAG + 1))
 
     def _generator(self, round_idx: int, client: int) -> torch.Generator:
         return torch.Generator().manual_seed(derive_seed(self.seed, round_idx, client, _NOISE_TAG))
@@ -188,10 +206,18 @@ class _PrivateUploads(Mapping):
         return len(self._uploads)
 
 
-def _calibrated(p: PrivacyConfig, q: float, rounds: int) -> float:
+def _sgd_part(cfg: RunConfig, n_min: int) -> tuple[float, int]:
+    """DP-SGD's (q, steps) per round for the smallest client — the worst case: the largest sampling rate
+    B/n (the loader's shuffled batches accounted as Poisson sampling at that rate, the usual practice)."""
+    B = cfg.train.batch_size or cfg.data.batch_size
+    return min(1.0, B / n_min), cfg.train.epochs * math.ceil(n_min / B)
+
+
+def _calibrated(p: PrivacyConfig, parts: list[tuple[float, int]], rounds: int) -> float:
     from fl_lightning.privacy.accountant import noise_multiplier
 
     try:
-        return noise_multiplier(p.epsilon, q=q, steps=rounds, delta=p.delta, accountant=p.accountant)
+        return noise_multiplier(p.epsilon, delta=p.delta, accountant=p.accountant,
+                                parts=[(q, steps * rounds) for q, steps in parts])
     except ValueError as err:
         raise ConfigError(f"{_KEY}.epsilon", p.epsilon, f"a target some noise reaches ({err})") from None

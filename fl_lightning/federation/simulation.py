@@ -153,7 +153,8 @@ class Simulation:
         if budget and is_deterministic(test_transform):
             splits.test = PreprocessedSplit(splits.test, budget_bytes=budget)
         partition = partition_for(cfg, splits.train_targets)
-        env = Environment(fabric, cfg, splits, partition, self.run_dir)
+        privacy = FederationPrivacy.of(cfg, algorithm.num_rounds, [len(p) for p in partition])
+        env = Environment(fabric, cfg, splits, partition, self.run_dir, privacy)
         algorithm.setup(env)
         return algorithm, env
 
@@ -188,7 +189,7 @@ class Simulation:
         check_shared_run_folder(fabric, self.run_dir)
         seed_everything(cfg.seed, verbose=False)
         algorithm, env = self._setup()
-        self._privacy = FederationPrivacy.of(cfg, algorithm.num_rounds, len(env.splits.train_targets))
+        self._privacy = env.privacy
         rank, world = fabric.global_rank, fabric.world_size
         assignment = assign_clients([len(p) for p in env.partition], world)
         run = self._restore(algorithm)
