@@ -1,5 +1,5 @@
-"""federation.privacy through the engine: off is today's run, σ=0 with no clipping is FedAvg exactly, ε lands in
-metrics.csv and summary.json, and bad settings stop with one line (exit 2)."""
+"""federation.privacy through the engine: σ=0 with no clipping is FedAvg (FedCGS) exactly, ε lands in metrics.csv
+and summary.json, FedOPAL composes DP-SGD with its statistics, and bad settings stop with one line (exit 2)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from tests.conftest import CONF, run_cli
 
 FEDAVG = CONF / "fedavg_digits_tiny.yaml"
 FEDCGS = CONF / "fedcgs_digits_tiny.yaml"
+FEDOPAL = CONF / "fedopal_digits_tiny.yaml"
 _FAST = ["--logging.progress", "false", "--federation.rounds", "2", "--partition.num_clients", "4"]
 
 
@@ -76,10 +77,32 @@ def test_bad_settings_name_their_key(override, key):
     assert err.value.key == key and "\n" not in str(err.value)
 
 
-def test_a_target_no_noise_reaches_is_one_line_and_exit_2(tmp_path):
+def test_a_target_no_noise_reaches_is_one_line(tmp_path):
+    cfg = load_config(FEDAVG, ["--output_dir", str(tmp_path), *_FAST, "--federation.privacy.mechanism", "dp_fedavg",
+                               "--federation.privacy.epsilon", "1e-6", "--federation.privacy.delta", "1e-5"])
+    with pytest.raises(ConfigError) as err:
+        Simulation(cfg=cfg, loggers=[]).run()
+    assert err.value.key == "federation.privacy.epsilon" and "no noise multiplier" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_bad_delta_is_one_line_and_exit_2(tmp_path):
     proc = run_cli("--config", str(FEDAVG), "--output_dir", str(tmp_path), *_FAST,
-                   "--federation.privacy.mechanism", "dp_fedavg", "--federation.privacy.epsilon", "1e-6",
-                   "--federation.privacy.delta", "1e-5")
+                   "--federation.privacy.mechanism", "dp_fedavg", "--federation.privacy.epsilon", "1",
+                   "--federation.privacy.delta", "0.3")
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "federation.privacy.epsilon" in lines[0] and "no noise multiplier" in lines[0]
+    assert len(lines) == 1 and "federation.privacy.delta=0.3" in lines[0] and "1/num_clients" in lines[0]
+
+
+def test_fedopal_composes_dp_sgd_of_its_prompts_with_its_statistics(tmp_path):
+    summary, state = _run(FEDOPAL, tmp_path, "fedopal", "--train.epochs", "1", "--data.num_samples", "120",
+                          "--federation.privacy.mechanism", "statistics_central", "--federation.privacy.epsilon", "8",
+                          "--federation.privacy.delta", "1e-3", "--federation.privacy.dp_sgd", "true")
+    p = summary["privacy"]
+    assert p["dp_sgd"]["steps_per_round"] >= 1 and 8 * 0.99 <= p["epsilon"] <= 8
+    from fl_lightning.privacy.accountant import epsilon
+
+    alone = epsilon(p["noise_multiplier"], q=1.0, steps=1, delta=1e-3)  # the statistics' release by itself
+    assert alone < p["epsilon"]  # the prompts' DP-SGD steps cost ε too
+    assert torch.isfinite(state["W"]).all() and 0 <= summary["accuracy"] <= 1
