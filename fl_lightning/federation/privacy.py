@@ -118,11 +118,6 @@ class FederationPrivacy:
                 "epsilon": self.epsilon(rounds_done), "delta": p.delta, "noise_multiplier": self.noise_multiplier}
 
     # -- the mechanisms -----------------------------------------------------------------------------------
-    @property
-    def feature_clip(self) -> float | None:
-        """c for the statistics' per-sample feature clipping (None: the statistics are not privatised)."""
-        return self.config.clip_norm if self.config.mechanism.startswith("statistics") else None
-
     def dp_sgd(self, round_idx: int, client: int) -> DPSGD | None:
         """DP-SGD's settings of one client's local training (None unless ``dp_sgd`` is on)."""
         if self.sgd is None:
@@ -162,8 +157,11 @@ class FederationPrivacy:
     def _clipped(self, state: Mapping[str, torch.Tensor], client: int, upload: Upload) -> Upload:
         from fl_lightning.privacy.dp_fedavg import clip_update, shared_keys
 
+        keys = frozenset(shared_keys(state, upload.tensors))
+        if not keys:  # nothing averaged (e.g. FeDiSyn's synthesis round): the upload as it is
+            return upload
         tensors, _ = clip_update(state, upload.tensors, self.config.clip_norm)
-        self.held[client] = frozenset(shared_keys(state, upload.tensors))  # a second read counts once
+        self.held[client] = keys  # a second read counts once
         return Upload(tensors, {**upload.meta, "num_samples": 1})
 
     def _sum_noise(self, round_idx: int, upload: Upload) -> Upload:

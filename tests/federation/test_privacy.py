@@ -106,3 +106,24 @@ def test_fedopal_composes_dp_sgd_of_its_prompts_with_its_statistics(tmp_path):
     alone = epsilon(p["noise_multiplier"], q=1.0, steps=1, delta=1e-3)  # the statistics' release by itself
     assert alone < p["epsilon"]  # the prompts' DP-SGD steps cost ε too
     assert torch.isfinite(state["W"]).all() and 0 <= summary["accuracy"] <= 1
+
+
+def test_a_key_sent_by_some_clients_gets_the_noise_of_its_holders_and_other_uploads_pass():
+    from fl_lightning.config import PrivacyConfig
+    from fl_lightning.federation.privacy import FederationPrivacy
+    from fl_lightning.federation.transport import Upload
+
+    dp = FederationPrivacy(PrivacyConfig(mechanism="dp_fedavg", noise_multiplier=1.0, delta=0.01), seed=0,
+                           rounds=1, parts=[(1.0, 1)], noise_multiplier=1.0)
+    zeros = torch.zeros(4000)
+    state = {"a": zeros, "b": zeros}
+    uploads = {0: Upload({"a": zeros + 1e-3, "b": zeros + 1e-3}, {"num_samples": 5}),
+               1: Upload({"a": zeros + 2e-3}, {"num_samples": 9}),
+               2: Upload({"latents": torch.ones(3)}, {"num_samples": 7})}  # nothing averaged: as it is
+    view = dp.server_uploads(uploads, state, round_idx=0)
+    assert view[2] is uploads[2] and view[0].meta["num_samples"] == 1 and uploads[0].meta["num_samples"] == 5
+    for _ in range(2):  # a method may read the uploads twice: each client counts once
+        list(view.values())
+    out = dp.noised_state({"a": zeros, "b": zeros}, round_idx=0)
+    assert out["a"].std().item() == pytest.approx(1.0 / 2, rel=0.05)  # σS/m with m = 2 holders of "a"
+    assert out["b"].std().item() == pytest.approx(1.0 / 1, rel=0.05)  # one holder of "b"
