@@ -43,7 +43,8 @@ import yaml
 from fl_lightning.errors import ConfigError, UsageError, check
 
 __all__ = [
-    "DataConfig", "PartitionConfig", "ModelConfig", "FederationConfig", "PrivacyConfig", "PRIVACY_MECHANISMS", "LocalTrainingConfig", "LoggingConfig",
+    "DataConfig", "PartitionConfig", "ModelConfig", "FederationConfig", "PrivacyConfig", "PRIVACY_MECHANISMS",
+    "LocalTrainingConfig", "LoggingConfig",
     "RunConfig", "check", "load_config", "build_config", "config_to_dict", "dump_config", "expand_variants",
     "schema_keys", "current_names", "recorded_config", "added_key_overrides", "DATASET_NAMES", "CORE_SECTIONS", "PRECISIONS", "ACCELERATORS",
 ]  # check lives in fl_lightning.errors (method configs import it from there, not from here)
@@ -144,7 +145,7 @@ class PrivacyConfig:
     server too) or on their sum (central: against everyone but the server).
     """
 
-    mechanism: Literal["off", "dp_fedavg", "statistics_local", "statistics_central"] = "off"
+    mechanism: Literal[PRIVACY_MECHANISMS] = "off"  # type: ignore[valid-type]
     # the run's target ε; null: take noise_multiplier as given and report the ε it gives
     epsilon: float | None = None
     # δ of (ε, δ)-DP; must be < 1/N (N: clients for dp_fedavg, training records for the statistics)
