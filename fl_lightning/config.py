@@ -43,7 +43,8 @@ import yaml
 from fl_lightning.errors import ConfigError, UsageError, check
 
 __all__ = [
-    "DataConfig", "PartitionConfig", "ModelConfig", "FederationConfig", "LocalTrainingConfig", "LoggingConfig",
+    "DataConfig", "PartitionConfig", "ModelConfig", "FederationConfig", "PrivacyConfig", "PRIVACY_MECHANISMS",
+    "LocalTrainingConfig", "LoggingConfig",
     "RunConfig", "check", "load_config", "build_config", "config_to_dict", "dump_config", "expand_variants",
     "schema_keys", "current_names", "recorded_config", "added_key_overrides", "DATASET_NAMES", "CORE_SECTIONS", "PRECISIONS", "ACCELERATORS",
 ]  # check lives in fl_lightning.errors (method configs import it from there, not from here)
@@ -154,6 +155,51 @@ class ModelConfig:
     overrides: dict = field(default_factory=dict)  # passed to the library's factory (tiny test models)
 
 
+PRIVACY_MECHANISMS = ("off", "dp_fedavg", "statistics_local", "statistics_central")
+
+
+@dataclass
+class PrivacyConfig:
+    """Differential privacy of what clients upload (docs/privacy.md; fl_lightning/privacy/).
+
+    ``mechanism``: ``off`` (today's behaviour, bit for bit); ``dp_fedavg`` — user-level DP of every averaging
+    method (McMahan et al. 2018): each client's update clipped to ``clip_norm``, Gaussian noise on the mean;
+    ``statistics_local`` / ``statistics_central`` — record-level DP of the sufficient statistics (AFL, FedOPAL,
+    FedCGS): features clipped to ``clip_norm``, Gaussian noise on each client's R_k, C_k (local: against the
+    server too) or on their sum (central: against everyone but the server).
+    """
+
+    mechanism: Literal[PRIVACY_MECHANISMS] = "off"  # type: ignore[valid-type]
+    # the run's target ε; null: take noise_multiplier as given and report the ε it gives
+    epsilon: float | None = None
+    # δ of (ε, δ)-DP; must be < 1/N (N: clients for dp_fedavg, training records for the statistics)
+    delta: float = 1e-5
+    clip_norm: float = 1.0  # S: L2 bound of a client's update (dp_fedavg) or of one feature vector (statistics)
+    noise_multiplier: float | None = None  # σ (noise std σ·sensitivity); null: calibrated to epsilon
+    accountant: Literal["rdp", "pld"] = "rdp"  # dp-accounting's RDP (fast) or PLD (tighter, slower) accountant
+    # with statistics_*: the local training (FedOPAL's prompts) runs DP-SGD too — per-sample gradients clipped to
+    # grad_clip_norm, noise σ·grad_clip_norm per step, the same σ as the statistics', calibrated to ε jointly
+    dp_sgd: bool = False
+    grad_clip_norm: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.mechanism == "off":
+            return
+        check(self.epsilon is not None or self.noise_multiplier is not None, "epsilon", self.epsilon,
+              "a float > 0 (the target ε), or set noise_multiplier instead")
+        check(self.epsilon is None or self.noise_multiplier is None, "noise_multiplier", self.noise_multiplier,
+              "null when epsilon is set (the noise is then calibrated to it)")
+        check(self.epsilon is None or (self.epsilon > 0 and math.isfinite(self.epsilon)), "epsilon", self.epsilon,
+              "a finite float > 0")
+        check(0 < self.delta < 1, "delta", self.delta, "a float in (0, 1), below 1/N")
+        check(self.clip_norm > 0, "clip_norm", self.clip_norm, "a float > 0 (inf: no clipping)")
+        check(self.noise_multiplier is None or 0 <= self.noise_multiplier < math.inf, "noise_multiplier",
+              self.noise_multiplier, "a finite float >= 0 (0: no noise, ε = inf)")
+        check(not self.dp_sgd or self.mechanism.startswith("statistics"), "dp_sgd", self.dp_sgd,
+              "false unless mechanism is statistics_local or statistics_central (record-level DP)")
+        check(0 < self.grad_clip_norm < math.inf, "grad_clip_norm", self.grad_clip_norm, "a finite float > 0")
+
+
 @dataclass
 class FederationConfig:
     rounds: int = 1
@@ -194,6 +240,7 @@ class FederationConfig:
     # e.g. the backward of AdaptiveAvgPool2d, as in timm CNNs' pooling, and of bilinear interpolation). The CPU
     # runs here give the same numbers either way. It changes which kernels run, so a resumed run cannot change it
     deterministic: bool = False
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)  # differential privacy (docs/privacy.md)
 
     def __post_init__(self) -> None:
         check(self.rounds >= 1, "rounds", self.rounds, "an int >= 1")
@@ -267,6 +314,11 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _check_seed("seed", self.seed)
+        p = self.federation.privacy
+        if p.mechanism == "dp_fedavg":  # user-level: δ < 1/K (a δ of 1/K could release one user's update whole)
+            check(p.delta < 1 / self.partition.num_clients, "federation.privacy.delta", p.delta,
+                  f"a float < 1/num_clients = {1 / self.partition.num_clients:g} (user-level DP over "
+                  f"{self.partition.num_clients} clients)")
         if self.run_name is not None:
             name = self.run_name
             check(name not in ("", ".", "..") and "/" not in name and "\\" not in name and "\0" not in name,
@@ -337,7 +389,8 @@ def current_names(values: dict) -> dict:
 # Keys added after runs were first recorded, with the value a run recorded without them ran under: such a
 # recorded config (run.json) is read with that value — its numbers were made so — not with today's default.
 _ADDED_KEYS: dict[str, dict[str, Any]] = {
-    "federation": {"matmul_precision": "highest", "deterministic": False},  # torch's defaults, which ran then
+    "federation": {"matmul_precision": "highest", "deterministic": False,  # torch's defaults, which ran then
+                   "privacy": {"mechanism": "off"}},  # no differential privacy before it existed
     # Hugging Face data sets, natural and Flower partitions: every earlier run ran with none of them
     "data": {"path": None, "train_split": "train", "test_split": "test", "image_column": None, "label_column": None},
     "partition": {"by": None, "convention": "fl_lightning", "flower_shuffle_seed": None},

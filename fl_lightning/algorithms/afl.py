@@ -114,16 +114,19 @@ class AFL(Algorithm):
         return RoundPlan({c: Download() for c in clients})  # clients hold the frozen backbone: nothing to send
 
     def statistics(self, client: Client) -> AnalyticStatistics:
-        """Eq. (7) on one client, streamed batch by batch (its rows of the split's feature table, when frozen)."""
+        """Eq. (7) on one client, streamed batch by batch (its rows of the split's feature table, when frozen);
+        each feature clipped to ``federation.privacy.clip_norm`` under the statistics' DP (docs/privacy.md)."""
+        p = self.cfg.federation.privacy
+        clip = p.clip_norm if p.mechanism.startswith("statistics") else None
         if self._train_h is not None:
             batches = client_feature_batches(self._train_h, self.env.splits.train_targets,
                                              self.env.partition[client.index], self.cfg.data.batch_size)
             return collect_statistics(_identity, batches, num_classes=self.env.num_classes, device=self.fabric.device,
-                                      dtype=self._dtype, feature_dim=self.backbone.feature_dim)
+                                      dtype=self._dtype, feature_dim=self.backbone.feature_dim, clip_norm=clip)
         loader = self.env.loader(client.dataset, shuffle=False)
         return collect_statistics(self.model, loader, num_classes=self.env.num_classes, device=self.fabric.device,
                                   dtype=self._dtype, autocast=self.fabric.autocast,
-                                  feature_dim=self.backbone.feature_dim)
+                                  feature_dim=self.backbone.feature_dim, clip_norm=clip)
 
     def statistics_upload(self, stats: AnalyticStatistics, first: dict[str, Tensor] | None = None,
                           **meta: int) -> Upload:

@@ -229,7 +229,8 @@ class FedOPAL(StagedAlgorithm, AFL):
         loader = self.env.loader(client.dataset, shuffle=True, batch_size=self.cfg.train.batch_size,
                                  seed=client_seed(self.cfg.seed, round_idx, client.index))
         proximal = ProximalCallback(mu=self.config.mu, reference={PromptTuningModule.prompt_parameter_name: p_init})
-        fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs, callbacks=[proximal])
+        fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs, callbacks=[proximal],
+                  dp_sgd=self.env.dp_sgd(round_idx, client))  # federation.privacy.dp_sgd (docs/privacy.md)
 
     # -- server ----------------------------------------------------------------------------------
     def evaluate(self, state: State) -> dict[str, Any]:

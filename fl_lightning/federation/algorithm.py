@@ -124,6 +124,11 @@ class Environment:
     splits: DatasetSplits
     partition: list[np.ndarray]
     run_dir: Path
+    privacy: Any = None  # federation/privacy.FederationPrivacy when federation.privacy is on
+
+    def dp_sgd(self, round_idx: int, client: Client) -> Any:
+        """The DP-SGD settings of ``client``'s local training (``fit_local(dp_sgd=...)``), or None."""
+        return None if self.privacy is None else self.privacy.dp_sgd(round_idx, client.index)
 
     @property
     def num_classes(self) -> int:

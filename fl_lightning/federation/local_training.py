@@ -12,6 +12,14 @@ Callbacks that shape the gradient (proximal term, gradient contributions) receiv
 ``on_after_backward(module=...)`` right after ``backward``, the hook name Lightning uses. The loss is
 summed on the device (float64: the same sum as adding Python floats) and read once at the end, not
 synchronised every step.
+
+Under DP-SGD (Abadi et al. 2016, Alg. 1; ``dp_sgd``, a :class:`DPSGD`), each step's gradient is instead
+
+    g = (Σ_i g_i · min(1, C/‖g_i‖₂) + N(0, σ²C² I)) / B
+
+over the B samples of the batch: per-sample gradients by one backward per sample (micro-batches of one, as
+Opacus' "virtual steps"; any ``training_step`` works, at B× the backward cost), clipped jointly over the
+trainable parameters, noised from the client's own seeded generator. It runs in full precision (no loss scaler).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from lightning import LightningModule
 from lightning.fabric import Fabric
 from torch.utils.data import DataLoader
 
-__all__ = ["LocalFitResult", "fit_local", "fresh_grad_scaler"]
+__all__ = ["LocalFitResult", "DPSGD", "fit_local", "fresh_grad_scaler"]
 
 
 @dataclass
@@ -33,6 +41,50 @@ class LocalFitResult:
     steps: int
     mean_loss: float
     compute_s: float
+
+
+@dataclass(frozen=True)
+class DPSGD:
+    """DP-SGD's settings for one client's training: per-sample clip norm C, noise multiplier σ, noise seed."""
+
+    clip_norm: float
+    noise_multiplier: float
+    seed: int
+
+
+def _rows(batch: object, i: int) -> object:
+    """Sample ``i`` of a collated batch as a batch of one (tensors, or a list/tuple of them)."""
+    if isinstance(batch, torch.Tensor):
+        return batch[i:i + 1]
+    return type(batch)(_rows(t, i) for t in batch)
+
+
+def _batch_size(batch: object) -> int:
+    return int(batch.shape[0]) if isinstance(batch, torch.Tensor) else _batch_size(batch[0])
+
+
+def _private_backward(fabric: Fabric, module: LightningModule, batch: object, batch_idx: int, dp: DPSGD,
+                      generator: torch.Generator) -> torch.Tensor:
+    """DP-SGD's gradient (module docstring) written into ``.grad``; returns the batch's mean loss."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    summed = [torch.zeros_like(p, dtype=torch.float64) for p in params]
+    B, total = _batch_size(batch), 0.0
+    for i in range(B):
+        with fabric.autocast():
+            loss = module.training_step(_rows(batch, i), batch_idx)
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+        norm = torch.sqrt(sum(g.double().pow(2).sum() for g in grads))
+        scale = torch.clamp(dp.clip_norm / norm.clamp_min(1e-300), max=1.0)
+        for s, g in zip(summed, grads):
+            s.add_(g.double() * scale)
+        total += float(loss.detach())
+    for p, s in zip(params, summed):
+        if dp.noise_multiplier > 0:  # σ = 0: no noise (and a clip norm of inf is then allowed)
+            noise = torch.randn(p.shape, generator=generator, dtype=torch.float64)
+            s = s + (noise * (dp.noise_multiplier * dp.clip_norm)).to(s.device)
+        p.grad = (s / B).to(p.dtype)
+    return torch.tensor(total / B)
 
 
 def _optimizer(module: LightningModule) -> torch.optim.Optimizer:
@@ -53,7 +105,7 @@ def fresh_grad_scaler(fabric: Fabric) -> torch.amp.GradScaler | None:
 
 
 def fit_local(fabric: Fabric, module: LightningModule, loader: DataLoader, *, epochs: int,
-              callbacks: Sequence[object] = ()) -> LocalFitResult:
+              callbacks: Sequence[object] = (), dp_sgd: DPSGD | None = None) -> LocalFitResult:
     """Train ``module`` for ``epochs`` over ``loader`` on this rank's device.
 
     Args:
@@ -63,12 +115,15 @@ def fit_local(fabric: Fabric, module: LightningModule, loader: DataLoader, *, ep
         loader: the client's data (already seeded by the caller).
         epochs: number of passes (0: no training).
         callbacks: objects with an optional ``on_after_backward(module=...)`` hook.
+        dp_sgd: DP-SGD's per-sample clipping and noise (None: plain steps).
     """
     start = time.monotonic()
     module.train()
     optimizer = _optimizer(module)
     hooks = [cb.on_after_backward for cb in callbacks if hasattr(cb, "on_after_backward")]
     scaler = fresh_grad_scaler(fabric)
+    if dp_sgd is not None:
+        return _fit_private(fabric, module, loader, epochs, optimizer, hooks, dp_sgd, start)
     # float64 where the device has it (MPS has not): the same sum as adding the losses as Python floats
     acc_dtype = torch.float32 if fabric.device.type == "mps" else torch.float64
     steps, total = 0, torch.zeros((), dtype=acc_dtype, device=fabric.device)
@@ -95,3 +150,24 @@ def fit_local(fabric: Fabric, module: LightningModule, loader: DataLoader, *, ep
     module.eval()
     return LocalFitResult(steps, float(total) / max(steps, 1), time.monotonic() - start)
 
+
+
+def _fit_private(fabric: Fabric, module: LightningModule, loader: DataLoader, epochs: int,
+                 optimizer: torch.optim.Optimizer, hooks: list, dp: DPSGD, start: float) -> LocalFitResult:
+    """:func:`fit_local`'s loop with DP-SGD's gradient (full precision: a loss scaler is not used)."""
+    if fresh_grad_scaler(fabric) is not None:
+        raise ValueError("DP-SGD runs in full precision: use federation.precision 32-true or bf16-mixed")
+    generator = torch.Generator().manual_seed(dp.seed)
+    steps, total = 0, 0.0
+    for _ in range(epochs):
+        for batch_idx, batch in enumerate(loader):
+            batch = fabric.to_device(batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss = _private_backward(fabric, module, batch, batch_idx, dp, generator)
+            for hook in hooks:  # e.g. the proximal term: data-independent, added to the private gradient
+                hook(module=module)
+            optimizer.step()
+            steps += 1
+            total += float(loss)
+    module.eval()
+    return LocalFitResult(steps, total / max(steps, 1), time.monotonic() - start)

@@ -54,6 +54,7 @@ from fl_lightning.federation.collectives import everyone, from_server, to_server
 from fl_lightning.federation.collector import frozen_during_rounds
 from fl_lightning.federation.launch import check_launcher
 from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients, seed_torch
+from fl_lightning.federation.privacy import FederationPrivacy
 from fl_lightning.federation.round_store import ClientRecord, RoundResult, RoundStore
 from fl_lightning.federation.run_folder import (check_shared_run_folder, write_metrics_csv, write_summary,
                                                write_text_atomic)
@@ -172,6 +173,7 @@ class Simulation:
         self.launcher = check_launcher(cfg.federation.devices, cfg.federation.num_nodes)
         self.cfg, self.resume = cfg, resume
         self.run_dir = cfg.run_dir
+        self._privacy: FederationPrivacy | None = None  # federation.privacy, built with the data (privacy.py)
         self.ckpt_dir = self.run_dir / "checkpoints"
         loggers = list(loggers) if loggers is not None else default_loggers(cfg)
         self.fabric = Fabric(accelerator=cfg.federation.accelerator, devices=cfg.federation.devices,
@@ -199,7 +201,8 @@ class Simulation:
         if budget and is_deterministic(test_transform):
             splits.test = PreprocessedSplit(splits.test, budget_bytes=budget)
         partition = partition_for(cfg, splits.train_targets, splits.train_column)
-        env = Environment(fabric, cfg, splits, partition, self.run_dir)
+        privacy = FederationPrivacy.of(cfg, algorithm.num_rounds, [len(p) for p in partition])
+        env = Environment(fabric, cfg, splits, partition, self.run_dir, privacy)
         algorithm.setup(env)
         return algorithm, env
 
@@ -234,6 +237,7 @@ class Simulation:
         check_shared_run_folder(fabric, self.run_dir)
         seed_everything(cfg.seed, verbose=False)
         algorithm, env = self._setup()
+        self._privacy = env.privacy
         rank, world = fabric.global_rank, fabric.world_size
         assignment = assign_clients([len(p) for p in env.partition], world)
         run = self._restore(algorithm)
@@ -343,12 +347,16 @@ class Simulation:
         if fabric.global_rank == 0:
             self._save_round(run, store, checkpoint)
 
-    @staticmethod
-    def _serve(algorithm: Algorithm, run: RunState, store: RoundStore, round_idx: int, plan: RoundPlan,
+    def _serve(self, algorithm: Algorithm, run: RunState, store: RoundStore, round_idx: int, plan: RoundPlan,
                result: RoundResult) -> tuple[dict, dict[str, Any], RoundResult]:
         """The server's aggregate (reading the uploads back in client order) and evaluation: the new state, the
         round's metrics row and the round's client records (the small numbers, for every rank's history)."""
-        state = algorithm.aggregate(round_idx, run.state, store.uploads(result.succeeded), result.failures, plan)
+        uploads, dp = store.uploads(result.succeeded), self._privacy
+        if dp is not None:  # DP-FedAvg's clipping, central DP's noise on the sum (federation/privacy.py)
+            uploads = dp.server_uploads(uploads, run.state, round_idx)
+        state = algorithm.aggregate(round_idx, run.state, uploads, result.failures, plan)
+        if dp is not None:
+            state = dp.noised_state(state, round_idx)
         return state, {"round": round_idx, **algorithm.evaluate(state)}, result
 
     def _save_round(self, run: RunState, store: RoundStore, checkpoint: DurableWriter) -> None:
@@ -435,6 +443,8 @@ class Simulation:
         upload, failure, trace, user_error = None, None, None, False
         try:
             upload = algorithm.client_update(round_idx, env.client(client_idx), download.to(fabric.device))
+            if self._privacy is not None:  # local DP: the client noises its upload before it leaves
+                upload = self._privacy.client_upload(upload, round_idx, client_idx)
             check_upload(upload, algorithm.expected_shapes(round_idx, download))
         except Exception as err:  # noqa: BLE001 — recorded; the on_client_error policy decides after the gather
             upload, failure, user_error = None, f"{type(err).__name__}: {err}", isinstance(err, UsageError)
@@ -491,7 +501,8 @@ class Simulation:
                     "bytes_down_round": bytes_down, "bytes_up": run.bytes_up, "bytes_down": run.bytes_down,
                     "round_time_s": run.history.round_s[-1],
                     "client_compute_s_max": max(result.compute_s.values(), default=0.0),
-                    **algorithm.round_extras(round_idx, run.state)})
+                    **algorithm.round_extras(round_idx, run.state),
+                    **(self._privacy.row(round_idx) if self._privacy is not None else {})})
         run.per_class_accuracy = row.pop("per_class_accuracy", None)
         run.rows.append(row)
 
@@ -506,6 +517,7 @@ class Simulation:
             "wall_time_s": run.wall_time_s, "world_size": self.fabric.world_size,
             "failed_clients": run.failed_clients, "per_class_accuracy": run.per_class_accuracy,
             **algorithm.summary_extras(run.state),
+            **(self._privacy.summary(len(run.rows)) if self._privacy is not None else {}),
         }
         if self.fabric.global_rank == 0:
             write_summary(self.run_dir / "summary.json", summary)

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning.analytic import AnalyticStatistics
+from fl_lightning.privacy.statistics import clip_features
 
 __all__ = ["collect_statistics"]
 
@@ -27,6 +28,7 @@ def collect_statistics(
     dtype: torch.dtype = torch.float64,
     autocast: Callable[[], ContextManager] | None = None,
     feature_dim: int | None = None,
+    clip_norm: float | None = None,
 ) -> AnalyticStatistics:
     """Eq. (7): R_k = Σ h hᵀ, C_k = Σ h yᵀ over a client's data, one batch at a time.
 
@@ -41,6 +43,8 @@ def collect_statistics(
             before they are accumulated.
         feature_dim: d, needed only to return empty statistics when there are no batches
             (a client with no samples); otherwise taken from the first batch.
+        clip_norm: c, each feature clipped to L2 norm ≤ c before it is accumulated (record-level DP of the
+            statistics, :func:`fl_lightning.privacy.statistics.clip_features`); None: as they are.
 
     Returns:
         The client's :class:`AnalyticStatistics` (R, C on ``device`` in ``dtype``, N samples).
@@ -52,6 +56,8 @@ def collect_statistics(
             with context():
                 h = feature_fn(images.to(device))  # (B, d)
             h = h.to(dtype)
+            if clip_norm is not None:
+                h = clip_features(h, clip_norm)
             if stats is None:
                 # normal (not inference) tensors, so the caller may update them in place later
                 with torch.inference_mode(False):

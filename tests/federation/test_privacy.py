@@ -1,0 +1,129 @@
+"""federation.privacy through the engine: σ=0 with no clipping is FedAvg (FedCGS) exactly, ε lands in metrics.csv
+and summary.json, FedOPAL composes DP-SGD with its statistics, and bad settings stop with one line (exit 2)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+pytest.importorskip("dp_accounting")  # the 'privacy' extra
+import torch
+
+from fl_lightning.config import load_config
+from fl_lightning.errors import ConfigError
+from fl_lightning.federation.checkpoint import safe_load
+from fl_lightning.federation.simulation import Simulation
+from tests.conftest import CONF, run_cli
+
+FEDAVG = CONF / "fedavg_digits_tiny.yaml"
+FEDCGS = CONF / "fedcgs_digits_tiny.yaml"
+FEDOPAL = CONF / "fedopal_digits_tiny.yaml"
+_FAST = ["--logging.progress", "false", "--federation.rounds", "2", "--partition.num_clients", "4"]
+
+
+def _run(config, tmp_path, name, *extra) -> tuple[dict, dict]:
+    cfg = load_config(config, ["--output_dir", str(tmp_path), "--run_name", name, *_FAST, *extra])
+    summary = Simulation(cfg=cfg, loggers=[]).run()
+    return summary, safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
+
+
+def test_dp_fedavg_without_noise_or_clipping_is_unweighted_fedavg_bit_for_bit(tmp_path):
+    plain, off = _run(FEDAVG, tmp_path, "plain", "--fedavg.weighted", "false")
+    summary, dp = _run(FEDAVG, tmp_path, "dp", "--federation.privacy.mechanism", "dp_fedavg",
+                       "--federation.privacy.noise_multiplier", "0", "--federation.privacy.clip_norm", ".inf",
+                       "--federation.privacy.delta", "0.01")
+    assert off.keys() == dp.keys() and all(torch.equal(off[k], dp[k]) for k in off)
+    assert summary["privacy"]["epsilon"] == float("inf") and "privacy" not in plain and "epsilon" not in plain
+
+
+def test_dp_fedavg_reaches_the_target_and_reports_epsilon_per_round(tmp_path):
+    summary, _ = _run(FEDAVG, tmp_path, "eps", "--federation.privacy.mechanism", "dp_fedavg",
+                      "--federation.privacy.epsilon", "8", "--federation.privacy.delta", "0.01",
+                      "--federation.privacy.clip_norm", "0.5")
+    p = summary["privacy"]
+    assert 8 * 0.99 <= p["epsilon"] <= 8 and p["noise_multiplier"] > 0 and p["unit"] == "user"
+    saved = json.loads((tmp_path / "eps" / "summary.json").read_text())
+    assert saved["epsilon"] == p["epsilon"] and saved["delta"] == 0.01
+    rows = list(csv.DictReader((tmp_path / "eps" / "metrics.csv").open()))
+    spent = [float(r["epsilon"]) for r in rows]
+    assert len(spent) == 2 and 0 < spent[0] < spent[1] == pytest.approx(p["epsilon"])
+
+
+def test_statistics_without_noise_and_a_loose_clip_are_the_statistics_themselves(tmp_path):
+    _, off = _run(FEDCGS, tmp_path, "plain")
+    summary, dp = _run(FEDCGS, tmp_path, "central", "--federation.privacy.mechanism", "statistics_central",
+                       "--federation.privacy.noise_multiplier", "0", "--federation.privacy.clip_norm", "1e6",
+                       "--federation.privacy.delta", "1e-6")
+    assert all(torch.equal(off[k], dp[k]) for k in off)
+    assert summary["privacy"]["unit"] == "record"
+    noisy, state = _run(FEDCGS, tmp_path, "local", "--federation.privacy.mechanism", "statistics_local",
+                        "--federation.privacy.epsilon", "4", "--federation.privacy.delta", "1e-6")
+    assert not torch.equal(state["W"], off["W"]) and 0 <= noisy["accuracy"] <= 1
+    assert noisy["epsilon"] == pytest.approx(4, rel=0.01)
+
+
+@pytest.mark.parametrize("override, key", [
+    (["--federation.privacy.epsilon", "0"], "federation.privacy.epsilon"),
+    (["--federation.privacy.epsilon", "1", "--federation.privacy.clip_norm", "0"], "federation.privacy.clip_norm"),
+    (["--federation.privacy.epsilon", "1", "--federation.privacy.delta", "0.25"], "federation.privacy.delta"),
+    (["--federation.privacy.mechanism", "dp_fedavg"], "federation.privacy.epsilon"),
+])
+def test_bad_settings_name_their_key(override, key):
+    args = ["--federation.privacy.mechanism", "dp_fedavg", "--partition.num_clients", "4", *override]
+    with pytest.raises(ConfigError) as err:
+        load_config(FEDAVG, args)
+    assert err.value.key == key and "\n" not in str(err.value)
+
+
+def test_a_target_no_noise_reaches_is_one_line(tmp_path):
+    cfg = load_config(FEDAVG, ["--output_dir", str(tmp_path), *_FAST, "--federation.privacy.mechanism", "dp_fedavg",
+                               "--federation.privacy.epsilon", "1e-6", "--federation.privacy.delta", "1e-5"])
+    with pytest.raises(ConfigError) as err:
+        Simulation(cfg=cfg, loggers=[]).run()
+    assert err.value.key == "federation.privacy.epsilon" and "no noise multiplier" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_bad_delta_is_one_line_and_exit_2(tmp_path):
+    proc = run_cli("--config", str(FEDAVG), "--output_dir", str(tmp_path), *_FAST,
+                   "--federation.privacy.mechanism", "dp_fedavg", "--federation.privacy.epsilon", "1",
+                   "--federation.privacy.delta", "0.3")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "federation.privacy.delta=0.3" in lines[0] and "1/num_clients" in lines[0]
+
+
+def test_fedopal_composes_dp_sgd_of_its_prompts_with_its_statistics(tmp_path):
+    summary, state = _run(FEDOPAL, tmp_path, "fedopal", "--train.epochs", "1", "--data.num_samples", "120",
+                          "--federation.privacy.mechanism", "statistics_central", "--federation.privacy.epsilon", "8",
+                          "--federation.privacy.delta", "1e-3", "--federation.privacy.dp_sgd", "true")
+    p = summary["privacy"]
+    assert p["dp_sgd"]["steps_per_round"] >= 1 and 8 * 0.99 <= p["epsilon"] <= 8
+    from fl_lightning.privacy.accountant import epsilon
+
+    alone = epsilon(p["noise_multiplier"], q=1.0, steps=1, delta=1e-3)  # the statistics' release by itself
+    assert alone < p["epsilon"]  # the prompts' DP-SGD steps cost ε too
+    assert torch.isfinite(state["W"]).all() and 0 <= summary["accuracy"] <= 1
+
+
+def test_a_key_sent_by_some_clients_gets_the_noise_of_its_holders_and_other_uploads_pass():
+    from fl_lightning.config import PrivacyConfig
+    from fl_lightning.federation.privacy import FederationPrivacy
+    from fl_lightning.federation.transport import Upload
+
+    dp = FederationPrivacy(PrivacyConfig(mechanism="dp_fedavg", noise_multiplier=1.0, delta=0.01), seed=0,
+                           rounds=1, parts=[(1.0, 1)], noise_multiplier=1.0)
+    zeros = torch.zeros(4000)
+    state = {"a": zeros, "b": zeros}
+    uploads = {0: Upload({"a": zeros + 1e-3, "b": zeros + 1e-3}, {"num_samples": 5}),
+               1: Upload({"a": zeros + 2e-3}, {"num_samples": 9}),
+               2: Upload({"latents": torch.ones(3)}, {"num_samples": 7})}  # nothing averaged: as it is
+    view = dp.server_uploads(uploads, state, round_idx=0)
+    assert view[2] is uploads[2] and view[0].meta["num_samples"] == 1 and uploads[0].meta["num_samples"] == 5
+    for _ in range(2):  # a method may read the uploads twice: each client counts once
+        list(view.values())
+    out = dp.noised_state({"a": zeros, "b": zeros}, round_idx=0)
+    assert out["a"].std().item() == pytest.approx(1.0 / 2, rel=0.05)  # σS/m with m = 2 holders of "a"
+    assert out["b"].std().item() == pytest.approx(1.0 / 1, rel=0.05)  # one holder of "b"
