@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fl_lightning.config import FederationConfig
-    from fl_lightning.federation.collector import Paused
+    from fl_lightning.experiments.collector import StartupCollector
 
 __all__ = ["main", "parse_args", "Args"]
 
@@ -163,9 +163,10 @@ def _one_line(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fl_lightning.federation.collector import pause_collection
+    from fl_lightning.experiments.startup import fast_start, fast_start_requested
 
-    paused = pause_collection()  # the start-up's imports and set-up without full collections (collector.py)
+    # opt-in start-up tuning (FL_LIGHTNING_FAST_START=1): before anything imports Lightning
+    collector = fast_start() if fast_start_requested() else None
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv
     locks: list = []
@@ -174,14 +175,15 @@ def main(argv: list[str] | None = None) -> int:
     from fl_lightning.errors import RunFailure, UsageError
 
     try:
-        return _main(argv, locks, paused)
+        return _main(argv, locks, collector)
     except UsageError as err:
         return _report(err, 2, debug)
     except RunFailure as err:
         return _report(err, 1, debug)
     # anything else is our bug: the traceback is the report
     finally:
-        paused.release()  # back on, whether or not a run began
+        if collector is not None:
+            collector.release()  # back on, whether or not a run began
         for lock in locks:
             lock.release()
         if in_main_thread:
@@ -197,7 +199,7 @@ def _report(err: BaseException, status: int, debug: bool) -> int:
     return status
 
 
-def _main(argv: list[str], locks: list, paused: Paused) -> int:
+def _main(argv: list[str], locks: list, collector: StartupCollector | None) -> int:
     args = parse_args(argv)
     try:
         from fl_lightning.config import added_key_overrides, dump_config, expand_variants, load_config, read_yaml
@@ -271,8 +273,13 @@ def _main(argv: list[str], locks: list, paused: Paused) -> int:
                   f"({len(finished) + k} of {len(mine)} done): {run.resolved_run_name}, ETA of the rest "
                   f"{format_duration(eta)}", flush=True)
         try:
-            with _torch_numerics(run.federation):
-                summaries[i] = Simulation(cfg=run, resume=resume[i], callbacks=[paused]).run()
+            try:
+                with _torch_numerics(run.federation):
+                    summaries[i] = Simulation(cfg=run, resume=resume[i],
+                                              callbacks=[] if collector is None else [collector]).run()
+            finally:
+                if collector is not None:
+                    collector.end_run()
             if i in held:
                 held[i].release()
         except KeyboardInterrupt as err:

@@ -24,7 +24,7 @@ the framework over ``python -c "import torch, timm"`` timed in the same run (bou
 ``start_ratio_with_data_library`` puts scikit-learn into that reference, since the bundled digits are
 scikit-learn's and their split is its ``train_test_split`` (the bare loop imports it too), and
 ``start_ratio_with_data_library_collector_paused`` runs those imports with Python's cyclic collector
-paused, as the framework's start does (``federation/collector.py``): what is left is the framework's own
+paused, as the CLI's opt-in fast start does (``experiments/collector.py``): what is left is the framework's own
 start (Lightning, this package, the config, the set-up).
 
 Each job runs ``--repeats`` times (default 3), each time in fresh processes; a figure takes each
@@ -358,7 +358,7 @@ _DATA_LIBRARY = "sklearn.datasets, sklearn.model_selection"
 _START_REFERENCES = (("start_ratio", "import torch, timm", "`import torch, timm`"),
                      ("start_ratio_with_data_library", f"import torch, timm, {_DATA_LIBRARY}",
                       "`import torch, timm` + scikit-learn (the digits' library)"),
-                     # the framework's start pauses the cyclic collector (federation/collector.py); this
+                     # the CLI's opt-in fast start pauses the cyclic collector (experiments/collector.py); this
                      # reference does too, so that the figure shows what is left once both import alike
                      ("start_ratio_with_data_library_collector_paused",
                       f"import gc; gc.disable(); import torch, timm, {_DATA_LIBRARY}",
@@ -480,9 +480,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(int(threads))
         _bare_worker(Path(config), Path(out))
         return 0
-    from fl_lightning.federation.collector import pause_collection
+    from fl_lightning.experiments.startup import fast_start, fast_start_requested
 
-    paused = pause_collection()  # what fl_lightning.train's main does first, before it imports torch
+    # what fl_lightning.train's main does first, before it imports torch (opt-in: FL_LIGHTNING_FAST_START=1)
+    paused = fast_start() if fast_start_requested() else None
     import torch
 
     torch.set_num_threads(int(threads))
