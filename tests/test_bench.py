@@ -181,7 +181,7 @@ def test_fedisyn_system_model_figures_against_a_hand_computed_round():
         assert wfba["details"]["lora_bits_per_block"][dataset] == tau
         p = profile_arrays(paper_testbed(board_profiles(vit, 32)))
         _, e = device_spectral_efficiency(p["transmit_power_w"], config=ChannelConfig(), seed=0)
-        for policy, row in wfba["details"]["per_dataset"][dataset]["policies"].items():
+        for row in wfba["details"]["per_dataset"][dataset]["policies"].values():
             x = np.array(row["depths"], dtype=float)
             H = D * (p["forward_time_s"] + x * p["backward_time_per_layer_s"])
             S = tau * x

@@ -27,9 +27,10 @@ identically); the DP variant and the decentralised (chain) setting of the paper 
 Backbone: ``model.*``, a ViT or a timm CNN's pooled pre-logit features
 (:mod:`fl_lightning.models.cnn_backbone`). The paper uses an ImageNet ResNet-50 and CLIP encoders
 (the authors' Flower baseline a CLIP ViT-B/32), the FedCGS repository an ImageNet ResNet-18; the
-Table I–II configs carry the ResNet-50 row and FedPFT on FedOPAL's CLIP ViT-B/16. Core keys not used: ``train.*`` (the server head has its own
-``fedpft.head_*`` settings; clients train nothing) and ``federation.rounds`` (one round). Memory:
-a client holds its own features (n_k × d, what EM needs; never the images), the server the pooled
+Table I–II configs carry the ResNet-50 row and FedPFT on FedOPAL's CLIP ViT-B/16. Core keys not used:
+``train.*`` (the server head has its own ``fedpft.head_*`` settings; clients train nothing) and
+``federation.rounds`` (one round). Memory: a client holds its own features (n_k × d, what EM needs; never the
+images), the server the pooled
 synthetic features (N × d), as in the paper. The backbone's features of the training and test splits
 are computed once per comparison (``data.feature_cache``; a rank holds the training split's table, N × d,
 and each client gathers its rows).

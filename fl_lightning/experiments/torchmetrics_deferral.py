@@ -17,11 +17,11 @@ Upstream: Lightning-AI/torchmetrics "Import time: scipy.signal, torchvision and 
 eagerly by import torchmetrics" (open) and "Don't import all modules from torchmetrics root" (open);
 Lightning-AI/pytorch-lightning "import lightning takes 6 seconds" was closed as a third-party cost.
 
-What this does (:func:`install`, called by the CLI's fast start before anything imports Lightning): it puts the real ``torchmetrics`` package into ``sys.modules`` WITHOUT executing its
-``__init__`` yet — the module object of torchmetrics' own spec, with ``__version__`` (from the installed
-distribution's metadata), the ``_logger`` / ``_PACKAGE_ROOT`` / ``_PROJECT_ROOT`` names that its
-submodules import from the root, and a module ``__getattr__``:
-
+What this does (:func:`install`, called by the CLI's fast start before anything imports Lightning): it puts the
+real ``torchmetrics`` package into ``sys.modules`` WITHOUT executing its ``__init__`` yet — the module object of
+torchmetrics' own spec, with ``__version__`` (from the installed distribution's metadata), the ``_logger`` /
+``_PACKAGE_ROOT`` / ``_PROJECT_ROOT`` names that its submodules import from the root, and a module
+``__getattr__``:
 * ``Metric`` / ``MetricCollection`` come from ``torchmetrics.metric`` / ``torchmetrics.collections`` (the
   real classes; ``torchmetrics.utilities`` first, the order torchmetrics' own imports resolve in);
 * any other name runs the real ``__init__`` in that same module object, once, and returns the name:
@@ -38,9 +38,10 @@ for ``Metric`` — imports ``torchmetrics.utilities.plot``, and that module impo
 at its top whenever matplotlib is installed (~0.6 s of a run's start on a 2-core CPU), only to name three
 annotation types and to wrap its three plot functions in ``plt.style.context``. The upstream fix
 (Lightning-AI/torchmetrics PR "Do not import scipy.signal and matplotlib at package import time", for
-the open issue on import time named above) was closed unmerged. Here the plot module is executed with its "matplotlib not installed"
-branch (the annotation types are ``object``, as that PR has them at runtime), and then completed on first
-use: its ``_MATPLOTLIB_AVAILABLE`` becomes an object that, the first time a plot function asks it,
+the open issue on import time named above) was closed unmerged. Here the plot module is executed with its
+"matplotlib not installed" branch (the annotation types are ``object``, as that PR has them at runtime), and
+then completed on first use: its ``_MATPLOTLIB_AVAILABLE`` becomes an object that, the first time a plot
+function asks it,
 imports matplotlib and puts ``plt``, ``matplotlib`` and ``style_change = plt.style.context`` into the
 module, exactly the names its top would have bound; and its three plot functions enter
 ``plt.style.context`` at call time rather than at definition. ``metric.plot()`` draws the same figure

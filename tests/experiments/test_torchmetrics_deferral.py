@@ -1,7 +1,8 @@
-"""The deferred torchmetrics root (the CLI's opt-in fast start, never ``import fl_lightning``): a submodule imported first still resolves torchmetrics' own import cycle,
-Lightning gets the real ``Metric``, and any root-only name loads the real package once, in the same module
-object; and the installed torchmetrics is one of the releases it is pinned to (that a timm run's imports leave the
-metric domains out is tested with the loop, in tests/federation/test_simulation.py)."""
+"""The deferred torchmetrics root (the CLI's opt-in fast start, never ``import fl_lightning``): a submodule
+imported first still resolves torchmetrics' own import cycle, Lightning gets the real ``Metric``, and any root-only
+name loads the real package once, in the same module object; and the installed torchmetrics is one of the releases
+it is pinned to (that a timm run's imports leave the metric domains out is tested with the loop, in
+tests/federation/test_simulation.py)."""
 
 import subprocess
 import sys
