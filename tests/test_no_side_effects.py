@@ -32,8 +32,8 @@ import pkgutil, importlib
 import fl_lightning
 import lightning, torchmetrics
 for info in pkgutil.walk_packages(fl_lightning.__path__, 'fl_lightning.'):
-    if info.name.startswith('fl_lightning.bench') or info.name == 'fl_lightning.experiments.torchmetrics_deferral':
-        continue  # the benchmarks are scripts; the deferral is the CLI's opt-in and does nothing on import anyway
+    if info.name == 'fl_lightning.experiments.torchmetrics_deferral':
+        continue  # the CLI's opt-in (it does nothing on import anyway)
     importlib.import_module(info.name)
 """
 
