@@ -46,7 +46,7 @@ import torch
 from lightning.fabric import Fabric
 from torch import Tensor
 
-from fl_lightning.algorithms.common import FrozenFeatures, evaluate_on_test_features, frozen_backbone
+from fl_lightning.algorithms.common import FrozenFeatures, frozen_backbone
 from fl_lightning.errors import check
 from fl_lightning.feature_gaussians import (
     COVARIANCE_TYPES,
@@ -124,7 +124,6 @@ class FedPFT(Algorithm):
         self.backbone = self.fabric.to_device(self.backbone)
         self._tables = FrozenFeatures(self, self.backbone)
         self._train_h = self._tables.table("train", all_ranks=True)  # once per comparison
-        self._test_h: Tensor | None = None
 
     def initial_state(self) -> State:
         return {}
@@ -175,9 +174,7 @@ class FedPFT(Algorithm):
 
     def evaluate(self, state: State) -> dict[str, Any]:
         self._weight, self._bias = state["weight"].to(self.fabric.device), state["bias"].to(self.fabric.device)
-        if self._test_h is None:  # the server alone evaluates
-            self._test_h = self._tables.table("test", all_ranks=False)
-        return evaluate_on_test_features(self.env, self._test_h, self._head)
+        return self._tables.evaluate(self._head)
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         c, d = self.config, self.backbone.feature_dim
