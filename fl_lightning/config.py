@@ -46,11 +46,9 @@ __all__ = [
     "DataConfig", "PartitionConfig", "ModelConfig", "FederationConfig", "PrivacyConfig", "PRIVACY_MECHANISMS",
     "LocalTrainingConfig", "LoggingConfig",
     "RunConfig", "check", "load_config", "build_config", "config_to_dict", "dump_config", "expand_variants",
-    "schema_keys", "current_names", "recorded_config", "added_key_overrides", "DATASET_NAMES", "CORE_SECTIONS", "PRECISIONS", "ACCELERATORS",
+    "schema_keys", "current_names", "recorded_config", "added_key_overrides", "CORE_SECTIONS", "PRECISIONS", "ACCELERATORS",
 ]  # check lives in fl_lightning.errors (method configs import it from there, not from here)
 
-DATASET_NAMES = ("cifar10", "cifar100", "svhn", "dtd", "food101", "caltech101", "imagefolder", "digits",
-                 "synthetic", "hf")
 # What Fabric accepts (lightning.fabric.connector._PRECISION_INPUT and accelerator names), checked here
 # so that a typo stops in the config layer, not in a traceback from inside Fabric.
 PRECISIONS = ("32-true", "32", "64-true", "64", "16-mixed", "16", "bf16-mixed", "bf16", "16-true", "bf16-true",
@@ -67,7 +65,7 @@ def _check_seed(key: str, value: int) -> None:
 
 @dataclass
 class DataConfig:
-    name: Literal[DATASET_NAMES] = "digits"  # type: ignore[valid-type]
+    name: str = "digits"  # a name in fl_lightning.data.registry.DATASETS, the one list of data sets
     root: str = "data"  # datasets are looked for here (torchvision layout; imagefolder: the folder)
     download: bool = False  # opt-in: only on machines that can reach the dataset hosts
     image_size: int | None = None  # None: the backbone's input size
@@ -93,6 +91,10 @@ class DataConfig:
     label_column: str | None = None  # null: the first ClassLabel feature, else label / labels / fine_label / target
 
     def __post_init__(self) -> None:
+        from fl_lightning.data.registry import DATASETS
+
+        check(self.name in DATASETS, "name", self.name,
+              f"one of {', '.join(DATASETS)}{_did_you_mean(str(self.name), list(DATASETS))}")
         check(self.name != "hf" or bool(self.path), "path", self.path,
               "a hub id (org/name) or a local path when name is 'hf'")
         check(self.image_size is None or self.image_size >= 8, "image_size", self.image_size, "an int >= 8 or null")

@@ -17,7 +17,6 @@ Exit status: 0 when every file passed, 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import subprocess
 import sys

@@ -1,4 +1,4 @@
-"""Tests for fl_lightning.bench: the measuring helpers, and one --quick run of every benchmark.
+"""Tests for benchmarks/ (the top-level benchmarks): the measuring helpers, and one --quick run of every benchmark.
 
 Timings are never compared with thresholds here (a shared CI machine cannot promise them); the
 checks are that every figure is present and well formed, and that the numbers that do not depend
@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -18,9 +20,10 @@ import numpy as np
 import pytest
 import torch
 
-from fl_lightning.bench import BENCHMARKS, format_value, results_table
-from fl_lightning.bench.__main__ import main
-from fl_lightning.bench._timing import SavedTensorBytes, Timing, figure, tensor_bytes, time_interleaved
+from benchmarks import BENCHMARKS, format_value, results_table
+from benchmarks.__main__ import main
+from benchmarks._timing import SavedTensorBytes, Timing, figure, tensor_bytes, time_interleaved
+from tests.conftest import REPO
 
 FEDOPAL_FIGURES = {"statistics_throughput", "vpt_cost", "statistics_memory", "server_solve_ms",
                    "server_solve_vs_clients"}
@@ -79,7 +82,7 @@ def test_cli_rejects_an_unknown_suite(capsys):
 
 
 # -- one quick run of everything ----------------------------------------------------------------------
-# One in-process `python -m fl_lightning.bench all --quick` shared by the tests below: ~35 s on two
+# One in-process `python -m benchmarks all --quick` shared by the tests below: ~35 s on two
 # idle cores (two fresh processes for the memory probe pay the torch/open_clip import), hence slow.
 @pytest.fixture(scope="module")
 def quick_results(tmp_path_factory) -> dict:
@@ -168,7 +171,7 @@ def test_quick_fedisyn_numbers(quick_results):
 
 # -- the FeDiSyn system model figures (pure arithmetic: fast, exact, same in quick and full runs) ---------
 def test_fedisyn_system_model_figures_against_a_hand_computed_round():
-    from fl_lightning.bench.fedisyn import _system_model
+    from benchmarks.fedisyn import _system_model
     from fl_lightning.systems.backbones import backbone
     from fl_lightning.systems.channel import ChannelConfig, device_spectral_efficiency
     from fl_lightning.systems.devices import board_profiles, paper_testbed, profile_arrays
@@ -181,7 +184,7 @@ def test_fedisyn_system_model_figures_against_a_hand_computed_round():
         assert wfba["details"]["lora_bits_per_block"][dataset] == tau
         p = profile_arrays(paper_testbed(board_profiles(vit, 32)))
         _, e = device_spectral_efficiency(p["transmit_power_w"], config=ChannelConfig(), seed=0)
-        for policy, row in wfba["details"]["per_dataset"][dataset]["policies"].items():
+        for row in wfba["details"]["per_dataset"][dataset]["policies"].values():
             x = np.array(row["depths"], dtype=float)
             H = D * (p["forward_time_s"] + x * p["backward_time_per_layer_s"])
             S = tau * x
@@ -202,14 +205,14 @@ def test_fedisyn_system_model_figures_against_a_hand_computed_round():
     assert all(figures[f"paper_{m}_time"]["meets"] for m in ("fedisyn", "caff", "sflf", "fgl", "gptfl"))
 
 
-# -- the engine at scale (fl_lightning/bench/scale.py) ---------------------------------------------------
+# -- the engine at scale (benchmarks/scale.py) ---------------------------------------------------
 @pytest.mark.slow
 def test_quick_scale_numbers(tmp_path):
-    """``python -m fl_lightning.bench scale --quick --clients 10,40 --engine-only``: four fresh processes
+    """``python -m benchmarks scale --quick --clients 10,40 --engine-only``: four fresh processes
     (framework and bare loop at K=10 and 40) plus a 2-process run at each K. Checks what does not depend on
     the machine: the framework and the bare loop compute the same classifier, the bytes written are the
     uploads' plus a small constant per record, 2 processes give the 1-process result and report both ranks."""
-    from fl_lightning.bench.scale import SIZES
+    from benchmarks.scale import SIZES
 
     out = tmp_path / "scale.json"
     assert main(["scale", "--quick", "--clients", "10,40", "--processes", "1,2", "--engine-only",
@@ -236,7 +239,7 @@ def test_quick_scale_numbers(tmp_path):
 
 
 def test_scale_import_times_parse_importtime_output():
-    from fl_lightning.bench.scale import _import_times
+    from benchmarks.scale import _import_times
 
     text = "\n".join([
         "import time: self [us] | cumulative | imported package",
@@ -249,14 +252,14 @@ def test_scale_import_times_parse_importtime_output():
     assert _import_times(text) == {"lightning": 2.6, "lightning.fabric": 2.5, "torch": 1.5, "timm": 0.9}
 
 
-# -- frozen features once per comparison (fl_lightning/bench/features.py) ---------------------------------
+# -- frozen features once per comparison (benchmarks/features.py) ---------------------------------
 def test_features_suite_stops_with_one_line_without_the_checkpoint(tmp_path, monkeypatch, capsys):
-    from fl_lightning.bench import features
+    from benchmarks import features
 
     monkeypatch.setattr(features, "CHECKPOINT", tmp_path / "missing.safetensors")
     assert main(["features"]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith("fl_lightning.bench: ") and "missing.safetensors" in last and "--quick" in last
+    assert last.startswith("benchmarks: ") and "missing.safetensors" in last and "--quick" in last
 
 
 @pytest.mark.parametrize("num_clients", [20, 150])  # digits, Dirichlet; beyond 100: generated data in shards
@@ -265,7 +268,7 @@ def test_engine_bench_bare_loop_matches_the_framework_round_by_round(tmp_path, o
     framework give the same test accuracy in every round, and each reports one time per round."""
     import yaml
 
-    from fl_lightning.bench.engine import _bare_worker, _framework_worker, engine_config
+    from benchmarks.engine import _bare_worker, _framework_worker, engine_config
     from fl_lightning.config import build_config
 
     values = engine_config(output_dir=str(tmp_path / "runs"), model="tiny", num_clients=num_clients, rounds=2)
@@ -286,7 +289,7 @@ def test_engine_point_takes_each_sides_best_run_and_refuses_a_disagreement(tmp_p
     """``bench engine``'s figure from alternating fresh runs (the processes faked here): each side's best
     mean round, every run kept in the details, the start-up references timed after each framework run;
     a run whose accuracy differs from the bare loop's in any round is an error, not a figure."""
-    from fl_lightning.bench import engine
+    from benchmarks import engine
 
     bare_means, fw_means = iter([0.30, 0.20, 0.25]), iter([0.33, 0.26, 0.24])
     accuracy = [0.5, 0.75]
@@ -340,3 +343,9 @@ def test_engine_point_takes_each_sides_best_run_and_refuses_a_disagreement(tmp_p
                                  rounds=1)
     assert details["concurrent"] and kinds == ["start", "start"] and details["first_client_s"] == pytest.approx(6.0)
     assert fig["value"] == pytest.approx(0.30 / 0.28)
+
+
+def test_the_former_command_prints_the_new_one():
+    proc = subprocess.run([sys.executable, "-m", "fl_lightning.bench", "engine", "--threads", "1,2"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 2 and "python -m benchmarks engine --threads 1,2" in proc.stderr, proc.stderr

@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fl_lightning import train
+from fl_lightning.experiments import runner
 from fl_lightning.algorithms.common import evaluate_on_test
 from fl_lightning.config import FederationConfig, load_config
 from fl_lightning.errors import ConfigError
@@ -196,7 +197,7 @@ def test_matmul_precision_is_applied_for_cuda_accelerators_only(accelerator, cud
     calls = _spy_on(monkeypatch, "set_float32_matmul_precision")
     before = torch.get_float32_matmul_precision()
     assert before != "medium"
-    with train._torch_numerics(FederationConfig(accelerator=accelerator, matmul_precision="medium")):
+    with runner._torch_numerics(FederationConfig(accelerator=accelerator, matmul_precision="medium")):
         assert torch.get_float32_matmul_precision() == ("medium" if applied else before)
     assert torch.get_float32_matmul_precision() == before  # restored after the run
     assert calls[:1] == ([(("medium",), {})] if applied else [])
@@ -208,7 +209,7 @@ def test_deterministic_calls_use_deterministic_algorithms(deterministic, monkeyp
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     calls = _spy_on(monkeypatch, "use_deterministic_algorithms")
     assert not torch.are_deterministic_algorithms_enabled()
-    with train._torch_numerics(FederationConfig(accelerator="cpu", deterministic=deterministic)):
+    with runner._torch_numerics(FederationConfig(accelerator="cpu", deterministic=deterministic)):
         assert torch.are_deterministic_algorithms_enabled() is deterministic
         assert torch.is_deterministic_algorithms_warn_only_enabled() is False
         assert os.environ.get("CUBLAS_WORKSPACE_CONFIG") == (":4096:8" if deterministic else None)
@@ -219,7 +220,7 @@ def test_deterministic_calls_use_deterministic_algorithms(deterministic, monkeyp
 
 def test_a_workspace_config_of_the_user_is_kept(monkeypatch, torch_settings):
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
-    with train._torch_numerics(FederationConfig(accelerator="cpu", deterministic=True)):
+    with runner._torch_numerics(FederationConfig(accelerator="cpu", deterministic=True)):
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
 

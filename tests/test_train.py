@@ -146,12 +146,13 @@ def test_a_run_failure_is_caught_by_its_class(monkeypatch, capsys):
     and a UsageError raised as deep stays one line, exit 2, without --debug."""
     from fl_lightning import train
     from fl_lightning.errors import ClientUsageError, RunFailure
+    from fl_lightning.experiments import runner
 
     for err, status in ((RunFailure("round 3: the server gave up"), 1),
                         (ClientUsageError("client 2 in round 0: corrupt image x.png", 2, 0, "Traceback ...\n"), 2)):
-        def fail(argv, locks, paused, err=err):
+        def fail(args, argv, locks, collector, err=err):
             raise err
-        monkeypatch.setattr(train, "_main", fail)
+        monkeypatch.setattr(runner, "run", fail)
         assert train.main(["--config", TINY]) == status
         assert capsys.readouterr().err.splitlines() == [f"fl_lightning: {err}"]
 

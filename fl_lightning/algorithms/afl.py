@@ -41,7 +41,6 @@ from torch import Tensor, nn
 from fl_lightning.algorithms.common import (
     client_feature_batches,
     evaluate_on_test,
-    evaluate_on_test_features,
     FrozenFeatures,
     frozen_backbone,
 )
@@ -104,7 +103,6 @@ class AFL(Algorithm):
         self._frozen = self.model is self.backbone
         self._tables = FrozenFeatures(self, self.backbone) if self._frozen else None
         self._train_h = self._tables.table("train", all_ranks=True) if self._frozen else None
-        self._test_h: Tensor | None = None
 
     def initial_state(self) -> State:
         return {}
@@ -178,9 +176,7 @@ class AFL(Algorithm):
         self._W = state["W"].to(self.fabric.device)
         if not self._frozen:
             return evaluate_on_test(self.env, self._logits)
-        if self._test_h is None:  # the server alone evaluates
-            self._test_h = self._tables.table("test", all_ranks=False)
-        return evaluate_on_test_features(self.env, self._test_h, self._head)
+        return self._tables.evaluate(self._head)
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         return {"feature_dim": int(state["W"].shape[0]) if "W" in state else None}

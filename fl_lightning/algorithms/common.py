@@ -97,6 +97,7 @@ class FrozenFeatures:
     Example:
         >>> self._features = FrozenFeatures(self, self.backbone)  # doctest: +SKIP
         >>> H = self._features.table("train", all_ranks=True)  # (N_train, d)  # doctest: +SKIP
+        >>> metrics = self._features.evaluate(head_fn)  # the test split's table, read once  # doctest: +SKIP
     """
 
     def __init__(self, algorithm: Algorithm, backbone: nn.Module) -> None:
@@ -107,6 +108,7 @@ class FrozenFeatures:
         self.algorithm, self.backbone = algorithm, backbone.eval()
         self.weights = state_dict_digest(backbone)
         self.cache = FeatureCache(feature_cache_folder(algorithm.env.cfg))
+        self._test: Tensor | None = None
 
     def key(self, split: Literal["train", "test"]) -> str:
         """The table's key: the weights, the module, the transform, the data set and split, the batching."""
@@ -162,6 +164,14 @@ class FrozenFeatures:
                 features = cache.get(key, rows=rows, compute=compute)
             return features
         return cache.get(key, rows=rows, compute=compute)
+
+
+    def evaluate(self, head_fn: Callable[[Tensor], Tensor]) -> dict[str, Any]:
+        """The test metrics of ``head_fn`` (features → logits) on the test split's table, read on the first call
+        (the server alone evaluates: ``all_ranks=False``)."""
+        if self._test is None:
+            self._test = self.table("test", all_ranks=False)
+        return evaluate_on_test_features(self.algorithm.env, self._test, head_fn)
 
 
 def client_feature_batches(features: Tensor, targets: Any, indices: Any,

@@ -27,7 +27,7 @@ from lightning.fabric import Fabric
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from fl_lightning.algorithms.common import FrozenFeatures, evaluate_on_test_features, frozen_backbone
+from fl_lightning.algorithms.common import FrozenFeatures, frozen_backbone
 from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local
@@ -61,7 +61,6 @@ class FedAvg(Algorithm):
         t = self.cfg.train
         self._tables = FrozenFeatures(self, self.backbone)
         self._train_h = self._tables.table("train", all_ranks=True)  # once per comparison
-        self._test_h: torch.Tensor | None = None
         # the head reads the feature tables: the backbone is not in the module
         self.module = LinearProbe(backbone=nn.Identity(), feature_dim=self.backbone.feature_dim,
                                   num_classes=env.num_classes, optimizer=t.optimizer, lr=t.lr,
@@ -95,6 +94,4 @@ class FedAvg(Algorithm):
 
     def evaluate(self, state: State) -> dict[str, Any]:
         self.module.load_state_dict({k: v.to(self.fabric.device) for k, v in state.items()}, strict=False)
-        if self._test_h is None:  # the server alone evaluates
-            self._test_h = self._tables.table("test", all_ranks=False)
-        return evaluate_on_test_features(self.env, self._test_h, self.module)
+        return self._tables.evaluate(self.module)

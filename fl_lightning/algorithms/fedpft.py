@@ -27,9 +27,10 @@ identically); the DP variant and the decentralised (chain) setting of the paper 
 Backbone: ``model.*``, a ViT or a timm CNN's pooled pre-logit features
 (:mod:`fl_lightning.models.cnn_backbone`). The paper uses an ImageNet ResNet-50 and CLIP encoders
 (the authors' Flower baseline a CLIP ViT-B/32), the FedCGS repository an ImageNet ResNet-18; the
-Table I–II configs carry the ResNet-50 row and FedPFT on FedOPAL's CLIP ViT-B/16. Core keys not used: ``train.*`` (the server head has its own
-``fedpft.head_*`` settings; clients train nothing) and ``federation.rounds`` (one round). Memory:
-a client holds its own features (n_k × d, what EM needs; never the images), the server the pooled
+Table I–II configs carry the ResNet-50 row and FedPFT on FedOPAL's CLIP ViT-B/16. Core keys not used:
+``train.*`` (the server head has its own ``fedpft.head_*`` settings; clients train nothing) and
+``federation.rounds`` (one round). Memory: a client holds its own features (n_k × d, what EM needs; never the
+images), the server the pooled
 synthetic features (N × d), as in the paper. The backbone's features of the training and test splits
 are computed once per comparison (``data.feature_cache``; a rank holds the training split's table, N × d,
 and each client gathers its rows).
@@ -45,7 +46,7 @@ import torch
 from lightning.fabric import Fabric
 from torch import Tensor
 
-from fl_lightning.algorithms.common import FrozenFeatures, evaluate_on_test_features, frozen_backbone
+from fl_lightning.algorithms.common import FrozenFeatures, frozen_backbone
 from fl_lightning.errors import check
 from fl_lightning.feature_gaussians import (
     COVARIANCE_TYPES,
@@ -123,7 +124,6 @@ class FedPFT(Algorithm):
         self.backbone = self.fabric.to_device(self.backbone)
         self._tables = FrozenFeatures(self, self.backbone)
         self._train_h = self._tables.table("train", all_ranks=True)  # once per comparison
-        self._test_h: Tensor | None = None
 
     def initial_state(self) -> State:
         return {}
@@ -174,9 +174,7 @@ class FedPFT(Algorithm):
 
     def evaluate(self, state: State) -> dict[str, Any]:
         self._weight, self._bias = state["weight"].to(self.fabric.device), state["bias"].to(self.fabric.device)
-        if self._test_h is None:  # the server alone evaluates
-            self._test_h = self._tables.table("test", all_ranks=False)
-        return evaluate_on_test_features(self.env, self._test_h, self._head)
+        return self._tables.evaluate(self._head)
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         c, d = self.config, self.backbone.feature_dim

@@ -151,7 +151,7 @@ def write_partition_report(
     counts = _check(counts, class_names)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    csv_path, png_path = out_dir / "partition.csv", out_dir / "partition.png"
+    csv_path = out_dir / "partition.csv"
     table = np.column_stack([np.arange(counts.shape[0]), counts.sum(axis=1), counts]).astype(np.int64)
     with csv_path.open("w", newline="") as f:
         writer = csv.writer(f)

@@ -237,7 +237,7 @@ def to_server(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: fl
     except Exception:
         if own is None:
             raise
-        raise own  # this rank's error is the report, not the collective's that it broke
+        raise own  # noqa: B904 — this rank's error is the report, not the collective's that it broke
 
     def verdict() -> None:
         if own is not None:
@@ -289,7 +289,7 @@ def everyone(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: flo
     except Exception:
         if own is None:
             raise
-        raise own  # this rank's error is the report, not the collective's that it broke
+        raise own  # noqa: B904 — this rank's error is the report, not the collective's that it broke
     failed = [(r, outcome) for r, outcome in enumerate(parts) if outcome.error is not None]
     if not failed:
         return value

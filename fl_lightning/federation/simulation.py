@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from lightning.fabric import Fabric, seed_everything
 from lightning.fabric.strategies import STRATEGY_REGISTRY, DDPStrategy, Strategy
 
@@ -51,7 +50,6 @@ from fl_lightning.errors import ClientFailure, ClientUsageError, ConfigError, Ru
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundPlan
 from fl_lightning.federation.checkpoint import DurableWriter, safe_load
 from fl_lightning.federation.collectives import everyone, from_server, to_server, waiting
-from fl_lightning.federation.collector import frozen_during_rounds
 from fl_lightning.federation.launch import check_launcher
 from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients, seed_torch
 from fl_lightning.federation.privacy import FederationPrivacy
@@ -244,17 +242,13 @@ class Simulation:
         # the run folder's start, on the server; the other ranks wait for it (and stop if it fails)
         counts = self._from_server(lambda: self._start_run_folder(env, run), "the run folder's start", send=False)
         checkpoint = DurableWriter()
-        # no collection in the rounds rescans the start-up's objects; frozen BEFORE on_run_start, which turns
-        # a collector paused through the start-up back on (collector.py): unfrozen, its first collection
-        # would scan every object the start-up made (~0.4 s)
-        with frozen_during_rounds():
-            fabric.call("on_run_start", cfg=cfg, env=env, run_dir=self.run_dir, rounds=algorithm.num_rounds,
-                        completed_rounds=run.completed_rounds)
-            run_start = time.monotonic() - run.wall_time_s
-            try:
-                self._rounds(algorithm, env, run, assignment, checkpoint, run_start)
-            finally:
-                checkpoint.wait()  # server.pt is on disk before the summary (or before an error propagates)
+        fabric.call("on_run_start", cfg=cfg, env=env, run_dir=self.run_dir, rounds=algorithm.num_rounds,
+                    completed_rounds=run.completed_rounds)
+        run_start = time.monotonic() - run.wall_time_s
+        try:
+            self._rounds(algorithm, env, run, assignment, checkpoint, run_start)
+        finally:
+            checkpoint.wait()  # server.pt is on disk before the summary (or before an error propagates)
         # the rounds are done and durable; the end-of-run reports (partition.png, summary.json) follow
         fabric.call("on_rounds_end", completed_rounds=run.completed_rounds, run_dir=self.run_dir)
 

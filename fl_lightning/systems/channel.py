@@ -17,7 +17,7 @@ is then linear in B_i, which is what makes water-filling (``wfba.py``) a one-dim
 
 Calibration. B, σ², α, d0 and the disc are the paper's; PL0 (the loss at d0) is the one number added,
 and it is fitted so that the model is no slower than any time the paper reports
-(``systems/calibration.py``, printed by ``python -m fl_lightning.bench fedisyn`` as
+(``systems/calibration.py``, printed by ``python -m benchmarks fedisyn`` as
 ``paper_consistency``): on Food-101 with ViT-L/16, sending each method's reported traffic — with the
 compute of the rounds that send it and, for the synthesis methods, the server's generation and
 pre-training on an RTX 4090 (``systems/server.py``) — takes at most its reported time to 80 %:

@@ -4,7 +4,7 @@ import csv
 
 import pytest
 
-from fl_lightning.curves import Curve, first_reaching, main, read_curve, write_curves
+from fl_lightning.experiments.curves import Curve, first_reaching, main, read_curve, write_curves
 from tests.conftest import CONF, run_cli
 
 METHODS = ["fedisyn", "sflf", "caff", "gptfl", "fgl"]
@@ -20,7 +20,7 @@ def test_first_reaching_uses_the_best_accuracy_so_far():
 def test_curves_command_line_rejects_a_folder_without_metrics(tmp_path, capsys):
     assert main([str(tmp_path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error:") and err.count("\n") == 1
+    assert err.startswith("fl_lightning: ") and err.count("\n") == 1
 
 
 @pytest.mark.slow  # five tiny runs in one CLI call: ~1-2 min on 2 idle cores

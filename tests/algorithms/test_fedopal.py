@@ -1,4 +1,5 @@
-"""FedOPAL and AFL through the engine, against centralized references in float64."""
+"""FedOPAL through the engine, against centralized references in float64 (AFL, its no-prompt special case, has
+tests/algorithms/test_afl.py)."""
 
 import json
 
@@ -55,26 +56,6 @@ def _ridge(h, y, lam):
     return np.linalg.solve(h.T @ h + lam * np.eye(h.shape[1]), h.T @ y)
 
 
-@pytest.mark.parametrize("clients, alpha", [(1, "0.1"), (4, "0.1"), (7, "inf"), (5, "0.01")])
-def test_afl_equals_centralized_ridge(tmp_path, clients, alpha):
-    cfg = _cfg(tmp_path, "--algorithm", "afl", "--partition.num_clients", str(clients), "--partition.alpha", alpha,
-               "--afl.lam", "0.1")
-    summary = Simulation(cfg=cfg, loggers=[]).run()
-    W = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]["W"].numpy()
-    h, y = _centralized_features(cfg)
-    np.testing.assert_allclose(W, _ridge(h, y, 0.1), rtol=1e-8, atol=1e-10)
-    d, c = h.shape[1], y.shape[1]
-    assert summary["bytes_up"] == clients * (d * (d + 1) // 2 * 8 + d * c * 8 + 8)  # R upper, C, N
-
-
-def test_per_client_regularization_convention(tmp_path):
-    cfg = _cfg(tmp_path, "--algorithm", "afl", "--afl.lam", "0.5", "--afl.regularization", "per_client")
-    Simulation(cfg=cfg, loggers=[]).run()
-    W = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]["W"].numpy()
-    h, y = _centralized_features(cfg)
-    np.testing.assert_allclose(W, _ridge(h, y, 4 * 0.5), rtol=1e-8)  # K·γ·I, as AFL's code
-
-
 def test_no_training_fedopal_statistics_equal_afl_with_p_init(tmp_path):
     """mu → ∞ keeps the prompts at P_init; its exact limit is no prompt training at all."""
     cfg = _cfg(tmp_path, "--train.epochs", "0")
@@ -124,36 +105,6 @@ def test_fedopal_one_vs_two_processes_same_w(tmp_path):
     s1 = json.loads((tmp_path / "one" / name / "summary.json").read_text())
     s2 = json.loads((tmp_path / "two" / name / "summary.json").read_text())
     assert s1["accuracy"] == s2["accuracy"] and s1["bytes_up"] == s2["bytes_up"] and s2["world_size"] == 2
-
-
-def test_afl_on_a_frozen_cnn_equals_centralized_ridge(tmp_path):
-    """model.name: resnet18 (a tiny random timm ResNet): the pooled pre-logit features of the frozen CNN,
-    summed over 3 clients, solve to the centralized ridge on the same features (float64)."""
-    conf = tmp_path / "afl_cnn.yaml"
-    conf.write_text("algorithm: afl\ndata: {name: digits, image_size: 32, batch_size: 64}\n"
-                    "partition: {num_clients: 3, alpha: 0.1}\nafl: {lam: 0.1}\nlogging: {progress: false}\n"
-                    "model: {library: timm, name: resnet18, pretrained: null,\n"
-                    "        overrides: {layers: [1, 1, 1, 1], channels: [8, 16, 32, 64]}}\n")
-    cfg = load_config(conf, ["--output_dir", str(tmp_path)])
-    summary = Simulation(cfg=cfg, loggers=[]).run()
-    W = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]["W"].numpy()
-    seed_everything(cfg.seed, verbose=False)
-    backbone = frozen_backbone(cfg)
-    assert type(backbone).__name__ == "CNNBackbone" and summary["feature_dim"] == 64
-    spec = InputSpec.of_backbone(backbone, cfg.data.image_size)
-    t = build_transform(normalization=spec.normalization, image_size=spec.image_size, train=False,
-                        mean=spec.mean, std=spec.std)
-    splits = build_dataset(cfg.data.name, root=cfg.data.root, train_transform=t, test_transform=t, seed=cfg.seed)
-    hs, ys = [], []
-    for part in partition_for(cfg, splits.train_targets):
-        for start in range(0, len(part), cfg.data.batch_size):
-            idx = part[start:start + cfg.data.batch_size]
-            with torch.inference_mode():
-                hs.append(backbone(torch.stack([splits.train[int(i)][0] for i in idx])).double().numpy())
-            ys.append(np.eye(len(splits.classes))[splits.train_targets[idx]])
-    h, y = np.concatenate(hs), np.concatenate(ys)
-    reference = _ridge(h, y, 0.1)  # float64 both; Cholesky vs LU differ in the last digits of small entries
-    np.testing.assert_allclose(W, reference, rtol=1e-6, atol=1e-8 * np.abs(reference).max())
 
 
 @pytest.mark.parametrize("library, last_block", [("timm", "model.blocks"), ("open_clip", "model.transformer.resblocks")])

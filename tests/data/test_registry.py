@@ -324,7 +324,7 @@ def test_corrupt_image_in_food101_names_the_file(tmp_path: Path) -> None:
     (base / "meta").mkdir(parents=True)
     for split in ("train", "test"):
         (base / "meta" / f"{split}.json").write_text(json.dumps(meta))
-    for c, ids in meta.items():
+    for ids in meta.values():
         for image_id in ids:
             _write_png(base / "images" / f"{image_id}.jpg", rng)
     bad = base / "images" / "ramen" / "1.jpg"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import weakref
 
 import pytest
-import torch
 
 from fl_lightning.config import build_config
 from fl_lightning.federation.checkpoint import safe_load

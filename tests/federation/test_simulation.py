@@ -234,22 +234,25 @@ def test_sigkill_in_a_short_round_resumes_to_the_uninterrupted_result(tmp_path):
 
 def test_a_timm_fedavg_run_imports_no_library_it_does_not_use():
     """What `python -m fl_lightning.train` imports for a timm FedAvg run (its config, every discovered method,
-    the loop): no diffusers, open_clip, peft, transformers or scipy.signal (the last two would come with
-    torchmetrics' root package, which fl_lightning/_lazy_torchmetrics.py defers), no matplotlib (which
-    torchmetrics.utilities.plot would import with ``torchmetrics.Metric``: deferred to the first plot, the
-    same module), and no SciPy or scikit-learn at all (the methods that fit or cluster import them where
-    they do)."""
+    the loop): no diffusers, open_clip, peft or tensorboard, and no scikit-learn (the methods that fit or
+    cluster import it where they do). With the CLI's opt-in fast start (FL_LIGHTNING_FAST_START=1) also no
+    transformers, scipy or matplotlib: torchmetrics' root package, which would import them, is deferred
+    (fl_lightning/experiments/torchmetrics_deferral.py)."""
     import subprocess
     import sys
 
     from tests.conftest import REPO
 
-    code = ("import sys; from fl_lightning.config import load_config; "
-            f"load_config({str(CONF / 'fedavg_cnn_digits_tiny.yaml')!r}); "
-            "import fl_lightning.federation.simulation, fl_lightning.algorithms.fedavg_cnn, fl_lightning.train; "
-            "from fl_lightning.algorithms import available_algorithms; available_algorithms(); "
-            "print(' '.join(sorted(m for m in ('diffusers', 'open_clip', 'peft', 'tensorboard', 'transformers', "
-            "'scipy', 'sklearn', 'matplotlib', 'torchmetrics.functional') if m in sys.modules)))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip() == ""
+    heavy = ("'diffusers', 'open_clip', 'peft', 'tensorboard', 'sklearn'", "'transformers', 'scipy', 'matplotlib', "
+             "'torchmetrics.functional'")
+    for fast, names in ((False, heavy[0]), (True, f"{heavy[0]}, {heavy[1]}")):
+        code = ("import sys; from fl_lightning.experiments.startup import fast_start; "
+                f"{'fast_start(); ' if fast else ''}"
+                "from fl_lightning.config import load_config; "
+                f"load_config({str(CONF / 'fedavg_cnn_digits_tiny.yaml')!r}); "
+                "import fl_lightning.federation.simulation, fl_lightning.algorithms.fedavg_cnn, fl_lightning.train; "
+                "from fl_lightning.algorithms import available_algorithms; available_algorithms(); "
+                f"print(' '.join(sorted(m for m in ({names}) if m in sys.modules)))")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.strip() == "", (fast, proc.stdout)

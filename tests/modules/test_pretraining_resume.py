@@ -46,7 +46,7 @@ class Interrupted(RuntimeError):
 
 
 class Terminated(KeyboardInterrupt):
-    """As the CLI's SIGTERM (``train._Terminated``): a KeyboardInterrupt, which Lightning turns into exit(1)."""
+    """As the CLI's SIGTERM (``experiments.runner._Terminated``): a KeyboardInterrupt, which Lightning turns into exit(1)."""
 
 
 class StopInEpoch(lightning.Callback):

@@ -13,10 +13,10 @@ weights with a fresh C-way head, which LoRA alone cannot turn into a classifier 
 synthetic pre-training already trained on the task's classes stays frozen (FeDiSyn and its ablations:
 the paper's "LoRA-only" fine-tuning, and its 7.4 MB of Food-101 traffic leave no room for a
 0.4 MB ViT-L head per device and round). A trained head is uploaded and averaged, and its bits count
-in the traffic and in every device's channel time; ``true`` / ``false`` force either way. Wire format: the stage's first download carries the whole
-model (backbone, head, LoRA); every download carries the global LoRA of ALL blocks (+ the head), since
-a device's frozen lower blocks take part in its forward pass with the global adapters
-(``models/lora.py``); an upload carries only the x_i trained blocks (τ·x_i bits in the channel model).
+in the traffic and in every device's channel time; ``true`` / ``false`` force either way. Wire format: the
+stage's first download carries the whole model (backbone, head, LoRA); every download carries the global LoRA of
+ALL blocks (+ the head), since a device's frozen lower blocks take part in its forward pass with the global
+adapters (``models/lora.py``); an upload carries only the x_i trained blocks (τ·x_i bits in the channel model).
 
 Memory: a device whose memory holds fewer blocks than the policy asks for trains what it can hold; the
 round's metrics (``over_memory_devices``, ``mean_requested_depth``) and the summary say so.

@@ -50,7 +50,8 @@ if TYPE_CHECKING:
     from fl_lightning.federation.transport import Download
 
 __all__ = ["PretrainingConfig", "DiffusionConfig", "PromptConfig", "TextOnlyConfig", "FeatureGuidedConfig",
-           "SynthesisState", "GenerationInputs", "SynthesisStage", "DiffusionSynthesis", "TextOnlySynthesis", "FeatureGuidedSynthesis"]
+           "SynthesisState", "GenerationInputs", "SynthesisStage", "DiffusionSynthesis", "TextOnlySynthesis",
+           "FeatureGuidedSynthesis"]
 
 _COUNTS = "class_counts"  # the text-only upload: D_i^k per class (int64, C)
 

@@ -38,7 +38,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from fl_lightning.analytic import AnalyticStatistics, solve_classifier
-from fl_lightning.bench._timing import (
+from benchmarks._timing import (
     CudaPeak,
     autocast_factory,
     current_rss_bytes,
@@ -245,9 +245,9 @@ def _probes_in_fresh_processes(runs: list[dict[str, Any]]) -> list[dict[str, Any
 
     The processes run side by side: only their peak memory is read, never their time.
     """
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
-    code = ("import json, sys; from fl_lightning.bench.fedopal import statistics_memory_probe as probe; "
+    code = ("import json, sys; from benchmarks.fedopal import statistics_memory_probe as probe; "
             "print(json.dumps(probe(**json.loads(sys.argv[1]))))")
     procs = [subprocess.Popen([sys.executable, "-c", code, json.dumps(kwargs)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env) for kwargs in runs]

@@ -11,7 +11,7 @@ writes beside the run folders:
   cell with its number of runs (``85.00 ± 1.20 (n=3)``; one run: ``85.00 (n=1)``, no ±);
 * ``comparison.png`` — accuracy against α per method (log-α axis, IID drawn at the right end);
 * when every run has a simulated clock (a system model, e.g. FeDiSyn and its baselines), the
-  time- and traffic-to-accuracy curves of :mod:`fl_lightning.curves` too.
+  time- and traffic-to-accuracy curves of :mod:`fl_lightning.experiments.curves` too.
 
 Rows are a run's ``label`` (by default its variant's ``run_name``, or its algorithm); a run whose
 config does not sweep α falls in the single column of its α.
@@ -145,7 +145,7 @@ def write_comparison(results: Sequence[tuple[Any, dict[str, Any]]], out_dir: str
     with _replaced(paths["png"]) as tmp:
         _plot(rows, tmp)
     if all("simulated_time_s" in summary for _, summary in results):
-        from fl_lightning.curves import write_curves
+        from fl_lightning.experiments.curves import write_curves
 
         paths.update(write_curves([cfg.run_dir for cfg, _ in results], out))
     return paths

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import yaml
 
-from fl_lightning.bench._timing import figure
+from benchmarks._timing import figure
 
 __all__ = ["CHECKPOINT", "run"]
 

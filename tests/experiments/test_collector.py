@@ -1,11 +1,10 @@
-"""The collector around a run: paused through the start-up and back on when the rounds begin (or when
-released), someone else's "off" left alone, and the start-up's objects frozen only during the rounds."""
+"""The CLI's opt-in collector tuning: paused through the start-up and back on when the rounds begin (or when
+released), someone else's "off" left alone, the start-up's objects frozen only during a run; and a run without
+it (the library) leaves the collector as it found it."""
 
 import gc
 
-import pytest
-
-from fl_lightning.federation.collector import frozen_during_rounds, pause_collection
+from fl_lightning.experiments.collector import pause_collection
 from fl_lightning.federation.simulation import Simulation
 from tests.federation.test_simulation import _cfg
 
@@ -15,7 +14,9 @@ def test_pause_is_undone_once_and_leaves_a_collector_that_was_off_alone():
     paused = pause_collection()
     assert not gc.isenabled()
     paused.on_run_start()
-    assert gc.isenabled()
+    assert gc.isenabled() and gc.get_freeze_count() > 0
+    paused.end_run()
+    assert gc.get_freeze_count() == 0
     gc.disable()  # someone turns it off again later: a second release must not turn it on
     paused.release()
     assert not gc.isenabled()
@@ -24,15 +25,6 @@ def test_pause_is_undone_once_and_leaves_a_collector_that_was_off_alone():
     pause_collection().release()  # off before the pause: off after it
     assert not gc.isenabled()
     gc.enable()
-
-
-def test_freeze_lasts_for_the_block_only_even_when_it_raises():
-    with frozen_during_rounds():
-        assert gc.get_freeze_count() > 0
-    assert gc.get_freeze_count() == 0
-    with pytest.raises(KeyError), frozen_during_rounds():
-        raise KeyError
-    assert gc.get_freeze_count() == 0
 
 
 class _Seen:
@@ -47,7 +39,7 @@ class _Seen:
         self.rounds.append((gc.isenabled(), gc.get_freeze_count() > 0))
 
 
-def test_a_run_freezes_the_start_up_before_the_pause_ends_collects_in_its_rounds_and_unfreezes_after(tmp_path):
+def test_with_the_collector_callback_a_run_freezes_the_start_up_and_collects_in_its_rounds(tmp_path):
     seen = _Seen()
     paused = pause_collection()
     try:
@@ -55,6 +47,11 @@ def test_a_run_freezes_the_start_up_before_the_pause_ends_collects_in_its_rounds
     finally:
         paused.release()
     assert seen.rounds == [(True, True), (True, True)]  # on again and the start-up frozen, in every round
-    # frozen already when the pause ends (on_run_start): the collector's first pass must not scan the start-up
-    assert seen.frozen_at_run_start
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_a_run_without_it_leaves_the_collector_alone(tmp_path):
+    seen = _Seen()
+    Simulation(cfg=_cfg(tmp_path), loggers=[], callbacks=[seen]).run()
+    assert seen.rounds == [(True, False), (True, False)] and not seen.frozen_at_run_start
     assert gc.isenabled() and gc.get_freeze_count() == 0

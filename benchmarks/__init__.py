@@ -1,6 +1,6 @@
 """Performance benchmarks of FedOPAL, FeDiSyn and the engine at scale, as ratios to same-run baselines.
 
-Run ``python -m fl_lightning.bench [fedopal|fedisyn|scale|all] [--quick] [--out FILE.json]``: it prints a
+Run ``python -m benchmarks [fedopal|fedisyn|scale|all] [--quick] [--out FILE.json]``: it prints a
 table (figure, value, its threshold, whether it is met) and writes every number,
 with the raw repeat times and the sizes used, to JSON. ``--quick`` runs tiny models in seconds (to
 check the machinery, not the thresholds); the default runs ViT-B/16 at 224 px with random weights
@@ -26,32 +26,32 @@ import torch
 __all__ = ["BENCHMARKS", "ENGINE_BENCHMARKS", "run_benchmarks", "results_table", "format_value"]
 
 BENCHMARKS: tuple[str, ...] = ("fedopal", "fedisyn")  # the method suites: what "all" runs
-# run by name only: the engine at scale (fl_lightning/bench/scale.py, an hour at full size), a multi-round
-# round against a bare loop (fl_lightning/bench/engine.py: minutes) and a comparison of frozen-feature
-# methods on the real DINOv2 checkpoint (fl_lightning/bench/features.py, not always present)
+# run by name only: the engine at scale (benchmarks/scale.py, an hour at full size), a multi-round
+# round against a bare loop (benchmarks/engine.py: minutes) and a comparison of frozen-feature
+# methods on the real DINOv2 checkpoint (benchmarks/features.py, not always present)
 ENGINE_BENCHMARKS: tuple[str, ...] = ("scale", "engine", "features")
 
 
 def _runner(name: str):
     # Imported on demand: each suite pulls in its own heavy libraries (open_clip; diffusers, peft).
     if name == "fedopal":
-        from fl_lightning.bench import fedopal
+        from benchmarks import fedopal
 
         return fedopal.run
     if name == "fedisyn":
-        from fl_lightning.bench import fedisyn
+        from benchmarks import fedisyn
 
         return fedisyn.run
     if name == "scale":
-        from fl_lightning.bench import scale
+        from benchmarks import scale
 
         return scale.run
     if name == "features":
-        from fl_lightning.bench import features
+        from benchmarks import features
 
         return features.run
     if name == "engine":
-        from fl_lightning.bench import engine
+        from benchmarks import engine
 
         return engine.run
     raise ValueError(f"unknown benchmark {name!r}; expected one of {BENCHMARKS + ENGINE_BENCHMARKS}")
@@ -74,7 +74,7 @@ def run_benchmarks(
         on_suite_start: called with a suite's name before it runs (progress display).
         options: extra keyword arguments of a suite's ``run``, by suite (e.g. ``{"scale": {"clients": [10]}}``).
     """
-    from fl_lightning.bench._timing import pick_device
+    from benchmarks._timing import pick_device
 
     unknown = [n for n in names if n not in BENCHMARKS + ENGINE_BENCHMARKS]
     if unknown:

@@ -1,4 +1,7 @@
-"""Defer torchmetrics' root package until something asks it for a name only the root provides.
+"""Defer torchmetrics' root package until something asks it for a name only the root provides — an opt-in
+start-up trick of the CLI (``FL_LIGHTNING_FAST_START=1``, :mod:`fl_lightning.experiments.startup`), never done by
+``import fl_lightning``, and only for the torchmetrics versions in :data:`PINNED` (the ones its tests ran on; any
+other version is imported normally).
 
 Why: ``import lightning`` costs ~3 CPU-seconds more than ``import torch, timm`` on a 2-core machine, and
 nearly all of it is torchmetrics' ``__init__``, which imports every metric domain (``functional.text``
@@ -14,12 +17,11 @@ Upstream: Lightning-AI/torchmetrics "Import time: scipy.signal, torchvision and 
 eagerly by import torchmetrics" (open) and "Don't import all modules from torchmetrics root" (open);
 Lightning-AI/pytorch-lightning "import lightning takes 6 seconds" was closed as a third-party cost.
 
-What this does (:func:`install`, called from ``fl_lightning/__init__.py`` before anything imports
-Lightning): it puts the real ``torchmetrics`` package into ``sys.modules`` WITHOUT executing its
-``__init__`` yet — the module object of torchmetrics' own spec, with ``__version__`` (from the installed
-distribution's metadata), the ``_logger`` / ``_PACKAGE_ROOT`` / ``_PROJECT_ROOT`` names that its
-submodules import from the root, and a module ``__getattr__``:
-
+What this does (:func:`install`, called by the CLI's fast start before anything imports Lightning): it puts the
+real ``torchmetrics`` package into ``sys.modules`` WITHOUT executing its ``__init__`` yet — the module object of
+torchmetrics' own spec, with ``__version__`` (from the installed distribution's metadata), the ``_logger`` /
+``_PACKAGE_ROOT`` / ``_PROJECT_ROOT`` names that its submodules import from the root, and a module
+``__getattr__``:
 * ``Metric`` / ``MetricCollection`` come from ``torchmetrics.metric`` / ``torchmetrics.collections`` (the
   real classes; ``torchmetrics.utilities`` first, the order torchmetrics' own imports resolve in);
 * any other name runs the real ``__init__`` in that same module object, once, and returns the name:
@@ -28,17 +30,18 @@ submodules import from the root, and a module ``__getattr__``:
 Submodules (``from torchmetrics.classification import MulticlassAccuracy``) import as usual, with
 ``torchmetrics.utilities`` first (:class:`_UtilitiesFirst`: torchmetrics' own import order). Nothing of
 torchmetrics' code is copied or changed; values are the library's own. When torchmetrics is absent or
-already imported, or ``FL_LIGHTNING_EAGER_TORCHMETRICS=1`` is set, nothing is done; any error while
-installing leaves the normal import in place.
+already imported, or its version is not :data:`PINNED`, nothing is done; any error while installing leaves
+the normal import in place.
 
 **matplotlib on first use** (:class:`_PlotOnFirstUse`). ``torchmetrics.metric`` — which Lightning needs
 for ``Metric`` — imports ``torchmetrics.utilities.plot``, and that module imports ``matplotlib.pyplot``
 at its top whenever matplotlib is installed (~0.6 s of a run's start on a 2-core CPU), only to name three
 annotation types and to wrap its three plot functions in ``plt.style.context``. The upstream fix
 (Lightning-AI/torchmetrics PR "Do not import scipy.signal and matplotlib at package import time", for
-the open issue on import time named above) was closed unmerged. Here the plot module is executed with its "matplotlib not installed"
-branch (the annotation types are ``object``, as that PR has them at runtime), and then completed on first
-use: its ``_MATPLOTLIB_AVAILABLE`` becomes an object that, the first time a plot function asks it,
+the open issue on import time named above) was closed unmerged. Here the plot module is executed with its
+"matplotlib not installed" branch (the annotation types are ``object``, as that PR has them at runtime), and
+then completed on first use: its ``_MATPLOTLIB_AVAILABLE`` becomes an object that, the first time a plot
+function asks it,
 imports matplotlib and puts ``plt``, ``matplotlib`` and ``style_change = plt.style.context`` into the
 module, exactly the names its top would have bound; and its three plot functions enter
 ``plt.style.context`` at call time rather than at definition. ``metric.plot()`` draws the same figure
@@ -55,7 +58,11 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["install", "is_deferred"]
+__all__ = ["PINNED", "install", "is_deferred", "supported"]
+
+#: The torchmetrics (major, minor) releases whose private names (``_logger``, ``_PACKAGE_ROOT``,
+#: ``utilities.plot``'s layout) this module was checked against (tests/experiments/test_torchmetrics_deferral.py).
+PINNED = ((1, 9),)
 
 _NAME = "torchmetrics"
 _LIGHT = {"Metric": "torchmetrics.metric", "MetricCollection": "torchmetrics.collections"}
@@ -67,11 +74,22 @@ def is_deferred() -> bool:
     return module is not None and getattr(module, "_fl_lightning_deferred", {}).get("pending", False)
 
 
+def supported(version: str) -> bool:
+    """Whether a torchmetrics version is one of :data:`PINNED`."""
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) in PINNED
+
+
 def install() -> bool:
     """Put the deferred ``torchmetrics`` into ``sys.modules``; returns whether it did (see the module docstring)."""
-    if _NAME in sys.modules or os.environ.get("FL_LIGHTNING_EAGER_TORCHMETRICS") == "1":
+    if _NAME in sys.modules:
         return False
     try:
+        if not supported(importlib.metadata.version(_NAME)):
+            return False
         spec = importlib.util.find_spec(_NAME)
         if spec is None or spec.loader is None or spec.origin is None:
             return False

@@ -1,6 +1,7 @@
-"""The deferred torchmetrics root: a submodule imported first still resolves torchmetrics' own import cycle,
-Lightning gets the real ``Metric``, and any root-only name loads the real package once, in the same module
-object (that a timm run's imports leave the metric domains out is tested with the loop, in
+"""The deferred torchmetrics root (the CLI's opt-in fast start, never ``import fl_lightning``): a submodule
+imported first still resolves torchmetrics' own import cycle, Lightning gets the real ``Metric``, and any root-only
+name loads the real package once, in the same module object; and the installed torchmetrics is one of the releases
+it is pinned to (that a timm run's imports leave the metric domains out is tested with the loop, in
 tests/federation/test_simulation.py)."""
 
 import subprocess
@@ -11,7 +12,9 @@ from tests.conftest import REPO
 _CODE = """
 import sys, importlib.metadata
 import fl_lightning
-from fl_lightning import _lazy_torchmetrics
+from fl_lightning.experiments import torchmetrics_deferral as _lazy_torchmetrics
+assert not _lazy_torchmetrics.is_deferred()  # importing the package defers nothing
+assert _lazy_torchmetrics.install()
 from torchmetrics.classification import MulticlassAccuracy  # a submodule before anything else
 from lightning import LightningModule
 import torchmetrics, torchmetrics.metric
@@ -40,7 +43,12 @@ def test_a_submodule_lightning_and_the_root_on_demand_all_get_the_real_torchmetr
 
 _PLOT_CODE = """
 import sys, json, torch
-import fl_lightning, lightning
+import os
+import fl_lightning
+from fl_lightning.experiments import torchmetrics_deferral
+if os.environ.get('DEFER') == '1':
+    assert torchmetrics_deferral.install()
+import lightning
 from lightning import LightningModule
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
@@ -72,7 +80,7 @@ def test_matplotlib_waits_for_the_first_plot_which_draws_as_torchmetrics_does():
     import os
 
     out = {}
-    for mode, env in (("deferred", {}), ("eager", {"FL_LIGHTNING_EAGER_TORCHMETRICS": "1"})):
+    for mode, env in (("deferred", {"DEFER": "1"}), ("eager", {})):
         proc = subprocess.run([sys.executable, "-c", _PLOT_CODE], capture_output=True, text=True, cwd=REPO,
                               timeout=300, env={**os.environ, **env})
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -82,3 +90,13 @@ def test_matplotlib_waits_for_the_first_plot_which_draws_as_torchmetrics_does():
     assert out["deferred"]["bad_ax"] == "refused"
     assert {k: v for k, v in out["deferred"].items() if k != "matplotlib_at_import"} == \
         {k: v for k, v in out["eager"].items() if k != "matplotlib_at_import"}
+
+
+def test_the_installed_torchmetrics_is_a_pinned_release_and_others_are_imported_normally():
+    import importlib.metadata
+
+    from fl_lightning.experiments.torchmetrics_deferral import supported
+
+    assert supported(importlib.metadata.version("torchmetrics")), (
+        "torchmetrics is not a release the deferral was checked on: check it and add it to PINNED")
+    assert not supported("2.0.0") and not supported("1.4.0") and not supported("dev")

@@ -1,4 +1,4 @@
-"""``python -m fl_lightning.bench [fedopal|fedisyn|scale|engine|features|all] [--quick] [--out FILE.json]``.
+"""``python -m benchmarks [fedopal|fedisyn|scale|engine|features|all] [--quick] [--out FILE.json]``.
 
 ``all`` runs the method suites (fedopal, fedisyn); ``scale`` (the engine from 10 to 10,000 clients)
 runs by name: ``--clients 10,100``, ``--processes 1`` and ``--engine-only`` narrow it. ``engine`` (a
@@ -19,7 +19,7 @@ from pathlib import Path
 # Nothing here downloads (random weights, tiny diffusion parts); make sure no library tries.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from fl_lightning.bench import BENCHMARKS, ENGINE_BENCHMARKS, results_table, run_benchmarks  # noqa: E402
+from benchmarks import BENCHMARKS, ENGINE_BENCHMARKS, results_table, run_benchmarks  # noqa: E402
 
 __all__ = ["main"]
 
@@ -27,7 +27,7 @@ __all__ = ["main"]
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line, run the benchmarks, print the table, write the JSON; returns 0 (2: a missing resource)."""
     parser = argparse.ArgumentParser(
-        prog="python -m fl_lightning.bench",
+        prog="python -m benchmarks",
         description="FedOPAL / FeDiSyn performance figures as ratios to same-run baselines.",
     )
     parser.add_argument("which", nargs="?", default="all", choices=(*BENCHMARKS, *ENGINE_BENCHMARKS, "all"),
@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = run_benchmarks(names, quick=args.quick, options=options,
                                  on_suite_start=lambda name: progress.print(f"running {name} benchmarks ..."))
     except UsageError as err:  # a missing resource (the features suite's checkpoint): one line, exit 2
-        print(f"fl_lightning.bench: {err}", file=sys.stderr)
+        print(f"benchmarks: {err}", file=sys.stderr)
         return 2
     console = Console()
     if not console.is_terminal:  # piped or captured: do not fold the table to 80 columns

@@ -1,6 +1,6 @@
 """The engine at scale: one-shot AFL from 10 to 10,000 clients beside a bare PyTorch loop.
 
-``python -m fl_lightning.bench scale`` runs the same job — AFL (one round, Eq. (7) statistics, the
+``python -m benchmarks scale`` runs the same job — AFL (one round, Eq. (7) statistics, the
 Eq. (9) solve) with d=768 features (a random timm ViT, ``embed_dim 768, depth 1``) on a FIXED data set — at K ∈ {10, 100, 1000, 10000} clients, and reports per K:
 
 * ``overhead_per_client_s`` — (wall − bare) / K, where wall is the framework's run from the end of
@@ -27,7 +27,7 @@ The data set is ``synthetic`` with 10,000 training images for every K (bundled d
 training images, and a partition needs K ≤ N). ``--quick`` runs a 64-d model on 400 images at
 K ∈ {10, 100} (seconds; checks the machinery, not the thresholds).
 
-Each measurement runs in a fresh process: ``python -m fl_lightning.bench.scale --worker ...``.
+Each measurement runs in a fresh process: ``python -m benchmarks.scale --worker ...``.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from fl_lightning.bench._timing import figure, peak_rss_bytes, reset_peak_rss
+from benchmarks._timing import figure, peak_rss_bytes, reset_peak_rss
 
 __all__ = ["run", "scale_config", "peer_config", "SIZES"]
 
@@ -61,7 +61,7 @@ SIZES: dict[bool, dict[str, Any]] = {
     True: {"dim": 64, "heads": 4, "image_size": 32, "patch_size": 8, "clients": (10, 100), "num_samples": 400,
            "two_process_clients": (100,), "peer_clients": (20,), "reference_clients": 10},
 }
-_REPO = Path(__file__).resolve().parents[2]
+_REPO = Path(__file__).resolve().parents[1]
 
 
 # -- the jobs -----------------------------------------------------------------------------------------
@@ -340,7 +340,7 @@ def _scale_point(work: Path, sizes: dict[str, Any], k: int, devices: int) -> dic
                                       num_samples=sizes["num_samples"], output_dir=str(work / "runs"),
                                       devices=devices, image_size=sizes["image_size"],
                                       patch_size=sizes["patch_size"]), work / f"{tag}.yaml")
-    _python(["-m", "fl_lightning.bench.scale", "--worker", "framework", "--config", str(config), "--out", str(out)])
+    _python(["-m", "benchmarks.scale", "--worker", "framework", "--config", str(config), "--out", str(out)])
     ranks = [json.loads((out / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(devices)]
     run_dir = work / "runs" / f"scale_k{k}"
     point: dict[str, Any] = {
@@ -353,7 +353,7 @@ def _scale_point(work: Path, sizes: dict[str, Any], k: int, devices: int) -> dic
     summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     point.update(accuracy=summary["accuracy"], bytes_up=summary["bytes_up"])
     if devices == 1:
-        _python(["-m", "fl_lightning.bench.scale", "--worker", "bare", "--config", str(config), "--out", str(out)])
+        _python(["-m", "benchmarks.scale", "--worker", "bare", "--config", str(config), "--out", str(out)])
         bare = json.loads((out / "bare.json").read_text(encoding="utf-8"))
         W = torch.load(run_dir / "checkpoints" / "server.pt", weights_only=False)["state"]["W"]
         W_bare = torch.load(out / "bare_W.pt")
@@ -374,7 +374,7 @@ def _peer_point(work: Path, k: int) -> dict[str, Any]:
     out.mkdir()
     config = _write_yaml(peer_config(num_clients=k, output_dir=str(work / "runs")), work / f"peer_k{k}.yaml")
     framework_s, _ = _python(["-m", "fl_lightning.train", "--config", str(config)])
-    bare_s, _ = _python(["-m", "fl_lightning.bench.scale", "--worker", "bare-script", "--config", str(config),
+    bare_s, _ = _python(["-m", "benchmarks.scale", "--worker", "bare-script", "--config", str(config),
                          "--out", str(out)])
     summary = json.loads((work / "runs" / f"peer_k{k}" / "summary.json").read_text(encoding="utf-8"))
     bare = json.loads((out / "bare.json").read_text(encoding="utf-8"))
@@ -473,7 +473,7 @@ def _figures(sizes: dict[str, Any], ks: list[int], per_k: dict[str, Any], peer: 
 
 # -- worker entry ---------------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fl_lightning.bench.scale",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale",
                                      description="one measured run of the scale benchmark (used by the suite)")
     parser.add_argument("--worker", choices=("framework", "bare", "bare-script"), required=True)
     parser.add_argument("--config", type=Path, required=True)

@@ -1,10 +1,10 @@
-"""Paired differences of a comparison (fl_lightning/paired.py): pairs by cell, worst and mean by hand."""
+"""Paired differences of a comparison (fl_lightning/experiments/paired.py): pairs by cell, worst and mean by hand."""
 
 from types import SimpleNamespace
 
 import pytest
 
-from fl_lightning.paired import main, paired_differences, paired_markdown
+from fl_lightning.experiments.paired import main, paired_differences, paired_markdown
 
 
 def _run(label, alpha, seed, acc):

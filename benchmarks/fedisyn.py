@@ -54,7 +54,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fl_lightning.bench._timing import (
+from benchmarks._timing import (
     CudaPeak,
     SavedTensorBytes,
     Timing,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fl_lightning import train
-from fl_lightning.comparison import comparison_rows
+from fl_lightning.experiments.comparison import comparison_rows
 from tests.conftest import CONF
 
 
@@ -28,7 +28,7 @@ def test_rows_are_mean_and_sample_std_over_seeds_per_method_and_alpha():
 
 
 def test_a_single_run_cell_has_no_plus_minus_and_every_cell_its_count(tmp_path):
-    from fl_lightning.comparison import write_comparison
+    from fl_lightning.experiments.comparison import write_comparison
 
     results = [_run("A", 0.1, 0.5), _run("A", 0.1, 0.7), _run("A", 1.0, 0.9), _run("B", 0.1, 0.25)]
     for cfg, _ in results:

@@ -1,4 +1,4 @@
-"""A multi-round round against a bare loop: ``python -m fl_lightning.bench engine``.
+"""A multi-round round against a bare loop: ``python -m benchmarks engine``.
 
 The job: FedAvg of a whole timm ResNet-18 (``fedavg_cnn``) on the bundled digits at 16 px,
 K = 50 Dirichlet clients (α = 0.5), 10 sampled a round, 30 rounds, 1 local epoch of SGD (lr 0.05,
@@ -24,7 +24,7 @@ the framework over ``python -c "import torch, timm"`` timed in the same run (bou
 ``start_ratio_with_data_library`` puts scikit-learn into that reference, since the bundled digits are
 scikit-learn's and their split is its ``train_test_split`` (the bare loop imports it too), and
 ``start_ratio_with_data_library_collector_paused`` runs those imports with Python's cyclic collector
-paused, as the framework's start does (``federation/collector.py``): what is left is the framework's own
+paused, as the CLI's opt-in fast start does (``experiments/collector.py``): what is left is the framework's own
 start (Lightning, this package, the config, the set-up).
 
 Each job runs ``--repeats`` times (default 3), each time in fresh processes; a figure takes each
@@ -56,7 +56,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fl_lightning.bench._timing import figure
+from benchmarks._timing import figure
 
 __all__ = ["run", "engine_config", "MODELS", "ROUND_BOUND", "START_BOUND"]
 
@@ -70,7 +70,7 @@ MODELS: dict[str, dict[str, Any]] = {
     "large": {"layers": [2, 2, 2, 2], "channels": [32, 64, 128, 256], "stem_width": 32},
     "tiny": {"layers": [1, 1, 1, 1], "channels": [8, 16, 32, 64], "stem_width": 8},  # --quick
 }
-_REPO = Path(__file__).resolve().parents[2]
+_REPO = Path(__file__).resolve().parents[1]
 
 
 DIGITS_MAX_CLIENTS = 100  # above this, digits' 1,437 training images are too few (see engine_config)
@@ -298,7 +298,7 @@ def _imports_done(code: str, threads: int) -> tuple[float, float]:
 
 def _worker(kind: str, config: Path, out: Path, threads: int) -> tuple[dict[str, Any], float, float]:
     spawned = time.time()
-    wall, _ = _python(["-m", "fl_lightning.bench.engine", "--worker", kind, str(config), str(out), str(threads)], threads)
+    wall, _ = _python(["-m", "benchmarks.engine", "--worker", kind, str(config), str(out), str(threads)], threads)
     return json.loads(out.read_text(encoding="utf-8")), wall, spawned
 
 
@@ -318,7 +318,7 @@ def _pair_at_once(config: Path, folder: Path, r: int) -> tuple[tuple[dict[str, A
     procs, started = {}, time.perf_counter()
     for kind, core in zip(("bare", "framework"), cores):
         env = {**_env(1), _CORE_VARIABLE: str(core)}
-        procs[kind] = subprocess.Popen([sys.executable, "-m", "fl_lightning.bench.engine", "--worker", kind, str(config),
+        procs[kind] = subprocess.Popen([sys.executable, "-m", "benchmarks.engine", "--worker", kind, str(config),
                                         str(folder / f"{kind}{r}.json"), "1"], env=env, cwd=_REPO,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     results = {}
@@ -358,7 +358,7 @@ _DATA_LIBRARY = "sklearn.datasets, sklearn.model_selection"
 _START_REFERENCES = (("start_ratio", "import torch, timm", "`import torch, timm`"),
                      ("start_ratio_with_data_library", f"import torch, timm, {_DATA_LIBRARY}",
                       "`import torch, timm` + scikit-learn (the digits' library)"),
-                     # the framework's start pauses the cyclic collector (federation/collector.py); this
+                     # the CLI's opt-in fast start pauses the cyclic collector (experiments/collector.py); this
                      # reference does too, so that the figure shows what is left once both import alike
                      ("start_ratio_with_data_library_collector_paused",
                       f"import gc; gc.disable(); import torch, timm, {_DATA_LIBRARY}",
@@ -467,7 +467,7 @@ def run(*, quick: bool, device: Any = None, threads: Sequence[int] = (1, 2), mod
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fl_lightning.bench.engine")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.engine")
     parser.add_argument("--worker", nargs=4, metavar=("KIND", "CONFIG", "OUT", "THREADS"), required=True)
     args = parser.parse_args(argv)
     kind, config, out, threads = args.worker
@@ -480,9 +480,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(int(threads))
         _bare_worker(Path(config), Path(out))
         return 0
-    from fl_lightning.federation.collector import pause_collection
+    from fl_lightning.experiments.startup import fast_start, fast_start_requested
 
-    paused = pause_collection()  # what fl_lightning.train's main does first, before it imports torch
+    # what fl_lightning.train's main does first, before it imports torch (opt-in: FL_LIGHTNING_FAST_START=1)
+    paused = fast_start() if fast_start_requested() else None
     import torch
 
     torch.set_num_threads(int(threads))

@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from fl_lightning import compare, train
-from fl_lightning.compare import select_shard
+from fl_lightning import train
+from fl_lightning.experiments import compare
+from fl_lightning.experiments.plan import select_shard
 from tests.conftest import CONF, REPO
 
 # AFL and FedCGS (training-free, a second each) × 3 seeds at one α: 6 runs

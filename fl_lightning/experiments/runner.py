@@ -1,0 +1,347 @@
+"""Running a planned comparison: skip what finished, resume what was interrupted, lock each run folder, run this
+process's share (or start ``--jobs`` processes of shares), and report the results (the table of every finished
+run). The command line that calls it is :mod:`fl_lightning.experiments.cli`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fl_lightning.experiments.plan import finished_summary, list_runs, plan_runs, record_comparison, select_shard
+
+if TYPE_CHECKING:
+    from fl_lightning.config import FederationConfig
+    from fl_lightning.experiments.cli import Args
+    from fl_lightning.experiments.collector import StartupCollector
+
+__all__ = ["run", "print_results", "on_sigterm"]
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or ``kill``'s stop), handled like Ctrl-C: the checkpoint is kept."""
+
+
+def on_sigterm(signum: int, frame: object) -> None:
+    """The SIGTERM handler of the CLI: raise :class:`_Terminated`."""
+    raise _Terminated
+
+
+def _is_primary() -> bool:
+    """The process that checks and locks the run folder: rank 0 before any launch (Fabric's children and
+    an external launcher's other ranks have a non-zero rank in their environment)."""
+    return all(os.environ.get(k, "0") == "0" for k in ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK",
+                                                       "SLURM_PROCID"))
+
+
+def run(args: Args, argv: list[str], locks: list, collector: StartupCollector | None) -> int:
+    """Plan the config's runs, run this process's share of them (skipping finished ones, resuming interrupted
+    ones, each run folder locked) or start ``--jobs`` processes, then report them. Returns the exit status."""
+    try:
+        from fl_lightning.config import added_key_overrides, dump_config, load_config, read_yaml
+        from fl_lightning.errors import ConfigError
+
+        config_path, overrides, recorded = args.config, list(args.overrides), None
+        if args.resume is not None:
+            run_dir = Path(args.resume)
+            recorded = _check_resume_folder(run_dir)
+            # the run keeps its folder: output_dir/run_name are pinned to where it is
+            overrides = [*overrides, "--output_dir", str(run_dir.parent), "--run_name", run_dir.name]
+            config_path = str(run_dir / "config.yaml")
+            # a folder written before a key existed resumes under the value it ran with, not today's default
+            overrides = [*added_key_overrides(recorded if recorded is not None else read_yaml(config_path)),
+                         *overrides]
+        cfg = load_config(config_path, overrides)
+        if args.print_config:
+            print(dump_config(cfg), end="")
+            return 0
+        runs = plan_runs(cfg)
+
+        mine = list(range(len(runs))) if args.shard is None else select_shard(range(len(runs)), *args.shard)
+        if args.list_runs:
+            list_runs(runs, mine)
+            return 0
+        if len(mine) > 1 and cfg.federation.devices * cfg.federation.num_nodes > 1:
+            raise ConfigError("variants", f"{len(mine)} runs", "a single run when federation.devices > 1 "
+                              "(launch one process group per run, e.g. with --shard I/N)")
+        if args.jobs is not None and _is_primary():
+            return _run_jobs(args, argv, cfg, runs)
+        if not mine:
+            print(f"fl_lightning: --shard {args.shard[0]}/{args.shard[1]} holds no run ({len(runs)} run(s) in all)",
+                  file=sys.stderr)
+            return 0
+        primary = _is_primary()
+        # the same command again: a run that finished under this very config is not run again (every rank
+        # sees the same folder, so no rank launches for it); --overwrite and --resume always run
+        finished = {} if args.overwrite or args.resume is not None else {
+            i: s for i in mine if (s := finished_summary(runs[i])) is not None}
+        todo = [i for i in mine if i not in finished]
+        resume = {i: args.resume is not None for i in todo}
+        held = {}  # a run's lock, released when it has finished (a killed comparison leaves none on those)
+        if primary and todo:
+            from fl_lightning.preflight import preflight
+
+            preflight([runs[i] for i in todo])  # every run still to run, before the first one starts
+            for i in todo:
+                resume[i] = _claim_run_folder(runs[i], args, recorded, argv, locks)
+                held[i] = locks[-1]
+        if primary and len(runs) > 1:  # the comparison's own config: which runs it has (experiments/plan.py);
+            record_comparison(cfg)  # written even when every run finished already (under a narrower --sweep)
+        if finished and primary:
+            print(f"fl_lightning: {len(finished)} of {len(mine)} run(s) finished already with this config, not run "
+                  f"again: {', '.join(runs[i].resolved_run_name for i in finished)}", file=sys.stderr)
+        if todo:
+            from fl_lightning.federation.simulation import Simulation
+    except KeyboardInterrupt as err:
+        print("fl_lightning: interrupted before the run started", file=sys.stderr)
+        return 143 if isinstance(err, _Terminated) else 130
+
+    summaries = dict(finished)
+    started = time.monotonic()
+    for k, i in enumerate(todo):
+        run = runs[i]
+        if primary and len(mine) > 1 and run.logging.progress:  # the comparison's progress: run k/N, its ETA
+            from fl_lightning.callbacks.progress import eta_s, format_duration
+
+            eta = eta_s(time.monotonic() - started, k, len(todo))
+            print(f"fl_lightning: run {k + 1}/{len(todo)}{' to run' if finished else ''} "
+                  f"({len(finished) + k} of {len(mine)} done): {run.resolved_run_name}, ETA of the rest "
+                  f"{format_duration(eta)}", flush=True)
+        try:
+            try:
+                with _torch_numerics(run.federation):
+                    summaries[i] = Simulation(cfg=run, resume=resume[i],
+                                              callbacks=[] if collector is None else [collector]).run()
+            finally:
+                if collector is not None:
+                    collector.end_run()
+            if i in held:
+                held[i].release()
+        except KeyboardInterrupt as err:
+            if primary:
+                how = "terminated (SIGTERM)" if isinstance(err, _Terminated) else "interrupted"
+                again = (" (or run the same command again: finished runs are not run again, this one continues)"
+                         if len(runs) > 1 else "")
+                print(f"fl_lightning: {how}; the checkpoint is kept: continue with "
+                      f"python -m fl_lightning.train --resume {run.run_dir}{again}", file=sys.stderr)
+            return 143 if isinstance(err, _Terminated) else 130
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print_results([(runs[i], summaries[i]) for i in mine])
+        if len(runs) > 1:  # a comparison: methods × α, mean ± std over seeds, of every finished run (all shares)
+            from fl_lightning.experiments.compare import collect, write_table
+
+            write_table(*collect(runs, summaries), cfg.output_dir)
+    return 0
+
+
+def _uses_cuda(accelerator: str) -> bool:
+    """Whether ``federation.accelerator`` runs on CUDA: ``cuda``, or ``gpu``/``auto`` with CUDA available (``gpu``
+    on a Mac is MPS)."""
+    import torch
+
+    return accelerator == "cuda" or (accelerator in ("gpu", "auto") and torch.cuda.is_available())
+
+
+@contextlib.contextmanager
+def _torch_numerics(federation: FederationConfig) -> Iterator[None]:
+    """The run's process-wide torch settings, set here (the library never sets them) and restored afterwards, so
+    that each run of a comparison has its own and an in-process ``main()`` leaves the process as it found it.
+
+    * ``federation.matmul_precision``: ``torch.set_float32_matmul_precision`` on CUDA only (TF32 at "high");
+      on the CPU nothing changes.
+    * ``federation.deterministic``: ``torch.use_deterministic_algorithms(True)`` (an op without a deterministic
+      kernel raises) and ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` when unset (cuBLAS needs it for deterministic
+      matmuls; read when CUDA starts, so set before the run builds anything).
+
+    The ranks of a DDP run each start in this CLI (Fabric's ``ddp`` re-runs the command), so each sets them;
+    processes created by ``ddp_spawn`` do not inherit them.
+    """
+    import torch
+
+    matmul = torch.get_float32_matmul_precision()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    set_workspace = federation.deterministic and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    try:
+        if _uses_cuda(federation.accelerator):
+            torch.set_float32_matmul_precision(federation.matmul_precision)
+        if set_workspace:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        if federation.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=False)
+        yield
+    finally:
+        if torch.get_float32_matmul_precision() != matmul:
+            torch.set_float32_matmul_precision(matmul)
+        if federation.deterministic:
+            torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        if set_workspace:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+
+
+def _run_jobs(args: Args, argv: list[str], cfg: object, runs: list) -> int:
+    """``--jobs N``: the comparison as N processes of this command, each ``--shard i/N`` (checked here first, so a
+    bad run stops before any starts); then the table of every finished run. Exit status: the worst of theirs."""
+    import subprocess
+
+    from fl_lightning.experiments.compare import collect, write_table
+    from fl_lightning.preflight import available_cpus, preflight
+
+    todo = [r for r in runs if args.overwrite or finished_summary(r) is None]
+    if todo:
+        preflight(todo)
+    n = min(args.jobs, max(len(todo), 1))
+    child_argv = [a for k, a in enumerate(argv) if a != "--jobs" and not a.startswith("--jobs=")
+                  and not (k > 0 and argv[k - 1] == "--jobs")]
+    gpus = _visible_gpus() if cfg.federation.accelerator in ("auto", "gpu", "cuda") else []
+    procs = []
+    try:
+        for i in range(n):
+            env = dict(os.environ)
+            if gpus:
+                env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
+            else:
+                env.setdefault("OMP_NUM_THREADS", str(max(1, available_cpus() // n)))
+            procs.append(subprocess.Popen([sys.executable, "-m", "fl_lightning.train", *child_argv, "--shard",
+                                           f"{i}/{n}"], env=env))
+        codes = [p.wait() for p in procs]
+    except KeyboardInterrupt as err:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait()
+        print("fl_lightning: interrupted; the shares keep their checkpoints: run the same command again",
+              file=sys.stderr)
+        return 143 if isinstance(err, _Terminated) else 130
+    if len(runs) > 1:
+        finished, missing = collect(runs)
+        if finished:
+            write_table(finished, missing, cfg.output_dir)
+    return max(codes, default=0)
+
+
+def _visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries ([] without any)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g.strip() for g in visible.split(",") if g.strip() and g.strip() != "-1"]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def _check_resume_folder(run_dir: Path) -> dict | None:
+    """The config the run recorded when it started (None for a folder written before records), after
+    checking that the folder's config.yaml was not edited in a way that changes what ran."""
+    from fl_lightning.config import read_yaml, recorded_config
+    from fl_lightning.errors import RunFolderError, UsageError
+    from fl_lightning.federation.run_folder import RECORD, config_diff, format_diff, read_record
+
+    if not (run_dir / "config.yaml").is_file():
+        raise UsageError(f"usage error: --resume {run_dir}: no config.yaml there; pass the folder of an "
+                         f"earlier run (<output_dir>/<run_name>)")
+    record = read_record(run_dir)
+    if record is None:
+        return None
+    edited = config_diff(record["config"], read_yaml(run_dir / "config.yaml"))
+    if edited:
+        raise RunFolderError(f"run folder error: {run_dir / 'config.yaml'} was edited after the run started "
+                             f"({format_diff(edited)}); the completed rounds ran under the recorded values "
+                             f"({run_dir / RECORD}): put them back, or start a new run with --config")
+    # a run recorded under a method's former name resumes under its name now, and without a key added since
+    # under the value it ran with
+    return recorded_config(record["config"])
+
+
+def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list[str], locks: list) -> bool:
+    """Lock the run's folder, check that this start may write there, and record the start (run.json).
+
+    Returns whether the run continues from the folder's checkpoint: with ``--resume``, and when the folder
+    holds an unfinished run of this very config (the same command again, after an interruption)."""
+    from fl_lightning.config import (added_key_overrides, config_to_dict, dump_config, load_config, read_yaml,
+                                     recorded_config)
+    from fl_lightning.errors import ConfigError, RunFolderError
+    from fl_lightning.federation.run_folder import (
+        LOCK,
+        RunLock,
+        clear_run_folder,
+        completed_rounds,
+        config_diff,
+        format_diff,
+        is_run_folder,
+        read_record,
+        write_record,
+        write_text_atomic,
+    )
+
+    run_dir: Path = cfg.run_dir
+    lock = RunLock(run_dir)
+    lock.acquire()
+    locks.append(lock)
+    current = config_to_dict(cfg)
+    if args.resume is not None:
+        if recorded is None:  # a folder from before run.json: its config.yaml (resolved) is the record
+            recorded = config_to_dict(load_config(run_dir / "config.yaml",
+                                                  added_key_overrides(read_yaml(run_dir / "config.yaml"))))
+        changed = config_diff(recorded, current)
+        if changed:
+            raise RunFolderError(f"run folder error: --resume cannot change {format_diff(changed)}: the completed "
+                                 f"rounds ran under the recorded values; only federation.rounds, "
+                                 f"federation.devices, the failure policy and logging.* may change on resume; "
+                                 f"start a new run (another --run_name) for other settings")
+        done = completed_rounds(run_dir)
+        if cfg.federation.rounds < done:
+            raise ConfigError("federation.rounds", cfg.federation.rounds,
+                              f"at least the {done} rounds this run has already completed")
+    elif any(p.name != LOCK for p in run_dir.iterdir()):
+        if not is_run_folder(run_dir):
+            raise RunFolderError(f"run folder error: '{run_dir}' already holds files that are not a run's; "
+                                 f"choose another --run_name or --output_dir")
+        if not args.overwrite and not _nothing_ran(run_dir):
+            record = read_record(run_dir)
+            before = recorded_config(record["config"] if record else (read_yaml(run_dir / "config.yaml")
+                                                                      if (run_dir / "config.yaml").is_file() else {}))
+            differs = config_diff(before, current, include_resumable=True)
+            if not differs:  # the same command after an interruption (a finished run is not claimed at all)
+                write_record(run_dir, current, resumed=True, argv=argv)
+                write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
+                return True
+            what = f"a different run ({format_diff(differs)})" if differs else "this run already"
+            hint = (" (continue it with --resume instead)" if not config_diff(before, current) else "")
+            raise RunFolderError(f"run folder error: '{run_dir}' holds {what}; pass --overwrite to delete it and "
+                                 f"start afresh{hint}, or choose another --run_name / --output_dir")
+        clear_run_folder(run_dir)
+    write_record(run_dir, current, resumed=args.resume is not None, argv=argv)
+    write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
+    return args.resume is not None
+
+
+def _nothing_ran(run_dir: Path) -> bool:
+    """A start that failed before any client finished (e.g. a model that did not build): nothing to lose,
+    so a new start may take the folder over without --overwrite."""
+    checkpoints = run_dir / "checkpoints"
+    return not (run_dir / "summary.json").exists() and not (run_dir / "metrics.csv").exists() and not (
+        checkpoints.is_dir() and any(p.is_file() for p in checkpoints.rglob("*")))
+
+
+def print_results(summaries: list) -> None:
+    """One line per run (a rich table): method, accuracy, bytes uploaded per client, run folder."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="fl_lightning results")
+    for column in ("run", "algorithm", "accuracy", "bytes up / client", "wall time (s)", "run folder"):
+        table.add_column(column)
+    for cfg, s in summaries:
+        accuracy = s.get("accuracy")
+        table.add_row(cfg.resolved_run_name, cfg.algorithm, "-" if accuracy is None else f"{accuracy:.4f}",
+                      f"{s['bytes_up_per_client']:,.0f}", f"{s['wall_time_s']:.1f}", str(cfg.run_dir))
+    Console(width=max(Console().width, 160)).print(table)
+
+
