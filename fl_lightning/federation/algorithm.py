@@ -124,6 +124,9 @@ class Environment:
     splits: DatasetSplits
     partition: list[np.ndarray]
     run_dir: Path
+    # True while every rank runs a server phase together (the engine sets it around a shared evaluation): the
+    # helpers of algorithms/common.py then split their work over the ranks and gather it (docs/ranks.md)
+    shared: bool = False
 
     @property
     def num_classes(self) -> int:
@@ -155,6 +158,9 @@ class Algorithm(ABC):
     name: str = ""
     config_class: type = NoConfig  # the dataclass of this method's YAML section (named like the method)
     augment: bool = False  # random crops/flips on the training split (frozen-feature methods: off)
+    # evaluate() depends on the state alone and evaluates through algorithms/common.py's helpers: on several ranks
+    # the engine runs it on every rank, each evaluating its shard of the test split (the numbers of one rank)
+    shared_evaluation: bool = False
 
     def __init__(self, *, cfg: RunConfig) -> None:
         self.cfg = cfg

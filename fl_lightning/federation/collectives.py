@@ -28,6 +28,11 @@ callbacks, the loggers, rank 0's round files) ends in :func:`everyone`: one exch
 (an all-gather of small objects, no values), from which every rank reaches the same verdict — rank 0 raises its
 own error or one naming the first failing rank, the others stop quietly with that error's status.
 
+A server phase that every rank shares (a test evaluation, a frozen-feature table: each rank its shard) joins the
+shards with :func:`gathered`: the same all-gather of outcomes as :func:`everyone`, carrying each rank's value too.
+Both are one ``all_gather_object`` of :class:`_Outcome`, so a rank that fails between two of them and goes on to
+the next :func:`everyone` still meets the others in a gather of outcomes: they read its error there and stop.
+
 One process: no broadcast or gather, the phase's function is simply called.
 """
 
@@ -49,7 +54,7 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from fl_lightning.errors import RemoteTraceback, RunFailure, UsageError
 
-__all__ = ["to_cpu", "from_server", "to_server", "everyone", "waiting", "RankStopped", "CollectiveTimeout",
+__all__ = ["to_cpu", "from_server", "to_server", "everyone", "gathered", "waiting", "RankStopped", "CollectiveTimeout",
            "RankFailure", "RankUsageError", "exit_status"]
 
 T = TypeVar("T")
@@ -290,9 +295,54 @@ def everyone(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: flo
         if own is None:
             raise
         raise own  # this rank's error is the report, not the collective's that it broke
+    _verdict(rank, own, what, parts)
+    return value
+
+
+def gathered(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: float) -> list[T]:
+    """Every rank's ``step()`` value on every rank, in rank order: :func:`everyone` whose exchange carries the
+    values (as CPU copies; this rank's own object in its place).
+
+    Args:
+        fabric: the launched Fabric.
+        step: this rank's shard of the work; it may raise.
+        what: the part, in words, for the error's line and a timeout's message (``"the test split's shards"``).
+        timeout_s: ``federation.collective_timeout_s``, for that message.
+
+    Returns:
+        The values of ranks 0..N-1 (one process: ``[step()]``).
+
+    Raises:
+        As :func:`everyone`: on rank 0 its own error or one naming the first failing rank; on the others
+        :class:`RankStopped`.
+    """
+    if fabric.world_size == 1:
+        return [step()]
+    rank = fabric.global_rank
+    own: Exception | None = None
+    try:
+        value = step()
+        mine = _Outcome(value=to_cpu(value), pid=os.getpid(), host=socket.gethostname())
+    except Exception as err:  # not an interrupt: a launcher or scheduler signals every rank itself
+        own, value, mine = err, None, _failed(err)
+    parts: list[Any] = [None] * fabric.world_size
+    try:
+        with waiting(what, timeout_s, rank):
+            dist.all_gather_object(parts, mine)
+    except Exception:
+        if own is None:
+            raise
+        raise own
+    _verdict(rank, own, what, parts)
+    return [value if r == rank else outcome.value for r, outcome in enumerate(parts)]
+
+
+def _verdict(rank: int, own: Exception | None, what: str, parts: list[_Outcome]) -> None:
+    """Every rank's same verdict on an exchange of outcomes: nothing when none failed; else rank 0 raises its own
+    error or one naming the first failing rank, the others stop quietly (:class:`RankStopped`)."""
     failed = [(r, outcome) for r, outcome in enumerate(parts) if outcome.error is not None]
     if not failed:
-        return value
+        return
     if rank == 0:
         raise own if own is not None else _rank_error(what, failed)
     leader = parts[0]

@@ -269,10 +269,18 @@ class Simulation:
                 raise
 
             # aggregate + evaluate: once, on the server, reading the uploads in client order; the new state, the
-            # row and every rank's client records reach every rank
-            run.state, row, result = self._from_server(
-                partial(self._serve, algorithm, run, store, round_idx, plan, result),
-                f"round {round_idx}'s aggregate and evaluation")
+            # row and every rank's client records reach every rank. A method whose evaluation every rank can share
+            # evaluates on every rank after the aggregate's broadcast, each rank its shard of the test split
+            if algorithm.shared_evaluation and fabric.world_size > 1:
+                run.state, result = self._from_server(
+                    partial(self._aggregate, algorithm, run, store, round_idx, plan, result),
+                    f"round {round_idx}'s aggregate")
+                row = everyone(fabric, partial(self._shared_evaluation, algorithm, env, run.state, round_idx),
+                               what=f"round {round_idx}'s evaluation", timeout_s=cfg.federation.collective_timeout_s)
+            else:
+                run.state, row, result = self._from_server(
+                    partial(self._serve, algorithm, run, store, round_idx, plan, result),
+                    f"round {round_idx}'s aggregate and evaluation")
 
             # the round's end on every rank (totals, callbacks, loggers; the server's files), then one exchange of
             # the outcomes: a failure there, on any rank, ends every rank
@@ -299,6 +307,23 @@ class Simulation:
         round's metrics row and the round's client records (the small numbers, for every rank's history)."""
         state = algorithm.aggregate(round_idx, run.state, store.uploads(result.succeeded), result.failures, plan)
         return state, {"round": round_idx, **algorithm.evaluate(state)}, result
+
+    @staticmethod
+    def _aggregate(algorithm: Algorithm, run: RunState, store: RoundStore, round_idx: int, plan: RoundPlan,
+                   result: RoundResult) -> tuple[dict, RoundResult]:
+        """The server's aggregate alone (:meth:`_serve` without the evaluation): the new state, the records."""
+        return algorithm.aggregate(round_idx, run.state, store.uploads(result.succeeded), result.failures,
+                                   plan), result
+
+    @staticmethod
+    def _shared_evaluation(algorithm: Algorithm, env: Environment, state: dict, round_idx: int) -> dict[str, Any]:
+        """The round's metrics row, evaluated on every rank together (``env.shared``: each rank its shard of the
+        test split, the counts gathered, so every rank holds one rank's numbers)."""
+        env.shared = True
+        try:
+            return {"round": round_idx, **algorithm.evaluate(state)}
+        finally:
+            env.shared = False
 
     def _save_round(self, run: RunState, store: RoundStore, checkpoint: DurableWriter) -> None:
         """The server's files of a finished round: metrics.csv, server.pt; then its records go."""
