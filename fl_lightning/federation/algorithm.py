@@ -162,6 +162,13 @@ class Algorithm(ABC):
     # the engine runs it on every rank, each evaluating its shard of the test split (the numbers of one rank)
     shared_evaluation: bool = False
 
+    def shared_aggregate(self, round_idx: int) -> bool:
+        """Whether every rank runs round ``round_idx``'s :meth:`aggregate` together (``env.shared`` set; the uploads
+        read back from the round's files on every rank), sharing its work through
+        :class:`~fl_lightning.federation.collectives.Ranks`; rank 0's returned state is the round's. False: rank 0
+        aggregates alone (the default)."""
+        return False
+
     def __init__(self, *, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.config = cfg.method if cfg.method is not None else self.config_class()

@@ -39,6 +39,7 @@ One process: no broadcast or gather, the phase's function is simply called.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 import traceback
@@ -54,8 +55,8 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from fl_lightning.errors import RemoteTraceback, RunFailure, UsageError
 
-__all__ = ["to_cpu", "from_server", "to_server", "everyone", "gathered", "waiting", "RankStopped", "CollectiveTimeout",
-           "RankFailure", "RankUsageError", "exit_status"]
+__all__ = ["to_cpu", "from_server", "to_server", "everyone", "gathered", "Ranks", "waiting", "WaitLog",
+           "recording_waits", "RankStopped", "CollectiveTimeout", "RankFailure", "RankUsageError", "exit_status"]
 
 T = TypeVar("T")
 
@@ -146,9 +147,40 @@ def _one_line(err: BaseException) -> str:
     return " ".join(text.split()) or type(err).__name__
 
 
+class WaitLog:
+    """Seconds this process spent in the collectives of :func:`waiting`, by phase (``round 3's plan`` is counted as
+    ``round's plan``): what ``python -m fl_lightning.bench ranks`` reports. Off unless :func:`recording_waits`
+    installs one (the bench's own processes); then each wait costs two ``time.monotonic()`` calls."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def add(self, what: str, seconds: float) -> None:
+        phase = re.sub(r"round \d+'s", "round's", what)
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+        self.calls[phase] = self.calls.get(phase, 0) + 1
+
+
+_wait_log: list[WaitLog] = []  # the installed log (at most one), for the bench's processes only
+
+
+@contextmanager
+def recording_waits() -> Iterator[WaitLog]:
+    """Record every wait of this process in :func:`waiting` into a fresh :class:`WaitLog` while the block runs."""
+    log = WaitLog()
+    _wait_log.append(log)
+    try:
+        yield log
+    finally:
+        _wait_log.remove(log)
+
+
 @contextmanager
 def waiting(what: str, timeout_s: float, rank: int) -> Iterator[None]:
-    """A collective that times out (gloo raises ``RuntimeError: … Timed out …``) becomes one line naming the key."""
+    """A collective that times out (gloo raises ``RuntimeError: … Timed out …``) becomes one line naming the key;
+    its duration goes to the :class:`WaitLog` of :func:`recording_waits` when one is installed."""
+    start = time.monotonic() if _wait_log else 0.0
     try:
         yield
     except RuntimeError as err:  # torch.distributed.DistError and gloo's errors are RuntimeErrors
@@ -157,6 +189,9 @@ def waiting(what: str, timeout_s: float, rank: int) -> Iterator[None]:
         raise CollectiveTimeout(
             f"rank {rank} waited more than federation.collective_timeout_s={timeout_s:g} s for {what}; raise it "
             f"above the longest server phase") from err
+    finally:
+        if _wait_log:
+            _wait_log[-1].add(what, time.monotonic() - start)
 
 
 def from_server(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: float, send: bool = True) -> T:
@@ -335,6 +370,36 @@ def gathered(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: flo
         raise own
     _verdict(rank, own, what, parts)
     return [value if r == rank else outcome.value for r, outcome in enumerate(parts)]
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """The ranks that share a server phase, for code below the engine (a stage's aggregate): who this rank is, and
+    the two collectives it may join, each carrying outcomes (a failure on any rank ends every rank).
+
+    Args:
+        fabric: the launched Fabric.
+        timeout_s: ``federation.collective_timeout_s``.
+    """
+
+    fabric: Fabric
+    timeout_s: float
+
+    @property
+    def rank(self) -> int:
+        return self.fabric.global_rank
+
+    @property
+    def world(self) -> int:
+        return self.fabric.world_size
+
+    def on_server(self, step: Callable[[], T], what: str, *, send: bool = True) -> T:
+        """:func:`from_server`: ``step()`` on rank 0, its value on every rank."""
+        return from_server(self.fabric, step, what=what, timeout_s=self.timeout_s, send=send)
+
+    def gather(self, step: Callable[[], T], what: str) -> list[T]:
+        """:func:`gathered`: every rank's ``step()`` on every rank, in rank order."""
+        return gathered(self.fabric, step, what=what, timeout_s=self.timeout_s)
 
 
 def _verdict(rank: int, own: Exception | None, what: str, parts: list[_Outcome]) -> None:

@@ -269,14 +269,10 @@ class Simulation:
                 raise
 
             # aggregate + evaluate: once, on the server, reading the uploads in client order; the new state, the
-            # row and every rank's client records reach every rank. A method whose evaluation every rank can share
-            # evaluates on every rank after the aggregate's broadcast, each rank its shard of the test split
-            if algorithm.shared_evaluation and fabric.world_size > 1:
-                run.state, result = self._from_server(
-                    partial(self._aggregate, algorithm, run, store, round_idx, plan, result),
-                    f"round {round_idx}'s aggregate")
-                row = everyone(fabric, partial(self._shared_evaluation, algorithm, env, run.state, round_idx),
-                               what=f"round {round_idx}'s evaluation", timeout_s=cfg.federation.collective_timeout_s)
+            # row and every rank's client records reach every rank. A method whose aggregate or evaluation every rank
+            # can share runs it on every rank (docs/ranks.md); the state and the numbers are still one rank's
+            if fabric.world_size > 1 and (algorithm.shared_evaluation or algorithm.shared_aggregate(round_idx)):
+                run.state, row, result = self._shared_serve(algorithm, env, run, store, round_idx, plan, result)
             else:
                 run.state, row, result = self._from_server(
                     partial(self._serve, algorithm, run, store, round_idx, plan, result),
@@ -308,12 +304,45 @@ class Simulation:
         state = algorithm.aggregate(round_idx, run.state, store.uploads(result.succeeded), result.failures, plan)
         return state, {"round": round_idx, **algorithm.evaluate(state)}, result
 
+    def _shared_serve(self, algorithm: Algorithm, env: Environment, run: RunState, store: RoundStore, round_idx: int,
+                      plan: RoundPlan, result: RoundResult) -> tuple[dict, dict[str, Any], RoundResult]:
+        """:meth:`_serve` with its aggregate and/or evaluation run on every rank together (``env.shared``).
+
+        A shared aggregate: rank 0 first writes the records it holds (every rank then reads the uploads from the
+        round's files), every rank aggregates, and rank 0's state reaches every rank. A shared evaluation: every
+        rank evaluates the state, each its shard of the test split (algorithms/common.py), in one exchange of
+        outcomes."""
+        fabric, timeout_s = self.fabric, self.cfg.federation.collective_timeout_s
+        if algorithm.shared_aggregate(round_idx):
+            def records() -> RoundResult:
+                store.write_held()
+                return result  # every rank's records (the other ranks hold their own only)
+
+            result = self._from_server(records, f"round {round_idx}'s records")
+            state = everyone(fabric, partial(self._shared_aggregate, algorithm, env, run, store, round_idx, plan,
+                                             result), what=f"round {round_idx}'s aggregate", timeout_s=timeout_s)
+            state = self._from_server(lambda: state, f"round {round_idx}'s state")
+            if not algorithm.shared_evaluation:
+                row = self._from_server(lambda: {"round": round_idx, **algorithm.evaluate(state)},
+                                        f"round {round_idx}'s evaluation")
+                return state, row, result
+        else:
+            state, result = self._from_server(
+                lambda: (algorithm.aggregate(round_idx, run.state, store.uploads(result.succeeded), result.failures,
+                                             plan), result), f"round {round_idx}'s aggregate")
+        row = everyone(fabric, partial(self._shared_evaluation, algorithm, env, state, round_idx),
+                       what=f"round {round_idx}'s evaluation", timeout_s=timeout_s)
+        return state, row, result
+
     @staticmethod
-    def _aggregate(algorithm: Algorithm, run: RunState, store: RoundStore, round_idx: int, plan: RoundPlan,
-                   result: RoundResult) -> tuple[dict, RoundResult]:
-        """The server's aggregate alone (:meth:`_serve` without the evaluation): the new state, the records."""
-        return algorithm.aggregate(round_idx, run.state, store.uploads(result.succeeded), result.failures,
-                                   plan), result
+    def _shared_aggregate(algorithm: Algorithm, env: Environment, run: RunState, store: RoundStore, round_idx: int,
+                          plan: RoundPlan, result: RoundResult) -> dict:
+        """This rank's part of a shared aggregate (the uploads from the round's files; ``env.shared`` set)."""
+        env.shared = True
+        try:
+            return algorithm.aggregate(round_idx, run.state, store.uploads(result.succeeded), result.failures, plan)
+        finally:
+            env.shared = False
 
     @staticmethod
     def _shared_evaluation(algorithm: Algorithm, env: Environment, state: dict, round_idx: int) -> dict[str, Any]:

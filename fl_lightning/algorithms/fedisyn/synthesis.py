@@ -36,6 +36,7 @@ import torch
 from fl_lightning.algorithms.fedisyn.config import ViTConfig
 from fl_lightning.algorithms.fedisyn.planning import upload_time_s
 from fl_lightning.algorithms.fedisyn.synthesis_step import SynthesisResult, synthesise_and_pretrain
+from fl_lightning.federation.collectives import Ranks
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import State
 from fl_lightning.federation.placement import client_seed
@@ -216,13 +217,16 @@ class SynthesisStage(Stage):
                 "sys.lambda_fit": torch.zeros(6, dtype=torch.float64)}  # λ* = 0: no fit
 
     @abstractmethod
-    def synthesise(self, uploads: Mapping[int, Upload]) -> tuple[SynthesisResult, int]:
-        """(the pre-trained model with λ, volumes and times; D = the real samples) from round 0's uploads."""
+    def synthesise(self, uploads: Mapping[int, Upload]) -> tuple[SynthesisResult | None, int]:
+        """(the pre-trained model with λ, volumes and times; D = the real samples) from round 0's uploads; in a
+        shared aggregate (``shared_aggregate``) None on the ranks other than 0."""
 
     def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
                   plan: RoundPlan) -> State:
         sent = {int(c): float(u.num_bytes) for c, u in uploads.items()}  # latents, captions or counts
         result, real_samples = self.synthesise(uploads)
+        if result is None:  # another rank of a shared aggregate: its images are written; rank 0's state is the round's
+            return state
         m = self.method
         new = dict(state)
         new.update(m.model_state(result.model))
@@ -258,6 +262,7 @@ class DiffusionSynthesis(SynthesisStage):
     """Synthesis with Stable Diffusion (PNDM) conditioned on CLIP text embeddings of the prompts."""
 
     config_class = DiffusionConfig
+    shared_aggregate = True  # every rank samples its share of the images (synthesis_step.synthesise_and_pretrain)
 
     @classmethod
     def missing_resources(cls, config: Any, section: str) -> list[str]:
@@ -278,15 +283,16 @@ class DiffusionSynthesis(SynthesisStage):
     def generation_inputs(self, uploads: Mapping[int, Upload]) -> GenerationInputs:
         """Counts, latents and prompts from round 0's uploads."""
 
-    def synthesise(self, uploads: Mapping[int, Upload]) -> tuple[SynthesisResult, int]:
+    def synthesise(self, uploads: Mapping[int, Upload]) -> tuple[SynthesisResult | None, int]:
         m = self.method
+        ranks = Ranks(m.fabric, m.cfg.federation.collective_timeout_s) if m.env.shared else None
         inputs = self.generation_inputs(uploads)
         result = synthesise_and_pretrain(
             m.config, components=self.components, uploads_by_client=inputs.latents_by_client,
             class_counts=inputs.class_counts, class_names=m.env.splits.classes, spec=m.spec, run_dir=m.env.run_dir,
             seed=m.cfg.seed, device=m.fabric.device, precision=m.cfg.federation.precision,
             progress=m.cfg.logging.progress, prompts_by_class=inputs.prompts_by_class, section=m.name,
-            text_only=inputs.latents_by_client is None)
+            text_only=inputs.latents_by_client is None, ranks=ranks)
         self.components.vae.to(m.fabric.device)
         return result, sum(inputs.class_counts.values())
 

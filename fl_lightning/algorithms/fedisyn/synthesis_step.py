@@ -35,6 +35,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from itertools import chain
 from typing import Any
 from pathlib import Path
@@ -47,6 +48,7 @@ from torch.utils.data import Dataset
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.algorithm import InputSpec
+from fl_lightning.federation.collectives import Ranks
 from fl_lightning.federation.placement import derive_seed
 from fl_lightning.models.diffusion import DiffusionComponents
 from fl_lightning.modules.pretraining import EPOCH_STATE, load_pretrained_vit, pretrain_classifier, split_holdout
@@ -265,8 +267,8 @@ def synthesise_and_pretrain(
     uploads_by_client: Mapping[int, Sequence[ClassLatentUpload]] | None, class_counts: Mapping[int, int],
     class_names: Sequence[str], spec: InputSpec, run_dir: Path, seed: int, device: torch.device,
     precision: str, progress: bool, prompts_by_class: Mapping[str, Sequence[str]] | None = None,
-    section: str = "fedisyn", text_only: bool = False,
-) -> SynthesisResult:
+    section: str = "fedisyn", text_only: bool = False, ranks: Ranks | None = None,
+) -> SynthesisResult | None:
     """Steps 1 (server side) and 2 of FeDiSyn; resumable (prompts cached, images skipped when present).
 
     Args:
@@ -277,60 +279,50 @@ def synthesise_and_pretrain(
         prompts_by_class: prompts to use instead of the label expansion (FGL: the clients' captions).
         section: the method's config section, for error keys.
         text_only: images start from pure noise and the prompts (``uploads_by_client`` is None).
+        ranks: the ranks that share the generation (every rank calls this together): rank 0 decides the prompts
+            and λ, every rank samples the batches dealt to it (the images of one rank), rank 0 pre-trains.
+
+    Returns:
+        The result on rank 0 (or alone); None on the other ranks of ``ranks``.
     """
     totals = {int(k): int(v) for k, v in class_counts.items() if v > 0}
     D = sum(totals.values())
-    if prompts_by_class is None:
-        expander = _expander(cfg, seed=seed, device=device)
-        prompts_by_class = expand_with_cache(expander, list(class_names), cfg.prompts_per_label,
-                                             run_dir / "prompts.json")
-        expander.release()  # the LLM is not needed again: its weights go (their memory with the next collection)
-        del expander
     if not text_only and uploads_by_client is None:
         raise ValueError("feature-guided generation needs the clients' latent uploads")
     last_t = int(components.scheduler.config.num_train_timesteps) - 1
 
-    def requests_for(volume: Mapping[int, int]) -> list[GenerationRequest]:
+    def requests_for(volume: Mapping[int, int], prompts: Mapping[str, Sequence[str]]) -> list[GenerationRequest]:
         if text_only:
-            return text_only_requests(class_names, prompts_by_class, volume_per_class=volume, seed=seed,
+            return text_only_requests(class_names, prompts, volume_per_class=volume, seed=seed,
                                       latent_shape=_latent_shape(components, cfg.vae_image_size), timestep=last_t)
-        return plan_generation(uploads_by_client, class_names, prompts_by_class, volume_per_class=volume,
-                               rho=cfg.rho, seed=seed)
+        return plan_generation(uploads_by_client, class_names, prompts, volume_per_class=volume, rho=cfg.rho,
+                               seed=seed)
 
-    folder = run_dir / "synthetic"
     server = _server(cfg)
-    h_gen, h_pre = cfg.generation_time_per_image_s, cfg.pretrain_time_per_image_epoch_s
-    if server is not None and h_pre is None:
-        h_pre = _server_pretrain_s(cfg, server, section)
-    if cfg.synthetic_lambda is None and h_gen is None:  # (auto reads h0 off the pilots instead)
-        if server is not None:  # ĥ: the server's mean time over the images' start timesteps
-            probe = requests_for(totals)
-            h_gen = generation_time(server, [r.timestep for r in probe], cfg.num_inference_steps) / max(len(probe), 1)
-        else:
-            h_gen = _probe_generation(cfg, components, requests_for(totals), run_dir / "probe", device)
-    if cfg.synthetic_lambda is None and h_pre is None:
-        # server: host and no h̃ yet: a first-order stand-in until pre-training is measured (a ViT step ~ a UNet step)
-        h_pre = h_gen / max(cfg.num_inference_steps, 1)
-    fit = None
-    if cfg.synthetic_lambda == "auto":
-        # the pilots are processes of their own: hand them the accelerator (generate_images moves the networks back)
-        release_accelerator_memory(components)
-        lam, fit = _auto_lambda(cfg, run_dir=run_dir, section=section, device=device)
-    else:
-        lam = choose_lambda(cfg, gen_time_per_image=h_gen or 0.0, pretrain_time_per_image_epoch=h_pre or 0.0,
-                            num_real_samples=D, section=section)
+    decide = partial(_decide_lambda, cfg, components=components, totals=totals, class_names=class_names,
+                     requests_for=requests_for, prompts_by_class=prompts_by_class, server=server, run_dir=run_dir,
+                     seed=seed, device=device, section=section)
+    # the prompts, the probe or the pilots and λ: the server's decision, made once (on rank 0 when shared)
+    prompts_by_class, lam, fit, h_gen, h_pre = decide() if ranks is None else ranks.on_server(
+        decide, "the synthesis plan (prompts, λ)")
     volume = synthetic_volume(totals, lam)
     if sum(volume.values()) < 2:
         raise ConfigError(f"{section}.synthetic_lambda", lam,
                           f"a λ that gives at least 2 synthetic images (D = {D} real samples)")
-    requests = requests_for(volume)
+    requests = requests_for(volume, prompts_by_class)  # a pure function of the uploads: the same on every rank
+    folder = run_dir / "synthetic"
+    rank, world = (0, 1) if ranks is None else (ranks.rank, ranks.world)
     start = time.monotonic()
     generate_images(components, requests, folder, batch_size=cfg.generation_batch_size,
                     num_inference_steps=cfg.num_inference_steps, guidance_scale=cfg.guidance_scale,
-                    device=device, dtype=_dtype(cfg, device), progress=progress,
-                    min_fresh_fraction=cfg.min_fresh_fraction)
+                    device=device, dtype=_dtype(cfg, device), progress=progress and rank == 0,
+                    min_fresh_fraction=cfg.min_fresh_fraction, rank=rank, world=world)
+    if ranks is not None:  # every rank's images are in the folder before anyone reads it
+        ranks.gather(lambda: None, "the synthetic images")
     host_generation_s = generation_s = time.monotonic() - start
     components.to(device="cpu")  # free the accelerator for pre-training and fine-tuning
+    if rank != 0:  # its share is written; rank 0 pre-trains and its state is the round's
+        return None
     n_images = len(requests)
     if cfg.generation_time_per_image_s is not None:
         generation_s = cfg.generation_time_per_image_s * n_images
@@ -343,6 +335,47 @@ def synthesise_and_pretrain(
     per_class = {label: int(v) for label, v in volume.items()}
     return SynthesisResult(model, lam, per_class, generation_s, pretraining_s, best, host_generation_s,
                            host_pretraining_s, fit)
+
+
+def _decide_lambda(cfg: Any, *, components: DiffusionComponents, totals: Mapping[int, int], class_names: Sequence[str],
+                   requests_for: Any, prompts_by_class: Mapping[str, Sequence[str]] | None,
+                   server: ServerProfile | None, run_dir: Path, seed: int, device: torch.device,
+                   section: str) -> tuple[Mapping[str, Sequence[str]], float, Any, float | None, float | None]:
+    """The server's decisions before generation: the prompts (expanded and cached unless given), ĥ and h̃ (the
+    probe, the server profile or the config) and λ (the config, the time budget or the pilots' fit).
+
+    Returns:
+        (prompts by class, λ, the pilots' fit or None, ĥ, h̃).
+    """
+    if prompts_by_class is None:
+        expander = _expander(cfg, seed=seed, device=device)
+        prompts_by_class = expand_with_cache(expander, list(class_names), cfg.prompts_per_label,
+                                             run_dir / "prompts.json")
+        expander.release()  # the LLM is not needed again: its weights go (their memory with the next collection)
+        del expander
+    D = sum(totals.values())
+    h_gen, h_pre = cfg.generation_time_per_image_s, cfg.pretrain_time_per_image_epoch_s
+    if server is not None and h_pre is None:
+        h_pre = _server_pretrain_s(cfg, server, section)
+    if cfg.synthetic_lambda is None and h_gen is None:  # (auto reads h0 off the pilots instead)
+        if server is not None:  # ĥ: the server's mean time over the images' start timesteps
+            probe = requests_for(totals, prompts_by_class)
+            h_gen = generation_time(server, [r.timestep for r in probe], cfg.num_inference_steps) / max(len(probe), 1)
+        else:
+            h_gen = _probe_generation(cfg, components, requests_for(totals, prompts_by_class), run_dir / "probe",
+                                      device)
+    if cfg.synthetic_lambda is None and h_pre is None:
+        # server: host and no h̃ yet: a first-order stand-in until pre-training is measured (a ViT step ~ a UNet step)
+        h_pre = h_gen / max(cfg.num_inference_steps, 1)
+    fit = None
+    if cfg.synthetic_lambda == "auto":
+        # the pilots are processes of their own: hand them the accelerator (generate_images moves the networks back)
+        release_accelerator_memory(components)
+        lam, fit = _auto_lambda(cfg, run_dir=run_dir, section=section, device=device)
+    else:
+        lam = choose_lambda(cfg, gen_time_per_image=h_gen or 0.0, pretrain_time_per_image_epoch=h_pre or 0.0,
+                            num_real_samples=D, section=section)
+    return prompts_by_class, lam, fit, h_gen, h_pre
 
 
 def pretrain_on_synthetic(cfg: Any, folder: Path, *, num_classes: int, spec: InputSpec, run_dir: Path, seed: int,
