@@ -29,7 +29,8 @@ BENCHMARKS: tuple[str, ...] = ("fedopal", "fedisyn")  # the method suites: what 
 # run by name only: the engine at scale (fl_lightning/bench/scale.py, an hour at full size), a multi-round
 # round against a bare loop (fl_lightning/bench/engine.py: minutes) and a comparison of frozen-feature
 # methods on the real DINOv2 checkpoint (fl_lightning/bench/features.py, not always present)
-ENGINE_BENCHMARKS: tuple[str, ...] = ("scale", "engine", "features")
+# and every rank's share of the server's phases (fl_lightning/bench/ranks.py: 1, 2, 4 CPU processes, minutes)
+ENGINE_BENCHMARKS: tuple[str, ...] = ("scale", "engine", "features", "ranks")
 
 
 def _runner(name: str):
@@ -54,6 +55,10 @@ def _runner(name: str):
         from fl_lightning.bench import engine
 
         return engine.run
+    if name == "ranks":
+        from fl_lightning.bench import ranks
+
+        return ranks.run
     raise ValueError(f"unknown benchmark {name!r}; expected one of {BENCHMARKS + ENGINE_BENCHMARKS}")
 
 
