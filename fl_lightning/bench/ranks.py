@@ -49,17 +49,17 @@ class _RankReport:
     """A callback writing this rank's wall time and waits (from the installed :class:`WaitLog`) at the run's end."""
 
     def __init__(self, out: Path, log: Any) -> None:
-        self.out, self.log, self.start = out, log, 0.0
+        self.out, self.log, self.start, self.before = out, log, 0.0, {}
 
     def on_run_start(self, **_: Any) -> None:
-        self.start = time.monotonic()
+        self.start, self.before = time.monotonic(), dict(self.log.seconds)  # the start-up's waits are not counted
 
     def on_run_end(self, **_: Any) -> None:
         import torch.distributed as dist
 
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-        report = {"wall_s": time.monotonic() - self.start, "waits": dict(self.log.seconds),
-                  "calls": dict(self.log.calls)}
+        waits = {k: v - self.before.get(k, 0.0) for k, v in self.log.seconds.items()}
+        report = {"wall_s": time.monotonic() - self.start, "waits": {k: v for k, v in waits.items() if v > 0}}
         (self.out / f"rank{rank}.json").write_text(json.dumps(report), encoding="utf-8")
 
 
