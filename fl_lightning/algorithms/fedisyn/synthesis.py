@@ -23,6 +23,8 @@ per client and class are far too little to train one that stands in for Stable D
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from abc import abstractmethod
 from collections.abc import Mapping
@@ -279,6 +281,15 @@ class DiffusionSynthesis(SynthesisStage):
                            else tiny_diffusion_components(seed=self.method.cfg.seed, image_size=f.vae_image_size))
         self.components.vae.to(fabric.device)  # clients need only the VAE; the server moves the rest
 
+    def round0_description(self) -> dict[str, Any]:
+        """What round 0 reads besides its requests: this stage's keys (``config_class``), the run's seed and
+        precision, the classes and the ViT's input spec (the content key of ``synthesis_step.SharedRound0``)."""
+        m = self.method
+        keys = {f.name: getattr(m.config, f.name) for f in dataclasses.fields(self.config_class)}
+        return {"stage": type(self).__name__, "keys": keys, "seed": m.cfg.seed,
+                "precision": m.cfg.federation.precision, "classes": list(m.env.splits.classes),
+                "spec": dataclasses.asdict(m.spec)}
+
     @abstractmethod
     def generation_inputs(self, uploads: Mapping[int, Upload]) -> GenerationInputs:
         """Counts, latents and prompts from round 0's uploads."""
@@ -292,7 +303,7 @@ class DiffusionSynthesis(SynthesisStage):
             class_counts=inputs.class_counts, class_names=m.env.splits.classes, spec=m.spec, run_dir=m.env.run_dir,
             seed=m.cfg.seed, device=m.fabric.device, precision=m.cfg.federation.precision,
             progress=m.cfg.logging.progress, prompts_by_class=inputs.prompts_by_class, section=m.name,
-            text_only=inputs.latents_by_client is None, ranks=ranks)
+            text_only=inputs.latents_by_client is None, ranks=ranks, share=self.round0_description())
         self.components.vae.to(m.fabric.device)
         return result, sum(inputs.class_counts.values())
 

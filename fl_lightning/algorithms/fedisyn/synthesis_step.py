@@ -65,7 +65,8 @@ from fl_lightning.systems.backbones import backbone
 from fl_lightning.systems.scaling_law import ScalingLawParams, optimal_lambda, synthesis_cost_per_unit_lambda
 from fl_lightning.systems.server import SERVERS, ServerProfile, generation_time, pretrain_time_per_image_epoch
 
-__all__ = ["SynthesisResult", "SyntheticFolder", "choose_lambda", "text_only_requests", "synthesise_and_pretrain",
+__all__ = ["SynthesisResult", "SyntheticFolder", "SharedRound0", "round0_key", "choose_lambda", "text_only_requests",
+           "synthesise_and_pretrain",
            "pretrain_on_synthetic", "release_accelerator_memory", "parked_on_cpu"]
 
 
@@ -192,6 +193,42 @@ def _auto_lambda(cfg: Any, *, run_dir: Path, section: str, device: torch.device 
     return float(fit.lam_star), fit
 
 
+def _auto_lambda_on_ranks(cfg: Any, ranks: Ranks, *, components: DiffusionComponents, run_dir: Path, section: str,
+                          device: torch.device) -> tuple[float, Any]:
+    """:func:`_auto_lambda` on several ranks: rank r runs the pilots λ_i with i ≡ r (mod N), each a single-process run
+    on its own device, and rank 0 fits Eq. (13) to all of them in ``pilot_lambdas`` order (the fit of one rank).
+
+    Raises:
+        ConfigError: a pilot failed on any rank, or the fit has no minimiser (named ``<section>.synthetic_lambda``).
+    """
+    from fl_lightning.algorithms.fedisyn.pilots import auto_lambda, pilot_points, run_pilot_processes
+
+    lambdas, world = [float(v) for v in cfg.pilot_lambdas], ranks.world
+    cuda_device = None
+    if device.type == "cuda":
+        cuda_device = torch.cuda.current_device() if device.index is None else int(device.index)
+    release_accelerator_memory(components)  # the pilots are processes of their own: hand them the accelerator
+
+    def mine() -> list[Path]:
+        try:
+            return run_pilot_processes(run_dir, section, lambdas[ranks.rank::world], rounds=cfg.pilot_rounds,
+                                       cuda_device=cuda_device)
+        except RuntimeError as err:
+            raise ConfigError(f"{section}.synthetic_lambda", "auto", f"pilots whose fit gives λ* ({err})") from None
+
+    parts = ranks.gather(mine, "the pilots")
+    runs = [parts[i % world][i // world] for i in range(len(lambdas))]  # back in pilot_lambdas order
+
+    def fit() -> tuple[float, Any]:
+        try:
+            result = auto_lambda(pilot_points(runs, pretrain_epochs=cfg.pretrain_epochs), cfg.target_accuracy)
+        except (RuntimeError, ValueError) as err:
+            raise ConfigError(f"{section}.synthetic_lambda", "auto", f"pilots whose fit gives λ* ({err})") from None
+        return float(result.lam_star), result
+
+    return ranks.on_server(fit, "the pilots' fit")
+
+
 def text_only_requests(class_names: Sequence[str], prompts_by_class: Mapping[str, Sequence[str]], *,
                        volume_per_class: Mapping[int, int], latent_shape: tuple[int, ...], timestep: int,
                        seed: int) -> list[GenerationRequest]:
@@ -268,6 +305,7 @@ def synthesise_and_pretrain(
     class_names: Sequence[str], spec: InputSpec, run_dir: Path, seed: int, device: torch.device,
     precision: str, progress: bool, prompts_by_class: Mapping[str, Sequence[str]] | None = None,
     section: str = "fedisyn", text_only: bool = False, ranks: Ranks | None = None,
+    share: Mapping[str, Any] | None = None,
 ) -> SynthesisResult | None:
     """Steps 1 (server side) and 2 of FeDiSyn; resumable (prompts cached, images skipped when present).
 
@@ -281,6 +319,11 @@ def synthesise_and_pretrain(
         text_only: images start from pure noise and the prompts (``uploads_by_client`` is None).
         ranks: the ranks that share the generation (every rank calls this together): rank 0 decides the prompts
             and λ, every rank samples the batches dealt to it (the images of one rank), rank 0 pre-trains.
+
+        share: what round 0 reads besides the requests (the stage's keys, the precision, the classes): with it,
+            the images and the pre-trained ViT are published under ``<output_dir>/round0/<key>/`` and a later run
+            of the same content key (a comparison's variants that differ in their fine-tuning) reuses them
+            (:class:`SharedRound0`), its recorded host times included: the numbers of a run that made them.
 
     Returns:
         The result on rank 0 (or alone); None on the other ranks of ``ranks``.
@@ -303,8 +346,12 @@ def synthesise_and_pretrain(
                      requests_for=requests_for, prompts_by_class=prompts_by_class, server=server, run_dir=run_dir,
                      seed=seed, device=device, section=section)
     # the prompts, the probe or the pilots and λ: the server's decision, made once (on rank 0 when shared)
+    parallel_pilots = ranks is not None and ranks.world > 1 and cfg.synthetic_lambda == "auto"
     prompts_by_class, lam, fit, h_gen, h_pre = decide() if ranks is None else ranks.on_server(
-        decide, "the synthesis plan (prompts, λ)")
+        partial(decide, pilots=not parallel_pilots), "the synthesis plan (prompts, λ)")
+    if parallel_pilots:  # each rank its share of the pilots, on its own device; rank 0 fits them all
+        lam, fit = _auto_lambda_on_ranks(cfg, ranks, components=components, run_dir=run_dir, section=section,
+                                         device=device)
     volume = synthetic_volume(totals, lam)
     if sum(volume.values()) < 2:
         raise ConfigError(f"{section}.synthetic_lambda", lam,
@@ -312,6 +359,9 @@ def synthesise_and_pretrain(
     requests = requests_for(volume, prompts_by_class)  # a pure function of the uploads: the same on every rank
     folder = run_dir / "synthetic"
     rank, world = (0, 1) if ranks is None else (ranks.rank, ranks.world)
+    shared = None if share is None else SharedRound0(run_dir.parent / "round0", round0_key(share, requests, device))
+    reused = shared is not None and (shared.images_into(folder) if ranks is None else ranks.on_server(
+        partial(shared.images_into, folder), "round 0's shared images"))
     start = time.monotonic()
     generate_images(components, requests, folder, batch_size=cfg.generation_batch_size,
                     num_inference_steps=cfg.num_inference_steps, guidance_scale=cfg.guidance_scale,
@@ -323,26 +373,150 @@ def synthesise_and_pretrain(
     components.to(device="cpu")  # free the accelerator for pre-training and fine-tuning
     if rank != 0:  # its share is written; rank 0 pre-trains and its state is the round's
         return None
+    if shared is not None:
+        if reused:
+            host_generation_s = generation_s = shared.recorded("generation")["host_s"]
+        else:
+            shared.publish_images(folder, host_generation_s)
     n_images = len(requests)
     if cfg.generation_time_per_image_s is not None:
         generation_s = cfg.generation_time_per_image_s * n_images
     elif server is not None:  # H_gene on the server: n(s) guided UNet steps + a decode per image
         generation_s = generation_time(server, [r.timestep for r in requests], cfg.num_inference_steps)
-    model, pretraining_s, best, host_pretraining_s = pretrain_on_synthetic(
-        cfg, folder, num_classes=len(class_names), spec=spec, run_dir=run_dir, seed=seed, device=device,
-        precision=precision, per_image_epoch_s=h_pre if cfg.pretrain_time_per_image_epoch_s is not None
-        or server is not None else None)
+    pretrained = None if shared is None else shared.pretrained_into(run_dir / "pretrain")
+    if pretrained is None:
+        model, pretraining_s, best, host_pretraining_s = pretrain_on_synthetic(
+            cfg, folder, num_classes=len(class_names), spec=spec, run_dir=run_dir, seed=seed, device=device,
+            precision=precision, per_image_epoch_s=h_pre if cfg.pretrain_time_per_image_epoch_s is not None
+            or server is not None else None)
+        if shared is not None:
+            shared.publish_pretraining(best, pretraining_s, host_pretraining_s)
+    else:
+        model, pretraining_s, best, host_pretraining_s = pretrained
     per_class = {label: int(v) for label, v in volume.items()}
     return SynthesisResult(model, lam, per_class, generation_s, pretraining_s, best, host_generation_s,
                            host_pretraining_s, fit)
 
 
+def round0_key(share: Mapping[str, Any], requests: Sequence[GenerationRequest], device: torch.device) -> str:
+    """sha256 of what round 0's images and pre-trained ViT depend on: ``share`` (the stage's keys, the precision,
+    the classes, the input spec), every request (its latent's bytes, prompt, seed, timestep, noise fraction and
+    file) and the device type and torch version (float round-off). Equal keys: equal images and ViT."""
+    import hashlib
+
+    import fl_lightning.modules.pretraining as pretraining_code
+    import fl_lightning.synthesis.generate as generation_code
+
+    code = [Path(m.__file__).read_bytes() for m in (generation_code, pretraining_code)] + [Path(__file__).read_bytes()]
+    digest = hashlib.sha256(json.dumps({**share, "device": device.type, "torch": torch.__version__},
+                                       sort_keys=True, default=str).encode())
+    for text in code:  # the code that makes them: a changed sampler or trainer never reuses older images
+        digest.update(hashlib.sha256(text).digest())
+    for r in requests:
+        digest.update(json.dumps([r.relpath, r.label, r.client, r.centroid_index, r.prompt, r.seed, r.timestep,
+                                  float(r.noise_fraction)]).encode())
+        latent = r.latent.detach().to("cpu").contiguous()
+        digest.update(str((latent.dtype, tuple(latent.shape))).encode())
+        digest.update(latent.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:32]
+
+
+class SharedRound0:
+    """Round 0's images and pre-trained ViT under ``<root>/<key>/``, published by the first run that finished them
+    and reused by later runs of the same key; each run's folder keeps its own copies (hard links where the file
+    system allows), so a run folder stays whole when the shared one goes.
+
+    Publishing is a rename of a finished folder: a run never reads a half-written one, and two runs that finish
+    the same key at once both keep their own results (the second's publication is dropped).
+
+    Args:
+        root: the shared folder (``<output_dir>/round0``).
+        key: :func:`round0_key`.
+    """
+
+    def __init__(self, root: Path, key: str) -> None:
+        self.folder = Path(root) / key
+
+    def recorded(self, part: str) -> dict[str, Any]:
+        return json.loads((self.folder / part / "record.json").read_text(encoding="utf-8"))
+
+    def images_into(self, folder: Path) -> bool:
+        """The published images linked into ``folder`` (True), or nothing published (False)."""
+        source = self.folder / "generation"
+        if not (source / "record.json").is_file():
+            return False
+        _link_tree(source / "images", folder)
+        return True
+
+    def publish_images(self, folder: Path, host_s: float) -> None:
+        self._publish("generation", {"host_s": host_s}, lambda tmp: _link_tree(folder, tmp / "images"))
+
+    def pretrained_into(self, out: Path) -> tuple[nn.Module, float, Path, float] | None:
+        """The published ViT's checkpoint linked into ``out/checkpoints`` with its recorded times, or None."""
+        source = self.folder / "pretraining"
+        if not (source / "record.json").is_file():
+            return None
+        record = self.recorded("pretraining")
+        best = out / "checkpoints" / record["best"]
+        _link_tree(source / "checkpoints", out / "checkpoints")
+        return load_pretrained_vit(best, map_location="cpu"), record["pretraining_s"], best, record["host_s"]
+
+    def publish_pretraining(self, best: Path, pretraining_s: float, host_s: float) -> None:
+        def fill(tmp: Path) -> None:
+            (tmp / "checkpoints").mkdir(parents=True)
+            _link(Path(best), tmp / "checkpoints" / Path(best).name)
+
+        self._publish("pretraining", {"best": Path(best).name, "pretraining_s": pretraining_s, "host_s": host_s},
+                      fill)
+
+    def _publish(self, part: str, record: dict[str, Any], fill: Any) -> None:
+        import os
+
+        final = self.folder / part
+        if (final / "record.json").is_file():
+            return
+        tmp = self.folder / f".{part}.{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        fill(tmp)
+        (tmp / "record.json").write_text(json.dumps(record), encoding="utf-8")
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another run published the same key first: its files are the same
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _link(source: Path, target: Path) -> None:
+    """``target`` as a hard link of ``source`` (a copy across file systems)."""
+    import os
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        return
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def _link_tree(source: Path, target: Path) -> None:
+    """Every file under ``source`` linked at the same place under ``target`` (existing files kept)."""
+    for path in sorted(Path(source).rglob("*")):
+        if path.is_file():
+            _link(path, Path(target) / path.relative_to(source))
+
+
 def _decide_lambda(cfg: Any, *, components: DiffusionComponents, totals: Mapping[int, int], class_names: Sequence[str],
                    requests_for: Any, prompts_by_class: Mapping[str, Sequence[str]] | None,
                    server: ServerProfile | None, run_dir: Path, seed: int, device: torch.device,
-                   section: str) -> tuple[Mapping[str, Sequence[str]], float, Any, float | None, float | None]:
+                   section: str, pilots: bool = True
+                   ) -> tuple[Mapping[str, Sequence[str]], float | None, Any, float | None, float | None]:
     """The server's decisions before generation: the prompts (expanded and cached unless given), ĥ and h̃ (the
     probe, the server profile or the config) and λ (the config, the time budget or the pilots' fit).
+
+    Args:
+        pilots: run the pilots of ``synthetic_lambda: auto`` here (False: the ranks run them together, and λ is
+            None here).
 
     Returns:
         (prompts by class, λ, the pilots' fit or None, ĥ, h̃).
@@ -368,7 +542,9 @@ def _decide_lambda(cfg: Any, *, components: DiffusionComponents, totals: Mapping
         # server: host and no h̃ yet: a first-order stand-in until pre-training is measured (a ViT step ~ a UNet step)
         h_pre = h_gen / max(cfg.num_inference_steps, 1)
     fit = None
-    if cfg.synthetic_lambda == "auto":
+    if cfg.synthetic_lambda == "auto" and not pilots:
+        lam = None
+    elif cfg.synthetic_lambda == "auto":
         # the pilots are processes of their own: hand them the accelerator (generate_images moves the networks back)
         release_accelerator_memory(components)
         lam, fit = _auto_lambda(cfg, run_dir=run_dir, section=section, device=device)
