@@ -340,3 +340,18 @@ def test_engine_point_takes_each_sides_best_run_and_refuses_a_disagreement(tmp_p
                                  rounds=1)
     assert details["concurrent"] and kinds == ["start", "start"] and details["first_client_s"] == pytest.approx(6.0)
     assert fig["value"] == pytest.approx(0.30 / 0.28)
+
+
+@pytest.mark.slow  # a tiny FedAvg on 1 and 2 gloo processes (~40 s on 2 cores)
+def test_ranks_suite_reports_each_ranks_waits_by_phase(tmp_path):
+    from fl_lightning.bench import ranks
+
+    out = ranks.run(quick=True, methods=["fedavg"], processes=[1, 2, 4], work_dir=tmp_path)
+    assert out["sizes"]["processes"] == [1, 2]  # quick: 1 and 2 only
+    one, two = out["sizes"]["points"]["fedavg_p1"], out["sizes"]["points"]["fedavg_p2"]
+    assert one["waits"] == [{}] and one["wait_share_max"] == 0.0  # one process: no collective at all
+    assert len(two["waits"]) == 2 and 0.0 <= two["wait_share_max"] <= 1.0
+    assert "the test split's evaluation" in two["waits"][1]  # every rank evaluates its shard of the test split
+    fig = out["fedavg_p2_wait_share_max"]
+    assert fig["unit"] == "%" and fig["threshold"] == {"op": "<=", "value": 20.0}
+    assert not list(tmp_path.iterdir())  # the runs are removed
