@@ -41,7 +41,7 @@ _CONF = Path(__file__).resolve().parents[2] / "conf"
 METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
     # 60 images: batches of 8 (8 of them) so that generation has batches to deal, as a real run's ~19k images do
     "fedisyn": ("fedisyn_tiny.yaml", ("--fedisyn.generation_batch_size", "8")),
-    "dense": ("dense_digits_tiny.yaml", ()),
+    "dense": ("dense_digits_tiny.yaml", ("--dense.epochs", "5")),  # the server's distillation: 5 of its 30 epochs
     "fedavg": ("fedavg_digits_tiny.yaml", ("--federation.rounds", "3", "--partition.num_clients", "8")),
 }
 
