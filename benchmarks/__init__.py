@@ -29,7 +29,8 @@ BENCHMARKS: tuple[str, ...] = ("fedopal", "fedisyn")  # the method suites: what 
 # run by name only: the engine at scale (benchmarks/scale.py, an hour at full size), a multi-round
 # round against a bare loop (benchmarks/engine.py: minutes) and a comparison of frozen-feature
 # methods on the real DINOv2 checkpoint (benchmarks/features.py, not always present)
-ENGINE_BENCHMARKS: tuple[str, ...] = ("scale", "engine", "features")
+# and every rank's share of the server's phases (benchmarks/ranks.py: 1, 2, 4 CPU processes, minutes)
+ENGINE_BENCHMARKS: tuple[str, ...] = ("scale", "engine", "features", "ranks")
 
 
 def _runner(name: str):
@@ -54,6 +55,10 @@ def _runner(name: str):
         from benchmarks import engine
 
         return engine.run
+    if name == "ranks":
+        from benchmarks import ranks
+
+        return ranks.run
     raise ValueError(f"unknown benchmark {name!r}; expected one of {BENCHMARKS + ENGINE_BENCHMARKS}")
 
 

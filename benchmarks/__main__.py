@@ -1,11 +1,12 @@
-"""``python -m benchmarks [fedopal|fedisyn|scale|engine|features|all] [--quick] [--out FILE.json]``.
+"""``python -m benchmarks [fedopal|fedisyn|scale|engine|features|ranks|all] [--quick] [--out FILE.json]``.
 
 ``all`` runs the method suites (fedopal, fedisyn); ``scale`` (the engine from 10 to 10,000 clients)
 runs by name: ``--clients 10,100``, ``--processes 1`` and ``--engine-only`` narrow it. ``engine`` (a
 30-round FedAvg against a bare loop) runs by name too: ``--threads 1,2``, ``--model large`` and
 ``--clients 1000`` choose the point, ``--repeats`` how many fresh runs of each side (best taken).
 ``features`` (a comparison of AFL, FedCGS and FedPFT against one AFL run, on the DINOv2 ViT-S/14
-checkpoint) runs by name."""
+checkpoint) runs by name. ``ranks`` (a tiny FeDiSyn, DENSE and FedAvg on 1, 2 and 4 CPU processes: wall time and
+each rank's share of time waiting in collectives) runs by name; ``--processes`` chooses the counts."""
 
 from __future__ import annotations
 
@@ -38,8 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clients", type=_int_list, default=None,
                         help="scale: the numbers of clients K, e.g. 10,100 (default 10,100,1000,10000; quick 10,100); "
                              "engine: K (default 50; 10 a round)")
-    parser.add_argument("--processes", type=_int_list, default=[1, 2],
-                        help="scale: run the framework with these numbers of processes (default 1,2)")
+    parser.add_argument("--processes", type=_int_list, default=None,
+                        help="scale: run the framework with these numbers of processes (default 1,2); "
+                             "ranks: the process counts (default 1,2,4)")
     parser.add_argument("--engine-only", action="store_true",
                         help="scale: skip the peer job and the start-up timing (the engine's figures only)")
     parser.add_argument("--threads", type=_int_list, default=[1, 2],
@@ -49,7 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=_positive_int, default=3,
                         help="engine: fresh runs of each job, bare and framework alternating (best taken; default 3)")
     args = parser.parse_args(argv)
-    options = {"scale": {"clients": args.clients, "processes": args.processes, "extras": not args.engine_only},
+    options = {"scale": {"clients": args.clients, "processes": args.processes or [1, 2],
+                         "extras": not args.engine_only},
+               "ranks": {"processes": args.processes or [1, 2, 4]},
                "engine": {"threads": args.threads, "model": args.model,
                           "clients": args.clients[0] if args.clients else 50,
                           "repeats": args.repeats}}

@@ -349,3 +349,18 @@ def test_the_former_command_prints_the_new_one():
     proc = subprocess.run([sys.executable, "-m", "fl_lightning.bench", "engine", "--threads", "1,2"],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 2 and "python -m benchmarks engine --threads 1,2" in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow  # a tiny FedAvg on 1 and 2 gloo processes (~40 s on 2 cores)
+def test_ranks_suite_reports_each_ranks_waits_by_phase(tmp_path):
+    from benchmarks import ranks
+
+    out = ranks.run(quick=True, methods=["fedavg"], processes=[1, 2, 4], work_dir=tmp_path)
+    assert out["sizes"]["processes"] == [1, 2]  # quick: 1 and 2 only
+    one, two = out["sizes"]["points"]["fedavg_p1"], out["sizes"]["points"]["fedavg_p2"]
+    assert one["waits"] == [{}] and one["wait_share_max"] == 0.0  # one process: no collective at all
+    assert len(two["waits"]) == 2 and 0.0 <= two["wait_share_max"] <= 1.0
+    assert "the test split's evaluation" in two["waits"][1]  # every rank evaluates its shard of the test split
+    fig = out["fedavg_p2_wait_share_max"]
+    assert fig["unit"] == "%" and fig["threshold"] == {"op": "<=", "value": 20.0}
+    assert not list(tmp_path.iterdir())  # the runs are removed

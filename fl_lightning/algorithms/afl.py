@@ -77,6 +77,7 @@ class AFLConfig:
 @register("afl")
 class AFL(Algorithm):
     config_class = AFLConfig
+    shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
 
     @property
     def num_rounds(self) -> int:

@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from fl_lightning.errors import ConfigError
 from fl_lightning.models.backbones import BackboneArgumentError, ViTBackbone, build_feature_backbone
 from fl_lightning.models.cnn_backbone import CNNBackbone
-from fl_lightning.modules.evaluation import evaluate_classifier
+from fl_lightning.federation.collectives import from_server, gathered
+from fl_lightning.modules.evaluation import eval_counts, evaluate_classifier, scores
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from fl_lightning.federation.algorithm import Algorithm, Environment
 
 __all__ = ["FrozenFeatures", "frozen_backbone", "evaluate_on_test", "evaluate_on_test_features",
-           "feature_cache_folder", "client_feature_batches", "require_vit"]
+           "feature_cache_folder", "client_feature_batches", "require_vit", "rank_rows", "splits_work"]
 
 
 def frozen_backbone(cfg: RunConfig) -> ViTBackbone | CNNBackbone:
@@ -61,9 +62,35 @@ def evaluate_on_test(env: Environment, logits_fn: Callable[[Tensor], Tensor], *,
         autocast: False runs ``logits_fn`` as it is, for a caller that places the precision itself (e.g. a
             backbone under autocast and an analytic head in float32/64 outside it).
     """
-    loader: DataLoader = env.loader(env.splits.test, shuffle=False)
     fn = _under_autocast(env.fabric, logits_fn) if autocast else logits_fn
+    if splits_work(env):  # each rank its block of the test batches; the counts gathered (the numbers of one rank)
+        def mine() -> Any:
+            loader = env.loader(_my_rows(env, env.splits.test, env.cfg.data.batch_size), shuffle=False)
+            return eval_counts(fn, loader, num_classes=env.num_classes, device=env.fabric.device)
+        return scores(gathered(env.fabric, mine, what="the test split's evaluation",
+                               timeout_s=env.cfg.federation.collective_timeout_s))
+    loader: DataLoader = env.loader(env.splits.test, shuffle=False)
     return evaluate_classifier(fn, loader, num_classes=env.num_classes, device=env.fabric.device)
+
+
+def splits_work(env: Environment) -> bool:
+    """Every rank is in this server phase together (``env.shared``, set by the engine) and there are several."""
+    return env.shared and env.fabric.world_size > 1
+
+
+def rank_rows(rows: int, batch_size: int, rank: int, world: int) -> range:
+    """This rank's rows of a split read in the fixed batches ``[0, B), [B, 2B), …``: a contiguous block of whole
+    batches (rank r gets batches ⌊b·r/N⌋ … ⌊b·(r+1)/N⌋ - 1 of the b), so every batch is one rank's and the same
+    batch it is on one rank; a rank past the last batch gets no rows."""
+    batches = -(-rows // batch_size)
+    first, last = batches * rank // world, batches * (rank + 1) // world
+    return range(first * batch_size, min(last * batch_size, rows))
+
+
+def _my_rows(env: Environment, dataset: Dataset, batch_size: int) -> Subset:
+    """This rank's block of ``dataset`` (:func:`rank_rows`)."""
+    fabric = env.fabric
+    return Subset(dataset, list(rank_rows(len(dataset), batch_size, fabric.global_rank, fabric.world_size)))
 
 
 def _under_autocast(fabric: Any, fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
@@ -137,9 +164,14 @@ class FrozenFeatures:
     def table(self, split: Literal["train", "test"], *, all_ranks: bool) -> Tensor:
         """The features of ``split``: ``train`` (the clients' rows) or ``test`` (the server's evaluation).
 
+        On several ranks, when every rank calls this at the same point (``all_ranks``, or inside a phase every
+        rank shares: ``env.shared``), rank 0 looks for a valid table in the cache; on a miss every rank computes
+        its block of the split's batches (:func:`rank_rows`), the blocks are gathered in order on every rank (the
+        rows of one rank: the same batches) and rank 0 stores the table.
+
         Args:
-            all_ranks: every rank calls this at the same point (set-up): rank 0 computes a missing table
-                first and the others read it after a barrier; False: one rank alone (the server).
+            all_ranks: every rank calls this at the same point (set-up); False: one rank alone (the server), unless
+                the engine runs the phase on every rank.
         """
         from fl_lightning.data.feature_cache import split_features
 
@@ -148,22 +180,43 @@ class FrozenFeatures:
         dataset = env.splits.train if split == "train" else env.splits.test
         rows, key, cache = len(dataset), self.key(split), self.cache
 
-        def compute() -> Tensor:
-            return split_features(self.backbone, dataset, batch_size=d.batch_size, device=fabric.device,
+        def compute(part: Dataset = dataset) -> Tensor:
+            return split_features(self.backbone, part, batch_size=d.batch_size, device=fabric.device,
                                   autocast=fabric.autocast, num_workers=d.num_workers)
 
-        if all_ranks and fabric.world_size > 1 and cache.folder is not None:
-            features, failed = None, False
-            if fabric.global_rank == 0:
-                try:
-                    features = cache.get(key, rows=rows, compute=compute)
-                except Exception:  # e.g. a corrupt image: every rank meets it below, none waits at the barrier
-                    failed = True
-            fabric.barrier()  # rank 0 has written the table: the others read it (or compute, on another node)
-            if features is None or failed:
-                features = cache.get(key, rows=rows, compute=compute)
-            return features
-        return cache.get(key, rows=rows, compute=compute)
+        if fabric.world_size == 1 or not (all_ranks or env.shared):
+            return cache.get(key, rows=rows, compute=compute)
+        return self._split_table(split, key, rows, compute)
+
+    def _split_table(self, split: str, key: str, rows: int, compute: Callable[[Dataset], Tensor]) -> Tensor:
+        """:meth:`table` on every rank together: the cached table, or the gathered blocks (rank 0 stores them)."""
+        env = self.algorithm.env
+        fabric, cache, timeout_s = env.fabric, self.cache, env.cfg.federation.collective_timeout_s
+        found: Tensor | None = None
+
+        def look() -> bool:
+            nonlocal found
+            found = cache.load(key, rows=rows) if cache.folder is not None else None
+            return found is not None
+
+        if from_server(fabric, look, what=f"the {split} feature table's look-up", timeout_s=timeout_s):
+            if fabric.global_rank != 0:
+                found = cache.load(key, rows=rows)  # written before rank 0's look-up answered
+            if found is not None:  # else (another node's folder): this rank computes the whole split
+                cache.hits += 1
+                return found
+            return compute()
+        cache.misses += 1
+        mine = _my_rows(env, env.splits.train if split == "train" else env.splits.test, env.cfg.data.batch_size)
+        blocks = gathered(fabric, lambda: compute(mine) if len(mine) else None,
+                          what=f"the {split} feature table's blocks", timeout_s=timeout_s)
+        features = torch.cat([b for b in blocks if b is not None])
+        if features.shape[0] != rows:
+            raise RuntimeError(f"gathered {features.shape[0]} feature rows for a split of {rows}")
+        if cache.folder is not None:
+            from_server(fabric, lambda: cache.store(key, features), what=f"the {split} feature table's write",
+                        timeout_s=timeout_s, send=False)
+        return features
 
 
     def evaluate(self, head_fn: Callable[[Tensor], Tensor]) -> dict[str, Any]:
@@ -186,5 +239,12 @@ def evaluate_on_test_features(env: Environment, features: Tensor,
                               head_fn: Callable[[Tensor], Tensor]) -> dict[str, Any]:
     """:func:`evaluate_on_test` on the test split's feature table: the same batches, ``head_fn`` features → logits."""
     dataset = TensorDataset(features, torch.as_tensor(env.splits.test_targets, dtype=torch.int64))
-    loader = DataLoader(dataset, batch_size=env.cfg.data.batch_size, shuffle=False)
+    batch_size = env.cfg.data.batch_size
+    if splits_work(env):  # each rank its block of the batches, the counts gathered (as evaluate_on_test)
+        def mine() -> Any:
+            loader = DataLoader(_my_rows(env, dataset, batch_size), batch_size=batch_size, shuffle=False)
+            return eval_counts(head_fn, loader, num_classes=env.num_classes, device=env.fabric.device)
+        return scores(gathered(env.fabric, mine, what="the test split's evaluation",
+                               timeout_s=env.cfg.federation.collective_timeout_s))
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
     return evaluate_classifier(head_fn, loader, num_classes=env.num_classes, device=env.fabric.device)

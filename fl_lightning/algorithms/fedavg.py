@@ -48,6 +48,7 @@ class FedAvgConfig:
 @register("fedavg")
 class FedAvg(Algorithm):
     config_class = FedAvgConfig
+    shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
 
     def build(self, fabric: Fabric) -> None:
         self.fabric = fabric

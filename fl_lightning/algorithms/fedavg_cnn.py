@@ -118,6 +118,7 @@ def _cpu_state(model: nn.Module) -> State:
 @register("fedavg_cnn", renamed_from=("fedavg_resnet",))  # any timm CNN, not ResNet only
 class FedAvgCNN(Algorithm):
     config_class = FedAvgCNNConfig
+    shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
 
     @property
     def augment(self) -> bool:  # type: ignore[override]

@@ -51,6 +51,7 @@ class FedAvgPromptsConfig:
 @register("fedavg_prompts", renamed_from=("fedavg_clip",))  # any ViT, not CLIP only
 class FedAvgPrompts(Algorithm):
     config_class = FedAvgPromptsConfig
+    shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
 
     def build(self, fabric: Fabric) -> None:
         from fl_lightning.models.vpt import PromptedViT

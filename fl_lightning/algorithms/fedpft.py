@@ -106,6 +106,7 @@ class FedPFTConfig:
 @register("fedpft")
 class FedPFT(Algorithm):
     config_class = FedPFTConfig
+    shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
 
     @property
     def num_rounds(self) -> int:

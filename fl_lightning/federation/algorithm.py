@@ -125,6 +125,9 @@ class Environment:
     partition: list[np.ndarray]
     run_dir: Path
     privacy: Any = None  # federation/privacy.FederationPrivacy when federation.privacy is on
+    # True while every rank runs a server phase together (the engine sets it around a shared evaluation): the
+    # helpers of algorithms/common.py then split their work over the ranks and gather it (docs/ranks.md)
+    shared: bool = False
 
     def dp_sgd(self, round_idx: int, client: Client) -> Any:
         """The DP-SGD settings of ``client``'s local training (``fit_local(dp_sgd=...)``), or None."""
@@ -160,6 +163,16 @@ class Algorithm(ABC):
     name: str = ""
     config_class: type = NoConfig  # the dataclass of this method's YAML section (named like the method)
     augment: bool = False  # random crops/flips on the training split (frozen-feature methods: off)
+    # evaluate() depends on the state alone and evaluates through algorithms/common.py's helpers: on several ranks
+    # the engine runs it on every rank, each evaluating its shard of the test split (the numbers of one rank)
+    shared_evaluation: bool = False
+
+    def shared_aggregate(self, round_idx: int) -> bool:
+        """Whether every rank runs round ``round_idx``'s :meth:`aggregate` together (``env.shared`` set; the uploads
+        read back from the round's files on every rank), sharing its work through
+        :class:`~fl_lightning.federation.collectives.Ranks`; rank 0's returned state is the round's. False: rank 0
+        aggregates alone (the default)."""
+        return False
 
     def __init__(self, *, cfg: RunConfig) -> None:
         self.cfg = cfg

@@ -28,12 +28,18 @@ callbacks, the loggers, rank 0's round files) ends in :func:`everyone`: one exch
 (an all-gather of small objects, no values), from which every rank reaches the same verdict — rank 0 raises its
 own error or one naming the first failing rank, the others stop quietly with that error's status.
 
+A server phase that every rank shares (a test evaluation, a frozen-feature table: each rank its shard) joins the
+shards with :func:`gathered`: the same all-gather of outcomes as :func:`everyone`, carrying each rank's value too.
+Both are one ``all_gather_object`` of :class:`_Outcome`, so a rank that fails between two of them and goes on to
+the next :func:`everyone` still meets the others in a gather of outcomes: they read its error there and stop.
+
 One process: no broadcast or gather, the phase's function is simply called.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 import traceback
@@ -49,8 +55,8 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from fl_lightning.errors import RemoteTraceback, RunFailure, UsageError
 
-__all__ = ["to_cpu", "from_server", "to_server", "everyone", "waiting", "RankStopped", "CollectiveTimeout",
-           "RankFailure", "RankUsageError", "exit_status"]
+__all__ = ["to_cpu", "from_server", "to_server", "everyone", "gathered", "Ranks", "waiting", "WaitLog",
+           "recording_waits", "RankStopped", "CollectiveTimeout", "RankFailure", "RankUsageError", "exit_status"]
 
 T = TypeVar("T")
 
@@ -141,9 +147,40 @@ def _one_line(err: BaseException) -> str:
     return " ".join(text.split()) or type(err).__name__
 
 
+class WaitLog:
+    """Seconds this process spent in the collectives of :func:`waiting`, by phase (``round 3's plan`` is counted as
+    ``round's plan``): what ``python -m fl_lightning.bench ranks`` reports. Off unless :func:`recording_waits`
+    installs one (the bench's own processes); then each wait costs two ``time.monotonic()`` calls."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def add(self, what: str, seconds: float) -> None:
+        phase = re.sub(r"round \d+'s", "round's", what)
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+        self.calls[phase] = self.calls.get(phase, 0) + 1
+
+
+_wait_log: list[WaitLog] = []  # the installed log (at most one), for the bench's processes only
+
+
+@contextmanager
+def recording_waits() -> Iterator[WaitLog]:
+    """Record every wait of this process in :func:`waiting` into a fresh :class:`WaitLog` while the block runs."""
+    log = WaitLog()
+    _wait_log.append(log)
+    try:
+        yield log
+    finally:
+        _wait_log.remove(log)
+
+
 @contextmanager
 def waiting(what: str, timeout_s: float, rank: int) -> Iterator[None]:
-    """A collective that times out (gloo raises ``RuntimeError: … Timed out …``) becomes one line naming the key."""
+    """A collective that times out (gloo raises ``RuntimeError: … Timed out …``) becomes one line naming the key;
+    its duration goes to the :class:`WaitLog` of :func:`recording_waits` when one is installed."""
+    start = time.monotonic() if _wait_log else 0.0
     try:
         yield
     except RuntimeError as err:  # torch.distributed.DistError and gloo's errors are RuntimeErrors
@@ -152,6 +189,9 @@ def waiting(what: str, timeout_s: float, rank: int) -> Iterator[None]:
         raise CollectiveTimeout(
             f"rank {rank} waited more than federation.collective_timeout_s={timeout_s:g} s for {what}; raise it "
             f"above the longest server phase") from err
+    finally:
+        if _wait_log:
+            _wait_log[-1].add(what, time.monotonic() - start)
 
 
 def from_server(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: float, send: bool = True) -> T:
@@ -250,7 +290,7 @@ def to_server(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: fl
 
     from_server(fabric, verdict, what=f"the outcome of {what}", timeout_s=timeout_s, send=False)
     if own is not None:  # not reached: rank 0's verdict stops this rank (RankStopped)
-        raise own
+        raise own  # noqa: B904
     return [value] if rank != 0 else [value, *(outcome.value for outcome in parts[1:])]
 
 
@@ -290,9 +330,84 @@ def everyone(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: flo
         if own is None:
             raise
         raise own  # noqa: B904 — this rank's error is the report, not the collective's that it broke
+    _verdict(rank, own, what, parts)
+    return value
+
+
+def gathered(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: float) -> list[T]:
+    """Every rank's ``step()`` value on every rank, in rank order: :func:`everyone` whose exchange carries the
+    values (as CPU copies; this rank's own object in its place).
+
+    Args:
+        fabric: the launched Fabric.
+        step: this rank's shard of the work; it may raise.
+        what: the part, in words, for the error's line and a timeout's message (``"the test split's shards"``).
+        timeout_s: ``federation.collective_timeout_s``, for that message.
+
+    Returns:
+        The values of ranks 0..N-1 (one process: ``[step()]``).
+
+    Raises:
+        As :func:`everyone`: on rank 0 its own error or one naming the first failing rank; on the others
+        :class:`RankStopped`.
+    """
+    if fabric.world_size == 1:
+        return [step()]
+    rank = fabric.global_rank
+    own: Exception | None = None
+    try:
+        value = step()
+        mine = _Outcome(value=to_cpu(value), pid=os.getpid(), host=socket.gethostname())
+    except Exception as err:  # not an interrupt: a launcher or scheduler signals every rank itself
+        own, value, mine = err, None, _failed(err)
+    parts: list[Any] = [None] * fabric.world_size
+    try:
+        with waiting(what, timeout_s, rank):
+            dist.all_gather_object(parts, mine)
+    except Exception:
+        if own is None:
+            raise
+        raise own  # noqa: B904
+    _verdict(rank, own, what, parts)
+    return [value if r == rank else outcome.value for r, outcome in enumerate(parts)]
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """The ranks that share a server phase, for code below the engine (a stage's aggregate): who this rank is, and
+    the two collectives it may join, each carrying outcomes (a failure on any rank ends every rank).
+
+    Args:
+        fabric: the launched Fabric.
+        timeout_s: ``federation.collective_timeout_s``.
+    """
+
+    fabric: Fabric
+    timeout_s: float
+
+    @property
+    def rank(self) -> int:
+        return self.fabric.global_rank
+
+    @property
+    def world(self) -> int:
+        return self.fabric.world_size
+
+    def on_server(self, step: Callable[[], T], what: str, *, send: bool = True) -> T:
+        """:func:`from_server`: ``step()`` on rank 0, its value on every rank."""
+        return from_server(self.fabric, step, what=what, timeout_s=self.timeout_s, send=send)
+
+    def gather(self, step: Callable[[], T], what: str) -> list[T]:
+        """:func:`gathered`: every rank's ``step()`` on every rank, in rank order."""
+        return gathered(self.fabric, step, what=what, timeout_s=self.timeout_s)
+
+
+def _verdict(rank: int, own: Exception | None, what: str, parts: list[_Outcome]) -> None:
+    """Every rank's same verdict on an exchange of outcomes: nothing when none failed; else rank 0 raises its own
+    error or one naming the first failing rank, the others stop quietly (:class:`RankStopped`)."""
     failed = [(r, outcome) for r, outcome in enumerate(parts) if outcome.error is not None]
     if not failed:
-        return value
+        return
     if rank == 0:
         raise own if own is not None else _rank_error(what, failed)
     leader = parts[0]

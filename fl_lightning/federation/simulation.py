@@ -170,6 +170,7 @@ class Simulation:
         ALGORITHMS[cfg.algorithm].preflight(cfg)  # fail in seconds, before Fabric prints or launches anything
         self.launcher = check_launcher(cfg.federation.devices, cfg.federation.num_nodes)
         self.cfg, self.resume = cfg, resume
+        self._sent = _SentState()  # rank 0: what of the state it last broadcast (only what changes goes again)
         self.run_dir = cfg.run_dir
         self._privacy: FederationPrivacy | None = None  # federation.privacy, built with the data (privacy.py)
         self.ckpt_dir = self.run_dir / "checkpoints"
@@ -277,6 +278,21 @@ class Simulation:
         write_partition_json(env.partition, self.run_dir / "partition.json", meta=meta)  # reusable: scheme file
         return counts
 
+    def _state_from_server(self, step: Callable[[], tuple], previous: dict, what: str) -> tuple:
+        """``step()`` — the state first, then anything else — on rank 0, its outcome on every rank, the state sent
+        as what changed since rank 0's last broadcast (:class:`_SentState`): the other ranks keep their copy of
+        every tensor rank 0 left as it was (the frozen backbone of FeDiSyn's rounds: 1.2 GB for a ViT-L)."""
+        kept: dict[str, Any] = {}
+
+        def server() -> tuple:
+            state, *rest = step()
+            kept["state"] = state
+            return (self._sent.changes(state), *rest)
+
+        changes, *rest = self._from_server(server, what)
+        state = kept["state"] if self.fabric.global_rank == 0 else changes.apply(previous)
+        return (state, *rest)
+
     def _from_server(self, step: Callable[[], Any], what: str, *, send: bool = True) -> Any:
         """``step()`` on rank 0, its outcome on every rank (collectives.py: a failure there ends every rank)."""
         return from_server(self.fabric, step, what=what, timeout_s=self.cfg.federation.collective_timeout_s,
@@ -318,10 +334,14 @@ class Simulation:
                 raise
 
             # aggregate + evaluate: once, on the server, reading the uploads in client order; the new state, the
-            # row and every rank's client records reach every rank
-            run.state, row, result = self._from_server(
-                partial(self._serve, algorithm, run, store, round_idx, plan, result),
-                f"round {round_idx}'s aggregate and evaluation")
+            # row and every rank's client records reach every rank. A method whose aggregate or evaluation every rank
+            # can share runs it on every rank (docs/ranks.md); the state and the numbers are still one rank's
+            if fabric.world_size > 1 and (algorithm.shared_evaluation or algorithm.shared_aggregate(round_idx)):
+                run.state, row, result = self._shared_serve(algorithm, env, run, store, round_idx, plan, result)
+            else:
+                run.state, row, result = self._state_from_server(
+                    partial(self._serve, algorithm, run, store, round_idx, plan, result), run.state,
+                    f"round {round_idx}'s aggregate and evaluation")
 
             # the round's end on every rank (totals, callbacks, loggers; the server's files), then one exchange of
             # the outcomes: a failure there, on any rank, ends every rank
@@ -352,6 +372,56 @@ class Simulation:
         if dp is not None:
             state = dp.noised_state(state, round_idx)
         return state, {"round": round_idx, **algorithm.evaluate(state)}, result
+
+    def _shared_serve(self, algorithm: Algorithm, env: Environment, run: RunState, store: RoundStore, round_idx: int,
+                      plan: RoundPlan, result: RoundResult) -> tuple[dict, dict[str, Any], RoundResult]:
+        """:meth:`_serve` with its aggregate and/or evaluation run on every rank together (``env.shared``).
+
+        A shared aggregate: rank 0 first writes the records it holds (every rank then reads the uploads from the
+        round's files), every rank aggregates, and rank 0's state reaches every rank. A shared evaluation: every
+        rank evaluates the state, each its shard of the test split (algorithms/common.py), in one exchange of
+        outcomes."""
+        fabric, timeout_s = self.fabric, self.cfg.federation.collective_timeout_s
+        if algorithm.shared_aggregate(round_idx):
+            def records() -> RoundResult:
+                store.write_held()
+                return result  # every rank's records (the other ranks hold their own only)
+
+            result = self._from_server(records, f"round {round_idx}'s records")
+            state = everyone(fabric, partial(self._shared_aggregate, algorithm, env, run, store, round_idx, plan,
+                                             result), what=f"round {round_idx}'s aggregate", timeout_s=timeout_s)
+            state = self._state_from_server(lambda: (state,), run.state, f"round {round_idx}'s state")[0]
+            if not algorithm.shared_evaluation:
+                row = self._from_server(lambda: {"round": round_idx, **algorithm.evaluate(state)},
+                                        f"round {round_idx}'s evaluation")
+                return state, row, result
+        else:  # (named as the one-broadcast phase: rank 1 waits here for the aggregate, then evaluates)
+            state, result = self._state_from_server(
+                lambda: (algorithm.aggregate(round_idx, run.state, store.uploads(result.succeeded), result.failures,
+                                             plan), result), run.state, f"round {round_idx}'s aggregate and evaluation")
+        row = everyone(fabric, partial(self._shared_evaluation, algorithm, env, state, round_idx),
+                       what=f"round {round_idx}'s evaluation", timeout_s=timeout_s)
+        return state, row, result
+
+    @staticmethod
+    def _shared_aggregate(algorithm: Algorithm, env: Environment, run: RunState, store: RoundStore, round_idx: int,
+                          plan: RoundPlan, result: RoundResult) -> dict:
+        """This rank's part of a shared aggregate (the uploads from the round's files; ``env.shared`` set)."""
+        env.shared = True
+        try:
+            return algorithm.aggregate(round_idx, run.state, store.uploads(result.succeeded), result.failures, plan)
+        finally:
+            env.shared = False
+
+    @staticmethod
+    def _shared_evaluation(algorithm: Algorithm, env: Environment, state: dict, round_idx: int) -> dict[str, Any]:
+        """The round's metrics row, evaluated on every rank together (``env.shared``: each rank its shard of the
+        test split, the counts gathered, so every rank holds one rank's numbers)."""
+        env.shared = True
+        try:
+            return {"round": round_idx, **algorithm.evaluate(state)}
+        finally:
+            env.shared = False
 
     def _save_round(self, run: RunState, store: RoundStore, checkpoint: DurableWriter) -> None:
         """The server's files of a finished round: metrics.csv, server.pt; then its records go."""
@@ -516,6 +586,44 @@ class Simulation:
         if self.fabric.global_rank == 0:
             write_summary(self.run_dir / "summary.json", summary)
         return summary
+
+
+class _StateChanges:
+    """A state as rank 0 broadcasts it: its keys in order, and the tensors that changed since its last broadcast.
+
+    Args:
+        keys: every key of the state, in its order.
+        tensors: the entries to send (new keys, new objects, tensors edited in place).
+    """
+
+    def __init__(self, keys: list[str], tensors: dict[str, Any]) -> None:
+        self.keys, self.tensors = keys, tensors
+
+    def to(self, device: Any) -> _StateChanges:  # collectives.to_cpu moves what crosses the wire
+        return _StateChanges(self.keys, {k: v.to(device) if isinstance(v, torch.Tensor) else v
+                                         for k, v in self.tensors.items()})
+
+    def apply(self, previous: dict) -> dict:
+        """The state on a rank holding ``previous`` (rank 0's last broadcast state)."""
+        return {k: self.tensors[k] if k in self.tensors else previous[k] for k in self.keys}
+
+
+class _SentState:
+    """Rank 0's record of the state it last broadcast: each tensor object and its in-place version
+    (``Tensor._version``, which every in-place op bumps). A key whose tensor is the same object at the same version
+    is unchanged, and the other ranks keep theirs; the first broadcast of a process sends everything."""
+
+    def __init__(self) -> None:
+        self._sent: dict[str, tuple[Any, int]] = {}
+
+    def changes(self, state: dict) -> _StateChanges:
+        def same(k: str, v: Any) -> bool:
+            old = self._sent.get(k)
+            return isinstance(v, torch.Tensor) and old is not None and old[0] is v and old[1] == v._version
+
+        tensors = {k: v for k, v in state.items() if not same(k, v)}
+        self._sent = {k: (v, v._version) for k, v in state.items() if isinstance(v, torch.Tensor)}
+        return _StateChanges(list(state), tensors)
 
 
 def _merged(parts: list[RoundResult]) -> RoundResult:

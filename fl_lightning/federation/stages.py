@@ -48,6 +48,9 @@ class Stage(ABC):
 
     config_class: type = StageConfig  # the keys this stage reads (the method's section extends it)
 
+    # its aggregate runs on every rank together (Algorithm.shared_aggregate), sharing its work over the ranks
+    shared_aggregate: bool = False
+
     def __init__(self, method: StagedAlgorithm, first_round: int) -> None:
         self.method = method
         self.first_round = first_round
@@ -165,6 +168,9 @@ class StagedAlgorithm(Algorithm):
     def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
                   plan: RoundPlan) -> State:
         return self.stage_of(round_idx).aggregate(round_idx, state, uploads, failures, plan)
+
+    def shared_aggregate(self, round_idx: int) -> bool:
+        return self.stage_of(round_idx).shared_aggregate
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         out: dict[str, Any] = dict(super().summary_extras(state))

@@ -37,7 +37,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections import defaultdict
+from collections import defaultdict, deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,7 @@ __all__ = [
     "denoise_latents",
     "decode_latents",
     "generate_images",
+    "rank_batches",
     "MANIFEST_NAME",
 ]
 
@@ -539,18 +541,36 @@ def denoise_latents(
 
 @torch.no_grad()
 def decode_latents(vae: torch.nn.Module, latents: torch.Tensor) -> torch.Tensor:
-    """VAE-decode scaled latents into images in [0, 1], (B, 3, H, W) float32."""
+    """VAE-decode scaled latents into images in [0, 1], (B, 3, H, W) float32.
+
+    SD's VAE overflows in float16 on some latents (its decoder's activations pass 65504): an image with a
+    non-finite value is decoded again in float32, that image alone (the others keep their half-precision
+    bytes), and the VAE goes back to its dtype. A float32 or bfloat16 decode is never redone.
+    """
     scale = float(vae.config.scaling_factor)
-    images = vae.decode(latents.to(vae.dtype) / scale, return_dict=False)[0]
-    return ((images.float() + 1.0) / 2.0).clamp(0.0, 1.0)
+    images = vae.decode(latents.to(vae.dtype) / scale, return_dict=False)[0].float()
+    if vae.dtype == torch.float16:
+        bad = ~torch.isfinite(images).flatten(1).all(dim=1)  # (B,)
+        if bool(bad.any()):
+            vae.to(torch.float32)
+            try:
+                images[bad] = vae.decode(latents[bad].float() / scale, return_dict=False)[0].float()
+            finally:
+                vae.to(torch.float16)
+    return ((images + 1.0) / 2.0).clamp(0.0, 1.0)
 
 
 # ------------------------------------------------------------------------------------------------
 # orchestration: batches → PNG files + manifest
 
 
-def _save_png(image: torch.Tensor, path: Path) -> None:
-    array = (image.permute(1, 2, 0) * 255.0).round().to(torch.uint8).cpu().numpy()
+def _to_uint8(image: torch.Tensor) -> np.ndarray:
+    """(3, H, W) in [0, 1] → (H, W, 3) uint8 on the CPU, as the PNG holds it."""
+    return (image.permute(1, 2, 0) * 255.0).round().to(torch.uint8).cpu().numpy()
+
+
+def _save_png(image: torch.Tensor | np.ndarray, path: Path) -> None:
+    array = _to_uint8(image) if isinstance(image, torch.Tensor) else image
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     Image.fromarray(array).save(tmp, format="PNG")
@@ -583,6 +603,44 @@ def _batches(
     ]
 
 
+def rank_batches(num_batches: int, rank: int, world: int) -> list[int]:
+    """The batches rank ``rank`` of ``world`` samples: every ``world``-th, from its own index. Batches are sorted by
+    start timestep, so dealing them in turn gives each rank about as many long chains as short ones."""
+    if not 0 <= rank < world:
+        raise ValueError(f"rank must be in [0, {world - 1}], got {rank!r}")
+    return list(range(rank, num_batches, world))
+
+
+class _Writer:
+    """PNG encoding off the sampling loop: one thread encodes and renames each image while the UNet samples the
+    next batch (PIL's zlib releases the GIL). At most ``depth`` images wait (memory stays bounded); the first
+    error of a write is raised at the next :meth:`put` or at :meth:`close`."""
+
+    def __init__(self, depth: int) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="png-writer")
+        self._pending: deque[Future] = deque()
+        self._depth = max(int(depth), 1)
+
+    def put(self, image: torch.Tensor, path: Path) -> None:
+        array = _to_uint8(image)  # the device → host copy here, in the loop; the encoding in the thread
+        while len(self._pending) >= self._depth:
+            self._pending.popleft().result()
+        self._pending.append(self._pool.submit(_save_png, array, path))
+
+    def close(self, *, check: bool = True) -> None:
+        """Wait for every write; raise the first one's error (``check``; False: the loop failed, its error is
+        the report — the files written so far stay whole, each renamed into place)."""
+        try:
+            while self._pending:
+                future = self._pending.popleft()
+                if check:
+                    future.result()
+                else:
+                    future.exception()
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+
 def _progress(enabled: bool):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -610,6 +668,8 @@ def generate_images(
     dtype: torch.dtype = torch.float32,
     progress: bool = True,
     min_fresh_fraction: float = 0.25,
+    rank: int = 0,
+    world: int = 1,
 ) -> Path:
     """Denoise, decode and write every request as ``<out_dir>/<class>/<index>.png``; resumable.
 
@@ -635,6 +695,11 @@ def generate_images(
         min_fresh_fraction: floor on each image's own share of its start noise (:func:`fresh_timestep`).
             The ρ-mix at the default ρ = 0.7 gives 0.42 at s already; the floor acts on mean-only
             uploads and on ρ near 0 or 1, which start a little above s. 0 never moves the start.
+        rank: this process's share when ``world`` processes generate together: it samples and writes the batches
+            :func:`rank_batches` deals it (batches formed over all requests, as one process forms them, so each
+            image is the one process's, byte for byte on the same device); rank 0 writes the one manifest (it
+            depends on the requests alone). The caller lets every rank finish before reading the folder.
+        world: how many processes share the requests (1: this one does all).
 
     Returns:
         Path of the manifest.
@@ -657,6 +722,7 @@ def generate_images(
     # missing is sampled whole: a batch's arithmetic (its UNet and VAE calls) depends on what else is in it at
     # float round-off, so regrouping the missing images would change their bytes. Only missing files are written.
     batches = _batches(requests, start_t, batch_size)
+    batches = [batches[b] for b in rank_batches(len(batches), rank, world)]
     missing = [[not (out_dir / req.relpath).is_file() for req in batch] for batch in batches]
     pending = [(batch, todo) for batch, todo in zip(batches, missing) if any(todo)]
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -664,26 +730,34 @@ def generate_images(
         components.to(device, dtype)
         device = components.device
         uncond = encode_prompts(components, [""])  # (1, L, D), shared by every batch
-        with _progress(progress) as bar:
-            task = bar.add_task("synthesising", total=sum(sum(todo) for _, todo in pending))
-            for batch, todo in pending:
-                starts = [start_latent(req, abar, min_fresh_fraction=min_fresh_fraction) for req in batch]
-                latents = torch.stack([x for x, _ in starts]).to(device=device, dtype=torch.float32)
-                x0 = denoise_latents(
-                    components.unet,
-                    components.scheduler,
-                    latents,
-                    timestep=starts[0][1],
-                    num_inference_steps=num_inference_steps,
-                    text_embeddings=encode_prompts(components, [req.prompt for req in batch]),
-                    uncond_embeddings=uncond,
-                    guidance_scale=guidance_scale,
-                )
-                for req, image, write in zip(batch, decode_latents(components.vae, x0), todo):
-                    if write:
-                        _save_png(image, out_dir / req.relpath)
-                bar.advance(task, sum(todo))
+        writer = _Writer(depth=2 * batch_size)
+        try:
+            with _progress(progress) as bar:
+                task = bar.add_task("synthesising", total=sum(sum(todo) for _, todo in pending))
+                for batch, todo in pending:
+                    starts = [start_latent(req, abar, min_fresh_fraction=min_fresh_fraction) for req in batch]
+                    latents = torch.stack([x for x, _ in starts]).to(device=device, dtype=torch.float32)
+                    x0 = denoise_latents(
+                        components.unet,
+                        components.scheduler,
+                        latents,
+                        timestep=starts[0][1],
+                        num_inference_steps=num_inference_steps,
+                        text_embeddings=encode_prompts(components, [req.prompt for req in batch]),
+                        uncond_embeddings=uncond,
+                        guidance_scale=guidance_scale,
+                    )
+                    for req, image, write in zip(batch, decode_latents(components.vae, x0), todo):
+                        if write:
+                            writer.put(image, out_dir / req.relpath)
+                    bar.advance(task, sum(todo))
+        except BaseException:
+            writer.close(check=False)
+            raise
+        writer.close()  # every file renamed into place (or the first write's error) before the manifest
     manifest = out_dir / MANIFEST_NAME
+    if rank != 0:
+        return manifest
     tmp = manifest.with_name(manifest.name + ".tmp")
     with tmp.open("w", encoding="utf-8") as f:
         for req, t in zip(requests, start_t):

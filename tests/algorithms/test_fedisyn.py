@@ -297,3 +297,27 @@ def test_former_key_systems_devices_still_names_the_boards():
     assert SystemsConfig(boards=["jetson_orin_nx"]) == old
     with pytest.raises(ConfigError, match="devices"):
         SystemsConfig(boards=["jetson_orin_nx"], devices=["jetson_agx_xavier"])
+
+
+@pytest.mark.slow  # three tiny FeDiSyn runs (~1 min on 2 cores)
+def test_variants_that_differ_in_fine_tuning_share_one_round_0(tmp_path, one_thread):
+    """w/o CLC differs from FeDiSyn after round 0 only: in one output folder it reuses FeDiSyn's images and
+    pre-trained ViT (hard links, the content key under round0/), with the numbers of a run that made its own."""
+    def cfg(folder, name, *extra):
+        return load_config(TINY, ["--output_dir", str(tmp_path / folder), "--run_name", name,
+                                  "--federation.rounds", "1", *extra])
+
+    wo_clc = ("--fedisyn.systems.depth_policy", "capacity")
+    Simulation(cfg=cfg("cmp", "fedisyn"), loggers=[]).run()
+    shared = Simulation(cfg=cfg("cmp", "wo_clc", *wo_clc), loggers=[]).run()
+    alone = Simulation(cfg=cfg("alone", "wo_clc", *wo_clc), loggers=[]).run()
+    keys = list((tmp_path / "cmp" / "round0").iterdir())
+    assert len(keys) == 1  # one content key: both runs' round 0 is the same
+    first, second = (tmp_path / "cmp" / name / "pretrain" / "checkpoints" for name in ("fedisyn", "wo_clc"))
+    (a,), (b,) = list(first.glob("best-*.ckpt")), list(second.glob("best-*.ckpt"))
+    assert a.stat().st_ino == b.stat().st_ino  # the second run pre-trained nothing
+    images = sorted(p.relative_to(second.parents[1]) for p in (second.parents[1] / "synthetic").rglob("*.png"))
+    alone_dir = tmp_path / "alone" / "wo_clc"
+    assert images and all((second.parents[1] / p).read_bytes() == (alone_dir / p).read_bytes() for p in images)
+    drop = ("wall_time_s", "world_size", "host_generation_s", "host_pretraining_s")  # wall clocks
+    assert {k: v for k, v in shared.items() if k not in drop} == {k: v for k, v in alone.items() if k not in drop}

@@ -2,6 +2,7 @@
 
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from fl_lightning.synthesis.generate import (
     _largest_remainder,
     GenerationRequest,
     class_totals,
+    decode_latents,
     denoise_latents,
     diffuse_forward,
     fresh_timestep,
@@ -23,6 +25,7 @@ from fl_lightning.synthesis.generate import (
     mix_noise_fraction,
     plan_generation,
     plms_chain,
+    rank_batches,
     start_latent,
     synthetic_volume,
     top_up_latent,
@@ -503,3 +506,77 @@ def test_every_image_is_its_own_sample_and_reproducible(tiny_sd, tmp_path):
     run(tmp_path / "c", 1)
     moved = [np.abs(_pixels(tmp_path / "c" / f.relative_to(tmp_path / "a")) - _pixels(f)).mean() for f in files]
     assert np.mean(np.array(moved) >= 2.0) >= 0.95
+
+
+def test_ranks_dealt_the_batches_write_the_images_of_one_process(tiny_sd, tmp_path):
+    """Three ranks (run here one after the other) write the very files one process writes, and one manifest."""
+    names = ["apple_pie", "dog"]
+    uploads = {c: client_latent_uploads(tiny_sd.vae, tiny_sd.scheduler, data, num_centroids=2, timestep=None,
+                                        max_timestep=600, seed=10 + c) for c, data in _clients().items()}
+    prompts = TemplatePromptExpander(seed=0).expand(names, 3)
+    reqs = plan_generation(uploads, names, prompts, volume_per_class={0: 4, 1: 5}, rho=0.8, seed=1)
+    kw = dict(batch_size=2, num_inference_steps=4, guidance_scale=2.0, device="cpu", progress=False)
+    generate_images(tiny_sd, reqs, tmp_path / "one", **kw)
+    generate_images(tiny_sd, reqs, tmp_path / "three", rank=1, world=3, **kw)
+    assert not (tmp_path / "three" / MANIFEST_NAME).exists()  # rank 0 writes it
+    for rank in (2, 0):
+        generate_images(tiny_sd, reqs, tmp_path / "three", rank=rank, world=3, **kw)
+    one = sorted(p.relative_to(tmp_path / "one") for p in (tmp_path / "one").rglob("*.png"))
+    assert one == sorted(p.relative_to(tmp_path / "three") for p in (tmp_path / "three").rglob("*.png"))
+    assert len(one) == 9
+    for rel in one:
+        assert (tmp_path / "one" / rel).read_bytes() == (tmp_path / "three" / rel).read_bytes(), rel
+    assert (tmp_path / "one" / MANIFEST_NAME).read_text() == (tmp_path / "three" / MANIFEST_NAME).read_text()
+
+
+@pytest.mark.parametrize("n,world", [(7, 3), (2, 4), (0, 2)])
+def test_rank_batches_deal_every_batch_once(n, world):
+    dealt = sorted(b for r in range(world) for b in rank_batches(n, r, world))
+    assert dealt == list(range(n))
+    with pytest.raises(ValueError, match="rank"):
+        rank_batches(n, world, world)
+
+
+class _HalfOverflowVAE(torch.nn.Module):
+    """A VAE whose float16 decode overflows on latents with a large first value (as SD's can)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(()))
+        self.config = SimpleNamespace(scaling_factor=1.0)
+        self.calls = []
+
+    @property
+    def dtype(self):
+        return self.w.dtype
+
+    def decode(self, z, return_dict=False):
+        self.calls.append((z.dtype, z.shape[0]))
+        x = (z[:, :3].float() * self.w.float()).tanh()
+        if z.dtype == torch.float16:
+            x[z[:, 0, 0, 0] > 10] = float("inf")
+        return (x.to(z.dtype),)
+
+
+def test_a_non_finite_half_decode_is_decoded_again_in_float32_that_image_alone():
+    vae = _HalfOverflowVAE().to(torch.float16)
+    z = torch.zeros(3, 4, 2, 2)
+    z[1, 0, 0, 0] = 20.0
+    z[2] = 0.5
+    images = decode_latents(vae, z)
+    assert torch.isfinite(images).all() and vae.dtype == torch.float16
+    assert vae.calls == [(torch.float16, 3), (torch.float32, 1)]
+    expected_half = ((torch.full((3, 2, 2), 0.5).half().float().tanh().half().float() + 1) / 2).clamp(0, 1)
+    assert torch.equal(images[2], expected_half)  # a finite image keeps its half-precision decode
+
+
+def test_a_failed_image_write_is_raised_after_the_loop(tmp_path):
+    from fl_lightning.synthesis.generate import _Writer
+
+    writer = _Writer(depth=1)
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the class folder should be")
+    writer.put(torch.zeros(3, 2, 2), blocked / "0.png")
+    with pytest.raises(OSError):
+        writer.put(torch.zeros(3, 2, 2), tmp_path / "ok" / "1.png")
+        writer.close()

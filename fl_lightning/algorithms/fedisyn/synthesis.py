@@ -23,6 +23,8 @@ per client and class are far too little to train one that stands in for Stable D
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from abc import abstractmethod
 from collections.abc import Mapping
@@ -36,6 +38,7 @@ import torch
 from fl_lightning.algorithms.fedisyn.config import ViTConfig
 from fl_lightning.algorithms.fedisyn.planning import upload_time_s
 from fl_lightning.algorithms.fedisyn.synthesis_step import SynthesisResult, synthesise_and_pretrain
+from fl_lightning.federation.collectives import Ranks
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import State
 from fl_lightning.federation.placement import client_seed
@@ -218,13 +221,16 @@ class SynthesisStage(Stage):
                 "sys.lambda_fit": torch.zeros(6, dtype=torch.float64)}  # λ* = 0: no fit
 
     @abstractmethod
-    def synthesise(self, uploads: Mapping[int, Upload]) -> tuple[SynthesisResult, int]:
-        """(the pre-trained model with λ, volumes and times; D = the real samples) from round 0's uploads."""
+    def synthesise(self, uploads: Mapping[int, Upload]) -> tuple[SynthesisResult | None, int]:
+        """(the pre-trained model with λ, volumes and times; D = the real samples) from round 0's uploads; in a
+        shared aggregate (``shared_aggregate``) None on the ranks other than 0."""
 
     def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
                   plan: RoundPlan) -> State:
         sent = {int(c): float(u.num_bytes) for c, u in uploads.items()}  # latents, captions or counts
         result, real_samples = self.synthesise(uploads)
+        if result is None:  # another rank of a shared aggregate: its images are written; rank 0's state is the round's
+            return state
         m = self.method
         new = dict(state)
         new.update(m.model_state(result.model))
@@ -260,6 +266,7 @@ class DiffusionSynthesis(SynthesisStage):
     """Synthesis with Stable Diffusion (PNDM) conditioned on CLIP text embeddings of the prompts."""
 
     config_class = DiffusionConfig
+    shared_aggregate = True  # every rank samples its share of the images (synthesis_step.synthesise_and_pretrain)
 
     @classmethod
     def missing_resources(cls, config: Any, section: str, *, download: bool = False) -> list[str]:
@@ -281,19 +288,29 @@ class DiffusionSynthesis(SynthesisStage):
                            else tiny_diffusion_components(seed=self.method.cfg.seed, image_size=f.vae_image_size))
         self.components.vae.to(fabric.device)  # clients need only the VAE; the server moves the rest
 
+    def round0_description(self) -> dict[str, Any]:
+        """What round 0 reads besides its requests: this stage's keys (``config_class``), the run's seed and
+        precision, the classes and the ViT's input spec (the content key of ``synthesis_step.SharedRound0``)."""
+        m = self.method
+        keys = {f.name: getattr(m.config, f.name) for f in dataclasses.fields(self.config_class)}
+        return {"stage": type(self).__name__, "keys": keys, "seed": m.cfg.seed,
+                "precision": m.cfg.federation.precision, "classes": list(m.env.splits.classes),
+                "spec": dataclasses.asdict(m.spec)}
+
     @abstractmethod
     def generation_inputs(self, uploads: Mapping[int, Upload]) -> GenerationInputs:
         """Counts, latents and prompts from round 0's uploads."""
 
-    def synthesise(self, uploads: Mapping[int, Upload]) -> tuple[SynthesisResult, int]:
+    def synthesise(self, uploads: Mapping[int, Upload]) -> tuple[SynthesisResult | None, int]:
         m = self.method
+        ranks = Ranks(m.fabric, m.cfg.federation.collective_timeout_s) if m.env.shared else None
         inputs = self.generation_inputs(uploads)
         result = synthesise_and_pretrain(
             m.config, components=self.components, uploads_by_client=inputs.latents_by_client,
             class_counts=inputs.class_counts, class_names=m.env.splits.classes, spec=m.spec, run_dir=m.env.run_dir,
             seed=m.cfg.seed, device=m.fabric.device, precision=m.cfg.federation.precision,
             progress=m.cfg.logging.progress, prompts_by_class=inputs.prompts_by_class, section=m.name,
-            text_only=inputs.latents_by_client is None)
+            text_only=inputs.latents_by_client is None, ranks=ranks, share=self.round0_description())
         self.components.vae.to(m.fabric.device)
         return result, sum(inputs.class_counts.values())
 

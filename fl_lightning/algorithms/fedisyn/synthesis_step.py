@@ -35,6 +35,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from itertools import chain
 from typing import Any
 from pathlib import Path
@@ -47,6 +48,7 @@ from torch.utils.data import Dataset
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.algorithm import InputSpec
+from fl_lightning.federation.collectives import Ranks
 from fl_lightning.federation.placement import derive_seed
 from fl_lightning.models.diffusion import DiffusionComponents
 from fl_lightning.modules.pretraining import EPOCH_STATE, load_pretrained_vit, pretrain_classifier, split_holdout
@@ -63,7 +65,8 @@ from fl_lightning.systems.backbones import backbone
 from fl_lightning.systems.scaling_law import ScalingLawParams, optimal_lambda, synthesis_cost_per_unit_lambda
 from fl_lightning.systems.server import SERVERS, ServerProfile, generation_time, pretrain_time_per_image_epoch
 
-__all__ = ["SynthesisResult", "SyntheticFolder", "choose_lambda", "text_only_requests", "synthesise_and_pretrain",
+__all__ = ["SynthesisResult", "SyntheticFolder", "SharedRound0", "round0_key", "choose_lambda", "text_only_requests",
+           "synthesise_and_pretrain",
            "pretrain_on_synthetic", "release_accelerator_memory", "parked_on_cpu"]
 
 
@@ -190,6 +193,42 @@ def _auto_lambda(cfg: Any, *, run_dir: Path, section: str, device: torch.device 
     return float(fit.lam_star), fit
 
 
+def _auto_lambda_on_ranks(cfg: Any, ranks: Ranks, *, components: DiffusionComponents, run_dir: Path, section: str,
+                          device: torch.device) -> tuple[float, Any]:
+    """:func:`_auto_lambda` on several ranks: rank r runs the pilots λ_i with i ≡ r (mod N), each a single-process run
+    on its own device, and rank 0 fits Eq. (13) to all of them in ``pilot_lambdas`` order (the fit of one rank).
+
+    Raises:
+        ConfigError: a pilot failed on any rank, or the fit has no minimiser (named ``<section>.synthetic_lambda``).
+    """
+    from fl_lightning.algorithms.fedisyn.pilots import auto_lambda, pilot_points, run_pilot_processes
+
+    lambdas, world = [float(v) for v in cfg.pilot_lambdas], ranks.world
+    cuda_device = None
+    if device.type == "cuda":
+        cuda_device = torch.cuda.current_device() if device.index is None else int(device.index)
+    release_accelerator_memory(components)  # the pilots are processes of their own: hand them the accelerator
+
+    def mine() -> list[Path]:
+        try:
+            return run_pilot_processes(run_dir, section, lambdas[ranks.rank::world], rounds=cfg.pilot_rounds,
+                                       cuda_device=cuda_device)
+        except RuntimeError as err:
+            raise ConfigError(f"{section}.synthetic_lambda", "auto", f"pilots whose fit gives λ* ({err})") from None
+
+    parts = ranks.gather(mine, "the pilots")
+    runs = [parts[i % world][i // world] for i in range(len(lambdas))]  # back in pilot_lambdas order
+
+    def fit() -> tuple[float, Any]:
+        try:
+            result = auto_lambda(pilot_points(runs, pretrain_epochs=cfg.pretrain_epochs), cfg.target_accuracy)
+        except (RuntimeError, ValueError) as err:
+            raise ConfigError(f"{section}.synthetic_lambda", "auto", f"pilots whose fit gives λ* ({err})") from None
+        return float(result.lam_star), result
+
+    return ranks.on_server(fit, "the pilots' fit")
+
+
 def text_only_requests(class_names: Sequence[str], prompts_by_class: Mapping[str, Sequence[str]], *,
                        volume_per_class: Mapping[int, int], latent_shape: tuple[int, ...], timestep: int,
                        seed: int) -> list[GenerationRequest]:
@@ -265,8 +304,9 @@ def synthesise_and_pretrain(
     uploads_by_client: Mapping[int, Sequence[ClassLatentUpload]] | None, class_counts: Mapping[int, int],
     class_names: Sequence[str], spec: InputSpec, run_dir: Path, seed: int, device: torch.device,
     precision: str, progress: bool, prompts_by_class: Mapping[str, Sequence[str]] | None = None,
-    section: str = "fedisyn", text_only: bool = False,
-) -> SynthesisResult:
+    section: str = "fedisyn", text_only: bool = False, ranks: Ranks | None = None,
+    share: Mapping[str, Any] | None = None,
+) -> SynthesisResult | None:
     """Steps 1 (server side) and 2 of FeDiSyn; resumable (prompts cached, images skipped when present).
 
     Args:
@@ -277,72 +317,241 @@ def synthesise_and_pretrain(
         prompts_by_class: prompts to use instead of the label expansion (FGL: the clients' captions).
         section: the method's config section, for error keys.
         text_only: images start from pure noise and the prompts (``uploads_by_client`` is None).
+        ranks: the ranks that share the generation (every rank calls this together): rank 0 decides the prompts
+            and λ, every rank samples the batches dealt to it (the images of one rank), rank 0 pre-trains.
+
+        share: what round 0 reads besides the requests (the stage's keys, the precision, the classes): with it,
+            the images and the pre-trained ViT are published under ``<output_dir>/round0/<key>/`` and a later run
+            of the same content key (a comparison's variants that differ in their fine-tuning) reuses them
+            (:class:`SharedRound0`), its recorded host times included: the numbers of a run that made them.
+
+    Returns:
+        The result on rank 0 (or alone); None on the other ranks of ``ranks``.
     """
     totals = {int(k): int(v) for k, v in class_counts.items() if v > 0}
     D = sum(totals.values())
+    if not text_only and uploads_by_client is None:
+        raise ValueError("feature-guided generation needs the clients' latent uploads")
+    last_t = int(components.scheduler.config.num_train_timesteps) - 1
+
+    def requests_for(volume: Mapping[int, int], prompts: Mapping[str, Sequence[str]]) -> list[GenerationRequest]:
+        if text_only:
+            return text_only_requests(class_names, prompts, volume_per_class=volume, seed=seed,
+                                      latent_shape=_latent_shape(components, cfg.vae_image_size), timestep=last_t)
+        return plan_generation(uploads_by_client, class_names, prompts, volume_per_class=volume, rho=cfg.rho,
+                               seed=seed)
+
+    server = _server(cfg)
+    decide = partial(_decide_lambda, cfg, components=components, totals=totals, class_names=class_names,
+                     requests_for=requests_for, prompts_by_class=prompts_by_class, server=server, run_dir=run_dir,
+                     seed=seed, device=device, section=section)
+    # the prompts, the probe or the pilots and λ: the server's decision, made once (on rank 0 when shared)
+    parallel_pilots = ranks is not None and ranks.world > 1 and cfg.synthetic_lambda == "auto"
+    prompts_by_class, lam, fit, h_gen, h_pre = decide() if ranks is None else ranks.on_server(
+        partial(decide, pilots=not parallel_pilots), "the synthesis plan (prompts, λ)")
+    if parallel_pilots:  # each rank its share of the pilots, on its own device; rank 0 fits them all
+        lam, fit = _auto_lambda_on_ranks(cfg, ranks, components=components, run_dir=run_dir, section=section,
+                                         device=device)
+    volume = synthetic_volume(totals, lam)
+    if sum(volume.values()) < 2:
+        raise ConfigError(f"{section}.synthetic_lambda", lam,
+                          f"a λ that gives at least 2 synthetic images (D = {D} real samples)")
+    requests = requests_for(volume, prompts_by_class)  # a pure function of the uploads: the same on every rank
+    folder = run_dir / "synthetic"
+    rank, world = (0, 1) if ranks is None else (ranks.rank, ranks.world)
+    shared = None if share is None else SharedRound0(run_dir.parent / "round0", round0_key(share, requests, device))
+    reused = shared is not None and (shared.images_into(folder) if ranks is None else ranks.on_server(
+        partial(shared.images_into, folder), "round 0's shared images"))
+    start = time.monotonic()
+    generate_images(components, requests, folder, batch_size=cfg.generation_batch_size,
+                    num_inference_steps=cfg.num_inference_steps, guidance_scale=cfg.guidance_scale,
+                    device=device, dtype=_dtype(cfg, device), progress=progress and rank == 0,
+                    min_fresh_fraction=cfg.min_fresh_fraction, rank=rank, world=world)
+    if ranks is not None:  # every rank's images are in the folder before anyone reads it
+        ranks.gather(lambda: None, "the synthetic images")
+    host_generation_s = generation_s = time.monotonic() - start
+    components.to(device="cpu")  # free the accelerator for pre-training and fine-tuning
+    if rank != 0:  # its share is written; rank 0 pre-trains and its state is the round's
+        return None
+    if shared is not None:
+        if reused:
+            host_generation_s = generation_s = shared.recorded("generation")["host_s"]
+        else:
+            shared.publish_images(folder, host_generation_s)
+    n_images = len(requests)
+    if cfg.generation_time_per_image_s is not None:
+        generation_s = cfg.generation_time_per_image_s * n_images
+    elif server is not None:  # H_gene on the server: n(s) guided UNet steps + a decode per image
+        generation_s = generation_time(server, [r.timestep for r in requests], cfg.num_inference_steps)
+    pretrained = None if shared is None else shared.pretrained_into(run_dir / "pretrain")
+    if pretrained is None:
+        model, pretraining_s, best, host_pretraining_s = pretrain_on_synthetic(
+            cfg, folder, num_classes=len(class_names), spec=spec, run_dir=run_dir, seed=seed, device=device,
+            precision=precision, per_image_epoch_s=h_pre if cfg.pretrain_time_per_image_epoch_s is not None
+            or server is not None else None)
+        if shared is not None:
+            shared.publish_pretraining(best, pretraining_s, host_pretraining_s)
+    else:
+        model, pretraining_s, best, host_pretraining_s = pretrained
+    per_class = {label: int(v) for label, v in volume.items()}
+    return SynthesisResult(model, lam, per_class, generation_s, pretraining_s, best, host_generation_s,
+                           host_pretraining_s, fit)
+
+
+def round0_key(share: Mapping[str, Any], requests: Sequence[GenerationRequest], device: torch.device) -> str:
+    """sha256 of what round 0's images and pre-trained ViT depend on: ``share`` (the stage's keys, the precision,
+    the classes, the input spec), every request (its latent's bytes, prompt, seed, timestep, noise fraction and
+    file) and the device type and torch version (float round-off). Equal keys: equal images and ViT."""
+    import hashlib
+
+    import fl_lightning.modules.pretraining as pretraining_code
+    import fl_lightning.synthesis.generate as generation_code
+
+    code = [Path(m.__file__).read_bytes() for m in (generation_code, pretraining_code)] + [Path(__file__).read_bytes()]
+    digest = hashlib.sha256(json.dumps({**share, "device": device.type, "torch": torch.__version__},
+                                       sort_keys=True, default=str).encode())
+    for text in code:  # the code that makes them: a changed sampler or trainer never reuses older images
+        digest.update(hashlib.sha256(text).digest())
+    for r in requests:
+        digest.update(json.dumps([r.relpath, r.label, r.client, r.centroid_index, r.prompt, r.seed, r.timestep,
+                                  float(r.noise_fraction)]).encode())
+        latent = r.latent.detach().to("cpu").contiguous()
+        digest.update(str((latent.dtype, tuple(latent.shape))).encode())
+        digest.update(latent.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:32]
+
+
+class SharedRound0:
+    """Round 0's images and pre-trained ViT under ``<root>/<key>/``, published by the first run that finished them
+    and reused by later runs of the same key; each run's folder keeps its own copies (hard links where the file
+    system allows), so a run folder stays whole when the shared one goes.
+
+    Publishing is a rename of a finished folder: a run never reads a half-written one, and two runs that finish
+    the same key at once both keep their own results (the second's publication is dropped).
+
+    Args:
+        root: the shared folder (``<output_dir>/round0``).
+        key: :func:`round0_key`.
+    """
+
+    def __init__(self, root: Path, key: str) -> None:
+        self.folder = Path(root) / key
+
+    def recorded(self, part: str) -> dict[str, Any]:
+        return json.loads((self.folder / part / "record.json").read_text(encoding="utf-8"))
+
+    def images_into(self, folder: Path) -> bool:
+        """The published images linked into ``folder`` (True), or nothing published (False)."""
+        source = self.folder / "generation"
+        if not (source / "record.json").is_file():
+            return False
+        _link_tree(source / "images", folder)
+        return True
+
+    def publish_images(self, folder: Path, host_s: float) -> None:
+        self._publish("generation", {"host_s": host_s}, lambda tmp: _link_tree(folder, tmp / "images"))
+
+    def pretrained_into(self, out: Path) -> tuple[nn.Module, float, Path, float] | None:
+        """The published ViT's checkpoint linked into ``out/checkpoints`` with its recorded times, or None."""
+        source = self.folder / "pretraining"
+        if not (source / "record.json").is_file():
+            return None
+        record = self.recorded("pretraining")
+        best = out / "checkpoints" / record["best"]
+        _link_tree(source / "checkpoints", out / "checkpoints")
+        return load_pretrained_vit(best, map_location="cpu"), record["pretraining_s"], best, record["host_s"]
+
+    def publish_pretraining(self, best: Path, pretraining_s: float, host_s: float) -> None:
+        def fill(tmp: Path) -> None:
+            (tmp / "checkpoints").mkdir(parents=True)
+            _link(Path(best), tmp / "checkpoints" / Path(best).name)
+
+        self._publish("pretraining", {"best": Path(best).name, "pretraining_s": pretraining_s, "host_s": host_s},
+                      fill)
+
+    def _publish(self, part: str, record: dict[str, Any], fill: Any) -> None:
+        import os
+
+        final = self.folder / part
+        if (final / "record.json").is_file():
+            return
+        tmp = self.folder / f".{part}.{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        fill(tmp)
+        (tmp / "record.json").write_text(json.dumps(record), encoding="utf-8")
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another run published the same key first: its files are the same
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _link(source: Path, target: Path) -> None:
+    """``target`` as a hard link of ``source`` (a copy across file systems)."""
+    import os
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        return
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def _link_tree(source: Path, target: Path) -> None:
+    """Every file under ``source`` linked at the same place under ``target`` (existing files kept)."""
+    for path in sorted(Path(source).rglob("*")):
+        if path.is_file():
+            _link(path, Path(target) / path.relative_to(source))
+
+
+def _decide_lambda(cfg: Any, *, components: DiffusionComponents, totals: Mapping[int, int], class_names: Sequence[str],
+                   requests_for: Any, prompts_by_class: Mapping[str, Sequence[str]] | None,
+                   server: ServerProfile | None, run_dir: Path, seed: int, device: torch.device,
+                   section: str, pilots: bool = True
+                   ) -> tuple[Mapping[str, Sequence[str]], float | None, Any, float | None, float | None]:
+    """The server's decisions before generation: the prompts (expanded and cached unless given), ĥ and h̃ (the
+    probe, the server profile or the config) and λ (the config, the time budget or the pilots' fit).
+
+    Args:
+        pilots: run the pilots of ``synthetic_lambda: auto`` here (False: the ranks run them together, and λ is
+            None here).
+
+    Returns:
+        (prompts by class, λ, the pilots' fit or None, ĥ, h̃).
+    """
     if prompts_by_class is None:
         expander = _expander(cfg, seed=seed, device=device)
         prompts_by_class = expand_with_cache(expander, list(class_names), cfg.prompts_per_label,
                                              run_dir / "prompts.json")
         expander.release()  # the LLM is not needed again: its weights go (their memory with the next collection)
         del expander
-    if not text_only and uploads_by_client is None:
-        raise ValueError("feature-guided generation needs the clients' latent uploads")
-    last_t = int(components.scheduler.config.num_train_timesteps) - 1
-
-    def requests_for(volume: Mapping[int, int]) -> list[GenerationRequest]:
-        if text_only:
-            return text_only_requests(class_names, prompts_by_class, volume_per_class=volume, seed=seed,
-                                      latent_shape=_latent_shape(components, cfg.vae_image_size), timestep=last_t)
-        return plan_generation(uploads_by_client, class_names, prompts_by_class, volume_per_class=volume,
-                               rho=cfg.rho, seed=seed)
-
-    folder = run_dir / "synthetic"
-    server = _server(cfg)
+    D = sum(totals.values())
     h_gen, h_pre = cfg.generation_time_per_image_s, cfg.pretrain_time_per_image_epoch_s
     if server is not None and h_pre is None:
         h_pre = _server_pretrain_s(cfg, server, section)
     if cfg.synthetic_lambda is None and h_gen is None:  # (auto reads h0 off the pilots instead)
         if server is not None:  # ĥ: the server's mean time over the images' start timesteps
-            probe = requests_for(totals)
+            probe = requests_for(totals, prompts_by_class)
             h_gen = generation_time(server, [r.timestep for r in probe], cfg.num_inference_steps) / max(len(probe), 1)
         else:
-            h_gen = _probe_generation(cfg, components, requests_for(totals), run_dir / "probe", device)
+            h_gen = _probe_generation(cfg, components, requests_for(totals, prompts_by_class), run_dir / "probe",
+                                      device)
     if cfg.synthetic_lambda is None and h_pre is None:
         # server: host and no h̃ yet: a first-order stand-in until pre-training is measured (a ViT step ~ a UNet step)
         h_pre = h_gen / max(cfg.num_inference_steps, 1)
     fit = None
-    if cfg.synthetic_lambda == "auto":
+    if cfg.synthetic_lambda == "auto" and not pilots:
+        lam = None
+    elif cfg.synthetic_lambda == "auto":
         # the pilots are processes of their own: hand them the accelerator (generate_images moves the networks back)
         release_accelerator_memory(components)
         lam, fit = _auto_lambda(cfg, run_dir=run_dir, section=section, device=device)
     else:
         lam = choose_lambda(cfg, gen_time_per_image=h_gen or 0.0, pretrain_time_per_image_epoch=h_pre or 0.0,
                             num_real_samples=D, section=section)
-    volume = synthetic_volume(totals, lam)
-    if sum(volume.values()) < 2:
-        raise ConfigError(f"{section}.synthetic_lambda", lam,
-                          f"a λ that gives at least 2 synthetic images (D = {D} real samples)")
-    requests = requests_for(volume)
-    start = time.monotonic()
-    generate_images(components, requests, folder, batch_size=cfg.generation_batch_size,
-                    num_inference_steps=cfg.num_inference_steps, guidance_scale=cfg.guidance_scale,
-                    device=device, dtype=_dtype(cfg, device), progress=progress,
-                    min_fresh_fraction=cfg.min_fresh_fraction)
-    host_generation_s = generation_s = time.monotonic() - start
-    components.to(device="cpu")  # free the accelerator for pre-training and fine-tuning
-    n_images = len(requests)
-    if cfg.generation_time_per_image_s is not None:
-        generation_s = cfg.generation_time_per_image_s * n_images
-    elif server is not None:  # H_gene on the server: n(s) guided UNet steps + a decode per image
-        generation_s = generation_time(server, [r.timestep for r in requests], cfg.num_inference_steps)
-    model, pretraining_s, best, host_pretraining_s = pretrain_on_synthetic(
-        cfg, folder, num_classes=len(class_names), spec=spec, run_dir=run_dir, seed=seed, device=device,
-        precision=precision, per_image_epoch_s=h_pre if cfg.pretrain_time_per_image_epoch_s is not None
-        or server is not None else None)
-    per_class = {label: int(v) for label, v in volume.items()}
-    return SynthesisResult(model, lam, per_class, generation_s, pretraining_s, best, host_generation_s,
-                           host_pretraining_s, fit)
+    return prompts_by_class, lam, fit, h_gen, h_pre
 
 
 def pretrain_on_synthetic(cfg: Any, folder: Path, *, num_classes: int, spec: InputSpec, run_dir: Path, seed: int,
