@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import os
 import platform
 import time
@@ -35,30 +36,8 @@ ENGINE_BENCHMARKS: tuple[str, ...] = ("scale", "engine", "features", "ranks")
 
 def _runner(name: str):
     # Imported on demand: each suite pulls in its own heavy libraries (open_clip; diffusers, peft).
-    if name == "fedopal":
-        from benchmarks import fedopal
-
-        return fedopal.run
-    if name == "fedisyn":
-        from benchmarks import fedisyn
-
-        return fedisyn.run
-    if name == "scale":
-        from benchmarks import scale
-
-        return scale.run
-    if name == "features":
-        from benchmarks import features
-
-        return features.run
-    if name == "engine":
-        from benchmarks import engine
-
-        return engine.run
-    if name == "ranks":
-        from benchmarks import ranks
-
-        return ranks.run
+    if name in BENCHMARKS + ENGINE_BENCHMARKS:
+        return importlib.import_module(f"benchmarks.{name}").run
     raise ValueError(f"unknown benchmark {name!r}; expected one of {BENCHMARKS + ENGINE_BENCHMARKS}")
 
 

@@ -35,6 +35,7 @@ is there but unusable is reported as such, in one line that names the file and w
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 import struct
@@ -190,18 +191,16 @@ def build_dataset(
         isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1
     ):
         raise ConfigError("data.num_samples", num_samples, "an integer >= 1, or null for all")
-    if name == "hf":  # its builder needs the source besides the common arguments
-        from fl_lightning.data.hf import build_hf_dataset
-
-        return build_hf_dataset(source or HFSource(), download=download, train_transform=train_transform,
-                                test_transform=test_transform, seed=seed, num_samples=num_samples)
-    return DATASETS[name](
+    builder = DATASETS[name]
+    extra = {"source": source} if "source" in inspect.signature(builder).parameters else {}  # hf: where it is
+    return builder(
         root=Path(root).expanduser(),
         download=download,
         train_transform=train_transform,
         test_transform=test_transform,
         seed=seed,
         num_samples=num_samples,
+        **extra,
     )
 
 
@@ -626,7 +625,7 @@ def _imagefolder(
 
 
 # ------------------------------------------------------------------------------------------------
-# Hugging Face datasets (data/hf.py): listed here; build_dataset passes them their source
+# Hugging Face datasets (data/hf.py): the one builder that takes a source (build_dataset passes it)
 
 
 @register_dataset("hf")
@@ -638,10 +637,11 @@ def _hf(
     test_transform: Transform,
     seed: int,
     num_samples: int | None,
+    source: HFSource | None = None,
 ) -> DatasetSplits:
     from fl_lightning.data.hf import build_hf_dataset
 
-    return build_hf_dataset(HFSource(), download=download, train_transform=train_transform,
+    return build_hf_dataset(source or HFSource(), download=download, train_transform=train_transform,
                             test_transform=test_transform, seed=seed, num_samples=num_samples)
 
 

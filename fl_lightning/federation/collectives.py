@@ -315,23 +315,7 @@ def everyone(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: flo
     """
     if fabric.world_size == 1:
         return step()
-    rank = fabric.global_rank
-    own: Exception | None = None
-    try:
-        value = step()
-        mine = _Outcome(pid=os.getpid(), host=socket.gethostname())
-    except Exception as err:  # not an interrupt: a launcher or scheduler signals every rank itself
-        own, value, mine = err, None, _failed(err)
-    parts: list[Any] = [None] * fabric.world_size
-    try:
-        with waiting(what, timeout_s, rank):
-            dist.all_gather_object(parts, mine)
-    except Exception:
-        if own is None:
-            raise
-        raise own  # noqa: B904 — this rank's error is the report, not the collective's that it broke
-    _verdict(rank, own, what, parts)
-    return value
+    return _exchange_outcomes(fabric, step, what=what, timeout_s=timeout_s, carry=False)[0]
 
 
 def gathered(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: float) -> list[T]:
@@ -353,11 +337,19 @@ def gathered(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: flo
     """
     if fabric.world_size == 1:
         return [step()]
+    value, parts = _exchange_outcomes(fabric, step, what=what, timeout_s=timeout_s, carry=True)
+    return [value if r == fabric.global_rank else outcome.value for r, outcome in enumerate(parts)]
+
+
+def _exchange_outcomes(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: float,
+                       carry: bool) -> tuple[T, list[_Outcome]]:
+    """This rank's ``step()``, then an all-gather of every rank's outcome (with a CPU copy of its value when
+    ``carry``) and the same verdict on every rank (:func:`_verdict`): this rank's value and every outcome."""
     rank = fabric.global_rank
     own: Exception | None = None
     try:
         value = step()
-        mine = _Outcome(value=to_cpu(value), pid=os.getpid(), host=socket.gethostname())
+        mine = _Outcome(value=to_cpu(value) if carry else None, pid=os.getpid(), host=socket.gethostname())
     except Exception as err:  # not an interrupt: a launcher or scheduler signals every rank itself
         own, value, mine = err, None, _failed(err)
     parts: list[Any] = [None] * fabric.world_size
@@ -367,9 +359,9 @@ def gathered(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: flo
     except Exception:
         if own is None:
             raise
-        raise own  # noqa: B904
+        raise own  # noqa: B904 — this rank's error is the report, not the collective's that it broke
     _verdict(rank, own, what, parts)
-    return [value if r == rank else outcome.value for r, outcome in enumerate(parts)]
+    return value, parts
 
 
 @dataclass(frozen=True)
