@@ -17,15 +17,14 @@ uploads one at a time in float64 (server memory: two models, whatever K). BatchN
 counters are averaged and rounded, as a state dict average does.
 
 Core keys not used: ``model.pretrained`` (only ``model.checkpoint`` gives weights: a local file, or a hub
-id read from the Hugging Face cache, fetched only with ``model.download``), ``model.feature`` (no feature head: the model is the classifier). Images are ImageNet-
-normalised at ``data.image_size`` (default 32); ``fedavg_cnn.augment`` turns on CIFAR's augmentation
-(zero-pad by S/8 — 4 px at 32 px —, random S×S crop, horizontal flip; ``data/transforms.py``); FedOPAL
-does not say whether its FedAvg (ResNet) row augments, so the default is off.
+id read from the Hugging Face cache, fetched only with ``model.download``), ``model.feature`` (no feature head:
+the model is the classifier). Images are ImageNet-normalised at ``data.image_size`` (default 32);
+``fedavg_cnn.augment`` turns on CIFAR's augmentation (zero-pad by S/8 — 4 px at 32 px —, random S×S crop,
+horizontal flip; ``data/transforms.py``); FedOPAL does not say whether its FedAvg (ResNet) row augments, so the default is off.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
