@@ -40,6 +40,7 @@ class _Env:
         x = torch.randn(100, 3, 8, 8, generator=g)  # (N, C, H, W)
         y = torch.arange(100) % 5  # every class has test images: no NaN in per_class_accuracy
         self.fabric, self.num_classes = fabric, 5
+        self.shared = False  # the engine's flag for a phase every rank is in; one process here
         self.splits = SimpleNamespace(test=TensorDataset(x, y))
 
     def loader(self, dataset, *, shuffle: bool, seed: int = 0, batch_size: int | None = None) -> DataLoader:
