@@ -1,4 +1,4 @@
-"""Typed run configuration: the core sections, the method's own section, and the strict loader.
+"""Typed run configuration, the schema: the core sections and :class:`RunConfig`.
 
 A config has the **core sections** that every method shares (``data``, ``partition``, ``model``,
 ``federation``, ``train``, ``logging``) plus **one section owned by the method** named by
@@ -8,17 +8,22 @@ its file and nothing here. A config is built once at the entry point (``load_con
 down as objects — never a dict or an ``args`` namespace. The method's section is read in one way:
 ``cfg.method`` (inside the method, ``self.config``).
 
-Imports point one way: this module reads the registry (``fl_lightning.algorithms``, imported on first
-use so that ``import fl_lightning.config`` stays cheap); the registry and the methods never import it
-at run time (a method's config checks use :func:`fl_lightning.errors.check`).
+This module holds only the dataclasses, each checking its own values in ``__post_init__``; reading a config
+lives beside it:
 
-Why our own loader rather than jsonargparse/LightningCLI: we need (a) ONE line per error naming the
-dotted key, the value and what is allowed (jsonargparse prints a multi-line usage block), (b) a
-did-you-mean for unknown keys, and (c) strict types (an int for a float is fine, a string is not)
-with no coercion surprises. The mechanism is plain ``dataclasses`` + ``typing`` introspection, and
-the YAML files stay the shape LightningCLI users know.
+* :mod:`fl_lightning.config_loading` — the strict loader (``load_config``, ``build_config``, ``schema_keys``)
+  and its inverse (``config_to_dict``, ``dump_config``);
+* :mod:`fl_lightning.config_yaml` — a config's text as plain mappings: YAML files (unique keys, the alias
+  guard), ``--dotted.key value`` overrides, the merge of one mapping over another;
+* :mod:`fl_lightning.config_history` — configs written earlier: a method's former name, the keys added since
+  a run recorded its config;
+* :mod:`fl_lightning.config_variants` — a comparison's runs (``variants`` × ``sweep``).
+
+``load_config``, the entry point, can be imported from here as well (notebooks and the benchmarks do); it is
+imported on first use, so that ``import fl_lightning.config`` imports neither YAML nor the registry.
 
 Example:
+    >>> from fl_lightning.config import load_config
     >>> cfg = load_config("conf/quickstart.yaml", ["--partition.alpha", "0.01"])
     >>> cfg.partition.alpha, cfg.method.mu
     (0.01, 0.1)
@@ -26,27 +31,20 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import functools
-import json
 import math
-import sys
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal
 
-import yaml
+from fl_lightning.errors import check, did_you_mean
 
-from fl_lightning.errors import ConfigError, UsageError, check
+if TYPE_CHECKING:
+    from fl_lightning.config_loading import load_config
 
 __all__ = [
     "DataConfig", "PartitionConfig", "ModelConfig", "FederationConfig", "PrivacyConfig", "PRIVACY_MECHANISMS",
-    "LocalTrainingConfig", "LoggingConfig",
-    "RunConfig", "check", "load_config", "build_config", "config_to_dict", "dump_config", "expand_variants",
-    "schema_keys", "current_names", "recorded_config", "added_key_overrides", "CORE_SECTIONS", "PRECISIONS", "ACCELERATORS",
+    "LocalTrainingConfig", "LoggingConfig", "RunConfig", "CORE_SECTIONS", "PRECISIONS", "ACCELERATORS",
+    "load_config",
 ]  # check lives in fl_lightning.errors (method configs import it from there, not from here)
 
 # What Fabric accepts (lightning.fabric.connector._PRECISION_INPUT and accelerator names), checked here
@@ -94,7 +92,7 @@ class DataConfig:
         from fl_lightning.data.registry import DATASETS
 
         check(self.name in DATASETS, "name", self.name,
-              f"one of {', '.join(DATASETS)}{_did_you_mean(str(self.name), list(DATASETS))}")
+              f"one of {', '.join(DATASETS)}{did_you_mean(str(self.name), list(DATASETS))}")
         check(self.name != "hf" or bool(self.path), "path", self.path,
               "a hub id (org/name) or a local path when name is 'hf'")
         check(self.image_size is None or self.image_size >= 8, "image_size", self.image_size, "an int >= 8 or null")
@@ -343,566 +341,11 @@ class RunConfig:
         return self.seed if self.data.split_seed is None else self.data.split_seed
 
 
-# ----------------------------------------------------------------------------- loading
-
-
-def _registry() -> dict[str, type]:
-    """The registered methods (discovery imports them here, on first use: ``import fl_lightning.config`` stays
-    cheap, and the registry never imports the config). A method named like a core key is refused here, where
-    the core keys are known."""
-    from fl_lightning.algorithms import available_algorithms, renamed_algorithms
-
-    registry = available_algorithms()
-    reserved = {*CORE_SECTIONS, *(f.name for f in dataclasses.fields(RunConfig))}
-    clash = sorted(reserved & {*registry, *renamed_algorithms()})
-    if clash:
-        raise ValueError(f"cannot register a method named {clash[0]!r}: a method name is not one of the core keys "
-                         f"{sorted(reserved)}")
-    return registry
-
-
-def _renamed() -> dict[str, str]:
-    from fl_lightning.algorithms import renamed_algorithms
-
-    return renamed_algorithms()
-
-
-def current_names(values: dict) -> dict:
-    """``values`` (a config's mapping) with a method's former name replaced by its name now, both as
-    ``algorithm:`` and as the section's key; one line on stderr says which name to use (see ``register``)."""
-    renamed = _renamed()
-    if not isinstance(values, dict) or not renamed:
-        return values
-    out = dict(values)
-    old = out.get("algorithm")
-    if isinstance(old, str) and old in renamed:
-        _hint_renamed(old, renamed[old])
-        out["algorithm"] = renamed[old]
-    for key in [k for k in out if k in renamed]:
-        new = renamed[key]
-        _hint_renamed(key, new)
-        if new in out:
-            raise UsageError(f"config error: sections {key!r} and {new!r} both given; {key!r} is the former name of "
-                             f"{new!r}: keep only {new!r}")
-        out[new] = out.pop(key)
-    return out
-
-
-# Keys added after runs were first recorded, with the value a run recorded without them ran under: such a
-# recorded config (run.json) is read with that value — its numbers were made so — not with today's default.
-_ADDED_KEYS: dict[str, dict[str, Any]] = {
-    "federation": {"matmul_precision": "highest", "deterministic": False,  # torch's defaults, which ran then
-                   "privacy": {"mechanism": "off"}},  # no differential privacy before it existed
-    # Hugging Face data sets, natural and Flower partitions: every earlier run ran with none of them
-    "data": {"path": None, "train_split": "train", "test_split": "test", "image_column": None, "label_column": None},
-    "partition": {"by": None, "convention": "fl_lightning", "flower_shuffle_seed": None},
-}
-
-
-def recorded_config(values: dict) -> dict:
-    """A config a run recorded (``run.json``), in today's terms: :func:`current_names`, and every key added since
-    (:data:`_ADDED_KEYS`) with the value the run ran under, so that ``--resume`` continues it as it ran and a
-    comparison compares like with like."""
-    out = current_names(values)
-    if not isinstance(out, dict):
-        return out
-    out = dict(out)
-    for section, added in _ADDED_KEYS.items():
-        if isinstance(out.get(section), dict):
-            out[section] = {**added, **out[section]}  # what the run recorded wins
-    return out
-
-
-def added_key_overrides(recorded: dict) -> list[str]:
-    """``--section.key value`` for every key added since (:data:`_ADDED_KEYS`), with the value the run ``recorded``
-    (its ``run.json`` config, or its ``config.yaml`` for a folder from before records) ran with: the recorded
-    value, or the key's value from before it existed. ``--resume`` loads the run's ``config.yaml`` with them, so
-    a folder written before a key existed resumes as it ran, not under today's default."""
-    out: list[str] = []
-    for section, added in _ADDED_KEYS.items():
-        present = recorded.get(section) if isinstance(recorded, dict) else None
-        for key, before in added.items():
-            value = present[key] if isinstance(present, dict) and key in present else before
-            out += [f"--{section}.{key}", json.dumps(value)]
-    return out
-
-
-@functools.cache  # once per name and process (a comparison builds every variant)
-def _hint_renamed(old: str, new: str) -> None:
-    print(f"fl_lightning: method {old!r} is now called {new!r}; the old name still works, but use {new!r} "
-          f"(algorithm: {new}, section {new}:)", file=sys.stderr)
-
-
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (Union, types.UnionType):
-        return " or ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
-    return {bool: "a bool", int: "an int", float: "a float", str: "a string", dict: "a mapping",
-            list: "a list"}.get(tp, getattr(tp, "__name__", str(tp)))
-
-
-def _did_you_mean(word: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(word, choices, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _convert(tp: Any, value: Any, key: str) -> Any:
-    """Check ``value`` against the annotation ``tp``; return it (ints widened to float)."""
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        if value in choices:
-            return value
-        hint = _did_you_mean(str(value), [str(c) for c in choices])
-        raise ConfigError(key, value, f"one of {', '.join(repr(c) for c in choices)}{hint}")
-    if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _convert(arg, value, key)
-            except ConfigError:
-                continue
-        raise ConfigError(key, value, _type_name(tp))
-    if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads 1e-6 (no dot) as a string; "inf" for IID
-            try:
-                return float(value.strip().lstrip("."))
-            except ValueError:
-                pass
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is str:
-        if isinstance(value, str):
-            return value
-    elif tp is dict:
-        if isinstance(value, dict):
-            return value
-    elif tp is list:
-        if isinstance(value, (list, tuple)):
-            return list(value)
-    elif dataclasses.is_dataclass(tp):
-        return _build(tp, value, key)
-    raise ConfigError(key, value, _type_name(tp))
-
-
-def _loaded_fields(cls: type) -> list[dataclasses.Field]:
-    return [f for f in dataclasses.fields(cls) if f.metadata.get("loader") != "method"]
-
-
-def _build(cls: type, values: Any, prefix: str, known: list[str] | None = None) -> Any:
-    """Build dataclass ``cls`` from ``values`` strictly; ``known``: every dotted key, for did-you-mean."""
-    if not isinstance(values, dict):
-        raise ConfigError(prefix or "<root>", values, "a mapping of keys to values")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in _loaded_fields(cls)]
-    kwargs = {}
-    for key, value in values.items():
-        dotted = f"{prefix}.{key}" if prefix else str(key)
-        if key not in names:
-            local = [f"{prefix}.{n}" if prefix else n for n in names]
-            hint = _did_you_mean(dotted, local + (known or []))
-            allowed = (f"one of {', '.join(names)}" if len(names) <= 12 or not prefix else
-                       f"a key of the '{prefix}' section")
-            if not prefix:
-                allowed += " and the section of the selected algorithm"
-            raise UsageError(f"config error: unknown key {dotted!r}{hint}; allowed here: {allowed}")
-        kwargs[key] = _convert(hints[key], value, dotted)
-    try:
-        return cls(**kwargs)
-    except ConfigError as err:  # __post_init__ checks know only their own key: add the section
-        raise ConfigError(f"{prefix}.{err.key}" if prefix else err.key, err.value, err.allowed) from None
-
-
-def _keys_of(cls: type, prefix: str = "") -> list[str]:
-    keys = []
-    hints = typing.get_type_hints(cls)
-    for f in _loaded_fields(cls):
-        dotted = f"{prefix}{f.name}"
-        tp = hints[f.name]
-        keys += _keys_of(tp, dotted + ".") if dataclasses.is_dataclass(tp) else [dotted]
-    return keys
-
-
-def schema_keys(algorithm: str | None = None) -> list[str]:
-    """Every dotted key a config can hold: the core keys, plus the sections of ``algorithm`` (or of every
-    registered method when None)."""
-    registry = _registry()
-    keys = _keys_of(RunConfig)
-    for name in [algorithm] if algorithm else sorted(registry):
-        keys += _keys_of(registry[name].config_class, name + ".")
-    return keys
-
-
-def _parse_overrides(overrides: list[str]) -> dict:
-    """``["--a.b", "1", "--c=x"]`` → ``{"a": {"b": 1}, "c": "x"}`` (values parsed as YAML scalars)."""
-    tree: dict = {}
-    i = 0
-    while i < len(overrides):
-        token = overrides[i]
-        if not token.startswith("--") or token == "--":
-            raise UsageError(f"usage error: expected --key value, got {token!r}")
-        key, sep, raw = token[2:].partition("=")
-        if not sep:
-            if i + 1 >= len(overrides):
-                raise UsageError(f"usage error: --{key} needs a value")
-            raw, i = overrides[i + 1], i + 1
-        i += 1
-        try:
-            value = _load_yaml(raw) if raw != "" else ""
-        except yaml.YAMLError:
-            value = raw
-        except _TooBig as err:
-            raise UsageError(f"usage error: --{key} holds {err.what}; write the values out") from None
-        except RecursionError:
-            raise UsageError(f"usage error: --{key} is nested too deeply to be a config value") from None
-        node = tree
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise UsageError(f"usage error: --{key} conflicts with another override")
-        node[parts[-1]] = value
-    return tree
-
-
-def _merge(base: dict, extra: dict) -> dict:
-    out = dict(base)
-    for k, v in extra.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, but a key given twice in one mapping is an error, not last-wins."""
-
-
-def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: set = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
-
-# A config has hundreds of values; YAML aliases (&a / *a) can make a few lines mean billions (the "billion
-# laughs"), which every later step (merging, printing, comparing records) would walk. Counted on the
-# composed node graph, where an alias is a reference: linear in the distinct nodes, before anything is built.
-MAX_YAML_VALUES = 100_000
-
-
-class _TooBig(Exception):
-    def __init__(self, what: str) -> None:
-        self.what = what
-
-
-def _expanded_values(root: yaml.Node, limit: int = MAX_YAML_VALUES) -> int:
-    """How many values ``root`` stands for with every alias expanded; raises :class:`_TooBig` beyond ``limit``
-    or for an alias inside its own anchor (a recursive structure). Iterative: a deep document cannot
-    exhaust the stack here."""
-    def children(node: yaml.Node) -> list[yaml.Node]:
-        if isinstance(node, yaml.MappingNode):
-            return [n for pair in node.value for n in pair]
-        return list(node.value) if isinstance(node, yaml.SequenceNode) else []
-
-    total: dict[int, int] = {}
-    started: set[int] = set()
-    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
-    while stack:
-        node, done = stack.pop()
-        key = id(node)
-        if done:
-            started.discard(key)
-            total[key] = 1 + sum(total[id(c)] for c in children(node))
-            if total[key] > limit:
-                raise _TooBig(f"more than {limit:,} values once its aliases (*name) are expanded")
-            continue
-        if key in total:
-            continue
-        if key in started:
-            raise _TooBig("an alias (*name) inside the structure its anchor (&name) marks: a recursive structure")
-        started.add(key)
-        stack.append((node, True))
-        stack.extend((c, False) for c in children(node) if id(c) not in total)
-    return total[id(root)]
-
-
-def _load_yaml(text: str) -> Any:
-    """``text`` as YAML (unique keys), refusing alias bombs and recursive aliases (:class:`_TooBig`)."""
-    loader = _UniqueKeyLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        _expanded_values(node)
-        return loader.construct_document(node)
-    finally:
-        loader.dispose()
-
-
-def read_yaml(path: str | Path) -> dict:
-    """A config file as a mapping; one line (UsageError) when it is missing, not YAML, or not a mapping."""
-    path = Path(path)
-    if path.is_dir():
-        raise UsageError(f"usage error: --config '{path}' is a directory; pass a YAML file (see conf/)")
-    if not path.is_file():
-        raise UsageError(f"usage error: config file '{path}' not found; pass --config with an existing YAML "
-                         f"file (see conf/)")
-    try:
-        values = _load_yaml(path.read_text())
-    except UnicodeDecodeError:
-        raise UsageError(f"usage error: config file '{path}' is not a text (YAML) file") from None
-    except _TooBig as err:
-        raise UsageError(f"usage error: config file '{path}' holds {err.what}; write the values out") from None
-    except RecursionError:
-        raise UsageError(f"usage error: config file '{path}' is nested too deeply to be a config") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        problem = getattr(err, "problem", None)
-        what = f": {problem}" if problem and "duplicate key" in str(problem) else ""
-        raise UsageError(f"usage error: config file '{path}' is not valid YAML{where}{what}") from None
-    if values is None:
-        return {}
-    if not isinstance(values, dict):
-        raise UsageError(f"usage error: config file '{path}' holds a {type(values).__name__} at the top level; "
-                         f"expected a mapping of sections (data:, partition:, …)")
-    return values
-
-
-def build_config(values: dict) -> RunConfig:
-    """Build a validated :class:`RunConfig` from a plain mapping (the YAML's shape).
-
-    The method named by ``algorithm`` is looked up in the registry; its section (same name) is built
-    with the method's own ``config_class``. A section of another registered method is an error.
-    """
-    if not isinstance(values, dict):
-        raise UsageError(f"config error: a config is a mapping of sections (data:, partition:, …), got "
-                         f"{type(values).__name__}")
-    registry = _registry()
-    values = current_names(values)
-    algorithm = values.get("algorithm", RunConfig.algorithm)
-    if algorithm not in registry:
-        from fl_lightning.algorithms import import_errors
-
-        names = sorted(registry)
-        broken = "; ".join(f"{m} failed to import ({e})" for m, e in import_errors().items() if algorithm in m)
-        raise ConfigError("algorithm", algorithm, f"one of {', '.join(repr(n) for n in names)}"
-                          f"{_did_you_mean(str(algorithm), names)}{f' — {broken}' if broken else ''}")
-    core = {k: v for k, v in values.items() if k != algorithm}
-    for key in core:
-        if key in registry:
-            raise UsageError(f"config error: {key}: section given but algorithm is {algorithm} (a section belongs "
-                             f"to its method: remove it, or set algorithm: {key}; in a comparison, put it inside "
-                             f"the variant that selects {key})")
-    config_class = registry[algorithm].config_class
-    known = schema_keys(algorithm)
-    cfg = _build(RunConfig, core, "", known)
-    cfg.method = _build(config_class, values.get(algorithm) or {}, algorithm, known)
-    return cfg
-
-
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
-    """Build a validated :class:`RunConfig` from a YAML file plus ``--dotted.key value`` overrides.
-
-    Raises:
-        UsageError / ConfigError: one line naming the key, the value and what is allowed.
-    """
-    values = current_names(read_yaml(path) if path is not None else {})
-    extra = current_names(_parse_overrides(overrides or []))
-    if "algorithm" in extra:  # --algorithm X on a file written for another method: as a variant would switch
-        values = _switch_algorithm(values, extra["algorithm"])
-    return build_config(_merge(values, extra))
-
-
-def _switch_algorithm(values: dict, algorithm: Any) -> dict:
-    """``values`` with its method section made fit for ``algorithm``: the section of the method it names is
-    dropped, except the keys both configs share when one method extends the other (see ``_carried_section``)."""
-    old = values.get("algorithm", RunConfig.algorithm)
-    registry = _registry()
-    if algorithm == old or algorithm not in registry or old not in registry:
-        return values
-    values = dict(values)
-    section = values.pop(old, None) or {}
-    carried = _carried_section(section, registry[old].config_class, registry[algorithm].config_class)
-    values[algorithm] = _merge(carried, values.get(algorithm) or {})
-    return {**values, "algorithm": algorithm}
-
-
-def _carried_section(section: dict, old: type, new: type) -> dict:
-    """What of method ``old``'s section a variant that switches to ``new`` keeps: the keys both configs
-    declare, when one method's config extends the other's (FedOPAL's extends AFL's) or both are composed of
-    a common stage's (FeDiSyn's and SFLF's of LoRA fine-tuning); otherwise nothing.
-
-    A key whose value is ``old``'s default, where ``new`` declares another default, is not carried: the
-    section may be a resolved config (every default written out), and FedOPAL's ``restat: local`` must not
-    become FedOPAL+'s (whose default is ``global``). Set such a key inside the variant.
-    """
-    if not _share_a_section(old, new):
-        return {}
-    old_defaults, new_defaults = _field_defaults(old), _field_defaults(new)
-    keep = old_defaults.keys() & new_defaults.keys()
-    return {k: v for k, v in section.items()
-            if k in keep and not (v == old_defaults[k] and old_defaults[k] != new_defaults[k])}
-
-
-def _share_a_section(a: type, b: type) -> bool:
-    """Whether one config extends the other, or both extend a config with keys of its own (two methods
-    composed of a common stage, e.g. FeDiSyn and SFLF of LoRA fine-tuning)."""
-    return any(dataclasses.is_dataclass(base) and base.__dict__.get("__annotations__") and issubclass(b, base)
-               for base in a.__mro__)
-
-
-def _field_defaults(config_class: type) -> dict[str, Any]:
-    """Each field's default value (built from its factory where it has one)."""
-    out = {}
-    for f in dataclasses.fields(config_class):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = f.default_factory()
-        else:
-            out[f.name] = dataclasses.MISSING
-    return out
-
-
-_NAMED_BY_DEFAULT = ("partition.alpha", "seed")  # keys the default run name already encodes
-
-
-def _sweep_groups(sweep: dict) -> list[tuple[list[str], list[tuple]]]:
-    """``sweep`` as groups of keys that vary together, each with its points (one value per key).
-
-    A plain key (``seed: [0, 1, 2]``) is a group of one. A key that names several dotted keys joined by
-    commas varies them together, one list of values per point, in the key's order:
-    ``"seed,partition.seed": [[0, 0], [1, 1], [2, 2]]`` is three points, not nine. Groups are crossed.
-    """
-    groups: list[tuple[list[str], list[tuple]]] = []
-    seen: dict[str, str] = {}
-    for key, values in sweep.items():
-        where = f"sweep.{key}"
-        names = [part.strip() for part in str(key).split(",")]
-        if any(not n for n in names):
-            raise ConfigError(where, values, "a dotted key, or dotted keys joined by commas "
-                              "(e.g. \"seed,partition.seed\"), none of them empty")
-        for name in names:
-            if name in seen or names.count(name) > 1:
-                raise UsageError(f"config error: sweep: key {name!r} is swept twice ({where} and "
-                                 f"sweep.{seen.get(name, key)}); sweep each key in one entry")
-            seen[name] = str(key)
-        if not isinstance(values, list) or not values:
-            raise ConfigError(where, values, "a non-empty list of values")
-        if len(names) == 1:
-            groups.append((names, [(v,) for v in values]))
-            continue
-        for point in values:
-            if not isinstance(point, list) or len(point) != len(names):
-                raise ConfigError(where, point, f"a list of {len(names)} values, one for each of {', '.join(names)} "
-                                  f"(e.g. {[[0] * len(names), [1] * len(names)]}): the keys vary together")
-        groups.append((names, [tuple(point) for point in values]))
-    return groups
-
-
-def _sweep_points(sweep: dict) -> list[tuple[dict, dict, dict]]:
-    """The cross product of ``sweep``'s groups (see :func:`_sweep_groups`) as override trees, in a stable order:
-    ``(tree, every swept key → value, the naming keys → value)``. A group's first key names its point in the
-    run name (the others move with it)."""
-    import itertools
-
-    groups = _sweep_groups(sweep)
-    points = []
-    for combo in itertools.product(*(group_points for _, group_points in groups)):
-        tree: dict = {}
-        values: dict = {}
-        naming: dict = {}
-        for (names, _), point in zip(groups, combo):
-            naming[names[0]] = point[0]
-            for key, value in zip(names, point):
-                values[key] = value
-                node = tree
-                *parents, last = key.split(".")
-                for part in parents:
-                    node = node.setdefault(part, {})
-                node[last] = value
-        points.append((tree, values, naming))
-    return points
-
-
-def _swept_name(run: RunConfig, named: str | None, values: dict) -> str | None:
-    """A run name that tells swept runs apart: the default name encodes α and seed; other swept keys
-    (and every swept key of an explicitly named variant) become suffixes."""
-    suffix = "".join(f"_{key.rsplit('.', 1)[-1]}{value:g}" if isinstance(value, float) else
-                     f"_{key.rsplit('.', 1)[-1]}{value}" for key, value in values.items()
-                     if named is not None or key not in _NAMED_BY_DEFAULT)
-    if named is None and not suffix:
-        return None
-    return (named or run.resolved_run_name) + suffix.replace("/", "-")
-
-
-def expand_variants(cfg: RunConfig) -> list[RunConfig]:
-    """The runs a config asks for: itself, or one per entry of ``variants`` (merged over it), each
-    crossed with the ``sweep`` grid.
-
-    A variant that switches ``algorithm`` keeps the base's method keys only where the two methods'
-    configs share them by inheritance (AFL ⊂ FedOPAL); its own method keys go inside the variant.
-    Every run is built and validated here, before anything runs.
-    """
-    if not cfg.variants and not cfg.sweep:
-        return [cfg]
-    base = config_to_dict(cfg)
-    base["variants"], base["sweep"] = [], {}
-    runs = []
-    for i, variant in enumerate(cfg.variants or [{}]):
-        if not isinstance(variant, dict):
-            raise ConfigError(f"variants[{i}]", variant, "a mapping of config keys, e.g. {algorithm: afl}")
-        variant = current_names(variant)
-        values = _switch_algorithm(base, variant.get("algorithm", cfg.algorithm))
-        for tree, point, naming in _sweep_points(cfg.sweep) if cfg.sweep else [({}, {}, {})]:
-            try:
-                run = build_config(_merge(_merge(values, variant), tree))
-            except UsageError as err:
-                where = f"variants[{i}]" if cfg.variants else "sweep"
-                raise UsageError(f"{err} (in {where}{f', sweep point {point}' if point else ''})") from None
-            if run.label is None:
-                run.label = variant.get("run_name") or run.algorithm
-            name = _swept_name(run, variant.get("run_name") or cfg.run_name, naming)
-            if name is not None:
-                run.run_name = name
-            runs.append(run)
-    names = [r.resolved_run_name for r in runs]
-    if len(set(names)) != len(names):
-        raise ConfigError("variants", names, "distinct run names (set run_name in each variant)")
-    return runs
-
-
-def config_to_dict(cfg: Any) -> dict:
-    """A plain dict (inf kept as float) of a config: the core sections, then the method's own section."""
-    if not isinstance(cfg, RunConfig):
-        return dataclasses.asdict(cfg)
-    out = {f.name: _plain(getattr(cfg, f.name)) for f in _loaded_fields(RunConfig)}
-    if cfg.method is not None:
-        out[cfg.algorithm] = dataclasses.asdict(cfg.method)
-    return out
-
-
-def _plain(value: Any) -> Any:
-    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
-
-
-def dump_config(cfg: RunConfig) -> str:
-    """The resolved config as YAML that :func:`load_config` reads back unchanged."""
-    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+def __getattr__(name: str) -> Any:
+    """``load_config`` from :mod:`fl_lightning.config_loading`, imported on first use (PEP 562): the loader
+    imports this module, and ``import fl_lightning.config`` stays cheap."""
+    if name == "load_config":
+        from fl_lightning.config_loading import load_config
+
+        return load_config
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

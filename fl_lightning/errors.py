@@ -18,7 +18,7 @@ so the traceback that ``--debug`` prints ends in the client's own code.
 from __future__ import annotations
 
 __all__ = ["UsageError", "ConfigError", "MissingResourceError", "ResourceError", "DiskFullError", "RunFolderError",
-           "ClientUsageError", "RunFailure", "ClientFailure", "TooFewClients", "RemoteTraceback", "check"]
+           "ClientUsageError", "RunFailure", "ClientFailure", "TooFewClients", "RemoteTraceback", "check", "did_you_mean"]
 
 
 class UsageError(Exception):
@@ -50,6 +50,15 @@ def check(ok: bool, key: str, value: object, allowed: str) -> None:
     """
     if not ok:
         raise ConfigError(key, value, allowed)
+
+
+def did_you_mean(word: str, choices: list[str]) -> str:
+    """`` (did you mean 'x'?)`` for the choice closest to ``word`` (:func:`difflib.get_close_matches`), or ``""``:
+    the hint an unknown key's or value's one line ends with."""
+    import difflib
+
+    close = difflib.get_close_matches(word, choices, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class MissingResourceError(UsageError):

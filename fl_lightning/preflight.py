@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fl_lightning.config import RunConfig
-from fl_lightning.errors import ConfigError, ResourceError, UsageError
+from fl_lightning.errors import ConfigError, ResourceError, UsageError, did_you_mean
 
 __all__ = ["preflight", "preflight_run", "available_cpus", "available_memory_bytes", "check_devices",
            "check_fabric_settings", "check_output_dir", "check_model", "check_image_size", "check_federation",
@@ -194,13 +194,9 @@ def _allowed_keys(*targets: object) -> set[str]:
 
 
 def _check_keys(given: dict, allowed: set[str], key: str, what: str) -> None:
-    import difflib
-
     for name in given:
         if name not in allowed:
-            close = difflib.get_close_matches(str(name), sorted(allowed), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{key}.{name}", given[name], f"a key {what} accepts{hint}")
+            raise ConfigError(f"{key}.{name}", given[name], f"a key {what} accepts{did_you_mean(str(name), sorted(allowed))}")
 
 
 def check_data(cfg: RunConfig) -> None:

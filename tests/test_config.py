@@ -6,7 +6,9 @@ import sys
 import pytest
 import yaml
 
-from fl_lightning.config import RunConfig, build_config, dump_config, expand_variants, load_config
+from fl_lightning.config import RunConfig
+from fl_lightning.config_loading import build_config, dump_config, load_config
+from fl_lightning.config_variants import expand_variants
 from fl_lightning.errors import ConfigError, UsageError
 from tests.conftest import CONF, REPO
 
@@ -82,7 +84,7 @@ def test_a_method_section_belongs_to_its_method():
 def test_a_variant_that_switches_method_keeps_the_new_methods_own_defaults():
     """FedOPAL+ extends FedOPAL's config but defaults restat to global: a base fedopal section (resolved,
     every default written out) must not hand it FedOPAL's restat: local. Set keys carry over."""
-    from fl_lightning.config import expand_variants
+    from fl_lightning.config_variants import expand_variants
 
     variants = ("[{algorithm: fedopal_plus}, {algorithm: fedopal_plus, run_name: p_local, "
                 "fedopal_plus: {restat: local, val_fraction: 0}}]")
@@ -102,7 +104,7 @@ def test_print_config_shows_only_the_runs_own_section(tmp_path):
 
 
 def test_variants_cross_methods_and_sweeps():
-    from fl_lightning.config import expand_variants
+    from fl_lightning.config_variants import expand_variants
 
     cfg = load_config(CONF / "quickstart.yaml", ["--sweep", "{partition.alpha: [0.1, .inf], seed: [0, 1]}"])
     runs = expand_variants(cfg)
@@ -120,7 +122,7 @@ def test_keys_joined_by_commas_vary_together_in_a_sweep():
     first key names the run (the default name already encodes the seed)."""
     import itertools
 
-    from fl_lightning.config import expand_variants
+    from fl_lightning.config_variants import expand_variants
 
     sweep = '{partition.alpha: [0.1, .inf], "seed,partition.seed": [[0, 0], [1, 1], [2, 7]]}'
     runs = expand_variants(load_config(CONF / "fedavg_digits_tiny.yaml", ["--sweep", sweep]))
@@ -139,7 +141,7 @@ def test_keys_joined_by_commas_vary_together_in_a_sweep():
     ('{"seed,partition.sed": [[0, 0]]}', "did you mean 'partition.seed'"),
 ])
 def test_a_bad_sweep_group_is_one_line(sweep, needle):
-    from fl_lightning.config import expand_variants
+    from fl_lightning.config_variants import expand_variants
 
     with pytest.raises(UsageError) as err:
         expand_variants(load_config(CONF / "fedavg_digits_tiny.yaml", ["--sweep", sweep]))
@@ -147,7 +149,7 @@ def test_a_bad_sweep_group_is_one_line(sweep, needle):
 
 
 def test_every_shipped_sweep_of_seeds_gives_each_seed_its_own_partition():
-    from fl_lightning.config import expand_variants
+    from fl_lightning.config_variants import expand_variants
 
     swept = [p for p in sorted(CONF.glob("*.yaml")) if "seed" in str(load_config(p).sweep)]
     assert len(swept) >= 6, swept
@@ -161,7 +163,7 @@ def test_every_shipped_sweep_of_seeds_gives_each_seed_its_own_partition():
 
 @pytest.mark.parametrize("path", sorted(CONF.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_loads_and_expands(path):
-    from fl_lightning.config import expand_variants
+    from fl_lightning.config_variants import expand_variants
 
     runs = expand_variants(load_config(path))
     assert runs and len({r.resolved_run_name for r in runs}) == len(runs)
@@ -179,7 +181,7 @@ def test_the_method_section_has_one_route():
 @pytest.fixture
 def renamed_hint():
     """The former-name hint prints once per name and process: start each test with none printed."""
-    from fl_lightning.config import _hint_renamed
+    from fl_lightning.config_history import _hint_renamed
 
     _hint_renamed.cache_clear()
     yield
@@ -220,13 +222,28 @@ def test_the_renamed_prompt_section_keeps_its_values(renamed_hint, capsys):
 
 
 def test_importing_the_config_imports_no_method():
-    """The loader reads the registry on first use; importing it imports neither the registry nor a method
-    (nor torch), so the arrow config → registry has no way back."""
-    code = ("import sys, fl_lightning.config; "
+    """The loader reads the registry on first use; importing it (the schema, the loader and its helpers)
+    imports neither the registry nor a method (nor torch), so the arrow config → registry has no way back."""
+    code = ("import sys, fl_lightning.config, fl_lightning.config_loading, fl_lightning.config_variants; "
             "bad = sorted(m for m in sys.modules if m.startswith(('fl_lightning.algorithms', "
             "'fl_lightning.federation')) or m == 'torch'); assert not bad, bad")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_the_schema_alone_imports_no_loader_and_still_offers_load_config():
+    """``import fl_lightning.config`` (the schema) imports neither the loader nor YAML; ``load_config``, the entry
+    point notebooks and the benchmarks import from it, is the loader's own function."""
+    code = ("import sys, fl_lightning.config; "
+            "bad = sorted(m for m in sys.modules if m.startswith(('fl_lightning.config_', 'yaml'))); assert not bad, bad; "
+            "from fl_lightning.config import load_config; import fl_lightning.config_loading as loading; "
+            "assert load_config is loading.load_config")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    import fl_lightning.config as schema
+
+    with pytest.raises(AttributeError, match="no attribute 'build_config'"):  # the loader's other names: its own
+        schema.build_config  # noqa: B018
 
 
 # Modules still importing ``check`` (or the loader) from fl_lightning.config: the FeDiSyn package and
@@ -252,10 +269,12 @@ def _runtime_imports(path) -> set[str]:
 
 
 def test_the_registry_and_the_methods_do_not_import_the_config():
-    """config.py → algorithms/ (discovery) → federation/algorithm.py (registry) and never back, not even
-    through an import inside a function: a method's config checks use fl_lightning.errors.check."""
+    """config_loading.py → algorithms/ (discovery) → federation/algorithm.py (registry) and never back — not to
+    the loader, its helpers or the schema, not even through an import inside a function: a method's config
+    checks use fl_lightning.errors.check."""
     package = REPO / "fl_lightning"
     paths = [package / "federation" / "algorithm.py", *sorted((package / "algorithms").rglob("*.py"))]
-    offenders = [str(p.relative_to(package)) for p in paths if "fl_lightning.config" in _runtime_imports(p)]
+    offenders = [str(p.relative_to(package)) for p in paths
+                 if any(m == "fl_lightning.config" or m.startswith("fl_lightning.config_") for m in _runtime_imports(p))]
     assert sorted(set(offenders) - _NOT_YET_MOVED) == []
     assert len(paths) > 15

@@ -61,7 +61,8 @@ def write_table(finished: Sequence[tuple[Any, dict[str, Any]]], missing: Sequenc
 def _runs_in(out_dir: Path) -> tuple[list[Any], bool]:
     """The comparison's runs (from its comparison.yaml, located in ``out_dir``), or those found in its folders;
     and whether the list is the comparison's own (so that runs not there are missing)."""
-    from fl_lightning.config import expand_variants, load_config
+    from fl_lightning.config_loading import load_config
+    from fl_lightning.config_variants import expand_variants
 
     config = out_dir / COMPARISON_CONFIG
     if config.is_file():

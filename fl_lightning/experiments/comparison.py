@@ -1,7 +1,7 @@
 """A comparison's table and plot: methods × α, mean ± std over seeds (the layout of FedOPAL's Tables I–II).
 
 A config with ``variants:`` (methods) and ``sweep:`` (e.g. ``partition.alpha`` × ``seed``) runs every
-combination (``fl_lightning.config.expand_variants``); when they have finished, :func:`write_comparison`
+combination (``fl_lightning.config_variants.expand_variants``); when they have finished, :func:`write_comparison`
 writes beside the run folders:
 
 * ``comparison.csv`` — one row per (method, α): mean and sample standard deviation (ddof = 1; empty for

@@ -88,7 +88,7 @@ def _paired(argv: list[str]) -> int:
     from fl_lightning.errors import UsageError
     from fl_lightning.experiments.compare import collect
     from fl_lightning.experiments.plan import COMPARISON_CONFIG, plan_runs
-    from fl_lightning.config import load_config
+    from fl_lightning.config_loading import load_config
 
     if len(argv) != 3 or any(a.startswith("-") for a in argv):
         raise UsageError("usage error: python -m fl_lightning.paired DIR METHOD REFERENCE: a comparison's "

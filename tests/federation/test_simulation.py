@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.config import load_config
+from fl_lightning.config_loading import load_config
 from fl_lightning.federation.algorithm import register
 from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.errors import ClientFailure, RemoteTraceback, RunFailure, TooFewClients, UsageError

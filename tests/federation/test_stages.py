@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from fl_lightning.config import RunConfig, check
+from fl_lightning.config import RunConfig
+from fl_lightning.errors import check
 from fl_lightning.federation.stages import Stage, StageConfig, StagedAlgorithm
 from fl_lightning.federation.transport import Download, Upload
 
