@@ -136,8 +136,12 @@ class AFL(Algorithm):
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
         return self.statistics_upload(self.statistics(client))
 
-    def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
+    def statistics_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The shapes of one client's upload of :meth:`statistics_upload` (R's upper triangle, C)."""
         return AnalyticStatistics.upload_shapes(self.backbone.feature_dim, self.env.num_classes)
+
+    def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
+        return self.statistics_shapes()
 
     # -- server ----------------------------------------------------------------------------------
     def fold_statistics(self, round_idx: int, uploads: Mapping[int, Upload],

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from torch import Tensor, nn
 
@@ -50,7 +50,8 @@ from fl_lightning.models.backbones import ViTBackbone
 from fl_lightning.models.vpt import PromptedViT
 from fl_lightning.modules.prompt_tuning import PromptTuningModule
 
-__all__ = ["FedOPAL", "FedOPALConfig", "PromptTuning", "PromptsWithStatistics", "Statistics", "aggregate_prompts"]
+__all__ = ["FedOPAL", "FedOPALConfig", "AnalyticStage", "PromptTrainer", "StatisticsCollector", "StatisticsSolver",
+           "PromptTuning", "PromptsWithStatistics", "Statistics", "aggregate_prompts"]
 
 
 @dataclass
@@ -88,39 +89,72 @@ def aggregate_prompts(prompts: Sequence[Tensor], weights: Sequence[float], p_ini
     return weighted_average([p.detach().cpu() for p in prompts], weights).to(p_init.dtype)
 
 
-def _prompts_download(clients: Sequence[int], state: State) -> RoundPlan:
-    return RoundPlan({c: Download({"prompts": state["prompts"]}) for c in clients})  # all a client needs
+class PromptTrainer(Protocol):
+    """What a prompt stage works with on a client: the prompted model's P and Eq. (6) (FedOPAL itself)."""
+
+    def set_prompts(self, prompts: Tensor) -> None: ...
+
+    def get_prompts(self) -> Tensor: ...
+
+    def train_prompts(self, round_idx: int, client: Client, p_init: Tensor) -> None: ...
 
 
-class Statistics(Stage):
+class StatisticsCollector(Protocol):
+    """Eq. (7) on a client, under the prompts set last, and its upload (AFL's, on FedOPAL)."""
+
+    def statistics(self, client: Client) -> AnalyticStatistics: ...
+
+    def statistics_upload(self, stats: AnalyticStatistics, first: dict[str, Tensor] | None = None,
+                          **meta: int) -> Upload: ...
+
+    def statistics_shapes(self) -> dict[str, tuple[int, ...]]: ...
+
+
+class StatisticsSolver(Protocol):
+    """The server's Σ_k (R_k, C_k) and Eq. (9) (AFL's, on FedOPAL)."""
+
+    def fold_statistics(self, round_idx: int, uploads: Mapping[int, Upload],
+                        visit: Callable[[Upload], None] | None = None) -> tuple[AnalyticStatistics, int]: ...
+
+    def solve(self, total: AnalyticStatistics, num_clients: int) -> Tensor: ...
+
+
+class AnalyticStage(Stage):
+    """A stage of FedOPAL (and FedOPAL+), handed its collaborators by the method (:meth:`FedOPAL.make_stage`):
+    the method's section, the prompt trainer, the statistics collector and the solver — it never reaches into
+    the method itself. A stage uses only those of them its rounds need (the server-only ones: none)."""
+
+    def __init__(self, first_round: int, *, config: FedOPALConfig, trainer: PromptTrainer,
+                 collector: StatisticsCollector, solver: StatisticsSolver) -> None:
+        super().__init__(None, first_round)
+        self.config, self.trainer, self.collector, self.solver = config, trainer, collector, solver
+
+    def plan(self, round_idx: int, clients: Sequence[int], state: State, history: RoundHistory) -> RoundPlan:
+        return RoundPlan({c: Download({"prompts": state["prompts"]}) for c in clients})  # all a client needs
+
+
+class Statistics(AnalyticStage):
     """AFL's round under the global prompts: R_k, C_k of Eq. (7) under P_global → W* of Eq. (9)."""
 
     config_class = AFLConfig
 
-    def plan(self, round_idx: int, clients: Sequence[int], state: State, history: RoundHistory) -> RoundPlan:
-        return _prompts_download(clients, state)
-
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
-        m = self.method
-        m.model.set_prompts(download.tensors["prompts"])
-        return m.statistics_upload(m.statistics(client))
+        self.trainer.set_prompts(download.tensors["prompts"])
+        return self.collector.statistics_upload(self.collector.statistics(client))
 
     def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
-        return AnalyticStatistics.upload_shapes(self.method.backbone.feature_dim, self.method.env.num_classes)
+        return self.collector.statistics_shapes()
 
     def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
                   plan: RoundPlan) -> State:
-        total, count = self.method.fold_statistics(round_idx, uploads)
-        return {**state, "W": self.method.solve(total, count)}
+        total, count = self.solver.fold_statistics(round_idx, uploads)
+        return {**state, "W": self.solver.solve(total, count)}
 
 
-class PromptTuning(Stage):
+class PromptTuning(AnalyticStage):
     """Eq. (6) on the clients (from the downloaded prompts), Eq. (8) on the server over the voters' P_k."""
 
     config_class = FedOPALConfig
-
-    def plan(self, round_idx: int, clients: Sequence[int], state: State, history: RoundHistory) -> RoundPlan:
-        return _prompts_download(clients, state)
 
     def trains(self, client: Client) -> bool:
         """Whether the client tunes its prompts (and its P_k votes in Eq. (8))."""
@@ -134,13 +168,12 @@ class PromptTuning(Stage):
         return Upload(prompts, self.meta(client, trains))
 
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
-        m = self.method
         prompts = download.tensors["prompts"]
-        m.model.set_prompts(prompts)
+        self.trainer.set_prompts(prompts)
         trains = self.trains(client)
         if trains:
-            m.train_prompts(round_idx, client, prompts)  # Eq. (6)
-        return self.upload(client, {"prompts": m.model.get_prompts().detach().cpu().clone()}, trains)
+            self.trainer.train_prompts(round_idx, client, prompts)  # Eq. (6)
+        return self.upload(client, {"prompts": self.trainer.get_prompts().detach().cpu().clone()}, trains)
 
     def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
         return {"prompts": tuple(download.tensors["prompts"].shape)}
@@ -162,7 +195,7 @@ class PromptTuning(Stage):
                   plan: RoundPlan) -> State:
         if not uploads:
             raise RuntimeError(f"round {round_idx}: no client uploaded anything")
-        weighted = self.method.config.prompt_aggregation == "weighted"
+        weighted = self.config.prompt_aggregation == "weighted"
         prompts: list[Tensor] = []
         weights: list[float] = []
 
@@ -179,17 +212,14 @@ class PromptsWithStatistics(PromptTuning):
     """FedOPAL's one shot: P_k, then R_k, C_k under the client's own P_k; the server solves W* too (Eq. (9))."""
 
     def upload(self, client: Client, prompts: dict[str, Tensor], trains: bool) -> Upload:
-        m = self.method
-        return m.statistics_upload(m.statistics(client), prompts, **self.meta(client, trains))
+        return self.collector.statistics_upload(self.collector.statistics(client), prompts, **self.meta(client, trains))
 
     def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
-        m = self.method
-        return {**AnalyticStatistics.upload_shapes(m.backbone.feature_dim, m.env.num_classes),
-                **super().expected_shapes(round_idx, download)}
+        return {**self.collector.statistics_shapes(), **super().expected_shapes(round_idx, download)}
 
     def fold(self, round_idx: int, uploads: Mapping[int, Upload], visit: Callable[[Upload], None]) -> State:
-        total, count = self.method.fold_statistics(round_idx, uploads, visit)
-        return {"W": self.method.solve(total, count)}
+        total, count = self.solver.fold_statistics(round_idx, uploads, visit)
+        return {"W": self.solver.solve(total, count)}
 
 
 @register("fedopal")
@@ -202,6 +232,11 @@ class FedOPAL(StagedAlgorithm, AFL):
     @classmethod
     def stages_for(cls, config: FedOPALConfig) -> tuple[type[Stage], ...]:
         return cls.schedules[config.restat]
+
+    def make_stage(self, stage_class: type[Stage], first_round: int) -> Stage:
+        """Each stage is handed its collaborators: this method is the prompt trainer (its prompted model and
+        Eq. (6)), the statistics collector (AFL's Eq. (7)) and the solver (Eq. (9))."""
+        return stage_class(first_round, config=self.config, trainer=self, collector=self, solver=self)
 
     # -- set-up ----------------------------------------------------------------------------------
     def feature_model(self, backbone: ViTBackbone) -> nn.Module:
@@ -220,6 +255,12 @@ class FedOPAL(StagedAlgorithm, AFL):
 
     def initial_state(self) -> State:
         return {"prompts": self.p_init.clone()}
+
+    def set_prompts(self, prompts: Tensor) -> None:
+        self.model.set_prompts(prompts)
+
+    def get_prompts(self) -> Tensor:
+        return self.model.get_prompts()
 
     def train_prompts(self, round_idx: int, client: Client, p_init: Tensor) -> None:
         """Eq. (6): prompts + a fresh temporary head, cross-entropy + proximal term towards P_init."""

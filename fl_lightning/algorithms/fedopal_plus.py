@@ -54,9 +54,9 @@ trunk twice (once) over the client's data.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -64,11 +64,14 @@ from torch import Tensor
 from torch.utils.data import Subset
 
 from fl_lightning.algorithms.fedopal import (
+    AnalyticStage,
     FedOPAL,
     FedOPALConfig,
     PromptsWithStatistics,
+    PromptTrainer,
     PromptTuning,
     Statistics,
+    StatisticsCollector,
     aggregate_prompts,
 )
 from fl_lightning.analytic import (
@@ -81,7 +84,7 @@ from fl_lightning.analytic import (
 )
 from fl_lightning.data.validation import validation_split
 from fl_lightning.errors import check
-from fl_lightning.federation.algorithm import Client, RoundHistory, RoundPlan, State, register
+from fl_lightning.federation.algorithm import Client, RoundPlan, State, register
 from fl_lightning.federation.stages import Stage
 from fl_lightning.federation.transport import Download, Upload
 
@@ -131,16 +134,31 @@ def covering_clients(class_counts: Tensor, min_classes: int) -> Tensor:
     return (class_counts > 0).sum(dim=1) >= min_classes
 
 
+class CoveringTrainer(PromptTrainer, Protocol):
+    """FedOPAL+'s prompt trainer: FedOPAL's, and a client's fit share (departure 4)."""
+
+    def fit_client(self, client: Client) -> Client: ...
+
+
+class DualStatisticsCollector(StatisticsCollector, Protocol):
+    """FedOPAL+'s statistics collector: AFL's, and both feature maps' statistics in one pass (departure 4)."""
+
+    def dual_statistics(self, client: Client) -> list[AnalyticStatistics]: ...
+
+
 class CoveringPrompts(PromptTuning):
     """Departures 2 and 3: only a client holding ``min_classes`` labels trains, and only its P_k votes;
     with departure 4 a client sees only its fit share (its validation share is never trained on)."""
 
+    config: FedOPALPlusConfig
+    trainer: CoveringTrainer
+
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
-        return super().client_update(round_idx, self.method.fit_client(client), download)
+        return super().client_update(round_idx, self.trainer.fit_client(client), download)
 
     def trains(self, client: Client) -> bool:
         counts = torch.as_tensor(client.class_counts)[None]
-        return bool(covering_clients(counts, self.method.config.min_classes)[0])
+        return bool(covering_clients(counts, self.config.min_classes)[0])
 
     def meta(self, client: Client, trains: bool) -> dict[str, int]:
         return {**super().meta(client, trains), "trained": int(trains)}
@@ -157,25 +175,22 @@ class CoveringPromptsWithStatistics(CoveringPrompts, PromptsWithStatistics):
     """``restat: local``: one shot with FedOPAL's local statistics under P_k (and its mismatch)."""
 
 
-class ValidatedStatistics(Stage):
+class ValidatedStatistics(AnalyticStage):
     """Departure 4, round 1: both feature maps' statistics (all data, validation share) → the chosen head."""
 
     config_class = FedOPALPlusConfig
-
-    def plan(self, round_idx: int, clients: Sequence[int], state: State, history: RoundHistory) -> RoundPlan:
-        return RoundPlan({c: Download({"prompts": state["prompts"]}) for c in clients})
+    config: FedOPALPlusConfig
+    collector: DualStatisticsCollector
 
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
-        m = self.method
-        m.model.set_prompts(download.tensors["prompts"])
-        stats = m.dual_statistics(client)
+        self.trainer.set_prompts(download.tensors["prompts"])
+        stats = self.collector.dual_statistics(client)
         tensors = {f"{name}.{key}": t.cpu() for name, st in zip(STATISTICS_SETS, stats)
                    for key, t in st.to_upload().items()}
         return Upload(tensors, {"num_samples": int(stats[0].N), "num_val": int(stats[2].N)})
 
     def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
-        m = self.method
-        shapes = AnalyticStatistics.upload_shapes(m.backbone.feature_dim, m.env.num_classes)
+        shapes = self.collector.statistics_shapes()
         return {f"{name}.{key}": shape for name in STATISTICS_SETS for key, shape in shapes.items()}
 
     def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
@@ -187,7 +202,7 @@ class ValidatedStatistics(Stage):
                 fold.add_upload({key: upload.tensors[f"{name}.{key}"] for key in ("R_upper", "C")}, n)
         if folds["afl"].count == 0:
             raise RuntimeError(f"round {round_idx}: no client uploaded statistics; nothing to solve")
-        c = self.method.config
+        c = self.config
         lams = [regularization(v, num_clients=folds["afl"].count, convention=c.regularization,
                                remove=c.remove_regularization) for v in (c.lam, *c.lam_grid)]
         full = [folds[name].total() for name in HEADS]

@@ -43,7 +43,9 @@ class Stage(ABC):
     """One phase of a method: its rounds ``first_round .. first_round + num_rounds − 1``.
 
     ``self.method`` is the :class:`StagedAlgorithm` it belongs to (its ``cfg``, ``config``, ``env`` and
-    shared model); round indices are the run's own, so seeds and checkpoints do not depend on stages.
+    shared model), or None for a stage that is handed its collaborators instead (FedOPAL's: see
+    :meth:`StagedAlgorithm.make_stage`); round indices are the run's own, so seeds and checkpoints do not
+    depend on stages.
     """
 
     config_class: type = StageConfig  # the keys this stage reads (the method's section extends it)
@@ -51,7 +53,7 @@ class Stage(ABC):
     # its aggregate runs on every rank together (Algorithm.shared_aggregate), sharing its work over the ranks
     shared_aggregate: bool = False
 
-    def __init__(self, method: StagedAlgorithm, first_round: int) -> None:
+    def __init__(self, method: StagedAlgorithm | None, first_round: int) -> None:
         self.method = method
         self.first_round = first_round
 
@@ -112,8 +114,13 @@ class StagedAlgorithm(Algorithm):
             if not isinstance(self.config, stage_class.config_class):
                 raise TypeError(f"{type(self).__name__}.config_class must extend {stage_class.__name__}'s "
                                 f"{stage_class.config_class.__name__}")
-            self.parts.append(stage_class(self, first))
+            self.parts.append(self.make_stage(stage_class, first))
             first += self.parts[-1].rounds()
+
+    def make_stage(self, stage_class: type[Stage], first_round: int) -> Stage:
+        """The stage of ``stage_class`` owning rounds from ``first_round``: given this method; a method whose
+        stages take their collaborators explicitly (FedOPAL) hands them over here instead."""
+        return stage_class(self, first_round)
 
     @classmethod
     def preflight(cls, cfg: RunConfig) -> None:

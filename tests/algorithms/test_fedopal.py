@@ -135,3 +135,42 @@ def test_no_config_or_readme_names_the_former_analytic_section():
     pattern = re.compile(r"analytic\.(lam|regularization|remove_regularization|dtype)\b")
     files = [*sorted(CONF.glob("*.yaml")), CONF.parent / "README.md"]
     assert not [f.name for f in files if pattern.search(f.read_text())]
+
+
+class _FakeTrainer:
+    """A prompt trainer that records what the stage asks of it: P set, trained from, and a P_k to return."""
+
+    def __init__(self, trained: torch.Tensor):
+        self.calls, self.prompts, self.trained = [], None, trained
+
+    def set_prompts(self, prompts):
+        self.calls.append("set")
+        self.prompts = prompts
+
+    def get_prompts(self):
+        return self.prompts
+
+    def train_prompts(self, round_idx, client, p_init):
+        self.calls.append(("train", round_idx, client.index))
+        assert torch.equal(p_init, self.prompts)  # Eq. (6) starts from the downloaded P
+        self.prompts = self.trained
+
+
+def test_a_prompt_stage_works_only_with_the_collaborators_it_is_given():
+    """PromptTuning, handed a trainer (no method, no model, no data): each client trains from the downloaded P and
+    uploads its P_k; the server's weighted Eq. (8) is Σ N_k P_k / Σ N_k."""
+    from fl_lightning.algorithms.fedopal import FedOPALConfig, PromptTuning
+    from fl_lightning.federation.algorithm import Client
+    from fl_lightning.federation.transport import Download
+
+    p_global = torch.zeros(2, 3)
+    uploads = {}
+    for k, (n, p_k) in enumerate([(1, torch.ones(2, 3)), (3, torch.full((2, 3), 5.0))]):
+        trainer = _FakeTrainer(p_k)
+        stage = PromptTuning(0, config=FedOPALConfig(prompt_aggregation="weighted"), trainer=trainer, collector=None,
+                             solver=None)
+        uploads[k] = stage.client_update(0, Client(k, None, n, np.ones(2)), Download({"prompts": p_global}))
+        assert trainer.calls == ["set", ("train", 0, k)] and torch.equal(uploads[k].tensors["prompts"], p_k)
+        assert uploads[k].meta == {"num_samples": n}
+    state = stage.aggregate(0, {"prompts": p_global}, uploads, {}, None)
+    assert torch.equal(state["prompts"], torch.full((2, 3), (1 * 1.0 + 3 * 5.0) / 4))

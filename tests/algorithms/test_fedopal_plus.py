@@ -133,18 +133,17 @@ def _client_uploads(good: str, seed: int = 0, clients: int = 3):
     return uploads, {name: fold.total() for name, fold in full.items()}
 
 
-class _NoEnvironment:
-    """A method stub holding the config only: the server's choice has no data set, no test split, to read."""
-
-    def __init__(self, **config):
-        self.config = FedOPALPlusConfig(**config)
+def _server_stage(**config) -> ValidatedStatistics:
+    """The stage alone, given its config and no client-side collaborators: the server's choice has no data set,
+    no model, no test split to read (the stage is handed what it uses; it never reaches into a method)."""
+    return ValidatedStatistics(1, config=FedOPALPlusConfig(**config), trainer=None, collector=None, solver=None)
 
 
 @pytest.mark.parametrize("regularization_", ["once", "per_client"])
 def test_server_returns_afls_head_exactly_when_the_prompted_one_is_worse_on_validation(regularization_):
     uploads, full = _client_uploads(good="afl")
-    method = _NoEnvironment(lam=0.5, lam_grid=[1e-3], regularization=regularization_)
-    state = ValidatedStatistics(method, 1).aggregate(1, {"prompts": torch.zeros(2, 4)}, uploads, {}, None)
+    stage = _server_stage(lam=0.5, lam_grid=[1e-3], regularization=regularization_)
+    state = stage.aggregate(1, {"prompts": torch.zeros(2, 4)}, uploads, {}, None)
     assert int(state["head"]) == 0 and float(state["lam_chosen"]) in {regularization(v, num_clients=3,
                                                                       convention=regularization_) for v in (0.5, 1e-3)}
     # AFL's own solve (afl.py: Σ R_k, C_k folded in client order, λ by the convention) gives the same bits
@@ -156,7 +155,7 @@ def test_server_returns_afls_head_exactly_when_the_prompted_one_is_worse_on_vali
 
 def test_server_takes_the_prompted_head_when_it_is_better_on_validation():
     uploads, full = _client_uploads(good="prompted")
-    state = ValidatedStatistics(_NoEnvironment(lam=0.5), 1).aggregate(1, {}, uploads, {}, None)
+    state = _server_stage(lam=0.5).aggregate(1, {}, uploads, {}, None)
     assert int(state["head"]) == 1 and float(state["lam_chosen"]) == 0.5
     assert torch.equal(state["W"], solve_classifier(full["prompted"].R, full["prompted"].C, lam=0.5))
 
@@ -168,7 +167,7 @@ def test_without_validation_samples_the_server_keeps_afls_head():
         for name in ("afl_val", "prompted_val"):
             u.tensors[f"{name}.R_upper"] = torch.zeros_like(u.tensors[f"{name}.R_upper"])
             u.tensors[f"{name}.C"] = torch.zeros_like(u.tensors[f"{name}.C"])
-    state = ValidatedStatistics(_NoEnvironment(lam=0.5), 1).aggregate(1, {}, uploads, {}, None)
+    state = _server_stage(lam=0.5).aggregate(1, {}, uploads, {}, None)
     assert int(state["head"]) == 0
     assert torch.equal(state["W"], solve_classifier(full["afl"].R, full["afl"].C, lam=0.5))
 
