@@ -65,7 +65,7 @@ def _check_seed(key: str, value: int) -> None:
 
 @dataclass
 class DataConfig:
-    name: str = "digits"  # a name in fl_lightning.data.registry.DATASETS, the one list of data sets
+    name: str = "digits"  # a name in fl_lightning.data.registry.DATASETS, the one list of data sets; hf:<id> = hf + path
     root: str = "data"  # datasets are looked for here (torchvision layout; imagefolder: the folder)
     download: bool = False  # opt-in: only on machines that can reach the dataset hosts
     image_size: int | None = None  # None: the backbone's input size
@@ -91,8 +91,10 @@ class DataConfig:
     label_column: str | None = None  # null: the first ClassLabel feature, else label / labels / fine_label / target
 
     def __post_init__(self) -> None:
+        from fl_lightning.data.hf import hf_shorthand
         from fl_lightning.data.registry import DATASETS
 
+        self.name, self.path = hf_shorthand(self.name, self.path)  # hf:<id> is name: hf, path: <id> from here on
         check(self.name in DATASETS, "name", self.name,
               f"one of {', '.join(DATASETS)}{_did_you_mean(str(self.name), list(DATASETS))}")
         check(self.name != "hf" or bool(self.path), "path", self.path,
@@ -567,6 +569,8 @@ def _parse_overrides(overrides: list[str]) -> dict:
             raise UsageError(f"usage error: --{key} holds {err.what}; write the values out") from None
         except RecursionError:
             raise UsageError(f"usage error: --{key} is nested too deeply to be a config value") from None
+        if isinstance(value, dict) and not any(c.isspace() or c in "{}" for c in raw.strip()):
+            value = raw  # "hf:" (a word and a colon) is that string on a command line, not the mapping {hf: null}
         node = tree
         parts = key.split(".")
         for part in parts[:-1]:

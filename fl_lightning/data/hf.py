@@ -37,7 +37,10 @@ from torch.utils.data import Dataset
 
 from fl_lightning.errors import ConfigError, MissingResourceError, UsageError
 
-__all__ = ["HFSource", "HFImages", "build_hf_dataset", "column_values", "datasets_cache_dir"]
+__all__ = ["HF_PREFIX", "HFSource", "HFImages", "build_hf_dataset", "column_values", "datasets_cache_dir",
+           "hf_shorthand"]
+
+HF_PREFIX = "hf:"  # data.name: hf:<id> is name: hf with path: <id>
 
 _IMAGE_NAMES = ("image", "img", "picture")
 _LABEL_NAMES = ("label", "labels", "fine_label", "target", "class")
@@ -62,6 +65,28 @@ class HFSource:
     test_split: str | None = "test"
     image_column: str | None = None
     label_column: str | None = None
+
+
+def hf_shorthand(name: str, path: str | None, *, key_prefix: str = "") -> tuple[str, str | None]:
+    """``data.name: hf:<id>`` read as ``name: hf`` with ``path: <id>`` (a hub id or a local path); any other
+    name is returned as it is, with ``path``.
+
+    Args:
+        name, path: the ``data.name`` and ``data.path`` values.
+        key_prefix: put before the keys in an error (``"data."``; a config section adds its own).
+
+    Raises:
+        ConfigError: ``hf:`` with nothing after it, or a ``path`` naming another data set than the name does.
+    """
+    if not isinstance(name, str) or not name.startswith(HF_PREFIX):
+        return name, path
+    target = name[len(HF_PREFIX):].strip()
+    if not target:
+        raise ConfigError(f"{key_prefix}name", name, "hf:<hub id or local path> (e.g. hf:uoft-cs/cifar10), "
+                          "or name: hf with data.path")
+    if path and path != target:
+        raise ConfigError(f"{key_prefix}path", path, f"null or {target!r}: data.name {name!r} names the data set")
+    return "hf", target
 
 
 def datasets_cache_dir() -> str:

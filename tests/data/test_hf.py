@@ -211,3 +211,51 @@ def test_the_preflight_stops_a_missing_hub_id_before_anything_starts(hf_cache):
         check_data(cfg)
     check_data(load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", "hf", "--data.path",
                                                                    "lab/tiny-writers"]))  # cached: passes
+
+
+@pytest.mark.parametrize("form", ["hub", "disk"])
+def test_name_hf_colon_id_is_name_hf_with_path(saved, hf_cache, form):
+    """``data.name: hf:<id>`` and ``name: hf`` + ``path: <id>``: one config, one data set, one fingerprint (the
+    feature cache's key is made of the config's data keys and this fingerprint)."""
+    target = "lab/tiny-writers" if form == "hub" else str(saved["disk"])
+    short = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", f"hf:{target}"])
+    long = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", "hf", "--data.path", target])
+    assert short.data == long.data and short.data.name == "hf" and short.data.path == target
+    assert short.resolved_run_name == long.resolved_run_name and "/" not in short.resolved_run_name
+    same = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", f"hf:{target}", "--data.path", target])
+    assert same.data == long.data
+    t = build_transform(normalization="imagenet", image_size=8, train=False)
+    a = build_dataset(f"hf:{target}", root=".", train_transform=t, test_transform=t)  # the builder takes it too
+    b = build_dataset("hf", root=".", source=hf_source(long.data), train_transform=t, test_transform=t)
+    assert a.fingerprint == b.fingerprint and a.classes == b.classes
+    np.testing.assert_array_equal(a.train_targets, b.train_targets)
+    assert torch_equal(a.train[3][0], b.train[3][0])
+
+
+def torch_equal(x, y) -> bool:
+    import torch
+
+    return bool(torch.equal(x, y))
+
+
+def test_hf_colon_with_nothing_after_it_is_one_line(saved, hf_cache):
+    for name in ("hf:", "hf:  "):
+        with pytest.raises(ConfigError) as info:
+            load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", name])
+        assert str(info.value) == (f"config error: data.name={name!r} is not allowed; expected hf:<hub id or local "
+                                   "path> (e.g. hf:uoft-cs/cifar10), or name: hf with data.path")
+    with pytest.raises(ConfigError, match=r"^config error: data.path='lab/other' is not allowed; expected null or "
+                                          r"'lab/tiny-writers': data.name 'hf:lab/tiny-writers' names the data set$"):
+        load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", "hf:lab/tiny-writers",
+                                                            "--data.path", "lab/other"])
+    with pytest.raises(ConfigError, match=r"^config error: data.name='hf:' is not allowed"):
+        build_dataset("hf:", root=".")
+
+
+def test_the_cli_says_hf_colon_alone_in_one_line_and_exits_2(tmp_path):
+    out = run_cli("--config", str(CONF / "fedcgs_digits_tiny.yaml"), "--data.name", "hf:",
+                  "--output_dir", str(tmp_path))
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == ["fl_lightning: config error: data.name='hf:' is not allowed; expected "
+                                               "hf:<hub id or local path> (e.g. hf:uoft-cs/cifar10), or name: hf "
+                                               "with data.path"], out.stderr
