@@ -89,6 +89,8 @@ class DataConfig:
     test_split: str | None = "test"  # null: a seeded 4:1 split of train_split (split_seed), as imagefolder
     image_column: str | None = None  # null: the first Image feature, else a column named image / img
     label_column: str | None = None  # null: the first ClassLabel feature, else label / labels / fine_label / target
+    # a hub id's branch, tag or commit (the snapshot read from the cache, or fetched); null: main. Not for local paths
+    revision: str | None = None
 
     def __post_init__(self) -> None:
         from fl_lightning.data.hf import hf_shorthand
@@ -99,6 +101,8 @@ class DataConfig:
               f"one of {', '.join(DATASETS)}{_did_you_mean(str(self.name), list(DATASETS))}")
         check(self.name != "hf" or bool(self.path), "path", self.path,
               "a hub id (org/name) or a local path when name is 'hf'")
+        check(self.revision is None or (self.name == "hf" and bool(self.revision.strip())), "revision", self.revision,
+              "null, or a branch, tag or commit of the hub id in data.path (data.name: hf)")
         check(self.image_size is None or self.image_size >= 8, "image_size", self.image_size, "an int >= 8 or null")
         check(self.cache_mb >= 0, "cache_mb", self.cache_mb, "an int >= 0 (MiB; 0: no cache)")
         check(self.batch_size >= 1, "batch_size", self.batch_size, "an int >= 1")
@@ -396,7 +400,8 @@ _ADDED_KEYS: dict[str, dict[str, Any]] = {
     "federation": {"matmul_precision": "highest", "deterministic": False,  # torch's defaults, which ran then
                    "privacy": {"mechanism": "off"}},  # no differential privacy before it existed
     # Hugging Face data sets, natural and Flower partitions: every earlier run ran with none of them
-    "data": {"path": None, "train_split": "train", "test_split": "test", "image_column": None, "label_column": None},
+    "data": {"path": None, "train_split": "train", "test_split": "test", "image_column": None, "label_column": None,
+             "revision": None},
     "partition": {"by": None, "convention": "fl_lightning", "flower_shuffle_seed": None},
 }
 

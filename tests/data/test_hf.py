@@ -259,3 +259,63 @@ def test_the_cli_says_hf_colon_alone_in_one_line_and_exits_2(tmp_path):
     assert out.stderr.strip().splitlines() == ["fl_lightning: config error: data.name='hf:' is not allowed; expected "
                                                "hf:<hub id or local path> (e.g. hf:uoft-cs/cifar10), or name: hf "
                                                "with data.path"], out.stderr
+
+
+@pytest.fixture
+def versioned(saved, hf_cache):
+    """``lab/versioned`` with two snapshots in the cache: main (the tiny data set) and tag v2 (labels shifted)."""
+    repo = hf_cache / "datasets--lab--versioned"
+    if not repo.exists():
+        other = _tables()
+        other["train"] = other["train"].map(lambda r: {"label": (r["label"] + 1) % 3})
+        for commit, data in (("c" * 40, _tables()), ("d" * 40, other)):
+            (repo / "snapshots" / commit / "data").mkdir(parents=True)
+            for split in data:
+                data[split].to_parquet(str(repo / "snapshots" / commit / "data" / f"{split}-00000-of-00001.parquet"))
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text("c" * 40)
+        (repo / "refs" / "v2").write_text("d" * 40)
+    return "lab/versioned"
+
+
+def test_data_revision_picks_the_hub_snapshot_and_enters_the_fingerprint(versioned):
+    main = _build(versioned)
+    v2 = _build(versioned, revision="v2")
+    by_commit = _build(versioned, revision="d" * 40)
+    np.testing.assert_array_equal(main.train_targets, np.arange(N_TRAIN) % 3)
+    np.testing.assert_array_equal(v2.train_targets, (np.arange(N_TRAIN) + 1) % 3)
+    np.testing.assert_array_equal(by_commit.train_targets, v2.train_targets)
+    assert len({main.fingerprint, v2.fingerprint, by_commit.fingerprint}) == 3  # the revision is part of it
+    assert _build(versioned, revision="main").fingerprint != main.fingerprint  # named, though the same snapshot
+    assert _build(f"{versioned}@v2").fingerprint != main.fingerprint  # data.path org/name@rev reads v2 too
+    np.testing.assert_array_equal(_build(f"{versioned}@v2").train_targets, v2.train_targets)
+
+
+def test_a_revision_without_its_snapshot_and_a_revision_of_a_local_path_are_one_line(saved, versioned):
+    with pytest.raises(MissingResourceError) as info:
+        _build(versioned, revision="v9")
+    text = str(info.value)
+    assert "\n" not in text and text.startswith("data.path='lab/versioned' at revision 'v9' is not in the Hugging Face")
+    assert "`hf download lab/versioned --repo-type dataset --revision v9`" in text
+    with pytest.raises(ConfigError, match=r"^config error: data.revision='v2' is not allowed; expected null for the "
+                                          r"local path '.*disk' \(a revision picks a snapshot of a hub id"):
+        _build(saved["disk"], revision="v2")
+    with pytest.raises(ConfigError, match="one revision: '@v2' in the id or the revision key 'v3'"):
+        _build(f"{versioned}@v2", revision="v3")
+
+
+def test_data_revision_in_the_config_and_the_preflight(saved, versioned):
+    from fl_lightning.preflight import check_data
+
+    def cfg(*extra):
+        return load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", f"hf:{versioned}", *extra])
+
+    assert cfg().data.revision is None and hf_source(cfg("--data.revision", "v2").data).revision == "v2"
+    check_data(cfg("--data.revision", "v2"))
+    with pytest.raises(MissingResourceError, match=r"^data.path='lab/versioned' at revision 'v9' is not in"):
+        check_data(cfg("--data.revision", "v9"))
+    with pytest.raises(ConfigError, match=r"data.revision='v2' is not allowed; expected null for the local path"):
+        check_data(load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", f"hf:{saved['disk']}",
+                                                                       "--data.revision", "v2"]))
+    with pytest.raises(ConfigError, match=r"data.revision='v2' is not allowed; expected null, or a branch"):
+        load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.revision", "v2"])  # digits has no revisions
