@@ -141,9 +141,10 @@ def test_hub_id_not_in_the_cache_is_one_line_with_the_fetch_command(hf_cache):
     assert "`hf download lab/not-there --repo-type dataset`" in text and "data.download: true" in text
 
 
-def test_config_keys_and_natural_partition(saved, hf_cache):
+@pytest.mark.parametrize("form", ["disk", "parquet"])
+def test_config_keys_and_natural_partition(saved, hf_cache, form):
     cfg = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), [
-        "--data.name", "hf", "--data.path", str(saved["disk"]), "--partition.scheme", "natural",
+        "--data.name", "hf", "--data.path", str(saved[form]), "--partition.scheme", "natural",
         "--partition.by", "writer", "--partition.num_clients", "3"])
     splits = build_dataset("hf", root=".", source=hf_source(cfg.data))
     parts = partition_for(cfg, splits.train_targets, splits.train_column)

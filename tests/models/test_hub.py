@@ -81,9 +81,12 @@ def test_tiny_stable_diffusion_found_by_hub_id(cache):
     save_diffusion(tiny, snapshot / "tmp")
     for part in (snapshot / "tmp").iterdir():
         shutil.move(str(part), snapshot / part.name)
-    loaded = load_diffusion("lab/tiny-sd")
-    for ours, theirs in zip(loaded.unet.parameters(), tiny.unet.parameters()):
-        torch.testing.assert_close(ours, theirs)
+    for value in ("lab/tiny-sd", f"lab/tiny-sd@{COMMIT}"):  # main, and the same snapshot by its commit
+        loaded = load_diffusion(value)
+        for ours, theirs in zip(loaded.unet.parameters(), tiny.unet.parameters()):
+            torch.testing.assert_close(ours, theirs)
+    with pytest.raises(MissingResourceError, match=r"diffusion_path='lab/tiny-sd@v2' at revision 'v2' is not in"):
+        load_diffusion("lab/tiny-sd@v2")
 
 
 def test_missing_weight_is_one_line_naming_id_place_and_command(cache):
