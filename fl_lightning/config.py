@@ -63,7 +63,7 @@ def _check_seed(key: str, value: int) -> None:
 
 @dataclass
 class DataConfig:
-    name: str = "digits"  # a name in fl_lightning.data.registry.DATASETS, the one list of data sets
+    name: str = "digits"  # a name in fl_lightning.data.registry.DATASETS, the one list of data sets; hf:<id> = hf + path
     root: str = "data"  # datasets are looked for here (torchvision layout; imagefolder: the folder)
     download: bool = False  # opt-in: only on machines that can reach the dataset hosts
     image_size: int | None = None  # None: the backbone's input size
@@ -87,14 +87,20 @@ class DataConfig:
     test_split: str | None = "test"  # null: a seeded 4:1 split of train_split (split_seed), as imagefolder
     image_column: str | None = None  # null: the first Image feature, else a column named image / img
     label_column: str | None = None  # null: the first ClassLabel feature, else label / labels / fine_label / target
+    # a hub id's branch, tag or commit (the snapshot read from the cache, or fetched); null: main. Not for local paths
+    revision: str | None = None
 
     def __post_init__(self) -> None:
+        from fl_lightning.data.hf import hf_shorthand
         from fl_lightning.data.registry import DATASETS
 
+        self.name, self.path = hf_shorthand(self.name, self.path)  # hf:<id> is name: hf, path: <id> from here on
         check(self.name in DATASETS, "name", self.name,
               f"one of {', '.join(DATASETS)}{did_you_mean(str(self.name), list(DATASETS))}")
         check(self.name != "hf" or bool(self.path), "path", self.path,
               "a hub id (org/name) or a local path when name is 'hf'")
+        check(self.revision is None or (self.name == "hf" and bool(self.revision.strip())), "revision", self.revision,
+              "null, or a branch, tag or commit of the hub id in data.path (data.name: hf)")
         check(self.image_size is None or self.image_size >= 8, "image_size", self.image_size, "an int >= 8 or null")
         check(self.cache_mb >= 0, "cache_mb", self.cache_mb, "an int >= 0 (MiB; 0: no cache)")
         check(self.batch_size >= 1, "batch_size", self.batch_size, "an int >= 1")

@@ -58,7 +58,8 @@ _ADDED_KEYS: dict[str, dict[str, Any]] = {
     "federation": {"matmul_precision": "highest", "deterministic": False,  # torch's defaults, which ran then
                    "privacy": {"mechanism": "off"}},  # no differential privacy before it existed
     # Hugging Face data sets, natural and Flower partitions: every earlier run ran with none of them
-    "data": {"path": None, "train_split": "train", "test_split": "test", "image_column": None, "label_column": None},
+    "data": {"path": None, "train_split": "train", "test_split": "test", "image_column": None, "label_column": None,
+             "revision": None},
     "partition": {"by": None, "convention": "fl_lightning", "flower_shuffle_seed": None},
 }
 

@@ -141,6 +141,8 @@ def parse_overrides(overrides: list[str]) -> dict:
             raise UsageError(f"usage error: --{key} holds {err.what}; write the values out") from None
         except RecursionError:
             raise UsageError(f"usage error: --{key} is nested too deeply to be a config value") from None
+        if isinstance(value, dict) and not any(c.isspace() or c in "{}" for c in raw.strip()):
+            value = raw  # "hf:" (a word and a colon) is that string on a command line, not the mapping {hf: null}
         node = tree
         parts = key.split(".")
         for part in parts[:-1]:

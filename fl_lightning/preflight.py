@@ -206,12 +206,18 @@ def check_data(cfg: RunConfig) -> None:
         MissingResourceError: one line naming ``data.path``, where it looked and the command that fetches it.
     """
     d = cfg.data
-    if d.name != "hf" or d.download or not d.path or os.path.exists(os.path.expanduser(d.path)):
+    if d.name != "hf" or not d.path:
+        return
+    if os.path.exists(os.path.expanduser(d.path)):
+        if d.revision is not None:
+            raise ConfigError("data.revision", d.revision, f"null for the local path '{d.path}' (a revision picks a "
+                              f"snapshot of a hub id; a folder or file on disk is one version)")
         return
     from fl_lightning.models.hub import hub_snapshot, looks_like_hub_id
 
-    if looks_like_hub_id(d.path):
-        hub_snapshot(d.path, repo_type="dataset", download=False, key="data.path", download_key="data.download")
+    if not d.download and looks_like_hub_id(d.path):
+        hub_snapshot(d.path, repo_type="dataset", download=False, key="data.path", download_key="data.download",
+                     revision=d.revision)
 
 
 def check_model(cfg: RunConfig) -> None:

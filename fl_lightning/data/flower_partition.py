@@ -2,15 +2,17 @@
 
 ``partition.convention: flower`` gives a run the very clients of a Flower baseline, so that our numbers
 sit beside theirs on the same data. Each function reproduces one partitioner of
-``flwr_datasets.partitioner`` index for index (tested against flwr-datasets 0.6.1 on generated data):
+``flwr_datasets.partitioner`` index for index (tested against partitions flwr-datasets 0.6.1 itself made on
+generated data, ``tests/data/fixtures/flower_partitions.json``):
 
 * :func:`flower_dirichlet_partition` — ``DirichletPartitioner`` (Yurochkin et al. 2019, "Bayesian
   Nonparametric Federated Learning of Neural Networks", as Flower implements it): for each label in sorted
   order draw q ~ Dir(alpha · 1_K) from the partitioner's own ``default_rng(seed)``; with
   ``self_balancing`` set q_k = 0 for every partition already holding MORE than N/K samples and
-  renormalise; split the label's indices, in ascending order, at ``int(cumsum(q) · n_c)``. The whole
-  draw is repeated while a partition holds fewer than ``min_partition_size`` samples, at most 10 times
-  after the first (Flower's limit; then it gives up).
+  renormalise by their left-to-right sum (as Python's ``sum`` adds Flower's dict values); split the
+  label's indices, in ascending order, at ``int(cumsum(q) · n_c)``. The whole draw is repeated while a
+  partition holds fewer than ``min_partition_size`` samples, at most 10 times after the first (Flower's
+  limit; then it gives up).
 * :func:`flower_iid_partition` — ``IidPartitioner``: ``Dataset.shard(K, k, contiguous=True)``, i.e.
   contiguous near-equal blocks of the rows, the first ``N mod K`` one longer. No shuffling of its own.
 * ``NaturalIdPartitioner`` — one partition per value of a column, values in sorted order: that is
@@ -23,8 +25,9 @@ Where we depart from Flower (each only where Flower would fail or where our orde
 
 * Each client's indices are returned sorted; Flower's ``shuffle=True`` permutes the order inside each
   partition (the same samples: our loaders shuffle every epoch anyway).
-* With self-balancing, when every partition is above the average Flower divides 0 by 0 and its cut is
-  undefined (NaN cast to int); we raise a ``ValueError`` naming the case instead.
+* With self-balancing, when the draw gives exactly 0 (an underflow at a tiny alpha) to every partition
+  still at or below the average, Flower divides by 0 and its cut is undefined (NaN cast to int); we raise a
+  ``ValueError`` naming the case instead. (Some partition is always at or below the average.)
 * Flower warns on every re-draw; we re-draw silently and, after the last, raise the
   :class:`~fl_lightning.errors.UsageError` of our own partitioner (which keys to change).
 """
@@ -87,10 +90,13 @@ def flower_dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: floa
             q = rng.dirichlet(concentration)
             if self_balancing:
                 q = np.where(sizes > average, 0.0, q)
-                if q.sum() <= 0:
-                    raise ValueError("self-balancing: every partition already holds more than N/K samples "
-                                     "(Flower's cut is undefined here); use fewer clients or no balancing")
-                q = q / q.sum()
+                # Flower's sum() over its dict adds left to right; q.sum() adds pairwise (8 lanes from K = 8 on),
+                # which can differ in the last bit and move a cut by one sample. cumsum adds left to right.
+                total = np.cumsum(q)[-1]
+                if not total > 0:
+                    raise ValueError("self-balancing: the Dirichlet draw gave 0 to every partition still at or "
+                                     "below N/K (Flower's cut is undefined here); use a larger alpha or no balancing")
+                q = q / total
             cuts = (np.cumsum(q) * idx.size).astype(int)[:-1]
             for k, piece in enumerate(np.split(idx, cuts)):
                 parts[k].append(piece)

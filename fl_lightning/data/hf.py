@@ -11,8 +11,9 @@ local one — no request is made unless ``download`` is true, whatever the envir
 Rows are read through the ``datasets`` library (memory-mapped Arrow): building the splits reads only
 the label column; an image is decoded when its item is read, converted to RGB and passed through the
 split's transform, so the preprocessed cache and the feature cache apply as to every data set. The
-splits carry a fingerprint (the ``datasets`` fingerprints of both splits and the columns used), which
-is part of the feature cache's key.
+splits carry a fingerprint (the ``datasets`` fingerprints of both splits, the columns used, where it was read
+from and ``data.revision``), which is part of the feature cache's key. ``data.revision`` (a branch, tag or
+commit) picks a hub id's snapshot, as ``datasets.load_dataset(..., revision=)`` would.
 
 Columns: ``data.image_column`` (default: the first ``Image`` feature, else a column named ``image`` or
 ``img``) and ``data.label_column`` (default: the first ``ClassLabel`` feature, else an integer or string
@@ -37,7 +38,10 @@ from torch.utils.data import Dataset
 
 from fl_lightning.errors import ConfigError, MissingResourceError, UsageError
 
-__all__ = ["HFSource", "HFImages", "build_hf_dataset", "column_values", "datasets_cache_dir"]
+__all__ = ["HF_PREFIX", "HFSource", "HFImages", "build_hf_dataset", "column_values", "datasets_cache_dir",
+           "hf_shorthand"]
+
+HF_PREFIX = "hf:"  # data.name: hf:<id> is name: hf with path: <id>
 
 _IMAGE_NAMES = ("image", "img", "picture")
 _LABEL_NAMES = ("label", "labels", "fine_label", "target", "class")
@@ -55,6 +59,8 @@ class HFSource:
             ``train_split`` (stratified by class).
         image_column: the images; None: found from the features.
         label_column: the integer or string labels; None: found from the features.
+        revision: for a hub id, the branch, tag or commit of the dataset repository to read (None: ``main``);
+            a local path is one version already, so a revision beside one is an error.
     """
 
     path: str | None = None
@@ -62,6 +68,29 @@ class HFSource:
     test_split: str | None = "test"
     image_column: str | None = None
     label_column: str | None = None
+    revision: str | None = None
+
+
+def hf_shorthand(name: str, path: str | None, *, key_prefix: str = "") -> tuple[str, str | None]:
+    """``data.name: hf:<id>`` read as ``name: hf`` with ``path: <id>`` (a hub id or a local path); any other
+    name is returned as it is, with ``path``.
+
+    Args:
+        name, path: the ``data.name`` and ``data.path`` values.
+        key_prefix: put before the keys in an error (``"data."``; a config section adds its own).
+
+    Raises:
+        ConfigError: ``hf:`` with nothing after it, or a ``path`` naming another data set than the name does.
+    """
+    if not isinstance(name, str) or not name.startswith(HF_PREFIX):
+        return name, path
+    target = name[len(HF_PREFIX):].strip()
+    if not target:
+        raise ConfigError(f"{key_prefix}name", name, "hf:<hub id or local path> (e.g. hf:uoft-cs/cifar10), "
+                          "or name: hf with data.path")
+    if path and path != target:
+        raise ConfigError(f"{key_prefix}path", path, f"null or {target!r}: data.name {name!r} names the data set")
+    return "hf", target
 
 
 def datasets_cache_dir() -> str:
@@ -107,6 +136,9 @@ def _load(source: HFSource, download: bool) -> tuple[Any, str]:
         raise ConfigError("data.path", source.path, "a hub id (org/name) or a local path when data.name is 'hf'")
     local = Path(source.path).expanduser()
     if local.exists():
+        if source.revision is not None:
+            raise ConfigError("data.revision", source.revision, f"null for the local path '{source.path}' (a revision "
+                              f"picks a snapshot of a hub id; a folder or file on disk is one version)")
         return _load_local(local, download), str(local.resolve())
     from fl_lightning.models.hub import hub_snapshot, looks_like_hub_id
 
@@ -115,7 +147,7 @@ def _load(source: HFSource, download: bool) -> tuple[Any, str]:
                                    f"written by save_to_disk, or .parquet / .arrow files")
 
     folder = hub_snapshot(source.path, repo_type="dataset", download=download, key="data.path",
-                          download_key="data.download")
+                          download_key="data.download", revision=source.revision)
     return _load_local(Path(folder), download), folder
 
 
@@ -279,10 +311,11 @@ def build_hf_dataset(source: HFSource, *, download: bool, train_transform: Any, 
         train_rows, test_rows = _split_4_to_1(train_targets, seed)
         test_table, test_targets = train_table, train_targets[test_rows]
         train_targets = train_targets[train_rows]
-    fingerprint = hashlib.sha256(json.dumps({
-        "where": where, "train": [source.train_split, train_table._fingerprint],
-        "test": [source.test_split, test_table._fingerprint], "image": image_column, "label": label_column,
-    }).encode()).hexdigest()
+    identity = {"where": where, "train": [source.train_split, train_table._fingerprint],
+                "test": [source.test_split, test_table._fingerprint], "image": image_column, "label": label_column}
+    if source.revision is not None:  # absent at main: the fingerprints (and feature caches) made before it stay valid
+        identity["revision"] = source.revision
+    fingerprint = hashlib.sha256(json.dumps(identity).encode()).hexdigest()
     splits = DatasetSplits(
         HFImages(table=train_table, image_column=image_column, rows=train_rows, targets=train_targets,
                  transform=train_transform, where=where),

@@ -40,7 +40,7 @@ import os
 import shutil
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -51,7 +51,7 @@ from torch.utils.data import ConcatDataset, Dataset, Subset
 from torchvision import datasets
 from torchvision.datasets import ImageFolder
 
-from fl_lightning.data.hf import HFSource
+from fl_lightning.data.hf import HF_PREFIX, HFSource, hf_shorthand
 from fl_lightning.errors import ConfigError, MissingResourceError, UsageError
 
 __all__ = [
@@ -167,7 +167,7 @@ def build_dataset(
     """Build the train/test splits of a registered data set.
 
     Args:
-        name: a key of :data:`DATASETS`.
+        name: a key of :data:`DATASETS`, or ``hf:<id>`` (``hf`` with ``source.path`` ``<id>``).
         root: folder holding the data set (ignored by ``digits`` and ``synthetic``).
         download: let torchvision download a missing data set into ``root``.
         train_transform: applied to each training image (e.g. ``build_transform(train=True)``).
@@ -185,6 +185,9 @@ def build_dataset(
         ConfigError: unknown ``name`` or a bad ``num_samples``.
         MissingResourceError: the data set's files are not under ``root``.
     """
+    if isinstance(name, str) and name.startswith(HF_PREFIX):  # hf:<id> is hf with source.path <id>
+        name, path = hf_shorthand(name, None if source is None else source.path, key_prefix="data.")
+        source = replace(source or HFSource(), path=path)
     if name not in DATASETS:
         raise ConfigError("data.name", name, f"one of {sorted(DATASETS)}")
     if num_samples is not None and (

@@ -103,7 +103,7 @@ def partition_for(cfg: RunConfig, targets: np.ndarray,
 def hf_source(data: DataConfig) -> HFSource:
     """The ``data.*`` keys a Hugging Face data set reads (``data.name: hf``)."""
     return HFSource(path=data.path, train_split=data.train_split, test_split=data.test_split,
-                    image_column=data.image_column, label_column=data.label_column)
+                    image_column=data.image_column, label_column=data.label_column, revision=data.revision)
 
 
 def _flower_partition(cfg: RunConfig, targets: np.ndarray, groups: np.ndarray | None) -> list[np.ndarray]:

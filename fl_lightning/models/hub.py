@@ -7,6 +7,10 @@ no request is made. Only with ``download`` (``data.download`` / ``model.download
 fetched into that cache. What is not there is one :class:`~fl_lightning.errors.MissingResourceError`
 line naming the id, where it looked and the command that fetches it. The library never sets
 ``HF_HUB_OFFLINE`` itself: being offline is decided per call.
+
+A hub id may carry a **revision**: ``org/name@<branch, tag or commit>`` reads that snapshot of the cache
+(``refs/<branch or tag>``, or ``snapshots/<commit>``) instead of ``main`` — every weight key takes it, and a
+data set's ``data.revision`` is passed here the same way (:func:`hub_snapshot`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 from fl_lightning.errors import MissingResourceError
 
 __all__ = ["WEIGHT_FILES", "hub_cache_dir", "hub_snapshot", "resolve_local_or_hub", "resolve_weights_file",
-           "looks_like_hub_id", "fetch_command", "hub_cached", "missing_weights_phrase"]
+           "looks_like_hub_id", "fetch_command", "hub_cached", "missing_weights_phrase", "split_revision"]
 
 #: The weights file a folder (or a hub snapshot) is read from, best first: timm's, open_clip's, transformers'.
 WEIGHT_FILES = ("model.safetensors", "open_clip_model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin",
@@ -39,25 +43,46 @@ def hub_cache_dir(cache_dir: str | None = None) -> str:
     return constants.HF_HUB_CACHE
 
 
+def split_revision(value: str) -> tuple[str, str | None]:
+    """``org/name@rev`` → ``("org/name", "rev")``; a value without ``@`` → ``(value, None)``."""
+    repo_id, sep, revision = value.rpartition("@")
+    return (repo_id, revision) if sep and repo_id and revision and "/" not in revision else (value, None)
+
+
 def looks_like_hub_id(value: str) -> bool:
-    """``name`` or ``org/name`` (no leading ``/``, ``.`` or ``~``, no file suffix): what the hub could hold."""
+    """``name`` or ``org/name``, optionally ``@revision`` (no leading ``/``, ``.`` or ``~``, no file suffix):
+    what the hub could hold."""
+    value = split_revision(value)[0]
     parts = value.split("/")
     return (not value.startswith((".", "/", "~")) and 1 <= len(parts) <= 2 and all(parts)
             and not any(p.endswith((".parquet", ".arrow", ".pt", ".pth", ".bin", ".safetensors")) for p in parts))
 
 
-def fetch_command(repo_id: str, repo_type: str = "model") -> str:
-    """The shell command that puts ``repo_id`` into the hub cache on a machine with internet."""
+def fetch_command(repo_id: str, repo_type: str = "model", revision: str | None = None) -> str:
+    """The shell command that puts ``repo_id`` (at ``revision``) into the hub cache on a machine with internet."""
+    repo_id, given = split_revision(repo_id)
+    revision = revision or given
     kind = f" --repo-type {repo_type}" if repo_type != "model" else ""
-    return f"hf download {repo_id}{kind}"
+    return f"hf download {repo_id}{kind}" + (f" --revision {revision}" if revision else "")
+
+
+def _with_revision(repo_id: str, revision: str | None, key: str) -> tuple[str, str | None]:
+    """The bare id and the revision, from ``org/name@rev`` or the ``revision`` argument (not both, unless equal)."""
+    bare, given = split_revision(repo_id)
+    if given and revision and given != revision:
+        from fl_lightning.errors import ConfigError
+
+        raise ConfigError(key, repo_id, f"one revision: '@{given}' in the id or the revision key {revision!r}, not both")
+    return bare, revision or given
 
 
 def hub_snapshot(repo_id: str, *, repo_type: str = "model", download: bool, key: str, download_key: str,
-                 cache_dir: str | None = None) -> str:
+                 cache_dir: str | None = None, revision: str | None = None) -> str:
     """The local snapshot folder of ``repo_id`` in the hub cache (fetched first only when ``download``).
 
     Args:
-        repo_id: ``org/name``.
+        repo_id: ``org/name``, or ``org/name@revision``.
+        revision: a branch, tag or commit (None: ``main``, or the id's ``@revision``).
         repo_type: ``'model'`` or ``'dataset'``.
         download: fetch a missing snapshot into the cache.
         key: the config key that named it (for the message).
@@ -70,23 +95,28 @@ def hub_snapshot(repo_id: str, *, repo_type: str = "model", download: bool, key:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
+    named = repo_id
+    repo_id, revision = _with_revision(repo_id, revision, key)
     cache = hub_cache_dir(cache_dir)
     where = os.path.join(cache, f"{repo_type}s--{repo_id.replace('/', '--')}")
+    at = f" at revision {revision!r}" if revision else ""
+    fetch = fetch_command(repo_id, repo_type, revision)
     try:
-        return snapshot_download(repo_id, repo_type=repo_type, cache_dir=cache, local_files_only=not download)
+        return snapshot_download(repo_id, repo_type=repo_type, cache_dir=cache, local_files_only=not download,
+                                 revision=revision)
     except LocalEntryNotFoundError:
         if download:  # asked to fetch, yet the library found nothing to fetch from
-            raise MissingResourceError(f"{key}={repo_id!r} could not be downloaded into {cache} (no connection to "
+            raise MissingResourceError(f"{key}={named!r}{at} could not be downloaded into {cache} (no connection to "
                                        f"the hub?); on a machine with internet run "
-                                       f"`{fetch_command(repo_id, repo_type)}` and copy {where} here") from None
-        raise MissingResourceError(f"{key}={repo_id!r} is not in the Hugging Face cache (looked in {where}; "
-                                   f"downloading is off): run `{fetch_command(repo_id, repo_type)}` on a machine "
+                                       f"`{fetch}` and copy {where} here") from None
+        raise MissingResourceError(f"{key}={named!r}{at} is not in the Hugging Face cache (looked in {where}; "
+                                   f"downloading is off): run `{fetch}` on a machine "
                                    f"with internet (and copy the cache here), set {download_key}: true, or give a "
                                    f"local path") from None
     except (HfHubHTTPError, OSError, ValueError) as err:  # unknown repo, gated, no network ...
         reason = " ".join(str(err).split())[:200] or type(err).__name__
-        raise MissingResourceError(f"{key}={repo_id!r} could not be fetched into {cache} ({reason}); run "
-                                   f"`{fetch_command(repo_id, repo_type)}` on a machine with internet, or give a "
+        raise MissingResourceError(f"{key}={named!r}{at} could not be fetched into {cache} ({reason}); run "
+                                   f"`{fetch}` on a machine with internet, or give a "
                                    f"local path") from None
 
 
@@ -139,12 +169,15 @@ def resolve_weights_file(value: str, *, download: bool, key: str = "model.checkp
 
 
 def hub_cached(repo_id: str, *, repo_type: str = "model", cache_dir: str | None = None) -> bool:
-    """Whether a snapshot of ``repo_id`` is in the hub cache (no request is made)."""
+    """Whether a snapshot of ``repo_id`` (``org/name@revision``: that revision's) is in the hub cache (no request
+    is made)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
+    repo_id, revision = split_revision(repo_id)
     try:
-        snapshot_download(repo_id, repo_type=repo_type, cache_dir=hub_cache_dir(cache_dir), local_files_only=True)
+        snapshot_download(repo_id, repo_type=repo_type, cache_dir=hub_cache_dir(cache_dir), local_files_only=True,
+                          revision=revision)
     except (LocalEntryNotFoundError, OSError, ValueError):
         return False
     return True
@@ -170,6 +203,6 @@ def missing_weights_phrase(value: str, *, key: str, what: str, download: bool, f
         return None
     if hub_cached(value):
         return None
-    where = os.path.join(hub_cache_dir(), f"models--{value.replace('/', '--')}")
+    where = os.path.join(hub_cache_dir(), f"models--{split_revision(value)[0].replace('/', '--')}")
     return (f"{key}={value} ({what}; not in the Hugging Face cache, looked in {where}: run `{fetch_command(value)}` "
             f"on a machine with internet, or set model.download: true)")

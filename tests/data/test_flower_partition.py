@@ -1,10 +1,16 @@
 """partition.convention: flower gives flwr-datasets' partitions index for index.
 
-Against flwr-datasets itself when it is installed (the optional extra ``flower``), and always against a
-line-by-line transcription of its DirichletPartitioner loop (flwr_datasets/partitioner/dirichlet_partitioner.py,
-0.6.1) and against ``datasets.Dataset.shuffle`` / ``shard`` for FederatedDataset's shuffle and IidPartitioner."""
+The truth is ``tests/data/fixtures/flower_partitions.json``: partitions that flwr-datasets itself made
+(``scripts/make_flower_fixtures.py``, run in a venv holding flwr-datasets; its version is in the file) on
+small generated tables through ``FederatedDataset`` — DirichletPartitioner with and without
+self-balancing, with re-draws and giving up, IidPartitioner, NaturalIdPartitioner, each with and without
+FederatedDataset's shuffle. These tests need neither flwr-datasets nor its ``datasets``; where
+flwr-datasets is installed, ``scripts/make_flower_fixtures.py --check`` says whether it still makes them."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,62 +20,88 @@ from fl_lightning.data.flower_partition import flower_dirichlet_partition, flowe
 from fl_lightning.data.partition import natural_partition, read_partition_json, write_partition_json
 from fl_lightning.errors import ConfigError, UsageError
 from fl_lightning.federation.simulation import partition_for
-from tests.conftest import CONF
+from tests.conftest import CONF, REPO
 
-CASES = [  # (num_clients, alpha, min_partition_size, self_balancing, seed)
-    (5, 0.5, 10, False, 42), (8, 0.1, 0, False, 0), (6, 1.0, 5, True, 7), (10, 0.3, 2, True, 42),
-]
-
-
-def _labels(n: int = 600, classes: int = 7, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, classes, n)
+FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "flower_partitions.json").read_text())
+CASES = FIXTURE["cases"]
 
 
-def _flower_reference(targets, num_partitions, alpha, min_partition_size, self_balancing, seed):
-    """DirichletPartitioner._determine_partition_id_to_indices_if_needed, transcribed (dicts and lists kept)."""
-    rng = np.random.default_rng(seed=seed)
-    alpha = np.array([float(alpha)], dtype=float).repeat(num_partitions)
-    unique_classes = sorted(set(targets.tolist()))
-    avg = len(targets) / num_partitions
-    sampling_try = 0
-    while True:
-        pid_to_indices = {nid: [] for nid in range(num_partitions)}
-        for k in unique_classes:
-            idx_k = np.nonzero(targets == k)[0]
-            props = rng.dirichlet(alpha)
-            nid_to_prop = {nid: props[nid] for nid in range(num_partitions)}
-            if self_balancing:
-                for nid in nid_to_prop.copy():
-                    if len(pid_to_indices[nid]) > avg:
-                        nid_to_prop[nid] = 0
-                total = sum(nid_to_prop.values())
-                for nid, prop in nid_to_prop.copy().items():
-                    nid_to_prop[nid] = prop / total
-            cuts = (np.cumsum(list(nid_to_prop.values())) * len(idx_k)).astype(int)[:-1]
-            for nid, piece in enumerate(np.split(idx_k, cuts)):
-                pid_to_indices[nid].extend(piece.tolist())
-        if min(len(v) for v in pid_to_indices.values()) >= min_partition_size:
-            break
-        if sampling_try == 10:
-            raise ValueError("The max number of attempts (10) was reached.")
-        sampling_try += 1
-    return [sorted(pid_to_indices[k]) for k in range(num_partitions)]
+def _case_id(case: dict) -> str:
+    keys = ("num_partitions", "alpha", "min_partition_size", "self_balancing", "seed", "shuffle_seed")
+    return "-".join([case["partitioner"], case["data"]] + [f"{k}={case[k]}" for k in keys if k in case])
 
 
-@pytest.mark.parametrize("k, alpha, min_size, balance, seed", CASES)
-def test_dirichlet_matches_the_transcribed_flower_loop(k, alpha, min_size, balance, seed):
-    labels = _labels()
-    ours = flower_dirichlet_partition(labels, k, alpha, seed=seed, min_partition_size=min_size,
-                                      self_balancing=balance)
-    assert [p.tolist() for p in ours] == _flower_reference(labels, k, alpha, min_size, balance, seed)
+def _column(case: dict, name: str) -> np.ndarray:
+    return np.asarray(FIXTURE["data"][case["data"]][name])
 
 
-def test_dirichlet_gives_up_after_flowers_ten_retries():
-    with pytest.raises(UsageError, match="after 10 re-draws"):
-        flower_dirichlet_partition(_labels(60, 3), 20, 0.01, seed=0, min_partition_size=3)
+def _overrides(case: dict) -> list[str]:
+    """The config that says what the case's Flower code says (docs/data_and_weights.md, the table)."""
+    shuffle = case["shuffle_seed"]
+    out = ["--partition.convention", "flower",
+           "--partition.flower_shuffle_seed", "null" if shuffle is None else str(shuffle)]
+    if case["partitioner"] == "dirichlet":
+        return out + ["--partition.scheme", "dirichlet", "--partition.num_clients", str(case["num_partitions"]),
+                      "--partition.alpha", str(case["alpha"]), "--partition.min_samples", str(case["min_partition_size"]),
+                      "--partition.balance", str(case["self_balancing"]).lower(), "--partition.seed", str(case["seed"])]
+    if case["partitioner"] == "iid":
+        return out + ["--partition.scheme", "iid", "--partition.num_clients", str(case["num_partitions"])]
+    values = np.unique(_column(case, case["partition_by"])).size  # NaturalIdPartitioner: one partition per value
+    return out + ["--partition.scheme", "natural", "--partition.by", case["partition_by"],
+                  "--partition.num_clients", str(values)]
 
 
-def test_iid_and_preshuffle_match_datasets():
+def test_the_fixture_was_made_by_flwr_datasets_and_covers_every_partitioner():
+    assert FIXTURE["versions"]["flwr_datasets"] == "0.6.1"
+    kinds = {(c["partitioner"], c.get("self_balancing"), c["shuffle_seed"] is None, "redraws" in c, "error" in c)
+             for c in CASES}
+    for needed in [("dirichlet", False, True, False, False), ("dirichlet", True, True, False, False),
+                   ("dirichlet", False, False, True, False), ("dirichlet", True, True, True, False),
+                   ("dirichlet", False, True, False, True), ("iid", None, True, False, False),
+                   ("iid", None, False, False, False), ("natural_id", None, False, False, False)]:
+        assert needed in kinds, needed
+    assert (REPO / "tests" / "data" / "fixtures" / "flower_partitions.json").stat().st_size < 200_000
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_config_convention_flower_equals_flwr_datasets(case):
+    """The whole path a run takes (config -> partition_for) gives Flower's partitions, in our row indices."""
+    cfg = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), _overrides(case))
+    labels = _column(case, "label")
+    if "error" in case:  # Flower: "The max number of attempts (10) was reached."
+        with pytest.raises(UsageError, match="after 10 re-draws"):
+            partition_for(cfg, labels, lambda name: _column(case, name))
+        return
+    parts = partition_for(cfg, labels, lambda name: _column(case, name))
+    assert [p.tolist() for p in parts] == [sorted(p) for p in case["partitions"]]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c["shuffle_seed"] is None and "error" not in c], ids=_case_id)
+def test_the_functions_equal_flwr_datasets_partitioners(case):
+    """Without FederatedDataset's shuffle each function alone is the partitioner (partition k is Flower's k)."""
+    theirs = [sorted(p) for p in case["partitions"]]
+    if case["partitioner"] == "dirichlet":
+        ours = flower_dirichlet_partition(_column(case, "label"), case["num_partitions"], case["alpha"],
+                                          seed=case["seed"], min_partition_size=case["min_partition_size"],
+                                          self_balancing=case["self_balancing"])
+    elif case["partitioner"] == "iid":
+        ours = flower_iid_partition(len(_column(case, "label")), case["num_partitions"])
+        assert case["partitions"] == theirs  # IidPartitioner keeps the rows' order: contiguous blocks
+    else:
+        writers = _column(case, case["partition_by"])
+        ours = natural_partition(writers, np.unique(writers).size)
+    assert [p.tolist() for p in ours] == theirs
+
+
+def test_preshuffle_is_federated_datasets_shuffle():
+    """An IID case after FederatedDataset(shuffle=True, seed=s): its blocks, in order, are the permutation."""
+    for case in [c for c in CASES if c["partitioner"] == "iid" and c["shuffle_seed"] is not None]:
+        n = len(_column(case, "label"))
+        flat = [i for part in case["partitions"] for i in part]
+        assert flat == flower_preshuffle(n, case["shuffle_seed"]).tolist()
+
+
+def test_iid_and_preshuffle_match_the_installed_datasets():
     datasets = pytest.importorskip("datasets")
     table = datasets.Dataset.from_dict({"i": list(range(103))})
     assert [p.tolist() for p in flower_iid_partition(103, 10)] == [
@@ -77,15 +109,7 @@ def test_iid_and_preshuffle_match_datasets():
     np.testing.assert_array_equal(flower_preshuffle(103, 42), table.shuffle(seed=42)["i"][:])
 
 
-def test_config_convention_flower_with_federated_dataset_shuffle():
-    labels = _labels(300)
-    cfg = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), [
-        "--partition.convention", "flower", "--partition.num_clients", "6", "--partition.alpha", "0.5",
-        "--partition.min_samples", "10", "--partition.seed", "42", "--partition.flower_shuffle_seed", "42"])
-    parts = partition_for(cfg, labels)
-    order = flower_preshuffle(300, 42)  # row i of Flower's shuffled split is our row order[i]
-    expected = _flower_reference(labels[order], 6, 0.5, 10, False, 42)
-    assert [p.tolist() for p in parts] == [sorted(order[e].tolist()) for e in expected]
+def test_config_errors_of_the_flower_convention():
     with pytest.raises(ConfigError, match="partition.convention='flower'"):
         load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--partition.convention", "flower",
                                                             "--partition.scheme", "shards"])
@@ -95,49 +119,11 @@ def test_config_convention_flower_with_federated_dataset_shuffle():
 
 def test_a_flower_partition_json_is_read_back(tmp_path):
     """A Flower user's dump ``[partitioner._partition_id_to_indices[k] for k]`` (shuffled within clients)."""
-    import json
-
-    labels = _labels(200)
-    dump = [list(reversed(p)) for p in _flower_reference(labels, 4, 0.5, 1, False, 42)]
-    (tmp_path / "flower.json").write_text(json.dumps(dump))
-    parts = read_partition_json(tmp_path / "flower.json", 200)
-    assert [p.tolist() for p in parts] == _flower_reference(labels, 4, 0.5, 1, False, 42)
+    case = next(c for c in CASES if c["partitioner"] == "dirichlet" and c["shuffle_seed"] is None and "error" not in c)
+    n = len(_column(case, "label"))
+    assert case["partitions"] != [sorted(p) for p in case["partitions"]]  # Flower's order inside a partition
+    (tmp_path / "flower.json").write_text(json.dumps(case["partitions"]))
+    parts = read_partition_json(tmp_path / "flower.json", n)
+    assert [p.tolist() for p in parts] == [sorted(p) for p in case["partitions"]]
     write_partition_json(parts, tmp_path / "ours.json")
-    assert [p.tolist() for p in read_partition_json(tmp_path / "ours.json", 200)] == [p.tolist() for p in parts]
-
-
-# ---------------------------------------------------------------------------------- flwr-datasets itself
-def _table(labels, writers=None):
-    datasets = pytest.importorskip("datasets")
-    columns = {"label": labels.tolist()}
-    if writers is not None:
-        columns["writer"] = writers.tolist()
-    return datasets.Dataset.from_dict(columns)
-
-
-@pytest.mark.parametrize("k, alpha, min_size, balance, seed", CASES)
-def test_dirichlet_equals_flwr_datasets(k, alpha, min_size, balance, seed):
-    partitioner_module = pytest.importorskip("flwr_datasets.partitioner")
-    labels = _labels()
-    p = partitioner_module.DirichletPartitioner(num_partitions=k, partition_by="label", alpha=alpha,
-                                                min_partition_size=min_size, self_balancing=balance, seed=seed)
-    p.dataset = _table(labels)
-    p.load_partition(0)
-    theirs = [sorted(p._partition_id_to_indices[i]) for i in range(k)]
-    ours = flower_dirichlet_partition(labels, k, alpha, seed=seed, min_partition_size=min_size, self_balancing=balance)
-    assert [q.tolist() for q in ours] == theirs
-
-
-def test_iid_and_natural_id_equal_flwr_datasets():
-    partitioner_module = pytest.importorskip("flwr_datasets.partitioner")
-    labels = _labels(97)
-    writers = np.array([f"w{(5 * i) % 13:02d}" for i in range(97)])
-    table = _table(labels, writers)
-    iid = partitioner_module.IidPartitioner(num_partitions=7)
-    iid.dataset = table.add_column("row", list(range(97)))
-    assert [iid.load_partition(k)["row"][:] for k in range(7)] == [q.tolist() for q in flower_iid_partition(97, 7)]
-    natural = partitioner_module.NaturalIdPartitioner(partition_by="writer")
-    natural.dataset = table
-    natural.load_partition(0)
-    theirs = [sorted(natural._partition_id_to_indices[k]) for k in range(natural.num_partitions)]
-    assert [q.tolist() for q in natural_partition(writers, 13)] == theirs
+    assert [p.tolist() for p in read_partition_json(tmp_path / "ours.json", n)] == [p.tolist() for p in parts]

@@ -141,9 +141,10 @@ def test_hub_id_not_in_the_cache_is_one_line_with_the_fetch_command(hf_cache):
     assert "`hf download lab/not-there --repo-type dataset`" in text and "data.download: true" in text
 
 
-def test_config_keys_and_natural_partition(saved, hf_cache):
+@pytest.mark.parametrize("form", ["disk", "parquet"])
+def test_config_keys_and_natural_partition(saved, hf_cache, form):
     cfg = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), [
-        "--data.name", "hf", "--data.path", str(saved["disk"]), "--partition.scheme", "natural",
+        "--data.name", "hf", "--data.path", str(saved[form]), "--partition.scheme", "natural",
         "--partition.by", "writer", "--partition.num_clients", "3"])
     splits = build_dataset("hf", root=".", source=hf_source(cfg.data))
     parts = partition_for(cfg, splits.train_targets, splits.train_column)
@@ -211,3 +212,111 @@ def test_the_preflight_stops_a_missing_hub_id_before_anything_starts(hf_cache):
         check_data(cfg)
     check_data(load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", "hf", "--data.path",
                                                                    "lab/tiny-writers"]))  # cached: passes
+
+
+@pytest.mark.parametrize("form", ["hub", "disk"])
+def test_name_hf_colon_id_is_name_hf_with_path(saved, hf_cache, form):
+    """``data.name: hf:<id>`` and ``name: hf`` + ``path: <id>``: one config, one data set, one fingerprint (the
+    feature cache's key is made of the config's data keys and this fingerprint)."""
+    target = "lab/tiny-writers" if form == "hub" else str(saved["disk"])
+    short = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", f"hf:{target}"])
+    long = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", "hf", "--data.path", target])
+    assert short.data == long.data and short.data.name == "hf" and short.data.path == target
+    assert short.resolved_run_name == long.resolved_run_name and "/" not in short.resolved_run_name
+    same = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", f"hf:{target}", "--data.path", target])
+    assert same.data == long.data
+    t = build_transform(normalization="imagenet", image_size=8, train=False)
+    a = build_dataset(f"hf:{target}", root=".", train_transform=t, test_transform=t)  # the builder takes it too
+    b = build_dataset("hf", root=".", source=hf_source(long.data), train_transform=t, test_transform=t)
+    assert a.fingerprint == b.fingerprint and a.classes == b.classes
+    np.testing.assert_array_equal(a.train_targets, b.train_targets)
+    assert torch_equal(a.train[3][0], b.train[3][0])
+
+
+def torch_equal(x, y) -> bool:
+    import torch
+
+    return bool(torch.equal(x, y))
+
+
+def test_hf_colon_with_nothing_after_it_is_one_line(saved, hf_cache):
+    for name in ("hf:", "hf:  "):
+        with pytest.raises(ConfigError) as info:
+            load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", name])
+        assert str(info.value) == (f"config error: data.name={name!r} is not allowed; expected hf:<hub id or local "
+                                   "path> (e.g. hf:uoft-cs/cifar10), or name: hf with data.path")
+    with pytest.raises(ConfigError, match=r"^config error: data.path='lab/other' is not allowed; expected null or "
+                                          r"'lab/tiny-writers': data.name 'hf:lab/tiny-writers' names the data set$"):
+        load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", "hf:lab/tiny-writers",
+                                                            "--data.path", "lab/other"])
+    with pytest.raises(ConfigError, match=r"^config error: data.name='hf:' is not allowed"):
+        build_dataset("hf:", root=".")
+
+
+def test_the_cli_says_hf_colon_alone_in_one_line_and_exits_2(tmp_path):
+    out = run_cli("--config", str(CONF / "fedcgs_digits_tiny.yaml"), "--data.name", "hf:",
+                  "--output_dir", str(tmp_path))
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == ["fl_lightning: config error: data.name='hf:' is not allowed; expected "
+                                               "hf:<hub id or local path> (e.g. hf:uoft-cs/cifar10), or name: hf "
+                                               "with data.path"], out.stderr
+
+
+@pytest.fixture
+def versioned(saved, hf_cache):
+    """``lab/versioned`` with two snapshots in the cache: main (the tiny data set) and tag v2 (labels shifted)."""
+    repo = hf_cache / "datasets--lab--versioned"
+    if not repo.exists():
+        other = _tables()
+        other["train"] = other["train"].map(lambda r: {"label": (r["label"] + 1) % 3})
+        for commit, data in (("c" * 40, _tables()), ("d" * 40, other)):
+            (repo / "snapshots" / commit / "data").mkdir(parents=True)
+            for split in data:
+                data[split].to_parquet(str(repo / "snapshots" / commit / "data" / f"{split}-00000-of-00001.parquet"))
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text("c" * 40)
+        (repo / "refs" / "v2").write_text("d" * 40)
+    return "lab/versioned"
+
+
+def test_data_revision_picks_the_hub_snapshot_and_enters_the_fingerprint(versioned):
+    main = _build(versioned)
+    v2 = _build(versioned, revision="v2")
+    by_commit = _build(versioned, revision="d" * 40)
+    np.testing.assert_array_equal(main.train_targets, np.arange(N_TRAIN) % 3)
+    np.testing.assert_array_equal(v2.train_targets, (np.arange(N_TRAIN) + 1) % 3)
+    np.testing.assert_array_equal(by_commit.train_targets, v2.train_targets)
+    assert len({main.fingerprint, v2.fingerprint, by_commit.fingerprint}) == 3  # the revision is part of it
+    assert _build(versioned, revision="main").fingerprint != main.fingerprint  # named, though the same snapshot
+    assert _build(f"{versioned}@v2").fingerprint != main.fingerprint  # data.path org/name@rev reads v2 too
+    np.testing.assert_array_equal(_build(f"{versioned}@v2").train_targets, v2.train_targets)
+
+
+def test_a_revision_without_its_snapshot_and_a_revision_of_a_local_path_are_one_line(saved, versioned):
+    with pytest.raises(MissingResourceError) as info:
+        _build(versioned, revision="v9")
+    text = str(info.value)
+    assert "\n" not in text and text.startswith("data.path='lab/versioned' at revision 'v9' is not in the Hugging Face")
+    assert "`hf download lab/versioned --repo-type dataset --revision v9`" in text
+    with pytest.raises(ConfigError, match=r"^config error: data.revision='v2' is not allowed; expected null for the "
+                                          r"local path '.*disk' \(a revision picks a snapshot of a hub id"):
+        _build(saved["disk"], revision="v2")
+    with pytest.raises(ConfigError, match="one revision: '@v2' in the id or the revision key 'v3'"):
+        _build(f"{versioned}@v2", revision="v3")
+
+
+def test_data_revision_in_the_config_and_the_preflight(saved, versioned):
+    from fl_lightning.preflight import check_data
+
+    def cfg(*extra):
+        return load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", f"hf:{versioned}", *extra])
+
+    assert cfg().data.revision is None and hf_source(cfg("--data.revision", "v2").data).revision == "v2"
+    check_data(cfg("--data.revision", "v2"))
+    with pytest.raises(MissingResourceError, match=r"^data.path='lab/versioned' at revision 'v9' is not in"):
+        check_data(cfg("--data.revision", "v9"))
+    with pytest.raises(ConfigError, match=r"data.revision='v2' is not allowed; expected null for the local path"):
+        check_data(load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", f"hf:{saved['disk']}",
+                                                                       "--data.revision", "v2"]))
+    with pytest.raises(ConfigError, match=r"data.revision='v2' is not allowed; expected null, or a branch"):
+        load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.revision", "v2"])  # digits has no revisions
