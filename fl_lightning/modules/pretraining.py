@@ -21,6 +21,11 @@ it and reaches the weights of an uninterrupted one; the file is deleted when tra
 completed, drops those of the interrupted epoch (which runs again) and appends the new ones, so it reads as the
 log of an uninterrupted run.
 
+Over several ranks (``ranks=``, every rank of a shared server phase calling it together) the same Trainer runs
+data-parallel on the run's process group: ``pretraining_ranks.py`` says how the batches are split, why the result
+is one rank's within round-off (not bit for bit) and how a failure on one rank ends every rank. The epoch state then
+also resumes: every rank reads it, and the random states are reseeded per (seed, epoch, rank) at each epoch's start.
+
 Weights are never downloaded: the backbone starts from random initialisation or from a local file.
 """
 
@@ -149,7 +154,8 @@ class ViTClassifier(lightning.LightningModule):
         # among them), which a run that never pre-trains should not pay for
         from torchmetrics.classification import MulticlassAccuracy
 
-        # the server pre-trains alone, also inside a multi-rank federation: never wait for other ranks
+        # one process (also rank 0 alone inside a multi-rank federation): never wait for other ranks; a data-parallel
+        # pre-training sums the counts over its ranks (share_over_ranks)
         self.train_acc = MulticlassAccuracy(num_classes=num_classes, average="micro", sync_on_compute=False)
         self.val_acc = MulticlassAccuracy(num_classes=num_classes, average="micro", sync_on_compute=False)
         # data-parallel over the ranks of a shared phase (pretraining_ranks.py): set by pretrain_classifier

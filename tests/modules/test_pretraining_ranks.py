@@ -64,6 +64,21 @@ class Weights(lightning.Callback):
         self.state = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
 
 
+class Interrupted(RuntimeError):
+    pass
+
+
+class StopInEpoch(lightning.Callback):
+    """A crash on every rank in the middle of epoch ``epoch`` (after its second optimizer step)."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.current_epoch == self.epoch and batch_idx == 1:
+            raise Interrupted(f"stopped in epoch {self.epoch}")
+
+
 def _pretrain(out: Path, ranks=None, bad=None, callbacks=()):
     return pretrain_classifier(model_name=NAME, overrides=TINY, num_classes=3, train_dataset=Images(45, 1, bad),
                                val_dataset=_val(), out_dir=out, max_epochs=3, batch_size=8, lr=1e-3,
@@ -85,6 +100,19 @@ def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
                              device=torch.device("cpu"))
     ranks = Ranks(fabric, 60.0)
     result: dict = {}
+    if case == "resume":  # uninterrupted, then interrupted in epoch 2 of 3 and called again
+        for name, stops in (("full", False), ("cut", True)):
+            weights = Weights()
+            if stops:
+                try:
+                    _pretrain(Path(out) / name, ranks, callbacks=[StopInEpoch(1)])
+                except Interrupted:
+                    result["interrupted"] = (Path(out) / name / EPOCH_STATE).is_file()
+            ckpt, _ = _pretrain(Path(out) / name, ranks, callbacks=[weights])
+            result[name] = (str(ckpt), weights.state)
+        Path(out, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
+        dist.destroy_process_group()
+        return
     try:
         if case == "fails":
             collectives._LEADER_EXIT_GRACE_S = 0.0
@@ -164,3 +192,17 @@ def test_a_rank_failing_in_pretraining_ends_every_rank(tmp_path):
     zero, one = _run(tmp_path, "fails")
     assert zero["error"][0] == "RankFailure" and "rank 1" in zero["error"][1] and "truncated" in zero["error"][1]
     assert one["error"][0] == "RankStopped" and "rank 1" in one["error"][1]
+
+
+@pytest.mark.slow  # ~40 s on 2 cores: three two-rank pre-trainings
+def test_an_interrupted_two_rank_pretraining_resumes_to_the_uninterrupted_weights(tmp_path):
+    """Every rank reads the epoch state rank 0 wrote; each rank's random streams restart from (seed, epoch, rank):
+    the resumed run's weights are the uninterrupted two-rank run's, bit for bit, on both ranks."""
+    zero, one = _run(tmp_path, "resume")
+    assert zero["interrupted"] and one["interrupted"]
+    for result in (zero, one):
+        full, cut = result["full"][1], result["cut"][1]
+        assert all(torch.equal(full[k], cut[k]) for k in full)
+        assert Path(result["full"][0]).name == Path(result["cut"][0]).name
+    assert all(torch.equal(zero["cut"][1][k], one["cut"][1][k]) for k in zero["cut"][1])
+    assert not (tmp_path / "cut" / EPOCH_STATE).exists()

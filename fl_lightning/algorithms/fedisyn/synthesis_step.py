@@ -318,7 +318,8 @@ def synthesise_and_pretrain(
         section: the method's config section, for error keys.
         text_only: images start from pure noise and the prompts (``uploads_by_client`` is None).
         ranks: the ranks that share the generation (every rank calls this together): rank 0 decides the prompts
-            and λ, every rank samples the batches dealt to it (the images of one rank), rank 0 pre-trains.
+            and λ, every rank samples the batches dealt to it (the images of one rank), and every rank pre-trains
+            its shard of each batch (data-parallel, ``modules/pretraining_ranks.py``); rank 0 writes the files.
 
         share: what round 0 reads besides the requests (the stage's keys, the precision, the classes): with it,
             the images and the pre-trained ViT are published under ``<output_dir>/round0/<key>/`` and a later run
