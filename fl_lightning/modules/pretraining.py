@@ -186,7 +186,7 @@ class ViTClassifier(lightning.LightningModule):
         except Exception as err:  # noqa: BLE001 — reported to every rank
             own = err
         assert self.guard is not None
-        self.guard.check(own, what)
+        self.guard.agree(own, what)
         return logits[keep], y[keep], loss, size
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
@@ -294,7 +294,7 @@ class _EpochState(Checkpoint):
                 self._publish(tmp)
             except Exception as err:  # noqa: BLE001 — reported to every rank
                 own = err
-        self.guard.check(own, "pre-training's epoch state")
+        self.guard.agree(own, "pre-training's epoch state")
 
     def _publish(self, tmp: Path) -> None:
         with open(tmp, "rb") as f:  # on disk before the rename: a crash leaves the previous epoch's whole file

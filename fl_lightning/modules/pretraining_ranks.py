@@ -123,7 +123,7 @@ def collate_rank_items(items: list[Any]) -> Any:
 
 class GuardedIO(TorchCheckpointIO):
     """Rank 0's checkpoint writes, whose error is kept (not raised, which would leave the other ranks in the
-    Trainer's barrier) until :meth:`RankGuard.check` reports it to every rank at the epoch's end."""
+    Trainer's barrier) until :meth:`RankGuard.agree` reports it to every rank at the epoch's end."""
 
     error: Exception | None = None
 
@@ -145,7 +145,7 @@ class RankGuard:
     def __init__(self, ranks: Ranks, device: torch.device) -> None:
         self.ranks, self.device = ranks, device
 
-    def check(self, own: Exception | None, what: str) -> None:
+    def agree(self, own: Exception | None, what: str) -> None:
         """Every rank calls this at the same point; raises on every rank when any passed an error."""
         flag = torch.tensor([0 if own is None else 1], dtype=torch.int32, device=self.device)
         with waiting(what, self.ranks.timeout_s, self.ranks.rank):
