@@ -21,6 +21,11 @@ it and reaches the weights of an uninterrupted one; the file is deleted when tra
 completed, drops those of the interrupted epoch (which runs again) and appends the new ones, so it reads as the
 log of an uninterrupted run.
 
+Over several ranks (``ranks=``, every rank of a shared server phase calling it together) the same Trainer runs
+data-parallel on the run's process group: ``pretraining_ranks.py`` says how the batches are split, why the result
+is one rank's within round-off (not bit for bit) and how a failure on one rank ends every rank. The epoch state then
+also resumes: every rank reads it, and the random states are reseeded per (seed, epoch, rank) at each epoch's start.
+
 Weights are never downloaded: the backbone starts from random initialisation or from a local file.
 """
 
@@ -49,6 +54,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from fl_lightning.errors import MissingResourceError
+from fl_lightning.federation.collectives import Ranks
+from fl_lightning.modules.pretraining_ranks import (GuardedIO, JoinedDDP, RankBatches, RankGuard, RankItems, RankSeeds,
+                                                    collate_rank_items)
 
 __all__ = ["ViTClassifier", "PretrainResult", "build_timm_vit", "pretrain_classifier", "load_pretrained_vit",
            "split_holdout", "EPOCH_STATE"]
@@ -146,14 +154,49 @@ class ViTClassifier(lightning.LightningModule):
         # among them), which a run that never pre-trains should not pay for
         from torchmetrics.classification import MulticlassAccuracy
 
-        # the server pre-trains alone, also inside a multi-rank federation: never wait for other ranks
+        # one process (also rank 0 alone inside a multi-rank federation): never wait for other ranks; a data-parallel
+        # pre-training sums the counts over its ranks (share_over_ranks)
         self.train_acc = MulticlassAccuracy(num_classes=num_classes, average="micro", sync_on_compute=False)
         self.val_acc = MulticlassAccuracy(num_classes=num_classes, average="micro", sync_on_compute=False)
+        # data-parallel over the ranks of a shared phase (pretraining_ranks.py): set by pretrain_classifier
+        self.guard: RankGuard | None = None
+
+    def share_over_ranks(self, guard: RankGuard) -> None:
+        """Train data-parallel: batches of ``(image, label, weight)`` (``pretraining_ranks.RankBatches``), every
+        step checked on every rank by ``guard``, the accuracies' counts summed over the ranks."""
+        self.guard = guard
+        self.train_acc.sync_on_compute = self.val_acc.sync_on_compute = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)  # (B, num_classes)
 
+    def _rank_step(self, batch: Any, what: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """This rank's part of a global batch (``pretraining_ranks``): (logits of its rows, labels, the loss
+        (N / |b|) Σ CE_i whose mean over the ranks is the global batch's mean, |b|); an error on any rank (the
+        batch's loading included) ends every rank here, before the backward's all-reduce."""
+        own: Exception | None = None
+        try:
+            if not isinstance(batch, (tuple, list)):  # a FailedBatch
+                raise batch.error
+            x, y, w, sizes = batch
+            logits = self(x)
+            w = w.to(logits.device, torch.float32)
+            loss = (F.cross_entropy(logits, y, reduction="none") * w).sum()
+            keep, size = w > 0, int(sizes[0])
+        except Exception as err:  # noqa: BLE001 — reported to every rank
+            own = err
+        assert self.guard is not None
+        self.guard.agree(own, what)
+        return logits[keep], y[keep], loss, size
+
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        if self.guard is not None:
+            logits, y, loss, size = self._rank_step(batch, "pre-training's step")
+            self.train_acc(logits, y)
+            # synced: the mean over ranks is the global batch's mean loss (Σ over ranks of rows' weighted CE / N)
+            self.log("train_loss", loss, on_step=True, on_epoch=True, batch_size=size, sync_dist=True)
+            self.log("train_acc", self.train_acc, on_step=False, on_epoch=True)
+            return loss
         x, y = batch
         logits = self(x)
         loss = F.cross_entropy(logits, y)
@@ -163,6 +206,12 @@ class ViTClassifier(lightning.LightningModule):
         return loss
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        if self.guard is not None:
+            logits, y, loss, size = self._rank_step(batch, "pre-training's validation")
+            self.val_acc(logits, y)
+            self.log("val_loss", loss, on_epoch=True, batch_size=size, sync_dist=True)
+            self.log(_MONITOR, self.val_acc, on_epoch=True)
+            return
         x, y = batch
         logits = self(x)
         self.val_acc(logits, y)
@@ -227,12 +276,27 @@ class _EpochState(Checkpoint):
     state and are put back when a resumed fit restores it (after the model was rebuilt, which draws).
     """
 
-    def __init__(self, path: Path, generator: torch.Generator) -> None:
-        self.path, self.generator = path, generator
+    def __init__(self, path: Path, generator: torch.Generator, guard: RankGuard | None = None,
+                 io: GuardedIO | None = None) -> None:
+        self.path, self.generator, self.guard, self.io = path, generator, guard, io
 
     def on_train_epoch_end(self, trainer: lightning.Trainer, pl_module: lightning.LightningModule) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
         trainer.save_checkpoint(tmp)
+        if self.guard is None:
+            self._publish(tmp)
+            return
+        # data-parallel: rank 0 wrote the file (and the epoch's best checkpoint); any error of theirs ends every rank
+        assert self.io is not None
+        own = self.io.pop_error()
+        if own is None and trainer.is_global_zero:
+            try:
+                self._publish(tmp)
+            except Exception as err:  # noqa: BLE001 — reported to every rank
+                own = err
+        self.guard.agree(own, "pre-training's epoch state")
+
+    def _publish(self, tmp: Path) -> None:
         with open(tmp, "rb") as f:  # on disk before the rename: a crash leaves the previous epoch's whole file
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
@@ -361,6 +425,7 @@ def pretrain_classifier(
     patience: int = 3,
     num_workers: int = 0,
     callbacks: Sequence[Callback] = (),
+    ranks: Ranks | None = None,
 ) -> PretrainResult:
     """Pre-train a timm ViT on synthetic images; return the best checkpoint and the epochs run.
 
@@ -382,6 +447,11 @@ def pretrain_classifier(
         patience: early-stopping patience in epochs.
         num_workers: DataLoader workers.
         callbacks: more Lightning callbacks (called before the checkpointing ones).
+        ranks: the ranks of a shared server phase, every one calling this together: with more than one, training
+            is data-parallel over them on their own devices (``pretraining_ranks.py``; ``accelerator`` and
+            ``devices`` are then the ranks'): global batch ``batch_size`` split over the ranks, gradients
+            all-reduced, rank 0 writes the files, every rank ends with the same weights and the same result, and a
+            failure on any rank ends every rank. None or one rank: one process's training.
 
     Returns:
         path of the best checkpoint, to be read with :func:`load_pretrained_vit`.
@@ -403,10 +473,29 @@ def pretrain_classifier(
         weight_decay=weight_decay,
     )
     generator = torch.Generator().manual_seed(seed)
-    train_loader = DataLoader(
-        train_dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers, generator=generator
-    )
-    val_loader = DataLoader(val_dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+    parallel = ranks is not None and ranks.world > 1
+    extra: dict[str, Any] = {}
+    guard = io = None
+    if parallel:
+        assert ranks is not None
+        device = torch.device(ranks.fabric.device)
+        guard, io = RankGuard(ranks, device), GuardedIO()
+        module.share_over_ranks(guard)
+        split = dict(rank=ranks.rank, world=ranks.world)
+        train_loader = DataLoader(RankItems(train_dataset), batch_sampler=RankBatches(
+            len(train_dataset), batch_size, generator=generator, **split),  # type: ignore[arg-type]
+            num_workers=num_workers, generator=generator, collate_fn=collate_rank_items)
+        val_loader = DataLoader(RankItems(val_dataset), batch_sampler=RankBatches(
+            len(val_dataset), batch_size, generator=None, **split),  # type: ignore[arg-type]
+            num_workers=num_workers, collate_fn=collate_rank_items)
+        accelerator, devices = device.type, 1
+        extra = dict(strategy=JoinedDDP(ranks, device), plugins=[io], use_distributed_sampler=False)
+        callbacks = [*callbacks, RankSeeds(seed, ranks.rank)]
+    else:
+        train_loader = DataLoader(
+            train_dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers, generator=generator
+        )
+        val_loader = DataLoader(val_dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
     best = ModelCheckpoint(
         dirpath=out / "checkpoints", filename="best-{epoch}", monitor=_MONITOR, mode="max", save_top_k=1
     )
@@ -419,20 +508,22 @@ def pretrain_classifier(
         precision=precision,
         max_epochs=max_epochs,
         callbacks=[*callbacks, EarlyStopping(monitor=_MONITOR, mode="max", patience=patience), best,
-                   _EpochState(state, generator), interruption],
+                   _EpochState(state, generator, guard, io), interruption],
         logger=_PretrainLogger(out, epochs_done=_epochs_done(state) if resuming else 0),
         default_root_dir=out,
         enable_progress_bar=sys.stderr.isatty(),
         enable_model_summary=False,
         num_sanity_val_steps=0,
         log_every_n_steps=max(1, min(50, len(train_loader))),
+        **extra,
     )
     with warnings.catch_warnings():
         if resuming:  # the best checkpoint so far is in there, as it should be
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
         _fit(trainer, module, interruption, train_dataloaders=train_loader, val_dataloaders=val_loader,
              ckpt_path=state if resuming else None, weights_only=True)  # plain types only (_rng_states)
-    state.unlink(missing_ok=True)
+    if not parallel or trainer.is_global_zero:
+        state.unlink(missing_ok=True)
     if not best.best_model_path:
         raise RuntimeError(f"pre-training wrote no checkpoint under {out / 'checkpoints'} (did validation run?)")
     # current_epoch counts the epochs completed (early stopping ends the loop after its epoch finished)

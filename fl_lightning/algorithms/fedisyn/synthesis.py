@@ -265,7 +265,7 @@ class DiffusionSynthesis(SynthesisStage):
     """Synthesis with Stable Diffusion (PNDM) conditioned on CLIP text embeddings of the prompts."""
 
     config_class = DiffusionConfig
-    shared_aggregate = True  # every rank samples its share of the images (synthesis_step.synthesise_and_pretrain)
+    shared_aggregate = True  # every rank samples its share of the images and pre-trains data-parallel (synthesis_step)
 
     @classmethod
     def missing_resources(cls, config: Any, section: str, *, download: bool = False) -> list[str]:

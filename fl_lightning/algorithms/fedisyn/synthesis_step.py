@@ -318,7 +318,8 @@ def synthesise_and_pretrain(
         section: the method's config section, for error keys.
         text_only: images start from pure noise and the prompts (``uploads_by_client`` is None).
         ranks: the ranks that share the generation (every rank calls this together): rank 0 decides the prompts
-            and λ, every rank samples the batches dealt to it (the images of one rank), rank 0 pre-trains.
+            and λ, every rank samples the batches dealt to it (the images of one rank), and every rank pre-trains
+            its shard of each batch (data-parallel, ``modules/pretraining_ranks.py``); rank 0 writes the files.
 
         share: what round 0 reads besides the requests (the stage's keys, the precision, the classes): with it,
             the images and the pre-trained ViT are published under ``<output_dir>/round0/<key>/`` and a later run
@@ -359,7 +360,8 @@ def synthesise_and_pretrain(
     requests = requests_for(volume, prompts_by_class)  # a pure function of the uploads: the same on every rank
     folder = run_dir / "synthetic"
     rank, world = (0, 1) if ranks is None else (ranks.rank, ranks.world)
-    shared = None if share is None else SharedRound0(run_dir.parent / "round0", round0_key(share, requests, device))
+    shared = None if share is None else SharedRound0(run_dir.parent / "round0",
+                                                     round0_key(share, requests, device, world=world))
     reused = shared is not None and (shared.images_into(folder) if ranks is None else ranks.on_server(
         partial(shared.images_into, folder), "round 0's shared images"))
     start = time.monotonic()
@@ -371,24 +373,45 @@ def synthesise_and_pretrain(
         ranks.gather(lambda: None, "the synthetic images")
     host_generation_s = generation_s = time.monotonic() - start
     components.to(device="cpu")  # free the accelerator for pre-training and fine-tuning
-    if rank != 0:  # its share is written; rank 0 pre-trains and its state is the round's
+    if ranks is not None and world == 1:
+        ranks = None
+    if rank != 0 and ranks is None:  # not reached (several ranks share the phase): the others pre-train with rank 0
         return None
-    if shared is not None:
+
+    def publish_or_reuse() -> tuple[float, tuple[nn.Module, float, Path, float] | None]:
+        """Rank 0: round 0's images published (or their recorded host time) and the published ViT, if any."""
+        host_s = host_generation_s
+        if shared is None:
+            return host_s, None
         if reused:
-            host_generation_s = generation_s = shared.recorded("generation")["host_s"]
+            host_s = shared.recorded("generation")["host_s"]
         else:
-            shared.publish_images(folder, host_generation_s)
+            shared.publish_images(folder, host_s)
+        return host_s, shared.pretrained_into(run_dir / "pretrain")
+
+    if ranks is None:
+        host_generation_s, pretrained = publish_or_reuse()
+    else:  # every rank learns whether rank 0 found a published ViT (then the others are done) or they pre-train
+        on_zero: dict[str, Any] = {}
+        found = ranks.on_server(lambda: on_zero.setdefault("r", publish_or_reuse())[1] is not None,
+                                "round 0's published pre-training")
+        if rank != 0 and found:
+            return None
+        host_generation_s, pretrained = on_zero.get("r", (host_generation_s, None))
+    generation_s = host_generation_s
     n_images = len(requests)
     if cfg.generation_time_per_image_s is not None:
         generation_s = cfg.generation_time_per_image_s * n_images
     elif server is not None:  # H_gene on the server: n(s) guided UNet steps + a decode per image
         generation_s = generation_time(server, [r.timestep for r in requests], cfg.num_inference_steps)
-    pretrained = None if shared is None else shared.pretrained_into(run_dir / "pretrain")
-    if pretrained is None:
-        model, pretraining_s, best, host_pretraining_s = pretrain_on_synthetic(
+    if pretrained is None:  # several ranks: every one trains its shard of each batch (modules/pretraining_ranks.py)
+        trained = pretrain_on_synthetic(
             cfg, folder, num_classes=len(class_names), spec=spec, run_dir=run_dir, seed=seed, device=device,
             precision=precision, per_image_epoch_s=h_pre if cfg.pretrain_time_per_image_epoch_s is not None
-            or server is not None else None)
+            or server is not None else None, ranks=ranks)
+        if trained is None:  # another rank: rank 0 holds the result, and its state is the round's
+            return None
+        model, pretraining_s, best, host_pretraining_s = trained
         if shared is not None:
             shared.publish_pretraining(best, pretraining_s, host_pretraining_s)
     else:
@@ -398,17 +421,20 @@ def synthesise_and_pretrain(
                            host_pretraining_s, fit)
 
 
-def round0_key(share: Mapping[str, Any], requests: Sequence[GenerationRequest], device: torch.device) -> str:
+def round0_key(share: Mapping[str, Any], requests: Sequence[GenerationRequest], device: torch.device,
+               world: int = 1) -> str:
     """sha256 of what round 0's images and pre-trained ViT depend on: ``share`` (the stage's keys, the precision,
     the classes, the input spec), every request (its latent's bytes, prompt, seed, timestep, noise fraction and
-    file) and the device type and torch version (float round-off). Equal keys: equal images and ViT."""
+    file), the device type and torch version (float round-off) and, above one, the ranks the pre-training is
+    data-parallel over (their shards' round-off and augmentation streams). Equal keys: equal images and ViT."""
     import hashlib
 
     import fl_lightning.modules.pretraining as pretraining_code
     import fl_lightning.synthesis.generate as generation_code
 
     code = [Path(m.__file__).read_bytes() for m in (generation_code, pretraining_code)] + [Path(__file__).read_bytes()]
-    digest = hashlib.sha256(json.dumps({**share, "device": device.type, "torch": torch.__version__},
+    ranks = {"pretrain_ranks": int(world)} if world > 1 else {}  # one rank: the key of before
+    digest = hashlib.sha256(json.dumps({**share, "device": device.type, "torch": torch.__version__, **ranks},
                                        sort_keys=True, default=str).encode())
     for text in code:  # the code that makes them: a changed sampler or trainer never reuses older images
         digest.update(hashlib.sha256(text).digest())
@@ -555,16 +581,18 @@ def _decide_lambda(cfg: Any, *, components: DiffusionComponents, totals: Mapping
 
 
 def pretrain_on_synthetic(cfg: Any, folder: Path, *, num_classes: int, spec: InputSpec, run_dir: Path, seed: int,
-                          device: torch.device, precision: str,
-                          per_image_epoch_s: float | None = None) -> tuple[nn.Module, float, Path, float]:
+                          device: torch.device, precision: str, per_image_epoch_s: float | None = None,
+                          ranks: Ranks | None = None) -> tuple[nn.Module, float, Path, float] | None:
     """Step 2: pre-train the timm ViT on the images of ``folder`` (a :class:`SyntheticFolder`, whatever made it).
 
     Args:
         per_image_epoch_s: h̃ to charge (server profile or config); None: this host's wall time.
+        ranks: several ranks that all call this together: the training is data-parallel over them
+            (``pretrain_classifier(ranks=)``), rank 0 writes the folder.
 
     Returns:
         the best model (by held-out loss), H_pre (h̃ · images · epochs run, or the host's wall time), its
-        checkpoint, and the host's wall time.
+        checkpoint, and the host's wall time; None on the ranks other than 0.
     """
     transform = dict(normalization=spec.normalization, image_size=spec.image_size, mean=spec.mean, std=spec.std)
     train_set, _ = split_holdout(SyntheticFolder(folder, build_transform(**transform, train=True)),
@@ -572,15 +600,25 @@ def pretrain_on_synthetic(cfg: Any, folder: Path, *, num_classes: int, spec: Inp
     _, val_set = split_holdout(SyntheticFolder(folder, build_transform(**transform, train=False)),
                                cfg.pretrain_holdout, seed)
     out = run_dir / "pretrain"
-    if not (out / EPOCH_STATE).is_file():  # interrupted mid-way: continue from its last epoch; else start clean
-        shutil.rmtree(out, ignore_errors=True)  # (no stale "best" of a run that had finished or never saved)
+
+    def clean() -> None:
+        if not (out / EPOCH_STATE).is_file():  # interrupted mid-way: continue from its last epoch; else start clean
+            shutil.rmtree(out, ignore_errors=True)  # (no stale "best" of a run that had finished or never saved)
+
+    if ranks is None:
+        clean()
+    else:  # rank 0 alone, before any rank looks for the epoch state
+        ranks.on_server(clean, "the pre-training folder", send=False)
     start = time.monotonic()
     best, epochs_run = pretrain_classifier(
         model_name=cfg.pretrain_model, overrides=cfg.pretrain_overrides, checkpoint=cfg.pretrain_checkpoint,
         num_classes=num_classes, train_dataset=train_set, val_dataset=val_set, out_dir=out,
         max_epochs=cfg.pretrain_epochs, batch_size=cfg.pretrain_batch_size, lr=cfg.pretrain_lr,
-        accelerator=device.type, devices=1, precision=precision, seed=seed, patience=cfg.pretrain_patience)
+        accelerator=device.type, devices=1, precision=precision, seed=seed, patience=cfg.pretrain_patience,
+        ranks=ranks)
     host_s = pretraining_s = time.monotonic() - start
+    if ranks is not None and ranks.rank != 0:
+        return None
     if per_image_epoch_s is not None:
         pretraining_s = per_image_epoch_s * len(train_set) * epochs_run
     return load_pretrained_vit(best, map_location="cpu"), pretraining_s, best, host_s
