@@ -4,9 +4,10 @@
 * ``bf16-mixed`` / ``16-mixed``: float32 master weights, forwards under autocast (``16-mixed`` with a fresh
   ``GradScaler`` per local loop, ``local_training.py``). On CUDA a frozen trunk — a module with no trainable
   parameter, that no optimiser steps — is held in the compute dtype (:func:`trunk_dtype`): cast once at set-up
-  instead of at every autocast forward. Autocast would run its matmuls in that dtype from the same float32
-  weights rounded the same way, so only the normalisations and other float32 ops of autocast's lists see
-  bf16/fp16 weights there. On the CPU nothing changes (bit-identical to the runs before this rule).
+  instead of at every autocast forward. Matmuls and convolutions see the same values (autocast rounds a float32
+  weight to that dtype for each of them anyway); the other weights (LayerNorm's scale and shift, the position
+  embedding, the CLS token) are rounded once, a small change of the numbers on CUDA. On the CPU nothing changes
+  (bit-identical to the runs before this rule).
 * ``bf16-true`` / ``16-true`` (:data:`HALF_TRUE`): Fabric's ``HalfPrecision``: the trained modules ARE in
   half precision (``convert_module``: ``module.to(dtype)``, as ``fabric.setup`` does) and so are the float inputs
   (``convert_input``); no float32 master copy. Only a method that declares it can run so
@@ -57,9 +58,8 @@ def check_precision(cfg: RunConfig, algorithm: type) -> None:
 
 def convert_module(fabric: Fabric, module: nn.Module) -> nn.Module:
     """``module`` in the dtype of a ``*-true`` half precision (Fabric's ``convert_module``); as it is otherwise."""
-    plugin = fabric.strategy.precision
     if converts_modules(_name(fabric)):
-        return plugin.convert_module(module)
+        return fabric.strategy.precision.convert_module(module)
     return module
 
 
