@@ -4,7 +4,8 @@ What was measured (``federation.accelerator cpu``, seeds 0–4 of the run and th
 
 * the statistics path alone (``train.epochs 0``: the frozen tiny random ViT's features → R, C → the solve):
   bf16-mixed − 32-true = −0.047, −0.056, −0.047 (seeds 0–2);
-* with one epoch of prompt tuning (``train.epochs 1``): −0.108, −0.072, −0.064, −0.050, −0.067 (seeds 0–4).
+* with one epoch of prompt tuning (``train.epochs 1``): −0.108, −0.072, −0.064, −0.050, −0.067 (seeds 0–4);
+* seed 0 under ``ATEN_CPU_CAPABILITY=avx2``: −0.067 (epochs 0), −0.108 (epochs 1).
 
 bf16-mixed is LOWER every time, not scattered around zero: the tiny random ViT's CLS features differ between
 classes by little compared with their common part, and bf16's 8 mantissa bits in the residual stream round away
