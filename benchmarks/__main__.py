@@ -6,7 +6,8 @@ runs by name: ``--clients 10,100``, ``--processes 1`` and ``--engine-only`` narr
 ``--clients 1000`` choose the point, ``--repeats`` how many fresh runs of each side (best taken).
 ``features`` (a comparison of AFL, FedCGS and FedPFT against one AFL run, on the DINOv2 ViT-S/14
 checkpoint) runs by name. ``ranks`` (a tiny FeDiSyn, DENSE and FedAvg on 1, 2 and 4 CPU processes: wall time and
-each rank's share of time waiting in collectives) runs by name; ``--processes`` chooses the counts."""
+each rank's share of time waiting in collectives) runs by name; ``--processes`` chooses the counts. ``gpu_check``
+(scripts/gpu_check.sh's checks: ViT-B/16 bf16 throughput, 1 = 2 GPUs, 16-mixed learns) runs by name."""
 
 from __future__ import annotations
 

@@ -235,7 +235,8 @@ class FederationConfig:
     # "highest" full float32 products; "high" (default) TF32 tensor cores on Ampere and newer (10 mantissa bits
     # in the products, float32 accumulation: several times faster; results differ from "highest" from about the
     # 4th significant digit, and between GPU models); "medium" bf16 products (faster still, ~3 digits).
-    # Convolutions are not affected (cuDNN's own TF32 switch, on by default in torch). It changes the numbers a
+    # The CLI sets cuDNN's TF32 for float32 convolutions with it (torch.backends.cudnn.allow_tf32: on, unless
+    # "highest"), so TF32 is on for float32 matmuls and convolutions on CUDA by default. It changes the numbers a
     # run computes, so a resumed run cannot change it. Under bf16-mixed/16-mixed most matmuls run in half
     # precision anyway; this governs those left in float32 (and every one of a 32-true run)
     matmul_precision: Literal["highest", "high", "medium"] = "high"

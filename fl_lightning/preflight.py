@@ -343,6 +343,9 @@ def preflight_run(cfg: RunConfig) -> None:
     check_data(cfg)
     check_model(cfg)
     check_image_size(cfg)
+    from fl_lightning.federation.precision import check_precision
+
+    check_precision(cfg, available_algorithms()[cfg.algorithm])
     available_algorithms()[cfg.algorithm].preflight(cfg)
 
 

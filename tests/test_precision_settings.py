@@ -206,6 +206,24 @@ def test_matmul_precision_is_applied_for_cuda_accelerators_only(accelerator, cud
     assert len(calls) == (2 if applied else 0)  # set, then put back; on the CPU never touched
 
 
+@pytest.mark.parametrize(("matmul", "conv_tf32"), [("high", True), ("medium", True), ("highest", False)])
+@pytest.mark.parametrize("cuda", [True, False])
+def test_tf32_of_convolutions_follows_matmul_precision_on_cuda_and_is_restored(matmul, conv_tf32, cuda, monkeypatch,
+                                                                               torch_settings):
+    """TF32 by default on CUDA: float32 matmuls ("high", the default) and cuDNN's convolutions with them; on the CPU
+    cuDNN's switch is left as it was."""
+    assert FederationConfig().matmul_precision == "high"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    before = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = not conv_tf32  # the opposite, to see it change
+    try:
+        with runner._torch_numerics(FederationConfig(accelerator="auto", matmul_precision=matmul)):
+            assert torch.backends.cudnn.allow_tf32 is (conv_tf32 if cuda else not conv_tf32)
+        assert torch.backends.cudnn.allow_tf32 is (not conv_tf32)  # restored after the run
+    finally:
+        torch.backends.cudnn.allow_tf32 = before
+
+
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_deterministic_calls_use_deterministic_algorithms(deterministic, monkeypatch, torch_settings):
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)

@@ -42,7 +42,7 @@ from fl_lightning.algorithms.common import (
     client_feature_batches,
     evaluate_on_test,
     FrozenFeatures,
-    frozen_backbone,
+    held_backbone,
 )
 from fl_lightning.analytic import AnalyticStatistics, StatisticsSum, logits, regularization, solve_classifier
 from fl_lightning.errors import check
@@ -77,6 +77,8 @@ class AFLConfig:
 @register("afl")
 class AFL(Algorithm):
     config_class = AFLConfig
+    # FedOPAL, FedOPAL+ and FedCGS inherit it
+    true_precision = "its statistics R, C and the closed-form solve stay in float64, not half precision"
     shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
 
     @property
@@ -86,7 +88,7 @@ class AFL(Algorithm):
     # -- set-up ----------------------------------------------------------------------------------
     def build(self, fabric: Fabric) -> None:
         self.fabric = fabric
-        self.backbone = frozen_backbone(self.cfg)
+        self.backbone = held_backbone(self.cfg, fabric)  # CUDA + mixed: in bf16/fp16 (its prompts float32)
         self.model = self.feature_model(self.backbone)
 
     def feature_model(self, backbone: ViTBackbone) -> nn.Module:

@@ -14,6 +14,7 @@ from fl_lightning.errors import ConfigError
 from fl_lightning.models.backbones import BackboneArgumentError, ViTBackbone, build_feature_backbone
 from fl_lightning.models.cnn_backbone import CNNBackbone
 from fl_lightning.federation.collectives import from_server, gathered
+from fl_lightning.federation.precision import convert_input, hold_trunk
 from fl_lightning.modules.evaluation import eval_counts, evaluate_classifier, scores
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from fl_lightning.config import RunConfig
     from fl_lightning.federation.algorithm import Algorithm, Environment
 
-__all__ = ["FrozenFeatures", "frozen_backbone", "evaluate_on_test", "evaluate_on_test_features",
+__all__ = ["FrozenFeatures", "frozen_backbone", "held_backbone", "evaluate_on_test", "evaluate_on_test_features",
            "feature_cache_folder", "client_feature_batches", "require_vit", "rank_rows", "splits_work"]
 
 
@@ -37,6 +38,13 @@ def frozen_backbone(cfg: RunConfig) -> ViTBackbone | CNNBackbone:
     except BackboneArgumentError as err:  # the library cannot use a value: name the model.* key
         raise ConfigError(f"model.{err.argument}", err.value, err.allowed) from None
     return backbone.freeze()
+
+
+def held_backbone(cfg: RunConfig, fabric: Any) -> ViTBackbone | CNNBackbone:
+    """:func:`frozen_backbone` on ``fabric``'s device, in the compute dtype under a mixed precision on CUDA
+    (:func:`~fl_lightning.federation.precision.hold_trunk`: cast once, not at every autocast forward); on the CPU
+    as built (float32)."""
+    return hold_trunk(fabric, frozen_backbone(cfg))
 
 
 def require_vit(cfg: RunConfig, backbone: ViTBackbone | CNNBackbone) -> ViTBackbone:
@@ -94,10 +102,10 @@ def _my_rows(env: Environment, dataset: Dataset, batch_size: int) -> Subset:
 
 
 def _under_autocast(fabric: Any, fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
-    """``fn`` called inside ``fabric.autocast()``."""
+    """``fn`` called inside ``fabric.autocast()`` (under ``*-true`` on its input in the modules' dtype)."""
     def wrapped(x: Tensor) -> Tensor:
         with fabric.autocast():
-            return fn(x)
+            return fn(convert_input(fabric, x))
     return wrapped
 
 

@@ -127,6 +127,7 @@ class DENSEConfig:
 @register("dense")
 class DENSE(FedAvgCNN):
     config_class = DENSEConfig
+    true_precision = "its generator, BatchNorm-statistics loss and distillation need float32 master weights"
     bn_per_model = False  # DENSE sums L_BN over all client models; Co-Boosting averages
 
     @property

@@ -27,7 +27,7 @@ from lightning.fabric import Fabric
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from fl_lightning.algorithms.common import FrozenFeatures, frozen_backbone
+from fl_lightning.algorithms.common import FrozenFeatures, held_backbone
 from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local
@@ -48,11 +48,12 @@ class FedAvgConfig:
 @register("fedavg")
 class FedAvg(Algorithm):
     config_class = FedAvgConfig
+    true_precision = "its head trains on the frozen backbone's float32 feature table"
     shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
 
     def build(self, fabric: Fabric) -> None:
         self.fabric = fabric
-        self.backbone = fabric.to_device(frozen_backbone(self.cfg))
+        self.backbone = held_backbone(self.cfg, fabric)  # CUDA + mixed: in bf16/fp16
 
     def input_spec(self) -> InputSpec:
         return InputSpec.of_backbone(self.backbone, self.cfg.data.image_size)

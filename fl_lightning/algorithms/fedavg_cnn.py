@@ -36,6 +36,7 @@ from lightning import LightningModule
 from torch import Tensor, nn
 
 from fl_lightning.algorithms.common import evaluate_on_test
+from fl_lightning.federation.precision import convert_module
 from fl_lightning.errors import ConfigError, MissingResourceError
 from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
@@ -117,6 +118,9 @@ def _cpu_state(model: nn.Module) -> State:
 @register("fedavg_cnn", renamed_from=("fedavg_resnet",))  # any timm CNN, not ResNet only
 class FedAvgCNN(Algorithm):
     config_class = FedAvgCNNConfig
+    # bf16-true / 16-true: the whole CNN (BatchNorm's running statistics too) in half precision, as fabric.setup
+    # converts it; the uploads, the average and the evaluation in that dtype (docs/gpu.md)
+    true_precision = None
     shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
 
     @property
@@ -149,8 +153,9 @@ class FedAvgCNN(Algorithm):
         super().setup(env)
         t = self.cfg.train
         model = build_timm_classifier(self.cfg, env.num_classes, seed=self.cfg.seed)
-        self.module = self.fabric.to_device(ImageClassifier(model=model, optimizer=t.optimizer, lr=t.lr,
-                                                            momentum=t.momentum, weight_decay=t.weight_decay))
+        module = ImageClassifier(model=model, optimizer=t.optimizer, lr=t.lr, momentum=t.momentum,
+                                 weight_decay=t.weight_decay)
+        self.module = convert_module(self.fabric, self.fabric.to_device(module))  # *-true: in half precision
         self._initial = _cpu_state(model)  # identical on every rank: built under cfg.seed
         self._shapes = {k: tuple(v.shape) for k, v in self._initial.items()}
 

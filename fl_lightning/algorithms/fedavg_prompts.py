@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from fl_lightning.algorithms.common import evaluate_on_test, frozen_backbone, require_vit
+from fl_lightning.algorithms.common import evaluate_on_test, held_backbone, require_vit
 from fl_lightning.errors import check
 from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
@@ -51,13 +51,14 @@ class FedAvgPromptsConfig:
 @register("fedavg_prompts", renamed_from=("fedavg_clip",))  # any ViT, not CLIP only
 class FedAvgPrompts(Algorithm):
     config_class = FedAvgPromptsConfig
+    true_precision = "its prompts and head keep float32 master weights (prompt tuning in bf16-mixed)"
     shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
 
     def build(self, fabric: Fabric) -> None:
         from fl_lightning.models.vpt import PromptedViT
 
         self.fabric = fabric
-        self.backbone = require_vit(self.cfg, frozen_backbone(self.cfg))
+        self.backbone = require_vit(self.cfg, held_backbone(self.cfg, fabric))  # CUDA + mixed: bf16/fp16
         self.model = PromptedViT(self.backbone, num_prompts=self.config.num_prompts, seed=self.config.prompt_seed)
 
     def input_spec(self) -> InputSpec:

@@ -46,7 +46,7 @@ import torch
 from lightning.fabric import Fabric
 from torch import Tensor
 
-from fl_lightning.algorithms.common import FrozenFeatures, frozen_backbone
+from fl_lightning.algorithms.common import FrozenFeatures, held_backbone
 from fl_lightning.errors import check
 from fl_lightning.feature_gaussians import (
     COVARIANCE_TYPES,
@@ -105,6 +105,7 @@ class FedPFTConfig:
 
 @register("fedpft")
 class FedPFT(Algorithm):
+    true_precision = "its class Gaussians are fitted and sampled in float64, not half precision"
     config_class = FedPFTConfig
     shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
 
@@ -115,7 +116,7 @@ class FedPFT(Algorithm):
     # -- set-up ----------------------------------------------------------------------------------
     def build(self, fabric: Fabric) -> None:
         self.fabric = fabric
-        self.backbone = frozen_backbone(self.cfg)
+        self.backbone = held_backbone(self.cfg, fabric)  # CUDA + mixed: in bf16/fp16
 
     def input_spec(self) -> InputSpec:
         return InputSpec.of_backbone(self.backbone, self.cfg.data.image_size)

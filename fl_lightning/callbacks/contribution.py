@@ -45,40 +45,56 @@ class GradientContribution:
     """
 
     def __init__(self) -> None:
-        self._sums: dict[int, float] = {}
+        # per layer: a Python float (nothing measured since a load) or a float64 tensor on the gradients' device,
+        # the running sum; read back (one host sync per layer) only by per_layer/state_dict, once per client
+        self._sums: dict[int, float | torch.Tensor] = {}
         self._steps = 0
+        self._module: nn.Module | None = None  # the module the groups below are of
+        self._groups: list[tuple[int, list[nn.Parameter]]] = []  # (block index, its LoRA parameters), in order
 
     def reset(self) -> None:
         """Forget the measurements (start of a client's local training)."""
         self._sums = {}
         self._steps = 0
 
+    def _layers(self, module: nn.Module) -> list[tuple[int, list[nn.Parameter]]]:
+        """``module``'s LoRA parameters grouped by block index, in parameter order: found by name once per module,
+        not at every step."""
+        if module is not self._module:
+            groups: dict[int, list[nn.Parameter]] = {}
+            for name, param in module.named_parameters():
+                if is_lora_param(name):
+                    groups.setdefault(lora_layer_index(name), []).append(param)
+            self._module, self._groups = module, list(groups.items())
+        return self._groups
+
     @torch.no_grad()
     def on_after_backward(self, *, module: nn.Module, **_: Any) -> None:
-        """Add ||∇θ_l||² of every LoRA layer l that has a gradient after this backward pass."""
-        step: dict[int, torch.Tensor] = {}
-        for name, param in module.named_parameters():
-            if param.grad is None or not is_lora_param(name):
-                continue
-            layer = lora_layer_index(name)
-            sq = param.grad.detach().double().pow(2).sum()
-            step[layer] = step[layer] + sq if layer in step else sq
-        for layer, value in step.items():  # one host sync per layer, not per parameter
-            self._sums[layer] = self._sums.get(layer, 0.0) + float(value)
+        """Add ||∇θ_l||² of every LoRA layer l that has a gradient after this backward pass (on the device: no host
+        sync here)."""
+        for layer, params in self._layers(module):
+            step: torch.Tensor | None = None
+            for param in params:
+                if param.grad is None:
+                    continue
+                sq = param.grad.detach().double().pow(2).sum()
+                step = sq if step is None else step + sq
+            if step is not None:  # the same float64 additions, in the same order, as summing Python floats
+                self._sums[layer] = self._sums.get(layer, 0.0) + step
         self._steps += 1
 
     def per_layer(self) -> dict[int, float]:
         """Mean over the recorded steps of the squared LoRA-gradient norm, per block index."""
         if self._steps == 0:
             return {}
-        return {layer: total / self._steps for layer, total in sorted(self._sums.items())}
+        return {layer: float(total) / self._steps for layer, total in sorted(self._sums.items())}
 
     def total(self) -> float:
         """G_i: the sum of :meth:`per_layer` over the device's LoRA layers (0.0 before any step)."""
         return float(sum(self.per_layer().values()))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"sums": dict(self._sums), "steps": self._steps}
+        return {"sums": {k: float(v) for k, v in self._sums.items()}, "steps": self._steps}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._sums = {int(k): float(v) for k, v in state["sums"].items()}

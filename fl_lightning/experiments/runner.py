@@ -154,8 +154,9 @@ def _torch_numerics(federation: FederationConfig) -> Iterator[None]:
     """The run's process-wide torch settings, set here (the library never sets them) and restored afterwards, so
     that each run of a comparison has its own and an in-process ``main()`` leaves the process as it found it.
 
-    * ``federation.matmul_precision``: ``torch.set_float32_matmul_precision`` on CUDA only (TF32 at "high");
-      on the CPU nothing changes.
+    * ``federation.matmul_precision``: ``torch.set_float32_matmul_precision`` on CUDA only (TF32 at "high", the
+      default), and cuDNN's TF32 for float32 convolutions with it (``torch.backends.cudnn.allow_tf32``: on unless
+      "highest"); on the CPU nothing changes.
     * ``federation.deterministic``: ``torch.use_deterministic_algorithms(True)`` (an op without a deterministic
       kernel raises) and ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` when unset (cuBLAS needs it for deterministic
       matmuls; read when CUDA starts, so set before the run builds anything).
@@ -165,13 +166,14 @@ def _torch_numerics(federation: FederationConfig) -> Iterator[None]:
     """
     import torch
 
-    matmul = torch.get_float32_matmul_precision()
+    matmul, conv_tf32 = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
     deterministic = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     set_workspace = federation.deterministic and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
     try:
         if _uses_cuda(federation.accelerator):
             torch.set_float32_matmul_precision(federation.matmul_precision)
+            torch.backends.cudnn.allow_tf32 = federation.matmul_precision != "highest"
         if set_workspace:
             os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
         if federation.deterministic:
@@ -180,6 +182,7 @@ def _torch_numerics(federation: FederationConfig) -> Iterator[None]:
     finally:
         if torch.get_float32_matmul_precision() != matmul:
             torch.set_float32_matmul_precision(matmul)
+        torch.backends.cudnn.allow_tf32 = conv_tf32
         if federation.deterministic:
             torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
         if set_workspace:

@@ -166,6 +166,10 @@ class Algorithm(ABC):
     # evaluate() depends on the state alone and evaluates through algorithms/common.py's helpers: on several ranks
     # the engine runs it on every rank, each evaluating its shard of the test split (the numbers of one rank)
     shared_evaluation: bool = False
+    # federation.precision bf16-true / 16-true (federation/precision.py): None when the method converts what it
+    # trains to half precision as Fabric does (convert_module, convert_input); else why it cannot, the reason a
+    # run with one of them is refused with (one line, exit status 2)
+    true_precision: str | None = "its modules are not converted to half precision"
 
     def shared_aggregate(self, round_idx: int) -> bool:
         """Whether every rank runs round ``round_idx``'s :meth:`aggregate` together (``env.shared`` set; the uploads

@@ -33,6 +33,8 @@ from lightning import LightningModule
 from lightning.fabric import Fabric
 from torch.utils.data import DataLoader
 
+from fl_lightning.federation.precision import convert_input
+
 __all__ = ["LocalFitResult", "DPSGD", "fit_local", "fresh_grad_scaler"]
 
 
@@ -129,7 +131,7 @@ def fit_local(fabric: Fabric, module: LightningModule, loader: DataLoader, *, ep
     steps, total = 0, torch.zeros((), dtype=acc_dtype, device=fabric.device)
     for _ in range(epochs):
         for batch_idx, batch in enumerate(loader):
-            batch = fabric.to_device(batch)
+            batch = convert_input(fabric, fabric.to_device(batch))  # *-true: float inputs in half precision
             with fabric.autocast():
                 loss = module.training_step(batch, batch_idx)
             optimizer.zero_grad(set_to_none=True)

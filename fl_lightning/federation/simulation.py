@@ -53,6 +53,7 @@ from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment
 from fl_lightning.federation.checkpoint import DurableWriter, safe_load
 from fl_lightning.federation.collectives import everyone, from_server, to_server, waiting
 from fl_lightning.federation.launch import check_launcher
+from fl_lightning.federation.precision import check_precision
 from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients, seed_torch
 from fl_lightning.federation.privacy import FederationPrivacy
 from fl_lightning.federation.round_store import ClientRecord, RoundResult, RoundStore
@@ -169,6 +170,7 @@ class Simulation:
                  loggers: Sequence[object] | None = None) -> None:
         from fl_lightning.callbacks import default_callbacks, default_loggers
 
+        check_precision(cfg, ALGORITHMS[cfg.algorithm])  # a *-true precision the method cannot run in
         ALGORITHMS[cfg.algorithm].preflight(cfg)  # fail in seconds, before Fabric prints or launches anything
         self.launcher = check_launcher(cfg.federation.devices, cfg.federation.num_nodes)
         self.cfg, self.resume = cfg, resume

@@ -56,7 +56,9 @@ class PromptedViT(nn.Module):
         self.backbone = backbone.freeze()
         self.num_prompts = num_prompts
         p_init = init_prompts(num_prompts=num_prompts, patch_size=backbone.patch_size, width=backbone.width, seed=seed)
-        self.prompts = nn.Parameter(p_init.to(next(backbone.parameters()).dtype))  # (M, D)
+        dtype = next(backbone.parameters()).dtype  # a trunk held in bf16/fp16 (CUDA, mixed): float32 master prompts
+        dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+        self.prompts = nn.Parameter(p_init.to(dtype))  # (M, D); insert_prompts casts them to the tokens' dtype
 
     @property
     def feature_dim(self) -> int:

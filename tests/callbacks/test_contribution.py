@@ -69,3 +69,51 @@ def test_reset_and_state_dict():
     assert restored.per_layer() == callback.per_layer() and len(callback.per_layer()) == 3
     callback.reset()
     assert callback.per_layer() == {} and callback.total() == 0.0
+
+
+class _PerStepSyncReference:
+    """The measurement as it was: a regex scan of every parameter name and one host sync per layer, every step."""
+
+    def __init__(self) -> None:
+        self.sums: dict[int, float] = {}
+        self.steps = 0
+
+    def on_after_backward(self, *, module) -> None:
+        from fl_lightning.models.lora import is_lora_param, lora_layer_index
+
+        step: dict[int, torch.Tensor] = {}
+        for name, param in module.named_parameters():
+            if param.grad is None or not is_lora_param(name):
+                continue
+            layer = lora_layer_index(name)
+            sq = param.grad.detach().double().pow(2).sum()
+            step[layer] = step[layer] + sq if layer in step else sq
+        for layer, value in step.items():
+            self.sums[layer] = self.sums.get(layer, 0.0) + float(value)
+        self.steps += 1
+
+
+def test_same_numbers_bit_for_bit_as_per_step_syncs_and_no_sync_while_training(monkeypatch):
+    """Groups found once, sums kept on the device: per_layer is the per-step-sync reference exactly, across depths
+    (a layer without gradients skipped) and a state_dict round trip mid-way; no tensor is read back in the hook."""
+    module = make()
+    optimizer = module.configure_optimizers()
+    callback, reference = GradientContribution(), _PerStepSyncReference()
+    for step, depth in enumerate([3, 3, 2, 1, 2, 3]):
+        module.set_depth(depth)
+        g = torch.Generator().manual_seed(20 + step)
+        optimizer.zero_grad(set_to_none=True)
+        module.training_step((torch.randn(4, 3, 16, 16, generator=g), torch.tensor([0, 1, 2, 0])), step).backward()
+        with monkeypatch.context() as m:
+            m.setattr(torch.Tensor, "__float__", lambda t: pytest.fail("a host sync in the hook"))
+            m.setattr(torch.Tensor, "item", lambda t: pytest.fail("a host sync in the hook"))
+            callback.on_after_backward(module=module)
+        reference.on_after_backward(module=module)
+        optimizer.step()
+        if step == 3:  # a checkpoint's round trip mid-way continues the same sums
+            restored = GradientContribution()
+            restored.load_state_dict(callback.state_dict())
+            callback = restored
+    expected = {layer: total / reference.steps for layer, total in sorted(reference.sums.items())}
+    assert callback.per_layer() == expected and sorted(expected) == [0, 1, 2]  # floats compared exactly
+    assert callback.total() == float(sum(expected.values()))

@@ -58,6 +58,8 @@ _TRAFFIC = ("synthesis", "finetune")  # the order of sys.bytes_up: what the pape
 class FeDiSynFamily(StagedAlgorithm):
     """The ViT, devices, evaluation and State shared by FeDiSyn and its baselines; the last stage fine-tunes."""
     shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
+    true_precision = ("LoRA and the server's pre-training keep float32 master weights, the diffusion synthesis "
+                      "its own dtype")
 
     @classmethod
     def missing_resources(cls, config: Any, section: str, *, download: bool = False) -> list[str]:
