@@ -70,9 +70,10 @@ def _with_revision(repo_id: str, revision: str | None, key: str) -> tuple[str, s
     """The bare id and the revision, from ``org/name@rev`` or the ``revision`` argument (not both, unless equal)."""
     bare, given = split_revision(repo_id)
     if given and revision and given != revision:
-        from fl_lightning.errors import ConfigError
+        from fl_lightning.errors import UsageError  # a pure layer: the one line, not a config dataclass's ConfigError
 
-        raise ConfigError(key, repo_id, f"one revision: '@{given}' in the id or the revision key {revision!r}, not both")
+        raise UsageError(f"config error: {key}={repo_id!r} is not allowed; expected one revision: '@{given}' in the id "
+                         f"or the revision key {revision!r}, not both")
     return bare, revision or given
 
 

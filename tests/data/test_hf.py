@@ -301,7 +301,7 @@ def test_a_revision_without_its_snapshot_and_a_revision_of_a_local_path_are_one_
     with pytest.raises(ConfigError, match=r"^config error: data.revision='v2' is not allowed; expected null for the "
                                           r"local path '.*disk' \(a revision picks a snapshot of a hub id"):
         _build(saved["disk"], revision="v2")
-    with pytest.raises(ConfigError, match="one revision: '@v2' in the id or the revision key 'v3'"):
+    with pytest.raises(UsageError, match=r"^config error: .*one revision: '@v2' in the id or the revision key 'v3'"):
         _build(f"{versioned}@v2", revision="v3")
 
 
