@@ -70,7 +70,7 @@ def _with_revision(repo_id: str, revision: str | None, key: str) -> tuple[str, s
     """The bare id and the revision, from ``org/name@rev`` or the ``revision`` argument (not both, unless equal)."""
     bare, given = split_revision(repo_id)
     if given and revision and given != revision:
-        from fl_lightning.errors import UsageError  # a pure layer: the one line, not a config dataclass's ConfigError
+        from fl_lightning.errors import UsageError  # a pure layer raises the one line as a usage error
 
         raise UsageError(f"config error: {key}={repo_id!r} is not allowed; expected one revision: '@{given}' in the id "
                          f"or the revision key {revision!r}, not both")
