@@ -34,6 +34,7 @@ class _Fabric:
     """The few Fabric calls the helpers and collectives make, over an initialised gloo group."""
 
     device = torch.device("cpu")
+    strategy = SimpleNamespace(precision=SimpleNamespace(precision="32-true"))  # what the precision helpers read
 
     def __init__(self, rank: int, world: int) -> None:
         self.global_rank, self.world_size = rank, world
