@@ -68,7 +68,11 @@ class DataConfig:
     download: bool = False  # opt-in: only on machines that can reach the dataset hosts
     image_size: int | None = None  # None: the backbone's input size
     batch_size: int = 64
-    num_workers: int = 0  # 0 keeps tiny runs free of worker start-up cost
+    # DataLoader processes per rank (data/loader.py, docs/gpu.md): an int, or auto — 0 on the CPU (no worker
+    # start-up; every CPU run loads in the rank), on CUDA min(4, cores this process may use // ranks - 1)
+    num_workers: int | Literal["auto"] = "auto"
+    pin_memory: bool | Literal["auto"] = "auto"  # page-locked batches; auto: on CUDA
+    persistent_workers: bool | Literal["auto"] = "auto"  # one loader (and its workers) for the run; auto: with workers
     num_samples: int | None = None  # a seeded subset of this many training images (`synthetic`: how many to make)
     # the seed of the data set's own train/test split and of the num_samples subset (digits, synthetic,
     # caltech101, imagefolder); null: the run's seed. Fixed, seeds vary only the partition and the training,
@@ -80,6 +84,10 @@ class DataConfig:
     # a split whose transform is deterministic keeps its preprocessed tensors in memory when they fit this
     # many MiB (data/preprocessed.py: each item is transformed once, not once per pass); 0 turns it off
     cache_mb: int = 2048
+    # a deterministic transform that ends "uint8 image → ToDtype(float32, scale) → Normalize" keeps the uint8 image
+    # (a quarter of the bytes) within this many MiB and converts each batch as it is read, bit-identically;
+    # 12 GiB holds CIFAR-10, SVHN or DTD's training split at 224 px; 0 turns it off (the float32 cache_mb then)
+    cache_uint8_mb: int = 12288
     # name: hf — a Hugging Face dataset (data/hf.py, docs/data_and_weights.md): a hub id read from the HF cache
     # (fetched only with download: true), or a local path: a save_to_disk folder, a .parquet/.arrow file, a folder
     path: str | None = None
@@ -104,7 +112,12 @@ class DataConfig:
         check(self.image_size is None or self.image_size >= 8, "image_size", self.image_size, "an int >= 8 or null")
         check(self.cache_mb >= 0, "cache_mb", self.cache_mb, "an int >= 0 (MiB; 0: no cache)")
         check(self.batch_size >= 1, "batch_size", self.batch_size, "an int >= 1")
-        check(self.num_workers >= 0, "num_workers", self.num_workers, "an int >= 0")
+        check(self.cache_uint8_mb >= 0, "cache_uint8_mb", self.cache_uint8_mb, "an int >= 0 (MiB; 0: no uint8 cache)")
+        check(self.num_workers == "auto" or not isinstance(self.num_workers, bool) and isinstance(self.num_workers, int)
+              and self.num_workers >= 0, "num_workers", self.num_workers, "an int >= 0 or auto")
+        for key in ("pin_memory", "persistent_workers"):
+            check(getattr(self, key) == "auto" or isinstance(getattr(self, key), bool), key, getattr(self, key),
+                  "true, false or auto")
         if self.split_seed is not None:
             _check_seed("split_seed", self.split_seed)
         check(not isinstance(self.feature_cache, str) or self.feature_cache.strip() != "", "feature_cache",

@@ -113,7 +113,10 @@ def check_devices(cfg: RunConfig, *, cpus: int | None = None, gpus: int | None =
         raise ResourceError(f"resource error: federation.devices={f.devices} asks for {f.devices} CPU ranks but "
                             f"this process may use {cpus} CPU core(s); use --federation.devices {cpus} or fewer "
                             f"(clients are dealt to the ranks there are)")
-    workers = cfg.data.num_workers
+    from fl_lightning.data.loader import resolve_loader_settings
+
+    workers = resolve_loader_settings(cfg.data.num_workers, cfg.data.pin_memory, cfg.data.persistent_workers,
+                                      cuda=False, cpus=cpus, ranks_on_node=f.devices).num_workers  # auto: 0 here
     if workers > cpus:  # torch's DataLoader would start them all (a process each) for every client
         raise ResourceError(f"resource error: data.num_workers={workers} loader processes per rank but this "
                             f"process may use {cpus} CPU core(s); use --data.num_workers {cpus} or fewer (0 loads "

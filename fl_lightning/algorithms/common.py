@@ -190,7 +190,7 @@ class FrozenFeatures:
 
         def compute(part: Dataset = dataset) -> Tensor:
             return split_features(self.backbone, part, batch_size=d.batch_size, device=fabric.device,
-                                  autocast=fabric.autocast, num_workers=d.num_workers)
+                                  autocast=fabric.autocast, num_workers=env.loader_settings().num_workers)
 
         if fabric.world_size == 1 or not (all_ranks or env.shared):
             return cache.get(key, rows=rows, compute=compute)

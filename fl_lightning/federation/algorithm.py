@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from lightning.fabric import Fabric
 
     from fl_lightning.config import RunConfig
+    from fl_lightning.data.loader import LoaderSettings
     from fl_lightning.data.registry import DatasetSplits
 
 __all__ = ["Algorithm", "Client", "Environment", "InputSpec", "NoConfig", "RoundHistory", "RoundPlan", "register",
@@ -128,6 +129,13 @@ class Environment:
     # True while every rank runs a server phase together (the engine sets it around a shared evaluation): the
     # helpers of algorithms/common.py then split their work over the ranks and gather it (docs/ranks.md)
     shared: bool = False
+    # the DataLoader settings of this rank (data/loader.py; the simulation resolves data.num_workers & co.);
+    # None: resolved here from the config, for this rank's device
+    loading: LoaderSettings | None = None
+    # whether one loader kept for the run may serve every client's pass over splits.train (its transform has no
+    # random step, so the batches do not depend on which worker made them); used when there are workers
+    one_train_loader: bool = False
+    _passes: Any = field(default=None, init=False, repr=False)
 
     def dp_sgd(self, round_idx: int, client: Client) -> Any:
         """The DP-SGD settings of ``client``'s local training (``fit_local(dp_sgd=...)``), or None."""
@@ -142,14 +150,42 @@ class Environment:
         counts = np.bincount(self.splits.train_targets[idx], minlength=self.num_classes)
         return Client(index, Subset(self.splits.train, idx.tolist()), len(idx), counts)
 
-    def loader(self, dataset: Dataset, *, shuffle: bool, seed: int = 0, batch_size: int | None = None) -> DataLoader:
-        """A DataLoader on this rank; shuffling from its own seeded generator (never the global RNG)."""
+    def loader(self, dataset: Dataset, *, shuffle: bool, seed: int = 0, batch_size: int | None = None) -> Any:
+        """A DataLoader on this rank; shuffling from its own seeded generator (never the global RNG).
+
+        With workers (``data.num_workers``), a client's rows of the training split (``client.dataset``) are read
+        through one loader kept for the run (:class:`~fl_lightning.data.loader.ClientPasses`): the same batches as
+        this per-client DataLoader, without starting the workers again for every client and pass."""
+        from fl_lightning.data.loader import ClientPasses
         from fl_lightning.data.preprocessed import collate
 
+        loading = self.loader_settings()
+        batch_size = batch_size or self.cfg.data.batch_size
+        if (loading.num_workers > 0 and self.one_train_loader and isinstance(dataset, Subset)
+                and dataset.dataset is self.splits.train):
+            if self._passes is None:
+                self._passes = ClientPasses(self.splits.train, num_workers=loading.num_workers,
+                                            pin_memory=loading.pin_memory,
+                                            persistent_workers=loading.persistent_workers, collate_fn=collate)
+            return self._passes.pass_over(dataset.indices, batch_size=batch_size, shuffle=shuffle, seed=seed)
         generator = torch.Generator().manual_seed(seed) if shuffle else None
-        return DataLoader(dataset, batch_size=batch_size or self.cfg.data.batch_size, shuffle=shuffle,
-                          generator=generator, num_workers=self.cfg.data.num_workers,
+        return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator,
+                          num_workers=loading.num_workers, pin_memory=loading.pin_memory,
                           persistent_workers=False, collate_fn=collate)
+
+    def loader_settings(self) -> LoaderSettings:
+        """This rank's DataLoader settings: ``loading``, or ``data.num_workers`` & co. resolved for its device
+        (:func:`~fl_lightning.data.loader.resolve_loader_settings`), once."""
+        if self.loading is not None:
+            return self.loading
+        from fl_lightning.data.loader import resolve_loader_settings
+        from fl_lightning.preflight import available_cpus
+
+        d = self.cfg.data
+        cuda = getattr(getattr(self.fabric, "device", None), "type", "cpu") == "cuda"
+        self.loading = resolve_loader_settings(d.num_workers, d.pin_memory, d.persistent_workers, cuda=cuda,
+                                               cpus=available_cpus(), ranks_on_node=self.cfg.federation.devices)
+        return self.loading
 
 
 class Algorithm(ABC):

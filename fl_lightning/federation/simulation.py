@@ -205,7 +205,8 @@ class Simulation:
             splits.test = PreprocessedSplit(splits.test, budget_bytes=budget)
         partition = partition_for(cfg, splits.train_targets, splits.train_column)
         privacy = FederationPrivacy.of(cfg, algorithm.num_rounds, [len(p) for p in partition])
-        env = Environment(fabric, cfg, splits, partition, self.run_dir, privacy)
+        env = Environment(fabric, cfg, splits, partition, self.run_dir, privacy,
+                          one_train_loader=is_deterministic(train_transform))
         algorithm.setup(env)
         return algorithm, env
 
