@@ -24,7 +24,18 @@ tensor. The values are the transform's own, so results are bit-identical to the 
   caller that edits its tensor in place never changes the store.
 * Per process and per split, keyed by what it wraps: the cache lives as long as the split object (a
   run's ``Environment``), so a different transform or data set is a different split object and never
-  sees these tensors. With ``data.num_workers > 0`` each worker fills its own copy (still correct).
+  sees these tensors. With ``data.num_workers > 0`` each worker fills its own copy (still correct); a split the
+  whole of which is filled at once (``bulk_items``) is filled in the rank before its workers start
+  (``Environment.loader``), and the workers share those pages.
+
+**The uint8 store** (``uint8_budget_bytes``, ``data.cache_uint8_mb``). The registry's pipelines end with
+"uint8 image → ``ToDtype(float32, scale=True)`` → clamp → ``Normalize`` → ``ToPureTensor``"
+(:func:`uint8_stage` splits such a transform there). Then the store holds the uint8 image the first part makes
+(1 byte a value instead of 4: 147 KiB instead of 588 KiB per 224-px image), and every read runs the float part on
+it — on the whole gathered batch in one call (:func:`collate`), elementwise steps, so each value is the one the
+per-item float32 path gives. It is used only when that holds: on the first read the item is made both ways and
+compared with ``torch.equal`` (and the float part on a batch of it, too); a split that applies its transform
+elsewhere than its ``transform`` attribute, a stage that is not uint8, or any difference keeps the float32 store.
 
 This caches *training inputs*; the frozen-backbone feature cache of the statistics methods is another
 piece (it caches a model's outputs, not the data pipeline's).
@@ -32,14 +43,15 @@ piece (it caches a model's outputs, not the data pipeline's).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import Dataset, default_collate
 from torchvision.transforms import v2
 
-__all__ = ["PreprocessedSplit", "StoredBatch", "collate", "is_deterministic", "DETERMINISTIC_STEPS"]
+__all__ = ["PreprocessedSplit", "StoredBatch", "collate", "is_deterministic", "uint8_stage", "DETERMINISTIC_STEPS"]
 
 # transforms.v2 steps whose output depends only on their input (no random draw)
 DETERMINISTIC_STEPS: tuple[type, ...] = (v2.ToImage, v2.RGB, v2.Resize, v2.CenterCrop, v2.ToDtype, v2.Normalize,
@@ -61,25 +73,52 @@ def is_deterministic(transform: Any) -> bool:
     return type(transform) in DETERMINISTIC_STEPS
 
 
+def _elementwise(step: Any) -> bool:
+    """A step that maps every value on its own (the same result on one image or a batch of them)."""
+    if isinstance(step, v2.Lambda):
+        return getattr(step.lambd, "__module__", "").startswith("fl_lightning.")  # e.g. the [0, 1] clamp
+    return type(step) in (v2.ToDtype, v2.Normalize, v2.ToPureTensor)
+
+
+def uint8_stage(transform: Any) -> tuple[v2.Compose, v2.Compose] | None:
+    """``transform`` split as ``(image part, float part)`` at its ``ToDtype(float32, scale=True)``, or None.
+
+    The image part is every step before it (it must be deterministic; whether it yields uint8 is seen on the
+    data); the float part that step and what follows, all elementwise (``ToDtype``, ``Normalize``, this package's
+    clamp, ``ToPureTensor``), so it may run on a batch of images at once.
+    """
+    if not isinstance(transform, v2.Compose) or not is_deterministic(transform):
+        return None
+    steps = list(transform.transforms)
+    at = next((i for i, t in enumerate(steps) if type(t) is v2.ToDtype and t.dtype is torch.float32 and t.scale), None)
+    if at is None or at == 0 or not all(_elementwise(t) for t in steps[at:]):
+        return None
+    return v2.Compose(steps[:at]), v2.Compose(steps[at:])
+
+
 class PreprocessedSplit(Dataset):
     """``split[i]`` computed once and then served from memory (see the module docstring).
 
     Args:
         split: a map-style data set whose items are ``(tensor, target)``.
-        budget_bytes: the most memory the stored tensors may take; a larger split is not stored.
+        budget_bytes: the most memory the stored float tensors may take; a larger split is not stored.
+        uint8_budget_bytes: the most memory a uint8 store may take (see the module docstring); 0: none.
 
     Example:
         >>> cached = PreprocessedSplit(splits.test, budget_bytes=1 << 30)  # doctest: +SKIP
     """
 
-    def __init__(self, split: Dataset, *, budget_bytes: int) -> None:
+    def __init__(self, split: Dataset, *, budget_bytes: int, uint8_budget_bytes: int = 0) -> None:
         self.split, self.budget_bytes = split, int(budget_bytes)
+        self.uint8_budget_bytes = int(uint8_budget_bytes)
         self._n = len(split)  # type: ignore[arg-type]
         self._inputs: torch.Tensor | None = None  # (N, *item shape), filled as items are first read
         self._targets: list[Any] = [None] * self._n
         self._filled = torch.zeros(self._n, dtype=torch.bool)
         self._disabled = False  # items do not fit the budget, or are not same-shape tensors
         self._bulk_tried = False  # the whole-split fill is tried once, on the first read
+        self._source: Dataset = split  # what is stored: the split's items, or their uint8 images
+        self._finish: Callable[[torch.Tensor], torch.Tensor] | None = None  # the float part run on a read
 
     def __len__(self) -> int:
         return self._n
@@ -89,49 +128,96 @@ class PreprocessedSplit(Dataset):
         """How many items are held in memory."""
         return int(self._filled.sum())
 
-    def _allocate(self, first: torch.Tensor) -> bool:
-        if not isinstance(first, torch.Tensor) or first.element_size() * first.numel() * self._n > self.budget_bytes:
+    @property
+    def stored_dtype(self) -> torch.dtype | None:
+        """The dtype of the store (``torch.uint8`` for the uint8 store), None before it exists."""
+        return None if self._inputs is None else self._inputs.dtype
+
+    def _allocate(self, first: torch.Tensor, budget: int) -> bool:
+        if not isinstance(first, torch.Tensor) or first.element_size() * first.numel() * self._n > budget:
             self._disabled = True
             return False
         self._inputs = torch.empty((self._n, *first.shape), dtype=first.dtype)
         return True
 
+    def _try_uint8(self, index: int, x: Any) -> torch.Tensor | None:
+        """Switch to the uint8 store when item ``index`` (``x``, read the usual way) comes out the same through it
+        (module docstring); returns the item's uint8 image then, else None."""
+        stages = uint8_stage(getattr(self.split, "transform", None)) if self.uint8_budget_bytes else None
+        if stages is None or not isinstance(x, torch.Tensor):
+            return None
+        source = copy.copy(self.split)
+        source.transform = stages[0]  # type: ignore[attr-defined]
+        x8 = source[index][0]
+        if not (isinstance(x8, torch.Tensor) and x8.dtype == torch.uint8
+                and x8.numel() * self._n <= self.uint8_budget_bytes):
+            return None
+        x8 = x8.as_subclass(torch.Tensor)
+        finish = stages[1]
+        made = finish(x8)
+        if not (torch.equal(made, x) and made.dtype == x.dtype and torch.equal(finish(x8[None])[0], x)):
+            return None
+        self._source, self._finish = source, finish
+        return x8
+
+    def _read(self, index: int) -> tuple[Any, Any]:
+        if self._finish is None:  # a copy: a caller that edits its batch in place cannot reach the store
+            return self._inputs[index].clone(), self._targets[index]  # type: ignore[index]
+        return self._finish(self._inputs[index]), self._targets[index]  # type: ignore[index]
+
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         index = int(index)
         if index < 0:
             index += self._n
-        if self._filled[index]:  # a copy: a caller that edits its batch in place cannot reach the store
-            return self._inputs[index].clone(), self._targets[index]  # type: ignore[index]
+        if self._filled[index]:
+            return self._read(index)
+        if self._disabled:
+            return self.split[index]
+        if self._finish is not None:  # the uint8 store: keep the image part, hand on the float part's result
+            x8, y = self._source[index]
+            x8 = x8.as_subclass(torch.Tensor) if isinstance(x8, torch.Tensor) else x8
+            if not isinstance(x8, torch.Tensor) or x8.shape != self._inputs.shape[1:] or x8.dtype != torch.uint8:
+                self._disabled, self._inputs, self._finish = True, None, None  # mixed shapes: read as before
+                self._filled.zero_()
+                return self.split[index]
+            self._inputs[index], self._targets[index], self._filled[index] = x8, y, True
+            return self._finish(x8), y
         x, y = self.split[index]
-        if self._disabled or (self._inputs is None and not self._allocate(x)):
-            return x, y
+        if self._inputs is None:
+            x8 = self._try_uint8(index, x)
+            stored = x if x8 is None else x8
+            if not self._allocate(stored, self.budget_bytes if x8 is None else self.uint8_budget_bytes):
+                return x, y
+        else:
+            stored = x
         if not self._bulk_tried:
             self._bulk_tried = True
-            if self._fill_in_bulk(index, x):
+            if self._fill_in_bulk(index, stored):
                 return x, y
-        if not isinstance(x, torch.Tensor) or x.shape != self._inputs.shape[1:] or x.dtype != self._inputs.dtype:
-            self._disabled, self._inputs = True, None  # a split of mixed shapes: read it as before
+        if not isinstance(stored, torch.Tensor) or stored.shape != self._inputs.shape[1:] \
+                or stored.dtype != self._inputs.dtype:
+            self._disabled, self._inputs, self._finish = True, None, None  # a split of mixed shapes: read as before
             self._filled.zero_()
             return x, y
-        self._inputs[index] = x
+        self._inputs[index] = stored
         self._targets[index] = y
         self._filled[index] = True
         return x, y
 
     def _fill_in_bulk(self, index: int, x: torch.Tensor) -> bool:
-        """Fill every item from ``split.bulk_items()`` when it matches the per-item values (see the module
-        docstring); ``x`` is item ``index`` read the usual way. Returns whether the store is now full."""
-        bulk = getattr(self.split, "bulk_items", None)
+        """Fill every item from ``bulk_items()`` of what is stored when it matches the per-item values (see the
+        module docstring); ``x`` is item ``index`` as stored. Returns whether the store is now full."""
+        bulk = getattr(self._source, "bulk_items", None)
         if bulk is None or not isinstance(x, torch.Tensor):
             return False
         inputs, targets = bulk()
         if not (isinstance(inputs, torch.Tensor) and inputs.shape == self._inputs.shape and inputs.dtype == x.dtype
                 and len(targets) == self._n):
             return False
-        checks = {index: x, **{i: self.split[i][0] for i in {0, self._n - 1} - {index}}}
+        checks = {index: x, **{i: self._source[i][0] for i in {0, self._n - 1} - {index}}}
         if not all(torch.equal(inputs[i], v) for i, v in checks.items()):
             return False  # e.g. a kernel that rounds a batch differently from one image: keep the per-item values
-        self._inputs = inputs.contiguous()
+        self._inputs = inputs.as_subclass(torch.Tensor).contiguous()
         self._targets = list(targets)
         self._filled.fill_(True)
         return True
@@ -141,16 +227,19 @@ class PreprocessedSplit(Dataset):
         if self._inputs is None or not bool(self._filled[idx].all()):
             return [self[i] for i in indices]
         # one gather: a fresh tensor, so nothing read from it aliases the store
-        return StoredBatch(self._inputs[idx], [self._targets[int(i)] for i in idx])
+        return StoredBatch(self._inputs[idx], [self._targets[int(i)] for i in idx], self._finish)
 
 
 class StoredBatch(Sequence):
     """The ``(input, target)`` items of one batch read from a :class:`PreprocessedSplit`, with the inputs
     already gathered into one ``(B, ...)`` tensor: :func:`collate` hands that tensor on instead of
-    unbinding and stacking it again. Any other reader sees a sequence of pairs, as ``__getitems__`` gives."""
+    unbinding and stacking it again. Any other reader sees a sequence of pairs, as ``__getitems__`` gives.
+    ``finish``: the float part of a uint8 store, run on the whole batch by :func:`collate` (on each item otherwise).
+    """
 
-    def __init__(self, inputs: torch.Tensor, targets: list[Any]) -> None:
-        self.inputs, self.targets = inputs, targets
+    def __init__(self, inputs: torch.Tensor, targets: list[Any],
+                 finish: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        self.inputs, self.targets, self.finish = inputs, targets, finish
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -158,12 +247,14 @@ class StoredBatch(Sequence):
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        return self.inputs[i], self.targets[i]
+        return (self.inputs[i] if self.finish is None else self.finish(self.inputs[i])), self.targets[i]
 
 
 def collate(batch: Sequence[Any]) -> Any:
     """``torch.utils.data.default_collate``, except that a :class:`StoredBatch` of integer targets comes
-    out as ``[inputs, int64 targets]`` at once — the same two tensors, values and dtypes."""
+    out as ``[inputs, int64 targets]`` at once — the same two tensors, values and dtypes (a uint8 store's batch
+    through its float part, in one call)."""
     if isinstance(batch, StoredBatch) and all(type(t) is int for t in batch.targets):
-        return [batch.inputs, torch.tensor(batch.targets, dtype=torch.int64)]
+        inputs = batch.inputs if batch.finish is None else batch.finish(batch.inputs)
+        return [inputs, torch.tensor(batch.targets, dtype=torch.int64)]
     return default_collate(list(batch) if isinstance(batch, StoredBatch) else batch)

@@ -164,6 +164,8 @@ class Environment:
         if (loading.num_workers > 0 and self.one_train_loader and isinstance(dataset, Subset)
                 and dataset.dataset is self.splits.train):
             if self._passes is None:
+                if len(self.splits.train):  # a split filled whole at once is filled here, shared by the workers
+                    self.splits.train[0]
                 self._passes = ClientPasses(self.splits.train, num_workers=loading.num_workers,
                                             pin_memory=loading.pin_memory,
                                             persistent_workers=loading.persistent_workers, collate_fn=collate)

@@ -198,11 +198,12 @@ class Simulation:
             cfg.data.name, root=cfg.data.root, download=cfg.data.download, seed=cfg.data_seed,
             num_samples=cfg.data.num_samples, train_transform=train_transform, test_transform=test_transform,
             source=hf_source(cfg.data))
-        budget = cfg.data.cache_mb << 20  # each split its own budget
-        if budget and is_deterministic(train_transform):  # augmentation still runs per item, every pass
-            splits.train = PreprocessedSplit(splits.train, budget_bytes=budget)
-        if budget and is_deterministic(test_transform):
-            splits.test = PreprocessedSplit(splits.test, budget_bytes=budget)
+        # each split its own budgets: the float32 store (cache_mb) and the uint8 one (cache_uint8_mb)
+        budgets = {"budget_bytes": cfg.data.cache_mb << 20, "uint8_budget_bytes": cfg.data.cache_uint8_mb << 20}
+        if any(budgets.values()) and is_deterministic(train_transform):  # augmentation still runs per item
+            splits.train = PreprocessedSplit(splits.train, **budgets)
+        if any(budgets.values()) and is_deterministic(test_transform):
+            splits.test = PreprocessedSplit(splits.test, **budgets)
         partition = partition_for(cfg, splits.train_targets, splits.train_column)
         privacy = FederationPrivacy.of(cfg, algorithm.num_rounds, [len(p) for p in partition])
         env = Environment(fabric, cfg, splits, partition, self.run_dir, privacy,
