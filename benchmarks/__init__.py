@@ -31,8 +31,9 @@ BENCHMARKS: tuple[str, ...] = ("fedopal", "fedisyn")  # the method suites: what 
 # round against a bare loop (benchmarks/engine.py: minutes) and a comparison of frozen-feature
 # methods on the real DINOv2 checkpoint (benchmarks/features.py, not always present)
 # and every rank's share of the server's phases (benchmarks/ranks.py: 1, 2, 4 CPU processes, minutes);
-# the GPU check (benchmarks/gpu_check.py, scripts/gpu_check.sh: CPU smoke sizes without CUDA or with --quick)
-ENGINE_BENCHMARKS: tuple[str, ...] = ("scale", "engine", "features", "ranks", "gpu_check")
+# the GPU check (benchmarks/gpu_check.py, scripts/gpu_check.sh: CPU smoke sizes without CUDA or with --quick);
+# the data path alone against what a GPU's training step eats (benchmarks/loader.py: a minute)
+ENGINE_BENCHMARKS: tuple[str, ...] = ("scale", "engine", "features", "ranks", "gpu_check", "loader")
 
 
 def _runner(name: str):

@@ -1,4 +1,4 @@
-"""``python -m benchmarks [fedopal|fedisyn|scale|engine|features|ranks|all] [--quick] [--out FILE.json]``.
+"""``python -m benchmarks [fedopal|fedisyn|scale|engine|features|ranks|gpu_check|loader|all] [--quick] [--out FILE.json]``.
 
 ``all`` runs the method suites (fedopal, fedisyn); ``scale`` (the engine from 10 to 10,000 clients)
 runs by name: ``--clients 10,100``, ``--processes 1`` and ``--engine-only`` narrow it. ``engine`` (a
@@ -7,7 +7,9 @@ runs by name: ``--clients 10,100``, ``--processes 1`` and ``--engine-only`` narr
 ``features`` (a comparison of AFL, FedCGS and FedPFT against one AFL run, on the DINOv2 ViT-S/14
 checkpoint) runs by name. ``ranks`` (a tiny FeDiSyn, DENSE and FedAvg on 1, 2 and 4 CPU processes: wall time and
 each rank's share of time waiting in collectives) runs by name; ``--processes`` chooses the counts. ``gpu_check``
-(scripts/gpu_check.sh's checks: ViT-B/16 bf16 throughput, 1 = 2 GPUs, 16-mixed learns) runs by name."""
+(scripts/gpu_check.sh's checks: ViT-B/16 bf16 throughput, 1 = 2 GPUs, 16-mixed learns) runs by name. ``loader`` (the
+data path alone: images/s of the paper configs' CLIP 224-px pipeline per worker count, float32 vs the uint8 cache,
+against what a ViT-B/16 or ViT-L/16 bf16 step needs on an H100) runs by name."""
 
 from __future__ import annotations
 

@@ -364,3 +364,22 @@ def test_ranks_suite_reports_each_ranks_waits_by_phase(tmp_path):
     fig = out["fedavg_p2_wait_share_max"]
     assert fig["unit"] == "%" and fig["threshold"] == {"op": "<=", "value": 20.0}
     assert not list(tmp_path.iterdir())  # the runs are removed
+
+
+def test_loader_suite_reports_the_data_path_against_the_step(capsys):
+    """The data-path suite: images/s per kind, path and worker count, the required rates by arithmetic (exact:
+    989 TFLOP/s x 40 % over 3 x 17.6 / 61.6 GFLOP), and the workers that makes."""
+    from benchmarks import loader
+
+    out = loader.run(quick=True, workers=(0,), images=8)
+    assert out["required_vit_b16_images_per_s"]["value"] == pytest.approx(989e12 * 0.4 / (3 * 17.6e9))
+    assert out["required_vit_l16_images_per_s"]["value"] == pytest.approx(989e12 * 0.4 / (3 * 61.6e9))
+    for kind in ("cifar", "food101"):
+        for path in ("float32", "uint8"):
+            rate = out[f"{kind}_{path}_workers0_images_per_s"]["value"]
+            assert math.isfinite(rate) and rate > 0
+            for vit in ("vit_b16", "vit_l16"):
+                need = out[f"required_{vit}_images_per_s"]["value"]
+                assert out[f"{kind}_{path}_workers_for_{vit}"]["value"] == math.ceil(need / rate)
+    assert "fedopal_cifar10.yaml" in out["sizes"]["configs"]["cifar"]
+    assert out["sizes"]["bytes_per_image"] == {"float32": 602112, "uint8": 150528}
