@@ -252,13 +252,17 @@ def random_shift_flip(images: Tensor, *, rng: torch.Generator, padding: int = 4,
     fill = torch.as_tensor(fill, dtype=images.dtype, device=images.device).reshape(1, -1, 1, 1)
     padded = fill.expand(b, c, h + 2 * padding, w + 2 * padding).clone()
     padded[:, :, padding:padding + h, padding:padding + w] = images
-    dy = torch.randint(0, 2 * padding + 1, (b,), generator=rng).tolist()
-    dx = torch.randint(0, 2 * padding + 1, (b,), generator=rng).tolist()
-    out = torch.stack([padded[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(b)])
-    if flip:
-        do = (torch.rand(b, generator=rng) < 0.5).to(images.device)
-        out = torch.where(do[:, None, None, None], out.flip(3), out)
-    return out
+    dy = torch.randint(0, 2 * padding + 1, (b,), generator=rng)
+    dx = torch.randint(0, 2 * padding + 1, (b,), generator=rng)
+    rows = dy[:, None] + torch.arange(h)  # (B, H): sample i's window starts at dy[i], dx[i]
+    cols = dx[:, None] + torch.arange(w)  # (B, W)
+    if flip:  # a flipped view reads its window's columns right to left
+        do = torch.rand(b, generator=rng) < 0.5
+        cols = torch.where(do[:, None], cols.flip(1), cols)
+    # every sample's window in one gather (a copy of the padded values, as the per-sample slices were)
+    dev = images.device
+    return padded[torch.arange(b, device=dev)[:, None, None, None], torch.arange(c, device=dev)[None, :, None, None],
+                  rows.to(dev)[:, None, :, None], cols.to(dev)[:, None, None, :]]
 
 
 # ------------------------------------------------------------------------------------------ loops

@@ -161,6 +161,36 @@ def test_random_shift_flip_is_a_crop_of_the_padded_image():
         assert any(torch.equal(out[i], v) for v in views)
 
 
+def _shift_flip_per_sample(images, *, rng, padding, flip, fill):
+    """The per-sample loop random_shift_flip was: the reference of its draws and values."""
+    b, c, h, w = images.shape
+    fill = torch.as_tensor(fill, dtype=images.dtype).reshape(1, -1, 1, 1)
+    padded = fill.expand(b, c, h + 2 * padding, w + 2 * padding).clone()
+    padded[:, :, padding:padding + h, padding:padding + w] = images
+    dy = torch.randint(0, 2 * padding + 1, (b,), generator=rng).tolist()
+    dx = torch.randint(0, 2 * padding + 1, (b,), generator=rng).tolist()
+    out = torch.stack([padded[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(b)])
+    if flip:
+        do = torch.rand(b, generator=rng) < 0.5
+        out = torch.where(do[:, None, None, None], out.flip(3), out)
+    return out
+
+
+@pytest.mark.parametrize("padding, flip, fill", [(4, True, 0.0), (2, False, 0.0), (1, True, (-1.0, 0.5, 2.0)),
+                                                 (0, True, 0.0)])
+def test_random_shift_flip_is_the_per_sample_loop_bit_for_bit(padding, flip, fill):
+    images = torch.randn(9, 3, 12, 10, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    rng_a, rng_b = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    ours = random_shift_flip(images, rng=rng_a, padding=padding, flip=flip, fill=torch.tensor(fill))
+    ref = _shift_flip_per_sample(images, rng=rng_b, padding=padding, flip=flip, fill=fill)
+    assert torch.equal(ours, ref)
+    assert torch.equal(torch.randint(0, 1000, (5,), generator=rng_a), torch.randint(0, 1000, (5,), generator=rng_b))
+    weights = torch.randn_like(ref)
+    (g_ours,) = torch.autograd.grad((ours * weights).sum(), images)
+    (g_ref,) = torch.autograd.grad((ref * weights).sum(), images)
+    assert torch.equal(g_ours, g_ref)  # differentiable in the images, the same gradient
+
+
 class _TinyCNN(nn.Module):
     def __init__(self, seed: int, classes: int = 5) -> None:
         super().__init__()
