@@ -9,7 +9,10 @@ On a machine with CUDA GPUs, in a few minutes:
    (:data:`ROOFS`, by ``torch.cuda.get_device_name``; unknown GPUs print ``n/a``). FLOPs are counted from the
    architecture (:func:`vit_forward_flops`); prompt tuning is counted as twice the forward (the backward reaches
    the activations and the prompts, not the frozen weights: an estimate).
-2. ``loader``: ``python -m benchmarks loader`` when ``benchmarks/loader.py`` exists (skipped otherwise).
+2. ``loader``: images/s that reach the GPU, normalised, from the uint8 store's loader with the workers ``auto``
+   gives one rank of this machine (``benchmarks.loader.device_images_per_s``), against what a ViT-B/16 bf16
+   training step needs on an H100 (``required_images_per_s``); then ``python -m benchmarks loader`` (the CPU
+   side per path and worker count) must run.
 3. ``ranks``: a tiny FedOPAL and a tiny FeDiSyn on 1 and on 2 GPUs give the same ``summary.json`` accuracy
    (skipped with fewer than 2 GPUs).
 4. ``fp16``: a tiny FedOPAL under ``16-mixed`` (its prompt tuning through a ``GradScaler``) learns: accuracy
@@ -23,7 +26,6 @@ check prints one line; the last line counts the failures; exit status 1 if any f
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -194,13 +196,21 @@ def run_checks(*, cpu: bool, work: Path, gpus: int | None = None) -> tuple[list[
         _check(lines, failures, f"throughput {what}", m["images_s"] > 0,
                f"{m['images_s']:.1f} images/s, {m['flops_s'] / 1e12:.3f} TFLOP/s, {share}")
 
-    # 2. the loader benchmark, when another part of the repository has added it
-    if importlib.util.find_spec("benchmarks.loader") is None:
-        _check(lines, failures, "loader", None, "benchmarks/loader.py absent")
-    else:
-        command = [sys.executable, "-m", "benchmarks", "loader", *(["--quick"] if cpu else [])]
-        proc = subprocess.run(command, capture_output=True, text=True, cwd=_REPO, timeout=300)
-        _check(lines, failures, "loader", proc.returncode == 0, f"python -m benchmarks loader exit {proc.returncode}")
+    # 2. the data path into the device, then the loader benchmark's CPU figures
+    from benchmarks.loader import FORWARD_GFLOP, device_images_per_s, required_images_per_s
+    from fl_lightning.data.loader import resolve_loader_settings
+    from fl_lightning.preflight import available_cpus
+
+    workers = resolve_loader_settings("auto", "auto", "auto", cuda=not cpu, cpus=available_cpus(),
+                                      ranks_on_node=1).num_workers
+    rate = device_images_per_s(device, workers=workers, images=64 if cpu else 1024, passes=1 if cpu else 2)
+    need = required_images_per_s(FORWARD_GFLOP["vit_b16"])
+    numbers["loader"] = {"images_s": rate, "workers": workers, "vit_b16_needs_images_s": need}
+    command = [sys.executable, "-m", "benchmarks", "loader", *(["--quick"] if cpu else [])]
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=_REPO, timeout=300)
+    _check(lines, failures, "loader", rate > 0 and proc.returncode == 0,
+           f"{rate:.0f} images/s onto {device.type} from the uint8 store with {workers} worker(s) (a ViT-B/16 bf16 "
+           f"step on an H100 needs {need:.0f}); python -m benchmarks loader exit {proc.returncode}")
 
     accelerator = ["--federation.accelerator", "cpu" if cpu else "gpu"]
     # 3. one rank and two give the same accuracy

@@ -73,6 +73,9 @@ class DataConfig:
     num_workers: int | Literal["auto"] = "auto"
     pin_memory: bool | Literal["auto"] = "auto"  # page-locked batches; auto: on CUDA
     persistent_workers: bool | Literal["auto"] = "auto"  # one loader (and its workers) for the run; auto: with workers
+    # the uint8 store's float part (ToDtype, clamp, Normalize) on the rank's device, after the uint8 batch's copy
+    # (a quarter of the bytes), instead of in the loader; auto: on CUDA. Speed only: on the CPU the same values
+    normalize_on_device: bool | Literal["auto"] = "auto"
     num_samples: int | None = None  # a seeded subset of this many training images (`synthetic`: how many to make)
     # the seed of the data set's own train/test split and of the num_samples subset (digits, synthetic,
     # caltech101, imagefolder); null: the run's seed. Fixed, seeds vary only the partition and the training,
@@ -115,7 +118,7 @@ class DataConfig:
         check(self.cache_uint8_mb >= 0, "cache_uint8_mb", self.cache_uint8_mb, "an int >= 0 (MiB; 0: no uint8 cache)")
         check(self.num_workers == "auto" or not isinstance(self.num_workers, bool) and isinstance(self.num_workers, int)
               and self.num_workers >= 0, "num_workers", self.num_workers, "an int >= 0 or auto")
-        for key in ("pin_memory", "persistent_workers"):
+        for key in ("pin_memory", "persistent_workers", "normalize_on_device"):
             check(getattr(self, key) == "auto" or isinstance(getattr(self, key), bool), key, getattr(self, key),
                   "true, false or auto")
         if self.split_seed is not None:

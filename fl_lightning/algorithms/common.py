@@ -146,8 +146,8 @@ class FrozenFeatures:
         self._test: Tensor | None = None
 
     def key(self, split: Literal["train", "test"]) -> str:
-        """The table's key: the weights, the module, the transform, the data set and split, the batching."""
-        from fl_lightning.data.feature_cache import cache_key, targets_digest
+        """The table's key: the weights, the module, the transform, the data set and split, the batching, the GPU."""
+        from fl_lightning.data.feature_cache import accelerator_name, cache_key, targets_digest
         from fl_lightning.data.transforms import build_transform
 
         env = self.algorithm.env
@@ -163,7 +163,8 @@ class FrozenFeatures:
             "dataset": {"name": d.name, "root": str(Path(d.root).expanduser().resolve()), "split": split,
                         "split_seed": cfg.data_seed, "num_samples": d.num_samples, "rows": len(targets),
                         "targets": targets_digest(targets)},
-            "batch_size": d.batch_size, "precision": cfg.federation.precision, "device": env.fabric.device.type,
+            "batch_size": d.batch_size, "precision": cfg.federation.precision,
+            "device": accelerator_name(env.fabric.device),  # the GPU's name: another GPU, other round-off
         }
         if env.splits.fingerprint is not None:  # a Hugging Face data set: its content, not only its name and root
             description["dataset"]["fingerprint"] = env.splits.fingerprint
@@ -190,7 +191,8 @@ class FrozenFeatures:
 
         def compute(part: Dataset = dataset) -> Tensor:
             return split_features(self.backbone, part, batch_size=d.batch_size, device=fabric.device,
-                                  autocast=fabric.autocast, num_workers=env.loader_settings().num_workers)
+                                  autocast=fabric.autocast, num_workers=env.loader_settings().num_workers,
+                                  normalize_on_device=env.loader_settings().normalize_on_device)
 
         if fabric.world_size == 1 or not (all_ranks or env.shared):
             return cache.get(key, rows=rows, compute=compute)

@@ -12,8 +12,8 @@ and without it (a float32 forward may depend on the batch a row runs in: the bat
 never a client's). On disk (:class:`FeatureCache`) a table is one file ``<key>.pt`` whose key is the
 sha256 of the backbone's state-dict tensors (:func:`state_dict_digest`) and of a description of
 everything else that decides the numbers (:func:`cache_key`: the module, the transform, the dataset,
-its split and subset, the batch size, the precision, the device type, the torch version). A file is
-used only when its recorded key, its shape and the sha256 of its tensor all match; anything else (a
+its split and subset, the batch size, the precision, the device (a GPU by its name), the torch version). A
+file is used only when its recorded key, its shape and the sha256 of its tensor all match; anything else (a
 torn, corrupt or foreign file) is recomputed and replaced. Files are written atomically (temporary
 file + rename), and two processes that write the same key write the same bytes, so shards running at
 once need no lock.
@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-__all__ = ["FeatureCache", "cache_key", "split_features", "state_dict_digest", "targets_digest"]
+__all__ = ["FeatureCache", "accelerator_name", "cache_key", "split_features", "state_dict_digest", "targets_digest"]
 
 _FORMAT = 1  # bump when the file layout or the way features are computed changes
 
@@ -52,13 +52,22 @@ def state_dict_digest(module: nn.Module) -> str:
     return digest.hexdigest()
 
 
+def accelerator_name(device: torch.device | str) -> str:
+    """What computes the numbers, for a key: ``torch.cuda.get_device_name`` on CUDA (an H100 and an A100 pick other
+    kernels, so their float round-off differs), the device type elsewhere (``"cpu"``, ``"mps"``)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return device.type
+
+
 def cache_key(module: nn.Module, description: Mapping[str, Any], *, weights: str | None = None) -> str:
     """The key of a feature table: sha256 of the module's weights, its class and ``description``.
 
     Args:
         module: the frozen feature extractor (images → (B, d)).
         description: JSON-serialisable values that decide the features besides the weights (the
-            transform, the dataset, its split and subset, batch size, precision, device type).
+            transform, the dataset, its split and subset, batch size, precision, :func:`accelerator_name`).
         weights: ``state_dict_digest(module)`` when the caller has it already (it hashes every weight).
 
     Returns:
@@ -72,7 +81,7 @@ def cache_key(module: nn.Module, description: Mapping[str, Any], *, weights: str
 
 def split_features(feature_fn: Callable[[Tensor], Tensor], dataset: Dataset, *, batch_size: int,
                    device: torch.device | str, autocast: Callable[[], ContextManager] | None = None,
-                   num_workers: int = 0) -> Tensor:
+                   num_workers: int = 0, normalize_on_device: bool = False) -> Tensor:
     """The features of every item of ``dataset``, in dataset order, in fixed batches of ``batch_size``.
 
     Args:
@@ -82,12 +91,21 @@ def split_features(feature_fn: Callable[[Tensor], Tensor], dataset: Dataset, *, 
         device: where the images go.
         autocast: a factory of the context to run ``feature_fn`` under (``fabric.autocast``).
         num_workers: DataLoader workers for the images.
+        normalize_on_device: a uint8 store's batches finished on ``device`` (``data.normalize_on_device``;
+            data/loader.py's ``DeviceFloatPart``).
 
     Returns:
         (N, d) on the CPU, in the dtype ``feature_fn`` returns (float32, or bf16 under bf16 autocast).
     """
+    from fl_lightning.data.loader import DeviceFloatPart
+    from fl_lightning.data.preprocessed import collate, collate_uint8, float_part_of
+
     context = autocast or contextlib.nullcontext
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+    float_part = float_part_of(dataset) if normalize_on_device else None
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers,
+                        collate_fn=collate if float_part is None else collate_uint8)
+    if float_part is not None:
+        loader = DeviceFloatPart(loader, device=device, float_part=float_part)
     rows = []
     with torch.inference_mode():
         for images, _ in loader:

@@ -15,18 +15,25 @@ Two pieces, both used by :meth:`~fl_lightning.federation.algorithm.Environment.l
   before: the sampler draws from the client's generator what that loader drew — first the int64 base seed
   every DataLoader iterator takes from its generator, then ``torch.randperm`` over the client's rows (torch's
   ``RandomSampler``) — and reads the same rows in the same order (tested against the old construction).
+* :class:`DeviceFloatPart` (``data.normalize_on_device``, on CUDA by default): a uint8 store's batches
+  (data/preprocessed.py) leave the loader as uint8 — a quarter of the bytes through the workers' queues, the
+  pinned buffer and the host-to-device copy — and their float part (``ToDtype``, clamp, ``Normalize``, elementwise)
+  runs on the device. The loader processes then only gather stored rows: on the CPU the float part was most of
+  what a worker did per image once the store is full (docs/gpu.md). The values are the same ops on the same
+  bytes (on the CPU bit for bit, tested).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-__all__ = ["LoaderSettings", "resolve_loader_settings", "ClientBatchSampler", "ClientPasses", "AUTO_MAX_WORKERS"]
+__all__ = ["LoaderSettings", "resolve_loader_settings", "ClientBatchSampler", "ClientPasses", "DeviceFloatPart",
+           "AUTO_MAX_WORKERS"]
 
 AUTO_MAX_WORKERS = 4  # auto's cap on workers per rank: enough for a CLIP 224-px pipeline on one GPU (docs/gpu.md)
 
@@ -38,10 +45,12 @@ class LoaderSettings:
     num_workers: int = 0
     pin_memory: bool = False
     persistent_workers: bool = False
+    normalize_on_device: bool = False  # a uint8 store's float part after the copy to the device (DeviceFloatPart)
 
 
 def resolve_loader_settings(num_workers: int | str, pin_memory: bool | str, persistent_workers: bool | str, *,
-                            cuda: bool, cpus: int, ranks_on_node: int) -> LoaderSettings:
+                            cuda: bool, cpus: int, ranks_on_node: int,
+                            normalize_on_device: bool | str = False) -> LoaderSettings:
     """The DataLoader settings of one rank.
 
     Args:
@@ -51,15 +60,16 @@ def resolve_loader_settings(num_workers: int | str, pin_memory: bool | str, pers
         pin_memory: a bool, or ``"auto"``: on CUDA only (page-locked batches copy to the GPU asynchronously).
         persistent_workers: a bool, or ``"auto"``: whenever there are workers. Forced off without workers
             (DataLoader refuses it then).
+        normalize_on_device: a bool, or ``"auto"``: on CUDA (:class:`DeviceFloatPart`).
         cuda: whether the rank's device is a CUDA GPU.
         cpus: the CPU cores this process may use (``preflight.available_cpus``).
         ranks_on_node: the ranks that share those cores (``federation.devices``).
 
     Example:
-        >>> resolve_loader_settings("auto", "auto", "auto", cuda=True, cpus=16, ranks_on_node=2)
-        LoaderSettings(num_workers=4, pin_memory=True, persistent_workers=True)
+        >>> resolve_loader_settings("auto", "auto", "auto", cuda=True, cpus=16, ranks_on_node=2, normalize_on_device="auto")
+        LoaderSettings(num_workers=4, pin_memory=True, persistent_workers=True, normalize_on_device=True)
         >>> resolve_loader_settings("auto", "auto", "auto", cuda=False, cpus=16, ranks_on_node=1)
-        LoaderSettings(num_workers=0, pin_memory=False, persistent_workers=False)
+        LoaderSettings(num_workers=0, pin_memory=False, persistent_workers=False, normalize_on_device=False)
     """
     if num_workers == "auto":
         workers = max(0, min(AUTO_MAX_WORKERS, max(1, cpus) // max(1, ranks_on_node) - 1)) if cuda else 0
@@ -67,7 +77,8 @@ def resolve_loader_settings(num_workers: int | str, pin_memory: bool | str, pers
         workers = int(num_workers)
     pin = cuda if pin_memory == "auto" else bool(pin_memory)
     persistent = workers > 0 and (True if persistent_workers == "auto" else bool(persistent_workers))
-    return LoaderSettings(workers, pin, persistent)
+    on_device = cuda if normalize_on_device == "auto" else bool(normalize_on_device)
+    return LoaderSettings(workers, pin, persistent, on_device)
 
 
 class ClientBatchSampler(Sampler[list[int]]):
@@ -150,3 +161,36 @@ class _Pass:
         shared._rows, shared._batch_size, shared._generator = (self._sampler._rows, self._sampler._batch_size,
                                                                self._sampler._generator)
         return iter(self.passes.loader)
+
+
+class DeviceFloatPart:
+    """``loader``'s batches with their uint8 images finished on ``device``: each batch ``[images, *rest]`` whose
+    images are uint8 (a uint8 store's rows, collated without their float part) is copied to ``device``
+    (asynchronously from pinned memory) and put through ``float_part`` there; any other batch (a float32 store's,
+    a first pass made item by item) is handed on as it is. The rest of the batch (the labels) stays where the
+    loader put it: the callers move it as before. Sized and iterable as ``loader`` is; other attributes are
+    ``loader``'s (``dataset``, ``batch_size``).
+
+    Args:
+        loader: a DataLoader (or a :class:`ClientPasses` pass) whose collate keeps uint8 batches uint8.
+        device: the rank's device.
+        float_part: the uint8 store's float part (``PreprocessedSplit.float_part``), elementwise.
+    """
+
+    def __init__(self, loader: Any, *, device: torch.device | str, float_part: Callable[[torch.Tensor], torch.Tensor]
+                 ) -> None:
+        self.loader, self.device, self.float_part = loader, torch.device(device), float_part
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        for images, *rest in self.loader:
+            if isinstance(images, torch.Tensor) and images.dtype == torch.uint8:
+                images = self.float_part(images.to(self.device, non_blocking=True))  # (B, 3, H, W) float32
+            yield [images, *rest]
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("loader", "device", "float_part"):  # not yet set (copy, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.loader, name)

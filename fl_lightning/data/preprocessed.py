@@ -51,7 +51,8 @@ import torch
 from torch.utils.data import Dataset, default_collate
 from torchvision.transforms import v2
 
-__all__ = ["PreprocessedSplit", "StoredBatch", "collate", "is_deterministic", "uint8_stage", "DETERMINISTIC_STEPS"]
+__all__ = ["PreprocessedSplit", "StoredBatch", "collate", "collate_uint8", "float_part_of", "is_deterministic",
+           "uint8_stage", "DETERMINISTIC_STEPS"]
 
 # transforms.v2 steps whose output depends only on their input (no random draw)
 DETERMINISTIC_STEPS: tuple[type, ...] = (v2.ToImage, v2.RGB, v2.Resize, v2.CenterCrop, v2.ToDtype, v2.Normalize,
@@ -127,6 +128,14 @@ class PreprocessedSplit(Dataset):
     def stored(self) -> int:
         """How many items are held in memory."""
         return int(self._filled.sum())
+
+    @property
+    def float_part(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """What a uint8 batch of this split goes through to become the split's float32 items: the float part of
+        its transform (:func:`uint8_stage`) when a uint8 store may hold it, else None. Known before any read (the
+        workers' stores are filled in their own processes): a batch comes out uint8 only from the uint8 store."""
+        stages = uint8_stage(getattr(self.split, "transform", None)) if self.uint8_budget_bytes else None
+        return None if stages is None else stages[1]
 
     @property
     def stored_dtype(self) -> torch.dtype | None:
@@ -250,11 +259,27 @@ class StoredBatch(Sequence):
         return (self.inputs[i] if self.finish is None else self.finish(self.inputs[i])), self.targets[i]
 
 
-def collate(batch: Sequence[Any]) -> Any:
+def collate(batch: Sequence[Any], *, float_part: bool = True) -> Any:
     """``torch.utils.data.default_collate``, except that a :class:`StoredBatch` of integer targets comes
     out as ``[inputs, int64 targets]`` at once — the same two tensors, values and dtypes (a uint8 store's batch
-    through its float part, in one call)."""
+    through its float part, in one call; ``float_part=False``: left uint8, for the device to finish)."""
     if isinstance(batch, StoredBatch) and all(type(t) is int for t in batch.targets):
-        inputs = batch.inputs if batch.finish is None else batch.finish(batch.inputs)
+        inputs = batch.inputs if batch.finish is None or not float_part else batch.finish(batch.inputs)
         return [inputs, torch.tensor(batch.targets, dtype=torch.int64)]
+    if isinstance(batch, StoredBatch) and not float_part and batch.finish is not None:
+        return default_collate(list(zip(batch.inputs, batch.targets)))  # uint8 images, targets of another type
     return default_collate(list(batch) if isinstance(batch, StoredBatch) else batch)
+
+
+def collate_uint8(batch: Sequence[Any]) -> Any:
+    """:func:`collate` that leaves a uint8 store's batch uint8 (``DeviceFloatPart`` finishes it on the device)."""
+    return collate(batch, float_part=False)
+
+
+def float_part_of(dataset: Dataset) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The float part of the :class:`PreprocessedSplit` under ``dataset`` (through ``Subset`` s), or None."""
+    while not isinstance(dataset, PreprocessedSplit):
+        dataset = getattr(dataset, "dataset", None)
+        if dataset is None:
+            return None
+    return dataset.float_part

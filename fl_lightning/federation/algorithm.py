@@ -155,12 +155,16 @@ class Environment:
 
         With workers (``data.num_workers``), a client's rows of the training split (``client.dataset``) are read
         through one loader kept for the run (:class:`~fl_lightning.data.loader.ClientPasses`): the same batches as
-        this per-client DataLoader, without starting the workers again for every client and pass."""
-        from fl_lightning.data.loader import ClientPasses
-        from fl_lightning.data.preprocessed import collate
+        this per-client DataLoader, without starting the workers again for every client and pass. With
+        ``data.normalize_on_device`` (on CUDA), a uint8 store's batches arrive with their images already on the
+        rank's device, finished there (:class:`~fl_lightning.data.loader.DeviceFloatPart`)."""
+        from fl_lightning.data.loader import ClientPasses, DeviceFloatPart
+        from fl_lightning.data.preprocessed import collate, collate_uint8, float_part_of
 
         loading = self.loader_settings()
         batch_size = batch_size or self.cfg.data.batch_size
+        float_part = float_part_of(dataset) if loading.normalize_on_device else None
+        collate_fn = collate if float_part is None else collate_uint8
         if (loading.num_workers > 0 and self.one_train_loader and isinstance(dataset, Subset)
                 and dataset.dataset is self.splits.train):
             if self._passes is None:
@@ -168,12 +172,15 @@ class Environment:
                     self.splits.train[0]
                 self._passes = ClientPasses(self.splits.train, num_workers=loading.num_workers,
                                             pin_memory=loading.pin_memory,
-                                            persistent_workers=loading.persistent_workers, collate_fn=collate)
-            return self._passes.pass_over(dataset.indices, batch_size=batch_size, shuffle=shuffle, seed=seed)
-        generator = torch.Generator().manual_seed(seed) if shuffle else None
-        return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator,
-                          num_workers=loading.num_workers, pin_memory=loading.pin_memory,
-                          persistent_workers=False, collate_fn=collate)
+                                            persistent_workers=loading.persistent_workers, collate_fn=collate_fn)
+            loader = self._passes.pass_over(dataset.indices, batch_size=batch_size, shuffle=shuffle, seed=seed)
+        else:
+            generator = torch.Generator().manual_seed(seed) if shuffle else None
+            loader = DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator,
+                                num_workers=loading.num_workers, pin_memory=loading.pin_memory,
+                                persistent_workers=False, collate_fn=collate_fn)
+        return loader if float_part is None else DeviceFloatPart(loader, device=self.fabric.device,
+                                                                 float_part=float_part)
 
     def loader_settings(self) -> LoaderSettings:
         """This rank's DataLoader settings: ``loading``, or ``data.num_workers`` & co. resolved for its device
@@ -186,6 +193,7 @@ class Environment:
         d = self.cfg.data
         cuda = getattr(getattr(self.fabric, "device", None), "type", "cpu") == "cuda"
         self.loading = resolve_loader_settings(d.num_workers, d.pin_memory, d.persistent_workers, cuda=cuda,
+                                               normalize_on_device=d.normalize_on_device,
                                                cpus=available_cpus(), ranks_on_node=self.cfg.federation.devices)
         return self.loading
 

@@ -60,7 +60,8 @@ def _data():
 def _env(fabric, cache_dir):
     dataset, y, _ = _data()
     cfg = SimpleNamespace(data=SimpleNamespace(batch_size=BATCH, num_workers=0, pin_memory="auto",
-                                               persistent_workers="auto", feature_cache=cache_dir),
+                                               persistent_workers="auto", normalize_on_device="auto",
+                                               feature_cache=cache_dir),
                           federation=SimpleNamespace(collective_timeout_s=60.0, devices=1))
     splits = SimpleNamespace(train=dataset, test=dataset, test_targets=y.numpy(), train_targets=y.numpy(),
                              classes=[str(c) for c in range(CLASSES)])

@@ -8,7 +8,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from fl_lightning.config import load_config
-from fl_lightning.data.feature_cache import FeatureCache, cache_key, split_features, state_dict_digest
+from fl_lightning.data.feature_cache import FeatureCache, accelerator_name, cache_key, split_features, state_dict_digest
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.simulation import Simulation
@@ -66,6 +66,17 @@ def test_key_follows_weights_class_and_description():
     before = state_dict_digest(bn)
     bn.num_batches_tracked += 1
     assert state_dict_digest(bn) != before
+
+
+def test_the_key_names_the_gpu_not_only_cuda(monkeypatch):
+    """Two GPU models pick other kernels (other round-off): their tables must not share a key."""
+    names = iter(["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: next(names))
+    h100, a100 = accelerator_name("cuda:0"), accelerator_name(torch.device("cuda", 1))
+    assert (h100, a100) == ("cuda:NVIDIA H100 80GB HBM3", "cuda:NVIDIA A100-SXM4-80GB")
+    assert accelerator_name("cpu") == "cpu"
+    a = nn.Linear(3, 2)
+    assert cache_key(a, {"device": h100}) != cache_key(a, {"device": a100})
 
 
 def test_split_features_are_the_split_in_order_in_fixed_batches():

@@ -37,7 +37,7 @@ def test_config_keys_accept_auto_and_refuse_nonsense():
     assert (cfg.data.num_workers, cfg.data.pin_memory, cfg.data.persistent_workers) == ("auto", "auto", "auto")
     assert load_config(None, ["--data.num_workers", "2", "--data.pin_memory", "false"]).data.num_workers == 2
     for key, value in (("num_workers", "many"), ("num_workers", "-1"), ("num_workers", "true"),
-                       ("pin_memory", "often"), ("cache_uint8_mb", "-1")):
+                       ("pin_memory", "often"), ("normalize_on_device", "gpu"), ("cache_uint8_mb", "-1")):
         with pytest.raises(ConfigError, match=key):
             load_config(None, [f"--data.{key}", value])
 
@@ -52,7 +52,7 @@ def test_preflight_checks_the_resolved_worker_count():
 def test_a_run_recorded_before_the_keys_resumes():
     now = config_to_dict(load_config(None, []))
     before = {**now, "data": {k: v for k, v in now["data"].items()
-                              if k not in ("pin_memory", "persistent_workers", "cache_uint8_mb")}}
+                              if k not in ("pin_memory", "persistent_workers", "normalize_on_device", "cache_uint8_mb")}}
     before["data"]["num_workers"] = 0  # as every run before `auto` recorded it
     assert recorded_config(before)["data"]["cache_uint8_mb"] == 0  # how it ran: no uint8 cache
     pinned = added_key_overrides(before)
@@ -61,7 +61,7 @@ def test_a_run_recorded_before_the_keys_resumes():
     assert config_diff(recorded_config(before), resumed) == []
     # the loader's speed-only keys may change on resume
     faster = config_to_dict(load_config(None, [*pinned, "--data.num_workers", "0", "--data.pin_memory", "true",
-                                               "--data.cache_uint8_mb", "64"]))
+                                               "--data.cache_uint8_mb", "64", "--data.normalize_on_device", "true"]))
     assert config_diff(recorded_config(before), faster) == []
 
 

@@ -108,3 +108,41 @@ def test_a_split_that_ignores_its_transform_attribute_keeps_the_float32_store():
     t = build_transform(**PIPELINES["clip"], image_size=32, train=False)
     cached = PreprocessedSplit(_Elsewhere(3, t), budget_bytes=1 << 30, uint8_budget_bytes=1 << 30)
     assert torch.equal(cached[2][0], _Elsewhere(3, t)[2][0]) and cached.stored_dtype == torch.float32
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_float_part_on_the_device_gives_the_loaders_batches(workers):
+    """data.normalize_on_device: the loader hands uint8 batches on, the float part runs after the copy; every batch
+    (the first pass, made item by item, and the store's) equals the loader's that finishes them itself."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from fl_lightning.data.feature_cache import split_features
+    from fl_lightning.data.loader import DeviceFloatPart, LoaderSettings
+    from fl_lightning.federation.algorithm import Environment
+
+    t = build_transform(**PIPELINES["clip"], image_size=32, train=False)
+    cfg = SimpleNamespace(data=SimpleNamespace(batch_size=3), federation=SimpleNamespace(devices=1))
+
+    def env(on_device: bool) -> Environment:
+        train = PreprocessedSplit(_Photos(11, t), budget_bytes=0, uint8_budget_bytes=1 << 30)
+        return Environment(SimpleNamespace(device=torch.device("cpu")), cfg, SimpleNamespace(train=train, test=train),
+                           [], Path("."), loading=LoaderSettings(workers, False, workers > 0, on_device),
+                           one_train_loader=True)
+
+    plain, device = env(False), env(True)
+    rows = [4, 0, 9, 2, 7, 10, 1]
+    for seed in (3, 4):  # the first pass fills the store (item by item), the second reads it
+        a = list(plain.loader(Subset(plain.splits.train, rows), shuffle=True, seed=seed))
+        loader = device.loader(Subset(device.splits.train, rows), shuffle=True, seed=seed)
+        assert isinstance(loader, DeviceFloatPart) and len(loader) == 3
+        b = list(loader)
+        assert all(torch.equal(x[0], y[0]) and x[0].dtype == y[0].dtype == torch.float32 and torch.equal(x[1], y[1])
+                   for x, y in zip(a, b, strict=True))
+    if workers == 0:  # the store is this process's: what leaves the loader is uint8, the bytes a GPU copy moves
+        inner = device.loader(Subset(device.splits.train, rows), shuffle=False).loader
+        assert next(iter(inner))[0].dtype == torch.uint8
+        assert not isinstance(plain.loader(plain.splits.test, shuffle=False), DeviceFloatPart)
+    flat = torch.nn.Flatten()
+    assert torch.equal(split_features(flat, device.splits.test, batch_size=4, device="cpu", normalize_on_device=True),
+                       split_features(flat, plain.splits.test, batch_size=4, device="cpu"))

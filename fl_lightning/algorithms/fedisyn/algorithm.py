@@ -172,7 +172,7 @@ class FeDiSynFamily(StagedAlgorithm):
         mean = torch.tensor(self.spec.mean).view(1, 3, 1, 1)
         std = torch.tensor(self.spec.std).view(1, 3, 1, 1)
         for images, labels in self.env.loader(client.dataset, shuffle=False, batch_size=batch_size):
-            x = (images * std + mean).clamp(0, 1)
+            x = (images * std.to(images.device) + mean.to(images.device)).clamp(0, 1)  # on the device, normalised there
             if size is not None:
                 x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False).clamp(0, 1)
             yield x, labels
