@@ -12,7 +12,7 @@ import pickle
 import tempfile
 import threading
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,11 +106,33 @@ class DurableWriter:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
-    def save(self, obj: Any, path: str | Path) -> None:
+    def save(self, obj: Any, path: str | Path, *, first: Sequence[tuple[Any, Path]] = (),
+             remove: Callable[[], list[Path]] | None = None) -> None:
+        """Write ``obj`` to ``path`` durably in the background.
+
+        Args:
+            first: ``(obj, path)`` pairs made durable and renamed into place before ``path`` (files ``path`` refers
+                to: a crash leaves either the old ``path`` or the new one with everything it names).
+            remove: called once ``path`` is in place: the files it returns are deleted (files no checkpoint names
+                any more).
+        """
+        self.wait()
+        pairs = [*((o, Path(p)) for o, p in first), (obj, Path(path))]
+        temps: list[tuple[str, Path]] = []
+        try:
+            for item, target in pairs:
+                temps.append((self._write(item, target), target))
+        except BaseException:
+            for tmp, _ in temps:
+                Path(tmp).unlink(missing_ok=True)
+            raise
+        self._thread = threading.Thread(target=self._finish, args=(temps, remove), name="fl-checkpoint")
+        self._thread.start()  # not a daemon: an interpreter that exits still finishes the rename
+
+    @staticmethod
+    def _write(obj: Any, path: Path) -> str:
         from torch.utils.serialization import config as serialization
 
-        self.wait()
-        path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
@@ -122,24 +144,32 @@ class DurableWriter:
             if full is not None:
                 raise full  # noqa: B904 — its __cause__ is err
             raise
-        self._thread = threading.Thread(target=self._finish, args=(tmp, path), name="fl-checkpoint")
-        self._thread.start()  # not a daemon: an interpreter that exits still finishes the rename
+        return tmp
 
-    def _finish(self, tmp: str, path: Path) -> None:
-        try:
-            fd = os.open(tmp, os.O_RDONLY)
+    def _finish(self, temps: list[tuple[str, Path]], remove: Callable[[], list[Path]] | None) -> None:
+        for i, (tmp, path) in enumerate(temps):
             try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except BaseException as err:  # noqa: BLE001 — re-raised by wait()
+                fd = os.open(tmp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, path)
+            except BaseException as err:  # noqa: BLE001 — re-raised by wait()
+                try:
+                    size: int | None = os.stat(tmp).st_size  # the whole file: torch.save wrote it all
+                except OSError:
+                    size = None
+                for later, _ in temps[i:]:
+                    Path(later).unlink(missing_ok=True)
+                self._error = _disk_full(err, path, lambda size=size: size) or err
+                return
+        if remove is not None:
             try:
-                size: int | None = os.stat(tmp).st_size  # the whole file: torch.save wrote it all
-            except OSError:
-                size = None
-            Path(tmp).unlink(missing_ok=True)
-            self._error = _disk_full(err, path, lambda: size) or err
+                for stale in remove():
+                    stale.unlink(missing_ok=True)
+            except OSError:  # a file left behind costs space, not correctness: the next save tries again
+                pass
 
     def wait(self) -> None:
         """Block until the last save is durable at its path; raise its error, if any."""

@@ -1,4 +1,4 @@
-"""What the server carries from round to round, checkpointed as ``checkpoints/server.pt``.
+"""What the server carries from round to round, checkpointed as ``checkpoints/server.pt`` (server_checkpoint.py).
 
 :class:`RunState` is the whole resumable state of a run between rounds: the global model state,
 the metrics rows so far, the history the planner reads, the traffic and time totals and the failed
@@ -15,7 +15,13 @@ from torch import Tensor
 
 from fl_lightning.federation.algorithm import RoundHistory
 
-__all__ = ["RunState"]
+__all__ = ["RunState", "unchanged"]
+
+
+def unchanged(seen: tuple[Tensor, int] | None, value: Any) -> bool:
+    """Whether ``value`` is the tensor object ``seen`` recorded as ``(tensor, tensor._version)``, not edited in place
+    since (every in-place op bumps ``Tensor._version``): the state broadcast and the checkpoint skip such a tensor."""
+    return isinstance(value, Tensor) and seen is not None and seen[0] is value and seen[1] == value._version
 
 
 @dataclass
@@ -35,8 +41,10 @@ class RunState:
     def rows(self) -> list[dict[str, Any]]:
         return self.history.metrics
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"round": self.completed_rounds - 1, "state": {k: v.detach().cpu() for k, v in self.state.items()},
+    def state_dict(self, *, tensors: dict[str, Tensor] | None = None) -> dict[str, Any]:
+        """Everything, with ``tensors`` (default: the whole state, on the CPU) as its ``state``."""
+        state = {k: v.detach().cpu() for k, v in self.state.items()} if tensors is None else tensors
+        return {"round": self.completed_rounds - 1, "state": state,
                 "rows": self.history.metrics, "client_compute_s": self.history.client_compute_s,
                 "round_s": self.history.round_s,
                 "totals": {"bytes_up": self.bytes_up, "bytes_down": self.bytes_down, "wall_time_s": self.wall_time_s},

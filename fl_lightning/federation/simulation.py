@@ -50,7 +50,6 @@ from fl_lightning.data.report import write_partition_figure, write_partition_rep
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.errors import ClientFailure, ClientUsageError, ConfigError, RunFailure, TooFewClients, UsageError
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundPlan
-from fl_lightning.federation.checkpoint import DurableWriter, safe_load
 from fl_lightning.federation.collectives import everyone, from_server, to_server, waiting
 from fl_lightning.federation.launch import check_launcher
 from fl_lightning.federation.precision import check_precision
@@ -59,7 +58,8 @@ from fl_lightning.federation.privacy import FederationPrivacy
 from fl_lightning.federation.round_store import ClientRecord, RoundResult, RoundStore
 from fl_lightning.federation.run_folder import (check_shared_run_folder, write_metrics_csv, write_summary,
                                                write_text_atomic)
-from fl_lightning.federation.run_state import RunState
+from fl_lightning.federation.run_state import RunState, unchanged
+from fl_lightning.federation.server_checkpoint import ServerCheckpoint
 from fl_lightning.federation.transport import Upload, check_upload
 
 __all__ = ["Simulation", "hf_source", "partition_for"]
@@ -211,12 +211,11 @@ class Simulation:
         algorithm.setup(env)
         return algorithm, env
 
-    def _restore(self, algorithm: Algorithm) -> RunState:
+    def _restore(self, algorithm: Algorithm, checkpoint: ServerCheckpoint) -> RunState:
         """The run so far: fresh, or the checkpointed RunState when resuming (restored on every rank)."""
-        server_ckpt = self.ckpt_dir / "server.pt"
-        if not (self.resume and server_ckpt.exists()):
+        run = checkpoint.load() if self.resume else None
+        if run is None:
             return RunState(state=algorithm.initial_state())
-        run = RunState.from_state_dict(safe_load(server_ckpt))
         if run.completed_rounds > algorithm.num_rounds:
             raise ConfigError("federation.rounds", self.cfg.federation.rounds,
                               f"at least the {run.completed_rounds} rounds this run has already completed")
@@ -245,10 +244,10 @@ class Simulation:
         self._privacy = env.privacy
         rank, world = fabric.global_rank, fabric.world_size
         assignment = assign_clients([len(p) for p in env.partition], world)
-        run = self._restore(algorithm)
+        checkpoint = ServerCheckpoint(self.ckpt_dir)  # server.pt and its parts (written on the server only)
+        run = self._restore(algorithm, checkpoint)
         # the run folder's start, on the server; the other ranks wait for it (and stop if it fails)
         counts = self._from_server(lambda: self._start_run_folder(env, run), "the run folder's start", send=False)
-        checkpoint = DurableWriter()
         fabric.call("on_run_start", cfg=cfg, env=env, run_dir=self.run_dir, rounds=algorithm.num_rounds,
                     completed_rounds=run.completed_rounds)
         run_start = time.monotonic() - run.wall_time_s
@@ -305,7 +304,7 @@ class Simulation:
                            send=send)
 
     def _rounds(self, algorithm: Algorithm, env: Environment, run: RunState, assignment: list[list[int]],
-                checkpoint: DurableWriter, run_start: float) -> None:
+                checkpoint: ServerCheckpoint, run_start: float) -> None:
         """The federation loop: plan → client updates → transport → aggregate → evaluate → checkpoint.
 
         On several ranks a round takes five collectives, each carrying outcomes (collectives.py), so a failure on
@@ -355,7 +354,7 @@ class Simulation:
                                           round_start, run_start),
                      what=f"round {round_idx}'s end", timeout_s=cfg.federation.collective_timeout_s)
 
-    def _end_round(self, algorithm: Algorithm, run: RunState, store: RoundStore, checkpoint: DurableWriter,
+    def _end_round(self, algorithm: Algorithm, run: RunState, store: RoundStore, checkpoint: ServerCheckpoint,
                    round_idx: int, row: dict[str, Any], result: RoundResult, round_start: float,
                    run_start: float) -> None:
         """This rank's end of a round: its totals and history, ``on_round_end``, the loggers; on the server, then,
@@ -429,10 +428,10 @@ class Simulation:
         finally:
             env.shared = False
 
-    def _save_round(self, run: RunState, store: RoundStore, checkpoint: DurableWriter) -> None:
+    def _save_round(self, run: RunState, store: RoundStore, checkpoint: ServerCheckpoint) -> None:
         """The server's files of a finished round: metrics.csv, server.pt; then its records go."""
         write_metrics_csv(self.run_dir / "metrics.csv", run.rows)
-        checkpoint.save(run.state_dict(), self.ckpt_dir / "server.pt")  # fsync + rename in the background
+        checkpoint.save(run)  # server.pt (and a part of new large tensors): fsync + rename in the background
         store.clear()
 
     def _draw_partition(self, env: Environment, counts: np.ndarray) -> None:
@@ -623,11 +622,7 @@ class _SentState:
         self._sent: dict[str, tuple[Any, int]] = {}
 
     def changes(self, state: dict) -> _StateChanges:
-        def same(k: str, v: Any) -> bool:
-            old = self._sent.get(k)
-            return isinstance(v, torch.Tensor) and old is not None and old[0] is v and old[1] == v._version
-
-        tensors = {k: v for k, v in state.items() if not same(k, v)}
+        tensors = {k: v for k, v in state.items() if not unchanged(self._sent.get(k), v)}
         self._sent = {k: (v, v._version) for k, v in state.items() if isinstance(v, torch.Tensor)}
         return _StateChanges(list(state), tensors)
 
