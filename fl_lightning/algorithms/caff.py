@@ -20,8 +20,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from fl_lightning.algorithms.fedisyn import FeDiSynFamily, SystemsConfig
-from fl_lightning.algorithms.fedisyn.finetune import ImageNetInit, ImageNetInitConfig, LoRAFineTuning, LoRAFineTuningConfig
+from fl_lightning.algorithms.synthetic_family.family import FeDiSynFamily
+from fl_lightning.algorithms.synthetic_family.config import SystemsConfig
+from fl_lightning.algorithms.synthetic_family.finetune import (
+    ImageNetInit,
+    ImageNetInitConfig,
+    LoRAFineTuning,
+    LoRAFineTuningConfig,
+)
 from fl_lightning.federation.algorithm import register
 
 __all__ = ["CAFF", "CAFFConfig", "CAFFSystemsConfig"]

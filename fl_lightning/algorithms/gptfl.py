@@ -3,7 +3,7 @@
     GPT-FL = synthesis (text-only) → full-parameter FedAvg
            labels → LLM prompts → text-only generation → server pre-training → full-parameter FedAvg
 
-Round 0 (:class:`~fl_lightning.algorithms.fedisyn.synthesis.TextOnlySynthesis`): each client uploads its
+Round 0 (:class:`~fl_lightning.algorithms.synthetic_family.synthesis.TextOnlySynthesis`): each client uploads its
 class counts D_i^k (C int64 scalars, counted in the traffic); the server expands the label names into
 prompts (``llm_path``: a local causal LM, the paper's LLaMA-7B; null: templates), generates round(λ·D^k)
 images per class from pure noise and the prompts only and pre-trains the ViT on them, as FeDiSyn does.
@@ -34,10 +34,11 @@ from typing import Any, Literal
 
 import torch
 
-from fl_lightning.algorithms.fedisyn import FeDiSynFamily, SystemsConfig
-from fl_lightning.algorithms.fedisyn.finetune import FineTuningConfig, FineTuningStage
-from fl_lightning.algorithms.fedisyn.model import BACKBONE, HEAD, LORA, backbone_state, bits, strip, with_prefix
-from fl_lightning.algorithms.fedisyn.synthesis import TextOnlyConfig, TextOnlySynthesis
+from fl_lightning.algorithms.synthetic_family.family import FeDiSynFamily
+from fl_lightning.algorithms.synthetic_family.config import SystemsConfig
+from fl_lightning.algorithms.synthetic_family.finetune import FineTuningConfig, FineTuningStage
+from fl_lightning.algorithms.synthetic_family.model import BACKBONE, HEAD, LORA, backbone_state, bits, strip, with_prefix
+from fl_lightning.algorithms.synthetic_family.synthesis import TextOnlyConfig, TextOnlySynthesis
 from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Client, State, register
 from fl_lightning.federation.local_training import fit_local

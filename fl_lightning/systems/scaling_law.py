@@ -12,8 +12,8 @@ with its minimum where ∂H/∂λ = h0 − κ2 e^{κ3 Acc} / (κ1 λ^{κ2+1}) = 
 
     λ* = (κ2 · e^{κ3 · Acc} / (h0 · κ1))^{1 / (κ2 + 1)}.
 
-Pure math only; the command line that fits pilot runs and plots H(λ) is
-``python -m fl_lightning.algorithms.fedisyn.pilots`` (FeDiSyn's orchestration).
+Pure math only; the pilots of ``synthetic_lambda: auto`` are ``fl_lightning.algorithms.synthetic_family.pilots``,
+and the command line that fits pilot runs and plots H(λ) is ``python -m fl_lightning.algorithms.fedisyn.pilots``.
 """
 
 from __future__ import annotations

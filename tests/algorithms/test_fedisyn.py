@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fl_lightning.algorithms.fedisyn import FeDiSyn
-from fl_lightning.algorithms.fedisyn.planning import SystemPlan
+from fl_lightning.algorithms.synthetic_family.planning import SystemPlan
 from fl_lightning.config_loading import load_config
 from fl_lightning.data.registry import build_dataset
 from fl_lightning.errors import ConfigError
@@ -189,7 +189,7 @@ def test_resume_in_round_0_pretraining_continues_and_gives_the_same_summary(tmp_
     pre-training from the end of epoch 1 and ends with the uninterrupted run's summary and server state."""
     import lightning
 
-    from fl_lightning.algorithms.fedisyn import synthesis_step
+    from fl_lightning.algorithms.synthetic_family import synthesis_step
     from fl_lightning.federation.checkpoint import safe_load
     from fl_lightning.modules.pretraining import EPOCH_STATE
 
@@ -278,7 +278,7 @@ def test_lambda_from_the_scaling_law(tmp_path, one_thread):
 
 def test_a_lambda_star_that_overflows_names_the_kappas(tmp_path):
     """κ3·Acc so large that e^{κ3 Acc} overflows: a ConfigError on fedisyn.scaling_kappa, before any image."""
-    from fl_lightning.algorithms.fedisyn.synthesis_step import choose_lambda
+    from fl_lightning.algorithms.synthetic_family.synthesis_step import choose_lambda
 
     cfg = load_config(TINY, ["--fedisyn.synthetic_lambda", "null", "--fedisyn.scaling_kappa", "[1.0, 1.0, 1000000.0, 0]"])
     with pytest.raises(ConfigError) as err:
@@ -302,7 +302,7 @@ def test_without_feature_guidance_clients_upload_counts_and_images_start_from_no
 def test_former_key_systems_devices_still_names_the_boards():
     """`devices` means ranks in `federation`; the boards are `fedisyn.systems.boards`. The former key works,
     with a hint, and cannot be given beside the new one."""
-    from fl_lightning.algorithms.fedisyn.config import SystemsConfig
+    from fl_lightning.algorithms.synthetic_family.config import SystemsConfig
 
     with pytest.warns(FutureWarning, match="fedisyn.systems.devices is now called fedisyn.systems.boards"):
         old = SystemsConfig(devices=["jetson_orin_nx"])

@@ -82,7 +82,7 @@ def test_clean_env_refuses_a_device_the_rank_cannot_see(visible: str | None, dev
 
 def test_pilots_get_the_clean_environment(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """run_pilot_processes hands each pilot clean_launcher_env(os.environ) with its device, nothing else."""
-    from fl_lightning.algorithms.fedisyn import pilots
+    from fl_lightning.algorithms.synthetic_family import pilots
 
     for k, v in {**TORCHRUN_RANK, "CUDA_VISIBLE_DEVICES": "6,7"}.items():
         monkeypatch.setenv(k, v)
@@ -159,7 +159,7 @@ def test_release_accelerator_memory_parks_collects_and_empties_only_under_cuda(m
     import gc
     import weakref
 
-    from fl_lightning.algorithms.fedisyn.synthesis_step import release_accelerator_memory
+    from fl_lightning.algorithms.synthetic_family.synthesis_step import release_accelerator_memory
 
     class Parked:
         def __init__(self) -> None:
@@ -191,7 +191,7 @@ def test_release_accelerator_memory_parks_collects_and_empties_only_under_cuda(m
 
 def test_pilots_start_after_the_parent_parked_its_networks(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """synthetic_lambda: auto parks the diffusion networks on the CPU and releases memory before the pilots."""
-    from fl_lightning.algorithms.fedisyn import synthesis_step
+    from fl_lightning.algorithms.synthetic_family import synthesis_step
 
     order = []
     monkeypatch.setattr(synthesis_step, "release_accelerator_memory", lambda *park: order.append(("release", park)))
@@ -249,7 +249,7 @@ def _meta_to_cpu_as_zeros(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_parked_on_cpu_moves_and_brings_back_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fl_lightning.algorithms.fedisyn.synthesis_step import parked_on_cpu
+    from fl_lightning.algorithms.synthetic_family.synthesis_step import parked_on_cpu
 
     values = _mixed_module()
     before = {k: v.clone() for k, v in values.state_dict().items()}
@@ -277,7 +277,7 @@ def test_the_fine_tuning_vit_waits_on_the_cpu_through_the_pilots(pilots_fail: bo
     step ends — a failing pilot or a later stop — it is back, dtypes and frozen weights as they were."""
     from types import SimpleNamespace
 
-    from fl_lightning.algorithms.fedisyn import pilots, synthesis_step
+    from fl_lightning.algorithms.synthetic_family import pilots, synthesis_step
     from fl_lightning.algorithms.fedisyn.algorithm import FeDiSyn
     from fl_lightning.config_loading import load_config
     from fl_lightning.errors import ConfigError

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from fl_lightning.systems.backbones import backbone
-from fl_lightning.algorithms.fedisyn.planning import SystemPlan, client_profiles, fit_host_times, plan_round
-from fl_lightning.algorithms.fedisyn.config import SystemsConfig
+from fl_lightning.algorithms.synthetic_family.planning import SystemPlan, client_profiles, fit_host_times, plan_round
+from fl_lightning.algorithms.synthetic_family.config import SystemsConfig
 
 
 def test_fit_host_times_recovers_forward_and_backward_times():
@@ -114,7 +114,7 @@ def test_full_parameter_fedavg_uploads_the_whole_model_at_full_depth():
 def test_the_synthesis_upload_is_timed_on_the_channel_by_hand(allocation):
     """Round 0's latents/captions/counts: no compute first; B/N → max_i S_i N / (B e_i); WFBA → everyone finishes
     together at Σ_i S_i / e_i / B (φ(T) = Σ a_i / T − B = 0 with H = 0)."""
-    from fl_lightning.algorithms.fedisyn.planning import upload_time_s
+    from fl_lightning.algorithms.synthetic_family.planning import upload_time_s
 
     cfg = SystemsConfig(bandwidth_allocation=allocation)
     profiles = client_profiles(cfg, 4)

@@ -149,7 +149,7 @@ def test_llm_is_loaded_only_when_the_cache_lacks_a_label(tiny_llm, llm_loads, tm
 def test_fedisyn_round_0_with_a_complete_cache_does_not_load_the_llm(tiny_llm, llm_loads, tmp_path):
     """FeDiSyn's round 0 (``synthesise_and_pretrain``) on a resumed run folder: its prompts.json covers every label,
     so the LLM named by ``llm_path`` is never loaded (stopped right after the prompts: no uploads)."""
-    from fl_lightning.algorithms.fedisyn.synthesis_step import synthesise_and_pretrain
+    from fl_lightning.algorithms.synthetic_family.synthesis_step import synthesise_and_pretrain
 
     class Cfg:  # the keys read before the images
         llm_path, prompts_per_label = str(tiny_llm), 3

@@ -1,4 +1,4 @@
-"""FeDiSyn's synthesis stage (round 0): steps 1 and 2 — clients' uploads → synthetic images → a pre-trained ViT.
+"""The FeDiSyn family's synthesis stage (round 0): steps 1 and 2 — clients' uploads → synthetic images → a pre-trained ViT.
 
 The seam is :class:`SynthesisStage`: a source says what a client uploads (:meth:`~SynthesisStage.client_update`)
 and how the server turns the uploads into a pre-trained model (:meth:`~SynthesisStage.synthesise`); the
@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 
-from fl_lightning.algorithms.fedisyn.config import ViTConfig
-from fl_lightning.algorithms.fedisyn.planning import upload_time_s
-from fl_lightning.algorithms.fedisyn.synthesis_step import SynthesisResult, synthesise_and_pretrain
+from fl_lightning.algorithms.synthetic_family.config import ViTConfig
+from fl_lightning.algorithms.synthetic_family.planning import upload_time_s
+from fl_lightning.algorithms.synthetic_family.synthesis_step import SynthesisResult, synthesise_and_pretrain
 from fl_lightning.federation.collectives import Ranks
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import State

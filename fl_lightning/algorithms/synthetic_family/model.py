@@ -1,4 +1,4 @@
-"""The names of FeDiSyn's global model in the State and on the wire, and the LoRA-wrapped ViT's backbone keys.
+"""The names of the FeDiSyn family's global model in the State and on the wire, and the LoRA-wrapped ViT's backbone keys.
 
 State keys: ``backbone.*`` (the timm ViT without its head, plain timm keys), ``head.*`` and ``lora.*``
 (peft's adapters); a download or upload carries a subset of them.

@@ -1,4 +1,4 @@
-"""The config pieces shared by FeDiSyn's stages: the ViT, the LoRA adapters and the system model.
+"""The config pieces shared by the FeDiSyn family's stages: the ViT, the LoRA adapters and the system model.
 
 Each stage declares the keys it reads (``synthesis.py``: generation and pre-training; ``finetune.py``:
 fine-tuning); a method's section is composed from its stages' dataclasses (``federation/stages.py``),

@@ -1,4 +1,4 @@
-"""FeDiSyn's fine-tuning stage (step 3, rounds 1..T) and the ImageNet start of the baselines without synthesis.
+"""The FeDiSyn family's fine-tuning stage (step 3, rounds 1..T) and the ImageNet start of the baselines without synthesis.
 
 Every fine-tuning round (:class:`FineTuningStage`): plan — depths x_i by ``systems.depth_policy`` (CLC,
 Alg. 1, from the measured gradient contributions), bandwidths by ``systems.bandwidth_allocation``
@@ -35,9 +35,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from fl_lightning.algorithms.fedisyn.config import LoraConfig, SystemsConfig, ViTConfig
-from fl_lightning.algorithms.fedisyn.model import BACKBONE, HEAD, LORA, bits, strip, with_prefix
-from fl_lightning.algorithms.fedisyn.planning import SystemPlan, fit_host_times, plan_round
+from fl_lightning.algorithms.synthetic_family.config import LoraConfig, SystemsConfig, ViTConfig
+from fl_lightning.algorithms.synthetic_family.model import BACKBONE, HEAD, LORA, bits, strip, with_prefix
+from fl_lightning.algorithms.synthetic_family.planning import SystemPlan, fit_host_times, plan_round
 from fl_lightning.errors import check
 from fl_lightning.federation.aggregate import WeightedMean, check_whole_layers
 from fl_lightning.federation.algorithm import Client, RoundHistory, RoundPlan, State

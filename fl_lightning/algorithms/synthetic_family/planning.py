@@ -1,7 +1,7 @@
-"""FeDiSyn's per-round system plan: device profiles → contributions → depths (CLC) → bandwidth (WFBA).
+"""The FeDiSyn family's per-round system plan: device profiles → contributions → depths (CLC) → bandwidth (WFBA).
 
 Pure functions on numpy arrays and config values (no Lightning, no I/O), used by
-:class:`fl_lightning.algorithms.fedisyn.FeDiSyn` (and the baselines built on it) on the server at the
+the fine-tuning stage (``finetune.py``) of FeDiSyn and its LoRA baselines on the server at the
 start of every fine-tuning round:
 
     profiles (named boards, cycled over the clients; or fitted to this host's compute times)
@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from fl_lightning.algorithms.fedisyn.config import SystemsConfig
+from fl_lightning.algorithms.synthetic_family.config import SystemsConfig
 from fl_lightning.systems.channel import ChannelConfig, device_spectral_efficiency
 from fl_lightning.systems.clc import policy_depths
 from fl_lightning.systems.backbones import Backbone

@@ -1,4 +1,4 @@
-"""FeDiSyn's server round 0: latents → prompts → synthetic images → pre-trained ViT (orchestration only).
+"""The FeDiSyn family's server round 0: latents → prompts → synthetic images → pre-trained ViT (orchestration only).
 
 The math lives in ``fl_lightning.synthesis`` (plan, sampling) and ``fl_lightning.modules.pretraining``
 (pre-training); this file wires them to the run folder:
@@ -179,7 +179,7 @@ def _auto_lambda(cfg: Any, *, run_dir: Path, section: str, device: torch.device 
     Raises:
         ConfigError: a pilot failed, or the pilots' fit has no minimiser (named ``<section>.synthetic_lambda``).
     """
-    from fl_lightning.algorithms.fedisyn.pilots import auto_lambda, pilot_points, run_pilot_processes
+    from fl_lightning.algorithms.synthetic_family.pilots import auto_lambda, pilot_points, run_pilot_processes
 
     cuda_device = None
     if device is not None and device.type == "cuda":
@@ -201,7 +201,7 @@ def _auto_lambda_on_ranks(cfg: Any, ranks: Ranks, *, components: DiffusionCompon
     Raises:
         ConfigError: a pilot failed on any rank, or the fit has no minimiser (named ``<section>.synthetic_lambda``).
     """
-    from fl_lightning.algorithms.fedisyn.pilots import auto_lambda, pilot_points, run_pilot_processes
+    from fl_lightning.algorithms.synthetic_family.pilots import auto_lambda, pilot_points, run_pilot_processes
 
     lambdas, world = [float(v) for v in cfg.pilot_lambdas], ranks.world
     cuda_device = None
