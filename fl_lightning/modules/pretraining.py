@@ -496,8 +496,11 @@ def pretrain_classifier(
             train_dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers, generator=generator
         )
         val_loader = DataLoader(val_dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+    # the best epoch's weights only (load_pretrained_vit reads them): AdamW's two moments would treble a ViT-L's
+    # 1.2 GB at every new best; the optimizer a resume needs is in the epoch state
     best = ModelCheckpoint(
-        dirpath=out / "checkpoints", filename="best-{epoch}", monitor=_MONITOR, mode="max", save_top_k=1
+        dirpath=out / "checkpoints", filename="best-{epoch}", monitor=_MONITOR, mode="max", save_top_k=1,
+        save_weights_only=True,
     )
     state = out / EPOCH_STATE
     resuming = state.is_file()
