@@ -63,6 +63,8 @@ _ADDED_KEYS: dict[str, dict[str, Any]] = {
              "path": None, "train_split": "train", "test_split": "test", "image_column": None, "label_column": None,
              "revision": None},
     "partition": {"by": None, "convention": "fl_lightning", "flower_shuffle_seed": None},
+    # the synthesis methods' pilots computed their own round 0 before round0_inputs existed
+    **{section: {"round0_inputs": None} for section in ("fedisyn", "fgl", "gptfl")},
 }
 
 
@@ -88,6 +90,8 @@ def added_key_overrides(recorded: dict) -> list[str]:
     out: list[str] = []
     for section, added in _ADDED_KEYS.items():
         present = recorded.get(section) if isinstance(recorded, dict) else None
+        if not isinstance(present, dict):  # a method's section that this run has not (every core section it has)
+            continue
         for key, before in added.items():
             value = present[key] if isinstance(present, dict) and key in present else before
             out += [f"--{section}.{key}", json.dumps(value)]

@@ -154,6 +154,46 @@ def test_auto_lambda_under_a_launcher_equals_one_process(launcher: str, its_own_
         assert pilot["world_size"] == 1
 
 
+@pytest.mark.slow  # the one-process run (shared with the launcher tests), then one pilot again on its own: ~30 s
+def test_pilots_read_round0_from_their_run_and_equal_a_pilot_that_computes_it(one_process, tmp_path) -> None:
+    """The pilots get the run's round-0 uploads and prompt cache (round0_inputs.py) and come out as a run at that λ
+    that encodes its clients and expands its prompts itself."""
+    import yaml
+
+    inputs = one_process / "pilots" / "round0_inputs"
+    assert (inputs / "key.json").is_file() and (inputs / "prompts.json").is_file()
+    assert sorted(p.name for p in inputs.glob("client*.pt")) == [f"client{k}.pt" for k in range(4)]
+    pilot = one_process / "pilots" / "pilot_lam0.1"
+    assert yaml.safe_load((pilot / "config.yaml").read_text())["fedisyn"]["round0_inputs"] == str(inputs)
+    proc = run_cli("--config", str(one_process / "config.yaml"), "--fedisyn.synthetic_lambda", "0.1",
+                   "--federation.rounds", "1", "--output_dir", str(tmp_path), "--run_name", "alone",
+                   env=ONE_THREAD, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    alone = json.loads((tmp_path / "alone" / "summary.json").read_text())
+    reused = json.loads((pilot / "summary.json").read_text())
+    drop = ("wall_time_s", "world_size", "host_generation_s", "host_pretraining_s", "pilots")
+    assert {k: v for k, v in reused.items() if k not in drop} == {k: v for k, v in alone.items() if k not in drop}
+
+
+def test_round0_inputs_of_another_config_are_refused_in_one_line(tmp_path) -> None:
+    from fl_lightning.algorithms.synthetic_family.round0_inputs import inputs_key, stored_upload, write_round0_inputs
+    from fl_lightning.errors import UsageError
+    from fl_lightning.federation.transport import Upload
+
+    config = {"seed": 0, "fedisyn": {"synthetic_lambda": "auto", "rho": 0.7}, "federation": {"rounds": 5}}
+    pilot = {"seed": 0, "fedisyn": {"synthetic_lambda": 0.1, "rho": 0.7, "round0_inputs": "x"},
+             "federation": {"rounds": 1}, "output_dir": "elsewhere"}
+    assert inputs_key(config, "fedisyn") == inputs_key(pilot, "fedisyn")  # what a pilot changes is not in the key
+    write_round0_inputs(tmp_path, inputs_key(config, "fedisyn"), {2: Upload({"z": torch.ones(3)}, {"n": 4})})
+    got = stored_upload(tmp_path, inputs_key(pilot, "fedisyn"), 2)
+    assert torch.equal(got.tensors["z"], torch.ones(3)) and got.meta == {"n": 4}
+    assert stored_upload(tmp_path, inputs_key(pilot, "fedisyn"), 3) is None  # no upload: the client computes its own
+    other = {**config, "seed": 1}
+    with pytest.raises(UsageError, match="written for another config") as err:
+        stored_upload(tmp_path, inputs_key(other, "fedisyn"), 2)
+    assert "\n" not in str(err.value)
+
+
 # -- the accelerator's memory before the pilots ------------------------------------------------------------
 def test_release_accelerator_memory_parks_collects_and_empties_only_under_cuda(monkeypatch: pytest.MonkeyPatch):
     import gc

@@ -109,7 +109,9 @@ def run_pilot_processes(run_dir: Path, section: str, lambdas: Sequence[float], *
     A pilot gets this process's environment without what a launcher set for its ranks
     (:func:`~fl_lightning.federation.launch.clean_launcher_env`): started from a rank of torchrun, ``fabric run``
     or srun, it would otherwise take itself for one of that launcher's processes (and stop: the launcher's
-    world size is not its ``--federation.devices 1``).
+    world size is not its ``--federation.devices 1``). When the run wrote its round 0's uploads
+    (``<run_dir>/pilots/round0_inputs``, ``round0_inputs.py``), every pilot reads them and the run's prompt cache
+    (``--<section>.round0_inputs``) instead of encoding the clients and expanding the prompts again.
 
     Args:
         cuda_device: the CUDA device this rank computes on (None off CUDA): each pilot sees that device only.
@@ -122,14 +124,19 @@ def run_pilot_processes(run_dir: Path, section: str, lambdas: Sequence[float], *
 
     from fl_lightning.federation.launch import clean_launcher_env
 
+    from fl_lightning.algorithms.synthetic_family.round0_inputs import FOLDER, hand_prompts
+
     env = clean_launcher_env(os.environ, cuda_device=cuda_device)
     out, runs = Path(run_dir) / "pilots", []
+    inputs = out / FOLDER  # round 0's uploads and prompts, when the run wrote them (round0_inputs.py)
+    reuse = ["--" + f"{section}.round0_inputs", str(inputs)] if hand_prompts(inputs, Path(run_dir) / "prompts.json") \
+        else []
     for lam in lambdas:
         name = f"pilot_lam{lam:g}"
         argv = [sys.executable, "-m", "fl_lightning.train", "--config", str(Path(run_dir) / "config.yaml"),
                 "--output_dir", str(out), "--run_name", name, f"--{section}.synthetic_lambda", repr(float(lam)),
                 "--federation.rounds", str(int(rounds)), "--federation.devices", "1", "--federation.num_nodes", "1",
-                "--logging.wandb", "false"]
+                "--logging.wandb", "false", *reuse]
         if (out / name / "summary.json").is_file():  # a resumed run keeps its finished pilots
             runs.append(out / name)
             continue

@@ -68,6 +68,9 @@ class PretrainingConfig(ViTConfig):
     scaling_kappa: list | None = None  # κ1..κ4 fitted on pilot runs (notebooks/fedisyn_scaling_law.ipynb)
     pilot_lambdas: list = field(default_factory=lambda: [0.05, 0.1, 0.2, 0.4])  # small λ: cheap pilots
     pilot_rounds: int = 3  # fine-tuning rounds of each pilot (every round is one (λ, Acc, H) observation)
+    # a folder of round 0's client uploads and prompt cache to read instead of computing them again: what the pilots
+    # of synthetic_lambda: auto get from their run (<run_dir>/pilots/round0_inputs, round0_inputs.py); null: compute
+    round0_inputs: str | None = None
     target_accuracy: float = 0.8  # Acc of λ* = (κ2 e^{κ3 Acc} / (h0 κ1))^{1/(κ2+1)}
     # the server the clock charges generation and pre-training on (systems/server.py): the paper's RTX 4090, or
     # host = this machine's wall clock. The host's wall times are reported beside the charged ones either way
@@ -300,9 +303,28 @@ class DiffusionSynthesis(SynthesisStage):
     def generation_inputs(self, uploads: Mapping[int, Upload]) -> GenerationInputs:
         """Counts, latents and prompts from round 0's uploads."""
 
+    def inputs_key(self) -> str:
+        """The content key of this run's round-0 inputs (:func:`round0_inputs.inputs_key`)."""
+        from fl_lightning.algorithms.synthetic_family.round0_inputs import inputs_key
+
+        return inputs_key(dataclasses.asdict(self.method.cfg), "method")
+
+    def _hand_round0_to_pilots(self, uploads: Mapping[int, Upload]) -> None:
+        """Before the pilots: write round 0's uploads for them (``synthetic_lambda: auto``, on the server); in a pilot,
+        start the prompt cache from its run's."""
+        from fl_lightning.algorithms.synthetic_family import round0_inputs
+
+        m = self.method
+        if m.config.round0_inputs is not None:
+            round0_inputs.seed_prompt_cache(m.config.round0_inputs, self.inputs_key(), m.env.run_dir / "prompts.json")
+        elif m.config.synthetic_lambda == "auto" and m.fabric.global_rank == 0:
+            round0_inputs.write_round0_inputs(m.env.run_dir / "pilots" / round0_inputs.FOLDER, self.inputs_key(),
+                                              uploads)
+
     def synthesise(self, uploads: Mapping[int, Upload]) -> tuple[SynthesisResult | None, int]:
         m = self.method
         ranks = Ranks(m.fabric, m.cfg.federation.collective_timeout_s) if m.env.shared else None
+        self._hand_round0_to_pilots(uploads)
         inputs = self.generation_inputs(uploads)
         result = synthesise_and_pretrain(
             m.config, components=self.components, uploads_by_client=inputs.latents_by_client,
@@ -346,6 +368,12 @@ class FeatureGuidedSynthesis(TextOnlySynthesis):
 
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
         f, m = self.method.config, self.method
+        if f.round0_inputs is not None:  # a pilot: its run's round 0 already encoded this client (round0_inputs.py)
+            from fl_lightning.algorithms.synthetic_family.round0_inputs import stored_upload
+
+            stored = stored_upload(f.round0_inputs, self.inputs_key(), client.index)
+            if stored is not None:
+                return stored
         batches = m.client_images(client, batch_size=f.encode_batch_size, size=f.vae_image_size)
         uploads = client_latent_uploads(self.components.vae, self.components.scheduler, batches,
                                         num_centroids=f.num_centroids, timestep=f.timestep,
