@@ -25,9 +25,9 @@ from typing import Any
 import torch
 from lightning.fabric import Fabric
 from torch import nn
-from torch.utils.data import TensorDataset
 
 from fl_lightning.algorithms.common import FrozenFeatures, held_backbone
+from fl_lightning.data.loader import TensorBatches
 from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local
@@ -63,6 +63,7 @@ class FedAvg(Algorithm):
         t = self.cfg.train
         self._tables = FrozenFeatures(self, self.backbone)
         self._train_h = self._tables.table("train", all_ranks=True)  # once per comparison
+        self._train_on_device: tuple[torch.Tensor, torch.Tensor] | None = None
         # the head reads the feature tables: the backbone is not in the module
         self.module = LinearProbe(backbone=nn.Identity(), feature_dim=self.backbone.feature_dim,
                                   num_classes=env.num_classes, optimizer=t.optimizer, lr=t.lr,
@@ -79,10 +80,14 @@ class FedAvg(Algorithm):
 
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
         self.module.load_state_dict(download.tensors, strict=False)  # swap in the global head
-        idx = torch.as_tensor(self.env.partition[client.index], dtype=torch.int64)
-        rows = TensorDataset(self._train_h[idx], torch.as_tensor(self.env.splits.train_targets, dtype=torch.int64)[idx])
-        loader = self.env.loader(rows, shuffle=True, seed=client_seed(self.cfg.seed, round_idx, client.index),
-                                 batch_size=self.cfg.train.batch_size)
+        if self._train_on_device is None:  # the feature table and targets on the device, once: no loader per step
+            targets = torch.as_tensor(self.env.splits.train_targets, dtype=torch.int64)
+            self._train_on_device = (self._train_h.to(self.fabric.device), targets.to(self.fabric.device))
+        h, y = self._train_on_device
+        idx = torch.as_tensor(self.env.partition[client.index], dtype=torch.int64, device=h.device)
+        # the batches of DataLoader(TensorDataset(h[idx], y[idx]), shuffle=True, seeded), gathered on the device
+        loader = TensorBatches(h[idx], y[idx], batch_size=self.cfg.train.batch_size or self.cfg.data.batch_size, shuffle=True,
+                               seed=client_seed(self.cfg.seed, round_idx, client.index))
         fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs)
         head = {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items() if k in _KEYS}
         return Upload(head, {"num_samples": client.num_samples})

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from fl_lightning.config_history import added_key_overrides, recorded_config
 from fl_lightning.config_loading import config_to_dict, load_config
-from fl_lightning.data.loader import ClientPasses, LoaderSettings, resolve_loader_settings
+from fl_lightning.data.loader import ClientPasses, LoaderSettings, TensorBatches, resolve_loader_settings
 from fl_lightning.data.preprocessed import PreprocessedSplit, collate
 from fl_lightning.errors import ConfigError, ResourceError
 from fl_lightning.federation.algorithm import Environment
@@ -132,3 +132,18 @@ def test_environment_keeps_one_loader_for_the_training_split():
     env = Environment(SimpleNamespace(), cfg, splits, [], Path("."), loading=LoaderSettings(2, False, True),
                       one_train_loader=False)  # an augmented split: the per-client loader, as before
     assert isinstance(env.loader(Subset(train, [0, 1]), shuffle=True, seed=1), DataLoader)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_tensor_batches_are_the_seeded_dataloaders(shuffle):
+    """FedAvg of a head: its feature rows gathered per batch where they lie, the DataLoader's batches exactly."""
+    from torch.utils.data import TensorDataset
+
+    h, y = torch.randn(23, 5), torch.arange(23) % 4
+    for seed in (0, 7):
+        g = torch.Generator().manual_seed(seed) if shuffle else None
+        old = _batches(DataLoader(TensorDataset(h, y), batch_size=4, shuffle=shuffle, generator=g), epochs=2)
+        new = TensorBatches(h, y, batch_size=4, shuffle=shuffle, seed=seed)
+        assert len(new) == 6 and _same(_batches(new, epochs=2), old)
+    with pytest.raises(ValueError, match="one length"):
+        TensorBatches(h, y[:3], batch_size=4, shuffle=True)
