@@ -59,8 +59,8 @@ _ADDED_KEYS: dict[str, dict[str, Any]] = {
                    "privacy": {"mechanism": "off"}},  # no differential privacy before it existed
     # Hugging Face data sets, natural and Flower partitions: every earlier run ran with none of them;
     # the loader's settings and the uint8 cache: what every earlier run loaded with (speed only, resumable)
-    "data": {"pin_memory": False, "persistent_workers": False, "cache_uint8_mb": 0, "path": None, "train_split": "train", "test_split": "test", "image_column": None, "label_column": None,
-             "revision": None},
+    "data": {"pin_memory": False, "persistent_workers": False, "cache_uint8_mb": 0, "path": None, "train_split": "train",
+             "test_split": "test", "image_column": None, "label_column": None, "revision": None},
     "partition": {"by": None, "convention": "fl_lightning", "flower_shuffle_seed": None},
 }
 

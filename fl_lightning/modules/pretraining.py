@@ -53,6 +53,7 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from fl_lightning.data.preprocessed import collate
 from fl_lightning.errors import MissingResourceError
 from fl_lightning.federation.collectives import Ranks
 from fl_lightning.modules.pretraining_ranks import (GuardedIO, JoinedDDP, RankBatches, RankGuard, RankItems, RankSeeds,
@@ -492,10 +493,12 @@ def pretrain_classifier(
         extra = dict(strategy=JoinedDDP(ranks, device), plugins=[io], use_distributed_sampler=False)
         callbacks = [*callbacks, RankSeeds(seed, ranks.rank)]
     else:
+        # collate: default_collate, or a stored batch's float part run on the whole batch (synthesis/store.py)
         train_loader = DataLoader(
-            train_dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers, generator=generator
-        )
-        val_loader = DataLoader(val_dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+            train_dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers, generator=generator,
+            collate_fn=collate)
+        val_loader = DataLoader(val_dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers,
+                                collate_fn=collate)
     best = ModelCheckpoint(
         dirpath=out / "checkpoints", filename="best-{epoch}", monitor=_MONITOR, mode="max", save_top_k=1
     )

@@ -81,6 +81,9 @@ class PretrainingConfig(ViTConfig):
     pretrain_batch_size: int = 64
     pretrain_holdout: float = 0.1  # held-out synthetic fraction for early stopping
     pretrain_patience: int = 3  # epochs without held-out improvement before stopping
+    # how pre-training reads the images (synthesis/store.py): exact = a uint8 store decoded once, the same items bit
+    # for bit; input = one store at the ViT's input size, training crops taken from it (not bit-identical); off = PNGs
+    pretrain_store: Literal["exact", "input", "off"] = "exact"
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -60,6 +60,7 @@ from fl_lightning.synthesis.generate import (
     synthetic_volume,
 )
 from fl_lightning.synthesis.latents import ClassLatentUpload
+from fl_lightning.synthesis.store import stored_splits
 from fl_lightning.synthesis.prompts import LLMPromptExpander, TemplatePromptExpander, expand_with_cache
 from fl_lightning.systems.backbones import backbone
 from fl_lightning.systems.scaling_law import ScalingLawParams, optimal_lambda, synthesis_cost_per_unit_lambda
@@ -595,10 +596,12 @@ def pretrain_on_synthetic(cfg: Any, folder: Path, *, num_classes: int, spec: Inp
         checkpoint, and the host's wall time; None on the ranks other than 0.
     """
     transform = dict(normalization=spec.normalization, image_size=spec.image_size, mean=spec.mean, std=spec.std)
-    train_set, _ = split_holdout(SyntheticFolder(folder, build_transform(**transform, train=True)),
-                                 cfg.pretrain_holdout, seed)
-    _, val_set = split_holdout(SyntheticFolder(folder, build_transform(**transform, train=False)),
-                               cfg.pretrain_holdout, seed)
+    train_tf, val_tf = build_transform(**transform, train=True), build_transform(**transform, train=False)
+    stored = stored_splits(folder, train_tf, val_tf, mode=cfg.pretrain_store, build=None if ranks is None else (
+        lambda step: ranks.on_server(step, "the synthetic images' store")))  # rank 0 builds it, every rank reads it
+    train_all, val_all = stored or (SyntheticFolder(folder, train_tf), SyntheticFolder(folder, val_tf))
+    train_set, _ = split_holdout(train_all, cfg.pretrain_holdout, seed)
+    _, val_set = split_holdout(val_all, cfg.pretrain_holdout, seed)
     out = run_dir / "pretrain"
 
     def clean() -> None:
