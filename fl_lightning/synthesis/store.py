@@ -170,17 +170,20 @@ class StoredImages(Dataset):
 
     ``__getitems__`` (what ``DataLoader`` and ``Subset`` call) runs the middle per item, in order, and hands the
     float part on with the stacked uint8 batch (:class:`~fl_lightning.data.preprocessed.StoredBatch`), which
-    :func:`fl_lightning.data.preprocessed.collate` runs on the whole batch at once.
+    :func:`fl_lightning.data.preprocessed.collate` runs on the whole batch at once. With ``defer`` the items stay
+    uint8 and the float part is left to the reader (``deferred``): the pre-training runs it on its device.
     """
 
     def __init__(self, path: str | os.PathLike[str], labels: Sequence[int], middle: Callable[[Any], Any],
-                 finish: Callable[[torch.Tensor], torch.Tensor]) -> None:
+                 finish: Callable[[torch.Tensor], torch.Tensor], *, defer: bool = False) -> None:
         self.path = Path(path)
         self.images = np.load(self.path, mmap_mode="r")
         if len(self.images) != len(labels):
             raise ValueError(f"{self.path} holds {len(self.images)} images, the manifest {len(labels)}")
         self.labels = [int(v) for v in labels]
-        self.middle, self.finish = middle, finish
+        self.middle = middle
+        # defer: items stay uint8 and the reader runs ``deferred`` on each batch (pre-training: on its device)
+        self.finish, self.deferred = (None, finish) if defer else (finish, None)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -190,7 +193,8 @@ class StoredImages(Dataset):
         return self.middle(x).as_subclass(torch.Tensor)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return self.finish(self._image(int(index))), self.labels[int(index)]
+        x = self._image(int(index))
+        return (x if self.finish is None else self.finish(x)), self.labels[int(index)]
 
     def __getitems__(self, indices: Sequence[int]) -> StoredBatch:
         inputs = torch.stack([self._image(int(i)) for i in indices])
@@ -199,7 +203,7 @@ class StoredImages(Dataset):
 
 def stored_splits(folder: str | os.PathLike[str], train_transform: v2.Compose, val_transform: v2.Compose, *,
                   mode: str = "exact", build: Callable[[Callable[[], list[Path]]], list[Path]] | None = None,
-                  ) -> tuple[StoredImages, StoredImages] | None:
+                  defer: bool = False) -> tuple[StoredImages, StoredImages] | None:
     """The whole folder read through a store with each split's transform, or None (``mode="off"``, or a transform
     this cannot cut: the caller reads the PNGs).
 
@@ -210,6 +214,8 @@ def stored_splits(folder: str | os.PathLike[str], train_transform: v2.Compose, v
             or ``off``.
         build: runs the store's build (given as a callable) and returns its paths: e.g. on rank 0 alone with its
             value sent to every rank; None: here.
+        defer: leave the float part to the reader when both splits have the same one (``StoredImages.deferred``:
+            uint8 batches, a quarter of the bytes to move to a GPU, and the float part runs there).
     """
     if mode not in STORE_MODES:
         raise ValueError(f"mode={mode!r} is not allowed; expected one of {list(STORE_MODES)}")
@@ -223,6 +229,8 @@ def stored_splits(folder: str | os.PathLike[str], train_transform: v2.Compose, v
     paths = build(lambda: build_stores(folder, heads)) if build is not None else build_stores(folder, heads)
     labels = [label for _, label in _manifest(folder)[1]]
     train_path, val_path = paths[0], paths[-1]
-    return (StoredImages(train_path, labels, train.middle, train.finish),
-            StoredImages(val_path, labels, val.middle, val.finish))
+    defer = defer and repr(train.finish) == repr(val.finish) and len(train.finish.transforms) > 0 \
+        and type(train.finish.transforms[0]) is v2.ToDtype
+    return (StoredImages(train_path, labels, train.middle, train.finish, defer=defer),
+            StoredImages(val_path, labels, val.middle, val.finish, defer=defer))
 

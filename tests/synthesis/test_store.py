@@ -122,18 +122,22 @@ def test_input_mode_one_store_at_the_input_size_the_crops_resampled_from_it(tmp_
     assert float((a - b).abs().mean()) < 0.5  # normalised units (std 0.5): about a tenth of the range at most
 
 
-def test_pretraining_on_the_store_gives_the_png_weights(tmp_path):
+@pytest.mark.parametrize("defer", [False, True])  # True: uint8 batches, the float part in the module's batch hook
+def test_pretraining_on_the_store_gives_the_png_weights(tmp_path, defer):
     folder = _folder(tmp_path / "images", n=24, side=40)
     train_tf, val_tf = _transforms(32)  # the training split's RandomResizedCrop and flip draw as on the PNGs
     tiny = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
     weights = []
     for name, (train_all, val_all) in {"png": (SyntheticFolder(folder, train_tf), SyntheticFolder(folder, val_tf)),
-                                       "store": stored_splits(folder, train_tf, val_tf)}.items():
+                                       "store": stored_splits(folder, train_tf, val_tf, defer=defer)}.items():
         train, _ = split_holdout(train_all, 0.25, 0)
         _, val = split_holdout(val_all, 0.25, 0)
         ckpt, _ = pretrain_classifier(model_name="vit_tiny_patch16_224", overrides=tiny, num_classes=3,
                                       train_dataset=train, val_dataset=val, out_dir=tmp_path / name, max_epochs=2,
-                                      batch_size=8, lr=3e-3, accelerator="cpu", seed=0, patience=2)
+                                      batch_size=8, lr=3e-3, accelerator="cpu", seed=0, patience=2,
+                                      batch_transform=train_all.deferred if name == "store" else None)
         weights.append(torch.load(ckpt, weights_only=True)["state_dict"])
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    if defer:
+        assert train_all.deferred is not None and train_all[0][0].dtype == torch.uint8

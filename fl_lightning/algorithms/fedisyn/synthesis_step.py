@@ -597,8 +597,8 @@ def pretrain_on_synthetic(cfg: Any, folder: Path, *, num_classes: int, spec: Inp
     """
     transform = dict(normalization=spec.normalization, image_size=spec.image_size, mean=spec.mean, std=spec.std)
     train_tf, val_tf = build_transform(**transform, train=True), build_transform(**transform, train=False)
-    stored = stored_splits(folder, train_tf, val_tf, mode=cfg.pretrain_store, build=None if ranks is None else (
-        lambda step: ranks.on_server(step, "the synthetic images' store")))  # rank 0 builds it, every rank reads it
+    stored = stored_splits(folder, train_tf, val_tf, mode=cfg.pretrain_store, defer=True, build=None if ranks is None
+                           else lambda step: ranks.on_server(step, "the synthetic images' store"))  # built on rank 0
     train_all, val_all = stored or (SyntheticFolder(folder, train_tf), SyntheticFolder(folder, val_tf))
     train_set, _ = split_holdout(train_all, cfg.pretrain_holdout, seed)
     _, val_set = split_holdout(val_all, cfg.pretrain_holdout, seed)
@@ -618,7 +618,7 @@ def pretrain_on_synthetic(cfg: Any, folder: Path, *, num_classes: int, spec: Inp
         num_classes=num_classes, train_dataset=train_set, val_dataset=val_set, out_dir=out,
         max_epochs=cfg.pretrain_epochs, batch_size=cfg.pretrain_batch_size, lr=cfg.pretrain_lr,
         accelerator=device.type, devices=1, precision=precision, seed=seed, patience=cfg.pretrain_patience,
-        ranks=ranks)
+        ranks=ranks, batch_transform=stored[0].deferred if stored else None)  # a store's float part: on the device
     host_s = pretraining_s = time.monotonic() - start
     if ranks is not None and ranks.rank != 0:
         return None
