@@ -25,8 +25,9 @@ read memory-mapped (``np.load(mmap_mode="r")``: the pages are shared by the proc
 the first 16 hex digits of a SHA-256 over the format version, the manifest's bytes, every image file's size and
 modification time, the head's ``repr`` (sizes, interpolation, antialias) and the torchvision and Pillow versions: a
 changed folder (a resumed or regenerated image, another manifest) or another input size makes another key and the
-store is built again; stale stores in ``.store`` are removed when a new one is built. A store is written under a
-temporary name and renamed, so a store that exists is whole.
+store is built again; stale stores in ``.store`` are removed when a new one is built, and the pre-training removes
+its store when it has finished (:func:`remove_stores`). A store is written under a temporary name and renamed, so a
+store that exists is whole.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from fl_lightning.data.preprocessed import StoredBatch
 from fl_lightning.synthesis.generate import MANIFEST_NAME
 
 __all__ = ["STORE_DIR", "STORE_MODES", "TransformParts", "split_transform", "store_key", "build_stores",
-           "StoredImages", "stored_splits"]
+           "remove_stores", "StoredImages", "stored_splits"]
 
 STORE_DIR = ".store"  # under the synthetic folder
 STORE_MODES = ("exact", "input", "off")
@@ -163,6 +164,15 @@ def build_stores(folder: str | os.PathLike[str], heads: Sequence[v2.Compose]) ->
             if stale not in paths:
                 stale.unlink(missing_ok=True)
     return paths
+
+
+def remove_stores(folder: str | os.PathLike[str]) -> None:
+    """Delete ``folder``'s stores (a cache of the PNGs: the pre-training that read them has finished)."""
+    root = Path(folder) / STORE_DIR
+    for path in root.glob("*.npy"):
+        path.unlink(missing_ok=True)
+    if root.is_dir() and not any(root.iterdir()):
+        root.rmdir()
 
 
 class StoredImages(Dataset):

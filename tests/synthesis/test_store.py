@@ -14,7 +14,7 @@ from fl_lightning.data.preprocessed import collate
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.modules.pretraining import pretrain_classifier, split_holdout
 from fl_lightning.synthesis.generate import MANIFEST_NAME
-from fl_lightning.synthesis.store import STORE_DIR, build_stores, split_transform, store_key, stored_splits
+from fl_lightning.synthesis.store import STORE_DIR, build_stores, remove_stores, split_transform, store_key, stored_splits
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
 
@@ -98,6 +98,8 @@ def test_a_changed_folder_or_size_makes_another_store_and_the_old_one_goes(tmp_p
     second = build_stores(folder, [head])[0]
     assert second != first and not first.exists() and list((folder / STORE_DIR).iterdir()) == [second]
     assert not np.load(second, mmap_mode="r")[0].any()
+    remove_stores(folder)
+    assert not (folder / STORE_DIR).exists() and (folder / MANIFEST_NAME).is_file()
 
 
 def test_off_reads_the_pngs_and_a_bad_mode_is_refused(tmp_path):

@@ -60,7 +60,7 @@ from fl_lightning.synthesis.generate import (
     synthetic_volume,
 )
 from fl_lightning.synthesis.latents import ClassLatentUpload
-from fl_lightning.synthesis.store import stored_splits
+from fl_lightning.synthesis.store import remove_stores, stored_splits
 from fl_lightning.synthesis.prompts import LLMPromptExpander, TemplatePromptExpander, expand_with_cache
 from fl_lightning.systems.backbones import backbone
 from fl_lightning.systems.scaling_law import ScalingLawParams, optimal_lambda, synthesis_cost_per_unit_lambda
@@ -597,6 +597,7 @@ def pretrain_on_synthetic(cfg: Any, folder: Path, *, num_classes: int, spec: Inp
     """
     transform = dict(normalization=spec.normalization, image_size=spec.image_size, mean=spec.mean, std=spec.std)
     train_tf, val_tf = build_transform(**transform, train=True), build_transform(**transform, train=False)
+    start = time.monotonic()  # the host's pre-training time counts the store's build (the PNGs' one decode)
     stored = stored_splits(folder, train_tf, val_tf, mode=cfg.pretrain_store, defer=True, build=None if ranks is None
                            else lambda step: ranks.on_server(step, "the synthetic images' store"))  # built on rank 0
     train_all, val_all = stored or (SyntheticFolder(folder, train_tf), SyntheticFolder(folder, val_tf))
@@ -612,7 +613,6 @@ def pretrain_on_synthetic(cfg: Any, folder: Path, *, num_classes: int, spec: Inp
         clean()
     else:  # rank 0 alone, before any rank looks for the epoch state
         ranks.on_server(clean, "the pre-training folder", send=False)
-    start = time.monotonic()
     best, epochs_run = pretrain_classifier(
         model_name=cfg.pretrain_model, overrides=cfg.pretrain_overrides, checkpoint=cfg.pretrain_checkpoint,
         num_classes=num_classes, train_dataset=train_set, val_dataset=val_set, out_dir=out,
@@ -622,6 +622,8 @@ def pretrain_on_synthetic(cfg: Any, folder: Path, *, num_classes: int, spec: Inp
     host_s = pretraining_s = time.monotonic() - start
     if ranks is not None and ranks.rank != 0:
         return None
+    if stored:
+        remove_stores(folder)  # a cache of the PNGs: round 0's pre-training is done
     if per_image_epoch_s is not None:
         pretraining_s = per_image_epoch_s * len(train_set) * epochs_run
     return load_pretrained_vit(best, map_location="cpu"), pretraining_s, best, host_s
