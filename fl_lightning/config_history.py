@@ -63,6 +63,9 @@ _ADDED_KEYS: dict[str, dict[str, Any]] = {
              "test_split": "test", "image_column": None, "label_column": None, "revision": None},
     "partition": {"by": None, "convention": "fl_lightning", "flower_shuffle_seed": None},
 }
+# Not listed: keys of a method's own section (added_key_overrides would give them to every method's runs, and a run
+# of another method refuses that section). fedisyn/gptfl/fgl.pretrain_store (synthesis/store.py): its default, exact,
+# reads the items of before it existed bit for bit (before: off).
 
 
 def recorded_config(values: dict) -> dict:
