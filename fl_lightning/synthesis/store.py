@@ -187,13 +187,23 @@ class StoredImages(Dataset):
     def __init__(self, path: str | os.PathLike[str], labels: Sequence[int], middle: Callable[[Any], Any],
                  finish: Callable[[torch.Tensor], torch.Tensor], *, defer: bool = False) -> None:
         self.path = Path(path)
-        self.images = np.load(self.path, mmap_mode="r")
+        self._images: np.ndarray | None = None
         if len(self.images) != len(labels):
             raise ValueError(f"{self.path} holds {len(self.images)} images, the manifest {len(labels)}")
         self.labels = [int(v) for v in labels]
         self.middle = middle
         # defer: items stay uint8 and the reader runs ``deferred`` on each batch (pre-training: on its device)
         self.finish, self.deferred = (None, finish) if defer else (finish, None)
+
+    @property
+    def images(self) -> np.ndarray:
+        """The store, memory-mapped (opened again in a process this data set was pickled to)."""
+        if self._images is None:
+            self._images = np.load(self.path, mmap_mode="r")
+        return self._images
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_images": None}  # a loader worker maps the file itself: no copy of the array
 
     def __len__(self) -> int:
         return len(self.labels)

@@ -102,6 +102,21 @@ def test_a_changed_folder_or_size_makes_another_store_and_the_old_one_goes(tmp_p
     assert not (folder / STORE_DIR).exists() and (folder / MANIFEST_NAME).is_file()
 
 
+def test_a_pickled_store_maps_its_file_again(tmp_path):
+    import pickle
+
+    folder = _folder(tmp_path)
+    train, _ = stored_splits(folder, *_transforms(16))
+    assert train.images.shape == (12, 3, 16, 16)  # mapped here
+    blob = pickle.dumps(train)
+    assert len(blob) < 12 * 3 * 16 * 16  # not the array
+    again = pickle.loads(blob)
+    torch.manual_seed(0)
+    a = again[3][0]
+    torch.manual_seed(0)
+    assert torch.equal(a, train[3][0])
+
+
 def test_off_reads_the_pngs_and_a_bad_mode_is_refused(tmp_path):
     folder = _folder(tmp_path)
     assert stored_splits(folder, *_transforms(16), mode="off") is None
