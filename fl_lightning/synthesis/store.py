@@ -160,16 +160,30 @@ def build_stores(folder: str | os.PathLike[str], heads: Sequence[v2.Compose]) ->
             arrays.clear()
             for tmp in tmps.values():
                 tmp.unlink(missing_ok=True)
-        for stale in root.glob("*.npy"):
+        for stale in [*root.glob("*.npy"), *root.glob("*.tmp")]:  # other keys', and a killed build's leftovers
             if stale not in paths:
                 stale.unlink(missing_ok=True)
     return paths
 
 
+def _build_or_none(folder: Path, heads: Sequence[v2.Compose]) -> list[Path] | None:
+    """:func:`build_stores`, or None (the caller reads the PNGs) for a folder it cannot store: no image, or images
+    whose head makes more than one shape (one warning)."""
+    import warnings
+
+    if not _manifest(folder)[1]:
+        return None
+    try:
+        return build_stores(folder, heads)
+    except ValueError as err:
+        warnings.warn(f"the synthetic images are read from their PNGs: {err}", stacklevel=2)
+        return None
+
+
 def remove_stores(folder: str | os.PathLike[str]) -> None:
     """Delete ``folder``'s stores (a cache of the PNGs: the pre-training that read them has finished)."""
     root = Path(folder) / STORE_DIR
-    for path in root.glob("*.npy"):
+    for path in [*root.glob("*.npy"), *root.glob("*.tmp")]:
         path.unlink(missing_ok=True)
     if root.is_dir() and not any(root.iterdir()):
         root.rmdir()
@@ -224,8 +238,9 @@ class StoredImages(Dataset):
 def stored_splits(folder: str | os.PathLike[str], train_transform: v2.Compose, val_transform: v2.Compose, *,
                   mode: str = "exact", build: Callable[[Callable[[], list[Path]]], list[Path]] | None = None,
                   defer: bool = False) -> tuple[StoredImages, StoredImages] | None:
-    """The whole folder read through a store with each split's transform, or None (``mode="off"``, or a transform
-    this cannot cut: the caller reads the PNGs).
+    """The whole folder read through a store with each split's transform, or None (``mode="off"``, a transform this
+    cannot cut, or a folder it cannot store — no image, or images of more than one size where the store keeps the
+    generated size: the caller reads the PNGs).
 
     Args:
         folder: the synthetic folder (``manifest.jsonl`` and the PNGs).
@@ -246,7 +261,9 @@ def stored_splits(folder: str | os.PathLike[str], train_transform: v2.Compose, v
         train = TransformParts(val.head, train.middle, train.finish)
     folder = Path(folder)
     heads = [train.head] if repr(train.head) == repr(val.head) else [train.head, val.head]
-    paths = build(lambda: build_stores(folder, heads)) if build is not None else build_stores(folder, heads)
+    paths = build(lambda: _build_or_none(folder, heads)) if build is not None else _build_or_none(folder, heads)
+    if paths is None:
+        return None
     labels = [label for _, label in _manifest(folder)[1]]
     train_path, val_path = paths[0], paths[-1]
     defer = defer and repr(train.finish) == repr(val.finish) and len(train.finish.transforms) > 0 \

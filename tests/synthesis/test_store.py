@@ -117,6 +117,15 @@ def test_a_pickled_store_maps_its_file_again(tmp_path):
     assert torch.equal(a, train[3][0])
 
 
+def test_images_of_two_sizes_where_the_store_keeps_the_generated_size_are_read_from_the_pngs(tmp_path):
+    folder = _folder(tmp_path, side=40)
+    Image.fromarray(np.zeros((48, 48, 3), np.uint8)).save(folder / "c1/00001.png")
+    with pytest.warns(UserWarning, match="read from their PNGs"):
+        assert stored_splits(folder, *_transforms(32)) is None  # the training store would hold 40 and 48 px
+    assert stored_splits(folder, *_transforms(16)) is not None  # both heads resize: one size
+    assert not list((folder / STORE_DIR).glob("*.tmp"))
+
+
 def test_off_reads_the_pngs_and_a_bad_mode_is_refused(tmp_path):
     folder = _folder(tmp_path)
     assert stored_splits(folder, *_transforms(16), mode="off") is None
