@@ -16,6 +16,10 @@ and per path:
   the gathered uint8 batch and the float part runs on the GPU after the copy (elementwise, ~0.6 MB a 224-px image
   written: microseconds on a GPU, not timed here), so a loading process only gathers rows.
 
+and FeDiSyn's pre-training input (``synthetic_*``): generated 512-px PNGs through the imagenet 224-px transforms,
+decoded per item (``png_*``) against the synthetic store (``synthesis/store.py``: ``store_exact_train``,
+``store_val``, ``store_input_train``, the float part in the loader) and the store's one-off build.
+
 Against it, by arithmetic (no GPU needed; the assumptions are printed with the figures): a bf16 training step
 needs ``3 × forward FLOPs`` per image — forward ≈ 17.6 GFLOP for ViT-B/16 at 224 px, 61.6 GFLOP for ViT-L/16 —
 on an H100 at 989 TFLOP/s dense bf16 and an assumed 40 % utilisation; the workers per GPU needed are that rate
@@ -147,6 +151,82 @@ def device_images_per_s(device: torch.device | str, *, workers: int, images: int
     return n / best
 
 
+class _Pngs(Dataset):
+    """The synthetic folder read as pre-training reads it without a store: a PNG decoded per item."""
+
+    def __init__(self, folder: Path, transform: Any) -> None:
+        from fl_lightning.synthesis.store import _manifest
+
+        self.folder, self.transform, self.items = folder, transform, _manifest(folder)[1]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        from PIL import Image
+
+        path, label = self.items[i]
+        with Image.open(self.folder / path) as img:
+            image = img.convert("RGB")
+        return self.transform(image), label
+
+
+def _synthetic(n: int, measured: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """FeDiSyn's pre-training input: 512-px PNGs (smooth noise, about an SD image's PNG size) through the imagenet
+    224-px transforms, per item from the PNGs vs from the store (``synthesis/store.py``), one loading process on one
+    torch thread."""
+    rng = np.random.default_rng(1)
+    out: dict[str, Any] = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one loading process on one core, as the pre-training's loader runs (0 workers)
+    try:
+        _time_synthetic(n, rng, out, measured)
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def _time_synthetic(n: int, rng: np.random.Generator, out: dict[str, Any],
+                    measured: dict[str, dict[str, float]]) -> None:
+    import json
+    import tempfile
+
+    from PIL import Image
+
+    from fl_lightning.data.transforms import build_transform
+    from fl_lightning.synthesis.generate import MANIFEST_NAME
+    from fl_lightning.synthesis.store import stored_splits
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        rows, png_bytes = [], 0
+        for i in range(n):
+            low = Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).resize((512, 512), Image.BICUBIC)
+            noisy = np.clip(np.asarray(low, np.int16) + rng.integers(-6, 7, (512, 512, 3)), 0, 255).astype(np.uint8)
+            rel = f"c{i % 10}/{i:05d}.png"
+            (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(noisy).save(folder / rel)
+            png_bytes += (folder / rel).stat().st_size
+            rows.append(json.dumps({"path": rel, "label": i % 10}) + "\n")
+        (folder / MANIFEST_NAME).write_text("".join(rows), encoding="utf-8")
+        spec = dict(normalization="imagenet", image_size=224, mean=(0.5,) * 3, std=(0.5,) * 3)
+        train_tf, val_tf = build_transform(**spec, train=True), build_transform(**spec, train=False)
+        start = time.perf_counter()
+        exact = stored_splits(folder, train_tf, val_tf, mode="exact")
+        build_s = time.perf_counter() - start
+        start = time.perf_counter()
+        near = stored_splits(folder, train_tf, val_tf, mode="input")
+        assert exact is not None and near is not None
+        note = f"{n} 512-px PNGs ({png_bytes / n / 1024:.0f} KiB each) -> imagenet 224 px, 0 workers"
+        for path, data in (("png_train", _Pngs(folder, train_tf)), ("png_val", _Pngs(folder, val_tf)),
+                           ("store_exact_train", exact[0]), ("store_val", exact[1]), ("store_input_train", near[0])):
+            rate = _images_per_s(data, 0, batch_size=64, passes=5)  # the best of 5: a shared machine varies
+            measured[f"synthetic_{path}"] = {"images_per_s": rate}
+            out[f"synthetic_{path}_images_per_s"] = figure(rate, "img/s", note=note)
+        out["synthetic_store_build_images_per_s"] = figure(n / build_s, "img/s",
+                                                           note="decode + both heads, written once (exact)")
+
+
 def run(*, quick: bool, device: torch.device | None = None, workers: Sequence[int] = (0, 1, 2),
         images: int | None = None) -> dict[str, Any]:
     """Every figure of the suite (see the module docstring); CPU processes whatever ``device``.
@@ -190,6 +270,7 @@ def run(*, quick: bool, device: torch.device | None = None, workers: Sequence[in
                 results[f"{kind}_{path}_workers_for_{name}"] = figure(
                     math.ceil(rate / per_process), "workers",
                     note=f"per H100 for {name}: {rate:.0f} img/s over {per_process:.0f} img/s per loading process")
+    results.update(_synthetic(min(n, 16 if quick else 64), measured))
     results["sizes"] = {"images": n, "workers": counts, "batch_size": 64, "image_size": 224,
                         "configs": configs, "bytes_per_image": {"float32": 3 * 224 * 224 * 4, "uint8": 3 * 224 * 224},
                         "assumptions": assumptions, "measured": measured}

@@ -63,8 +63,10 @@ _ADDED_KEYS: dict[str, dict[str, Any]] = {
              "path": None, "train_split": "train", "test_split": "test", "image_column": None, "label_column": None,
              "revision": None},
     "partition": {"by": None, "convention": "fl_lightning", "flower_shuffle_seed": None},
-    # the synthesis methods' pilots computed their own round 0 before round0_inputs existed
-    **{section: {"round0_inputs": None} for section in ("fedisyn", "fgl", "gptfl")},
+    # the synthesis methods: pilots computed their own round 0 before round0_inputs existed, and pre-training read
+    # the PNGs before pretrain_store (synthesis/store.py; its default, exact, reads the same items bit for bit).
+    # A method's section is pinned only for a run that has it (added_key_overrides)
+    **{section: {"round0_inputs": None, "pretrain_store": "off"} for section in ("fedisyn", "fgl", "gptfl")},
 }
 
 

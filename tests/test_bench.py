@@ -383,3 +383,5 @@ def test_loader_suite_reports_the_data_path_against_the_step(capsys):
                 assert out[f"{kind}_{path}_workers_for_{vit}"]["value"] == math.ceil(need / rate)
     assert "fedopal_cifar10.yaml" in out["sizes"]["configs"]["cifar"]
     assert out["sizes"]["bytes_per_image"] == {"float32": 602112, "uint8": 150528}
+    for path in ("png_train", "png_val", "store_exact_train", "store_val", "store_input_train", "store_build"):
+        assert out[f"synthetic_{path}_images_per_s"]["value"] > 0  # FeDiSyn's 512-px PNGs vs the synthetic store

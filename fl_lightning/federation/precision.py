@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from fl_lightning.config import RunConfig
 
 __all__ = ["HALF_TRUE", "check_precision", "converts_modules", "convert_module", "convert_input", "trunk_dtype",
-           "hold_trunk"]
+           "hold_trunk", "compute_dtype"]
 
 HALF_TRUE = ("bf16-true", "16-true")
 _MIXED = {"bf16-mixed": torch.bfloat16, "bf16": torch.bfloat16, "16-mixed": torch.float16, "16": torch.float16}
@@ -88,6 +88,15 @@ def trunk_dtype(precision: str, device: torch.device | str, module: nn.Module) -
     if any(p.requires_grad for p in module.parameters()):
         return None
     return dtype
+
+
+def compute_dtype(precision: str, device: torch.device | str) -> torch.dtype:
+    """The dtype a frozen network's forward computes in under ``precision`` on ``device``: bfloat16 / float16 for
+    the bf16 / 16 precisions (mixed or true) on CUDA, else float32 (the CPU always: results there stay
+    bit-identical to float32). FeDiSyn's client VAE encoding uses it (``synthesis/latents.py``)."""
+    if torch.device(device).type != "cuda":
+        return torch.float32
+    return _MIXED.get(precision) or {"bf16-true": torch.bfloat16, "16-true": torch.float16}.get(precision, torch.float32)
 
 
 def hold_trunk(fabric: Fabric, module: nn.Module) -> nn.Module:

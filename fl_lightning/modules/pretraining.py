@@ -53,6 +53,7 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from fl_lightning.data.preprocessed import collate
 from fl_lightning.errors import MissingResourceError
 from fl_lightning.federation.collectives import Ranks
 from fl_lightning.modules.pretraining_ranks import (GuardedIO, JoinedDDP, RankBatches, RankGuard, RankItems, RankSeeds,
@@ -160,6 +161,8 @@ class ViTClassifier(lightning.LightningModule):
         self.val_acc = MulticlassAccuracy(num_classes=num_classes, average="micro", sync_on_compute=False)
         # data-parallel over the ranks of a shared phase (pretraining_ranks.py): set by pretrain_classifier
         self.guard: RankGuard | None = None
+        # the float part of a uint8 batch, run on the device (on_after_batch_transfer): set by pretrain_classifier
+        self.batch_transform: Any = None
 
     def share_over_ranks(self, guard: RankGuard) -> None:
         """Train data-parallel: batches of ``(image, label, weight)`` (``pretraining_ranks.RankBatches``), every
@@ -169,6 +172,15 @@ class ViTClassifier(lightning.LightningModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)  # (B, num_classes)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """A batch whose images arrive as uint8 (a store's, ``synthesis/store.py``) gets ``batch_transform`` (the
+        float part: ``ToDtype``, clamp, ``Normalize``) here, on this module's device."""
+        transform = self.batch_transform
+        if transform is None or not isinstance(batch, (tuple, list)) or not isinstance(batch[0], torch.Tensor) \
+                or batch[0].dtype != torch.uint8:
+            return batch
+        return type(batch)([transform(batch[0]), *batch[1:]])
 
     def _rank_step(self, batch: Any, what: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """This rank's part of a global batch (``pretraining_ranks``): (logits of its rows, labels, the loss
@@ -426,6 +438,7 @@ def pretrain_classifier(
     num_workers: int = 0,
     callbacks: Sequence[Callback] = (),
     ranks: Ranks | None = None,
+    batch_transform: Any = None,
 ) -> PretrainResult:
     """Pre-train a timm ViT on synthetic images; return the best checkpoint and the epochs run.
 
@@ -452,6 +465,8 @@ def pretrain_classifier(
             ``devices`` are then the ranks'): global batch ``batch_size`` split over the ranks, gradients
             all-reduced, rank 0 writes the files, every rank ends with the same weights and the same result, and a
             failure on any rank ends every rank. None or one rank: one process's training.
+        batch_transform: run on the device on a batch whose images arrive as uint8 (a store's float part,
+            ``synthesis/store.py``: elementwise, so the values are those of running it in the loader).
 
     Returns:
         path of the best checkpoint, to be read with :func:`load_pretrained_vit`.
@@ -472,6 +487,7 @@ def pretrain_classifier(
         lr=lr,
         weight_decay=weight_decay,
     )
+    module.batch_transform = batch_transform
     generator = torch.Generator().manual_seed(seed)
     parallel = ranks is not None and ranks.world > 1
     extra: dict[str, Any] = {}
@@ -492,10 +508,12 @@ def pretrain_classifier(
         extra = dict(strategy=JoinedDDP(ranks, device), plugins=[io], use_distributed_sampler=False)
         callbacks = [*callbacks, RankSeeds(seed, ranks.rank)]
     else:
+        # collate: default_collate, or a stored batch's float part run on the whole batch (synthesis/store.py)
         train_loader = DataLoader(
-            train_dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers, generator=generator
-        )
-        val_loader = DataLoader(val_dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+            train_dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers, generator=generator,
+            collate_fn=collate)
+        val_loader = DataLoader(val_dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers,
+                                collate_fn=collate)
     # the best epoch's weights only (load_pretrained_vit reads them): AdamW's two moments would treble a ViT-L's
     # 1.2 GB at every new best; the optimizer a resume needs is in the epoch state
     best = ModelCheckpoint(

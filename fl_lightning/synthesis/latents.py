@@ -34,11 +34,13 @@ classes the client holds or on the order it visits them. Give each client its ow
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from fl_lightning.federation.transport import SCALAR_BYTES, Upload
 
@@ -46,6 +48,7 @@ _MIN_CLUSTER = 2  # samples a k-means cluster needs before its centroid may leav
 
 __all__ = [
     "ClassLatentUpload",
+    "vae_inputs",
     "encode_images",
     "class_centroids",
     "noise_latents",
@@ -91,17 +94,76 @@ class ClassLatentUpload:
         return tensors + 4 * SCALAR_BYTES
 
 
+def vae_inputs(images: torch.Tensor, *, mean: Sequence[float], std: Sequence[float], size: int | None = None,
+               device: torch.device | str | None = None) -> torch.Tensor:
+    """A batch of normalised ViT inputs back in [0, 1] on ``device``, resized to ``size`` × ``size``.
+
+    The batch is moved first (on a GPU the de-normalisation and the resize then run there), then
+    de-normalised (x · std + mean) and clamped, resized (bilinear, antialiased) and clamped again. On the
+    CPU these are the ops, in the order, of the CPU path before (bit-identical).
+
+    Args:
+        images: (B, 3, H, W) float, normalised with ``mean``/``std``.
+        mean, std: the per-channel statistics the images were normalised with.
+        size: the side of the square output (the VAE's resolution); None keeps H × W.
+        device: where the result lives (None: where ``images`` are).
+    """
+    x = images if device is None else images.to(device, non_blocking=True)
+    m = torch.tensor(list(mean), device=x.device).view(1, 3, 1, 1)
+    s = torch.tensor(list(std), device=x.device).view(1, 3, 1, 1)
+    x = (x * s + m).clamp(0, 1)
+    if size is not None:
+        x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False).clamp(0, 1)
+    return x
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None) -> AbstractContextManager:
+    """Autocast to ``dtype`` on ``device`` (None: autocast off, whatever an outer context set)."""
+    return torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype is not None)
+
+
+def _posterior_mean(vae: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """mean(E(x)) as float32 for x in [-1, 1], computed in ``dtype``.
+
+    A VAE already in ``dtype`` (or asked for a half dtype while it is in another half dtype) runs as it
+    is, on inputs in its dtype; a float32 VAE asked for float16/bfloat16 runs under autocast (its float32
+    weights are not cast, so nothing is lost for the server's later use of it); a half VAE asked for
+    float32 is cast to float32 for the call and back (exact: half → float32 → half).
+    """
+    held = vae.dtype
+    if held == dtype or (held != torch.float32 and dtype != torch.float32):
+        with _autocast(x.device, None):
+            return vae.encode(x.to(held)).latent_dist.mean.float()
+    if held == torch.float32:
+        with _autocast(x.device, dtype):
+            return vae.encode(x).latent_dist.mean.float()
+    vae.to(torch.float32)
+    try:
+        with _autocast(x.device, None):
+            return vae.encode(x.float()).latent_dist.mean.float()
+    finally:
+        vae.to(held)
+
+
 @torch.no_grad()
-def encode_images(vae: torch.nn.Module, images: torch.Tensor, *, batch_size: int = 16) -> torch.Tensor:
+def encode_images(vae: torch.nn.Module, images: torch.Tensor, *, batch_size: int = 16,
+                  dtype: torch.dtype | None = None) -> torch.Tensor:
     """VAE-encode images in [0, 1] into scaled latents z = scaling_factor · mean(E(2x − 1)).
 
     The posterior mean (not a sample) is used so a client's latents are deterministic; the noise
     that protects them is added later, at timestep s.
 
+    Half precision: with ``dtype`` float16/bfloat16 the encoder's matmuls and convolutions run in it (autocast
+    on a float32 VAE); an image whose latent holds a non-finite value (an fp16 overflow) is encoded again in
+    float32, that image alone — the others keep their half-precision values (as
+    :func:`fl_lightning.synthesis.generate.decode_latents` does for the decode).
+
     Args:
         vae: a diffusers ``AutoencoderKL`` (its ``config.scaling_factor`` is used, 0.18215 for SD v1).
-        images: (B, 3, H, W) in [0, 1], any device/dtype.
+        images: (B, 3, H, W) in [0, 1], any device/dtype (moved to the VAE's device).
         batch_size: images per encoder call.
+        dtype: the compute dtype (:func:`fl_lightning.federation.precision.compute_dtype`); None: the VAE's own
+            dtype, as before (float32 on the CPU: bit-identical).
 
     Returns:
         (B, C, H/f, W/f) float32 latents on the VAE's device.
@@ -110,12 +172,22 @@ def encode_images(vae: torch.nn.Module, images: torch.Tensor, *, batch_size: int
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     if images.ndim != 4 or images.shape[1] != 3:
         raise ValueError(f"images must be (B, 3, H, W), got {tuple(images.shape)}")
-    device, dtype = vae.device, vae.dtype
+    device = vae.device
+    dtype = vae.dtype if dtype is None else dtype
     scale = float(vae.config.scaling_factor)
     out = []
     for start in range(0, images.shape[0], batch_size):
-        x = images[start : start + batch_size].to(device=device, dtype=dtype) * 2.0 - 1.0  # [0,1] → [-1,1]
-        out.append(vae.encode(x).latent_dist.mean.float() * scale)
+        chunk = images[start : start + batch_size].to(device=device)
+        if dtype == vae.dtype:
+            x = chunk.to(dtype) * 2.0 - 1.0  # [0,1] → [-1,1], in the VAE's dtype as before
+        else:
+            x = chunk.float() * 2.0 - 1.0
+        z = _posterior_mean(vae, x, dtype)
+        if dtype != torch.float32:
+            bad = ~torch.isfinite(z).flatten(1).all(dim=1)  # (B,)
+            if bool(bad.any()):
+                z[bad] = _posterior_mean(vae, chunk[bad].float() * 2.0 - 1.0, torch.float32)
+        out.append(z * scale)
     if not out:
         raise ValueError("encode_images got no images")
     return torch.cat(out)
@@ -188,16 +260,17 @@ def _group_by_class(
     vae: torch.nn.Module,
     images_by_class: Mapping[int, torch.Tensor] | Iterable[tuple[torch.Tensor, torch.Tensor]],
     batch_size: int,
+    dtype: torch.dtype | None = None,
 ) -> dict[int, torch.Tensor]:
     if isinstance(images_by_class, Mapping):
         return {
-            int(label): encode_images(vae, imgs, batch_size=batch_size)
+            int(label): encode_images(vae, imgs, batch_size=batch_size, dtype=dtype)
             for label, imgs in images_by_class.items()
             if len(imgs) > 0
         }
     parts: dict[int, list[torch.Tensor]] = {}
     for images, labels in images_by_class:
-        z = encode_images(vae, images, batch_size=batch_size)
+        z = encode_images(vae, images, batch_size=batch_size, dtype=dtype)
         labels = torch.as_tensor(labels).to(z.device)
         for label in labels.unique().tolist():
             parts.setdefault(int(label), []).append(z[labels == label])
@@ -216,6 +289,7 @@ def client_latent_uploads(
     batch_size: int = 16,
     n_init: int = 10,
     min_timestep: int = 1,
+    dtype: torch.dtype | None = None,
 ) -> list[ClassLatentUpload]:
     """Everything one client sends the server in FeDiSyn step 1, one upload per class it holds.
 
@@ -231,6 +305,7 @@ def client_latent_uploads(
         seed: the client's seed (k-means, timestep draw, noise).
         batch_size: images per VAE call.
         n_init: k-means restarts.
+        dtype: the encoder's compute dtype (:func:`encode_images`); None: the VAE's own.
 
     Returns:
         Uploads sorted by label, tensors on the CPU.
@@ -242,7 +317,7 @@ def client_latent_uploads(
     if timestep is not None and not int(min_timestep) <= int(timestep) < total:
         raise ValueError(f"timestep must be None or an int in [{int(min_timestep)}, {total - 1}] (s >= min_timestep), "
                          f"got {timestep!r}")
-    latents_by_class = _group_by_class(vae, images_by_class, batch_size)
+    latents_by_class = _group_by_class(vae, images_by_class, batch_size, dtype)
     uploads = []
     for label in sorted(latents_by_class):
         z = latents_by_class[label]  # (D_i^k, C, h, w), clean: never leaves this function

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from fl_lightning.algorithms.common import evaluate_on_test
 from fl_lightning.algorithms.synthetic_family.finetune import FineTuningStage
@@ -154,15 +153,15 @@ class FeDiSynFamily(StagedAlgorithm):
         new.update(with_prefix(LORA, self.module.lora_state()))
         return new
 
-    def client_images(self, client: Client, *, batch_size: int, size: int | None = None):
-        """A client's own images back in [0, 1] (the ViT normalisation undone), resized to ``size``, with labels."""
-        mean = torch.tensor(self.spec.mean).view(1, 3, 1, 1)
-        std = torch.tensor(self.spec.std).view(1, 3, 1, 1)
+    def client_images(self, client: Client, *, batch_size: int, size: int | None = None,
+                      device: torch.device | None = None):
+        """A client's own images back in [0, 1] (the ViT normalisation undone), resized to ``size``, with labels; the
+        batch is moved to ``device`` first (None: the CPU), where the de-normalisation and resize run
+        (``synthesis.latents.vae_inputs``)."""
+        from fl_lightning.synthesis.latents import vae_inputs
+
         for images, labels in self.env.loader(client.dataset, shuffle=False, batch_size=batch_size):
-            x = (images * std.to(images.device) + mean.to(images.device)).clamp(0, 1)  # on the device, normalised there
-            if size is not None:
-                x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False).clamp(0, 1)
-            yield x, labels
+            yield vae_inputs(images, mean=self.spec.mean, std=self.spec.std, size=size, device=device), labels
 
     # -- state, evaluation, reports ---------------------------------------------------------------
     def initial_state(self) -> State:

@@ -41,6 +41,7 @@ from fl_lightning.federation.collectives import Ranks
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import State
 from fl_lightning.federation.placement import client_seed
+from fl_lightning.federation.precision import compute_dtype
 from fl_lightning.federation.stages import Stage, StageConfig
 from fl_lightning.federation.transport import Upload
 from fl_lightning.synthesis.latents import ClassLatentUpload, client_latent_uploads, from_upload, to_upload
@@ -83,6 +84,9 @@ class PretrainingConfig(ViTConfig):
     pretrain_batch_size: int = 64
     pretrain_holdout: float = 0.1  # held-out synthetic fraction for early stopping
     pretrain_patience: int = 3  # epochs without held-out improvement before stopping
+    # how pre-training reads the images (synthesis/store.py): exact = a uint8 store decoded once, the same items bit
+    # for bit; input = one store at the ViT's input size, training crops taken from it (not bit-identical); off = PNGs
+    pretrain_store: Literal["exact", "input", "off"] = "exact"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -374,13 +378,14 @@ class FeatureGuidedSynthesis(TextOnlySynthesis):
             stored = stored_upload(f.round0_inputs, self.inputs_key(), client.index)
             if stored is not None:
                 return stored
-        batches = m.client_images(client, batch_size=f.encode_batch_size, size=f.vae_image_size)
-        uploads = client_latent_uploads(self.components.vae, self.components.scheduler, batches,
+        vae = self.components.vae  # batches go to its device, are resized there and encoded in the compute dtype
+        batches = m.client_images(client, batch_size=f.encode_batch_size, size=f.vae_image_size, device=vae.device)
+        uploads = client_latent_uploads(vae, self.components.scheduler, batches,
                                         num_centroids=f.num_centroids, timestep=f.timestep,
                                         max_timestep=f.max_timestep, min_timestep=f.min_timestep,
-                                        seed=client_seed(m.cfg.seed, round_idx,
-                                                                                      client.index),
-                                        batch_size=f.encode_batch_size)
+                                        seed=client_seed(m.cfg.seed, round_idx, client.index),
+                                        batch_size=f.encode_batch_size,
+                                        dtype=compute_dtype(m.cfg.federation.precision, vae.device))
         return to_upload(uploads)
 
     def generation_inputs(self, uploads: Mapping[int, Upload]) -> GenerationInputs:

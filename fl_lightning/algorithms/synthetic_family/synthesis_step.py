@@ -60,6 +60,7 @@ from fl_lightning.synthesis.generate import (
     synthetic_volume,
 )
 from fl_lightning.synthesis.latents import ClassLatentUpload
+from fl_lightning.synthesis.store import remove_stores, stored_splits
 from fl_lightning.synthesis.prompts import LLMPromptExpander, TemplatePromptExpander, expand_with_cache
 from fl_lightning.systems.backbones import backbone
 from fl_lightning.systems.scaling_law import ScalingLawParams, optimal_lambda, synthesis_cost_per_unit_lambda
@@ -595,10 +596,13 @@ def pretrain_on_synthetic(cfg: Any, folder: Path, *, num_classes: int, spec: Inp
         checkpoint, and the host's wall time; None on the ranks other than 0.
     """
     transform = dict(normalization=spec.normalization, image_size=spec.image_size, mean=spec.mean, std=spec.std)
-    train_set, _ = split_holdout(SyntheticFolder(folder, build_transform(**transform, train=True)),
-                                 cfg.pretrain_holdout, seed)
-    _, val_set = split_holdout(SyntheticFolder(folder, build_transform(**transform, train=False)),
-                               cfg.pretrain_holdout, seed)
+    train_tf, val_tf = build_transform(**transform, train=True), build_transform(**transform, train=False)
+    start = time.monotonic()  # the host's pre-training time counts the store's build (the PNGs' one decode)
+    stored = stored_splits(folder, train_tf, val_tf, mode=cfg.pretrain_store, defer=True, build=None if ranks is None
+                           else lambda step: ranks.on_server(step, "the synthetic images' store"))  # built on rank 0
+    train_all, val_all = stored or (SyntheticFolder(folder, train_tf), SyntheticFolder(folder, val_tf))
+    train_set, _ = split_holdout(train_all, cfg.pretrain_holdout, seed)
+    _, val_set = split_holdout(val_all, cfg.pretrain_holdout, seed)
     out = run_dir / "pretrain"
 
     def clean() -> None:
@@ -609,16 +613,17 @@ def pretrain_on_synthetic(cfg: Any, folder: Path, *, num_classes: int, spec: Inp
         clean()
     else:  # rank 0 alone, before any rank looks for the epoch state
         ranks.on_server(clean, "the pre-training folder", send=False)
-    start = time.monotonic()
     best, epochs_run = pretrain_classifier(
         model_name=cfg.pretrain_model, overrides=cfg.pretrain_overrides, checkpoint=cfg.pretrain_checkpoint,
         num_classes=num_classes, train_dataset=train_set, val_dataset=val_set, out_dir=out,
         max_epochs=cfg.pretrain_epochs, batch_size=cfg.pretrain_batch_size, lr=cfg.pretrain_lr,
         accelerator=device.type, devices=1, precision=precision, seed=seed, patience=cfg.pretrain_patience,
-        ranks=ranks)
+        ranks=ranks, batch_transform=stored[0].deferred if stored else None)  # a store's float part: on the device
     host_s = pretraining_s = time.monotonic() - start
     if ranks is not None and ranks.rank != 0:
         return None
+    if stored:
+        remove_stores(folder)  # a cache of the PNGs: round 0's pre-training is done
     if per_image_epoch_s is not None:
         pretraining_s = per_image_epoch_s * len(train_set) * epochs_run
     return load_pretrained_vit(best, map_location="cpu"), pretraining_s, best, host_s

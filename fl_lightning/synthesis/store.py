@@ -1,0 +1,273 @@
+"""The synthetic images stored for reading: decoded once into a uint8 array the server's pre-training reads.
+
+``generate_images`` writes PNGs at the VAE's resolution (512 px for SD v1-5) and ``manifest.jsonl``: they stay the
+canonical, resumable output. Decoding a 512-px PNG costs 8–14 ms on a core, far more than a ViT step takes per
+image on a GPU, and the pre-training decodes every image every epoch. Here each image is decoded once, after
+generation, and put through the *head* of the pre-training transform — its leading deterministic steps
+(``ToImage``, ``RGB``, and ``Resize`` / ``CenterCrop`` where they come first) — into one uint8 array
+``(N, 3, H, W)``; every read then runs the rest of the transform on the stored image:
+
+* the *middle*: what follows the head up to the float part — the random augmentation (``RandomResizedCrop``,
+  ``RandomHorizontalFlip``, ...), per item, drawing from the same random streams in the same order as before;
+* the *float part*: ``ToDtype(float32, scale=True)`` → clamp → ``Normalize`` → ``ToPureTensor``, elementwise, run
+  on the whole gathered batch (``StoredBatch`` and :func:`fl_lightning.data.preprocessed.collate`).
+
+The transform is the same composition cut in two places, so every item equals the PNG path's item bit for bit
+(``mode="exact"``, tests/synthesis/test_store.py). Where the training transform starts with a random step on the
+decoded image (the imagenet pipeline's ``RandomResizedCrop`` at ≥ 32 px), its head is ``ToImage`` / ``RGB`` only:
+the training split's store keeps the images at their generated size (768 KiB per 512-px image), the held-out
+split's at the input size (147 KiB at 224 px). ``mode="input"`` stores every split at the input size (the
+held-out transform's head) and lets the training crop resample the stored image instead of the generated one:
+one store of 147 KiB per image, no longer bit-identical (the crops come from a 224-px image, not a 512-px one).
+
+**Format and key.** ``<folder>/.store/<key>.npy``: a NumPy ``.npy`` array, uint8, (N, 3, H, W) in manifest order,
+read memory-mapped (``np.load(mmap_mode="r")``: the pages are shared by the processes that read it). ``key`` is
+the first 16 hex digits of a SHA-256 over the format version, the manifest's bytes, every image file's size and
+modification time, the head's ``repr`` (sizes, interpolation, antialias) and the torchvision and Pillow versions: a
+changed folder (a resumed or regenerated image, another manifest) or another input size makes another key and the
+store is built again; stale stores in ``.store`` are removed when a new one is built, and the pre-training removes
+its store when it has finished (:func:`remove_stores`). A store is written under a temporary name and renamed, so a
+store that exists is whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+
+from fl_lightning.data.preprocessed import StoredBatch
+from fl_lightning.synthesis.generate import MANIFEST_NAME
+
+__all__ = ["STORE_DIR", "STORE_MODES", "TransformParts", "split_transform", "store_key", "build_stores",
+           "remove_stores", "StoredImages", "stored_splits"]
+
+STORE_DIR = ".store"  # under the synthetic folder
+STORE_MODES = ("exact", "input", "off")
+_FORMAT = 1
+_HEAD_STEPS: tuple[type, ...] = (v2.ToImage, v2.RGB, v2.Resize, v2.CenterCrop)
+
+
+class TransformParts:
+    """A ``v2.Compose`` cut into ``head`` (run once, stored), ``middle`` (per item) and ``finish`` (per batch)."""
+
+    def __init__(self, head: v2.Compose, middle: v2.Compose, finish: v2.Compose) -> None:
+        self.head, self.middle, self.finish = head, middle, finish
+
+
+def _elementwise(step: Any) -> bool:
+    if isinstance(step, v2.Lambda):
+        return getattr(step.lambd, "__module__", "").startswith("fl_lightning.")  # this package's clamp
+    return type(step) in (v2.ToDtype, v2.Normalize, v2.ToPureTensor)
+
+
+def split_transform(transform: Any) -> TransformParts | None:
+    """``transform`` as head / middle / finish (module docstring), or None when it does not start with
+    ``ToImage`` (a store holds uint8 image tensors)."""
+    if not isinstance(transform, v2.Compose) or not transform.transforms or type(transform.transforms[0]) is not v2.ToImage:
+        return None
+    steps = list(transform.transforms)
+    cut = 0
+    while cut < len(steps) and type(steps[cut]) in _HEAD_STEPS:
+        cut += 1
+    rest = steps[cut:]
+    at = next((i for i, t in enumerate(rest) if type(t) is v2.ToDtype and t.dtype is torch.float32 and t.scale), None)
+    if at is None or not all(_elementwise(t) for t in rest[at:]):
+        at = len(rest)  # no elementwise float part: everything after the head runs per item
+    return TransformParts(_compose(steps[:cut]), _compose(rest[:at]), _compose(rest[at:]))
+
+
+def _compose(steps: list[Any]) -> v2.Compose:
+    return v2.Compose(steps or [v2.Identity()])  # Compose refuses an empty list
+
+
+def _manifest(folder: Path) -> tuple[bytes, list[tuple[str, int]]]:
+    raw = (folder / MANIFEST_NAME).read_bytes()
+    rows = [json.loads(line) for line in raw.decode("utf-8").splitlines() if line]
+    return raw, [(row["path"], int(row["label"])) for row in rows]
+
+
+def store_key(folder: Path, head: v2.Compose) -> str:
+    """The content key of ``folder``'s store for ``head`` (module docstring)."""
+    import PIL
+    import torchvision
+
+    raw, items = _manifest(folder)
+    digest = hashlib.sha256()
+    digest.update(json.dumps({"format": _FORMAT, "head": repr(head), "torchvision": torchvision.__version__,
+                              "pillow": PIL.__version__}).encode())
+    digest.update(hashlib.sha256(raw).digest())
+    for path, _ in items:
+        st = (folder / path).stat()
+        digest.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def _decode(path: Path) -> Image.Image:
+    with Image.open(path) as img:
+        return img.convert("RGB")  # as SyntheticFolder reads it
+
+
+def build_stores(folder: str | os.PathLike[str], heads: Sequence[v2.Compose]) -> list[Path]:
+    """The store of ``folder`` for each head (built where missing, every image decoded once for all of them).
+
+    Returns:
+        the ``.npy`` paths, in the order of ``heads``.
+
+    Raises:
+        ValueError: a head's output is not a uint8 image of one shape for every image.
+    """
+    folder = Path(folder)
+    _, items = _manifest(folder)
+    keys = [store_key(folder, head) for head in heads]
+    root = folder / STORE_DIR
+    paths = [root / f"{key}.npy" for key in keys]
+    todo = {key: (head, path) for key, head, path in zip(keys, heads, paths) if not path.is_file()}
+    if todo:
+        root.mkdir(parents=True, exist_ok=True)
+        arrays: dict[str, np.ndarray] = {}
+        tmps: dict[str, Path] = {}
+        try:
+            for i, (rel, _) in enumerate(items):
+                image = _decode(folder / rel)
+                for key, (head, path) in todo.items():
+                    x = head(image)
+                    if not (isinstance(x, torch.Tensor) and x.dtype == torch.uint8 and x.ndim == 3):
+                        raise ValueError(f"the store's head {head!r} does not make a uint8 (C, H, W) image of {rel}")
+                    if key not in arrays:
+                        tmps[key] = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+                        arrays[key] = np.lib.format.open_memmap(tmps[key], mode="w+", dtype=np.uint8,
+                                                                shape=(len(items), *x.shape))
+                    if tuple(x.shape) != arrays[key].shape[1:]:
+                        raise ValueError(f"{rel}: the store's head makes {tuple(x.shape)}, the first image "
+                                         f"{arrays[key].shape[1:]} (images of one size are stored)")
+                    arrays[key][i] = x.as_subclass(torch.Tensor).numpy()
+            for key, array in arrays.items():
+                array.flush()
+                del array
+                os.replace(tmps[key], todo[key][1])
+        finally:
+            arrays.clear()
+            for tmp in tmps.values():
+                tmp.unlink(missing_ok=True)
+        for stale in [*root.glob("*.npy"), *root.glob("*.tmp")]:  # other keys', and a killed build's leftovers
+            if stale not in paths:
+                stale.unlink(missing_ok=True)
+    return paths
+
+
+def _build_or_none(folder: Path, heads: Sequence[v2.Compose]) -> list[Path] | None:
+    """:func:`build_stores`, or None (the caller reads the PNGs) for a folder it cannot store: no image, or images
+    whose head makes more than one shape (one warning)."""
+    import warnings
+
+    if not _manifest(folder)[1]:
+        return None
+    try:
+        return build_stores(folder, heads)
+    except ValueError as err:
+        warnings.warn(f"the synthetic images are read from their PNGs: {err}", stacklevel=2)
+        return None
+
+
+def remove_stores(folder: str | os.PathLike[str]) -> None:
+    """Delete ``folder``'s stores (a cache of the PNGs: the pre-training that read them has finished)."""
+    root = Path(folder) / STORE_DIR
+    for path in [*root.glob("*.npy"), *root.glob("*.tmp")]:
+        path.unlink(missing_ok=True)
+    if root.is_dir() and not any(root.iterdir()):
+        root.rmdir()
+
+
+class StoredImages(Dataset):
+    """The synthetic folder's ``(image, label)`` items read from a store: ``finish(middle(store[i]))``.
+
+    ``__getitems__`` (what ``DataLoader`` and ``Subset`` call) runs the middle per item, in order, and hands the
+    float part on with the stacked uint8 batch (:class:`~fl_lightning.data.preprocessed.StoredBatch`), which
+    :func:`fl_lightning.data.preprocessed.collate` runs on the whole batch at once. With ``defer`` the items stay
+    uint8 and the float part is left to the reader (``deferred``): the pre-training runs it on its device.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], labels: Sequence[int], middle: Callable[[Any], Any],
+                 finish: Callable[[torch.Tensor], torch.Tensor], *, defer: bool = False) -> None:
+        self.path = Path(path)
+        self._images: np.ndarray | None = None
+        if len(self.images) != len(labels):
+            raise ValueError(f"{self.path} holds {len(self.images)} images, the manifest {len(labels)}")
+        self.labels = [int(v) for v in labels]
+        self.middle = middle
+        # defer: items stay uint8 and the reader runs ``deferred`` on each batch (pre-training: on its device)
+        self.finish, self.deferred = (None, finish) if defer else (finish, None)
+
+    @property
+    def images(self) -> np.ndarray:
+        """The store, memory-mapped (opened again in a process this data set was pickled to)."""
+        if self._images is None:
+            self._images = np.load(self.path, mmap_mode="r")
+        return self._images
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_images": None}  # a loader worker maps the file itself: no copy of the array
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def _image(self, index: int) -> torch.Tensor:
+        x = tv_tensors.Image(torch.from_numpy(np.array(self.images[index])))  # a copy out of the map
+        return self.middle(x).as_subclass(torch.Tensor)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        x = self._image(int(index))
+        return (x if self.finish is None else self.finish(x)), self.labels[int(index)]
+
+    def __getitems__(self, indices: Sequence[int]) -> StoredBatch:
+        inputs = torch.stack([self._image(int(i)) for i in indices])
+        return StoredBatch(inputs, [self.labels[int(i)] for i in indices], self.finish)
+
+
+def stored_splits(folder: str | os.PathLike[str], train_transform: v2.Compose, val_transform: v2.Compose, *,
+                  mode: str = "exact", build: Callable[[Callable[[], list[Path]]], list[Path]] | None = None,
+                  defer: bool = False) -> tuple[StoredImages, StoredImages] | None:
+    """The whole folder read through a store with each split's transform, or None (``mode="off"``, a transform this
+    cannot cut, or a folder it cannot store — no image, or images of more than one size where the store keeps the
+    generated size: the caller reads the PNGs).
+
+    Args:
+        folder: the synthetic folder (``manifest.jsonl`` and the PNGs).
+        train_transform, val_transform: the pre-training's two transforms.
+        mode: ``exact`` (each split's own head: bit-identical), ``input`` (both at the held-out head's input size)
+            or ``off``.
+        build: runs the store's build (given as a callable) and returns its paths: e.g. on rank 0 alone with its
+            value sent to every rank; None: here.
+        defer: leave the float part to the reader when both splits have the same one (``StoredImages.deferred``:
+            uint8 batches, a quarter of the bytes to move to a GPU, and the float part runs there).
+    """
+    if mode not in STORE_MODES:
+        raise ValueError(f"mode={mode!r} is not allowed; expected one of {list(STORE_MODES)}")
+    train, val = split_transform(train_transform), split_transform(val_transform)
+    if mode == "off" or train is None or val is None:
+        return None
+    if mode == "input":  # the training split's own head replaced: its middle runs on the input-size image
+        train = TransformParts(val.head, train.middle, train.finish)
+    folder = Path(folder)
+    heads = [train.head] if repr(train.head) == repr(val.head) else [train.head, val.head]
+    paths = build(lambda: _build_or_none(folder, heads)) if build is not None else _build_or_none(folder, heads)
+    if paths is None:
+        return None
+    labels = [label for _, label in _manifest(folder)[1]]
+    train_path, val_path = paths[0], paths[-1]
+    defer = defer and repr(train.finish) == repr(val.finish) and len(train.finish.transforms) > 0 \
+        and type(train.finish.transforms[0]) is v2.ToDtype
+    return (StoredImages(train_path, labels, train.middle, train.finish, defer=defer),
+            StoredImages(val_path, labels, val.middle, val.finish, defer=defer))
+

@@ -1,0 +1,169 @@
+"""The synthetic images' read store (fl_lightning/synthesis/store.py): the PNG path's items, bit for bit."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from fl_lightning.algorithms.synthetic_family.synthesis_step import SyntheticFolder
+from fl_lightning.data.preprocessed import collate
+from fl_lightning.data.transforms import build_transform
+from fl_lightning.modules.pretraining import pretrain_classifier, split_holdout
+from fl_lightning.synthesis.generate import MANIFEST_NAME
+from fl_lightning.synthesis.store import STORE_DIR, build_stores, remove_stores, split_transform, store_key, stored_splits
+
+MEAN, STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+
+
+def _folder(root, n=12, side=40, classes=3, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        label = i % classes
+        rel = f"c{label}/{i:05d}.png"
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        base = rng.integers(0, 256, size=(side // 4, side // 4, 3), dtype=np.uint8)  # smooth-ish: resizes matter
+        Image.fromarray(base).resize((side, side), Image.BICUBIC).save(root / rel)
+        rows.append({"path": rel, "class": f"c{label}", "label": label})
+    (root / MANIFEST_NAME).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return root
+
+
+def _transforms(size, **kw):
+    spec = dict(normalization="imagenet", image_size=size, mean=MEAN, std=STD, **kw)
+    return build_transform(**spec, train=True), build_transform(**spec, train=False)
+
+
+def _items(dataset, n, seed):
+    torch.manual_seed(seed)  # the random steps draw from torch's global stream, item after item
+    return [dataset[i] for i in range(n)]
+
+
+@pytest.mark.parametrize(("size", "kw"), [(32, {}), (16, {}), (24, {"augmentation": "crop_flip"})])
+def test_store_items_equal_the_png_items_bit_for_bit(tmp_path, size, kw):
+    folder = _folder(tmp_path)
+    train_tf, val_tf = _transforms(size, **kw)
+    stored = stored_splits(folder, train_tf, val_tf, mode="exact")
+    assert stored is not None
+    for png, store in zip((SyntheticFolder(folder, train_tf), SyntheticFolder(folder, val_tf)), stored):
+        for (a, ya), (b, yb) in zip(_items(png, len(png), 7), _items(store, len(store), 7)):
+            assert ya == yb and a.dtype == b.dtype == torch.float32 and torch.equal(a, b)
+
+
+def test_store_batches_equal_the_png_batches_through_the_loader(tmp_path):
+    """Shuffled batches of a held-out split (pretrain_classifier's loaders): the float part on the whole batch."""
+    folder = _folder(tmp_path, n=20)
+    train_tf, val_tf = _transforms(32)
+    stored = stored_splits(folder, train_tf, val_tf)
+    for png, store in zip((SyntheticFolder(folder, train_tf), SyntheticFolder(folder, val_tf)), stored):
+        sides = [split_holdout(d, 0.25, 0)[0] for d in (png, store)]
+        loaders = [DataLoader(s, batch_size=6, shuffle=True, generator=torch.Generator().manual_seed(3),
+                              collate_fn=collate) for s in sides]
+        torch.manual_seed(11)
+        a = [b for b in loaders[0]]
+        torch.manual_seed(11)
+        b = [b for b in loaders[1]]
+        assert len(a) == len(b) == 3
+        for (xa, ya), (xb, yb) in zip(a, b):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb) and ya.dtype == yb.dtype == torch.int64
+
+
+def test_the_store_is_at_the_input_size_where_the_transform_allows(tmp_path):
+    folder = _folder(tmp_path, side=40)
+    train_tf, val_tf = _transforms(32)  # imagenet at >= 32 px: RandomResizedCrop on the decoded image
+    train, val = stored_splits(folder, train_tf, val_tf)
+    assert train.images.shape == (12, 3, 40, 40) and train.images.dtype == np.uint8  # the generated size
+    assert val.images.shape == (12, 3, 32, 32)  # the held-out transform's Resize + CenterCrop
+    assert split_transform(val_tf).middle.transforms[0].__class__.__name__ == "Identity"
+    train, val = stored_splits(folder, *_transforms(16))  # < 32 px: no augmentation, one store for both
+    assert train.path == val.path and train.images.shape == (12, 3, 16, 16)
+
+
+def test_a_changed_folder_or_size_makes_another_store_and_the_old_one_goes(tmp_path):
+    folder = _folder(tmp_path)
+    head = split_transform(_transforms(16)[1]).head
+    first = build_stores(folder, [head])[0]
+    assert first.is_file() and first.parent == folder / STORE_DIR
+    assert build_stores(folder, [head]) == [first]  # present: not built again
+    mtime = first.stat().st_mtime_ns
+    assert build_stores(folder, [head])[0].stat().st_mtime_ns == mtime
+    other = split_transform(_transforms(24)[1]).head
+    assert store_key(folder, other) != store_key(folder, head)
+    Image.fromarray(np.zeros((40, 40, 3), np.uint8)).save(folder / "c0/00000.png")  # an image regenerated
+    os.utime(folder / "c0/00000.png", ns=(1, 1))
+    second = build_stores(folder, [head])[0]
+    assert second != first and not first.exists() and list((folder / STORE_DIR).iterdir()) == [second]
+    assert not np.load(second, mmap_mode="r")[0].any()
+    remove_stores(folder)
+    assert not (folder / STORE_DIR).exists() and (folder / MANIFEST_NAME).is_file()
+
+
+def test_a_pickled_store_maps_its_file_again(tmp_path):
+    import pickle
+
+    folder = _folder(tmp_path)
+    train, _ = stored_splits(folder, *_transforms(16))
+    assert train.images.shape == (12, 3, 16, 16)  # mapped here
+    blob = pickle.dumps(train)
+    assert len(blob) < 12 * 3 * 16 * 16  # not the array
+    again = pickle.loads(blob)
+    torch.manual_seed(0)
+    a = again[3][0]
+    torch.manual_seed(0)
+    assert torch.equal(a, train[3][0])
+
+
+def test_images_of_two_sizes_where_the_store_keeps_the_generated_size_are_read_from_the_pngs(tmp_path):
+    folder = _folder(tmp_path, side=40)
+    Image.fromarray(np.zeros((48, 48, 3), np.uint8)).save(folder / "c1/00001.png")
+    with pytest.warns(UserWarning, match="read from their PNGs"):
+        assert stored_splits(folder, *_transforms(32)) is None  # the training store would hold 40 and 48 px
+    assert stored_splits(folder, *_transforms(16)) is not None  # both heads resize: one size
+    assert not list((folder / STORE_DIR).glob("*.tmp"))
+
+
+def test_off_reads_the_pngs_and_a_bad_mode_is_refused(tmp_path):
+    folder = _folder(tmp_path)
+    assert stored_splits(folder, *_transforms(16), mode="off") is None
+    assert not (folder / STORE_DIR).exists()
+    with pytest.raises(ValueError, match="mode"):
+        stored_splits(folder, *_transforms(16), mode="fast")
+
+
+def test_input_mode_one_store_at_the_input_size_the_crops_resampled_from_it(tmp_path):
+    folder = _folder(tmp_path, side=64)
+    train_tf, val_tf = _transforms(32)
+    train, val = stored_splits(folder, train_tf, val_tf, mode="input")
+    assert train.path == val.path and train.images.shape == (12, 3, 32, 32)
+    png = SyntheticFolder(folder, val_tf)
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(_items(png, 12, 0), _items(val, 12, 0)))
+    png = SyntheticFolder(folder, train_tf)
+    a = torch.stack([x for x, _ in _items(png, 12, 5)])
+    b = torch.stack([x for x, _ in _items(train, 12, 5)])
+    assert a.shape == b.shape and not torch.equal(a, b)  # the same draws, crops of a 32-px image instead of 64 px
+    assert float((a - b).abs().mean()) < 0.5  # normalised units (std 0.5): about a tenth of the range at most
+
+
+@pytest.mark.parametrize("defer", [False, True])  # True: uint8 batches, the float part in the module's batch hook
+def test_pretraining_on_the_store_gives_the_png_weights(tmp_path, defer):
+    folder = _folder(tmp_path / "images", n=24, side=40)
+    train_tf, val_tf = _transforms(32)  # the training split's RandomResizedCrop and flip draw as on the PNGs
+    tiny = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
+    weights = []
+    for name, (train_all, val_all) in {"png": (SyntheticFolder(folder, train_tf), SyntheticFolder(folder, val_tf)),
+                                       "store": stored_splits(folder, train_tf, val_tf, defer=defer)}.items():
+        train, _ = split_holdout(train_all, 0.25, 0)
+        _, val = split_holdout(val_all, 0.25, 0)
+        ckpt, _ = pretrain_classifier(model_name="vit_tiny_patch16_224", overrides=tiny, num_classes=3,
+                                      train_dataset=train, val_dataset=val, out_dir=tmp_path / name, max_epochs=2,
+                                      batch_size=8, lr=3e-3, accelerator="cpu", seed=0, patience=2,
+                                      batch_transform=train_all.deferred if name == "store" else None)
+        weights.append(torch.load(ckpt, weights_only=True)["state_dict"])
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    if defer:
+        assert train_all.deferred is not None and train_all[0][0].dtype == torch.uint8
