@@ -14,9 +14,13 @@ later record goes straight to disk. A short round therefore writes nothing but t
 after it, and a kill during it costs at most ``hold_s`` seconds of clients, which the resumed run
 re-runs to the same result: with no record on disk there is no plan on disk either, and the plan is
 recomputed from the checkpointed state it was first computed from (``Algorithm.plan`` is a function of
-its arguments and seeds). Only the rank that aggregates (rank 0) holds — its own clients; the records
-of other ranks' clients reach it through the disk, as before. ``hold_s = 0`` writes every record at once
-(the crash-safety tests, and a user who wants the finest-grained resume).
+its arguments and seeds). Every rank holds its own clients the same way; at the end of the client phase the
+other ranks hand their held records, uploads included, to rank 0 in the gather of the round's records
+(:meth:`RoundStore.held_records` → :meth:`RoundStore.receive`): the uploads of a short round cross the backend
+as tensors and never touch the file system, and rank 0 keeps them under its own hold rules (past ``hold_s`` or
+``hold_bytes`` it writes them, as its own). A record a rank has written already reaches rank 0 through the disk.
+``hold_s = 0`` writes every record at once (the crash-safety tests, and a user who wants the finest-grained
+resume).
 
 The server reads uploads back one at a time, in client order, through :class:`StoredUploads`: a
 sum-type aggregate (AFL, FedOPAL's statistics) then holds one upload in memory at a time, and the
@@ -37,7 +41,7 @@ from fl_lightning.federation.algorithm import RoundPlan
 from fl_lightning.federation.checkpoint import atomic_save, safe_load
 from fl_lightning.federation.transport import Upload
 
-__all__ = ["ClientRecord", "RoundResult", "RoundStore", "StoredUploads"]
+__all__ = ["HOLD_BYTES", "ClientRecord", "RoundResult", "RoundStore", "StoredUploads"]
 
 
 @dataclass
@@ -127,7 +131,7 @@ class RoundStore:
         checkpoint_dir: the run's ``checkpoints/`` folder.
         round_idx: the round.
         hold_s: hold the plan and the records in memory until the store is this many seconds old (0: write
-            each at once; only the aggregating rank may hold).
+            each at once).
         hold_bytes: ... and while the held uploads take at most this many bytes.
     """
 
@@ -192,6 +196,20 @@ class RoundStore:
         # never checks it, and the record lives only until the round is aggregated
         atomic_save({"record": record.state_dict(), "upload": upload.state_dict() if upload is not None else None},
                     self._client_path(client), durable=False, checksum=False)
+
+    def held_records(self) -> dict[int, tuple[ClientRecord, Upload | None]]:
+        """The client records held in memory (another rank's part of the round, for rank 0: :meth:`receive`)."""
+        return dict(self._held)
+
+    def forget_held(self) -> None:
+        """Drop the held records once rank 0 has them (they are its to keep or write from now on)."""
+        self._held.clear()
+        self._held_bytes = 0
+
+    def receive(self, records: Mapping[int, tuple[ClientRecord, Upload | None]]) -> None:
+        """Take another rank's held records as if this store had saved them (held while it may hold, else written)."""
+        for client, (record, upload) in sorted(records.items()):
+            self.save_client(client, record, upload)
 
     def has_client(self, client: int) -> bool:
         return client in self._held or self._client_path(client).is_file()

@@ -55,7 +55,7 @@ from fl_lightning.federation.launch import check_launcher
 from fl_lightning.federation.precision import check_precision
 from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients, seed_torch
 from fl_lightning.federation.privacy import FederationPrivacy
-from fl_lightning.federation.round_store import ClientRecord, RoundResult, RoundStore
+from fl_lightning.federation.round_store import HOLD_BYTES, ClientRecord, RoundResult, RoundStore
 from fl_lightning.federation.run_folder import (check_shared_run_folder, write_metrics_csv, write_summary,
                                                write_text_atomic)
 from fl_lightning.federation.run_state import RunState, unchanged
@@ -316,9 +316,11 @@ class Simulation:
         rank = fabric.global_rank
         for round_idx in range(run.completed_rounds, algorithm.num_rounds):
             round_start = time.monotonic()
-            # the server holds its own clients' records in memory while the round is short (round_store.py)
-            store = RoundStore(self.ckpt_dir, round_idx,
-                               hold_s=cfg.federation.record_after_s if rank == 0 else 0.0)
+            # every rank holds its clients' records in memory while the round is short; the others hand theirs to
+            # the server in the gather of the records (round_store.py), each at most its share of HOLD_BYTES, so
+            # the gather brings rank 0 (and, on NCCL, its GPU) at most that much at once
+            share = HOLD_BYTES if rank == 0 else HOLD_BYTES // fabric.world_size
+            store = RoundStore(self.ckpt_dir, round_idx, hold_s=cfg.federation.record_after_s, hold_bytes=share)
             clients = sample_clients(cfg.partition.num_clients, cfg.federation.client_fraction,
                                      seed=cfg.federation.sampling_seed, round_idx=round_idx)
             start_round = partial(fabric.call, "on_round_start", round_idx=round_idx, clients=clients,
@@ -472,20 +474,30 @@ class Simulation:
 
     def _client_phase(self, algorithm: Algorithm, env: Environment, store: RoundStore, round_idx: int,
                       my_clients: list[int], plan: RoundPlan, held: Exception | None = None) -> RoundResult:
-        """Run this rank's clients of the round, gather every rank's records (small numbers only) to rank 0 and
+        """Run this rank's clients of the round, gather every rank's records (their numbers) to rank 0 and
         let it decide whether the round goes on. A rank that fails in its part (a record it cannot save, a
         callback; ``held``: its ``on_round_start`` failure) reaches rank 0 as an outcome in the same gather
         (collectives.to_server): rank 0 raises one error naming it, the others — the failing one included — stop
-        quietly. Other ranks return their own records."""
-        def part() -> RoundResult:
+        quietly. Other ranks return their own records. The records (and uploads) another rank still holds in memory
+        travel to rank 0 in the same gather, which keeps them as its own (round_store.py); a rank writes its held
+        records instead when the round stops (the caller's ``write_held``)."""
+        rank = self.fabric.global_rank
+
+        def part() -> tuple[RoundResult, dict]:
             if held is not None:
                 raise held
-            return self._run_clients(algorithm, env, store, round_idx, my_clients, plan)
+            mine = self._run_clients(algorithm, env, store, round_idx, my_clients, plan)
+            return mine, (store.held_records() if rank != 0 else {})
 
         parts = to_server(self.fabric, part, what=f"round {round_idx}'s clients",
                           timeout_s=self.cfg.federation.collective_timeout_s,
-                          check=lambda parts: self._check_failures(round_idx, _merged(parts)))
-        return _merged(parts)
+                          check=lambda parts: self._check_failures(round_idx, _merged([p[0] for p in parts])))
+        if rank == 0:
+            for _, handed in parts[1:]:  # other ranks' held uploads, now the server's
+                store.receive(handed)
+        else:
+            store.forget_held()
+        return _merged([p[0] for p in parts])
 
     def _run_clients(self, algorithm: Algorithm, env: Environment, store: RoundStore, round_idx: int,
                      my_clients: list[int], plan: RoundPlan) -> RoundResult:

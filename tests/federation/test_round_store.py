@@ -1,6 +1,6 @@
 """The round store: a short round's records stay in memory (nothing on disk) and read back as the disk
 would give them; past ``hold_s`` or the byte budget everything held is written and later records go to
-disk at once; ``hold_s = 0`` writes each record at once."""
+disk at once; ``hold_s = 0`` writes each record at once; another rank's held records are handed over in memory."""
 
 import time
 
@@ -64,3 +64,19 @@ def test_hold_s_zero_writes_every_record_at_once(tmp_path):
     assert store.held == 0 and (store.folder / "plan.pt").is_file() and store.has_client(0)
     store.clear()
     assert not store.folder.exists()
+
+
+def test_another_ranks_held_records_are_handed_over_without_the_disk(tmp_path):
+    server, other = RoundStore(tmp_path / "0", 4, hold_s=3600), RoundStore(tmp_path / "1", 4, hold_s=3600)
+    server.save_client(0, ClientRecord(0.1, 16, 24), _upload(1.0))
+    other.save_client(3, ClientRecord(0.2, 16, 24), _upload(3.0))
+    handed = other.held_records()  # what crosses the gather (the tensors, pickled by the backend)
+    server.receive(handed)
+    other.forget_held()
+    assert other.held == 0 and server.held == 2 and not server.folder.exists() and not other.folder.exists()
+    assert [c for c in server.uploads([3, 0])] == [0, 3]  # client order, whoever ran them
+    assert torch.equal(server.load_client(3)[1].tensors["w"], torch.full((4,), 3.0))
+    full = RoundStore(tmp_path / "2", 4, hold_s=3600, hold_bytes=40)  # past its budget the server writes them
+    full.save_client(0, ClientRecord(0.1, 16, 24), _upload(1.0))
+    full.receive(handed)
+    assert full.held == 0 and sorted(p.name for p in full.folder.iterdir()) == ["client000000.pt", "client000003.pt"]

@@ -171,6 +171,25 @@ def test_two_cpu_processes_equal_one(tmp_path):
         assert torch.equal(t1[k], t2[k]), k
 
 
+def test_two_ranks_hand_their_records_over_the_backend_as_they_write_them(tmp_path):
+    """Rank 1's clients of a short round reach rank 0 in the records gather (held, record_after_s default) or
+    through the round folder (record_after_s 0: every record written): the same numbers and tensors."""
+    base = ["--config", str(CONF / "fedavg_digits_tiny.yaml"), "--federation.rounds", "2",
+            "--partition.num_clients", "5", "--logging.progress", "false", "--federation.devices", "2"]
+    threads = {"OMP_NUM_THREADS": "1"}
+    held = run_cli(*base, "--output_dir", str(tmp_path / "held"), env=threads)
+    written = run_cli(*base, "--output_dir", str(tmp_path / "written"), "--federation.record_after_s", "0", env=threads)
+    assert held.returncode == 0, held.stderr[-2000:]
+    assert written.returncode == 0, written.stderr[-2000:]
+    name = "fedavg_digits_a0.5_s0"
+    s1 = json.loads((tmp_path / "held" / name / "summary.json").read_text())
+    s2 = json.loads((tmp_path / "written" / name / "summary.json").read_text())
+    assert _comparable(s1) == _comparable(s2)
+    t1 = safe_load(tmp_path / "held" / name / "checkpoints" / "server.pt")["state"]
+    t2 = safe_load(tmp_path / "written" / name / "checkpoints" / "server.pt")["state"]
+    assert all(torch.equal(t1[k], t2[k]) for k in t1)
+
+
 def test_a_partition_written_by_one_run_reproduces_it_in_another(tmp_path):
     """partition.json of run A, read back with partition.scheme: file (and another partition seed, which the
     file overrides), gives bit-identical results."""

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fl_lightning.federation.precision import compute_dtype
 from fl_lightning.synthesis.latents import client_latent_uploads, encode_images, vae_inputs
@@ -85,7 +86,10 @@ def test_uploads_carry_the_dtype_through(tiny_sd):
     kw = dict(num_centroids=2, timestep=300, max_timestep=600, seed=3)
     a = client_latent_uploads(tiny_sd.vae, tiny_sd.scheduler, {0: images}, **kw)
     b = client_latent_uploads(tiny_sd.vae, tiny_sd.scheduler, {0: images}, dtype=torch.float32, **kw)
-    c = client_latent_uploads(tiny_sd.vae, tiny_sd.scheduler, {0: images}, dtype=torch.bfloat16, **kw)
+    # the math attention kernel: the CPU flash kernel's bf16 path needs AVX-512 at run time, and refuses to run
+    # on an AVX-512 CPU held to AVX2 (ATEN_CPU_CAPABILITY=avx2); a GPU uses its own kernels
+    with sdpa_kernel(SDPBackend.MATH):
+        c = client_latent_uploads(tiny_sd.vae, tiny_sd.scheduler, {0: images}, dtype=torch.bfloat16, **kw)
     assert torch.equal(a[0].mean, b[0].mean) and torch.equal(a[0].centroids, b[0].centroids)
     assert torch.isfinite(c[0].mean).all() and not torch.equal(a[0].mean, c[0].mean)
     assert torch.allclose(a[0].mean, c[0].mean, atol=0.1)
