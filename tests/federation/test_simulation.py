@@ -148,46 +148,39 @@ def test_client_error_skip_records_failures_and_aggregates_rest(tmp_path):
     assert summary["bytes_up"] == 2 * 2 * ((10 * 32 + 10) * 4 + 8)  # only the 2 healthy clients' uploads
 
 
+def _two_fedavg_runs(tmp_path, first: list[str], second: list[str]) -> tuple[dict, dict]:
+    """The tiny FedAvg config run twice (one CPU thread a process) with ``first`` and ``second`` appended; asserts
+    the two runs' server tensors are equal and returns their summaries."""
+    base = ["--config", str(CONF / "fedavg_digits_tiny.yaml"), "--federation.rounds", "2",
+            "--partition.num_clients", "5", "--logging.progress", "false"]
+    name, summaries, states = "fedavg_digits_a0.5_s0", [], []
+    for label, extra in (("first", first), ("second", second)):
+        done = run_cli(*base, "--output_dir", str(tmp_path / label), *extra, env={"OMP_NUM_THREADS": "1"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        summaries.append(json.loads((tmp_path / label / name / "summary.json").read_text()))
+        states.append(safe_load(tmp_path / label / name / "checkpoints" / "server.pt")["state"])
+    for k in states[0]:
+        assert torch.equal(states[0][k], states[1][k]), k
+    return summaries[0], summaries[1]
+
+
 def test_two_cpu_processes_equal_one(tmp_path):
     """Same config and seed: devices 1 and devices 2 (ddp over gloo) give identical numbers and tensors.
 
     Bitwise equality needs the same CPU thread count per process (float reductions depend on it):
     Fabric gives each of N ranks cpu_count/N threads unless OMP_NUM_THREADS is set, so we set it."""
-    base = ["--config", str(CONF / "fedavg_digits_tiny.yaml"), "--federation.rounds", "2",
-            "--partition.num_clients", "5", "--logging.progress", "false"]
-    threads = {"OMP_NUM_THREADS": "1"}
-    one = run_cli(*base, "--output_dir", str(tmp_path / "one"), env=threads)
-    two = run_cli(*base, "--output_dir", str(tmp_path / "two"), "--federation.devices", "2", env=threads)
-    assert one.returncode == 0, one.stderr[-2000:]
-    assert two.returncode == 0, two.stderr[-2000:]
-    name = "fedavg_digits_a0.5_s0"
-    s1 = json.loads((tmp_path / "one" / name / "summary.json").read_text())
-    s2 = json.loads((tmp_path / "two" / name / "summary.json").read_text())
+    s1, s2 = _two_fedavg_runs(tmp_path, [], ["--federation.devices", "2"])
     assert s2["world_size"] == 2
     assert _comparable(s1) == _comparable(s2)
-    t1 = safe_load(tmp_path / "one" / name / "checkpoints" / "server.pt")["state"]
-    t2 = safe_load(tmp_path / "two" / name / "checkpoints" / "server.pt")["state"]
-    for k in t1:
-        assert torch.equal(t1[k], t2[k]), k
 
 
+@pytest.mark.slow  # the default path (held records handed over) runs in test_two_cpu_processes_equal_one
 def test_two_ranks_hand_their_records_over_the_backend_as_they_write_them(tmp_path):
     """Rank 1's clients of a short round reach rank 0 in the records gather (held, record_after_s default) or
     through the round folder (record_after_s 0: every record written): the same numbers and tensors."""
-    base = ["--config", str(CONF / "fedavg_digits_tiny.yaml"), "--federation.rounds", "2",
-            "--partition.num_clients", "5", "--logging.progress", "false", "--federation.devices", "2"]
-    threads = {"OMP_NUM_THREADS": "1"}
-    held = run_cli(*base, "--output_dir", str(tmp_path / "held"), env=threads)
-    written = run_cli(*base, "--output_dir", str(tmp_path / "written"), "--federation.record_after_s", "0", env=threads)
-    assert held.returncode == 0, held.stderr[-2000:]
-    assert written.returncode == 0, written.stderr[-2000:]
-    name = "fedavg_digits_a0.5_s0"
-    s1 = json.loads((tmp_path / "held" / name / "summary.json").read_text())
-    s2 = json.loads((tmp_path / "written" / name / "summary.json").read_text())
+    s1, s2 = _two_fedavg_runs(tmp_path, ["--federation.devices", "2"],
+                              ["--federation.devices", "2", "--federation.record_after_s", "0"])
     assert _comparable(s1) == _comparable(s2)
-    t1 = safe_load(tmp_path / "held" / name / "checkpoints" / "server.pt")["state"]
-    t2 = safe_load(tmp_path / "written" / name / "checkpoints" / "server.pt")["state"]
-    assert all(torch.equal(t1[k], t2[k]) for k in t1)
 
 
 def test_a_partition_written_by_one_run_reproduces_it_in_another(tmp_path):
