@@ -98,10 +98,8 @@ class CoBoosting(DENSE):
     def ods_eta(self) -> float | None:
         return self.config.ods_eta or None
 
-    def make_ensemble(self, models: list[nn.Module]) -> nn.Module:
-        from fl_lightning.modules.data_free_kd import WeightedEnsemble
-
-        return WeightedEnsemble(models, torch.full((len(models),), 1.0 / len(models)))
+    def ensemble_weights(self, num_members: int) -> Tensor:
+        return torch.full((num_members,), 1.0 / num_members)  # w_0 = 1/K
 
     def reweight(self, epoch: int, ensemble: nn.Module, pool: Tensor, labels: Tensor,
                  view: Callable[[Tensor, torch.Generator], Tensor]) -> None:

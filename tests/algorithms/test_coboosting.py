@@ -8,6 +8,7 @@ from tests.algorithms.test_dense import (
     check_server_ran_under_the_precision,
     check_uploads_are_models_only,
     distilled_vs_clients,
+    one_vs_two_processes,
     run,
     run_server_under_bf16,
 )
@@ -111,3 +112,9 @@ def test_reweighting_runs_before_the_new_batch_joins_on_the_augmented_pool(tmp_p
         assert sum(x.shape[0] for x in inputs) == n  # every pool image, once per wa_step
         rows = {tuple(p.flatten().tolist()) for p in pool}
         assert not all(tuple(x.flatten().tolist()) in rows for batch in inputs for x in batch)  # augmented views
+
+
+@pytest.mark.slow  # ~40 s on 2 cores: two runs, one of them on 2 processes
+def test_two_processes_distil_as_one(tmp_path):
+    """The re-weighted ensemble, ODS and L_BN / K split over 2 ranks: one process's numbers bit for bit."""
+    one_vs_two_processes("coboosting_digits_tiny.yaml", "coboosting", tmp_path)
