@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from fl_lightning.federation.collectives import waiting
 from fl_lightning.modules.data_free_kd import BNStatistics, combine_logits
 
 __all__ = ["SplitEnsemble", "member_shard"]
@@ -83,6 +84,8 @@ class SplitEnsemble(nn.Module):
         weights: (K,) non-negative, positive sum, the same on every rank; ``None`` for the plain mean.
         num_members: K, all ranks' teachers.
         num_classes: C, the logits' width (a rank without teachers needs it).
+        timeout_s: ``federation.collective_timeout_s``, for a timed-out gather's message (the process group's own
+            timeout applies).
 
     Example (one process: the plain ensemble)::
 
@@ -92,8 +95,9 @@ class SplitEnsemble(nn.Module):
     """
 
     def __init__(self, models: Sequence[nn.Module], weights: Tensor | None = None, *, num_members: int,
-                 num_classes: int) -> None:
+                 num_classes: int, timeout_s: float = 1800.0) -> None:
         super().__init__()
+        self.timeout_s = timeout_s
         self.rank, self.world = _rank_world()
         self.shards = [member_shard(num_members, r, self.world) for r in range(self.world)]
         if len(models) != len(self.shards[self.rank]):
@@ -130,7 +134,8 @@ class SplitEnsemble(nn.Module):
         if self.world == 1:
             return [value]
         out: list[Any] = [None] * self.world
-        dist.all_gather_object(out, value)
+        with waiting("the split ensemble's set-up", self.timeout_s, self.rank):
+            dist.all_gather_object(out, value)
         return out
 
     def _gather(self, flat: Tensor, sizes: list[int]) -> list[Tensor]:
@@ -140,7 +145,8 @@ class SplitEnsemble(nn.Module):
         buf = flat.new_zeros(max(sizes))
         buf[:flat.numel()] = flat
         out = [torch.empty_like(buf) for _ in range(self.world)]
-        dist.all_gather(out, buf)
+        with waiting("the split ensemble's teachers", self.timeout_s, self.rank):  # the bench counts this wait
+            dist.all_gather(out, buf)
         return [o[:n] for o, n in zip(out, sizes)]
 
 
