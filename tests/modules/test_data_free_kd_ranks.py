@@ -126,7 +126,7 @@ def test_member_shard_is_contiguous_and_covers_every_teacher():
 
 
 @pytest.mark.parametrize("precision", ["32", "bf16"])
-def test_one_process_split_ensemble_is_the_plain_one(precision):
+def test_one_process_split_ensemble_is_the_plain_one(precision, one_thread):
     """On one process the split ensemble computes as WeightedEnsemble: the same logits, input gradient (the
     per-teacher gradients added in one rank's order), synthesis and distillation, bit for bit."""
     _assert_equal(_split(precision), _one(precision))
@@ -150,10 +150,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_split_ensemble_is_one_process(tmp_path):
+def test_two_processes_split_ensemble_is_one_process(tmp_path, one_thread):
     """K = 3 teachers on 2 gloo processes (1 + 2): the logits, the input gradients, a DENSE and a Co-Boosting
     synthesis (G's weights and kept batch) and two distillation epochs each are one process's, bit for bit, on
-    both ranks; float32 and bf16 autocast."""
+    both ranks; float32 and bf16 autocast (one intra-op thread here as in the workers, whatever OMP_NUM_THREADS)."""
     mp.start_processes(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
     ranks = [pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes()) for r in range(2)]
     for result in ranks:
