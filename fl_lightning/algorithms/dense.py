@@ -230,7 +230,6 @@ class DENSE(FedAvgCNN):
                   plan: RoundPlan) -> State:
         from fl_lightning.federation.local_training import fresh_grad_scaler
         from fl_lightning.modules.data_free_kd import Generator, distill_epoch, synthesize
-
         from fl_lightning.modules.data_free_kd_ranks import member_shard
 
         start = time.monotonic()
