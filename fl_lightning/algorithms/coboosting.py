@@ -30,7 +30,8 @@ the generator's view, gradient clipping at 10 for G and S).
 Reported accuracy: the final student's; the official code logs the best test accuracy over the epochs
 (``best_acc1``), a selection on the test set.
 
-Backbone, core keys not used and the departures shared with DENSE: see ``dense.py``. Also:
+Backbone, core keys not used, the departures shared with DENSE and the server on several ranks (the
+re-weighted ensemble split over them as DENSE's mean is): see ``dense.py``. Also:
 * Images are ImageNet-normalised (the official code normalises CIFAR with mean = std = 0.5).
 * η = 8/255 is applied in the models' (normalised) input space, as the official code does (its pool
   images pass the dataset's normalising transform before the perturbation).
@@ -98,10 +99,8 @@ class CoBoosting(DENSE):
     def ods_eta(self) -> float | None:
         return self.config.ods_eta or None
 
-    def make_ensemble(self, models: list[nn.Module]) -> nn.Module:
-        from fl_lightning.modules.data_free_kd import WeightedEnsemble
-
-        return WeightedEnsemble(models, torch.full((len(models),), 1.0 / len(models)))
+    def ensemble_weights(self, num_members: int) -> Tensor:
+        return torch.full((num_members,), 1.0 / num_members)  # w_0 = 1/K
 
     def reweight(self, epoch: int, ensemble: nn.Module, pool: Tensor, labels: Tensor,
                  view: Callable[[Tensor, torch.Generator], Tensor]) -> None:

@@ -56,7 +56,7 @@ def require_vit(cfg: RunConfig, backbone: ViTBackbone | CNNBackbone) -> ViTBackb
 
 
 def evaluate_on_test(env: Environment, logits_fn: Callable[[Tensor], Tensor], *,
-                     autocast: bool = True) -> dict[str, Any]:
+                     autocast: bool = True, split: bool = True) -> dict[str, Any]:
     """:func:`~fl_lightning.modules.evaluation.evaluate_classifier` of ``logits_fn`` (images → logits) on the
     test split, the forward under the run's precision (``fabric.autocast()``, as in local training).
 
@@ -69,9 +69,11 @@ def evaluate_on_test(env: Environment, logits_fn: Callable[[Tensor], Tensor], *,
         logits_fn: images (B, C, H, W) → logits (B, num_classes).
         autocast: False runs ``logits_fn`` as it is, for a caller that places the precision itself (e.g. a
             backbone under autocast and an analytic head in float32/64 outside it).
+        split: False evaluates the whole split on this rank even in a shared phase (a ``logits_fn`` that is itself
+            shared over the ranks, or a rank's own model of a set dealt over them).
     """
     fn = _under_autocast(env.fabric, logits_fn) if autocast else logits_fn
-    if splits_work(env):  # each rank its block of the test batches; the counts gathered (the numbers of one rank)
+    if split and splits_work(env):  # each rank its block of the test batches; the counts gathered (the numbers of one rank)
         def mine() -> Any:
             loader = env.loader(_my_rows(env, env.splits.test, env.cfg.data.batch_size), shuffle=False)
             return eval_counts(fn, loader, num_classes=env.num_classes, device=env.fabric.device)

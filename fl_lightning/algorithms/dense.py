@@ -49,10 +49,23 @@ Departures, and why:
   ``ensemble_accuracy``), as the official code prints them: they are evaluation, not training input.
 * Each client's upload carries its local training time (``train_s``, 8 bytes) so that summary.json
   can report it; the server's synthesis + distillation time is reported too.
+* A synthesis in which no generator step had a finite loss (NaN everywhere: e.g. bf16 logits of untrained
+  clients) keeps no batch: that epoch adds nothing to the pool (one warning; distillation goes on on the pool so
+  far, and is skipped while it is empty), and summary.json counts such epochs (``skipped_syntheses``). A run in
+  which every synthesis was skipped stops with one error line: its student would be the untrained one.
+
+On N > 1 ranks every rank runs the server together (``shared_aggregate``; not with ``federation.privacy``, whose
+server steps run on rank 0): rank r holds client models [r·K/N, (r+1)·K/N) and the ensemble is
+:class:`~fl_lightning.modules.data_free_kd_ranks.SplitEnsemble`, whose logits, BN terms and input gradients are
+gathered in client order; G, z, S and every random draw are replicated (each rank runs the same seeded steps on
+the same gathered values), so the student is one rank's bit for bit. Each rank evaluates its own client models
+(the accuracies gathered in client order); the ensemble's accuracy is the split ensemble on the whole test split.
+docs/ranks.md says what crosses.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -61,17 +74,19 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.algorithms.common import evaluate_on_test
+from fl_lightning.algorithms.common import evaluate_on_test, splits_work
 from fl_lightning.algorithms.fedavg_cnn import FedAvgCNN, build_timm_classifier
 from fl_lightning.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, RoundHistory, RoundPlan, State, register
+from fl_lightning.federation.collectives import gathered
 from fl_lightning.federation.transport import Download, Upload
 
 __all__ = ["ClipGradNorm", "DENSE", "DENSEConfig"]
 
 _STAT = "kd."  # server-side numbers kept in the state for summary.json; never part of the model
 _STUDENT_SEED_OFFSET = 1_000_003  # a fresh student is drawn under seed + this: never the clients' initial model
+_log = logging.getLogger(__name__)
 
 
 class ClipGradNorm:
@@ -134,6 +149,11 @@ class DENSE(FedAvgCNN):
     def num_rounds(self) -> int:
         return 1
 
+    def shared_aggregate(self, round_idx: int) -> bool:
+        """Every rank synthesises and distils together, each running its shard of the client models (the module
+        docstring); not under ``federation.privacy``, whose server steps wrap rank 0's aggregate."""
+        return self.env is None or self.env.privacy is None
+
     def input_spec(self):  # noqa: ANN201 — the generator needs a multiple of 4
         spec = super().input_spec()
         if spec.image_size % 4:
@@ -193,26 +213,34 @@ class DENSE(FedAvgCNN):
         padding = pool_padding(image_size)
         return lambda x, rng: random_shift_flip(x, rng=rng, padding=padding, fill=black)
 
-    def _client_models(self, uploads: Mapping[int, Upload], device: torch.device) -> tuple[list[nn.Module], float]:
+    def _client_models(self, uploads: Mapping[int, Upload], device: torch.device,
+                       members: range | None = None) -> tuple[list[nn.Module], float]:
+        """The client models of ``members`` (positions in client order; None: all), and every client's train_s."""
         models, train_s = [], 0.0
-        for upload in uploads.values():
+        for i, upload in enumerate(uploads.values()):
+            train_s += float(upload.meta.get("train_s", 0.0))
+            if members is not None and i not in members:
+                continue
             model = build_timm_classifier(self.cfg, self.env.num_classes, seed=self.cfg.seed)
             model.load_state_dict(upload.tensors)
             models.append(model.to(device).eval().requires_grad_(False))
-            train_s += float(upload.meta.get("train_s", 0.0))
         return models, train_s
 
     def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
                   plan: RoundPlan) -> State:
         from fl_lightning.federation.local_training import fresh_grad_scaler
         from fl_lightning.modules.data_free_kd import Generator, distill_epoch, synthesize
+        from fl_lightning.modules.data_free_kd_ranks import member_shard
 
         start = time.monotonic()
-        c, device = self.config, self.fabric.device
-        models, client_train_s = self._client_models(uploads, device)
-        if not models:
+        c, device, fabric = self.config, self.fabric.device, self.fabric
+        if not uploads:
             raise RuntimeError(f"round {round_idx}: no client uploaded a model; nothing to distil")
-        ensemble = self.make_ensemble(models).to(device)
+        split = splits_work(self.env)  # every rank here together: each runs its shard of the K client models
+        k = len(uploads)
+        members = member_shard(k, fabric.global_rank, fabric.world_size) if split else None
+        models, client_train_s = self._client_models(uploads, device, members)
+        ensemble = self.make_ensemble(models, num_members=k, split=split).to(device)
         student = self.initial_student(self.env.num_classes).to(device).eval()
         size = self.input_spec().image_size
         generator = Generator(nz=c.nz, ngf=c.ngf, image_size=size, channels=3).to(device)
@@ -234,44 +262,74 @@ class DENSE(FedAvgCNN):
         autocast, student_scaler = self.fabric.autocast, fresh_grad_scaler(self.fabric)
         pool_x: list[Tensor] = []
         pool_y: list[Tensor] = []
+        skipped = 0
         for epoch in range(c.epochs):
             images, labels = synthesize(generator, ensemble, student, num_classes=self.env.num_classes,
                                         settings=settings, normalize=normalize, rng=rng, device=device,
                                         autocast=autocast, scaler=fresh_grad_scaler(self.fabric))
-            if pool_x:  # Co-Boosting's order: re-weight on the pool so far, before the new batch joins it
-                self.reweight(epoch, ensemble, torch.cat(pool_x), torch.cat(pool_y), view)
-            if c.pool == "last":
-                pool_x.clear(), pool_y.clear()
-            pool_x.append(images)
-            pool_y.append(labels)
-            distill_epoch(student, ensemble, torch.cat(pool_x), optimizer=optimizer, batch_size=c.batch_size,
-                          temperature=c.temperature, rng=rng, ods_eta=self.ods_eta(), clip_grad=c.clip_grad,
-                          augment=view, autocast=autocast, scaler=student_scaler)
+            if images is None:  # no finite L_G in the whole synthesis: nothing to keep (the module docstring)
+                skipped += 1
+                if fabric.global_rank == 0:
+                    _log.warning("%s: server epoch %d's synthesis had no finite generator loss; it adds no batch",
+                                 self.name, epoch)
+            if pool_x and images is not None:  # Co-Boosting's order: re-weight on the pool so far, before the new
+                self.reweight(epoch, ensemble, torch.cat(pool_x), torch.cat(pool_y), view)  # batch joins it
+            if images is not None:
+                if c.pool == "last":
+                    pool_x.clear(), pool_y.clear()
+                pool_x.append(images)
+                pool_y.append(labels)
+            if pool_x:
+                distill_epoch(student, ensemble, torch.cat(pool_x), optimizer=optimizer, batch_size=c.batch_size,
+                              temperature=c.temperature, rng=rng, ods_eta=self.ods_eta(), clip_grad=c.clip_grad,
+                              augment=view, autocast=autocast, scaler=student_scaler)
             if scheduler is not None:
                 scheduler.step()
+        if skipped == c.epochs:
+            raise RuntimeError(f"{self.name}: no synthesis of the {c.epochs} server epochs had a finite generator loss "
+                               "(non-finite logits of the client models; try federation.precision 32-true)")
         out = {k: v.detach().cpu().clone() for k, v in student.state_dict().items()}
         out[_STAT + "server_distill_s"] = torch.tensor(time.monotonic() - start, dtype=torch.float64)
         out[_STAT + "client_train_s"] = torch.tensor(client_train_s, dtype=torch.float64)
         out[_STAT + "ensemble_weights"] = ensemble.weights.detach().cpu().clone()
+        out[_STAT + "skipped_syntheses"] = torch.tensor(skipped, dtype=torch.int64)
         # the test accuracy of each client model and of the ensemble, as the official code logs them (under the
-        # run's precision: evaluate_on_test's autocast)
-        members = [evaluate_on_test(self.env, m)["accuracy"] for m in models]
-        out[_STAT + "client_accuracy"] = torch.tensor(members, dtype=torch.float64)
-        out[_STAT + "ensemble_accuracy"] = torch.tensor(evaluate_on_test(self.env, ensemble)["accuracy"],
+        # run's precision: evaluate_on_test's autocast); on several ranks each rank its own client models, the
+        # accuracies gathered in client order, and the split ensemble on the whole split on every rank
+        def mine() -> list[float]:
+            return [evaluate_on_test(self.env, m, split=False)["accuracy"] for m in models]
+
+        accuracy = ([a for part in gathered(fabric, mine, what="the client models' evaluation",
+                                            timeout_s=self.cfg.federation.collective_timeout_s) for a in part]
+                    if split else mine())
+        out[_STAT + "client_accuracy"] = torch.tensor(accuracy, dtype=torch.float64)
+        out[_STAT + "ensemble_accuracy"] = torch.tensor(evaluate_on_test(self.env, ensemble, split=False)["accuracy"],
                                                         dtype=torch.float64)
         return out
 
-    def make_ensemble(self, models: list[nn.Module]) -> nn.Module:
-        """DENSE's teacher: the plain mean of the client logits."""
-        from fl_lightning.modules.data_free_kd import WeightedEnsemble
+    def ensemble_weights(self, num_members: int) -> Tensor | None:
+        """The ensemble's initial weights w (K,); None: the plain mean (DENSE's teacher)."""
+        return None
 
-        return WeightedEnsemble(models)
+    def make_ensemble(self, models: list[nn.Module], *, num_members: int, split: bool) -> nn.Module:
+        """The teacher A_w over the client models: all of them on this rank, or (``split``) this rank's shard of the
+        ``num_members`` (:class:`~fl_lightning.modules.data_free_kd_ranks.SplitEnsemble`)."""
+        from fl_lightning.modules.data_free_kd import WeightedEnsemble
+        from fl_lightning.modules.data_free_kd_ranks import SplitEnsemble
+
+        weights = self.ensemble_weights(num_members)
+        if split:
+            return SplitEnsemble(models, weights, num_members=num_members, num_classes=self.env.num_classes,
+                                 timeout_s=self.cfg.federation.collective_timeout_s)
+        return WeightedEnsemble(models, weights)
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         extras = super().summary_extras(state)
         for key in ("server_distill_s", "client_train_s", "ensemble_accuracy"):
             if _STAT + key in state:
                 extras[key] = float(state[_STAT + key])
+        if _STAT + "skipped_syntheses" in state:
+            extras["skipped_syntheses"] = int(state[_STAT + "skipped_syntheses"])
         for key in ("ensemble_weights", "client_accuracy"):
             if _STAT + key in state:
                 extras[key] = [round(float(v), 6) for v in state[_STAT + key]]

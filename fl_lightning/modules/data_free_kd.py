@@ -157,6 +157,16 @@ class WeightedEnsemble(nn.Module):
         self.members = nn.ModuleList(models)
         self.weights = torch.ones(len(models)) if weights is None else weights
 
+    @property
+    def num_members(self) -> int:
+        """K, the teachers (on several ranks, :class:`~fl_lightning.modules.data_free_kd_ranks.SplitEnsemble`'s
+        K counts every rank's)."""
+        return len(self.members)
+
+    def bn_statistics(self) -> BNStatistics:
+        """L_BN over every teacher's BatchNorm layers, as a context (:class:`BNStatistics`)."""
+        return BNStatistics(list(self.members))
+
     def member_logits(self, x: Tensor) -> Tensor:
         return torch.stack([f(x) for f in self.members])  # (K, B, C)
 
@@ -310,9 +320,15 @@ def _backward_step(loss: Tensor, optimizer: torch.optim.Optimizer, *, scaler: to
 def synthesize(generator: Generator, ensemble: WeightedEnsemble, student: nn.Module, *, num_classes: int,
                settings: SynthesisSettings, normalize: Callable[[Tensor], Tensor], rng: torch.Generator,
                device: torch.device, autocast: Callable[[], AbstractContextManager] | None = None,
-               scaler: torch.amp.GradScaler | None = None) -> tuple[Tensor, Tensor]:
+               scaler: torch.amp.GradScaler | None = None) -> tuple[Tensor | None, Tensor]:
     """Train a freshly drawn G (and its inputs z) for ``settings.steps`` Adam steps on L_G and return the
     lowest-loss batch seen, as (normalised images (B, C, S, S), sampled labels (B,)), detached, float32.
+    The images are None when no step's L_G was finite (NaN everywhere: e.g. bf16 logits of untrained
+    clients): no batch to keep.
+
+    ``ensemble`` is a :class:`WeightedEnsemble` or, on several ranks, a
+    :class:`~fl_lightning.modules.data_free_kd_ranks.SplitEnsemble` (every rank calls this together, with the
+    same ``rng`` state: G, z and the kept batch are the same on every rank).
 
     The client models and the student stay in eval mode (BN running statistics are the targets of L_BN
     and are not updated); only G's and z's parameters change.
@@ -333,9 +349,9 @@ def synthesize(generator: Generator, ensemble: WeightedEnsemble, student: nn.Mod
     targets = torch.randint(0, num_classes, (s.batch_size,), generator=rng).to(device)
     optimizer = torch.optim.Adam([*generator.parameters(), z], lr=s.lr, betas=(0.5, 0.999))
     best_loss, best = float("inf"), None
-    k = len(ensemble.members)
+    k = ensemble.num_members
     black = normalize(torch.zeros(1, generator.channels, 1, 1, device=device))  # padding of the view
-    with BNStatistics(list(ensemble.members) if s.bn > 0 else []) as bn_stats:
+    with ensemble.bn_statistics() if s.bn > 0 else BNStatistics([]) as bn_stats:
         for _ in range(s.steps):
             with context():
                 images = normalize(generator(z))  # (B, C, S, S)

@@ -8,6 +8,7 @@ from tests.algorithms.test_dense import (
     check_server_ran_under_the_precision,
     check_uploads_are_models_only,
     distilled_vs_clients,
+    one_vs_two_processes,
     run,
     run_server_under_bf16,
 )
@@ -111,3 +112,32 @@ def test_reweighting_runs_before_the_new_batch_joins_on_the_augmented_pool(tmp_p
         assert sum(x.shape[0] for x in inputs) == n  # every pool image, once per wa_step
         rows = {tuple(p.flatten().tolist()) for p in pool}
         assert not all(tuple(x.flatten().tolist()) in rows for batch in inputs for x in batch)  # augmented views
+
+
+@pytest.mark.slow  # ~40 s on 2 cores: two runs, one of them on 2 processes
+def test_two_processes_distil_as_one(tmp_path):
+    """The re-weighted ensemble, ODS and L_BN / K split over 2 ranks: one process's numbers bit for bit."""
+    one_vs_two_processes("coboosting_digits_tiny.yaml", "coboosting", tmp_path)
+
+
+def test_a_synthesis_without_a_finite_loss_adds_no_batch(tmp_path):
+    """Co-Boosting's synthesis all NaN in its second epoch (e.g. bf16 logits of untrained clients): no batch joins
+    the pool and no re-weighting runs that epoch, the run goes on (formerly torch.cat of None crashed it)."""
+    import fl_lightning.modules.data_free_kd as kd
+
+    original, calls, pools = kd.synthesize, [], []
+
+    def nan_second(*args, **kw):
+        images, labels = original(*args, **kw)
+        calls.append(1)
+        return (None if len(calls) == 2 else images), labels
+
+    def recording(self, epoch, ensemble, pool, labels, view):
+        pools.append((epoch, pool.shape[0]))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kd, "synthesize", nan_second)
+        mp.setattr(CoBoosting, "reweight", recording)
+        summary, _, _ = run(CoBoosting, "coboosting_digits_tiny.yaml", tmp_path, *TINY)
+    assert summary["skipped_syntheses"] == 1 and 0 <= summary["accuracy"] <= 1
+    assert pools == [(2, 32)]  # epoch 0 alone in the pool when epoch 2 re-weights; epoch 1 added nothing

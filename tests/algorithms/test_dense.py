@@ -197,3 +197,64 @@ def test_pool_is_read_through_crop_and_flip(tmp_path, pool_augment):
         crops = [padded[i, :, a:a + 16, b:b + 16] for a in range(5) for b in range(5)]
         assert any(torch.equal(out[i], c) or torch.equal(out[i], c.flip(-1)) for c in crops)
     assert not torch.equal(out, pool)
+
+
+def comparable(summary: dict) -> dict:
+    """summary.json less what depends on the clock or the process count."""
+    return {k: v for k, v in summary.items()
+            if k not in ("wall_time_s", "world_size", "server_distill_s", "client_train_s")}
+
+
+def one_vs_two_processes(config: str, method: str, tmp_path) -> None:
+    """``config`` on 1 and on 2 gloo processes (3 clients: rank 0 holds one client model, rank 1 two): the same
+    summary.json numbers and server.pt tensors bit for bit (the server's distillation split over the ranks)."""
+    import json
+
+    from fl_lightning.federation.checkpoint import safe_load
+    from tests.conftest import run_cli
+
+    base = ["--config", str(CONF / config), "--partition.num_clients", "3", "--train.epochs", "1",
+            "--logging.progress", "false", f"--{method}.epochs", "3", f"--{method}.g_steps", "5",
+            f"--{method}.pool_augment", "true", f"--{method}.synthesis_augment", "true"]
+    threads = {"OMP_NUM_THREADS": "1"}
+    one = run_cli(*base, "--output_dir", str(tmp_path / "one"), env=threads)
+    two = run_cli(*base, "--output_dir", str(tmp_path / "two"), "--federation.devices", "2", env=threads)
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert two.returncode == 0, two.stderr[-2000:]
+    (run1,), (run2,) = (tmp_path / "one").iterdir(), (tmp_path / "two").iterdir()
+    s1, s2 = (json.loads((r / "summary.json").read_text()) for r in (run1, run2))
+    assert s2["world_size"] == 2 and len(s1["client_accuracy"]) == 3
+    assert comparable(s1) == comparable(s2)
+    t1, t2 = (safe_load(r / "checkpoints" / "server.pt")["state"] for r in (run1, run2))
+    assert t1.keys() == t2.keys()
+    for k in t1:
+        if not k.endswith("_s"):  # kd.server_distill_s, kd.client_train_s: times
+            assert torch.equal(t1[k], t2[k]), k
+
+
+@pytest.mark.slow  # ~40 s on 2 cores: two runs, one of them on 2 processes
+def test_two_processes_distil_as_one(tmp_path):
+    one_vs_two_processes("dense_digits_tiny.yaml", "dense", tmp_path)
+
+
+def test_a_synthesis_without_a_finite_loss_adds_no_batch(tmp_path):
+    """Every generator loss NaN in one epoch (e.g. bf16 logits of untrained clients): that epoch keeps no batch, the
+    run goes on and counts it; when every epoch is so, one clear error instead of an untrained student."""
+    import fl_lightning.modules.data_free_kd as kd
+
+    original = kd.synthesize
+    calls = []
+
+    def nan_first(*args, **kw):
+        images, labels = original(*args, **kw)
+        calls.append(images is not None)
+        return (None if len(calls) == 1 else images), labels
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kd, "synthesize", nan_first)
+        summary, _, _ = run(DENSE, "dense_digits_tiny.yaml", tmp_path / "one", *TINY)
+    assert summary["skipped_syntheses"] == 1 and len(calls) == 2 and 0 <= summary["accuracy"] <= 1
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kd, "synthesize", lambda *a, **kw: (None, original(*a, **kw)[1]))
+        with pytest.raises(RuntimeError, match="no synthesis of the 2 server epochs had a finite generator loss"):
+            run(DENSE, "dense_digits_tiny.yaml", tmp_path / "all", *TINY)
