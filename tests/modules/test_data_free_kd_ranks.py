@@ -2,14 +2,10 @@
 
 import contextlib
 import os
-import pickle
-import socket
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from fl_lightning.modules.data_free_kd import (
@@ -21,6 +17,7 @@ from fl_lightning.modules.data_free_kd import (
     synthesize,
 )
 from fl_lightning.modules.data_free_kd_ranks import SplitEnsemble, member_shard
+from tests.gloo_ranks import report, run_ranks
 
 K, CLASSES, SIZE = 3, 5, 8  # K not a multiple of the 2 ranks: rank 0 holds teacher 0, rank 1 teachers 1 and 2
 
@@ -140,22 +137,14 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         result = {p: _split(p) for p in ("32", "bf16")}
     except Exception as err:  # noqa: BLE001 — reported by the test
         result = {"error": repr(err)}
-    Path(out, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
-    dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    report(out, rank, result)
 
 
 def test_two_processes_split_ensemble_is_one_process(tmp_path, one_thread):
     """K = 3 teachers on 2 gloo processes (1 + 2): the logits, the input gradients, a DENSE and a Co-Boosting
     synthesis (G's weights and kept batch) and two distillation epochs each are one process's, bit for bit, on
     both ranks; float32 and bf16 autocast (one intra-op thread here as in the workers, whatever OMP_NUM_THREADS)."""
-    mp.start_processes(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
-    ranks = [pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes()) for r in range(2)]
+    ranks = run_ranks(_worker, 2, tmp_path)
     for result in ranks:
         assert "error" not in result, result.get("error")
         for precision in ("32", "bf16"):

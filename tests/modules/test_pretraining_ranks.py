@@ -10,8 +10,6 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import pickle
-import socket
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,13 +17,13 @@ import lightning
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from fl_lightning.federation import collectives
 from fl_lightning.federation.collectives import RankFailure, RankStopped, Ranks
 from fl_lightning.modules.pretraining import EPOCH_STATE, pretrain_classifier
 from fl_lightning.modules.pretraining_ranks import RankBatches, shard_rows
+from tests.gloo_ranks import report, run_ranks
 
 NAME = "vit_tiny_patch16_224"
 TINY = dict(img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=2)
@@ -110,8 +108,7 @@ def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
                     result["interrupted"] = (Path(out) / name / EPOCH_STATE).is_file()
             ckpt, _ = _pretrain(Path(out) / name, ranks, callbacks=[weights])
             result[name] = (str(ckpt), weights.state)
-        Path(out, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
-        dist.destroy_process_group()
+        report(out, rank, result)
         return
     try:
         if case == "fails":
@@ -122,19 +119,11 @@ def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
         result.update(ckpt=str(ckpt), epochs=epochs, weights=weights.state)
     except (RankFailure, RankStopped) as err:
         result["error"] = (type(err).__name__, str(getattr(err, "message", err)))
-    Path(out, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
-    dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    report(out, rank, result)
 
 
 def _run(tmp_path: Path, case: str, world: int = 2) -> list[dict]:
-    mp.start_processes(_worker, args=(world, _free_port(), str(tmp_path), case), nprocs=world, start_method="spawn")
-    return [pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes()) for r in range(world)]
+    return run_ranks(_worker, world, tmp_path, case)
 
 
 class _Keys(Dataset):

@@ -1,0 +1,31 @@
+"""Spawned gloo ranks on 127.0.0.1 for the tests: each worker writes its result as ``rank<r>.pkl``."""
+
+from __future__ import annotations
+
+import pickle
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for MASTER_PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def report(out: str | Path, rank: int, result: Any) -> None:
+    """Rank ``rank``'s result into ``out``, then leave the process group (the worker's last step)."""
+    Path(out, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
+    dist.destroy_process_group()
+
+
+def run_ranks(worker: Callable[..., None], world: int, out: str | Path, *args: Any) -> list[Any]:
+    """``worker(rank, world, port, out, *args)`` on ``world`` spawned processes; every rank's reported result."""
+    mp.start_processes(worker, args=(world, free_port(), str(out), *args), nprocs=world, start_method="spawn")
+    return [pickle.loads(Path(out, f"rank{r}.pkl").read_bytes()) for r in range(world)]
