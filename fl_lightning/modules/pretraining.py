@@ -39,6 +39,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -57,7 +58,7 @@ from fl_lightning.data.preprocessed import collate
 from fl_lightning.errors import MissingResourceError
 from fl_lightning.federation.collectives import Ranks
 from fl_lightning.modules.pretraining_ranks import (GuardedIO, JoinedDDP, RankBatches, RankGuard, RankItems, RankSeeds,
-                                                    collate_rank_items)
+                                                    collate_rank_items, seed_rank_worker)
 
 __all__ = ["ViTClassifier", "PretrainResult", "build_timm_vit", "pretrain_classifier", "load_pretrained_vit",
            "split_holdout", "EPOCH_STATE"]
@@ -436,6 +437,7 @@ def pretrain_classifier(
     seed: int = 0,
     patience: int = 3,
     num_workers: int = 0,
+    pin_memory: bool = False,
     callbacks: Sequence[Callback] = (),
     ranks: Ranks | None = None,
     batch_transform: Any = None,
@@ -458,7 +460,12 @@ def pretrain_classifier(
         accelerator, devices, precision: passed to ``lightning.Trainer``.
         seed: seeds model initialisation and data order.
         patience: early-stopping patience in epochs.
-        num_workers: DataLoader workers.
+        num_workers, pin_memory: the DataLoaders' (``data.num_workers`` / ``data.pin_memory`` resolved for the
+            rank's device, ``data/loader.py``). Workers are started at each epoch (not persistent): each epoch's
+            workers draw their seeds from the data order's generator, which the epoch state restores, so a resumed
+            run reads the same augmentations as an uninterrupted one; with several ranks each rank's workers
+            are reseeded with its rank too (:func:`~fl_lightning.modules.pretraining_ranks.seed_rank_worker`).
+            The augmentations of 0 workers and of N differ (other random streams), as do two worker counts.
         callbacks: more Lightning callbacks (called before the checkpointing ones).
         ranks: the ranks of a shared server phase, every one calling this together: with more than one, training
             is data-parallel over them on their own devices (``pretraining_ranks.py``; ``accelerator`` and
@@ -498,22 +505,24 @@ def pretrain_classifier(
         guard, io = RankGuard(ranks, device), GuardedIO()
         module.share_over_ranks(guard)
         split = dict(rank=ranks.rank, world=ranks.world)
+        workers = dict(num_workers=num_workers, pin_memory=pin_memory,
+                       worker_init_fn=partial(seed_rank_worker, ranks.rank) if num_workers else None)
         train_loader = DataLoader(RankItems(train_dataset), batch_sampler=RankBatches(
             len(train_dataset), batch_size, generator=generator, **split),  # type: ignore[arg-type]
-            num_workers=num_workers, generator=generator, collate_fn=collate_rank_items)
+            generator=generator, collate_fn=collate_rank_items, **workers)
         val_loader = DataLoader(RankItems(val_dataset), batch_sampler=RankBatches(
             len(val_dataset), batch_size, generator=None, **split),  # type: ignore[arg-type]
-            num_workers=num_workers, collate_fn=collate_rank_items)
+            collate_fn=collate_rank_items, **workers)
         accelerator, devices = device.type, 1
         extra = dict(strategy=JoinedDDP(ranks, device), plugins=[io], use_distributed_sampler=False)
         callbacks = [*callbacks, RankSeeds(seed, ranks.rank)]
     else:
         # collate: default_collate, or a stored batch's float part run on the whole batch (synthesis/store.py)
         train_loader = DataLoader(
-            train_dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers, generator=generator,
-            collate_fn=collate)
+            train_dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers, pin_memory=pin_memory,
+            generator=generator, collate_fn=collate)
         val_loader = DataLoader(val_dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers,
-                                collate_fn=collate)
+                                pin_memory=pin_memory, collate_fn=collate)
     # the best epoch's weights only (load_pretrained_vit reads them): AdamW's two moments would treble a ViT-L's
     # 1.2 GB at every new best; the optimizer a resume needs is in the epoch state
     best = ModelCheckpoint(

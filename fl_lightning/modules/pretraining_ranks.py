@@ -44,7 +44,7 @@ from torch.utils.data._utils.collate import default_collate
 from fl_lightning.federation.collectives import Ranks, everyone, waiting
 
 __all__ = ["RankBatches", "RankItems", "FailedBatch", "collate_rank_items", "RankGuard", "GuardedIO", "RankSeeds",
-           "JoinedDDP", "shard_rows"]
+           "JoinedDDP", "shard_rows", "seed_rank_worker"]
 
 
 def shard_rows(batch: Sequence[int], rank: int, world: int) -> list[tuple[int, float, int]]:
@@ -174,6 +174,18 @@ class RankSeeds(Callback):
         torch.manual_seed(value)
         np.random.seed(int(state[0]))
         random.seed(value)
+
+
+def seed_rank_worker(rank: int, worker_id: int) -> None:
+    """A DataLoader worker's ``worker_init_fn`` on rank ``rank``: torch / numpy / Python reseeded from (the seed
+    the DataLoader gave this worker, ``rank``). Every rank draws the same base seed from the shared data-order
+    generator (the ranks' batches come from one permutation), so without this the ranks' workers would run the
+    same augmentation stream."""
+    state = np.random.SeedSequence([torch.initial_seed(), int(rank), int(worker_id)]).generate_state(2)
+    value = int(state[0]) << 32 | int(state[1])
+    torch.manual_seed(value)
+    np.random.seed(int(state[0]))
+    random.seed(value)
 
 
 class _JoinedEnvironment(ClusterEnvironment):

@@ -155,3 +155,29 @@ def test_frozen_parameters_have_no_optimizer_state_in_the_epoch_state(tmp_path: 
     module = pretraining.ViTClassifier(model_name=NAME, num_classes=3, overrides=TINY)
     trainable = sum(1 for n, p in module.named_parameters() if not n.startswith("model.patch_embed."))
     assert len(opt["state"]) == trainable == len(opt["param_groups"][0]["params"])
+
+
+def test_loader_workers_resume_to_the_uninterrupted_weights(tmp_path: Path, one_thread) -> None:
+    """With DataLoader workers the augmentations come from the workers' seeds, which each epoch draws from the data
+    order's generator: a run interrupted in epoch 2 and resumed reaches the uninterrupted run's weights; a run
+    without workers reads other random streams (the documented relation)."""
+    straight = _pretrain(tmp_path / "straight", num_workers=1)
+    with pytest.raises(Interrupted):
+        _pretrain(tmp_path / "resumed", num_workers=1, callbacks=[StopInEpoch(1)])
+    resumed = _pretrain(tmp_path / "resumed", num_workers=1)
+    a, b = _weights(straight.checkpoint), _weights(resumed.checkpoint)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    alone = _weights(_pretrain(tmp_path / "alone").checkpoint)
+    assert not all(torch.equal(a[k], alone[k]) for k in a)
+
+
+def test_each_rank_s_workers_have_their_own_random_stream() -> None:
+    from fl_lightning.modules.pretraining_ranks import seed_rank_worker
+
+    def draws(rank: int, worker: int) -> torch.Tensor:
+        torch.manual_seed(1234 + worker)  # what the DataLoader seeds a worker with: base seed + worker id
+        seed_rank_worker(rank, worker)
+        return torch.rand(4)
+
+    assert torch.equal(draws(0, 0), draws(0, 0))  # reproducible
+    assert not torch.equal(draws(0, 0), draws(1, 0)) and not torch.equal(draws(0, 0), draws(0, 1))

@@ -296,12 +296,13 @@ class DiffusionSynthesis(SynthesisStage):
 
     def round0_description(self) -> dict[str, Any]:
         """What round 0 reads besides its requests: this stage's keys (``config_class``), the run's seed and
-        precision, the classes and the ViT's input spec (the content key of ``synthesis_step.SharedRound0``)."""
+        precision, the classes, the ViT's input spec and the pre-training's loader workers (their number picks the
+        augmentations' random streams) — the content key of ``synthesis_step.SharedRound0``."""
         m = self.method
         keys = {f.name: getattr(m.config, f.name) for f in dataclasses.fields(self.config_class)}
         return {"stage": type(self).__name__, "keys": keys, "seed": m.cfg.seed,
                 "precision": m.cfg.federation.precision, "classes": list(m.env.splits.classes),
-                "spec": dataclasses.asdict(m.spec)}
+                "spec": dataclasses.asdict(m.spec), "pretrain_workers": m.env.loader_settings().num_workers}
 
     @abstractmethod
     def generation_inputs(self, uploads: Mapping[int, Upload]) -> GenerationInputs:
@@ -335,7 +336,8 @@ class DiffusionSynthesis(SynthesisStage):
             class_counts=inputs.class_counts, class_names=m.env.splits.classes, spec=m.spec, run_dir=m.env.run_dir,
             seed=m.cfg.seed, device=m.fabric.device, precision=m.cfg.federation.precision,
             progress=m.cfg.logging.progress, prompts_by_class=inputs.prompts_by_class, section=m.name,
-            text_only=inputs.latents_by_client is None, ranks=ranks, share=self.round0_description())
+            text_only=inputs.latents_by_client is None, ranks=ranks, share=self.round0_description(),
+            loading=m.env.loader_settings())
         self.components.vae.to(m.fabric.device)
         return result, sum(inputs.class_counts.values())
 

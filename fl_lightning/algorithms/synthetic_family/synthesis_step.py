@@ -45,6 +45,7 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import Dataset
 
+from fl_lightning.data.loader import LoaderSettings
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.algorithm import InputSpec
@@ -306,7 +307,7 @@ def synthesise_and_pretrain(
     class_names: Sequence[str], spec: InputSpec, run_dir: Path, seed: int, device: torch.device,
     precision: str, progress: bool, prompts_by_class: Mapping[str, Sequence[str]] | None = None,
     section: str = "fedisyn", text_only: bool = False, ranks: Ranks | None = None,
-    share: Mapping[str, Any] | None = None,
+    share: Mapping[str, Any] | None = None, loading: LoaderSettings | None = None,
 ) -> SynthesisResult | None:
     """Steps 1 (server side) and 2 of FeDiSyn; resumable (prompts cached, images skipped when present).
 
@@ -326,6 +327,7 @@ def synthesise_and_pretrain(
             the images and the pre-trained ViT are published under ``<output_dir>/round0/<key>/`` and a later run
             of the same content key (a comparison's variants that differ in their fine-tuning) reuses them
             (:class:`SharedRound0`), its recorded host times included: the numbers of a run that made them.
+        loading: the rank's DataLoader settings for the pre-training (workers, pinned memory); None: 0 workers.
 
     Returns:
         The result on rank 0 (or alone); None on the other ranks of ``ranks``.
@@ -409,7 +411,7 @@ def synthesise_and_pretrain(
         trained = pretrain_on_synthetic(
             cfg, folder, num_classes=len(class_names), spec=spec, run_dir=run_dir, seed=seed, device=device,
             precision=precision, per_image_epoch_s=h_pre if cfg.pretrain_time_per_image_epoch_s is not None
-            or server is not None else None, ranks=ranks)
+            or server is not None else None, ranks=ranks, loading=loading)
         if trained is None:  # another rank: rank 0 holds the result, and its state is the round's
             return None
         model, pretraining_s, best, host_pretraining_s = trained
@@ -583,13 +585,15 @@ def _decide_lambda(cfg: Any, *, components: DiffusionComponents, totals: Mapping
 
 def pretrain_on_synthetic(cfg: Any, folder: Path, *, num_classes: int, spec: InputSpec, run_dir: Path, seed: int,
                           device: torch.device, precision: str, per_image_epoch_s: float | None = None,
-                          ranks: Ranks | None = None) -> tuple[nn.Module, float, Path, float] | None:
+                          ranks: Ranks | None = None,
+                          loading: LoaderSettings | None = None) -> tuple[nn.Module, float, Path, float] | None:
     """Step 2: pre-train the timm ViT on the images of ``folder`` (a :class:`SyntheticFolder`, whatever made it).
 
     Args:
         per_image_epoch_s: h̃ to charge (server profile or config); None: this host's wall time.
         ranks: several ranks that all call this together: the training is data-parallel over them
             (``pretrain_classifier(ranks=)``), rank 0 writes the folder.
+        loading: the DataLoader workers and pinned memory of the rank (None: 0 workers, no pinning).
 
     Returns:
         the best model (by held-out loss), H_pre (h̃ · images · epochs run, or the host's wall time), its
@@ -618,7 +622,8 @@ def pretrain_on_synthetic(cfg: Any, folder: Path, *, num_classes: int, spec: Inp
         num_classes=num_classes, train_dataset=train_set, val_dataset=val_set, out_dir=out,
         max_epochs=cfg.pretrain_epochs, batch_size=cfg.pretrain_batch_size, lr=cfg.pretrain_lr,
         accelerator=device.type, devices=1, precision=precision, seed=seed, patience=cfg.pretrain_patience,
-        ranks=ranks, batch_transform=stored[0].deferred if stored else None)  # a store's float part: on the device
+        ranks=ranks, batch_transform=stored[0].deferred if stored else None,  # a store's float part: on the device
+        num_workers=loading.num_workers if loading else 0, pin_memory=bool(loading and loading.pin_memory))
     host_s = pretraining_s = time.monotonic() - start
     if ranks is not None and ranks.rank != 0:
         return None
