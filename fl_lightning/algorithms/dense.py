@@ -272,9 +272,9 @@ class DENSE(FedAvgCNN):
                 if fabric.global_rank == 0:
                     _log.warning("%s: server epoch %d's synthesis had no finite generator loss; it adds no batch",
                                  self.name, epoch)
-            if pool_x and images is not None:  # Co-Boosting's order: re-weight on the pool so far, before the new
-                self.reweight(epoch, ensemble, torch.cat(pool_x), torch.cat(pool_y), view)  # batch joins it
-            if images is not None:
+            else:
+                if pool_x:  # Co-Boosting's order: re-weight on the pool so far, before the new batch joins it
+                    self.reweight(epoch, ensemble, torch.cat(pool_x), torch.cat(pool_y), view)
                 if c.pool == "last":
                     pool_x.clear(), pool_y.clear()
                 pool_x.append(images)

@@ -169,11 +169,7 @@ class RankSeeds(Callback):
         self.seed, self.rank = int(seed), int(rank)
 
     def on_train_epoch_start(self, trainer: lightning.Trainer, pl_module: lightning.LightningModule) -> None:
-        state = np.random.SeedSequence([self.seed, int(trainer.current_epoch), self.rank]).generate_state(2)
-        value = int(state[0]) << 32 | int(state[1])
-        torch.manual_seed(value)
-        np.random.seed(int(state[0]))
-        random.seed(value)
+        _reseed(self.seed, trainer.current_epoch, self.rank)
 
 
 def seed_rank_worker(rank: int, worker_id: int) -> None:
@@ -181,7 +177,12 @@ def seed_rank_worker(rank: int, worker_id: int) -> None:
     the DataLoader gave this worker, ``rank``). Every rank draws the same base seed from the shared data-order
     generator (the ranks' batches come from one permutation), so without this the ranks' workers would run the
     same augmentation stream."""
-    state = np.random.SeedSequence([torch.initial_seed(), int(rank), int(worker_id)]).generate_state(2)
+    _reseed(torch.initial_seed(), rank, worker_id)
+
+
+def _reseed(*entropy: int) -> None:
+    """torch / numpy / Python seeded from ``entropy`` (a SeedSequence: distinct tuples, independent streams)."""
+    state = np.random.SeedSequence([int(e) for e in entropy]).generate_state(2)
     value = int(state[0]) << 32 | int(state[1])
     torch.manual_seed(value)
     np.random.seed(int(state[0]))
