@@ -203,6 +203,10 @@ class PrivacyConfig:
     # grad_clip_norm, noise σ·grad_clip_norm per step, the same σ as the statistics', calibrated to ε jointly
     dp_sgd: bool = False
     grad_clip_norm: float = 1.0
+    # the noise's source: false (default) — OS entropy, never recorded (no one with config.yaml can replay and
+    # subtract it); true — generators seeded from (seed, round, client), for tests and exact resume only: the run's
+    # summary then warns that its noise can be regenerated and its ε does not hold against whoever has the seed
+    reproducible_noise: bool = False
 
     def __post_init__(self) -> None:
         if self.mechanism == "off":

@@ -349,6 +349,9 @@ def preflight_run(cfg: RunConfig) -> None:
     from fl_lightning.federation.precision import check_precision
 
     check_precision(cfg, available_algorithms()[cfg.algorithm])
+    from fl_lightning.federation.privacy_coverage import check_privacy_coverage
+
+    check_privacy_coverage(cfg, available_algorithms()[cfg.algorithm])  # a mechanism that would not cover it
     available_algorithms()[cfg.algorithm].preflight(cfg)
 
 

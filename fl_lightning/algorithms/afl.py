@@ -59,6 +59,8 @@ from fl_lightning.federation.algorithm import (
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.models.backbones import ViTBackbone
 from fl_lightning.modules.statistics import collect_statistics
+from fl_lightning.federation.privacy_coverage import statistics_only
+from fl_lightning.config import RunConfig
 
 __all__ = ["AFL", "AFLConfig"]
 
@@ -77,6 +79,11 @@ class AFLConfig:
 @register("afl")
 class AFL(Algorithm):
     config_class = AFLConfig
+
+    @classmethod
+    def privacy_gap(cls, cfg: RunConfig) -> str | None:
+        """federation.privacy: the statistics mechanisms cover R_k, C_k, each feature clipped (federation/privacy_coverage.py)."""
+        return statistics_only(cfg)
     # FedOPAL, FedOPAL+ and FedCGS inherit it
     true_precision = "its statistics R, C and the closed-form solve stay in float64, not half precision"
     shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard

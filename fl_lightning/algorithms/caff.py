@@ -29,6 +29,7 @@ from fl_lightning.algorithms.synthetic_family.finetune import (
     LoRAFineTuningConfig,
 )
 from fl_lightning.federation.algorithm import register
+from fl_lightning.config import RunConfig
 
 __all__ = ["CAFF", "CAFFConfig", "CAFFSystemsConfig"]
 
@@ -51,4 +52,10 @@ class CAFF(FeDiSynFamily):
     """FeDiSyn's fine-tuning from ImageNet weights at capacity-proportional depths (see the module docstring)."""
 
     config_class = CAFFConfig
+
+    @classmethod
+    def privacy_gap(cls, cfg: RunConfig) -> str | None:
+        """federation.privacy: not covered."""
+        return ("its LoRA uploads carry each device's per-block gradient contributions in the clear, and the server "
+                "plans the next depths from them")
     stages = (ImageNetInit, LoRAFineTuning)

@@ -52,6 +52,7 @@ from torch import Tensor, nn
 from fl_lightning.algorithms.dense import DENSE, DENSEConfig
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import register
+from fl_lightning.config import RunConfig
 
 __all__ = ["CoBoosting", "CoBoostingConfig"]
 
@@ -89,6 +90,11 @@ class CoBoostingConfig(DENSEConfig):
 @register("coboosting")
 class CoBoosting(DENSE):
     config_class = CoBoostingConfig
+
+    @classmethod
+    def privacy_gap(cls, cfg: RunConfig) -> str | None:
+        """federation.privacy: not covered, as DENSE."""
+        return DENSE.privacy_gap(cfg)
     bn_per_model = True  # the official code divides L_BN by K
 
     def synthesis_settings(self):  # noqa: ANN201

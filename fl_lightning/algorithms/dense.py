@@ -81,6 +81,7 @@ from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, RoundHistory, RoundPlan, State, register
 from fl_lightning.federation.collectives import gathered
 from fl_lightning.federation.transport import Download, Upload
+from fl_lightning.config import RunConfig
 
 __all__ = ["ClipGradNorm", "DENSE", "DENSEConfig"]
 
@@ -142,6 +143,12 @@ class DENSEConfig:
 @register("dense")
 class DENSE(FedAvgCNN):
     config_class = DENSEConfig
+
+    @classmethod
+    def privacy_gap(cls, cfg: RunConfig) -> str | None:
+        """federation.privacy: not covered (a FedAvgCNN whose server reads each model)."""
+        return ("the server distils from every client's uploaded model, not from their mean: dp_fedavg's noise on a "
+                "mean does not cover it")
     true_precision = "its generator, BatchNorm-statistics loss and distillation need float32 master weights"
     bn_per_model = False  # DENSE sums L_BN over all client models; Co-Boosting averages
 

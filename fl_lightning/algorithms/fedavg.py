@@ -34,6 +34,8 @@ from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.modules.linear_probe import LinearProbe
+from fl_lightning.federation.privacy_coverage import weights_only
+from fl_lightning.config import RunConfig
 
 __all__ = ["FedAvg", "FedAvgConfig"]
 
@@ -48,6 +50,11 @@ class FedAvgConfig:
 @register("fedavg")
 class FedAvg(Algorithm):
     config_class = FedAvgConfig
+
+    @classmethod
+    def privacy_gap(cls, cfg: RunConfig) -> str | None:
+        """federation.privacy: DP-FedAvg covers the head, the one thing a client uploads (federation/privacy_coverage.py)."""
+        return weights_only(cfg)
     true_precision = "its head trains on the frozen backbone's float32 feature table"
     shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
 

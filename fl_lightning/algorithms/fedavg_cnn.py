@@ -44,6 +44,7 @@ from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.modules.optim import make_optimizer
+from fl_lightning.federation.privacy_coverage import weights_only
 
 if TYPE_CHECKING:
     from lightning.fabric import Fabric
@@ -118,6 +119,12 @@ def _cpu_state(model: nn.Module) -> State:
 @register("fedavg_cnn", renamed_from=("fedavg_resnet",))  # any timm CNN, not ResNet only
 class FedAvgCNN(Algorithm):
     config_class = FedAvgCNNConfig
+
+    @classmethod
+    def privacy_gap(cls, cfg: RunConfig) -> str | None:
+        """federation.privacy: DP-FedAvg covers the weights and float buffers
+        (a client's integer buffers stay with it; federation/privacy_coverage.py)."""
+        return weights_only(cfg)
     # bf16-true / 16-true: the whole CNN (BatchNorm's running statistics too) in half precision, as fabric.setup
     # converts it; the uploads, the average and the evaluation in that dtype (docs/gpu.md)
     true_precision = None

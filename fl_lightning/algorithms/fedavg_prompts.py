@@ -29,6 +29,8 @@ from fl_lightning.federation.algorithm import Algorithm, Client, Environment, In
 from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
+from fl_lightning.federation.privacy_coverage import weights_only
+from fl_lightning.config import RunConfig
 
 if TYPE_CHECKING:
     from lightning.fabric import Fabric
@@ -51,6 +53,11 @@ class FedAvgPromptsConfig:
 @register("fedavg_prompts", renamed_from=("fedavg_clip",))  # any ViT, not CLIP only
 class FedAvgPrompts(Algorithm):
     config_class = FedAvgPromptsConfig
+
+    @classmethod
+    def privacy_gap(cls, cfg: RunConfig) -> str | None:
+        """federation.privacy: DP-FedAvg covers the prompts and head a client uploads (federation/privacy_coverage.py)."""
+        return weights_only(cfg)
     true_precision = "its prompts and head keep float32 master weights (prompt tuning in bf16-mixed)"
     shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
 

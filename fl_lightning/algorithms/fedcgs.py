@@ -51,6 +51,8 @@ from fl_lightning.errors import check
 from fl_lightning.feature_gaussians import COVARIANCES, gaussian_head
 from fl_lightning.federation.algorithm import Client, RoundPlan, State, register
 from fl_lightning.federation.transport import Download, Upload
+from fl_lightning.federation.privacy_coverage import statistics_only
+from fl_lightning.config import RunConfig
 
 __all__ = ["FedCGS", "FedCGSConfig"]
 
@@ -71,6 +73,12 @@ class FedCGS(AFL):
     """AFL's streamed statistics plus class counts; a Gaussian discriminant head instead of ridge."""
 
     config_class = FedCGSConfig
+
+    @classmethod
+    def privacy_gap(cls, cfg: RunConfig) -> str | None:
+        """federation.privacy: the statistics mechanisms cover R_k, C_k and the class counts (the counts are
+        in the sensitivity; federation/privacy_coverage.py)."""
+        return statistics_only(cfg)
 
     # -- client ----------------------------------------------------------------------------------
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:

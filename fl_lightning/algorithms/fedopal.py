@@ -49,6 +49,7 @@ from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.models.backbones import ViTBackbone
 from fl_lightning.models.vpt import PromptedViT
 from fl_lightning.modules.prompt_tuning import PromptTuningModule
+from fl_lightning.config import RunConfig
 
 __all__ = ["FedOPAL", "FedOPALConfig", "AnalyticStage", "PromptTrainer", "StatisticsCollector", "StatisticsSolver",
            "PromptTuning", "PromptsWithStatistics", "Statistics", "aggregate_prompts"]
@@ -228,6 +229,18 @@ class FedOPAL(StagedAlgorithm, AFL):
 
     config_class = FedOPALConfig
     schedules = {"local": (PromptsWithStatistics,), "global": (PromptsWithStatistics, Statistics)}  # by restat
+
+    @classmethod
+    def privacy_gap(cls, cfg: RunConfig) -> str | None:
+        """federation.privacy: the statistics mechanisms cover P_k by DP-SGD (``dp_sgd: true``) and R_k, C_k
+        under them (adaptive composition, one σ); a prompt weight is never a client's count (federation/privacy.py)."""
+        p = cfg.federation.privacy
+        if p.mechanism == "dp_fedavg":
+            return "it uploads R_k, C_k beside its prompts, which dp_fedavg neither clips nor noises"
+        if not p.dp_sgd:
+            return ("its prompts P_k are trained on the records without DP-SGD and R_k, C_k are computed under them, "
+                    "so one record moves every feature (set federation.privacy.dp_sgd: true)")
+        return None
 
     @classmethod
     def stages_for(cls, config: FedOPALConfig) -> tuple[type[Stage], ...]:

@@ -87,6 +87,7 @@ from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, RoundPlan, State, register
 from fl_lightning.federation.stages import Stage
 from fl_lightning.federation.transport import Download, Upload
+from fl_lightning.config import RunConfig
 
 __all__ = ["FedOPALPlus", "FedOPALPlusConfig", "CoveringPrompts", "CoveringPromptsWithStatistics",
            "ValidatedStatistics", "covering_clients", "aggregate_prompts", "HEADS", "STATISTICS_SETS"]
@@ -220,6 +221,12 @@ class ValidatedStatistics(AnalyticStage):
 @register("fedopal_plus")
 class FedOPALPlus(FedOPAL):
     config_class = FedOPALPlusConfig
+
+    @classmethod
+    def privacy_gap(cls, cfg: RunConfig) -> str | None:
+        """federation.privacy: not covered (its dual statistics are not clipped)."""
+        return ("its second stage uploads statistics under the held-out covering split (afl.*, *_val) that no "
+                "mechanism clips or noises")
     schedules = {"global": (CoveringPrompts, Statistics), "local": (CoveringPromptsWithStatistics,)}  # by restat
 
     @classmethod

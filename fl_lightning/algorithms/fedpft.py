@@ -67,6 +67,7 @@ from fl_lightning.federation.algorithm import (
 )
 from fl_lightning.federation.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
+from fl_lightning.config import RunConfig
 
 __all__ = ["FedPFT", "FedPFTConfig"]
 
@@ -107,6 +108,11 @@ class FedPFTConfig:
 class FedPFT(Algorithm):
     true_precision = "its class Gaussians are fitted and sampled in float64, not half precision"
     config_class = FedPFTConfig
+
+    @classmethod
+    def privacy_gap(cls, cfg: RunConfig) -> str | None:
+        """federation.privacy: not covered."""
+        return "it uploads Gaussian mixtures of its clients' features, which no mechanism clips or noises"
     shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
 
     @property

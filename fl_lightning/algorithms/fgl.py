@@ -38,6 +38,7 @@ from fl_lightning.algorithms.gptfl import FullFedAvg, FullFedAvgConfig
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, register
 from fl_lightning.federation.transport import Download, Upload
+from fl_lightning.config import RunConfig
 
 __all__ = ["FGL", "FGLConfig", "CaptionConfig", "CaptionSynthesis", "pack_captions", "unpack_captions"]
 
@@ -139,4 +140,9 @@ class FGL(FeDiSynFamily):
     """Caption-prompted text-only synthesis, then full-parameter FedAvg (see the module docstring)."""
 
     config_class = FGLConfig
+
+    @classmethod
+    def privacy_gap(cls, cfg: RunConfig) -> str | None:
+        """federation.privacy: not covered."""
+        return "its synthesis round uploads captions of each client's images in the clear"
     stages = (CaptionSynthesis, FullFedAvg)

@@ -44,6 +44,7 @@ from fl_lightning.federation.algorithm import Client, State, register
 from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.models.lora import is_lora_param, lora_bits_per_layer
+from fl_lightning.config import RunConfig
 
 __all__ = ["GPTFL", "GPTFLConfig", "FullFedAvg", "FullFedAvgConfig", "FullFedAvgSystemsConfig"]
 
@@ -107,4 +108,9 @@ class GPTFL(FeDiSynFamily):
     """Text-only synthetic pre-training, then full-parameter FedAvg (see the module docstring)."""
 
     config_class = GPTFLConfig
+
+    @classmethod
+    def privacy_gap(cls, cfg: RunConfig) -> str | None:
+        """federation.privacy: not covered."""
+        return "its synthesis round uploads each client's class counts D_i^k in the clear"
     stages = (TextOnlySynthesis, FullFedAvg)

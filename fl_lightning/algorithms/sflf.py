@@ -33,6 +33,7 @@ from fl_lightning.algorithms.synthetic_family.finetune import (
     LoRAFineTuningConfig,
 )
 from fl_lightning.federation.algorithm import register
+from fl_lightning.config import RunConfig
 
 __all__ = ["SFLF", "SFLFConfig", "SFLFSystemsConfig"]
 
@@ -55,4 +56,10 @@ class SFLF(FeDiSynFamily):
     """FeDiSyn's fine-tuning from ImageNet weights, all blocks on every device (see the module docstring)."""
 
     config_class = SFLFConfig
+
+    @classmethod
+    def privacy_gap(cls, cfg: RunConfig) -> str | None:
+        """federation.privacy: not covered."""
+        return ("its LoRA uploads carry each device's per-block gradient contributions in the clear, and the server "
+                "plans the next depths from them")
     stages = (ImageNetInit, LoRAFineTuning)

@@ -1,31 +1,41 @@
 """The federation's differential privacy: where the mechanisms of :mod:`fl_lightning.privacy` act in a round.
 
 Built once per run from ``federation.privacy`` (None when it is ``off``, so a run without DP takes none of
-these paths). The simulation calls it at three points, none of which needs a method's own code:
+these paths). A method runs under a mechanism only when it declares the pair covered
+(:mod:`~fl_lightning.federation.privacy_coverage`, checked before the run starts). The simulation calls it at
+these points, none of which needs a method's own code, and on any number of ranks the server's steps run
+wherever the aggregate runs (``Simulation._aggregate``):
 
 * ``client_upload`` — on the client, after ``client_update`` (local DP of the statistics: each client
-  noises its own R_k, C_k before they leave it);
-* ``server_uploads`` — the server's view of the round's uploads, read lazily in client order: DP-FedAvg
-  clips each update and weighs every client equally (``num_samples`` reads 1: a data-size weight would be
-  private itself and scale one user's influence); central DP of the statistics puts the noise of the sum
-  on the first upload read (the sum's distribution is the same; a deployment adds it after secure
-  aggregation);
-* ``noised_state`` — DP-FedAvg's Gaussian noise on the averaged keys of the new global state;
+  noises its own R_k, C_k before they leave it, and reports no record count);
+* ``server_uploads`` — the server's view of the round's uploads, read lazily in client order. Every client
+  weighs the same (``num_samples`` reads 1: a data-size weight would be private itself) and no other number
+  a client reports reaches the aggregate. DP-FedAvg clips each update, gives the server its own value of
+  every non-float buffer (``num_batches_tracked`` counts a client's batches) and refuses any other tensor;
+  central DP of the statistics puts the noise of the sum on the first upload read (the sum's distribution is
+  the same; a deployment adds it after secure aggregation); an upload holding a tensor the mechanism does not
+  cover stops the run (:class:`PrivacyLeak`: the coverage table is wrong, never a silent leak);
+* ``noised_state`` — DP-FedAvg's fixed-denominator estimate and its Gaussian noise on the new global state;
 * ``dp_sgd`` — the settings a method hands ``fit_local`` for DP-SGD (``Environment.dp_sgd``; FedOPAL's prompts).
 
-The noise is drawn from generators seeded by (seed, round, client): a resumed round draws the same noise, as
-the rest of the simulator does. A deployment draws it from a cryptographically secure source.
+The noise comes from OS entropy by default (``secrets``: the seed of each generator is drawn fresh and never
+recorded, so no one holding the run's config can regenerate it); ``reproducible_noise: true`` seeds it from
+(seed, round, client) for tests and exact resumes, and the summary then says the ε does not hold against
+whoever has the seed.
 
 Accounting (``fl_lightning.privacy.accountant``): DP-FedAvg composes ``rounds`` releases, each sampling a
-user with probability ``client_fraction`` (the simulator's fixed-size sample of m = round(qK) is accounted
-as Poisson sampling at q = m/K, the usual practice; exact at q = 1); the statistics compose one release per
-round with every record in it (q = 1), and with ``dp_sgd`` the smallest client's DP-SGD steps, all with one σ.
-Every part is composed over all the method's rounds (conservative where a round releases less).
+user with probability q = m/K (the simulator's fixed-size sample of m = round(qK) clients is accounted as
+Poisson sampling at q, the usual practice; exact at q = 1). The statistics compose one release per round
+with every record in it (q = 1) and, with ``dp_sgd``, every client's own DP-SGD steps (q_k = B/n_k,
+epochs·⌈n_k/B⌉ steps, its shuffled fixed-size batches accounted as Poisson sampling at that rate): σ is the
+smallest that keeps the worst-off client within the target, and ε is that client's. Every part is composed
+over all the method's rounds (conservative where a round releases less).
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -40,10 +50,17 @@ from fl_lightning.federation.transport import Upload
 if TYPE_CHECKING:
     from fl_lightning.config import PrivacyConfig, RunConfig
 
-__all__ = ["FederationPrivacy"]
+__all__ = ["FederationPrivacy", "PrivacyLeak"]
 
 _KEY = "federation.privacy"
 _NOISE_TAG = 0x5EC  # separates the noise streams from every other seed derived from (seed, round, client)
+_STATISTICS = frozenset({"R_upper", "C", "counts"})  # what the statistics mechanisms clip and noise
+_Parts = tuple[tuple[float, int], ...]  # a composition: (sampling rate, releases per round) of each part
+
+
+class PrivacyLeak(RuntimeError):
+    """An upload holds a tensor its run's mechanism does not clip and noise (a method declared a pair covered
+    that is not): the run stops before the aggregate reads it."""
 
 
 @dataclass
@@ -53,11 +70,14 @@ class FederationPrivacy:
     config: PrivacyConfig
     seed: int
     rounds: int
-    parts: list[tuple[float, int]]  # per round: (sampling rate, releases) of each mechanism, sharing σ
+    parts: list[tuple[float, int]]  # per round: (sampling rate, releases) of the release every unit is in
     noise_multiplier: float
-    sgd: tuple[float, int] | None = None  # DP-SGD's (rate, steps) per round for the smallest client
-    # dp_fedavg: the keys each client of the round being aggregated sent (m_key counts them)
+    # DP-SGD's (rate, steps) per round of each client not dominated by another (the worst-off client is one)
+    sgd: list[tuple[float, int]] = field(default_factory=list)
+    denominator: int = 1  # dp_fedavg: D, the expected number of uploads of a round (McMahan et al.'s qW)
+    # dp_fedavg: the keys each client of the round being aggregated sent (m_key counts them), and w_t
     held: dict[int, frozenset[str]] = field(default_factory=dict)
+    previous: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
     @classmethod
     def of(cls, cfg: RunConfig, rounds: int, client_sizes: list[int]) -> FederationPrivacy | None:
@@ -70,10 +90,11 @@ class FederationPrivacy:
         except ImportError:
             raise UsageError(f"usage error: {_KEY}.mechanism={p.mechanism} needs dp-accounting (the accountant): "
                              f"pip install --no-deps 'dp-accounting>=0.6.0' absl-py mpmath") from None
-        num_records, sgd = sum(client_sizes), None
+        num_records, sgd, denominator = sum(client_sizes), [], 1
         if p.mechanism == "dp_fedavg":
             K = cfg.partition.num_clients
-            parts = [(clients_per_round(K, cfg.federation.client_fraction) / K, 1)]
+            denominator = clients_per_round(K, cfg.federation.client_fraction)
+            parts = [(denominator / K, 1)]
         else:
             if not p.delta < 1 / num_records:
                 raise ConfigError(f"{_KEY}.delta", p.delta, f"a float < 1/N = {1 / num_records:g} (record-level DP "
@@ -82,51 +103,65 @@ class FederationPrivacy:
                 raise ConfigError(f"{_KEY}.clip_norm", p.clip_norm, "a finite float > 0 (features are clipped)")
             parts = [(1.0, 1)]
             if p.dp_sgd and cfg.train.epochs > 0:
-                sgd = _sgd_part(cfg, min(n for n in client_sizes if n > 0))
-                parts.append(sgd)
-        sigma = p.noise_multiplier if p.noise_multiplier is not None else _calibrated(p, parts, rounds)
+                sgd = sgd_parts(client_sizes, cfg.train.batch_size or cfg.data.batch_size, cfg.train.epochs)
+        compositions = _compositions(parts, sgd)
+        sigma = p.noise_multiplier if p.noise_multiplier is not None else _calibrated(p, compositions, rounds)
         if sigma > 0 and math.isinf(p.clip_norm):
             raise ConfigError(f"{_KEY}.clip_norm", p.clip_norm, "a finite float > 0 when there is noise "
                                                                "(the sensitivity is the clip norm)")
-        return cls(p, cfg.seed, rounds, parts, sigma, sgd)
+        return cls(p, cfg.seed, rounds, parts, sigma, sgd, denominator)
 
     # -- accounting ---------------------------------------------------------------------------------------
     def epsilon(self, releases: int) -> float:
-        """ε spent after ``releases`` rounds (inf without noise)."""
+        """ε spent after ``releases`` rounds by the worst-off unit (inf without noise)."""
         from fl_lightning.privacy.accountant import epsilon
 
         if releases <= 0:
             return 0.0
         if self.noise_multiplier == 0.0:
             return math.inf
-        return epsilon(self.noise_multiplier, delta=self.config.delta, accountant=self.config.accountant,
-                       parts=[(q, steps * releases) for q, steps in self.parts])
+        return max(epsilon(self.noise_multiplier, delta=self.config.delta, accountant=self.config.accountant,
+                           parts=[(q, steps * releases) for q, steps in composition])
+                   for composition in _compositions(self.parts, self.sgd))
 
     def row(self, round_idx: int) -> dict[str, float]:
         """metrics.csv: ε spent so far (after round ``round_idx``)."""
         return {"epsilon": self.epsilon(round_idx + 1)}
 
     def summary(self, rounds_done: int) -> dict[str, Any]:
-        p = self.config
-        return {"privacy": {"mechanism": p.mechanism, "epsilon": self.epsilon(rounds_done),
-                            "target_epsilon": p.epsilon, "delta": p.delta, "noise_multiplier": self.noise_multiplier,
-                            "clip_norm": p.clip_norm, "sampling_rate": self.parts[0][0], "accountant": p.accountant,
-                            "dp_sgd": None if self.sgd is None else {"grad_clip_norm": p.grad_clip_norm,
-                                                                     "sampling_rate": self.sgd[0],
-                                                                     "steps_per_round": self.sgd[1]},
-                            "unit": "user" if p.mechanism == "dp_fedavg" else "record"},
-                "epsilon": self.epsilon(rounds_done), "delta": p.delta, "noise_multiplier": self.noise_multiplier}
+        p, spent = self.config, self.epsilon(rounds_done)
+        record = {"mechanism": p.mechanism, "epsilon": spent, "target_epsilon": p.epsilon, "delta": p.delta,
+                  "noise_multiplier": self.noise_multiplier, "clip_norm": p.clip_norm,
+                  "sampling_rate": self.parts[0][0], "accountant": p.accountant, **_guarantee(p.mechanism),
+                  "dp_sgd": None if not p.dp_sgd else {
+                      "grad_clip_norm": p.grad_clip_norm, "accounted_per_client": True,
+                      "sampling": "each client's shuffled batches of B accounted as Poisson sampling at B/n_k",
+                      "worst_clients": [{"sampling_rate": q, "steps_per_round": s} for q, s in self.sgd]},
+                  "noise_source": "reproducible (seeded from the run's seed)" if p.reproducible_noise else
+                  "os entropy (never recorded)"}
+        if p.mechanism == "dp_fedavg":
+            record["denominator"] = self.denominator
+        if p.reproducible_noise:
+            record["warning"] = ("privacy.reproducible_noise is on: the noise is seeded from config.yaml's seed, so "
+                                 "whoever has the seed can regenerate and subtract it; this ε does not hold against "
+                                 "them (for tests and exact resumes only)")
+        return {"privacy": record, "epsilon": spent, "delta": p.delta, "noise_multiplier": self.noise_multiplier}
+
+    # -- the noise ----------------------------------------------------------------------------------------
+    def _seed(self, round_idx: int, client: int, tag: int) -> int:
+        if self.config.reproducible_noise:
+            return derive_seed(self.seed, round_idx, client, tag)
+        return secrets.randbits(63)  # OS entropy: drawn fresh, never written anywhere
+
+    def _generator(self, round_idx: int, client: int) -> torch.Generator:
+        return torch.Generator().manual_seed(self._seed(round_idx, client, _NOISE_TAG))
 
     # -- the mechanisms -----------------------------------------------------------------------------------
     def dp_sgd(self, round_idx: int, client: int) -> DPSGD | None:
         """DP-SGD's settings of one client's local training (None unless ``dp_sgd`` is on)."""
-        if self.sgd is None:
+        if not self.sgd:
             return None
-        return DPSGD(self.config.grad_clip_norm, self.noise_multiplier,
-                     derive_seed(self.seed, round_idx, client, _NOISE_TAG + 1))
-
-    def _generator(self, round_idx: int, client: int) -> torch.Generator:
-        return torch.Generator().manual_seed(derive_seed(self.seed, round_idx, client, _NOISE_TAG))
+        return DPSGD(self.config.grad_clip_norm, self.noise_multiplier, self._seed(round_idx, client, _NOISE_TAG + 1))
 
     def _statistics_std(self, tensors: Mapping[str, torch.Tensor]) -> float:
         from fl_lightning.privacy.statistics import sensitivity
@@ -134,48 +169,53 @@ class FederationPrivacy:
         return self.noise_multiplier * sensitivity(self.config.clip_norm, with_counts="counts" in tensors)
 
     def client_upload(self, upload: Upload, round_idx: int, client: int) -> Upload:
-        """Local DP: the client's statistics noised before they leave it (other mechanisms: as is)."""
+        """Local DP: the client's statistics noised before they leave it, and no record count beside them (other
+        mechanisms: as is)."""
         from fl_lightning.privacy.statistics import noise_statistics
 
         if self.config.mechanism != "statistics_local" or "R_upper" not in upload.tensors:
             return upload
         tensors = noise_statistics(upload.tensors, std=self._statistics_std(upload.tensors),
                                    generator=self._generator(round_idx, client))
-        return Upload(tensors, dict(upload.meta))
+        return Upload(tensors, {"num_samples": 1})
 
     def server_uploads(self, uploads: Mapping[int, Upload], state: Mapping[str, torch.Tensor],
                        round_idx: int) -> Mapping[int, Upload]:
-        """The uploads as the method's aggregate reads them (clipped / noised); local DP: as they are."""
-        if self.config.mechanism == "dp_fedavg":
-            self.held = {}
+        """The uploads as the method's aggregate reads them (checked, clipped, noised; every weight 1)."""
+        mechanism = self.config.mechanism
+        if mechanism == "dp_fedavg":
+            self.held, self.previous = {}, state
             return _PrivateUploads(uploads, lambda c, u: self._clipped(state, c, u))
-        if self.config.mechanism == "statistics_central":
-            first = next(iter(uploads), None)
-            return _PrivateUploads(uploads, lambda c, u: self._sum_noise(round_idx, u) if c == first else u)
-        return uploads
+        first = next(iter(uploads), None)
+        central = mechanism == "statistics_central"
+        allowed = _STATISTICS | (frozenset(state) if self.config.dp_sgd else frozenset())  # DP-SGD's keys
+        return _PrivateUploads(uploads, lambda c, u: self._statistics_view(
+            _checked(u, allowed, mechanism, c), round_idx, noise=central and c == first))
 
     def _clipped(self, state: Mapping[str, torch.Tensor], client: int, upload: Upload) -> Upload:
         from fl_lightning.privacy.dp_fedavg import clip_update, shared_keys
 
         keys = frozenset(shared_keys(state, upload.tensors))
-        if not keys:  # nothing averaged (e.g. FeDiSyn's synthesis round): the upload as it is
-            return upload
+        kept = {k for k, t in upload.tensors.items() if not t.is_floating_point() and k in state}
+        _checked(upload, keys | kept, "dp_fedavg", client)
         tensors, _ = clip_update(state, upload.tensors, self.config.clip_norm)
-        self.held[client] = keys  # a second read counts once
-        return Upload(tensors, {**upload.meta, "num_samples": 1})
+        tensors.update({k: state[k] for k in kept})  # the server's own buffers: a client's count stays with it
+        if keys:
+            self.held[client] = keys  # a second read counts once
+        return Upload(tensors, {"num_samples": 1})
 
-    def _sum_noise(self, round_idx: int, upload: Upload) -> Upload:
+    def _statistics_view(self, upload: Upload, round_idx: int, *, noise: bool) -> Upload:
         from fl_lightning.privacy.statistics import noise_statistics
 
-        if "R_upper" not in upload.tensors:
-            return upload
-        tensors = noise_statistics(upload.tensors, std=self._statistics_std(upload.tensors),
-                                   generator=self._generator(round_idx, 0xFFFFFFFF))
-        return Upload(tensors, dict(upload.meta))
+        tensors = upload.tensors
+        if noise and "R_upper" in tensors:
+            tensors = noise_statistics(tensors, std=self._statistics_std(tensors),
+                                       generator=self._generator(round_idx, 0xFFFFFFFF))
+        return Upload(tensors, {"num_samples": 1})
 
     def noised_state(self, state: dict[str, torch.Tensor], round_idx: int) -> dict[str, torch.Tensor]:
-        """DP-FedAvg: the new state with N(0, (σS/m_key)²) on every key the round's uploads averaged."""
-        from fl_lightning.privacy.dp_fedavg import add_mean_noise
+        """DP-FedAvg: the new state as w_t + (1/D) Σ Δ̃_k + N(0, (σS/D)²) on every key the round's uploads averaged."""
+        from fl_lightning.privacy.dp_fedavg import private_mean
 
         if self.config.mechanism != "dp_fedavg":
             return state
@@ -183,9 +223,9 @@ class FederationPrivacy:
         for keys in self.held.values():
             for key in keys:
                 m[key] = m.get(key, 0) + 1
-        self.held = {}
-        return add_mean_noise(state, m, noise_multiplier=self.noise_multiplier, clip_norm=self.config.clip_norm,
-                              generator=self._generator(round_idx, 0xFFFFFFFE))
+        previous, self.held, self.previous = self.previous, {}, {}
+        return private_mean(previous, state, m, denominator=self.denominator, noise_multiplier=self.noise_multiplier,
+                            clip_norm=self.config.clip_norm, generator=self._generator(round_idx, 0xFFFFFFFE))
 
 
 class _PrivateUploads(Mapping):
@@ -204,18 +244,50 @@ class _PrivateUploads(Mapping):
         return len(self._uploads)
 
 
-def _sgd_part(cfg: RunConfig, n_min: int) -> tuple[float, int]:
-    """DP-SGD's (q, steps) per round for the smallest client — the worst case: the largest sampling rate
-    B/n (the loader's shuffled batches accounted as Poisson sampling at that rate, the usual practice)."""
-    B = cfg.train.batch_size or cfg.data.batch_size
-    return min(1.0, B / n_min), cfg.train.epochs * math.ceil(n_min / B)
+def _checked(upload: Upload, covered: frozenset[str] | set[str], mechanism: str, client: int) -> Upload:
+    """``upload``, unless it holds a tensor that ``mechanism`` does not cover (:class:`PrivacyLeak`)."""
+    leaked = sorted(set(upload.tensors) - set(covered))
+    if leaked:
+        raise PrivacyLeak(f"client {client}'s upload holds {', '.join(map(repr, leaked))}, which {_KEY}.mechanism="
+                          f"{mechanism} neither clips nor noises: the method's privacy coverage is wrong")
+    return upload
 
 
-def _calibrated(p: PrivacyConfig, parts: list[tuple[float, int]], rounds: int) -> float:
+def _guarantee(mechanism: str) -> dict[str, str]:
+    """The unit, the neighbouring relation and the trust model of a mechanism's ε (summary.json)."""
+    if mechanism == "dp_fedavg":
+        return {"unit": "user", "relation": "add/remove one client's whole data set",
+                "trust": "central: the server sees the clipped updates; the noise protects against everyone who "
+                         "sees the global model"}
+    return {"unit": "record", "relation": "add/remove one training record (image, label)",
+            "trust": "local: the server sees only noised statistics" if mechanism == "statistics_local" else
+            "central: the server sees each client's clipped statistics; the noise on their sum protects against "
+            "everyone who sees the result"}
+
+
+def sgd_parts(client_sizes: list[int], batch_size: int, epochs: int) -> list[tuple[float, int]]:
+    """Each client's DP-SGD (q_k, steps_k) per round — q_k = min(1, B/n_k), epochs·⌈n_k/B⌉ steps (its shuffled
+    batches accounted as Poisson sampling at q_k) — less every client another dominates (a rate and a step count
+    no larger: its ε is no larger), in decreasing rate. The worst-off client is among them; ε is monotone in both
+    (e.g. B = 64: n = 65 takes 2 steps at q ≈ 0.98 and spends more than n = 64's 1 step at q = 1)."""
+    pairs = {(min(1.0, batch_size / n), epochs * math.ceil(n / batch_size)) for n in client_sizes if n > 0}
+    front = [a for a in pairs if not any(b != a and b[0] >= a[0] and b[1] >= a[1] for b in pairs)]
+    return sorted(front, reverse=True)
+
+
+def _compositions(parts: list[tuple[float, int]], sgd: list[tuple[float, int]]) -> list[_Parts]:
+    """One composition per unit to account: the release alone, or with each undominated client's DP-SGD."""
+    return [tuple(parts)] if not sgd else [(*parts, s) for s in sgd]
+
+
+def _calibrated(p: PrivacyConfig, compositions: list[_Parts], rounds: int) -> float:
+    """The smallest σ that meets ε for every composition: the largest of their own calibrated σ (each ε falls
+    with σ)."""
     from fl_lightning.privacy.accountant import noise_multiplier
 
     try:
-        return noise_multiplier(p.epsilon, delta=p.delta, accountant=p.accountant,
-                                parts=[(q, steps * rounds) for q, steps in parts])
+        return max(noise_multiplier(p.epsilon, delta=p.delta, accountant=p.accountant,
+                                    parts=[(q, steps * rounds) for q, steps in composition])
+                   for composition in compositions)
     except ValueError as err:
         raise ConfigError(f"{_KEY}.epsilon", p.epsilon, f"a target some noise reaches ({err})") from None

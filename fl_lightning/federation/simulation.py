@@ -55,6 +55,7 @@ from fl_lightning.federation.launch import check_launcher
 from fl_lightning.federation.precision import check_precision
 from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients, seed_torch
 from fl_lightning.federation.privacy import FederationPrivacy
+from fl_lightning.federation.privacy_coverage import check_privacy_coverage
 from fl_lightning.federation.round_store import HOLD_BYTES, ClientRecord, RoundResult, RoundStore
 from fl_lightning.federation.run_folder import (check_shared_run_folder, write_metrics_csv, write_summary,
                                                write_text_atomic)
@@ -171,6 +172,7 @@ class Simulation:
         from fl_lightning.callbacks import default_callbacks, default_loggers
 
         check_precision(cfg, ALGORITHMS[cfg.algorithm])  # a *-true precision the method cannot run in
+        check_privacy_coverage(cfg, ALGORITHMS[cfg.algorithm])  # no ε for what the mechanism would not protect
         ALGORITHMS[cfg.algorithm].preflight(cfg)  # fail in seconds, before Fabric prints or launches anything
         self.launcher = check_launcher(cfg.federation.devices, cfg.federation.num_nodes)
         self.cfg, self.resume = cfg, resume
@@ -372,13 +374,20 @@ class Simulation:
                result: RoundResult) -> tuple[dict, dict[str, Any], RoundResult]:
         """The server's aggregate (reading the uploads back in client order) and evaluation: the new state, the
         round's metrics row and the round's client records (the small numbers, for every rank's history)."""
-        uploads, dp = store.uploads(result.succeeded), self._privacy
-        if dp is not None:  # DP-FedAvg's clipping, central DP's noise on the sum (federation/privacy.py)
-            uploads = dp.server_uploads(uploads, run.state, round_idx)
-        state = algorithm.aggregate(round_idx, run.state, uploads, result.failures, plan)
-        if dp is not None:
-            state = dp.noised_state(state, round_idx)
+        state = self._aggregate(algorithm, run, store, round_idx, plan, result)
         return state, {"round": round_idx, **algorithm.evaluate(state)}, result
+
+    def _aggregate(self, algorithm: Algorithm, run: RunState, store: RoundStore, round_idx: int, plan: RoundPlan,
+                   result: RoundResult) -> dict:
+        """The method's aggregate of the round's uploads, through the run's privacy: the one path of every rank
+        count and every serve (DP-FedAvg's clipping, fixed denominator and noise; central DP's noise on the sum;
+        the checks that no uncovered tensor and no client's count reaches the aggregate: federation/privacy.py)."""
+        uploads, dp = store.uploads(result.succeeded), self._privacy
+        if dp is None:
+            return algorithm.aggregate(round_idx, run.state, uploads, result.failures, plan)
+        state = algorithm.aggregate(round_idx, run.state, dp.server_uploads(uploads, run.state, round_idx),
+                                    result.failures, plan)
+        return dp.noised_state(state, round_idx)
 
     def _shared_serve(self, algorithm: Algorithm, env: Environment, run: RunState, store: RoundStore, round_idx: int,
                       plan: RoundPlan, result: RoundResult) -> tuple[dict, dict[str, Any], RoundResult]:
@@ -404,19 +413,19 @@ class Simulation:
                 return state, row, result
         else:  # (named as the one-broadcast phase: rank 1 waits here for the aggregate, then evaluates)
             state, result = self._state_from_server(
-                lambda: (algorithm.aggregate(round_idx, run.state, store.uploads(result.succeeded), result.failures,
-                                             plan), result), run.state, f"round {round_idx}'s aggregate and evaluation")
+                lambda: (self._aggregate(algorithm, run, store, round_idx, plan, result), result), run.state,
+                f"round {round_idx}'s aggregate and evaluation")
         row = everyone(fabric, partial(self._shared_evaluation, algorithm, env, state, round_idx),
                        what=f"round {round_idx}'s evaluation", timeout_s=timeout_s)
         return state, row, result
 
-    @staticmethod
-    def _shared_aggregate(algorithm: Algorithm, env: Environment, run: RunState, store: RoundStore, round_idx: int,
-                          plan: RoundPlan, result: RoundResult) -> dict:
-        """This rank's part of a shared aggregate (the uploads from the round's files; ``env.shared`` set)."""
+    def _shared_aggregate(self, algorithm: Algorithm, env: Environment, run: RunState, store: RoundStore,
+                          round_idx: int, plan: RoundPlan, result: RoundResult) -> dict:
+        """This rank's part of a shared aggregate (the uploads from the round's files; ``env.shared`` set); rank 0's
+        state, privacy included, is the one every rank keeps."""
         env.shared = True
         try:
-            return algorithm.aggregate(round_idx, run.state, store.uploads(result.succeeded), result.failures, plan)
+            return self._aggregate(algorithm, run, store, round_idx, plan, result)
         finally:
             env.shared = False
 

@@ -1,15 +1,18 @@
 """User-level DP-FedAvg (McMahan et al. 2018, "Learning differentially private recurrent language models",
-Alg. 1 with the fixed-denominator estimator; the clipping of Abadi et al. 2016, Eq. (3), per user):
+Alg. 1 with the fixed-denominator estimator f̃_f; the clipping of Abadi et al. 2016, Eq. (3), per user):
 
     Δ_k      = w_k − w_t                                  (client k's update from the global state)
     Δ̃_k      = Δ_k · min(1, S / ‖Δ_k‖₂)                   (clipped: one user moves the sum by ≤ S)
-    w_{t+1}  = w_t + (1/m) Σ_k Δ̃_k + N(0, (σ S / m)² I)    (Gaussian mechanism on the mean of m updates)
+    w_{t+1}  = w_t + (1/D) Σ_k Δ̃_k + N(0, (σ S / D)² I)    (Gaussian mechanism on the sum, divided by D)
 
-‖Δ_k‖₂ is the norm over every floating-point tensor the client shares with the global state, jointly.
-A key that only some clients send (FeDiSyn's depth-aware LoRA: block l over the m_l devices that trained it)
-is averaged over its m_l holders and gets noise of std σ S / m_l: rescaling each key's mean by m_l is an
-invertible linear map onto the per-key sums, each of which moves by at most S per user, with noise σ S —
-so the guarantee is that of the Gaussian mechanism on the sum.
+D is fixed before the round — McMahan et al.'s qW with every user's weight 1: the expected number of uploads —
+never the number that arrived. Under add/remove of one user the sum moves by at most S, so the noise multiplier
+of the released w_{t+1} is σ. Dividing by the realized m instead (a plain mean) lets one user move the output
+by up to 2S/m (its update, and the 1/m → 1/(m+1) reweighting of everyone else's), which halves the effective σ.
+
+‖Δ_k‖₂ is the norm over every floating-point tensor the client shares with the global state, jointly. A key
+that only m_key < D clients send is divided by D too: its (1/D) Σ over its holders is the same Gaussian
+mechanism on the per-key sums (the sums, jointly, move by at most S per user).
 
 Pure functions on tensors (no config, no files, no global RNG).
 """
@@ -22,7 +25,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-__all__ = ["shared_keys", "update_norm", "clip_update", "add_mean_noise"]
+__all__ = ["shared_keys", "update_norm", "clip_update", "private_mean"]
 
 
 def shared_keys(global_state: Mapping[str, Tensor], tensors: Mapping[str, Tensor]) -> list[str]:
@@ -66,27 +69,42 @@ def clip_update(global_state: Mapping[str, Tensor], tensors: Mapping[str, Tensor
     return out, norm
 
 
-def add_mean_noise(state: Mapping[str, Tensor], holders: Mapping[str, int], *, noise_multiplier: float,
-                   clip_norm: float, generator: torch.Generator) -> dict[str, Tensor]:
-    """The mean with the Gaussian mechanism's noise: ``state[key] + N(0, (σ S / m_key)²)`` for each averaged key.
+def private_mean(previous: Mapping[str, Tensor], mean: Mapping[str, Tensor], holders: Mapping[str, int], *,
+                 denominator: int, noise_multiplier: float, clip_norm: float,
+                 generator: torch.Generator) -> dict[str, Tensor]:
+    """The fixed-denominator estimate with the Gaussian mechanism's noise, from the method's plain mean.
+
+    For each averaged key, ``w_t + (m_key / D) (mean − w_t) + N(0, (σ S / D)²)``: the method's mean over its
+    m_key holders turned back into their sum, divided by D (module docstring). With m_key = D (every planned
+    client uploaded) this is ``mean + noise``, and with σ = 0 the mean itself, bit for bit.
 
     Args:
-        state: the aggregate (the mean of the clipped updates) per key.
+        previous: w_t, the state the round started from.
+        mean: the method's aggregate, the (unweighted) mean of the clipped uploads per key.
         holders: m_key, how many uploads held each averaged key (keys not listed are returned as they are).
+        denominator: D >= 1, fixed before the round (the expected number of uploads).
         noise_multiplier: σ >= 0.
         clip_norm: S (finite when σ > 0).
         generator: a CPU generator the noise is drawn from (keys in sorted order).
     """
-    out = dict(state)
-    if noise_multiplier == 0.0:
-        return out
-    if not math.isfinite(clip_norm):
-        raise ValueError("noise needs a finite clip norm (the sensitivity of the mean is S/m)")
+    if denominator < 1:
+        raise ValueError(f"the denominator must be >= 1, got {denominator!r}")
+    if noise_multiplier > 0.0 and not math.isfinite(clip_norm):
+        raise ValueError("noise needs a finite clip norm (the sensitivity of the sum is S)")
+    out = dict(mean)
     for key in sorted(holders):
-        if key not in out or holders[key] <= 0:
+        m = holders[key]
+        if key not in out or m <= 0:
             continue
         t = out[key]
-        std = noise_multiplier * clip_norm / holders[key]
-        noise = torch.randn(t.shape, generator=generator, dtype=torch.float64) * std
-        out[key] = (t.detach().double() + noise.to(t.device)).to(t.dtype)
+        value = t.detach().double()
+        if m != denominator:
+            w = previous[key].detach().double().to(t.device)
+            value = w + (value - w) * (m / denominator)
+        if noise_multiplier > 0.0:
+            std = noise_multiplier * clip_norm / denominator
+            value = value + (torch.randn(t.shape, generator=generator, dtype=torch.float64) * std).to(t.device)
+        elif m == denominator:
+            continue  # the mean as it is (no rounding through float64)
+        out[key] = value.to(t.dtype)
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 
 import pytest
 
@@ -100,30 +101,66 @@ def test_fedopal_composes_dp_sgd_of_its_prompts_with_its_statistics(tmp_path):
                           "--federation.privacy.mechanism", "statistics_central", "--federation.privacy.epsilon", "8",
                           "--federation.privacy.delta", "1e-3", "--federation.privacy.dp_sgd", "true")
     p = summary["privacy"]
-    assert p["dp_sgd"]["steps_per_round"] >= 1 and 8 * 0.99 <= p["epsilon"] <= 8
+    assert p["dp_sgd"]["worst_clients"][0]["steps_per_round"] >= 1 and 8 * 0.99 <= p["epsilon"] <= 8
     from fl_lightning.privacy.accountant import epsilon
 
     alone = epsilon(p["noise_multiplier"], q=1.0, steps=1, delta=1e-3)  # the statistics' release by itself
     assert alone < p["epsilon"]  # the prompts' DP-SGD steps cost ε too
+    # every client is accounted (its own q = B/n_k and steps): the reported ε is the worst-off client's
+    sizes = json.loads((tmp_path / "fedopal" / "partition.json").read_text())
+    sizes = [len(c) for c in (sizes["clients"] if isinstance(sizes, dict) else sizes)]
+    B = 64  # the config's data.batch_size (train.batch_size unset)
+    each = [epsilon(p["noise_multiplier"], delta=1e-3, parts=[(1.0, 1), (min(1.0, B / n), math.ceil(n / B))])
+            for n in sizes if n > 0]
+    assert max(each) == pytest.approx(p["epsilon"], rel=1e-9) and len(set(sizes)) > 1
     assert torch.isfinite(state["W"]).all() and 0 <= summary["accuracy"] <= 1
 
 
-def test_a_key_sent_by_some_clients_gets_the_noise_of_its_holders_and_other_uploads_pass():
+def test_dp_sgd_accounts_the_client_at_a_batch_boundary():
+    """B = 64: a 65-record client takes 2 steps at q = 64/65 and spends more than a 64-record one's single step at
+    q = 1 — the smallest client is not the worst-off one."""
+    from fl_lightning.federation.privacy import sgd_parts
+    from fl_lightning.privacy.accountant import epsilon
+
+    front = sgd_parts([64, 65, 200], batch_size=64, epochs=1)
+    assert (1.0, 1) in front and (64 / 65, 2) in front and all(s <= 4 for _, s in front)
+    eps = {n: epsilon(2.0, delta=1e-5, parts=[(1.0, 1), (min(1.0, 64 / n), math.ceil(n / 64))]) for n in (64, 65)}
+    assert eps[65] > eps[64]
+
+
+def test_dp_fedavg_divides_by_the_planned_clients_and_refuses_what_it_does_not_cover():
     from fl_lightning.config import PrivacyConfig
-    from fl_lightning.federation.privacy import FederationPrivacy
+    from fl_lightning.federation.privacy import FederationPrivacy, PrivacyLeak
     from fl_lightning.federation.transport import Upload
 
-    dp = FederationPrivacy(PrivacyConfig(mechanism="dp_fedavg", noise_multiplier=1.0, delta=0.01), seed=0,
-                           rounds=1, parts=[(1.0, 1)], noise_multiplier=1.0)
+    dp = FederationPrivacy(PrivacyConfig(mechanism="dp_fedavg", noise_multiplier=1.0, delta=0.01,
+                                         reproducible_noise=True), seed=0, rounds=1, parts=[(1.0, 1)],
+                           noise_multiplier=1.0, denominator=3)
     zeros = torch.zeros(4000)
-    state = {"a": zeros, "b": zeros}
-    uploads = {0: Upload({"a": zeros + 1e-3, "b": zeros + 1e-3}, {"num_samples": 5}),
-               1: Upload({"a": zeros + 2e-3}, {"num_samples": 9}),
-               2: Upload({"latents": torch.ones(3)}, {"num_samples": 7})}  # nothing averaged: as it is
+    state = {"a": zeros, "b": zeros, "steps": torch.tensor(4)}
+    uploads = {0: Upload({"a": zeros + 1e-3, "b": zeros + 1e-3, "steps": torch.tensor(9)}, {"num_samples": 5}),
+               1: Upload({"a": zeros + 2e-3}, {"num_samples": 9, "secret": 3})}
     view = dp.server_uploads(uploads, state, round_idx=0)
-    assert view[2] is uploads[2] and view[0].meta["num_samples"] == 1 and uploads[0].meta["num_samples"] == 5
+    assert view[0].meta == {"num_samples": 1} and view[1].meta == {"num_samples": 1}  # no client's number
+    assert uploads[0].meta["num_samples"] == 5 and int(view[0].tensors["steps"]) == 4  # the server's own buffer
     for _ in range(2):  # a method may read the uploads twice: each client counts once
         list(view.values())
     out = dp.noised_state({"a": zeros, "b": zeros}, round_idx=0)
-    assert out["a"].std().item() == pytest.approx(1.0 / 2, rel=0.05)  # σS/m with m = 2 holders of "a"
-    assert out["b"].std().item() == pytest.approx(1.0 / 1, rel=0.05)  # one holder of "b"
+    for key in ("a", "b"):  # σS/D with D = 3 planned clients, however many held the key
+        assert out[key].std().item() == pytest.approx(1.0 / 3, rel=0.05)
+    leaky = dp.server_uploads({2: Upload({"a": zeros, "latents": torch.ones(3)}, {"num_samples": 7})}, state, 0)
+    with pytest.raises(PrivacyLeak, match="client 2's upload holds 'latents'"):
+        leaky[2]
+
+
+def test_the_noise_comes_from_os_entropy_unless_asked_to_be_reproducible():
+    from fl_lightning.config import PrivacyConfig
+    from fl_lightning.federation.privacy import FederationPrivacy
+
+    def draw(reproducible: bool) -> torch.Tensor:
+        dp = FederationPrivacy(PrivacyConfig(mechanism="dp_fedavg", noise_multiplier=1.0, delta=0.01,
+                                             reproducible_noise=reproducible), seed=0, rounds=1, parts=[(1.0, 1)],
+                               noise_multiplier=1.0)
+        return torch.randn(8, generator=dp._generator(0, 0))
+
+    assert torch.equal(draw(True), draw(True)) and not torch.equal(draw(False), draw(False))

@@ -1,4 +1,5 @@
-"""DP-FedAvg's clipping bounds a user's influence; its noise has the Gaussian mechanism's std σS/m."""
+"""DP-FedAvg's clipping bounds a user's influence; the fixed denominator D makes its noise σS/D the Gaussian
+mechanism's on the sum, whatever number of uploads arrived."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import pytest
 import torch
 
-from fl_lightning.privacy.dp_fedavg import add_mean_noise, clip_update, update_norm
+from fl_lightning.privacy.dp_fedavg import clip_update, private_mean, update_norm
 
 
 def _state(seed: int, scale: float = 1.0) -> dict[str, torch.Tensor]:
@@ -39,13 +40,25 @@ def test_an_update_within_the_norm_is_returned_bit_for_bit():
     assert norm > 0 and all(out[k] is up[k] for k in up)
 
 
-def test_noise_on_the_mean_has_std_sigma_S_over_m():
-    sigma, S, draws = 1.3, 0.7, 4000
-    state = {"w": torch.zeros(draws, 8), "half": torch.zeros(draws, 8)}
-    out = add_mean_noise(state, {"w": 5, "half": 2}, noise_multiplier=sigma, clip_norm=S,
-                         generator=torch.Generator().manual_seed(0))
-    for key, m in (("w", 5), ("half", 2)):
-        assert out[key].std().item() == pytest.approx(sigma * S / m, rel=0.03)
-        assert abs(out[key].mean().item()) < 4 * sigma * S / m / math.sqrt(out[key].numel())
-    assert add_mean_noise(state, {"w": 5}, noise_multiplier=0.0, clip_norm=math.inf,
-                          generator=torch.Generator())["w"] is state["w"]
+def test_noise_on_the_estimate_has_std_sigma_S_over_the_fixed_denominator():
+    sigma, S, draws, D = 1.3, 0.7, 4000, 5
+    zeros = {"w": torch.zeros(draws, 8), "half": torch.zeros(draws, 8)}
+    out = private_mean(zeros, zeros, {"w": 5, "half": 2}, denominator=D, noise_multiplier=sigma, clip_norm=S,
+                       generator=torch.Generator().manual_seed(0))
+    for key in ("w", "half"):  # σS/D for every key: a key two clients hold is not noised as if D were 2
+        assert out[key].std().item() == pytest.approx(sigma * S / D, rel=0.03)
+        assert abs(out[key].mean().item()) < 4 * sigma * S / D / math.sqrt(out[key].numel())
+    assert private_mean(zeros, zeros, {"w": 5}, denominator=5, noise_multiplier=0.0, clip_norm=math.inf,
+                        generator=torch.Generator())["w"] is zeros["w"]
+
+
+def test_the_estimate_is_the_sum_over_the_fixed_denominator_not_the_mean_of_the_arrivals():
+    """Two of D = 4 planned clients arrive with updates 1 and 3 from w_t = 10: (1 + 3)/4 = 1 from w_t, not their
+    mean 2; one user then moves the estimate by its clipped update / D, whoever else arrived."""
+    previous, mean = {"w": torch.full((3,), 10.0)}, {"w": torch.full((3,), 12.0)}
+    out = private_mean(previous, mean, {"w": 2}, denominator=4, noise_multiplier=0.0, clip_norm=1.0,
+                       generator=torch.Generator())
+    assert torch.allclose(out["w"], torch.full((3,), 11.0))
+    with pytest.raises(ValueError, match="denominator"):
+        private_mean(previous, mean, {"w": 2}, denominator=0, noise_multiplier=0.0, clip_norm=1.0,
+                     generator=torch.Generator())

@@ -26,6 +26,7 @@ from fl_lightning.algorithms.synthetic_family.synthesis import (
 )
 from fl_lightning.federation.algorithm import register
 from fl_lightning.federation.stages import Stage
+from fl_lightning.config import RunConfig
 
 __all__ = ["FeDiSyn", "FeDiSynConfig"]
 
@@ -40,6 +41,13 @@ class FeDiSyn(FeDiSynFamily):
     """FeDiSyn: feature-guided synthesis, then LoRA fine-tuning with CLC and WFBA (see the module docstring)."""
 
     config_class = FeDiSynConfig
+
+    @classmethod
+    def privacy_gap(cls, cfg: RunConfig) -> str | None:
+        """federation.privacy: not covered."""
+        return ("its synthesis round uploads class latents, counts and the number of centroids whose ε holds only "
+                "under assumptions (docs/privacy.md, 'FeDiSyn's latents'), and its LoRA uploads carry per-block "
+                "gradient contributions in the clear")
     _synthesis = {"feature_guided": FeatureGuidedSynthesis, "text_only": TextOnlySynthesis}  # by `generation`
 
     @classmethod
