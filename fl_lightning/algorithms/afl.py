@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from lightning.fabric import Fabric
@@ -60,7 +60,9 @@ from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.models.backbones import ViTBackbone
 from fl_lightning.modules.statistics import collect_statistics
 from fl_lightning.federation.privacy_coverage import statistics_only
-from fl_lightning.config import RunConfig
+
+if TYPE_CHECKING:
+    from fl_lightning.config import RunConfig
 
 __all__ = ["AFL", "AFLConfig"]
 

@@ -18,7 +18,7 @@ Config: the ``caff:`` section holds the keys of its two stages (``pretrain_model
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from fl_lightning.algorithms.synthetic_family.family import FeDiSynFamily
 from fl_lightning.algorithms.synthetic_family.config import SystemsConfig
@@ -29,7 +29,9 @@ from fl_lightning.algorithms.synthetic_family.finetune import (
     LoRAFineTuningConfig,
 )
 from fl_lightning.federation.algorithm import register
-from fl_lightning.config import RunConfig
+
+if TYPE_CHECKING:
+    from fl_lightning.config import RunConfig
 
 __all__ = ["CAFF", "CAFFConfig", "CAFFSystemsConfig"]
 

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
@@ -52,7 +52,9 @@ from torch import Tensor, nn
 from fl_lightning.algorithms.dense import DENSE, DENSEConfig
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import register
-from fl_lightning.config import RunConfig
+
+if TYPE_CHECKING:
+    from fl_lightning.config import RunConfig
 
 __all__ = ["CoBoosting", "CoBoostingConfig"]
 

@@ -69,7 +69,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -81,7 +81,9 @@ from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, RoundHistory, RoundPlan, State, register
 from fl_lightning.federation.collectives import gathered
 from fl_lightning.federation.transport import Download, Upload
-from fl_lightning.config import RunConfig
+
+if TYPE_CHECKING:
+    from fl_lightning.config import RunConfig
 
 __all__ = ["ClipGradNorm", "DENSE", "DENSEConfig"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.fabric import Fabric
@@ -35,7 +35,9 @@ from fl_lightning.federation.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.modules.linear_probe import LinearProbe
 from fl_lightning.federation.privacy_coverage import weights_only
-from fl_lightning.config import RunConfig
+
+if TYPE_CHECKING:
+    from fl_lightning.config import RunConfig
 
 __all__ = ["FedAvg", "FedAvgConfig"]
 

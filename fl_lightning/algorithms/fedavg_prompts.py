@@ -30,9 +30,9 @@ from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.federation.privacy_coverage import weights_only
-from fl_lightning.config import RunConfig
 
 if TYPE_CHECKING:
+    from fl_lightning.config import RunConfig
     from lightning.fabric import Fabric
 
 __all__ = ["FedAvgPrompts", "FedAvgPromptsConfig"]

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
@@ -52,7 +52,9 @@ from fl_lightning.feature_gaussians import COVARIANCES, gaussian_head
 from fl_lightning.federation.algorithm import Client, RoundPlan, State, register
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.federation.privacy_coverage import statistics_only
-from fl_lightning.config import RunConfig
+
+if TYPE_CHECKING:
+    from fl_lightning.config import RunConfig
 
 __all__ = ["FedCGS", "FedCGSConfig"]
 

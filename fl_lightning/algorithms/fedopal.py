@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from torch import Tensor, nn
 
@@ -49,7 +49,9 @@ from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.models.backbones import ViTBackbone
 from fl_lightning.models.vpt import PromptedViT
 from fl_lightning.modules.prompt_tuning import PromptTuningModule
-from fl_lightning.config import RunConfig
+
+if TYPE_CHECKING:
+    from fl_lightning.config import RunConfig
 
 __all__ = ["FedOPAL", "FedOPALConfig", "AnalyticStage", "PromptTrainer", "StatisticsCollector", "StatisticsSolver",
            "PromptTuning", "PromptsWithStatistics", "Statistics", "aggregate_prompts"]

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -87,7 +87,9 @@ from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, RoundPlan, State, register
 from fl_lightning.federation.stages import Stage
 from fl_lightning.federation.transport import Download, Upload
-from fl_lightning.config import RunConfig
+
+if TYPE_CHECKING:
+    from fl_lightning.config import RunConfig
 
 __all__ = ["FedOPALPlus", "FedOPALPlusConfig", "CoveringPrompts", "CoveringPromptsWithStatistics",
            "ValidatedStatistics", "covering_clients", "aggregate_prompts", "HEADS", "STATISTICS_SETS"]

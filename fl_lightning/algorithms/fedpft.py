@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from lightning.fabric import Fabric
@@ -67,7 +67,9 @@ from fl_lightning.federation.algorithm import (
 )
 from fl_lightning.federation.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
-from fl_lightning.config import RunConfig
+
+if TYPE_CHECKING:
+    from fl_lightning.config import RunConfig
 
 __all__ = ["FedPFT", "FedPFTConfig"]
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -38,7 +38,9 @@ from fl_lightning.algorithms.gptfl import FullFedAvg, FullFedAvgConfig
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, register
 from fl_lightning.federation.transport import Download, Upload
-from fl_lightning.config import RunConfig
+
+if TYPE_CHECKING:
+    from fl_lightning.config import RunConfig
 
 __all__ = ["FGL", "FGLConfig", "CaptionConfig", "CaptionSynthesis", "pack_captions", "unpack_captions"]
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -44,7 +44,9 @@ from fl_lightning.federation.algorithm import Client, State, register
 from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.models.lora import is_lora_param, lora_bits_per_layer
-from fl_lightning.config import RunConfig
+
+if TYPE_CHECKING:
+    from fl_lightning.config import RunConfig
 
 __all__ = ["GPTFL", "GPTFLConfig", "FullFedAvg", "FullFedAvgConfig", "FullFedAvgSystemsConfig"]
 

@@ -22,7 +22,7 @@ Config: the ``sflf:`` section holds the keys of its two stages (``pretrain_model
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from fl_lightning.algorithms.synthetic_family.family import FeDiSynFamily
 from fl_lightning.algorithms.synthetic_family.config import SystemsConfig
@@ -33,7 +33,9 @@ from fl_lightning.algorithms.synthetic_family.finetune import (
     LoRAFineTuningConfig,
 )
 from fl_lightning.federation.algorithm import register
-from fl_lightning.config import RunConfig
+
+if TYPE_CHECKING:
+    from fl_lightning.config import RunConfig
 
 __all__ = ["SFLF", "SFLFConfig", "SFLFSystemsConfig"]
 

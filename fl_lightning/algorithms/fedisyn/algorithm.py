@@ -15,6 +15,8 @@ CAFF, GPT-FL and FGL); this file declares FeDiSyn's section and its two stages.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass
 
 from fl_lightning.algorithms.synthetic_family.family import FeDiSynFamily
@@ -26,7 +28,9 @@ from fl_lightning.algorithms.synthetic_family.synthesis import (
 )
 from fl_lightning.federation.algorithm import register
 from fl_lightning.federation.stages import Stage
-from fl_lightning.config import RunConfig
+
+if TYPE_CHECKING:
+    from fl_lightning.config import RunConfig
 
 __all__ = ["FeDiSyn", "FeDiSynConfig"]
 
