@@ -203,6 +203,9 @@ class PrivacyConfig:
     # grad_clip_norm, noise σ·grad_clip_norm per step, the same σ as the statistics', calibrated to ε jointly
     dp_sgd: bool = False
     grad_clip_norm: float = 1.0
+    # DP-SGD's Poisson sampling rate q (public: each record in each step's lot with probability q, ⌈1/q⌉ steps an
+    # epoch, the noisy sum divided by q·N/K); null: q = min(1, B·K/N), B the training batch size
+    sampling_rate: float | None = None
     # the noise's source: false (default) — OS entropy, never recorded (no one with config.yaml can replay and
     # subtract it); true — generators seeded from (seed, round, client), for tests and exact resume only: the run's
     # summary then warns that its noise can be regenerated and its ε does not hold against whoever has the seed
@@ -224,6 +227,8 @@ class PrivacyConfig:
         check(not self.dp_sgd or self.mechanism.startswith("statistics"), "dp_sgd", self.dp_sgd,
               "false unless mechanism is statistics_local or statistics_central (record-level DP)")
         check(0 < self.grad_clip_norm < math.inf, "grad_clip_norm", self.grad_clip_norm, "a finite float > 0")
+        check(self.sampling_rate is None or 0 < self.sampling_rate <= 1, "sampling_rate", self.sampling_rate,
+              "a float in (0, 1] or null (DP-SGD's Poisson sampling rate)")
 
 
 @dataclass

@@ -282,11 +282,11 @@ class FedOPAL(StagedAlgorithm, AFL):
         self.module.head.load_state_dict(self._head_init)
         if self.cfg.train.epochs == 0 or client.num_samples == 0:
             return
+        dp_sgd = self.env.dp_sgd(round_idx, client)  # federation.privacy.dp_sgd: Poisson lots (docs/privacy.md)
         loader = self.env.loader(client.dataset, shuffle=True, batch_size=self.cfg.train.batch_size,
-                                 seed=client_seed(self.cfg.seed, round_idx, client.index))
+                                 seed=client_seed(self.cfg.seed, round_idx, client.index), dp_sgd=dp_sgd)
         proximal = ProximalCallback(mu=self.config.mu, reference={PromptTuningModule.prompt_parameter_name: p_init})
-        fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs, callbacks=[proximal],
-                  dp_sgd=self.env.dp_sgd(round_idx, client))  # federation.privacy.dp_sgd (docs/privacy.md)
+        fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs, callbacks=[proximal], dp_sgd=dp_sgd)
 
     # -- server ----------------------------------------------------------------------------------
     def evaluate(self, state: State) -> dict[str, Any]:

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from fl_lightning.config import RunConfig
     from fl_lightning.data.loader import LoaderSettings
     from fl_lightning.data.registry import DatasetSplits
+    from fl_lightning.federation.local_training import DPSGD
 
 __all__ = ["Algorithm", "Client", "Environment", "InputSpec", "NoConfig", "RoundHistory", "RoundPlan", "register",
            "ALGORITHMS", "RENAMED", "State"]
@@ -137,7 +138,7 @@ class Environment:
     one_train_loader: bool = False
     _passes: Any = field(default=None, init=False, repr=False)
 
-    def dp_sgd(self, round_idx: int, client: Client) -> Any:
+    def dp_sgd(self, round_idx: int, client: Client) -> DPSGD | None:
         """The DP-SGD settings of ``client``'s local training (``fit_local(dp_sgd=...)``), or None."""
         return None if self.privacy is None else self.privacy.dp_sgd(round_idx, client.index)
 
@@ -150,8 +151,13 @@ class Environment:
         counts = np.bincount(self.splits.train_targets[idx], minlength=self.num_classes)
         return Client(index, Subset(self.splits.train, idx.tolist()), len(idx), counts)
 
-    def loader(self, dataset: Dataset, *, shuffle: bool, seed: int = 0, batch_size: int | None = None) -> Any:
+    def loader(self, dataset: Dataset, *, shuffle: bool, seed: int = 0, batch_size: int | None = None,
+               dp_sgd: DPSGD | None = None) -> Any:
         """A DataLoader on this rank; shuffling from its own seeded generator (never the global RNG).
+
+        With ``dp_sgd`` (:meth:`dp_sgd`'s settings), DP-SGD's Poisson-sampled lots instead
+        (:class:`~fl_lightning.privacy.poisson_sampling.PoissonBatches`; ``shuffle``, ``seed`` and ``batch_size`` are
+        not used: the rate and the step count are the privacy's, the draws come from its noise source).
 
         With workers (``data.num_workers``), a client's rows of the training split (``client.dataset``) are read
         through one loader kept for the run (:class:`~fl_lightning.data.loader.ClientPasses`): the same batches as
@@ -165,6 +171,8 @@ class Environment:
         batch_size = batch_size or self.cfg.data.batch_size
         float_part = float_part_of(dataset) if loading.normalize_on_device else None
         collate_fn = collate if float_part is None else collate_uint8
+        if dp_sgd is not None:
+            return self._poisson_loader(dataset, dp_sgd, collate_fn, float_part)
         if (loading.num_workers > 0 and self.one_train_loader and isinstance(dataset, Subset)
                 and dataset.dataset is self.splits.train):
             if self._passes is None:
@@ -181,6 +189,23 @@ class Environment:
                                 persistent_workers=False, collate_fn=collate_fn)
         return loader if float_part is None else DeviceFloatPart(loader, device=self.fabric.device,
                                                                  float_part=float_part)
+
+    def _poisson_loader(self, dataset: Dataset, dp: DPSGD, collate_fn: Callable, float_part: Callable | None) -> Any:
+        """:meth:`loader`'s DP-SGD lots: each epoch's non-empty lots read by one DataLoader (this rank's workers,
+        pinned memory and collate), finished on the device as the other loaders are."""
+        from fl_lightning.data.loader import DeviceFloatPart
+        from fl_lightning.privacy.poisson_sampling import PoissonBatches
+
+        loading = self.loader_settings()
+
+        def lots_loader(lots: list[list[int]]) -> Any:
+            loader = DataLoader(dataset, batch_sampler=lots, num_workers=loading.num_workers,
+                                pin_memory=loading.pin_memory, collate_fn=collate_fn)
+            return loader if float_part is None else DeviceFloatPart(loader, device=self.fabric.device,
+                                                                     float_part=float_part)
+
+        return PoissonBatches(len(dataset), rate=dp.sampling_rate, steps_per_epoch=dp.steps_per_epoch,
+                              generator=torch.Generator().manual_seed(dp.sampling_seed), make_loader=lots_loader)
 
     def loader_settings(self) -> LoaderSettings:
         """This rank's DataLoader settings: ``loading``, or ``data.num_workers`` & co. resolved for its device

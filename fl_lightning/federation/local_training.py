@@ -13,13 +13,17 @@ Callbacks that shape the gradient (proximal term, gradient contributions) receiv
 summed on the device (float64: the same sum as adding Python floats) and read once at the end, not
 synchronised every step.
 
-Under DP-SGD (Abadi et al. 2016, Alg. 1; ``dp_sgd``, a :class:`DPSGD`), each step's gradient is instead
+Under DP-SGD (Abadi et al. 2016, Alg. 1; ``dp_sgd``, a :class:`DPSGD`), the loader is Poisson-sampled
+(:class:`~fl_lightning.privacy.poisson_sampling.PoissonBatches`: each record in each step's lot with probability
+q) and each step's gradient is instead
 
-    g = (Σ_i g_i · min(1, C/‖g_i‖₂) + N(0, σ²C² I)) / B
+    g = (Σ_{i ∈ lot} g_i · min(1, C/‖g_i‖₂) + N(0, σ²C² I)) / L
 
-over the B samples of the batch: per-sample gradients by one backward per sample (micro-batches of one, as
-Opacus' "virtual steps"; any ``training_step`` works, at B× the backward cost), clipped jointly over the
-trainable parameters, noised from the client's own seeded generator. It runs in full precision (no loss scaler).
+with L the public expected lot size (never the lot's realised size, nor the client's record count: both depend
+on the data). An empty lot is a step of noise alone. Per-sample gradients come from one backward per sample
+(micro-batches of one, as Opacus' "virtual steps"; any ``training_step`` works, at B× the backward cost), clipped
+jointly over the trainable parameters, noised from the client's own generator. It runs in full precision (no loss
+scaler).
 """
 
 from __future__ import annotations
@@ -47,11 +51,25 @@ class LocalFitResult:
 
 @dataclass(frozen=True)
 class DPSGD:
-    """DP-SGD's settings for one client's training: per-sample clip norm C, noise multiplier σ, noise seed."""
+    """DP-SGD's settings for one client's training (module docstring), all public but the two seeds.
+
+    Attributes:
+        clip_norm: C, each sample's gradient bound.
+        noise_multiplier: σ (noise std σC on the lot's sum).
+        seed: the noise generator's seed.
+        sampling_rate: q, each record's probability of being in a step's lot.
+        steps_per_epoch: the steps of one local epoch (⌈1/q⌉: each record seen once per epoch in expectation).
+        denominator: L, the expected lot size the noisy sum is divided by.
+        sampling_seed: the lots' generator's seed (the draws must stay hidden as the noise must).
+    """
 
     clip_norm: float
     noise_multiplier: float
     seed: int
+    sampling_rate: float
+    steps_per_epoch: int
+    denominator: float
+    sampling_seed: int
 
 
 def _rows(batch: object, i: int) -> object:
@@ -65,12 +83,13 @@ def _batch_size(batch: object) -> int:
     return int(batch.shape[0]) if isinstance(batch, torch.Tensor) else _batch_size(batch[0])
 
 
-def _private_backward(fabric: Fabric, module: LightningModule, batch: object, batch_idx: int, dp: DPSGD,
-                      generator: torch.Generator) -> torch.Tensor:
-    """DP-SGD's gradient (module docstring) written into ``.grad``; returns the batch's mean loss."""
+def _private_backward(fabric: Fabric, module: LightningModule, batch: object | None, batch_idx: int, dp: DPSGD,
+                      generator: torch.Generator) -> torch.Tensor | None:
+    """DP-SGD's gradient (module docstring) written into ``.grad``; returns the lot's mean loss (None: an empty lot,
+    ``batch`` None, whose gradient is the noise alone)."""
     params = [p for p in module.parameters() if p.requires_grad]
     summed = [torch.zeros_like(p, dtype=torch.float64) for p in params]
-    B, total = _batch_size(batch), 0.0
+    B, total = (0 if batch is None else _batch_size(batch)), 0.0
     for i in range(B):
         with fabric.autocast():
             loss = module.training_step(_rows(batch, i), batch_idx)
@@ -85,8 +104,8 @@ def _private_backward(fabric: Fabric, module: LightningModule, batch: object, ba
         if dp.noise_multiplier > 0:  # σ = 0: no noise (and a clip norm of inf is then allowed)
             noise = torch.randn(p.shape, generator=generator, dtype=torch.float64)
             s = s + (noise * (dp.noise_multiplier * dp.clip_norm)).to(s.device)
-        p.grad = (s / B).to(p.dtype)
-    return torch.tensor(total / B)
+        p.grad = (s / dp.denominator).to(p.dtype)
+    return torch.tensor(total / B) if B else None
 
 
 def _optimizer(module: LightningModule) -> torch.optim.Optimizer:
@@ -117,7 +136,8 @@ def fit_local(fabric: Fabric, module: LightningModule, loader: DataLoader, *, ep
         loader: the client's data (already seeded by the caller).
         epochs: number of passes (0: no training).
         callbacks: objects with an optional ``on_after_backward(module=...)`` hook.
-        dp_sgd: DP-SGD's per-sample clipping and noise (None: plain steps).
+        dp_sgd: DP-SGD's per-sample clipping and noise (None: plain steps); ``loader`` must then be its
+            Poisson-sampled lots (``Environment.loader(..., dp_sgd=dp_sgd)``), anything else is refused.
     """
     start = time.monotonic()
     module.train()
@@ -156,20 +176,28 @@ def fit_local(fabric: Fabric, module: LightningModule, loader: DataLoader, *, ep
 
 def _fit_private(fabric: Fabric, module: LightningModule, loader: DataLoader, epochs: int,
                  optimizer: torch.optim.Optimizer, hooks: list, dp: DPSGD, start: float) -> LocalFitResult:
-    """:func:`fit_local`'s loop with DP-SGD's gradient (full precision: a loss scaler is not used)."""
+    """:func:`fit_local`'s loop with DP-SGD's gradient over Poisson-sampled lots (full precision: no loss scaler).
+    The mean loss is over the steps whose lot was not empty."""
+    from fl_lightning.privacy.poisson_sampling import PoissonBatches
+
     if fresh_grad_scaler(fabric) is not None:
         raise ValueError("DP-SGD runs in full precision: use federation.precision 32-true or bf16-mixed")
+    if not (isinstance(loader, PoissonBatches) and loader.rate == dp.sampling_rate
+            and len(loader) == dp.steps_per_epoch):
+        raise ValueError(f"DP-SGD is accounted for Poisson-sampled lots at q = {dp.sampling_rate} over "
+                         f"{dp.steps_per_epoch} steps an epoch: pass Environment.loader(..., dp_sgd=...)'s loader")
     generator = torch.Generator().manual_seed(dp.seed)
-    steps, total = 0, 0.0
+    steps, filled, total = 0, 0, 0.0
     for _ in range(epochs):
         for batch_idx, batch in enumerate(loader):
-            batch = fabric.to_device(batch)
+            batch = None if batch is None else fabric.to_device(batch)
             optimizer.zero_grad(set_to_none=True)
             loss = _private_backward(fabric, module, batch, batch_idx, dp, generator)
             for hook in hooks:  # e.g. the proximal term: data-independent, added to the private gradient
                 hook(module=module)
             optimizer.step()
             steps += 1
-            total += float(loss)
+            if loss is not None:
+                filled, total = filled + 1, total + float(loss)
     module.eval()
-    return LocalFitResult(steps, total / max(steps, 1), time.monotonic() - start)
+    return LocalFitResult(steps, total / max(filled, 1), time.monotonic() - start)

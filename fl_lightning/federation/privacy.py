@@ -26,10 +26,11 @@ whoever has the seed.
 Accounting (``fl_lightning.privacy.accountant``): DP-FedAvg composes ``rounds`` releases, each sampling a
 user with probability q = m/K (the simulator's fixed-size sample of m = round(qK) clients is accounted as
 Poisson sampling at q, the usual practice; exact at q = 1). The statistics compose one release per round
-with every record in it (q = 1) and, with ``dp_sgd``, every client's own DP-SGD steps (q_k = B/n_k,
-epochs·⌈n_k/B⌉ steps, its shuffled fixed-size batches accounted as Poisson sampling at that rate): σ is the
-smallest that keeps the worst-off client within the target, and ε is that client's. Every part is composed
-over all the method's rounds (conservative where a round releases less).
+with every record in it (q = 1) and, with ``dp_sgd``, the local DP-SGD's epochs·⌈1/q⌉ steps, each a lot
+Poisson-sampled at the public rate q (``sampling_rate``; null: B·K/N) — the same rate and step count for every
+client, fixed from public quantities (N and K, public as δ < 1/N already takes N; no client's n_k), so σ and ε
+are every client's. Every part is composed over all the method's rounds (conservative where a round releases
+less).
 """
 
 from __future__ import annotations
@@ -72,12 +73,13 @@ class FederationPrivacy:
     rounds: int
     parts: list[tuple[float, int]]  # per round: (sampling rate, releases) of the release every unit is in
     noise_multiplier: float
-    # DP-SGD's (rate, steps) per round of each client not dominated by another (the worst-off client is one)
+    # DP-SGD's (Poisson rate q, steps) per round, every client's (empty without dp_sgd)
     sgd: list[tuple[float, int]] = field(default_factory=list)
     denominator: int = 1  # dp_fedavg: D, the expected number of uploads of a round (McMahan et al.'s qW)
     # dp_fedavg: the keys each client of the round being aggregated sent (m_key counts them), and w_t
     held: dict[int, frozenset[str]] = field(default_factory=dict)
     previous: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    lot_size: float = 0.0  # dp_sgd: L = q·N/K, the public expected lot DP-SGD divides its noisy sum by
 
     @classmethod
     def of(cls, cfg: RunConfig, rounds: int, client_sizes: list[int]) -> FederationPrivacy | None:
@@ -103,26 +105,28 @@ class FederationPrivacy:
                 raise ConfigError(f"{_KEY}.clip_norm", p.clip_norm, "a finite float > 0 (features are clipped)")
             parts = [(1.0, 1)]
             if p.dp_sgd and cfg.train.epochs > 0:
-                sgd = sgd_parts(client_sizes, cfg.train.batch_size or cfg.data.batch_size, cfg.train.epochs)
-        compositions = _compositions(parts, sgd)
-        sigma = p.noise_multiplier if p.noise_multiplier is not None else _calibrated(p, compositions, rounds)
+                q = sgd_sampling_rate(p.sampling_rate, cfg.train.batch_size or cfg.data.batch_size, num_records,
+                                      cfg.partition.num_clients)
+                sgd = [(q, cfg.train.epochs * math.ceil(1 / q))]
+        sigma = p.noise_multiplier if p.noise_multiplier is not None else _calibrated(p, (*parts, *sgd), rounds)
         if sigma > 0 and math.isinf(p.clip_norm):
             raise ConfigError(f"{_KEY}.clip_norm", p.clip_norm, "a finite float > 0 when there is noise "
                                                                "(the sensitivity is the clip norm)")
-        return cls(p, cfg.seed, rounds, parts, sigma, sgd, denominator)
+        return cls(p, cfg.seed, rounds, parts, sigma, sgd, denominator,
+                   lot_size=sgd[0][0] * num_records / cfg.partition.num_clients if sgd else 0.0)
 
     # -- accounting ---------------------------------------------------------------------------------------
     def epsilon(self, releases: int) -> float:
-        """ε spent after ``releases`` rounds by the worst-off unit (inf without noise)."""
+        """ε spent after ``releases`` rounds by every unit (each client's DP-SGD has the same public q and steps; inf
+        without noise)."""
         from fl_lightning.privacy.accountant import epsilon
 
         if releases <= 0:
             return 0.0
         if self.noise_multiplier == 0.0:
             return math.inf
-        return max(epsilon(self.noise_multiplier, delta=self.config.delta, accountant=self.config.accountant,
-                           parts=[(q, steps * releases) for q, steps in composition])
-                   for composition in _compositions(self.parts, self.sgd))
+        return epsilon(self.noise_multiplier, delta=self.config.delta, accountant=self.config.accountant,
+                       parts=[(q, steps * releases) for q, steps in (*self.parts, *self.sgd)])
 
     def row(self, round_idx: int) -> dict[str, float]:
         """metrics.csv: ε spent so far (after round ``round_idx``)."""
@@ -133,10 +137,12 @@ class FederationPrivacy:
         record = {"mechanism": p.mechanism, "epsilon": spent, "target_epsilon": p.epsilon, "delta": p.delta,
                   "noise_multiplier": self.noise_multiplier, "clip_norm": p.clip_norm,
                   "sampling_rate": self.parts[0][0], "accountant": p.accountant, **_guarantee(p.mechanism),
-                  "dp_sgd": None if not p.dp_sgd else {
-                      "grad_clip_norm": p.grad_clip_norm, "accounted_per_client": True,
-                      "sampling": "each client's shuffled batches of B accounted as Poisson sampling at B/n_k",
-                      "worst_clients": [{"sampling_rate": q, "steps_per_round": s} for q, s in self.sgd]},
+                  "dp_sgd": None if not self.sgd else {
+                      "grad_clip_norm": p.grad_clip_norm, "sampling_rate": self.sgd[0][0],
+                      "steps_per_round": self.sgd[0][1], "lot_size": self.lot_size,
+                      "sampling": "Poisson: each record in each step's lot independently with probability "
+                                  "sampling_rate (public, the same for every client); the noisy sum divided by "
+                                  "lot_size"},
                   "noise_source": "reproducible (seeded from the run's seed)" if p.reproducible_noise else
                   "os entropy (never recorded)"}
         if p.mechanism == "dp_fedavg":
@@ -158,10 +164,14 @@ class FederationPrivacy:
 
     # -- the mechanisms -----------------------------------------------------------------------------------
     def dp_sgd(self, round_idx: int, client: int) -> DPSGD | None:
-        """DP-SGD's settings of one client's local training (None unless ``dp_sgd`` is on)."""
+        """DP-SGD's settings of one client's local training (None unless ``dp_sgd`` is on): every number public
+        but the noise's and the lots' seeds."""
         if not self.sgd:
             return None
-        return DPSGD(self.config.grad_clip_norm, self.noise_multiplier, self._seed(round_idx, client, _NOISE_TAG + 1))
+        q = self.sgd[0][0]
+        return DPSGD(self.config.grad_clip_norm, self.noise_multiplier, self._seed(round_idx, client, _NOISE_TAG + 1),
+                     sampling_rate=q, steps_per_epoch=math.ceil(1 / q), denominator=self.lot_size,
+                     sampling_seed=self._seed(round_idx, client, _NOISE_TAG + 2))
 
     def _statistics_std(self, tensors: Mapping[str, torch.Tensor]) -> float:
         from fl_lightning.privacy.statistics import sensitivity
@@ -265,29 +275,18 @@ def _guarantee(mechanism: str) -> dict[str, str]:
             "everyone who sees the result"}
 
 
-def sgd_parts(client_sizes: list[int], batch_size: int, epochs: int) -> list[tuple[float, int]]:
-    """Each client's DP-SGD (q_k, steps_k) per round — q_k = min(1, B/n_k), epochs·⌈n_k/B⌉ steps (its shuffled
-    batches accounted as Poisson sampling at q_k) — less every client another dominates (a rate and a step count
-    no larger: its ε is no larger), in decreasing rate. The worst-off client is among them; ε is monotone in both
-    (e.g. B = 64: n = 65 takes 2 steps at q ≈ 0.98 and spends more than n = 64's 1 step at q = 1)."""
-    pairs = {(min(1.0, batch_size / n), epochs * math.ceil(n / batch_size)) for n in client_sizes if n > 0}
-    front = [a for a in pairs if not any(b != a and b[0] >= a[0] and b[1] >= a[1] for b in pairs)]
-    return sorted(front, reverse=True)
+def sgd_sampling_rate(rate: float | None, batch_size: int, num_records: int, num_clients: int) -> float:
+    """DP-SGD's public Poisson rate q: ``rate`` as set, else min(1, B·K/N) — a lot of B expected from a client of
+    the mean size N/K. Only public numbers enter it (no client's n_k)."""
+    return rate if rate is not None else min(1.0, batch_size * num_clients / num_records)
 
 
-def _compositions(parts: list[tuple[float, int]], sgd: list[tuple[float, int]]) -> list[_Parts]:
-    """One composition per unit to account: the release alone, or with each undominated client's DP-SGD."""
-    return [tuple(parts)] if not sgd else [(*parts, s) for s in sgd]
-
-
-def _calibrated(p: PrivacyConfig, compositions: list[_Parts], rounds: int) -> float:
-    """The smallest σ that meets ε for every composition: the largest of their own calibrated σ (each ε falls
-    with σ)."""
+def _calibrated(p: PrivacyConfig, composition: _Parts, rounds: int) -> float:
+    """The smallest σ whose ε over ``rounds`` rounds of ``composition`` meets the target."""
     from fl_lightning.privacy.accountant import noise_multiplier
 
     try:
-        return max(noise_multiplier(p.epsilon, delta=p.delta, accountant=p.accountant,
-                                    parts=[(q, steps * rounds) for q, steps in composition])
-                   for composition in compositions)
+        return noise_multiplier(p.epsilon, delta=p.delta, accountant=p.accountant,
+                                parts=[(q, steps * rounds) for q, steps in composition])
     except ValueError as err:
         raise ConfigError(f"{_KEY}.epsilon", p.epsilon, f"a target some noise reaches ({err})") from None

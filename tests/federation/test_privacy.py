@@ -70,6 +70,8 @@ def test_statistics_without_noise_and_a_loose_clip_are_the_statistics_themselves
     (["--federation.privacy.epsilon", "1", "--federation.privacy.clip_norm", "0"], "federation.privacy.clip_norm"),
     (["--federation.privacy.epsilon", "1", "--federation.privacy.delta", "0.25"], "federation.privacy.delta"),
     (["--federation.privacy.mechanism", "dp_fedavg"], "federation.privacy.epsilon"),
+    (["--federation.privacy.epsilon", "1", "--federation.privacy.sampling_rate", "1.5"],
+     "federation.privacy.sampling_rate"),
 ])
 def test_bad_settings_name_their_key(override, key):
     args = ["--federation.privacy.mechanism", "dp_fedavg", "--partition.num_clients", "4", *override]
@@ -101,31 +103,41 @@ def test_fedopal_composes_dp_sgd_of_its_prompts_with_its_statistics(tmp_path):
                           "--federation.privacy.mechanism", "statistics_central", "--federation.privacy.epsilon", "8",
                           "--federation.privacy.delta", "1e-3", "--federation.privacy.dp_sgd", "true")
     p = summary["privacy"]
-    assert p["dp_sgd"]["worst_clients"][0]["steps_per_round"] >= 1 and 8 * 0.99 <= p["epsilon"] <= 8
+    assert 8 * 0.99 <= p["epsilon"] <= 8
     from fl_lightning.privacy.accountant import epsilon
 
     alone = epsilon(p["noise_multiplier"], q=1.0, steps=1, delta=1e-3)  # the statistics' release by itself
     assert alone < p["epsilon"]  # the prompts' DP-SGD steps cost ε too
-    # every client is accounted (its own q = B/n_k and steps): the reported ε is the worst-off client's
+    # every client's DP-SGD: Poisson lots at the public q = B·K/N for ⌈1/q⌉ steps an epoch, divided by q·N/K
     sizes = json.loads((tmp_path / "fedopal" / "partition.json").read_text())
     sizes = [len(c) for c in (sizes["clients"] if isinstance(sizes, dict) else sizes)]
-    B = 64  # the config's data.batch_size (train.batch_size unset)
-    each = [epsilon(p["noise_multiplier"], delta=1e-3, parts=[(1.0, 1), (min(1.0, B / n), math.ceil(n / B))])
-            for n in sizes if n > 0]
-    assert max(each) == pytest.approx(p["epsilon"], rel=1e-9) and len(set(sizes)) > 1
+    N, K, B = sum(sizes), len(sizes), 64  # B: the config's data.batch_size (train.batch_size unset)
+    q = min(1.0, B * K / N)
+    assert p["dp_sgd"]["sampling_rate"] == q and p["dp_sgd"]["steps_per_round"] == math.ceil(1 / q)
+    assert p["dp_sgd"]["lot_size"] == pytest.approx(q * N / K) and "Poisson" in p["dp_sgd"]["sampling"]
+    assert epsilon(p["noise_multiplier"], delta=1e-3, parts=[(1.0, 1), (q, math.ceil(1 / q))]) == pytest.approx(
+        p["epsilon"], rel=1e-9)
     assert torch.isfinite(state["W"]).all() and 0 <= summary["accuracy"] <= 1
 
 
-def test_dp_sgd_accounts_the_client_at_a_batch_boundary():
-    """B = 64: a 65-record client takes 2 steps at q = 64/65 and spends more than a 64-record one's single step at
-    q = 1 — the smallest client is not the worst-off one."""
-    from fl_lightning.federation.privacy import sgd_parts
-    from fl_lightning.privacy.accountant import epsilon
+def test_dp_sgd_is_calibrated_from_public_quantities_only():
+    """σ, q, the steps and the lot size depend on N, K, B and the epochs, never on how the records are split."""
+    from fl_lightning.federation.privacy import FederationPrivacy
 
-    front = sgd_parts([64, 65, 200], batch_size=64, epochs=1)
-    assert (1.0, 1) in front and (64 / 65, 2) in front and all(s <= 4 for _, s in front)
-    eps = {n: epsilon(2.0, delta=1e-5, parts=[(1.0, 1), (min(1.0, 64 / n), math.ceil(n / 64))]) for n in (64, 65)}
-    assert eps[65] > eps[64]
+    cfg = load_config(FEDOPAL, ["--federation.privacy.mechanism", "statistics_local", "--federation.privacy.epsilon",
+                                "4", "--federation.privacy.delta", "1e-4", "--federation.privacy.dp_sgd", "true",
+                                "--train.epochs", "2", "--partition.num_clients", "3"])
+    even, skewed = (FederationPrivacy.of(cfg, 1, sizes) for sizes in ([110, 110, 110], [1, 64, 265]))
+    assert (even.noise_multiplier, even.sgd, even.lot_size) == (skewed.noise_multiplier, skewed.sgd, skewed.lot_size)
+    assert even.epsilon(1) == skewed.epsilon(1) <= 4
+    q = min(1.0, cfg.data.batch_size * 3 / 330)
+    assert even.sgd == [(q, 2 * math.ceil(1 / q))] and even.lot_size == pytest.approx(q * 110)
+    dp = even.dp_sgd(0, 2)
+    assert (dp.sampling_rate, dp.steps_per_epoch, dp.denominator) == (q, math.ceil(1 / q), even.lot_size)
+    fixed = load_config(FEDOPAL, ["--federation.privacy.mechanism", "statistics_local", "--federation.privacy.epsilon",
+                                  "4", "--federation.privacy.delta", "1e-4", "--federation.privacy.dp_sgd", "true",
+                                  "--federation.privacy.sampling_rate", "0.05"])
+    assert FederationPrivacy.of(fixed, 1, [110, 110, 110]).sgd == [(0.05, fixed.train.epochs * 20)]
 
 
 def test_dp_fedavg_divides_by_the_planned_clients_and_refuses_what_it_does_not_cover():

@@ -2,7 +2,8 @@
 distinguishing test with a threshold fixed in advance, and its 95 % lower bound on ε (Clopper–Pearson,
 ``privacy/audit.py``) must stay under the ε the run reports (the PLD accountant, tight to < 1 %).
 
-DP-FedAvg as it was — the mean over the uploads that arrived, with noise σS/m — fails this audit (its noise
+DP-SGD is audited through ``fit_local`` itself, by an attacker who sees every step's model (what its accounting
+covers). DP-FedAvg as it was — the mean over the uploads that arrived, with noise σS/m — fails this audit (its noise
 multiplier was σ/2: ε ≥ 4 proved where 3.1 was reported); so does a client's record count beside noisy
 statistics (it separates add/remove neighbours alone)."""
 
@@ -13,6 +14,7 @@ import pytest
 
 pytest.importorskip("dp_accounting")  # the 'privacy' extra
 import torch
+from lightning import LightningModule
 
 from fl_lightning.config import PrivacyConfig
 from fl_lightning.federation.aggregate import WeightedMean
@@ -94,3 +96,64 @@ def test_the_statistics_hold_their_reported_epsilon_under_add_remove_of_a_record
     proved = epsilon_lower_bound(scores["with"], scores["without"], threshold=middle + 1.5 * std, delta=DELTA)
     assert proved < reported, (proved, reported)
     assert abs(float(scores["without"].mean()) - read(wire["without"])) < 5 * std / DRAWS ** 0.5  # the noise's mean 0
+
+
+class _Canary(LightningModule):
+    """One weight w; a record x's loss is w·x, so its gradient is x whatever w is (the steps do not interact)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
+
+    def training_step(self, batch, batch_idx):
+        return (self.w * batch[0]).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1.0)
+
+
+class _SeenGradients:
+    """The attacker of DP-SGD's accounting, who sees every step's model: each step's private gradient."""
+
+    def __init__(self) -> None:
+        self.seen: list[float] = []
+
+    def on_after_backward(self, module) -> None:
+        self.seen.append(float(module.w.grad))
+
+
+def test_dp_sgd_holds_its_reported_epsilon_under_add_remove_of_a_record():
+    """D: one client whose only record is a canary with gradient 10 (clipped to C); D': the client without it.
+    ``fit_local``'s DP-SGD runs its Poisson lots at q = 1/2 for ⌈1/q⌉ = 2 steps with L = 1; the attacker sees
+    each step's gradient, C·Bernoulli(q) + N(0, σ²C²) against N(0, σ²C²), and says D when the larger exceeds
+    1.75 C. Half the noise — the step from a lot divided by twice the sensitivity it was calibrated for — is
+    refuted by the same attack."""
+    from lightning.fabric import Fabric
+
+    from fl_lightning.federation.local_training import fit_local
+    from fl_lightning.privacy.poisson_sampling import PoissonBatches
+
+    sigma, C, q = 1.0, 1.0, 0.5
+    config = PrivacyConfig(mechanism="statistics_local", noise_multiplier=sigma, delta=DELTA, dp_sgd=True,
+                           grad_clip_norm=C, sampling_rate=q, accountant="pld")
+    dp = FederationPrivacy(config, seed=0, rounds=1, parts=[], noise_multiplier=sigma, sgd=[(q, 2)], lot_size=1.0)
+    fabric, reported = Fabric(accelerator="cpu", devices=1), dp.epsilon(1)
+
+    def release(records: torch.Tensor) -> float:
+        settings, seen = dp.dp_sgd(round_idx=0, client=0), _SeenGradients()  # fresh OS-entropy seeds each draw
+        lots = PoissonBatches(len(records), rate=settings.sampling_rate, steps_per_epoch=settings.steps_per_epoch,
+                              generator=torch.Generator().manual_seed(settings.sampling_seed),
+                              make_loader=lambda chosen: ([records[lot]] for lot in chosen))
+        fit_local(fabric, _Canary(), lots, epochs=1, callbacks=[seen], dp_sgd=settings)
+        assert len(seen.seen) == 2
+        return max(seen.seen)
+
+    canary = torch.full((1, 1), 10.0, dtype=torch.float64)
+    with_canary = np.array([release(canary) for _ in range(DRAWS)])
+    without = np.array([release(canary[:0]) for _ in range(DRAWS)])
+    proved = epsilon_lower_bound(with_canary, without, threshold=1.75 * C, delta=DELTA)
+    assert 0 < proved < reported, (proved, reported)
+    rng, many = np.random.default_rng(0), 10 * DRAWS
+    half = [((rng.random((many, 2)) < q) * C * present + rng.standard_normal((many, 2)) * sigma * C / 2).max(1)
+            for present in (1, 0)]
+    assert epsilon_lower_bound(*half, threshold=1.75 * C, delta=DELTA) > reported
