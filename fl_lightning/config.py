@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DataConfig", "PartitionConfig", "ModelConfig", "FederationConfig", "PrivacyConfig", "PRIVACY_MECHANISMS",
+    "ServerOptimizerConfig", "SERVER_OPTIMIZERS",
     "LocalTrainingConfig", "LoggingConfig", "RunConfig", "CORE_SECTIONS", "PRECISIONS", "ACCELERATORS",
     "load_config",
 ]  # check lives in fl_lightning.errors (method configs import it from there, not from here)
@@ -97,7 +98,8 @@ class DataConfig:
     train_split: str = "train"
     test_split: str | None = "test"  # null: a seeded 4:1 split of train_split (split_seed), as imagefolder
     image_column: str | None = None  # null: the first Image feature, else a column named image / img
-    label_column: str | None = None  # null: the first ClassLabel feature, else label / labels / fine_label / target
+    label_column: str | None = None  # null: the one ClassLabel or label / labels column (several: one named label /
+    # labels, else an error listing them), else fine_label / target / class
     # a hub id's branch, tag or commit (the snapshot read from the cache, or fetched); null: main. Not for local paths
     revision: str | None = None
 
@@ -231,6 +233,38 @@ class PrivacyConfig:
               "a float in (0, 1] or null (DP-SGD's Poisson sampling rate)")
 
 
+SERVER_OPTIMIZERS = ("fedavg", "fedavgm", "fedadagrad", "fedadam", "fedyogi")
+
+
+@dataclass
+class ServerOptimizerConfig:
+    """The server's step from the round's aggregate (docs/server_optimizers.md; federation/server_optimizer.py).
+
+    ``fedavg``: the aggregate is the new state (today's behaviour, bit for bit); ``fedavgm``, ``fedadagrad``,
+    ``fedadam``, ``fedyogi``: Flower's strategies of those names (Reddi et al., ICLR 2021), for the methods whose
+    state is the mean of their clients' weights. A null value takes Flower's default for the chosen optimizer.
+    """
+
+    name: Literal[SERVER_OPTIMIZERS] = "fedavg"  # type: ignore[valid-type]
+    lr: float | None = None  # η, the server learning rate (Flower: eta / server_learning_rate)
+    momentum: float | None = None  # fedavgm's μ (Flower: server_momentum; default 0)
+    beta_1: float | None = None  # first-moment decay (fedadagrad default 0, fedadam / fedyogi 0.9)
+    beta_2: float | None = None  # second-moment decay (fedadam / fedyogi: 0.99)
+    tau: float | None = None  # adaptivity τ (fedadagrad / fedadam: 1e-9, fedyogi: 1e-3)
+
+    def __post_init__(self) -> None:
+        check(self.lr is None or 0 < self.lr < math.inf, "lr", self.lr, "a finite float > 0 or null")
+        for key in ("momentum", "beta_1", "beta_2"):
+            value = getattr(self, key)
+            check(value is None or 0 <= value < 1, key, value, "a float in [0, 1) or null")
+        check(self.tau is None or 0 <= self.tau < math.inf, "tau", self.tau, "a finite float >= 0 or null")
+        used = {"fedavg": (), "fedavgm": ("lr", "momentum"), "fedadagrad": ("lr", "beta_1", "tau"),
+                "fedadam": ("lr", "beta_1", "beta_2", "tau"), "fedyogi": ("lr", "beta_1", "beta_2", "tau")}[self.name]
+        for key in ("lr", "momentum", "beta_1", "beta_2", "tau"):
+            check(getattr(self, key) is None or key in used, key, getattr(self, key),
+                  f"null: {self.name} has no {key} (it uses {', '.join(used) or 'none'})")
+
+
 @dataclass
 class FederationConfig:
     rounds: int = 1
@@ -273,6 +307,8 @@ class FederationConfig:
     # runs here give the same numbers either way. It changes which kernels run, so a resumed run cannot change it
     deterministic: bool = False
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)  # differential privacy (docs/privacy.md)
+    # the server's step from the aggregate: fedavg (the mean), fedavgm, fedadagrad, fedadam, fedyogi
+    server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
 
     def __post_init__(self) -> None:
         check(self.rounds >= 1, "rounds", self.rounds, "an int >= 1")

@@ -216,11 +216,11 @@ def check_data(cfg: RunConfig) -> None:
             raise ConfigError("data.revision", d.revision, f"null for the local path '{d.path}' (a revision picks a "
                               f"snapshot of a hub id; a folder or file on disk is one version)")
         return
-    from fl_lightning.models.hub import hub_snapshot, looks_like_hub_id
+    from fl_lightning.data.hf import hub_folder
+    from fl_lightning.models.hub import looks_like_hub_id
 
     if not d.download and looks_like_hub_id(d.path):
-        hub_snapshot(d.path, repo_type="dataset", download=False, key="data.path", download_key="data.download",
-                     revision=d.revision)
+        hub_folder(d.path, download=False, revision=d.revision)  # its line says no local folder is there either
 
 
 def check_model(cfg: RunConfig) -> None:
@@ -352,6 +352,9 @@ def preflight_run(cfg: RunConfig) -> None:
     from fl_lightning.federation.privacy_coverage import check_privacy_coverage
 
     check_privacy_coverage(cfg, available_algorithms()[cfg.algorithm])  # a mechanism that would not cover it
+    from fl_lightning.federation.server_optimizer import check_server_optimizer
+
+    check_server_optimizer(cfg, available_algorithms()[cfg.algorithm])  # FedAdam & co. only on averaging methods
     available_algorithms()[cfg.algorithm].preflight(cfg)
 
 

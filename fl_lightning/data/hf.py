@@ -15,12 +15,20 @@ splits carry a fingerprint (the ``datasets`` fingerprints of both splits, the co
 from and ``data.revision``), which is part of the feature cache's key. ``data.revision`` (a branch, tag or
 commit) picks a hub id's snapshot, as ``datasets.load_dataset(..., revision=)`` would.
 
-Columns: ``data.image_column`` (default: the first ``Image`` feature, else a column named ``image`` or
-``img``) and ``data.label_column`` (default: the first ``ClassLabel`` feature, else an integer or string
-column named ``label``, ``labels``, ``fine_label`` or ``target``). A ``ClassLabel`` gives the class
-names; other labels are numbered in sorted order of their values. When a column cannot be found the
-error is one line listing the split's columns. ``datasets`` is imported only here, when such a data
-set is built.
+Columns: ``data.image_column`` (default: the first ``Image`` feature, else a column named ``image``,
+``img`` or ``picture``; a column of strings or numbers is refused, whatever its name) and
+``data.label_column`` (default: the one column that can hold the labels — a ``ClassLabel`` feature, or an
+integer or string column named ``label`` / ``labels``; among several, the one named ``label`` / ``labels``
+if exactly one is; with none, an integer or string column named ``fine_label``, ``target`` or ``class``).
+A ``ClassLabel`` gives the class names; other labels are numbered in sorted order of their values. When a
+column cannot be found, or more than one could be the labels, the error is one line listing them.
+
+Bad inputs end as one line (:class:`~fl_lightning.errors.UsageError`), never a traceback: a truncated or
+garbage ``.parquet`` / ``.arrow`` file (naming the file and the folder), a ``partition.by`` column with
+nulls or of images, a path that exists neither on disk nor in the hub cache (naming the absolute path it
+looked at, and ``HF_HUB_OFFLINE`` when that stops a download). A ``partition.by`` column with one distinct
+value is a warning: the run trains centrally. ``datasets`` is imported only here, when such a data set is
+built.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,12 +47,13 @@ from torch.utils.data import Dataset
 from fl_lightning.errors import ConfigError, MissingResourceError, UsageError
 
 __all__ = ["HF_PREFIX", "HFSource", "HFImages", "build_hf_dataset", "column_values", "datasets_cache_dir",
-           "hf_shorthand"]
+           "hf_shorthand", "hub_folder"]
 
 HF_PREFIX = "hf:"  # data.name: hf:<id> is name: hf with path: <id>
 
 _IMAGE_NAMES = ("image", "img", "picture")
-_LABEL_NAMES = ("label", "labels", "fine_label", "target", "class")
+_PREFERRED_LABELS = ("label", "labels")  # a column named so wins over other ClassLabel columns (a domain, …)
+_FALLBACK_LABELS = ("fine_label", "target", "class")  # looked for only where no column above could be the labels
 _DATA_SUFFIXES = {".parquet": "parquet", ".arrow": "arrow"}
 
 
@@ -110,7 +119,25 @@ def _is_saved_to_disk(folder: Path) -> bool:
 
 
 def _load_local(path: Path, download: bool) -> Any:
-    """A ``DatasetDict`` (or one ``Dataset``) from a local folder or file."""
+    """A ``DatasetDict`` (or one ``Dataset``) from a local folder or file.
+
+    Raises:
+        UsageError: a file that is no .parquet / .arrow, a folder without data, or a damaged data file (one line
+            naming the file and ``path``).
+    """
+    try:
+        return _read_local(path, download)
+    except UsageError:
+        raise
+    except Exception as err:  # pyarrow's error, or datasets' DatasetGenerationError around it
+        damage = _damage(err)
+        if damage is None:
+            raise
+        raise UsageError(_damaged_line(path, damage)) from None
+
+
+def _read_local(path: Path, download: bool) -> Any:
+    """:func:`_load_local` without the translation of a damaged file's error."""
     import datasets
 
     if path.is_dir() and _is_saved_to_disk(path):
@@ -125,9 +152,73 @@ def _load_local(path: Path, download: bool) -> Any:
         return datasets.load_dataset(str(path), cache_dir=datasets_cache_dir(),
                                      download_mode=None if download else "reuse_dataset_if_exists")
     except (FileNotFoundError, ValueError) as err:  # "Unable to find …", "… doesn't contain any data files"
+        if _damage(err) is not None:  # pyarrow's ArrowInvalid is a ValueError too: a damaged file, said by the caller
+            raise
         reason = " ".join(str(err).split())
         raise UsageError(f"data.path '{path}' holds no data set datasets can read ({reason}); expected a folder "
                          f"written by save_to_disk, or .parquet / .arrow files") from None
+
+
+def _damage(err: BaseException) -> BaseException | None:
+    """The error in ``err``'s chain (``err``, its cause, …) that says a data file is unreadable — pyarrow's (not out
+    of memory), or the bare ``OSError`` pyarrow raises for a truncated Arrow stream — else None."""
+    import pyarrow as pa
+
+    while err is not None:
+        if isinstance(err, pa.ArrowException) and not isinstance(err, MemoryError):
+            return err
+        if type(err) is OSError and err.errno is None:  # not a system error: no space, no permission, …
+            return err
+        err = err.__cause__ or (None if err.__suppress_context__ else err.__context__)
+    return None
+
+
+def _read_through(file: Path) -> None:
+    """Read what pyarrow needs to open ``file``: a parquet file's footer, every record batch of an Arrow file
+    (memory-mapped: nothing is copied). Raises pyarrow's error (or an ``OSError``) where it is damaged."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if file.suffix == ".parquet":
+        pq.read_metadata(str(file))
+        return
+    with pa.memory_map(str(file)) as source:
+        try:  # save_to_disk and datasets' cache write the stream format
+            for _ in pa.ipc.open_stream(source):
+                pass
+        except pa.ArrowInvalid:  # … else the file format
+            source.seek(0)
+            reader = pa.ipc.open_file(source)
+            for i in range(reader.num_record_batches):
+                reader.get_batch(i)
+
+
+def _first_unreadable(path: Path) -> Path | None:
+    """``path`` (a file), or the first .parquet / .arrow file under the folder ``path``, that pyarrow cannot read."""
+    import pyarrow as pa
+
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in _DATA_SUFFIXES)
+    for file in files:
+        try:
+            _read_through(file)
+        except (pa.ArrowException, OSError):
+            return file
+    return None
+
+
+def _damaged_line(path: Path, damage: BaseException) -> str:
+    """The one line for data under ``path`` that pyarrow could not read (``damage``): the file, and what to do."""
+    reason = " ".join(str(damage).split()) or type(damage).__name__
+    bad = _first_unreadable(path)
+    if bad is None:  # a failure no single file shows (e.g. files whose schemas differ)
+        return f"data.path '{path}' cannot be read ({reason}); check its .parquet / .arrow files"
+    kind = "an Arrow" if bad.suffix == ".arrow" else "a parquet"
+    if path.is_dir() and _is_saved_to_disk(path):
+        return (f"data.path '{path}' (a save_to_disk folder) cannot be read: its file {bad} is truncated or damaged "
+                f"({reason}); write the folder again with save_to_disk")
+    where = f"data.path '{path}'" if bad == path else f"data.path '{path}': the file {bad}"
+    return (f"{where} cannot be read ({reason}); it is truncated or not {kind} file: replace it with a whole "
+            f"copy{'' if bad == path else ' or remove it'}")
 
 
 def _load(source: HFSource, download: bool) -> tuple[Any, str]:
@@ -140,15 +231,60 @@ def _load(source: HFSource, download: bool) -> tuple[Any, str]:
             raise ConfigError("data.revision", source.revision, f"null for the local path '{source.path}' (a revision "
                               f"picks a snapshot of a hub id; a folder or file on disk is one version)")
         return _load_local(local, download), str(local.resolve())
-    from fl_lightning.models.hub import hub_snapshot, looks_like_hub_id
+    from fl_lightning.models.hub import looks_like_hub_id
 
     if not looks_like_hub_id(source.path):
-        raise MissingResourceError(f"data.path '{source.path}' does not exist; give a hub id (org/name), a folder "
-                                   f"written by save_to_disk, or .parquet / .arrow files")
-
-    folder = hub_snapshot(source.path, repo_type="dataset", download=download, key="data.path",
-                          download_key="data.download", revision=source.revision)
+        raise MissingResourceError(f"data.path '{source.path}' does not exist: there is no such local file or folder "
+                                   f"({local.resolve()}); give a hub id (org/name), a folder written by save_to_disk, "
+                                   f"or .parquet / .arrow files")
+    folder = hub_folder(source.path, download=download, revision=source.revision)
     return _load_local(Path(folder), download), folder
+
+
+def hub_folder(path: str, *, download: bool, revision: str | None = None) -> str:
+    """The snapshot folder of the hub id ``path`` (``data.path``) in the hub cache, fetched first when ``download``.
+
+    Args:
+        path: a hub id (``org/name``, optionally ``@revision``) that is no local path.
+        download: allow fetching it (``data.download``).
+        revision: ``data.revision``.
+
+    Raises:
+        MissingResourceError: :func:`~fl_lightning.models.hub.hub_snapshot`'s one line, which adds that no local
+            folder of that name exists either (when ``path`` holds a separator) and which variable keeps
+            huggingface_hub offline (when one does).
+    """
+    from fl_lightning.models.hub import hub_snapshot
+
+    try:
+        return hub_snapshot(path, repo_type="dataset", download=download, key="data.path",
+                            download_key="data.download", revision=revision)
+    except MissingResourceError as err:
+        raise MissingResourceError(str(err) + _not_found_notes(path, download)) from None
+
+
+def _not_found_notes(path: str, download: bool) -> str:
+    """What the line of a hub id missing from the cache adds: that no local folder of that name exists either (when
+    ``path`` looks like a path: it holds a separator), and the variable that keeps huggingface_hub offline."""
+    notes = ""
+    if any(sep and sep in path for sep in (os.sep, os.altsep)):
+        notes += f"; nor is it a local folder: no such local folder {Path(path).expanduser().resolve()}"
+    offline = _offline_variable()
+    if offline:
+        notes += (f"; {offline}={os.environ.get(offline, '1')} is set, so huggingface_hub makes no request"
+                  f"{'' if download else ' even with data.download: true'}: unset it to download")
+    return notes
+
+
+def _offline_variable() -> str | None:
+    """The environment variable that put huggingface_hub in offline mode (read when it was imported), else None."""
+    from huggingface_hub import constants
+
+    if not constants.HF_HUB_OFFLINE:
+        return None
+    if os.environ.get("TRANSFORMERS_OFFLINE") and not os.environ.get("HF_HUB_OFFLINE"):
+        return "TRANSFORMERS_OFFLINE"
+    return "HF_HUB_OFFLINE"
 
 
 def _split(data: Any, name: str, key: str) -> Any:
@@ -167,23 +303,70 @@ def _columns_line(table: Any) -> str:
     return ", ".join(f"{n} ({type(f).__name__})" for n, f in table.features.items())
 
 
-def _find_column(table: Any, given: str | None, key: str, kind: str, names: Sequence[str],
-                 feature_type: type, accept: Any) -> str:
-    """``given``, or the first feature of ``feature_type``, else the first of ``names`` that ``accept`` takes."""
-    columns = list(table.features)
+def _given_column(table: Any, given: str, key: str) -> str:
+    """``given``, a column of ``table`` (else the one line listing the columns)."""
+    if given not in table.features:
+        raise UsageError(f"config error: {key}={given!r} is not a column of the data set; its columns: "
+                         f"{_columns_line(table)}")
+    return given
+
+
+def _find_image_column(table: Any, given: str | None, where: str) -> str:
+    """``given``, or the first ``Image`` feature, else the first column named as in :data:`_IMAGE_NAMES`; a column of
+    plain values (strings, numbers) is refused in one line, whichever way it was found."""
+    import datasets
+
     if given is not None:
-        if given not in columns:
-            raise UsageError(f"config error: {key}={given!r} is not a column of the data set; its columns: "
-                             f"{_columns_line(table)}")
-        return given
-    found = [n for n, f in table.features.items() if isinstance(f, feature_type)]
-    if found:
-        return found[0]
-    for name in names:
-        if name in columns and accept(table.features[name]):
+        column = _given_column(table, given, "data.image_column")
+    else:
+        found = [n for n, f in table.features.items() if isinstance(f, datasets.Image)]
+        found += [n for n in _IMAGE_NAMES if n in table.features]
+        if not found:
+            raise UsageError(f"cannot tell which column holds the images; set data.image_column to one of the data "
+                             f"set's columns: {_columns_line(table)}")
+        column = found[0]
+    feature = table.features[column]
+    if isinstance(feature, datasets.Value):  # decoding it would fail at the first item read, in a worker
+        strings = feature.dtype in ("string", "large_string")
+        held = "strings, not images (file paths? cast the column to datasets.Image() before saving)" if strings \
+            else f"{feature.dtype} values, not images"
+        raise UsageError(f"column {column!r} of '{where}' holds {held}; set data.image_column to an Image column; "
+                         f"its columns: {_columns_line(table)}")
+    return column
+
+
+def _find_label_column(table: Any, given: str | None) -> str:
+    """``given``, else the one column that can hold the labels.
+
+    The candidates are the ``ClassLabel`` features and the integer or string columns named ``label`` / ``labels``;
+    one candidate is taken, and among several the one so named (if exactly one is). With no candidate, the first
+    integer or string column named as in :data:`_FALLBACK_LABELS` is taken.
+
+    Raises:
+        UsageError: several candidates and no single ``label`` / ``labels`` among them, or none at all (one line
+            listing them, or the columns, and saying to set ``data.label_column``).
+    """
+    import datasets
+
+    if given is not None:
+        return _given_column(table, given, "data.label_column")
+    features = table.features
+    preferred = [n for n in _PREFERRED_LABELS if n in features and
+                 (isinstance(features[n], datasets.ClassLabel) or _is_label_value(features[n]))]
+    candidates = [n for n, f in features.items() if isinstance(f, datasets.ClassLabel) or n in preferred]
+    if len(candidates) == 1:
+        return candidates[0]
+    if len(preferred) == 1:  # several, one of them named label / labels: a domain, a writer … is no label
+        return preferred[0]
+    if candidates:
+        listed = ", ".join(f"{n} ({type(features[n]).__name__})" for n in candidates)
+        raise UsageError(f"cannot tell which column holds the labels: {len(candidates)} columns could ({listed}); "
+                         f"set data.label_column to one of them")
+    for name in _FALLBACK_LABELS:
+        if name in features and _is_label_value(features[name]):
             return name
-    raise UsageError(f"cannot tell which column holds the {kind}; set {key} to one of the data set's columns: "
-                     f"{_columns_line(table)}")
+    raise UsageError(f"cannot tell which column holds the labels; set data.label_column to one of the data set's "
+                     f"columns: {_columns_line(table)}")
 
 
 def _is_label_value(feature: Any) -> bool:
@@ -255,17 +438,55 @@ class HFImages(Dataset):
 
 @dataclass(frozen=True)
 class _ColumnReader:
-    """A training split's column by name, in the split's row order (for ``partition.scheme: natural``)."""
+    """A training split's column by name, in the split's row order (for ``partition.scheme: natural``).
+
+    Raises:
+        UsageError: ``name`` is no column, a column of images (or other non-scalar values), or has a null in a
+            training row (one line each). A column with one distinct value is a warning: one client, trained centrally.
+    """
 
     table: Any
     rows: np.ndarray | None
 
     def __call__(self, name: str) -> np.ndarray:
-        if name not in self.table.features:
+        import datasets
+
+        feature = self.table.features.get(name)
+        if feature is None:
             raise UsageError(f"config error: partition.by={name!r} is not a column of the data set; its columns: "
                              f"{_columns_line(self.table)}")
+        if not isinstance(feature, (datasets.Value, datasets.ClassLabel)):
+            raise UsageError(f"config error: partition.by={name!r} is a column of {type(feature).__name__} values, not "
+                             f"of ids; name a column of integers or strings (a writer, a user); its columns: "
+                             f"{_columns_line(self.table)}")
         values = column_values(self.table, name)
-        return values if self.rows is None else values[self.rows]
+        values = values if self.rows is None else values[self.rows]
+        _check_ids(values, name, self.rows)
+        return values
+
+
+def _missing(values: np.ndarray) -> np.ndarray:
+    """(N,) bool: where a column read from Arrow had a null (None among objects, NaN among floats)."""
+    if values.dtype.kind == "f":
+        return np.isnan(values)
+    if values.dtype.kind == "O":
+        return np.fromiter((v is None for v in values), bool, len(values))
+    return np.zeros(len(values), bool)
+
+
+def _check_ids(values: np.ndarray, name: str, rows: np.ndarray | None) -> None:
+    """Natural ids: none missing (one line naming the first row without one); a warning when there is one id only."""
+    missing = _missing(values)
+    if missing.any():
+        first = int(np.flatnonzero(missing)[0])
+        row = first if rows is None else int(rows[first])
+        raise UsageError(f"partition.by={name!r} has no value (null) in {int(missing.sum())} of the {len(values)} "
+                         f"training rows (the first: row {row}); a natural client needs an id in every row: fill "
+                         f"or drop those rows, or name another column")
+    distinct = np.unique(values)
+    if distinct.size == 1:
+        warnings.warn(f"partition.by={name!r} holds one value ({distinct[0]!r}) in all {len(values)} training rows: "
+                      f"the natural partition has one client, so the run trains centrally", stacklevel=3)
 
 
 def build_hf_dataset(source: HFSource, *, download: bool, train_transform: Any, test_transform: Any, seed: int,
@@ -293,10 +514,8 @@ def build_hf_dataset(source: HFSource, *, download: bool, train_transform: Any, 
     data, where = _load(source, download)
     train_table = _split(data, source.train_split, "data.train_split")
     test_table = None if source.test_split is None else _split(data, source.test_split, "data.test_split")
-    image_column = _find_column(train_table, source.image_column, "data.image_column", "images", _IMAGE_NAMES,
-                                _image_feature(), lambda f: True)
-    label_column = _find_column(train_table, source.label_column, "data.label_column", "labels", _LABEL_NAMES,
-                                _class_label_feature(), _is_label_value)
+    image_column = _find_image_column(train_table, source.image_column, where)
+    label_column = _find_label_column(train_table, source.label_column)
     if test_table is not None:
         for column in (image_column, label_column):
             if column not in test_table.features:
@@ -325,15 +544,3 @@ def build_hf_dataset(source: HFSource, *, download: bool, train_transform: Any, 
         train_column=_ColumnReader(train_table, train_rows),
     )
     return _limit_train(splits, num_samples, seed)
-
-
-def _image_feature() -> type:
-    import datasets
-
-    return datasets.Image
-
-
-def _class_label_feature() -> type:
-    import datasets
-
-    return datasets.ClassLabel
