@@ -36,6 +36,8 @@ class RunState:
     wall_time_s: float = 0.0
     failed_clients: dict[str, str] = field(default_factory=dict)  # "client" → "round t: why"
     per_class_accuracy: list[float] | None = None  # of the last evaluated round
+    # federation.server_optimizer's moments ("m/<key>", "v/<key>"; empty for fedavg): federation/server_optimizer.py
+    server_optimizer: dict[str, Tensor] = field(default_factory=dict)
 
     @property
     def rows(self) -> list[dict[str, Any]]:
@@ -48,7 +50,9 @@ class RunState:
                 "rows": self.history.metrics, "client_compute_s": self.history.client_compute_s,
                 "round_s": self.history.round_s,
                 "totals": {"bytes_up": self.bytes_up, "bytes_down": self.bytes_down, "wall_time_s": self.wall_time_s},
-                "failed_clients": self.failed_clients, "per_class_accuracy": self.per_class_accuracy}
+                "failed_clients": self.failed_clients, "per_class_accuracy": self.per_class_accuracy,
+                **({"server_optimizer": {k: v.detach().cpu() for k, v in self.server_optimizer.items()}}
+                   if self.server_optimizer else {})}
 
     @classmethod
     def from_state_dict(cls, saved: dict[str, Any]) -> RunState:
@@ -57,4 +61,5 @@ class RunState:
                    history=RoundHistory(dict(saved["client_compute_s"]), list(saved["round_s"]), list(saved["rows"])),
                    bytes_up=int(totals["bytes_up"]), bytes_down=int(totals["bytes_down"]),
                    wall_time_s=float(totals["wall_time_s"]), failed_clients=dict(saved["failed_clients"]),
-                   per_class_accuracy=saved["per_class_accuracy"])
+                   per_class_accuracy=saved["per_class_accuracy"],
+                   server_optimizer=dict(saved.get("server_optimizer") or {}))

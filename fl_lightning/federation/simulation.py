@@ -56,6 +56,7 @@ from fl_lightning.federation.precision import check_precision
 from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients, seed_torch
 from fl_lightning.federation.privacy import FederationPrivacy
 from fl_lightning.federation.privacy_coverage import check_privacy_coverage
+from fl_lightning.federation.server_optimizer import ServerOptimizer, check_server_optimizer
 from fl_lightning.federation.round_store import HOLD_BYTES, ClientRecord, RoundResult, RoundStore
 from fl_lightning.federation.run_folder import (check_shared_run_folder, write_metrics_csv, write_summary,
                                                write_text_atomic)
@@ -173,12 +174,14 @@ class Simulation:
 
         check_precision(cfg, ALGORITHMS[cfg.algorithm])  # a *-true precision the method cannot run in
         check_privacy_coverage(cfg, ALGORITHMS[cfg.algorithm])  # no ε for what the mechanism would not protect
+        check_server_optimizer(cfg, ALGORITHMS[cfg.algorithm])  # FedAdam & co. only where the state is a mean
         ALGORITHMS[cfg.algorithm].preflight(cfg)  # fail in seconds, before Fabric prints or launches anything
         self.launcher = check_launcher(cfg.federation.devices, cfg.federation.num_nodes)
         self.cfg, self.resume = cfg, resume
         self._sent = _SentState()  # rank 0: what of the state it last broadcast (only what changes goes again)
         self.run_dir = cfg.run_dir
         self._privacy: FederationPrivacy | None = None  # federation.privacy, built with the data (privacy.py)
+        self._server_optimizer = ServerOptimizer.of(cfg.federation.server_optimizer)  # fedavg: the aggregate as is
         self.ckpt_dir = self.run_dir / "checkpoints"
         loggers = list(loggers) if loggers is not None else default_loggers(cfg)
         self.fabric = Fabric(accelerator=cfg.federation.accelerator, devices=cfg.federation.devices,
@@ -379,15 +382,21 @@ class Simulation:
 
     def _aggregate(self, algorithm: Algorithm, run: RunState, store: RoundStore, round_idx: int, plan: RoundPlan,
                    result: RoundResult) -> dict:
-        """The method's aggregate of the round's uploads, through the run's privacy: the one path of every rank
-        count and every serve (DP-FedAvg's clipping, fixed denominator and noise; central DP's noise on the sum;
-        the checks that no uncovered tensor and no client's count reaches the aggregate: federation/privacy.py)."""
+        """The method's aggregate of the round's uploads, through the run's privacy and then its server optimizer:
+        the one path of every rank count and every serve (DP-FedAvg's clipping, fixed denominator and noise; central
+        DP's noise on the sum; the checks that no uncovered tensor and no client's count reaches the aggregate:
+        federation/privacy.py; FedAdam & co.: federation/server_optimizer.py)."""
         uploads, dp = store.uploads(result.succeeded), self._privacy
         if dp is None:
-            return algorithm.aggregate(round_idx, run.state, uploads, result.failures, plan)
-        state = algorithm.aggregate(round_idx, run.state, dp.server_uploads(uploads, run.state, round_idx),
-                                    result.failures, plan)
-        return dp.noised_state(state, round_idx)
+            state = algorithm.aggregate(round_idx, run.state, uploads, result.failures, plan)
+        else:
+            state = dp.noised_state(algorithm.aggregate(round_idx, run.state, dp.server_uploads(
+                uploads, run.state, round_idx), result.failures, plan), round_idx)
+        if self._server_optimizer.is_mean:
+            return state
+        # the server's step (post-processing of what privacy released); its moments travel with the run's state
+        state, run.server_optimizer = self._server_optimizer.step(run.state, state, run.server_optimizer, round_idx)
+        return state
 
     def _shared_serve(self, algorithm: Algorithm, env: Environment, run: RunState, store: RoundStore, round_idx: int,
                       plan: RoundPlan, result: RoundResult) -> tuple[dict, dict[str, Any], RoundResult]:
