@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DataConfig", "PartitionConfig", "ModelConfig", "FederationConfig", "PrivacyConfig", "PRIVACY_MECHANISMS",
-    "ServerOptimizerConfig", "SERVER_OPTIMIZERS",
+    "ServerOptimizerConfig", "SERVER_OPTIMIZERS", "AttackConfig", "ATTACKS",
+    "AggregatorConfig", "AGGREGATORS",
     "LocalTrainingConfig", "LoggingConfig", "RunConfig", "CORE_SECTIONS", "PRECISIONS", "ACCELERATORS",
     "load_config",
 ]  # check lives in fl_lightning.errors (method configs import it from there, not from here)
@@ -265,6 +266,51 @@ class ServerOptimizerConfig:
                   f"null: {self.name} has no {key} (it uses {', '.join(used) or 'none'})")
 
 
+AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "bulyan")
+
+
+@dataclass
+class AggregatorConfig:
+    """How the server combines the clients' weights (docs/robust_aggregation.md; federation/robust_aggregation.py):
+    ``mean`` — the method's own (weighted) mean, today's behaviour bit for bit; ``median``, ``trimmed_mean``,
+    ``krum``, ``multi_krum``, ``bulyan`` — Flower's FedMedian, FedTrimmedAvg, Krum / Multi-Krum and Bulyan. For the
+    methods whose state is the mean of their clients' weights."""
+
+    name: Literal[AGGREGATORS] = "mean"  # type: ignore[valid-type]
+    trim_fraction: float = 0.2  # trimmed_mean's β: ⌊β·n⌋ values cut at each end (Flower's default 0.2)
+    num_malicious: int = 0  # f, for krum / multi_krum / bulyan (bulyan needs n >= 4f + 3 uploads)
+    num_to_keep: int | None = None  # multi_krum's q (null: n − f)
+
+    def __post_init__(self) -> None:
+        check(0 <= self.trim_fraction < 0.5, "trim_fraction", self.trim_fraction, "a float in [0, 0.5)")
+        check(self.num_malicious >= 0, "num_malicious", self.num_malicious, "an int >= 0")
+        check(self.num_to_keep is None or (self.num_to_keep >= 1 and self.name == "multi_krum"), "num_to_keep",
+              self.num_to_keep, "an int >= 1 for multi_krum, else null")
+
+
+ATTACKS = ("none", "sign_flip", "scale", "gaussian")
+
+
+@dataclass
+class AttackConfig:
+    """Model-poisoning clients (docs/robust_aggregation.md; federation/attacks.py): a seeded ``fraction`` of the
+    clients send x_t − s·Δ (``sign_flip``), x_t + s·Δ (``scale``) or x_t + N(0, std²) (``gaussian``) instead of
+    their trained weights. For the methods whose state is the mean of their clients' weights."""
+
+    kind: Literal[ATTACKS] = "none"  # type: ignore[valid-type]
+    fraction: float = 0.0  # of the K clients, drawn once for the run (0: none attacks, e.g. a sweep's first point)
+    scale: float | None = None  # s; null: 1 for sign_flip, 10 for scale
+    std: float = 1.0  # gaussian's σ
+    seed: int = 0  # which clients attack, and gaussian's noise
+
+    def __post_init__(self) -> None:
+        check(0 <= self.fraction < 1, "fraction", self.fraction, "a float in [0, 1)")
+        check(self.scale is None or (math.isfinite(self.scale) and self.kind in ("sign_flip", "scale")), "scale",
+              self.scale, "a finite float for sign_flip / scale, else null")
+        check(0 <= self.std < math.inf, "std", self.std, "a finite float >= 0")
+        _check_seed("seed", self.seed)
+
+
 @dataclass
 class FederationConfig:
     rounds: int = 1
@@ -309,6 +355,10 @@ class FederationConfig:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)  # differential privacy (docs/privacy.md)
     # the server's step from the aggregate: fedavg (the mean), fedavgm, fedadagrad, fedadam, fedyogi
     server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
+    # how the clients' weights are combined: mean (the method's own), median, trimmed_mean, krum, multi_krum, bulyan
+    aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
+    # poisoned uploads from a seeded fraction of the clients (none, sign_flip, scale, gaussian)
+    attack: AttackConfig = field(default_factory=AttackConfig)
 
     def __post_init__(self) -> None:
         check(self.rounds >= 1, "rounds", self.rounds, "an int >= 1")

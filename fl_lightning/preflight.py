@@ -352,9 +352,9 @@ def preflight_run(cfg: RunConfig) -> None:
     from fl_lightning.federation.privacy_coverage import check_privacy_coverage
 
     check_privacy_coverage(cfg, available_algorithms()[cfg.algorithm])  # a mechanism that would not cover it
-    from fl_lightning.federation.server_optimizer import check_server_optimizer
+    from fl_lightning.federation.averaging import check_averaging_settings
 
-    check_server_optimizer(cfg, available_algorithms()[cfg.algorithm])  # FedAdam & co. only on averaging methods
+    check_averaging_settings(cfg, available_algorithms()[cfg.algorithm])  # FedAdam, Krum, attacks: averaging only
     available_algorithms()[cfg.algorithm].preflight(cfg)
 
 

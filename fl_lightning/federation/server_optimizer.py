@@ -30,12 +30,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from fl_lightning.errors import UsageError
-
 if TYPE_CHECKING:
-    from fl_lightning.config import RunConfig, ServerOptimizerConfig
+    from fl_lightning.config import ServerOptimizerConfig
 
-__all__ = ["ServerOptimizer", "check_server_optimizer"]
+__all__ = ["ServerOptimizer"]
 
 # Flower's defaults (flwr.server.strategy: FedAvgM, FedAdagrad, FedAdam, FedYogi), one per config.SERVER_OPTIMIZERS
 _DEFAULTS: dict[str, dict[str, float]] = {
@@ -107,21 +105,3 @@ class ServerOptimizer:
             t = round_idx + 1  # Flower's 1-based server round
             lr = self.lr * math.sqrt(1 - self.beta_2 ** (t + 1)) / (1 - self.beta_1 ** (t + 1))
         return x + lr * m / (torch.sqrt(v) + self.tau), {m_key: m, v_key: v}
-
-
-def check_server_optimizer(cfg: RunConfig, algorithm: type) -> None:
-    """Refuse, in one line (exit 2), a server optimizer on a method whose state is not a mean of its clients'
-    weights — the methods DP-FedAvg covers (``privacy_gap`` under ``dp_fedavg`` is None): Adam on AFL's closed-form
-    W or on FedOPAL's statistics would be no optimizer of anything."""
-    from fl_lightning.config import PrivacyConfig
-    from fl_lightning.federation.privacy_coverage import privacy_gap
-
-    name = cfg.federation.server_optimizer.name
-    if name == "fedavg":
-        return
-    as_averaging = dataclasses.replace(cfg, federation=dataclasses.replace(
-        cfg.federation, privacy=PrivacyConfig(mechanism="dp_fedavg", epsilon=1.0)))
-    gap = privacy_gap(algorithm, as_averaging)
-    if gap is not None:
-        raise UsageError(f"usage error: federation.server_optimizer.name={name} needs a method whose state is the mean "
-                         f"of its clients' weights (fedavg, fedavg_cnn, fedavg_prompts); {cfg.algorithm} is not: {gap}")

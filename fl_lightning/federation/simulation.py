@@ -56,7 +56,10 @@ from fl_lightning.federation.precision import check_precision
 from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients, seed_torch
 from fl_lightning.federation.privacy import FederationPrivacy
 from fl_lightning.federation.privacy_coverage import check_privacy_coverage
-from fl_lightning.federation.server_optimizer import ServerOptimizer, check_server_optimizer
+from fl_lightning.federation.attacks import ClientAttack
+from fl_lightning.federation.averaging import check_averaging_settings
+from fl_lightning.federation.server_optimizer import ServerOptimizer
+from fl_lightning.federation.robust_aggregation import RobustAggregator
 from fl_lightning.federation.round_store import HOLD_BYTES, ClientRecord, RoundResult, RoundStore
 from fl_lightning.federation.run_folder import (check_shared_run_folder, write_metrics_csv, write_summary,
                                                write_text_atomic)
@@ -174,7 +177,7 @@ class Simulation:
 
         check_precision(cfg, ALGORITHMS[cfg.algorithm])  # a *-true precision the method cannot run in
         check_privacy_coverage(cfg, ALGORITHMS[cfg.algorithm])  # no ε for what the mechanism would not protect
-        check_server_optimizer(cfg, ALGORITHMS[cfg.algorithm])  # FedAdam & co. only where the state is a mean
+        check_averaging_settings(cfg, ALGORITHMS[cfg.algorithm])  # FedAdam, Krum, attacks: where the state is a mean
         ALGORITHMS[cfg.algorithm].preflight(cfg)  # fail in seconds, before Fabric prints or launches anything
         self.launcher = check_launcher(cfg.federation.devices, cfg.federation.num_nodes)
         self.cfg, self.resume = cfg, resume
@@ -182,6 +185,8 @@ class Simulation:
         self.run_dir = cfg.run_dir
         self._privacy: FederationPrivacy | None = None  # federation.privacy, built with the data (privacy.py)
         self._server_optimizer = ServerOptimizer.of(cfg.federation.server_optimizer)  # fedavg: the aggregate as is
+        self._aggregator = RobustAggregator.of(cfg.federation.aggregator)  # mean: the method's own aggregate
+        self._attack = ClientAttack.of(cfg.federation.attack, cfg.partition.num_clients)  # None: no attack
         self.ckpt_dir = self.run_dir / "checkpoints"
         loggers = list(loggers) if loggers is not None else default_loggers(cfg)
         self.fabric = Fabric(accelerator=cfg.federation.accelerator, devices=cfg.federation.devices,
@@ -392,6 +397,8 @@ class Simulation:
         else:
             state = dp.noised_state(algorithm.aggregate(round_idx, run.state, dp.server_uploads(
                 uploads, run.state, round_idx), result.failures, plan), round_idx)
+        if not self._aggregator.is_mean:  # federation.aggregator: a robust rule over the clients' weights instead
+            state = {**state, **self._aggregator.aggregate(state, store.uploads(result.succeeded))}
         if self._server_optimizer.is_mean:
             return state
         # the server's step (post-processing of what privacy released); its moments travel with the run's state
@@ -542,6 +549,8 @@ class Simulation:
         upload, failure, trace, user_error = None, None, None, False
         try:
             upload = algorithm.client_update(round_idx, env.client(client_idx), download.to(fabric.device))
+            if self._attack is not None:  # federation.attack: an attacker's poisoned upload, before privacy sees it
+                upload = self._attack.apply(upload, download.tensors, round_idx, client_idx)
             if self._privacy is not None:  # local DP: the client noises its upload before it leaves
                 upload = self._privacy.client_upload(upload, round_idx, client_idx)
             check_upload(upload, algorithm.expected_shapes(round_idx, download))
@@ -601,7 +610,8 @@ class Simulation:
                     "round_time_s": run.history.round_s[-1],
                     "client_compute_s_max": max(result.compute_s.values(), default=0.0),
                     **algorithm.round_extras(round_idx, run.state),
-                    **(self._privacy.row(round_idx) if self._privacy is not None else {})})
+                    **(self._privacy.row(round_idx) if self._privacy is not None else {}),
+                    **(self._attack.row(sorted(result.records)) if self._attack is not None else {})})
         run.per_class_accuracy = row.pop("per_class_accuracy", None)
         run.rows.append(row)
 
