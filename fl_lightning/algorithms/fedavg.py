@@ -97,9 +97,14 @@ class FedAvg(Algorithm):
         # the batches of DataLoader(TensorDataset(h[idx], y[idx]), shuffle=True, seeded), gathered on the device
         loader = TensorBatches(h[idx], y[idx], batch_size=self.cfg.train.batch_size or self.cfg.data.batch_size, shuffle=True,
                                seed=client_seed(self.cfg.seed, round_idx, client.index))
-        fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs)
+        fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs,
+                  callbacks=self.local_callbacks(download))
         head = {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items() if k in _KEYS}
         return Upload(head, {"num_samples": client.num_samples})
+
+    def local_callbacks(self, download: Download) -> list[object]:
+        """The local training's gradient hooks (none: plain FedAvg; FedProx adds its proximal term)."""
+        return []
 
     def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
                   plan: RoundPlan) -> State:

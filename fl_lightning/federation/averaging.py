@@ -2,7 +2,7 @@
 ``federation.attack`` — refused in one line (exit 2) on any other method, and where they would clash.
 
 An averaging method is one whose global state is the mean of its clients' weights: exactly the methods DP-FedAvg
-covers (their ``privacy_gap`` under ``dp_fedavg`` is None: ``fedavg``, ``fedavg_cnn``, ``fedavg_prompts``). Adam on
+covers (their ``privacy_gap`` under ``dp_fedavg`` is None: ``fedavg``, ``fedprox``, ``fedavg_cnn``, ``fedavg_prompts``). Adam on
 AFL's closed-form W, a median of FedOPAL's statistics or a sign-flipped synthetic-image count would be no optimizer,
 aggregator or attack of anything.
 """
@@ -48,7 +48,7 @@ def check_averaging_settings(cfg: RunConfig, algorithm: type) -> None:
     gap = averaging_gap(cfg, algorithm)
     if gap is not None:
         raise UsageError(f"usage error: {asked[0]} needs a method whose state is the mean of its clients' weights "
-                         f"(fedavg, fedavg_cnn, fedavg_prompts); {cfg.algorithm} is not: {gap}")
+                         f"(fedavg, fedprox, fedavg_cnn, fedavg_prompts); {cfg.algorithm} is not: {gap}")
     f = cfg.federation
     per_round = clients_per_round(cfg.partition.num_clients, f.client_fraction)
     if f.aggregator.name == "bulyan" and per_round < 4 * f.aggregator.num_malicious + 3:

@@ -18,7 +18,7 @@ from fl_lightning.federation.privacy_coverage import (
 )
 from tests.conftest import CONF, REPO, run_cli
 
-COVERED = {("fedavg", "dp_fedavg"), ("fedavg_cnn", "dp_fedavg"), ("fedavg_prompts", "dp_fedavg"),
+COVERED = {("fedavg", "dp_fedavg"), ("fedprox", "dp_fedavg"), ("fedavg_cnn", "dp_fedavg"), ("fedavg_prompts", "dp_fedavg"),
            ("afl", "statistics_local"), ("afl", "statistics_central"),
            ("fedcgs", "statistics_local"), ("fedcgs", "statistics_central")}
 
