@@ -365,8 +365,8 @@ class FederationConfig:
         check(self.matmul_precision in _MATMUL_PRECISIONS, "matmul_precision", self.matmul_precision,
               f"one of {', '.join(_MATMUL_PRECISIONS)} (torch.set_float32_matmul_precision; CUDA only)")
         check(isinstance(self.deterministic, bool), "deterministic", self.deterministic, "true or false")
-        check(0 < self.collective_timeout_s <= 1e9, "collective_timeout_s", self.collective_timeout_s,
-              "a float in (0, 1e9] (seconds; 86400 is a day)")
+        check(1 <= self.collective_timeout_s <= 1e9, "collective_timeout_s", self.collective_timeout_s,
+              "a float in [1, 1e9] (seconds; 86400 is a day; below a second no rendezvous or gather completes)")
         check(0 <= self.record_after_s <= _FLOAT32_MAX, "record_after_s", self.record_after_s,
               "a finite float >= 0 (seconds)")
         check(0 < self.client_fraction <= 1, "client_fraction", self.client_fraction, "a float in (0, 1]")

@@ -18,20 +18,21 @@ draw times -5, or an honest draw plus N(0, 3^2) noise), so the robust rules matt
 arrays, ``num_examples`` and which ones are outliers, and Flower's resulting global parameters (float32 values
 written exactly via ``float()``, with their dtypes), so the tests can replay every round without Flower.
 ``error_cases`` record the settings where Flower raises instead. ``notes`` spell out, from Flower's source, what
-each strategy computes. Holds no logic of the package.
+each strategy computes. The draws, the calls into Flower, the header, the JSON layout and ``--check`` are shared
+with ``make_flower_server_optimizer_fixtures.py`` in ``scripts/flower_strategy_fixtures.py``.
+Holds no logic of the package.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import re
 import sys
 from pathlib import Path
 
 import numpy as np
+from flower_strategy_fixtures import (FIXTURES, aggregate, as_lists, dumps, fit_results, header, honest_step, initial,
+                                      load_flwr, make_strategy, replay, settings_held, target, write_or_check)
 
-OUT = Path(__file__).resolve().parents[1] / "tests" / "federation" / "fixtures" / "flower_robust_aggregators.json"
+OUT = FIXTURES / "flower_robust_aggregators.json"
 
 SHAPES = [(3, 4), (4,)]
 SEED = 20261205
@@ -125,16 +126,6 @@ NOTES = [
 ]
 
 
-def initial() -> list[np.ndarray]:
-    rng = np.random.default_rng(SEED)
-    return [rng.normal(0.0, 0.5, s).astype(np.float32) for s in SHAPES]
-
-
-def target() -> list[np.ndarray]:
-    rng = np.random.default_rng(SEED + 1)
-    return [rng.normal(0.0, 1.0, s) for s in SHAPES]
-
-
 def clients(rng: np.random.Generator, global_params: list[np.ndarray], goal: list[np.ndarray], num_examples: list[int],
             outliers: dict[int, str]) -> list[list]:
     """Each client's float32 arrays: a quarter of the way from the global parameters to its own target, plus noise;
@@ -143,71 +134,44 @@ def clients(rng: np.random.Generator, global_params: list[np.ndarray], goal: lis
     for k in range(len(num_examples)):
         arrays = []
         for g, tgt in zip(global_params, goal):
-            g = np.asarray(g, np.float32)
-            own = tgt + rng.normal(0.0, 0.2, g.shape)
-            honest = g + 0.25 * (own - g) + rng.normal(0.0, 0.05, g.shape)
+            honest = honest_step(rng, g, tgt)
             kind = outliers.get(k)
             if kind == "flip":
                 honest = -5.0 * honest
             elif kind == "noise":
-                honest = honest + rng.normal(0.0, 3.0, g.shape)
+                honest = honest + rng.normal(0.0, 3.0, honest.shape)
             arrays.append(honest.astype(np.float32))
         out.append(arrays)
     return out
 
 
-def as_lists(arrays: list[np.ndarray]) -> list:
-    """Nested lists of Python floats: float() of each value, a float32 widened to float64 without change."""
-    return [np.asarray(a).astype(np.float64).tolist() for a in arrays]
-
-
 def hyperparameters(strategy) -> dict:
     """The settings the strategy holds after construction (Flower's defaults filled in)."""
-    names = ["beta", "num_malicious_clients", "num_clients_to_keep", "aggregation_rule_kwargs"]
-    held = {n: getattr(strategy, n) for n in names if hasattr(strategy, n)}
+    held = settings_held(strategy, ["beta", "num_malicious_clients", "num_clients_to_keep", "aggregation_rule_kwargs"])
     if hasattr(strategy, "first_aggregation_rule"):
         held["first_aggregation_rule"] = strategy.first_aggregation_rule.__name__
     return held
 
 
-def fit_results(sent: list[list], num_examples: list[int]) -> list:
-    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
-
-    return [(None, FitRes(status=Status(code=Code.OK, message=""), parameters=ndarrays_to_parameters(a),
-                          num_examples=n, metrics={})) for a, n in zip(sent, num_examples)]
-
-
-def make_strategy(name: str, kwargs: dict, init: list[np.ndarray]):
-    from flwr.common import ndarrays_to_parameters
-    from flwr.server import strategy as strategies
-
-    return getattr(strategies, name)(initial_parameters=ndarrays_to_parameters(init), **kwargs)
-
-
 def run_case(name: str, kwargs: dict, plan: str) -> dict:
-    from flwr.common import parameters_to_ndarrays
-
-    init, goal = initial(), target()
+    init, goal = initial(SEED, SHAPES), target(SEED + 1, SHAPES)
     strategy = make_strategy(name, kwargs, init)
     rng = np.random.default_rng(SEED + 2)  # the same noise stream in every case of a plan
     current = init
     rounds = []
     for t, (num_examples, outliers) in enumerate(PLANS[plan], start=1):
         sent = clients(rng, current, goal, num_examples, outliers)
-        parameters, _ = strategy.aggregate_fit(t, fit_results(sent, num_examples), [])
-        current = parameters_to_ndarrays(parameters)
+        current = aggregate(strategy, t, sent, num_examples)
         rounds.append({"server_round": t,
                        "num_clients": len(num_examples),
                        "outliers": {str(k): v for k, v in sorted(outliers.items())},
-                       "clients": [{"num_examples": n, "parameters": as_lists(a)} for a, n in zip(sent, num_examples)],
-                       "global_parameters": as_lists(current),
-                       "global_dtypes": [str(a.dtype) for a in current]})
+                       **replay(sent, num_examples, current)})
     return {"strategy": name, "kwargs": kwargs, "hyperparameters": hyperparameters(strategy), "plan": plan,
             "initial_parameters": as_lists(init), "rounds": rounds}
 
 
 def run_error_case(name: str, kwargs: dict, plan: str) -> dict:
-    init, goal = initial(), target()
+    init, goal = initial(SEED, SHAPES), target(SEED + 1, SHAPES)
     strategy = make_strategy(name, kwargs, init)
     num_examples, outliers = PLANS[plan][0]
     sent = clients(np.random.default_rng(SEED + 2), init, goal, num_examples, outliers)
@@ -219,37 +183,14 @@ def run_error_case(name: str, kwargs: dict, plan: str) -> dict:
     raise AssertionError(f"{name}({kwargs}) did not raise")
 
 
-def dumps(fixture: dict) -> str:
-    """Indented JSON with every innermost list of numbers on one line."""
-    text = json.dumps(fixture, indent=1)
-    return re.sub(r"\[[-+0-9.eE,\s]*\]", lambda m: re.sub(r"\s+", "", m.group(0)).replace(",", ", "), text) + "\n"
-
-
 def main(argv: list[str]) -> int:
-    import flwr
-
-    logging.getLogger("flwr").setLevel(logging.ERROR)  # "No fit_metrics_aggregation_fn provided"
-    fixture = {
-        "made_by": "python scripts/make_flower_robust_aggregator_fixtures.py (in a venv with flwr)",
-        "flwr_version": flwr.__version__,
-        "versions": {"flwr": flwr.__version__, "numpy": np.__version__, "python": sys.version.split()[0]},
-        "how": "strategy = <strategy>(initial_parameters=ndarrays_to_parameters(initial_parameters), **kwargs); "
-               "for each round: parameters, _ = strategy.aggregate_fit(server_round, [(None, FitRes(Status(OK), "
-               "ndarrays_to_parameters(float32 client arrays), num_examples, {})) for each client in order], []); "
-               "global_parameters = parameters_to_ndarrays(parameters)",
-        "notes": NOTES,
-        "cases": [run_case(*case) for case in CASES],
-        "error_cases": [run_error_case(*case) for case in ERROR_CASES],
-    }
-    text = dumps(fixture)
-    if "--check" in argv:
-        same = OUT.exists() and OUT.read_text() == text
-        print(f"{OUT}: {'is' if same else 'is NOT'} what flwr {flwr.__version__} makes")
-        return 0 if same else 1
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(text)
-    print(f"wrote {OUT} ({OUT.stat().st_size} bytes, {len(CASES)} cases, {len(ERROR_CASES)} error cases)")
-    return 0
+    flwr = load_flwr()
+    fixture = {**header(Path(__file__).name, flwr.__version__),
+               "notes": NOTES,
+               "cases": [run_case(*case) for case in CASES],
+               "error_cases": [run_error_case(*case) for case in ERROR_CASES]}
+    return write_or_check(OUT, dumps(fixture), argv, f"{len(CASES)} cases, {len(ERROR_CASES)} error cases",
+                          f"flwr {flwr.__version__}")
 
 
 if __name__ == "__main__":

@@ -16,20 +16,21 @@ Flower returned the round before (a step toward a fixed target plus noise), so t
 training. Each round records the clients' arrays and ``num_examples`` and Flower's resulting global parameters
 (float32 or float64 values written exactly via ``float()``, with their dtypes), so the tests can replay every
 round without Flower. ``notes`` spell out, from Flower's source, what each strategy computes.
+The draws, the calls into Flower, the header, the JSON layout and ``--check`` are shared with
+``make_flower_robust_aggregator_fixtures.py`` in ``scripts/flower_strategy_fixtures.py``.
 Holds no logic of the package.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import re
 import sys
 from pathlib import Path
 
 import numpy as np
+from flower_strategy_fixtures import (FIXTURES, aggregate, as_lists, dumps, header, honest_step, initial, load_flwr,
+                                      make_strategy, replay, settings_held, target, write_or_check)
 
-OUT = Path(__file__).resolve().parents[1] / "tests" / "federation" / "fixtures" / "flower_server_optimizers.json"
+OUT = FIXTURES / "flower_server_optimizers.json"
 
 SHAPES = [(3, 4), (4,)]
 NUM_EXAMPLES = [5, 10, 30]
@@ -89,96 +90,41 @@ NOTES = [
 ]
 
 
-def initial() -> list[np.ndarray]:
-    rng = np.random.default_rng(SEED)
-    return [rng.normal(0.0, 0.5, s).astype(np.float32) for s in SHAPES]
-
-
-def target() -> list[np.ndarray]:
-    rng = np.random.default_rng(SEED + 1)
-    return [rng.normal(0.0, 1.0, s) for s in SHAPES]
-
-
 def clients(rng: np.random.Generator, global_params: list[np.ndarray], goal: list[np.ndarray]) -> list[list]:
     """Each client's float32 arrays: from the global parameters, a quarter of the way to its own target, plus noise."""
-    out = []
-    for _ in NUM_EXAMPLES:
-        arrays = []
-        for g, tgt in zip(global_params, goal):
-            g = np.asarray(g, np.float32)
-            own = tgt + rng.normal(0.0, 0.2, g.shape)
-            arrays.append((g + 0.25 * (own - g) + rng.normal(0.0, 0.05, g.shape)).astype(np.float32))
-        out.append(arrays)
-    return out
-
-
-def as_lists(arrays: list[np.ndarray]) -> list:
-    """Nested lists of Python floats: float() of each value, a float32 widened to float64 without change."""
-    return [np.asarray(a).astype(np.float64).tolist() for a in arrays]
+    return [[honest_step(rng, g, tgt).astype(np.float32) for g, tgt in zip(global_params, goal)]
+            for _ in NUM_EXAMPLES]
 
 
 def hyperparameters(strategy) -> dict:
     """The settings the strategy holds after construction (Flower's defaults filled in)."""
-    names = ["server_learning_rate", "server_momentum", "eta", "eta_l", "beta_1", "beta_2", "tau"]
-    held = {n: getattr(strategy, n) for n in names if hasattr(strategy, n)}
+    held = settings_held(strategy, ["server_learning_rate", "server_momentum", "eta", "eta_l", "beta_1", "beta_2",
+                                    "tau"])
     if type(strategy).__name__ != "FedAvgM":  # FedAvgM holds inplace but averages with aggregate() regardless
         held["inplace"] = strategy.inplace
     return held
 
 
 def run_case(name: str, kwargs: dict) -> dict:
-    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
-    from flwr.server import strategy as strategies
-
-    init, goal = initial(), target()
-    strategy = getattr(strategies, name)(initial_parameters=ndarrays_to_parameters(init), **kwargs)
+    init, goal = initial(SEED, SHAPES), target(SEED + 1, SHAPES)
+    strategy = make_strategy(name, kwargs, init)
     rng = np.random.default_rng(SEED + 2)  # the same noise stream in every case
     current = init
     rounds = []
     for t in range(1, ROUNDS + 1):
         sent = clients(rng, current, goal)
-        results = [(None, FitRes(status=Status(code=Code.OK, message=""), parameters=ndarrays_to_parameters(a),
-                                 num_examples=n, metrics={})) for a, n in zip(sent, NUM_EXAMPLES)]
-        parameters, _ = strategy.aggregate_fit(t, results, [])
-        current = parameters_to_ndarrays(parameters)
-        rounds.append({"server_round": t,
-                       "clients": [{"num_examples": n, "parameters": as_lists(a)} for a, n in zip(sent, NUM_EXAMPLES)],
-                       "global_parameters": as_lists(current),
-                       "global_dtypes": [str(a.dtype) for a in current]})
+        current = aggregate(strategy, t, sent, NUM_EXAMPLES)
+        rounds.append({"server_round": t, **replay(sent, NUM_EXAMPLES, current)})
     return {"strategy": name, "kwargs": kwargs, "hyperparameters": hyperparameters(strategy),
             "initial_parameters": as_lists(init), "rounds": rounds}
 
 
-def dumps(fixture: dict) -> str:
-    """Indented JSON with every innermost list of numbers on one line."""
-    text = json.dumps(fixture, indent=1)
-    return re.sub(r"\[[-+0-9.eE,\s]*\]", lambda m: re.sub(r"\s+", "", m.group(0)).replace(",", ", "), text) + "\n"
-
-
 def main(argv: list[str]) -> int:
-    import flwr
-
-    logging.getLogger("flwr").setLevel(logging.ERROR)  # "No fit_metrics_aggregation_fn provided"
-    fixture = {
-        "made_by": "python scripts/make_flower_server_optimizer_fixtures.py (in a venv with flwr)",
-        "flwr_version": flwr.__version__,
-        "versions": {"flwr": flwr.__version__, "numpy": np.__version__, "python": sys.version.split()[0]},
-        "how": "strategy = <strategy>(initial_parameters=ndarrays_to_parameters(initial_parameters), **kwargs); "
-               "for each round: parameters, _ = strategy.aggregate_fit(server_round, [(None, FitRes(Status(OK), "
-               "ndarrays_to_parameters(float32 client arrays), num_examples, {})) for each client in order], []); "
-               "global_parameters = parameters_to_ndarrays(parameters)",
-        "notes": NOTES,
-        "cases": [run_case(name, kwargs) for name, kwargs in CASES],
-    }
-    text = dumps(fixture)
-    if "--check" in argv:
-        same = OUT.exists() and OUT.read_text() == text
-        print(f"{OUT}: {'is' if same else 'is NOT'} what flwr {flwr.__version__} makes")
-        return 0 if same else 1
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(text)
-    print(f"wrote {OUT} ({OUT.stat().st_size} bytes, {len(CASES)} cases)")
-    return 0
+    flwr = load_flwr()
+    fixture = {**header(Path(__file__).name, flwr.__version__),
+               "notes": NOTES,
+               "cases": [run_case(name, kwargs) for name, kwargs in CASES]}
+    return write_or_check(OUT, dumps(fixture), argv, f"{len(CASES)} cases", f"flwr {flwr.__version__}")
 
 
 if __name__ == "__main__":

@@ -398,7 +398,7 @@ def test_other_strategies_stay_names(extra, name):
     assert _strategy(_cfg(*extra)) == name
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "2e9"])
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "2e9", "0.001", "0.5"])
 def test_a_bad_collective_timeout_is_a_config_error(value):
     with pytest.raises(ConfigError, match=r"federation.collective_timeout_s=.* is not allowed; expected a float"):
         _cfg("--federation.collective_timeout_s", value)
