@@ -77,8 +77,8 @@ class ServerOptimizer:
             x = previous.get(key)
             if x is None or not (mean.is_floating_point() and x.is_floating_point()) or x.shape != mean.shape:
                 continue
-            dtype = torch.promote_types(x.dtype, torch.float32)
-            state[key], moved = self._step_tensor(x.to(dtype), mean.to(dtype), key, moments, round_idx)
+            dtype = torch.promote_types(x.dtype, torch.float32)  # the step in at least float32, where x̄ lies
+            state[key], moved = self._step_tensor(x.to(mean.device, dtype), mean.to(dtype), key, moments, round_idx)
             state[key] = state[key].to(x.dtype)
             new_moments.update(moved)
         return state, new_moments
