@@ -17,10 +17,12 @@ progress.
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -146,16 +148,38 @@ def _partition_from_file(path: Path, num_samples: int, num_clients: int) -> list
     return parts
 
 
-def _strategy(cfg: RunConfig) -> str | Strategy:
-    """Fabric's strategy: ``auto`` is DDP on more than one rank. A DDP strategy (``ddp`` or one of its registered
-    variants, ``ddp_spawn`` …) is built here with ``federation.collective_timeout_s``: by name, Fabric would use
-    torch's default process-group timeout (30 min for NCCL), shorter than a long server phase."""
+def _strategy(cfg: RunConfig, environ: Mapping[str, str] = os.environ) -> str | Strategy:
+    """Fabric's strategy: ``auto`` is DDP on more than one rank; under ``fabric run --strategy NAME`` it is NAME, as
+    Fabric itself would take it (a different ``federation.strategy`` stops in one line). A DDP strategy (``ddp`` or
+    one of its registered variants, ``ddp_spawn`` …) is built here with ``federation.collective_timeout_s``: by
+    name, Fabric would use torch's default process-group timeout (30 min for NCCL), shorter than a long server
+    phase."""
     f = cfg.federation
     name = f.strategy if f.strategy != "auto" else "ddp" if f.devices * f.num_nodes > 1 else "auto"
+    cli = environ.get("LT_STRATEGY") if environ.get("LT_CLI_USED") == "1" else None
+    if cli:
+        if f.strategy not in ("auto", cli):
+            raise ConfigError("federation.strategy", f.strategy, f"'{cli}', the strategy `fabric run --strategy` "
+                              f"names (or auto)")
+        name = cli
     entry = STRATEGY_REGISTRY[name] if name in STRATEGY_REGISTRY else None  # its .get() would build one
     if entry is None or not issubclass(entry["strategy"], DDPStrategy):
         return name
     return entry["strategy"](**entry["init_params"], timeout=timedelta(seconds=f.collective_timeout_s))
+
+
+@contextmanager
+def _cli_strategy_taken() -> Iterator[None]:
+    """``LT_STRATEGY`` out of the environment while ``Fabric(...)`` is built: :func:`_strategy` has taken the
+    name ``fabric run --strategy`` set, and Fabric refuses any strategy object beside that variable ("conflicts
+    with the value --strategy=ddp set through the CLI"), the one that carries the timeout included. Put back
+    at once: nothing reads it later."""
+    cli = os.environ.pop("LT_STRATEGY", None) if os.environ.get("LT_CLI_USED") == "1" else None
+    try:
+        yield
+    finally:
+        if cli is not None:
+            os.environ["LT_STRATEGY"] = cli
 
 
 class Simulation:
@@ -189,10 +213,12 @@ class Simulation:
         self._attack = ClientAttack.of(cfg.federation.attack, cfg.partition.num_clients)  # None: no attack
         self.ckpt_dir = self.run_dir / "checkpoints"
         loggers = list(loggers) if loggers is not None else default_loggers(cfg)
-        self.fabric = Fabric(accelerator=cfg.federation.accelerator, devices=cfg.federation.devices,
-                             num_nodes=cfg.federation.num_nodes, strategy=_strategy(cfg),
-                             precision=cfg.federation.precision,
-                             callbacks=[*default_callbacks(cfg, loggers), *callbacks], loggers=loggers)
+        strategy = _strategy(cfg)
+        with _cli_strategy_taken():
+            self.fabric = Fabric(accelerator=cfg.federation.accelerator, devices=cfg.federation.devices,
+                                 num_nodes=cfg.federation.num_nodes, strategy=strategy,
+                                 precision=cfg.federation.precision,
+                                 callbacks=[*default_callbacks(cfg, loggers), *callbacks], loggers=loggers)
 
     # ------------------------------------------------------------------------------------ set-up
     def _setup(self) -> tuple[Algorithm, Environment]:

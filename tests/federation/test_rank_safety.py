@@ -545,3 +545,35 @@ def test_a_callback_failing_on_any_rank_ends_every_rank_with_one_line(hook, rank
     for r in (0, 1):  # both exited within seconds of the error, not after the collective timeout (a day)
         assert (out / f"rank{r}.rc").stat().st_mtime - raised < 20
     assert not list((tmp_path / "runs").glob("*/summary.json"))
+
+
+@pytest.mark.parametrize("cli", ["ddp", "ddp_find_unused_parameters_true"])
+def test_fabric_run_with_strategy_ddp_sets_up_ddp_with_the_collective_timeout(cli, tmp_path, monkeypatch):
+    """``fabric run --strategy ddp`` sets LT_STRATEGY, and Fabric refuses any other strategy value beside it, a
+    DDPStrategy instance included ("conflicts with the value --strategy=ddp set through the CLI"). The CLI's name
+    is taken, and the strategy Fabric sets up (in ``Fabric()``, under its CLI) carries the collective timeout."""
+    from fl_lightning.federation.simulation import Simulation
+
+    seen = []
+    monkeypatch.setattr(DDPStrategy, "setup_environment", lambda self: seen.append(self))  # no process group
+    for key, value in {"LT_CLI_USED": "1", "LT_STRATEGY": cli, "LT_ACCELERATOR": "cpu", "LT_DEVICES": "2",
+                       "LT_NUM_NODES": "1", "WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(key, value)
+    cfg = _cfg("--output_dir", str(tmp_path), "--federation.accelerator", "cpu", "--federation.devices", "2",
+               "--federation.collective_timeout_s", "7.5")
+    strategy = Simulation(cfg=cfg, loggers=[]).fabric.strategy
+    assert seen == [strategy] and strategy._timeout == timedelta(seconds=7.5)
+    assert strategy._ddp_kwargs.get("find_unused_parameters", False) == cli.endswith("true")
+    assert os.environ["LT_STRATEGY"] == cli  # put back
+
+
+def test_fabric_run_strategy_disagreeing_with_the_config_stops_in_one_line(tmp_path, monkeypatch):
+    from fl_lightning.federation.simulation import Simulation
+
+    monkeypatch.setenv("LT_CLI_USED", "1")
+    monkeypatch.setenv("LT_STRATEGY", "ddp")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = _cfg("--output_dir", str(tmp_path), "--federation.accelerator", "cpu", "--federation.devices", "2",
+               "--federation.strategy", "ddp_spawn")
+    with pytest.raises(ConfigError, match=r"federation.strategy.*'ddp', the strategy `fabric run --strategy`"):
+        Simulation(cfg=cfg, loggers=[])
