@@ -249,6 +249,8 @@ class Simulation:
 
     def _restore(self, algorithm: Algorithm, checkpoint: ServerCheckpoint) -> RunState:
         """The run so far: fresh, or the checkpointed RunState when resuming (restored on every rank)."""
+        if self.resume and self.fabric.global_rank == 0:
+            checkpoint.sweep()  # temp files of a write a kill interrupted: no rename ever comes for them
         run = checkpoint.load() if self.resume else None
         if run is None:
             return RunState(state=algorithm.initial_state())

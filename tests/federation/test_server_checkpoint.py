@@ -1,6 +1,11 @@
 """server.pt with its large tensors in parts: an unchanged tensor is written once, a changed one again, a resumed
-run reads the state it had bit for bit, a missing part is one line, an old checkpoint loads as before."""
+run reads the state it had bit for bit, a missing, swapped or foreign part is one line, an old checkpoint loads as
+before, a killed write's temp files are swept on resume."""
 
+import hashlib
+import shutil
+
+import numpy as np
 import pytest
 import torch
 
@@ -10,7 +15,8 @@ from fl_lightning.federation import server_checkpoint
 from fl_lightning.federation.algorithm import register
 from fl_lightning.federation.checkpoint import CorruptCheckpointError, atomic_save, safe_load
 from fl_lightning.federation.run_state import RunState
-from fl_lightning.federation.server_checkpoint import ServerCheckpoint, load_server_checkpoint, load_server_state
+from fl_lightning.federation.server_checkpoint import (ServerCheckpoint, load_server_checkpoint, load_server_state,
+                                                      tensor_digest)
 from fl_lightning.federation.simulation import Simulation
 from tests.conftest import CONF
 
@@ -72,6 +78,62 @@ def test_a_checkpoint_without_parts_loads_as_before(tmp_path):
     assert loaded.completed_rounds == 3 and torch.equal(loaded.state["w"], torch.arange(4.0))
 
 
+def _two_rounds(folder):
+    """A checkpoint after round 1 whose backbone changed in round 1, and round 0's part kept aside."""
+    big = torch.randn(64, 64)
+    ckpt = ServerCheckpoint(folder, min_bytes=1024)
+    ckpt.save(RunState(state={"backbone": big, "head": torch.zeros(3)}, completed_rounds=1))
+    ckpt.wait()
+    shutil.copy(folder / "state-0000.pt", folder.parent / "round0-part.pt")
+    big.add_(1)
+    ckpt.save(RunState(state={"backbone": big, "head": torch.ones(3)}, completed_rounds=2))
+    ckpt.wait()
+    assert _parts(folder) == ["state-0001.pt"]
+    return big
+
+
+def test_a_part_swapped_for_another_rounds_is_one_line_not_mixed_weights(tmp_path):
+    folder = tmp_path / "checkpoints"
+    _two_rounds(folder)
+    shutil.copy(tmp_path / "round0-part.pt", folder / "state-0001.pt")  # the right name, round 0's content
+    with pytest.raises(CorruptCheckpointError, match=r"part '.*state-0001.pt' does not hold what 'server.pt' "
+                                                     r"recorded for 'backbone'") as err:
+        ServerCheckpoint(folder, min_bytes=1024).load()
+    assert "\n" not in str(err.value) and "another round's" in str(err.value)
+
+
+def test_a_part_without_the_tensors_named_and_a_foreign_server_file_are_one_line(tmp_path):
+    folder = tmp_path / "checkpoints"
+    _two_rounds(folder)
+    atomic_save({"other": torch.zeros(2)}, folder / "state-0001.pt")  # a valid torch file, not this run's part
+    with pytest.raises(CorruptCheckpointError, match=r"lacks 1 tensor\(s\) 'server.pt' names in it \('backbone'"):
+        load_server_checkpoint(folder)
+    for foreign in ({"weights": torch.zeros(2)}, {"state": {}, "round": 0}, [1, 2]):  # no state; no totals; a list
+        atomic_save(foreign, folder / "server.pt")
+        with pytest.raises(CorruptCheckpointError, match="is not a server checkpoint of fl_lightning") as err:
+            ServerCheckpoint(folder).load()
+        assert "\n" not in str(err.value)
+
+
+def test_parts_written_before_digests_still_load(tmp_path):
+    folder = tmp_path / "checkpoints"
+    big = _two_rounds(folder)
+    saved = safe_load(folder / "server.pt")
+    assert set(saved["state_digests"]) == {"backbone"}
+    del saved["state_digests"]  # the format before this check
+    atomic_save(saved, folder / "server.pt")
+    assert torch.equal(ServerCheckpoint(folder, min_bytes=1024).load().state["backbone"], big)
+
+
+def test_tensor_digest_is_sha256_of_dtype_shape_and_bytes():
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    reference = hashlib.sha256(b"torch.float32|(3, 4)|" + np.arange(12, dtype=np.float32).tobytes()).hexdigest()
+    assert tensor_digest(t) == reference == tensor_digest(t.t().contiguous().t())  # a strided view: the values
+    assert tensor_digest(t.reshape(4, 3)) != reference  # the same bytes, another shape
+    assert tensor_digest(t.view(torch.int32)) != reference  # the same bytes, another dtype
+    assert tensor_digest(torch.tensor(1.0, dtype=torch.bfloat16)) != tensor_digest(torch.tensor(1.0))  # 0-dim, bf16
+
+
 @register("test_frozen_table")
 class _FrozenTable(FedAvg):
     """FedAvg of a head with a large frozen tensor in its state (as FeDiSyn's backbone), never changed."""
@@ -103,3 +165,26 @@ def test_a_run_writes_its_frozen_tensor_once_and_resumes_to_the_same_state(tmp_p
     a, b = load_server_state(cfg("full", 3).run_dir), load_server_state(cfg("cut", 3).run_dir)
     assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
     assert _parts(cfg("cut", 3).run_dir / "checkpoints") == ["state-0000.pt", "state-0002.pt"]
+
+
+def test_a_resumed_run_sweeps_killed_writes_and_refuses_a_swapped_part(tmp_path, monkeypatch):
+    monkeypatch.setattr(server_checkpoint, "PART_MIN_BYTES", 1024)
+
+    def cfg(rounds):
+        return load_config(CONF / "fedavg_digits_tiny.yaml",
+                           ["--output_dir", str(tmp_path), "--federation.rounds", str(rounds),
+                            "--partition.num_clients", "4", "--logging.progress", "false",
+                            "--algorithm", "test_frozen_table"])
+
+    Simulation(cfg=cfg(2), loggers=[]).run()
+    folder = cfg(2).run_dir / "checkpoints"
+    killed = [folder / ".server.pt.k1ll3d.tmp", folder / ".state-0002.pt.k1ll3d.tmp"]  # kills between write and rename
+    for path in killed:
+        path.write_bytes(b"half a checkpoint")
+    (folder / "notes.tmp").write_text("not ours")
+    shutil.copy(folder / "state-0001.pt", tmp_path / "head-of-round-1.pt")
+    Simulation(cfg=cfg(3), loggers=[], resume=True).run()
+    assert not any(p.exists() for p in killed) and (folder / "notes.tmp").exists()
+    shutil.copy(tmp_path / "head-of-round-1.pt", folder / "state-0002.pt")  # round 1's head under round 2's name
+    with pytest.raises(CorruptCheckpointError, match=r"state-0002.pt' does not hold what 'server.pt' recorded"):
+        Simulation(cfg=cfg(4), loggers=[], resume=True).run()
