@@ -13,6 +13,7 @@ os.environ.setdefault("WANDB_SILENT", "true")
 # down by orders of magnitude. It also makes 1-process and 2-process runs bitwise comparable.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -53,6 +54,23 @@ class StopAfterClients:
         self.n -= 1
         if self.n == 0:
             raise KeyboardInterrupt
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real full disk: a 600 KiB tmpfs at tmp_path/disk, or a skip saying why it cannot be mounted here."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if shutil.which("mount") is None or os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root and mount(8)")
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(disk)], capture_output=True,
+                         text=True)
+    if out.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

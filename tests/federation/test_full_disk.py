@@ -11,8 +11,6 @@ from __future__ import annotations
 import errno
 import io
 import os
-import shutil
-import subprocess
 from collections import namedtuple
 from pathlib import Path
 
@@ -177,23 +175,6 @@ def test_no_space_for_a_text_file_of_the_run_folder_is_one_line(tmp_path, monkey
 
 
 # ----------------------------------------------------------------------------- a real 600 KiB disk
-
-@pytest.fixture
-def tiny_disk(tmp_path):
-    """A 600 KiB tmpfs at tmp_path/disk, or a skip saying why it cannot be mounted here."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if shutil.which("mount") is None or os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root and mount(8)")
-    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(disk)], capture_output=True,
-                         text=True)
-    if out.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip()}")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
-
 
 def test_a_real_full_disk(tiny_disk):
     path = tiny_disk / "checkpoints" / "server.pt"

@@ -1,7 +1,11 @@
-"""The synthetic images' read store (fl_lightning/synthesis/store.py): the PNG path's items, bit for bit."""
+"""The synthetic images' read store (fl_lightning/synthesis/store.py): the PNG path's items, bit for bit; reused only
+when it holds what its record says (else built again, one warning); a full disk while it is made is one line."""
 
+import errno
+import hashlib
 import json
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -14,12 +18,16 @@ from fl_lightning.data.preprocessed import collate
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.modules.pretraining import pretrain_classifier, split_holdout
 from fl_lightning.synthesis.generate import MANIFEST_NAME
-from fl_lightning.synthesis.store import STORE_DIR, build_stores, remove_stores, split_transform, store_key, stored_splits
+from fl_lightning.errors import DiskFullError
+from fl_lightning.synthesis import store as store_module
+from fl_lightning.synthesis.store import (STORE_DIR, array_digest, build_stores, remove_stores, split_transform,
+                                          store_key, stored_splits)
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
 
 
 def _folder(root, n=12, side=40, classes=3, seed=0):
+    root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     rows = []
     for i in range(n):
@@ -96,10 +104,90 @@ def test_a_changed_folder_or_size_makes_another_store_and_the_old_one_goes(tmp_p
     Image.fromarray(np.zeros((40, 40, 3), np.uint8)).save(folder / "c0/00000.png")  # an image regenerated
     os.utime(folder / "c0/00000.png", ns=(1, 1))
     second = build_stores(folder, [head])[0]
-    assert second != first and not first.exists() and list((folder / STORE_DIR).iterdir()) == [second]
+    assert second != first and not first.exists()
+    assert sorted((folder / STORE_DIR).iterdir()) == [second.with_suffix(".json"), second]  # the store, its record
     assert not np.load(second, mmap_mode="r")[0].any()
     remove_stores(folder)
     assert not (folder / STORE_DIR).exists() and (folder / MANIFEST_NAME).is_file()
+
+
+def _damage_truncate(store):
+    with open(store, "r+b") as f:
+        f.truncate(store.stat().st_size // 2)  # a copy cut short: np.load's "mmap length is greater than file size"
+
+
+def _damage_pixels(store):
+    array = np.load(store, mmap_mode="r+")
+    array[3] = 255 - array[3]  # other pixels of the right shape
+    array.flush()
+
+
+def _damage_shape(store):
+    np.save(store, np.zeros((5, 3, 16, 16), np.uint8))  # another folder's store under this key
+
+
+def _damage_record(store):
+    store.with_suffix(".json").unlink()  # a store from before the record, or a kill between the two files
+
+
+@pytest.mark.parametrize("damage", [_damage_truncate, _damage_pixels, _damage_shape, _damage_record],
+                         ids=["truncated", "other-pixels", "other-shape", "no-record"])
+def test_a_store_unfit_for_reuse_is_built_again_with_one_warning(tmp_path, damage):
+    folder = _folder(tmp_path)
+    head = split_transform(_transforms(16)[1]).head
+    store = build_stores(folder, [head])[0]
+    good = np.load(store).copy()
+    damage(store)
+    with pytest.warns(UserWarning, match=rf"store '{store}' is built again: ") as seen:
+        assert build_stores(folder, [head]) == [store]
+    assert len(seen) == 1 and "\n" not in str(seen[0].message)
+    assert np.array_equal(np.load(store), good)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # whole again: reused without a word
+        assert build_stores(folder, [head]) == [store]
+
+
+def test_the_record_holds_the_stores_shape_and_sha256(tmp_path):
+    folder = _folder(tmp_path)
+    store = build_stores(folder, [split_transform(_transforms(16)[1]).head])[0]
+    record = json.loads(store.with_suffix(".json").read_text())
+    array = np.load(store)
+    assert record == {"shape": [12, 3, 16, 16], "sha256": hashlib.sha256(array.tobytes()).hexdigest()}
+    chunked = array_digest(np.load(store, mmap_mode="r"))
+    assert chunked == record["sha256"]
+
+
+def test_a_full_disk_while_a_store_is_made_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    folder = _folder(tmp_path)
+
+    def no_room(fd, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(store_module.os, "posix_fallocate", no_room)
+    with pytest.raises(DiskFullError, match=r"\.store/.*\.npy.*tmp.*needs") as err:
+        build_stores(folder, [split_transform(_transforms(16)[1]).head])
+    assert "\n" not in str(err.value)
+    assert not [p for p in (folder / STORE_DIR).iterdir()]  # no half store, no temp file
+
+
+def test_a_real_full_disk_while_a_store_is_made_is_one_line_not_a_sigbus(tiny_disk):
+    """Before the blocks were reserved, the map's first page past the free space killed the process (SIGBUS)."""
+    folder = _folder(tiny_disk / "synthetic")  # 12 PNGs of 40 px fit; their 224-px store (1.8 MiB) does not
+    with pytest.raises(DiskFullError, match=r"could not be written: it needs 1.7 MiB \(its image bytes\)") as err:
+        build_stores(folder, [split_transform(_transforms(224)[1]).head])
+    assert "\n" not in str(err.value)
+    assert not list((folder / STORE_DIR).iterdir())
+
+
+def test_a_file_system_that_cannot_reserve_blocks_still_gets_its_store(tmp_path, monkeypatch):
+    folder = _folder(tmp_path)
+
+    def unsupported(fd, offset, length):
+        raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+
+    monkeypatch.setattr(store_module.os, "posix_fallocate", unsupported)
+    store = build_stores(folder, [split_transform(_transforms(16)[1]).head])[0]
+    assert np.load(store).shape == (12, 3, 16, 16)
 
 
 def test_a_pickled_store_maps_its_file_again(tmp_path):
