@@ -7,6 +7,7 @@ free and what to do; the file it would have replaced is intact and its temp file
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import tempfile
@@ -16,12 +17,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from fl_lightning.errors import DiskFullError, UsageError
 from fl_lightning.federation.run_folder import disk_full_error
 
-__all__ = ["atomic_save", "safe_load", "CorruptCheckpointError", "DurableWriter"]
+__all__ = ["atomic_save", "safe_load", "reserved_memmap", "CorruptCheckpointError", "DurableWriter"]
 
 
 class CorruptCheckpointError(UsageError):
@@ -55,6 +57,25 @@ def atomic_save(obj: Any, path: str | Path, *, durable: bool = True, checksum: b
         if full is not None:
             raise full  # noqa: B904 — its __cause__ is err
         raise
+
+
+def reserved_memmap(path: Path, shape: tuple[int, ...], dtype: np.dtype | type) -> np.memmap:
+    """A new zero-filled ``.npy`` memory map of ``shape`` at ``path`` with its blocks reserved on disk
+    (``posix_fallocate``): a full disk raises :class:`~fl_lightning.errors.DiskFullError` (one line; the file
+    removed) here, not SIGBUS at the first page the map cannot back. A file system that cannot reserve blocks
+    (EOPNOTSUPP) gets the map as it is."""
+    array = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+    try:
+        with open(path, "r+b") as f:
+            os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return array
+        del array
+        Path(path).unlink(missing_ok=True)
+        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        raise disk_full_error(err, Path(path), size, needed_is="its size") from err
+    return array
 
 
 class _Counter:

@@ -41,7 +41,6 @@ so a full disk is one line (:class:`~fl_lightning.errors.DiskFullError`), not a 
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -57,7 +56,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from fl_lightning.data.preprocessed import StoredBatch
-from fl_lightning.federation.run_folder import disk_full_error
+from fl_lightning.federation.checkpoint import reserved_memmap
 from fl_lightning.synthesis.generate import MANIFEST_NAME
 
 __all__ = ["STORE_DIR", "STORE_MODES", "TransformParts", "array_digest", "split_transform", "store_key",
@@ -179,22 +178,6 @@ def _checked_stores(paths: Sequence[Path], num_items: int) -> list[Path]:
     return fit
 
 
-def _reserve(path: Path, shape: tuple[int, ...]) -> np.ndarray:
-    """A new ``.npy`` memory map of ``shape`` at ``path`` with its blocks reserved on disk: a full disk raises
-    :class:`~fl_lightning.errors.DiskFullError` here rather than SIGBUS at the first page the map cannot back."""
-    array = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=shape)
-    try:
-        with open(path, "r+b") as f:
-            os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
-    except OSError as err:
-        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
-            return array  # a file system that cannot reserve blocks (EOPNOTSUPP): filled as it is
-        del array
-        path.unlink(missing_ok=True)
-        raise disk_full_error(err, path, int(np.prod(shape)), needed_is="its image bytes") from err
-    return array
-
-
 def build_stores(folder: str | os.PathLike[str], heads: Sequence[v2.Compose]) -> list[Path]:
     """The store of ``folder`` for each head (built where missing or unfit for reuse, every image decoded once for
     all of them).
@@ -226,7 +209,7 @@ def build_stores(folder: str | os.PathLike[str], heads: Sequence[v2.Compose]) ->
                         raise ValueError(f"the store's head {head!r} does not make a uint8 (C, H, W) image of {rel}")
                     if key not in arrays:
                         tmps[key] = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-                        arrays[key] = _reserve(tmps[key], (len(items), *x.shape))
+                        arrays[key] = reserved_memmap(tmps[key], (len(items), *x.shape), np.uint8)
                     if tuple(x.shape) != arrays[key].shape[1:]:
                         raise ValueError(f"{rel}: the store's head makes {tuple(x.shape)}, the first image "
                                          f"{arrays[key].shape[1:]} (images of one size are stored)")

@@ -19,7 +19,7 @@ from fl_lightning.data.transforms import build_transform
 from fl_lightning.modules.pretraining import pretrain_classifier, split_holdout
 from fl_lightning.synthesis.generate import MANIFEST_NAME
 from fl_lightning.errors import DiskFullError
-from fl_lightning.synthesis import store as store_module
+from fl_lightning.federation import checkpoint as checkpoint_module
 from fl_lightning.synthesis.store import (STORE_DIR, array_digest, build_stores, remove_stores, split_transform,
                                           store_key, stored_splits)
 
@@ -163,7 +163,7 @@ def test_a_full_disk_while_a_store_is_made_is_one_line_and_leaves_nothing(tmp_pa
     def no_room(fd, offset, length):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(store_module.os, "posix_fallocate", no_room)
+    monkeypatch.setattr(checkpoint_module.os, "posix_fallocate", no_room)
     with pytest.raises(DiskFullError, match=r"\.store/.*\.npy.*tmp.*needs") as err:
         build_stores(folder, [split_transform(_transforms(16)[1]).head])
     assert "\n" not in str(err.value)
@@ -173,7 +173,7 @@ def test_a_full_disk_while_a_store_is_made_is_one_line_and_leaves_nothing(tmp_pa
 def test_a_real_full_disk_while_a_store_is_made_is_one_line_not_a_sigbus(tiny_disk):
     """Before the blocks were reserved, the map's first page past the free space killed the process (SIGBUS)."""
     folder = _folder(tiny_disk / "synthetic")  # 12 PNGs of 40 px fit; their 224-px store (1.8 MiB) does not
-    with pytest.raises(DiskFullError, match=r"could not be written: it needs 1.7 MiB \(its image bytes\)") as err:
+    with pytest.raises(DiskFullError, match=r"could not be written: it needs 1.7 MiB \(its size\)") as err:
         build_stores(folder, [split_transform(_transforms(224)[1]).head])
     assert "\n" not in str(err.value)
     assert not list((folder / STORE_DIR).iterdir())
@@ -185,7 +185,7 @@ def test_a_file_system_that_cannot_reserve_blocks_still_gets_its_store(tmp_path,
     def unsupported(fd, offset, length):
         raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
 
-    monkeypatch.setattr(store_module.os, "posix_fallocate", unsupported)
+    monkeypatch.setattr(checkpoint_module.os, "posix_fallocate", unsupported)
     store = build_stores(folder, [split_transform(_transforms(16)[1]).head])[0]
     assert np.load(store).shape == (12, 3, 16, 16)
 
