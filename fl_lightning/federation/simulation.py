@@ -52,6 +52,7 @@ from fl_lightning.data.report import write_partition_figure, write_partition_rep
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.errors import ClientFailure, ClientUsageError, ConfigError, RunFailure, TooFewClients, UsageError
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundPlan
+from fl_lightning.federation.client_state import CLIENT_STATE_DIR
 from fl_lightning.federation.collectives import everyone, from_server, to_server, waiting
 from fl_lightning.federation.launch import check_launcher
 from fl_lightning.federation.precision import check_precision
@@ -261,10 +262,13 @@ class Simulation:
         return run
 
     def _drop_stale_rounds(self, next_round: int) -> None:
-        """Records of any round other than the one to run next are from an abandoned start: remove them."""
+        """Records of any round other than the one to run next are from an abandoned start: remove them (and, on a
+        fresh start, ``next_round`` −1, the clients' kept state: federation/client_state.py)."""
         for folder in self.ckpt_dir.glob("round*"):
             if folder.is_dir() and folder.name != f"round{next_round:04d}":
                 RoundStore(self.ckpt_dir, int(folder.name[5:])).clear()
+        if next_round < 0:  # a fresh start: no client keeps state from an earlier run in this folder
+            shutil.rmtree(self.ckpt_dir / CLIENT_STATE_DIR, ignore_errors=True)
 
     # -------------------------------------------------------------------------------------- run
     def run(self) -> dict[str, Any]:
