@@ -39,9 +39,25 @@ from fl_lightning.federation.privacy_coverage import weights_only
 if TYPE_CHECKING:
     from fl_lightning.config import RunConfig
 
-__all__ = ["FedAvg", "FedAvgConfig"]
+__all__ = ["FedAvg", "FedAvgConfig", "HEAD_KEYS", "flat_head", "unflat_head"]
 
 _KEYS = ("head.weight", "head.bias")
+HEAD_KEYS = _KEYS  # the linear head's state keys, in the order flat_head lays them out
+
+
+def flat_head(tensors: Mapping[str, torch.Tensor], prefix: str = "") -> torch.Tensor:
+    """The head's tensors ``prefix + k`` (k in :data:`HEAD_KEYS`) as one float32 CPU vector (W then b)."""
+    return torch.cat([tensors[prefix + k].detach().reshape(-1).to(torch.float32).cpu() for k in _KEYS])
+
+
+def unflat_head(vector: torch.Tensor, like: Mapping[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:
+    """:func:`flat_head`'s inverse: ``{prefix + k: tensor}`` shaped and typed as ``like[k]``."""
+    out, at = {}, 0
+    for k in _KEYS:
+        n = like[k].numel()
+        out[prefix + k] = vector[at:at + n].reshape(like[k].shape).to(like[k].dtype)
+        at += n
+    return out
 
 
 @dataclass

@@ -36,7 +36,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fl_lightning.algorithms.fedavg import _KEYS, FedAvg, FedAvgConfig
+from fl_lightning.algorithms.fedavg import HEAD_KEYS as _KEYS
+from fl_lightning.algorithms.fedavg import FedAvg, FedAvgConfig
+from fl_lightning.algorithms.fedavg import flat_head as _flat
+from fl_lightning.algorithms.fedavg import unflat_head as _unflat
 from fl_lightning.errors import UsageError, check
 from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, register
 from fl_lightning.federation.client_state import CLIENT_STATE_DIR, ClientStateStore
@@ -95,19 +98,6 @@ class _Correction:
             if name in self.correction:
                 step = self.correction[name].to(p)
                 p.grad = step.clone() if p.grad is None else p.grad.add_(step)
-
-
-def _flat(tensors: Mapping[str, Tensor], prefix: str = "") -> Tensor:
-    return torch.cat([tensors[prefix + k].detach().reshape(-1).to(torch.float32).cpu() for k in _KEYS])
-
-
-def _unflat(vector: Tensor, like: Mapping[str, Tensor], prefix: str = "") -> dict[str, Tensor]:
-    out, at = {}, 0
-    for k in _KEYS:
-        n = like[k].numel()
-        out[prefix + k] = vector[at:at + n].reshape(like[k].shape).to(like[k].dtype)
-        at += n
-    return out
 
 
 @register("scaffold")

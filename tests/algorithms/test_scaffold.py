@@ -15,19 +15,10 @@ from fl_lightning.errors import UsageError
 from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.client_state import ClientStateStore
 from fl_lightning.federation.simulation import Simulation
+from tests.algorithms.client_drift_helpers import StopAtRoundEnd, least_squares
 from tests.conftest import CONF, run_cli
 
 # ------------------------------------------------------------------ the method on tensors: least squares
-
-
-def _least_squares(n=5, d=4, m=12, seed=0):
-    """Clients i with f_i(w) = ½‖A_i w − b_i‖²/m, each its own A_i and b_i (heterogeneous optima)."""
-    g = torch.Generator().manual_seed(seed)
-    problems = [(torch.randn(m, d, generator=g, dtype=torch.float64) * (1 + i),
-                 torch.randn(m, generator=g, dtype=torch.float64) + 3 * i) for i in range(n)]
-    a = sum(A.T @ A for A, _ in problems) / m
-    b = sum(A.T @ y for A, y in problems) / m
-    return problems, torch.linalg.solve(a, b)  # the minimiser of Σ f_i
 
 
 def _rounds(problems, *, corrected: bool, rounds=300, steps=10, lr=0.01, sample=None, seed=0):
@@ -53,7 +44,7 @@ def _rounds(problems, *, corrected: bool, rounds=300, steps=10, lr=0.01, sample=
 
 
 def test_scaffold_reaches_the_global_optimum_where_fedavg_stops_short():
-    problems, optimum = _least_squares()
+    problems, optimum = least_squares()
     scaffold = _rounds(problems, corrected=True)
     fedavg = _rounds(problems, corrected=False)
     assert float((scaffold - optimum).norm()) < 1e-8 * float(optimum.norm())
@@ -61,7 +52,7 @@ def test_scaffold_reaches_the_global_optimum_where_fedavg_stops_short():
 
 
 def test_scaffold_with_client_sampling_still_reaches_the_optimum():
-    problems, optimum = _least_squares()
+    problems, optimum = least_squares()
     x = _rounds(problems, corrected=True, rounds=1500, sample=2)
     assert float((x - optimum).norm()) < 1e-6 * float(optimum.norm())
 
@@ -112,23 +103,12 @@ def test_round_zero_is_fedavgs_unweighted_mean_and_c_stays_the_mean_of_the_clien
         assert c.abs().max() > 0 and np.allclose(c.numpy(), mean, atol=1e-6)
 
 
-class _StopAtRoundEnd:
-    """A kill after round ``n``'s aggregate wrote the clients' state, before its server.pt."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def on_round_end(self, *, round_idx: int, **_: object) -> None:
-        if round_idx == self.n:
-            raise KeyboardInterrupt
-
-
 def test_a_run_killed_after_the_clients_state_was_written_resumes_to_the_uninterrupted_result(tmp_path):
     full = _cfg(tmp_path / "full", "scaffold", "--federation.rounds", "4", "--federation.client_fraction", "0.5")
     Simulation(cfg=full, loggers=[]).run()
     cut = _cfg(tmp_path / "cut", "scaffold", "--federation.rounds", "4", "--federation.client_fraction", "0.5")
     with pytest.raises(KeyboardInterrupt):
-        Simulation(cfg=cut, loggers=[], callbacks=[_StopAtRoundEnd(2)]).run()
+        Simulation(cfg=cut, loggers=[], callbacks=[StopAtRoundEnd(2)]).run()
     assert safe_load(cut.run_dir / "checkpoints" / "server.pt")["round"] == 1  # round 2 wrote c_i, not server.pt
     Simulation(cfg=cut, loggers=[], resume=True).run()
     a, b = _state(full), _state(cut)
@@ -178,6 +158,8 @@ def test_the_tiny_client_drift_comparison_runs_each_method(tmp_path, capsys):
                      "--federation.rounds", "2", "--data.num_samples", "300"])
     assert rc == 0, capsys.readouterr().err
     states = {p.parent.parent.name: safe_load(p) for p in tmp_path.glob("*/checkpoints/server.pt")}
-    assert set(states) == {"fedavg", "fedprox", "scaffold"}
+    assert set(states) == {"fedavg", "fedprox", "scaffold", "feddyn"}
     assert {"control.head.weight", "control.head.bias"} <= set(states["scaffold"]["state"])
-    assert (tmp_path / "scaffold" / "checkpoints" / "client_state" / "scaffold" / "values.npy").is_file()
+    assert {"cloud.head.weight", "drift_sum.head.weight"} <= set(states["feddyn"]["state"])
+    for name in ("scaffold", "feddyn"):
+        assert (tmp_path / name / "checkpoints" / "client_state" / name / "values.npy").is_file()
