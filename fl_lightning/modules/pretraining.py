@@ -547,6 +547,11 @@ def pretrain_classifier(
         log_every_n_steps=max(1, min(50, len(train_loader))),
         **extra,
     )
+    if parallel:
+        # no Lightning SIGTERM handler on joined ranks: it broadcasts from inside the handler
+        # (signal_connector._sigterm_notifier_fn), which can pair with another rank's pending all-reduce; a SIGTERM
+        # reaches the handler the process had (the CLI's: a KeyboardInterrupt, kept as the fit's interruption)
+        trainer._signal_connector.register_signal_handlers = lambda: None  # this Trainer only
     with warnings.catch_warnings():
         if resuming:  # the best checkpoint so far is in there, as it should be
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")

@@ -87,10 +87,9 @@ def _assert_same_result(one, two) -> None:
         assert torch.equal(t1[k], t2[k]), k
 
 
-@pytest.mark.parametrize("strategy", [[], ["--strategy", "ddp"]], ids=["auto", "strategy-ddp"])
-def test_fabric_run_two_cpu_processes_equal_one(strategy, config, one_process, tmp_path):
+def test_fabric_run_two_cpu_processes_equal_one(config, one_process, tmp_path):
     fabric, port = _launcher("fabric")
-    proc = _launch([*fabric, "--accelerator", "cpu", "--devices", "2", *strategy, "--main-port", port,
+    proc = _launch([*fabric, "--accelerator", "cpu", "--devices", "2", "--main-port", port,
                     "fl_lightning/train.py", "--config", str(config), "--output_dir", str(tmp_path),
                     "--federation.devices", "2"])
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -7,6 +7,7 @@ the same weights; the held-out accuracy is one rank's within round-off; a failur
 from __future__ import annotations
 
 import os
+import signal
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -62,6 +63,17 @@ class Weights(lightning.Callback):
         self.state = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
 
 
+class SigtermHandler(lightning.Callback):
+    """The SIGTERM handler in force while the fit runs (Lightning's would be its ``_HandlersCompose``)."""
+
+    name: str | None = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        handler = signal.getsignal(signal.SIGTERM)
+        self.name = type(handler).__name__ if not callable(handler) or hasattr(handler, "signal_handlers") else \
+            getattr(handler, "__qualname__", type(handler).__name__)
+
+
 class Interrupted(RuntimeError):
     pass
 
@@ -113,10 +125,10 @@ def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
     try:
         if case == "fails":
             collectives._LEADER_EXIT_GRACE_S = 0.0
-        weights = Weights()
+        weights, handler = Weights(), SigtermHandler()
         ckpt, epochs = _pretrain(Path(out) / "run", ranks, bad=44 if case == "fails" and rank == 1 else None,
-                                 callbacks=[weights])
-        result.update(ckpt=str(ckpt), epochs=epochs, weights=weights.state)
+                                 callbacks=[weights, handler])
+        result.update(ckpt=str(ckpt), epochs=epochs, weights=weights.state, sigterm=handler.name)
     except (RankFailure, RankStopped) as err:
         result["error"] = (type(err).__name__, str(getattr(err, "message", err)))
     report(out, rank, result)
@@ -162,6 +174,7 @@ def test_two_ranks_pretrain_to_equal_weights_and_one_ranks_accuracy(tmp_path):
     zero, other = _run(tmp_path, "shared")
     assert "error" not in zero and "error" not in other, (zero, other)
     assert zero["ckpt"] == other["ckpt"] and zero["epochs"] == other["epochs"] == 3
+    assert zero["sigterm"] == other["sigterm"] != "_HandlersCompose", zero["sigterm"]  # not Lightning's handler
     assert Path(zero["ckpt"]).is_file() and not (tmp_path / "run" / EPOCH_STATE).exists()
     assert zero["weights"].keys() == other["weights"].keys()
     assert all(torch.equal(zero["weights"][k], other["weights"][k]) for k in zero["weights"])
