@@ -45,6 +45,7 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import Dataset
 
+from fl_lightning.algorithms.synthetic_family.shared_round0 import SharedRound0
 from fl_lightning.data.loader import LoaderSettings
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.errors import ConfigError
@@ -448,91 +449,6 @@ def round0_key(share: Mapping[str, Any], requests: Sequence[GenerationRequest], 
         digest.update(str((latent.dtype, tuple(latent.shape))).encode())
         digest.update(latent.reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:32]
-
-
-class SharedRound0:
-    """Round 0's images and pre-trained ViT under ``<root>/<key>/``, published by the first run that finished them
-    and reused by later runs of the same key; each run's folder keeps its own copies (hard links where the file
-    system allows), so a run folder stays whole when the shared one goes.
-
-    Publishing is a rename of a finished folder: a run never reads a half-written one, and two runs that finish
-    the same key at once both keep their own results (the second's publication is dropped).
-
-    Args:
-        root: the shared folder (``<output_dir>/round0``).
-        key: :func:`round0_key`.
-    """
-
-    def __init__(self, root: Path, key: str) -> None:
-        self.folder = Path(root) / key
-
-    def recorded(self, part: str) -> dict[str, Any]:
-        return json.loads((self.folder / part / "record.json").read_text(encoding="utf-8"))
-
-    def images_into(self, folder: Path) -> bool:
-        """The published images linked into ``folder`` (True), or nothing published (False)."""
-        source = self.folder / "generation"
-        if not (source / "record.json").is_file():
-            return False
-        _link_tree(source / "images", folder)
-        return True
-
-    def publish_images(self, folder: Path, host_s: float) -> None:
-        self._publish("generation", {"host_s": host_s}, lambda tmp: _link_tree(folder, tmp / "images"))
-
-    def pretrained_into(self, out: Path) -> tuple[nn.Module, float, Path, float] | None:
-        """The published ViT's checkpoint linked into ``out/checkpoints`` with its recorded times, or None."""
-        source = self.folder / "pretraining"
-        if not (source / "record.json").is_file():
-            return None
-        record = self.recorded("pretraining")
-        best = out / "checkpoints" / record["best"]
-        _link_tree(source / "checkpoints", out / "checkpoints")
-        return load_pretrained_vit(best, map_location="cpu"), record["pretraining_s"], best, record["host_s"]
-
-    def publish_pretraining(self, best: Path, pretraining_s: float, host_s: float) -> None:
-        def fill(tmp: Path) -> None:
-            (tmp / "checkpoints").mkdir(parents=True)
-            _link(Path(best), tmp / "checkpoints" / Path(best).name)
-
-        self._publish("pretraining", {"best": Path(best).name, "pretraining_s": pretraining_s, "host_s": host_s},
-                      fill)
-
-    def _publish(self, part: str, record: dict[str, Any], fill: Any) -> None:
-        import os
-
-        final = self.folder / part
-        if (final / "record.json").is_file():
-            return
-        tmp = self.folder / f".{part}.{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        fill(tmp)
-        (tmp / "record.json").write_text(json.dumps(record), encoding="utf-8")
-        try:
-            os.rename(tmp, final)
-        except OSError:  # another run published the same key first: its files are the same
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _link(source: Path, target: Path) -> None:
-    """``target`` as a hard link of ``source`` (a copy across file systems)."""
-    import os
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if target.exists():
-        return
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copy2(source, target)
-
-
-def _link_tree(source: Path, target: Path) -> None:
-    """Every file under ``source`` linked at the same place under ``target`` (existing files kept)."""
-    for path in sorted(Path(source).rglob("*")):
-        if path.is_file():
-            _link(path, Path(target) / path.relative_to(source))
 
 
 def _decide_lambda(cfg: Any, *, components: DiffusionComponents, totals: Mapping[int, int], class_names: Sequence[str],
