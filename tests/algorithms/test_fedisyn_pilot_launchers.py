@@ -194,6 +194,22 @@ def test_round0_inputs_of_another_config_are_refused_in_one_line(tmp_path) -> No
     assert "\n" not in str(err.value)
 
 
+def test_a_round0_input_swapped_edited_or_planted_is_refused_in_one_line(tmp_path) -> None:
+    from fl_lightning.algorithms.synthetic_family.round0_inputs import stored_upload, write_round0_inputs
+    from fl_lightning.errors import UsageError
+    from fl_lightning.federation.transport import Upload
+
+    write_round0_inputs(tmp_path, "k", {2: Upload({"z": torch.ones(3)}, {"n": 4}),
+                                        5: Upload({"z": torch.zeros(3)}, {"n": 9})})
+    (tmp_path / "client2.pt").write_bytes((tmp_path / "client5.pt").read_bytes())  # client 5's upload as client 2's
+    (tmp_path / "client7.pt").write_bytes((tmp_path / "client5.pt").read_bytes())  # one the parent never wrote
+    for client, why in ((2, "is not the upload its parent wrote"), (7, "is not listed in key.json")):
+        with pytest.raises(UsageError, match=f"client{client}.pt' {why}") as err:
+            stored_upload(tmp_path, "k", client)
+        assert "\n" not in str(err.value)
+    assert stored_upload(tmp_path, "k", 5).meta == {"n": 9}  # the untouched one is used
+
+
 # -- the accelerator's memory before the pilots ------------------------------------------------------------
 def test_release_accelerator_memory_parks_collects_and_empties_only_under_cuda(monkeypatch: pytest.MonkeyPatch):
     import gc

@@ -6,7 +6,8 @@ the labels' prompts again (the LLM), the same work as its parent's round 0, with
 parent writes what its round 0 received, before it starts the pilots::
 
     <run_dir>/pilots/round0_inputs/
-        key.json             the content key of the config the uploads belong to (:func:`inputs_key`)
+        key.json             the content key of the config the uploads belong to (:func:`inputs_key`) and the
+                             SHA-256 of every client file, checked before a pilot uses one
         client<k>.pt         client k's round-0 upload (tensors and meta, as it crossed the simulated network)
         prompts.json         the label → prompts cache of the parent (``synthesis_step``'s file)
 
@@ -15,7 +16,8 @@ instead of computing it (the same bytes cross the simulated channel, so the cloc
 own), and its prompt cache starts from the parent's, so the LLM is never loaded. A client without a file (it
 failed in the parent's round 0) computes its upload as before. The folder is read only when its key is the
 pilot's own (:func:`inputs_key` drops only what a pilot changes: λ, the rounds, the ranks, where it writes);
-any other folder is refused in one line.
+any other folder is refused in one line, and so is a client file that is not the one the parent wrote (swapped,
+edited, or not listed).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fl_lightning.algorithms.synthetic_family.shared_round0 import file_sha256
 from fl_lightning.federation.checkpoint import atomic_save, safe_load
 from fl_lightning.federation.transport import Upload
 
@@ -60,9 +63,12 @@ def write_round0_inputs(folder: Path, key: str, uploads: Mapping[int, Upload]) -
     (folder / _KEY_FILE).unlink(missing_ok=True)
     for stale in folder.glob("client*.pt"):
         stale.unlink()
+    files = {}
     for client, upload in uploads.items():
-        atomic_save(upload.state_dict(), folder / f"client{int(client)}.pt", durable=False)
-    (folder / _KEY_FILE).write_text(json.dumps({"key": key}))
+        path = folder / f"client{int(client)}.pt"
+        atomic_save(upload.state_dict(), path, durable=False)
+        files[path.name] = file_sha256(path)
+    (folder / _KEY_FILE).write_text(json.dumps({"key": key, "files": files}))
 
 
 def hand_prompts(folder: Path, prompts_cache: Path) -> bool:
@@ -78,30 +84,45 @@ def hand_prompts(folder: Path, prompts_cache: Path) -> bool:
     return True
 
 
-def _checked(folder: str | Path, key: str) -> Path:
+def _record(folder: str | Path, key: str) -> tuple[Path, dict[str, str]]:
+    """``folder`` and its client files' hashes, when ``key.json`` is finished and for ``key``; else one line."""
     from fl_lightning.errors import UsageError
 
     folder = Path(folder)
     try:
-        found = json.loads((folder / _KEY_FILE).read_text())["key"]
+        record = json.loads((folder / _KEY_FILE).read_text())
+        found, files = record["key"], dict(record["files"])
     except (OSError, ValueError, KeyError, TypeError):
-        found = None
+        found, files = None, {}
     if found != key:
         why = "holds no finished key.json" if found is None else "was written for another config"
         raise UsageError(f"round0_inputs: '{folder}' {why}; it is written by a run with synthetic_lambda: auto for "
                          f"its own pilots (set round0_inputs to null to compute round 0 here)")
-    return folder
+    return folder, files
 
 
 def stored_upload(folder: str | Path, key: str, client: int) -> Upload | None:
-    """Client ``client``'s upload from the parent's round 0, or None when it has none (it computes its own)."""
-    path = _checked(folder, key) / f"client{int(client)}.pt"
-    return Upload.from_state_dict(safe_load(path)) if path.is_file() else None
+    """Client ``client``'s upload from the parent's round 0, or None when it has none (it computes its own).
+
+    Raises:
+        UsageError: the client's file is not the one the parent wrote (its hash differs, or key.json lists none).
+    """
+    from fl_lightning.errors import UsageError
+
+    folder, files = _record(folder, key)
+    path = folder / f"client{int(client)}.pt"
+    if not path.is_file():
+        return None
+    if files.get(path.name) != file_sha256(path):
+        why = "is not listed in key.json" if path.name not in files else "is not the upload its parent wrote"
+        raise UsageError(f"round0_inputs: '{path}' {why} (swapped or edited); rerun the parent, or set round0_inputs "
+                         f"to null to compute round 0 here")
+    return Upload.from_state_dict(safe_load(path))
 
 
 def seed_prompt_cache(folder: str | Path, key: str, cache: Path) -> None:
     """Start this run's prompt cache from the parent's (when it has none yet)."""
-    source = _checked(folder, key) / _PROMPTS
+    source = _record(folder, key)[0] / _PROMPTS
     if source.is_file() and not cache.is_file():
         cache.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, cache)

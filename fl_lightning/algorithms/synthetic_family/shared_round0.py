@@ -23,12 +23,13 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["SharedRound0"]
+__all__ = ["SharedRound0", "file_sha256"]
 
 _CHUNK = 16 << 20  # bytes hashed at a time
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file's bytes, read in chunks."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
@@ -38,7 +39,7 @@ def _file_sha256(path: Path) -> str:
 
 def _files(folder: Path) -> dict[str, str]:
     """``{relative path: sha256}`` of every file under ``folder`` but ``record.json``."""
-    return {str(p.relative_to(folder)): _file_sha256(p) for p in sorted(folder.rglob("*"))
+    return {str(p.relative_to(folder)): file_sha256(p) for p in sorted(folder.rglob("*"))
             if p.is_file() and p.name != "record.json"}
 
 
