@@ -329,12 +329,20 @@ def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list
     return args.resume is not None
 
 
+# what a run makes before its first round is recorded: the server's round 0 of the synthetic family (the images,
+# the pre-training's epochs and best checkpoint, the pilots) and the checkpoints; prompts.json is the LLM's output
+_WORK_FOLDERS = ("checkpoints", "synthetic", "pretrain", "pilots")
+_WORK_FILES = ("summary.json", "metrics.csv", "prompts.json")
+
+
 def _nothing_ran(run_dir: Path) -> bool:
-    """A start that failed before any client finished (e.g. a model that did not build): nothing to lose,
-    so a new start may take the folder over without --overwrite."""
-    checkpoints = run_dir / "checkpoints"
-    return not (run_dir / "summary.json").exists() and not (run_dir / "metrics.csv").exists() and not (
-        checkpoints.is_dir() and any(p.is_file() for p in checkpoints.rglob("*")))
+    """A start that failed before it made anything (e.g. a model that did not build): nothing to lose, so a new
+    start may take the folder over without --overwrite. Images generated, a pre-training's epochs or prompts from
+    the LLM are work, even before round 0's records reach disk: the same command continues from them."""
+    if any((run_dir / name).exists() for name in _WORK_FILES):
+        return False
+    return not any((run_dir / name).is_dir() and any(p.is_file() for p in (run_dir / name).rglob("*"))
+                   for name in _WORK_FOLDERS)
 
 
 def print_results(summaries: list) -> None:
