@@ -437,6 +437,13 @@ class RunConfig:
             check(p.delta < 1 / self.partition.num_clients, "federation.privacy.delta", p.delta,
                   f"a float < 1/num_clients = {1 / self.partition.num_clients:g} (user-level DP over "
                   f"{self.partition.num_clients} clients)")
+        if self.partition.convention == "flower":  # flwr-datasets partitions the whole training split
+            check(self.data.num_samples is None, "data.num_samples", self.data.num_samples,
+                  "null with partition.convention: flower (Flower partitions the whole training split; a subset's "
+                  "clients are not Flower's)")
+            check(self.data.name != "hf" or self.data.test_split is not None, "data.test_split", None,
+                  "a split's name with partition.convention: flower (null carves a test set out of the training "
+                  "split, and Flower partitions that split whole)")
         if self.run_name is not None:
             name = self.run_name
             check(name not in ("", ".", "..") and "/" not in name and "\\" not in name and "\0" not in name,

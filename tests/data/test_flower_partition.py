@@ -115,6 +115,12 @@ def test_config_errors_of_the_flower_convention():
                                                             "--partition.scheme", "shards"])
     with pytest.raises(ConfigError, match="partition.flower_shuffle_seed=1"):
         load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--partition.flower_shuffle_seed", "1"])
+    with pytest.raises(ConfigError, match=r"data.num_samples=200.*Flower partitions the whole training split"):
+        load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--partition.convention", "flower",
+                                                            "--data.num_samples", "200"])
+    with pytest.raises(ConfigError, match=r"data.test_split=None.*carves a test set out of the training split"):
+        load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--partition.convention", "flower", "--data.name", "hf",
+                                                            "--data.path", "some/set", "--data.test_split", "null"])
 
 
 def test_a_flower_partition_json_is_read_back(tmp_path):
