@@ -312,6 +312,22 @@ class AttackConfig:
 
 
 @dataclass
+class ClientBehaviourConfig:
+    """Clients that are not always there, for any method (federation/client_behaviour.py, FLGo's availability and
+    dropout): each round a client is online with probability ``availability`` and the round's clients are sampled
+    from those online; a sampled client drops out after its download with probability ``dropout``."""
+
+    availability: float = 1.0  # P(a client is online in a round); 1: always
+    dropout: float = 0.0  # P(a sampled client drops out after its download: no upload, a failure that is no error)
+    seed: int = 0  # the draws of both, from (seed, round, client)
+
+    def __post_init__(self) -> None:
+        check(0 < self.availability <= 1, "availability", self.availability, "a float in (0, 1]")
+        check(0 <= self.dropout < 1, "dropout", self.dropout, "a float in [0, 1)")
+        _check_seed("seed", self.seed)
+
+
+@dataclass
 class FederationConfig:
     rounds: int = 1
     client_fraction: float = 1.0  # fraction of clients sampled per round (multi-round methods)
@@ -359,6 +375,8 @@ class FederationConfig:
     aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
     # poisoned uploads from a seeded fraction of the clients (none, sign_flip, scale, gaussian)
     attack: AttackConfig = field(default_factory=AttackConfig)
+    # clients that are not always there: availability per round, dropout mid-round (any method)
+    clients: ClientBehaviourConfig = field(default_factory=ClientBehaviourConfig)
 
     def __post_init__(self) -> None:
         check(self.rounds >= 1, "rounds", self.rounds, "an int >= 1")

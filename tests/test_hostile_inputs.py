@@ -164,7 +164,7 @@ def _cases(d) -> list[tuple[str, list[str], int, list[str]]]:
         ("fraction", [*base, "--federation.client_fraction", "2"], 2, ["(0, 1]"]),
         ("dataset", [*base, "--data.name", "imagenet22k"], 2, ["data.name='imagenet22k'"]),
         ("library", [*base, "--model.library", "keras"], 2, ["model.library='keras'"]),
-        ("algorithm", [*base, "--algorithm", "scaffold"], 2, ["algorithm='scaffold'"]),
+        ("algorithm", [*base, "--algorithm", "no_such_method"], 2, ["algorithm='no_such_method'"]),
         ("other-method-section", [*base, "--fedopal.mu", "0.5"], 2, ["fedopal: section given but algorithm is"]),
         ("seed-negative", [*base, "--seed", "-1"], 2, ["seed=-1"]),
         ("seed-huge", [*base, "--seed", str(2**40)], 2, ["seed="]),

@@ -52,6 +52,7 @@ from fl_lightning.data.report import write_partition_figure, write_partition_rep
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.errors import ClientFailure, ClientUsageError, ConfigError, RunFailure, TooFewClients, UsageError
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundPlan
+from fl_lightning.federation.client_behaviour import DROPPED, ClientBehaviour, check_client_behaviour
 from fl_lightning.federation.client_state import CLIENT_STATE_DIR
 from fl_lightning.federation.collectives import everyone, from_server, to_server, waiting
 from fl_lightning.federation.launch import check_launcher
@@ -203,6 +204,7 @@ class Simulation:
         check_precision(cfg, ALGORITHMS[cfg.algorithm])  # a *-true precision the method cannot run in
         check_privacy_coverage(cfg, ALGORITHMS[cfg.algorithm])  # no ε for what the mechanism would not protect
         check_averaging_settings(cfg, ALGORITHMS[cfg.algorithm])  # FedAdam, Krum, attacks: where the state is a mean
+        check_client_behaviour(cfg)  # availability / dropout: not beside privacy or a robust aggregator
         ALGORITHMS[cfg.algorithm].preflight(cfg)  # fail in seconds, before Fabric prints or launches anything
         self.launcher = check_launcher(cfg.federation.devices, cfg.federation.num_nodes)
         self.cfg, self.resume = cfg, resume
@@ -212,6 +214,7 @@ class Simulation:
         self._server_optimizer = ServerOptimizer.of(cfg.federation.server_optimizer)  # fedavg: the aggregate as is
         self._aggregator = RobustAggregator.of(cfg.federation.aggregator)  # mean: the method's own aggregate
         self._attack = ClientAttack.of(cfg.federation.attack, cfg.partition.num_clients)  # None: no attack
+        self._behaviour = ClientBehaviour.of(cfg.federation.clients)  # None: every client always there
         self.ckpt_dir = self.run_dir / "checkpoints"
         loggers = list(loggers) if loggers is not None else default_loggers(cfg)
         strategy = _strategy(cfg)
@@ -363,8 +366,9 @@ class Simulation:
             # the gather brings rank 0 (and, on NCCL, its GPU) at most that much at once
             share = HOLD_BYTES if rank == 0 else HOLD_BYTES // fabric.world_size
             store = RoundStore(self.ckpt_dir, round_idx, hold_s=cfg.federation.record_after_s, hold_bytes=share)
-            clients = sample_clients(cfg.partition.num_clients, cfg.federation.client_fraction,
-                                     seed=cfg.federation.sampling_seed, round_idx=round_idx)
+            sample = sample_clients if self._behaviour is None else self._behaviour.sample  # those online
+            clients = sample(cfg.partition.num_clients, cfg.federation.client_fraction,
+                             seed=cfg.federation.sampling_seed, round_idx=round_idx)
             start_round = partial(fabric.call, "on_round_start", round_idx=round_idx, clients=clients,
                                   local_clients=len(set(assignment[rank]).intersection(clients)))
 
@@ -576,6 +580,8 @@ class Simulation:
         fabric, cfg = self.fabric, self.cfg
         download = plan.downloads[client_idx]
         fabric.call("on_client_start", round_idx=round_idx, client=client_idx)
+        if self._behaviour is not None and self._behaviour.drops(round_idx, client_idx):  # gone after its download
+            return ClientRecord(compute_s=0.0, bytes_down=download.num_bytes, failure=DROPPED), None
         seed_torch(client_seed(cfg.seed, round_idx, client_idx), fabric.device)
         start = time.monotonic()
         upload, failure, trace, user_error = None, None, None, False
@@ -611,8 +617,9 @@ class Simulation:
             c = user[0]
             return ClientUsageError(f"client {c} in round {round_idx}: {records[c].failure} ({where})", c, round_idx,
                                     records[c].traceback)
-        if failures and f.on_client_error == "raise":
-            c = min(failures)
+        errors = {c: m for c, m in failures.items() if m != DROPPED}  # a dropout is no error
+        if errors and f.on_client_error == "raise":
+            c = min(errors)
             return ClientFailure(f"client {c} failed in round {round_idx}: {failures[c]} ({where}; set "
                                  f"federation.on_client_error: skip to aggregate the others)", c, round_idx,
                                  records[c].traceback)
@@ -643,7 +650,8 @@ class Simulation:
                     "client_compute_s_max": max(result.compute_s.values(), default=0.0),
                     **algorithm.round_extras(round_idx, run.state),
                     **(self._privacy.row(round_idx) if self._privacy is not None else {}),
-                    **(self._attack.row(sorted(result.records)) if self._attack is not None else {})})
+                    **(self._attack.row(sorted(result.records)) if self._attack is not None else {}),
+                    **(self._behaviour.row(result.failures) if self._behaviour is not None else {})})
         run.per_class_accuracy = row.pop("per_class_accuracy", None)
         run.rows.append(row)
 

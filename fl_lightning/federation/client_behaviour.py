@@ -1,0 +1,94 @@
+"""Clients that are not always there (``federation.clients``), for any method: per-round availability and dropout
+mid-round, the two system behaviours FLGo simulates for every algorithm (its ``availability`` and ``dropout``).
+
+* **availability** a: in each round each client is online with probability a, independently (a Bernoulli draw
+  from (seed, round, client)); the server samples its ``client_fraction`` of the K clients from those online
+  (``max(1, round(fraction·K))`` of them, or all of them when fewer are online). A round with none online has no
+  clients and stops the run as any round with fewer than ``federation.min_clients`` successes does.
+* **dropout** d: each sampled client drops out after receiving the global state with probability d (a draw from
+  (seed, round, client)): its download is counted, its upload never arrives. It is a failure the engine sees —
+  ``failed`` and ``dropped`` in metrics.csv, its reason in the run's ``failed_clients`` — that counts against
+  ``federation.min_clients`` but never stops the run under ``on_client_error: raise`` (a dropout is not an error).
+
+Every draw depends only on (``federation.clients.seed``, round, client), so ranks agree without a message, a
+resumed run drops the same clients, and a = 1, d = 0 (the defaults) draw nothing: runs stay bit-identical.
+Refused where the numbers would no longer hold (``check_client_behaviour``): with ``federation.privacy`` (the
+accountant's sampling rate assumes every sampled client is there) and with a robust aggregator (its f-of-n bound
+assumes n uploads a round).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from fl_lightning.errors import UsageError
+from fl_lightning.federation.placement import clients_per_round, derive_seed
+
+if TYPE_CHECKING:
+    from fl_lightning.config import ClientBehaviourConfig, RunConfig
+
+__all__ = ["DROPPED", "ClientBehaviour", "check_client_behaviour"]
+
+DROPPED = "dropped out (federation.clients.dropout)"  # a dropped client's failure reason
+_AVAILABLE_TAG, _DROPOUT_TAG = 0xA7A1, 0xD209  # separate the two draws from every other (seed, round, client) seed
+
+
+def _uniform(seed: int, round_idx: int, client: int, tag: int) -> float:
+    return float(np.random.default_rng(derive_seed(seed, round_idx, client, tag)).random())
+
+
+@dataclass(frozen=True)
+class ClientBehaviour:
+    """The run's client behaviour: availability a, dropout d and their seed."""
+
+    availability: float
+    dropout: float
+    seed: int
+
+    @classmethod
+    def of(cls, config: ClientBehaviourConfig) -> ClientBehaviour | None:
+        """``federation.clients`` (None when every client is always there: a = 1, d = 0)."""
+        if config.availability >= 1.0 and config.dropout <= 0.0:
+            return None
+        return cls(float(config.availability), float(config.dropout), int(config.seed))
+
+    def online(self, num_clients: int, round_idx: int) -> list[int]:
+        """The clients online in ``round_idx``."""
+        return [c for c in range(num_clients) if _uniform(self.seed, round_idx, c, _AVAILABLE_TAG) < self.availability]
+
+    def sample(self, num_clients: int, fraction: float, *, seed: int, round_idx: int) -> list[int]:
+        """``max(1, round(fraction·K))`` clients drawn from those online (all of them when fewer are), sorted; the
+        draw from (``seed``, round) as :func:`~fl_lightning.federation.placement.sample_clients`'s."""
+        online = self.online(num_clients, round_idx)
+        m = clients_per_round(num_clients, fraction)
+        if m >= len(online):
+            return online
+        rng = np.random.default_rng([seed, round_idx])
+        return sorted(int(c) for c in rng.choice(online, size=m, replace=False))
+
+    def drops(self, round_idx: int, client: int) -> bool:
+        """Whether ``client`` drops out of ``round_idx`` after its download."""
+        return self.dropout > 0 and _uniform(self.seed, round_idx, client, _DROPOUT_TAG) < self.dropout
+
+    @staticmethod
+    def row(failures: dict[int, str]) -> dict[str, int]:
+        """metrics.csv: how many of the round's clients dropped out."""
+        return {"dropped": sum(reason == DROPPED for reason in failures.values())}
+
+
+def check_client_behaviour(cfg: RunConfig) -> None:
+    """Refuse (one line, :class:`UsageError`) client behaviour where the run's numbers would no longer hold."""
+    c, f = cfg.federation.clients, cfg.federation
+    asked = [f"federation.clients.{k}={v}" for k, v, plain in (("availability", c.availability, 1.0),
+                                                              ("dropout", c.dropout, 0.0)) if v != plain]
+    if not asked:
+        return
+    if f.privacy.mechanism != "off":
+        raise UsageError(f"usage error: {asked[0]} with federation.privacy.mechanism={f.privacy.mechanism}: the "
+                         f"accountant's sampling rate assumes every sampled client takes part; use one or the other")
+    if f.aggregator.name != "mean":
+        raise UsageError(f"usage error: {asked[0]} with federation.aggregator.name={f.aggregator.name}: its bound on "
+                         f"f malicious of n clients assumes n uploads a round; use aggregator mean")

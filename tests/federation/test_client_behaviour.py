@@ -1,0 +1,125 @@
+"""federation.clients (fl_lightning/federation/client_behaviour.py): availability and dropout for any method — the
+draws at their rates and seeded per (round, client); the round's clients sampled from those online; a dropout's
+download counted, its upload never arriving, counted in metrics.csv and never an error under on_client_error:
+raise; too few left stops the run in one line; resumed and on 2 processes the same run; refused beside privacy or a
+robust aggregator; the defaults draw nothing."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+import torch
+
+from fl_lightning.config import ClientBehaviourConfig
+from fl_lightning.config_loading import load_config
+from fl_lightning.errors import TooFewClients, UsageError
+from fl_lightning.federation.checkpoint import safe_load
+from fl_lightning.federation.client_behaviour import ClientBehaviour
+from fl_lightning.federation.placement import clients_per_round
+from fl_lightning.federation.simulation import Simulation
+from tests.conftest import CONF, StopAfterClients, run_cli
+
+
+def test_the_draws_have_their_rates_and_depend_only_on_seed_round_and_client():
+    b = ClientBehaviour.of(ClientBehaviourConfig(availability=0.3, dropout=0.2, seed=5))
+    online = b.online(10_000, round_idx=3)
+    assert abs(len(online) - 3_000) < 3 * np.sqrt(10_000 * 0.3 * 0.7)
+    drops = sum(b.drops(3, c) for c in range(10_000))
+    assert abs(drops - 2_000) < 3 * np.sqrt(10_000 * 0.2 * 0.8)
+    assert online == b.online(10_000, 3) and online != b.online(10_000, 4)
+    other = ClientBehaviour.of(ClientBehaviourConfig(availability=0.3, dropout=0.2, seed=6))
+    assert online != other.online(10_000, 3)
+    assert ClientBehaviour.of(ClientBehaviourConfig()) is None  # the defaults: nothing drawn, runs as before
+
+
+def test_the_rounds_clients_are_sampled_from_those_online():
+    b = ClientBehaviour.of(ClientBehaviourConfig(availability=0.5, seed=1))
+    for r in range(20):
+        online, chosen = b.online(40, r), b.sample(40, 0.25, seed=0, round_idx=r)
+        assert set(chosen) <= set(online) and chosen == sorted(chosen)
+        assert len(chosen) == min(clients_per_round(40, 0.25), len(online))
+    few = ClientBehaviour.of(ClientBehaviourConfig(availability=0.1, seed=1))
+    assert few.sample(10, 1.0, seed=0, round_idx=0) == few.online(10, 0)  # fewer online than asked: all of them
+
+
+def _cfg(tmp_path, *extra):
+    return load_config(CONF / "fedavg_digits_tiny.yaml",
+                       ["--output_dir", str(tmp_path), "--federation.rounds", "4", "--partition.num_clients", "8",
+                        "--logging.progress", "false", *extra])
+
+
+def _rows(cfg):
+    with open(cfg.run_dir / "metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_dropout_downloads_uploads_nothing_and_is_no_error(tmp_path):
+    cfg = _cfg(tmp_path, "--federation.clients.dropout", "0.4", "--federation.clients.availability", "0.8",
+               "--federation.client_fraction", "0.5")
+    summary = Simulation(cfg=cfg, loggers=[]).run()  # on_client_error: raise (the default), yet it runs through
+    b = ClientBehaviour.of(cfg.federation.clients)
+    per_upload = per_download = None
+    for r, row in enumerate(_rows(cfg)):
+        chosen = b.sample(8, 0.5, seed=0, round_idx=r)
+        dropped = [c for c in chosen if b.drops(r, c)]
+        assert int(row["clients"]) == len(chosen) and int(row["dropped"]) == int(row["failed"]) == len(dropped)
+        kept = len(chosen) - len(dropped)
+        per_upload = per_upload or (int(row["bytes_up_round"]) // kept if kept else None)
+        per_download = per_download or int(row["bytes_down_round"]) // len(chosen)
+        assert int(row["bytes_down_round"]) == per_download * len(chosen)  # a dropout's download counts
+        assert per_upload is None or int(row["bytes_up_round"]) == per_upload * kept  # its upload never comes
+    assert sum(int(row["dropped"]) for row in _rows(cfg)) > 0
+    assert any("dropped out" in reason for reason in summary["failed_clients"].values())
+
+
+def test_too_few_clients_left_stops_the_run_in_one_line(tmp_path):
+    cfg = _cfg(tmp_path, "--federation.clients.dropout", "0.5", "--federation.min_clients", "8")
+    with pytest.raises(TooFewClients) as err:
+        Simulation(cfg=cfg, loggers=[]).run()
+    assert "fewer than federation.min_clients=8" in str(err.value) and "dropped out" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_resumed_run_drops_the_same_clients(tmp_path):
+    extra = ("--federation.clients.dropout", "0.3", "--federation.clients.availability", "0.7")
+    full = _cfg(tmp_path / "full", *extra)
+    Simulation(cfg=full, loggers=[]).run()
+    cut = _cfg(tmp_path / "cut", *extra)
+    with pytest.raises(KeyboardInterrupt):
+        Simulation(cfg=cut, loggers=[], callbacks=[StopAfterClients(9)]).run()
+    Simulation(cfg=cut, loggers=[], resume=True).run()
+    def counts(cfg):  # the clocks (…_s, straggler_ratio) differ from run to run
+        return [{k: v for k, v in r.items() if not (k.endswith("_s") or "_s_" in k or k == "straggler_ratio")}
+                for r in _rows(cfg)]
+
+    assert counts(full) == counts(cut) and sum(int(r["dropped"]) for r in _rows(full)) > 0
+    a, b = (safe_load(c.run_dir / "checkpoints" / "server.pt")["state"] for c in (full, cut))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    (["--federation.privacy.mechanism", "dp_fedavg", "--federation.privacy.epsilon", "4"], "accountant's sampling"),
+    (["--federation.aggregator.name", "median"], "assumes n uploads a round"),
+])
+def test_beside_privacy_or_a_robust_aggregator_it_is_refused_in_one_line(tmp_path, extra, words):
+    with pytest.raises(UsageError) as err:
+        Simulation(cfg=_cfg(tmp_path, "--federation.clients.dropout", "0.1", *extra), loggers=[])
+    assert words in str(err.value) and "federation.clients.dropout=0.1" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_availability_and_dropout_are_the_same_on_one_and_two_processes(tmp_path):
+    def run(label, *extra):
+        out = tmp_path / label
+        done = run_cli("--config", str(CONF / "fedavg_digits_tiny.yaml"), "--output_dir", str(out), "--run_name", "r",
+                       "--logging.progress", "false", "--federation.rounds", "3", "--partition.num_clients", "6",
+                       "--data.num_samples", "400", "--federation.clients.availability", "0.7",
+                       "--federation.clients.dropout", "0.3", *extra, env={"OMP_NUM_THREADS": "1"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        return safe_load(out / "r" / "checkpoints" / "server.pt")
+
+    one, two = run("one"), run("two", "--federation.devices", "2")
+    assert all(torch.equal(one["state"][k], two["state"][k]) for k in one["state"])
+    assert [r["dropped"] for r in one["rows"]] == [r["dropped"] for r in two["rows"]]
