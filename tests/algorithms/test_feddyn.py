@@ -15,8 +15,8 @@ from fl_lightning.errors import UsageError
 from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.client_state import ClientStateStore
 from fl_lightning.federation.simulation import Simulation
-from tests.algorithms.client_drift_helpers import StopAtRoundEnd, least_squares
-from tests.conftest import CONF, run_cli
+from tests.algorithms.client_drift_helpers import StopAtRoundEnd, least_squares, one_and_two_processes
+from tests.conftest import CONF
 
 
 def _feddyn(problems, *, alpha, rounds, steps=10, lr=0.01, sample=None, seed=0):
@@ -106,14 +106,5 @@ def test_what_feddyn_cannot_run_is_one_line(tmp_path, extra, words):
 
 
 def test_feddyn_is_the_same_on_one_and_two_processes(tmp_path):
-    def run(label, *extra):
-        out = tmp_path / label
-        done = run_cli("--config", str(CONF / "fedavg_digits_tiny.yaml"), "--output_dir", str(out), "--run_name", "r",
-                       "--algorithm", "feddyn", "--logging.progress", "false", "--federation.rounds", "3",
-                       "--partition.num_clients", "4", "--data.num_samples", "400", "--federation.client_fraction",
-                       "0.5", "--feddyn.alpha", "0.1", *extra, env={"OMP_NUM_THREADS": "1"})
-        assert done.returncode == 0, done.stderr[-2000:]
-        return safe_load(out / "r" / "checkpoints" / "server.pt")["state"]
-
-    one, two = run("one"), run("two", "--federation.devices", "2")
+    one, two = one_and_two_processes(tmp_path, "feddyn", "--feddyn.alpha", "0.1")
     assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
