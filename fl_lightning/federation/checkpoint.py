@@ -39,17 +39,11 @@ def atomic_save(obj: Any, path: str | Path, *, durable: bool = True, checksum: b
             it, so a file only other tools read needs it; the engine's transient per-client records skip
             it (~0.7 ms per 2.4 MB record).
     """
-    from torch.utils.serialization import config as serialization
-
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = _write_temp(obj, path, checksum=checksum)
     try:
-        with os.fdopen(fd, "wb") as f, serialization.patch({"save.compute_crc32": checksum}):
-            torch.save(obj, f)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
+        if durable:
+            _fsync(tmp)
         os.replace(tmp, path)
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
@@ -57,6 +51,33 @@ def atomic_save(obj: Any, path: str | Path, *, durable: bool = True, checksum: b
         if full is not None:
             raise full  # noqa: B904 — its __cause__ is err
         raise
+
+
+def _write_temp(obj: Any, path: Path, *, checksum: bool) -> str:
+    """``torch.save(obj)`` into a new temp file beside ``path`` (``.<name>.<random>.tmp``), its name returned; on any
+    failure the temp file is removed, and lack of space raises :class:`DiskFullError`."""
+    from torch.utils.serialization import config as serialization
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f, serialization.patch({"save.compute_crc32": checksum}):
+            torch.save(obj, f)
+    except BaseException as err:
+        Path(tmp).unlink(missing_ok=True)
+        full = _disk_full(err, path, lambda: _serialized_bytes(obj))
+        if full is not None:
+            raise full  # noqa: B904 — its __cause__ is err
+        raise
+    return tmp
+
+
+def _fsync(name: str) -> None:
+    fd = os.open(name, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def reserved_memmap(path: Path, shape: tuple[int, ...], dtype: np.dtype | type) -> np.memmap:
@@ -142,7 +163,7 @@ class DurableWriter:
         temps: list[tuple[str, Path]] = []
         try:
             for item, target in pairs:
-                temps.append((self._write(item, target), target))
+                temps.append((_write_temp(item, target, checksum=True), target))
         except BaseException:
             for tmp, _ in temps:
                 Path(tmp).unlink(missing_ok=True)
@@ -150,31 +171,10 @@ class DurableWriter:
         self._thread = threading.Thread(target=self._finish, args=(temps, remove), name="fl-checkpoint")
         self._thread.start()  # not a daemon: an interpreter that exits still finishes the rename
 
-    @staticmethod
-    def _write(obj: Any, path: Path) -> str:
-        from torch.utils.serialization import config as serialization
-
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f, serialization.patch({"save.compute_crc32": True}):
-                torch.save(obj, f)
-        except BaseException as err:
-            Path(tmp).unlink(missing_ok=True)
-            full = _disk_full(err, path, lambda: _serialized_bytes(obj))
-            if full is not None:
-                raise full  # noqa: B904 — its __cause__ is err
-            raise
-        return tmp
-
     def _finish(self, temps: list[tuple[str, Path]], remove: Callable[[], list[Path]] | None) -> None:
         for i, (tmp, path) in enumerate(temps):
             try:
-                fd = os.open(tmp, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                _fsync(tmp)
                 os.replace(tmp, path)
             except BaseException as err:  # noqa: BLE001 — re-raised by wait()
                 try:
