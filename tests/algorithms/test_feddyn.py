@@ -83,6 +83,7 @@ def test_the_drift_sum_is_the_clients_kept_drifts_and_the_traffic_is_fedavgs(tmp
     assert (summary["bytes_up"], summary["bytes_down"]) == (fedavg["bytes_up"], fedavg["bytes_down"])
 
 
+@pytest.mark.slow  # processes or several runs: in CI's every-file pass, not the plain suite
 def test_a_run_killed_after_the_clients_state_was_written_resumes_to_the_uninterrupted_result(tmp_path):
     full = _cfg(tmp_path / "full", "feddyn", "--federation.rounds", "4", "--federation.client_fraction", "0.5")
     Simulation(cfg=full, loggers=[]).run()
@@ -105,6 +106,7 @@ def test_what_feddyn_cannot_run_is_one_line(tmp_path, extra, words):
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow  # processes or several runs: in CI's every-file pass, not the plain suite
 def test_feddyn_is_the_same_on_one_and_two_processes(tmp_path):
     one, two = one_and_two_processes(tmp_path, "feddyn", "--feddyn.alpha", "0.1")
     assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)

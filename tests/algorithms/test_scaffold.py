@@ -103,6 +103,7 @@ def test_round_zero_is_fedavgs_unweighted_mean_and_c_stays_the_mean_of_the_clien
         assert c.abs().max() > 0 and np.allclose(c.numpy(), mean, atol=1e-6)
 
 
+@pytest.mark.slow  # processes or several runs: in CI's every-file pass, not the plain suite
 def test_a_run_killed_after_the_clients_state_was_written_resumes_to_the_uninterrupted_result(tmp_path):
     full = _cfg(tmp_path / "full", "scaffold", "--federation.rounds", "4", "--federation.client_fraction", "0.5")
     Simulation(cfg=full, loggers=[]).run()
@@ -137,11 +138,13 @@ def test_what_scaffold_cannot_run_is_one_line(tmp_path, extra, words):
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow  # processes or several runs: in CI's every-file pass, not the plain suite
 def test_scaffold_is_the_same_on_one_and_two_processes(tmp_path):
     one, two = one_and_two_processes(tmp_path, "scaffold", "--train.momentum", "0")
     assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
 
 
+@pytest.mark.slow  # processes or several runs: in CI's every-file pass, not the plain suite
 def test_the_tiny_client_drift_comparison_runs_each_method(tmp_path, capsys):
     from fl_lightning import train
 

@@ -110,6 +110,7 @@ def test_beside_privacy_or_a_robust_aggregator_it_is_refused_in_one_line(tmp_pat
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow  # processes or several runs: in CI's every-file pass, not the plain suite
 def test_availability_and_dropout_are_the_same_on_one_and_two_processes(tmp_path):
     def run(label, *extra):
         out = tmp_path / label
