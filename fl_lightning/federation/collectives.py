@@ -33,6 +33,12 @@ shards with :func:`gathered`: the same all-gather of outcomes as :func:`everyone
 Both are one ``all_gather_object`` of :class:`_Outcome`, so a rank that fails between two of them and goes on to
 the next :func:`everyone` still meets the others in a gather of outcomes: they read its error there and stop.
 
+An error is decided once. A phase can hold another (a stage's aggregate inside the round's end, a pre-training
+step's guard inside a server phase): when the inner exchange has decided a failure, every other rank has already
+stopped (:class:`RankStopped`), so the error rank 0 raises from it is marked decided (:func:`decided`) and every
+outer exchange lets it through without another collective. Gathering it again would leave rank 0 alone in that
+collective: gloo notices that the peers have exited, NCCL does not (until its timeout).
+
 One process: no broadcast or gather, the phase's function is simply called.
 """
 
@@ -56,7 +62,7 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from fl_lightning.errors import RemoteTraceback, RunFailure, UsageError
 
 __all__ = ["to_cpu", "from_server", "to_server", "everyone", "gathered", "Ranks", "waiting", "WaitLog",
-           "recording_waits", "RankStopped", "CollectiveTimeout", "RankFailure", "RankUsageError", "exit_status"]
+           "recording_waits", "RankStopped", "decided", "CollectiveTimeout", "RankFailure", "RankUsageError", "exit_status"]
 
 T = TypeVar("T")
 
@@ -87,6 +93,21 @@ class RankStopped(SystemExit):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(status)
         self.message = message
+
+
+_DECIDED = "_fl_lightning_decided"  # the attribute that marks an error every rank has already been told of
+
+
+def _decide(err: BaseException) -> BaseException:
+    """``err``, marked as decided on every rank (:func:`decided`): no later exchange of outcomes carries it again."""
+    setattr(err, _DECIDED, True)
+    return err
+
+
+def decided(err: BaseException) -> bool:
+    """Whether every rank has already been told of ``err`` in an exchange (the others have stopped): an outer
+    exchange raises it at once instead of waiting for peers that will never join."""
+    return getattr(err, _DECIDED, False) is True
 
 
 class CollectiveTimeout(RunFailure):
@@ -216,12 +237,15 @@ def from_server(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: 
         try:
             value = step()
         except Exception as err:  # not an interrupt: a launcher or scheduler signals every rank itself
+            if decided(err):  # an inner exchange told every rank already: they have stopped
+                raise
             failed = _Outcome(error=" ".join(str(err).split()) or type(err).__name__, status=exit_status(err),
                               pid=os.getpid(), host=socket.gethostname())
             try:
                 fabric.broadcast(failed, src=0)
             except Exception:  # noqa: BLE001 — a rank that is gone already: rank 0's own error is the report
                 pass
+            _decide(err)
             raise
         fabric.broadcast(_Outcome(value=to_cpu(value) if send else None), src=0)
         return value
@@ -269,6 +293,8 @@ def to_server(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: fl
         value = step()
         mine = _Outcome(value=value if rank == 0 else to_cpu(value))
     except Exception as err:  # not an interrupt: a launcher or scheduler signals every rank itself
+        if decided(err):  # an inner exchange told every rank already: they have stopped
+            raise
         own, value, mine = err, None, _failed(err)
     parts: list[Any] | None = [None] * fabric.world_size if rank == 0 else None
     try:
@@ -351,6 +377,8 @@ def _exchange_outcomes(fabric: Fabric, step: Callable[[], T], *, what: str, time
         value = step()
         mine = _Outcome(value=to_cpu(value) if carry else None, pid=os.getpid(), host=socket.gethostname())
     except Exception as err:  # not an interrupt: a launcher or scheduler signals every rank itself
+        if decided(err):  # an inner exchange told every rank already: they have stopped
+            raise
         own, value, mine = err, None, _failed(err)
     parts: list[Any] = [None] * fabric.world_size
     try:
@@ -401,7 +429,7 @@ def _verdict(rank: int, own: Exception | None, what: str, parts: list[_Outcome])
     if not failed:
         return
     if rank == 0:
-        raise own if own is not None else _rank_error(what, failed)
+        raise _decide(own if own is not None else _rank_error(what, failed))
     leader = parts[0]
     if leader.error is not None:  # rank 0's own error: it raises it
         status, line = leader.status, leader.error

@@ -363,6 +363,92 @@ def test_the_end_of_a_round_exchange_gives_every_rank_the_same_verdict(failing, 
         assert fabric.sent == []  # no broadcast
 
 
+@pytest.mark.parametrize("outer", ["everyone", "gathered", "to_server"])
+def test_an_error_decided_in_an_inner_exchange_is_never_gathered_again(outer, monkeypatch):
+    """A phase inside a phase (a stage's aggregate in the round's end, a pre-training guard in a server phase): rank 1
+    fails in the inner exchange and stops there (RankStopped, never caught as an Exception). Rank 0's error from that
+    verdict passes every outer exchange untouched — one more gather would wait for a rank that has gone (NCCL does
+    not notice, gloo does)."""
+    monkeypatch.setattr(collectives, "_let_leader_exit_first", lambda outcome: None)
+    sent = []
+    failed = {1: _rank_outcome(ValueError("rank 1's shard"))}
+    monkeypatch.setattr(collectives.dist, "all_gather_object", _all_gather_of(0, failed, sent))
+    monkeypatch.setattr(collectives.dist, "gather_object", lambda *a, **k: pytest.fail("gathered again"))
+    leader = _FakeFabric(world_size=2)
+
+    def inner():
+        return collectives.gathered(leader, lambda: 1, what="the test split's shards", timeout_s=1)
+
+    call = {"everyone": everyone, "gathered": collectives.gathered, "to_server": to_server}[outer]
+    with pytest.raises(RankFailure, match=r"rank 1 on .* failed in the test split's shards: ValueError: rank 1's "
+                                          r"shard") as raised:
+        call(leader, inner, what="round 0's end", timeout_s=1)
+    assert collectives.decided(raised.value)
+    assert len(sent) == 1 and leader.sent == []  # the inner exchange only: no outer gather, no broadcast
+
+    # the other rank: the inner verdict stops it (a SystemExit), which no outer exchange catches
+    follower = _FakeFabric(global_rank=1, world_size=2)
+    monkeypatch.setattr(collectives.dist, "all_gather_object", _all_gather_of(1, {}, sent := []))
+
+    def failing_inner():
+        def shard():
+            raise ValueError("rank 1's shard")
+        return collectives.gathered(follower, shard, what="the test split's shards", timeout_s=1)
+
+    with pytest.raises(RankStopped):
+        call(follower, failing_inner, what="round 0's end", timeout_s=1)
+    assert len(sent) == 1 and follower.sent == []
+
+
+def _stays_after_stopping(rank: int, world: int, port: int, out: str, outer: str) -> None:
+    """A gloo rank of a nested exchange whose rank 1 fails inside; rank 1 then stays alive (as a process NCCL
+    cannot tell from a slow one), so rank 0 ends only if it never gathers again."""
+    import torch.distributed as dist
+
+    from fl_lightning.federation import collectives as c
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=20))
+    fabric = _FakeFabric(global_rank=rank, world_size=world)
+    fabric.broadcast = lambda obj, src=0: (lambda box: (dist.broadcast_object_list(box, src=src), box[0])[1])([obj])
+
+    def inner():
+        def shard():
+            if rank == 1:
+                raise ValueError("rank 1's shard")
+            return rank
+        return c.gathered(fabric, shard, what="the test split's shards", timeout_s=20)
+
+    call = {"everyone": c.everyone, "to_server": c.to_server}[outer]
+    start = time.monotonic()
+    try:
+        call(fabric, inner, what="round 0's end", timeout_s=20)
+        result = ("returned", time.monotonic() - start)
+    except c.RankStopped as stopped:
+        result = ("stopped", stopped.code)
+        Path(out, "rank1.pkl").write_bytes(__import__("pickle").dumps(result))
+        deadline = time.monotonic() + 25  # alive, not in any collective, until rank 0 has reported
+        while not Path(out, "rank0.pkl").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os._exit(0)
+    except Exception as err:  # noqa: BLE001
+        result = (type(err).__name__, time.monotonic() - start)
+    Path(out, f"rank{rank}.pkl").write_bytes(__import__("pickle").dumps(result))
+    os._exit(0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("outer", ["everyone", "to_server"])
+def test_a_nested_failure_ends_rank0_at_once_though_the_stopped_rank_lives_on(outer, tmp_path):
+    """2 gloo processes, the stopped rank alive and out of every collective (NCCL's view of a dead peer): rank 0
+    raises the inner verdict's error within seconds, not after the 20 s process-group timeout."""
+    from tests.gloo_ranks import run_ranks
+
+    rank0, rank1 = run_ranks(_stays_after_stopping, 2, tmp_path, outer)
+    assert rank1 == ("stopped", 1)
+    assert rank0[0] == "RankFailure" and rank0[1] < 10, rank0
+
+
 def test_one_process_only_calls_the_end_of_a_round(monkeypatch):
     monkeypatch.setattr(collectives.dist, "all_gather_object", lambda *a: pytest.fail("no exchange with one process"))
     state = {"w": torch.ones(2)}
