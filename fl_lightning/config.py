@@ -351,6 +351,11 @@ class FederationConfig:
     # NCCL) lets the watchdog abort them. 24 h covers that phase; a failure on rank 0 still ends every rank at
     # once (federation/collectives.py), so the long default never makes a failed run wait
     collective_timeout_s: float = 86400.0
+    # on several ranks, each keeps a heartbeat in the launcher's store and watches its peers' (federation/liveness.py):
+    # a rank silent this long (killed, frozen by SIGSTOP or a hung file system, its host lost), a rank that failed
+    # outside an exchange, or a store that stopped answering ends every rank with one line (exit 1), however long
+    # the legitimate wait it interrupts — NCCL notices none of these itself. A beat every sixth of it (at most 10 s)
+    liveness_timeout_s: float = 300.0
     # CUDA only, set by the CLI (python -m fl_lightning.train) for the run; on the CPU nothing changes (the library
     # itself never sets it). torch.set_float32_matmul_precision, for float32 matmuls (linear layers, attention):
     # "highest" full float32 products; "high" (default) TF32 tensor cores on Ampere and newer (10 mantissa bits
@@ -385,6 +390,8 @@ class FederationConfig:
         check(isinstance(self.deterministic, bool), "deterministic", self.deterministic, "true or false")
         check(1 <= self.collective_timeout_s <= 1e9, "collective_timeout_s", self.collective_timeout_s,
               "a float in [1, 1e9] (seconds; 86400 is a day; below a second no rendezvous or gather completes)")
+        check(5 <= self.liveness_timeout_s <= 1e9, "liveness_timeout_s", self.liveness_timeout_s,
+              "a float in [5, 1e9] (seconds; a beat every sixth of it, and a busy host may delay one by seconds)")
         check(0 <= self.record_after_s <= _FLOAT32_MAX, "record_after_s", self.record_after_s,
               "a finite float >= 0 (seconds)")
         check(0 < self.client_fraction <= 1, "client_fraction", self.client_fraction, "a float in (0, 1]")

@@ -276,6 +276,8 @@ class DENSE(FedAvgCNN):
             images, labels = synthesize(generator, ensemble, student, num_classes=self.env.num_classes,
                                         settings=settings, normalize=normalize, rng=rng, device=device,
                                         autocast=autocast, scaler=fresh_grad_scaler(self.fabric))
+            if split:  # rank 0's kept batch (or none) on every rank: the pools never differ
+                images = ensemble.rank0_batch(images, labels, (len(labels), 3, size, size))
             if images is None:  # no finite L_G in the whole synthesis: nothing to keep (the module docstring)
                 skipped += 1
                 if fabric.global_rank == 0:
@@ -294,6 +296,8 @@ class DENSE(FedAvgCNN):
                               augment=view, autocast=autocast, scaler=student_scaler)
             if scheduler is not None:
                 scheduler.step()
+            if split:  # rank 0's student and ensemble weights on every rank: replicas cannot drift apart
+                ensemble.rank0_state(student)
         if skipped == c.epochs:
             raise RuntimeError(f"{self.name}: no synthesis of the {c.epochs} server epochs had a finite generator loss "
                                "(non-finite logits of the client models; try federation.precision 32-true)")

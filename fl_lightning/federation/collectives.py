@@ -60,9 +60,11 @@ from lightning.fabric import Fabric
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from fl_lightning.errors import RemoteTraceback, RunFailure, UsageError
+from fl_lightning.federation.liveness import connection_lost, lost_peer, stand_down
 
 __all__ = ["to_cpu", "from_server", "to_server", "everyone", "gathered", "Ranks", "waiting", "WaitLog",
-           "recording_waits", "RankStopped", "decided", "CollectiveTimeout", "RankFailure", "RankUsageError", "exit_status"]
+           "recording_waits", "RankStopped", "decided", "one_line", "CollectiveTimeout", "RankFailure",
+           "RankUsageError", "exit_status"]
 
 T = TypeVar("T")
 
@@ -158,11 +160,11 @@ class _Outcome:
 
 def _failed(err: Exception) -> _Outcome:
     """The outcome of a rank's part that raised ``err``: its one line, exit status, process, host and traceback."""
-    return _Outcome(error=_one_line(err), status=exit_status(err), pid=os.getpid(), host=socket.gethostname(),
+    return _Outcome(error=one_line(err), status=exit_status(err), pid=os.getpid(), host=socket.gethostname(),
                     traceback="".join(traceback.format_exception(err)))
 
 
-def _one_line(err: BaseException) -> str:
+def one_line(err: BaseException) -> str:
     """``err`` as one line: our errors' message as it is (it is the report), any other error with its type."""
     text = str(err) if isinstance(err, (UsageError, RunFailure)) else f"{type(err).__name__}: {err}".rstrip(": ")
     return " ".join(text.split()) or type(err).__name__
@@ -205,6 +207,8 @@ def waiting(what: str, timeout_s: float, rank: int) -> Iterator[None]:
     try:
         yield
     except RuntimeError as err:  # torch.distributed.DistError and gloo's errors are RuntimeErrors
+        if connection_lost(err):  # gloo: a peer's process or host has gone (the watch names it)
+            raise lost_peer(rank, what, err) from err
         if "timed out" not in str(err).lower():
             raise
         raise CollectiveTimeout(
@@ -247,13 +251,13 @@ def from_server(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: 
                 pass
             _decide(err)
             raise
-        fabric.broadcast(_Outcome(value=to_cpu(value) if send else None), src=0)
+        with waiting(what, timeout_s, 0):
+            fabric.broadcast(_Outcome(value=to_cpu(value) if send else None), src=0)
         return value
     with waiting(what, timeout_s, fabric.global_rank):
         outcome: _Outcome = fabric.broadcast(None, src=0)
     if outcome.error is not None:
-        _let_leader_exit_first(outcome)
-        raise RankStopped(outcome.status, outcome.error)
+        raise _stopping(outcome, outcome.status, outcome.error)
     return outcome.value
 
 
@@ -435,8 +439,7 @@ def _verdict(rank: int, own: Exception | None, what: str, parts: list[_Outcome])
         status, line = leader.status, leader.error
     else:
         status, line = failed[0][1].status, str(_rank_error(what, failed))
-    _let_leader_exit_first(leader)
-    raise RankStopped(status, line)
+    raise _stopping(leader, status, line)
 
 
 def _rank_error(what: str, failed: list[tuple[int, _Outcome]]) -> RankFailure | RankUsageError:
@@ -446,6 +449,14 @@ def _rank_error(what: str, failed: list[tuple[int, _Outcome]]) -> RankFailure | 
     message = f"rank {rank} on {outcome.host} failed in {what}{more}: {outcome.error}"
     error_class = RankUsageError if outcome.status == 2 else RankFailure
     return error_class(message, rank, outcome.host, outcome.traceback)
+
+
+def _stopping(leader: _Outcome, status: int, line: str) -> RankStopped:
+    """This rank stops in order, as every rank does (rank 0 raises the error): its peers' watch stands down (their
+    exits, rank 0's store with it, are expected now), rank 0 on its host exits first; the quiet stop to raise."""
+    stand_down()
+    _let_leader_exit_first(leader)
+    return RankStopped(status, line)
 
 
 def _let_leader_exit_first(outcome: _Outcome) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import secrets
 import shutil
 import time
 import traceback
@@ -54,8 +55,9 @@ from fl_lightning.errors import ClientFailure, ClientUsageError, ConfigError, Ru
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundPlan
 from fl_lightning.federation.client_behaviour import DROPPED, ClientBehaviour, check_client_behaviour
 from fl_lightning.federation.client_state import CLIENT_STATE_DIR
-from fl_lightning.federation.collectives import everyone, from_server, to_server, waiting
+from fl_lightning.federation.collectives import decided, everyone, exit_status, from_server, one_line, to_server, waiting
 from fl_lightning.federation.launch import check_launcher
+from fl_lightning.federation.liveness import watching
 from fl_lightning.federation.precision import check_precision
 from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients, seed_torch
 from fl_lightning.federation.privacy import FederationPrivacy
@@ -279,8 +281,17 @@ class Simulation:
         if self.launcher != "fabric run":  # Fabric's CLI has created and set up the processes already
             with waiting("the other ranks to start", cfg.federation.collective_timeout_s, fabric.global_rank):
                 fabric.launch()
-        # rank 0 decided (train.py: --resume, or the same command after an interruption)
-        self.resume = self._from_server(lambda: self.resume, "the start")
+        # rank 0 decided (train.py: --resume, or the same command after an interruption); its token names this
+        # start's heartbeats in the job's store (federation/liveness.py)
+        self.resume, token = self._from_server(lambda: (self.resume, secrets.token_hex(8)), "the start")
+        with watching(None, rank=fabric.global_rank, world=fabric.world_size,
+                      patience_s=cfg.federation.liveness_timeout_s, token=token, exit_status=exit_status,
+                      one_line=one_line, decided=decided):
+            return self._run()
+
+    def _run(self) -> dict[str, Any]:
+        """The run on this rank, from the run folder's check to the summary, while its peers' liveness is watched."""
+        fabric, cfg = self.fabric, self.cfg
         # every rank sees the folder rank 0 writes (one shared output_dir, not one per node): seconds, before
         # any data or model is built, not after a whole client phase
         check_shared_run_folder(fabric, self.run_dir)

@@ -28,6 +28,13 @@ Bitwise: the logits, L_G, G's gradients and steps, S's distillation steps equal 
 as long as each teacher reads its input once (a conv stem: every timm/CIFAR CNN here). A teacher that reads x
 twice adds its two contributions into x before x's other terms on one rank and after them here: round-off.
 
+Replicas that cannot drift: bit-identical replicas need deterministic kernels, which a GPU run without
+``federation.deterministic`` does not have (cuDNN picks its algorithms). The per-rank branches on replicated values
+(which synthesis step's images to keep, whether any) then take rank 0's decision
+(:meth:`SplitEnsemble.rank0_batch`), and each server epoch ends with rank 0's student and ensemble weights on every
+rank (:meth:`SplitEnsemble.rank0_state`): the result is rank 0's run, and the collectives never fall out of step.
+Where the replicas agree (the CPU, deterministic kernels) neither changes a bit.
+
 What crosses the collective per call (float32 unless said): forward, per rank max_r(1 + K_r·B·C + T_r) values
 (K_r teachers, T_r their BN terms; the 1 carries the logits' dtype); backward (when x needs a gradient),
 max_r K_r · |x| values of x's dtype (|x| = B·C_in·S·S; 3 MB per teacher at DENSE's B = 256 on 32-px images).
@@ -128,6 +135,46 @@ class SplitEnsemble(nn.Module):
         """L_BN over every teacher's BatchNorm layers (a context, as :class:`BNStatistics`): each rank hooks its own,
         the terms are gathered with the logits and summed in teacher order."""
         return _SplitBNStatistics(self)
+
+    # -- rank 0's decisions --------------------------------------------------------------------------
+    def rank0_batch(self, images: Tensor | None, labels: Tensor, shape: tuple[int, ...]) -> Tensor | None:
+        """The synthesis's kept batch of rank 0 (or its None: no finite L_G) on every rank.
+
+        Every rank runs the same seeded synthesis, but which step's images it keeps (``loss < best_loss``) and
+        whether it keeps any are per-rank branches on values computed by this rank's own generator and student:
+        with non-deterministic kernels (cuDNN without ``federation.deterministic``) they may differ at round-off,
+        and one rank's pool would then hold other images — or no batch where the others distil (collectives out
+        of step: a hang). Rank 0's choice is the result (one rank's run); the broadcast costs |x| values per server
+        epoch and changes no bit when the replicas agree.
+
+        Args:
+            images: this rank's kept batch (B, C, S, S) float32, or None.
+            labels: the batch's labels (the seeded draw: the same on every rank).
+            shape: the batch's shape, for a rank that kept none.
+        """
+        if self.world == 1:
+            return images
+        flag = torch.tensor([images is not None], dtype=torch.int32, device=labels.device)
+        with waiting("rank 0's kept batch", self.timeout_s, self.rank):
+            dist.broadcast(flag, src=0)
+            if not int(flag.item()):
+                return None
+            out = (images if images is not None else torch.empty(shape, device=labels.device)).contiguous()
+            dist.broadcast(out, src=0)
+        return out
+
+    def rank0_state(self, *modules: nn.Module) -> None:
+        """Every parameter and buffer of ``modules`` (the student) and the ensemble's weights set to rank 0's, in
+        place: replicas that drifted at round-off (non-deterministic kernels) start the next server epoch as one."""
+        if self.world == 1:
+            return
+        tensors = [t for m in modules for t in (*m.parameters(), *m.buffers())]
+        weights = self.weights.to(tensors[0].device if tensors else self.weights.device).clone().contiguous()
+        with waiting("rank 0's student", self.timeout_s, self.rank):
+            for t in tensors:
+                dist.broadcast(t.data, src=0)
+            dist.broadcast(weights, src=0)
+        self.weights = weights.to(self.weights.device, self.weights.dtype)
 
     # -- what crosses -----------------------------------------------------------------------------
     def _all_objects(self, value: Any) -> list[Any]:

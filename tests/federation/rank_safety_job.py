@@ -15,6 +15,9 @@ Each rank writes its stderr to ``OUT_DIR/rank<R>.err``, its pid to ``rank<R>.pid
 ``FL_TEST_FAILING_HOOK=HOOK:R`` (e.g. ``on_round_end:1``) adds a callback whose ``HOOK`` raises on rank ``R``:
 on rank 0 a :class:`MissingResourceError` (a usage error: one line, exit status 2), on another rank a
 ``ValueError`` (not ours).
+
+``FL_TEST_SIGNAL_HOOK=HOOK:R:SIGNAL`` (e.g. ``on_round_start:1:SIGSTOP``) adds a callback whose ``HOOK`` sends
+``SIGNAL`` to rank ``R``'s own process (a rank frozen, or killed, where it stands); the time goes to ``raised``.
 """
 
 from __future__ import annotations
@@ -84,6 +87,27 @@ class _FailingHook:
             raise MissingResourceError(f"the test callback's file is not on disk on rank {RANK}: /nowhere/cb.json")
         raise ValueError(f"the test callback failed on rank {RANK}")
 
+
+class _SignalHook:
+    """A callback whose ``hook`` sends ``signum`` to this process on rank ``rank``."""
+
+    def __init__(self, hook: str, rank: int, signum: int) -> None:
+        self.signum = signum
+        if rank == RANK:
+            setattr(self, hook, self._signal)
+
+    def _signal(self, **kwargs):
+        (OUT / "raised").write_text(repr(time.time()))
+        os.kill(os.getpid(), self.signum)
+
+
+if os.environ.get("FL_TEST_SIGNAL_HOOK"):
+    import signal
+
+    _hook, _rank, _name = os.environ["FL_TEST_SIGNAL_HOOK"].split(":")
+    _defaults_s = fl_lightning.callbacks.default_callbacks
+    fl_lightning.callbacks.default_callbacks = lambda cfg, loggers: [
+        *_defaults_s(cfg, loggers), _SignalHook(_hook, int(_rank), getattr(signal, _name))]
 
 if os.environ.get("FL_TEST_FAILING_HOOK"):
     _hook, _rank = os.environ["FL_TEST_FAILING_HOOK"].split(":")

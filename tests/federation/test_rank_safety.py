@@ -42,6 +42,7 @@ from fl_lightning.errors import (
 )
 from fl_lightning.federation import collectives
 from fl_lightning.federation.algorithm import RoundPlan
+from fl_lightning.federation.liveness import PeerLost
 from fl_lightning.federation.collectives import (
     CollectiveTimeout,
     RankFailure,
@@ -186,9 +187,13 @@ def test_a_timed_out_wait_is_one_line_naming_the_key():
                                                 r"for round 2's plan") as info:
         from_server(follower, dict, what="round 2's plan", timeout_s=3.0)
     assert isinstance(info.value, RunFailure) and info.value.__cause__ is gloo
-    other = RuntimeError("Connection closed by peer")  # not a timeout: the backend's own error
-    with pytest.raises(RuntimeError, match="Connection closed"):
+    other = RuntimeError("Connection closed by peer")  # a peer gone (gloo): one line too (federation/liveness.py)
+    with pytest.raises(PeerLost, match=r"rank 1 lost its connection to another rank during x \(Connection closed by "
+                                       r"peer\); every rank stops"):
         from_server(_FakeFabric(global_rank=1, incoming=other), dict, what="x", timeout_s=3.0)
+    bug = RuntimeError("a bug in a collective's caller")  # neither: the backend's own error, as it is
+    with pytest.raises(RuntimeError, match="a bug"):
+        from_server(_FakeFabric(global_rank=1, incoming=bug), dict, what="x", timeout_s=3.0)
 
 
 @pytest.mark.parametrize("host", ["here", "elsewhere"])
