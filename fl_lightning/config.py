@@ -132,17 +132,28 @@ class DataConfig:
 
 @dataclass
 class PartitionConfig:
-    scheme: Literal["dirichlet", "iid", "shards", "file", "natural"] = "dirichlet"
+    # pathological: each client holds classes_per_client classes (flwr-datasets' PathologicalPartitioner, either
+    # convention: data/flower_partition.py)
+    scheme: Literal["dirichlet", "iid", "shards", "file", "natural", "pathological"] = "dirichlet"
     num_clients: int = 10
     alpha: float = 0.1  # Dirichlet concentration; inf means IID
     min_samples: int = 1  # every client gets at least this many training samples
-    shards_per_client: int = 2  # `shards` scheme only (McMahan et al. 2017)
+    # `shards` scheme only (McMahan et al. 2017); flower convention: num_shards_per_partition (null: as many as
+    # shard_size makes, dealt evenly)
+    shards_per_client: int | None = 2
+    shard_size: int | None = None  # flower shards: rows per shard (null: int(N / (num_clients * shards_per_client)))
+    keep_incomplete_shard: bool = False  # flower shards: the last, shorter shard is a shard too
+    classes_per_client: int = 2  # `pathological` scheme: num_classes_per_partition
+    # `pathological` scheme: which classes each client holds — random (Flower's default), deterministic (k, k+1,
+    # ...), first-deterministic (k, then random)
+    class_assignment: Literal["random", "deterministic", "first-deterministic"] = "random"
     balance: bool = False  # flwr-datasets' self-balancing rule (off: plain Hsu et al. 2019)
     seed: int = 0  # its own seed: the same partition whatever the training seed
     path: str | None = None  # `file` scheme: a partition.json written by an earlier run (or another framework)
     by: str | None = None  # `natural` scheme: the column whose values are the clients (a writer id); data.name: hf
-    # "flower": dirichlet / iid / natural exactly as flwr-datasets' partitioners make them (data/flower_partition.py;
-    # min_samples is its min_partition_size, balance its self_balancing, seed the partitioner's seed)
+    # "flower": dirichlet / iid / natural / shards / pathological exactly as flwr-datasets' partitioners make them
+    # (data/flower_partition.py; min_samples is its min_partition_size, balance its self_balancing, seed the
+    # partitioner's seed, shards its ShardPartitioner)
     convention: Literal["fl_lightning", "flower"] = "fl_lightning"
     # flower: the seed of FederatedDataset(shuffle=True, seed=...)'s shuffle before partitioning (Flower's default:
     # 42); null: no shuffle (FederatedDataset(shuffle=False))
@@ -151,8 +162,8 @@ class PartitionConfig:
     def __post_init__(self) -> None:
         check(self.scheme != "natural" or bool(self.by), "by", self.by,
               "the column whose values are the clients when scheme is 'natural'")
-        check(self.convention != "flower" or self.scheme in ("dirichlet", "iid", "natural"), "convention",
-              self.convention, f"'fl_lightning' for scheme {self.scheme!r} (flwr-datasets: dirichlet, iid, natural)")
+        check(self.convention != "flower" or self.scheme != "file", "convention", self.convention,
+              "'fl_lightning' for scheme 'file' (the file is the partition)")
         if self.flower_shuffle_seed is not None:
             _check_seed("flower_shuffle_seed", self.flower_shuffle_seed)
             check(self.convention == "flower", "flower_shuffle_seed", self.flower_shuffle_seed,
@@ -163,7 +174,17 @@ class PartitionConfig:
                "the path of a partition.json when scheme is 'file'")
         check(self.alpha > 0, "alpha", self.alpha, "a float > 0, or inf for IID")
         check(self.min_samples >= 0, "min_samples", self.min_samples, "an int >= 0")
-        check(self.shards_per_client >= 1, "shards_per_client", self.shards_per_client, "an int >= 1")
+        flower_shards = self.convention == "flower" and self.shard_size is not None
+        check(self.shards_per_client is None and flower_shards or isinstance(self.shards_per_client, int)
+              and self.shards_per_client >= 1, "shards_per_client", self.shards_per_client,
+              "an int >= 1 (null only with partition.convention: flower and a shard_size)")
+        check(self.shard_size is None or self.shard_size >= 1, "shard_size", self.shard_size, "an int >= 1, or null")
+        check(self.convention == "flower" or (self.shard_size is None and not self.keep_incomplete_shard),
+              "shard_size" if self.shard_size is not None else "keep_incomplete_shard",
+              self.shard_size if self.shard_size is not None else self.keep_incomplete_shard,
+              "unset unless partition.convention is 'flower' (Flower's ShardPartitioner; ours deals near-equal "
+              "shards of the whole split)")
+        check(self.classes_per_client >= 1, "classes_per_client", self.classes_per_client, "an int >= 1")
 
 
 @dataclass

@@ -60,6 +60,25 @@ DIRICHLET = [
 ]
 IID = [("skewed600", 7, None), ("skewed600", 7, 42), ("strings250", 9, 3)]  # (data set, num_partitions, shuffle)
 NATURAL = [("skewed600", None), ("skewed600", 42), ("strings250", 42)]     # (data set, shuffle), by "writer"
+# (data set, num_partitions, num_shards_per_partition, shard_size, keep_incomplete_shard, seed, shuffle), by "label"
+SHARD = [
+    ("skewed600", 10, 2, None, False, 42, None),  # McMahan et al.'s shards: 20 of 30 rows, every row used
+    ("skewed600", 7, 3, None, True, 1, 42),       # int(600 / 21) = 28 rows: 12 rows in no partition
+    ("skewed600", 8, None, 50, False, 3, None),   # shard_size alone: 12 shards dealt 2, 2, 2, 2, 1, 1, 1, 1
+    ("skewed600", 5, None, 70, True, 0, None),    # ... with the last, incomplete shard (40 rows)
+    ("skewed600", 6, 2, 40, False, 42, 42),       # both given: 12 of 15 usable shards
+    ("strings250", 4, 2, None, False, 42, None),  # string labels
+    ("skewed600", 10, None, 100, False, 0, None),  # 6 usable shards for 10 partitions: Flower refuses
+]
+# (data set, num_partitions, num_classes_per_partition, class_assignment_mode, seed, shuffle), by "label"
+PATHOLOGICAL = [
+    ("skewed600", 10, 2, "random", 42, None),     # Flower's defaults
+    ("skewed600", 8, 3, "deterministic", 0, 42),
+    ("skewed600", 12, 2, "first-deterministic", 7, None),
+    ("strings250", 5, 2, "random", 1, 42),        # string labels
+    ("skewed600", 3, 1, "random", 3, None),       # classes no partition holds: their rows in none
+    ("skewed600", 5, 8, "random", 0, None),       # 8 classes of 7: Flower refuses
+]
 
 
 def federated(parquet: Path, partitioner, shuffle_seed: int | None):
@@ -87,7 +106,8 @@ def record(parquet: Path, partitioner, shuffle_seed: int | None) -> dict:
 def main(argv: list[str]) -> int:
     import datasets
     import flwr_datasets
-    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, NaturalIdPartitioner
+    from flwr_datasets.partitioner import (DirichletPartitioner, IidPartitioner, NaturalIdPartitioner,
+                                           PathologicalPartitioner, ShardPartitioner)
 
     data = tables()
     cases = []
@@ -108,6 +128,18 @@ def main(argv: list[str]) -> int:
         for name, shuffle in NATURAL:
             cases.append({"partitioner": "natural_id", "data": name, "partition_by": "writer", "shuffle_seed": shuffle,
                           **record(files[name], NaturalIdPartitioner(partition_by="writer"), shuffle)})
+        for name, k, s, size, keep, seed, shuffle in SHARD:
+            p = ShardPartitioner(num_partitions=k, partition_by="label", num_shards_per_partition=s, shard_size=size,
+                                 keep_incomplete_shard=keep, seed=seed)
+            cases.append({"partitioner": "shard", "data": name, "num_partitions": k, "num_shards_per_partition": s,
+                          "shard_size": size, "keep_incomplete_shard": keep, "seed": seed, "shuffle_seed": shuffle,
+                          **record(files[name], p, shuffle)})
+        for name, k, c, mode, seed, shuffle in PATHOLOGICAL:
+            p = PathologicalPartitioner(num_partitions=k, partition_by="label", num_classes_per_partition=c,
+                                        class_assignment_mode=mode, seed=seed)
+            cases.append({"partitioner": "pathological", "data": name, "num_partitions": k,
+                          "num_classes_per_partition": c, "class_assignment_mode": mode, "seed": seed,
+                          "shuffle_seed": shuffle, **record(files[name], p, shuffle)})
     fixture = {
         "made_by": "HF_DATASETS_OFFLINE=1 python scripts/make_flower_fixtures.py (in a venv with flwr-datasets)",
         "versions": {"flwr_datasets": flwr_datasets.__version__, "datasets": datasets.__version__,

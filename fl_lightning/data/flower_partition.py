@@ -15,6 +15,18 @@ generated data, ``tests/data/fixtures/flower_partitions.json``):
   limit; then it gives up).
 * :func:`flower_iid_partition` — ``IidPartitioner``: ``Dataset.shard(K, k, contiguous=True)``, i.e.
   contiguous near-equal blocks of the rows, the first ``N mod K`` one longer. No shuffling of its own.
+* :func:`flower_shard_partition` — ``ShardPartitioner`` (McMahan et al. 2017's shards, as Flower deals them): sort
+  the rows by the column (a stable sort: Arrow's, as ``Dataset.sort``), cut them into shards of ``shard_size``
+  consecutive rows (by default ``int(N / (K·s))``), take ``permutation(usable shards)[:K·s]`` from the
+  partitioner's ``default_rng(seed)`` and give partition k the k-th run of s of them (with ``shard_size`` and no
+  ``s``: ``int(used / K)`` each, the first ``used mod K`` one more; the last shard may be incomplete with
+  ``keep_incomplete_shard``). Rows in no chosen shard belong to no partition.
+* :func:`flower_pathological_partition` — ``PathologicalPartitioner``: each partition gets
+  ``num_classes_per_partition`` of the sorted distinct values (``random``: ``rng.choice(values, c,
+  replace=False)`` per partition in order; ``deterministic``: values k, k+1, … mod V; ``first-deterministic``:
+  value k mod V, then draws with replacement until c distinct), and each value's rows, in ascending order, are cut
+  by ``np.array_split`` into as many runs as partitions hold it, dealt in partition order. A value no partition
+  holds is not used (Flower warns).
 * ``NaturalIdPartitioner`` — one partition per value of a column, values in sorted order: that is
   :func:`~fl_lightning.data.partition.natural_partition` with one client per value.
 * :func:`flower_preshuffle` — ``FederatedDataset(shuffle=True, seed=s)`` shuffles every split with
@@ -25,6 +37,9 @@ Where we depart from Flower (each only where Flower would fail or where our orde
 
 * Each client's indices are returned sorted; Flower's ``shuffle=True`` permutes the order inside each
   partition (the same samples: our loaders shuffle every epoch anyway).
+* Rows that the shard or pathological partitioner leaves out (an incomplete last shard, unused shards or values)
+  stay out of every client, as in Flower; a run reports them in ``partition.json``'s coverage, and the run's
+  training set is the clients' union.
 * With self-balancing, when the draw gives exactly 0 (an underflow at a tiny alpha) to every partition
   still at or below the average, Flower divides by 0 and its cut is undefined (NaN cast to int); we raise a
   ``ValueError`` naming the case instead. (Some partition is always at or below the average.)
@@ -34,11 +49,16 @@ Where we depart from Flower (each only where Flower would fail or where our orde
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from fl_lightning.data.partition import _check_int, _check_num_clients, _group_by_owner, _min_error
 
-__all__ = ["FLOWER_MAX_RETRIES", "flower_dirichlet_partition", "flower_iid_partition", "flower_preshuffle"]
+__all__ = ["FLOWER_MAX_RETRIES", "CLASS_ASSIGNMENTS", "flower_dirichlet_partition", "flower_iid_partition",
+           "flower_shard_partition", "flower_pathological_partition", "flower_preshuffle"]
+
+CLASS_ASSIGNMENTS = ("random", "deterministic", "first-deterministic")  # PathologicalPartitioner's modes
 
 FLOWER_MAX_RETRIES = 10  # DirichletPartitioner: "The max number of attempts (10) was reached"
 
@@ -113,6 +133,134 @@ def flower_dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: floa
         for piece in pieces:
             owner[piece] = k
     return _group_by_owner(owner, num_clients)
+
+
+def flower_shard_partition(labels: np.ndarray, num_clients: int, shards_per_client: int | None, *, seed: int,
+                           shard_size: int | None = None, keep_incomplete_shard: bool = False) -> list[np.ndarray]:
+    """``ShardPartitioner(num_partitions=K, partition_by=..., num_shards_per_partition=s, shard_size,
+    keep_incomplete_shard, seed)`` on a split whose ``partition_by`` column is ``labels``.
+
+    Args:
+        labels: (N,) values of the column the rows are sorted by.
+        num_clients: K, 1 <= K <= N.
+        shards_per_client: s, or None (then ``shard_size`` decides how many shards there are).
+        seed: the partitioner's seed (Flower's default is 42).
+        shard_size: rows per shard; None: ``int(N / (K·s))``.
+        keep_incomplete_shard: keep the last, shorter shard as a shard of its own.
+
+    Returns:
+        K sorted int64 index arrays: partition k holds exactly the rows Flower's partition k holds (rows in no
+        chosen shard are in none).
+
+    Raises:
+        ValueError: what Flower refuses (no shard_size nor s; fewer usable shards than partitions; K·s shards of
+            ``shard_size`` rows larger than N), in its own terms.
+    """
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or labels.size == 0:
+        raise ValueError(f"labels: expected a non-empty 1-D array, got shape {labels.shape}")
+    n = labels.shape[0]
+    num_clients = _check_num_clients(num_clients, n)
+    if shard_size is not None:
+        shard_size = _check_int("shard_size", shard_size, 1)
+    if shards_per_client is not None:
+        shards_per_client = _check_int("shards_per_client", shards_per_client, 1)
+        if shard_size is not None and shard_size * shards_per_client * num_clients > n:
+            raise ValueError(f"{num_clients} clients x {shards_per_client} shards x {shard_size} rows need at least "
+                             f"{shard_size * shards_per_client * num_clients} rows; the split has {n}")
+        used = num_clients * shards_per_client
+        per_client = np.full(num_clients, shards_per_client)
+        if shard_size is None:
+            shard_size = int(n / used)
+            if shard_size == 0:
+                raise ValueError(f"{used} shards of {n} rows would be empty; use fewer clients or shards per client")
+            usable = math.ceil(n / shard_size) if keep_incomplete_shard else n // shard_size
+        else:
+            usable = n // shard_size
+    else:
+        if shard_size is None:
+            raise ValueError("shard_size is needed when shards_per_client is null")
+        used = math.ceil(n / shard_size) if keep_incomplete_shard else n // shard_size
+        usable = used
+        per_client = np.full(num_clients, used // num_clients)
+        per_client[:used - num_clients * (used // num_clients)] += 1
+    if usable < num_clients:
+        raise ValueError(f"only {usable} shards of {shard_size} rows for {num_clients} clients; use smaller shards "
+                         f"or fewer clients")
+    order = np.argsort(labels, kind="stable")  # Dataset.sort(partition_by): Arrow's stable sort
+    chosen = np.random.default_rng(seed).permutation(usable)[:used]
+    owner = np.full(n, -1, dtype=np.int64)
+    for k, shards in enumerate(np.split(chosen, np.cumsum(per_client))[:-1]):
+        for shard in shards:
+            owner[order[shard * shard_size:min((shard + 1) * shard_size, n)]] = k
+    return _group_owned(owner, num_clients)
+
+
+def flower_pathological_partition(labels: np.ndarray, num_clients: int, classes_per_client: int, *, seed: int,
+                                  class_assignment: str = "random") -> list[np.ndarray]:
+    """``PathologicalPartitioner(num_partitions=K, partition_by=..., num_classes_per_partition=c,
+    class_assignment_mode, seed)`` on a split whose ``partition_by`` column is ``labels``.
+
+    Args:
+        labels: (N,) values of the column (any sortable values).
+        num_clients: K, 1 <= K <= N.
+        classes_per_client: c, at most the number of distinct values.
+        seed: the partitioner's seed (Flower's default is 42).
+        class_assignment: ``random`` (Flower's default), ``deterministic`` or ``first-deterministic``.
+
+    Returns:
+        K sorted int64 index arrays: partition k holds exactly the rows Flower's partition k holds.
+
+    Raises:
+        ValueError: what Flower refuses (c above the distinct values; a value held by more partitions than it has
+            rows), in its own terms.
+    """
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or labels.size == 0:
+        raise ValueError(f"labels: expected a non-empty 1-D array, got shape {labels.shape}")
+    n = labels.shape[0]
+    num_clients = _check_num_clients(num_clients, n)
+    classes_per_client = _check_int("classes_per_client", classes_per_client, 1)
+    if class_assignment not in CLASS_ASSIGNMENTS:
+        raise ValueError(f"class_assignment={class_assignment!r}: expected one of {', '.join(CLASS_ASSIGNMENTS)}")
+    values = sorted(np.unique(labels).tolist())  # Dataset.unique, then sorted()
+    if classes_per_client > len(values):
+        raise ValueError(f"{classes_per_client} classes per client, but the column has {len(values)} distinct values")
+    rng = np.random.default_rng(seed)
+    held = _pathological_classes(values, num_clients, classes_per_client, class_assignment, rng)
+    owner = np.full(n, -1, dtype=np.int64)
+    for value in values:
+        holders = [k for k in range(num_clients) if value in held[k]]
+        rows = np.flatnonzero(labels == value)
+        if len(holders) > rows.size:
+            raise ValueError(f"class {value!r} would go to {len(holders)} clients but has {rows.size} rows; use fewer "
+                             f"clients or classes per client, or class_assignment: deterministic")
+        for k, run in zip(holders, np.array_split(rows, len(holders)) if holders else []):
+            owner[run] = k
+    return _group_owned(owner, num_clients)
+
+
+def _group_owned(owner: np.ndarray, num_clients: int) -> list[np.ndarray]:
+    """Client k's sorted rows; rows whose owner is -1 belong to no client."""
+    kept = np.flatnonzero(owner >= 0)
+    return [kept[part] for part in _group_by_owner(owner[kept], num_clients)]
+
+
+def _pathological_classes(values: list, num_clients: int, c: int, mode: str, rng: np.random.Generator) -> list[list]:
+    """The values each partition holds, drawn as ``PathologicalPartitioner`` draws them (the same rng calls)."""
+    if mode == "deterministic":
+        return [[values[(k + i) % len(values)] for i in range(c)] for k in range(num_clients)]
+    if mode == "random":
+        return [rng.choice(values, size=c, replace=False).tolist() for _ in range(num_clients)]
+    held = []
+    for k in range(num_clients):  # first-deterministic
+        mine = [values[k % len(values)]]
+        while len(mine) < c:
+            value = rng.choice(values, size=1)[0]
+            if value not in mine:
+                mine.append(value)
+        held.append(mine)
+    return held
 
 
 def flower_preshuffle(num_samples: int, seed: int) -> np.ndarray:

@@ -430,7 +430,8 @@ def _count_more(total: int) -> str:
     return f" (and {total - _LISTED} more)" if total > _LISTED else ""
 
 
-def _check_exact_cover(flat: np.ndarray, owner: np.ndarray, num_samples: int, where: str) -> None:
+def _check_exact_cover(flat: np.ndarray, owner: np.ndarray, num_samples: int, where: str,
+                       unassigned: int = 0) -> None:
     """Every index in [0, N) exactly once across clients, or a one-line ``ValueError`` saying
     what is wrong: an index out of range, one held twice (and by whom), or ones held by no client.
 
@@ -439,6 +440,8 @@ def _check_exact_cover(flat: np.ndarray, owner: np.ndarray, num_samples: int, wh
         owner: the client holding each entry of ``flat`` (same length).
         num_samples: N.
         where: how to name the source in the message (``"partition file 'p.json'"``).
+        unassigned: how many indices the partition leaves to no client on purpose (Flower's shard and
+            pathological partitioners may); then exactly that many are missing.
     """
     outside = np.flatnonzero((flat < 0) | (flat >= num_samples))
     if outside.size:
@@ -458,6 +461,11 @@ def _check_exact_cover(flat: np.ndarray, owner: np.ndarray, num_samples: int, wh
         others = np.unique(ordered[repeated]).size - 1
         more = f" (and {others} more indices appear more than once)" if others else ""
         raise ValueError(f"{where}: index {index} {held}{more}")
+    if unassigned and flat.size + unassigned == num_samples:
+        return
+    if unassigned:
+        raise ValueError(f"{where}: {num_samples - flat.size} of the {num_samples} training samples are assigned to "
+                         f"no client, but it records {unassigned} unassigned")
     if flat.size < num_samples:
         missing = np.flatnonzero(np.bincount(flat, minlength=num_samples) == 0)
         listed = ", ".join(str(int(i)) for i in missing[:_LISTED])
@@ -470,7 +478,8 @@ def _check_exact_cover(flat: np.ndarray, owner: np.ndarray, num_samples: int, wh
 
 
 def write_partition_json(
-    parts: Sequence[np.ndarray], path: str | Path, *, meta: Mapping[str, Any] | None = None
+    parts: Sequence[np.ndarray], path: str | Path, *, meta: Mapping[str, Any] | None = None,
+    num_samples: int | None = None,
 ) -> Path:
     """Write the client -> sample-indices assignment, so another run can use the same split.
 
@@ -489,6 +498,9 @@ def write_partition_json(
         parts: K integer index arrays that cover range(N) exactly once.
         path: the file to write (its folder must exist).
         meta: optional JSON-able provenance (scheme, alpha, seed, data set…); ignored when read.
+        num_samples: N, when the partition leaves rows to no client (Flower's shard and pathological
+            partitioners may); the file then records how many (``"unassigned"``), and reading it allows exactly
+            those. None: N is the total of the sizes (an exact cover).
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
@@ -506,12 +518,16 @@ def write_partition_json(
     if not arrays:
         raise ValueError("partition: no clients to write")
     sizes = np.array([a.size for a in arrays], dtype=np.int64)
-    num_samples = int(sizes.sum())
+    held = int(sizes.sum())
+    num_samples = held if num_samples is None else int(num_samples)
     flat = np.concatenate(arrays)
-    _check_exact_cover(flat, np.repeat(np.arange(len(arrays)), sizes), num_samples, "partition")
+    _check_exact_cover(flat, np.repeat(np.arange(len(arrays)), sizes), num_samples, "partition",
+                       unassigned=max(num_samples - held, 0))
 
     head: dict[str, Any] = {"format": _FORMAT, "version": _VERSION, "num_samples": num_samples,
                             "num_clients": len(arrays)}
+    if num_samples > held:
+        head["unassigned"] = num_samples - held
     if meta:
         head["meta"] = dict(meta)
     rows = ",\n".join("[" + ",".join(map(str, a.tolist())) + "]" for a in arrays)
@@ -530,7 +546,8 @@ def read_partition_json(path: str | Path, num_samples: int) -> list[np.ndarray]:
     lists, as another framework may write) and check it against a data set of ``num_samples``.
 
     The file must be an exact cover: every index in [0, num_samples) held by exactly one client,
-    each entry a JSON integer. Clients may be empty. The number of clients is the file's.
+    each entry a JSON integer — less exactly the ``"unassigned"`` count a file of
+    :func:`write_partition_json` records. Clients may be empty. The number of clients is the file's.
 
     Args:
         path: the JSON file.
@@ -564,9 +581,14 @@ def read_partition_json(path: str | Path, num_samples: int) -> list[np.ndarray]:
         raise ValueError(
             f"{where} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})"
         ) from None
+    unassigned = 0
     if isinstance(data, dict):
         clients = data.get("clients")
         declared = data.get("num_samples")
+        unassigned = data.get("unassigned", 0)
+        if type(unassigned) is not int or not 0 <= unassigned < num_samples:
+            raise ValueError(f"{where}: 'unassigned' is {json.dumps(unassigned)}; expected a count of rows, "
+                             f"0 <= n < {num_samples}")
         if declared is not None and declared != num_samples:
             raise ValueError(
                 f"{where} was written for {declared} training samples, but this training split "
@@ -607,7 +629,8 @@ def read_partition_json(path: str | Path, num_samples: int) -> list[np.ndarray]:
             f"{where}: index {flat_values[k_big]} (client {int(owner_of_entry[k_big])}) is out of "
             f"range for {num_samples} training samples"
         ) from None
-    _check_exact_cover(flat, owner_of_entry, num_samples, where)
-    owner = np.empty(num_samples, dtype=np.int64)
+    _check_exact_cover(flat, owner_of_entry, num_samples, where, unassigned=unassigned)
+    owner = np.full(num_samples, -1, dtype=np.int64)
     owner[flat] = owner_of_entry
-    return _group_by_owner(owner, len(clients))
+    kept = np.flatnonzero(owner >= 0)
+    return [kept[part] for part in _group_by_owner(owner[kept], len(clients))]

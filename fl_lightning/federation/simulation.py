@@ -75,7 +75,7 @@ from fl_lightning.federation.transport import Upload, check_upload
 
 __all__ = ["Simulation", "hf_source", "partition_for"]
 
-_PARTITION_KEYS = ("num_clients", "alpha", "min_samples", "shards_per_client")
+_PARTITION_KEYS = ("num_clients", "alpha", "min_samples", "shards_per_client", "shard_size", "classes_per_client")
 
 
 def partition_for(cfg: RunConfig, targets: np.ndarray,
@@ -104,12 +104,29 @@ def partition_for(cfg: RunConfig, targets: np.ndarray,
             return iid_partition(len(targets), p.num_clients, seed=p.seed)
         if p.scheme == "shards":
             return shard_partition(targets, p.num_clients, p.shards_per_client, seed=p.seed)
+        if p.scheme == "pathological":
+            return _pathological(cfg, targets)
         return dirichlet_partition(targets, p.num_clients, p.alpha, seed=p.seed, min_samples=p.min_samples,
                                    balance=p.balance)
     except PartitionArgumentError as err:
         if err.argument not in _PARTITION_KEYS:
             raise
         raise ConfigError(f"partition.{err.argument}", err.value, err.allowed) from None
+
+
+def _pathological(cfg: RunConfig, targets: np.ndarray) -> list[np.ndarray]:
+    """``partition.scheme: pathological``: flwr-datasets' PathologicalPartitioner by the labels (either convention);
+    its refusals are one line."""
+    from fl_lightning.data.flower_partition import flower_pathological_partition
+
+    p = cfg.partition
+    try:
+        return flower_pathological_partition(targets, p.num_clients, p.classes_per_client, seed=p.seed,
+                                             class_assignment=p.class_assignment)
+    except ValueError as err:
+        if isinstance(err, PartitionArgumentError):
+            raise
+        raise UsageError(f"config error: partition (pathological): {err}") from None
 
 
 def hf_source(data: DataConfig) -> HFSource:
@@ -120,7 +137,8 @@ def hf_source(data: DataConfig) -> HFSource:
 
 def _flower_partition(cfg: RunConfig, targets: np.ndarray, groups: np.ndarray | None) -> list[np.ndarray]:
     """flwr-datasets' partition of the (optionally FederatedDataset-shuffled) training split, in our row indices."""
-    from fl_lightning.data.flower_partition import flower_dirichlet_partition, flower_iid_partition, flower_preshuffle
+    from fl_lightning.data.flower_partition import (flower_dirichlet_partition, flower_iid_partition,
+                                                    flower_preshuffle, flower_shard_partition)
 
     p = cfg.partition
     n = len(targets)
@@ -132,8 +150,14 @@ def _flower_partition(cfg: RunConfig, targets: np.ndarray, groups: np.ndarray | 
         parts = flower_iid_partition(n, p.num_clients)
     else:
         try:
-            parts = flower_dirichlet_partition(shuffled(targets), p.num_clients, p.alpha, seed=p.seed,
-                                               min_partition_size=p.min_samples, self_balancing=p.balance)
+            if p.scheme == "shards":
+                parts = flower_shard_partition(shuffled(targets), p.num_clients, p.shards_per_client, seed=p.seed,
+                                               shard_size=p.shard_size, keep_incomplete_shard=p.keep_incomplete_shard)
+            elif p.scheme == "pathological":
+                parts = _pathological(cfg, shuffled(targets))
+            else:
+                parts = flower_dirichlet_partition(shuffled(targets), p.num_clients, p.alpha, seed=p.seed,
+                                                   min_partition_size=p.min_samples, self_balancing=p.balance)
         except ValueError as err:
             if isinstance(err, PartitionArgumentError):
                 raise
@@ -336,7 +360,8 @@ class Simulation:
         extra = {"path": cfg.data.path, "by": p.by, "convention": None if p.convention == "fl_lightning" else
                  p.convention, "flower_shuffle_seed": p.flower_shuffle_seed}
         meta.update({k: v for k, v in extra.items() if v is not None})  # only what is set: older files unchanged
-        write_partition_json(env.partition, self.run_dir / "partition.json", meta=meta)  # reusable: scheme file
+        write_partition_json(env.partition, self.run_dir / "partition.json", meta=meta,  # reusable: scheme file
+                             num_samples=len(env.splits.train_targets))  # Flower's shards may leave rows out
         return counts
 
     def _state_from_server(self, step: Callable[[], tuple], previous: dict, what: str) -> tuple:

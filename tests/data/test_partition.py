@@ -348,6 +348,29 @@ def test_partition_json_roundtrip_is_identical(tmp_path) -> None:
     assert not list(tmp_path.glob(".*.tmp"))  # the atomic write leaves no temporary behind
 
 
+def test_a_partition_that_leaves_rows_out_records_how_many_and_reads_back(tmp_path) -> None:
+    """Flower's shard and pathological partitioners may leave rows in no client: the file says how many, and a
+    reader allows exactly those missing — never one more, never a duplicate."""
+    parts = [np.array([0, 3]), np.array([5, 6, 9])]  # rows 1, 2, 4, 7, 8 in no client
+    path = write_partition_json(parts, tmp_path / "p.json", num_samples=10)
+    assert json.loads(path.read_text())["unassigned"] == 5
+    assert [b.tolist() for b in read_partition_json(path, 10)] == [[0, 3], [5, 6, 9]]
+    with pytest.raises(ValueError, match="written for 10 training samples"):
+        read_partition_json(path, 11)
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, "unassigned": 4}))  # one row more missing than it says
+    with pytest.raises(ValueError, match=r"5 of the 10 training samples are assigned to no client, but it records 4 "
+                                         r"unassigned"):
+        read_partition_json(path, 10)
+    path.write_text(json.dumps({**doc, "unassigned": -1}))
+    with pytest.raises(ValueError, match=r"'unassigned' is -1; expected a count of rows"):
+        read_partition_json(path, 10)
+    with pytest.raises(ValueError, match="index 3 appears in clients 0 and 1"):
+        write_partition_json([np.array([0, 3]), np.array([3])], tmp_path / "d.json", num_samples=10)
+    exact = write_partition_json([np.arange(5), np.arange(5, 10)], tmp_path / "e.json", num_samples=10)
+    assert "unassigned" not in json.loads(exact.read_text())  # an exact cover reads as before
+
+
 def test_partition_json_at_ten_thousand_clients(tmp_path) -> None:
     labels = _labels(50_000, 10, seed=1)
     parts = dirichlet_partition(labels, 10_000, 0.1, seed=0, min_samples=0)
