@@ -335,16 +335,27 @@ class AttackConfig:
 @dataclass
 class ClientBehaviourConfig:
     """Clients that are not always there, for any method (federation/client_behaviour.py, FLGo's availability and
-    dropout): each round a client is online with probability ``availability`` and the round's clients are sampled
-    from those online; a sampled client drops out after its download with probability ``dropout``."""
+    dropout, FedProx's stragglers): each round a client is online with probability ``availability`` and the round's
+    clients are sampled from those online; a sampled client drops out after its download with probability
+    ``dropout``, and is a straggler with probability ``stragglers``."""
 
     availability: float = 1.0  # P(a client is online in a round); 1: always
     dropout: float = 0.0  # P(a sampled client drops out after its download: no upload, a failure that is no error)
-    seed: int = 0  # the draws of both, from (seed, round, client)
+    # P(a sampled client is a straggler): it runs E_k ~ U{1..E} of its E local epochs (train.epochs) — FedProx's
+    # systems heterogeneity (Li et al., MLSys 2020, Sec. 5.2)
+    stragglers: float = 0.0
+    # true: a straggler misses the round's deadline and is dropped (its download counted, no upload), as FedAvg
+    # treats stragglers in that paper; false: its partial work is aggregated, as FedProx does
+    drop_stragglers: bool = False
+    seed: int = 0  # every draw, from (seed, round, client)
 
     def __post_init__(self) -> None:
         check(0 < self.availability <= 1, "availability", self.availability, "a float in (0, 1]")
         check(0 <= self.dropout < 1, "dropout", self.dropout, "a float in [0, 1)")
+        check(0 <= self.stragglers <= 1, "stragglers", self.stragglers, "a float in [0, 1]")
+        check(isinstance(self.drop_stragglers, bool) and (self.stragglers > 0 or not self.drop_stragglers),
+              "drop_stragglers", self.drop_stragglers, "true or false; true only with federation.clients.stragglers "
+              "> 0")
         _check_seed("seed", self.seed)
 
 

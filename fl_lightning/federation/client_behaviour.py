@@ -10,11 +10,20 @@ mid-round, the two system behaviours FLGo simulates for every algorithm (its ``a
   ``failed`` and ``dropped`` in metrics.csv, its reason in the run's ``failed_clients`` — that counts against
   ``federation.min_clients`` but never stops the run under ``on_client_error: raise`` (a dropout is not an error).
 
+* **stragglers** s (FedProx's systems heterogeneity, Li et al., MLSys 2020, Sec. 5.2): each sampled client that is
+  not dropped is a straggler with probability s; a straggler runs E_k of its E local epochs, E_k uniform on
+  {1, …, E} (``train.epochs``: every ``fit_local`` of its update runs that share of its passes). With
+  ``drop_stragglers`` it misses the round's deadline instead, and is dropped as FedAvg treats stragglers in that
+  paper (its download counted, no upload, no error); without it its partial work is aggregated, as FedProx does.
+  ``stragglers`` in metrics.csv counts the round's stragglers, dropped or not.
+
 Every draw depends only on (``federation.clients.seed``, round, client), so ranks agree without a message, a
-resumed run drops the same clients, and a = 1, d = 0 (the defaults) draw nothing: runs stay bit-identical.
-Refused where the numbers would no longer hold (``check_client_behaviour``): with ``federation.privacy`` (the
-accountant's sampling rate assumes every sampled client is there) and with a robust aggregator (its f-of-n bound
-assumes n uploads a round).
+resumed run drops the same clients, and a = 1, d = 0, s = 0 (the defaults) draw nothing: runs stay bit-identical.
+Refused where the numbers would no longer hold (``check_client_behaviour``): clients that miss a round (a < 1,
+d > 0, dropped stragglers) with ``federation.privacy`` (the accountant's sampling rate assumes every sampled client
+is there) and with a robust aggregator (its f-of-n bound assumes n uploads a round). Partial stragglers compose
+with both: every sampled client uploads, and DP-SGD's accountant, counting E epochs, overstates ε, never
+understates it.
 """
 
 from __future__ import annotations
@@ -30,10 +39,13 @@ from fl_lightning.federation.placement import clients_per_round, derive_seed
 if TYPE_CHECKING:
     from fl_lightning.config import ClientBehaviourConfig, RunConfig
 
-__all__ = ["DROPPED", "ClientBehaviour", "check_client_behaviour"]
+__all__ = ["DROPPED", "STRAGGLED", "NO_ERROR", "ClientBehaviour", "check_client_behaviour"]
 
 DROPPED = "dropped out (federation.clients.dropout)"  # a dropped client's failure reason
-_AVAILABLE_TAG, _DROPOUT_TAG = 0xA7A1, 0xD209  # separate the two draws from every other (seed, round, client) seed
+STRAGGLED = "missed the round's deadline (federation.clients.drop_stragglers)"  # a dropped straggler's
+NO_ERROR = (DROPPED, STRAGGLED)  # failures that are behaviour, never an error under on_client_error: raise
+# separate the draws from each other and from every other (seed, round, client) seed
+_AVAILABLE_TAG, _DROPOUT_TAG, _STRAGGLER_TAG, _EPOCHS_TAG = 0xA7A1, 0xD209, 0x5724, 0xE90C
 
 
 def _uniform(seed: int, round_idx: int, client: int, tag: int) -> float:
@@ -47,13 +59,16 @@ class ClientBehaviour:
     availability: float
     dropout: float
     seed: int
+    stragglers: float = 0.0
+    drop_stragglers: bool = False
 
     @classmethod
     def of(cls, config: ClientBehaviourConfig) -> ClientBehaviour | None:
-        """``federation.clients`` (None when every client is always there: a = 1, d = 0)."""
-        if config.availability >= 1.0 and config.dropout <= 0.0:
+        """``federation.clients`` (None when every client is always there and on time: a = 1, d = 0, s = 0)."""
+        if config.availability >= 1.0 and config.dropout <= 0.0 and config.stragglers <= 0.0:
             return None
-        return cls(float(config.availability), float(config.dropout), int(config.seed))
+        return cls(float(config.availability), float(config.dropout), int(config.seed), float(config.stragglers),
+                   bool(config.drop_stragglers))
 
     def online(self, num_clients: int, round_idx: int) -> list[int]:
         """The clients online in ``round_idx``."""
@@ -73,17 +88,34 @@ class ClientBehaviour:
         """Whether ``client`` drops out of ``round_idx`` after its download."""
         return self.dropout > 0 and _uniform(self.seed, round_idx, client, _DROPOUT_TAG) < self.dropout
 
-    @staticmethod
-    def row(failures: dict[int, str]) -> dict[str, int]:
-        """metrics.csv: how many of the round's clients dropped out."""
-        return {"dropped": sum(reason == DROPPED for reason in failures.values())}
+    def straggles(self, round_idx: int, client: int) -> bool:
+        """Whether ``client`` is a straggler in ``round_idx``."""
+        return self.stragglers > 0 and _uniform(self.seed, round_idx, client, _STRAGGLER_TAG) < self.stragglers
+
+    def local_work(self, round_idx: int, client: int, epochs: int) -> float | None:
+        """A straggler's share E_k / E of its local work, E_k uniform on {1, …, E} (``epochs`` = E); None for a
+        client that runs all of it."""
+        if not self.straggles(round_idx, client):
+            return None
+        rng = np.random.default_rng(derive_seed(self.seed, round_idx, client, _EPOCHS_TAG))
+        return int(rng.integers(1, max(epochs, 1) + 1)) / max(epochs, 1)
+
+    def row(self, round_idx: int, clients: list[int], failures: dict[int, str]) -> dict[str, int]:
+        """metrics.csv: how many of the round's clients dropped out and, when there are stragglers, how many
+        straggled (dropped or not)."""
+        out = {"dropped": sum(reason in NO_ERROR for reason in failures.values())}
+        if self.stragglers > 0:
+            out["stragglers"] = sum(failures.get(c) != DROPPED and self.straggles(round_idx, c) for c in clients)
+        return out
 
 
 def check_client_behaviour(cfg: RunConfig) -> None:
     """Refuse (one line, :class:`UsageError`) client behaviour where the run's numbers would no longer hold."""
     c, f = cfg.federation.clients, cfg.federation
     asked = [f"federation.clients.{k}={v}" for k, v, plain in (("availability", c.availability, 1.0),
-                                                              ("dropout", c.dropout, 0.0)) if v != plain]
+                                                              ("dropout", c.dropout, 0.0),
+                                                              ("drop_stragglers", c.drop_stragglers, False))
+             if v != plain]
     if not asked:
         return
     if f.privacy.mechanism != "off":

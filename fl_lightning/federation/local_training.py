@@ -29,7 +29,9 @@ scaler).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -125,6 +127,26 @@ def fresh_grad_scaler(fabric: Fabric) -> torch.amp.GradScaler | None:
     return torch.amp.GradScaler(device=fabric.device.type)
 
 
+_work_fraction: ContextVar[float | None] = ContextVar("fl_lightning_local_work", default=None)
+
+
+@contextmanager
+def local_work(fraction: float | None) -> Iterator[None]:
+    """Every :func:`fit_local` inside the block runs ``max(1, round(fraction · epochs))`` of its ``epochs`` (a
+    straggler's share of its local work: federation/client_behaviour.py); None: all of them. Set by the engine around
+    one client's update, so that no method's file changes."""
+    token = _work_fraction.set(fraction)
+    try:
+        yield
+    finally:
+        _work_fraction.reset(token)
+
+
+def _epochs_to_run(epochs: int) -> int:
+    fraction = _work_fraction.get()
+    return epochs if fraction is None or epochs <= 0 else max(1, round(fraction * epochs))
+
+
 def fit_local(fabric: Fabric, module: LightningModule, loader: DataLoader, *, epochs: int,
               callbacks: Sequence[object] = (), dp_sgd: DPSGD | None = None) -> LocalFitResult:
     """Train ``module`` for ``epochs`` over ``loader`` on this rank's device.
@@ -134,12 +156,13 @@ def fit_local(fabric: Fabric, module: LightningModule, loader: DataLoader, *, ep
         module: a LightningModule whose ``training_step`` returns the loss and whose
             ``configure_optimizers`` returns an optimiser over its trainable parameters.
         loader: the client's data (already seeded by the caller).
-        epochs: number of passes (0: no training).
+        epochs: number of passes (0: no training); a straggler's share of them inside :func:`local_work`.
         callbacks: objects with an optional ``on_after_backward(module=...)`` hook.
         dp_sgd: DP-SGD's per-sample clipping and noise (None: plain steps); ``loader`` must then be its
             Poisson-sampled lots (``Environment.loader(..., dp_sgd=dp_sgd)``), anything else is refused.
     """
     start = time.monotonic()
+    epochs = _epochs_to_run(epochs)
     module.train()
     optimizer = _optimizer(module)
     hooks = [cb.on_after_backward for cb in callbacks if hasattr(cb, "on_after_backward")]

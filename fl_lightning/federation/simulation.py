@@ -53,11 +53,13 @@ from fl_lightning.data.report import write_partition_figure, write_partition_rep
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.errors import ClientFailure, ClientUsageError, ConfigError, RunFailure, TooFewClients, UsageError
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundPlan
-from fl_lightning.federation.client_behaviour import DROPPED, ClientBehaviour, check_client_behaviour
+from fl_lightning.federation.client_behaviour import (DROPPED, NO_ERROR, STRAGGLED, ClientBehaviour,
+                                                      check_client_behaviour)
 from fl_lightning.federation.client_state import CLIENT_STATE_DIR
 from fl_lightning.federation.collectives import decided, everyone, exit_status, from_server, one_line, to_server, waiting
 from fl_lightning.federation.launch import check_launcher
 from fl_lightning.federation.liveness import watching
+from fl_lightning.federation.local_training import local_work
 from fl_lightning.federation.precision import check_precision
 from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients, seed_torch
 from fl_lightning.federation.privacy import FederationPrivacy
@@ -616,13 +618,19 @@ class Simulation:
         fabric, cfg = self.fabric, self.cfg
         download = plan.downloads[client_idx]
         fabric.call("on_client_start", round_idx=round_idx, client=client_idx)
-        if self._behaviour is not None and self._behaviour.drops(round_idx, client_idx):  # gone after its download
+        behaviour, work = self._behaviour, None
+        if behaviour is not None and behaviour.drops(round_idx, client_idx):  # gone after its download
             return ClientRecord(compute_s=0.0, bytes_down=download.num_bytes, failure=DROPPED), None
+        if behaviour is not None:  # a straggler: a share of its local work, or (drop_stragglers) past the deadline
+            work = behaviour.local_work(round_idx, client_idx, cfg.train.epochs)
+            if work is not None and behaviour.drop_stragglers:
+                return ClientRecord(compute_s=0.0, bytes_down=download.num_bytes, failure=STRAGGLED), None
         seed_torch(client_seed(cfg.seed, round_idx, client_idx), fabric.device)
         start = time.monotonic()
         upload, failure, trace, user_error = None, None, None, False
         try:
-            upload = algorithm.client_update(round_idx, env.client(client_idx), download.to(fabric.device))
+            with local_work(work):
+                upload = algorithm.client_update(round_idx, env.client(client_idx), download.to(fabric.device))
             if self._attack is not None:  # federation.attack: an attacker's poisoned upload, before privacy sees it
                 upload = self._attack.apply(upload, download.tensors, round_idx, client_idx)
             if self._privacy is not None:  # local DP: the client noises its upload before it leaves
@@ -653,7 +661,7 @@ class Simulation:
             c = user[0]
             return ClientUsageError(f"client {c} in round {round_idx}: {records[c].failure} ({where})", c, round_idx,
                                     records[c].traceback)
-        errors = {c: m for c, m in failures.items() if m != DROPPED}  # a dropout is no error
+        errors = {c: m for c, m in failures.items() if m not in NO_ERROR}  # a dropout or late straggler is no error
         if errors and f.on_client_error == "raise":
             c = min(errors)
             return ClientFailure(f"client {c} failed in round {round_idx}: {failures[c]} ({where}; set "
@@ -687,7 +695,8 @@ class Simulation:
                     **algorithm.round_extras(round_idx, run.state),
                     **(self._privacy.row(round_idx) if self._privacy is not None else {}),
                     **(self._attack.row(sorted(result.records)) if self._attack is not None else {}),
-                    **(self._behaviour.row(result.failures) if self._behaviour is not None else {})})
+                    **(self._behaviour.row(round_idx, sorted(result.records), result.failures)
+                       if self._behaviour is not None else {})})
         run.per_class_accuracy = row.pop("per_class_accuracy", None)
         run.rows.append(row)
 

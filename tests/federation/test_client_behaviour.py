@@ -14,7 +14,7 @@ import torch
 
 from fl_lightning.config import ClientBehaviourConfig
 from fl_lightning.config_loading import load_config
-from fl_lightning.errors import TooFewClients, UsageError
+from fl_lightning.errors import ConfigError, TooFewClients, UsageError
 from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.client_behaviour import ClientBehaviour
 from fl_lightning.federation.placement import clients_per_round
@@ -117,10 +117,86 @@ def test_availability_and_dropout_are_the_same_on_one_and_two_processes(tmp_path
         done = run_cli("--config", str(CONF / "fedavg_digits_tiny.yaml"), "--output_dir", str(out), "--run_name", "r",
                        "--logging.progress", "false", "--federation.rounds", "3", "--partition.num_clients", "6",
                        "--data.num_samples", "400", "--federation.clients.availability", "0.7",
-                       "--federation.clients.dropout", "0.3", *extra, env={"OMP_NUM_THREADS": "1"})
+                       "--federation.clients.dropout", "0.3", "--federation.clients.stragglers", "0.5",
+                       "--train.epochs", "3", *extra, env={"OMP_NUM_THREADS": "1"})
         assert done.returncode == 0, done.stderr[-2000:]
         return safe_load(out / "r" / "checkpoints" / "server.pt")
 
     one, two = run("one"), run("two", "--federation.devices", "2")
     assert all(torch.equal(one["state"][k], two["state"][k]) for k in one["state"])
     assert [r["dropped"] for r in one["rows"]] == [r["dropped"] for r in two["rows"]]
+    assert [r["stragglers"] for r in one["rows"]] == [r["stragglers"] for r in two["rows"]]
+
+
+# ------------------------------------------------------------------------------------------- stragglers
+def test_a_straggler_runs_a_uniform_share_of_its_epochs():
+    b = ClientBehaviour.of(ClientBehaviourConfig(stragglers=0.3, seed=2))
+    assert b is not None and b.availability == 1.0 and b.dropout == 0.0
+    work = [b.local_work(5, c, epochs=4) for c in range(10_000)]
+    late = [w for w in work if w is not None]
+    assert abs(len(late) - 3_000) < 3 * np.sqrt(10_000 * 0.3 * 0.7)
+    counts = np.bincount([round(w * 4) for w in late], minlength=5)
+    assert counts[0] == 0 and all(abs(n - len(late) / 4) < 4 * np.sqrt(len(late) / 4) for n in counts[1:])
+    assert work == [b.local_work(5, c, epochs=4) for c in range(10_000)]  # (seed, round, client) only
+    assert work != [b.local_work(6, c, epochs=4) for c in range(10_000)]
+
+
+def test_fit_local_runs_the_stragglers_share_of_its_epochs(one_thread):
+    from lightning.fabric import Fabric
+    from lightning.pytorch import LightningModule
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from fl_lightning.federation.local_training import fit_local, local_work
+
+    class Tiny(LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return ((self.w(x) - y) ** 2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    fabric = Fabric(accelerator="cpu", devices=1)
+    loader = DataLoader(TensorDataset(torch.randn(12, 2), torch.randn(12, 1)), batch_size=4)  # 3 batches
+    assert fit_local(fabric, Tiny(), loader, epochs=5).steps == 15
+    with local_work(2 / 5):
+        assert fit_local(fabric, Tiny(), loader, epochs=5).steps == 6
+        assert fit_local(fabric, Tiny(), loader, epochs=2).steps == 3  # another loop: its share, at least one pass
+        assert fit_local(fabric, Tiny(), loader, epochs=0).steps == 0
+    assert fit_local(fabric, Tiny(), loader, epochs=5).steps == 15  # only inside the block
+
+
+@pytest.mark.parametrize("drop", [False, True], ids=["partial work", "dropped at the deadline"])
+def test_stragglers_in_the_engine(drop, tmp_path):
+    """FedProx's systems heterogeneity: the round's stragglers counted in metrics.csv as drawn; dropped ones are
+    failures that are no error (on_client_error: raise), partial ones upload and change the result."""
+    extra = ["--federation.clients.stragglers", "0.5", "--train.epochs", "3"]
+    cfg = _cfg(tmp_path / "late", *extra, *(["--federation.clients.drop_stragglers", "true"] if drop else []))
+    Simulation(cfg=cfg, loggers=[]).run()
+    b = ClientBehaviour.of(cfg.federation.clients)
+    rows = _rows(cfg)
+    for r, row in enumerate(rows):
+        late = [c for c in range(8) if b.straggles(r, c)]
+        assert int(row["stragglers"]) == len(late)
+        assert int(row["failed"]) == int(row["dropped"]) == (len(late) if drop else 0)
+    assert sum(int(row["stragglers"]) for row in rows) > 0
+    on_time = _cfg(tmp_path / "on_time", "--train.epochs", "3")
+    Simulation(cfg=on_time, loggers=[]).run()
+    a, c = (safe_load(x.run_dir / "checkpoints" / "server.pt")["state"] for x in (cfg, on_time))
+    assert any(not torch.equal(a[k], c[k]) for k in a)
+    assert "stragglers" not in _rows(on_time)[0]  # no behaviour asked: the columns of before
+
+
+def test_dropped_stragglers_beside_privacy_are_refused_partial_ones_are_not(tmp_path):
+    dp = ["--federation.privacy.mechanism", "dp_fedavg", "--federation.privacy.epsilon", "4"]
+    with pytest.raises(UsageError, match=r"federation.clients.drop_stragglers=True with federation.privacy"):
+        Simulation(cfg=_cfg(tmp_path, "--federation.clients.stragglers", "0.2", "--federation.clients.drop_stragglers",
+                            "true", *dp), loggers=[])
+    Simulation(cfg=_cfg(tmp_path, "--federation.clients.stragglers", "0.2", *dp), loggers=[])  # accepted
+    with pytest.raises(ConfigError, match=r"drop_stragglers=True is not allowed.*only with federation.clients."
+                                          r"stragglers > 0"):
+        _cfg(tmp_path, "--federation.clients.drop_stragglers", "true")
