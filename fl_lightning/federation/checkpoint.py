@@ -12,6 +12,7 @@ import os
 import pickle
 import tempfile
 import threading
+import time
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -195,11 +196,26 @@ class DurableWriter:
     def wait(self) -> None:
         """Block until the last save is durable at its path; raise its error, if any."""
         if self._thread is not None:
-            self._thread.join()
+            _join(self._thread)
             self._thread = None
         if self._error is not None:
             err, self._error = self._error, None
             raise err
+
+
+def _join(thread: threading.Thread, start_grace_s: float = 5.0) -> None:
+    """``thread.join()``, also for a thread whose ``start()`` a signal interrupted (SIGTERM's handler raises inside
+    ``start()``'s wait for the new thread): the thread runs, but ``join`` refuses it until it has marked itself
+    started. A thread that never started is given up after ``start_grace_s`` (its temp files are swept at resume)."""
+    deadline = time.monotonic() + start_grace_s
+    while True:
+        try:
+            thread.join()
+            return
+        except RuntimeError:  # "cannot join thread before it is started"
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
 
 
 def safe_load(path: str | Path) -> Any:

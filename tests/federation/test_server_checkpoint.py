@@ -188,3 +188,22 @@ def test_a_resumed_run_sweeps_killed_writes_and_refuses_a_swapped_part(tmp_path,
     shutil.copy(tmp_path / "head-of-round-1.pt", folder / "state-0002.pt")  # round 1's head under round 2's name
     with pytest.raises(CorruptCheckpointError, match=r"state-0002.pt' does not hold what 'server.pt' recorded"):
         Simulation(cfg=cfg(4), loggers=[], resume=True).run()
+
+
+def test_waiting_on_a_save_whose_thread_start_a_signal_interrupted():
+    """SIGTERM's handler can raise inside ``Thread.start()`` while it waits for the new thread: the thread runs but
+    is not yet marked started, and ``join`` refuses it. The writer's wait joins it once it is, and gives up on one
+    that never starts."""
+    import threading
+    import time
+
+    from fl_lightning.federation.checkpoint import _join
+
+    done = []
+    late = threading.Thread(target=lambda: done.append(1))
+    threading.Timer(0.2, late.start).start()  # "started" only a moment after the wait begins
+    _join(late)
+    assert done == [1]
+    start = time.monotonic()
+    _join(threading.Thread(target=lambda: None), start_grace_s=0.3)  # never started: no hang, no error
+    assert time.monotonic() - start < 5
