@@ -96,6 +96,7 @@ class DataConfig:
     # name: hf — a Hugging Face dataset (data/hf.py, docs/data_and_weights.md): a hub id read from the HF cache
     # (fetched only with download: true), or a local path: a save_to_disk folder, a .parquet/.arrow file, a folder
     path: str | None = None
+    # a split's name, or a slice of splits as datasets reads it: "train[:10%]", "train[1000:]+validation" (hf)
     train_split: str = "train"
     test_split: str | None = "test"  # null: a seeded 4:1 split of train_split (split_seed), as imagefolder
     image_column: str | None = None  # null: the first Image feature, else a column named image / img
@@ -103,6 +104,9 @@ class DataConfig:
     # labels, else an error listing them), else fine_label / target / class
     # a hub id's branch, tag or commit (the snapshot read from the cache, or fetched); null: main. Not for local paths
     revision: str | None = None
+    # data.name hf: the hub cache its snapshots are read from (and downloaded to), with datasets' Arrow tables in
+    # <cache_dir>/datasets; null: HF_HUB_CACHE / HF_DATASETS_CACHE / HF_HOME, else the libraries' defaults
+    cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         from fl_lightning.data.hf import hf_shorthand
@@ -115,6 +119,9 @@ class DataConfig:
               "a hub id (org/name) or a local path when name is 'hf'")
         check(self.revision is None or (self.name == "hf" and bool(self.revision.strip())), "revision", self.revision,
               "null, or a branch, tag or commit of the hub id in data.path (data.name: hf)")
+        check(self.cache_dir is None or (self.name == "hf" and bool(str(self.cache_dir).strip())), "cache_dir",
+              self.cache_dir, "null, or a folder for data.name hf's hub snapshots and Arrow tables (torchvision data "
+              "sets live in data.root)")
         check(self.image_size is None or self.image_size >= 8, "image_size", self.image_size, "an int >= 8 or null")
         check(self.cache_mb >= 0, "cache_mb", self.cache_mb, "an int >= 0 (MiB; 0: no cache)")
         check(self.batch_size >= 1, "batch_size", self.batch_size, "an int >= 1")
@@ -501,6 +508,9 @@ class RunConfig:
             check(self.data.name != "hf" or self.data.test_split is not None, "data.test_split", None,
                   "a split's name with partition.convention: flower (null carves a test set out of the training "
                   "split, and Flower partitions that split whole)")
+            check(self.data.name != "hf" or not any(c in self.data.train_split for c in "[+"), "data.train_split",
+                  self.data.train_split, "a whole split's name with partition.convention: flower (Flower partitions "
+                  "the whole training split; a slice's clients are not Flower's)")
         if self.run_name is not None:
             name = self.run_name
             check(name not in ("", ".", "..") and "/" not in name and "\\" not in name and "\0" not in name,

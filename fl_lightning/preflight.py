@@ -220,7 +220,7 @@ def check_data(cfg: RunConfig) -> None:
     from fl_lightning.models.hub import looks_like_hub_id
 
     if not d.download and looks_like_hub_id(d.path):
-        hub_folder(d.path, download=False, revision=d.revision)  # its line says no local folder is there either
+        hub_folder(d.path, download=False, revision=d.revision, cache_dir=d.cache_dir)  # and no local folder
 
 
 def check_model(cfg: RunConfig) -> None:

@@ -70,6 +70,8 @@ class HFSource:
         label_column: the integer or string labels; None: found from the features.
         revision: for a hub id, the branch, tag or commit of the dataset repository to read (None: ``main``);
             a local path is one version already, so a revision beside one is an error.
+        cache_dir: the hub cache of a hub id's snapshot, with datasets' Arrow tables in ``<cache_dir>/datasets``
+            (None: the environment's, :func:`datasets_cache_dir`).
     """
 
     path: str | None = None
@@ -78,6 +80,7 @@ class HFSource:
     image_column: str | None = None
     label_column: str | None = None
     revision: str | None = None
+    cache_dir: str | None = None
 
 
 def hf_shorthand(name: str, path: str | None, *, key_prefix: str = "") -> tuple[str, str | None]:
@@ -102,9 +105,12 @@ def hf_shorthand(name: str, path: str | None, *, key_prefix: str = "") -> tuple[
     return "hf", target
 
 
-def datasets_cache_dir() -> str:
-    """Where ``datasets`` keeps its Arrow tables: ``HF_DATASETS_CACHE``, else ``$HF_HOME/datasets``, else
-    the library's default — read per call, so that a process (or a test) that sets the variables is obeyed."""
+def datasets_cache_dir(cache_dir: str | None = None) -> str:
+    """Where ``datasets`` keeps its Arrow tables: ``<cache_dir>/datasets`` (``data.cache_dir``), else
+    ``HF_DATASETS_CACHE``, else ``$HF_HOME/datasets``, else the library's default — read per call, so that a
+    process (or a test) that sets the variables is obeyed."""
+    if cache_dir:
+        return os.path.join(os.path.expanduser(cache_dir), "datasets")
     if os.environ.get("HF_DATASETS_CACHE"):
         return os.path.expanduser(os.environ["HF_DATASETS_CACHE"])
     if os.environ.get("HF_HOME"):
@@ -118,7 +124,7 @@ def _is_saved_to_disk(folder: Path) -> bool:
     return (folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file()
 
 
-def _load_local(path: Path, download: bool) -> Any:
+def _load_local(path: Path, download: bool, cache_dir: str | None = None) -> Any:
     """A ``DatasetDict`` (or one ``Dataset``) from a local folder or file.
 
     Raises:
@@ -126,7 +132,7 @@ def _load_local(path: Path, download: bool) -> Any:
             naming the file and ``path``).
     """
     try:
-        return _read_local(path, download)
+        return _read_local(path, download, cache_dir)
     except UsageError:
         raise
     except Exception as err:  # pyarrow's error, or datasets' DatasetGenerationError around it
@@ -136,7 +142,7 @@ def _load_local(path: Path, download: bool) -> Any:
         raise UsageError(_damaged_line(path, damage)) from None
 
 
-def _read_local(path: Path, download: bool) -> Any:
+def _read_local(path: Path, download: bool, cache_dir: str | None = None) -> Any:
     """:func:`_load_local` without the translation of a damaged file's error."""
     import datasets
 
@@ -147,9 +153,9 @@ def _read_local(path: Path, download: bool) -> Any:
         if builder is None:
             raise UsageError(f"data.path '{path}' is a {path.suffix or 'suffix-less'} file; expected a .parquet or "
                              f".arrow file, a folder of them, or a folder written by save_to_disk")
-        return datasets.load_dataset(builder, data_files={"train": str(path)}, cache_dir=datasets_cache_dir())
+        return datasets.load_dataset(builder, data_files={"train": str(path)}, cache_dir=datasets_cache_dir(cache_dir))
     try:  # a folder of data files (a hub snapshot): the library infers the splits from the file names
-        return datasets.load_dataset(str(path), cache_dir=datasets_cache_dir(),
+        return datasets.load_dataset(str(path), cache_dir=datasets_cache_dir(cache_dir),
                                      download_mode=None if download else "reuse_dataset_if_exists")
     except (FileNotFoundError, ValueError) as err:  # "Unable to find …", "… doesn't contain any data files"
         if _damage(err) is not None:  # pyarrow's ArrowInvalid is a ValueError too: a damaged file, said by the caller
@@ -230,24 +236,25 @@ def _load(source: HFSource, download: bool) -> tuple[Any, str]:
         if source.revision is not None:
             raise ConfigError("data.revision", source.revision, f"null for the local path '{source.path}' (a revision "
                               f"picks a snapshot of a hub id; a folder or file on disk is one version)")
-        return _load_local(local, download), str(local.resolve())
+        return _load_local(local, download, source.cache_dir), str(local.resolve())
     from fl_lightning.models.hub import looks_like_hub_id
 
     if not looks_like_hub_id(source.path):
         raise MissingResourceError(f"data.path '{source.path}' does not exist: there is no such local file or folder "
                                    f"({local.resolve()}); give a hub id (org/name), a folder written by save_to_disk, "
                                    f"or .parquet / .arrow files")
-    folder = hub_folder(source.path, download=download, revision=source.revision)
-    return _load_local(Path(folder), download), folder
+    folder = hub_folder(source.path, download=download, revision=source.revision, cache_dir=source.cache_dir)
+    return _load_local(Path(folder), download, source.cache_dir), folder
 
 
-def hub_folder(path: str, *, download: bool, revision: str | None = None) -> str:
+def hub_folder(path: str, *, download: bool, revision: str | None = None, cache_dir: str | None = None) -> str:
     """The snapshot folder of the hub id ``path`` (``data.path``) in the hub cache, fetched first when ``download``.
 
     Args:
         path: a hub id (``org/name``, optionally ``@revision``) that is no local path.
         download: allow fetching it (``data.download``).
         revision: ``data.revision``.
+        cache_dir: ``data.cache_dir`` (None: the environment's hub cache).
 
     Raises:
         MissingResourceError: :func:`~fl_lightning.models.hub.hub_snapshot`'s one line, which adds that no local
@@ -258,7 +265,8 @@ def hub_folder(path: str, *, download: bool, revision: str | None = None) -> str
 
     try:
         return hub_snapshot(path, repo_type="dataset", download=download, key="data.path",
-                            download_key="data.download", revision=revision)
+                            download_key="data.download", revision=revision,
+                            cache_dir=None if cache_dir is None else os.path.expanduser(cache_dir))
     except MissingResourceError as err:
         raise MissingResourceError(str(err) + _not_found_notes(path, download)) from None
 
@@ -288,8 +296,13 @@ def _offline_variable() -> str | None:
 
 
 def _split(data: Any, name: str, key: str) -> Any:
+    """The split ``name`` of ``data``, or the slice ``name`` says in datasets' split syntax (``train[:10%]``,
+    ``train[1000:2000]``, ``train[:90%]+validation``): the rows ``load_dataset(..., split=name)`` gives, in order
+    (``ReadInstruction``, its rounding of percentages included)."""
     import datasets
 
+    if any(c in name for c in "[+"):
+        return _sliced(data, name, key)
     if isinstance(data, datasets.Dataset):  # one table (a single file, or save_to_disk of a Dataset)
         if name == "train":
             return data
@@ -297,6 +310,22 @@ def _split(data: Any, name: str, key: str) -> Any:
     if name not in data:
         raise ConfigError(key, name, f"one of the data set's splits {sorted(data)}")
     return data[name]
+
+
+def _sliced(data: Any, spec: str, key: str) -> Any:
+    """:func:`_split` for a slice: each named split through :func:`_split`, then its absolute rows."""
+    import datasets
+
+    tables = {"train": data} if isinstance(data, datasets.Dataset) else dict(data)
+    try:
+        parts = datasets.ReadInstruction.from_spec(spec).to_absolute({n: len(t) for n, t in tables.items()})
+    except (ValueError, AssertionError) as err:  # a bad spec, or a split the data set does not have
+        raise ConfigError(key, spec, f"a split's name or a slice such as 'train[:10%]' or 'train[100:]+validation' "
+                          f"({' '.join(str(err).split())})") from None
+    pieces = [tables[p.splitname].select(range(p.from_, p.to)) for p in parts]
+    if not sum(len(p) for p in pieces):
+        raise ConfigError(key, spec, "a slice that holds rows (this one is empty)")
+    return pieces[0] if len(pieces) == 1 else datasets.concatenate_datasets(pieces)
 
 
 def _columns_line(table: Any) -> str:

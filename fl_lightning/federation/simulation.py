@@ -134,7 +134,8 @@ def _pathological(cfg: RunConfig, targets: np.ndarray) -> list[np.ndarray]:
 def hf_source(data: DataConfig) -> HFSource:
     """The ``data.*`` keys a Hugging Face data set reads (``data.name: hf``)."""
     return HFSource(path=data.path, train_split=data.train_split, test_split=data.test_split,
-                    image_column=data.image_column, label_column=data.label_column, revision=data.revision)
+                    image_column=data.image_column, label_column=data.label_column, revision=data.revision,
+                    cache_dir=data.cache_dir)
 
 
 def _flower_partition(cfg: RunConfig, targets: np.ndarray, groups: np.ndarray | None) -> list[np.ndarray]:

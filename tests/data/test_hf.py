@@ -124,6 +124,66 @@ def test_bad_columns_and_splits_are_one_line(saved, hf_cache, kw, words):
     assert "\n" not in str(info.value) and all(w in str(info.value) for w in words), str(info.value)
 
 
+@pytest.mark.parametrize("spec", ["train[:25%]", "train[10:30]", "train[-7:]", "train[:10%]+test[50%:]"])
+@pytest.mark.parametrize("form", ["disk", "parquet"])
+def test_a_split_slice_gives_the_rows_load_dataset_gives(saved, hf_cache, spec, form):
+    """``data.train_split: train[:25%]``: the rows ``datasets.load_dataset(..., split=...)`` gives, in order."""
+    import datasets
+
+    splits = _build(saved[form], train_split=spec)
+    theirs = (datasets.load_dataset(str(saved["parquet"]), split=spec) if form == "parquet" else
+              datasets.concatenate_datasets([datasets.load_from_disk(str(saved["disk"]))[p.splitname].select(
+                  range(p.from_, p.to)) for p in datasets.ReadInstruction.from_spec(spec).to_absolute(
+                  {"train": N_TRAIN, "test": N_TEST})]))
+    assert len(splits.train) == len(theirs)
+    np.testing.assert_array_equal(splits.train_targets, np.asarray(theirs["label"]))
+    assert list(splits.train_column("writer")) == theirs["writer"]
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("train[:x]", "Unrecognized instruction format"),
+    ("validation[:10%]", "Unknown split"),
+    ("train[5:5]", "a slice that holds rows"),
+])
+def test_a_bad_split_slice_is_one_line(saved, hf_cache, spec, words):
+    with pytest.raises(UsageError) as info:
+        _build(saved["disk"], train_split=spec)
+    assert "\n" not in str(info.value) and f"data.train_split={spec!r}" in str(info.value) and words in str(info.value)
+
+
+def test_a_split_slice_beside_the_flower_convention_is_refused():
+    with pytest.raises(ConfigError, match=r"data.train_split='train\[:10%\]' is not allowed; expected a whole split's"):
+        load_config(CONF / "fedcgs_digits_tiny.yaml", ["--data.name", "hf", "--data.path", "lab/x", "--data.train_split",
+                                                       "train[:10%]", "--partition.convention", "flower"])
+
+
+def test_data_cache_dir_holds_the_hub_snapshot_and_the_arrow_tables(saved, monkeypatch, tmp_path):
+    """``data.cache_dir``: a hub id's snapshot is read from that hub cache (the environment's is empty here), and
+    datasets writes its Arrow tables under ``<cache_dir>/datasets``; the preflight looks there too."""
+    import shutil
+
+    from fl_lightning.preflight import check_data
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
+    cache = tmp_path / "cache"
+    shutil.copytree(saved["hub"], cache)
+    with pytest.raises(MissingResourceError):  # not in the environment's cache
+        _build("lab/tiny-writers")
+    splits = _build("lab/tiny-writers", cache_dir=str(cache))
+    assert len(splits.train) == N_TRAIN and len(splits.test) == N_TEST
+    assert (cache / "datasets").is_dir() and any((cache / "datasets").iterdir())
+    assert not (tmp_path / "home" / "datasets").exists()
+    cfg = load_config(CONF / "fedcgs_digits_tiny.yaml", ["--data.name", "hf", "--data.path", "lab/tiny-writers",
+                                                         "--data.cache_dir", str(cache)])
+    assert hf_source(cfg.data).cache_dir == str(cache)
+    check_data(cfg)  # finds the snapshot in data.cache_dir
+    with pytest.raises(ConfigError, match=r"data.cache_dir=.* is not allowed; expected null, or a folder for data.name "
+                                          r"hf's"):
+        load_config(CONF / "fedcgs_digits_tiny.yaml", ["--data.cache_dir", str(cache)])
+
+
 def test_undetectable_image_column_lists_the_columns(tmp_path, hf_cache):
     import datasets
 
