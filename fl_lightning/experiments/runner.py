@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -195,7 +195,7 @@ def _run_jobs(args: Args, argv: list[str], cfg: object, runs: list) -> int:
     import subprocess
 
     from fl_lightning.experiments.compare import collect, write_table
-    from fl_lightning.preflight import available_cpus, preflight
+    from fl_lightning.preflight import core_shares, preflight
 
     todo = [r for r in runs if args.overwrite or finished_summary(r) is None]
     if todo:
@@ -204,16 +204,18 @@ def _run_jobs(args: Args, argv: list[str], cfg: object, runs: list) -> int:
     child_argv = [a for k, a in enumerate(argv) if a != "--jobs" and not a.startswith("--jobs=")
                   and not (k > 0 and argv[k - 1] == "--jobs")]
     gpus = _visible_gpus() if cfg.federation.accelerator in ("auto", "gpu", "cuda") else []
+    # each job its own cores (its threads and its loader workers: data.num_workers auto counts them), on GPUs too
+    shares = core_shares(sorted(os.sched_getaffinity(0)), n) if hasattr(os, "sched_getaffinity") else None
     procs = []
     try:
         for i in range(n):
             env = dict(os.environ)
             if gpus:
                 env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
-            else:
-                env.setdefault("OMP_NUM_THREADS", str(max(1, available_cpus() // n)))
+            cores = None if shares is None else shares[i]
+            env.setdefault("OMP_NUM_THREADS", str(len(cores) if cores else max(1, (os.cpu_count() or 1) // n)))
             procs.append(subprocess.Popen([sys.executable, "-m", "fl_lightning.train", *child_argv, "--shard",
-                                           f"{i}/{n}"], env=env))
+                                           f"{i}/{n}"], env=env, preexec_fn=_pinned_to(cores)))
         codes = [p.wait() for p in procs]
     except KeyboardInterrupt as err:
         for p in procs:
@@ -229,6 +231,13 @@ def _run_jobs(args: Args, argv: list[str], cfg: object, runs: list) -> int:
         if finished:
             write_table(finished, missing, cfg.output_dir)
     return max(codes, default=0)
+
+
+def _pinned_to(cores: list[int] | None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that gives the child process ``cores`` as its affinity mask (None: no change)."""
+    if not cores:
+        return None
+    return lambda: os.sched_setaffinity(0, cores)
 
 
 def _visible_gpus() -> list[str]:

@@ -213,13 +213,14 @@ class Environment:
         if self.loading is not None:
             return self.loading
         from fl_lightning.data.loader import resolve_loader_settings
-        from fl_lightning.preflight import available_cpus
+        from fl_lightning.preflight import available_cpus, ranks_sharing_cores
 
         d = self.cfg.data
         cuda = getattr(getattr(self.fabric, "device", None), "type", "cpu") == "cuda"
+        cpus = available_cpus()  # under SLURM's one task per rank, that task's own cores: shared by none
         self.loading = resolve_loader_settings(d.num_workers, d.pin_memory, d.persistent_workers, cuda=cuda,
-                                               normalize_on_device=d.normalize_on_device,
-                                               cpus=available_cpus(), ranks_on_node=self.cfg.federation.devices)
+                                               normalize_on_device=d.normalize_on_device, cpus=cpus,
+                                               ranks_on_node=ranks_sharing_cores(self.cfg.federation.devices, cpus))
         return self.loading
 
 

@@ -1,6 +1,7 @@
 """The loader settings (auto resolved by one pure function) and the loader kept for the run: the same batches as
 the per-client seeded DataLoader of before, with 0 and 2 workers, epoch after epoch, client after client."""
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -147,3 +148,37 @@ def test_tensor_batches_are_the_seeded_dataloaders(shuffle):
         assert len(new) == 6 and _same(_batches(new, epochs=2), old)
     with pytest.raises(ValueError, match="one length"):
         TensorBatches(h, y[:3], batch_size=4, shuffle=True)
+
+
+# --------------------------------------------------------------------------------- cores per rank and per job
+@pytest.mark.parametrize("environ, ranks, cpus, sharing", [
+    ({}, 4, 32, 4),  # Fabric's launcher / torchrun: the ranks share the node's mask
+    ({"SLURM_PROCID": "3", "SLURM_CPUS_PER_TASK": "8", "SLURM_STEP_TASKS_PER_NODE": "4"}, 4, 8, 1),  # srun: its own
+    ({"SLURM_PROCID": "0", "SLURM_CPUS_PER_TASK": "8", "SLURM_TASKS_PER_NODE": "4(x2)"}, 4, 8, 1),
+    ({"SLURM_PROCID": "0", "SLURM_CPUS_PER_TASK": "32", "SLURM_TASKS_PER_NODE": "1"}, 4, 32, 4),  # one task, 4 ranks
+    ({"SLURM_PROCID": "0", "SLURM_CPUS_PER_TASK": "8", "SLURM_TASKS_PER_NODE": "4"}, 4, 32, 4),  # no binding
+    ({"SLURM_PROCID": "0", "SLURM_CPUS_PER_TASK": "x", "SLURM_TASKS_PER_NODE": "4"}, 4, 8, 4),
+], ids=["launcher", "srun step", "srun job", "one task", "unbound", "garbage"])
+def test_auto_workers_count_a_slurm_tasks_own_cores_once(environ, ranks, cpus, sharing):
+    from fl_lightning.preflight import ranks_sharing_cores
+
+    assert ranks_sharing_cores(ranks, cpus, environ) == sharing
+    settings = resolve_loader_settings("auto", "auto", "auto", cuda=True, cpus=cpus, ranks_on_node=sharing)
+    if environ.get("SLURM_CPUS_PER_TASK") == "8" and sharing == 1:
+        assert settings.num_workers == 4  # min(AUTO_MAX_WORKERS, its 8 cores less its own process); was 8 // 4 - 1
+
+
+def test_jobs_get_disjoint_cores_of_their_own():
+    import subprocess
+    import sys
+
+    from fl_lightning.experiments.runner import _pinned_to
+    from fl_lightning.preflight import core_shares
+
+    assert core_shares(range(8), 3) == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert core_shares([4, 5], 3) == [[4], [5], [4]]  # more jobs than cores: each still gets one
+    cores = sorted(os.sched_getaffinity(0))[:1]
+    out = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                         capture_output=True, text=True, preexec_fn=_pinned_to(cores), check=True).stdout
+    assert out.strip() == str(cores)
+    assert _pinned_to(None) is None
