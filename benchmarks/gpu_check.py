@@ -16,7 +16,10 @@ On a machine with CUDA GPUs, in a few minutes:
 3. ``ranks``: a tiny FedOPAL and a tiny FeDiSyn on 1 and on 2 GPUs give the same ``summary.json`` accuracy
    (skipped with fewer than 2 GPUs).
 4. ``fp16``: a tiny FedOPAL under ``16-mixed`` (its prompt tuning through a ``GradScaler``) learns: accuracy
-   above 3× chance.
+   above 3× chance. FedOPAL's analytic solve carries most of that accuracy, so a second check trains what only
+   gradient steps can: FedAvg of a linear head under ``16-mixed`` (5 rounds of 5 epochs) must beat the same run
+   with no local training (``train.epochs 0``: the random head) by 0.1 — a scaler that never steps (every step
+   skipped as inf) or gradients lost to fp16 underflow fail it.
 
 ``--cpu`` runs the same checks at tiny sizes on the CPU (bf16 autocast there; ranks as 2 CPU processes; the
 ``16-mixed`` run is Fabric's ``bf16-mixed`` on the CPU): a smoke test of the script, not a measurement. Each
@@ -240,6 +243,18 @@ def run_checks(*, cpu: bool, work: Path, gpus: int | None = None) -> tuple[list[
         chance = 1.0 / 10  # digits: 10 classes
         _check(lines, failures, "fp16 fedopal", s["accuracy"] > 3 * chance,
                f"16-mixed accuracy {s['accuracy']:.4f} (chance {chance:.2f}, bar {3 * chance:.2f})")
+
+    # 5. 16-mixed gradient steps do the learning: FedAvg's head trained against the same head untrained
+    trained, untrained = (_train(work, f"fedavg_16mixed_e{e}", "fedavg_digits_tiny.yaml",
+                                 [*accelerator, "--federation.precision", "16-mixed", "--train.epochs", str(e),
+                                  "--federation.rounds", "5"], timeout_s=600) for e in (5, 0))
+    numbers["fp16_fedavg"] = {"trained": trained, "untrained": untrained}
+    if "error" in trained or "error" in untrained:
+        _check(lines, failures, "fp16 fedavg", False, trained.get("error") or untrained["error"])
+    else:
+        a, b = trained["accuracy"], untrained["accuracy"]
+        _check(lines, failures, "fp16 fedavg", a > b + 0.1,
+               f"16-mixed head accuracy {a:.4f}, untrained {b:.4f} (bar {b + 0.1:.2f})")
 
     last = f"gpu_check: {len(lines) - 1} checks, {len(failures)} failed" + (f" ({', '.join(failures)})" if failures else "")
     print(last, flush=True)

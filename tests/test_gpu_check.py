@@ -43,7 +43,7 @@ def test_without_cuda_and_without_cpu_flag_it_stops_with_one_line(capsys, monkey
     assert err.count("\n") == 1 and "--cpu" in err
 
 
-@pytest.mark.slow  # about 4 minutes on 2 shared cores: 5 tiny runs in fresh processes, two of them on 2 ranks
+@pytest.mark.slow  # about 5 minutes on 2 shared cores: 7 tiny runs in fresh processes, two of them on 2 ranks
 def test_the_cpu_smoke_run_prints_one_line_per_check_and_passes(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(["bash", str(_SCRIPT), "--cpu", "--out", str(tmp_path / "gpu_check.json")],
@@ -57,5 +57,7 @@ def test_the_cpu_smoke_run_prints_one_line_per_check_and_passes(tmp_path):
     for line, method in zip(lines[4:6], ("fedopal", "fedisyn")):
         assert re.fullmatch(rf"ranks {method}: 1 rank accuracy ([0-9.]+), 2 ranks \1 .*: ok", line), line
     assert re.fullmatch(r"fp16 fedopal: 16-mixed accuracy 0\.[3-9][0-9]* .*: ok", lines[6]), lines[6]
-    assert lines[7] == "gpu_check: 6 checks, 0 failed" and len(lines) == 8
+    assert re.fullmatch(r"fp16 fedavg: 16-mixed head accuracy ([0-9.]+), untrained ([0-9.]+) \(bar [0-9.]+\): ok",
+                        lines[7]), lines[7]
+    assert lines[8] == "gpu_check: 7 checks, 0 failed" and len(lines) == 9
     assert (tmp_path / "gpu_check.json").is_file()
