@@ -17,8 +17,10 @@ when a model is built.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -199,6 +201,11 @@ _VIT_PROBES: dict[tuple[str, str], bool] = {}  # is_timm_vit's answers, per proc
 def _probe_timm_vit(name: str, overrides: dict | None) -> bool:
     import timm
 
+    if name.startswith(HF_HUB):  # the architecture its cached config.json names (uncached: the ViT path reports it)
+        hub = _cached_hub_config(name)
+        if hub is None:
+            return True
+        name, overrides = hub[0], {**hub[2], **dict(overrides or {})}
     if not timm.is_model(name.split(".", 1)[0]) and not timm.is_model(name):
         return True
     try:
@@ -216,8 +223,12 @@ def build_timm_model(*, name: str, pretrained: str | None, checkpoint: str | Non
     ``img_size`` (a CNN takes any input size and has no such argument)."""
     import timm
 
+    if name.startswith(HF_HUB):
+        return _build_from_hub(name, checkpoint=checkpoint, image_size=image_size, overrides=overrides,
+                               cache_dir=cache_dir, download=download, vit=vit)
     if not timm.is_model(name):
-        raise BackboneArgumentError("name", name, "a timm model name (see timm.list_models('vit_*'))")
+        raise BackboneArgumentError("name", name, "a timm model name (see timm.list_models('vit_*')), or "
+                                    "'hf-hub:org/repo'")
     kwargs: dict[str, Any] = dict(overrides)
     if image_size is not None and vit:
         kwargs.setdefault("img_size", image_size)
@@ -244,6 +255,78 @@ def build_timm_model(*, name: str, pretrained: str | None, checkpoint: str | Non
     except (OSError, RuntimeError) as err:
         raise MissingResourceError(f"timm could not load {full_name} (cache_dir={cache_dir!r}): "
                                    f"{describe_load_error(err)}; {NO_WEIGHTS_HINT}") from err
+
+
+HF_HUB = "hf-hub:"  # timm's prefix of a model published on the Hugging Face hub (config.json + weights)
+_HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin")  # the files timm's hub loader looks for, in its order
+
+
+def _hub_config(folder: str, name: str) -> tuple[str, dict, dict]:
+    """(architecture, pretrained_cfg, model_args) of a timm hub snapshot's ``config.json`` (timm's
+    ``load_model_config_from_hf``), or one line naming what is wrong."""
+    import timm
+
+    path = Path(folder) / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+        arch = config.get("architecture") or config["model_cfg"]["architecture"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise MissingResourceError(f"model.name={name!r}: {path} is missing or holds no timm 'architecture'; the hub "
+                                   f"repository is not a timm model") from None
+    if not timm.is_model(arch):
+        raise MissingResourceError(f"model.name={name!r}: its config.json names architecture {arch!r}, which this "
+                                   f"timm ({timm.__version__}) does not have")
+    pretrained_cfg = dict(config.get("pretrained_cfg") or {})
+    pretrained_cfg.setdefault("hf_hub_id", name[len(HF_HUB):])
+    return arch, pretrained_cfg, dict(config.get("model_args") or {})
+
+
+def _cached_hub_config(name: str) -> tuple[str, dict, dict] | None:
+    """:func:`_hub_config` of the cached snapshot of ``name``, or None when it is not in the cache (or unreadable)."""
+    from fl_lightning.models.hub import hub_snapshot
+
+    try:
+        folder = hub_snapshot(name[len(HF_HUB):], download=False, key="model.name", download_key="model.download")
+        return _hub_config(folder, name)
+    except (MissingResourceError, BackboneArgumentError):
+        return None
+
+
+def _build_from_hub(name: str, *, checkpoint: str | None, image_size: int | None, overrides: dict,
+                    cache_dir: str | None, download: bool, vit: bool) -> nn.Module:
+    """``model.name: hf-hub:org/repo`` as timm's ``create_model('hf-hub:...')`` builds it — the architecture,
+    ``model_args`` and ``pretrained_cfg`` (mean, std, input size) of the snapshot's ``config.json``, its weights
+    through timm's pretrained loader (``num_classes=0`` drops the classifier) — but from the hub cache
+    (fetched first only with ``model.download``) and with this module's one-line errors. ``model.checkpoint``
+    replaces the snapshot's weights; ``model.pretrained`` is not used (the repository is one set of weights)."""
+    import timm
+
+    from fl_lightning.models.hub import hub_snapshot
+
+    folder = hub_snapshot(name[len(HF_HUB):], download=download, key="model.name", download_key="model.download",
+                          cache_dir=cache_dir)
+    arch, pretrained_cfg, model_args = _hub_config(folder, name)
+    kwargs: dict[str, Any] = {**model_args, **dict(overrides)}
+    if image_size is not None and vit:
+        kwargs.setdefault("img_size", image_size)
+    if checkpoint is not None:
+        if not os.path.isfile(checkpoint):
+            raise MissingResourceError(f"model.checkpoint={checkpoint!r} is not a file; give the path of a "
+                                       f"local timm weights file (.pth, .bin or .safetensors)")
+        file, label = checkpoint, "model.checkpoint"
+    else:
+        found = [Path(folder) / f for f in _HUB_WEIGHTS if (Path(folder) / f).is_file()]
+        if not found:
+            raise MissingResourceError(f"model.name={name!r}: its snapshot {folder} holds none of "
+                                       f"{', '.join(_HUB_WEIGHTS)}; {NO_WEIGHTS_HINT}")
+        file, label = str(found[0]), f"timm weights {name}:"
+    open_state_dict(file, label=label, meta=True)  # readable, a state dict: one line otherwise
+    try:
+        return timm.create_model(arch, pretrained=True, num_classes=0, pretrained_cfg=pretrained_cfg,
+                                 pretrained_cfg_overlay=dict(file=file), **kwargs)
+    except (RuntimeError, KeyError, ValueError) as err:
+        raise MissingResourceError(f"{label} {file} does not fit timm {arch} ({name}): {describe_load_error(err)}; "
+                                   f"expected a state dict of this model") from None
 
 
 # ------------------------------------------------------------------------------------------------

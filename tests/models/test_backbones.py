@@ -361,3 +361,53 @@ def test_a_timm_backbone_never_imports_open_clip():
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def _timm_hub_repo(cache: Path, repo_id: str, model: torch.nn.Module, config: dict | None) -> Path:
+    """A timm model as it is published on the hub: config.json (architecture, model_args, pretrained_cfg) and
+    model.safetensors, in the cache layout."""
+    import json
+
+    _fake_hf_cache(cache, repo_id, "model.safetensors", model.state_dict())
+    snapshot = cache / ("models--" + repo_id.replace("/", "--")) / "snapshots" / ("0" * 40)
+    if config is not None:
+        (snapshot / "config.json").write_text(json.dumps(config))
+    return snapshot
+
+
+def test_timm_hf_hub_name_builds_the_published_model_from_the_cache(tmp_path, monkeypatch):
+    """``model.name: hf-hub:org/repo``: the architecture, model_args and pretrained_cfg of its config.json, its
+    weights (the classifier dropped), read from the hub cache as timm's create_model('hf-hub:...') would."""
+    from fl_lightning.errors import MissingResourceError
+    from fl_lightning.models.timm_backbone import is_timm_vit
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    vit = _tiny_timm(seed=3, num_classes=5)
+    cfg = {"architecture": "vit_base_patch16_224", "num_classes": 5, "model_args": tiny_timm_overrides(32),
+           "pretrained_cfg": {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25], "input_size": [3, 32, 32],
+                              "num_classes": 5, "classifier": "head"}}
+    _timm_hub_repo(tmp_path, "lab/tiny-vit", vit, cfg)
+    backbone = build_backbone(library="timm", name="hf-hub:lab/tiny-vit", cache_dir=str(tmp_path)).eval()
+    with torch.no_grad():
+        expected = vit.forward_head(vit.forward_features(IMAGES), pre_logits=True)
+        torch.testing.assert_close(backbone(IMAGES), expected, rtol=0, atol=1e-6)
+    assert tuple(backbone.mean) == (0.5, 0.5, 0.5) and tuple(backbone.std) == (0.25, 0.25, 0.25)
+    assert is_timm_vit("hf-hub:lab/tiny-vit")
+
+    resnet = timm.create_model("resnet18", pretrained=False, num_classes=3).eval()  # a CNN: the CNN path
+    _timm_hub_repo(tmp_path, "lab/tiny-resnet", resnet, {"architecture": "resnet18", "num_classes": 3,
+                                                         "pretrained_cfg": {"num_classes": 3, "classifier": "fc"}})
+    assert not is_timm_vit("hf-hub:lab/tiny-resnet")
+    from fl_lightning.models.backbones import build_feature_backbone
+
+    cnn = build_feature_backbone(library="timm", name="hf-hub:lab/tiny-resnet", cache_dir=str(tmp_path)).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(cnn(IMAGES), resnet.forward_head(resnet.forward_features(IMAGES), pre_logits=True),
+                                   rtol=0, atol=1e-6)
+
+    with pytest.raises(MissingResourceError) as missing:  # not in the cache, downloading off
+        build_backbone(library="timm", name="hf-hub:lab/absent", cache_dir=str(tmp_path))
+    assert "\n" not in str(missing.value) and "lab/absent" in str(missing.value)
+    _timm_hub_repo(tmp_path, "lab/not-timm", vit, {"model_type": "bert"})
+    with pytest.raises(MissingResourceError, match=r"config.json is missing or holds no timm 'architecture'"):
+        build_backbone(library="timm", name="hf-hub:lab/not-timm", cache_dir=str(tmp_path))
