@@ -336,5 +336,8 @@ def _job_store(patience_s: float) -> dist.Store:
     process group's store when the launcher named none."""
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if addr and port:
-        return dist.TCPStore(addr, int(port), None, False, timeout=timedelta(seconds=patience_s))
+        try:
+            return dist.TCPStore(addr, int(port), None, False, timeout=timedelta(seconds=patience_s))
+        except (RuntimeError, ValueError):  # DistNetworkError and friends: the process group's own connection serves
+            pass
     return dist.distributed_c10d._get_default_store()
