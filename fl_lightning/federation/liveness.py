@@ -137,6 +137,7 @@ class Liveness:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2 * self.interval_s + 1.0)
+
         def leave() -> None:
             try:
                 self._write(state, status=status, line=line)
