@@ -390,6 +390,12 @@ class FederationConfig:
     # NCCL) lets the watchdog abort them. 24 h covers that phase; a failure on rank 0 still ends every rank at
     # once (federation/collectives.py), so the long default never makes a failed run wait
     collective_timeout_s: float = 86400.0
+    # the longest a rank waits in one *compute* collective on several ranks (DDP's gradient all-reduce in the joined
+    # pre-training, its failure flag, the split ensemble's gathers; the start-up's rendezvous): these run in
+    # lockstep, so a rank that has not arrived after minutes is stuck (a mismatched collective), and NCCL's
+    # watchdog ends it after this long instead of a day. The waits for rank 0's server phases run on a separate
+    # gloo group under collective_timeout_s (federation/ddp_strategy.py)
+    compute_timeout_s: float = 900.0
     # on several ranks, each keeps a heartbeat in the launcher's store and watches its peers' (federation/liveness.py):
     # a rank silent this long (killed, frozen by SIGSTOP or a hung file system, its host lost), a rank that failed
     # outside an exchange, or a store that stopped answering ends every rank with one line (exit 1), however long
@@ -429,6 +435,8 @@ class FederationConfig:
         check(isinstance(self.deterministic, bool), "deterministic", self.deterministic, "true or false")
         check(1 <= self.collective_timeout_s <= 1e9, "collective_timeout_s", self.collective_timeout_s,
               "a float in [1, 1e9] (seconds; 86400 is a day; below a second no rendezvous or gather completes)")
+        check(1 <= self.compute_timeout_s <= 1e9, "compute_timeout_s", self.compute_timeout_s,
+              "a float in [1, 1e9] (seconds; 900 is 15 min; below a second no rendezvous or gather completes)")
         check(5 <= self.liveness_timeout_s <= 1e9, "liveness_timeout_s", self.liveness_timeout_s,
               "a float in [5, 1e9] (seconds; a beat every sixth of it, and a busy host may delay one by seconds)")
         check(0 <= self.record_after_s <= _FLOAT32_MAX, "record_after_s", self.record_after_s,

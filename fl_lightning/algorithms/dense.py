@@ -333,7 +333,7 @@ class DENSE(FedAvgCNN):
         weights = self.ensemble_weights(num_members)
         if split:
             return SplitEnsemble(models, weights, num_members=num_members, num_classes=self.env.num_classes,
-                                 timeout_s=self.cfg.federation.collective_timeout_s)
+                                 timeout_s=self.cfg.federation.compute_timeout_s)
         return WeightedEnsemble(models, weights)
 
     def summary_extras(self, state: State) -> dict[str, Any]:

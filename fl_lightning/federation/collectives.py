@@ -33,11 +33,19 @@ shards with :func:`gathered`: the same all-gather of outcomes as :func:`everyone
 Both are one ``all_gather_object`` of :class:`_Outcome`, so a rank that fails between two of them and goes on to
 the next :func:`everyone` still meets the others in a gather of outcomes: they read its error there and stop.
 
+A rank that enters an exchange holding its own error says so in its heartbeat (``liveness.failing``): when its peers
+do not come within two beats — they sit in a compute collective it will never join (an error inside DDP's
+backward), or in a long phase of their own — their watch ends the job with its line and exit status, instead of
+the compute timeout or the phase ending it.
+
 An error is decided once. A phase can hold another (a stage's aggregate inside the round's end, a pre-training
 step's guard inside a server phase): when the inner exchange has decided a failure, every other rank has already
 stopped (:class:`RankStopped`), so the error rank 0 raises from it is marked decided (:func:`decided`) and every
 outer exchange lets it through without another collective. Gathering it again would leave rank 0 alone in that
 collective: gloo notices that the peers have exited, NCCL does not (until its timeout).
+
+Every exchange here runs on the strategy's gloo object group (federation/ddp_strategy.py) under
+``federation.collective_timeout_s``: pickled CPU bytes, apart from the compute collectives' short timeout.
 
 One process: no broadcast or gather, the phase's function is simply called.
 """
@@ -60,7 +68,8 @@ from lightning.fabric import Fabric
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from fl_lightning.errors import RemoteTraceback, RunFailure, UsageError
-from fl_lightning.federation.liveness import connection_lost, lost_peer, stand_down
+from fl_lightning.federation.ddp_strategy import object_group
+from fl_lightning.federation.liveness import PeerLost, connection_lost, failing, lost_peer, stand_down
 
 __all__ = ["to_cpu", "from_server", "to_server", "everyone", "gathered", "Ranks", "waiting", "WaitLog",
            "recording_waits", "RankStopped", "decided", "one_line", "CollectiveTimeout", "RankFailure",
@@ -68,6 +77,9 @@ __all__ = ["to_cpu", "from_server", "to_server", "everyone", "gathered", "Ranks"
 
 T = TypeVar("T")
 
+# what each timeout key must outlast, for a timed-out wait's line
+_LONGEST = {"federation.collective_timeout_s": "server phase",
+            "federation.compute_timeout_s": "step of one rank that the others wait for (a checkpoint write)"}
 # how long a stopping rank waits for rank 0 on its host (its parent under Fabric's launcher) to exit first, at most
 _LEADER_EXIT_GRACE_S = 30.0
 
@@ -101,8 +113,10 @@ _DECIDED = "_fl_lightning_decided"  # the attribute that marks an error every ra
 
 
 def _decide(err: BaseException) -> BaseException:
-    """``err``, marked as decided on every rank (:func:`decided`): no later exchange of outcomes carries it again."""
+    """``err``, marked as decided on every rank (:func:`decided`): no later exchange of outcomes carries it again, and
+    this rank stops watching its peers (they are stopping: federation/liveness.py)."""
     setattr(err, _DECIDED, True)
+    stand_down()
     return err
 
 
@@ -156,12 +170,21 @@ class _Outcome:
     pid: int = 0  # the sender's process and host: a stopping rank lets its parent rank 0 exit first
     host: str = ""
     traceback: str | None = None  # a failed rank's formatted traceback (gathered to rank 0 for --debug)
+    symptom: bool = False  # the error is a collective's timeout or broken connection: another rank's error caused it
 
 
 def _failed(err: Exception) -> _Outcome:
     """The outcome of a rank's part that raised ``err``: its one line, exit status, process, host and traceback."""
     return _Outcome(error=one_line(err), status=exit_status(err), pid=os.getpid(), host=socket.gethostname(),
-                    traceback="".join(traceback.format_exception(err)))
+                    traceback="".join(traceback.format_exception(err)), symptom=_symptom(err))
+
+
+def _symptom(err: BaseException) -> bool:
+    """Whether ``err`` is a collective that timed out or lost its connection: what a rank sees when a peer failed
+    elsewhere (a compute collective the peer never joined), not a cause of its own."""
+    if isinstance(err, (CollectiveTimeout, PeerLost)):
+        return True
+    return isinstance(err, RuntimeError) and ("timed out" in str(err).lower() or connection_lost(err))
 
 
 def one_line(err: BaseException) -> str:
@@ -200,9 +223,10 @@ def recording_waits() -> Iterator[WaitLog]:
 
 
 @contextmanager
-def waiting(what: str, timeout_s: float, rank: int) -> Iterator[None]:
-    """A collective that times out (gloo raises ``RuntimeError: … Timed out …``) becomes one line naming the key;
-    its duration goes to the :class:`WaitLog` of :func:`recording_waits` when one is installed."""
+def waiting(what: str, timeout_s: float, rank: int, key: str = "federation.collective_timeout_s") -> Iterator[None]:
+    """A collective that times out (gloo raises ``RuntimeError: … Timed out …``) becomes one line naming ``key`` (the
+    object collectives' ``federation.collective_timeout_s``, or ``federation.compute_timeout_s`` for a compute
+    collective); its duration goes to the :class:`WaitLog` of :func:`recording_waits` when one is installed."""
     start = time.monotonic() if _wait_log else 0.0
     try:
         yield
@@ -212,8 +236,8 @@ def waiting(what: str, timeout_s: float, rank: int) -> Iterator[None]:
         if "timed out" not in str(err).lower():
             raise
         raise CollectiveTimeout(
-            f"rank {rank} waited more than federation.collective_timeout_s={timeout_s:g} s for {what}; raise it "
-            f"above the longest server phase") from err
+            f"rank {rank} waited more than {key}={timeout_s:g} s for {what}; raise it "
+            f"above the longest {_LONGEST.get(key, 'wait')}") from err
     finally:
         if _wait_log:
             _wait_log[-1].add(what, time.monotonic() - start)
@@ -300,19 +324,20 @@ def to_server(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: fl
         if decided(err):  # an inner exchange told every rank already: they have stopped
             raise
         own, value, mine = err, None, _failed(err)
+        failing(mine.status, what, mine.error)
     parts: list[Any] | None = [None] * fabric.world_size if rank == 0 else None
     try:
         with waiting(what, timeout_s, rank):
-            dist.gather_object(mine, parts, dst=0)  # to the server only
+            dist.gather_object(mine, parts, dst=0, group=object_group(fabric))  # to the server only
     except Exception:
         if own is None:
             raise
         raise own  # noqa: B904 — this rank's error is the report, not the collective's that it broke
 
     def verdict() -> None:
-        if own is not None:
+        failed = _causes([(r, outcome) for r, outcome in enumerate(parts) if outcome.error is not None])
+        if own is not None and failed[0][0] == 0:
             raise own  # rank 0's own error, as a failing server phase raises it
-        failed = [(r, outcome) for r, outcome in enumerate(parts) if outcome.error is not None]
         if failed:
             raise _rank_error(what, failed)
         if check is not None:
@@ -384,10 +409,11 @@ def _exchange_outcomes(fabric: Fabric, step: Callable[[], T], *, what: str, time
         if decided(err):  # an inner exchange told every rank already: they have stopped
             raise
         own, value, mine = err, None, _failed(err)
+        failing(mine.status, what, mine.error)
     parts: list[Any] = [None] * fabric.world_size
     try:
         with waiting(what, timeout_s, rank):
-            dist.all_gather_object(parts, mine)
+            dist.all_gather_object(parts, mine, group=object_group(fabric))
     except Exception:
         if own is None:
             raise
@@ -403,11 +429,14 @@ class Ranks:
 
     Args:
         fabric: the launched Fabric.
-        timeout_s: ``federation.collective_timeout_s``.
+        timeout_s: ``federation.collective_timeout_s`` (the object exchanges).
+        compute_timeout_s: ``federation.compute_timeout_s``, for a compute collective's message (a lockstep
+            all-reduce on the default process group, e.g. the pre-training's failure flag).
     """
 
     fabric: Fabric
     timeout_s: float
+    compute_timeout_s: float = 900.0
 
     @property
     def rank(self) -> int:
@@ -432,14 +461,22 @@ def _verdict(rank: int, own: Exception | None, what: str, parts: list[_Outcome])
     failed = [(r, outcome) for r, outcome in enumerate(parts) if outcome.error is not None]
     if not failed:
         return
+    failed = _causes(failed)
     if rank == 0:
-        raise _decide(own if own is not None else _rank_error(what, failed))
+        raise _decide(own if own is not None and failed[0][0] == 0 else _rank_error(what, failed))
     leader = parts[0]
-    if leader.error is not None:  # rank 0's own error: it raises it
+    if failed[0][0] == 0:  # rank 0's own error: it raises it
         status, line = leader.status, leader.error
     else:
         status, line = failed[0][1].status, str(_rank_error(what, failed))
     raise _stopping(leader, status, line)
+
+
+def _causes(failed: list[tuple[int, _Outcome]]) -> list[tuple[int, _Outcome]]:
+    """The failed ranks whose error is a cause, in rank order: a collective's timeout or broken connection is the
+    symptom of a rank that failed elsewhere, and that rank's error is the report (all of them when every one is a
+    symptom)."""
+    return [(r, outcome) for r, outcome in failed if not outcome.symptom] or failed
 
 
 def _rank_error(what: str, failed: list[tuple[int, _Outcome]]) -> RankFailure | RankUsageError:

@@ -14,6 +14,10 @@ server phase may legitimately last hours). So every rank of a multi-process run 
 
   - failed outside an exchange of outcomes (its entry says so: e.g. a setup error on one node): at once, with that
     rank's exit status;
+  - has waited with its own error in an exchange of outcomes (federation/collectives.py) for two beats while the
+    others have not come: they are elsewhere — in a compute collective the failing rank will never join (an error
+    inside DDP's backward, between the split ensemble's gathers), or a long phase of their own — so the exchange
+    would only meet after the compute timeout or the phase: with that rank's line and exit status;
   - has not beaten for ``federation.liveness_timeout_s`` (killed, frozen, host lost): exit status 1; a frozen peer
     on this host is SIGKILLed too, so it stops holding its GPU;
   - or the store itself stopped answering for that long (the process that holds it has gone): exit status 1.
@@ -46,14 +50,14 @@ import torch.distributed as dist
 
 from fl_lightning.errors import RunFailure
 
-__all__ = ["Liveness", "PeerState", "PeerLost", "watching", "stand_down", "lost_peer", "beat_interval"]
+__all__ = ["Liveness", "PeerState", "PeerLost", "watching", "failing", "stand_down", "lost_peer", "beat_interval"]
 
 _RESUME = "every rank stops; the same command resumes from the last completed round"
 
 _LAST_WRITE_S = 5.0  # how long a rank's last entry may take to reach the store
 
-# the states of a rank's entry
-RUNNING, DONE, STOPPED, FAILED = "running", "done", "stopped", "failed"
+# the states of a rank's entry; FAILING: the rank holds an error and waits in an exchange of outcomes for its peers
+RUNNING, DONE, STOPPED, FAILED, FAILING = "running", "done", "stopped", "failed", "failing"
 
 
 class PeerLost(RunFailure):
@@ -102,10 +106,13 @@ class Liveness:
         patience_s: ``federation.liveness_timeout_s``: how long a peer, or the store, may stay silent.
         on_lost: what ends the job: ``(line or None, status)``; the default prints the line and ``os._exit``\\ s.
         store_name: the store's address, for the line.
+        leader: rank 0's (host, pid) as the start's broadcast gave it: a store frozen with rank 0 before this rank
+            read its entry still names rank 0's host, and a frozen rank 0 on this host is still killed.
     """
 
     def __init__(self, store: dist.Store, *, rank: int, world: int, patience_s: float,
-                 on_lost: Callable[[str | None, int], None] = _exit_now, store_name: str = "the job's store") -> None:
+                 on_lost: Callable[[str | None, int], None] = _exit_now, store_name: str = "the job's store",
+                 leader: tuple[str, int] | None = None) -> None:
         self.store, self.rank, self.world, self.patience_s = store, rank, world, float(patience_s)
         self.interval_s = beat_interval(self.patience_s)
         self.on_lost, self.store_name = on_lost, store_name
@@ -119,6 +126,10 @@ class Liveness:
         self._seen: dict[int, tuple[int | None, float, PeerState | None]] = {}  # peer -> (beat, its last change, entry)
         self._all_present = False  # every peer has written its entry (then one multi_get reads them all)
         self._in_order: set[int] = set()  # peers whose entry said done or stopped
+        self._leader = leader
+        self._entry: tuple[str, int, str] = (RUNNING, 0, "")  # what each beat writes: state, status, line
+        # rank (this one included) -> (when it was first seen failing, its exit status)
+        self._failing_since: dict[int, tuple[float, int]] = {}
 
     # ------------------------------------------------------------------------------------- lifecycle
     def start(self) -> Liveness:
@@ -148,6 +159,19 @@ class Liveness:
         last.start()
         last.join(timeout=_LAST_WRITE_S)  # a frozen store never answers: this rank's ending does not wait on it
 
+    @property
+    def grace_s(self) -> float:
+        """How long a rank may wait with its error in an exchange of outcomes before the watch ends the job: two beats
+        (peers that are in the same exchange meet it within a beat; others are elsewhere)."""
+        return 2 * self.interval_s
+
+    def failing(self, status: int, what: str, line: str) -> None:
+        """This rank holds an error (exit ``status``, its one ``line``) and enters the exchange of ``what``: its entry
+        says so from now on, so that peers which never join that exchange end the job after :attr:`grace_s`."""
+        self._failing_since.setdefault(self.rank, (time.monotonic(), status))
+        # the next beat writes it (one thread uses the store)
+        self._entry = (FAILING, status, " ".join(f"in {what}: {line}".split()))
+
     def await_verdict(self, timeout_s: float | None = None) -> bool:
         """Block until this watch has ended the job (the default ``on_lost`` never returns) or ``timeout_s``
         passed: whether it did. For a main thread whose collective broke because a peer is gone: the watch names
@@ -168,7 +192,8 @@ class Liveness:
         while not self._stop.wait(self.interval_s):
             call = time.monotonic()
             try:
-                self._write(RUNNING)
+                state, status, line = self._entry
+                self._write(state, status=status, line=line)
                 entries = self._read_peers()
             except Exception:  # noqa: BLE001 — the store's host has gone (its connection closed)
                 store_silent_since = store_silent_since or call
@@ -213,6 +238,12 @@ class Liveness:
                 self._end([peer], f"rank {peer} on {entry.host} failed: {entry.line}; {_RESUME}", entry.status,
                           quiet=peer == 0)
                 return True
+            if entry is not None and entry.state == FAILING:  # waiting with its error for peers that are elsewhere
+                if now - self._failing_since.setdefault(peer, (now, entry.status))[0] > self.grace_s:
+                    # rank 0 prints its own error: its exchange runs on gloo, which notices these ranks' exits
+                    self._end([peer], f"rank {peer} on {entry.host} failed {entry.line}; {_RESUME}", entry.status,
+                              quiet=peer == 0)
+                    return True
             beat, since, _ = self._seen.get(peer, (None, now, entry))
             if entry is not None and beat != entry.beat:
                 since = now
@@ -220,7 +251,7 @@ class Liveness:
             if now - since > self.patience_s:
                 silent.append((peer, entry, now - since))
         if not silent:
-            return False
+            return self._own_failure_unanswered(now)
         peer, entry, age = silent[0]
         host = f" on {entry.host}" if entry is not None else ""
         more = f" (and {len(silent) - 1} more rank{'s' if len(silent) > 2 else ''})" if len(silent) > 1 else ""
@@ -230,14 +261,32 @@ class Liveness:
                   f"(federation.liveness_timeout_s={self.patience_s:g}; killed, frozen or its host lost); {_RESUME}", 1)
         return True
 
+    def _own_failure_unanswered(self, now: float) -> bool:
+        """This rank has waited with its error longer than its peers' watches take to end the job (four more beats:
+        they first see the entry a beat after it is written, and check once a beat): end it — quietly, a peer has
+        printed the line; rank 0, for which its peers stay quiet, with its own line."""
+        since = self._failing_since.get(self.rank, (now, 0))[0]
+        if self._entry[0] != FAILING or now - since <= self.grace_s + 4 * self.interval_s:
+            return False
+        # rank 0 prints its own line (its peers stay quiet for it), should its exchange not have noticed them go
+        self._end([], f"rank 0 on {self.host} failed {self._entry[2]}; {_RESUME}", self._entry[1],
+                  quiet=self.rank != 0)
+        return True
+
     def _store_lost(self) -> None:
         """The store stopped answering: the process that holds it (rank 0 under Fabric's launcher and SLURM,
         torchrun's agent) has gone or is frozen. Not when rank 0 had ended in order: its store went with it, and
-        this rank is finishing too (its own ending, not the watch, decides its exit)."""
+        this rank is finishing too (its own ending, not the watch, decides its exit). Quietly, with that rank's
+        status, when a rank was seen waiting with its error: rank 0's watch named it and ended the job."""
         if 0 in self._in_order:
             self._stop.set()
             return
+        if self._failing_since:  # a rank waited with its error (this one, or a peer): rank 0 has named it and exited
+            self._end([self.rank], "", min(self._failing_since.values())[1], quiet=True)
+            return
         leader = self._seen.get(0, (None, 0.0, None))[2]
+        if leader is None and self._leader is not None:  # frozen before this rank read its entry
+            leader = PeerState(0, RUNNING, 0, self._leader[0], self._leader[1], "")
         host = f" on {leader.host}" if leader is not None else ""
         if leader is not None:
             self._kill_frozen([leader])
@@ -270,7 +319,9 @@ _active: list[Liveness] = []  # the watch of the run this process is in (at most
 @contextmanager
 def watching(store: dist.Store | None, *, rank: int, world: int, patience_s: float, token: str,
              exit_status: Callable[[BaseException], int], one_line: Callable[[BaseException], str],
-             decided: Callable[[BaseException], bool]) -> Iterator[Liveness | None]:
+             decided: Callable[[BaseException], bool],
+             on_lost: Callable[[str | None, int], None] = _exit_now,
+             leader: tuple[str, int] | None = None) -> Iterator[Liveness | None]:
     """Keep this rank's heartbeat and watch its peers while the block runs (nothing on one rank).
 
     Args:
@@ -281,12 +332,15 @@ def watching(store: dist.Store | None, *, rank: int, world: int, patience_s: flo
         token: this run's start (rank 0's, broadcast): the keys of an earlier start in the same store are ignored.
         exit_status, one_line, decided: how the block's error reads (federation/collectives.py): an error every rank
             has been told of leaves the entry ``stopped``; any other one ``failed``, with its status and line.
+        on_lost: what ends the job (:class:`Liveness`; the default prints the line and exits at once).
+        leader: rank 0's (host, pid), from the start's broadcast (:class:`Liveness`).
     """
     if world == 1:
         yield None
         return
     watch = Liveness(dist.PrefixStore(f"fl_lightning/liveness/{token}/", store or _job_store(patience_s)),
-                     rank=rank, world=world, patience_s=patience_s, store_name=_store_name())
+                     rank=rank, world=world, patience_s=patience_s, on_lost=on_lost, store_name=_store_name(),
+                     leader=leader)
     watch.start()
     _active.append(watch)
     try:
@@ -301,6 +355,13 @@ def watching(store: dist.Store | None, *, rank: int, world: int, patience_s: flo
         watch.stop(DONE)
     finally:
         _active.remove(watch)
+
+
+def failing(status: int, what: str, line: str) -> None:
+    """This rank enters the exchange of outcomes of ``what`` holding an error (exit ``status``, its one ``line``): its
+    entry says so (:meth:`Liveness.failing`); nothing without a watch (one rank)."""
+    for watch in _active:
+        watch.failing(status, what, line)
 
 
 def stand_down() -> None:

@@ -61,13 +61,14 @@ LOCK = ".lock"
 # way, tested); data.cache_mb, data.cache_uint8_mb, data.pin_memory, data.persistent_workers and
 # data.normalize_on_device (elementwise IEEE ops, on the CPU or the GPU) only how the same batches are made
 # (tested; not data.num_workers: an augmentation draws from the workers' seeds) and
-# federation.record_after_s only speed and what a crash costs, never a value; federation.collective_timeout_s
-# and federation.liveness_timeout_s only how long a rank may wait. A key ending in "." is a whole section.
+# federation.record_after_s only speed and what a crash costs, never a value; federation.collective_timeout_s,
+# compute_timeout_s and liveness_timeout_s only how long a rank may wait. A key ending in "." is a whole section.
 RESUMABLE_KEYS = ("federation.rounds", "federation.devices", "federation.num_nodes", "federation.strategy",
                   "federation.on_client_error", "federation.min_clients", "output_dir", "run_name", "variants",
                   "logging.", "data.feature_cache", "data.cache_mb", "data.cache_uint8_mb",
                   "data.pin_memory", "data.persistent_workers", "data.normalize_on_device", "federation.record_after_s",
-                  "federation.collective_timeout_s", "federation.liveness_timeout_s")
+                  "federation.collective_timeout_s", "federation.compute_timeout_s",
+                  "federation.liveness_timeout_s")
 # What a run writes; a folder holding any of these is a run folder (and --overwrite may empty it)
 _RUN_FILES = (RECORD, "config.yaml", "summary.json", "metrics.csv", "checkpoints")
 _ABSENT = "<absent>"
@@ -605,6 +606,8 @@ def check_shared_run_folder(fabric: Any, run_dir: Path, *, wait_s: float = _SHAR
         return
     import torch.distributed as dist
 
+    from fl_lightning.federation.ddp_strategy import object_group
+
     run_dir, rank = Path(run_dir), fabric.global_rank
     token = run_dir / SHARED_CHECK
     sent: dict[str, Any] = {"nonce": None, "error": None, "path": str(run_dir), "host": socket.gethostname()}
@@ -623,7 +626,7 @@ def check_shared_run_folder(fabric: Any, run_dir: Path, *, wait_s: float = _SHAR
     seen, why = _look_for_token(token, sent["nonce"], wait_s)
     mine = {"rank": rank, "host": socket.gethostname(), "path": str(run_dir), "seen": seen, "why": why}
     everyone: list[Any] = [None] * fabric.world_size
-    dist.all_gather_object(everyone, mine)
+    dist.all_gather_object(everyone, mine, group=object_group(fabric))
     if rank == 0:
         token.unlink(missing_ok=True)
     blind = [e for e in everyone if not e["seen"]]

@@ -20,6 +20,7 @@ import math
 import os
 import secrets
 import shutil
+import socket
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -56,6 +57,7 @@ from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment
 from fl_lightning.federation.client_behaviour import (DROPPED, NO_ERROR, STRAGGLED, ClientBehaviour,
                                                       check_client_behaviour)
 from fl_lightning.federation.client_state import CLIENT_STATE_DIR
+from fl_lightning.federation.ddp_strategy import FederatedDDPStrategy
 from fl_lightning.federation.collectives import decided, everyone, exit_status, from_server, one_line, to_server, waiting
 from fl_lightning.federation.launch import check_launcher
 from fl_lightning.federation.liveness import watching
@@ -182,9 +184,11 @@ def _partition_from_file(path: Path, num_samples: int, num_clients: int) -> list
 def _strategy(cfg: RunConfig, environ: Mapping[str, str] = os.environ) -> str | Strategy:
     """Fabric's strategy: ``auto`` is DDP on more than one rank; under ``fabric run --strategy NAME`` it is NAME, as
     Fabric itself would take it (a different ``federation.strategy`` stops in one line). A DDP strategy (``ddp`` or
-    one of its registered variants, ``ddp_spawn`` …) is built here with ``federation.collective_timeout_s``: by
-    name, Fabric would use torch's default process-group timeout (30 min for NCCL), shorter than a long server
-    phase."""
+    one of its registered variants, ``ddp_spawn`` …) is built here as a
+    :class:`~fl_lightning.federation.ddp_strategy.FederatedDDPStrategy`: its compute group under
+    ``federation.compute_timeout_s``, its object group under ``federation.collective_timeout_s`` (by name, Fabric
+    would use torch's default timeout, 10 min for NCCL, for both). A strategy class registered by someone else (a
+    subclass of DDPStrategy) is built with the long timeout for its one group."""
     f = cfg.federation
     name = f.strategy if f.strategy != "auto" else "ddp" if f.devices * f.num_nodes > 1 else "auto"
     cli = environ.get("LT_STRATEGY") if environ.get("LT_CLI_USED") == "1" else None
@@ -196,6 +200,9 @@ def _strategy(cfg: RunConfig, environ: Mapping[str, str] = os.environ) -> str | 
     entry = STRATEGY_REGISTRY[name] if name in STRATEGY_REGISTRY else None  # its .get() would build one
     if entry is None or not issubclass(entry["strategy"], DDPStrategy):
         return name
+    if entry["strategy"] is DDPStrategy:
+        return FederatedDDPStrategy(**entry["init_params"], timeout=timedelta(seconds=f.compute_timeout_s),
+                                    object_timeout=timedelta(seconds=f.collective_timeout_s))
     return entry["strategy"](**entry["init_params"], timeout=timedelta(seconds=f.collective_timeout_s))
 
 
@@ -306,14 +313,17 @@ class Simulation:
     def run(self) -> dict[str, Any]:
         fabric, cfg = self.fabric, self.cfg
         if self.launcher != "fabric run":  # Fabric's CLI has created and set up the processes already
-            with waiting("the other ranks to start", cfg.federation.collective_timeout_s, fabric.global_rank):
+            with waiting("the other ranks to start", cfg.federation.compute_timeout_s, fabric.global_rank,
+                         key="federation.compute_timeout_s"):
                 fabric.launch()
         # rank 0 decided (train.py: --resume, or the same command after an interruption); its token names this
-        # start's heartbeats in the job's store (federation/liveness.py)
-        self.resume, token = self._from_server(lambda: (self.resume, secrets.token_hex(8)), "the start")
+        # start's heartbeats in the job's store, its host and pid let a frozen rank 0 be named and killed
+        # (federation/liveness.py)
+        self.resume, token, leader = self._from_server(
+            lambda: (self.resume, secrets.token_hex(8), (socket.gethostname(), os.getpid())), "the start")
         with watching(None, rank=fabric.global_rank, world=fabric.world_size,
                       patience_s=cfg.federation.liveness_timeout_s, token=token, exit_status=exit_status,
-                      one_line=one_line, decided=decided):
+                      one_line=one_line, decided=decided, leader=leader):
             return self._run()
 
     def _run(self) -> dict[str, Any]:

@@ -55,6 +55,7 @@ from fl_lightning.modules.data_free_kd import BNStatistics, combine_logits
 
 __all__ = ["SplitEnsemble", "member_shard"]
 
+_KEY = "federation.compute_timeout_s"  # its collectives run in lockstep: the compute group's short timeout
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # the logits' dtype travels as its index
 
 
@@ -91,8 +92,8 @@ class SplitEnsemble(nn.Module):
         weights: (K,) non-negative, positive sum, the same on every rank; ``None`` for the plain mean.
         num_members: K, all ranks' teachers.
         num_classes: C, the logits' width (a rank without teachers needs it).
-        timeout_s: ``federation.collective_timeout_s``, for a timed-out gather's message (the process group's own
-            timeout applies).
+        timeout_s: ``federation.compute_timeout_s``, for a timed-out gather's message (the default process group's
+            own timeout applies: its collectives are compute collectives, every rank in lockstep).
 
     Example (one process: the plain ensemble)::
 
@@ -102,7 +103,7 @@ class SplitEnsemble(nn.Module):
     """
 
     def __init__(self, models: Sequence[nn.Module], weights: Tensor | None = None, *, num_members: int,
-                 num_classes: int, timeout_s: float = 1800.0) -> None:
+                 num_classes: int, timeout_s: float = 900.0) -> None:
         super().__init__()
         self.timeout_s = timeout_s
         self.rank, self.world = _rank_world()
@@ -155,7 +156,7 @@ class SplitEnsemble(nn.Module):
         if self.world == 1:
             return images
         flag = torch.tensor([images is not None], dtype=torch.int32, device=labels.device)
-        with waiting("rank 0's kept batch", self.timeout_s, self.rank):
+        with waiting("rank 0's kept batch", self.timeout_s, self.rank, key=_KEY):
             dist.broadcast(flag, src=0)
             if not int(flag.item()):
                 return None
@@ -170,7 +171,7 @@ class SplitEnsemble(nn.Module):
             return
         tensors = [t for m in modules for t in (*m.parameters(), *m.buffers())]
         weights = self.weights.to(tensors[0].device if tensors else self.weights.device).clone().contiguous()
-        with waiting("rank 0's student", self.timeout_s, self.rank):
+        with waiting("rank 0's student", self.timeout_s, self.rank, key=_KEY):
             for t in tensors:
                 dist.broadcast(t.data, src=0)
             dist.broadcast(weights, src=0)
@@ -181,7 +182,7 @@ class SplitEnsemble(nn.Module):
         if self.world == 1:
             return [value]
         out: list[Any] = [None] * self.world
-        with waiting("the split ensemble's set-up", self.timeout_s, self.rank):
+        with waiting("the split ensemble's set-up", self.timeout_s, self.rank, key=_KEY):
             dist.all_gather_object(out, value)
         return out
 
@@ -192,7 +193,7 @@ class SplitEnsemble(nn.Module):
         buf = flat.new_zeros(max(sizes))
         buf[:flat.numel()] = flat
         out = [torch.empty_like(buf) for _ in range(self.world)]
-        with waiting("the split ensemble's teachers", self.timeout_s, self.rank):  # the bench counts this wait
+        with waiting("the split ensemble's teachers", self.timeout_s, self.rank, key=_KEY):  # the bench counts this wait
             dist.all_gather(out, buf)
         return [o[:n] for o, n in zip(out, sizes)]
 

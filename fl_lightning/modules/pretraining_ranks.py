@@ -19,8 +19,9 @@ torchrun or the Fabric launcher alike) and all-reduces the gradients (DDP).
   caught before the backward's all-reduce, every step all-reduces one flag, and when it is set every rank joins one
   exchange of outcomes (``collectives.everyone``): rank 0 raises the error (or one naming the failing rank), the
   others stop quietly. Rank 0's checkpoint writes are checked the same way at each epoch's end (:class:`GuardedIO`).
-  A failure inside the backward itself (out of memory there) still leaves the others in the all-reduce until the
-  collective timeout (``federation.collective_timeout_s``).
+  A failure inside the backward itself (out of memory there) leaves the others in DDP's all-reduce until the compute
+  group's timeout (``federation.compute_timeout_s``, minutes: federation/ddp_strategy.py) or, when the failing rank
+  exits, its peers' liveness watch (federation/liveness.py) ends them.
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ class RankGuard:
     def agree(self, own: Exception | None, what: str) -> None:
         """Every rank calls this at the same point; raises on every rank when any passed an error."""
         flag = torch.tensor([0 if own is None else 1], dtype=torch.int32, device=self.device)
-        with waiting(what, self.ranks.timeout_s, self.ranks.rank):
+        with waiting(what, self.ranks.compute_timeout_s, self.ranks.rank, key="federation.compute_timeout_s"):
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if not int(flag.item()):
             return

@@ -109,6 +109,38 @@ def test_a_rank_that_failed_outside_an_exchange_ends_the_others_at_once_with_its
     watches[other].stop()
 
 
+@pytest.mark.parametrize("failing", [1, 0])
+def test_a_rank_waiting_with_its_error_for_peers_that_never_come_ends_the_job_after_two_beats(failing):
+    """Rank ``failing`` enters an exchange of outcomes holding its error; the other sits in a compute collective it
+    will never join (alive, beating): the other names it after the grace with its status; it ends quietly after."""
+    watches, verdicts = _watches()
+    other = 1 - failing
+    start = time.monotonic()
+    watches[failing].failing(2, "round 0's server phase", "DiskFullError: no space left\non /full")
+    assert verdicts[other].event.wait(watches[other].grace_s + 3 * watches[other].interval_s + SLACK)
+    (line, status, at), = verdicts[other].calls
+    assert status == 2 and at - start >= watches[other].grace_s
+    expected = (f"rank {failing} on {HOST} failed in round 0's server phase: DiskFullError: no space left on /full; "
+                f"every rank stops; the same command resumes from the last completed round")
+    assert verdicts[failing].event.wait(watches[failing].grace_s + 5 * watches[failing].interval_s + SLACK)
+    (own_line, own_status, own_at), = verdicts[failing].calls
+    assert own_status == 2 and own_at > at  # after the other: a launcher cannot cut the printer short
+    if failing == 1:  # rank 0 names it; rank 1 ends quietly
+        assert line == expected and own_line is None
+    else:  # rank 0 prints its own error (its gloo exchange notices the others go; else its watch does): once
+        assert line is None and own_line == expected
+
+
+def test_a_failing_rank_whose_peers_come_ends_nothing():
+    """The usual exchange: the peers arrive within a beat, every rank stops in order (stopped entries)."""
+    (w0, w1), (v0, v1) = _watches()
+    w1.failing(1, "round 0's clients", "ValueError: a bug")
+    time.sleep(w0.interval_s)
+    w1.stop(STOPPED), w0.stop(STOPPED)
+    time.sleep(w0.grace_s + 3 * w0.interval_s)
+    assert v0.calls == [] and v1.calls == []
+
+
 def test_a_rank_that_never_started_its_watch_is_reported():
     store = dist.HashStore()
     verdicts = _Verdicts()
@@ -175,6 +207,24 @@ def test_a_frozen_rank_on_this_host_is_killed():
         assert verdicts.event.wait(PATIENCE + 3 * w0.interval_s + 2 * SLACK)
         assert frozen.wait(timeout=10) == -signal.SIGKILL
         w0.stop()
+    finally:
+        frozen.kill()
+
+
+def test_a_store_frozen_with_rank_0_before_rank_1_read_it_still_names_and_kills_rank_0():
+    """Rank 0 (holding the store) froze before rank 1's first beat: rank 1 never read its entry, and knows its host
+    and pid from the start's broadcast — the line names the host, and the frozen rank 0 on this host is killed."""
+    frozen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        store = _DyingStore(frozen=True)
+        verdicts = _Verdicts()
+        w1 = Liveness(store, rank=1, world=2, patience_s=PATIENCE, on_lost=verdicts, leader=(HOST, frozen.pid))
+        w1.start()  # its first entry written
+        store.dead.set()  # frozen before rank 1's first beat: no later call returns, rank 0's entry never read
+        assert verdicts.event.wait(PATIENCE + 3 * w1.interval_s + 2 * SLACK)
+        (line, status, _), = verdicts.calls
+        assert status == 1 and line.startswith(f"the job's store stopped answering (rank 0 on {HOST}, which holds")
+        assert frozen.wait(timeout=10) == -signal.SIGKILL
     finally:
         frozen.kill()
 

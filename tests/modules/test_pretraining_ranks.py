@@ -7,7 +7,11 @@ the same weights; the held-out accuracy is one rank's within round-off; a failur
 from __future__ import annotations
 
 import os
+import pickle
 import signal
+import socket
+import time
+from datetime import timedelta
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -21,7 +25,8 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from fl_lightning.federation import collectives
-from fl_lightning.federation.collectives import RankFailure, RankStopped, Ranks
+from fl_lightning.federation.collectives import RankFailure, RankStopped, Ranks, everyone
+from fl_lightning.federation.liveness import watching
 from fl_lightning.modules.pretraining import EPOCH_STATE, pretrain_classifier
 from fl_lightning.modules.pretraining_ranks import RankBatches, shard_rows
 from tests.gloo_ranks import report, run_ranks
@@ -89,6 +94,32 @@ class StopInEpoch(lightning.Callback):
             raise Interrupted(f"stopped in epoch {self.epoch}")
 
 
+class FailInBackward(lightning.Callback):
+    """Rank ``rank``'s second step raises inside its backward, from the gradient hook of the first block's attention
+    weights: DDP has all-reduced the later layers' buckets by then, the other rank waits for the rest."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_rank == self.rank and trainer.current_epoch == 0 and batch_idx == 1:
+            weight = pl_module.model.blocks[0].attn.qkv.weight
+
+            def fail(grad):
+                raise RuntimeError(f"CUDA out of memory in rank {self.rank}'s backward (injected)")
+
+            weight.register_hook(fail)
+
+
+def _verdict_to(out: str, rank: int, result: dict):
+    """A watch's end that reports (line, status, when) as this rank's result, then exits as the default would."""
+    def on_lost(line, status):
+        result["verdict"] = (line, status, time.time())
+        Path(out, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
+        os._exit(0)
+    return on_lost
+
+
 def _pretrain(out: Path, ranks=None, bad=None, callbacks=()):
     return pretrain_classifier(model_name=NAME, overrides=TINY, num_classes=3, train_dataset=Images(45, 1, bad),
                                val_dataset=_val(), out_dir=out, max_epochs=3, batch_size=8, lr=1e-3,
@@ -105,7 +136,7 @@ def _val_acc(out: Path) -> list[float]:
 def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
     fabric = SimpleNamespace(global_rank=rank, world_size=world, local_rank=rank, node_rank=0,
                              device=torch.device("cpu"))
     ranks = Ranks(fabric, 60.0)
@@ -121,6 +152,15 @@ def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
             ckpt, _ = _pretrain(Path(out) / name, ranks, callbacks=[weights])
             result[name] = (str(ckpt), weights.state)
         report(out, rank, result)
+        return
+    if case == "backward":  # the engine's set-up: a gloo object group, the exchange around the phase, the watch
+        fabric.strategy = SimpleNamespace(object_group=dist.new_group(backend="gloo"))
+        result["failed_at"] = time.time()
+        with watching(None, rank=rank, world=world, patience_s=3.0, token="t", exit_status=collectives.exit_status,
+                      one_line=collectives.one_line, decided=collectives.decided, on_lost=_verdict_to(out, rank, result)):
+            everyone(fabric, lambda: _pretrain(Path(out) / "run", ranks, callbacks=[FailInBackward(1)]),
+                     what="the pre-training", timeout_s=600)
+        report(out, rank, result)  # not reached: the watch ends both ranks
         return
     try:
         if case == "fails":
@@ -208,3 +248,18 @@ def test_an_interrupted_two_rank_pretraining_resumes_to_the_uninterrupted_weight
         assert Path(result["full"][0]).name == Path(result["cut"][0]).name
     assert all(torch.equal(zero["cut"][1][k], one["cut"][1][k]) for k in zero["cut"][1])
     assert not (tmp_path / "cut" / EPOCH_STATE).exists()
+
+
+@pytest.mark.slow  # ~30 s on 2 busy cores: a two-rank pre-training whose rank 1 fails inside DDP's backward
+def test_a_rank_failing_inside_ddps_backward_ends_every_rank_within_seconds(tmp_path):
+    """Rank 1 raises inside its backward (an out-of-memory there): rank 0 sits in DDP's all-reduce for buckets rank 1
+    will never send — on NCCL until the compute timeout, here the process group's 120 s. Rank 1 waits in the
+    exchange of outcomes with its error; rank 0's watch names it after two beats (patience 3 s: 1 s) and both end
+    with its status, rank 0 printing the line, rank 1 quietly after it."""
+    zero, one = _run(tmp_path, "backward")
+    line, status, at = zero["verdict"]
+    assert status == 1 and line.startswith(f"rank 1 on {socket.gethostname()} failed in the pre-training: "
+                                           "RuntimeError: CUDA out of memory in rank 1's backward (injected)")
+    assert line.endswith("every rank stops; the same command resumes from the last completed round")
+    assert at - zero["failed_at"] < 60  # the pre-training's start included; far below the 120 s timeout
+    assert one["verdict"][:2] == (None, 1) and one["verdict"][2] >= at

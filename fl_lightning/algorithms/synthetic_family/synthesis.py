@@ -328,7 +328,8 @@ class DiffusionSynthesis(SynthesisStage):
 
     def synthesise(self, uploads: Mapping[int, Upload]) -> tuple[SynthesisResult | None, int]:
         m = self.method
-        ranks = Ranks(m.fabric, m.cfg.federation.collective_timeout_s) if m.env.shared else None
+        f = m.cfg.federation
+        ranks = Ranks(m.fabric, f.collective_timeout_s, f.compute_timeout_s) if m.env.shared else None
         self._hand_round0_to_pilots(uploads)
         inputs = self.generation_inputs(uploads)
         result = synthesise_and_pretrain(

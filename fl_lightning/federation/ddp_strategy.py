@@ -1,0 +1,79 @@
+"""Fabric's DDP strategy with two process groups: one for the compute, one for the server's objects.
+
+A federated run waits in two kinds of collective. *Compute* collectives (DDP's gradient all-reduce in the joined
+pre-training, the pre-training's failure flag, the split ensemble's gathers and broadcasts) run in lockstep: every
+rank reaches them within seconds of the others, so a rank that has not arrived after minutes is stuck — a
+mismatched collective, a deadlock — and waiting a day for it costs a day of N GPUs. *Object* collectives (rank 0's
+outcome of a server phase, the gather of each rank's clients, the exchanges of outcomes) legitimately wait for
+hours: the other ranks wait while rank 0 plans, synthesises or evaluates alone.
+
+:class:`FederatedDDPStrategy` therefore keeps
+
+* the default process group — the backend Fabric picks (NCCL on GPUs, gloo on the CPU) — for compute, under
+  ``federation.compute_timeout_s`` (15 min by default; NCCL's watchdog ends a rank whose collective outlives it);
+* a gloo group (``object_group``) over the same ranks for every object collective, under
+  ``federation.collective_timeout_s`` (a day): pickled objects cross as CPU bytes (no GPU round trip, no copy to
+  and from the device, no NCCL kernel spinning on a waiting GPU), and a long wait never meets the short timeout.
+
+A rank that dies or freezes is noticed by neither timeout but by its peers' liveness watch
+(``federation/liveness.py``) within ``federation.liveness_timeout_s``.
+
+``fabric.broadcast`` runs on the object group; :func:`object_group` gives it to the collectives that call
+``torch.distributed`` directly (``federation/collectives.py``). Across nodes gloo picks its network interface from
+the host name; where that address is not reachable from the other nodes set ``GLOO_SOCKET_IFNAME`` (as
+``NCCL_SOCKET_IFNAME`` for NCCL).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+from lightning.fabric.strategies import DDPStrategy
+
+__all__ = ["FederatedDDPStrategy", "object_group"]
+
+T = TypeVar("T")
+
+
+class FederatedDDPStrategy(DDPStrategy):
+    """:class:`~lightning.fabric.strategies.DDPStrategy` whose default process group carries the compute under a short
+    ``timeout`` and whose gloo ``object_group`` carries the object collectives under ``object_timeout``.
+
+    Args:
+        *args: as :class:`DDPStrategy` (a registered variant's ``init_params``: ``start_method``,
+            ``find_unused_parameters`` …).
+        object_timeout: the object group's timeout (``federation.collective_timeout_s``).
+        **kwargs: as :class:`DDPStrategy`; its ``timeout`` is the default group's (``federation.compute_timeout_s``).
+    """
+
+    def __init__(self, *args: Any, object_timeout: timedelta, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.object_timeout = object_timeout
+        self.object_group: dist.ProcessGroup | None = None
+
+    def setup_environment(self) -> None:
+        """The default process group (Fabric's set-up), then the gloo group over the same ranks: every rank creates
+        it here, at the same point, as ``new_group`` requires."""
+        super().setup_environment()
+        if self.object_group is None and dist.is_initialized():
+            self.object_group = dist.new_group(backend="gloo", timeout=self.object_timeout)
+
+    def broadcast(self, obj: T, src: int = 0) -> T:
+        """``fabric.broadcast``: ``obj`` from ``src`` on every rank, over the object group."""
+        if not dist.is_initialized():
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src, group=self.object_group)
+        return box[0]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable for ``ddp_spawn``'s children (a process group is not): they create their own."""
+        return {**self.__dict__, "object_group": None}
+
+
+def object_group(fabric: Any) -> dist.ProcessGroup | None:
+    """The process group for ``fabric``'s object collectives: its strategy's gloo group, or None (the default group)
+    for a strategy without one."""
+    return getattr(getattr(fabric, "strategy", None), "object_group", None)
