@@ -38,15 +38,15 @@ import io
 import os
 import tempfile
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from fl_lightning.config import RunConfig
+from fl_lightning.cores import available_cpus, ranks_sharing_cores
 from fl_lightning.errors import ConfigError, ResourceError, UsageError, did_you_mean
 
-__all__ = ["preflight", "preflight_run", "available_cpus", "ranks_sharing_cores", "core_shares",
-           "available_memory_bytes", "check_devices", "check_fabric_settings", "check_output_dir", "check_model",
-           "check_image_size", "check_federation", "check_values"]
+__all__ = ["preflight", "preflight_run", "available_memory_bytes", "check_devices", "check_fabric_settings",
+           "check_output_dir", "check_model", "check_image_size", "check_federation", "check_values"]
 
 # A rank imports torch, Lightning and the model library before it holds any data. An assumed floor
 # (not measured per model): below it the ranks cannot even start; it is no estimate of a real run's needs.
@@ -54,48 +54,6 @@ RANK_MEMORY_FLOOR = 512 * 2**20
 # ViT attention memory grows as (image_size / patch)^4: at 1024 px and 16 px patches one attention map
 # of one head of one image is already 64 MiB. Larger inputs are a typo, not an experiment.
 MAX_IMAGE_SIZE = 1024
-
-
-def available_cpus() -> int:
-    """CPU cores this process may run on (the affinity mask, which containers and SLURM set)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def ranks_sharing_cores(ranks_on_node: int, cpus: int, environ: Mapping[str, str] = os.environ) -> int:
-    """How many ranks share this process's cores (:func:`available_cpus`): ``ranks_on_node`` when the ranks were
-    started by one process (Fabric's launcher, torchrun) and share its affinity mask; 1 when SLURM started one task
-    per rank with its own cores (``srun --ntasks-per-node=N --cpus-per-task=C``: this task's mask holds its C cores
-    only, and dividing them again would leave the rank's loader 0 or 1 worker)."""
-    per_task = environ.get("SLURM_CPUS_PER_TASK", "")
-    tasks = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE") or ""
-    try:
-        tasks_here = int(tasks.split("(")[0].split(",")[0])
-        own_mask = "SLURM_PROCID" in environ and tasks_here == ranks_on_node and int(per_task) == cpus
-    except ValueError:
-        own_mask = False
-    return 1 if own_mask else max(1, ranks_on_node)
-
-
-def core_shares(cores: Sequence[int], n: int) -> list[list[int]]:
-    """``cores`` dealt into ``n`` disjoint, contiguous, near-equal shares (each at least one core: shares wrap
-    around when there are fewer cores than shares) — one per ``--jobs`` child."""
-    cores = sorted(cores)
-    if len(cores) >= n:
-        return [list(part) for part in _split(cores, n)]
-    return [[cores[i % len(cores)]] for i in range(n)]
-
-
-def _split(items: list[int], n: int) -> list[list[int]]:
-    size, extra = divmod(len(items), n)
-    out, start = [], 0
-    for i in range(n):
-        stop = start + size + (i < extra)
-        out.append(items[start:stop])
-        start = stop
-    return out
 
 
 def available_memory_bytes() -> int | None:

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
+from fl_lightning.data.splits import IMAGE_ERRORS, CorruptImageError, DatasetSplits, limit_train, split_4_to_1
 from fl_lightning.errors import ConfigError, MissingResourceError, UsageError
 
 __all__ = ["HF_PREFIX", "HFSource", "HFImages", "build_hf_dataset", "column_values", "datasets_cache_dir",
@@ -450,13 +451,11 @@ class HFImages(Dataset):
         return len(self.targets)
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
-        from fl_lightning.data.registry import _IMAGE_ERRORS, CorruptImageError
-
         row = int(index if self.rows is None else self.rows[index])
         try:
             image = self.table[row][self.image_column]
             image = image.convert("RGB") if hasattr(image, "convert") else image
-        except _IMAGE_ERRORS as err:
+        except IMAGE_ERRORS as err:
             reason = " ".join(str(err).split()) or type(err).__name__
             raise CorruptImageError(f"row {row} of '{self.where}' (column {self.image_column!r}) cannot be decoded "
                                     f"({reason}); remove or replace it") from err
@@ -533,8 +532,6 @@ def build_hf_dataset(source: HFSource, *, download: bool, train_transform: Any, 
         ConfigError / UsageError: a missing split or column (one line listing what there is).
         MissingResourceError: a hub id that is not in the cache (and downloading is off).
     """
-    from fl_lightning.data.registry import DatasetSplits, _limit_train, _split_4_to_1
-
     try:
         import datasets  # noqa: F401 — an optional dependency (the extra 'hf')
     except ImportError:
@@ -556,7 +553,7 @@ def build_hf_dataset(source: HFSource, *, download: bool, train_transform: Any, 
                          f"needs at least 2")
     train_rows = test_rows = None
     if test_table is None:  # one table: a seeded, stratified 4:1 split, as for imagefolder
-        train_rows, test_rows = _split_4_to_1(train_targets, seed)
+        train_rows, test_rows = split_4_to_1(train_targets, seed)
         test_table, test_targets = train_table, train_targets[test_rows]
         train_targets = train_targets[train_rows]
     identity = {"where": where, "train": [source.train_split, train_table._fingerprint],
@@ -572,4 +569,4 @@ def build_hf_dataset(source: HFSource, *, download: bool, train_transform: Any, 
         classes, train_targets, test_targets, fingerprint=fingerprint,
         train_column=_ColumnReader(train_table, train_rows),
     )
-    return _limit_train(splits, num_samples, seed)
+    return limit_train(splits, num_samples, seed)

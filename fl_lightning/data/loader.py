@@ -62,7 +62,7 @@ def resolve_loader_settings(num_workers: int | str, pin_memory: bool | str, pers
             (DataLoader refuses it then).
         normalize_on_device: a bool, or ``"auto"``: on CUDA (:class:`DeviceFloatPart`).
         cuda: whether the rank's device is a CUDA GPU.
-        cpus: the CPU cores this process may use (``preflight.available_cpus``).
+        cpus: the CPU cores this process may use (``cores.available_cpus``).
         ranks_on_node: the ranks that share those cores (``federation.devices``).
 
     Example:

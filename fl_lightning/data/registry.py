@@ -38,20 +38,20 @@ from __future__ import annotations
 import inspect
 import os
 import shutil
-import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import ConcatDataset, Dataset, Subset
+from torch.utils.data import ConcatDataset, Dataset
 from torchvision import datasets
 from torchvision.datasets import ImageFolder
 
 from fl_lightning.data.hf import HF_PREFIX, HFSource, hf_shorthand
+from fl_lightning.data.splits import (IMAGE_ERRORS, CorruptImageError, DatasetSplits, limit_train, split_4_to_1)
 from fl_lightning.errors import ConfigError, MissingResourceError, UsageError
 
 __all__ = [
@@ -64,29 +64,6 @@ __all__ = [
 ]
 
 
-def _own_line(message: str, name: str) -> str:
-    """Our one-line message, also when a DataLoader worker re-raised the error.
-
-    torch re-raises an exception from a worker as ``type(err)("Caught X in DataLoader worker
-    process 0.\nOriginal Traceback …")``: the traceback's last ``…X: <message>`` line is ours.
-    """
-    if "\n" not in message:
-        return message
-    for line in reversed(message.splitlines()):
-        _, sep, rest = line.partition(f"{name}: ")
-        if sep:
-            return rest.strip()
-    return message
-
-
-class CorruptImageError(UsageError):
-    """An image file of the data set cannot be decoded. The message names the file and says to
-    remove or replace it; it stays one line when the error comes from a DataLoader worker."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(_own_line(message, type(self).__name__))
-
-
 class CorruptDatasetError(UsageError):
     """A data set's files are on disk but unusable (checksums fail, files truncated or missing
     from an existing folder). Not a :class:`MissingResourceError`: downloading is not the fix
@@ -94,35 +71,6 @@ class CorruptDatasetError(UsageError):
 
 Transform = Callable[[Any], Any] | None
 T = TypeVar("T")
-
-
-@dataclass
-class DatasetSplits:
-    """The two splits of one data set and what partitioning needs to know about them.
-
-    Attributes:
-        train: training split; ``train[i]`` is ``(image, target)``.
-        test: held-out split used to evaluate the global model.
-        classes: class names; ``num_classes == len(classes)``.
-        train_targets: (N_train,) int64 labels, aligned with ``train``.
-        test_targets: (N_test,) int64 labels, aligned with ``test``.
-        fingerprint: what identifies the data beyond the config (a Hugging Face data set's fingerprints);
-            part of the feature cache's key when set. None for the built-in data sets.
-        train_column: a training-split column's (N_train,) values by name, aligned with ``train``
-            (``partition.scheme: natural``); None where the data set has no columns besides its labels.
-    """
-
-    train: Dataset
-    test: Dataset
-    classes: list[str]
-    train_targets: np.ndarray
-    test_targets: np.ndarray
-    fingerprint: str | None = None
-    train_column: Callable[[str], np.ndarray] | None = None
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
 
 
 class DatasetBuilder(Protocol):
@@ -255,44 +203,6 @@ def _targets(values: Sequence[int] | np.ndarray) -> np.ndarray:
     return np.asarray(values, dtype=np.int64).reshape(-1)
 
 
-def _split_4_to_1(targets: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded 80/20 split, stratified by class whenever every class has two or more samples."""
-    from sklearn.model_selection import train_test_split
-
-    counts = np.bincount(targets)
-    stratify = targets if counts[counts > 0].min() >= 2 else None
-    train_idx, test_idx = train_test_split(
-        np.arange(targets.shape[0]), test_size=0.2, random_state=seed, stratify=stratify
-    )
-    return np.sort(train_idx), np.sort(test_idx)
-
-
-def _limit_train(splits: DatasetSplits, num_samples: int | None, seed: int) -> DatasetSplits:
-    """Keep a seeded random subset of ``num_samples`` training images (for quick runs)."""
-    if num_samples is None or num_samples == len(splits.train_targets):
-        return splits
-    n = len(splits.train_targets)
-    if num_samples > n:
-        raise ConfigError("data.num_samples", num_samples, f"at most the {n} training images")
-    keep = np.sort(np.random.default_rng(seed).choice(n, size=num_samples, replace=False))
-    splits.train = Subset(splits.train, keep.tolist())
-    splits.train_targets = splits.train_targets[keep]
-    if splits.train_column is not None:
-        splits.train_column = _KeptColumn(splits.train_column, keep)
-    return splits
-
-
-@dataclass(frozen=True)
-class _KeptColumn:
-    """A column reader restricted to the rows ``keep`` (the ``num_samples`` subset)."""
-
-    read: Callable[[str], np.ndarray]
-    keep: np.ndarray
-
-    def __call__(self, name: str) -> np.ndarray:
-        return self.read(name)[self.keep]
-
-
 def _missing(
     name: str, root: Path, looked_for: str, *, downloadable: bool = True
 ) -> MissingResourceError:
@@ -390,7 +300,7 @@ def _cifar(name: str, cls: type[datasets.CIFAR10], folder: str, root: Path, down
     train, test = make(True, train_transform), make(False, test_transform)
     splits = DatasetSplits(train, test, list(train.classes), _targets(train.targets),
                            _targets(test.targets))
-    return _limit_train(splits, num_samples, seed)
+    return limit_train(splits, num_samples, seed)
 
 
 @register_dataset("svhn")
@@ -414,7 +324,7 @@ def _svhn(
     # SVHN stores digit 0 as label 10; torchvision already maps it back to 0.
     classes = [str(d) for d in range(10)]
     splits = DatasetSplits(train, test, classes, _targets(train.labels), _targets(test.labels))
-    return _limit_train(splits, num_samples, seed)
+    return limit_train(splits, num_samples, seed)
 
 
 @register_dataset("dtd")
@@ -441,7 +351,7 @@ def _dtd(
         ConcatDataset([train, val]), test, list(train.classes),
         _targets(list(train._labels) + list(val._labels)), _targets(test._labels),
     )
-    return _limit_train(splits, num_samples, seed)
+    return limit_train(splits, num_samples, seed)
 
 
 @register_dataset("food101")
@@ -465,16 +375,11 @@ def _food101(
     train, test = make("train", train_transform), make("test", test_transform)
     splits = DatasetSplits(train, test, list(train.classes), _targets(train._labels),
                            _targets(test._labels))
-    return _limit_train(splits, num_samples, seed)
+    return limit_train(splits, num_samples, seed)
 
 
 # ------------------------------------------------------------------------------------------------
 # folder data sets with a seeded 4:1 split
-
-
-# What PIL raises for a truncated, garbled or hostile file (UnidentifiedImageError is an OSError;
-# some broken PNGs raise SyntaxError, short headers struct.error or EOFError).
-_IMAGE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, Image.DecompressionBombError)
 
 
 def _load_rgb(path: str | Path) -> Image.Image:
@@ -486,7 +391,7 @@ def _load_rgb(path: str | Path) -> Image.Image:
     try:
         with open(path, "rb") as f:
             return Image.open(f).convert("RGB")
-    except _IMAGE_ERRORS as err:
+    except IMAGE_ERRORS as err:
         reason = " ".join(str(err).split()) or type(err).__name__
         raise CorruptImageError(
             f"image '{path}' cannot be read ({reason}); remove or replace it"
@@ -543,7 +448,7 @@ def _split_folder(name: str, folder: Path, root: Path, looked_for: str, exclude_
         raise _missing(name, root, looked_for, downloadable=downloadable) from None
     _check_classes(name, folder, base.classes)
     targets = _targets(base.targets)
-    train_idx, test_idx = _split_4_to_1(targets, seed)
+    train_idx, test_idx = split_4_to_1(targets, seed)
     return DatasetSplits(
         _TransformedSubset(base=base, indices=train_idx, transform=train_transform),
         _TransformedSubset(base=base, indices=test_idx, transform=test_transform),
@@ -580,7 +485,7 @@ def _caltech101(
         raise _missing("caltech101", root, looked_for)
     splits = _split_folder("caltech101", folder, root, looked_for, "BACKGROUND",
                            train_transform, test_transform, seed, downloadable=True)
-    return _limit_train(splits, num_samples, seed)
+    return limit_train(splits, num_samples, seed)
 
 
 def _remove_empty_tree(path: Path) -> None:
@@ -624,7 +529,7 @@ def _imagefolder(
     else:
         splits = _split_folder("imagefolder", root, root, looked_for, None,
                                train_transform, test_transform, seed, downloadable=False)
-    return _limit_train(splits, num_samples, seed)
+    return limit_train(splits, num_samples, seed)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -682,7 +587,7 @@ def _digits(
                         transform=test_transform),
         [str(d) for d in range(10)], targets[train_idx], targets[test_idx],
     )
-    return _limit_train(splits, num_samples, seed)
+    return limit_train(splits, num_samples, seed)
 
 
 _SYNTHETIC_CLASSES = 10

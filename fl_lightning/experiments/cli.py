@@ -1,5 +1,6 @@
 """The command line: ``python -m fl_lightning.train`` (its flags, built on :mod:`argparse`, so ``--help`` lists
-them) and the one error wrapper every command of the package runs under (:func:`run_command`).
+them), run under the error wrapper every command of the package shares
+(:func:`~fl_lightning.experiments.command.run_command`).
 
 Exit status of every command: 0 on success; 2 for a usage, config or resource error, found before anything runs
 where it can be (one line on stderr, no traceback); 1 when a run fails while it runs (e.g. fewer than
@@ -13,30 +14,15 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
 import threading
-import traceback
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
-__all__ = ["Args", "build_parser", "parse_args", "main", "run_command"]
+from fl_lightning.experiments.command import run_command
+from fl_lightning.experiments.train_args import Args
+
+__all__ = ["build_parser", "parse_args", "main"]
 
 _PROG = "python -m fl_lightning.train"
-
-
-@dataclass
-class Args:
-    """The command line, split: the config (or the run to resume), flags, and ``--section.key value`` overrides."""
-
-    config: str | None = None
-    resume: str | None = None
-    print_config: bool = False
-    overwrite: bool = False
-    debug: bool = False
-    list_runs: bool = False
-    shard: tuple[int, int] | None = None  # (I, N): the I-th of N shares of the runs
-    jobs: int | None = None  # run the shares as this many local processes
-    overrides: list[str] = field(default_factory=list)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -157,36 +143,6 @@ def _joined(argv: Sequence[str]) -> list[str]:
             out.append(words[i])
             i += 1
     return out
-
-
-def run_command(body: Callable[[list[str]], int], argv: Sequence[str] | None = None, *,
-                usage: str | None = None) -> int:
-    """Run a command's ``body(argv)`` under the package's error contract (see the module docstring): a usage
-    error is one line and status 2, a run's failure one line and status 1, anything else a traceback.
-    ``usage``: printed for ``-h`` / ``--help`` by a command without a parser of its own."""
-    from fl_lightning.errors import RunFailure, UsageError
-
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if usage is not None and argv in (["-h"], ["--help"]):
-        print(usage)
-        return 0
-    debug = "--debug" in argv
-    try:
-        return body(argv)
-    except UsageError as err:
-        return _report(err, 2, debug)
-    except RunFailure as err:
-        return _report(err, 1, debug)
-    # anything else is our bug: the traceback is the report
-
-
-def _report(err: BaseException, status: int, debug: bool) -> int:
-    """One line on stderr; with ``--debug`` the traceback first, which for a client's failure starts with the
-    client's own traceback (its ``__cause__``, see :class:`fl_lightning.errors.RemoteTraceback`)."""
-    if debug:
-        traceback.print_exception(err)
-    print(f"fl_lightning: {' '.join(str(err).split())}", file=sys.stderr)
-    return status
 
 
 def main(argv: Sequence[str] | None = None) -> int:

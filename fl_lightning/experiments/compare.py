@@ -76,7 +76,7 @@ def _runs_in(out_dir: Path) -> tuple[list[Any], bool]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m fl_lightning.compare DIR``."""
-    from fl_lightning.experiments.cli import run_command
+    from fl_lightning.experiments.command import run_command
 
     return run_command(_compare, argv, usage="usage: python -m fl_lightning.compare DIR   (DIR: a comparison's "
                                              "output_dir)")

@@ -162,7 +162,7 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m fl_lightning.curves RUN_DIR [RUN_DIR ...] --out DIR [--targets ...]``."""
-    from fl_lightning.experiments.cli import run_command
+    from fl_lightning.experiments.command import run_command
 
     return run_command(_curves, argv)
 

@@ -78,7 +78,7 @@ def paired_markdown(rows: Sequence[dict[str, Any]], *, method: str, reference: s
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m fl_lightning.paired DIR METHOD REFERENCE``."""
-    from fl_lightning.experiments.cli import run_command
+    from fl_lightning.experiments.command import run_command
 
     return run_command(_paired, argv, usage="usage: python -m fl_lightning.paired DIR METHOD REFERENCE   "
                                             "(labels as in comparison.md)")

@@ -17,7 +17,7 @@ from fl_lightning.experiments.plan import finished_summary, list_runs, plan_runs
 
 if TYPE_CHECKING:
     from fl_lightning.config import FederationConfig
-    from fl_lightning.experiments.cli import Args
+    from fl_lightning.experiments.train_args import Args
     from fl_lightning.experiments.collector import StartupCollector
 
 __all__ = ["run", "print_results", "on_sigterm"]
@@ -195,7 +195,8 @@ def _run_jobs(args: Args, argv: list[str], cfg: object, runs: list) -> int:
     import subprocess
 
     from fl_lightning.experiments.compare import collect, write_table
-    from fl_lightning.preflight import core_shares, preflight
+    from fl_lightning.cores import core_shares
+    from fl_lightning.preflight import preflight
 
     todo = [r for r in runs if args.overwrite or finished_summary(r) is None]
     if todo:

@@ -213,7 +213,7 @@ class Environment:
         if self.loading is not None:
             return self.loading
         from fl_lightning.data.loader import resolve_loader_settings
-        from fl_lightning.preflight import available_cpus, ranks_sharing_cores
+        from fl_lightning.cores import available_cpus, ranks_sharing_cores
 
         d = self.cfg.data
         cuda = getattr(getattr(self.fabric, "device", None), "type", "cpu") == "cuda"

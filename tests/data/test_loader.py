@@ -160,7 +160,7 @@ def test_tensor_batches_are_the_seeded_dataloaders(shuffle):
     ({"SLURM_PROCID": "0", "SLURM_CPUS_PER_TASK": "x", "SLURM_TASKS_PER_NODE": "4"}, 4, 8, 4),
 ], ids=["launcher", "srun step", "srun job", "one task", "unbound", "garbage"])
 def test_auto_workers_count_a_slurm_tasks_own_cores_once(environ, ranks, cpus, sharing):
-    from fl_lightning.preflight import ranks_sharing_cores
+    from fl_lightning.cores import ranks_sharing_cores
 
     assert ranks_sharing_cores(ranks, cpus, environ) == sharing
     settings = resolve_loader_settings("auto", "auto", "auto", cuda=True, cpus=cpus, ranks_on_node=sharing)
@@ -173,7 +173,7 @@ def test_jobs_get_disjoint_cores_of_their_own():
     import sys
 
     from fl_lightning.experiments.runner import _pinned_to
-    from fl_lightning.preflight import core_shares
+    from fl_lightning.cores import core_shares
 
     assert core_shares(range(8), 3) == [[0, 1, 2], [3, 4, 5], [6, 7]]
     assert core_shares([4, 5], 3) == [[4], [5], [4]]  # more jobs than cores: each still gets one
