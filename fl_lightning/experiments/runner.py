@@ -284,9 +284,9 @@ def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list
     from fl_lightning.config_loading import config_to_dict, dump_config, load_config
     from fl_lightning.config_yaml import read_yaml
     from fl_lightning.errors import ConfigError, RunFolderError
+    from fl_lightning.federation.run_lock import RunLock
     from fl_lightning.federation.run_folder import (
         LOCK,
-        RunLock,
         clear_run_folder,
         completed_rounds,
         config_diff,

@@ -62,7 +62,7 @@ _LAUNCHER_NAMES = frozenset({
 _LAUNCHER_PREFIXES = ("TORCHELASTIC_", "TORCH_ELASTIC_", "SLURM_", "OMPI_", "PMI_", "PMIX_", "JSM_NAMESPACE_",
                       "MV2_COMM_WORLD_")
 # SLURM variables of the job rather than of this srun step's tasks: kept (the run lock records the job,
-# run_folder.py; a comparison shards by array task). SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_* … go.
+# run_lock.py; a comparison shards by array task). SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_* … go.
 _SLURM_JOB_PREFIXES = ("SLURM_JOB_", "SLURM_ARRAY_", "SLURM_SUBMIT_")
 _SLURM_JOB_NAMES = frozenset({"SLURM_JOBID", "SLURM_RESTART_COUNT", "SLURM_CLUSTER_NAME", "SLURM_CONF"})
 

@@ -71,10 +71,10 @@ from fl_lightning.federation.averaging import check_averaging_settings
 from fl_lightning.federation.server_optimizer import ServerOptimizer
 from fl_lightning.federation.robust_aggregation import RobustAggregator
 from fl_lightning.federation.round_store import HOLD_BYTES, ClientRecord, RoundResult, RoundStore
-from fl_lightning.federation.run_folder import (check_shared_run_folder, write_metrics_csv, write_summary,
-                                               write_text_atomic)
+from fl_lightning.federation.run_folder import write_metrics_csv, write_summary, write_text_atomic
 from fl_lightning.federation.run_state import RunState, unchanged
 from fl_lightning.federation.server_checkpoint import ServerCheckpoint
+from fl_lightning.federation.shared_folder import check_shared_run_folder
 from fl_lightning.federation.transport import Upload, check_upload
 
 __all__ = ["Simulation", "hf_source", "partition_for"]

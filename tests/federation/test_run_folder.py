@@ -16,9 +16,9 @@ import time
 import pytest
 
 from fl_lightning.errors import RunFolderError
+from fl_lightning.federation.run_lock import RunLock
 from fl_lightning.federation.run_folder import (
     LOCK,
-    RunLock,
     clear_run_folder,
     completed_rounds,
     config_diff,
@@ -179,7 +179,7 @@ def test_lock_of_another_host_says_how_to_clear_it(tmp_path):
 
 def test_lock_across_two_processes(tmp_path):
     """A second process holds the lock: acquiring fails naming it; after it is killed, the lock is stale."""
-    code = ("import sys, time; from pathlib import Path; from fl_lightning.federation.run_folder import RunLock\n"
+    code = ("import sys, time; from pathlib import Path; from fl_lightning.federation.run_lock import RunLock\n"
             "lock = RunLock(Path(sys.argv[1])); lock.acquire(); print('locked', flush=True); time.sleep(600)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True,
                               cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
