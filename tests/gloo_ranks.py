@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,3 +31,14 @@ def run_ranks(worker: Callable[..., None], world: int, out: str | Path, *args: A
     """``worker(rank, world, port, out, *args)`` on ``world`` spawned processes; every rank's reported result."""
     mp.start_processes(worker, args=(world, free_port(), str(out), *args), nprocs=world, start_method="spawn")
     return [pickle.loads(Path(out, f"rank{r}.pkl").read_bytes()) for r in range(world)]
+
+
+def verdict_to(out: str | Path, rank: int, result: dict) -> Callable[[str | None, int], None]:
+    """A liveness watch's ``on_lost`` for a spawned rank: its (line, status, when) go into ``result["verdict"]``, the
+    result is reported (without leaving the process group, which a stuck collective holds), then the process exits
+    as the default ``on_lost`` would (``os._exit``; status 0 here, so that the spawner reads the report)."""
+    def on_lost(line: str | None, status: int) -> None:
+        result["verdict"] = (line, status, time.time())
+        Path(out, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
+        os._exit(0)
+    return on_lost

@@ -41,14 +41,19 @@ def atomic_save(obj: Any, path: str | Path, *, durable: bool = True, checksum: b
             it (~0.7 ms per 2.4 MB record).
     """
     path = Path(path)
-    tmp = _write_temp(obj, path, checksum=checksum)
+    _place(_write_temp(obj, path, checksum=checksum), path, durable=durable, needed=lambda: _serialized_bytes(obj))
+
+
+def _place(tmp: str, path: Path, *, durable: bool, needed: Callable[[], int | None]) -> None:
+    """The one durable write's last step: fsync ``tmp`` (when ``durable``) and rename it over ``path``; on failure the
+    temp file is removed and lack of space raises :class:`DiskFullError` (``needed()``: the bytes it needed)."""
     try:
         if durable:
             _fsync(tmp)
         os.replace(tmp, path)
     except BaseException as err:
+        full = _disk_full(err, path, needed)
         Path(tmp).unlink(missing_ok=True)
-        full = _disk_full(err, path, lambda: _serialized_bytes(obj))
         if full is not None:
             raise full  # noqa: B904 — its __cause__ is err
         raise
@@ -71,6 +76,14 @@ def _write_temp(obj: Any, path: Path, *, checksum: bool) -> str:
             raise full  # noqa: B904 — its __cause__ is err
         raise
     return tmp
+
+
+def _file_size(name: str) -> int | None:
+    """The size of the temp file ``name`` (torch.save wrote it whole), or None when it cannot be read."""
+    try:
+        return os.stat(name).st_size
+    except OSError:
+        return None
 
 
 def _fsync(name: str) -> None:
@@ -175,16 +188,11 @@ class DurableWriter:
     def _finish(self, temps: list[tuple[str, Path]], remove: Callable[[], list[Path]] | None) -> None:
         for i, (tmp, path) in enumerate(temps):
             try:
-                _fsync(tmp)
-                os.replace(tmp, path)
+                _place(tmp, path, durable=True, needed=lambda tmp=tmp: _file_size(tmp))
             except BaseException as err:  # noqa: BLE001 — re-raised by wait()
-                try:
-                    size: int | None = os.stat(tmp).st_size  # the whole file: torch.save wrote it all
-                except OSError:
-                    size = None
-                for later, _ in temps[i:]:
+                for later, _ in temps[i + 1:]:
                     Path(later).unlink(missing_ok=True)
-                self._error = _disk_full(err, path, lambda size=size: size) or err
+                self._error = err
                 return
         if remove is not None:
             try:

@@ -19,9 +19,10 @@ torchrun or the Fabric launcher alike) and all-reduces the gradients (DDP).
   caught before the backward's all-reduce, every step all-reduces one flag, and when it is set every rank joins one
   exchange of outcomes (``collectives.everyone``): rank 0 raises the error (or one naming the failing rank), the
   others stop quietly. Rank 0's checkpoint writes are checked the same way at each epoch's end (:class:`GuardedIO`).
-  A failure inside the backward itself (out of memory there) leaves the others in DDP's all-reduce until the compute
-  group's timeout (``federation.compute_timeout_s``, minutes: federation/ddp_strategy.py) or, when the failing rank
-  exits, its peers' liveness watch (federation/liveness.py) ends them.
+  A failure inside the backward itself (out of memory there) leaves the others in DDP's all-reduce: the failing
+  rank takes its error to the next exchange of outcomes, says so in its heartbeat, and the others' liveness watch
+  ends the job two beats later with its line (federation/liveness.py), well inside the compute group's timeout
+  (``federation.compute_timeout_s``: federation/ddp_strategy.py).
 """
 
 from __future__ import annotations

@@ -2,6 +2,10 @@
 
 import contextlib
 import os
+import socket
+import time
+from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,7 +21,9 @@ from fl_lightning.modules.data_free_kd import (
     synthesize,
 )
 from fl_lightning.modules.data_free_kd_ranks import SplitEnsemble, member_shard
-from tests.gloo_ranks import report, run_ranks
+from fl_lightning.federation import collectives
+from fl_lightning.federation.liveness import watching
+from tests.gloo_ranks import report, run_ranks, verdict_to
 
 K, CLASSES, SIZE = 3, 5, 8  # K not a multiple of the 2 ranks: rank 0 holds teacher 0, rank 1 teachers 1 and 2
 
@@ -149,6 +155,45 @@ def test_two_processes_split_ensemble_is_one_process(tmp_path, one_thread):
         assert "error" not in result, result.get("error")
         for precision in ("32", "bf16"):
             _assert_equal(result[precision], _one(precision))
+
+
+def _failing_worker(rank: int, world: int, port: int, out: str) -> None:
+    """The engine's set-up (a gloo object group, the exchange of outcomes around the phase, the liveness watch);
+    rank 1 fails between two of the split ensemble's calls, rank 0 goes on into the next one's gather."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    fabric = SimpleNamespace(global_rank=rank, world_size=world,
+                             strategy=SimpleNamespace(object_group=dist.new_group(backend="gloo")))
+    result: dict = {}
+
+    def distillation() -> None:
+        ensemble = SplitEnsemble(_teachers(member_shard(K, rank, world)), num_members=K, num_classes=CLASSES)
+        x = torch.randn(4, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(0))
+        ensemble(x)  # every rank: one gather
+        result["failed_at"] = time.time()
+        if rank == 1:
+            raise RuntimeError("CUDA out of memory in the student's step (injected)")
+        ensemble(x)  # rank 0: a gather rank 1 never joins
+
+    with watching(None, rank=rank, world=world, patience_s=3.0, token="t", exit_status=collectives.exit_status,
+                  one_line=collectives.one_line, decided=collectives.decided, on_lost=verdict_to(out, rank, result)):
+        collectives.everyone(fabric, distillation, what="the server's distillation", timeout_s=600)
+    report(out, rank, result)  # not reached: the watch ends both ranks
+
+
+@pytest.mark.slow  # ~15 s: two spawned ranks
+def test_a_rank_failing_between_the_split_ensembles_gathers_ends_every_rank_within_seconds(tmp_path):
+    """Rank 0 waits in the split ensemble's next gather (a compute collective: on NCCL until the compute timeout,
+    here the group's 120 s); rank 1 waits with its error in the exchange of outcomes. Rank 0's watch names rank 1
+    after two beats (patience 3 s); both end with its status, rank 1 quietly after rank 0."""
+    zero, one = run_ranks(_failing_worker, 2, tmp_path)
+    line, status, at = zero["verdict"]
+    assert line == (f"rank 1 on {socket.gethostname()} failed in the server's distillation: RuntimeError: CUDA out of "
+                    "memory in the student's step (injected); every rank stops; the same command resumes from the "
+                    "last completed round")
+    assert status == 1 and at - one["failed_at"] < 20  # not the 120 s of the collective
+    assert one["verdict"][:2] == (None, 1) and one["verdict"][2] >= at
 
 
 def test_synthesize_keeps_no_batch_when_every_loss_is_nan():

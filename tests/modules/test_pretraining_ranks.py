@@ -7,7 +7,6 @@ the same weights; the held-out accuracy is one rank's within round-off; a failur
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import socket
 import time
@@ -29,7 +28,7 @@ from fl_lightning.federation.collectives import RankFailure, RankStopped, Ranks,
 from fl_lightning.federation.liveness import watching
 from fl_lightning.modules.pretraining import EPOCH_STATE, pretrain_classifier
 from fl_lightning.modules.pretraining_ranks import RankBatches, shard_rows
-from tests.gloo_ranks import report, run_ranks
+from tests.gloo_ranks import report, run_ranks, verdict_to
 
 NAME = "vit_tiny_patch16_224"
 TINY = dict(img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=2)
@@ -111,15 +110,6 @@ class FailInBackward(lightning.Callback):
             weight.register_hook(fail)
 
 
-def _verdict_to(out: str, rank: int, result: dict):
-    """A watch's end that reports (line, status, when) as this rank's result, then exits as the default would."""
-    def on_lost(line, status):
-        result["verdict"] = (line, status, time.time())
-        Path(out, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
-        os._exit(0)
-    return on_lost
-
-
 def _pretrain(out: Path, ranks=None, bad=None, callbacks=()):
     return pretrain_classifier(model_name=NAME, overrides=TINY, num_classes=3, train_dataset=Images(45, 1, bad),
                                val_dataset=_val(), out_dir=out, max_epochs=3, batch_size=8, lr=1e-3,
@@ -157,7 +147,7 @@ def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
         fabric.strategy = SimpleNamespace(object_group=dist.new_group(backend="gloo"))
         result["failed_at"] = time.time()
         with watching(None, rank=rank, world=world, patience_s=3.0, token="t", exit_status=collectives.exit_status,
-                      one_line=collectives.one_line, decided=collectives.decided, on_lost=_verdict_to(out, rank, result)):
+                      one_line=collectives.one_line, decided=collectives.decided, on_lost=verdict_to(out, rank, result)):
             everyone(fabric, lambda: _pretrain(Path(out) / "run", ranks, callbacks=[FailInBackward(1)]),
                      what="the pre-training", timeout_s=600)
         report(out, rank, result)  # not reached: the watch ends both ranks
