@@ -316,14 +316,15 @@ class AggregatorConfig:
               self.num_to_keep, "an int >= 1 for multi_krum, else null")
 
 
-ATTACKS = ("none", "sign_flip", "scale", "gaussian")
+ATTACKS = ("none", "sign_flip", "scale", "gaussian", "label_flip")
 
 
 @dataclass
 class AttackConfig:
     """Model-poisoning clients (docs/robust_aggregation.md; federation/attacks.py): a seeded ``fraction`` of the
     clients send x_t − s·Δ (``sign_flip``), x_t + s·Δ (``scale``) or x_t + N(0, std²) (``gaussian``) instead of
-    their trained weights. For the methods whose state is the mean of their clients' weights."""
+    their trained weights, or train on their data with every label l read as C − 1 − l (``label_flip``). For the
+    methods whose state is the mean of their clients' weights."""
 
     kind: Literal[ATTACKS] = "none"  # type: ignore[valid-type]
     fraction: float = 0.0  # of the K clients, drawn once for the run (0: none attacks, e.g. a sweep's first point)

@@ -110,8 +110,9 @@ class FedAvg(Algorithm):
             self._train_on_device = (self._train_h.to(self.fabric.device), targets.to(self.fabric.device))
         h, y = self._train_on_device
         idx = torch.as_tensor(self.env.partition[client.index], dtype=torch.int64, device=h.device)
-        # the batches of DataLoader(TensorDataset(h[idx], y[idx]), shuffle=True, seeded), gathered on the device
-        loader = TensorBatches(h[idx], y[idx], batch_size=self.cfg.train.batch_size or self.cfg.data.batch_size, shuffle=True,
+        labels = y[idx] if client.label_map is None else torch.as_tensor(client.label_map, device=y.device)[y[idx]]
+        # the batches of DataLoader(TensorDataset(h[idx], labels), shuffle=True, seeded), gathered on the device
+        loader = TensorBatches(h[idx], labels, batch_size=self.cfg.train.batch_size or self.cfg.data.batch_size, shuffle=True,
                                seed=client_seed(self.cfg.seed, round_idx, client.index))
         fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs,
                   callbacks=self.local_callbacks(download))

@@ -7,6 +7,7 @@
   ``write_partition_json`` / ``read_partition_json`` to save a split and bring it back.
 * :mod:`.flower_partition` — flwr-datasets' Dirichlet and IID partitions, index for index.
 * :mod:`.report` — ``partition.csv`` and ``partition.png`` of a split.
+* :mod:`.relabelled` — a client's rows read with its labels changed (a label-flipping attacker's).
 """
 
 from fl_lightning.data.partition import (

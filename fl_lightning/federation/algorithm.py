@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from fl_lightning.data.relabelled import Relabelled, RelabelledBatches
 from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:
@@ -106,6 +107,10 @@ class Client:
     dataset: Dataset
     num_samples: int
     class_counts: np.ndarray  # (C,) — known to the client itself only
+    # (C,) the label each true class is read as, for a client that trains on changed labels (federation.attack's
+    # label_flip): ``dataset`` already reads through it; a method that reads the labels elsewhere (a feature table's)
+    # maps them with it. None: the labels as they are.
+    label_map: np.ndarray | None = None
 
 
 @dataclass
@@ -136,6 +141,8 @@ class Environment:
     # whether one loader kept for the run may serve every client's pass over splits.train (its transform has no
     # random step, so the batches do not depend on which worker made them); used when there are workers
     one_train_loader: bool = False
+    # the clients that train on changed labels, each with its (C,) label map (federation.attack's label_flip)
+    label_maps: dict[int, np.ndarray] = field(default_factory=dict)
     _passes: Any = field(default=None, init=False, repr=False)
 
     def dp_sgd(self, round_idx: int, client: Client) -> DPSGD | None:
@@ -147,9 +154,15 @@ class Environment:
         return len(self.splits.classes)
 
     def client(self, index: int) -> Client:
+        """Client ``index``: its rows of the training split, read with its label map if it has one."""
         idx = self.partition[index]
-        counts = np.bincount(self.splits.train_targets[idx], minlength=self.num_classes)
-        return Client(index, Subset(self.splits.train, idx.tolist()), len(idx), counts)
+        label_map = self.label_maps.get(index)
+        dataset: Dataset = Subset(self.splits.train, idx.tolist())
+        targets = self.splits.train_targets[idx]
+        if label_map is not None:
+            dataset, targets = Relabelled(dataset, label_map), label_map[targets]
+        counts = np.bincount(targets, minlength=self.num_classes)
+        return Client(index, dataset, len(idx), counts, label_map)
 
     def loader(self, dataset: Dataset, *, shuffle: bool, seed: int = 0, batch_size: int | None = None,
                dp_sgd: DPSGD | None = None) -> Any:
@@ -173,15 +186,18 @@ class Environment:
         collate_fn = collate if float_part is None else collate_uint8
         if dp_sgd is not None:
             return self._poisson_loader(dataset, dp_sgd, collate_fn, float_part)
-        if (loading.num_workers > 0 and self.one_train_loader and isinstance(dataset, Subset)
-                and dataset.dataset is self.splits.train):
+        rows = dataset.dataset if isinstance(dataset, Relabelled) else dataset  # a label flipper's rows
+        if (loading.num_workers > 0 and self.one_train_loader and isinstance(rows, Subset)
+                and rows.dataset is self.splits.train):
             if self._passes is None:
                 if len(self.splits.train):  # a split filled whole at once is filled here, shared by the workers
                     self.splits.train[0]
                 self._passes = ClientPasses(self.splits.train, num_workers=loading.num_workers,
                                             pin_memory=loading.pin_memory,
                                             persistent_workers=loading.persistent_workers, collate_fn=collate_fn)
-            loader = self._passes.pass_over(dataset.indices, batch_size=batch_size, shuffle=shuffle, seed=seed)
+            loader = self._passes.pass_over(rows.indices, batch_size=batch_size, shuffle=shuffle, seed=seed)
+            if rows is not dataset:
+                loader = RelabelledBatches(loader, dataset.label_map)
         else:
             generator = torch.Generator().manual_seed(seed) if shuffle else None
             loader = DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator,

@@ -9,11 +9,16 @@ floating-point tensor of the global state it uploads:
 * ``scale``      x_t + s·Δ (the update boosted, s = ``scale``, default 10; Bagdasaryan et al. 2020's model
   replacement scaling);
 * ``gaussian``   x_t + N(0, σ² I) (σ = ``std``, default 1; Fang et al. 2020's Gaussian attack, centred on the
-  global weights so that the norm of the "update" is σ√d).
+  global weights so that the norm of the "update" is σ√d);
+* ``label_flip`` what it trained on its own data with every label l read as C − 1 − l (Fang et al. 2020 and
+  Cao et al. 2021's label flipping, C classes): a data poisoning, so its upload is sent as trained.
 
 The attackers are ⌊fraction·K + ½⌋ clients drawn once for the run from ``seed`` (the same clients every round, as
-the papers have them); the noise of ``gaussian`` comes from (seed, round, client). An attacker's data and training
-are its own; only its upload changes, before anything else (privacy) sees it.
+the papers have them); the noise of ``gaussian`` comes from (seed, round, client). A model-poisoning attacker's data
+and training are its own; only its upload changes, before anything else (privacy) sees it. A label-flipping one
+trains on its own images with the labels changed (:meth:`ClientAttack.label_maps`, read through
+:class:`~fl_lightning.data.relabelled.Relabelled` or the feature table's labels) and trains as an honest client
+does: with its method, its epochs, its DP-SGD.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from fl_lightning.federation.transport import Upload
 if TYPE_CHECKING:
     from fl_lightning.config import AttackConfig
 
-__all__ = ["ATTACK_DEFAULT_SCALE", "ClientAttack", "choose_attackers", "poison"]
+__all__ = ["ATTACK_DEFAULT_SCALE", "ClientAttack", "choose_attackers", "flipped_labels", "poison"]
 
 ATTACK_DEFAULT_SCALE = {"sign_flip": 1.0, "scale": 10.0}
 _NOISE_TAG = 0xA77AC  # separates the attack's noise from every other seed derived from (seed, round, client)
@@ -42,6 +47,11 @@ def choose_attackers(num_clients: int, fraction: float, seed: int) -> frozenset[
     """The ⌊fraction·K + ½⌋ attacking clients, drawn without replacement from ``seed``."""
     count = int(np.floor(fraction * num_clients + 0.5))
     return frozenset(int(c) for c in np.random.default_rng(seed).choice(num_clients, size=count, replace=False))
+
+
+def flipped_labels(num_classes: int) -> np.ndarray:
+    """The label-flipping map l → C − 1 − l over C = ``num_classes`` classes, as a (C,) int64 array."""
+    return np.arange(num_classes - 1, -1, -1, dtype=np.int64)
 
 
 def poison(kind: str, upload: Mapping[str, Tensor], downloaded: Mapping[str, Tensor], *, scale: float, std: float,
@@ -85,9 +95,16 @@ class ClientAttack:
         return cls(config.kind, choose_attackers(num_clients, config.fraction, config.seed), scale, config.std,
                    config.seed)
 
+    def label_maps(self, num_classes: int) -> dict[int, np.ndarray]:
+        """The clients that train on changed labels, each with its (C,) map (none but under ``label_flip``)."""
+        if self.kind != "label_flip":
+            return {}
+        return {client: flipped_labels(num_classes) for client in sorted(self.attackers)}
+
     def apply(self, upload: Upload, downloaded: Mapping[str, Tensor], round_idx: int, client: int) -> Upload:
-        """The upload ``client`` sends: poisoned when it is an attacker, else ``upload`` itself."""
-        if client not in self.attackers:
+        """The upload ``client`` sends: poisoned when it is a model-poisoning attacker, else ``upload`` itself (a
+        label flipper's poison is in what it trained on)."""
+        if client not in self.attackers or self.kind == "label_flip":
             return upload
         generator = torch.Generator().manual_seed(derive_seed(self.seed, round_idx, client, _NOISE_TAG))
         return Upload(poison(self.kind, upload.tensors, downloaded, scale=self.scale, std=self.std,

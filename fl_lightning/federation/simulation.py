@@ -283,7 +283,8 @@ class Simulation:
         partition = partition_for(cfg, splits.train_targets, splits.train_column)
         privacy = FederationPrivacy.of(cfg, algorithm.num_rounds, [len(p) for p in partition])
         env = Environment(fabric, cfg, splits, partition, self.run_dir, privacy,
-                          one_train_loader=is_deterministic(train_transform))
+                          one_train_loader=is_deterministic(train_transform),
+                          label_maps=self._attack.label_maps(len(splits.classes)) if self._attack is not None else {})
         algorithm.setup(env)
         return algorithm, env
 

@@ -13,6 +13,7 @@ from fl_lightning.config_history import added_key_overrides, recorded_config
 from fl_lightning.config_loading import config_to_dict, load_config
 from fl_lightning.data.loader import ClientPasses, LoaderSettings, TensorBatches, resolve_loader_settings
 from fl_lightning.data.preprocessed import PreprocessedSplit, collate
+from fl_lightning.data.relabelled import Relabelled
 from fl_lightning.errors import ConfigError, ResourceError
 from fl_lightning.federation.algorithm import Environment
 from fl_lightning.federation.run_folder import config_diff
@@ -130,6 +131,13 @@ def test_environment_keeps_one_loader_for_the_training_split():
     assert _same(list(b), list(_old(train, list(range(20)), shuffle=True, seed=8, batch_size=3, workers=0)))
     assert isinstance(env.loader(Subset(train, [0, 1]), shuffle=False), type(a))
     assert isinstance(env.loader(train, shuffle=False), DataLoader)  # not a client's rows: as before
+    # a label flipper's rows: read through the same loader, its labels mapped after the workers
+    rows, reverse = list(range(3, 25)), [4, 3, 2, 1, 0]
+    flipped = env.loader(Relabelled(Subset(train, rows), reverse), shuffle=True, seed=9)
+    assert flipped.loader.passes is a.passes
+    expected = [[x, torch.as_tensor(reverse)[y]] for x, y in _old(train, rows, shuffle=True, seed=9, batch_size=4,
+                                                                  workers=0)]
+    assert _same(list(flipped), expected) and len(flipped) == len(expected)
     env = Environment(SimpleNamespace(), cfg, splits, [], Path("."), loading=LoaderSettings(2, False, True),
                       one_train_loader=False)  # an augmented split: the per-client loader, as before
     assert isinstance(env.loader(Subset(train, [0, 1]), shuffle=True, seed=1), DataLoader)

@@ -104,7 +104,8 @@ def test_clashing_settings_are_one_line(tmp_path, extra, words):
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
-def test_krum_under_gaussian_attackers_with_fedavgm_is_the_same_on_one_and_two_processes(tmp_path):
+@pytest.mark.parametrize("attack", ["gaussian", pytest.param("label_flip", marks=pytest.mark.slow)])
+def test_krum_under_attackers_with_fedavgm_is_the_same_on_one_and_two_processes(tmp_path, attack):
     from tests.conftest import run_cli
 
     states = []
@@ -113,7 +114,7 @@ def test_krum_under_gaussian_attackers_with_fedavgm_is_the_same_on_one_and_two_p
         done = run_cli("--config", str(CONF / "fedavg_digits_tiny.yaml"), "--output_dir", str(out), "--run_name",
                        "run", "--logging.progress", "false", "--federation.rounds", "2", "--partition.num_clients",
                        "6", "--data.num_samples", "300", "--federation.aggregator.name", "multi_krum",
-                       "--federation.aggregator.num_malicious", "1", "--federation.attack.kind", "gaussian",
+                       "--federation.aggregator.num_malicious", "1", "--federation.attack.kind", attack,
                        "--federation.attack.fraction", "0.2", "--federation.server_optimizer.name", "fedavgm",
                        "--federation.server_optimizer.momentum", "0.5", *extra, env={"OMP_NUM_THREADS": "1"})
         assert done.returncode == 0, done.stderr[-2000:]
