@@ -343,11 +343,15 @@ class AttackConfig:
 @dataclass
 class ClientBehaviourConfig:
     """Clients that are not always there, for any method (federation/client_behaviour.py, FLGo's availability and
-    dropout, FedProx's stragglers): each round a client is online with probability ``availability`` and the round's
+    dropout, FedProx's stragglers): each round a client is online with probability ``availability`` (or as the
+    ``availability_trace`` file says) and the round's
     clients are sampled from those online; a sampled client drops out after its download with probability
     ``dropout``, and is a straggler with probability ``stragglers``."""
 
     availability: float = 1.0  # P(a client is online in a round); 1: always
+    # a file saying who is online each round instead of the draw: one 0/1 row per round, one column per client (text
+    # or .npy; round t reads row t mod rows); null: availability's draw (federation/availability_trace.py)
+    availability_trace: str | None = None
     dropout: float = 0.0  # P(a sampled client drops out after its download: no upload, a failure that is no error)
     # P(a sampled client is a straggler): it runs E_k ~ U{1..E} of its E local epochs (train.epochs) — FedProx's
     # systems heterogeneity (Li et al., MLSys 2020, Sec. 5.2)
@@ -359,6 +363,9 @@ class ClientBehaviourConfig:
 
     def __post_init__(self) -> None:
         check(0 < self.availability <= 1, "availability", self.availability, "a float in (0, 1]")
+        check(self.availability_trace is None or (isinstance(self.availability_trace, str) and self.availability == 1),
+              "availability_trace", self.availability_trace, "null, or a file's path with availability 1 (the trace "
+              "says who is online)")
         check(0 <= self.dropout < 1, "dropout", self.dropout, "a float in [0, 1)")
         check(0 <= self.stragglers <= 1, "stragglers", self.stragglers, "a float in [0, 1]")
         check(isinstance(self.drop_stragglers, bool) and (self.stragglers > 0 or not self.drop_stragglers),

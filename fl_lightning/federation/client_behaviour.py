@@ -2,8 +2,10 @@
 mid-round, the two system behaviours FLGo simulates for every algorithm (its ``availability`` and ``dropout``).
 
 * **availability** a: in each round each client is online with probability a, independently (a Bernoulli draw
-  from (seed, round, client)); the server samples its ``client_fraction`` of the K clients from those online
-  (``max(1, round(fraction·K))`` of them, or all of them when fewer are online). A round with none online has no
+  from (seed, round, client)) — or as a trace file says (``availability_trace``,
+  :mod:`~fl_lightning.federation.availability_trace`: one 0/1 row per round, one column per client); the server
+  samples its ``client_fraction`` of the K clients from those online (``max(1, round(fraction·K))`` of them, or
+  all of them when fewer are online). A round with none online has no
   clients and stops the run as any round with fewer than ``federation.min_clients`` successes does.
 * **dropout** d: each sampled client drops out after receiving the global state with probability d (a draw from
   (seed, round, client)): its download is counted, its upload never arrives. It is a failure the engine sees —
@@ -28,12 +30,13 @@ understates it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fl_lightning.errors import UsageError
+from fl_lightning.federation.availability_trace import read_availability_trace
 from fl_lightning.federation.placement import clients_per_round, derive_seed
 
 if TYPE_CHECKING:
@@ -54,24 +57,30 @@ def _uniform(seed: int, round_idx: int, client: int, tag: int) -> float:
 
 @dataclass(frozen=True)
 class ClientBehaviour:
-    """The run's client behaviour: availability a, dropout d and their seed."""
+    """The run's client behaviour: availability a (or a trace), dropout d, stragglers s and their seed."""
 
     availability: float
     dropout: float
     seed: int
     stragglers: float = 0.0
     drop_stragglers: bool = False
+    trace: np.ndarray | None = field(default=None, compare=False, repr=False)  # (rows, K) bool: who is online
 
     @classmethod
-    def of(cls, config: ClientBehaviourConfig) -> ClientBehaviour | None:
-        """``federation.clients`` (None when every client is always there and on time: a = 1, d = 0, s = 0)."""
-        if config.availability >= 1.0 and config.dropout <= 0.0 and config.stragglers <= 0.0:
+    def of(cls, config: ClientBehaviourConfig, num_clients: int | None = None) -> ClientBehaviour | None:
+        """``federation.clients`` over K = ``num_clients`` clients (None when every client is always there and on
+        time: a = 1, no trace, d = 0, s = 0). Reads the availability trace, if any (one line when it is bad)."""
+        path = config.availability_trace
+        if config.availability >= 1.0 and path is None and config.dropout <= 0.0 and config.stragglers <= 0.0:
             return None
+        trace = None if path is None else read_availability_trace(path, int(num_clients or 0))
         return cls(float(config.availability), float(config.dropout), int(config.seed), float(config.stragglers),
-                   bool(config.drop_stragglers))
+                   bool(config.drop_stragglers), trace)
 
     def online(self, num_clients: int, round_idx: int) -> list[int]:
-        """The clients online in ``round_idx``."""
+        """The clients online in ``round_idx``: the trace's row ``round_idx`` mod its rows, else those drawn."""
+        if self.trace is not None:
+            return [int(c) for c in np.flatnonzero(self.trace[round_idx % len(self.trace)])]
         return [c for c in range(num_clients) if _uniform(self.seed, round_idx, c, _AVAILABLE_TAG) < self.availability]
 
     def sample(self, num_clients: int, fraction: float, *, seed: int, round_idx: int) -> list[int]:
@@ -101,9 +110,11 @@ class ClientBehaviour:
         return int(rng.integers(1, max(epochs, 1) + 1)) / max(epochs, 1)
 
     def row(self, round_idx: int, clients: list[int], failures: dict[int, str]) -> dict[str, int]:
-        """metrics.csv: how many of the round's clients dropped out and, when there are stragglers, how many
-        straggled (dropped or not)."""
+        """metrics.csv: how many of the round's clients dropped out, how many clients the trace had online (with
+        a trace) and, when there are stragglers, how many straggled (dropped or not)."""
         out = {"dropped": sum(reason in NO_ERROR for reason in failures.values())}
+        if self.trace is not None:
+            out["online"] = int(self.trace[round_idx % len(self.trace)].sum())
         if self.stragglers > 0:
             out["stragglers"] = sum(failures.get(c) != DROPPED and self.straggles(round_idx, c) for c in clients)
         return out
@@ -113,6 +124,7 @@ def check_client_behaviour(cfg: RunConfig) -> None:
     """Refuse (one line, :class:`UsageError`) client behaviour where the run's numbers would no longer hold."""
     c, f = cfg.federation.clients, cfg.federation
     asked = [f"federation.clients.{k}={v}" for k, v, plain in (("availability", c.availability, 1.0),
+                                                              ("availability_trace", c.availability_trace, None),
                                                               ("dropout", c.dropout, 0.0),
                                                               ("drop_stragglers", c.drop_stragglers, False))
              if v != plain]

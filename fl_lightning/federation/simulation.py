@@ -16,6 +16,7 @@ progress.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import secrets
@@ -67,6 +68,7 @@ from fl_lightning.federation.placement import assign_clients, client_seed, sampl
 from fl_lightning.federation.privacy import FederationPrivacy
 from fl_lightning.federation.privacy_coverage import check_privacy_coverage
 from fl_lightning.federation.attacks import ClientAttack
+from fl_lightning.federation.availability_trace import TRACE_COPY, check_recorded_trace, trace_text
 from fl_lightning.federation.averaging import check_averaging_settings
 from fl_lightning.federation.server_optimizer import ServerOptimizer
 from fl_lightning.federation.robust_aggregation import RobustAggregator
@@ -250,7 +252,8 @@ class Simulation:
         self._server_optimizer = ServerOptimizer.of(cfg.federation.server_optimizer)  # fedavg: the aggregate as is
         self._aggregator = RobustAggregator.of(cfg.federation.aggregator)  # mean: the method's own aggregate
         self._attack = ClientAttack.of(cfg.federation.attack, cfg.partition.num_clients)  # None: no attack
-        self._behaviour = ClientBehaviour.of(cfg.federation.clients)  # None: every client always there
+        # None: every client always there; its trace (a file) read here, on every process: one line before launch
+        self._behaviour = ClientBehaviour.of(cfg.federation.clients, cfg.partition.num_clients)
         self.ckpt_dir = self.run_dir / "checkpoints"
         loggers = list(loggers) if loggers is not None else default_loggers(cfg)
         strategy = _strategy(cfg)
@@ -333,6 +336,9 @@ class Simulation:
         # every rank sees the folder rank 0 writes (one shared output_dir, not one per node): seconds, before
         # any data or model is built, not after a whole client phase
         check_shared_run_folder(fabric, self.run_dir)
+        if self._behaviour is not None and self._behaviour.trace is not None:  # every rank samples from rank 0's
+            trace = self._from_server(lambda: self._behaviour.trace, "the availability trace")
+            self._behaviour = dataclasses.replace(self._behaviour, trace=trace)
         seed_everything(cfg.seed, verbose=False)
         algorithm, env = self._setup()
         self._privacy = env.privacy
@@ -366,6 +372,7 @@ class Simulation:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._drop_stale_rounds(run.completed_rounds if self.resume else -1)
         write_text_atomic(self.run_dir / "config.yaml", dump_config(cfg))
+        self._record_trace()
         counts = client_class_counts(env.splits.train_targets, env.partition, env.num_classes)
         write_partition_report(counts, env.splits.classes, self.run_dir, figure=False)  # figure: after the rounds
         p = cfg.partition
@@ -377,6 +384,17 @@ class Simulation:
         write_partition_json(env.partition, self.run_dir / "partition.json", meta=meta,  # reusable: scheme file
                              num_samples=len(env.splits.train_targets))  # Flower's shards may leave rows out
         return counts
+
+    def _record_trace(self) -> None:
+        """The availability trace's copy in the run folder: written at the start, checked on resume (rank 0)."""
+        trace = None if self._behaviour is None else self._behaviour.trace
+        if trace is None:
+            return
+        copy = self.run_dir / TRACE_COPY
+        if self.resume and copy.is_file():
+            check_recorded_trace(copy, trace, self.cfg.federation.clients.availability_trace)
+        else:
+            write_text_atomic(copy, trace_text(trace))
 
     def _state_from_server(self, step: Callable[[], tuple], previous: dict, what: str) -> tuple:
         """``step()`` — the state first, then anything else — on rank 0, its outcome on every rank, the state sent

@@ -200,3 +200,100 @@ def test_dropped_stragglers_beside_privacy_are_refused_partial_ones_are_not(tmp_
     with pytest.raises(ConfigError, match=r"drop_stragglers=True is not allowed.*only with federation.clients."
                                           r"stragglers > 0"):
         _cfg(tmp_path, "--federation.clients.drop_stragglers", "true")
+
+
+# ------------------------------------------------------------------------------------------- availability traces
+_TRACE = np.array([[1, 0, 1, 0, 1, 1, 0, 0],
+                   [0, 1, 0, 1, 0, 0, 1, 1],
+                   [1, 1, 1, 1, 0, 0, 0, 0]], dtype=bool)
+
+
+def _write_trace(path, trace=_TRACE):
+    path.write_text("# round 0, 1, 2; one column per client\n" + "".join(",".join(str(int(v)) for v in row) + "\n"
+                                                                          for row in trace))
+    return path
+
+
+class _RoundClients:
+    def __init__(self):
+        self.clients = []
+
+    def on_round_start(self, round_idx, clients, **_):
+        self.clients.append(list(clients))
+
+
+def test_a_trace_is_read_as_text_or_npy_and_repeats_over_the_rounds(tmp_path):
+    from fl_lightning.federation.availability_trace import read_availability_trace
+
+    np.save(tmp_path / "t.npy", _TRACE.astype(np.int8))
+    (tmp_path / "t.txt").write_text("\n".join(" ".join(str(int(v)) for v in row) for row in _TRACE))
+    for file in (_write_trace(tmp_path / "t.csv"), tmp_path / "t.npy", tmp_path / "t.txt"):
+        assert np.array_equal(read_availability_trace(file, 8), _TRACE)
+    b = ClientBehaviour.of(ClientBehaviourConfig(availability_trace=str(tmp_path / "t.csv")), 8)
+    assert [b.online(8, r) for r in (0, 1, 2, 3, 5)] == [[0, 2, 4, 5], [1, 3, 6, 7], [0, 1, 2, 3], [0, 2, 4, 5],
+                                                           [0, 1, 2, 3]]
+    assert set(b.sample(8, 0.25, seed=0, round_idx=1)) <= {1, 3, 6, 7}
+
+
+@pytest.mark.parametrize(("content", "words"), [
+    (None, "there is no file at that path"),
+    ("1,0,1\n0,1,1\n", "8 columns (partition.num_clients); it has 3"),
+    ("1,0,1,0,1,1,0,0\n1,0,0.5,0,1,1,0,0\n", "row 2, column 3 holds"),
+    ("1,0,1,0,1,1,0,0\n1,0\n", "it could not be read"),
+    ("# nothing\n", "it has shape"),
+])
+def test_a_bad_trace_is_one_line_naming_its_key_before_anything_runs(tmp_path, content, words):
+    trace = tmp_path / "trace.csv"
+    if content is not None:
+        trace.write_text(content)
+    with pytest.raises(ConfigError) as err:
+        Simulation(cfg=_cfg(tmp_path, "--federation.clients.availability_trace", str(trace)), loggers=[])
+    assert err.value.key == "federation.clients.availability_trace" and words in str(err.value)
+    assert "\n" not in str(err.value) and not (tmp_path / "fedavg_digits_tiny").exists()
+    with pytest.raises(ConfigError, match="availability_trace"):
+        ClientBehaviourConfig(availability=0.5, availability_trace=str(trace))  # the trace says who is online
+
+
+def test_the_rounds_clients_are_those_the_trace_has_online(tmp_path):
+    trace = _write_trace(tmp_path / "trace.csv")
+    cfg = _cfg(tmp_path, "--federation.clients.availability_trace", str(trace))
+    seen = _RoundClients()
+    Simulation(cfg=cfg, loggers=[], callbacks=[seen]).run()
+    assert seen.clients == [[0, 2, 4, 5], [1, 3, 6, 7], [0, 1, 2, 3], [0, 2, 4, 5]]  # round 3 reads row 0 again
+    assert [row["online"] for row in _rows(cfg)] == ["4", "4", "4", "4"]
+    assert (cfg.run_dir / "availability_trace.csv").read_text().splitlines()[1] == "0,1,0,1,0,0,1,1"
+
+
+def test_a_resumed_run_whose_trace_changed_is_refused_in_one_line(tmp_path):
+    trace = _write_trace(tmp_path / "trace.csv")
+    full = _cfg(tmp_path / "full", "--federation.clients.availability_trace", str(trace))
+    Simulation(cfg=full, loggers=[]).run()
+    cut = _cfg(tmp_path / "cut", "--federation.clients.availability_trace", str(trace))
+    with pytest.raises(KeyboardInterrupt):
+        Simulation(cfg=cut, loggers=[], callbacks=[StopAfterClients(6)]).run()
+    _write_trace(trace, ~_TRACE)
+    with pytest.raises(UsageError) as err:
+        Simulation(cfg=cut, loggers=[], resume=True).run()
+    assert "is not the trace this run started with" in str(err.value) and "\n" not in str(err.value)
+    _write_trace(trace)
+    Simulation(cfg=cut, loggers=[], resume=True).run()
+    a, b = (safe_load(c.run_dir / "checkpoints" / "server.pt")["state"] for c in (full, cut))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow  # processes: in CI's every-file pass, not the plain suite
+def test_a_trace_is_the_same_on_one_and_two_processes(tmp_path):
+    trace = _write_trace(tmp_path / "trace.csv", _TRACE[:, :6])
+
+    def run(label, *extra):
+        out = tmp_path / label
+        done = run_cli("--config", str(CONF / "fedavg_digits_tiny.yaml"), "--output_dir", str(out), "--run_name", "r",
+                       "--logging.progress", "false", "--federation.rounds", "3", "--partition.num_clients", "6",
+                       "--data.num_samples", "400", "--federation.clients.availability_trace", str(trace),
+                       "--federation.client_fraction", "0.5", *extra, env={"OMP_NUM_THREADS": "1"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        return safe_load(out / "r" / "checkpoints" / "server.pt")
+
+    one, two = run("one"), run("two", "--federation.devices", "2")
+    assert all(torch.equal(one["state"][k], two["state"][k]) for k in one["state"])
+    assert [r["online"] for r in one["rows"]] == [r["online"] for r in two["rows"]] == [4, 2, 4]
