@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Mapping, Sequence
 from itertools import chain
 from numbers import Integral, Real
@@ -60,6 +59,7 @@ from typing import Any
 
 import numpy as np
 
+from fl_lightning.durable_write import write_text_atomic
 from fl_lightning.errors import UsageError
 
 __all__ = [
@@ -491,7 +491,8 @@ def write_partition_json(
         ...
         ]}
 
-    Writing goes through a temporary file and ``os.replace``, so a reader never sees half a file.
+    Writing goes through a temporary file and a rename (:func:`~fl_lightning.durable_write.write_text_atomic`), so
+    a reader never sees half a file.
     10,000 clients of 50,000 samples take about 0.05 s and 0.3 MB.
 
     Args:
@@ -532,12 +533,7 @@ def write_partition_json(
         head["meta"] = dict(meta)
     rows = ",\n".join("[" + ",".join(map(str, a.tolist())) + "]" for a in arrays)
     text = json.dumps(head)[:-1] + ', "clients": [\n' + rows + "\n]}\n"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_text_atomic(path, text)
     return path
 
 

@@ -14,12 +14,13 @@ ids; its title says so, and its totals are those of all clients.
 from __future__ import annotations
 
 import csv
-import os
 from pathlib import Path
 
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from fl_lightning.durable_write import atomic_path
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -165,7 +166,6 @@ def write_partition_report(
 def write_partition_figure(counts: np.ndarray, class_names: list[str], out_dir: Path) -> Path:
     """Draw :func:`partition_figure` into ``out_dir/partition.png``; returns the path."""
     png_path = Path(out_dir) / "partition.png"
-    partial = png_path.with_name(f".partition.{os.getpid()}.png")  # whole or absent: a sibling run may copy it
-    partition_figure(counts, class_names).savefig(partial)
-    os.replace(partial, png_path)
+    with atomic_path(png_path) as tmp:  # whole or absent: a sibling run may copy it
+        partition_figure(counts, class_names).savefig(tmp, format="png")
     return png_path

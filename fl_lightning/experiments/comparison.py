@@ -19,15 +19,15 @@ config does not sweep α falls in the single column of its α.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import math
-import os
 import statistics
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from fl_lightning.durable_write import atomic_path, write_text_atomic
 
 __all__ = ["comparison_rows", "write_comparison"]
 
@@ -86,17 +86,6 @@ def _cell(row: dict[str, Any]) -> str:
     return f"{mean}{spread} (n={row['runs']})"
 
 
-@contextlib.contextmanager
-def _replaced(path: Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` (unique to this process) that replaces ``path`` when the block ends."""
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -120,7 +109,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format="png")  # path: a temp file, whose name does not say it
     plt.close(fig)
 
 
@@ -136,13 +125,12 @@ def write_comparison(results: Sequence[tuple[Any, dict[str, Any]]], out_dir: str
     out.mkdir(parents=True, exist_ok=True)
     rows = comparison_rows(results)
     paths = {"csv": out / "comparison.csv", "md": out / "comparison.md", "png": out / "comparison.png"}
-    with _replaced(paths["csv"]) as tmp, tmp.open("w", newline="") as f:
+    with atomic_path(paths["csv"]) as tmp, tmp.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    with _replaced(paths["md"]) as tmp:
-        tmp.write_text(_markdown(rows, missing))
-    with _replaced(paths["png"]) as tmp:
+    write_text_atomic(paths["md"], _markdown(rows, missing))
+    with atomic_path(paths["png"]) as tmp:
         _plot(rows, tmp)
     if all("simulated_time_s" in summary for _, summary in results):
         from fl_lightning.experiments.curves import write_curves

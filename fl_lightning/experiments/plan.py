@@ -4,10 +4,11 @@ which runs have finished already, and the comparison's own record of its runs (`
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from fl_lightning.durable_write import write_text_atomic
 
 __all__ = ["COMPARISON_CONFIG", "plan_runs", "finished_summary", "parse_shard", "select_shard", "list_runs",
            "record_comparison"]
@@ -96,6 +97,4 @@ def record_comparison(cfg: Any) -> None:
     path = Path(cfg.output_dir) / COMPARISON_CONFIG
     text = dump_config(cfg)
     if not path.is_file() or path.read_text() != text:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # shares may write it at once
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        write_text_atomic(path, text)  # shares may write it at once: each its own temp file

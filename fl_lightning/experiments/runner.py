@@ -283,6 +283,7 @@ def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list
     from fl_lightning.config_history import added_key_overrides, recorded_config
     from fl_lightning.config_loading import config_to_dict, dump_config, load_config
     from fl_lightning.config_yaml import read_yaml
+    from fl_lightning.durable_write import write_text_atomic
     from fl_lightning.errors import ConfigError, RunFolderError
     from fl_lightning.federation.run_lock import RunLock
     from fl_lightning.federation.run_folder import (
@@ -294,7 +295,6 @@ def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list
         is_run_folder,
         read_record,
         write_record,
-        write_text_atomic,
     )
 
     run_dir: Path = cfg.run_dir

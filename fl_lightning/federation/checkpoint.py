@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import os
 import pickle
-import tempfile
 import threading
 import time
 import zipfile
@@ -21,10 +20,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_lightning.errors import DiskFullError, UsageError
-from fl_lightning.federation.run_folder import disk_full_error
+from fl_lightning.durable_write import disk_full_error, place, written_temp
+from fl_lightning.errors import UsageError
 
 __all__ = ["atomic_save", "safe_load", "reserved_memmap", "CorruptCheckpointError", "DurableWriter"]
+
+_SERIALIZED = "its serialized size"  # where a checkpoint's needed bytes come from, in a full disk's line
 
 
 class CorruptCheckpointError(UsageError):
@@ -41,57 +42,21 @@ def atomic_save(obj: Any, path: str | Path, *, durable: bool = True, checksum: b
             it (~0.7 ms per 2.4 MB record).
     """
     path = Path(path)
-    _place(_write_temp(obj, path, checksum=checksum), path, durable=durable, needed=lambda: _serialized_bytes(obj))
+    place(_write_temp(obj, path, checksum=checksum), path, durable=durable, needed=lambda: _serialized_bytes(obj),
+          needed_is=_SERIALIZED)
 
 
-def _place(tmp: str, path: Path, *, durable: bool, needed: Callable[[], int | None]) -> None:
-    """The one durable write's last step: fsync ``tmp`` (when ``durable``) and rename it over ``path``; on failure the
-    temp file is removed and lack of space raises :class:`DiskFullError` (``needed()``: the bytes it needed)."""
-    try:
-        if durable:
-            _fsync(tmp)
-        os.replace(tmp, path)
-    except BaseException as err:
-        full = _disk_full(err, path, needed)
-        Path(tmp).unlink(missing_ok=True)
-        if full is not None:
-            raise full  # noqa: B904 — its __cause__ is err
-        raise
-
-
-def _write_temp(obj: Any, path: Path, *, checksum: bool) -> str:
-    """``torch.save(obj)`` into a new temp file beside ``path`` (``.<name>.<random>.tmp``), its name returned; on any
-    failure the temp file is removed, and lack of space raises :class:`DiskFullError`."""
+def _write_temp(obj: Any, path: Path, *, checksum: bool) -> Path:
+    """``torch.save(obj)`` into a new temp file beside ``path`` (:func:`~fl_lightning.durable_write.written_temp`),
+    its name returned; on any failure the temp file is removed, and lack of space raises
+    :class:`~fl_lightning.errors.DiskFullError`."""
     from torch.utils.serialization import config as serialization
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f, serialization.patch({"save.compute_crc32": checksum}):
-            torch.save(obj, f)
-    except BaseException as err:
-        Path(tmp).unlink(missing_ok=True)
-        full = _disk_full(err, path, lambda: _serialized_bytes(obj))
-        if full is not None:
-            raise full  # noqa: B904 — its __cause__ is err
-        raise
+    with written_temp(path, needed=lambda: _serialized_bytes(obj), needed_is=_SERIALIZED) as tmp, \
+            open(tmp, "wb") as f, serialization.patch({"save.compute_crc32": checksum}):
+        torch.save(obj, f)
     return tmp
-
-
-def _file_size(name: str) -> int | None:
-    """The size of the temp file ``name`` (torch.save wrote it whole), or None when it cannot be read."""
-    try:
-        return os.stat(name).st_size
-    except OSError:
-        return None
-
-
-def _fsync(name: str) -> None:
-    fd = os.open(name, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def reserved_memmap(path: Path, shape: tuple[int, ...], dtype: np.dtype | type) -> np.memmap:
@@ -140,14 +105,6 @@ def _serialized_bytes(obj: Any) -> int | None:
     return counter.n
 
 
-def _disk_full(err: BaseException, path: Path, needed: Callable[[], int | None]) -> DiskFullError | None:
-    """The one-line :class:`DiskFullError` (caused by ``err``) when lack of space made the save fail, else None."""
-    full = disk_full_error(err, path, needed, needed_is="its serialized size")
-    if full is not None:
-        full.__cause__ = err
-    return full
-
-
 class DurableWriter:
     """``atomic_save(obj, path, durable=True)`` with the fsync and the rename off the caller's path.
 
@@ -174,24 +131,24 @@ class DurableWriter:
         """
         self.wait()
         pairs = [*((o, Path(p)) for o, p in first), (obj, Path(path))]
-        temps: list[tuple[str, Path]] = []
+        temps: list[tuple[Path, Path]] = []
         try:
             for item, target in pairs:
                 temps.append((_write_temp(item, target, checksum=True), target))
         except BaseException:
             for tmp, _ in temps:
-                Path(tmp).unlink(missing_ok=True)
+                tmp.unlink(missing_ok=True)
             raise
         self._thread = threading.Thread(target=self._finish, args=(temps, remove), name="fl-checkpoint")
         self._thread.start()  # not a daemon: an interpreter that exits still finishes the rename
 
-    def _finish(self, temps: list[tuple[str, Path]], remove: Callable[[], list[Path]] | None) -> None:
+    def _finish(self, temps: list[tuple[Path, Path]], remove: Callable[[], list[Path]] | None) -> None:
         for i, (tmp, path) in enumerate(temps):
             try:
-                _place(tmp, path, durable=True, needed=lambda tmp=tmp: _file_size(tmp))
+                place(tmp, path, durable=True, needed_is=_SERIALIZED)  # needed: the temp file's size
             except BaseException as err:  # noqa: BLE001 — re-raised by wait()
                 for later, _ in temps[i + 1:]:
-                    Path(later).unlink(missing_ok=True)
+                    later.unlink(missing_ok=True)
                 self._error = err
                 return
         if remove is not None:

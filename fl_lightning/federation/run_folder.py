@@ -13,14 +13,13 @@ A run folder is a record that is never silently changed:
   is given (which empties the folder first).
 * ``.lock``: one run at a time in a folder (federation/run_lock.py); every rank must see the one folder
   (federation/shared_folder.py).
-* A write that fails for lack of space stops with one line (:class:`~fl_lightning.errors.DiskFullError`,
-  :func:`disk_full_error`); the file it would have replaced is intact.
+* Every file is written whole or not at all (:mod:`fl_lightning.durable_write`); a write that fails for lack of
+  space stops with one line (:class:`~fl_lightning.errors.DiskFullError`); the file it would have replaced is intact.
 """
 
 from __future__ import annotations
 
 import csv
-import errno
 import hashlib
 import io
 import json
@@ -30,17 +29,17 @@ import shutil
 import socket
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fl_lightning.errors import DiskFullError, RunFolderError
+from fl_lightning.durable_write import write_text_atomic
+from fl_lightning.errors import RunFolderError
 
 __all__ = [
-    "write_metrics_csv", "read_metrics_csv", "write_summary", "write_text_atomic",
+    "write_metrics_csv", "read_metrics_csv", "write_summary",
     "RECORD", "LOCK", "RESUMABLE_KEYS", "flatten", "fingerprint", "config_diff", "format_diff",
     "read_record", "write_record", "is_run_folder", "completed_rounds", "clear_run_folder",
-    "disk_full_error",
 ]
 
 RECORD = "run.json"
@@ -63,86 +62,6 @@ RESUMABLE_KEYS = ("federation.rounds", "federation.devices", "federation.num_nod
 # What a run writes; a folder holding any of these is a run folder (and --overwrite may empty it)
 _RUN_FILES = (RECORD, "config.yaml", "summary.json", "metrics.csv", "checkpoints")
 _ABSENT = "<absent>"
-_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
-
-
-# ----------------------------------------------------------------------------- writes, and a full disk
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} bytes"
-
-
-def _no_space_errno(err: BaseException) -> int | None:
-    """ENOSPC or EDQUOT of an OSError anywhere in ``err``'s chain (torch buries it under its own RuntimeError)."""
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, OSError) and err.errno in _NO_SPACE:
-            return err.errno
-        err = err.__cause__ or err.__context__
-    return None
-
-
-def disk_full_error(err: BaseException, path: Path, needed: int | Callable[[], int | None] | None, *,
-                    needed_is: str = "its size") -> DiskFullError | None:
-    """The one-line error for a write of ``path`` that failed for lack of space, or None when ``err`` is another
-    failure. Call it after the partial temp file is removed: the free space it reports is what the user has.
-
-    Lack of space is an OSError ENOSPC/EDQUOT anywhere in the chain, or torch's ``inline_container``
-    RuntimeError (its writer's failed write) while less than the bytes needed are free.
-
-    Args:
-        err: what the write raised.
-        path: the file that was being written.
-        needed: bytes the write needed, or a function giving them (asked only when ``err`` may be a lack of
-            space); None (or None given) when unknown: then the size of ``path``'s previous version stands in,
-            said to be an estimate.
-        needed_is: where ``needed`` comes from, in words (``"its size"``, ``"its serialized size"``).
-    """
-    path = Path(path)
-    code = _no_space_errno(err)
-    if code is None and not (isinstance(err, RuntimeError) and "inline_container" in str(err)):
-        return None
-    size = needed() if callable(needed) else needed
-    if size is None and path.is_file():
-        size, needed_is = path.stat().st_size, "the size of its previous version, an estimate"
-    try:
-        free: int | None = shutil.disk_usage(path.parent).free
-    except OSError:
-        free = None
-    if code is None and (free is None or size is None or free >= size):
-        return None  # torch's writer failed, but not for want of space
-    need = f"it needs {_size(size)} ({needed_is})" if size is not None else "its size is unknown"
-    room = "?" if free is None else _size(free)
-    where = (f"the disk quota there is used up ({room} free on the filesystem)" if code == errno.EDQUOT
-             else f"{room} free there")
-    return DiskFullError(f"disk full: '{path}' could not be written: {need}, {where}; any earlier version of it is "
-                         f"intact: free space there, or move output_dir to a disk with room; then continue the run "
-                         f"with --resume", str(path), size, free)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """``path`` holds ``text`` or what it held before, never a part (temp file + rename).
-
-    Raises:
-        DiskFullError: one line when there is no space for it (the temp file removed).
-    """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with tmp.open("w", newline="") as f:  # newline="": the text as given (a CSV's \r\n stays)
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        full = disk_full_error(err, path, len(text.encode()))
-        if full is not None:
-            raise full from err
-        raise
 
 
 def _jsonable(value: Any) -> Any:

@@ -53,6 +53,7 @@ from fl_lightning.data.preprocessed import PreprocessedSplit, is_deterministic
 from fl_lightning.data.registry import DatasetSplits, build_dataset
 from fl_lightning.data.report import write_partition_figure, write_partition_report
 from fl_lightning.data.transforms import build_transform
+from fl_lightning.durable_write import write_text_atomic
 from fl_lightning.errors import ClientFailure, ClientUsageError, ConfigError, RunFailure, TooFewClients, UsageError
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundPlan
 from fl_lightning.federation.client_behaviour import (DROPPED, NO_ERROR, STRAGGLED, ClientBehaviour,
@@ -73,7 +74,7 @@ from fl_lightning.federation.averaging import check_averaging_settings
 from fl_lightning.federation.server_optimizer import ServerOptimizer
 from fl_lightning.federation.robust_aggregation import RobustAggregator
 from fl_lightning.federation.round_store import HOLD_BYTES, ClientRecord, RoundResult, RoundStore
-from fl_lightning.federation.run_folder import write_metrics_csv, write_summary, write_text_atomic
+from fl_lightning.federation.run_folder import write_metrics_csv, write_summary
 from fl_lightning.federation.run_state import RunState, unchanged
 from fl_lightning.federation.server_checkpoint import ServerCheckpoint
 from fl_lightning.federation.shared_folder import check_shared_run_folder

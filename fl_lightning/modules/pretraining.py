@@ -55,6 +55,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from fl_lightning.data.preprocessed import collate
+from fl_lightning.durable_write import atomic_path, place
 from fl_lightning.errors import MissingResourceError
 from fl_lightning.federation.collectives import Ranks
 from fl_lightning.modules.pretraining_ranks import (GuardedIO, JoinedDDP, RankBatches, RankGuard, RankItems, RankSeeds,
@@ -310,9 +311,7 @@ class _EpochState(Checkpoint):
         self.guard.agree(own, "pre-training's epoch state")
 
     def _publish(self, tmp: Path) -> None:
-        with open(tmp, "rb") as f:  # on disk before the rename: a crash leaves the previous epoch's whole file
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        place(tmp, self.path, durable=True)  # on disk before the rename: a crash leaves the previous epoch's whole file
 
     def state_dict(self) -> dict[str, Any]:
         return {"rng": _rng_states(), "data_order": self.generator.get_state()}
@@ -354,12 +353,10 @@ class _ContinuedMetrics(ExperimentWriter):
         if not rows:
             path.unlink()
             return
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "w", newline="") as f:
+        with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=header)
             writer.writeheader()
             writer.writerows(rows)
-        os.replace(tmp, path)
         self.metrics_keys = header  # what save() appends lines up with the file's columns
 
 

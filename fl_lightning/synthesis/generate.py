@@ -48,6 +48,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from fl_lightning.durable_write import atomic_path
 from fl_lightning.federation.placement import derive_seed
 from fl_lightning.models.diffusion import DiffusionComponents
 from fl_lightning.synthesis.latents import ClassLatentUpload
@@ -572,9 +573,8 @@ def _to_uint8(image: torch.Tensor) -> np.ndarray:
 def _save_png(image: torch.Tensor | np.ndarray, path: Path) -> None:
     array = _to_uint8(image) if isinstance(image, torch.Tensor) else image
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    Image.fromarray(array).save(tmp, format="PNG")
-    os.replace(tmp, path)  # atomic: an interrupted run never leaves a truncated image to be skipped
+    with atomic_path(path) as tmp:  # an interrupted run never leaves a truncated image to be skipped
+        Image.fromarray(array).save(tmp, format="PNG")
 
 
 def _manifest_row(req: GenerationRequest, start_timestep: int) -> dict[str, object]:
@@ -758,9 +758,7 @@ def generate_images(
     manifest = out_dir / MANIFEST_NAME
     if rank != 0:
         return manifest
-    tmp = manifest.with_name(manifest.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
+    with atomic_path(manifest) as tmp, tmp.open("w", encoding="utf-8") as f:
         for req, t in zip(requests, start_t):
             f.write(json.dumps(_manifest_row(req, t), ensure_ascii=False) + "\n")
-    os.replace(tmp, manifest)
     return manifest

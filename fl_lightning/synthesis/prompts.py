@@ -18,7 +18,6 @@ string (stored in the cache to notice when the expander changed).
 from __future__ import annotations
 
 import json
-import os
 import re
 import zlib
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from fl_lightning.durable_write import write_text_atomic
 from fl_lightning.errors import MissingResourceError
 
 __all__ = [
@@ -309,10 +309,6 @@ def expand_with_cache(
     if missing:
         cached.update(expander.expand(missing, per_label))
         cache_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_path.with_name(cache_path.name + ".tmp")
-        tmp.write_text(
-            json.dumps({"expander": expander.description, "prompts": cached}, indent=1, ensure_ascii=False),
-            encoding="utf-8",
-        )
-        os.replace(tmp, cache_path)  # atomic: a crash never leaves half a cache
+        write_text_atomic(  # a crash never leaves half a cache
+            cache_path, json.dumps({"expander": expander.description, "prompts": cached}, indent=1, ensure_ascii=False))
     return {label: cached[label][:per_label] for label in labels}

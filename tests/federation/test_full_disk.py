@@ -1,4 +1,4 @@
-"""A full disk is one line (fl_lightning/federation/checkpoint.py and run_folder.py's writes): a save that fails
+"""A full disk is one line (fl_lightning/durable_write.py, under checkpoint.py's and run_folder.py's writes): a save that fails
 for lack of space raises DiskFullError naming the file, the bytes it needed and the space free; the file it
 would have replaced is intact and no temp file is left.
 
@@ -8,6 +8,7 @@ real where this process may mount a 600 KiB tmpfs (root): one test in process, o
 
 from __future__ import annotations
 
+import builtins
 import errno
 import io
 import os
@@ -18,9 +19,11 @@ import pytest
 import torch
 
 from fl_lightning.errors import DiskFullError, UsageError
-from fl_lightning.federation import checkpoint, run_folder
+from fl_lightning import durable_write
+from fl_lightning.durable_write import write_text_atomic
+from fl_lightning.federation import checkpoint
 from fl_lightning.federation.checkpoint import DurableWriter, atomic_save, safe_load
-from fl_lightning.federation.run_folder import write_metrics_csv, write_text_atomic
+from fl_lightning.federation.run_folder import write_metrics_csv
 from tests.conftest import CONF, run_cli
 
 _TORCH_FULL = "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"  # what torch says
@@ -88,8 +91,7 @@ class _FullAfter:
                          ids=["ENOSPC", "EDQUOT"])
 def test_no_space_while_writing_is_one_line(old, monkeypatch, how, code, says):
     path, before = old
-    real = os.fdopen
-    monkeypatch.setattr(checkpoint.os, "fdopen", lambda fd, *a, **k: _FullAfter(real(fd, *a, **k), 1000, code))
+    monkeypatch.setattr(checkpoint, "open", lambda *a, **k: _FullAfter(builtins.open(*a, **k), 1000, code), raising=False)
     state = _state(300_000)
     with pytest.raises(DiskFullError) as caught:
         _save(how, state, path)
@@ -116,7 +118,7 @@ def test_torchs_own_error_is_a_full_disk_only_when_the_space_is_short(old, monke
         return real(obj, f, *args, **kwargs)
 
     monkeypatch.setattr(checkpoint.torch, "save", save)
-    monkeypatch.setattr(run_folder.shutil, "disk_usage", lambda p: _Usage(10 ** 12, 10 ** 12 - free, free))
+    monkeypatch.setattr(durable_write.shutil, "disk_usage", lambda p: _Usage(10 ** 12, 10 ** 12 - free, free))
     if full:
         with pytest.raises(DiskFullError, match=r"it needs 1\.1 MiB \(its serialized size\), 1000 bytes free there"):
             _save("DurableWriter", _state(300_000), path)
@@ -134,7 +136,7 @@ def test_without_its_size_the_previous_checkpoint_is_the_estimate(old, monkeypat
         raise RuntimeError(_TORCH_FULL)
 
     monkeypatch.setattr(checkpoint.torch, "save", save)
-    monkeypatch.setattr(run_folder.shutil, "disk_usage", lambda p: _Usage(10 ** 9, 10 ** 9 - 100, 100))
+    monkeypatch.setattr(durable_write.shutil, "disk_usage", lambda p: _Usage(10 ** 9, 10 ** 9 - 100, 100))
     with pytest.raises(DiskFullError, match=r"it needs 1\.5 KiB \(the size of its previous version, an estimate\), "
                                             r"100 bytes free there") as caught:
         atomic_save(_state(300_000), path)
@@ -149,7 +151,7 @@ def test_no_space_at_the_background_fsync_is_one_line(old, monkeypatch):
     def fsync(fd):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(checkpoint.os, "fsync", fsync)
+    monkeypatch.setattr(durable_write.os, "fsync", fsync)
     writer, state = DurableWriter(), _state(300_000)
     writer.save(state, path)
     with pytest.raises(DiskFullError, match=r"it needs 1\.1 MiB \(its serialized size\)") as caught:

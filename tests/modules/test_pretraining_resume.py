@@ -111,7 +111,7 @@ class StopAtValidation(lightning.Callback):
 def _metrics(out: Path) -> list[dict[str, str]]:
     """The pre-training's CSV log, which must be the only one (a resumed fit continues it, no ``version_1``)."""
     (log,) = (out / "pretrain").iterdir()
-    assert log.name == "version_0" and not (log / "metrics.csv.tmp").exists()
+    assert log.name == "version_0" and not list(log.glob("*.tmp"))
     with open(log / "metrics.csv", newline="") as f:
         return list(csv.DictReader(f))
 

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from fl_lightning.algorithms.synthetic_family.shared_round0 import file_sha256
+from fl_lightning.durable_write import atomic_path, write_text_atomic
 from fl_lightning.federation.checkpoint import atomic_save, safe_load
 from fl_lightning.federation.transport import Upload
 
@@ -68,7 +67,7 @@ def write_round0_inputs(folder: Path, key: str, uploads: Mapping[int, Upload]) -
         path = folder / f"client{int(client)}.pt"
         atomic_save(upload.state_dict(), path, durable=False)
         files[path.name] = file_sha256(path)
-    (folder / _KEY_FILE).write_text(json.dumps({"key": key, "files": files}))
+    write_text_atomic(folder / _KEY_FILE, json.dumps({"key": key, "files": files}))
 
 
 def hand_prompts(folder: Path, prompts_cache: Path) -> bool:
@@ -77,10 +76,8 @@ def hand_prompts(folder: Path, prompts_cache: Path) -> bool:
     if not (folder / _KEY_FILE).is_file():
         return False
     if prompts_cache.is_file():  # whole or not at all: the ranks of a run hand it at once, their pilots read it
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{_PROMPTS}.", suffix=".tmp")
-        os.close(fd)
-        shutil.copyfile(prompts_cache, tmp)
-        os.replace(tmp, folder / _PROMPTS)
+        with atomic_path(folder / _PROMPTS) as tmp:
+            shutil.copyfile(prompts_cache, tmp)
     return True
 
 
