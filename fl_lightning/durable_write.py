@@ -17,8 +17,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -66,9 +66,9 @@ def write_bytes_atomic(path: str | Path, data: bytes, *, durable: bool = False) 
 def written_temp(path: Path, *, needed: Needed = None, needed_is: str = "its size") -> Iterator[Path]:
     """A new empty temp file beside ``path`` (``.<name>.<random>.tmp``) for the block to write; it stays for
     :func:`place` when the block ends, and is removed when the block fails (lack of space: :class:`DiskFullError`)."""
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(name)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    # created as open() creates a file (mode 0o666 less the umask: others may read it, unlike mkstemp's 0o600)
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
         yield tmp
     except BaseException as err:

@@ -127,3 +127,16 @@ def test_the_two_steps_apart_keep_the_temp_until_placed(old: Path) -> None:
     assert tmp.read_bytes() == b"new" and old.read_bytes() == OLD
     place(tmp, old)
     assert old.read_bytes() == b"new" and not tmp.exists()
+
+
+def test_the_file_gets_the_mode_open_gives_not_a_private_temps(tmp_path):
+    import os
+
+    from fl_lightning.durable_write import write_text_atomic as write
+
+    old = os.umask(0o022)
+    try:
+        write(tmp_path / "shared.txt", "readable by the group's other users")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "shared.txt").stat().st_mode & 0o777 == 0o644
