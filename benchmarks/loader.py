@@ -12,6 +12,8 @@ and per path:
 * ``uint8``: the uint8 store of ``data.cache_uint8_mb`` once filled (a later pass): a gather of uint8 images and
   the float part (``ToDtype``, clamp, ``Normalize``) on each batch in ``collate``. Its first pass costs what the
   float32 path does;
+* ``uint8_cold``: a cold uint8 store's first pass, primed in the rank and filled by the workers in shared memory
+  (``data/preprocessed.py``): its images/s (the decode-bound pass) and how many items the rank holds after it;
 * ``uint8_device``: the same store with ``data.normalize_on_device`` (the default on CUDA): the loader hands on
   the gathered uint8 batch and the float part runs on the GPU after the copy (elementwise, ~0.6 MB a 224-px image
   written: microseconds on a GPU, not timed here), so a loading process only gathers rows.
@@ -118,6 +120,18 @@ def _images_per_s(dataset: Dataset, workers: int, *, batch_size: int, passes: in
         n = sum(len(b[1]) for b in loader)
         best = min(best, time.perf_counter() - start)
     return n / best
+
+
+def _cold_fill(split: Dataset, workers: int) -> tuple[float, int]:
+    """A cold uint8 store's first pass as a run makes it (primed in the rank, ``workers`` processes filling it):
+    its images/s and how many items the rank's store holds after it (all of them when the workers share it)."""
+    from fl_lightning.data.preprocessed import PreprocessedSplit, collate
+
+    store = PreprocessedSplit(split, budget_bytes=0, uint8_budget_bytes=1 << 40)
+    store.prime()
+    start = time.perf_counter()
+    n = sum(len(b[1]) for b in DataLoader(store, batch_size=64, num_workers=workers, collate_fn=collate))
+    return n / (time.perf_counter() - start), store.stored
 
 
 def device_images_per_s(device: torch.device | str, *, workers: int, images: int = 512, kind: str = "food101",
@@ -264,6 +278,14 @@ def run(*, quick: bool, device: torch.device | None = None, workers: Sequence[in
                 measured[f"{kind}_{path}_w{w}"] = {"images_per_s": rate}
                 note = f"{kind}-sized images, {', '.join(configs.get(kind, [])) or 'no paper config'}"
                 results[f"{kind}_{path}_workers{w}_images_per_s"] = figure(rate, "img/s", note=note)
+        for w in counts:
+            rate, stored = _cold_fill(_Generated(kind, n, transform), w)
+            measured[f"{kind}_uint8_cold_w{w}"] = {"images_per_s": rate, "stored_after_first_pass": stored}
+            results[f"{kind}_uint8_cold_workers{w}_images_per_s"] = figure(
+                rate, "img/s", note=f"{kind}-sized: a cold uint8 store's first pass, {w} workers filling it")
+            results[f"{kind}_uint8_cold_workers{w}_stored"] = figure(
+                stored, "items", op=">=", bound=n, note="held by the rank after the first pass: the workers filled "
+                                                      "its one store (shared memory), not copies of their own")
         for path in ("float32", "uint8", "uint8_device"):
             per_process = measured[f"{kind}_{path}_w0"]["images_per_s"]  # one loading process, no IPC
             for name, rate in need.items():

@@ -22,11 +22,19 @@ tensor. The values are the transform's own, so results are bit-identical to the 
   one indexing call, without a transform call each; with :func:`collate` (the engine's loaders use it)
   that gathered tensor is the batch itself, not unbound and re-stacked. A read returns a copy, so a
   caller that edits its tensor in place never changes the store.
-* Per process and per split, keyed by what it wraps: the cache lives as long as the split object (a
+* Per rank and per split, keyed by what it wraps: the cache lives as long as the split object (a
   run's ``Environment``), so a different transform or data set is a different split object and never
-  sees these tensors. With ``data.num_workers > 0`` each worker fills its own copy (still correct); a split the
-  whole of which is filled at once (``bulk_items``) is filled in the rank before its workers start
-  (``Environment.loader``), and the workers share those pages.
+  sees these tensors.
+* **One store per rank, filled once, whoever reads.** With ``data.num_workers > 0`` the rank allocates the store
+  before its loader workers start (:meth:`PreprocessedSplit.prime`, called by ``Environment.loader``) in shared
+  memory — the inputs, the targets and the filled flags, reserved whole at once (so a full ``/dev/shm`` is seen
+  there, never as a SIGBUS later) — so an item any worker decodes is decoded once: every other worker, every later
+  loader (each evaluation's) and the rank itself read it from there. Host memory is one split per rank, not one
+  per worker. Shared memory is used only when ``/dev/shm`` has room for the whole store (otherwise each worker
+  fills its own copy, as before: correct, slower) and only for integer targets. A split filled whole at once
+  (``bulk_items``) is filled in the rank and shared with the forked workers as it is. Two workers that fill one
+  item write the same values; a loader's epoch deals each item to one worker, so a flag is never read while its
+  item is being written.
 
 **The uint8 store** (``uint8_budget_bytes``, ``data.cache_uint8_mb``). The registry's pipelines end with
 "uint8 image → ``ToDtype(float32, scale=True)`` → clamp → ``Normalize`` → ``ToPureTensor``"
@@ -44,15 +52,16 @@ piece (it caches a model's outputs, not the data pipeline's).
 from __future__ import annotations
 
 import copy
+import shutil
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset, default_collate, get_worker_info
 from torchvision.transforms import v2
 
 __all__ = ["PreprocessedSplit", "StoredBatch", "collate", "collate_uint8", "float_part_of", "is_deterministic",
-           "uint8_stage", "DETERMINISTIC_STEPS"]
+           "store_of", "uint8_stage", "DETERMINISTIC_STEPS"]
 
 # transforms.v2 steps whose output depends only on their input (no random draw)
 DETERMINISTIC_STEPS: tuple[type, ...] = (v2.ToImage, v2.RGB, v2.Resize, v2.CenterCrop, v2.ToDtype, v2.Normalize,
@@ -115,6 +124,7 @@ class PreprocessedSplit(Dataset):
         self._n = len(split)  # type: ignore[arg-type]
         self._inputs: torch.Tensor | None = None  # (N, *item shape), filled as items are first read
         self._targets: list[Any] = [None] * self._n
+        self._target_ints: torch.Tensor | None = None  # (N,) int64 in shared memory: the targets of a shared store
         self._filled = torch.zeros(self._n, dtype=torch.bool)
         self._disabled = False  # items do not fit the budget, or are not same-shape tensors
         self._bulk_tried = False  # the whole-split fill is tried once, on the first read
@@ -142,12 +152,54 @@ class PreprocessedSplit(Dataset):
         """The dtype of the store (``torch.uint8`` for the uint8 store), None before it exists."""
         return None if self._inputs is None else self._inputs.dtype
 
+    @property
+    def shared(self) -> bool:
+        """Whether the store is in shared memory: what any loader worker of this rank fills, all of them read."""
+        return self._target_ints is not None
+
+    def prime(self) -> None:
+        """Make the store's decisions (float32 or uint8, whole or item by item) and allocate it in this process — in
+        shared memory when there is room — by reading the first item: before a loader's workers start, so that they
+        fill one store (module docstring). Does nothing once decided, or in a loader worker."""
+        if self._n and self._inputs is None and not self._disabled and get_worker_info() is None:
+            self[0]
+
     def _allocate(self, first: torch.Tensor, budget: int) -> bool:
-        if not isinstance(first, torch.Tensor) or first.element_size() * first.numel() * self._n > budget:
+        nbytes = first.element_size() * first.numel() * self._n if isinstance(first, torch.Tensor) else 0
+        if not isinstance(first, torch.Tensor) or nbytes > budget:
             self._disabled = True
             return False
-        self._inputs = torch.empty((self._n, *first.shape), dtype=first.dtype)
+        shape = (self._n, *first.shape)
+        if get_worker_info() is None and nbytes + 8 * self._n <= 0.9 * _shared_memory_free():
+            try:  # torch reserves the whole block (no SIGBUS later); another rank may have taken the room meanwhile
+                self._inputs = _shared_empty(shape, first.dtype)
+                self._target_ints = _shared_empty((self._n,), torch.int64)
+                self._filled.share_memory_()
+                return True
+            except RuntimeError:  # "unable to allocate shared memory": each worker fills its own, as before
+                self._inputs = self._target_ints = None
+        self._inputs = torch.empty(shape, dtype=first.dtype)
         return True
+
+    def _put(self, index: int, stored: torch.Tensor, target: Any) -> bool:
+        """Store item ``index``; False (nothing stored) for a target a shared store cannot hold (not an int)."""
+        if self._target_ints is not None:
+            if type(target) is not int:
+                return False
+            self._target_ints[index] = target
+        else:
+            self._targets[index] = target
+        self._inputs[index] = stored  # type: ignore[index]
+        self._filled[index] = True  # last: a reader that sees the flag finds the item
+        return True
+
+    def _target(self, index: int) -> Any:
+        return self._targets[index] if self._target_ints is None else int(self._target_ints[index])
+
+    def _disable(self) -> None:
+        """Read every item as the split gives it from now on (items of mixed shapes or target types)."""
+        self._disabled, self._inputs, self._finish, self._target_ints = True, None, None, None
+        self._filled = torch.zeros(self._n, dtype=torch.bool)  # this process's own flags: a shared store stays
 
     def _try_uint8(self, index: int, x: Any) -> torch.Tensor | None:
         """Switch to the uint8 store when item ``index`` (``x``, read the usual way) comes out the same through it
@@ -171,8 +223,8 @@ class PreprocessedSplit(Dataset):
 
     def _read(self, index: int) -> tuple[Any, Any]:
         if self._finish is None:  # a copy: a caller that edits its batch in place cannot reach the store
-            return self._inputs[index].clone(), self._targets[index]  # type: ignore[index]
-        return self._finish(self._inputs[index]), self._targets[index]  # type: ignore[index]
+            return self._inputs[index].clone(), self._target(index)  # type: ignore[index]
+        return self._finish(self._inputs[index]), self._target(index)  # type: ignore[index]
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         index = int(index)
@@ -185,11 +237,10 @@ class PreprocessedSplit(Dataset):
         if self._finish is not None:  # the uint8 store: keep the image part, hand on the float part's result
             x8, y = self._source[index]
             x8 = x8.as_subclass(torch.Tensor) if isinstance(x8, torch.Tensor) else x8
-            if not isinstance(x8, torch.Tensor) or x8.shape != self._inputs.shape[1:] or x8.dtype != torch.uint8:
-                self._disabled, self._inputs, self._finish = True, None, None  # mixed shapes: read as before
-                self._filled.zero_()
+            if (not isinstance(x8, torch.Tensor) or x8.shape != self._inputs.shape[1:] or x8.dtype != torch.uint8
+                    or not self._put(index, x8, y)):
+                self._disable()  # mixed shapes: read as before
                 return self.split[index]
-            self._inputs[index], self._targets[index], self._filled[index] = x8, y, True
             return self._finish(x8), y
         x, y = self.split[index]
         if self._inputs is None:
@@ -204,13 +255,8 @@ class PreprocessedSplit(Dataset):
             if self._fill_in_bulk(index, stored):
                 return x, y
         if not isinstance(stored, torch.Tensor) or stored.shape != self._inputs.shape[1:] \
-                or stored.dtype != self._inputs.dtype:
-            self._disabled, self._inputs, self._finish = True, None, None  # a split of mixed shapes: read as before
-            self._filled.zero_()
-            return x, y
-        self._inputs[index] = stored
-        self._targets[index] = y
-        self._filled[index] = True
+                or stored.dtype != self._inputs.dtype or not self._put(index, stored, y):
+            self._disable()  # a split of mixed shapes: read as before
         return x, y
 
     def _fill_in_bulk(self, index: int, x: torch.Tensor) -> bool:
@@ -226,8 +272,8 @@ class PreprocessedSplit(Dataset):
         checks = {index: x, **{i: self._source[i][0] for i in {0, self._n - 1} - {index}}}
         if not all(torch.equal(inputs[i], v) for i, v in checks.items()):
             return False  # e.g. a kernel that rounds a batch differently from one image: keep the per-item values
-        self._inputs = inputs.as_subclass(torch.Tensor).contiguous()
-        self._targets = list(targets)
+        self._inputs = inputs.as_subclass(torch.Tensor).contiguous()  # in the rank: forked workers share its pages
+        self._targets, self._target_ints = list(targets), None
         self._filled.fill_(True)
         return True
 
@@ -236,7 +282,23 @@ class PreprocessedSplit(Dataset):
         if self._inputs is None or not bool(self._filled[idx].all()):
             return [self[i] for i in indices]
         # one gather: a fresh tensor, so nothing read from it aliases the store
-        return StoredBatch(self._inputs[idx], [self._targets[int(i)] for i in idx], self._finish)
+        targets = [self._targets[int(i)] for i in idx] if self._target_ints is None else self._target_ints[idx].tolist()
+        return StoredBatch(self._inputs[idx], targets, self._finish)
+
+
+def _shared_memory_free() -> int:
+    """Bytes free in ``/dev/shm``, where torch keeps shared memory (0 where there is none: macOS, a full one)."""
+    try:
+        return shutil.disk_usage("/dev/shm").free
+    except OSError:
+        return 0
+
+
+def _shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor in shared memory, reserved whole by torch (``RuntimeError`` when there is no room);
+    no copy, as ``share_memory_()`` makes of a tensor first allocated privately."""
+    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    return torch.empty(0, dtype=dtype).set_(torch.UntypedStorage._new_shared(nbytes), 0, shape)
 
 
 class StoredBatch(Sequence):
@@ -276,10 +338,17 @@ def collate_uint8(batch: Sequence[Any]) -> Any:
     return collate(batch, float_part=False)
 
 
-def float_part_of(dataset: Dataset) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """The float part of the :class:`PreprocessedSplit` under ``dataset`` (through ``Subset`` s), or None."""
+def store_of(dataset: Dataset) -> PreprocessedSplit | None:
+    """The :class:`PreprocessedSplit` under ``dataset`` (through ``Subset`` s and other wrappers' ``.dataset``), or
+    None."""
     while not isinstance(dataset, PreprocessedSplit):
         dataset = getattr(dataset, "dataset", None)
         if dataset is None:
             return None
-    return dataset.float_part
+    return dataset
+
+
+def float_part_of(dataset: Dataset) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The float part of the :class:`PreprocessedSplit` under ``dataset`` (through ``Subset`` s), or None."""
+    store = store_of(dataset)
+    return None if store is None else store.float_part

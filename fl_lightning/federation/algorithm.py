@@ -178,10 +178,13 @@ class Environment:
         ``data.normalize_on_device`` (on CUDA), a uint8 store's batches arrive with their images already on the
         rank's device, finished there (:class:`~fl_lightning.data.loader.DeviceFloatPart`)."""
         from fl_lightning.data.loader import ClientPasses, DeviceFloatPart
-        from fl_lightning.data.preprocessed import collate, collate_uint8, float_part_of
+        from fl_lightning.data.preprocessed import collate, collate_uint8, float_part_of, store_of
 
         loading = self.loader_settings()
         batch_size = batch_size or self.cfg.data.batch_size
+        store = store_of(dataset)
+        if loading.num_workers > 0 and store is not None:
+            store.prime()  # the rank's one store, allocated before the workers start: whatever they decode, all read
         float_part = float_part_of(dataset) if loading.normalize_on_device else None
         collate_fn = collate if float_part is None else collate_uint8
         if dp_sgd is not None:
@@ -190,8 +193,6 @@ class Environment:
         if (loading.num_workers > 0 and self.one_train_loader and isinstance(rows, Subset)
                 and rows.dataset is self.splits.train):
             if self._passes is None:
-                if len(self.splits.train):  # a split filled whole at once is filled here, shared by the workers
-                    self.splits.train[0]
                 self._passes = ClientPasses(self.splits.train, num_workers=loading.num_workers,
                                             pin_memory=loading.pin_memory,
                                             persistent_workers=loading.persistent_workers, collate_fn=collate_fn)

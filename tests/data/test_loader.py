@@ -190,3 +190,17 @@ def test_jobs_get_disjoint_cores_of_their_own():
                          capture_output=True, text=True, preexec_fn=_pinned_to(cores), check=True).stdout
     assert out.strip() == str(cores)
     assert _pinned_to(None) is None
+
+
+def test_each_evaluation_reads_the_store_the_first_one_filled():
+    """The rank primes a split's store before its loader's workers start: a later evaluation's new workers decode
+    nothing again."""
+    from tests.data.test_preprocessed import _Decodes
+
+    test = _Decodes(30)
+    cfg = SimpleNamespace(data=SimpleNamespace(batch_size=4), federation=SimpleNamespace(devices=1))
+    splits = SimpleNamespace(train=test, test=PreprocessedSplit(test, budget_bytes=1 << 20))
+    env = Environment(SimpleNamespace(), cfg, splits, [], Path("."), loading=LoaderSettings(2, False, False))
+    first, again = (list(env.loader(env.splits.test, shuffle=False)) for _ in range(2))
+    assert test.decodes.tolist() == [1] * 30 and splits.test.shared
+    assert _same(first, again) and torch.equal(torch.cat([b[0] for b in first]), test.x)

@@ -154,3 +154,74 @@ def test_collate_hands_on_the_gathered_batch_equal_to_the_default_one():
     assert isinstance(batch, StoredBatch) and len(batch) == 3 and torch.equal(batch[1][0], splits.train[1][0])
     pairs = [(torch.zeros(2), 1), (torch.ones(2), 0)]
     assert all(torch.equal(a, b) for a, b in zip(collate(pairs), default_collate(pairs)))
+
+
+# ------------------------------------------------------------------------------------------- one store per rank
+class _Decodes(torch.utils.data.Dataset):
+    """Distinct images whose every decode is counted in shared memory, whichever process makes it."""
+
+    def __init__(self, n: int) -> None:
+        self.x = torch.randn(n, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+        self.decodes = torch.zeros(n, dtype=torch.int64).share_memory_()
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        self.decodes[i] += 1
+        return self.x[i].clone(), int(i) % 3
+
+
+def _epochs(dataset, epochs: int, context: str | None = None) -> list:
+    from fl_lightning.data.preprocessed import collate
+
+    return [b for e in range(epochs) for b in DataLoader(  # a fresh loader and workers each time, as evaluation's
+        dataset, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(e), num_workers=2,
+        collate_fn=collate, multiprocessing_context=context)]
+
+
+@pytest.mark.parametrize("context", [None, pytest.param("spawn", marks=pytest.mark.slow)])
+def test_every_worker_fills_one_store_and_each_item_is_decoded_once(context):
+    """A primed store lives in shared memory: two workers per loader, three loaders — each item decoded once, the
+    rank holding every item after, the batches those of the split itself (fork, and spawn's pickled store)."""
+    base = _Decodes(40)
+    store = PreprocessedSplit(base, budget_bytes=1 << 20)
+    store.prime()
+    assert store.shared and store.stored == 1
+    batches = _epochs(store, 3, context)
+    assert base.decodes.tolist() == [1] * 40 and store.stored == 40
+    expected = _epochs(_Decodes(40), 3)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(batches, expected, strict=True))
+    assert torch.equal(store[7][0], base.x[7]) and store[7][1] == 1 and type(store[7][1]) is int
+
+
+def _no_room(*_):
+    raise RuntimeError("unable to allocate shared memory(shm) for file </torch_1>: No space left on device (28)")
+
+
+@pytest.mark.parametrize("where", ["seen before", "taken by another rank meanwhile"])
+def test_without_room_in_shared_memory_each_worker_fills_its_own_store(monkeypatch, where):
+    import fl_lightning.data.preprocessed as preprocessed
+
+    if where == "seen before":
+        monkeypatch.setattr(preprocessed, "_shared_memory_free", lambda: 0)
+    else:
+        monkeypatch.setattr(preprocessed, "_shared_empty", _no_room)
+    base = _Decodes(40)
+    store = PreprocessedSplit(base, budget_bytes=1 << 20)
+    store.prime()
+    assert not store.shared
+    expected = _epochs(_Decodes(40), 2)
+    batches = _epochs(store, 2)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(batches, expected, strict=True))
+    assert int(base.decodes.sum()) > 40 and store.stored == 1  # the workers' copies died with them
+
+
+def test_a_target_that_is_not_an_int_reads_the_split_as_it_is():
+    class _Named(_Decodes):
+        def __getitem__(self, i: int):
+            return super().__getitem__(i)[0], f"class {int(i) % 3}" if i else 0
+
+    store = PreprocessedSplit(_Named(6), budget_bytes=1 << 20)
+    store.prime()
+    assert store.shared and store[3][1] == "class 0" and store[1][1] == "class 1" and store[0][1] == 0
