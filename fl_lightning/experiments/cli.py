@@ -17,21 +17,12 @@ import signal
 import threading
 from collections.abc import Sequence
 
-from fl_lightning.experiments.command import run_command
+from fl_lightning.experiments.command import CommandParser, run_command
 from fl_lightning.experiments.train_args import Args
 
 __all__ = ["build_parser", "parse_args", "main"]
 
 _PROG = "python -m fl_lightning.train"
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse whose refusals are one usage error (exit status 2 through :func:`run_command`)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        from fl_lightning.errors import UsageError
-
-        raise UsageError(f"usage error: {message}")
 
 
 class _Once(argparse.Action):
@@ -69,15 +60,17 @@ def _jobs(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The flags of ``python -m fl_lightning.train``; every other ``--section.key VALUE`` is a config override."""
-    parser = _Parser(
-        prog=_PROG, allow_abbrev=False,
+    parser = CommandParser(
+        _PROG,
         usage=f"{_PROG} --config FILE [--section.key VALUE ...] [flags]\n"
               f"       {_PROG} --resume RUN_DIR [--federation.rounds N ...] [--debug]",
         description="Run a federated simulation, or a comparison of them (a config's variants × sweep), each in "
                     "its own run folder. Any config key is overridden as --section.key VALUE (YAML syntax).",
         epilog="The same command again is safe: a run that finished under the same config is not run again, an "
                "interrupted one continues from its checkpoint. Exit status: 0 success, 2 usage or config error "
-               "(one line), 1 a run that failed, 130/143 interrupted (checkpoint kept). See docs/usage.md.")
+               "(one line), 1 a run that failed, 130/143 interrupted (checkpoint kept). See docs/usage.md.",
+        example=f"{_PROG} --config conf/quickstart.yaml --federation.rounds 2\n"
+                f"{_PROG} --config conf/fedopal_table2_tiny.yaml --list-runs")
     parser.add_argument("--config", metavar="FILE", action=_Once, default=None, help="the YAML config to run")
     parser.add_argument("--resume", metavar="RUN_DIR", action=_Once, default=None,
                         help="continue an interrupted run from its folder (its config.yaml and checkpoints); only "

@@ -1,20 +1,31 @@
-"""A comparison's table and plot: methods × α, mean ± std over seeds (the layout of FedOPAL's Tables I–II).
+"""A comparison: which of its runs have finished, their table and plot — methods × α, mean ± std over seeds (the
+layout of FedOPAL's Tables I–II) — and the command that builds them from what is on disk.
 
 A config with ``variants:`` (methods) and ``sweep:`` (e.g. ``partition.alpha`` × ``seed``) runs every
-combination (``fl_lightning.config_variants.expand_variants``); when they have finished, :func:`write_comparison`
-writes beside the run folders:
+combination (``fl_lightning.config_variants.expand_variants``); :func:`collect` splits its runs into the
+finished and the not yet finished, and :func:`write_comparison` writes beside the run folders:
 
 * ``comparison.csv`` — one row per (method, α): mean and sample standard deviation (ddof = 1; empty for
   a single run, which has no spread to show) of the final accuracy over the seeds, the number of runs,
   and the mean bytes uploaded per client and wall time;
 * ``comparison.md`` — the same as a markdown table, methods as rows and α as columns, in percent, each
-  cell with its number of runs (``85.00 ± 1.20 (n=3)``; one run: ``85.00 (n=1)``, no ±);
+  cell with its number of runs (``85.00 ± 1.20 (n=3)``; one run: ``85.00 (n=1)``, no ±), and the runs
+  not finished yet;
 * ``comparison.png`` — accuracy against α per method (log-α axis, IID drawn at the right end);
 * when every run has a simulated clock (a system model, e.g. FeDiSyn and its baselines), the
   time- and traffic-to-accuracy curves of :mod:`fl_lightning.experiments.curves` too.
 
 Rows are a run's ``label`` (by default its variant's ``run_name``, or its algorithm); a run whose
 config does not sweep α falls in the single column of its α.
+
+``python -m fl_lightning.compare DIR`` (:func:`main`) builds these files in ``DIR`` — a comparison's
+``output_dir`` — from whatever runs have finished, and names those that have not: the way to see a
+comparison spread over jobs or GPUs (``--shard I/N``) while it runs, or once its last share is done.
+``DIR/comparison.yaml`` (written when a comparison starts) says which runs there should be; a folder from
+before it is read run by run (every ``DIR/*/`` with a ``summary.json``), with no list of missing runs.
+Exit status: 0 when a table was written (missing runs are named on stderr, and in ``comparison.md``);
+2 when ``DIR`` holds no finished run of the comparison, or no comparison at all, or the command line is
+wrong (one line).
 """
 
 from __future__ import annotations
@@ -22,14 +33,34 @@ from __future__ import annotations
 import csv
 import math
 import statistics
+import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from fl_lightning.durable_write import atomic_path, write_text_atomic
+from fl_lightning.experiments.command import CommandParser, run_command
+from fl_lightning.experiments.plan import COMPARISON_CONFIG, finished_summary
 
-__all__ = ["comparison_rows", "write_comparison"]
+__all__ = ["collect", "comparison_rows", "write_comparison", "write_table", "main"]
+
+_PROG = "python -m fl_lightning.compare"
+
+
+def collect(runs: Sequence[Any], known: dict[int, dict[str, Any]] | None = None
+            ) -> tuple[list[tuple[Any, dict[str, Any]]], list[Any]]:
+    """``(finished (config, summary) pairs, unfinished configs)`` of ``runs``, in their order; ``known`` maps
+    a run's position to a summary already in hand (this process ran it)."""
+    known = known or {}
+    finished, missing = [], []
+    for i, run in enumerate(runs):
+        summary = known.get(i) or finished_summary(run)
+        if summary is None:
+            missing.append(run)
+        else:
+            finished.append((run, summary))
+    return finished, missing
 
 
 def _alpha_name(alpha: float) -> str:
@@ -137,3 +168,72 @@ def write_comparison(results: Sequence[tuple[Any, dict[str, Any]]], out_dir: str
 
         paths.update(write_curves([cfg.run_dir for cfg, _ in results], out))
     return paths
+
+
+def write_table(finished: Sequence[tuple[Any, dict[str, Any]]], missing: Sequence[Any],
+                out_dir: str | Path) -> dict[str, Path]:
+    """Write the comparison of the finished runs into ``out_dir`` and say on stdout/stderr what is there."""
+    paths = write_comparison(finished, out_dir, missing=[run.resolved_run_name for run in missing])
+    print("comparison: " + ", ".join(str(p) for p in paths.values()))
+    logged = [run for run, _ in finished if run.logging.wandb]
+    if logged:  # the table and the plot, once per comparison, in a W&B run of its own
+        from fl_lightning.callbacks.wandb_logging import log_comparison
+
+        log_comparison(logged[0], comparison_rows(finished), paths["png"], Path(out_dir))
+    if missing:
+        names = ", ".join(run.resolved_run_name for run in missing)
+        print(f"fl_lightning: the table holds {len(finished)} of {len(finished) + len(missing)} runs; not finished "
+              f"yet: {names}", file=sys.stderr)
+    return paths
+
+
+def _runs_in(out_dir: Path) -> tuple[list[Any], bool]:
+    """The comparison's runs (from its comparison.yaml, located in ``out_dir``), or those found in its folders;
+    and whether the list is the comparison's own (so that runs not there are missing)."""
+    from fl_lightning.config_loading import load_config
+    from fl_lightning.config_variants import expand_variants
+
+    config = out_dir / COMPARISON_CONFIG
+    if config.is_file():
+        return expand_variants(load_config(config, ["--output_dir", str(out_dir)])), True
+    runs = []
+    for folder in sorted(p for p in out_dir.iterdir() if (p / "summary.json").is_file()):
+        if (folder / "config.yaml").is_file():
+            runs.append(load_config(folder / "config.yaml", ["--output_dir", str(out_dir), "--run_name", folder.name]))
+    return runs, False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m fl_lightning.compare DIR``."""
+    return run_command(_compare, argv)
+
+
+def _compare(argv: list[str]) -> int:
+    from fl_lightning.errors import UsageError
+
+    parser = CommandParser(
+        _PROG, description="Build comparison.{csv,md,png} (and the time- and traffic-to-accuracy curves, where the "
+                           "runs have a simulated clock) in DIR from whatever runs of the comparison have finished, "
+                           f"and name those that have not. DIR/{COMPARISON_CONFIG} (written when a comparison starts) "
+                           "says which runs there should be; without it every DIR/*/ with a summary.json is read.",
+        epilog="Exit status: 0 when a table was written (runs not finished yet are named on stderr and in "
+               "comparison.md); 2 when DIR holds no finished run, or no comparison, or the command line is wrong "
+               "(one line). See docs/usage.md.",
+        example=f"{_PROG} runs/fedopal_table2_cifar10")
+    parser.add_argument("dir", metavar="DIR", type=Path,
+                        help="a comparison's output_dir (as in its config, or the train command's --output_dir)")
+    out_dir = parser.parse_args(argv).dir
+    if not out_dir.is_dir():
+        raise UsageError(f"usage error: '{out_dir}' is not a folder; pass a comparison's output_dir")
+    runs, listed = _runs_in(out_dir)
+    finished, missing = collect(runs)
+    if not finished:
+        what = (f"none of its {len(runs)} runs has finished" if listed else
+                f"no run folder with a summary.json, and no {COMPARISON_CONFIG}")
+        raise UsageError(f"usage error: '{out_dir}': {what}; nothing to tabulate yet")
+    write_table(finished, missing, out_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -24,7 +24,6 @@ Command line::
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
@@ -36,6 +35,7 @@ from pathlib import Path
 import yaml
 
 from fl_lightning.errors import UsageError
+from fl_lightning.experiments.command import CommandParser, run_command
 from fl_lightning.federation.run_folder import read_metrics_csv
 
 __all__ = ["Curve", "read_curve", "first_reaching", "write_curves", "main"]
@@ -155,21 +155,16 @@ def write_curves(run_dirs: Sequence[str | Path], out_dir: str | Path,
     return paths
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"usage error: {message} (see --help)")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m fl_lightning.curves RUN_DIR [RUN_DIR ...] --out DIR [--targets ...]``."""
-    from fl_lightning.experiments.command import run_command
-
     return run_command(_curves, argv)
 
 
 def _curves(argv: list[str]) -> int:
-    parser = _Parser(prog="python -m fl_lightning.curves",
-                     description="Time- and traffic-to-accuracy curves (CSV + PNG) from run folders.")
+    parser = CommandParser("python -m fl_lightning.curves",
+                           description="Time- and traffic-to-accuracy curves (CSV + PNG) from run folders.",
+                           example="python -m fl_lightning.curves runs/compare_tiny/* --out runs/compare_tiny "
+                                   "--targets 0.5 0.7")
     parser.add_argument("runs", nargs="+", type=Path, help="run folders (with metrics.csv)")
     parser.add_argument("--out", type=Path, required=True, help="folder for curves.csv, time_to_accuracy.csv, PNGs")
     parser.add_argument("--targets", type=float, nargs="*", default=None, help="target accuracies in [0, 1]")

@@ -33,7 +33,7 @@ def paired_differences(results: Sequence[tuple[Any, dict[str, Any]]], *, method:
     """Pair the finished runs of ``method`` and ``reference`` on (α, seed, partition seed).
 
     Args:
-        results: (config, summary) pairs, e.g. from :func:`fl_lightning.experiments.compare.collect`.
+        results: (config, summary) pairs, e.g. from :func:`fl_lightning.experiments.comparison.collect`.
         method, reference: labels (a config's ``label``, else its ``algorithm``).
 
     Returns:
@@ -76,26 +76,38 @@ def paired_markdown(rows: Sequence[dict[str, Any]], *, method: str, reference: s
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """``python -m fl_lightning.paired DIR METHOD REFERENCE``."""
     from fl_lightning.experiments.command import run_command
 
-    return run_command(_paired, argv, usage="usage: python -m fl_lightning.paired DIR METHOD REFERENCE   "
-                                            "(labels as in comparison.md)")
+    return run_command(_paired, argv)
 
 
 def _paired(argv: list[str]) -> int:
-    from fl_lightning.errors import UsageError
-    from fl_lightning.experiments.compare import collect
-    from fl_lightning.experiments.plan import COMPARISON_CONFIG, plan_runs
     from fl_lightning.config_loading import load_config
+    from fl_lightning.errors import UsageError
+    from fl_lightning.experiments.command import CommandParser
+    from fl_lightning.experiments.comparison import collect
+    from fl_lightning.experiments.plan import COMPARISON_CONFIG, plan_runs
 
-    if len(argv) != 3 or any(a.startswith("-") for a in argv):
-        raise UsageError("usage error: python -m fl_lightning.paired DIR METHOD REFERENCE: a comparison's "
-                         "output_dir and two of its labels")
-    out_dir, method, reference = Path(argv[0]), argv[1], argv[2]
+    prog = "python -m fl_lightning.paired"
+    parser = CommandParser(
+        prog, description="Write DIR/paired.md and print it: METHOD − REFERENCE in accuracy points on the very same "
+                          "cells of a comparison (α, seed, partition seed: the same data, split and partition), one "
+                          "cell per (α, seed), with the worst and the mean difference per α and overall, over the "
+                          "finished pairs (an unfinished run leaves its cell empty).",
+        epilog="Exit status: 0 when a table was written; 2 when DIR holds no comparison, or no finished pair of the "
+               "two labels, or the command line is wrong (one line). See docs/usage.md.",
+        example=f"{prog} runs/fedopal_plus_vs_afl_dinov2_digits FedOPAL+ AFL")
+    parser.add_argument("dir", metavar="DIR", type=Path, help=f"a comparison's output_dir (with its {COMPARISON_CONFIG})")
+    parser.add_argument("method", metavar="METHOD", help="the method's label as in comparison.md (a run's label, "
+                                                          "else its algorithm)")
+    parser.add_argument("reference", metavar="REFERENCE", help="the label it is compared with, subtracted")
+    args = parser.parse_args(argv)
+    out_dir, method, reference = args.dir, args.method, args.reference
     if not (out_dir / COMPARISON_CONFIG).is_file():
-        raise UsageError(f"usage error: '{out_dir}' holds no {COMPARISON_CONFIG}; pass a comparison's output_dir")
+        what = f"holds no {COMPARISON_CONFIG}" if out_dir.is_dir() else "is not a folder"
+        raise UsageError(f"usage error: '{out_dir}' {what}; pass a comparison's output_dir")
     runs = plan_runs(load_config(out_dir / COMPARISON_CONFIG, ["--output_dir", str(out_dir)]))
     finished, _ = collect(runs)
     rows = paired_differences(finished, method=method, reference=reference)

@@ -135,7 +135,7 @@ def run(args: Args, argv: list[str], locks: list, collector: StartupCollector | 
     if os.environ.get("LOCAL_RANK", "0") == "0":
         print_results([(runs[i], summaries[i]) for i in mine])
         if len(runs) > 1:  # a comparison: methods × α, mean ± std over seeds, of every finished run (all shares)
-            from fl_lightning.experiments.compare import collect, write_table
+            from fl_lightning.experiments.comparison import collect, write_table
 
             write_table(*collect(runs, summaries), cfg.output_dir)
     return 0
@@ -194,7 +194,7 @@ def _run_jobs(args: Args, argv: list[str], cfg: object, runs: list) -> int:
     bad run stops before any starts); then the table of every finished run. Exit status: the worst of theirs."""
     import subprocess
 
-    from fl_lightning.experiments.compare import collect, write_table
+    from fl_lightning.experiments.comparison import collect, write_table
     from fl_lightning.cores import core_shares
     from fl_lightning.preflight import preflight
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from fl_lightning import train
-from fl_lightning.experiments import compare
+from fl_lightning.experiments import comparison
 from fl_lightning.experiments.plan import select_shard
 from tests.conftest import CONF, REPO
 
@@ -87,13 +87,13 @@ def test_shards_run_at_once_and_the_table_builder_sees_them_all(tmp_path, capsys
     assert sorted(p.name for p in out.iterdir() if p.is_dir() and p.name != "feature_cache") == sorted(_NAMES)
     assert (out / "comparison.yaml").is_file()
 
-    assert compare.main([str(out)]) == 0
+    assert comparison.main([str(out)]) == 0
     err = capsys.readouterr().err
     assert "not finished" not in err, err
     assert _table(out / "comparison.csv") == _table(ref / "comparison.csv")
     (out / "comparison.yaml").unlink()  # a folder from before comparison.yaml: read run by run
     (out / "comparison.csv").unlink()
-    assert compare.main([str(out)]) == 0
+    assert comparison.main([str(out)]) == 0
     assert _table(out / "comparison.csv") == _table(ref / "comparison.csv")
 
     # one share of three: the table of what is finished, the others named
@@ -101,7 +101,7 @@ def test_shards_run_at_once_and_the_table_builder_sees_them_all(tmp_path, capsys
     assert rc == 0, err[-3000:]
     missing = [_NAMES[j] for j in (0, 2, 3, 5)]
     assert f"the table holds 2 of 6 runs; not finished yet: {', '.join(missing)}" in err, err
-    assert compare.main([str(part)]) == 0
+    assert comparison.main([str(part)]) == 0
     assert f"not finished yet: {', '.join(missing)}" in capsys.readouterr().err
     assert f"Not finished yet (4 run(s), not in the table): {', '.join(missing)}." in (
         part / "comparison.md").read_text()
@@ -109,12 +109,37 @@ def test_shards_run_at_once_and_the_table_builder_sees_them_all(tmp_path, capsys
     assert [(r["method"], r["runs"]) for r in rows] == [("AFL", "1"), ("FedCGS", "1")]
 
 
-def test_the_table_builder_on_a_folder_without_finished_runs_is_one_line(tmp_path, capsys):
-    for argv, needle in (([str(tmp_path)], "no run folder with a summary.json"),
-                         ([str(tmp_path / "nowhere")], "is not a folder"), ([], "pass one folder")):
-        assert compare.main(argv) == 2
-        err = capsys.readouterr().err
-        assert len(err.strip().splitlines()) == 1 and needle in err, err
+@pytest.mark.parametrize("argv, needle", [
+    (["{tmp}"], "no run folder with a summary.json"), (["{tmp}/nowhere"], "'{tmp}/nowhere' is not a folder"),
+    ([], "the following arguments are required: DIR"), (["{tmp}", "{tmp}"], "unrecognized arguments: {tmp}"),
+    (["{tmp}", "--bogus"], "unrecognized arguments: --bogus"), (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--he"], "unrecognized arguments: --he")])  # no abbreviated --help
+def test_a_bad_command_line_or_a_folder_without_finished_runs_is_one_line(argv, needle, tmp_path, capsys):
+    assert comparison.main([a.format(tmp=tmp_path) for a in argv]) == 2
+    out = capsys.readouterr()
+    assert len(out.err.strip().splitlines()) == 1 and needle.format(tmp=tmp_path) in out.err, out.err
+    assert out.err.startswith("fl_lightning: usage error: ") and out.out == ""
+
+
+def test_help_names_the_argument_and_gives_an_example(capsys):
+    assert comparison.main(["--help"]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("usage: python -m fl_lightning.compare [-h] DIR") and out.err == ""
+    assert "a comparison's output_dir" in out.out and "comparison.{csv,md,png}" in out.out
+    assert "example:\n  python -m fl_lightning.compare runs/fedopal_table2_cifar10\n" in out.out
+
+
+@pytest.mark.parametrize("command", [["fl_lightning.compare"], ["fl_lightning.paired", "DIR", "A"]])
+def test_the_real_commands_help_and_refuse_an_unknown_flag_in_one_line(command):
+    """``python -m fl_lightning.compare`` / ``paired`` as a user runs them (the sys.exit(main()) wiring)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = lambda *argv: subprocess.run([sys.executable, "-m", command[0], *argv], cwd=REPO, env=env,  # noqa: E731
+                                       capture_output=True, text=True, timeout=120)
+    helped = run("--help")
+    assert helped.returncode == 0 and helped.stderr == "" and "example:" in helped.stdout, helped
+    refused = run(*command[1:], "B", "--bogus")
+    assert refused.returncode == 2 and refused.stdout == "", refused
+    assert refused.stderr.splitlines() == ["fl_lightning: usage error: unrecognized arguments: --bogus (see --help)"]
 
 
 def test_jobs_runs_the_shares_as_local_processes_and_builds_the_table(tmp_path, capsys):

@@ -31,7 +31,23 @@ def test_two_runs_of_a_label_on_one_cell_are_an_error():
         paired_differences([_run("A", 0.1, 0, 0.9), _run("A", 0.1, 0, 0.8)], method="A", reference="B")
 
 
-@pytest.mark.parametrize("argv", [[], ["x"], ["missing_dir", "A", "B"]])
-def test_bad_usage_is_one_line_and_exit_2(argv, capsys, tmp_path):
-    assert main([str(tmp_path / a) if a == "missing_dir" else a for a in argv]) == 2
-    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+@pytest.mark.parametrize("argv, needle", [
+    ([], "the following arguments are required: DIR, METHOD, REFERENCE"),
+    (["x"], "the following arguments are required: METHOD, REFERENCE"),
+    (["{tmp}", "A", "B", "C"], "unrecognized arguments: C"), (["{tmp}", "A", "B", "--bogus"], "unrecognized arguments: --bogus"),
+    (["--bogus", "{tmp}", "A"], "unrecognized arguments: --bogus; the following arguments are required: REFERENCE"),
+    (["{tmp}/missing_dir", "A", "B"], "'{tmp}/missing_dir' is not a folder"),
+    (["{tmp}", "A", "B"], "'{tmp}' holds no comparison.yaml")])
+def test_bad_usage_is_one_line_and_exit_2(argv, needle, capsys, tmp_path):
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
+    out = capsys.readouterr()
+    assert len(out.err.strip().splitlines()) == 1 and needle.format(tmp=tmp_path) in out.err, out.err
+    assert out.err.startswith("fl_lightning: usage error: ") and out.out == ""
+
+
+def test_help_names_the_arguments_and_gives_an_example(capsys):
+    assert main(["-h"]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("usage: python -m fl_lightning.paired [-h] DIR METHOD REFERENCE") and out.err == ""
+    assert "METHOD − REFERENCE in accuracy points" in out.out and "as in comparison.md" in out.out
+    assert "example:\n  python -m fl_lightning.paired runs/fedopal_plus_vs_afl_dinov2_digits FedOPAL+ AFL\n" in out.out
