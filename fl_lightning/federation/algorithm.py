@@ -143,7 +143,7 @@ class Environment:
     one_train_loader: bool = False
     # the clients that train on changed labels, each with its (C,) label map (federation.attack's label_flip)
     label_maps: dict[int, np.ndarray] = field(default_factory=dict)
-    _passes: Any = field(default=None, init=False, repr=False)
+    _passes: dict[str, Any] = field(default_factory=dict, init=False, repr=False)  # the loaders kept, by split
 
     def dp_sgd(self, round_idx: int, client: Client) -> DPSGD | None:
         """The DP-SGD settings of ``client``'s local training (``fit_local(dp_sgd=...)``), or None."""
@@ -174,7 +174,8 @@ class Environment:
 
         With workers (``data.num_workers``), a client's rows of the training split (``client.dataset``) are read
         through one loader kept for the run (:class:`~fl_lightning.data.loader.ClientPasses`): the same batches as
-        this per-client DataLoader, without starting the workers again for every client and pass. With
+        this per-client DataLoader, without starting the workers again for every client and pass; so are the test
+        split and a rank's block of it (every evaluation's, unshuffled), through a second one. With
         ``data.normalize_on_device`` (on CUDA), a uint8 store's batches arrive with their images already on the
         rank's device, finished there (:class:`~fl_lightning.data.loader.DeviceFloatPart`)."""
         from fl_lightning.data.loader import ClientPasses, DeviceFloatPart
@@ -190,13 +191,14 @@ class Environment:
         if dp_sgd is not None:
             return self._poisson_loader(dataset, dp_sgd, collate_fn, float_part)
         rows = dataset.dataset if isinstance(dataset, Relabelled) else dataset  # a label flipper's rows
-        if (loading.num_workers > 0 and self.one_train_loader and isinstance(rows, Subset)
-                and rows.dataset is self.splits.train):
-            if self._passes is None:
-                self._passes = ClientPasses(self.splits.train, num_workers=loading.num_workers,
-                                            pin_memory=loading.pin_memory,
-                                            persistent_workers=loading.persistent_workers, collate_fn=collate_fn)
-            loader = self._passes.pass_over(rows.indices, batch_size=batch_size, shuffle=shuffle, seed=seed)
+        kept = self._kept_rows(rows, shuffle) if loading.num_workers > 0 else None
+        if kept is not None:
+            name, indices = kept
+            if name not in self._passes:
+                self._passes[name] = ClientPasses(getattr(self.splits, name), num_workers=loading.num_workers,
+                                                  pin_memory=loading.pin_memory,
+                                                  persistent_workers=loading.persistent_workers, collate_fn=collate_fn)
+            loader = self._passes[name].pass_over(indices, batch_size=batch_size, shuffle=shuffle, seed=seed)
             if rows is not dataset:
                 loader = RelabelledBatches(loader, dataset.label_map)
         else:
@@ -206,6 +208,18 @@ class Environment:
                                 persistent_workers=False, collate_fn=collate_fn)
         return loader if float_part is None else DeviceFloatPart(loader, device=self.fabric.device,
                                                                  float_part=float_part)
+
+    def _kept_rows(self, rows: Dataset, shuffle: bool) -> tuple[str, Sequence[int]] | None:
+        """Which split's kept loader reads ``rows``, and which of its rows: a client's rows of the training split
+        (when its transform has no random step: ``one_train_loader``), the test split or a block of it, unshuffled
+        (an evaluation); None for anything else (a fresh DataLoader)."""
+        if isinstance(rows, Subset) and rows.dataset is self.splits.train and self.one_train_loader:
+            return "train", rows.indices
+        if shuffle:
+            return None
+        if isinstance(rows, Subset) and rows.dataset is self.splits.test:
+            return "test", rows.indices
+        return ("test", range(len(rows))) if rows is self.splits.test else None
 
     def _poisson_loader(self, dataset: Dataset, dp: DPSGD, collate_fn: Callable, float_part: Callable | None) -> Any:
         """:meth:`loader`'s DP-SGD lots: each epoch's non-empty lots read by one DataLoader (this rank's workers,

@@ -122,7 +122,7 @@ def test_one_loader_gives_the_per_client_loaders_batches(workers, cached):
 def test_environment_keeps_one_loader_for_the_training_split():
     train = _Items(30)
     cfg = SimpleNamespace(data=SimpleNamespace(batch_size=4), federation=SimpleNamespace(devices=1))
-    splits = SimpleNamespace(train=train, test=train)
+    splits = SimpleNamespace(train=train, test=_Items(10))
     env = Environment(SimpleNamespace(), cfg, splits, [], Path("."), loading=LoaderSettings(2, False, True),
                       one_train_loader=True)
     a = env.loader(Subset(train, [3, 1, 4, 1, 5, 9, 2, 6]), shuffle=True, seed=7)
@@ -204,3 +204,20 @@ def test_each_evaluation_reads_the_store_the_first_one_filled():
     first, again = (list(env.loader(env.splits.test, shuffle=False)) for _ in range(2))
     assert test.decodes.tolist() == [1] * 30 and splits.test.shared
     assert _same(first, again) and torch.equal(torch.cat([b[0] for b in first]), test.x)
+
+
+def test_every_evaluation_reads_through_one_loader_whose_workers_stay():
+    """The test split (and a rank's block of it) is read through a loader kept for the run: the same batches as a
+    fresh unshuffled DataLoader, from workers started once."""
+    train, test = _Items(12), _Items(30)
+    cfg = SimpleNamespace(data=SimpleNamespace(batch_size=4), federation=SimpleNamespace(devices=1))
+    env = Environment(SimpleNamespace(), cfg, SimpleNamespace(train=train, test=test), [], Path("."),
+                      loading=LoaderSettings(2, False, True))
+    whole, block = env.loader(test, shuffle=False), env.loader(Subset(test, list(range(8, 20))), shuffle=False)
+    assert whole.passes is block.passes
+    assert _same(list(whole), list(DataLoader(test, batch_size=4, collate_fn=collate)))
+    workers = [w.pid for w in whole.passes.loader._iterator._workers]
+    assert _same(list(block), list(_old(test, list(range(8, 20)), shuffle=False, seed=0, batch_size=4, workers=0)))
+    assert [w.pid for w in whole.passes.loader._iterator._workers] == workers  # not started again
+    assert isinstance(env.loader(Subset(test, [1, 2]), shuffle=True, seed=3), DataLoader)  # shuffled: as before
+    assert isinstance(env.loader(train, shuffle=False), DataLoader)  # the whole training split: as before
