@@ -409,17 +409,17 @@ class FederationConfig:
     # outside an exchange, or a store that stopped answering ends every rank with one line (exit 1), however long
     # the legitimate wait it interrupts — NCCL notices none of these itself. A beat every sixth of it (at most 10 s)
     liveness_timeout_s: float = 300.0
-    # CUDA only, set by the CLI (python -m fl_lightning.train) for the run; on the CPU nothing changes (the library
-    # itself never sets it). torch.set_float32_matmul_precision, for float32 matmuls (linear layers, attention):
+    # CUDA only, set for the run and restored after it (by Simulation.run and the CLI: federation/numerics.py); on
+    # the CPU nothing changes. torch.set_float32_matmul_precision, for float32 matmuls (linear layers, attention):
     # "highest" full float32 products; "high" (default) TF32 tensor cores on Ampere and newer (10 mantissa bits
     # in the products, float32 accumulation: several times faster; results differ from "highest" from about the
     # 4th significant digit, and between GPU models); "medium" bf16 products (faster still, ~3 digits).
-    # The CLI sets cuDNN's TF32 for float32 convolutions with it (torch.backends.cudnn.allow_tf32: on, unless
+    # The run sets cuDNN's TF32 for float32 convolutions with it (torch.backends.cudnn.allow_tf32: on, unless
     # "highest"), so TF32 is on for float32 matmuls and convolutions on CUDA by default. It changes the numbers a
     # run computes, so a resumed run cannot change it. Under bf16-mixed/16-mixed most matmuls run in half
     # precision anyway; this governs those left in float32 (and every one of a 32-true run)
     matmul_precision: Literal["highest", "high", "medium"] = "high"
-    # true: the CLI calls torch.use_deterministic_algorithms(True) (and sets CUBLAS_WORKSPACE_CONFIG=:4096:8 when
+    # true: the run calls torch.use_deterministic_algorithms(True) (and sets CUBLAS_WORKSPACE_CONFIG=:4096:8 when
     # it is unset) for the run, so that a rerun on the same machine and software gives the same bits on a GPU
     # too. It costs speed (deterministic cuDNN convolutions, scatter/index_add without atomics: slower kernels),
     # and an op with no deterministic CUDA kernel raises a RuntimeError instead of running (torch's list names

@@ -21,11 +21,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fl_lightning import train
-from fl_lightning.experiments import runner
 from fl_lightning.algorithms.common import evaluate_on_test
 from fl_lightning.config import FederationConfig
 from fl_lightning.config_loading import load_config
 from fl_lightning.errors import ConfigError
+from fl_lightning.federation.numerics import torch_numerics
 from fl_lightning.modules.evaluation import evaluate_classifier
 from tests.conftest import CONF
 
@@ -199,7 +199,7 @@ def test_matmul_precision_is_applied_for_cuda_accelerators_only(accelerator, cud
     calls = _spy_on(monkeypatch, "set_float32_matmul_precision")
     before = torch.get_float32_matmul_precision()
     assert before != "medium"
-    with runner._torch_numerics(FederationConfig(accelerator=accelerator, matmul_precision="medium")):
+    with torch_numerics(FederationConfig(accelerator=accelerator, matmul_precision="medium")):
         assert torch.get_float32_matmul_precision() == ("medium" if applied else before)
     assert torch.get_float32_matmul_precision() == before  # restored after the run
     assert calls[:1] == ([(("medium",), {})] if applied else [])
@@ -217,7 +217,7 @@ def test_tf32_of_convolutions_follows_matmul_precision_on_cuda_and_is_restored(m
     before = torch.backends.cudnn.allow_tf32
     torch.backends.cudnn.allow_tf32 = not conv_tf32  # the opposite, to see it change
     try:
-        with runner._torch_numerics(FederationConfig(accelerator="auto", matmul_precision=matmul)):
+        with torch_numerics(FederationConfig(accelerator="auto", matmul_precision=matmul)):
             assert torch.backends.cudnn.allow_tf32 is (conv_tf32 if cuda else not conv_tf32)
         assert torch.backends.cudnn.allow_tf32 is (not conv_tf32)  # restored after the run
     finally:
@@ -229,7 +229,7 @@ def test_deterministic_calls_use_deterministic_algorithms(deterministic, monkeyp
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     calls = _spy_on(monkeypatch, "use_deterministic_algorithms")
     assert not torch.are_deterministic_algorithms_enabled()
-    with runner._torch_numerics(FederationConfig(accelerator="cpu", deterministic=deterministic)):
+    with torch_numerics(FederationConfig(accelerator="cpu", deterministic=deterministic)):
         assert torch.are_deterministic_algorithms_enabled() is deterministic
         assert torch.is_deterministic_algorithms_warn_only_enabled() is False
         assert os.environ.get("CUBLAS_WORKSPACE_CONFIG") == (":4096:8" if deterministic else None)
@@ -240,7 +240,7 @@ def test_deterministic_calls_use_deterministic_algorithms(deterministic, monkeyp
 
 def test_a_workspace_config_of_the_user_is_kept(monkeypatch, torch_settings):
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
-    with runner._torch_numerics(FederationConfig(accelerator="cpu", deterministic=True)):
+    with torch_numerics(FederationConfig(accelerator="cpu", deterministic=True)):
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
 
@@ -289,6 +289,25 @@ def test_on_the_cpu_a_deterministic_run_is_the_same_run_bit_for_bit(tmp_path, to
         assert not torch.are_deterministic_algorithms_enabled()
     assert states["true"].keys() == states["false"].keys()
     assert all(torch.equal(states["true"][k], states["false"][k]) for k in states["true"])
+
+
+def test_a_notebooks_simulation_run_applies_the_keys_too_and_restores_them(tmp_path, monkeypatch, torch_settings):
+    """The library applies every key of its config whoever calls it: ``Simulation(cfg).run()`` without the CLI runs
+    under ``federation.deterministic`` (and, on CUDA, ``matmul_precision``) and leaves the process as it was."""
+    from fl_lightning.federation.simulation import Simulation
+
+    seen = []
+
+    class _Watch:
+        def on_round_start(self, **_):
+            seen.append((torch.are_deterministic_algorithms_enabled(), os.environ.get("CUBLAS_WORKSPACE_CONFIG")))
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    cfg = load_config(CONF / "fedavg_digits_tiny.yaml", ["--output_dir", str(tmp_path), "--logging.progress", "false",
+                                                         "--federation.rounds", "1", "--federation.deterministic", "true"])
+    Simulation(cfg=cfg, loggers=[], callbacks=[_Watch()]).run()
+    assert seen == [(True, ":4096:8")]
+    assert not torch.are_deterministic_algorithms_enabled() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
 
 
 @pytest.mark.parametrize(("key", "value"), [("matmul_precision", "low"), ("matmul_precision", "HIGH"),

@@ -4,19 +4,18 @@ run). The command line that calls it is :mod:`fl_lightning.experiments.cli`."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fl_lightning.experiments.plan import finished_summary, list_runs, plan_runs, record_comparison, select_shard
+from fl_lightning.federation.numerics import torch_numerics
 
 if TYPE_CHECKING:
-    from fl_lightning.config import FederationConfig
     from fl_lightning.experiments.train_args import Args
     from fl_lightning.experiments.collector import StartupCollector
 
@@ -116,7 +115,7 @@ def run(args: Args, argv: list[str], locks: list, collector: StartupCollector | 
                   f"{format_duration(eta)}", flush=True)
         try:
             try:
-                with _torch_numerics(run.federation):
+                with torch_numerics(run.federation):  # before the simulation is built: CUDA reads the workspace
                     summaries[i] = Simulation(cfg=run, resume=resume[i],
                                               callbacks=[] if collector is None else [collector]).run()
             finally:
@@ -139,54 +138,6 @@ def run(args: Args, argv: list[str], locks: list, collector: StartupCollector | 
 
             write_table(*collect(runs, summaries), cfg.output_dir)
     return 0
-
-
-def _uses_cuda(accelerator: str) -> bool:
-    """Whether ``federation.accelerator`` runs on CUDA: ``cuda``, or ``gpu``/``auto`` with CUDA available (``gpu``
-    on a Mac is MPS)."""
-    import torch
-
-    return accelerator == "cuda" or (accelerator in ("gpu", "auto") and torch.cuda.is_available())
-
-
-@contextlib.contextmanager
-def _torch_numerics(federation: FederationConfig) -> Iterator[None]:
-    """The run's process-wide torch settings, set here (the library never sets them) and restored afterwards, so
-    that each run of a comparison has its own and an in-process ``main()`` leaves the process as it found it.
-
-    * ``federation.matmul_precision``: ``torch.set_float32_matmul_precision`` on CUDA only (TF32 at "high", the
-      default), and cuDNN's TF32 for float32 convolutions with it (``torch.backends.cudnn.allow_tf32``: on unless
-      "highest"); on the CPU nothing changes.
-    * ``federation.deterministic``: ``torch.use_deterministic_algorithms(True)`` (an op without a deterministic
-      kernel raises) and ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` when unset (cuBLAS needs it for deterministic
-      matmuls; read when CUDA starts, so set before the run builds anything).
-
-    The ranks of a DDP run each start in this CLI (Fabric's ``ddp`` re-runs the command), so each sets them;
-    processes created by ``ddp_spawn`` do not inherit them.
-    """
-    import torch
-
-    matmul, conv_tf32 = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    set_workspace = federation.deterministic and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
-    try:
-        if _uses_cuda(federation.accelerator):
-            torch.set_float32_matmul_precision(federation.matmul_precision)
-            torch.backends.cudnn.allow_tf32 = federation.matmul_precision != "highest"
-        if set_workspace:
-            os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-        if federation.deterministic:
-            torch.use_deterministic_algorithms(True, warn_only=False)
-        yield
-    finally:
-        if torch.get_float32_matmul_precision() != matmul:
-            torch.set_float32_matmul_precision(matmul)
-        torch.backends.cudnn.allow_tf32 = conv_tf32
-        if federation.deterministic:
-            torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
-        if set_workspace:
-            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
 
 
 def _run_jobs(args: Args, argv: list[str], cfg: object, runs: list) -> int:

@@ -62,6 +62,7 @@ from fl_lightning.federation.client_state import CLIENT_STATE_DIR
 from fl_lightning.federation.ddp_strategy import FederatedDDPStrategy
 from fl_lightning.federation.collectives import decided, everyone, exit_status, from_server, one_line, to_server, waiting
 from fl_lightning.federation.launch import check_launcher
+from fl_lightning.federation.numerics import torch_numerics
 from fl_lightning.federation.liveness import watching
 from fl_lightning.federation.local_training import local_work
 from fl_lightning.federation.precision import check_precision
@@ -328,8 +329,8 @@ class Simulation:
             lambda: (self.resume, secrets.token_hex(8), (socket.gethostname(), os.getpid())), "the start")
         with watching(None, rank=fabric.global_rank, world=fabric.world_size,
                       patience_s=cfg.federation.liveness_timeout_s, token=token, exit_status=exit_status,
-                      one_line=one_line, decided=decided, leader=leader):
-            return self._run()
+                      one_line=one_line, decided=decided, leader=leader), torch_numerics(cfg.federation):
+            return self._run()  # under the config's matmul precision and determinism, whoever calls run()
 
     def _run(self) -> dict[str, Any]:
         """The run on this rank, from the run folder's check to the summary, while its peers' liveness is watched."""
