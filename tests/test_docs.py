@@ -44,6 +44,24 @@ def test_table_iis_run_count_is_the_same_in_the_config_the_guide_and_the_plan():
     from fl_lightning.experiments.plan import plan_runs
 
     n = len(plan_runs(load_config(REPO / "conf" / "fedopal_table2_cifar10.yaml", [])))
-    assert f"{n} in all" in (REPO / "conf" / "fedopal_table2_cifar10.yaml").read_text()
+    claims = {config.name: re.search(r"(\d+) in all", config.read_text()) for config in (REPO / "conf").glob("*.yaml")}
+    for name, claim in claims.items():  # every config that states its count states its plan's
+        assert claim is None or int(claim.group(1)) == len(plan_runs(load_config(REPO / "conf" / name, []))), name
+    assert claims["fedopal_table2_cifar10.yaml"] is not None
     guide = " ".join((REPO / "docs" / "usage.md").read_text().split())
     assert re.search(rf"Table II on CIFAR-10: .*? = {n}\)", guide), n
+
+
+def test_every_section_a_pointer_names_is_a_heading_of_that_page():
+    """``docs/usage.md, "Comparisons at scale"`` in a config comment or a docstring: that page has that section — a
+    heading, or a paragraph's bold lead (a section that moved leaves no pointer behind)."""
+    pointer = re.compile(r"(README|docs/[\w.-]+\.md),? [\"“]([^\"”]{3,60})[\"”]")
+    found = {(m.group(1), " ".join(m.group(2).split())) for _, text in _texts() for m in pointer.finditer(text)}
+    assert ("docs/usage.md", "Comparisons at scale") in found
+
+    def headings(page: str) -> str:
+        lines = (REPO / ("README.md" if page == "README" else page)).read_text().splitlines()
+        return "\n".join(line.lower() for line in lines if line.startswith("#") or line.startswith("**"))
+
+    missing = sorted(f"{page}: {section}" for page, section in found if section.lower() not in headings(page))
+    assert not missing, missing
