@@ -27,7 +27,8 @@ modification time, the head's ``repr`` (sizes, interpolation, antialias) and the
 changed folder (a resumed or regenerated image, another manifest) or another input size makes another key and the
 store is built again; stale stores in ``.store`` are removed when a new one is built, and the pre-training removes
 its store when it has finished (:func:`remove_stores`). A store is written under a temporary name and renamed, so a
-store that exists is whole.
+store that exists is whole. Over the ranks of a shared server phase every rank decodes its block of rows
+(:func:`build_stores`), and the store is the one a single rank writes, byte for byte.
 
 **Checked before reuse.** The key names what a store was made *from*; ``<key>.json`` beside it records what it
 *holds* — its shape and the SHA-256 of its bytes — and is written before the store is renamed into place. A store
@@ -46,7 +47,7 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -58,6 +59,9 @@ from torchvision.transforms import v2
 from fl_lightning.data.preprocessed import StoredBatch
 from fl_lightning.federation.checkpoint import reserved_memmap
 from fl_lightning.synthesis.generate import MANIFEST_NAME
+
+if TYPE_CHECKING:
+    from fl_lightning.federation.collectives import Ranks
 
 __all__ = ["STORE_DIR", "STORE_MODES", "TransformParts", "array_digest", "split_transform", "store_key",
            "build_stores", "remove_stores", "StoredImages", "stored_splits"]
@@ -178,71 +182,139 @@ def _checked_stores(paths: Sequence[Path], num_items: int) -> list[Path]:
     return fit
 
 
-def build_stores(folder: str | os.PathLike[str], heads: Sequence[v2.Compose]) -> list[Path]:
+def build_stores(folder: str | os.PathLike[str], heads: Sequence[v2.Compose], ranks: Ranks | None = None) -> list[Path]:
     """The store of ``folder`` for each head (built where missing or unfit for reuse, every image decoded once for
     all of them).
+
+    With ``ranks`` (every rank of a shared server phase calls this together) the decoding is dealt over them: rank 0
+    checks what is there and reserves the new stores, every rank fills its block of rows ``[n·r/N, n·(r+1)/N)``,
+    and rank 0 checks each block against the digest its rank reported (a shared file system that lost a rank's
+    pages is one line, not a store trained on), records the store's digest and renames it into place. The store's
+    bytes are those one rank writes.
 
     Returns:
         the ``.npy`` paths, in the order of ``heads``.
 
     Raises:
-        ValueError: a head's output is not a uint8 image of one shape for every image.
+        ValueError: a head's output is not a uint8 image of one shape for every image (on every rank alike).
         DiskFullError: the disk has no room for a store (one line; nothing is left behind).
     """
     folder = Path(folder)
     _, items = _manifest(folder)
     keys = [store_key(folder, head) for head in heads]
-    root = folder / STORE_DIR
-    paths = [root / f"{key}.npy" for key in keys]
-    fit = _checked_stores(paths, len(items))
-    todo = {key: (head, path) for key, head, path in zip(keys, heads, paths) if path not in fit}
-    if todo:
-        root.mkdir(parents=True, exist_ok=True)
-        arrays: dict[str, np.ndarray] = {}
-        tmps: dict[str, Path] = {}
-        try:
-            for i, (rel, _) in enumerate(items):
-                image = _decode(folder / rel)
-                for key, (head, path) in todo.items():
-                    x = head(image)
-                    if not (isinstance(x, torch.Tensor) and x.dtype == torch.uint8 and x.ndim == 3):
-                        raise ValueError(f"the store's head {head!r} does not make a uint8 (C, H, W) image of {rel}")
-                    if key not in arrays:
-                        tmps[key] = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-                        arrays[key] = reserved_memmap(tmps[key], (len(items), *x.shape), np.uint8)
-                    if tuple(x.shape) != arrays[key].shape[1:]:
-                        raise ValueError(f"{rel}: the store's head makes {tuple(x.shape)}, the first image "
-                                         f"{arrays[key].shape[1:]} (images of one size are stored)")
-                    arrays[key][i] = x.as_subclass(torch.Tensor).numpy()
-            for key, array in arrays.items():
-                array.flush()
-                record = {"shape": list(array.shape), "sha256": array_digest(array)}
-                del array
-                path = todo[key][1]
-                _record_path(path).write_text(json.dumps(record), encoding="utf-8")  # before the store: a store
-                os.replace(tmps[key], path)  # in place always has its record
-        finally:
-            arrays.clear()
-            for tmp in tmps.values():
+    paths = [folder / STORE_DIR / f"{key}.npy" for key in keys]
+    on_server = (lambda step, what: step()) if ranks is None else ranks.on_server
+    gather = (lambda step, what: [step()]) if ranks is None else ranks.gather
+    rank, world = (0, 1) if ranks is None else (ranks.rank, ranks.world)
+    what = "the synthetic images' store"
+    todo, problem = on_server(lambda: _reserve(folder, items, dict(zip(keys, heads)), dict(zip(keys, paths))), what)
+    if problem is not None:
+        raise ValueError(problem)
+    if not todo:
+        return paths
+    rows = range(len(items) * rank // world, len(items) * (rank + 1) // world)
+    committed = False
+    try:
+        blocks = gather(lambda: _fill(folder, items, {k: heads[keys.index(k)] for k in todo}, todo, rows), what)
+        problem = next((p for p, _, _ in blocks if p is not None), None)
+        if problem is not None:
+            raise ValueError(problem)  # every rank alike: each read the same blocks
+        on_server(lambda: _commit(folder, todo, dict(zip(keys, paths)), blocks, paths), what)
+        committed = True
+    finally:
+        if not committed and rank == 0:  # refused or failed on any rank: no temporary store stays behind
+            for tmp, _ in todo.values():
                 tmp.unlink(missing_ok=True)
-        kept = {*paths, *map(_record_path, paths)}
-        for stale in [*root.glob("*.npy"), *root.glob("*.json"), *root.glob("*.tmp")]:  # other keys', a killed
-            if stale not in kept:  # build's leftovers
-                stale.unlink(missing_ok=True)
     return paths
 
 
-def _build_or_none(folder: Path, heads: Sequence[v2.Compose]) -> list[Path] | None:
+def _reserve(folder: Path, items: list[tuple[str, int]], heads: dict[str, v2.Compose], paths: dict[str, Path]
+             ) -> tuple[dict[str, tuple[Path, tuple[int, ...]]], str | None]:
+    """Rank 0: the stores to build, each reserved under a temporary name with the first image's shape (removing the
+    unfit ones); or why the images cannot be stored."""
+    fit = _checked_stores(list(paths.values()), len(items))
+    need = [key for key, path in paths.items() if path not in fit]
+    if not need:
+        return {}, None
+    paths[need[0]].parent.mkdir(parents=True, exist_ok=True)
+    image, rel = _decode(folder / items[0][0]), items[0][0]
+    todo: dict[str, tuple[Path, tuple[int, ...]]] = {}
+    for key in need:
+        x = heads[key](image)
+        if not (isinstance(x, torch.Tensor) and x.dtype == torch.uint8 and x.ndim == 3):
+            return {}, f"the store's head {heads[key]!r} does not make a uint8 (C, H, W) image of {rel}"
+        tmp = paths[key].with_name(f"{paths[key].name}.{os.getpid()}.tmp")
+        try:
+            reserved_memmap(tmp, (len(items), *x.shape), np.uint8).flush()
+        except BaseException:
+            for made, _ in todo.values():
+                made.unlink(missing_ok=True)
+            raise
+        todo[key] = (tmp, tuple(x.shape))
+    return todo, None
+
+
+def _fill(folder: Path, items: list[tuple[str, int]], heads: dict[str, v2.Compose],
+          todo: dict[str, tuple[Path, tuple[int, ...]]], rows: range
+          ) -> tuple[str | None, dict[str, str], tuple[int, int]]:
+    """This rank's block of rows of every reserved store, decoded once for all heads: (a problem or None, the
+    SHA-256 of each store's block as written, the block's first row and the row after its last)."""
+    arrays = {key: np.load(tmp, mmap_mode="r+") for key, (tmp, _) in todo.items()}
+    try:
+        for i in rows:
+            rel = items[i][0]
+            image = _decode(folder / rel)
+            for key, head in heads.items():
+                x = head(image)
+                if not (isinstance(x, torch.Tensor) and x.dtype == torch.uint8 and tuple(x.shape) == todo[key][1]):
+                    shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                    return (f"{rel}: the store's head makes {shape}, the first image {todo[key][1]} (images of one "
+                            f"size are stored)"), {}, (rows.start, rows.stop)
+                arrays[key][i] = x.as_subclass(torch.Tensor).numpy()
+        for array in arrays.values():
+            array.flush()
+        return None, {key: array_digest(array[rows.start:rows.stop]) for key, array in arrays.items()}, (rows.start,
+                                                                                                         rows.stop)
+    finally:
+        arrays.clear()
+
+
+def _commit(folder: Path, todo: dict[str, tuple[Path, tuple[int, ...]]], paths: dict[str, Path],
+            blocks: list[tuple[str | None, dict[str, str], tuple[int, int]]], kept_paths: list[Path]) -> None:
+    """Rank 0: each new store checked block by block against what its rank wrote, its record written, then the store
+    renamed into place (a store in place always has its record); other keys' stores and leftovers removed."""
+    for key, (tmp, _) in todo.items():
+        array = np.load(tmp, mmap_mode="r")  # opened again: what every rank's writes left in the file
+        for rank, (_, digests, (first, end)) in enumerate(blocks):
+            if array_digest(array[first:end]) != digests[key]:
+                raise RuntimeError(f"the synthetic image store '{tmp}': rows {first}–{end - 1} are not what "
+                                   f"rank {rank} wrote (a file system that does not keep concurrent writers' "
+                                   f"pages); nothing was kept: run the pre-training on one node, or put the run "
+                                   f"folder on a file system that does")
+        record = {"shape": list(array.shape), "sha256": array_digest(array)}
+        del array
+        path = paths[key]
+        _record_path(path).write_text(json.dumps(record), encoding="utf-8")  # before the store: a store
+        os.replace(tmp, path)  # in place always has its record
+    root = folder / STORE_DIR
+    kept = {*kept_paths, *map(_record_path, kept_paths)}
+    for stale in [*root.glob("*.npy"), *root.glob("*.json"), *root.glob("*.tmp")]:  # other keys', a killed
+        if stale not in kept:  # build's leftovers
+            stale.unlink(missing_ok=True)
+
+
+def _build_or_none(folder: Path, heads: Sequence[v2.Compose], ranks: Ranks | None = None) -> list[Path] | None:
     """:func:`build_stores`, or None (the caller reads the PNGs) for a folder it cannot store: no image, or images
-    whose head makes more than one shape (one warning)."""
+    whose head makes more than one shape (one warning; every rank alike)."""
     import warnings
 
     if not _manifest(folder)[1]:
         return None
     try:
-        return build_stores(folder, heads)
+        return build_stores(folder, heads, ranks)
     except ValueError as err:
-        warnings.warn(f"the synthetic images are read from their PNGs: {err}", stacklevel=2)
+        if ranks is None or ranks.rank == 0:
+            warnings.warn(f"the synthetic images are read from their PNGs: {err}", stacklevel=2)
         return None
 
 
@@ -302,7 +374,7 @@ class StoredImages(Dataset):
 
 
 def stored_splits(folder: str | os.PathLike[str], train_transform: v2.Compose, val_transform: v2.Compose, *,
-                  mode: str = "exact", build: Callable[[Callable[[], list[Path]]], list[Path]] | None = None,
+                  mode: str = "exact", ranks: Ranks | None = None,
                   defer: bool = False) -> tuple[StoredImages, StoredImages] | None:
     """The whole folder read through a store with each split's transform, or None (``mode="off"``, a transform this
     cannot cut, or a folder it cannot store — no image, or images of more than one size where the store keeps the
@@ -313,8 +385,8 @@ def stored_splits(folder: str | os.PathLike[str], train_transform: v2.Compose, v
         train_transform, val_transform: the pre-training's two transforms.
         mode: ``exact`` (each split's own head: bit-identical), ``input`` (both at the held-out head's input size)
             or ``off``.
-        build: runs the store's build (given as a callable) and returns its paths: e.g. on rank 0 alone with its
-            value sent to every rank; None: here.
+        ranks: every rank of a shared server phase, which all call this together: the store's build is dealt over
+            them (:func:`build_stores`); None: this process alone.
         defer: leave the float part to the reader when both splits have the same one (``StoredImages.deferred``:
             uint8 batches, a quarter of the bytes to move to a GPU, and the float part runs there).
     """
@@ -327,7 +399,7 @@ def stored_splits(folder: str | os.PathLike[str], train_transform: v2.Compose, v
         train = TransformParts(val.head, train.middle, train.finish)
     folder = Path(folder)
     heads = [train.head] if repr(train.head) == repr(val.head) else [train.head, val.head]
-    paths = build(lambda: _build_or_none(folder, heads)) if build is not None else _build_or_none(folder, heads)
+    paths = _build_or_none(folder, heads, ranks)
     if paths is None:
         return None
     labels = [label for _, label in _manifest(folder)[1]]

@@ -518,8 +518,7 @@ def pretrain_on_synthetic(cfg: Any, folder: Path, *, num_classes: int, spec: Inp
     transform = dict(normalization=spec.normalization, image_size=spec.image_size, mean=spec.mean, std=spec.std)
     train_tf, val_tf = build_transform(**transform, train=True), build_transform(**transform, train=False)
     start = time.monotonic()  # the host's pre-training time counts the store's build (the PNGs' one decode)
-    stored = stored_splits(folder, train_tf, val_tf, mode=cfg.pretrain_store, defer=True, build=None if ranks is None
-                           else lambda step: ranks.on_server(step, "the synthetic images' store"))  # built on rank 0
+    stored = stored_splits(folder, train_tf, val_tf, mode=cfg.pretrain_store, defer=True, ranks=ranks)  # every rank
     train_all, val_all = stored or (SyntheticFolder(folder, train_tf), SyntheticFolder(folder, val_tf))
     train_set, _ = split_holdout(train_all, cfg.pretrain_holdout, seed)
     _, val_set = split_holdout(val_all, cfg.pretrain_holdout, seed)
