@@ -132,7 +132,7 @@ class _RoundClock:
 
 
 def _framework_worker(config: Path, out: Path, paused: Any = None) -> None:
-    from fl_lightning.config import load_config
+    from fl_lightning.config.loading import load_config
     from fl_lightning.federation.simulation import Simulation
 
     clock = _RoundClock()
@@ -160,7 +160,7 @@ class _StopAtFirstClient:
 
 def _start_worker(config: Path, out: Path, paused: Any = None) -> None:
     """The framework from process start to its first client, then stop (the start-up figure)."""
-    from fl_lightning.config import load_config
+    from fl_lightning.config.loading import load_config
     from fl_lightning.federation.simulation import Simulation
 
     stop = _StopAtFirstClient()

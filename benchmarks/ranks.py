@@ -66,7 +66,7 @@ class _RankReport:
 
 
 def _worker(config: str, overrides: Sequence[str], out: Path) -> None:
-    from fl_lightning.config import load_config
+    from fl_lightning.config.loading import load_config
     from fl_lightning.federation.collectives import recording_waits
     from fl_lightning.federation.simulation import Simulation
 

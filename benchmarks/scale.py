@@ -174,7 +174,7 @@ class _Probe:
 
 
 def _framework_worker(config: Path, out_dir: Path) -> None:
-    from fl_lightning.config import load_config
+    from fl_lightning.config.loading import load_config
     from fl_lightning.federation.simulation import Simulation
 
     Simulation(cfg=load_config(config), loggers=[], callbacks=[_Probe(out_dir)]).run()
@@ -187,7 +187,7 @@ def _bare_worker(config: Path, out_dir: Path) -> None:
     from torch.utils.data import DataLoader, Subset
 
     from fl_lightning.algorithms.common import frozen_backbone
-    from fl_lightning.config import load_config
+    from fl_lightning.config.loading import load_config
     from fl_lightning.data.partition import iid_partition
     from fl_lightning.data.registry import build_dataset
     from fl_lightning.data.transforms import build_transform
@@ -273,8 +273,8 @@ def _bare_script_worker(config: Path, out_dir: Path) -> None:
 _FIRST_CLIENT = r"""
 import json, sys, time
 t, cpu = {"interpreter": time.time()}, {"interpreter": time.process_time()}
-from fl_lightning.config import load_config
-t["import fl_lightning.config"], cpu["import fl_lightning.config"] = time.time(), time.process_time()
+from fl_lightning.config.loading import load_config
+t["import fl_lightning.config.loading"], cpu["import fl_lightning.config.loading"] = time.time(), time.process_time()
 cfg = load_config(sys.argv[1])
 t["load_config (imports the methods it discovers)"] = time.time()
 cpu["load_config (imports the methods it discovers)"] = time.process_time()
@@ -301,7 +301,7 @@ def _first_client(config: Path, out: Path) -> dict[str, Any]:
     saved = json.loads(out.read_text(encoding="utf-8"))
     stamps, cpu = saved["wall"], saved["cpu"]
     phases, cpu_phases, last, last_cpu = {}, {}, start, 0.0
-    order = ["interpreter", "import fl_lightning.config", "load_config (imports the methods it discovers)",
+    order = ["interpreter", "import fl_lightning.config.loading", "load_config (imports the methods it discovers)",
              "import simulation",
              "Simulation()", "launch + set-up (model, data, partition, report)", "first client"]
     for name in order:

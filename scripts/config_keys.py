@@ -148,7 +148,7 @@ def render() -> str:
            "(the YAML section named like the method). *default* is the value a key takes when the config leaves",
            "it out (what `--print-config` shows); *declared in* names the dataclass that declares the key — a",
            "method's config extends another method's or a stage's, and inherits its keys. Types and comments",
-           "are the dataclasses' own (`fl_lightning/config.py`, each method's file); docs/usage.md says how",
+           "are the dataclasses' own (`fl_lightning/config/schema.py`, each method's file); docs/usage.md says how",
            "configs are written and overridden.", "", "## Core sections (every method)", ""]
     out += _table(_rows(RunConfig, RunConfig()), "")
     for name, algorithm in sorted(shipped_algorithms().items()):

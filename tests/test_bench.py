@@ -269,7 +269,7 @@ def test_engine_bench_bare_loop_matches_the_framework_round_by_round(tmp_path, o
     import yaml
 
     from benchmarks.engine import _bare_worker, _framework_worker, engine_config
-    from fl_lightning.config_loading import build_config
+    from fl_lightning.config.loading import build_config
 
     values = engine_config(output_dir=str(tmp_path / "runs"), model="tiny", num_clients=num_clients, rounds=2)
     assert values["data"]["name"] == ("digits" if num_clients <= 100 else "synthetic")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from fl_lightning.config import FederationConfig, load_config
+from fl_lightning.config import FederationConfig
+from fl_lightning.config.loading import load_config
 from tests.conftest import CONF
 
 _CONFIGS = sorted(CONF.glob("*.yaml"))

@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from fl_lightning.config import RunConfig
-from fl_lightning.config_loading import build_config, dump_config, load_config
-from fl_lightning.config_variants import expand_variants
+from fl_lightning.config.loading import build_config, dump_config, load_config
+from fl_lightning.config.variants import expand_variants
 from fl_lightning.errors import ConfigError, UsageError
 from tests.conftest import CONF, REPO
 
@@ -84,7 +84,7 @@ def test_a_method_section_belongs_to_its_method():
 def test_a_variant_that_switches_method_keeps_the_new_methods_own_defaults():
     """FedOPAL+ extends FedOPAL's config but defaults restat to global: a base fedopal section (resolved,
     every default written out) must not hand it FedOPAL's restat: local. Set keys carry over."""
-    from fl_lightning.config_variants import expand_variants
+    from fl_lightning.config.variants import expand_variants
 
     variants = ("[{algorithm: fedopal_plus}, {algorithm: fedopal_plus, run_name: p_local, "
                 "fedopal_plus: {restat: local, val_fraction: 0}}]")
@@ -104,7 +104,7 @@ def test_print_config_shows_only_the_runs_own_section(tmp_path):
 
 
 def test_variants_cross_methods_and_sweeps():
-    from fl_lightning.config_variants import expand_variants
+    from fl_lightning.config.variants import expand_variants
 
     cfg = load_config(CONF / "quickstart.yaml", ["--sweep", "{partition.alpha: [0.1, .inf], seed: [0, 1]}"])
     runs = expand_variants(cfg)
@@ -122,7 +122,7 @@ def test_keys_joined_by_commas_vary_together_in_a_sweep():
     first key names the run (the default name already encodes the seed)."""
     import itertools
 
-    from fl_lightning.config_variants import expand_variants
+    from fl_lightning.config.variants import expand_variants
 
     sweep = '{partition.alpha: [0.1, .inf], "seed,partition.seed": [[0, 0], [1, 1], [2, 7]]}'
     runs = expand_variants(load_config(CONF / "fedavg_digits_tiny.yaml", ["--sweep", sweep]))
@@ -141,7 +141,7 @@ def test_keys_joined_by_commas_vary_together_in_a_sweep():
     ('{"seed,partition.sed": [[0, 0]]}', "did you mean 'partition.seed'"),
 ])
 def test_a_bad_sweep_group_is_one_line(sweep, needle):
-    from fl_lightning.config_variants import expand_variants
+    from fl_lightning.config.variants import expand_variants
 
     with pytest.raises(UsageError) as err:
         expand_variants(load_config(CONF / "fedavg_digits_tiny.yaml", ["--sweep", sweep]))
@@ -149,7 +149,7 @@ def test_a_bad_sweep_group_is_one_line(sweep, needle):
 
 
 def test_every_shipped_sweep_of_seeds_gives_each_seed_its_own_partition():
-    from fl_lightning.config_variants import expand_variants
+    from fl_lightning.config.variants import expand_variants
 
     swept = [p for p in sorted(CONF.glob("*.yaml")) if "seed" in str(load_config(p).sweep)]
     assert len(swept) >= 6, swept
@@ -163,7 +163,7 @@ def test_every_shipped_sweep_of_seeds_gives_each_seed_its_own_partition():
 
 @pytest.mark.parametrize("path", sorted(CONF.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_loads_and_expands(path):
-    from fl_lightning.config_variants import expand_variants
+    from fl_lightning.config.variants import expand_variants
 
     runs = expand_variants(load_config(path))
     assert runs and len({r.resolved_run_name for r in runs}) == len(runs)
@@ -181,7 +181,7 @@ def test_the_method_section_has_one_route():
 @pytest.fixture
 def renamed_hint():
     """The former-name hint prints once per name and process: start each test with none printed."""
-    from fl_lightning.config_history import _hint_renamed
+    from fl_lightning.config.history import _hint_renamed
 
     _hint_renamed.cache_clear()
     yield
@@ -224,26 +224,26 @@ def test_the_renamed_prompt_section_keeps_its_values(renamed_hint, capsys):
 def test_importing_the_config_imports_no_method():
     """The loader reads the registry on first use; importing it (the schema, the loader and its helpers)
     imports neither the registry nor a method (nor torch), so the arrow config → registry has no way back."""
-    code = ("import sys, fl_lightning.config, fl_lightning.config_loading, fl_lightning.config_variants; "
+    code = ("import sys, fl_lightning.config, fl_lightning.config.loading, fl_lightning.config.variants; "
             "bad = sorted(m for m in sys.modules if m.startswith(('fl_lightning.algorithms', "
             "'fl_lightning.federation')) or m == 'torch'); assert not bad, bad")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
 
 
-def test_the_schema_alone_imports_no_loader_and_still_offers_load_config():
-    """``import fl_lightning.config`` (the schema) imports neither the loader nor YAML; ``load_config``, the entry
-    point notebooks and the benchmarks import from it, is the loader's own function."""
+def test_the_schema_alone_imports_no_loader():
+    """``import fl_lightning.config`` (the package: the schema) imports none of the package's other modules and no
+    YAML, and offers no loader name: ``load_config`` and the rest are imported from ``fl_lightning.config.loading``,
+    which imports the registry, whose modules import the schema (a re-export would close a circle)."""
     code = ("import sys, fl_lightning.config; "
-            "bad = sorted(m for m in sys.modules if m.startswith(('fl_lightning.config_', 'yaml'))); assert not bad, bad; "
-            "from fl_lightning.config import load_config; import fl_lightning.config_loading as loading; "
-            "assert load_config is loading.load_config")
+            "bad = sorted(m for m in sys.modules if m.startswith(('fl_lightning.config.', 'yaml')) "
+            "and m != 'fl_lightning.config.schema'); assert not bad, bad")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    import fl_lightning.config as schema
+    import fl_lightning.config as config
 
-    with pytest.raises(AttributeError, match="no attribute 'build_config'"):  # the loader's other names: its own
-        schema.build_config  # noqa: B018
+    for name in ("load_config", "build_config", "dump_config", "config_to_dict"):
+        assert name not in vars(config), name
 
 
 # The one module under algorithms/ that loads configs: FeDiSyn's pilot tool (its command line and the notebook's
@@ -270,13 +270,13 @@ def _runtime_imports(path) -> set[str]:
 
 
 def test_the_registry_and_the_methods_do_not_import_the_config():
-    """config_loading.py → algorithms/ (discovery) → federation/algorithm.py (registry) and never back — not to
+    """config/loading.py → algorithms/ (discovery) → federation/algorithm.py (registry) and never back — not to
     the loader, its helpers or the schema, not even through an import inside a function: a method's config
     checks use fl_lightning.errors.check."""
     package = REPO / "fl_lightning"
     paths = [package / "federation" / "algorithm.py", *sorted((package / "algorithms").rglob("*.py"))]
     offenders = [str(p.relative_to(package)) for p in paths
-                 if any(m == "fl_lightning.config" or m.startswith("fl_lightning.config_") for m in _runtime_imports(p))]
+                 if any(m == "fl_lightning.config" or m.startswith("fl_lightning.config.") for m in _runtime_imports(p))]
     assert sorted(set(offenders) - _CONFIG_DRIVERS) == []
     assert len(paths) > 15
     drivers = {m.replace("/", ".").removesuffix(".py") for m in _CONFIG_DRIVERS}

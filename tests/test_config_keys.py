@@ -6,7 +6,7 @@ import importlib.util
 import re
 
 from fl_lightning.algorithms import available_algorithms
-from fl_lightning.config_loading import schema_keys
+from fl_lightning.config.loading import schema_keys
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm
 from tests.conftest import REPO
 

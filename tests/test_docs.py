@@ -40,7 +40,7 @@ def test_table_iis_run_count_is_the_same_in_the_config_the_guide_and_the_plan():
     """Facts that drift: the number of runs Table II on CIFAR-10 plans, as its config comment and the guide say."""
     import re
 
-    from fl_lightning.config_loading import load_config
+    from fl_lightning.config.loading import load_config
     from fl_lightning.experiments.plan import plan_runs
 
     n = len(plan_runs(load_config(REPO / "conf" / "fedopal_table2_cifar10.yaml", [])))

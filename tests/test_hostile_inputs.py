@@ -272,7 +272,7 @@ def test_an_alias_bomb_stops_within_2_s(extra, files, capsys):
 
 
 def test_aliases_of_a_normal_size_still_work(tmp_path):
-    from fl_lightning.config_loading import load_config
+    from fl_lightning.config.loading import load_config
 
     path = tmp_path / "aliases.yaml"
     path.write_text(open(TINY).read() + "variants:\n  - &v {algorithm: afl, train: {lr: 0.5}}\n  - *v\n")
@@ -295,7 +295,7 @@ def test_debug_shows_the_traceback(table):
     (["--federation.devices", "2"], 2, 1, 2**20, None),  # GPU ranks: the CPU and memory floor do not apply
 ])
 def test_devices_against_what_the_machine_has(overrides, gpus, cpus, memory, needle, monkeypatch):
-    from fl_lightning.config_loading import load_config
+    from fl_lightning.config.loading import load_config
     from fl_lightning.errors import ResourceError
     from fl_lightning.preflight import check_devices
 

@@ -21,7 +21,7 @@ import torch
 from fl_lightning import train
 from fl_lightning.algorithms import available_algorithms, import_errors
 from fl_lightning.algorithms.common import evaluate_on_test
-from fl_lightning.config_loading import load_config, schema_keys
+from fl_lightning.config.loading import load_config, schema_keys
 from fl_lightning.data.registry import build_dataset
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Algorithm, Client, RoundPlan, State, register

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from fl_lightning import train
 from fl_lightning.algorithms.common import evaluate_on_test
 from fl_lightning.config import FederationConfig
-from fl_lightning.config_loading import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.numerics import torch_numerics
 from fl_lightning.modules.evaluation import evaluate_classifier

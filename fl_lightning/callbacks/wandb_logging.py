@@ -75,7 +75,7 @@ class WandbExtrasCallback:
     def on_run_start(self, *, cfg: Any, env: Any, **_: Any) -> None:
         if env.fabric.global_rank != 0:
             return
-        from fl_lightning.config_loading import config_to_dict
+        from fl_lightning.config.loading import config_to_dict
         from fl_lightning.data.partition import client_class_counts
         from fl_lightning.data.report import partition_image
 

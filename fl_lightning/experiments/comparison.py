@@ -2,7 +2,7 @@
 layout of FedOPAL's Tables I–II) — and the command that builds them from what is on disk.
 
 A config with ``variants:`` (methods) and ``sweep:`` (e.g. ``partition.alpha`` × ``seed``) runs every
-combination (``fl_lightning.config_variants.expand_variants``); :func:`collect` splits its runs into the
+combination (``fl_lightning.config.variants.expand_variants``); :func:`collect` splits its runs into the
 finished and the not yet finished, and :func:`write_comparison` writes beside the run folders:
 
 * ``comparison.csv`` — one row per (method, α): mean and sample standard deviation (ddof = 1; empty for
@@ -190,8 +190,8 @@ def write_table(finished: Sequence[tuple[Any, dict[str, Any]]], missing: Sequenc
 def _runs_in(out_dir: Path) -> tuple[list[Any], bool]:
     """The comparison's runs (from its comparison.yaml, located in ``out_dir``), or those found in its folders;
     and whether the list is the comparison's own (so that runs not there are missing)."""
-    from fl_lightning.config_loading import load_config
-    from fl_lightning.config_variants import expand_variants
+    from fl_lightning.config.loading import load_config
+    from fl_lightning.config.variants import expand_variants
 
     config = out_dir / COMPARISON_CONFIG
     if config.is_file():

@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _paired(argv: list[str]) -> int:
-    from fl_lightning.config_loading import load_config
+    from fl_lightning.config.loading import load_config
     from fl_lightning.errors import UsageError
     from fl_lightning.experiments.command import CommandParser
     from fl_lightning.experiments.comparison import collect

@@ -18,7 +18,7 @@ COMPARISON_CONFIG = "comparison.yaml"  # the comparison's own config, in its out
 
 def plan_runs(cfg: Any) -> list[Any]:
     """The runs of ``cfg`` in their fixed order: one per variant × sweep point (one when it has neither)."""
-    from fl_lightning.config_variants import expand_variants
+    from fl_lightning.config.variants import expand_variants
 
     return expand_variants(cfg)
 
@@ -31,8 +31,8 @@ def finished_summary(cfg: Any) -> dict[str, Any] | None:
     (a run extended with ``--resume`` and stopped again keeps the shorter run's summary: not finished).
     Only reads: a finished folder is not touched.
     """
-    from fl_lightning.config_history import recorded_config
-    from fl_lightning.config_loading import config_to_dict
+    from fl_lightning.config.history import recorded_config
+    from fl_lightning.config.loading import config_to_dict
     from fl_lightning.federation.algorithm import ALGORITHMS
     from fl_lightning.federation.run_folder import completed_rounds, config_diff, read_record
 
@@ -92,7 +92,7 @@ def list_runs(runs: Sequence[Any], mine: Sequence[int]) -> None:
 
 def record_comparison(cfg: Any) -> None:
     """``<output_dir>/comparison.yaml``: the comparison's config as resolved (variants and sweep included)."""
-    from fl_lightning.config_loading import dump_config
+    from fl_lightning.config.loading import dump_config
 
     path = Path(cfg.output_dir) / COMPARISON_CONFIG
     text = dump_config(cfg)

@@ -42,9 +42,9 @@ def run(args: Args, argv: list[str], locks: list, collector: StartupCollector | 
     """Plan the config's runs, run this process's share of them (skipping finished ones, resuming interrupted
     ones, each run folder locked) or start ``--jobs`` processes, then report them. Returns the exit status."""
     try:
-        from fl_lightning.config_history import added_key_overrides
-        from fl_lightning.config_loading import dump_config, load_config
-        from fl_lightning.config_yaml import read_yaml
+        from fl_lightning.config.history import added_key_overrides
+        from fl_lightning.config.loading import dump_config, load_config
+        from fl_lightning.config.yaml_io import read_yaml
         from fl_lightning.errors import ConfigError
 
         config_path, overrides, recorded = args.config, list(args.overrides), None
@@ -205,8 +205,8 @@ def _visible_gpus() -> list[str]:
 def _check_resume_folder(run_dir: Path) -> dict | None:
     """The config the run recorded when it started (None for a folder written before records), after
     checking that the folder's config.yaml was not edited in a way that changes what ran."""
-    from fl_lightning.config_history import recorded_config
-    from fl_lightning.config_yaml import read_yaml
+    from fl_lightning.config.history import recorded_config
+    from fl_lightning.config.yaml_io import read_yaml
     from fl_lightning.errors import RunFolderError, UsageError
     from fl_lightning.federation.run_folder import RECORD, config_diff, format_diff, read_record
 
@@ -231,9 +231,9 @@ def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list
 
     Returns whether the run continues from the folder's checkpoint: with ``--resume``, and when the folder
     holds an unfinished run of this very config (the same command again, after an interruption)."""
-    from fl_lightning.config_history import added_key_overrides, recorded_config
-    from fl_lightning.config_loading import config_to_dict, dump_config, load_config
-    from fl_lightning.config_yaml import read_yaml
+    from fl_lightning.config.history import added_key_overrides, recorded_config
+    from fl_lightning.config.loading import config_to_dict, dump_config, load_config
+    from fl_lightning.config.yaml_io import read_yaml
     from fl_lightning.durable_write import write_text_atomic
     from fl_lightning.errors import ConfigError, RunFolderError
     from fl_lightning.federation.run_lock import RunLock

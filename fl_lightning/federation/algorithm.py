@@ -16,7 +16,7 @@ method whose aggregate is a sum folds them one at a time and its server memory s
 One-shot methods are the one-round case. A method is one file under ``fl_lightning/algorithms/``
 (found by discovery) that subclasses :class:`Algorithm`, declares its config section as
 ``config_class`` and registers itself with :func:`register`. This module imports no config code at
-run time: the loader (``fl_lightning.config_loading``) reads the registry, never the other way round
+run time: the loader (``fl_lightning.config.loading``) reads the registry, never the other way round
 (docs/architecture.md).
 """
 

@@ -37,7 +37,7 @@ from lightning.fabric import Fabric, seed_everything
 from lightning.fabric.strategies import STRATEGY_REGISTRY, DDPStrategy, Strategy
 
 from fl_lightning.config import DataConfig, RunConfig
-from fl_lightning.config_loading import dump_config
+from fl_lightning.config.loading import dump_config
 from fl_lightning.data.hf import HFSource
 from fl_lightning.data.partition import (
     PartitionArgumentError,

@@ -8,7 +8,7 @@ import torch
 from lightning.fabric import seed_everything
 
 from fl_lightning.algorithms.common import frozen_backbone
-from fl_lightning.config_loading import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.data.registry import build_dataset
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.federation.algorithm import InputSpec

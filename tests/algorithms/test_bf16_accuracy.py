@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import pytest
 
-from fl_lightning.config import load_config
+from fl_lightning.config.loading import load_config
 from tests.conftest import CONF
 
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from fl_lightning.config_loading import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.simulation import Simulation
 from fl_lightning.systems.backbones import backbone

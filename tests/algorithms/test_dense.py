@@ -8,7 +8,7 @@ import torch
 
 from fl_lightning.algorithms.dense import DENSE
 from fl_lightning.algorithms.fedavg_cnn import build_timm_classifier
-from fl_lightning.config_loading import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.federation.simulation import Simulation
 from tests.conftest import CONF
 from tests.outcomes import expect, outcome_seed

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.config_loading import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.transport import Upload

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from fl_lightning.algorithms.fedavg_cnn import build_timm_classifier
-from fl_lightning.config_loading import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.data.registry import build_dataset
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.federation.checkpoint import safe_load

@@ -9,7 +9,7 @@ import torch
 
 from fl_lightning.algorithms.fedisyn import FeDiSyn
 from fl_lightning.algorithms.synthetic_family.planning import SystemPlan
-from fl_lightning.config_loading import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.data.registry import build_dataset
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.run_folder import read_metrics_csv

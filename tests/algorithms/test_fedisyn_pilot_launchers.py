@@ -335,7 +335,7 @@ def test_the_fine_tuning_vit_waits_on_the_cpu_through_the_pilots(pilots_fail: bo
 
     from fl_lightning.algorithms.synthetic_family import pilots, synthesis_step
     from fl_lightning.algorithms.fedisyn.algorithm import FeDiSyn
-    from fl_lightning.config_loading import load_config
+    from fl_lightning.config.loading import load_config
     from fl_lightning.errors import ConfigError
 
     cfg = load_config(CONF / "fedisyn_tiny.yaml", ["--fedisyn.synthetic_lambda", "auto",
@@ -400,7 +400,7 @@ def test_the_fine_tuning_vit_waits_on_the_cpu_through_the_pilots(pilots_fail: bo
 
 def test_other_rounds_and_a_fixed_lambda_leave_the_vit_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
     from fl_lightning.algorithms.fedisyn.algorithm import FeDiSyn
-    from fl_lightning.config_loading import load_config
+    from fl_lightning.config.loading import load_config
 
     _meta_to_cpu_as_zeros(monkeypatch)
     for extra, round_idx in [([], 0), (["--fedisyn.synthetic_lambda", "auto"], 1)]:  # no pilots: no parking

@@ -100,7 +100,7 @@ def test_auto_lambda_picks_the_minimiser_of_a_known_eq13(tmp_path: Path, monkeyp
     from scipy.optimize import minimize_scalar
 
     from fl_lightning.algorithms.synthetic_family import pilots, synthesis_step
-    from fl_lightning.config_loading import load_config
+    from fl_lightning.config.loading import load_config
     from fl_lightning.errors import ConfigError
     from fl_lightning.systems.scaling_law import total_time
     from tests.conftest import CONF

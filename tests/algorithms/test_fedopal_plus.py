@@ -75,7 +75,7 @@ def test_two_rounds_solve_exactly_on_the_inference_features(tmp_path):
     setting does not show FedOPAL+'s advantage, and the test does not claim it.)"""
     from fl_lightning.federation.checkpoint import safe_load
     from tests.algorithms.test_fedopal import _centralized_features, _ridge
-    from fl_lightning.config_loading import load_config
+    from fl_lightning.config.loading import load_config
 
     seed = str(outcome_seed())
     run_dir, summary = _run(tmp_path, "--partition.alpha", "1.0", "--fedopal_plus.lam", "0.1", "--seed", seed,
@@ -95,7 +95,7 @@ def test_two_rounds_solve_exactly_on_the_inference_features(tmp_path):
 def test_single_class_clients_keep_p_init(tmp_path):
     """min_classes larger than the number of classes: nobody trains, P_global = P_init exactly."""
     from fl_lightning.algorithms.common import frozen_backbone
-    from fl_lightning.config_loading import load_config
+    from fl_lightning.config.loading import load_config
     from fl_lightning.federation.checkpoint import safe_load
     from fl_lightning.models.vpt import PromptedViT
 
@@ -180,7 +180,7 @@ def test_config_rejects_what_cannot_run(config):
 
 
 def _simulation(tmp_path, *extra):
-    from fl_lightning.config_loading import load_config
+    from fl_lightning.config.loading import load_config
     from fl_lightning.federation.simulation import Simulation
 
     cfg = load_config(CONF / "fedopal_digits_tiny.yaml",

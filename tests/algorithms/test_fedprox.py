@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fl_lightning.config_loading import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.simulation import Simulation

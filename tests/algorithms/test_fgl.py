@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fl_lightning.algorithms.fgl import CaptionSynthesis, pack_captions, unpack_captions
-from fl_lightning.config_loading import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.errors import UsageError
 from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.transport import Download

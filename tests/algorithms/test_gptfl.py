@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fl_lightning.algorithms.gptfl import FullFedAvg
-from fl_lightning.config_loading import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.data.registry import build_dataset
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.run_folder import read_metrics_csv

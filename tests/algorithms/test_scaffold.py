@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fl_lightning.algorithms.scaffold import client_control, server_step
-from fl_lightning.config_loading import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.errors import UsageError
 from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.client_state import ClientStateStore

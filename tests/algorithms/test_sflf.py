@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from fl_lightning.config_loading import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.federation.run_folder import read_metrics_csv
 from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.transport import SCALAR_BYTES
@@ -123,7 +123,7 @@ def test_a_key_no_stage_of_sflf_reads_is_an_unknown_key(key, hint):
 def test_a_comparison_carries_over_only_the_keys_sflf_reads():
     """A variant switching from fedisyn keeps the shared fine-tuning keys (lora, finetune_lr, the ViT) and
     drops the synthesis ones, rather than accepting and ignoring them."""
-    from fl_lightning.config_variants import expand_variants
+    from fl_lightning.config.variants import expand_variants
 
     runs = {r.run_name: r for r in expand_variants(load_config(CONF / "fedisyn_compare_tiny.yaml"))}
     sflf, fedisyn = runs["sflf"].method, runs["fedisyn"].method

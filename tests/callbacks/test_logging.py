@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from fl_lightning.config_loading import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.federation.simulation import Simulation
 from tests.conftest import CONF
 
@@ -138,7 +138,7 @@ def test_a_comparison_leaves_one_wandb_run_per_run_each_with_its_own_data(tmp_pa
 
 def test_wandb_mode_from_the_environment_wins_and_resume_keeps_the_id(tmp_path, monkeypatch):
     from fl_lightning.callbacks.wandb_logging import wandb_init_args
-    from fl_lightning.config_loading import config_to_dict
+    from fl_lightning.config.loading import config_to_dict
     from fl_lightning.federation.run_folder import write_record
 
     cfg = load_config(CONF / "fedavg_digits_tiny.yaml", ["--output_dir", str(tmp_path), "--logging.wandb", "true",

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from fl_lightning.config import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.data.feature_cache import FeatureCache, accelerator_name, cache_key, split_features, state_dict_digest
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.checkpoint import safe_load

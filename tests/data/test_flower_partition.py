@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fl_lightning.config import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.data.flower_partition import (
     flower_dirichlet_partition,
     flower_iid_partition,

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("datasets")
 
-from fl_lightning.config import load_config  # noqa: E402
+from fl_lightning.config.loading import load_config  # noqa: E402
 from fl_lightning.data.hf import HFSource  # noqa: E402
 from fl_lightning.data.registry import build_dataset  # noqa: E402
 from fl_lightning.data.transforms import build_transform  # noqa: E402

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from fl_lightning.config_history import added_key_overrides, recorded_config
-from fl_lightning.config_loading import config_to_dict, load_config
+from fl_lightning.config.history import added_key_overrides, recorded_config
+from fl_lightning.config.loading import config_to_dict, load_config
 from fl_lightning.data.loader import ClientPasses, LoaderSettings, TensorBatches, resolve_loader_settings
 from fl_lightning.data.preprocessed import PreprocessedSplit, collate
 from fl_lightning.data.relabelled import Relabelled

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from fl_lightning.algorithms import available_algorithms
-from fl_lightning.config_history import _hint_renamed
-from fl_lightning.config_loading import build_config, load_config
+from fl_lightning.config.history import _hint_renamed
+from fl_lightning.config.loading import build_config, load_config
 from fl_lightning.federation.algorithm import ALGORITHMS, RENAMED, NoConfig, register
 from fl_lightning.federation.simulation import Simulation
 from tests.conftest import CONF

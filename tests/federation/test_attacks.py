@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fl_lightning.config import AttackConfig
-from fl_lightning.config_loading import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.errors import ConfigError, UsageError
 from fl_lightning.federation.attacks import ClientAttack, choose_attackers, poison
 from fl_lightning.federation.checkpoint import safe_load

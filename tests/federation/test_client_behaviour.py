@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fl_lightning.config import ClientBehaviourConfig
-from fl_lightning.config_loading import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.errors import ConfigError, TooFewClients, UsageError
 from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.client_behaviour import ClientBehaviour

@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fl_lightning.config_loading import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.collectives import CollectiveTimeout, gathered, to_server, waiting
 from fl_lightning.federation.ddp_strategy import FederatedDDPStrategy, object_group

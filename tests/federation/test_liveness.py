@@ -241,7 +241,7 @@ def test_a_broken_collective_without_a_watch_is_one_line():
 
 @pytest.mark.parametrize("value", ["0", "4.9", "nan", "inf", "2e9"])
 def test_a_bad_liveness_timeout_is_a_config_error(value):
-    from fl_lightning.config_loading import load_config
+    from fl_lightning.config.loading import load_config
     from fl_lightning.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"federation.liveness_timeout_s=.* is not allowed; expected a float in "

@@ -16,7 +16,7 @@ from torch import nn
 
 from fl_lightning import train
 from fl_lightning.algorithms import available_algorithms
-from fl_lightning.config import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation import precision as P
 from tests.conftest import CONF

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("dp_accounting")  # the 'privacy' extra
 import torch
 
-from fl_lightning.config_loading import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.simulation import Simulation

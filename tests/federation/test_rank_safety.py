@@ -30,7 +30,7 @@ import pytest
 import torch
 from lightning.fabric.strategies import DDPStrategy
 
-from fl_lightning.config_loading import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.errors import (
     ConfigError,
     DiskFullError,

@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy import stats
 
-from fl_lightning.config_loading import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.errors import UsageError
 from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.robust_aggregation import bulyan, coordinate_median, krum_scores, trimmed_mean

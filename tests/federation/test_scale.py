@@ -14,7 +14,7 @@ import weakref
 
 import pytest
 
-from fl_lightning.config_loading import build_config
+from fl_lightning.config.loading import build_config
 from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.transport import Upload

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.config_loading import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.federation import server_checkpoint
 from fl_lightning.federation.algorithm import register
 from fl_lightning.federation.checkpoint import CorruptCheckpointError, atomic_save, safe_load

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.config_loading import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.federation.algorithm import register
 from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.errors import ClientFailure, RemoteTraceback, RunFailure, TooFewClients, UsageError
@@ -260,7 +260,7 @@ def test_a_timm_fedavg_run_imports_no_library_it_does_not_use():
     for fast, names in ((False, heavy[0]), (True, f"{heavy[0]}, {heavy[1]}")):
         code = ("import sys; from fl_lightning.experiments.startup import fast_start; "
                 f"{'fast_start(); ' if fast else ''}"
-                "from fl_lightning.config import load_config; "
+                "from fl_lightning.config.loading import load_config; "
                 f"load_config({str(CONF / 'fedavg_cnn_digits_tiny.yaml')!r}); "
                 "import fl_lightning.federation.simulation, fl_lightning.algorithms.fedavg_cnn, fl_lightning.train; "
                 "from fl_lightning.algorithms import available_algorithms; available_algorithms(); "

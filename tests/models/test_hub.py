@@ -133,7 +133,7 @@ def test_download_without_a_network_is_one_line(cache, monkeypatch):
 
 
 def test_paper_configs_name_the_hub_ids_the_papers_used():
-    from fl_lightning.config import load_config
+    from fl_lightning.config.loading import load_config
     from tests.conftest import CONF
 
     assert not [p.name for p in CONF.glob("*.yaml") if "weights/" in p.read_text()]

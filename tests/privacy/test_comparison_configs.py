@@ -12,8 +12,8 @@ import pytest
 pytest.importorskip("dp_accounting")  # the 'privacy' extra
 
 from fl_lightning import train  # noqa: E402
-from fl_lightning.config_loading import load_config  # noqa: E402
-from fl_lightning.config_variants import expand_variants  # noqa: E402
+from fl_lightning.config.loading import load_config  # noqa: E402
+from fl_lightning.config.variants import expand_variants  # noqa: E402
 from tests.conftest import CONF, REPO  # noqa: E402
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_lightning.config import load_config
+from fl_lightning.config.loading import load_config
 from fl_lightning.errors import UsageError
 from fl_lightning.systems.scaling_law import ScalingLawParams, fit_scaling_law, optimal_lambda, total_time
 

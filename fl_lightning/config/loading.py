@@ -28,9 +28,9 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from fl_lightning.config import CORE_SECTIONS, RunConfig
-from fl_lightning.config_history import current_names
-from fl_lightning.config_yaml import merge, parse_overrides, read_yaml
+from fl_lightning.config.schema import CORE_SECTIONS, RunConfig
+from fl_lightning.config.history import current_names
+from fl_lightning.config.yaml_io import merge, parse_overrides, read_yaml
 from fl_lightning.errors import ConfigError, UsageError, did_you_mean
 
 __all__ = ["load_config", "build_config", "schema_keys", "switch_algorithm", "config_to_dict", "dump_config"]

@@ -8,22 +8,20 @@ its file and nothing here. A config is built once at the entry point (``load_con
 down as objects — never a dict or an ``args`` namespace. The method's section is read in one way:
 ``cfg.method`` (inside the method, ``self.config``).
 
-This module holds only the dataclasses, each checking its own values in ``__post_init__``; reading a config
-lives beside it:
+This module holds only the dataclasses, each checking its own values in ``__post_init__``; the package
+:mod:`fl_lightning.config` exports them, and imports nothing else (no YAML, no registry, no method). Reading a
+config lives beside it, each imported from its own module:
 
-* :mod:`fl_lightning.config_loading` — the strict loader (``load_config``, ``build_config``, ``schema_keys``)
+* :mod:`fl_lightning.config.loading` — the strict loader (``load_config``, ``build_config``, ``schema_keys``)
   and its inverse (``config_to_dict``, ``dump_config``);
-* :mod:`fl_lightning.config_yaml` — a config's text as plain mappings: YAML files (unique keys, the alias
+* :mod:`fl_lightning.config.yaml_io` — a config's text as plain mappings: YAML files (unique keys, the alias
   guard), ``--dotted.key value`` overrides, the merge of one mapping over another;
-* :mod:`fl_lightning.config_history` — configs written earlier: a method's former name, the keys added since
+* :mod:`fl_lightning.config.history` — configs written earlier: a method's former name, the keys added since
   a run recorded its config;
-* :mod:`fl_lightning.config_variants` — a comparison's runs (``variants`` × ``sweep``).
-
-``load_config``, the entry point, can be imported from here as well (notebooks and the benchmarks do); it is
-imported on first use, so that ``import fl_lightning.config`` imports neither YAML nor the registry.
+* :mod:`fl_lightning.config.variants` — a comparison's runs (``variants`` × ``sweep``).
 
 Example:
-    >>> from fl_lightning.config import load_config
+    >>> from fl_lightning.config.loading import load_config
     >>> cfg = load_config("conf/quickstart.yaml", ["--partition.alpha", "0.01"])
     >>> cfg.partition.alpha, cfg.method.mu
     (0.01, 0.1)
@@ -34,20 +32,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from fl_lightning.errors import check, did_you_mean
-
-if TYPE_CHECKING:
-    from fl_lightning.config_loading import load_config
-
-__all__ = [
-    "DataConfig", "PartitionConfig", "ModelConfig", "FederationConfig", "PrivacyConfig", "PRIVACY_MECHANISMS",
-    "ServerOptimizerConfig", "SERVER_OPTIMIZERS", "AttackConfig", "ATTACKS",
-    "AggregatorConfig", "AGGREGATORS",
-    "LocalTrainingConfig", "LoggingConfig", "RunConfig", "CORE_SECTIONS", "PRECISIONS", "ACCELERATORS",
-    "load_config",
-]  # check lives in fl_lightning.errors (method configs import it from there, not from here)
 
 # What Fabric accepts (lightning.fabric.connector._PRECISION_INPUT and accelerator names), checked here
 # so that a typo stops in the config layer, not in a traceback from inside Fabric.
@@ -548,12 +535,3 @@ class RunConfig:
         """The seed of the data set's own split and subset: ``data.split_seed``, else the run's seed."""
         return self.seed if self.data.split_seed is None else self.data.split_seed
 
-
-def __getattr__(name: str) -> Any:
-    """``load_config`` from :mod:`fl_lightning.config_loading`, imported on first use (PEP 562): the loader
-    imports this module, and ``import fl_lightning.config`` stays cheap."""
-    if name == "load_config":
-        from fl_lightning.config_loading import load_config
-
-        return load_config
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,7 +3,7 @@
 YAML is read strictly: a key given twice in one mapping is an error (not last-wins), and a document whose
 aliases (``&a`` / ``*a``) expand to more than :data:`MAX_YAML_VALUES` values, or refer to themselves, is refused
 before anything is built. Every failure is one line (:class:`~fl_lightning.errors.UsageError`). What the
-mappings mean is :mod:`fl_lightning.config_loading`'s business.
+mappings mean is :mod:`fl_lightning.config.loading`'s business.
 """
 
 from __future__ import annotations
