@@ -4,6 +4,7 @@ nothing left behind, and a block that is not what its rank wrote is refused in o
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from datetime import timedelta
@@ -15,7 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fl_lightning.federation.collectives import RankFailure, RankStopped, Ranks
+from fl_lightning.federation import checkpoint
+from fl_lightning.federation.collectives import Ranks, RankStopped
 from fl_lightning.synthesis import store
 from fl_lightning.synthesis.store import STORE_DIR, build_stores, split_transform
 from tests.gloo_ranks import report, run_ranks
@@ -52,10 +54,15 @@ def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
     if case == "lost" and rank == 1:  # a file system that lost this rank's pages: its digests no longer match
         real_fill = store._fill
         store._fill = lambda *a: (lambda p, d, r: (p, {k: "0" * 64 for k in d}, r))(*real_fill(*a))
+    if case == "full" and rank == 0:  # no room for the store rank 0 reserves
+        def no_room(fd, offset, length):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        checkpoint.os.posix_fallocate = no_room
     result: dict = {}
     try:
         result["paths"] = [str(p) for p in build_stores(Path(out) / "folder", _heads(), ranks)]
-    except (RankFailure, RankStopped, RuntimeError) as err:
+    except (Exception, RankStopped) as err:  # noqa: BLE001 — what each rank ends with is the result
         result["error"] = (type(err).__name__, str(getattr(err, "message", err)))
     result["decoded"] = decoded
     report(out, rank, result)
@@ -101,3 +108,12 @@ def test_a_block_that_is_not_what_its_rank_wrote_is_refused_in_one_line(tmp_path
     assert kind == "RuntimeError" and "not what rank 1 wrote" in line and "\n" not in line
     assert results[1]["error"][0] == "RankStopped"
     assert not _leftovers(folder) and not list((folder / STORE_DIR).glob("*.npy"))
+
+
+def test_a_full_disk_on_rank_0_while_the_store_is_reserved_ends_both_in_one_line(tmp_path):
+    folder = _folder(tmp_path / "folder", n=13)
+    results = run_ranks(_worker, 2, tmp_path, "full")
+    kind, line = results[0]["error"]
+    assert kind == "DiskFullError" and line.startswith("disk full:") and "\n" not in line
+    assert results[1]["error"][0] == "RankStopped" and results[1]["decoded"] == []  # nothing decoded for nothing
+    assert not list((folder / STORE_DIR).iterdir())
