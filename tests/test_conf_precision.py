@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import pytest
-import yaml
 
 from fl_lightning.config import FederationConfig
 from fl_lightning.config.loading import load_config
+from fl_lightning.config.yaml_io import read_config
 from tests.conftest import CONF
 
 _CONFIGS = sorted(CONF.glob("*.yaml"))
@@ -27,7 +27,7 @@ def _is_gpu_config(raw: dict, name: str) -> bool:
 
 
 def test_the_split_is_the_one_intended():
-    gpu = {p.name for p in _CONFIGS if _is_gpu_config(yaml.safe_load(p.read_text()), p.name)}
+    gpu = {p.name for p in _CONFIGS if _is_gpu_config(read_config(p), p.name)}
     assert {"fedopal_cifar10.yaml", "fedopal_table2_dtd.yaml", "afl_svhn.yaml", "fedisyn_food101.yaml",
             "fedisyn_compare_cifar10.yaml"} <= gpu
     assert not gpu & {"quickstart.yaml", "fedopal_digits_tiny.yaml", "fedopal_kd_baselines_digits.yaml"}
@@ -36,7 +36,7 @@ def test_the_split_is_the_one_intended():
 
 @pytest.mark.parametrize("path", _CONFIGS, ids=lambda p: p.name)
 def test_paper_gpu_configs_name_bf16_mixed_and_tiny_ones_32_true(path):
-    raw = yaml.safe_load(path.read_text())
+    raw = read_config(path)
     expected = "bf16-mixed" if _is_gpu_config(raw, path.name) else "32-true"
     assert _precisions(raw) == {expected}, (path.name, _precisions(raw))
 

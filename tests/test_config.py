@@ -283,3 +283,45 @@ def test_the_registry_and_the_methods_do_not_import_the_config():
     importers = [str(p.relative_to(package)) for p in paths
                  if any(m.removeprefix("fl_lightning.") in drivers for m in _runtime_imports(p))]
     assert importers == []
+
+
+def test_a_config_extends_its_base_and_states_only_what_differs(tmp_path):
+    """``base: other.yaml`` (relative to the file): the base read first, this file merged over it — a section key by
+    key, a list or value replaced — through a chain of bases; the result is the config written out whole."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "root.yaml").write_text("algorithm: fedavg\nseed: 3\ndata: {name: digits, batch_size: 16}\n"
+                                        "partition: {num_clients: 4, alpha: 0.5}\nfederation: {rounds: 2}\n")
+    (tmp_path / "sub" / "mid.yaml").write_text("base: ../root.yaml\ndata: {batch_size: 32}\nfederation: {rounds: 5}\n")
+    (tmp_path / "sub" / "top.yaml").write_text("base: mid.yaml\npartition: {alpha: 2.0}\n")
+    cfg = load_config(tmp_path / "sub" / "top.yaml", ["--federation.rounds", "7"])
+    assert (cfg.seed, cfg.data.name, cfg.data.batch_size) == (3, "digits", 32)
+    assert (cfg.partition.num_clients, cfg.partition.alpha, cfg.federation.rounds) == (4, 2.0, 7)
+    assert "base" not in dump_config(cfg)
+
+
+@pytest.mark.parametrize(("content", "words"), [
+    ("base: missing.yaml\n", "'missing.yaml' not found"),
+    ("base: loop.yaml\n", "extends itself through base"),
+    ("base: [a.yaml]\n", "expected the path"),
+])
+def test_a_bad_base_is_one_line(tmp_path, content, words):
+    (tmp_path / "loop.yaml").write_text(content)
+    with pytest.raises(UsageError) as err:
+        load_config(tmp_path / "loop.yaml", [])
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_table_ii_on_each_data_set_is_the_cifar10_table_with_its_data_set():
+    """Facts stated once: the four Table II configs are one table (cifar10's) and a data set each."""
+    from fl_lightning.config.loading import config_to_dict
+    from fl_lightning.experiments.plan import plan_runs
+
+    table = load_config(CONF / "fedopal_table2_cifar10.yaml", [])
+    for name in ("cifar100", "svhn", "dtd"):
+        text = (CONF / f"fedopal_table2_{name}.yaml").read_text()
+        assert "base: fedopal_table2_cifar10.yaml" in text and len(text.splitlines()) < 12
+        same = load_config(CONF / "fedopal_table2_cifar10.yaml",
+                           ["--data.name", name, "--output_dir", f"runs/fedopal_table2_{name}"])
+        cfg = load_config(CONF / f"fedopal_table2_{name}.yaml", [])
+        assert [config_to_dict(r) for r in plan_runs(cfg)] == [config_to_dict(r) for r in plan_runs(same)]
+        assert len(plan_runs(cfg)) == len(plan_runs(table))

@@ -30,7 +30,7 @@ import yaml
 
 from fl_lightning.config.schema import CORE_SECTIONS, RunConfig
 from fl_lightning.config.history import current_names
-from fl_lightning.config.yaml_io import merge, parse_overrides, read_yaml
+from fl_lightning.config.yaml_io import merge, parse_overrides, read_config
 from fl_lightning.errors import ConfigError, UsageError, did_you_mean
 
 __all__ = ["load_config", "build_config", "schema_keys", "switch_algorithm", "config_to_dict", "dump_config"]
@@ -196,7 +196,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     Raises:
         UsageError / ConfigError: one line naming the key, the value and what is allowed.
     """
-    values = current_names(read_yaml(path) if path is not None else {})
+    values = current_names(read_config(path) if path is not None else {})
     extra = current_names(parse_overrides(overrides or []))
     if "algorithm" in extra:  # --algorithm X on a file written for another method: as a variant would switch
         values = switch_algorithm(values, extra["algorithm"])

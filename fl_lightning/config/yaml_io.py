@@ -15,7 +15,9 @@ import yaml
 
 from fl_lightning.errors import UsageError
 
-__all__ = ["read_yaml", "parse_overrides", "merge", "MAX_YAML_VALUES"]
+__all__ = ["read_yaml", "read_config", "parse_overrides", "merge", "MAX_YAML_VALUES", "BASE_KEY"]
+
+BASE_KEY = "base"  # a config file's top-level key naming the file it extends (relative to it)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -117,6 +119,35 @@ def read_yaml(path: str | Path) -> dict:
         raise UsageError(f"usage error: config file '{path}' holds a {type(values).__name__} at the top level; "
                          f"expected a mapping of sections (data:, partition:, …)")
     return values
+
+
+def read_config(path: str | Path) -> dict:
+    """A config file as a mapping, with the file it extends: ``base: other.yaml`` (a path relative to this file)
+    reads that file first — itself maybe extending another — and merges this one over it (:func:`merge`: a section
+    merges key by key, a list or a value replaces). So configs that differ in a few keys (a paper's table on four
+    data sets) state the rest once. One line (:class:`UsageError`) for a base that is missing, not a string, or a
+    circle of bases."""
+    chain: list[Path] = []
+    values: dict = {}
+    path = Path(path)
+    while True:
+        if path.resolve() in chain:
+            names = " → ".join(str(p) for p in [*chain, path.resolve()])
+            raise UsageError(f"usage error: config file '{path}' extends itself through {BASE_KEY}: ({names})")
+        chain.append(path.resolve())
+        layer = read_yaml(path)
+        base = layer.pop(BASE_KEY, None)
+        values = merge(layer, values)
+        if base is None:
+            return values
+        if not isinstance(base, str) or not base:
+            raise UsageError(f"usage error: config file '{path}': {BASE_KEY}: {base!r} is not allowed; expected the path "
+                             f"of the config file it extends, relative to it")
+        following = path.parent / base
+        if not following.is_file():
+            raise UsageError(f"usage error: config file '{path}': {BASE_KEY}: '{base}' not found (looked for "
+                             f"'{following}')")
+        path = following
 
 
 def parse_overrides(overrides: list[str]) -> dict:
