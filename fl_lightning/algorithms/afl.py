@@ -20,23 +20,25 @@ carries K·γ·I; ``remove_regularization: true`` takes it back out (the exact, 
 unregularised solution).
 
 The server folds the uploads one at a time in client order (a sum: memory flat in K, bit-identical
-for any number of ranks). FedOPAL (``fedopal.py``) is this method plus prompts.
+for any number of ranks). Eq. (7)-(10) are one part, :class:`AnalyticHead` (a client's statistics and
+their upload, the fold, the solve, the test images' logits), which AFL holds; FedCGS, FedOPAL and
+FedOPAL+ (``fedopal.py``, ``fedopal_plus.py``) hold one too, FedOPAL with prompts in front of it.
 
 The frozen backbone's features of the training and test splits are computed once per comparison
 (``data.feature_cache``, :class:`~fl_lightning.algorithms.common.FrozenFeatures`): a client reads its
 rows of the training split's table in its own batches, so a rank holds that table (N × d) rather than
-streaming images. A subclass with its own feature model (FedOPAL's prompts) streams its images as before.
+streaming images. FedOPAL, whose prompts change the features, streams its images through the prompted ViT.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ContextManager, Literal
 
 import torch
 from lightning.fabric import Fabric
-from torch import Tensor, nn
+from torch import Tensor
 
 from fl_lightning.algorithms.common import (
     client_feature_batches,
@@ -57,14 +59,13 @@ from fl_lightning.federation.algorithm import (
     register,
 )
 from fl_lightning.federation.transport import Download, Upload
-from fl_lightning.models.backbones import ViTBackbone
 from fl_lightning.modules.statistics import collect_statistics
 from fl_lightning.federation.privacy_coverage import statistics_only
 
 if TYPE_CHECKING:
-    from fl_lightning.config import RunConfig
+    from fl_lightning.config import PrivacyConfig, RunConfig
 
-__all__ = ["AFL", "AFLConfig"]
+__all__ = ["AFL", "AFLConfig", "AnalyticHead"]
 
 
 @dataclass
@@ -78,87 +79,50 @@ class AFLConfig:
         check(self.lam >= 0, "lam", self.lam, "a float >= 0")
 
 
-@register("afl")
-class AFL(Algorithm):
-    config_class = AFLConfig
+class AnalyticHead:
+    """AFL's analytic classifier as a part a method holds (AFL, FedCGS, FedOPAL, FedOPAL+): a client's statistics
+    (Eq. (7)) and their upload, the server's fold of the uploads and the closed-form solve (Eq. (9)), and Eq. (10)
+    on the test images.
 
-    @classmethod
-    def privacy_gap(cls, cfg: RunConfig) -> str | None:
-        """federation.privacy: the statistics mechanisms cover R_k, C_k, each feature clipped (federation/privacy_coverage.py)."""
-        return statistics_only(cfg)
-    # FedOPAL, FedOPAL+ and FedCGS inherit it
-    true_precision = "its statistics R, C and the closed-form solve stay in float64, not half precision"
-    shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
+    The server's part (:meth:`fold`, :meth:`solve`) reads the section alone; a client's (:meth:`statistics`,
+    :meth:`shapes`) needs the feature space, known once the backbone is built and the data set read
+    (:meth:`setup`). Each feature is clipped to ``federation.privacy.clip_norm`` under the statistics' DP
+    (docs/privacy.md). FedCGS's section has no λ: it holds the head for the statistics and the fold only.
+    """
 
-    @property
-    def num_rounds(self) -> int:
-        return 1
+    def __init__(self, config: AFLConfig, privacy: PrivacyConfig) -> None:
+        self.config = config
+        self.dtype = getattr(torch, config.dtype)  # accumulation and solve precision
+        self.clip_norm = privacy.clip_norm if privacy.mechanism.startswith("statistics") else None
+        self.feature_dim, self.num_classes, self.device = 0, 0, torch.device("cpu")
 
-    # -- set-up ----------------------------------------------------------------------------------
-    def build(self, fabric: Fabric) -> None:
-        self.fabric = fabric
-        self.backbone = held_backbone(self.cfg, fabric)  # CUDA + mixed: in bf16/fp16 (its prompts float32)
-        self.model = self.feature_model(self.backbone)
+    def setup(self, *, feature_dim: int, num_classes: int, device: torch.device) -> None:
+        """The feature space a client's statistics live in: h of ``feature_dim``, labels of ``num_classes``."""
+        self.feature_dim, self.num_classes, self.device = feature_dim, num_classes, device
 
-    def feature_model(self, backbone: ViTBackbone) -> nn.Module:
-        """images → h: the frozen backbone itself (FedOPAL: the backbone with prompts)."""
-        return backbone
+    def statistics(self, features: Callable[[Tensor], Tensor], batches: Iterable[tuple[Tensor, Tensor]],
+                   autocast: Callable[[], ContextManager] | None = None) -> AnalyticStatistics:
+        """Eq. (7) of ``features`` (images or a table's rows → h) over one client's ``batches``, streamed."""
+        return collect_statistics(features, batches, num_classes=self.num_classes, device=self.device,
+                                  dtype=self.dtype, autocast=autocast, feature_dim=self.feature_dim,
+                                  clip_norm=self.clip_norm)
 
-    def input_spec(self) -> InputSpec:
-        return InputSpec.of_backbone(self.backbone, self.cfg.data.image_size)
-
-    def setup(self, env: Environment) -> None:
-        super().setup(env)
-        self.model = self.fabric.to_device(self.model)
-        self._dtype = getattr(torch, self.config.dtype)
-        # the frozen backbone's features, once per comparison; a feature model of its own (prompts) streams images
-        self._frozen = self.model is self.backbone
-        self._tables = FrozenFeatures(self, self.backbone) if self._frozen else None
-        self._train_h = self._tables.table("train", all_ranks=True) if self._frozen else None
-
-    def initial_state(self) -> State:
-        return {}
-
-    # -- client ----------------------------------------------------------------------------------
-    def plan(self, round_idx: int, clients: Sequence[int], state: State, history: RoundHistory) -> RoundPlan:
-        return RoundPlan({c: Download() for c in clients})  # clients hold the frozen backbone: nothing to send
-
-    def statistics(self, client: Client) -> AnalyticStatistics:
-        """Eq. (7) on one client, streamed batch by batch (its rows of the split's feature table, when frozen);
-        each feature clipped to ``federation.privacy.clip_norm`` under the statistics' DP (docs/privacy.md)."""
-        p = self.cfg.federation.privacy
-        clip = p.clip_norm if p.mechanism.startswith("statistics") else None
-        if self._train_h is not None:
-            batches = client_feature_batches(self._train_h, self.env.splits.train_targets,
-                                             self.env.partition[client.index], self.cfg.data.batch_size)
-            return collect_statistics(_identity, batches, num_classes=self.env.num_classes, device=self.fabric.device,
-                                      dtype=self._dtype, feature_dim=self.backbone.feature_dim, clip_norm=clip)
-        loader = self.env.loader(client.dataset, shuffle=False)
-        return collect_statistics(self.model, loader, num_classes=self.env.num_classes, device=self.fabric.device,
-                                  dtype=self._dtype, autocast=self.fabric.autocast,
-                                  feature_dim=self.backbone.feature_dim, clip_norm=clip)
-
-    def statistics_upload(self, stats: AnalyticStatistics, first: dict[str, Tensor] | None = None,
-                          **meta: int) -> Upload:
-        """An Upload of ``stats`` in their wire format (after the tensors ``first``), N as ``num_samples``."""
+    @staticmethod
+    def upload(stats: AnalyticStatistics, first: dict[str, Tensor] | None = None, **meta: int) -> Upload:
+        """An Upload of ``stats`` in their wire format (after the tensors ``first``), N as ``num_samples``
+        (unless ``meta`` names it)."""
         wire = {k: v.cpu() for k, v in stats.to_upload().items()}
         return Upload({**(first or {}), **wire}, {"num_samples": int(stats.N), **meta})
 
-    def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
-        return self.statistics_upload(self.statistics(client))
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """The shapes of one client's :meth:`upload` (R's upper triangle, C)."""
+        return AnalyticStatistics.upload_shapes(self.feature_dim, self.num_classes)
 
-    def statistics_shapes(self) -> dict[str, tuple[int, ...]]:
-        """The shapes of one client's upload of :meth:`statistics_upload` (R's upper triangle, C)."""
-        return AnalyticStatistics.upload_shapes(self.backbone.feature_dim, self.env.num_classes)
-
-    def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
-        return self.statistics_shapes()
-
-    # -- server ----------------------------------------------------------------------------------
-    def fold_statistics(self, round_idx: int, uploads: Mapping[int, Upload],
-                        visit: Callable[[Upload], None] | None = None) -> tuple[AnalyticStatistics, int]:
+    @staticmethod
+    def fold(round_idx: int, uploads: Mapping[int, Upload],
+             visit: Callable[[Upload], None] | None = None) -> tuple[AnalyticStatistics, int]:
         """Σ_k (R_k, C_k, N_k) folded in client order (:class:`~fl_lightning.analytic.StatisticsSum`), one
-        upload in memory at a time; ``visit`` sees each upload on the way (FedCGS counts classes there)."""
+        upload in memory at a time; ``visit`` sees each upload on the way (FedOPAL's prompts, FedCGS's counts)."""
         fold = StatisticsSum()
         for upload in uploads.values():
             if visit is not None:
@@ -175,23 +139,84 @@ class AFL(Algorithm):
                              remove=c.remove_regularization)
         return solve_classifier(total.R, total.C, lam=lam)
 
+    @staticmethod
+    def evaluate(env: Environment, features: Callable[[Tensor], Tensor], W: Tensor) -> dict[str, Any]:
+        """Eq. (10) on the test images: h of ``features`` under the run's precision, logits h·W in float32."""
+        W = W.to(env.fabric.device)
+
+        def scores(images: Tensor) -> Tensor:
+            with env.fabric.autocast():
+                h = features(images)
+            return logits(h, W).float()
+
+        return evaluate_on_test(env, scores)
+
+
+@register("afl")
+class AFL(Algorithm):
+    """The frozen backbone's features of the training split, each client's rows → R_k, C_k → W* (its
+    :class:`AnalyticHead`)."""
+
+    config_class = AFLConfig
+
+    @classmethod
+    def privacy_gap(cls, cfg: RunConfig) -> str | None:
+        """federation.privacy: the statistics mechanisms cover R_k, C_k, each feature clipped (federation/privacy_coverage.py)."""
+        return statistics_only(cfg)
+    # FedCGS inherits it; FedOPAL and FedOPAL+ declare it too
+    true_precision = "its statistics R, C and the closed-form solve stay in float64, not half precision"
+    shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
+
+    @property
+    def num_rounds(self) -> int:
+        return 1
+
+    # -- set-up ----------------------------------------------------------------------------------
+    def build(self, fabric: Fabric) -> None:
+        self.fabric = fabric
+        self.backbone = held_backbone(self.cfg, fabric)  # CUDA + mixed: in bf16/fp16
+
+    def input_spec(self) -> InputSpec:
+        return InputSpec.of_backbone(self.backbone, self.cfg.data.image_size)
+
+    def setup(self, env: Environment) -> None:
+        super().setup(env)
+        self.head = AnalyticHead(self.config, self.cfg.federation.privacy)
+        self.head.setup(feature_dim=self.backbone.feature_dim, num_classes=env.num_classes, device=self.fabric.device)
+        # the frozen backbone's features, once per comparison
+        self._tables = FrozenFeatures(self, self.backbone)
+        self._train_h = self._tables.table("train", all_ranks=True)
+
+    def initial_state(self) -> State:
+        return {}
+
+    # -- client ----------------------------------------------------------------------------------
+    def plan(self, round_idx: int, clients: Sequence[int], state: State, history: RoundHistory) -> RoundPlan:
+        return RoundPlan({c: Download() for c in clients})  # clients hold the frozen backbone: nothing to send
+
+    def statistics(self, client: Client) -> AnalyticStatistics:
+        """Eq. (7) on one client, streamed batch by batch over its rows of the training split's feature table."""
+        batches = client_feature_batches(self._train_h, self.env.splits.train_targets,
+                                         self.env.partition[client.index], self.cfg.data.batch_size)
+        return self.head.statistics(_identity, batches)
+
+    def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
+        return self.head.upload(self.statistics(client))
+
+    def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
+        return self.head.shapes()
+
+    # -- server ----------------------------------------------------------------------------------
     def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
                   plan: RoundPlan) -> State:
-        total, count = self.fold_statistics(round_idx, uploads)
-        return {**state, "W": self.solve(total, count)}
+        total, count = self.head.fold(round_idx, uploads)
+        return {**state, "W": self.head.solve(total, count)}
 
     def _head(self, h: Tensor) -> Tensor:  # Eq. (10)
         return logits(h, self._W).float()
 
-    def _logits(self, images: Tensor) -> Tensor:
-        with self.fabric.autocast():
-            h = self.model(images)
-        return self._head(h)
-
     def evaluate(self, state: State) -> dict[str, Any]:
         self._W = state["W"].to(self.fabric.device)
-        if not self._frozen:
-            return evaluate_on_test(self.env, self._logits)
         return self._tables.evaluate(self._head)
 
     def summary_extras(self, state: State) -> dict[str, Any]:

@@ -88,7 +88,7 @@ class FedCGS(AFL):
         counts = torch.as_tensor(client.class_counts, dtype=torch.int64)  # N_i^j
         if int(counts.sum()) != stats.N:
             raise RuntimeError(f"client {client.index}: {stats.N} features but class counts sum to {int(counts.sum())}")
-        upload = self.statistics_upload(stats)
+        upload = self.head.upload(stats)
         upload.tensors["counts"] = counts
         return upload
 
@@ -103,7 +103,7 @@ class FedCGS(AFL):
         def add_counts(upload: Upload) -> None:
             counts.add_(upload.tensors["counts"])
 
-        total, _ = self.fold_statistics(round_idx, uploads, visit=add_counts)
+        total, _ = self.head.fold(round_idx, uploads, visit=add_counts)
         W, b = gaussian_head(total.R, total.C, counts, covariance=self.config.covariance,
                              shrinkage=self.config.shrinkage)
         return {**state, "W": W, "b": b, "counts": counts}
@@ -117,7 +117,7 @@ class FedCGS(AFL):
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         d, c = self.backbone.feature_dim, self.env.num_classes
-        item = torch.finfo(self._dtype).bits // 8
+        item = torch.finfo(self.head.dtype).bits // 8
         return {**super().summary_extras(state), "covariance": self.config.covariance,
                 "shrinkage": self.config.shrinkage,
                 # B (upper triangle) + class sums + class counts (int64) + the sample count

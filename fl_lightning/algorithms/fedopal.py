@@ -7,7 +7,7 @@ to accumulate R_k = Σ h hᵀ and C_k = Σ h yᵀ (Eq. (7)) of the prompt-rectif
 P_k, the upper triangle of R_k, C_k and N_k.
 
 Server: P_global = mean_k P_k (Eq. (8); ``weighted`` by N_k as an option) and
-W* = (Σ_k R_k + λI)⁻¹ Σ_k C_k (Eq. (9), :class:`~fl_lightning.algorithms.afl.AFL`'s solve).
+W* = (Σ_k R_k + λI)⁻¹ Σ_k C_k (Eq. (9), AFL's solve: :class:`~fl_lightning.algorithms.afl.AnalyticHead`).
 Inference uses P_global and W* (Eq. (10)). One round, zero server training.
 
 Settings — what the paper gives and what is ours. The paper (§IV-A): K = 10 clients, Dirichlet
@@ -25,23 +25,29 @@ Stages: FedOPAL = one round of :class:`PromptsWithStatistics` (Eq. (6)-(9)). Bey
 client recomputes its statistics under P_global, so that W* is solved on the very features used at
 inference. Round 0 still reports the faithful FedOPAL result, so metrics.csv shows both. FedOPAL+
 (``fedopal_plus.py``) declares prompts first, then statistics.
+
+Parts: FedOPAL *holds* AFL's :class:`~fl_lightning.algorithms.afl.AnalyticHead` (Eq. (7) streamed, the
+fold over the uploads, Eq. (9), Eq. (10)) and a :class:`PromptTrainer` (the prompted ViT and Eq. (6));
+the method hands both to each stage, and a stage's ``client_update`` and ``aggregate`` read straight
+through: one client of FedOPAL is :meth:`PromptsWithStatistics.client_update`, :meth:`PromptTrainer.tune`
+and :meth:`PromptTrainer.statistics`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
-from torch import Tensor, nn
+from torch import Tensor
 
-from fl_lightning.algorithms.afl import AFL, AFLConfig
-from fl_lightning.algorithms.common import require_vit
+from fl_lightning.algorithms.afl import AFL, AFLConfig, AnalyticHead
+from fl_lightning.algorithms.common import held_backbone, require_vit
 from fl_lightning.analytic import AnalyticStatistics
 from fl_lightning.callbacks.proximal import ProximalCallback
 from fl_lightning.errors import check
 from fl_lightning.federation.aggregate import weighted_average
-from fl_lightning.federation.algorithm import Client, Environment, RoundHistory, RoundPlan, State, register
+from fl_lightning.federation.algorithm import Client, Environment, InputSpec, RoundHistory, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.placement import client_seed
 from fl_lightning.federation.stages import Stage, StagedAlgorithm
@@ -51,10 +57,12 @@ from fl_lightning.models.vpt import PromptedViT
 from fl_lightning.modules.prompt_tuning import PromptTuningModule
 
 if TYPE_CHECKING:
+    from lightning.fabric import Fabric
+
     from fl_lightning.config import RunConfig
 
-__all__ = ["FedOPAL", "FedOPALConfig", "AnalyticStage", "PromptTrainer", "StatisticsCollector", "StatisticsSolver",
-           "PromptTuning", "PromptsWithStatistics", "Statistics", "aggregate_prompts"]
+__all__ = ["FedOPAL", "FedOPALConfig", "AnalyticStage", "PromptTrainer", "PromptVotes", "PromptsWithStatistics",
+           "Statistics", "aggregate_prompts"]
 
 
 @dataclass
@@ -92,48 +100,96 @@ def aggregate_prompts(prompts: Sequence[Tensor], weights: Sequence[float], p_ini
     return weighted_average([p.detach().cpu() for p in prompts], weights).to(p_init.dtype)
 
 
-class PromptTrainer(Protocol):
-    """What a prompt stage works with on a client: the prompted model's P and Eq. (6) (FedOPAL itself)."""
+class PromptTrainer:
+    """A FedOPAL client's model: the frozen backbone, the prompted ViT over it and Eq. (6) — set the downloaded P,
+    tune it with a fresh temporary head, read P_k back — and Eq. (7) under the prompts it holds (its
+    :class:`~fl_lightning.algorithms.afl.AnalyticHead`). Built empty with the method; :meth:`setup` hands it the
+    run's Fabric, environment and models."""
 
-    def set_prompts(self, prompts: Tensor) -> None: ...
+    def __init__(self, cfg: RunConfig, config: FedOPALConfig, head: AnalyticHead) -> None:
+        self.cfg, self.config, self.head = cfg, config, head
 
-    def get_prompts(self) -> Tensor: ...
+    def setup(self, fabric: Fabric, env: Environment, backbone: ViTBackbone, model: PromptedViT) -> None:
+        t = self.cfg.train
+        self.fabric, self.env, self.backbone, self.model = fabric, env, backbone, model
+        self.module = PromptTuningModule(model=model, num_classes=env.num_classes, optimizer=t.optimizer, lr=t.lr,
+                                         weight_decay=t.weight_decay, momentum=t.momentum, head_seed=self.cfg.seed)
+        self.module = fabric.to_device(self.module)
+        self._head_init = {k: v.detach().clone() for k, v in self.module.head.state_dict().items()}
 
-    def train_prompts(self, round_idx: int, client: Client, p_init: Tensor) -> None: ...
+    def tune(self, round_idx: int, client: Client, prompts: Tensor, *, train: bool = True) -> Tensor:
+        """P_k of one client: Eq. (6) from the downloaded ``prompts`` — a fresh temporary head, cross-entropy plus
+        the proximal term towards them for ``train.epochs`` — or the downloaded P itself (``train`` False)."""
+        self.model.set_prompts(prompts)
+        if train:
+            self.module.head.load_state_dict(self._head_init)
+        if train and self.cfg.train.epochs > 0 and client.num_samples > 0:
+            dp_sgd = self.env.dp_sgd(round_idx, client)  # federation.privacy.dp_sgd: Poisson lots (docs/privacy.md)
+            loader = self.env.loader(client.dataset, shuffle=True, batch_size=self.cfg.train.batch_size,
+                                     seed=client_seed(self.cfg.seed, round_idx, client.index), dp_sgd=dp_sgd)
+            proximal = ProximalCallback(mu=self.config.mu, reference={PromptTuningModule.prompt_parameter_name: prompts})
+            fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs, callbacks=[proximal],
+                      dp_sgd=dp_sgd)
+        return self.model.get_prompts().detach().cpu().clone()
+
+    def statistics(self, client: Client) -> AnalyticStatistics:
+        """Eq. (7) of the client's data under the prompts the model holds, streamed through the prompted ViT."""
+        return self.head.statistics(self.model, self.env.loader(client.dataset, shuffle=False),
+                                    autocast=self.fabric.autocast)
 
 
-class StatisticsCollector(Protocol):
-    """Eq. (7) on a client, under the prompts set last, and its upload (AFL's, on FedOPAL)."""
+class PromptVotes:
+    """Eq. (8) collected on the way through the uploads (one pass, one upload in memory at a time): each voter's P_k
+    and its weight (1, or N_k for ``prompt_aggregation: weighted``); :meth:`mean` is P_global."""
 
-    def statistics(self, client: Client) -> AnalyticStatistics: ...
+    def __init__(self, config: FedOPALConfig) -> None:
+        self.weighted = config.prompt_aggregation == "weighted"
+        self.prompts: list[Tensor] = []
+        self.weights: list[float] = []
 
-    def statistics_upload(self, stats: AnalyticStatistics, first: dict[str, Tensor] | None = None,
-                          **meta: int) -> Upload: ...
+    def __call__(self, upload: Upload) -> None:
+        self.prompts.append(upload.tensors["prompts"])
+        self.weights.append(float(upload.meta["num_samples"]) if self.weighted else 1.0)
 
-    def statistics_shapes(self) -> dict[str, tuple[int, ...]]: ...
-
-
-class StatisticsSolver(Protocol):
-    """The server's Σ_k (R_k, C_k) and Eq. (9) (AFL's, on FedOPAL)."""
-
-    def fold_statistics(self, round_idx: int, uploads: Mapping[int, Upload],
-                        visit: Callable[[Upload], None] | None = None) -> tuple[AnalyticStatistics, int]: ...
-
-    def solve(self, total: AnalyticStatistics, num_clients: int) -> Tensor: ...
+    def mean(self, p_init: Tensor) -> Tensor:
+        return aggregate_prompts(self.prompts, self.weights, p_init.cpu())
 
 
 class AnalyticStage(Stage):
-    """A stage of FedOPAL (and FedOPAL+), handed its collaborators by the method (:meth:`FedOPAL.make_stage`):
-    the method's section, the prompt trainer, the statistics collector and the solver — it never reaches into
-    the method itself. A stage uses only those of them its rounds need (the server-only ones: none)."""
+    """A stage of FedOPAL (and FedOPAL+), handed its collaborators by the method (:meth:`FedOPAL.make_stage`): the
+    method's section, the client's :class:`PromptTrainer` and the :class:`~fl_lightning.algorithms.afl.AnalyticHead`
+    — it never reaches into the method itself. A stage uses only those of them its rounds need (the server's
+    part: the section and the head's fold and solve). Every client downloads P_global, all it needs."""
 
-    def __init__(self, first_round: int, *, config: FedOPALConfig, trainer: PromptTrainer,
-                 collector: StatisticsCollector, solver: StatisticsSolver) -> None:
+    def __init__(self, first_round: int, *, config: FedOPALConfig, trainer: PromptTrainer | None,
+                 head: AnalyticHead | None) -> None:
         super().__init__(None, first_round)
-        self.config, self.trainer, self.collector, self.solver = config, trainer, collector, solver
+        self.config, self.trainer, self.head = config, trainer, head
 
     def plan(self, round_idx: int, clients: Sequence[int], state: State, history: RoundHistory) -> RoundPlan:
-        return RoundPlan({c: Download({"prompts": state["prompts"]}) for c in clients})  # all a client needs
+        return RoundPlan({c: Download({"prompts": state["prompts"]}) for c in clients})
+
+
+class PromptsWithStatistics(AnalyticStage):
+    """FedOPAL's one shot: each client tunes P_k (Eq. (6)) and uploads it with R_k, C_k under its own P_k (Eq. (7));
+    the server averages the P_k (Eq. (8)) and solves W* (Eq. (9)) in one pass over the uploads."""
+
+    config_class = FedOPALConfig
+
+    def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
+        p_k = self.trainer.tune(round_idx, client, download.tensors["prompts"])
+        return self.head.upload(self.trainer.statistics(client), {"prompts": p_k}, num_samples=int(client.num_samples))
+
+    def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
+        return {**self.head.shapes(), "prompts": tuple(download.tensors["prompts"].shape)}
+
+    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
+                  plan: RoundPlan) -> State:
+        if not uploads:
+            raise RuntimeError(f"round {round_idx}: no client uploaded anything")
+        votes = PromptVotes(self.config)
+        total, count = self.head.fold(round_idx, uploads, votes)
+        return {**state, "prompts": votes.mean(state["prompts"]), "W": self.head.solve(total, count)}
 
 
 class Statistics(AnalyticStage):
@@ -142,95 +198,27 @@ class Statistics(AnalyticStage):
     config_class = AFLConfig
 
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
-        self.trainer.set_prompts(download.tensors["prompts"])
-        return self.collector.statistics_upload(self.collector.statistics(client))
+        self.trainer.tune(round_idx, client, download.tensors["prompts"], train=False)
+        return self.head.upload(self.trainer.statistics(client))
 
     def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
-        return self.collector.statistics_shapes()
+        return self.head.shapes()
 
     def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
                   plan: RoundPlan) -> State:
-        total, count = self.solver.fold_statistics(round_idx, uploads)
-        return {**state, "W": self.solver.solve(total, count)}
-
-
-class PromptTuning(AnalyticStage):
-    """Eq. (6) on the clients (from the downloaded prompts), Eq. (8) on the server over the voters' P_k."""
-
-    config_class = FedOPALConfig
-
-    def trains(self, client: Client) -> bool:
-        """Whether the client tunes its prompts (and its P_k votes in Eq. (8))."""
-        return True
-
-    def meta(self, client: Client, trains: bool) -> dict[str, int]:
-        """The scalars an upload carries besides its tensors."""
-        return {"num_samples": int(client.num_samples)}
-
-    def upload(self, client: Client, prompts: dict[str, Tensor], trains: bool) -> Upload:
-        return Upload(prompts, self.meta(client, trains))
-
-    def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
-        prompts = download.tensors["prompts"]
-        self.trainer.set_prompts(prompts)
-        trains = self.trains(client)
-        if trains:
-            self.trainer.train_prompts(round_idx, client, prompts)  # Eq. (6)
-        return self.upload(client, {"prompts": self.trainer.get_prompts().detach().cpu().clone()}, trains)
-
-    def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
-        return {"prompts": tuple(download.tensors["prompts"].shape)}
-
-    def votes(self, upload: Upload) -> bool:
-        return True
-
-    def prompt_state(self, prompts: list[Tensor], weights: list[float], state: State) -> State:
-        """The global state's prompt entries after Eq. (8)."""
-        return {"prompts": aggregate_prompts(prompts, weights, state["prompts"].cpu())}
-
-    def fold(self, round_idx: int, uploads: Mapping[int, Upload], visit: Callable[[Upload], None]) -> State:
-        """One pass over the uploads (``visit`` collects the prompts); what else this stage solves."""
-        for upload in uploads.values():
-            visit(upload)
-        return {}
-
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
-        if not uploads:
-            raise RuntimeError(f"round {round_idx}: no client uploaded anything")
-        weighted = self.config.prompt_aggregation == "weighted"
-        prompts: list[Tensor] = []
-        weights: list[float] = []
-
-        def vote(upload: Upload) -> None:
-            if self.votes(upload):
-                prompts.append(upload.tensors["prompts"])
-                weights.append(float(upload.meta["num_samples"]) if weighted else 1.0)
-
-        solved = self.fold(round_idx, uploads, vote)
-        return {**state, **self.prompt_state(prompts, weights, state), **solved}
-
-
-class PromptsWithStatistics(PromptTuning):
-    """FedOPAL's one shot: P_k, then R_k, C_k under the client's own P_k; the server solves W* too (Eq. (9))."""
-
-    def upload(self, client: Client, prompts: dict[str, Tensor], trains: bool) -> Upload:
-        return self.collector.statistics_upload(self.collector.statistics(client), prompts, **self.meta(client, trains))
-
-    def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
-        return {**self.collector.statistics_shapes(), **super().expected_shapes(round_idx, download)}
-
-    def fold(self, round_idx: int, uploads: Mapping[int, Upload], visit: Callable[[Upload], None]) -> State:
-        total, count = self.solver.fold_statistics(round_idx, uploads, visit)
-        return {"W": self.solver.solve(total, count)}
+        total, count = self.head.fold(round_idx, uploads)
+        return {**state, "W": self.head.solve(total, count)}
 
 
 @register("fedopal")
-class FedOPAL(StagedAlgorithm, AFL):
-    """AFL plus prompts: the stages of ``restat`` (see the module docstring)."""
+class FedOPAL(StagedAlgorithm):
+    """Prompts and AFL's analytic head: the stages of ``restat`` (see the module docstring), each handed the
+    method's :class:`PromptTrainer` and :class:`~fl_lightning.algorithms.afl.AnalyticHead`."""
 
     config_class = FedOPALConfig
     schedules = {"local": (PromptsWithStatistics,), "global": (PromptsWithStatistics, Statistics)}  # by restat
+    true_precision = AFL.true_precision
+    shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
 
     @classmethod
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
@@ -248,52 +236,45 @@ class FedOPAL(StagedAlgorithm, AFL):
     def stages_for(cls, config: FedOPALConfig) -> tuple[type[Stage], ...]:
         return cls.schedules[config.restat]
 
+    def __init__(self, *, cfg: RunConfig) -> None:
+        config = cfg.method if cfg.method is not None else self.config_class()
+        self.head = AnalyticHead(config, cfg.federation.privacy)  # Eq. (7), the fold and Eq. (9)
+        self.trainer = PromptTrainer(cfg, config, self.head)  # Eq. (6) and Eq. (7) on a client
+        super().__init__(cfg=cfg)
+
     def make_stage(self, stage_class: type[Stage], first_round: int) -> Stage:
-        """Each stage is handed its collaborators: this method is the prompt trainer (its prompted model and
-        Eq. (6)), the statistics collector (AFL's Eq. (7)) and the solver (Eq. (9))."""
-        return stage_class(first_round, config=self.config, trainer=self, collector=self, solver=self)
+        """Each stage is handed its collaborators: the section, the prompt trainer and the analytic head."""
+        return stage_class(first_round, config=self.config, trainer=self.trainer, head=self.head)
 
     # -- set-up ----------------------------------------------------------------------------------
-    def feature_model(self, backbone: ViTBackbone) -> nn.Module:
-        model = PromptedViT(require_vit(self.cfg, backbone), num_prompts=self.config.num_prompts, seed=self.config.prompt_seed)
-        self.p_init = model.get_prompts().detach().cpu().clone()  # identical on every client and rank
-        return model
+    def build(self, fabric: Fabric) -> None:
+        self.fabric = fabric
+        self.backbone = held_backbone(self.cfg, fabric)  # CUDA + mixed: in bf16/fp16 (its prompts float32)
+        self.model = PromptedViT(require_vit(self.cfg, self.backbone), num_prompts=self.config.num_prompts,
+                                 seed=self.config.prompt_seed)
+        self.p_init = self.model.get_prompts().detach().cpu().clone()  # identical on every client and rank
+
+    def input_spec(self) -> InputSpec:
+        return InputSpec.of_backbone(self.backbone, self.cfg.data.image_size)
 
     def setup(self, env: Environment) -> None:
-        t = self.cfg.train
-        self.module = PromptTuningModule(model=self.model, num_classes=env.num_classes, optimizer=t.optimizer,
-                                         lr=t.lr, weight_decay=t.weight_decay, momentum=t.momentum,
-                                         head_seed=self.cfg.seed)
-        self.module = self.fabric.to_device(self.module)
-        super().setup(env)
-        self._head_init = {k: v.detach().clone() for k, v in self.module.head.state_dict().items()}
+        self.env = env
+        self.trainer.setup(self.fabric, env, self.backbone, self.model)
+        self.model = self.fabric.to_device(self.model)
+        self.head.setup(feature_dim=self.backbone.feature_dim, num_classes=env.num_classes, device=self.fabric.device)
 
     def initial_state(self) -> State:
         return {"prompts": self.p_init.clone()}
 
-    def set_prompts(self, prompts: Tensor) -> None:
-        self.model.set_prompts(prompts)
-
-    def get_prompts(self) -> Tensor:
-        return self.model.get_prompts()
-
-    def train_prompts(self, round_idx: int, client: Client, p_init: Tensor) -> None:
-        """Eq. (6): prompts + a fresh temporary head, cross-entropy + proximal term towards P_init."""
-        self.module.head.load_state_dict(self._head_init)
-        if self.cfg.train.epochs == 0 or client.num_samples == 0:
-            return
-        dp_sgd = self.env.dp_sgd(round_idx, client)  # federation.privacy.dp_sgd: Poisson lots (docs/privacy.md)
-        loader = self.env.loader(client.dataset, shuffle=True, batch_size=self.cfg.train.batch_size,
-                                 seed=client_seed(self.cfg.seed, round_idx, client.index), dp_sgd=dp_sgd)
-        proximal = ProximalCallback(mu=self.config.mu, reference={PromptTuningModule.prompt_parameter_name: p_init})
-        fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs, callbacks=[proximal], dp_sgd=dp_sgd)
-
     # -- server ----------------------------------------------------------------------------------
     def evaluate(self, state: State) -> dict[str, Any]:
+        """Eq. (10): P_global and W*; FedOPAL+'s AFL head (``head`` 0) reads the prompt-free backbone instead."""
         if "W" not in state:  # after a prompts-only round there is no classifier yet
             return {}
         self.model.set_prompts(state["prompts"].to(self.fabric.device))
-        return super().evaluate(state)
+        features = self.backbone if int(state.get("head", 1)) == 0 else self.model
+        return self.head.evaluate(self.env, features, state["W"])
 
     def summary_extras(self, state: State) -> dict[str, Any]:
-        return {"num_prompts": self.config.num_prompts, "restat": self.config.restat, **super().summary_extras(state)}
+        return {"num_prompts": self.config.num_prompts, "restat": self.config.restat,
+                "feature_dim": int(state["W"].shape[0]) if "W" in state else None}

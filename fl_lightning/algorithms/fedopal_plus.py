@@ -39,7 +39,11 @@ Departures from FedOPAL (``fedopal.py``), each ours, not the paper's:
 Stages: ``val_fraction`` > 0 = :class:`CoveringPrompts` (round 0, prompts only, trained on the fit
 share) → :class:`ValidatedStatistics` (round 1); ``val_fraction: 0``, ``restat: global`` =
 :class:`CoveringPrompts` → FedOPAL's :class:`~fl_lightning.algorithms.fedopal.Statistics`;
-``restat: local`` = :class:`CoveringPromptsWithStatistics` (one round).
+``restat: local`` = :class:`CoveringPrompts` handed the analytic head (one round: P_k with R_k, C_k
+under it). Each stage is handed FedOPAL's :class:`~fl_lightning.algorithms.fedopal.PromptTrainer` and
+:class:`~fl_lightning.algorithms.afl.AnalyticHead`; one client of the default is
+:meth:`CoveringPrompts.client_update` and ``PromptTrainer.tune`` (round 0), then
+:meth:`ValidatedStatistics.client_update` and :func:`dual_statistics` (round 1).
 
 Everything else is FedOPAL's: VPT-shallow prompts (``num_prompts``, ``prompt_seed``), Eq. (6) with
 the proximal ``mu`` for the clients that train, the temporary linear head and ``train.*``
@@ -56,7 +60,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -67,32 +71,23 @@ from fl_lightning.algorithms.fedopal import (
     AnalyticStage,
     FedOPAL,
     FedOPALConfig,
-    PromptsWithStatistics,
     PromptTrainer,
-    PromptTuning,
+    PromptVotes,
     Statistics,
-    StatisticsCollector,
     aggregate_prompts,
 )
-from fl_lightning.analytic import (
-    AnalyticStatistics,
-    StatisticsSum,
-    choose_ridge,
-    logits,
-    regularization,
-    solve_classifier,
-)
+from fl_lightning.analytic import AnalyticStatistics, StatisticsSum, choose_ridge, regularization, solve_classifier
 from fl_lightning.data.validation import validation_split
 from fl_lightning.errors import check
-from fl_lightning.federation.algorithm import Client, RoundPlan, State, register
+from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, register
 from fl_lightning.federation.stages import Stage
 from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:
     from fl_lightning.config import RunConfig
 
-__all__ = ["FedOPALPlus", "FedOPALPlusConfig", "CoveringPrompts", "CoveringPromptsWithStatistics",
-           "ValidatedStatistics", "covering_clients", "aggregate_prompts", "HEADS", "STATISTICS_SETS"]
+__all__ = ["FedOPALPlus", "FedOPALPlusConfig", "CoveringPrompts", "ValidatedStatistics", "covering_clients",
+           "fit_share", "validation_positions", "dual_statistics", "aggregate_prompts", "HEADS", "STATISTICS_SETS"]
 
 HEADS = ("afl", "prompted")  # the candidate feature maps, in the order of choose_ridge (0: AFL's, kept on ties)
 STATISTICS_SETS = ("afl", "prompted", "afl_val", "prompted_val")  # what a client uploads in round 1
@@ -137,45 +132,93 @@ def covering_clients(class_counts: Tensor, min_classes: int) -> Tensor:
     return (class_counts > 0).sum(dim=1) >= min_classes
 
 
-class CoveringTrainer(PromptTrainer, Protocol):
-    """FedOPAL+'s prompt trainer: FedOPAL's, and a client's fit share (departure 4)."""
-
-    def fit_client(self, client: Client) -> Client: ...
-
-
-class DualStatisticsCollector(StatisticsCollector, Protocol):
-    """FedOPAL+'s statistics collector: AFL's, and both feature maps' statistics in one pass (departure 4)."""
-
-    def dual_statistics(self, client: Client) -> list[AnalyticStatistics]: ...
+def validation_positions(client: Client, val_fraction: float, seed: int) -> np.ndarray:
+    """Positions (in ``client.dataset``) of the client's validation share, seeded by (seed, client)."""
+    return validation_split(client.num_samples, val_fraction, (seed, client.index))[1]
 
 
-class CoveringPrompts(PromptTuning):
-    """Departures 2 and 3: only a client holding ``min_classes`` labels trains, and only its P_k votes;
-    with departure 4 a client sees only its fit share (its validation share is never trained on)."""
+def fit_share(client: Client, val_fraction: float, seed: int, env: Environment) -> Client:
+    """The client restricted to its fit share, its class counts those of the share (itself when nothing is held out)."""
+    if val_fraction == 0:
+        return client
+    fit, _ = validation_split(client.num_samples, val_fraction, (seed, client.index))
+    labels = np.asarray(env.splits.train_targets)[env.partition[client.index]][fit]
+    counts = np.bincount(labels, minlength=env.num_classes)
+    return Client(client.index, Subset(client.dataset, fit.tolist()), len(fit), counts)
 
+
+def dual_statistics(trainer: PromptTrainer, client: Client, held_out: np.ndarray,
+                    dtype: torch.dtype) -> list[AnalyticStatistics]:
+    """Eq. (7) of h₀ (no prompts: AFL's features) and h_P (under the trainer's prompts), over all the client's data
+    and over its validation share (positions ``held_out``), in the order of ``STATISTICS_SETS``; one pass, the
+    patch embedding computed once. The h₀ statistics are AFL's own (same batches, same operations)."""
+    bb, model, device = trainer.backbone, trainer.model, trainer.fabric.device
+    d, c = bb.feature_dim, trainer.env.num_classes
+    held = torch.zeros(client.num_samples, dtype=torch.bool)
+    held[torch.from_numpy(held_out)] = True
+    with torch.inference_mode(False):
+        stats = [AnalyticStatistics.zeros(d, c, dtype, device) for _ in STATISTICS_SETS]
+    start = 0
+    with torch.inference_mode():
+        for images, labels in trainer.env.loader(client.dataset, shuffle=False):
+            images, labels = images.to(device), labels.to(device)
+            mask = held[start:start + len(labels)].to(device)
+            start += len(labels)
+            with trainer.fabric.autocast():
+                tokens = bb.embed(images)  # (B, 1 + L, D)
+                h0 = bb.pool(bb.encode(tokens))  # (B, d), = bb(images)
+                hp = bb.pool(bb.encode(model.insert_prompts(tokens)))  # (B, d), Eq. (5)
+            h0, hp = h0.to(dtype), hp.to(dtype)
+            stats[0].update(h0, labels)
+            stats[1].update(hp, labels)
+            if bool(mask.any()):
+                stats[2].update(h0[mask], labels[mask])
+                stats[3].update(hp[mask], labels[mask])
+    return stats
+
+
+class CoveringPrompts(AnalyticStage):
+    """Departures 2 and 3: only a client holding ``min_classes`` labels (in its fit share) trains, and only its P_k
+    votes in Eq. (8); with departure 4 a client sees only its fit share (its validation share is never trained on).
+
+    Handed the analytic head (``restat: local``), the round is FedOPAL's one shot: each client uploads R_k, C_k
+    under its P_k beside it and the server solves W* too; handed none (``restat: global``), prompts only."""
+
+    config_class = FedOPALPlusConfig
     config: FedOPALPlusConfig
-    trainer: CoveringTrainer
 
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
-        return super().client_update(round_idx, self.trainer.fit_client(client), download)
+        client = fit_share(client, self.config.val_fraction, self.trainer.cfg.seed, self.trainer.env)
+        trains = bool(covering_clients(torch.as_tensor(client.class_counts)[None], self.config.min_classes)[0])
+        p_k = self.trainer.tune(round_idx, client, download.tensors["prompts"], train=trains)  # Eq. (6), or P_init
+        meta = {"num_samples": int(client.num_samples), "trained": int(trains)}
+        if self.head is None:
+            return Upload({"prompts": p_k}, meta)
+        return self.head.upload(self.trainer.statistics(client), {"prompts": p_k}, **meta)
 
-    def trains(self, client: Client) -> bool:
-        counts = torch.as_tensor(client.class_counts)[None]
-        return bool(covering_clients(counts, self.config.min_classes)[0])
+    def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
+        prompts = {"prompts": tuple(download.tensors["prompts"].shape)}
+        return prompts if self.head is None else {**self.head.shapes(), **prompts}
 
-    def meta(self, client: Client, trains: bool) -> dict[str, int]:
-        return {**super().meta(client, trains), "trained": int(trains)}
+    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
+                  plan: RoundPlan) -> State:
+        if not uploads:
+            raise RuntimeError(f"round {round_idx}: no client uploaded anything")
+        votes = PromptVotes(self.config)
 
-    def votes(self, upload: Upload) -> bool:
-        return bool(int(upload.meta.get("trained", 1)))
+        def vote(upload: Upload) -> None:  # a client that kept P_init does not vote
+            if int(upload.meta.get("trained", 1)):
+                votes(upload)
 
-    def prompt_state(self, prompts: list[Tensor], weights: list[float], state: State) -> State:
-        return {"prompts": aggregate_prompts(prompts, weights, state["prompts"].cpu()),
-                "prompt_voters": torch.tensor(len(prompts))}
-
-
-class CoveringPromptsWithStatistics(CoveringPrompts, PromptsWithStatistics):
-    """``restat: local``: one shot with FedOPAL's local statistics under P_k (and its mismatch)."""
+        solved: State = {}
+        if self.head is None:
+            for upload in uploads.values():
+                vote(upload)
+        else:
+            total, count = self.head.fold(round_idx, uploads, vote)
+            solved = {"W": self.head.solve(total, count)}
+        return {**state, "prompts": votes.mean(state["prompts"]), "prompt_voters": torch.tensor(len(votes.prompts)),
+                **solved}
 
 
 class ValidatedStatistics(AnalyticStage):
@@ -183,17 +226,17 @@ class ValidatedStatistics(AnalyticStage):
 
     config_class = FedOPALPlusConfig
     config: FedOPALPlusConfig
-    collector: DualStatisticsCollector
 
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
-        self.trainer.set_prompts(download.tensors["prompts"])
-        stats = self.collector.dual_statistics(client)
+        self.trainer.tune(round_idx, client, download.tensors["prompts"], train=False)  # P_global
+        held_out = validation_positions(client, self.config.val_fraction, self.trainer.cfg.seed)
+        stats = dual_statistics(self.trainer, client, held_out, self.head.dtype)
         tensors = {f"{name}.{key}": t.cpu() for name, st in zip(STATISTICS_SETS, stats)
                    for key, t in st.to_upload().items()}
         return Upload(tensors, {"num_samples": int(stats[0].N), "num_val": int(stats[2].N)})
 
     def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
-        shapes = self.collector.statistics_shapes()
+        shapes = self.head.shapes()
         return {f"{name}.{key}": shape for name in STATISTICS_SETS for key, shape in shapes.items()}
 
     def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
@@ -222,6 +265,8 @@ class ValidatedStatistics(AnalyticStage):
 
 @register("fedopal_plus")
 class FedOPALPlus(FedOPAL):
+    """FedOPAL's prompt trainer and analytic head in the stages of ``val_fraction`` and ``restat`` (module docstring)."""
+
     config_class = FedOPALPlusConfig
 
     @classmethod
@@ -229,66 +274,17 @@ class FedOPALPlus(FedOPAL):
         """federation.privacy: not covered (its dual statistics are not clipped)."""
         return ("its second stage uploads statistics under the held-out covering split (afl.*, *_val) that no "
                 "mechanism clips or noises")
-    schedules = {"global": (CoveringPrompts, Statistics), "local": (CoveringPromptsWithStatistics,)}  # by restat
 
     @classmethod
     def stages_for(cls, config: FedOPALPlusConfig) -> tuple[type[Stage], ...]:
         if config.val_fraction > 0:
             return (CoveringPrompts, ValidatedStatistics)
-        return cls.schedules[config.restat]
+        return {"global": (CoveringPrompts, Statistics), "local": (CoveringPrompts,)}[config.restat]
 
-    # -- client ----------------------------------------------------------------------------------
-    def validation_positions(self, client: Client) -> np.ndarray:
-        """Positions (in ``client.dataset``) of the client's validation share, seeded by (seed, client)."""
-        return validation_split(client.num_samples, self.config.val_fraction, (self.cfg.seed, client.index))[1]
-
-    def fit_client(self, client: Client) -> Client:
-        """The client restricted to its fit share (itself when nothing is held out)."""
-        if self.config.val_fraction == 0:
-            return client
-        fit, _ = validation_split(client.num_samples, self.config.val_fraction, (self.cfg.seed, client.index))
-        labels = np.asarray(self.env.splits.train_targets)[self.env.partition[client.index]][fit]
-        counts = np.bincount(labels, minlength=self.env.num_classes)
-        return Client(client.index, Subset(client.dataset, fit.tolist()), len(fit), counts)
-
-    def dual_statistics(self, client: Client) -> list[AnalyticStatistics]:
-        """Eq. (7) of h₀ (no prompts: AFL's features) and h_P (under the model's prompts), over all the
-        client's data and over its validation share, in the order of ``STATISTICS_SETS``; one pass, the
-        patch embedding computed once. The h₀ statistics are AFL's own (same batches, same operations)."""
-        bb, device, dtype = self.backbone, self.fabric.device, self._dtype
-        d, c = bb.feature_dim, self.env.num_classes
-        held = torch.zeros(client.num_samples, dtype=torch.bool)
-        held[torch.from_numpy(self.validation_positions(client))] = True
-        with torch.inference_mode(False):
-            stats = [AnalyticStatistics.zeros(d, c, dtype, device) for _ in STATISTICS_SETS]
-        start = 0
-        with torch.inference_mode():
-            for images, labels in self.env.loader(client.dataset, shuffle=False):
-                images, labels = images.to(device), labels.to(device)
-                mask = held[start:start + len(labels)].to(device)
-                start += len(labels)
-                with self.fabric.autocast():
-                    tokens = bb.embed(images)  # (B, 1 + L, D)
-                    h0 = bb.pool(bb.encode(tokens))  # (B, d), = bb(images)
-                    hp = bb.pool(bb.encode(self.model.insert_prompts(tokens)))  # (B, d), Eq. (5)
-                h0, hp = h0.to(dtype), hp.to(dtype)
-                stats[0].update(h0, labels)
-                stats[1].update(hp, labels)
-                if bool(mask.any()):
-                    stats[2].update(h0[mask], labels[mask])
-                    stats[3].update(hp[mask], labels[mask])
-        return stats
-
-    # -- server ----------------------------------------------------------------------------------
-    def evaluate(self, state: State) -> dict[str, Any]:
-        # the chosen head's features: AFL's backbone alone, or the backbone under P_global (Eq. (10))
-        self._features = self.backbone if "W" in state and int(state.get("head", 1)) == 0 else self.model
-        return super().evaluate(state)
-
-    def _logits(self, images: Tensor) -> Tensor:
-        with self.fabric.autocast():
-            h = self._features(images)
-        return logits(h, self._W).float()
+    def make_stage(self, stage_class: type[Stage], first_round: int) -> Stage:
+        """As FedOPAL's; the covering round is handed the analytic head only in the one-shot ``restat: local``."""
+        prompts_only = stage_class is CoveringPrompts and self.config.restat == "global"
+        return stage_class(first_round, config=self.config, trainer=self.trainer, head=None if prompts_only else self.head)
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         voters = int(state["prompt_voters"]) if "prompt_voters" in state else None

@@ -138,39 +138,40 @@ def test_no_config_or_readme_names_the_former_analytic_section():
 
 
 class _FakeTrainer:
-    """A prompt trainer that records what the stage asks of it: P set, trained from, and a P_k to return."""
+    """A prompt trainer that records what the stage asks of it: P tuned from, and a P_k to return."""
 
     def __init__(self, trained: torch.Tensor):
-        self.calls, self.prompts, self.trained = [], None, trained
+        from types import SimpleNamespace
 
-    def set_prompts(self, prompts):
-        self.calls.append("set")
+        self.calls, self.trained = [], trained
+        self.cfg, self.env = SimpleNamespace(seed=0), None  # the fit share's seed; no data set (val_fraction: 0)
+
+    def tune(self, round_idx, client, prompts, *, train=True):
+        self.calls.append(("tune", round_idx, client.index, train))
         self.prompts = prompts
-
-    def get_prompts(self):
-        return self.prompts
-
-    def train_prompts(self, round_idx, client, p_init):
-        self.calls.append(("train", round_idx, client.index))
-        assert torch.equal(p_init, self.prompts)  # Eq. (6) starts from the downloaded P
-        self.prompts = self.trained
+        return self.trained if train else prompts
 
 
 def test_a_prompt_stage_works_only_with_the_collaborators_it_is_given():
-    """PromptTuning, handed a trainer (no method, no model, no data): each client trains from the downloaded P and
-    uploads its P_k; the server's weighted Eq. (8) is Σ N_k P_k / Σ N_k."""
-    from fl_lightning.algorithms.fedopal import FedOPALConfig, PromptTuning
+    """FedOPAL+'s covering round, handed a trainer and no head (no method, no model, no data): each covering client
+    tunes from the downloaded P and uploads its P_k, a client of one label keeps P and does not vote; the server's
+    weighted Eq. (8) is Σ N_k P_k / Σ N_k over the voters."""
+    from fl_lightning.algorithms.fedopal_plus import CoveringPrompts, FedOPALPlusConfig
     from fl_lightning.federation.algorithm import Client
     from fl_lightning.federation.transport import Download
 
     p_global = torch.zeros(2, 3)
+    config = FedOPALPlusConfig(prompt_aggregation="weighted", val_fraction=0.0)
     uploads = {}
-    for k, (n, p_k) in enumerate([(1, torch.ones(2, 3)), (3, torch.full((2, 3), 5.0))]):
+    for k, (n, p_k, counts) in enumerate([(1, torch.ones(2, 3), [1, 0]), (3, torch.full((2, 3), 5.0), [1, 2]),
+                                          (2, torch.full((2, 3), 9.0), [1, 1])]):
         trainer = _FakeTrainer(p_k)
-        stage = PromptTuning(0, config=FedOPALConfig(prompt_aggregation="weighted"), trainer=trainer, collector=None,
-                             solver=None)
-        uploads[k] = stage.client_update(0, Client(k, None, n, np.ones(2)), Download({"prompts": p_global}))
-        assert trainer.calls == ["set", ("train", 0, k)] and torch.equal(uploads[k].tensors["prompts"], p_k)
-        assert uploads[k].meta == {"num_samples": n}
+        stage = CoveringPrompts(0, config=config, trainer=trainer, head=None)
+        uploads[k] = stage.client_update(0, Client(k, None, n, np.array(counts)), Download({"prompts": p_global}))
+        trains = k > 0
+        assert trainer.calls == [("tune", 0, k, trains)] and trainer.prompts is p_global
+        assert torch.equal(uploads[k].tensors["prompts"], p_k if trains else p_global)
+        assert uploads[k].meta == {"num_samples": n, "trained": int(trains)}
     state = stage.aggregate(0, {"prompts": p_global}, uploads, {}, None)
-    assert torch.equal(state["prompts"], torch.full((2, 3), (1 * 1.0 + 3 * 5.0) / 4))
+    assert torch.equal(state["prompts"], torch.full((2, 3), (3 * 5.0 + 2 * 9.0) / 5)) and int(state["prompt_voters"]) == 2
+    assert "W" not in state

@@ -13,6 +13,9 @@ from fl_lightning.algorithms.fedopal_plus import (
     ValidatedStatistics,
     aggregate_prompts,
     covering_clients,
+    dual_statistics,
+    fit_share,
+    validation_positions,
 )
 from fl_lightning.analytic import AnalyticStatistics, StatisticsSum, regularization, solve_classifier
 from fl_lightning.errors import UsageError
@@ -136,7 +139,7 @@ def _client_uploads(good: str, seed: int = 0, clients: int = 3):
 def _server_stage(**config) -> ValidatedStatistics:
     """The stage alone, given its config and no client-side collaborators: the server's choice has no data set,
     no model, no test split to read (the stage is handed what it uses; it never reaches into a method)."""
-    return ValidatedStatistics(1, config=FedOPALPlusConfig(**config), trainer=None, collector=None, solver=None)
+    return ValidatedStatistics(1, config=FedOPALPlusConfig(**config), trainer=None, head=None)
 
 
 @pytest.mark.parametrize("regularization_", ["once", "per_client"])
@@ -195,19 +198,21 @@ def test_validation_share_is_carved_from_the_clients_data_and_never_trained_on(t
     from fl_lightning.modules.statistics import collect_statistics
 
     algo, env = _simulation(tmp_path)._setup()
+    val_fraction, seed = algo.config.val_fraction, algo.cfg.seed
     for k in range(3):
         client = env.client(k)
         own = np.asarray(client.dataset.indices)  # positions in the training split
-        fit = np.asarray(client.dataset.indices)[np.asarray(algo.fit_client(client).dataset.indices)]
-        val = own[algo.validation_positions(client)]
+        fit = np.asarray(client.dataset.indices)[np.asarray(fit_share(client, val_fraction, seed, env).dataset.indices)]
+        val = own[validation_positions(client, val_fraction, seed)]
         assert np.intersect1d(fit, val).size == 0 and np.array_equal(np.sort(np.r_[fit, val]), np.sort(own))
         assert len(val) == int(0.2 * len(own))
     client = env.client(0)
-    stats = algo.dual_statistics(client)
+    held_out = validation_positions(client, val_fraction, seed)
+    stats = dual_statistics(algo.trainer, client, held_out, algo.head.dtype)
     afl = collect_statistics(algo.backbone, env.loader(client.dataset, shuffle=False), num_classes=env.num_classes,
                              device="cpu", feature_dim=algo.backbone.feature_dim)
     assert torch.equal(stats[0].R, afl.R) and torch.equal(stats[0].C, afl.C)
-    val = torch.utils.data.Subset(client.dataset, algo.validation_positions(client).tolist())
+    val = torch.utils.data.Subset(client.dataset, held_out.tolist())
     afl_val = collect_statistics(algo.backbone, env.loader(val, shuffle=False), num_classes=env.num_classes,
                                  device="cpu", feature_dim=algo.backbone.feature_dim)
     assert stats[2].N == len(val)

@@ -163,13 +163,13 @@ def test_fedopal_with_its_trunk_held_in_bf16_runs_under_autocast_and_keeps_float
     real = P.trunk_dtype
     monkeypatch.setattr(P, "trunk_dtype", lambda precision, device, module: real(precision, "cuda", module))
     stats: list[torch.dtype] = []
-    real_upload = afl.AFL.statistics_upload
+    real_upload = afl.AnalyticHead.upload
 
-    def spy(self, s, *a, **kw):
+    def spy(s, *a, **kw):
         stats.extend([s.R.dtype, s.C.dtype])
-        return real_upload(self, s, *a, **kw)
+        return real_upload(s, *a, **kw)
 
-    monkeypatch.setattr(afl.AFL, "statistics_upload", spy)
+    monkeypatch.setattr(afl.AnalyticHead, "upload", staticmethod(spy))
     sim = Simulation(cfg=_cfg(tmp_path, "fedopal_digits_tiny.yaml", "bf16-mixed", "--train.epochs", "1",
                               "--partition.num_clients", "3"), loggers=[])
     algorithms = []
@@ -178,6 +178,6 @@ def test_fedopal_with_its_trunk_held_in_bf16_runs_under_autocast_and_keeps_float
     summary = sim.run()
     algorithm = algorithms[0]
     assert {p.dtype for p in algorithm.backbone.parameters()} == {torch.bfloat16}
-    assert algorithm.model.prompts.dtype == torch.float32 and algorithm.module.head.weight.dtype == torch.float32
+    assert algorithm.model.prompts.dtype == torch.float32 and algorithm.trainer.module.head.weight.dtype == torch.float32
     assert stats and set(stats) == {torch.float64}
     assert summary["accuracy"] > 0.2, summary["accuracy"]  # chance 0.1
