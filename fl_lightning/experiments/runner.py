@@ -9,8 +9,9 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fl_lightning.experiments.plan import finished_summary, list_runs, plan_runs, record_comparison, select_shard
 from fl_lightning.federation.numerics import torch_numerics
@@ -42,102 +43,170 @@ def run(args: Args, argv: list[str], locks: list, collector: StartupCollector | 
     """Plan the config's runs, run this process's share of them (skipping finished ones, resuming interrupted
     ones, each run folder locked) or start ``--jobs`` processes, then report them. Returns the exit status."""
     try:
-        from fl_lightning.config.history import added_key_overrides
-        from fl_lightning.config.loading import dump_config, load_config
-        from fl_lightning.config.yaml_io import read_yaml
-        from fl_lightning.errors import ConfigError
-
-        config_path, overrides, recorded = args.config, list(args.overrides), None
-        if args.resume is not None:
-            run_dir = Path(args.resume)
-            recorded = _check_resume_folder(run_dir)
-            # the run keeps its folder: output_dir/run_name are pinned to where it is
-            overrides = [*overrides, "--output_dir", str(run_dir.parent), "--run_name", run_dir.name]
-            config_path = str(run_dir / "config.yaml")
-            # a folder written before a key existed resumes under the value it ran with, not today's default
-            overrides = [*added_key_overrides(recorded if recorded is not None else read_yaml(config_path)),
-                         *overrides]
-        cfg = load_config(config_path, overrides)
-        if args.print_config:
-            print(dump_config(cfg), end="")
-            return 0
-        runs = plan_runs(cfg)
-
-        mine = list(range(len(runs))) if args.shard is None else select_shard(range(len(runs)), *args.shard)
-        if args.list_runs:
-            list_runs(runs, mine)
-            return 0
-        if len(mine) > 1 and cfg.federation.devices * cfg.federation.num_nodes > 1:
-            raise ConfigError("variants", f"{len(mine)} runs", "a single run when federation.devices > 1 "
-                              "(launch one process group per run, e.g. with --shard I/N)")
-        if args.jobs is not None and _is_primary():
-            return _run_jobs(args, argv, cfg, runs)
-        if not mine:
-            print(f"fl_lightning: --shard {args.shard[0]}/{args.shard[1]} holds no run ({len(runs)} run(s) in all)",
-                  file=sys.stderr)
-            return 0
-        primary = _is_primary()
-        # the same command again: a run that finished under this very config is not run again (every rank
-        # sees the same folder, so no rank launches for it); --overwrite and --resume always run
-        finished = {} if args.overwrite or args.resume is not None else {
-            i: s for i in mine if (s := finished_summary(runs[i])) is not None}
-        todo = [i for i in mine if i not in finished]
-        resume = {i: args.resume is not None for i in todo}
-        held = {}  # a run's lock, released when it has finished (a killed comparison leaves none on those)
-        if primary and todo:
-            from fl_lightning.preflight import preflight
-
-            preflight([runs[i] for i in todo])  # every run still to run, before the first one starts
-            for i in todo:
-                resume[i] = _claim_run_folder(runs[i], args, recorded, argv, locks)
-                held[i] = locks[-1]
-        if primary and len(runs) > 1:  # the comparison's own config: which runs it has (experiments/plan.py);
-            record_comparison(cfg)  # written even when every run finished already (under a narrower --sweep)
-        if finished and primary:
-            print(f"fl_lightning: {len(finished)} of {len(mine)} run(s) finished already with this config, not run "
-                  f"again: {', '.join(runs[i].resolved_run_name for i in finished)}", file=sys.stderr)
-        if todo:
-            from fl_lightning.federation.simulation import Simulation
+        share = _plan(args, argv, locks)
     except KeyboardInterrupt as err:
         print("fl_lightning: interrupted before the run started", file=sys.stderr)
-        return 143 if isinstance(err, _Terminated) else 130
-
-    summaries = dict(finished)
+        return _exit_status(err)
+    if isinstance(share, int):  # nothing to run here: --print-config, --list-runs, --jobs, or an empty --shard
+        return share
+    summaries = dict(share.finished)
     started = time.monotonic()
-    for k, i in enumerate(todo):
-        run = runs[i]
-        if primary and len(mine) > 1 and run.logging.progress:  # the comparison's progress: run k/N, its ETA
-            from fl_lightning.callbacks.progress import eta_s, format_duration
-
-            eta = eta_s(time.monotonic() - started, k, len(todo))
-            print(f"fl_lightning: run {k + 1}/{len(todo)}{' to run' if finished else ''} "
-                  f"({len(finished) + k} of {len(mine)} done): {run.resolved_run_name}, ETA of the rest "
-                  f"{format_duration(eta)}", flush=True)
+    for k, i in enumerate(share.todo):
+        share.announce(k, started)
         try:
-            try:
-                with torch_numerics(run.federation):  # before the simulation is built: CUDA reads the workspace
-                    summaries[i] = Simulation(cfg=run, resume=resume[i],
-                                              callbacks=[] if collector is None else [collector]).run()
-            finally:
-                if collector is not None:
-                    collector.end_run()
-            if i in held:
-                held[i].release()
+            summaries[i] = share.run(i, collector)
         except KeyboardInterrupt as err:
-            if primary:
-                how = "terminated (SIGTERM)" if isinstance(err, _Terminated) else "interrupted"
-                again = (" (or run the same command again: finished runs are not run again, this one continues)"
-                         if len(runs) > 1 else "")
-                print(f"fl_lightning: {how}; the checkpoint is kept: continue with "
-                      f"python -m fl_lightning.train --resume {run.run_dir}{again}", file=sys.stderr)
-            return 143 if isinstance(err, _Terminated) else 130
-    if os.environ.get("LOCAL_RANK", "0") == "0":
-        print_results([(runs[i], summaries[i]) for i in mine])
-        if len(runs) > 1:  # a comparison: methods × α, mean ± std over seeds, of every finished run (all shares)
+            share.explain_interruption(i, err)
+            return _exit_status(err)
+    share.report(summaries)
+    return 0
+
+
+def _exit_status(interruption: KeyboardInterrupt) -> int:
+    """The exit status of an interrupted command: 143 for SIGTERM (:class:`_Terminated`), 130 for Ctrl-C."""
+    return 143 if isinstance(interruption, _Terminated) else 130
+
+
+@dataclass
+class _Share:
+    """This process's share of the planned runs, ready to run: the finished ones' summaries, the ones still to run
+    with whether each resumes and the lock of each this process claimed."""
+
+    cfg: Any  # the comparison's (or the single run's) config
+    runs: list  # every planned run's config
+    mine: list[int]  # this process's share (indices into runs)
+    finished: dict[int, dict]  # the share's runs that finished under this very config: their summaries
+    todo: list[int]  # the share's runs to run, in order
+    resume: dict[int, bool]  # whether each continues from its folder's checkpoint
+    held: dict[int, Any]  # the run locks this process holds, released as each run finishes
+    primary: bool  # the process that checks, locks and reports (see _is_primary)
+    simulation: Any  # the Simulation class (imported before the first run starts)
+
+    def announce(self, k: int, started: float) -> None:
+        """The comparison's progress before its k-th run to run: run k/N, its ETA (the primary, when it logs one)."""
+        run = self.runs[self.todo[k]]
+        if not (self.primary and len(self.mine) > 1 and run.logging.progress):
+            return
+        from fl_lightning.callbacks.progress import eta_s, format_duration
+
+        eta = eta_s(time.monotonic() - started, k, len(self.todo))
+        print(f"fl_lightning: run {k + 1}/{len(self.todo)}{' to run' if self.finished else ''} "
+              f"({len(self.finished) + k} of {len(self.mine)} done): {run.resolved_run_name}, ETA of the rest "
+              f"{format_duration(eta)}", flush=True)
+
+    def run(self, i: int, collector: StartupCollector | None) -> dict:
+        """Run ``runs[i]`` (its numerics applied from before the simulation is built), then release its lock;
+        returns its summary."""
+        run = self.runs[i]
+        try:
+            with torch_numerics(run.federation):  # before the simulation is built: CUDA reads the workspace
+                summary = self.simulation(cfg=run, resume=self.resume[i],
+                                          callbacks=[] if collector is None else [collector]).run()
+        finally:
+            if collector is not None:
+                collector.end_run()
+        if i in self.held:
+            self.held[i].release()
+        return summary
+
+    def explain_interruption(self, i: int, err: KeyboardInterrupt) -> None:
+        """The primary's word on an interrupted run: its checkpoint is kept, and how to continue it."""
+        if not self.primary:
+            return
+        how = "terminated (SIGTERM)" if isinstance(err, _Terminated) else "interrupted"
+        again = (" (or run the same command again: finished runs are not run again, this one continues)"
+                 if len(self.runs) > 1 else "")
+        print(f"fl_lightning: {how}; the checkpoint is kept: continue with "
+              f"python -m fl_lightning.train --resume {self.runs[i].run_dir}{again}", file=sys.stderr)
+
+    def report(self, summaries: dict[int, dict]) -> None:
+        """The share's results (local rank 0): one line per run, and a comparison's table of every finished run."""
+        if os.environ.get("LOCAL_RANK", "0") != "0":
+            return
+        print_results([(self.runs[i], summaries[i]) for i in self.mine])
+        # a comparison: methods × α, mean ± std over seeds, of every finished run (all shares)
+        if len(self.runs) > 1:
             from fl_lightning.experiments.comparison import collect, write_table
 
-            write_table(*collect(runs, summaries), cfg.output_dir)
-    return 0
+            write_table(*collect(self.runs, summaries), self.cfg.output_dir)
+
+
+def _plan(args: Args, argv: list[str], locks: list) -> _Share | int:
+    """The config's runs and this process's share of them, claimed (:func:`_claim_share`); or the exit status where
+    this process runs none: ``--print-config``, ``--list-runs``, ``--jobs`` (its processes run them), an empty share."""
+    from fl_lightning.config.loading import dump_config
+    from fl_lightning.errors import ConfigError
+
+    cfg, recorded = _load_config(args)
+    if args.print_config:
+        print(dump_config(cfg), end="")
+        return 0
+    runs = plan_runs(cfg)
+
+    mine = list(range(len(runs))) if args.shard is None else select_shard(range(len(runs)), *args.shard)
+    if args.list_runs:
+        list_runs(runs, mine)
+        return 0
+    if len(mine) > 1 and cfg.federation.devices * cfg.federation.num_nodes > 1:
+        raise ConfigError("variants", f"{len(mine)} runs", "a single run when federation.devices > 1 "
+                          "(launch one process group per run, e.g. with --shard I/N)")
+    if args.jobs is not None and _is_primary():
+        return _run_jobs(args, argv, cfg, runs)
+    if not mine:
+        print(f"fl_lightning: --shard {args.shard[0]}/{args.shard[1]} holds no run ({len(runs)} run(s) in all)",
+              file=sys.stderr)
+        return 0
+    return _claim_share(args, argv, locks, cfg=cfg, runs=runs, mine=mine, recorded=recorded)
+
+
+def _load_config(args: Args) -> tuple[Any, dict | None]:
+    """The config to run and, with ``--resume``, the run's recorded config (None for a folder written before
+    records): the folder's config.yaml, checked, pinned to that folder, under the values of keys added since."""
+    from fl_lightning.config.history import added_key_overrides
+    from fl_lightning.config.loading import load_config
+    from fl_lightning.config.yaml_io import read_yaml
+
+    config_path, overrides, recorded = args.config, list(args.overrides), None
+    if args.resume is not None:
+        run_dir = Path(args.resume)
+        recorded = _check_resume_folder(run_dir)
+        # the run keeps its folder: output_dir/run_name are pinned to where it is
+        overrides = [*overrides, "--output_dir", str(run_dir.parent), "--run_name", run_dir.name]
+        config_path = str(run_dir / "config.yaml")
+        # a folder written before a key existed resumes under the value it ran with, not today's default
+        overrides = [*added_key_overrides(recorded if recorded is not None else read_yaml(config_path)),
+                     *overrides]
+    return load_config(config_path, overrides), recorded
+
+
+def _claim_share(args: Args, argv: list[str], locks: list, *, cfg: Any, runs: list, mine: list[int],
+                 recorded: dict | None) -> _Share:
+    """Skip the share's finished runs; on the primary, check every run still to run, then lock and claim each
+    folder, and record a comparison's config. Returns the share, ready to run."""
+    primary = _is_primary()
+    # the same command again: a run that finished under this very config is not run again (every rank
+    # sees the same folder, so no rank launches for it); --overwrite and --resume always run
+    finished = {} if args.overwrite or args.resume is not None else {
+        i: s for i in mine if (s := finished_summary(runs[i])) is not None}
+    todo = [i for i in mine if i not in finished]
+    resume = {i: args.resume is not None for i in todo}
+    held = {}  # a run's lock, released when it has finished (a killed comparison leaves none on those)
+    if primary and todo:
+        from fl_lightning.preflight import preflight
+
+        preflight([runs[i] for i in todo])  # every run still to run, before the first one starts
+        for i in todo:
+            resume[i] = _claim_run_folder(runs[i], args, recorded, argv, locks)
+            held[i] = locks[-1]
+    if primary and len(runs) > 1:  # the comparison's own config: which runs it has (experiments/plan.py);
+        record_comparison(cfg)  # written even when every run finished already (under a narrower --sweep)
+    if finished and primary:
+        print(f"fl_lightning: {len(finished)} of {len(mine)} run(s) finished already with this config, not run "
+              f"again: {', '.join(runs[i].resolved_run_name for i in finished)}", file=sys.stderr)
+    simulation = None
+    if todo:  # imported before the first run: an interruption here is one before the run started
+        from fl_lightning.federation.simulation import Simulation as simulation
+    return _Share(cfg, runs, mine, finished, todo, resume, held, primary, simulation)
 
 
 def _run_jobs(args: Args, argv: list[str], cfg: object, runs: list) -> int:
@@ -177,7 +246,7 @@ def _run_jobs(args: Args, argv: list[str], cfg: object, runs: list) -> int:
             p.wait()
         print("fl_lightning: interrupted; the shares keep their checkpoints: run the same command again",
               file=sys.stderr)
-        return 143 if isinstance(err, _Terminated) else 130
+        return _exit_status(err)
     if len(runs) > 1:
         finished, missing = collect(runs)
         if finished:

@@ -475,91 +475,142 @@ def pretrain_classifier(
     Returns:
         path of the best checkpoint, to be read with :func:`load_pretrained_vit`.
     """
-    if max_epochs < 1:
-        raise ValueError(f"max_epochs={max_epochs!r} is not allowed; expected an int >= 1")
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} is not allowed; expected an int >= 1")
-    if patience < 1:
-        raise ValueError(f"patience={patience!r} is not allowed; expected an int >= 1")
+    _check_lengths(max_epochs=max_epochs, batch_size=batch_size, patience=patience)
     out = Path(out_dir)
     lightning.seed_everything(seed, workers=True, verbose=False)
-    module = ViTClassifier(
-        model_name=model_name,
-        num_classes=num_classes,
-        overrides=overrides,
-        checkpoint=checkpoint,
-        lr=lr,
-        weight_decay=weight_decay,
-    )
+    module = ViTClassifier(model_name=model_name, num_classes=num_classes, overrides=overrides, checkpoint=checkpoint,
+                           lr=lr, weight_decay=weight_decay)
     module.batch_transform = batch_transform
     generator = torch.Generator().manual_seed(seed)
-    parallel = ranks is not None and ranks.world > 1
-    extra: dict[str, Any] = {}
-    guard = io = None
-    if parallel:
-        assert ranks is not None
-        device = torch.device(ranks.fabric.device)
-        guard, io = RankGuard(ranks, device), GuardedIO()
-        module.share_over_ranks(guard)
-        split = dict(rank=ranks.rank, world=ranks.world)
-        workers = dict(num_workers=num_workers, pin_memory=pin_memory,
-                       worker_init_fn=partial(seed_rank_worker, ranks.rank) if num_workers else None)
-        train_loader = DataLoader(RankItems(train_dataset), batch_sampler=RankBatches(
-            len(train_dataset), batch_size, generator=generator, **split),  # type: ignore[arg-type]
-            generator=generator, collate_fn=collate_rank_items, **workers)
-        val_loader = DataLoader(RankItems(val_dataset), batch_sampler=RankBatches(
-            len(val_dataset), batch_size, generator=None, **split),  # type: ignore[arg-type]
-            collate_fn=collate_rank_items, **workers)
-        accelerator, devices = device.type, 1
-        extra = dict(strategy=JoinedDDP(ranks, device), plugins=[io], use_distributed_sampler=False)
-        callbacks = [*callbacks, RankSeeds(seed, ranks.rank)]
+    data = dict(train_dataset=train_dataset, val_dataset=val_dataset, batch_size=batch_size, num_workers=num_workers,
+                pin_memory=pin_memory, generator=generator)
+    if ranks is not None and ranks.world > 1:
+        setup = _over_ranks(module, ranks, seed=seed, callbacks=callbacks, **data)
     else:
-        # collate: default_collate, or a stored batch's float part run on the whole batch (synthesis/store.py)
-        train_loader = DataLoader(
-            train_dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers, pin_memory=pin_memory,
-            generator=generator, collate_fn=collate)
-        val_loader = DataLoader(val_dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers,
-                                pin_memory=pin_memory, collate_fn=collate)
-    # the best epoch's weights only (load_pretrained_vit reads them): AdamW's two moments would treble a ViT-L's
-    # 1.2 GB at every new best; the optimizer a resume needs is in the epoch state
-    best = ModelCheckpoint(
-        dirpath=out / "checkpoints", filename="best-{epoch}", monitor=_MONITOR, mode="max", save_top_k=1,
-        save_weights_only=True,
-    )
+        setup = _one_process(accelerator=accelerator, devices=devices, callbacks=callbacks, **data)
+    best = _best_checkpoint(out)
     state = out / EPOCH_STATE
     resuming = state.is_file()
     interruption = _Interruption()
-    trainer = lightning.Trainer(
-        accelerator=accelerator,
-        devices=devices,
-        precision=precision,
-        max_epochs=max_epochs,
-        callbacks=[*callbacks, EarlyStopping(monitor=_MONITOR, mode="max", patience=patience), best,
-                   _EpochState(state, generator, guard, io), interruption],
-        logger=_PretrainLogger(out, epochs_done=_epochs_done(state) if resuming else 0),
-        default_root_dir=out,
-        enable_progress_bar=sys.stderr.isatty(),
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        log_every_n_steps=max(1, min(50, len(train_loader))),
-        **extra,
-    )
-    if parallel:
-        # no Lightning SIGTERM handler on joined ranks: it broadcasts from inside the handler
-        # (signal_connector._sigterm_notifier_fn), which can pair with another rank's pending all-reduce; a SIGTERM
-        # reaches the handler the process had (the CLI's: a KeyboardInterrupt, kept as the fit's interruption)
-        trainer._signal_connector.register_signal_handlers = lambda: None  # this Trainer only
-    with warnings.catch_warnings():
-        if resuming:  # the best checkpoint so far is in there, as it should be
-            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
-        _fit(trainer, module, interruption, train_dataloaders=train_loader, val_dataloaders=val_loader,
-             ckpt_path=state if resuming else None, weights_only=True)  # plain types only (_rng_states)
-    if not parallel or trainer.is_global_zero:
+    checkpointing = [EarlyStopping(monitor=_MONITOR, mode="max", patience=patience), best,
+                     _EpochState(state, generator, setup.guard, setup.io), interruption]
+    trainer = _trainer(setup, out=out, precision=precision, max_epochs=max_epochs, callbacks=checkpointing,
+                       epochs_done=_epochs_done(state) if resuming else 0)
+    _fit_from(trainer, module, interruption, setup, state=state if resuming else None)
+    if not setup.parallel or trainer.is_global_zero:
         state.unlink(missing_ok=True)
     if not best.best_model_path:
         raise RuntimeError(f"pre-training wrote no checkpoint under {out / 'checkpoints'} (did validation run?)")
     # current_epoch counts the epochs completed (early stopping ends the loop after its epoch finished)
     return PretrainResult(Path(best.best_model_path), max(int(trainer.current_epoch), 1))
+
+
+def _check_lengths(*, max_epochs: int, batch_size: int, patience: int) -> None:
+    """:func:`pretrain_classifier`'s lengths, each an int >= 1 (checked before anything is built or seeded)."""
+    for name, value in (("max_epochs", max_epochs), ("batch_size", batch_size), ("patience", patience)):
+        if value < 1:
+            raise ValueError(f"{name}={value!r} is not allowed; expected an int >= 1")
+
+
+class _Setup(NamedTuple):
+    """What one process's pre-training and the ranks' data-parallel one differ in: the loaders, where the Trainer
+    runs, its callbacks (the caller's, then the ranks' reseeding) and, over ranks, the guard, the IO plugin and the
+    Trainer's strategy arguments."""
+
+    train_loader: DataLoader
+    val_loader: DataLoader
+    accelerator: str
+    devices: int
+    callbacks: Sequence[Callback]
+    guard: RankGuard | None = None  # over ranks: every step and epoch state agreed on by every rank
+    io: GuardedIO | None = None  # over ranks: rank 0's checkpoint writes, their errors kept for the guard
+    strategy: Mapping[str, Any] | None = None  # over ranks: the Trainer's strategy, plugins and sampler switch
+
+    @property
+    def parallel(self) -> bool:
+        """Data-parallel over several ranks."""
+        return self.guard is not None
+
+
+def _one_process(*, train_dataset: Dataset, val_dataset: Dataset, batch_size: int, num_workers: int,
+                 pin_memory: bool, generator: torch.Generator, accelerator: str, devices: int,
+                 callbacks: Sequence[Callback]) -> _Setup:
+    """One process's pre-training: shuffled training batches in ``generator``'s order, the held-out ones in order."""
+    # collate: default_collate, or a stored batch's float part run on the whole batch (synthesis/store.py)
+    train_loader = DataLoader(
+        train_dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers, pin_memory=pin_memory,
+        generator=generator, collate_fn=collate)
+    val_loader = DataLoader(val_dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers,
+                            pin_memory=pin_memory, collate_fn=collate)
+    return _Setup(train_loader, val_loader, accelerator, devices, callbacks)
+
+
+def _over_ranks(module: ViTClassifier, ranks: Ranks, *, train_dataset: Dataset, val_dataset: Dataset, batch_size: int,
+                num_workers: int, pin_memory: bool, generator: torch.Generator, seed: int,
+                callbacks: Sequence[Callback]) -> _Setup:
+    """The ranks' data-parallel pre-training (``pretraining_ranks.py``): ``module`` shares its steps over ``ranks``,
+    each rank loads its shard of every global batch, on its own device, and reseeds per (seed, epoch, rank)."""
+    device = torch.device(ranks.fabric.device)
+    guard, io = RankGuard(ranks, device), GuardedIO()
+    module.share_over_ranks(guard)
+    split = dict(rank=ranks.rank, world=ranks.world)
+    workers = dict(num_workers=num_workers, pin_memory=pin_memory,
+                   worker_init_fn=partial(seed_rank_worker, ranks.rank) if num_workers else None)
+    train_loader = DataLoader(RankItems(train_dataset), batch_sampler=RankBatches(
+        len(train_dataset), batch_size, generator=generator, **split),  # type: ignore[arg-type]
+        generator=generator, collate_fn=collate_rank_items, **workers)
+    val_loader = DataLoader(RankItems(val_dataset), batch_sampler=RankBatches(
+        len(val_dataset), batch_size, generator=None, **split),  # type: ignore[arg-type]
+        collate_fn=collate_rank_items, **workers)
+    strategy = dict(strategy=JoinedDDP(ranks, device), plugins=[io], use_distributed_sampler=False)
+    return _Setup(train_loader, val_loader, device.type, 1, [*callbacks, RankSeeds(seed, ranks.rank)], guard, io,
+                  strategy)
+
+
+def _best_checkpoint(out: Path) -> ModelCheckpoint:
+    """The callback that keeps the best epoch's checkpoint (by held-out accuracy) in ``out/checkpoints``."""
+    # the best epoch's weights only (load_pretrained_vit reads them): AdamW's two moments would treble a ViT-L's
+    # 1.2 GB at every new best; the optimizer a resume needs is in the epoch state
+    return ModelCheckpoint(
+        dirpath=out / "checkpoints", filename="best-{epoch}", monitor=_MONITOR, mode="max", save_top_k=1,
+        save_weights_only=True,
+    )
+
+
+def _trainer(setup: _Setup, *, out: Path, precision: str, max_epochs: int, callbacks: Sequence[Callback],
+             epochs_done: int) -> lightning.Trainer:
+    """The pre-training's Trainer: ``setup``'s callbacks then ``callbacks`` (the checkpointing ones), the CSV log
+    continued after ``epochs_done`` epochs; over ranks without Lightning's SIGTERM handler."""
+    trainer = lightning.Trainer(
+        accelerator=setup.accelerator,
+        devices=setup.devices,
+        precision=precision,
+        max_epochs=max_epochs,
+        callbacks=[*setup.callbacks, *callbacks],
+        logger=_PretrainLogger(out, epochs_done=epochs_done),
+        default_root_dir=out,
+        enable_progress_bar=sys.stderr.isatty(),
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=max(1, min(50, len(setup.train_loader))),
+        **(setup.strategy or {}),
+    )
+    if setup.parallel:
+        # no Lightning SIGTERM handler on joined ranks: it broadcasts from inside the handler
+        # (signal_connector._sigterm_notifier_fn), which can pair with another rank's pending all-reduce; a SIGTERM
+        # reaches the handler the process had (the CLI's: a KeyboardInterrupt, kept as the fit's interruption)
+        trainer._signal_connector.register_signal_handlers = lambda: None  # this Trainer only
+    return trainer
+
+
+def _fit_from(trainer: lightning.Trainer, module: lightning.LightningModule, interruption: _Interruption,
+              setup: _Setup, *, state: Path | None) -> None:
+    """:func:`_fit` on ``setup``'s loaders, continuing from the epoch state ``state`` (None: a fresh pre-training)."""
+    with warnings.catch_warnings():
+        if state is not None:  # the best checkpoint so far is in there, as it should be
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+        _fit(trainer, module, interruption, train_dataloaders=setup.train_loader, val_dataloaders=setup.val_loader,
+             ckpt_path=state, weights_only=True)  # plain types only (_rng_states)
 
 
 def load_pretrained_vit(ckpt_path: str | os.PathLike[str], *, map_location: str | torch.device = "cpu") -> nn.Module:

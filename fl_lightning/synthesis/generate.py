@@ -712,49 +712,13 @@ def generate_images(
     if len(set(paths)) != len(paths):
         raise ValueError("requests must have distinct (class_name, index) pairs")
     abar = components.scheduler.alphas_cumprod.detach().to("cpu", torch.float64)
-    memo: dict[tuple[int, float], int] = {}
-    for req in requests:
-        key = (int(req.timestep), float(req.noise_fraction))
-        if key not in memo:
-            memo[key] = fresh_timestep(abar, key[0], key[1], min_fresh_fraction)
-    start_t = [memo[(int(req.timestep), float(req.noise_fraction))] for req in requests]
-    # Batches are formed over ALL requests, as an uninterrupted run forms them, and a batch with any image
-    # missing is sampled whole: a batch's arithmetic (its UNet and VAE calls) depends on what else is in it at
-    # float round-off, so regrouping the missing images would change their bytes. Only missing files are written.
-    batches = _batches(requests, start_t, batch_size)
-    batches = [batches[b] for b in rank_batches(len(batches), rank, world)]
-    missing = [[not (out_dir / req.relpath).is_file() for req in batch] for batch in batches]
-    pending = [(batch, todo) for batch, todo in zip(batches, missing) if any(todo)]
+    start_t = _start_timesteps(requests, abar, min_fresh_fraction)
+    pending = _pending_batches(requests, start_t, out_dir, batch_size=batch_size, rank=rank, world=world)
     out_dir.mkdir(parents=True, exist_ok=True)
     if pending:
-        components.to(device, dtype)
-        device = components.device
-        uncond = encode_prompts(components, [""])  # (1, L, D), shared by every batch
-        writer = _Writer(depth=2 * batch_size)
-        try:
-            with _progress(progress) as bar:
-                task = bar.add_task("synthesising", total=sum(sum(todo) for _, todo in pending))
-                for batch, todo in pending:
-                    starts = [start_latent(req, abar, min_fresh_fraction=min_fresh_fraction) for req in batch]
-                    latents = torch.stack([x for x, _ in starts]).to(device=device, dtype=torch.float32)
-                    x0 = denoise_latents(
-                        components.unet,
-                        components.scheduler,
-                        latents,
-                        timestep=starts[0][1],
-                        num_inference_steps=num_inference_steps,
-                        text_embeddings=encode_prompts(components, [req.prompt for req in batch]),
-                        uncond_embeddings=uncond,
-                        guidance_scale=guidance_scale,
-                    )
-                    for req, image, write in zip(batch, decode_latents(components.vae, x0), todo):
-                        if write:
-                            writer.put(image, out_dir / req.relpath)
-                    bar.advance(task, sum(todo))
-        except BaseException:
-            writer.close(check=False)
-            raise
-        writer.close()  # every file renamed into place (or the first write's error) before the manifest
+        _sample_pending(components, pending, out_dir, abar, batch_size=batch_size,
+                        num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, device=device,
+                        dtype=dtype, progress=progress, min_fresh_fraction=min_fresh_fraction)
     manifest = out_dir / MANIFEST_NAME
     if rank != 0:
         return manifest
@@ -762,3 +726,73 @@ def generate_images(
         for req, t in zip(requests, start_t):
             f.write(json.dumps(_manifest_row(req, t), ensure_ascii=False) + "\n")
     return manifest
+
+
+def _start_timesteps(requests: Sequence[GenerationRequest], abar: torch.Tensor,
+                     min_fresh_fraction: float) -> list[int]:
+    """Each request's start timestep t (:func:`fresh_timestep` of its s and noise fraction, computed once per pair)."""
+    memo: dict[tuple[int, float], int] = {}
+    for req in requests:
+        key = (int(req.timestep), float(req.noise_fraction))
+        if key not in memo:
+            memo[key] = fresh_timestep(abar, key[0], key[1], min_fresh_fraction)
+    return [memo[(int(req.timestep), float(req.noise_fraction))] for req in requests]
+
+
+def _pending_batches(requests: Sequence[GenerationRequest], start_t: Sequence[int], out_dir: Path, *,
+                     batch_size: int, rank: int, world: int) -> list[tuple[list[GenerationRequest], list[bool]]]:
+    """This rank's batches with any image missing under ``out_dir``, each with which of its images are missing."""
+    # Batches are formed over ALL requests, as an uninterrupted run forms them, and a batch with any image
+    # missing is sampled whole: a batch's arithmetic (its UNet and VAE calls) depends on what else is in it at
+    # float round-off, so regrouping the missing images would change their bytes. Only missing files are written.
+    batches = _batches(requests, start_t, batch_size)
+    batches = [batches[b] for b in rank_batches(len(batches), rank, world)]
+    missing = [[not (out_dir / req.relpath).is_file() for req in batch] for batch in batches]
+    return [(batch, todo) for batch, todo in zip(batches, missing) if any(todo)]
+
+
+def _sample_pending(components: DiffusionComponents, pending: Sequence[tuple[list[GenerationRequest], list[bool]]],
+                    out_dir: Path, abar: torch.Tensor, *, batch_size: int, num_inference_steps: int,
+                    guidance_scale: float, device: torch.device | str, dtype: torch.dtype, progress: bool,
+                    min_fresh_fraction: float) -> None:
+    """Sample every batch of ``pending`` whole and write its missing images (``components`` moved to ``device`` /
+    ``dtype``); returns once every file is renamed into place, or raises the sampling's or the first write's error."""
+    components.to(device, dtype)
+    device = components.device
+    uncond = encode_prompts(components, [""])  # (1, L, D), shared by every batch
+    writer = _Writer(depth=2 * batch_size)
+    try:
+        with _progress(progress) as bar:
+            task = bar.add_task("synthesising", total=sum(sum(todo) for _, todo in pending))
+            for batch, todo in pending:
+                images = _sample_batch(components, batch, abar, uncond, num_inference_steps=num_inference_steps,
+                                       guidance_scale=guidance_scale, device=device,
+                                       min_fresh_fraction=min_fresh_fraction)
+                for req, image, write in zip(batch, images, todo):
+                    if write:
+                        writer.put(image, out_dir / req.relpath)
+                bar.advance(task, sum(todo))
+    except BaseException:
+        writer.close(check=False)
+        raise
+    writer.close()  # every file renamed into place (or the first write's error) before the manifest
+
+
+def _sample_batch(components: DiffusionComponents, batch: Sequence[GenerationRequest], abar: torch.Tensor,
+                  uncond: torch.Tensor, *, num_inference_steps: int, guidance_scale: float, device: torch.device,
+                  min_fresh_fraction: float) -> torch.Tensor:
+    """One sampling chain: the batch's start latents denoised from their shared start timestep and decoded,
+    (B, 3, H, W) in [0, 1]."""
+    starts = [start_latent(req, abar, min_fresh_fraction=min_fresh_fraction) for req in batch]
+    latents = torch.stack([x for x, _ in starts]).to(device=device, dtype=torch.float32)
+    x0 = denoise_latents(
+        components.unet,
+        components.scheduler,
+        latents,
+        timestep=starts[0][1],
+        num_inference_steps=num_inference_steps,
+        text_embeddings=encode_prompts(components, [req.prompt for req in batch]),
+        uncond_embeddings=uncond,
+        guidance_scale=guidance_scale,
+    )
+    return decode_latents(components.vae, x0)

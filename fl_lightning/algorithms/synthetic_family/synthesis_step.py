@@ -32,7 +32,7 @@ import json
 import math
 import shutil
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -334,33 +334,21 @@ def synthesise_and_pretrain(
         The result on rank 0 (or alone); None on the other ranks of ``ranks``.
     """
     totals = {int(k): int(v) for k, v in class_counts.items() if v > 0}
-    D = sum(totals.values())
     if not text_only and uploads_by_client is None:
         raise ValueError("feature-guided generation needs the clients' latent uploads")
-    last_t = int(components.scheduler.config.num_train_timesteps) - 1
-
-    def requests_for(volume: Mapping[int, int], prompts: Mapping[str, Sequence[str]]) -> list[GenerationRequest]:
-        if text_only:
-            return text_only_requests(class_names, prompts, volume_per_class=volume, seed=seed,
-                                      latent_shape=_latent_shape(components, cfg.vae_image_size), timestep=last_t)
-        return plan_generation(uploads_by_client, class_names, prompts, volume_per_class=volume, rho=cfg.rho,
-                               seed=seed)
-
+    requests_for = partial(_requests_for, cfg, components=components, uploads_by_client=uploads_by_client,
+                           class_names=class_names, seed=seed, text_only=text_only,
+                           last_t=int(components.scheduler.config.num_train_timesteps) - 1)
     server = _server(cfg)
     decide = partial(_decide_lambda, cfg, components=components, totals=totals, class_names=class_names,
                      requests_for=requests_for, prompts_by_class=prompts_by_class, server=server, run_dir=run_dir,
                      seed=seed, device=device, section=section)
-    # the prompts, the probe or the pilots and λ: the server's decision, made once (on rank 0 when shared)
-    parallel_pilots = ranks is not None and ranks.world > 1 and cfg.synthetic_lambda == "auto"
-    prompts_by_class, lam, fit, h_gen, h_pre = decide() if ranks is None else ranks.on_server(
-        partial(decide, pilots=not parallel_pilots), "the synthesis plan (prompts, λ)")
-    if parallel_pilots:  # each rank its share of the pilots, on its own device; rank 0 fits them all
-        lam, fit = _auto_lambda_on_ranks(cfg, ranks, components=components, run_dir=run_dir, section=section,
-                                         device=device)
+    prompts_by_class, lam, fit, h_gen, h_pre = _plan_once(cfg, decide, ranks, components=components, run_dir=run_dir,
+                                                          section=section, device=device)
     volume = synthetic_volume(totals, lam)
     if sum(volume.values()) < 2:
         raise ConfigError(f"{section}.synthetic_lambda", lam,
-                          f"a λ that gives at least 2 synthetic images (D = {D} real samples)")
+                          f"a λ that gives at least 2 synthetic images (D = {sum(totals.values())} real samples)")
     requests = requests_for(volume, prompts_by_class)  # a pure function of the uploads: the same on every rank
     folder = run_dir / "synthetic"
     rank, world = (0, 1) if ranks is None else (ranks.rank, ranks.world)
@@ -368,6 +356,66 @@ def synthesise_and_pretrain(
                                                      round0_key(share, requests, device, world=world))
     reused = shared is not None and (shared.images_into(folder) if ranks is None else ranks.on_server(
         partial(shared.images_into, folder), "round 0's shared images"))
+    host_generation_s = _generate_on_ranks(cfg, components, requests, folder, device=device, progress=progress,
+                                           ranks=ranks)
+    components.to(device="cpu")  # free the accelerator for pre-training and fine-tuning
+    if ranks is not None and world == 1:
+        ranks = None
+    if rank != 0 and ranks is None:  # not reached (several ranks share the phase): the others pre-train with rank 0
+        return None
+    published = _published_on_rank0(partial(_publish_or_reuse, shared, reused=reused, folder=folder, run_dir=run_dir,
+                                            host_s=host_generation_s), ranks, host_s=host_generation_s)
+    if published is None:  # another rank, and rank 0 found a published ViT: rank 0 holds the round's result
+        return None
+    host_generation_s, pretrained = published
+    generation_s = _charged_generation_s(cfg, server, requests, host_s=host_generation_s)
+    if pretrained is None:  # several ranks: every one trains its shard of each batch (modules/pretraining_ranks.py)
+        pretrained = _pretrain_and_publish(
+            cfg, folder, shared, num_classes=len(class_names), spec=spec, run_dir=run_dir, seed=seed, device=device,
+            precision=precision, per_image_epoch_s=h_pre if cfg.pretrain_time_per_image_epoch_s is not None
+            or server is not None else None, ranks=ranks, loading=loading)
+        if pretrained is None:  # another rank: rank 0 holds the result, and its state is the round's
+            return None
+    model, pretraining_s, best, host_pretraining_s = pretrained
+    per_class = {label: int(v) for label, v in volume.items()}
+    return SynthesisResult(model, lam, per_class, generation_s, pretraining_s, best, host_generation_s,
+                           host_pretraining_s, fit)
+
+
+def _requests_for(cfg: Any, volume: Mapping[int, int], prompts: Mapping[str, Sequence[str]], *,
+                  components: DiffusionComponents, uploads_by_client: Mapping[int, Sequence[ClassLatentUpload]] | None,
+                  class_names: Sequence[str], seed: int, text_only: bool, last_t: int) -> list[GenerationRequest]:
+    """The generation requests for ``volume`` images per class: from pure noise at ``last_t`` (``text_only``) or from
+    the clients' uploads (:func:`~fl_lightning.synthesis.generate.plan_generation`)."""
+    if text_only:
+        return text_only_requests(class_names, prompts, volume_per_class=volume, seed=seed,
+                                  latent_shape=_latent_shape(components, cfg.vae_image_size), timestep=last_t)
+    return plan_generation(uploads_by_client, class_names, prompts, volume_per_class=volume, rho=cfg.rho, seed=seed)
+
+
+# the server's decisions before generation: (prompts by class, λ, the pilots' fit or None, ĥ, h̃)
+_Plan = tuple[Mapping[str, Sequence[str]], float | None, Any, float | None, float | None]
+
+
+def _plan_once(cfg: Any, decide: Callable[..., _Plan], ranks: Ranks | None, *, components: DiffusionComponents,
+               run_dir: Path, section: str, device: torch.device) -> _Plan:
+    """The prompts, the probe or the pilots and λ (``decide``, :func:`_decide_lambda`): the server's decision, made
+    once (on rank 0 when shared); over several ranks ``synthetic_lambda: auto`` gives each rank its share of the
+    pilots, on its own device, and rank 0 fits them all."""
+    parallel_pilots = ranks is not None and ranks.world > 1 and cfg.synthetic_lambda == "auto"
+    prompts_by_class, lam, fit, h_gen, h_pre = decide() if ranks is None else ranks.on_server(
+        partial(decide, pilots=not parallel_pilots), "the synthesis plan (prompts, λ)")
+    if parallel_pilots:
+        lam, fit = _auto_lambda_on_ranks(cfg, ranks, components=components, run_dir=run_dir, section=section,
+                                         device=device)
+    return prompts_by_class, lam, fit, h_gen, h_pre
+
+
+def _generate_on_ranks(cfg: Any, components: DiffusionComponents, requests: Sequence[GenerationRequest], folder: Path,
+                       *, device: torch.device, progress: bool, ranks: Ranks | None) -> float:
+    """Round 0's images into ``folder``, each rank the batches dealt to it; returns this host's wall time, taken once
+    every rank's images are in the folder (before anyone reads it)."""
+    rank, world = (0, 1) if ranks is None else (ranks.rank, ranks.world)
     start = time.monotonic()
     generate_images(components, requests, folder, batch_size=cfg.generation_batch_size,
                     num_inference_steps=cfg.num_inference_steps, guidance_scale=cfg.guidance_scale,
@@ -375,54 +423,56 @@ def synthesise_and_pretrain(
                     min_fresh_fraction=cfg.min_fresh_fraction, rank=rank, world=world)
     if ranks is not None:  # every rank's images are in the folder before anyone reads it
         ranks.gather(lambda: None, "the synthetic images")
-    host_generation_s = generation_s = time.monotonic() - start
-    components.to(device="cpu")  # free the accelerator for pre-training and fine-tuning
-    if ranks is not None and world == 1:
-        ranks = None
-    if rank != 0 and ranks is None:  # not reached (several ranks share the phase): the others pre-train with rank 0
-        return None
+    return time.monotonic() - start
 
-    def publish_or_reuse() -> tuple[float, tuple[nn.Module, float, Path, float] | None]:
-        """Rank 0: round 0's images published (or their recorded host time) and the published ViT, if any."""
-        host_s = host_generation_s
-        if shared is None:
-            return host_s, None
-        if reused:
-            host_s = shared.recorded("generation")["host_s"]
-        else:
-            shared.publish_images(folder, host_s)
-        return host_s, shared.pretrained_into(run_dir / "pretrain")
 
-    if ranks is None:
-        host_generation_s, pretrained = publish_or_reuse()
-    else:  # every rank learns whether rank 0 found a published ViT (then the others are done) or they pre-train
-        on_zero: dict[str, Any] = {}
-        found = ranks.on_server(lambda: on_zero.setdefault("r", publish_or_reuse())[1] is not None,
-                                "round 0's published pre-training")
-        if rank != 0 and found:
-            return None
-        host_generation_s, pretrained = on_zero.get("r", (host_generation_s, None))
-    generation_s = host_generation_s
-    n_images = len(requests)
-    if cfg.generation_time_per_image_s is not None:
-        generation_s = cfg.generation_time_per_image_s * n_images
-    elif server is not None:  # H_gene on the server: n(s) guided UNet steps + a decode per image
-        generation_s = generation_time(server, [r.timestep for r in requests], cfg.num_inference_steps)
-    if pretrained is None:  # several ranks: every one trains its shard of each batch (modules/pretraining_ranks.py)
-        trained = pretrain_on_synthetic(
-            cfg, folder, num_classes=len(class_names), spec=spec, run_dir=run_dir, seed=seed, device=device,
-            precision=precision, per_image_epoch_s=h_pre if cfg.pretrain_time_per_image_epoch_s is not None
-            or server is not None else None, ranks=ranks, loading=loading)
-        if trained is None:  # another rank: rank 0 holds the result, and its state is the round's
-            return None
-        model, pretraining_s, best, host_pretraining_s = trained
-        if shared is not None:
-            shared.publish_pretraining(best, pretraining_s, host_pretraining_s)
+_Pretrained = tuple[nn.Module, float, Path, float]  # the ViT, H_pre charged, its checkpoint, the host's wall time
+
+
+def _publish_or_reuse(shared: SharedRound0 | None, *, reused: bool, folder: Path, run_dir: Path,
+                      host_s: float) -> tuple[float, _Pretrained | None]:
+    """Rank 0: round 0's images published (or their recorded host time, when reused) and the published ViT, if any."""
+    if shared is None:
+        return host_s, None
+    if reused:
+        host_s = shared.recorded("generation")["host_s"]
     else:
-        model, pretraining_s, best, host_pretraining_s = pretrained
-    per_class = {label: int(v) for label, v in volume.items()}
-    return SynthesisResult(model, lam, per_class, generation_s, pretraining_s, best, host_generation_s,
-                           host_pretraining_s, fit)
+        shared.publish_images(folder, host_s)
+    return host_s, shared.pretrained_into(run_dir / "pretrain")
+
+
+def _published_on_rank0(publish: Callable[[], tuple[float, _Pretrained | None]], ranks: Ranks | None, *,
+                        host_s: float) -> tuple[float, _Pretrained | None] | None:
+    """``publish`` run on rank 0 alone: (the host's generation time, the published ViT or None). Over ranks every rank
+    learns whether rank 0 found a published ViT: then the others are done (None), else they pre-train with it."""
+    if ranks is None:
+        return publish()
+    on_zero: dict[str, Any] = {}
+    found = ranks.on_server(lambda: on_zero.setdefault("r", publish())[1] is not None,
+                            "round 0's published pre-training")
+    if ranks.rank != 0 and found:
+        return None
+    return on_zero.get("r", (host_s, None))
+
+
+def _charged_generation_s(cfg: Any, server: ServerProfile | None, requests: Sequence[GenerationRequest], *,
+                          host_s: float) -> float:
+    """H_gene charged on the simulated clock: the config's ĥ per image, the server profile's time, or ``host_s``."""
+    if cfg.generation_time_per_image_s is not None:
+        return cfg.generation_time_per_image_s * len(requests)
+    if server is not None:  # H_gene on the server: n(s) guided UNet steps + a decode per image
+        return generation_time(server, [r.timestep for r in requests], cfg.num_inference_steps)
+    return host_s
+
+
+def _pretrain_and_publish(cfg: Any, folder: Path, shared: SharedRound0 | None, **kwargs: Any) -> _Pretrained | None:
+    """:func:`pretrain_on_synthetic` (``kwargs``), its ViT then published on rank 0 when round 0 is shared; None on
+    the other ranks."""
+    trained = pretrain_on_synthetic(cfg, folder, **kwargs)
+    if trained is not None and shared is not None:
+        _, pretraining_s, best, host_pretraining_s = trained
+        shared.publish_pretraining(best, pretraining_s, host_pretraining_s)
+    return trained
 
 
 def round0_key(share: Mapping[str, Any], requests: Sequence[GenerationRequest], device: torch.device,
