@@ -70,7 +70,8 @@ def run_benchmarks(
         "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "quick": bool(quick),
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
+        "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                        else platform.processor() or platform.machine()),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),

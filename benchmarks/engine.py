@@ -12,7 +12,8 @@ process with the same number of torch threads:
   end of the rounds (its checkpoint durable); the one-off end-of-run reports after that (the partition
   figure, ``summary.json``) are given apart (``report_s``), not spread over the rounds;
 * a bare loop: torch, timm, scikit-learn and the pure functions of the arithmetic (the Dirichlet or
-  shard partition, the client sampling and seeds; the synthetic generator for the large-K job); the images preprocessed once into one tensor, ONE model
+  shard partition, the client sampling and seeds; the synthetic generator for the large-K job); the images
+  preprocessed once into one tensor, ONE model
   object, an SGD optimiser per client, the float64 weighted mean, the test accuracy — the same
   arithmetic, so the two must agree on the test accuracy of EVERY round (checked: a mismatch is an
   error, not a figure).
@@ -416,7 +417,8 @@ def _point(work: Path, name: str, threads: int, repeats: int = 3, *, time_import
                "first_client_cpu_s": min(c for _, c in starts) if starts else None, "imports": imports}
     runs = ", ".join(f"{f:.3f}/{b:.3f}" for f, b in zip(fw_means, bare_means))
     fig = figure(ratio, "x", op="<=", bound=ROUND_BOUND, details=details,
-                 note=f"{threads} thread(s){', run side by side, one core each' if at_once else ''}; best mean round {min(fw_means):.3f} s vs bare {min(bare_means):.3f} s, "
+                 note=f"{threads} thread(s){', run side by side, one core each' if at_once else ''}; best mean round "
+                      f"{min(fw_means):.3f} s vs bare {min(bare_means):.3f} s, "
                       f"{1e3 * (min(fw_means) - min(bare_means)):+.1f} ms a round "
                       f"(each run, framework/bare: {runs}; CPU-time ratio {cpu_ratio:.3f}); end-of-run reports "
                       f"{min(details['framework_report_s']):.2f} s once, not in a round; same accuracy in all "

@@ -96,7 +96,8 @@ def run(*, quick: bool = False, device: torch.device | None = None) -> dict[str,
     runs = len(variants) * len(_ALPHAS) * len(_SEEDS)
     return {
         "sizes": {"quick": quick, "runs": runs, "model": base["model"]["name"],
-                  "image_size": base["data"]["image_size"], "clients": base["partition"]["num_clients"], "one_afl_run_s": one_s, "comparison_s": whole_s,
+                  "image_size": base["data"]["image_size"], "clients": base["partition"]["num_clients"],
+                  "one_afl_run_s": one_s, "comparison_s": whole_s,
                   "uncached_cell_s": cell_s},
         "comparison_vs_one_run": figure(whole_s / one_s, "x", op="<=", bound=2.0,
                                         note=f"{runs} runs (AFL, FedCGS, FedPFT × 3 α × 2 seeds) / one AFL run",

@@ -181,7 +181,8 @@ def _upload_size(sizes: FeDiSynSizes) -> tuple[dict[str, Any], dict[str, Any]]:
         up, raw = _class_upload_bytes(images=D, centroids=Z, latent_shape=(4, side, side)), D * 3 * px * px
         sd[f"{px}px"] = {"latent_shape": [4, side, side], "upload_bytes": up, "raw_bytes": raw, "ratio": up / raw}
     sd_fig = figure(sd["224px"]["ratio"], "x",
-                    note=f"SD v1-5, {D} images 224 px, Z={Z}: {sd['224px']['upload_bytes']:,} B vs {sd['224px']['raw_bytes']:,} B",
+                    note=f"SD v1-5, {D} images 224 px, Z={Z}: {sd['224px']['upload_bytes']:,} B vs "
+                         f"{sd['224px']['raw_bytes']:,} B",
                     details={"images": D, "num_centroids": Z, **sd})
 
     parts = tiny_diffusion_components(seed=_SEED, image_size=sizes.upload_image_size)

@@ -187,7 +187,8 @@ def run_checks(*, cpu: bool, work: Path, gpus: int | None = None) -> tuple[list[
     gpus = torch.cuda.device_count() if gpus is None else gpus
     name = "cpu" if cpu else torch.cuda.get_device_name(device)
     roof = None if cpu else roof_flops(name)
-    header = f"gpu_check: device {name}, bf16 roof {roof / 1e12:.0f} TFLOP/s" if roof else f"gpu_check: device {name}, bf16 roof n/a"
+    header = (f"gpu_check: device {name}, bf16 roof {roof / 1e12:.0f} TFLOP/s" if roof
+              else f"gpu_check: device {name}, bf16 roof n/a")
     print(header, flush=True)
     lines.append(header)
 

@@ -1,7 +1,8 @@
 """The engine at scale: one-shot AFL from 10 to 10,000 clients beside a bare PyTorch loop.
 
 ``python -m benchmarks scale`` runs the same job — AFL (one round, Eq. (7) statistics, the
-Eq. (9) solve) with d=768 features (a random timm ViT, ``embed_dim 768, depth 1``) on a FIXED data set — at K ∈ {10, 100, 1000, 10000} clients, and reports per K:
+Eq. (9) solve) with d=768 features (a random timm ViT, ``embed_dim 768, depth 1``) on a FIXED data set — at
+K ∈ {10, 100, 1000, 10000} clients, and reports per K:
 
 * ``overhead_per_client_s`` — (wall − bare) / K, where wall is the framework's run from the end of
   set-up to the end of the run (plan, clients, their records, gather, aggregate, evaluation,
@@ -19,7 +20,8 @@ Eq. (9) solve) with d=768 features (a random timm ViT, ``embed_dim 768, depth 1`
   size of the round folder just before it is cleared.
 
 Full size: 16 px synthetic images in one 16 px patch, so 10,000 images cost ~20 CPU-seconds and the
-engine's cost is visible beside the model's. It also times the peer job (bundled digits, a tiny timm ViT, Dirichlet α=0.5, K=20 and K=100) end to
+engine's cost is visible beside the model's. It also times the peer job (bundled digits, a tiny timm ViT,
+Dirichlet α=0.5, K=20 and K=100) end to
 end — ``python -m fl_lightning.train`` against a self-contained bare script (torch + timm + sklearn
 only) — and the fast start: process start → first client, split into set-up phases.
 
@@ -221,7 +223,8 @@ def _bare_worker(config: Path, out_dir: Path) -> None:
             correct += int(((model(x).double() @ W).argmax(1) == y).sum())
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     torch.save(W, out_dir / "bare_W.pt")
-    result = {"wall_s": wall, "cpu_s": cpu, "accuracy": correct / len(splits.test_targets), "peak_rss_rounds_bytes": peak_rss_bytes(),
+    result = {"wall_s": wall, "cpu_s": cpu, "accuracy": correct / len(splits.test_targets),
+              "peak_rss_rounds_bytes": peak_rss_bytes(),
               "num_clients": len(parts), "samples": int(sum(len(p) for p in parts)), "empty_clients":
               int(np.sum([len(p) == 0 for p in parts]))}
     (out_dir / "bare.json").write_text(json.dumps(result), encoding="utf-8")
@@ -315,7 +318,8 @@ def _first_client(config: Path, out: Path) -> dict[str, Any]:
 
 # packages whose import cost matters to the start (nested: torchmetrics is inside lightning.fabric, etc.)
 _WATCHED = ("torch", "lightning", "lightning.fabric", "lightning.pytorch", "torchmetrics", "torchvision",
-            "torch._dynamo", "torchmetrics.functional", "transformers", "scipy", "timm", "wandb", "open_clip", "diffusers", "peft",
+            "torch._dynamo", "torchmetrics.functional", "transformers", "scipy", "timm", "wandb", "open_clip", "diffusers",
+            "peft",
             "matplotlib", "sklearn", "rich", "fl_lightning.algorithms")
 
 
