@@ -37,7 +37,6 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from fl_lightning.analytic import AnalyticStatistics, solve_classifier
 from benchmarks._timing import (
     CudaPeak,
     autocast_factory,
@@ -48,6 +47,7 @@ from benchmarks._timing import (
     reset_peak_rss,
     time_interleaved,
 )
+from fl_lightning.analytic import AnalyticStatistics, solve_classifier
 from fl_lightning.models.backbones import ViTBackbone, build_backbone, build_tiny_backbone, tiny_clip_overrides
 from fl_lightning.models.vpt import PromptedViT
 from fl_lightning.modules.statistics import collect_statistics

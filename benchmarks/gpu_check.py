@@ -202,8 +202,8 @@ def run_checks(*, cpu: bool, work: Path, gpus: int | None = None) -> tuple[list[
 
     # 2. the data path into the device, then the loader benchmark's CPU figures
     from benchmarks.loader import FORWARD_GFLOP, device_images_per_s, required_images_per_s
-    from fl_lightning.data.loader import resolve_loader_settings
     from fl_lightning.cores import available_cpus
+    from fl_lightning.data.loader import resolve_loader_settings
 
     workers = resolve_loader_settings("auto", "auto", "auto", cuda=not cpu, cpus=available_cpus(),
                                       ranks_on_node=1).num_workers

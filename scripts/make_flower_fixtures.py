@@ -106,8 +106,13 @@ def record(parquet: Path, partitioner, shuffle_seed: int | None) -> dict:
 def main(argv: list[str]) -> int:
     import datasets
     import flwr_datasets
-    from flwr_datasets.partitioner import (DirichletPartitioner, IidPartitioner, NaturalIdPartitioner,
-                                           PathologicalPartitioner, ShardPartitioner)
+    from flwr_datasets.partitioner import (
+        DirichletPartitioner,
+        IidPartitioner,
+        NaturalIdPartitioner,
+        PathologicalPartitioner,
+        ShardPartitioner,
+    )
 
     data = tables()
     cases = []

@@ -29,8 +29,22 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from flower_strategy_fixtures import (FIXTURES, aggregate, as_lists, dumps, fit_results, header, honest_step, initial,
-                                      load_flwr, make_strategy, replay, settings_held, target, write_or_check)
+from flower_strategy_fixtures import (
+    FIXTURES,
+    aggregate,
+    as_lists,
+    dumps,
+    fit_results,
+    header,
+    honest_step,
+    initial,
+    load_flwr,
+    make_strategy,
+    replay,
+    settings_held,
+    target,
+    write_or_check,
+)
 
 OUT = FIXTURES / "flower_robust_aggregators.json"
 

@@ -27,8 +27,21 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from flower_strategy_fixtures import (FIXTURES, aggregate, as_lists, dumps, header, honest_step, initial, load_flwr,
-                                      make_strategy, replay, settings_held, target, write_or_check)
+from flower_strategy_fixtures import (
+    FIXTURES,
+    aggregate,
+    as_lists,
+    dumps,
+    header,
+    honest_step,
+    initial,
+    load_flwr,
+    make_strategy,
+    replay,
+    settings_held,
+    target,
+    write_or_check,
+)
 
 OUT = FIXTURES / "flower_server_optimizers.json"
 

@@ -20,7 +20,6 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 

@@ -41,9 +41,9 @@ from lightning.fabric import Fabric
 from torch import Tensor
 
 from fl_lightning.algorithms.common import (
+    FrozenFeatures,
     client_feature_batches,
     evaluate_on_test,
-    FrozenFeatures,
     held_backbone,
 )
 from fl_lightning.analytic import AnalyticStatistics, StatisticsSum, logits, regularization, solve_classifier
@@ -58,9 +58,9 @@ from fl_lightning.federation.algorithm import (
     State,
     register,
 )
+from fl_lightning.federation.privacy_coverage import statistics_only
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.modules.statistics import collect_statistics
-from fl_lightning.federation.privacy_coverage import statistics_only
 
 if TYPE_CHECKING:
     from fl_lightning.config import PrivacyConfig, RunConfig

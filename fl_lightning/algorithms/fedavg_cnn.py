@@ -36,15 +36,15 @@ from lightning import LightningModule
 from torch import Tensor, nn
 
 from fl_lightning.algorithms.common import evaluate_on_test
-from fl_lightning.federation.precision import convert_module
 from fl_lightning.errors import ConfigError, MissingResourceError
 from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.placement import client_seed
+from fl_lightning.federation.precision import convert_module
+from fl_lightning.federation.privacy_coverage import weights_only
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.modules.optim import make_optimizer
-from fl_lightning.federation.privacy_coverage import weights_only
 
 if TYPE_CHECKING:
     from lightning.fabric import Fabric

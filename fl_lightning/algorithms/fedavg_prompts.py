@@ -28,12 +28,13 @@ from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.placement import client_seed
-from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.federation.privacy_coverage import weights_only
+from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:
-    from fl_lightning.config import RunConfig
     from lightning.fabric import Fabric
+
+    from fl_lightning.config import RunConfig
 
 __all__ = ["FedAvgPrompts", "FedAvgPromptsConfig"]
 

@@ -50,8 +50,8 @@ from fl_lightning.analytic import logits
 from fl_lightning.errors import check
 from fl_lightning.feature_gaussians import COVARIANCES, gaussian_head
 from fl_lightning.federation.algorithm import Client, RoundPlan, State, register
-from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.federation.privacy_coverage import statistics_only
+from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:
     from fl_lightning.config import RunConfig

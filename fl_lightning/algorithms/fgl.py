@@ -32,9 +32,9 @@ import numpy as np
 import torch
 from lightning.fabric import Fabric
 
+from fl_lightning.algorithms.gptfl import FullFedAvg, FullFedAvgConfig
 from fl_lightning.algorithms.synthetic_family.family import FeDiSynFamily
 from fl_lightning.algorithms.synthetic_family.synthesis import DiffusionConfig, DiffusionSynthesis, GenerationInputs
-from fl_lightning.algorithms.gptfl import FullFedAvg, FullFedAvgConfig
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, register
 from fl_lightning.federation.transport import Download, Upload

@@ -34,10 +34,18 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from fl_lightning.algorithms.synthetic_family.family import FeDiSynFamily
 from fl_lightning.algorithms.synthetic_family.config import SystemsConfig
+from fl_lightning.algorithms.synthetic_family.family import FeDiSynFamily
 from fl_lightning.algorithms.synthetic_family.finetune import FineTuningConfig, FineTuningStage
-from fl_lightning.algorithms.synthetic_family.model import BACKBONE, HEAD, LORA, backbone_state, bits, strip, with_prefix
+from fl_lightning.algorithms.synthetic_family.model import (
+    BACKBONE,
+    HEAD,
+    LORA,
+    backbone_state,
+    bits,
+    strip,
+    with_prefix,
+)
 from fl_lightning.algorithms.synthetic_family.synthesis import TextOnlyConfig, TextOnlySynthesis
 from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Client, State, register

@@ -28,8 +28,8 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from fl_lightning.config.schema import CORE_SECTIONS, RunConfig
 from fl_lightning.config.history import current_names
+from fl_lightning.config.schema import CORE_SECTIONS, RunConfig
 from fl_lightning.config.yaml_io import merge, parse_overrides, read_config
 from fl_lightning.errors import ConfigError, UsageError, did_you_mean
 

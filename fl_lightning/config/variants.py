@@ -6,9 +6,9 @@ runs apart.
 
 from __future__ import annotations
 
-from fl_lightning.config.schema import RunConfig
 from fl_lightning.config.history import current_names
 from fl_lightning.config.loading import build_config, config_to_dict, switch_algorithm
+from fl_lightning.config.schema import RunConfig
 from fl_lightning.config.yaml_io import merge
 from fl_lightning.errors import ConfigError, UsageError
 

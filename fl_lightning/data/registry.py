@@ -51,7 +51,7 @@ from torchvision import datasets
 from torchvision.datasets import ImageFolder
 
 from fl_lightning.data.hf import HF_PREFIX, HFSource, hf_shorthand
-from fl_lightning.data.splits import (IMAGE_ERRORS, CorruptImageError, DatasetSplits, limit_train, split_4_to_1)
+from fl_lightning.data.splits import IMAGE_ERRORS, CorruptImageError, DatasetSplits, limit_train, split_4_to_1
 from fl_lightning.errors import ConfigError, MissingResourceError, UsageError
 
 __all__ = [

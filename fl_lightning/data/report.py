@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import numpy as np

@@ -17,8 +17,8 @@ from fl_lightning.experiments.plan import finished_summary, list_runs, plan_runs
 from fl_lightning.federation.numerics import torch_numerics
 
 if TYPE_CHECKING:
-    from fl_lightning.experiments.train_args import Args
     from fl_lightning.experiments.collector import StartupCollector
+    from fl_lightning.experiments.train_args import Args
 
 __all__ = ["run", "print_results", "on_sigterm"]
 
@@ -214,8 +214,8 @@ def _run_jobs(args: Args, argv: list[str], cfg: object, runs: list) -> int:
     bad run stops before any starts); then the table of every finished run. Exit status: the worst of theirs."""
     import subprocess
 
-    from fl_lightning.experiments.comparison import collect, write_table
     from fl_lightning.cores import core_shares
+    from fl_lightning.experiments.comparison import collect, write_table
     from fl_lightning.preflight import preflight
 
     todo = [r for r in runs if args.overwrite or finished_summary(r) is None]
@@ -305,7 +305,6 @@ def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list
     from fl_lightning.config.yaml_io import read_yaml
     from fl_lightning.durable_write import write_text_atomic
     from fl_lightning.errors import ConfigError, RunFolderError
-    from fl_lightning.federation.run_lock import RunLock
     from fl_lightning.federation.run_folder import (
         LOCK,
         clear_run_folder,
@@ -316,6 +315,7 @@ def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list
         read_record,
         write_record,
     )
+    from fl_lightning.federation.run_lock import RunLock
 
     run_dir: Path = cfg.run_dir
     lock = RunLock(run_dir)

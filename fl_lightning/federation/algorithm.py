@@ -243,8 +243,8 @@ class Environment:
         (:func:`~fl_lightning.data.loader.resolve_loader_settings`), once."""
         if self.loading is not None:
             return self.loading
-        from fl_lightning.data.loader import resolve_loader_settings
         from fl_lightning.cores import available_cpus, ranks_sharing_cores
+        from fl_lightning.data.loader import resolve_loader_settings
 
         d = self.cfg.data
         cuda = getattr(getattr(self.fabric, "device", None), "type", "cpu") == "cuda"

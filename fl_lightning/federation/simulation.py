@@ -56,28 +56,41 @@ from fl_lightning.data.transforms import build_transform
 from fl_lightning.durable_write import write_text_atomic
 from fl_lightning.errors import ClientFailure, ClientUsageError, ConfigError, RunFailure, TooFewClients, UsageError
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundPlan
-from fl_lightning.federation.client_behaviour import (DROPPED, NO_ERROR, STRAGGLED, ClientBehaviour,
-                                                      check_client_behaviour)
-from fl_lightning.federation.client_state import CLIENT_STATE_DIR
-from fl_lightning.federation.ddp_strategy import FederatedDDPStrategy
-from fl_lightning.federation.collectives import decided, everyone, exit_status, from_server, one_line, to_server, waiting
-from fl_lightning.federation.launch import check_launcher
-from fl_lightning.federation.numerics import torch_numerics
-from fl_lightning.federation.liveness import watching
-from fl_lightning.federation.local_training import local_work
-from fl_lightning.federation.precision import check_precision
-from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients, seed_torch
-from fl_lightning.federation.privacy import FederationPrivacy
-from fl_lightning.federation.privacy_coverage import check_privacy_coverage
 from fl_lightning.federation.attacks import ClientAttack
 from fl_lightning.federation.availability_trace import TRACE_COPY, check_recorded_trace, trace_text
 from fl_lightning.federation.averaging import check_averaging_settings
-from fl_lightning.federation.server_optimizer import ServerOptimizer
+from fl_lightning.federation.client_behaviour import (
+    DROPPED,
+    NO_ERROR,
+    STRAGGLED,
+    ClientBehaviour,
+    check_client_behaviour,
+)
+from fl_lightning.federation.client_state import CLIENT_STATE_DIR
+from fl_lightning.federation.collectives import (
+    decided,
+    everyone,
+    exit_status,
+    from_server,
+    one_line,
+    to_server,
+    waiting,
+)
+from fl_lightning.federation.ddp_strategy import FederatedDDPStrategy
+from fl_lightning.federation.launch import check_launcher
+from fl_lightning.federation.liveness import watching
+from fl_lightning.federation.local_training import local_work
+from fl_lightning.federation.numerics import torch_numerics
+from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients, seed_torch
+from fl_lightning.federation.precision import check_precision
+from fl_lightning.federation.privacy import FederationPrivacy
+from fl_lightning.federation.privacy_coverage import check_privacy_coverage
 from fl_lightning.federation.robust_aggregation import RobustAggregator
 from fl_lightning.federation.round_store import HOLD_BYTES, ClientRecord, RoundResult, RoundStore
 from fl_lightning.federation.run_folder import write_metrics_csv, write_summary
 from fl_lightning.federation.run_state import RunState, unchanged
 from fl_lightning.federation.server_checkpoint import ServerCheckpoint
+from fl_lightning.federation.server_optimizer import ServerOptimizer
 from fl_lightning.federation.shared_folder import check_shared_run_folder
 from fl_lightning.federation.transport import Upload, check_upload
 
@@ -146,8 +159,12 @@ def hf_source(data: DataConfig) -> HFSource:
 
 def _flower_partition(cfg: RunConfig, targets: np.ndarray, groups: np.ndarray | None) -> list[np.ndarray]:
     """flwr-datasets' partition of the (optionally FederatedDataset-shuffled) training split, in our row indices."""
-    from fl_lightning.data.flower_partition import (flower_dirichlet_partition, flower_iid_partition,
-                                                    flower_preshuffle, flower_shard_partition)
+    from fl_lightning.data.flower_partition import (
+        flower_dirichlet_partition,
+        flower_iid_partition,
+        flower_preshuffle,
+        flower_shard_partition,
+    )
 
     p = cfg.partition
     n = len(targets)

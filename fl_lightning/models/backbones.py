@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fl_lightning.models.hub import resolve_weights_file
 from fl_lightning.models.open_clip_backbone import OpenCLIPBackbone, tiny_clip_overrides
 from fl_lightning.models.timm_backbone import TimmBackbone, tiny_timm_overrides
 from fl_lightning.models.vit_backbone import BackboneArgumentError, ViTBackbone
-from fl_lightning.models.hub import resolve_weights_file
 from fl_lightning.models.weights import check_checkpoint
 
 if TYPE_CHECKING:

@@ -32,8 +32,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-
-
 __all__ = [
     "LoraSpec",
     "last_blocks",

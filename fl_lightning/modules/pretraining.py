@@ -47,8 +47,8 @@ import lightning
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.callbacks import Callback, Checkpoint, EarlyStopping, ModelCheckpoint
 from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.pytorch.callbacks import Callback, Checkpoint, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from torch import nn
@@ -58,8 +58,16 @@ from fl_lightning.data.preprocessed import collate
 from fl_lightning.durable_write import atomic_path, place
 from fl_lightning.errors import MissingResourceError
 from fl_lightning.federation.collectives import Ranks
-from fl_lightning.modules.pretraining_ranks import (GuardedIO, JoinedDDP, RankBatches, RankGuard, RankItems, RankSeeds,
-                                                    collate_rank_items, seed_rank_worker)
+from fl_lightning.modules.pretraining_ranks import (
+    GuardedIO,
+    JoinedDDP,
+    RankBatches,
+    RankGuard,
+    RankItems,
+    RankSeeds,
+    collate_rank_items,
+    seed_rank_worker,
+)
 
 __all__ = ["ViTClassifier", "PretrainResult", "build_timm_vit", "pretrain_classifier", "load_pretrained_vit",
            "split_holdout", "EPOCH_STATE"]

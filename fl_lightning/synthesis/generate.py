@@ -38,8 +38,8 @@ import json
 import math
 import os
 from collections import defaultdict, deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING

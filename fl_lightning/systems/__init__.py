@@ -30,19 +30,17 @@ from fl_lightning.systems.clc import (
 )
 from fl_lightning.systems.devices import (
     BOARDS,
-    Board,
-    board_profiles,
     PAPER_TESTBED,
     PROFILES,
+    Board,
     DeviceProfile,
+    board_profiles,
     compute_time,
     max_depth,
     measured_profiles,
     paper_testbed,
     profile_arrays,
 )
-from fl_lightning.systems.server import RTX_4090, SERVERS, ServerProfile, generation_time, pretrain_time_per_image_epoch
-from fl_lightning.systems.wfba import ALLOCATIONS, allocate_bandwidth, equal_bandwidth, finish_time
 from fl_lightning.systems.scaling_law import (
     ScalingLawParams,
     fit_scaling_law,
@@ -50,6 +48,8 @@ from fl_lightning.systems.scaling_law import (
     synthesis_cost_per_unit_lambda,
     total_time,
 )
+from fl_lightning.systems.server import RTX_4090, SERVERS, ServerProfile, generation_time, pretrain_time_per_image_epoch
+from fl_lightning.systems.wfba import ALLOCATIONS, allocate_bandwidth, equal_bandwidth, finish_time
 
 __all__ = [
     "Backbone", "BACKBONES", "backbone", "head_params", "lora_params_per_block",

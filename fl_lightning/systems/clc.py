@@ -24,9 +24,9 @@ split B/N, the paper's "w/o WFBA" ablation; CLC then optimises U against that ro
 
 from __future__ import annotations
 
-import numpy as np
-
 from typing import NamedTuple
+
+import numpy as np
 
 from fl_lightning.systems.wfba import ALLOCATIONS, allocate_bandwidth, equal_bandwidth
 

@@ -11,9 +11,9 @@ from lightning.fabric import seed_everything
 
 from fl_lightning.algorithms.common import frozen_backbone
 from fl_lightning.config.loading import load_config
-from fl_lightning.errors import UsageError
 from fl_lightning.data.registry import build_dataset
 from fl_lightning.data.transforms import build_transform
+from fl_lightning.errors import UsageError
 from fl_lightning.federation.algorithm import InputSpec
 from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.simulation import Simulation

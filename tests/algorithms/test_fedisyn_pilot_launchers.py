@@ -333,8 +333,8 @@ def test_the_fine_tuning_vit_waits_on_the_cpu_through_the_pilots(pilots_fail: bo
     step ends — a failing pilot or a later stop — it is back, dtypes and frozen weights as they were."""
     from types import SimpleNamespace
 
-    from fl_lightning.algorithms.synthetic_family import pilots, synthesis_step
     from fl_lightning.algorithms.fedisyn.algorithm import FeDiSyn
+    from fl_lightning.algorithms.synthetic_family import pilots, synthesis_step
     from fl_lightning.config.loading import load_config
     from fl_lightning.errors import ConfigError
 

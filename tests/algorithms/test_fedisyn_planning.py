@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from fl_lightning.systems.backbones import backbone
-from fl_lightning.algorithms.synthetic_family.planning import SystemPlan, client_profiles, fit_host_times, plan_round
 from fl_lightning.algorithms.synthetic_family.config import SystemsConfig
+from fl_lightning.algorithms.synthetic_family.planning import SystemPlan, client_profiles, fit_host_times, plan_round
+from fl_lightning.systems.backbones import backbone
 
 
 def test_fit_host_times_recovers_forward_and_backward_times():

@@ -76,9 +76,9 @@ def test_two_rounds_solve_exactly_on_the_inference_features(tmp_path):
     The analytic head on the tiny random ViT's features is far above chance (0.1): measured 0.73 at
     seed 0 (AVX-512 and AVX2 alike); bound 0.5. (AFL on the same partition reaches 0.77 here: this tiny
     setting does not show FedOPAL+'s advantage, and the test does not claim it.)"""
+    from fl_lightning.config.loading import load_config
     from fl_lightning.federation.checkpoint import safe_load
     from tests.algorithms.test_fedopal import _centralized_features, _ridge
-    from fl_lightning.config.loading import load_config
 
     seed = str(outcome_seed())
     run_dir, summary = _run(tmp_path, "--partition.alpha", "1.0", "--fedopal_plus.lam", "0.1", "--seed", seed,

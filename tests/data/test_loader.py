@@ -180,8 +180,8 @@ def test_jobs_get_disjoint_cores_of_their_own():
     import subprocess
     import sys
 
-    from fl_lightning.experiments.runner import _pinned_to
     from fl_lightning.cores import core_shares
+    from fl_lightning.experiments.runner import _pinned_to
 
     assert core_shares(range(8), 3) == [[0, 1, 2], [3, 4, 5], [6, 7]]
     assert core_shares([4, 5], 3) == [[4], [5], [4]]  # more jobs than cores: each still gets one

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from fl_lightning.errors import DiskFullError, UsageError
 from fl_lightning import durable_write
 from fl_lightning.durable_write import write_text_atomic
+from fl_lightning.errors import DiskFullError, UsageError
 from fl_lightning.federation import checkpoint
 from fl_lightning.federation.checkpoint import DurableWriter, atomic_save, safe_load
 from fl_lightning.federation.run_folder import write_metrics_csv

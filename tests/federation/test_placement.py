@@ -1,8 +1,8 @@
 import itertools
 
 import numpy as np
-import torch
 import pytest
+import torch
 
 from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients
 

@@ -42,7 +42,6 @@ from fl_lightning.errors import (
 )
 from fl_lightning.federation import collectives
 from fl_lightning.federation.algorithm import RoundPlan
-from fl_lightning.federation.liveness import PeerLost
 from fl_lightning.federation.collectives import (
     CollectiveTimeout,
     RankFailure,
@@ -54,6 +53,7 @@ from fl_lightning.federation.collectives import (
     to_cpu,
     to_server,
 )
+from fl_lightning.federation.liveness import PeerLost
 from fl_lightning.federation.round_store import ClientRecord, RoundResult
 from fl_lightning.federation.simulation import _strategy
 from fl_lightning.federation.transport import Download

@@ -16,7 +16,6 @@ import time
 import pytest
 
 from fl_lightning.errors import RunFolderError
-from fl_lightning.federation.run_lock import RunLock
 from fl_lightning.federation.run_folder import (
     LOCK,
     clear_run_folder,
@@ -30,6 +29,7 @@ from fl_lightning.federation.run_folder import (
     write_record,
     write_summary,
 )
+from fl_lightning.federation.run_lock import RunLock
 from tests.conftest import REPO
 
 CONFIG = {"algorithm": "fedavg", "seed": 0, "output_dir": "runs", "run_name": None, "variants": [],

@@ -15,8 +15,12 @@ from fl_lightning.federation import server_checkpoint
 from fl_lightning.federation.algorithm import register
 from fl_lightning.federation.checkpoint import CorruptCheckpointError, atomic_save, safe_load
 from fl_lightning.federation.run_state import RunState
-from fl_lightning.federation.server_checkpoint import (ServerCheckpoint, load_server_checkpoint, load_server_state,
-                                                      tensor_digest)
+from fl_lightning.federation.server_checkpoint import (
+    ServerCheckpoint,
+    load_server_checkpoint,
+    load_server_state,
+    tensor_digest,
+)
 from fl_lightning.federation.simulation import Simulation
 from tests.conftest import CONF
 

@@ -8,9 +8,9 @@ import torch
 
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.config.loading import load_config
+from fl_lightning.errors import ClientFailure, RemoteTraceback, RunFailure, TooFewClients, UsageError
 from fl_lightning.federation.algorithm import register
 from fl_lightning.federation.checkpoint import safe_load
-from fl_lightning.errors import ClientFailure, RemoteTraceback, RunFailure, TooFewClients, UsageError
 from fl_lightning.federation.round_store import RoundStore
 from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.transport import Upload
@@ -273,8 +273,8 @@ def test_a_timm_fedavg_run_imports_no_library_it_does_not_use():
 def test_the_state_broadcast_sends_only_the_tensors_that_changed():
     """Rank 0 sends a tensor again only when it is a new object or was edited in place; the other ranks rebuild
     rank 0's state from their copy of the last one (the frozen backbone travels once)."""
-    from fl_lightning.federation.simulation import _SentState
     from fl_lightning.federation.collectives import to_cpu
+    from fl_lightning.federation.simulation import _SentState
 
     sent = _SentState()
     frozen, head, clock = torch.randn(4, 4), torch.randn(2), torch.zeros(3)

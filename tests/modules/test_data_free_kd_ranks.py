@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from fl_lightning.federation import collectives
+from fl_lightning.federation.liveness import watching
 from fl_lightning.modules.data_free_kd import (
     Generator,
     SynthesisSettings,
@@ -21,8 +23,6 @@ from fl_lightning.modules.data_free_kd import (
     synthesize,
 )
 from fl_lightning.modules.data_free_kd_ranks import SplitEnsemble, member_shard
-from fl_lightning.federation import collectives
-from fl_lightning.federation.liveness import watching
 from tests.gloo_ranks import report, run_ranks, verdict_to
 
 K, CLASSES, SIZE = 3, 5, 8  # K not a multiple of the 2 ranks: rank 0 holds teacher 0, rank 1 teachers 1 and 2

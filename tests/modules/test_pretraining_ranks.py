@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from fl_lightning.federation import collectives
-from fl_lightning.federation.collectives import RankFailure, RankStopped, Ranks, everyone
+from fl_lightning.federation.collectives import RankFailure, Ranks, RankStopped, everyone
 from fl_lightning.federation.liveness import watching
 from fl_lightning.modules.pretraining import EPOCH_STATE, pretrain_classifier
 from fl_lightning.modules.pretraining_ranks import RankBatches, shard_rows

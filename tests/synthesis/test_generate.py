@@ -13,8 +13,8 @@ from PIL import Image
 from fl_lightning.models.diffusion import sd15_scheduler
 from fl_lightning.synthesis.generate import (
     MANIFEST_NAME,
-    _largest_remainder,
     GenerationRequest,
+    _largest_remainder,
     class_totals,
     decode_latents,
     denoise_latents,

@@ -14,7 +14,13 @@ import pytest
 import torch
 
 from fl_lightning.synthesis import generate
-from fl_lightning.synthesis.generate import MANIFEST_NAME, class_totals, generate_images, plan_generation, synthetic_volume
+from fl_lightning.synthesis.generate import (
+    MANIFEST_NAME,
+    class_totals,
+    generate_images,
+    plan_generation,
+    synthetic_volume,
+)
 from fl_lightning.synthesis.latents import client_latent_uploads
 from fl_lightning.synthesis.prompts import TemplatePromptExpander
 

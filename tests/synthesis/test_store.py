@@ -16,12 +16,19 @@ from torch.utils.data import DataLoader
 from fl_lightning.algorithms.synthetic_family.synthesis_step import SyntheticFolder
 from fl_lightning.data.preprocessed import collate
 from fl_lightning.data.transforms import build_transform
-from fl_lightning.modules.pretraining import pretrain_classifier, split_holdout
-from fl_lightning.synthesis.generate import MANIFEST_NAME
 from fl_lightning.errors import DiskFullError
 from fl_lightning.federation import checkpoint as checkpoint_module
-from fl_lightning.synthesis.store import (STORE_DIR, array_digest, build_stores, remove_stores, split_transform,
-                                          store_key, stored_splits)
+from fl_lightning.modules.pretraining import pretrain_classifier, split_holdout
+from fl_lightning.synthesis.generate import MANIFEST_NAME
+from fl_lightning.synthesis.store import (
+    STORE_DIR,
+    array_digest,
+    build_stores,
+    remove_stores,
+    split_transform,
+    store_key,
+    stored_splits,
+)
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from scipy.optimize import brentq
 
+from fl_lightning.systems.backbones import backbone
 from fl_lightning.systems.clc import (
     DEPTH_POLICIES,
     capacity_depths,
@@ -18,7 +19,6 @@ from fl_lightning.systems.clc import (
     memory_depth_limits,
     policy_depths,
 )
-from fl_lightning.systems.backbones import backbone
 from fl_lightning.systems.devices import board_profiles, max_depth, paper_testbed, profile_arrays
 
 

@@ -10,8 +10,8 @@ import pytest
 from fl_lightning.systems.backbones import backbone
 from fl_lightning.systems.devices import (
     PROFILES,
-    board_profiles,
     DeviceProfile,
+    board_profiles,
     compute_time,
     max_depth,
     measured_profiles,

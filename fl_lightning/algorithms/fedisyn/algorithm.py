@@ -15,9 +15,8 @@ CAFF, GPT-FL and FGL); this file declares FeDiSyn's section and its two stages.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fl_lightning.algorithms.synthetic_family.family import FeDiSynFamily
 from fl_lightning.algorithms.synthetic_family.finetune import LoRAFineTuning, LoRAFineTuningConfig

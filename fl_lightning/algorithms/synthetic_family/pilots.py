@@ -122,9 +122,8 @@ def run_pilot_processes(run_dir: Path, section: str, lambdas: Sequence[float], *
     import os
     import subprocess
 
-    from fl_lightning.federation.launch import clean_launcher_env
-
     from fl_lightning.algorithms.synthetic_family.round0_inputs import FOLDER, hand_prompts
+    from fl_lightning.federation.launch import clean_launcher_env
 
     env = clean_launcher_env(os.environ, cuda_device=cuda_device)
     out, runs = Path(run_dir) / "pilots", []

@@ -25,9 +25,9 @@ import numpy as np
 import torch
 
 from fl_lightning.algorithms.synthetic_family.config import SystemsConfig
+from fl_lightning.systems.backbones import Backbone
 from fl_lightning.systems.channel import ChannelConfig, device_spectral_efficiency
 from fl_lightning.systems.clc import policy_depths
-from fl_lightning.systems.backbones import Backbone
 from fl_lightning.systems.devices import PAPER_TESTBED, PROFILES, DeviceProfile, board_profiles, profile_arrays
 from fl_lightning.systems.wfba import allocate_bandwidth, equal_bandwidth
 

@@ -24,7 +24,6 @@ per client and class are far too little to train one that stands in for Stable D
 from __future__ import annotations
 
 import dataclasses
-
 import math
 from abc import abstractmethod
 from collections.abc import Mapping
@@ -37,9 +36,9 @@ import torch
 from fl_lightning.algorithms.synthetic_family.config import ViTConfig
 from fl_lightning.algorithms.synthetic_family.planning import upload_time_s
 from fl_lightning.algorithms.synthetic_family.synthesis_step import SynthesisResult, synthesise_and_pretrain
-from fl_lightning.federation.collectives import Ranks
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import State
+from fl_lightning.federation.collectives import Ranks
 from fl_lightning.federation.placement import client_seed
 from fl_lightning.federation.precision import compute_dtype
 from fl_lightning.federation.stages import Stage, StageConfig

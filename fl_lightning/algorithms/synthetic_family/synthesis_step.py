@@ -37,8 +37,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from itertools import chain
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import torch
 from PIL import Image
@@ -62,8 +62,8 @@ from fl_lightning.synthesis.generate import (
     synthetic_volume,
 )
 from fl_lightning.synthesis.latents import ClassLatentUpload
-from fl_lightning.synthesis.store import remove_stores, stored_splits
 from fl_lightning.synthesis.prompts import LLMPromptExpander, TemplatePromptExpander, expand_with_cache
+from fl_lightning.synthesis.store import remove_stores, stored_splits
 from fl_lightning.systems.backbones import backbone
 from fl_lightning.systems.scaling_law import ScalingLawParams, optimal_lambda, synthesis_cost_per_unit_lambda
 from fl_lightning.systems.server import SERVERS, ServerProfile, generation_time, pretrain_time_per_image_epoch
