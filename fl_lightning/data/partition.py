@@ -67,6 +67,7 @@ __all__ = [
     "dirichlet_partition",
     "iid_partition",
     "shard_partition",
+    "natural_grouping_note",
     "natural_partition",
     "client_class_counts",
     "write_partition_json",
@@ -348,6 +349,19 @@ def shard_partition(
     client_of_shard[shard_ids.ravel()] = np.repeat(np.arange(num_clients), shards_per_client)
     owner[order] = client_of_shard[shard_of]
     return _group_by_owner(owner, num_clients)
+
+
+def natural_grouping_note(groups: np.ndarray, num_clients: int, by: str) -> str | None:
+    """What a natural partition does that a user may not expect, in one line, or None: K < V clients group the V
+    values of the column (not one client per value), or a column of one value puts all the data on one client."""
+    values = int(np.unique(np.asarray(groups)).size)
+    if values == 1:
+        return (f"partition.by={by!r} holds one value: one client holds all the training data (a centralised run, "
+                f"not a federation)")
+    if num_clients < values:
+        return (f"partition.scheme natural groups the {values} values of {by!r} into {num_clients} clients "
+                f"(partition.num_clients={num_clients}); one client per value: --partition.num_clients {values}")
+    return None
 
 
 def natural_partition(groups: np.ndarray, num_clients: int) -> list[np.ndarray]:

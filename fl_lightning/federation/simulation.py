@@ -22,6 +22,7 @@ import os
 import secrets
 import shutil
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,6 +45,7 @@ from fl_lightning.data.partition import (
     client_class_counts,
     dirichlet_partition,
     iid_partition,
+    natural_grouping_note,
     natural_partition,
     read_partition_json,
     shard_partition,
@@ -303,6 +305,11 @@ class Simulation:
         if any(budgets.values()) and is_deterministic(test_transform):
             splits.test = PreprocessedSplit(splits.test, **budgets)
         partition = partition_for(cfg, splits.train_targets, splits.train_column)
+        if cfg.partition.scheme == "natural" and fabric.global_rank == 0:  # never silent: grouped or one client
+            note = natural_grouping_note(splits.train_column(cfg.partition.by), cfg.partition.num_clients,
+                                         cfg.partition.by)
+            if note is not None:
+                print(f"fl_lightning: {note}", file=sys.stderr, flush=True)
         privacy = FederationPrivacy.of(cfg, algorithm.num_rounds, [len(p) for p in partition])
         env = Environment(fabric, cfg, splits, partition, self.run_dir, privacy,
                           one_train_loader=is_deterministic(train_transform),

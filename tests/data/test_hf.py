@@ -13,11 +13,11 @@ pytest.importorskip("datasets")
 
 from fl_lightning.config.loading import load_config  # noqa: E402
 from fl_lightning.data.hf import HFSource  # noqa: E402
-from fl_lightning.data.partition import natural_partition  # noqa: E402
+from fl_lightning.data.partition import natural_grouping_note, natural_partition  # noqa: E402
 from fl_lightning.data.registry import build_dataset  # noqa: E402
 from fl_lightning.data.transforms import build_transform  # noqa: E402
 from fl_lightning.errors import ConfigError, MissingResourceError, UsageError  # noqa: E402
-from fl_lightning.federation.simulation import hf_source, partition_for  # noqa: E402
+from fl_lightning.federation.simulation import Simulation, hf_source, partition_for  # noqa: E402
 from tests.conftest import CONF, REPO, run_cli  # noqa: E402
 
 N_TRAIN, N_TEST, WRITERS = 40, 12, 5
@@ -216,6 +216,23 @@ def test_config_keys_and_natural_partition(saved, hf_cache, form):
             "--partition.by", "writer", "--partition.num_clients", "6"]), splits.train_targets, splits.train_column)
     with pytest.raises(UsageError, match=r"partition.by='author' is not a column .* writer \(Value\)"):
         splits.train_column("author")
+
+
+def test_a_natural_partition_that_groups_values_or_centralises_says_so(saved, hf_cache, tmp_path, capsys):
+    """Never silent: K < V clients group the column's values, a column of one value is a centralised run."""
+    groups = np.array(["b", "a", "c", "a"])
+    assert natural_grouping_note(groups, 3, "w") is None  # one client per value: as asked, nothing to say
+    assert "groups the 3 values of 'w' into 2 clients" in natural_grouping_note(groups, 2, "w")
+    assert "--partition.num_clients 3" in natural_grouping_note(groups, 2, "w")
+    assert "one client holds all the training data" in natural_grouping_note(np.array(["a", "a"]), 1, "w")
+    cfg = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), [
+        "--data.name", "hf", "--data.path", str(saved["disk"]), "--partition.scheme", "natural",
+        "--partition.by", "writer", "--partition.num_clients", "3", "--output_dir", str(tmp_path)])
+    sim = Simulation(cfg=cfg, loggers=[])
+    sim.fabric.launch()
+    sim._setup()
+    assert "fl_lightning: partition.scheme natural groups the 5 values of 'writer' into 3 clients" in \
+        capsys.readouterr().err
 
 
 def test_natural_needs_a_column_source():
