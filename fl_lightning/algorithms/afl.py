@@ -173,7 +173,6 @@ class AFL(Algorithm):
 
     # -- set-up ----------------------------------------------------------------------------------
     def build(self, fabric: Fabric) -> None:
-        self.fabric = fabric
         self.backbone = held_backbone(self.cfg, fabric)  # CUDA + mixed: in bf16/fp16
 
     def input_spec(self) -> InputSpec:

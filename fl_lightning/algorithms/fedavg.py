@@ -77,7 +77,6 @@ class FedAvg(Algorithm):
     shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
 
     def build(self, fabric: Fabric) -> None:
-        self.fabric = fabric
         self.backbone = held_backbone(self.cfg, fabric)  # CUDA + mixed: in bf16/fp16
 
     def input_spec(self) -> InputSpec:

@@ -47,8 +47,6 @@ from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.modules.optim import make_optimizer
 
 if TYPE_CHECKING:
-    from lightning.fabric import Fabric
-
     from fl_lightning.config import RunConfig
 
 __all__ = ["FedAvgCNN", "FedAvgCNNConfig", "ImageClassifier", "build_timm_classifier"]
@@ -145,9 +143,6 @@ class FedAvgCNN(Algorithm):
             check_checkpoint(cfg.model.checkpoint)
 
     # -- set-up ----------------------------------------------------------------------------------
-    def build(self, fabric: Fabric) -> None:
-        self.fabric = fabric
-
     def input_spec(self) -> InputSpec:
         # augment: CIFAR's zero-pad (S/8: 4 px at 32) + random crop + horizontal flip (data/transforms.py)
         return InputSpec(self.cfg.data.image_size or _DEFAULT_IMAGE_SIZE, "imagenet", augmentation="crop_flip")

@@ -65,7 +65,6 @@ class FedAvgPrompts(Algorithm):
     def build(self, fabric: Fabric) -> None:
         from fl_lightning.models.vpt import PromptedViT
 
-        self.fabric = fabric
         self.backbone = require_vit(self.cfg, held_backbone(self.cfg, fabric))  # CUDA + mixed: bf16/fp16
         self.model = PromptedViT(self.backbone, num_prompts=self.config.num_prompts, seed=self.config.prompt_seed)
 

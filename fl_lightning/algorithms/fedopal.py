@@ -248,7 +248,6 @@ class FedOPAL(StagedAlgorithm):
 
     # -- set-up ----------------------------------------------------------------------------------
     def build(self, fabric: Fabric) -> None:
-        self.fabric = fabric
         self.backbone = held_backbone(self.cfg, fabric)  # CUDA + mixed: in bf16/fp16 (its prompts float32)
         self.model = PromptedViT(require_vit(self.cfg, self.backbone), num_prompts=self.config.num_prompts,
                                  seed=self.config.prompt_seed)

@@ -123,7 +123,6 @@ class FedPFT(Algorithm):
 
     # -- set-up ----------------------------------------------------------------------------------
     def build(self, fabric: Fabric) -> None:
-        self.fabric = fabric
         self.backbone = held_backbone(self.cfg, fabric)  # CUDA + mixed: in bf16/fp16
 
     def input_spec(self) -> InputSpec:

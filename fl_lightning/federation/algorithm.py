@@ -260,10 +260,11 @@ class Algorithm(ABC):
 
     ``self.cfg`` is the whole :class:`~fl_lightning.config.RunConfig` (core sections: data, partition,
     model, federation, train, logging); ``self.config`` is this method's own section, an instance of
-    ``config_class``.
+    ``config_class``; ``self.fabric`` is the rank's launched Fabric, given by the engine before :meth:`build`.
     """
 
     name: str = ""
+    fabric: Fabric  # set by the engine (federation/simulation.py) before build(); never by a method
     config_class: type = NoConfig  # the dataclass of this method's YAML section (named like the method)
     augment: bool = False  # random crops/flips on the training split (frozen-feature methods: off)
     # evaluate() depends on the state alone and evaluates through algorithms/common.py's helpers: on several ranks

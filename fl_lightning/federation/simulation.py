@@ -288,6 +288,7 @@ class Simulation:
     def _setup(self) -> tuple[Algorithm, Environment]:
         cfg, fabric = self.cfg, self.fabric
         algorithm = ALGORITHMS[cfg.algorithm](cfg=cfg)
+        algorithm.fabric = fabric  # the rank's Fabric, given before anything is built (Algorithm.fabric)
         algorithm.build(fabric)  # the shared model, once per rank
         spec = algorithm.input_spec()
         transform = {"normalization": spec.normalization, "image_size": spec.image_size, "mean": spec.mean,

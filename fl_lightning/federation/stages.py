@@ -152,7 +152,6 @@ class StagedAlgorithm(Algorithm):
         raise IndexError(f"round {round_idx} is beyond the {self.num_rounds} rounds of {type(self).__name__}")
 
     def build(self, fabric: Fabric) -> None:
-        self.fabric = fabric
         super().build(fabric)
         for stage in self.parts:
             stage.build(fabric)
