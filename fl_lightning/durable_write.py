@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Callable, Iterator
@@ -24,10 +25,12 @@ from pathlib import Path
 
 from fl_lightning.errors import DiskFullError
 
-__all__ = ["atomic_path", "write_text_atomic", "write_bytes_atomic", "written_temp", "place", "disk_full_error"]
+__all__ = ["atomic_path", "write_text_atomic", "write_bytes_atomic", "written_temp", "place", "disk_full_error",
+           "leftover_temps"]
 
 Needed = int | Callable[[], int | None] | None  # the bytes a write needs, a function giving them, or unknown
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")  # written_temp's names
 
 
 @contextlib.contextmanager
@@ -77,6 +80,16 @@ def written_temp(path: Path, *, needed: Needed = None, needed_is: str = "its siz
         if full is not None:
             raise full from err
         raise
+
+
+def leftover_temps(folder: str | Path) -> list[Path]:
+    """The temp files of writes a kill interrupted in ``folder`` (not below it): ``.<name>.<12 hex digits>.tmp``, as
+    :func:`written_temp` names them — no rename ever comes for them; the folder's owner deletes them at its next
+    start. Nothing else matches (a user's dotfile, another tool's temp file)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_file() and _TEMP_NAME.fullmatch(p.name))
 
 
 def place(tmp: str | Path, path: str | Path, *, durable: bool = True, needed: Needed = None,

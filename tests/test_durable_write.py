@@ -140,3 +140,28 @@ def test_the_file_gets_the_mode_open_gives_not_a_private_temps(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "shared.txt").stat().st_mode & 0o777 == 0o644
+
+
+def test_the_temp_files_of_killed_writes_are_found_and_nothing_else(tmp_path):
+    from fl_lightning.durable_write import leftover_temps, written_temp
+
+    with written_temp(tmp_path / "metrics.csv") as tmp:  # a write a kill interrupts before its rename
+        tmp.write_text("half")
+    (tmp_path / ".bashrc").write_text("a user's dotfile")
+    (tmp_path / ".other.tmp").write_text("another tool's")
+    (tmp_path / "sub").mkdir()
+    assert leftover_temps(tmp_path) == [tmp] and leftover_temps(tmp_path / "missing") == []
+
+
+def test_a_resumed_run_deletes_the_temp_files_a_kill_left_in_its_folder(tmp_path):
+    from fl_lightning.config.loading import load_config
+    from fl_lightning.federation.simulation import Simulation
+    from tests.conftest import CONF
+
+    cfg = load_config(CONF / "fedavg_digits_tiny.yaml", ["--output_dir", str(tmp_path), "--federation.rounds", "1",
+                                                         "--logging.progress", "false"])
+    Simulation(cfg=cfg, loggers=[]).run()
+    left = cfg.run_dir / ".metrics.csv.0123456789ab.tmp"
+    left.write_text("half a file")
+    Simulation(cfg=cfg, loggers=[], resume=True).run()
+    assert not left.exists() and (cfg.run_dir / "metrics.csv").is_file()

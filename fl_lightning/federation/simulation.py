@@ -55,7 +55,7 @@ from fl_lightning.data.preprocessed import PreprocessedSplit, is_deterministic
 from fl_lightning.data.registry import DatasetSplits, build_dataset
 from fl_lightning.data.report import write_partition_figure, write_partition_report
 from fl_lightning.data.transforms import build_transform
-from fl_lightning.durable_write import write_text_atomic
+from fl_lightning.durable_write import leftover_temps, write_text_atomic
 from fl_lightning.errors import ClientFailure, ClientUsageError, ConfigError, RunFailure, TooFewClients, UsageError
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundPlan
 from fl_lightning.federation.attacks import ClientAttack
@@ -398,6 +398,8 @@ class Simulation:
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._drop_stale_rounds(run.completed_rounds if self.resume else -1)
+        for tmp in leftover_temps(self.run_dir):  # a write a kill interrupted (config.yaml, metrics.csv, …)
+            tmp.unlink(missing_ok=True)
         write_text_atomic(self.run_dir / "config.yaml", dump_config(cfg))
         self._record_trace()
         counts = client_class_counts(env.splits.train_targets, env.partition, env.num_classes)
