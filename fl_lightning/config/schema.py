@@ -370,6 +370,12 @@ class FederationConfig:
     devices: int = 1  # Fabric ranks on this node; clients are dealt to them
     num_nodes: int = 1
     strategy: str = "auto"  # "auto" → ddp when devices * num_nodes > 1
+    # the default process group's backend, which carries the compute collectives (DDP's all-reduce, the split
+    # ensemble's gathers): auto is Fabric's pick (nccl with CUDA, gloo on the CPU); gloo on GPUs lets several ranks
+    # share one GPU (NCCL refuses two ranks on one device) — the GPU check's 2-process runs on one GPU — or runs
+    # where NCCL is unavailable, at gloo's speed (CUDA tensors cross through host memory). The object collectives
+    # run on their own gloo group whatever this says (federation/ddp_strategy.py)
+    process_group_backend: Literal["auto", "nccl", "gloo"] = "auto"
     precision: Literal[PRECISIONS] = "32-true"  # type: ignore[valid-type] # e.g. "bf16-mixed" on GPUs
     on_client_error: Literal["raise", "skip"] = "raise"
     # a round with fewer successful clients than this stops the run (exit 1, checkpoint kept), as Flower's
@@ -439,6 +445,9 @@ class FederationConfig:
         check(0 < self.client_fraction <= 1, "client_fraction", self.client_fraction, "a float in (0, 1]")
         check(self.devices >= 1, "devices", self.devices, "an int >= 1")
         check(self.num_nodes >= 1, "num_nodes", self.num_nodes, "an int >= 1")
+        check(self.process_group_backend != "nccl" or self.accelerator in ("auto", "gpu", "cuda"),
+              "process_group_backend", self.process_group_backend,
+              f"auto or gloo with federation.accelerator {self.accelerator} (nccl runs only on CUDA GPUs)")
         check(self.min_clients >= 1, "min_clients", self.min_clients, "an int >= 1")
         _check_seed("sampling_seed", self.sampling_seed)
 

@@ -211,7 +211,8 @@ def _strategy(cfg: RunConfig, environ: Mapping[str, str] = os.environ) -> str | 
     :class:`~fl_lightning.federation.ddp_strategy.FederatedDDPStrategy`: its compute group under
     ``federation.compute_timeout_s``, its object group under ``federation.collective_timeout_s`` (by name, Fabric
     would use torch's default timeout, 10 min for NCCL, for both). A strategy class registered by someone else (a
-    subclass of DDPStrategy) is built with the long timeout for its one group."""
+    subclass of DDPStrategy) is built with the long timeout for its one group. ``federation.process_group_backend``
+    other than auto is the DDP strategy's ``process_group_backend`` (gloo: several ranks on one GPU)."""
     f = cfg.federation
     name = f.strategy if f.strategy != "auto" else "ddp" if f.devices * f.num_nodes > 1 else "auto"
     cli = environ.get("LT_STRATEGY") if environ.get("LT_CLI_USED") == "1" else None
@@ -223,10 +224,11 @@ def _strategy(cfg: RunConfig, environ: Mapping[str, str] = os.environ) -> str | 
     entry = STRATEGY_REGISTRY[name] if name in STRATEGY_REGISTRY else None  # its .get() would build one
     if entry is None or not issubclass(entry["strategy"], DDPStrategy):
         return name
+    backend = {} if f.process_group_backend == "auto" else {"process_group_backend": f.process_group_backend}
     if entry["strategy"] is DDPStrategy:
-        return FederatedDDPStrategy(**entry["init_params"], timeout=timedelta(seconds=f.compute_timeout_s),
+        return FederatedDDPStrategy(**{**entry["init_params"], **backend}, timeout=timedelta(seconds=f.compute_timeout_s),
                                     object_timeout=timedelta(seconds=f.collective_timeout_s))
-    return entry["strategy"](**entry["init_params"], timeout=timedelta(seconds=f.collective_timeout_s))
+    return entry["strategy"](**{**entry["init_params"], **backend}, timeout=timedelta(seconds=f.collective_timeout_s))
 
 
 @contextmanager
@@ -772,6 +774,8 @@ class Simulation:
             **algorithm.summary_extras(run.state),
             **(self._privacy.summary(len(run.rows)) if self._privacy is not None else {}),
         }
+        if self.fabric.device.type == "cuda":  # this rank's peak since its process started (the GPU check's table)
+            summary["peak_gpu_memory_bytes"] = int(torch.cuda.max_memory_allocated(self.fabric.device))
         if self.fabric.global_rank == 0:
             write_summary(self.run_dir / "summary.json", summary)
         return summary

@@ -44,6 +44,18 @@ def test_the_ddp_strategy_carries_a_short_compute_and_a_long_object_timeout():
     assert strategy.object_group is None  # made in setup_environment, by every rank
 
 
+def test_the_compute_groups_backend_is_fabrics_pick_unless_the_config_names_one():
+    assert _strategy(_cfg("--federation.devices", "2"))._process_group_backend is None  # auto: Fabric's pick
+    for name in ("ddp", "ddp_spawn"):
+        strategy = _strategy(_cfg("--federation.devices", "2", "--federation.strategy", name,
+                                  "--federation.process_group_backend", "gloo"))
+        assert strategy._process_group_backend == "gloo"  # two ranks may share one GPU
+    with pytest.raises(ConfigError, match="process_group_backend.*nccl runs only on CUDA GPUs"):
+        _cfg("--federation.accelerator", "cpu", "--federation.process_group_backend", "nccl")
+    with pytest.raises(ConfigError, match="process_group_backend='mpi' is not allowed; expected one of 'auto', 'nccl', 'gloo'"):
+        _cfg("--federation.process_group_backend", "mpi")
+
+
 def test_the_strategy_pickles_without_its_group_for_spawned_children():
     strategy = _strategy(_cfg("--federation.strategy", "ddp_spawn"))
     strategy.object_group = object()  # stands for a ProcessGroup, which does not pickle
