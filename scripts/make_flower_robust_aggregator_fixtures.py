@@ -28,25 +28,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import flower_strategy_fixtures as fixtures
 import numpy as np
-from flower_strategy_fixtures import (
-    FIXTURES,
-    aggregate,
-    as_lists,
-    dumps,
-    fit_results,
-    header,
-    honest_step,
-    initial,
-    load_flwr,
-    make_strategy,
-    replay,
-    settings_held,
-    target,
-    write_or_check,
-)
 
-OUT = FIXTURES / "flower_robust_aggregators.json"
+OUT = fixtures.FIXTURES / "flower_robust_aggregators.json"
 
 SHAPES = [(3, 4), (4,)]
 SEED = 20261205
@@ -148,7 +133,7 @@ def clients(rng: np.random.Generator, global_params: list[np.ndarray], goal: lis
     for k in range(len(num_examples)):
         arrays = []
         for g, tgt in zip(global_params, goal):
-            honest = honest_step(rng, g, tgt)
+            honest = fixtures.honest_step(rng, g, tgt)
             kind = outliers.get(k)
             if kind == "flip":
                 honest = -5.0 * honest
@@ -161,36 +146,36 @@ def clients(rng: np.random.Generator, global_params: list[np.ndarray], goal: lis
 
 def hyperparameters(strategy) -> dict:
     """The settings the strategy holds after construction (Flower's defaults filled in)."""
-    held = settings_held(strategy, ["beta", "num_malicious_clients", "num_clients_to_keep", "aggregation_rule_kwargs"])
+    held = fixtures.settings_held(strategy, ["beta", "num_malicious_clients", "num_clients_to_keep", "aggregation_rule_kwargs"])
     if hasattr(strategy, "first_aggregation_rule"):
         held["first_aggregation_rule"] = strategy.first_aggregation_rule.__name__
     return held
 
 
 def run_case(name: str, kwargs: dict, plan: str) -> dict:
-    init, goal = initial(SEED, SHAPES), target(SEED + 1, SHAPES)
-    strategy = make_strategy(name, kwargs, init)
+    init, goal = fixtures.initial(SEED, SHAPES), fixtures.target(SEED + 1, SHAPES)
+    strategy = fixtures.make_strategy(name, kwargs, init)
     rng = np.random.default_rng(SEED + 2)  # the same noise stream in every case of a plan
     current = init
     rounds = []
     for t, (num_examples, outliers) in enumerate(PLANS[plan], start=1):
         sent = clients(rng, current, goal, num_examples, outliers)
-        current = aggregate(strategy, t, sent, num_examples)
+        current = fixtures.aggregate(strategy, t, sent, num_examples)
         rounds.append({"server_round": t,
                        "num_clients": len(num_examples),
                        "outliers": {str(k): v for k, v in sorted(outliers.items())},
-                       **replay(sent, num_examples, current)})
+                       **fixtures.replay(sent, num_examples, current)})
     return {"strategy": name, "kwargs": kwargs, "hyperparameters": hyperparameters(strategy), "plan": plan,
-            "initial_parameters": as_lists(init), "rounds": rounds}
+            "initial_parameters": fixtures.as_lists(init), "rounds": rounds}
 
 
 def run_error_case(name: str, kwargs: dict, plan: str) -> dict:
-    init, goal = initial(SEED, SHAPES), target(SEED + 1, SHAPES)
-    strategy = make_strategy(name, kwargs, init)
+    init, goal = fixtures.initial(SEED, SHAPES), fixtures.target(SEED + 1, SHAPES)
+    strategy = fixtures.make_strategy(name, kwargs, init)
     num_examples, outliers = PLANS[plan][0]
     sent = clients(np.random.default_rng(SEED + 2), init, goal, num_examples, outliers)
     try:
-        strategy.aggregate_fit(1, fit_results(sent, num_examples), [])
+        strategy.aggregate_fit(1, fixtures.fit_results(sent, num_examples), [])
     except Exception as error:  # noqa: BLE001 - recording whatever Flower raises is the point
         return {"strategy": name, "kwargs": kwargs, "plan": plan, "num_clients": len(num_examples),
                 "raises": type(error).__name__, "message": str(error)}
@@ -198,12 +183,12 @@ def run_error_case(name: str, kwargs: dict, plan: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    flwr = load_flwr()
-    fixture = {**header(Path(__file__).name, flwr.__version__),
+    flwr = fixtures.load_flwr()
+    fixture = {**fixtures.header(Path(__file__).name, flwr.__version__),
                "notes": NOTES,
                "cases": [run_case(*case) for case in CASES],
                "error_cases": [run_error_case(*case) for case in ERROR_CASES]}
-    return write_or_check(OUT, dumps(fixture), argv, f"{len(CASES)} cases, {len(ERROR_CASES)} error cases",
+    return fixtures.write_or_check(OUT, fixtures.dumps(fixture), argv, f"{len(CASES)} cases, {len(ERROR_CASES)} error cases",
                           f"flwr {flwr.__version__}")
 
 

@@ -26,24 +26,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import flower_strategy_fixtures as fixtures
 import numpy as np
-from flower_strategy_fixtures import (
-    FIXTURES,
-    aggregate,
-    as_lists,
-    dumps,
-    header,
-    honest_step,
-    initial,
-    load_flwr,
-    make_strategy,
-    replay,
-    settings_held,
-    target,
-    write_or_check,
-)
 
-OUT = FIXTURES / "flower_server_optimizers.json"
+OUT = fixtures.FIXTURES / "flower_server_optimizers.json"
 
 SHAPES = [(3, 4), (4,)]
 NUM_EXAMPLES = [5, 10, 30]
@@ -105,13 +91,13 @@ NOTES = [
 
 def clients(rng: np.random.Generator, global_params: list[np.ndarray], goal: list[np.ndarray]) -> list[list]:
     """Each client's float32 arrays: from the global parameters, a quarter of the way to its own target, plus noise."""
-    return [[honest_step(rng, g, tgt).astype(np.float32) for g, tgt in zip(global_params, goal)]
+    return [[fixtures.honest_step(rng, g, tgt).astype(np.float32) for g, tgt in zip(global_params, goal)]
             for _ in NUM_EXAMPLES]
 
 
 def hyperparameters(strategy) -> dict:
     """The settings the strategy holds after construction (Flower's defaults filled in)."""
-    held = settings_held(strategy, ["server_learning_rate", "server_momentum", "eta", "eta_l", "beta_1", "beta_2",
+    held = fixtures.settings_held(strategy, ["server_learning_rate", "server_momentum", "eta", "eta_l", "beta_1", "beta_2",
                                     "tau"])
     if type(strategy).__name__ != "FedAvgM":  # FedAvgM holds inplace but averages with aggregate() regardless
         held["inplace"] = strategy.inplace
@@ -119,25 +105,25 @@ def hyperparameters(strategy) -> dict:
 
 
 def run_case(name: str, kwargs: dict) -> dict:
-    init, goal = initial(SEED, SHAPES), target(SEED + 1, SHAPES)
-    strategy = make_strategy(name, kwargs, init)
+    init, goal = fixtures.initial(SEED, SHAPES), fixtures.target(SEED + 1, SHAPES)
+    strategy = fixtures.make_strategy(name, kwargs, init)
     rng = np.random.default_rng(SEED + 2)  # the same noise stream in every case
     current = init
     rounds = []
     for t in range(1, ROUNDS + 1):
         sent = clients(rng, current, goal)
-        current = aggregate(strategy, t, sent, NUM_EXAMPLES)
-        rounds.append({"server_round": t, **replay(sent, NUM_EXAMPLES, current)})
+        current = fixtures.aggregate(strategy, t, sent, NUM_EXAMPLES)
+        rounds.append({"server_round": t, **fixtures.replay(sent, NUM_EXAMPLES, current)})
     return {"strategy": name, "kwargs": kwargs, "hyperparameters": hyperparameters(strategy),
-            "initial_parameters": as_lists(init), "rounds": rounds}
+            "initial_parameters": fixtures.as_lists(init), "rounds": rounds}
 
 
 def main(argv: list[str]) -> int:
-    flwr = load_flwr()
-    fixture = {**header(Path(__file__).name, flwr.__version__),
+    flwr = fixtures.load_flwr()
+    fixture = {**fixtures.header(Path(__file__).name, flwr.__version__),
                "notes": NOTES,
                "cases": [run_case(name, kwargs) for name, kwargs in CASES]}
-    return write_or_check(OUT, dumps(fixture), argv, f"{len(CASES)} cases", f"flwr {flwr.__version__}")
+    return fixtures.write_or_check(OUT, fixtures.dumps(fixture), argv, f"{len(CASES)} cases", f"flwr {flwr.__version__}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ PACKAGE = REPO / "fl_lightning"
 
 MAX_LINES = 100
 # the bound the tree passes; lower it as the tree allows, never raise it
-MAX_COMPLEXITY = 23
+MAX_COMPLEXITY = 15
 
 
 def _long_functions(package: Path, limit: int) -> list[str]:

@@ -32,32 +32,18 @@ streaming images. FedOPAL, whose prompts change the features, streams its images
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ContextManager, Literal
 
 import torch
-from lightning.fabric import Fabric
 from torch import Tensor
 
-from fl_lightning.algorithms.common import (
-    FrozenFeatures,
-    client_feature_batches,
-    evaluate_on_test,
-    held_backbone,
-)
+from fl_lightning.algorithms.common import client_feature_batches, evaluate_on_test
+from fl_lightning.algorithms.feature_table import OneShotFeatureMethod
 from fl_lightning.analytic import AnalyticStatistics, StatisticsSum, logits, regularization, solve_classifier
 from fl_lightning.errors import check
-from fl_lightning.federation.algorithm import (
-    Algorithm,
-    Client,
-    Environment,
-    InputSpec,
-    RoundHistory,
-    RoundPlan,
-    State,
-    register,
-)
+from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, register
 from fl_lightning.federation.privacy_coverage import statistics_only
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.modules.statistics import collect_statistics
@@ -90,6 +76,9 @@ class AnalyticHead:
     (docs/privacy.md). FedCGS's section has no λ: it holds the head for the statistics and the fold only.
     """
 
+    # the methods that hold one declare it as their own (Algorithm.true_precision)
+    true_precision = "its statistics R, C and the closed-form solve stay in float64, not half precision"
+
     def __init__(self, config: AFLConfig, privacy: PrivacyConfig) -> None:
         self.config = config
         self.dtype = getattr(torch, config.dtype)  # accumulation and solve precision
@@ -106,6 +95,13 @@ class AnalyticHead:
         return collect_statistics(features, batches, num_classes=self.num_classes, device=self.device,
                                   dtype=self.dtype, autocast=autocast, feature_dim=self.feature_dim,
                                   clip_norm=self.clip_norm)
+
+    def table_statistics(self, table: Tensor, env: Environment, client: Client) -> AnalyticStatistics:
+        """Eq. (7) on one client, streamed batch by batch over its rows of the training split's feature ``table``
+        (the frozen backbone's h, :class:`~fl_lightning.algorithms.common.FrozenFeatures`)."""
+        batches = client_feature_batches(table, env.splits.train_targets, env.partition[client.index],
+                                         env.cfg.data.batch_size)
+        return self.statistics(_identity, batches)
 
     @staticmethod
     def upload(stats: AnalyticStatistics, first: dict[str, Tensor] | None = None, **meta: int) -> Upload:
@@ -153,7 +149,7 @@ class AnalyticHead:
 
 
 @register("afl")
-class AFL(Algorithm):
+class AFL(OneShotFeatureMethod):
     """The frozen backbone's features of the training split, each client's rows → R_k, C_k → W* (its
     :class:`AnalyticHead`)."""
 
@@ -163,44 +159,19 @@ class AFL(Algorithm):
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
         """federation.privacy: the statistics mechanisms cover R_k, C_k, each feature clipped (federation/privacy_coverage.py)."""
         return statistics_only(cfg)
-    # FedCGS inherits it; FedOPAL and FedOPAL+ declare it too
-    true_precision = "its statistics R, C and the closed-form solve stay in float64, not half precision"
-    shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
+    true_precision = AnalyticHead.true_precision
 
-    @property
-    def num_rounds(self) -> int:
-        return 1
-
-    # -- set-up ----------------------------------------------------------------------------------
-    def build(self, fabric: Fabric) -> None:
-        self.backbone = held_backbone(self.cfg, fabric)  # CUDA + mixed: in bf16/fp16
-
-    def input_spec(self) -> InputSpec:
-        return InputSpec.of_backbone(self.backbone, self.cfg.data.image_size)
+    def __init__(self, *, cfg: RunConfig) -> None:
+        super().__init__(cfg=cfg)
+        self.head = AnalyticHead(self.config, cfg.federation.privacy)  # Eq. (7), the fold and Eq. (9)
 
     def setup(self, env: Environment) -> None:
-        super().setup(env)
-        self.head = AnalyticHead(self.config, self.cfg.federation.privacy)
+        super().setup(env)  # the frozen backbone's feature tables
         self.head.setup(feature_dim=self.backbone.feature_dim, num_classes=env.num_classes, device=self.fabric.device)
-        # the frozen backbone's features, once per comparison
-        self._tables = FrozenFeatures(self, self.backbone)
-        self._train_h = self._tables.table("train", all_ranks=True)
-
-    def initial_state(self) -> State:
-        return {}
 
     # -- client ----------------------------------------------------------------------------------
-    def plan(self, round_idx: int, clients: Sequence[int], state: State, history: RoundHistory) -> RoundPlan:
-        return RoundPlan({c: Download() for c in clients})  # clients hold the frozen backbone: nothing to send
-
-    def statistics(self, client: Client) -> AnalyticStatistics:
-        """Eq. (7) on one client, streamed batch by batch over its rows of the training split's feature table."""
-        batches = client_feature_batches(self._train_h, self.env.splits.train_targets,
-                                         self.env.partition[client.index], self.cfg.data.batch_size)
-        return self.head.statistics(_identity, batches)
-
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
-        return self.head.upload(self.statistics(client))
+        return self.head.upload(self.head.table_statistics(self._train_h, self.env, client))
 
     def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
         return self.head.shapes()

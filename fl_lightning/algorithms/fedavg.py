@@ -23,13 +23,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from lightning.fabric import Fabric
 from torch import nn
 
-from fl_lightning.algorithms.common import FrozenFeatures, held_backbone
+from fl_lightning.algorithms.feature_table import FeatureTableMethod
 from fl_lightning.data.loader import TensorBatches
 from fl_lightning.federation.aggregate import WeightedMean
-from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
+from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.placement import client_seed
 from fl_lightning.federation.privacy_coverage import weights_only
@@ -66,7 +65,7 @@ class FedAvgConfig:
 
 
 @register("fedavg")
-class FedAvg(Algorithm):
+class FedAvg(FeatureTableMethod):
     config_class = FedAvgConfig
 
     @classmethod
@@ -74,19 +73,10 @@ class FedAvg(Algorithm):
         """federation.privacy: DP-FedAvg covers the head, the one thing a client uploads (federation/privacy_coverage.py)."""
         return weights_only(cfg)
     true_precision = "its head trains on the frozen backbone's float32 feature table"
-    shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
-
-    def build(self, fabric: Fabric) -> None:
-        self.backbone = held_backbone(self.cfg, fabric)  # CUDA + mixed: in bf16/fp16
-
-    def input_spec(self) -> InputSpec:
-        return InputSpec.of_backbone(self.backbone, self.cfg.data.image_size)
 
     def setup(self, env: Environment) -> None:
-        super().setup(env)
+        super().setup(env)  # the frozen backbone's feature tables
         t = self.cfg.train
-        self._tables = FrozenFeatures(self, self.backbone)
-        self._train_h = self._tables.table("train", all_ranks=True)  # once per comparison
         self._train_on_device: tuple[torch.Tensor, torch.Tensor] | None = None
         # the head reads the feature tables: the backbone is not in the module
         self.module = LinearProbe(backbone=nn.Identity(), feature_dim=self.backbone.feature_dim,

@@ -43,13 +43,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from torch import Tensor
 
-from fl_lightning.algorithms.afl import AFL
+from fl_lightning.algorithms.afl import AnalyticHead
+from fl_lightning.algorithms.feature_table import OneShotFeatureMethod
 from fl_lightning.analytic import logits
 from fl_lightning.errors import check
 from fl_lightning.feature_gaussians import COVARIANCES, gaussian_head
-from fl_lightning.federation.algorithm import Client, RoundPlan, State, register
+from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, register
 from fl_lightning.federation.privacy_coverage import statistics_only
 from fl_lightning.federation.transport import Download, Upload
 
@@ -71,10 +71,16 @@ class FedCGSConfig:
 
 
 @register("fedcgs")
-class FedCGS(AFL):
-    """AFL's streamed statistics plus class counts; a Gaussian discriminant head instead of ridge."""
+class FedCGS(OneShotFeatureMethod):
+    """AFL's streamed statistics plus class counts; a Gaussian discriminant head instead of ridge.
+
+    It holds AFL's :class:`~fl_lightning.algorithms.afl.AnalyticHead` for a client's statistics, their upload and
+    the fold; the classifier is :func:`~fl_lightning.feature_gaussians.gaussian_head`, not the head's ridge solve.
+    The frozen backbone's feature tables and the one round are the engine's
+    (:class:`~fl_lightning.algorithms.feature_table.OneShotFeatureMethod`)."""
 
     config_class = FedCGSConfig
+    true_precision = AnalyticHead.true_precision
 
     @classmethod
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
@@ -82,18 +88,26 @@ class FedCGS(AFL):
         in the sensitivity; federation/privacy_coverage.py)."""
         return statistics_only(cfg)
 
+    def __init__(self, *, cfg: RunConfig) -> None:
+        super().__init__(cfg=cfg)
+        self.head = AnalyticHead(self.config, cfg.federation.privacy)  # fedcgs.dtype: the statistics' precision
+
+    def setup(self, env: Environment) -> None:
+        super().setup(env)  # the frozen backbone's feature tables
+        self.head.setup(feature_dim=self.backbone.feature_dim, num_classes=env.num_classes, device=self.fabric.device)
+
     # -- client ----------------------------------------------------------------------------------
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
-        stats = self.statistics(client)  # R = B_i, C = [A_i^1 … A_i^c], streamed
+        stats = self.head.table_statistics(self._train_h, self.env, client)  # R = B_i, C = [A_i^1 … A_i^c], streamed
         counts = torch.as_tensor(client.class_counts, dtype=torch.int64)  # N_i^j
         if int(counts.sum()) != stats.N:
             raise RuntimeError(f"client {client.index}: {stats.N} features but class counts sum to {int(counts.sum())}")
         upload = self.head.upload(stats)
-        upload.tensors["counts"] = counts
+        upload.tensors["counts"] = counts  # after R_upper and C on the wire
         return upload
 
     def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
-        return {**super().expected_shapes(round_idx, download), "counts": (self.env.num_classes,)}
+        return {**self.head.shapes(), "counts": (self.env.num_classes,)}
 
     # -- server ----------------------------------------------------------------------------------
     def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
@@ -108,18 +122,15 @@ class FedCGS(AFL):
                              shrinkage=self.config.shrinkage)
         return {**state, "W": W, "b": b, "counts": counts}
 
-    def _head(self, h: Tensor) -> Tensor:
-        return (logits(h, self._W) + self._b).float()
-
     def evaluate(self, state: State) -> dict[str, Any]:
-        self._b = state["b"].to(self.fabric.device)
-        return super().evaluate(state)  # sets self._W and runs the test split's features through _head
+        W, b = state["W"].to(self.fabric.device), state["b"].to(self.fabric.device)
+        return self._tables.evaluate(lambda h: (logits(h, W) + b).float())  # hᵀ w_j + b_j on the test split
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         d, c = self.backbone.feature_dim, self.env.num_classes
         item = torch.finfo(self.head.dtype).bits // 8
-        return {**super().summary_extras(state), "covariance": self.config.covariance,
-                "shrinkage": self.config.shrinkage,
+        return {"feature_dim": int(state["W"].shape[0]) if "W" in state else None,
+                "covariance": self.config.covariance, "shrinkage": self.config.shrinkage,
                 # B (upper triangle) + class sums + class counts (int64) + the sample count
                 "upload_bytes_per_client": (d * (d + 1) // 2 + d * c) * item + 8 * c + 8,
                 "classes_seen": int((state["counts"] > 0).sum()) if "counts" in state else None}

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from torch import Tensor
 
-from fl_lightning.algorithms.afl import AFL, AFLConfig, AnalyticHead
+from fl_lightning.algorithms.afl import AFLConfig, AnalyticHead
 from fl_lightning.algorithms.common import held_backbone, require_vit
 from fl_lightning.analytic import AnalyticStatistics
 from fl_lightning.callbacks.proximal import ProximalCallback
@@ -217,7 +217,7 @@ class FedOPAL(StagedAlgorithm):
 
     config_class = FedOPALConfig
     schedules = {"local": (PromptsWithStatistics,), "global": (PromptsWithStatistics, Statistics)}  # by restat
-    true_precision = AFL.true_precision
+    true_precision = AnalyticHead.true_precision
     shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
 
     @classmethod

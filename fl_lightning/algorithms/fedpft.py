@@ -38,15 +38,14 @@ and each client gathers its rows).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from lightning.fabric import Fabric
 from torch import Tensor
 
-from fl_lightning.algorithms.common import FrozenFeatures, held_backbone
+from fl_lightning.algorithms.feature_table import OneShotFeatureMethod
 from fl_lightning.errors import check
 from fl_lightning.feature_gaussians import (
     COVARIANCE_TYPES,
@@ -55,16 +54,7 @@ from fl_lightning.feature_gaussians import (
     sample_class_gmms,
     train_linear_head,
 )
-from fl_lightning.federation.algorithm import (
-    Algorithm,
-    Client,
-    Environment,
-    InputSpec,
-    RoundHistory,
-    RoundPlan,
-    State,
-    register,
-)
+from fl_lightning.federation.algorithm import Client, RoundPlan, State, register
 from fl_lightning.federation.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
 
@@ -107,7 +97,7 @@ class FedPFTConfig:
 
 
 @register("fedpft")
-class FedPFT(Algorithm):
+class FedPFT(OneShotFeatureMethod):
     true_precision = "its class Gaussians are fitted and sampled in float64, not half precision"
     config_class = FedPFTConfig
 
@@ -115,32 +105,8 @@ class FedPFT(Algorithm):
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
         """federation.privacy: not covered."""
         return "it uploads Gaussian mixtures of its clients' features, which no mechanism clips or noises"
-    shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
-
-    @property
-    def num_rounds(self) -> int:
-        return 1
-
-    # -- set-up ----------------------------------------------------------------------------------
-    def build(self, fabric: Fabric) -> None:
-        self.backbone = held_backbone(self.cfg, fabric)  # CUDA + mixed: in bf16/fp16
-
-    def input_spec(self) -> InputSpec:
-        return InputSpec.of_backbone(self.backbone, self.cfg.data.image_size)
-
-    def setup(self, env: Environment) -> None:
-        super().setup(env)
-        self.backbone = self.fabric.to_device(self.backbone)
-        self._tables = FrozenFeatures(self, self.backbone)
-        self._train_h = self._tables.table("train", all_ranks=True)  # once per comparison
-
-    def initial_state(self) -> State:
-        return {}
 
     # -- client ----------------------------------------------------------------------------------
-    def plan(self, round_idx: int, clients: Sequence[int], state: State, history: RoundHistory) -> RoundPlan:
-        return RoundPlan({c: Download() for c in clients})  # clients hold the frozen backbone: nothing to send
-
     def _features(self, client: Client) -> tuple[Tensor, Tensor]:
         """The client's features (n, d) float32 on the CPU and labels (n,): its rows of the split's table."""
         idx = torch.as_tensor(self.env.partition[client.index], dtype=torch.int64)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -61,53 +62,71 @@ def _type_name(tp: Any) -> str:
             list: "a list"}.get(tp, getattr(tp, "__name__", str(tp)))
 
 
+_REFUSED = object()  # what a plain type's check returns for a value it does not take
+
+
+def _as_float(value: Any) -> Any:
+    """A float from an int, a float or a string that reads as one (YAML 1.1 reads 1e-6, no dot, as a string;
+    "inf" for IID; a leading dot of ".inf" is dropped); a bool is not a number."""
+    if isinstance(value, str):
+        try:
+            return float(value.strip().lstrip("."))
+        except ValueError:
+            return _REFUSED
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return _REFUSED
+
+
+# the plain annotations: each its check, the value as loaded (ints widened to float, a tuple as a list) or _REFUSED
+_PLAIN: dict[Any, Callable[[Any], Any]] = {
+    float: _as_float,
+    int: lambda v: v if isinstance(v, int) and not isinstance(v, bool) else _REFUSED,
+    bool: lambda v: v if isinstance(v, bool) else _REFUSED,
+    str: lambda v: v if isinstance(v, str) else _REFUSED,
+    dict: lambda v: v if isinstance(v, dict) else _REFUSED,
+    list: lambda v: list(v) if isinstance(v, (list, tuple)) else _REFUSED,
+}
+
+
+def _literal(tp: Any, value: Any, key: str) -> Any:
+    """``value`` if it is one of the Literal's choices; else one line listing them, with a did-you-mean."""
+    choices = typing.get_args(tp)
+    if value in choices:
+        return value
+    hint = did_you_mean(str(value), [str(c) for c in choices])
+    raise ConfigError(key, value, f"one of {', '.join(repr(c) for c in choices)}{hint}")
+
+
+def _union(tp: Any, value: Any, key: str) -> Any:
+    """``value`` as the first member of the Union that takes it (None for an Optional's null)."""
+    args = typing.get_args(tp)
+    if value is None and type(None) in args:
+        return None
+    for arg in args:
+        if arg is type(None):
+            continue
+        try:
+            return _convert(arg, value, key)
+        except ConfigError:
+            continue
+    raise ConfigError(key, value, _type_name(tp))
+
+
 def _convert(tp: Any, value: Any, key: str) -> Any:
     """Check ``value`` against the annotation ``tp``; return it (ints widened to float)."""
     origin = typing.get_origin(tp)
     if origin is Literal:
-        choices = typing.get_args(tp)
-        if value in choices:
-            return value
-        hint = did_you_mean(str(value), [str(c) for c in choices])
-        raise ConfigError(key, value, f"one of {', '.join(repr(c) for c in choices)}{hint}")
+        return _literal(tp, value, key)
     if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _convert(arg, value, key)
-            except ConfigError:
-                continue
-        raise ConfigError(key, value, _type_name(tp))
-    if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads 1e-6 (no dot) as a string; "inf" for IID
-            try:
-                return float(value.strip().lstrip("."))
-            except ValueError:
-                pass
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is str:
-        if isinstance(value, str):
-            return value
-    elif tp is dict:
-        if isinstance(value, dict):
-            return value
-    elif tp is list:
-        if isinstance(value, (list, tuple)):
-            return list(value)
-    elif dataclasses.is_dataclass(tp):
+        return _union(tp, value, key)
+    if dataclasses.is_dataclass(tp):
         return _build(tp, value, key)
-    raise ConfigError(key, value, _type_name(tp))
+    check = _PLAIN.get(tp)
+    loaded = check(value) if check is not None else _REFUSED
+    if loaded is _REFUSED:
+        raise ConfigError(key, value, _type_name(tp))
+    return loaded
 
 
 def _loaded_fields(cls: type) -> list[dataclasses.Field]:

@@ -551,6 +551,50 @@ def write_partition_json(
     return path
 
 
+def _read_json(path: Path, where: str) -> Any:
+    """The JSON value in ``path``; one line naming ``where`` when it cannot be read or is not JSON."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise ValueError(f"{where} is a directory, not a JSON file") from None
+    except FileNotFoundError:
+        raise ValueError(f"{where} does not exist") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{where} is not a text file (expected JSON)") from None
+    except OSError as err:
+        raise ValueError(f"{where} cannot be read ({err.strerror or err})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"{where} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})"
+        ) from None
+
+
+def _partition_header(data: Any, num_samples: int, where: str) -> tuple[Any, int]:
+    """The client lists of a partition file and its ``unassigned`` count: a bare list is the lists themselves
+    (none unassigned); an object of :func:`write_partition_json` has its header checked against ``num_samples``."""
+    if not isinstance(data, dict):
+        return data, 0
+    clients = data.get("clients")
+    declared = data.get("num_samples")
+    unassigned = data.get("unassigned", 0)
+    if type(unassigned) is not int or not 0 <= unassigned < num_samples:
+        raise ValueError(f"{where}: 'unassigned' is {json.dumps(unassigned)}; expected a count of rows, "
+                         f"0 <= n < {num_samples}")
+    if declared is not None and declared != num_samples:
+        raise ValueError(
+            f"{where} was written for {declared} training samples, but this training split "
+            f"has {num_samples}; it belongs to another data set or data.num_samples"
+        )
+    if data.get("num_clients") is not None and isinstance(clients, list) \
+            and data["num_clients"] != len(clients):
+        raise ValueError(
+            f"{where} declares {data['num_clients']} clients but lists {len(clients)}"
+        )
+    return clients, unassigned
+
+
 def read_partition_json(path: str | Path, num_samples: int) -> list[np.ndarray]:
     """Read a partition written by :func:`write_partition_json` (or a bare JSON list of index
     lists, as another framework may write) and check it against a data set of ``num_samples``.
@@ -575,42 +619,7 @@ def read_partition_json(path: str | Path, num_samples: int) -> list[np.ndarray]:
     num_samples = _check_int("num_samples", num_samples, 1)
     path = Path(path)
     where = f"partition file '{path}'"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except IsADirectoryError:
-        raise ValueError(f"{where} is a directory, not a JSON file") from None
-    except FileNotFoundError:
-        raise ValueError(f"{where} does not exist") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{where} is not a text file (expected JSON)") from None
-    except OSError as err:
-        raise ValueError(f"{where} cannot be read ({err.strerror or err})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(
-            f"{where} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})"
-        ) from None
-    unassigned = 0
-    if isinstance(data, dict):
-        clients = data.get("clients")
-        declared = data.get("num_samples")
-        unassigned = data.get("unassigned", 0)
-        if type(unassigned) is not int or not 0 <= unassigned < num_samples:
-            raise ValueError(f"{where}: 'unassigned' is {json.dumps(unassigned)}; expected a count of rows, "
-                             f"0 <= n < {num_samples}")
-        if declared is not None and declared != num_samples:
-            raise ValueError(
-                f"{where} was written for {declared} training samples, but this training split "
-                f"has {num_samples}; it belongs to another data set or data.num_samples"
-            )
-        if data.get("num_clients") is not None and isinstance(clients, list) \
-                and data["num_clients"] != len(clients):
-            raise ValueError(
-                f"{where} declares {data['num_clients']} clients but lists {len(clients)}"
-            )
-    else:
-        clients = data
+    clients, unassigned = _partition_header(_read_json(path, where), num_samples, where)
     if not isinstance(clients, list) or not all(isinstance(c, list) for c in clients):
         bad = next((k for k, c in enumerate(clients) if not isinstance(c, list)), None) \
             if isinstance(clients, list) else None

@@ -158,11 +158,13 @@ def _load_weights_file(clip: nn.Module, path: str, *, label: str, name: str) -> 
                                                         unexpected=result.unexpected_keys))
 
 
-def _build_visual(*, name: str, pretrained: str | None, checkpoint: str | None, image_size: int | None,
-                  overrides: dict, cache_dir: str | None, download: bool) -> nn.Module:
+def _resolve_name(name: str, pretrained: str | None, checkpoint: str | None, cache_dir: str | None,
+                  download: bool) -> tuple[str, str | None, dict]:
+    """The model's name as open_clip is to read it, its schema (``local-dir``, ``hf-hub`` or None for a registry
+    name) and the pretrained tag's config ({} for none, or a weights file): a registry name and its tag checked
+    against open_clip's lists; an ``hf-hub:`` name without downloading, its cached snapshot as a local folder."""
     import open_clip
 
-    kwargs: dict[str, Any] = dict(overrides)
     schema = name.split(":", 1)[0] if ":" in name else None
     tag_cfg: dict = {}
     if schema is None:
@@ -182,24 +184,35 @@ def _build_visual(*, name: str, pretrained: str | None, checkpoint: str | None, 
             raise MissingResourceError(f"open_clip model {name} is not in the local cache "
                                        f"({hf_cache_dir(cache_dir)}; downloading is off); {NO_WEIGHTS_HINT}")
         name = "local-dir:" + os.path.dirname(found)
+    return name, schema, tag_cfg
 
-    # Where the weights come from: a local file we check and load ourselves, or open_clip's own
-    # resolution (a local-dir/hf-hub folder, or a tag to download).
-    local_file: str | None = None
-    label = "model.checkpoint"
-    library_weights: str | None = None
+
+def _weights_source(name: str, pretrained: str | None, checkpoint: str | None, *, schema: str | None, tag_cfg: dict,
+                    cache_dir: str | None, download: bool) -> tuple[str | None, str, str | None]:
+    """Where the weights come from: a local file we check and load ourselves (its path and the label its errors
+    name), or open_clip's own resolution (a local-dir/hf-hub folder, or a tag to download): (file, label, tag)."""
     if checkpoint is not None:
         if not os.path.isfile(checkpoint):
             raise MissingResourceError(f"model.checkpoint={checkpoint!r} is not a file; give the path of a "
                                        f"local open_clip weights file (.pt, .bin or .safetensors)")
-        local_file = checkpoint
-    elif pretrained and not tag_cfg and schema is None:
-        local_file, label = pretrained, "model.pretrained"  # a file path (checked above)
-    elif pretrained and tag_cfg and not download:
-        local_file = _cached_tag_weights(name, pretrained, tag_cfg, cache_dir)
-        label = f"cached open_clip weights {name} pretrained={pretrained!r}:"
-    elif pretrained:
-        library_weights = pretrained  # a tag to download into cache_dir, or a folder's own weights
+        return checkpoint, "model.checkpoint", None
+    if pretrained and not tag_cfg and schema is None:
+        return pretrained, "model.pretrained", None  # a file path (checked by _resolve_name)
+    if pretrained and tag_cfg and not download:
+        return (_cached_tag_weights(name, pretrained, tag_cfg, cache_dir),
+                f"cached open_clip weights {name} pretrained={pretrained!r}:", None)
+    # a tag to download into cache_dir, or a folder's own weights (None: random initialisation)
+    return None, "model.checkpoint", pretrained or None
+
+
+def _build_visual(*, name: str, pretrained: str | None, checkpoint: str | None, image_size: int | None,
+                  overrides: dict, cache_dir: str | None, download: bool) -> nn.Module:
+    import open_clip
+
+    kwargs: dict[str, Any] = dict(overrides)
+    name, schema, tag_cfg = _resolve_name(name, pretrained, checkpoint, cache_dir, download)
+    local_file, label, library_weights = _weights_source(name, pretrained, checkpoint, schema=schema, tag_cfg=tag_cfg,
+                                                         cache_dir=cache_dir, download=download)
     # Weights trained with QuickGELU (the 'openai' ViT-B/16) give wrong activations with plain GELU.
     if tag_cfg.get("quick_gelu", False):
         kwargs.setdefault("force_quick_gelu", True)
