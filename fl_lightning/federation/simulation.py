@@ -64,7 +64,6 @@ from fl_lightning.federation.averaging import check_averaging_settings
 from fl_lightning.federation.client_behaviour import (
     DROPPED,
     NO_ERROR,
-    STRAGGLED,
     ClientBehaviour,
     check_client_behaviour,
 )
@@ -368,6 +367,9 @@ class Simulation:
             self._behaviour = dataclasses.replace(self._behaviour, trace=trace)
         seed_everything(cfg.seed, verbose=False)
         algorithm, env = self._setup()
+        if self._behaviour is not None:  # the clients' simulated times: their sizes and the batch size
+            self._behaviour = self._behaviour.with_clients([len(p) for p in env.partition],
+                                                           cfg.train.batch_size or cfg.data.batch_size)
         self._privacy = env.privacy
         rank, world = fabric.global_rank, fabric.world_size
         assignment = assign_clients([len(p) for p in env.partition], world)
@@ -680,10 +682,11 @@ class Simulation:
         behaviour, work = self._behaviour, None
         if behaviour is not None and behaviour.drops(round_idx, client_idx):  # gone after its download
             return ClientRecord(compute_s=0.0, bytes_down=download.num_bytes, failure=DROPPED), None
-        if behaviour is not None:  # a straggler: a share of its local work, or (drop_stragglers) past the deadline
+        if behaviour is not None:  # a straggler: a share of its local work; past the deadline: dropped, as a dropout
             work = behaviour.local_work(round_idx, client_idx, cfg.train.epochs)
-            if work is not None and behaviour.drop_stragglers:
-                return ClientRecord(compute_s=0.0, bytes_down=download.num_bytes, failure=STRAGGLED), None
+            missed = behaviour.missed_deadline(round_idx, client_idx, cfg.train.epochs)
+            if missed is not None:
+                return ClientRecord(compute_s=0.0, bytes_down=download.num_bytes, failure=missed), None
         seed_torch(client_seed(cfg.seed, round_idx, client_idx), fabric.device)
         start = time.monotonic()
         upload, failure, trace, user_error = None, None, None, False
