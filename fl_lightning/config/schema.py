@@ -347,7 +347,7 @@ class ClientBehaviourConfig:
     # true: a straggler misses the round's deadline and is dropped (its download counted, no upload), as FedAvg
     # treats stragglers in that paper; false: its partial work is aggregated, as FedProx does
     drop_stragglers: bool = False
-    # σ of the clients' speeds s_k = exp(σ z_k), z_k ~ N(0, 1) drawn once per client from (seed, client) — FedScale's
+    # σ of the clients' speeds s_k = exp(σ z_k), z_k ~ N(0, 1) drawn once per client from the seed — FedScale's
     # and FLGo's heterogeneous devices; 0: every client as fast. Only with deadline_s (speeds alone change nothing)
     speed_spread: float = 0.0
     step_s: float = 1.0  # simulated seconds of one local step (a batch) on a client of speed 1

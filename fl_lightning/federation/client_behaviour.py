@@ -20,7 +20,7 @@ mid-round, the two system behaviours FLGo simulates for every algorithm (its ``a
   ``stragglers`` in metrics.csv counts the round's stragglers, dropped or not.
 * **speeds and a deadline** (the system heterogeneity of FedScale, Lai et al., ICML 2022, and FLGo, Wang et al.
   2023: devices of unequal speed against a round's deadline): client k has a speed s_k = exp(σ z_k), z_k ~ N(0, 1)
-  drawn once from (seed, client) (σ = ``speed_spread``; the same in every round; σ = 0: all 1), and its round takes
+  drawn once from the seed (σ = ``speed_spread``; the same in every round; σ = 0: all 1), and its round takes
 
       t_k = ceil(n_k / B) · E_k · step_s / s_k      (:func:`round_times`)
 
@@ -73,11 +73,12 @@ def _uniform(seed: int, round_idx: int, client: int, tag: int) -> float:
 
 
 def client_speeds(seed: int, num_clients: int, spread: float) -> np.ndarray:
-    """(K,) float64 speeds s_k = exp(σ z_k), z_k ~ N(0, 1) from (``seed``, client) alone (σ = ``spread``): a
-    log-normal spread of device speeds, fixed for the run; σ = 0: all exactly 1."""
+    """(K,) float64 speeds s_k = exp(σ z_k), z_k ~ N(0, 1) (σ = ``spread``): a log-normal spread of device speeds,
+    fixed for the run; σ = 0: all exactly 1. z_k is the k-th draw of one stream from ``seed``, so client k's speed
+    does not depend on K."""
     if spread <= 0:
         return np.ones(num_clients)
-    z = np.array([np.random.default_rng(derive_seed(seed, k, _SPEED_TAG)).standard_normal() for k in range(num_clients)])
+    z = np.random.default_rng(derive_seed(seed, _SPEED_TAG)).standard_normal(num_clients)  # (K,)
     return np.exp(spread * z)
 
 
