@@ -354,6 +354,10 @@ class ClientBehaviourConfig:
     # the round's deadline in simulated seconds: a client whose time t_k = ceil(n_k / B) · E_k · step_s / s_k exceeds
     # it is late and dropped (its download counted, no upload); null: no deadline
     deadline_s: float | None = None
+    # a late client: drop (no upload), or stale: it trains, and its update arrives τ = ceil(t_k / D) − 1 rounds later,
+    # aggregated then at weight (1 + τ)^−a · n_k (FedAsync's polynomial staleness; averaging methods only)
+    late: Literal["drop", "stale"] = "drop"
+    staleness_exponent: float = 0.5  # a in the staleness weight (1 + τ)^−a (Xie et al. 2019); 0: a late update in full
     seed: int = 0  # every draw, from (seed, round, client)
 
     def __post_init__(self) -> None:
@@ -372,6 +376,10 @@ class ClientBehaviourConfig:
               "speed_spread", self.speed_spread, "a finite float >= 0; > 0 only with federation.clients.deadline_s "
               "(speeds alone change nothing)")
         check(0 < self.step_s < math.inf, "step_s", self.step_s, "a finite number of seconds > 0")
+        check(self.late in ("drop", "stale") and (self.late == "drop" or self.deadline_s is not None), "late",
+              self.late, "drop or stale; stale only with federation.clients.deadline_s")
+        check(0 <= self.staleness_exponent < math.inf, "staleness_exponent", self.staleness_exponent,
+              "a finite float >= 0")
         _check_seed("seed", self.seed)
 
 

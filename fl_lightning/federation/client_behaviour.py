@@ -28,9 +28,11 @@ mid-round, the two system behaviours FLGo simulates for every algorithm (its ``a
   (``train.epochs``, or a partial straggler's share as ``fit_local`` runs it), ``step_s`` the seconds of one step
   at speed 1. With ``deadline_s`` D, a client with t_k > D is late (:func:`late_mask`) and dropped as a dropped
   straggler is: its download counted, no upload, a failure that is no error (reason :data:`LATE`); ``late`` in
-  metrics.csv counts the round's late clients. Departures: t_k is the configured local work, not what a method's
-  loop runs (a method's own batch size, a last partial batch dropped, work that is no training loop are not
-  timed), and there is no network time; a late update is dropped, never used at a staleness weight later.
+  metrics.csv counts the round's late clients. With ``late: stale`` a late client trains instead, and its update
+  is aggregated τ = ceil(t_k / D) − 1 rounds later at FedAsync's staleness weight (federation/stale_updates.py;
+  reason :data:`LATE_STALE`, ``arrived`` in metrics.csv); until then it is busy, never sampled. Departures: t_k is
+  the configured local work, not what a method's loop runs (a method's own batch size, a last partial batch
+  dropped, work that is no training loop are not timed), and there is no network time.
 
 Every draw depends only on (``federation.clients.seed``, round, client), so ranks agree without a message, a
 resumed run drops the same clients, and a = 1, d = 0, s = 0, no deadline (the defaults) draw nothing: runs stay bit-identical.
@@ -43,7 +45,7 @@ understates it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -53,17 +55,19 @@ from fl_lightning.errors import UsageError
 from fl_lightning.federation.availability_trace import read_availability_trace
 from fl_lightning.federation.local_training import epochs_run
 from fl_lightning.federation.placement import clients_per_round, derive_seed
+from fl_lightning.federation.stale_updates import arrival_delay
 
 if TYPE_CHECKING:
     from fl_lightning.config import ClientBehaviourConfig, RunConfig
 
-__all__ = ["DROPPED", "STRAGGLED", "LATE", "NO_ERROR", "ClientBehaviour", "check_client_behaviour", "client_speeds",
+__all__ = ["DROPPED", "STRAGGLED", "LATE", "LATE_STALE", "NO_ERROR", "ClientBehaviour", "check_client_behaviour", "client_speeds",
            "late_mask", "round_times"]
 
 DROPPED = "dropped out (federation.clients.dropout)"  # a dropped client's failure reason
 STRAGGLED = "missed the round's deadline (federation.clients.drop_stragglers)"  # a dropped straggler's
 LATE = "missed the round's deadline (federation.clients.deadline_s)"  # a client slower than the deadline
-NO_ERROR = (DROPPED, STRAGGLED, LATE)  # failures that are behaviour, never an error under on_client_error: raise
+LATE_STALE = "missed the round's deadline; its update is aggregated later (federation.clients.late: stale)"
+NO_ERROR = (DROPPED, STRAGGLED, LATE, LATE_STALE)  # failures that are behaviour, never an error under on_client_error: raise
 # separate the draws from each other and from every other (seed, round, client) seed
 _AVAILABLE_TAG, _DROPOUT_TAG, _STRAGGLER_TAG, _EPOCHS_TAG, _SPEED_TAG = 0xA7A1, 0xD209, 0x5724, 0xE90C, 0x5BEE
 
@@ -116,6 +120,8 @@ class ClientBehaviour:
     speed_spread: float = 0.0
     step_s: float = 1.0
     deadline_s: float | None = None
+    late: str = "drop"  # a late client: "drop" (no upload) or "stale" (its update aggregated when it arrives)
+    staleness_exponent: float = 0.5
     speeds: np.ndarray | None = field(default=None, compare=False, repr=False)  # (K,) s_k, from with_clients
     batches: np.ndarray | None = field(default=None, compare=False, repr=False)  # (K,) ceil(n_k / B), from with_clients
 
@@ -131,7 +137,8 @@ class ClientBehaviour:
         trace = None if path is None else read_availability_trace(path, int(num_clients or 0))
         return cls(float(config.availability), float(config.dropout), int(config.seed), float(config.stragglers),
                    bool(config.drop_stragglers), trace, float(config.speed_spread), float(config.step_s),
-                   None if deadline is None else float(deadline))
+                   None if deadline is None else float(deadline), str(config.late),
+                   float(config.staleness_exponent))
 
     def with_clients(self, sizes: Sequence[int], batch_size: int) -> ClientBehaviour:
         """This behaviour for clients of ``sizes`` samples n_k and batches of ``batch_size`` B: their speeds and
@@ -145,10 +152,12 @@ class ClientBehaviour:
             return [int(c) for c in np.flatnonzero(self.trace[round_idx % len(self.trace)])]
         return [c for c in range(num_clients) if _uniform(self.seed, round_idx, c, _AVAILABLE_TAG) < self.availability]
 
-    def sample(self, num_clients: int, fraction: float, *, seed: int, round_idx: int) -> list[int]:
-        """``max(1, round(fraction·K))`` clients drawn from those online (all of them when fewer are), sorted; the
-        draw from (``seed``, round) as :func:`~fl_lightning.federation.placement.sample_clients`'s."""
-        online = self.online(num_clients, round_idx)
+    def sample(self, num_clients: int, fraction: float, *, seed: int, round_idx: int,
+               busy: Collection[int] = ()) -> list[int]:
+        """``max(1, round(fraction·K))`` clients drawn from those online and not ``busy`` (a late update still in
+        flight; all of them when fewer are), sorted; the draw from (``seed``, round) as
+        :func:`~fl_lightning.federation.placement.sample_clients`'s."""
+        online = [c for c in self.online(num_clients, round_idx) if c not in busy]
         m = clients_per_round(num_clients, fraction)
         if m >= len(online):
             return online
@@ -185,21 +194,30 @@ class ClientBehaviour:
         uploads."""
         if self.drop_stragglers and self.straggles(round_idx, client):
             return STRAGGLED
-        if self.deadline_s is not None and late_mask(self.round_time(round_idx, client, epochs), self.deadline_s):
+        if self.late == "drop" and self.deadline_s is not None and late_mask(self.round_time(round_idx, client, epochs),
+                                                                          self.deadline_s):
             return LATE
         return None
+
+    def stale_delay(self, round_idx: int, client: int, epochs: int) -> int | None:
+        """With ``late: stale``, how many rounds after ``round_idx`` a late ``client``'s update arrives (τ >= 1,
+        :func:`~fl_lightning.federation.stale_updates.arrival_delay`); None: on time, or late updates dropped."""
+        if self.late != "stale" or self.deadline_s is None:
+            return None
+        tau = arrival_delay(self.round_time(round_idx, client, epochs), self.deadline_s)  # 0 exactly when not late
+        return tau if tau > 0 else None
 
     def row(self, round_idx: int, clients: list[int], failures: dict[int, str]) -> dict[str, int]:
         """metrics.csv: how many of the round's clients dropped out, how many clients the trace had online (with
         a trace), when there are stragglers, how many straggled (dropped or not) and, with a deadline, how many
-        were late."""
-        out = {"dropped": sum(reason in NO_ERROR for reason in failures.values())}
+        were late (dropped, or their update carried to a later round: not in ``dropped``)."""
+        out = {"dropped": sum(reason in NO_ERROR and reason != LATE_STALE for reason in failures.values())}
         if self.trace is not None:
             out["online"] = int(self.trace[round_idx % len(self.trace)].sum())
         if self.stragglers > 0:
             out["stragglers"] = sum(failures.get(c) != DROPPED and self.straggles(round_idx, c) for c in clients)
         if self.deadline_s is not None:
-            out["late"] = sum(failures.get(c) == LATE for c in clients)
+            out["late"] = sum(failures.get(c) in (LATE, LATE_STALE) for c in clients)
         return out
 
 

@@ -2,7 +2,9 @@
 seeded per client and fixed for the run; a client's simulated time t_k = ceil(n_k / B) · E_k · step_s / s_k and the
 late set t_k > D, against a hand computation; in the engine a late client is dropped as a dropout is (download
 counted, no upload, no error, the ``late`` column), the aggregate being that of a run without the late clients; a
-deadline no one misses is the run without one; bad values and deadlines beside privacy are one line."""
+deadline no one misses is the run without one; bad values and deadlines beside privacy are one line. ``late:
+stale`` (fl_lightning/federation/stale_updates.py): τ and w(τ) by hand, a late update aggregated in the round it
+arrives bit for bit at its staleness weight, its client busy until then, a resumed run the uninterrupted one."""
 
 from __future__ import annotations
 
@@ -17,9 +19,19 @@ from fl_lightning.config import ClientBehaviourConfig
 from fl_lightning.config.loading import load_config
 from fl_lightning.errors import ConfigError, UsageError
 from fl_lightning.federation.checkpoint import safe_load
-from fl_lightning.federation.client_behaviour import LATE, ClientBehaviour, client_speeds, late_mask, round_times
+from fl_lightning.federation.client_behaviour import (
+    LATE,
+    LATE_STALE,
+    ClientBehaviour,
+    client_speeds,
+    late_mask,
+    round_times,
+)
+from fl_lightning.federation.round_store import RoundStore
 from fl_lightning.federation.simulation import Simulation
-from tests.conftest import CONF
+from fl_lightning.federation.stale_updates import ArrivedUploads, PendingUpdate, arrival_delay, staleness_weight
+from fl_lightning.federation.transport import Upload
+from tests.conftest import CONF, StopAfterClients
 
 
 def test_speeds_are_log_normal_seeded_per_client_and_fixed_for_the_run():
@@ -117,6 +129,7 @@ def test_a_deadline_no_one_misses_is_the_run_without_one(tmp_path):
     ("deadline_s", "0", "a finite number of seconds > 0, or null"),
     ("deadline_s", "inf", "a finite number of seconds > 0, or null"),
     ("step_s", "0", "a finite number of seconds > 0"),
+    ("staleness_exponent", "-1", "a finite float >= 0"),
 ])
 def test_bad_values_are_one_line_naming_the_key(tmp_path, key, value, words):
     with pytest.raises(ConfigError) as err:
@@ -133,3 +146,80 @@ def test_a_deadline_beside_privacy_or_a_robust_aggregator_is_refused_in_one_line
         Simulation(cfg=_cfg(tmp_path, "--federation.clients.deadline_s", "5", *extra), loggers=[])
     assert words in str(err.value) and "federation.clients.deadline_s=5.0" in str(err.value)
     assert "\n" not in str(err.value)
+
+
+# ------------------------------------------------------------------------------------------- late: stale
+def test_the_delay_and_the_staleness_weight_by_hand():
+    assert [arrival_delay(t, 2.0) for t in (0.0, 1.9, 2.0, 2.0000001, 4.0, 4.1, 9.0)] == [0, 0, 0, 1, 1, 2, 4]
+    assert arrival_delay(1.0 + 2 ** -52, 1.0) == 1  # late (t > D) is at least one round late
+    assert staleness_weight(0, 0.5) == 1.0 and staleness_weight(3, 0.5) == 0.5 and staleness_weight(1, 0.0) == 1.0
+    assert staleness_weight(2, 1.5) == pytest.approx(3 ** -1.5, rel=1e-15)
+    fresh = {1: Upload({"w": torch.ones(2)}, {"num_samples": 10}), 4: Upload({"w": torch.zeros(2)}, {"num_samples": 3})}
+    late = PendingUpdate(2, 5, 8, Upload({"w": torch.full((2,), 7.0)}, {"num_samples": 6}))
+    both = ArrivedUploads(fresh, [late], 0.5)
+    assert list(both) == [1, 2, 4] and both[1] is fresh[1] and both[2].meta["num_samples"] == 6 * 4 ** -0.5
+    assert torch.equal(both[2].tensors["w"], late.upload.tensors["w"])
+    with pytest.raises(RuntimeError, match="client 1 has a fresh upload and one in flight"):
+        ArrivedUploads(fresh, [PendingUpdate(1, 0, 1, late.upload)], 0.5)
+
+
+def _stale(tmp_path, *extra):
+    return _cfg(tmp_path, "--federation.clients.speed_spread", "0.5", "--federation.clients.deadline_s", "2.5",
+                "--federation.clients.late", "stale", *extra)
+
+
+def test_a_stale_update_is_its_weighted_share_of_the_round_it_arrives_in(tmp_path, monkeypatch):
+    """Round 0's late clients train on round 0's state, are not sampled in round 1, and their uploads enter round 1's
+    mean at weight (1 + τ)^−a · n_k: the server's state is, bit for bit, that float64 mean computed here."""
+    uploads, save = {}, RoundStore.save_client
+
+    def spy(store, client, record, upload):
+        if upload is not None:
+            uploads[(int(store.folder.name[5:]), client)] = Upload({k: v.detach().clone() for k, v in upload.tensors.items()},
+                                                                   dict(upload.meta))
+        save(store, client, record, upload)
+
+    monkeypatch.setattr(RoundStore, "save_client", spy)
+    cfg, seen = _stale(tmp_path, "--federation.clients.staleness_exponent", "0.7"), _Sizes()
+    summary = Simulation(cfg=cfg, loggers=[], callbacks=[seen]).run()
+    t = [math.ceil(n / 64) / v for n, v in zip(seen.sizes, client_speeds(0, 8, 0.5))]
+    late = [c for c in range(8) if t[c] > 2.5]
+    assert 0 < len(late) < 8 and all(2.5 < t[c] <= 5.0 for c in late)  # τ = 1 for each: they arrive in round 1
+    rows = _rows(cfg)
+    assert [(int(r["late"]), int(r["arrived"]), int(r["clients"]), int(r["dropped"])) for r in rows] == [
+        (len(late), 0, 8, 0), (0, len(late), 8 - len(late), 0)]  # round 1: only the clients not busy
+    assert all(reason.endswith(LATE_STALE) for reason in summary["failed_clients"].values())
+    weights = {c: (float(uploads[(1, c)].meta["num_samples"]), uploads[(1, c)]) for c in range(8) if c not in late}
+    weights.update({c: (float(uploads[(0, c)].meta["num_samples"]) * 2 ** -0.7, uploads[(0, c)]) for c in late})
+    state = _state(cfg)
+    for key, value in state.items():
+        acc, total = None, 0.0
+        for c in sorted(weights):
+            w, upload = weights[c]
+            term = upload.tensors[key].to(torch.float64) * w
+            acc, total = term if acc is None else acc + term, total + w
+        assert torch.equal(value, (acc / total).to(value.dtype)), key
+
+
+def test_a_resumed_run_carries_its_late_updates_as_the_uninterrupted_one(tmp_path):
+    full = _stale(tmp_path / "full", "--federation.rounds", "4")
+    Simulation(cfg=full, loggers=[]).run()
+    cut = _stale(tmp_path / "cut", "--federation.rounds", "4")
+    with pytest.raises(KeyboardInterrupt):  # in round 1, after the server.pt that holds round 0's late updates
+        Simulation(cfg=cut, loggers=[], callbacks=[StopAfterClients(9)]).run()
+    Simulation(cfg=cut, loggers=[], resume=True).run()
+    a, b = _state(full), _state(cut)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["arrived"] for r in _rows(full)] == [r["arrived"] for r in _rows(cut)] and int(_rows(full)[1]["arrived"])
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    (["--algorithm", "afl"], "federation.clients.late=stale needs a method whose state is the mean"),
+    (["--fedavg.weighted", "false"], "fedavg.weighted is false (an unweighted mean)"),
+])
+def test_stale_updates_where_no_weighted_mean_is_are_refused_in_one_line(tmp_path, extra, words):
+    with pytest.raises(UsageError) as err:
+        Simulation(cfg=_stale(tmp_path, *extra), loggers=[])
+    assert words in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="stale only with federation.clients.deadline_s"):
+        _cfg(tmp_path, "--federation.clients.late", "stale")
