@@ -113,7 +113,8 @@ def test_beside_privacy_or_a_robust_aggregator_it_is_refused_in_one_line(tmp_pat
 
 
 @pytest.mark.slow  # processes or several runs: in CI's every-file pass, not the plain suite
-def test_availability_dropout_stragglers_and_deadline_are_the_same_on_one_and_two_processes(tmp_path):
+@pytest.mark.parametrize("late", ["drop", "stale"])
+def test_availability_dropout_stragglers_and_deadline_are_the_same_on_one_and_two_processes(tmp_path, late):
     def run(label, *extra):
         out = tmp_path / label
         done = run_cli("--config", str(CONF / "fedavg_digits_tiny.yaml"), "--output_dir", str(out), "--run_name", "r",
@@ -121,7 +122,8 @@ def test_availability_dropout_stragglers_and_deadline_are_the_same_on_one_and_tw
                        "--data.num_samples", "400", "--federation.clients.availability", "0.7",
                        "--federation.clients.dropout", "0.3", "--federation.clients.stragglers", "0.5",
                        "--train.epochs", "3", "--federation.clients.speed_spread", "0.5",
-                       "--federation.clients.deadline_s", "4", *extra, env={"OMP_NUM_THREADS": "1"})
+                       "--federation.clients.deadline_s", "4", "--federation.clients.late", late, *extra,
+                       env={"OMP_NUM_THREADS": "1"})
         assert done.returncode == 0, done.stderr[-2000:]
         return safe_load(out / "r" / "checkpoints" / "server.pt")
 
@@ -130,6 +132,9 @@ def test_availability_dropout_stragglers_and_deadline_are_the_same_on_one_and_tw
     assert [r["dropped"] for r in one["rows"]] == [r["dropped"] for r in two["rows"]]
     assert [r["stragglers"] for r in one["rows"]] == [r["stragglers"] for r in two["rows"]]
     assert [r["late"] for r in one["rows"]] == [r["late"] for r in two["rows"]] and sum(r["late"] for r in one["rows"])
+    if late == "stale":  # the late updates of rounds 0 and 1 that arrive by round 2, held by either rank
+        assert [r["arrived"] for r in one["rows"]] == [r["arrived"] for r in two["rows"]]
+        assert sum(r["arrived"] for r in one["rows"])
 
 
 # ------------------------------------------------------------------------------------------- stragglers
