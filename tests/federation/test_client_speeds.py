@@ -4,7 +4,8 @@ late set t_k > D, against a hand computation; in the engine a late client is dro
 counted, no upload, no error, the ``late`` column), the aggregate being that of a run without the late clients; a
 deadline no one misses is the run without one; bad values and deadlines beside privacy are one line. ``late:
 stale`` (fl_lightning/federation/stale_updates.py): τ and w(τ) by hand, a late update aggregated in the round it
-arrives bit for bit at its staleness weight, its client busy until then, a resumed run the uninterrupted one."""
+arrives bit for bit at its staleness weight, its client busy until then, a resumed run (interrupted or SIGKILLed)
+the uninterrupted one."""
 
 from __future__ import annotations
 
@@ -223,3 +224,40 @@ def test_stale_updates_where_no_weighted_mean_is_are_refused_in_one_line(tmp_pat
     assert words in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="stale only with federation.clients.deadline_s"):
         _cfg(tmp_path, "--federation.clients.late", "stale")
+
+
+@pytest.mark.slow  # a process killed: in CI's every-file pass, not the plain suite
+def test_a_sigkilled_run_resumes_its_late_updates_to_the_uninterrupted_result(tmp_path):
+    """SIGKILL once server.pt (holding the late updates in flight) exists: the resumed run aggregates them as the
+    uninterrupted run does."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    extra = ("--federation.rounds", "6", "--federation.clients.speed_spread", "0.5", "--federation.clients.deadline_s",
+             "2.5", "--federation.clients.late", "stale")
+    full = _cfg(tmp_path / "full", *extra)
+    Simulation(cfg=full, loggers=[]).run()
+    cut = _cfg(tmp_path / "cut", *extra)
+    argv = [sys.executable, "-m", "fl_lightning.train", "--config", str(CONF / "fedavg_digits_tiny.yaml"),
+            "--output_dir", str(tmp_path / "cut"), "--partition.num_clients", "8", "--logging.progress", "false",
+            *extra]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    server, deadline = cut.run_dir / "checkpoints" / "server.pt", time.monotonic() + 300
+    while not server.exists():  # round 0 is done, its late updates in server.pt: the kill lands in a later round
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "round 0 did not finish in time"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert not (cut.run_dir / "summary.json").exists()  # killed before the end
+    Simulation(cfg=cut, loggers=[], resume=True).run()
+    a, b = _state(full), _state(cut)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["arrived"] for r in _rows(full)] == [r["arrived"] for r in _rows(cut)]
+    assert sum(int(r["arrived"]) for r in _rows(full)) > 0
