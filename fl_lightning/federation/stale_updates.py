@@ -1,5 +1,5 @@
 """Late updates used in a later round (``federation.clients.late: stale``), FedAsync's polynomial staleness
-(Xie, Koyejo & Gupta, "Asynchronous Federated Optimization", 2019, Sec. 5: s(t − τ) = (t − τ + 1)^−a).
+(Xie, Koyejo & Gupta, "Asynchronous Federated Optimization", 2019: its polynomial s(t − τ) = (t − τ + 1)^−a).
 
 A client whose simulated time t_k exceeds the round's deadline D (federation/client_behaviour.py) still trains on
 round r's global state; its update reaches the server in round r + τ, the round whose deadline covers its time:
