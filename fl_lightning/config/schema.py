@@ -333,7 +333,8 @@ class ClientBehaviourConfig:
     dropout, FedProx's stragglers): each round a client is online with probability ``availability`` (or as the
     ``availability_trace`` file says) and the round's
     clients are sampled from those online; a sampled client drops out after its download with probability
-    ``dropout``, and is a straggler with probability ``stragglers``."""
+    ``dropout``, is a straggler with probability ``stragglers``, and, with a ``deadline_s``, is dropped when its
+    simulated time (its steps at its seeded speed, FedScale's and FLGo's system heterogeneity) exceeds it."""
 
     availability: float = 1.0  # P(a client is online in a round); 1: always
     # a file saying who is online each round instead of the draw: one 0/1 row per round, one column per client (text
@@ -346,6 +347,17 @@ class ClientBehaviourConfig:
     # true: a straggler misses the round's deadline and is dropped (its download counted, no upload), as FedAvg
     # treats stragglers in that paper; false: its partial work is aggregated, as FedProx does
     drop_stragglers: bool = False
+    # σ of the clients' speeds s_k = exp(σ z_k), z_k ~ N(0, 1) drawn once per client from the seed — FedScale's
+    # and FLGo's heterogeneous devices; 0: every client as fast. Only with deadline_s (speeds alone change nothing)
+    speed_spread: float = 0.0
+    step_s: float = 1.0  # simulated seconds of one local step (a batch) on a client of speed 1
+    # the round's deadline in simulated seconds: a client whose time t_k = ceil(n_k / B) · E_k · step_s / s_k exceeds
+    # it is late and dropped (its download counted, no upload); null: no deadline
+    deadline_s: float | None = None
+    # a late client: drop (no upload), or stale: it trains, and its update arrives τ = ceil(t_k / D) − 1 rounds later,
+    # aggregated then at weight (1 + τ)^−a · n_k (FedAsync's polynomial staleness; averaging methods only)
+    late: Literal["drop", "stale"] = "drop"
+    staleness_exponent: float = 0.5  # a in the staleness weight (1 + τ)^−a (Xie et al. 2019); 0: a late update in full
     seed: int = 0  # every draw, from (seed, round, client)
 
     def __post_init__(self) -> None:
@@ -358,6 +370,16 @@ class ClientBehaviourConfig:
         check(isinstance(self.drop_stragglers, bool) and (self.stragglers > 0 or not self.drop_stragglers),
               "drop_stragglers", self.drop_stragglers, "true or false; true only with federation.clients.stragglers "
               "> 0")
+        check(not isinstance(self.deadline_s, (bool, str)) and (self.deadline_s is None or
+              0 < self.deadline_s < math.inf), "deadline_s", self.deadline_s, "a finite number of seconds > 0, or null")
+        check(0 <= self.speed_spread < math.inf and (self.deadline_s is not None or self.speed_spread == 0),
+              "speed_spread", self.speed_spread, "a finite float >= 0; > 0 only with federation.clients.deadline_s "
+              "(speeds alone change nothing)")
+        check(0 < self.step_s < math.inf, "step_s", self.step_s, "a finite number of seconds > 0")
+        check(self.late in ("drop", "stale") and (self.late == "drop" or self.deadline_s is not None), "late",
+              self.late, "drop or stale; stale only with federation.clients.deadline_s")
+        check(0 <= self.staleness_exponent < math.inf, "staleness_exponent", self.staleness_exponent,
+              "a finite float >= 0")
         _check_seed("seed", self.seed)
 
 

@@ -18,11 +18,26 @@ mid-round, the two system behaviours FLGo simulates for every algorithm (its ``a
   ``drop_stragglers`` it misses the round's deadline instead, and is dropped as FedAvg treats stragglers in that
   paper (its download counted, no upload, no error); without it its partial work is aggregated, as FedProx does.
   ``stragglers`` in metrics.csv counts the round's stragglers, dropped or not.
+* **speeds and a deadline** (the system heterogeneity of FedScale, Lai et al., ICML 2022, and FLGo, Wang et al.
+  2023: devices of unequal speed against a round's deadline): client k has a speed s_k = exp(σ z_k), z_k ~ N(0, 1)
+  drawn once from the seed (σ = ``speed_spread``; the same in every round; σ = 0: all 1), and its round takes
+
+      t_k = ceil(n_k / B) · E_k · step_s / s_k      (:func:`round_times`)
+
+  simulated seconds: n_k its samples, B = ``train.batch_size`` (else ``data.batch_size``), E_k its passes
+  (``train.epochs``, or a partial straggler's share as ``fit_local`` runs it), ``step_s`` the seconds of one step
+  at speed 1. With ``deadline_s`` D, a client with t_k > D is late (:func:`late_mask`) and dropped as a dropped
+  straggler is: its download counted, no upload, a failure that is no error (reason :data:`LATE`); ``late`` in
+  metrics.csv counts the round's late clients. With ``late: stale`` a late client trains instead, and its update
+  is aggregated τ = ceil(t_k / D) − 1 rounds later at FedAsync's staleness weight (federation/stale_updates.py;
+  reason :data:`LATE_STALE`, ``arrived`` in metrics.csv); until then it is busy, never sampled. Departures: t_k is
+  the configured local work, not what a method's loop runs (a method's own batch size, a last partial batch
+  dropped, work that is no training loop are not timed), and there is no network time.
 
 Every draw depends only on (``federation.clients.seed``, round, client), so ranks agree without a message, a
-resumed run drops the same clients, and a = 1, d = 0, s = 0 (the defaults) draw nothing: runs stay bit-identical.
+resumed run drops the same clients, and a = 1, d = 0, s = 0, no deadline (the defaults) draw nothing: runs stay bit-identical.
 Refused where the numbers would no longer hold (``check_client_behaviour``): clients that miss a round (a < 1,
-d > 0, dropped stragglers) with ``federation.privacy`` (the accountant's sampling rate assumes every sampled client
+d > 0, dropped stragglers, a deadline) with ``federation.privacy`` (the accountant's sampling rate assumes every sampled client
 is there) and with a robust aggregator (its f-of-n bound assumes n uploads a round). Partial stragglers compose
 with both: every sampled client uploads, and DP-SGD's accountant, counting E epochs, overstates ε, never
 understates it.
@@ -30,34 +45,71 @@ understates it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fl_lightning.errors import UsageError
 from fl_lightning.federation.availability_trace import read_availability_trace
+from fl_lightning.federation.local_training import epochs_run
 from fl_lightning.federation.placement import clients_per_round, derive_seed
+from fl_lightning.federation.stale_updates import arrival_delay
 
 if TYPE_CHECKING:
     from fl_lightning.config import ClientBehaviourConfig, RunConfig
 
-__all__ = ["DROPPED", "STRAGGLED", "NO_ERROR", "ClientBehaviour", "check_client_behaviour"]
+__all__ = ["DROPPED", "STRAGGLED", "LATE", "LATE_STALE", "NO_ERROR", "ClientBehaviour", "check_client_behaviour", "client_speeds",
+           "late_mask", "round_times"]
 
 DROPPED = "dropped out (federation.clients.dropout)"  # a dropped client's failure reason
 STRAGGLED = "missed the round's deadline (federation.clients.drop_stragglers)"  # a dropped straggler's
-NO_ERROR = (DROPPED, STRAGGLED)  # failures that are behaviour, never an error under on_client_error: raise
+LATE = "missed the round's deadline (federation.clients.deadline_s)"  # a client slower than the deadline
+LATE_STALE = "missed the round's deadline; its update is aggregated later (federation.clients.late: stale)"
+NO_ERROR = (DROPPED, STRAGGLED, LATE, LATE_STALE)  # failures that are behaviour, never an error under on_client_error: raise
 # separate the draws from each other and from every other (seed, round, client) seed
-_AVAILABLE_TAG, _DROPOUT_TAG, _STRAGGLER_TAG, _EPOCHS_TAG = 0xA7A1, 0xD209, 0x5724, 0xE90C
+_AVAILABLE_TAG, _DROPOUT_TAG, _STRAGGLER_TAG, _EPOCHS_TAG, _SPEED_TAG = 0xA7A1, 0xD209, 0x5724, 0xE90C, 0x5BEE
 
 
 def _uniform(seed: int, round_idx: int, client: int, tag: int) -> float:
     return float(np.random.default_rng(derive_seed(seed, round_idx, client, tag)).random())
 
 
+def client_speeds(seed: int, num_clients: int, spread: float) -> np.ndarray:
+    """(K,) float64 speeds s_k = exp(σ z_k), z_k ~ N(0, 1) (σ = ``spread``): a log-normal spread of device speeds,
+    fixed for the run; σ = 0: all exactly 1. z_k is the k-th draw of one stream from ``seed``, so client k's speed
+    does not depend on K."""
+    if spread <= 0:
+        return np.ones(num_clients)
+    z = np.random.default_rng(derive_seed(seed, _SPEED_TAG)).standard_normal(num_clients)  # (K,)
+    return np.exp(spread * z)
+
+
+def round_times(batches: np.ndarray | Sequence[int], epochs: np.ndarray | Sequence[int],
+                speeds: np.ndarray | Sequence[float], step_s: float) -> np.ndarray:
+    """Simulated seconds of the clients' rounds, t_k = batches_k · E_k · step_s / s_k (float64).
+
+    Args:
+        batches: (K,) local steps per pass, ceil(n_k / B).
+        epochs: (K,) passes E_k each runs this round.
+        speeds: (K,) speeds s_k (:func:`client_speeds`).
+        step_s: seconds of one step at speed 1.
+    """
+    b, e, s = (np.asarray(x, dtype=np.float64) for x in (batches, epochs, speeds))
+    return b * e * float(step_s) / s
+
+
+def late_mask(times: np.ndarray, deadline_s: float | None) -> np.ndarray:
+    """(K,) bool: the clients whose simulated time exceeds the round's deadline (none without one)."""
+    times = np.asarray(times, dtype=np.float64)
+    return np.zeros(times.shape, dtype=bool) if deadline_s is None else times > deadline_s
+
+
 @dataclass(frozen=True)
 class ClientBehaviour:
-    """The run's client behaviour: availability a (or a trace), dropout d, stragglers s and their seed."""
+    """The run's client behaviour: availability a (or a trace), dropout d, stragglers s, speeds and a deadline, and
+    their seed. The clients' speeds and steps per pass come with :meth:`with_clients`, once the data is split."""
 
     availability: float
     dropout: float
@@ -65,17 +117,34 @@ class ClientBehaviour:
     stragglers: float = 0.0
     drop_stragglers: bool = False
     trace: np.ndarray | None = field(default=None, compare=False, repr=False)  # (rows, K) bool: who is online
+    speed_spread: float = 0.0
+    step_s: float = 1.0
+    deadline_s: float | None = None
+    late: str = "drop"  # a late client: "drop" (no upload) or "stale" (its update aggregated when it arrives)
+    staleness_exponent: float = 0.5
+    speeds: np.ndarray | None = field(default=None, compare=False, repr=False)  # (K,) s_k, from with_clients
+    batches: np.ndarray | None = field(default=None, compare=False, repr=False)  # (K,) ceil(n_k / B), from with_clients
 
     @classmethod
     def of(cls, config: ClientBehaviourConfig, num_clients: int | None = None) -> ClientBehaviour | None:
         """``federation.clients`` over K = ``num_clients`` clients (None when every client is always there and on
-        time: a = 1, no trace, d = 0, s = 0). Reads the availability trace, if any (one line when it is bad)."""
-        path = config.availability_trace
-        if config.availability >= 1.0 and path is None and config.dropout <= 0.0 and config.stragglers <= 0.0:
+        time: a = 1, no trace, d = 0, s = 0, no deadline). Reads the availability trace, if any (one line when it is
+        bad)."""
+        path, deadline = config.availability_trace, config.deadline_s
+        if (config.availability >= 1.0 and path is None and config.dropout <= 0.0 and config.stragglers <= 0.0
+                and deadline is None):
             return None
         trace = None if path is None else read_availability_trace(path, int(num_clients or 0))
         return cls(float(config.availability), float(config.dropout), int(config.seed), float(config.stragglers),
-                   bool(config.drop_stragglers), trace)
+                   bool(config.drop_stragglers), trace, float(config.speed_spread), float(config.step_s),
+                   None if deadline is None else float(deadline), str(config.late),
+                   float(config.staleness_exponent))
+
+    def with_clients(self, sizes: Sequence[int], batch_size: int) -> ClientBehaviour:
+        """This behaviour for clients of ``sizes`` samples n_k and batches of ``batch_size`` B: their speeds and
+        steps per pass ceil(n_k / B), which the clients' simulated times need."""
+        batches = np.array([-(-int(n) // int(batch_size)) for n in sizes], dtype=np.int64)
+        return replace(self, speeds=client_speeds(self.seed, len(sizes), self.speed_spread), batches=batches)
 
     def online(self, num_clients: int, round_idx: int) -> list[int]:
         """The clients online in ``round_idx``: the trace's row ``round_idx`` mod its rows, else those drawn."""
@@ -83,10 +152,12 @@ class ClientBehaviour:
             return [int(c) for c in np.flatnonzero(self.trace[round_idx % len(self.trace)])]
         return [c for c in range(num_clients) if _uniform(self.seed, round_idx, c, _AVAILABLE_TAG) < self.availability]
 
-    def sample(self, num_clients: int, fraction: float, *, seed: int, round_idx: int) -> list[int]:
-        """``max(1, round(fraction·K))`` clients drawn from those online (all of them when fewer are), sorted; the
-        draw from (``seed``, round) as :func:`~fl_lightning.federation.placement.sample_clients`'s."""
-        online = self.online(num_clients, round_idx)
+    def sample(self, num_clients: int, fraction: float, *, seed: int, round_idx: int,
+               busy: Collection[int] = ()) -> list[int]:
+        """``max(1, round(fraction·K))`` clients drawn from those online and not ``busy`` (a late update still in
+        flight; all of them when fewer are), sorted; the draw from (``seed``, round) as
+        :func:`~fl_lightning.federation.placement.sample_clients`'s."""
+        online = [c for c in self.online(num_clients, round_idx) if c not in busy]
         m = clients_per_round(num_clients, fraction)
         if m >= len(online):
             return online
@@ -109,14 +180,44 @@ class ClientBehaviour:
         rng = np.random.default_rng(derive_seed(self.seed, round_idx, client, _EPOCHS_TAG))
         return int(rng.integers(1, max(epochs, 1) + 1)) / max(epochs, 1)
 
+    def round_time(self, round_idx: int, client: int, epochs: int) -> float:
+        """``client``'s simulated seconds in ``round_idx`` (:func:`round_times`; needs :meth:`with_clients`), running
+        ``epochs`` passes or, a partial straggler, its share of them."""
+        if self.speeds is None or self.batches is None:
+            raise RuntimeError("ClientBehaviour.round_time before with_clients: the clients' sizes are not known")
+        passes = epochs_run(epochs, self.local_work(round_idx, client, epochs))
+        return float(round_times(self.batches[[client]], [passes], self.speeds[[client]], self.step_s)[0])
+
+    def missed_deadline(self, round_idx: int, client: int, epochs: int) -> str | None:
+        """Why ``client`` (not dropped out) uploads nothing in ``round_idx`` though it downloaded: a straggler
+        dropped at the deadline (:data:`STRAGGLED`), or too slow for ``deadline_s`` (:data:`LATE`); None: it
+        uploads."""
+        if self.drop_stragglers and self.straggles(round_idx, client):
+            return STRAGGLED
+        if self.late == "drop" and self.deadline_s is not None and late_mask(self.round_time(round_idx, client, epochs),
+                                                                          self.deadline_s):
+            return LATE
+        return None
+
+    def stale_delay(self, round_idx: int, client: int, epochs: int) -> int | None:
+        """With ``late: stale``, how many rounds after ``round_idx`` a late ``client``'s update arrives (τ >= 1,
+        :func:`~fl_lightning.federation.stale_updates.arrival_delay`); None: on time, or late updates dropped."""
+        if self.late != "stale" or self.deadline_s is None:
+            return None
+        tau = arrival_delay(self.round_time(round_idx, client, epochs), self.deadline_s)  # 0 exactly when not late
+        return tau if tau > 0 else None
+
     def row(self, round_idx: int, clients: list[int], failures: dict[int, str]) -> dict[str, int]:
         """metrics.csv: how many of the round's clients dropped out, how many clients the trace had online (with
-        a trace) and, when there are stragglers, how many straggled (dropped or not)."""
-        out = {"dropped": sum(reason in NO_ERROR for reason in failures.values())}
+        a trace), when there are stragglers, how many straggled (dropped or not) and, with a deadline, how many
+        were late (dropped, or their update carried to a later round: not in ``dropped``)."""
+        out = {"dropped": sum(reason in NO_ERROR and reason != LATE_STALE for reason in failures.values())}
         if self.trace is not None:
             out["online"] = int(self.trace[round_idx % len(self.trace)].sum())
         if self.stragglers > 0:
             out["stragglers"] = sum(failures.get(c) != DROPPED and self.straggles(round_idx, c) for c in clients)
+        if self.deadline_s is not None:
+            out["late"] = sum(failures.get(c) in (LATE, LATE_STALE) for c in clients)
         return out
 
 
@@ -126,7 +227,8 @@ def check_client_behaviour(cfg: RunConfig) -> None:
     asked = [f"federation.clients.{k}={v}" for k, v, plain in (("availability", c.availability, 1.0),
                                                               ("availability_trace", c.availability_trace, None),
                                                               ("dropout", c.dropout, 0.0),
-                                                              ("drop_stragglers", c.drop_stragglers, False))
+                                                              ("drop_stragglers", c.drop_stragglers, False),
+                                                              ("deadline_s", c.deadline_s, None))
              if v != plain]
     if not asked:
         return

@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader
 
 from fl_lightning.federation.precision import convert_input
 
-__all__ = ["LocalFitResult", "DPSGD", "fit_local", "fresh_grad_scaler"]
+__all__ = ["LocalFitResult", "DPSGD", "epochs_run", "fit_local", "fresh_grad_scaler"]
 
 
 @dataclass
@@ -142,9 +142,14 @@ def local_work(fraction: float | None) -> Iterator[None]:
         _work_fraction.reset(token)
 
 
-def _epochs_to_run(epochs: int) -> int:
-    fraction = _work_fraction.get()
+def epochs_run(epochs: int, fraction: float | None) -> int:
+    """The passes a client runs of ``epochs`` when it does ``fraction`` of its local work (None: all of them):
+    ``max(1, round(fraction · epochs))``, none of none."""
     return epochs if fraction is None or epochs <= 0 else max(1, round(fraction * epochs))
+
+
+def _epochs_to_run(epochs: int) -> int:
+    return epochs_run(epochs, _work_fraction.get())
 
 
 def fit_local(fabric: Fabric, module: LightningModule, loader: DataLoader, *, epochs: int,

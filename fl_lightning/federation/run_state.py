@@ -14,6 +14,7 @@ from typing import Any
 from torch import Tensor
 
 from fl_lightning.federation.algorithm import RoundHistory
+from fl_lightning.federation.stale_updates import PendingUpdate
 
 __all__ = ["RunState", "unchanged"]
 
@@ -38,6 +39,8 @@ class RunState:
     per_class_accuracy: list[float] | None = None  # of the last evaluated round
     # federation.server_optimizer's moments ("m/<key>", "v/<key>"; empty for fedavg): federation/server_optimizer.py
     server_optimizer: dict[str, Tensor] = field(default_factory=dict)
+    # late updates in flight (federation.clients.late: stale), their uploads on the server: federation/stale_updates.py
+    pending: list[PendingUpdate] = field(default_factory=list)
 
     @property
     def rows(self) -> list[dict[str, Any]]:
@@ -52,7 +55,8 @@ class RunState:
                 "totals": {"bytes_up": self.bytes_up, "bytes_down": self.bytes_down, "wall_time_s": self.wall_time_s},
                 "failed_clients": self.failed_clients, "per_class_accuracy": self.per_class_accuracy,
                 **({"server_optimizer": {k: v.detach().cpu() for k, v in self.server_optimizer.items()}}
-                   if self.server_optimizer else {})}
+                   if self.server_optimizer else {}),
+                **({"pending": [p.state_dict() for p in self.pending]} if self.pending else {})}
 
     @classmethod
     def from_state_dict(cls, saved: dict[str, Any]) -> RunState:
@@ -62,4 +66,5 @@ class RunState:
                    bytes_up=int(totals["bytes_up"]), bytes_down=int(totals["bytes_down"]),
                    wall_time_s=float(totals["wall_time_s"]), failed_clients=dict(saved["failed_clients"]),
                    per_class_accuracy=saved["per_class_accuracy"],
-                   server_optimizer=dict(saved.get("server_optimizer") or {}))
+                   server_optimizer=dict(saved.get("server_optimizer") or {}),
+                   pending=[PendingUpdate.from_state_dict(p) for p in saved.get("pending") or []])

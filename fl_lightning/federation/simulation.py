@@ -63,8 +63,8 @@ from fl_lightning.federation.availability_trace import TRACE_COPY, check_recorde
 from fl_lightning.federation.averaging import check_averaging_settings
 from fl_lightning.federation.client_behaviour import (
     DROPPED,
+    LATE_STALE,
     NO_ERROR,
-    STRAGGLED,
     ClientBehaviour,
     check_client_behaviour,
 )
@@ -94,6 +94,7 @@ from fl_lightning.federation.run_state import RunState, unchanged
 from fl_lightning.federation.server_checkpoint import ServerCheckpoint
 from fl_lightning.federation.server_optimizer import ServerOptimizer
 from fl_lightning.federation.shared_folder import check_shared_run_folder
+from fl_lightning.federation.stale_updates import ArrivedUploads, PendingUpdate, check_stale_updates
 from fl_lightning.federation.transport import Upload, check_upload
 
 __all__ = ["Simulation", "hf_source", "partition_for"]
@@ -266,6 +267,7 @@ class Simulation:
         check_privacy_coverage(cfg, ALGORITHMS[cfg.algorithm])  # no ε for what the mechanism would not protect
         check_averaging_settings(cfg, ALGORITHMS[cfg.algorithm])  # FedAdam, Krum, attacks: where the state is a mean
         check_client_behaviour(cfg)  # availability / dropout: not beside privacy or a robust aggregator
+        check_stale_updates(cfg, ALGORITHMS[cfg.algorithm])  # late: stale only where the state is a weighted mean
         ALGORITHMS[cfg.algorithm].preflight(cfg)  # fail in seconds, before Fabric prints or launches anything
         self.launcher = check_launcher(cfg.federation.devices, cfg.federation.num_nodes)
         self.cfg, self.resume = cfg, resume
@@ -370,6 +372,9 @@ class Simulation:
             self._behaviour = dataclasses.replace(self._behaviour, trace=trace)
         seed_everything(cfg.seed, verbose=False)
         algorithm, env = self._setup()
+        if self._behaviour is not None:  # the clients' simulated times: their sizes and the batch size
+            self._behaviour = self._behaviour.with_clients([len(p) for p in env.partition],
+                                                           cfg.train.batch_size or cfg.data.batch_size)
         self._privacy = env.privacy
         rank, world = fabric.global_rank, fabric.world_size
         assignment = assign_clients([len(p) for p in env.partition], world)
@@ -465,7 +470,8 @@ class Simulation:
             # the gather brings rank 0 (and, on NCCL, its GPU) at most that much at once
             share = HOLD_BYTES if rank == 0 else HOLD_BYTES // fabric.world_size
             store = RoundStore(self.ckpt_dir, round_idx, hold_s=cfg.federation.record_after_s, hold_bytes=share)
-            sample = sample_clients if self._behaviour is None else self._behaviour.sample  # those online
+            sample = sample_clients if self._behaviour is None else partial(  # those online, not busy (late: stale)
+                self._behaviour.sample, busy={p.client for p in run.pending})
             clients = sample(cfg.partition.num_clients, cfg.federation.client_fraction,
                              seed=cfg.federation.sampling_seed, round_idx=round_idx)
             start_round = partial(fabric.call, "on_round_start", round_idx=round_idx, clients=clients,
@@ -507,11 +513,29 @@ class Simulation:
         """This rank's end of a round: its totals and history, ``on_round_end``, the loggers; on the server, then,
         the round's files (only when all of that succeeded on it)."""
         fabric = self.fabric
+        if self._behaviour is not None and self._behaviour.late == "stale":
+            row["arrived"] = self._carry_late_updates(run, store, round_idx, result)
         self._record_round(algorithm, run, round_idx, row, result, round_start, run_start)
         fabric.call("on_round_end", round_idx=round_idx, metrics=row, results=result, history=run.history)
         fabric.log_dict({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=round_idx)
         if fabric.global_rank == 0:
             self._save_round(run, store, checkpoint)
+
+    def _carry_late_updates(self, run: RunState, store: RoundStore, round_idx: int, result: RoundResult) -> int:
+        """``run.pending`` after ``round_idx``: the updates that arrived in it gone, its late clients' updates added
+        with their arrival round (their uploads on the server, read from the round's records); on every rank. Returns
+        how many arrived."""
+        behaviour, epochs, rank = self._behaviour, self.cfg.train.epochs, self.fabric.global_rank
+        assert behaviour is not None
+        arrived = sum(p.arrival == round_idx for p in run.pending)
+        kept = [p for p in run.pending if p.arrival > round_idx]
+        for c, reason in result.failures.items():
+            if reason == LATE_STALE:
+                tau = behaviour.stale_delay(round_idx, c, epochs)
+                assert tau is not None
+                kept.append(PendingUpdate(c, round_idx, round_idx + tau, store.load_client(c)[1] if rank == 0 else None))
+        run.pending = kept
+        return arrived
 
     def _serve(self, algorithm: Algorithm, run: RunState, store: RoundStore, round_idx: int, plan: RoundPlan,
                result: RoundResult) -> tuple[dict, dict[str, Any], RoundResult]:
@@ -527,6 +551,9 @@ class Simulation:
         DP's noise on the sum; the checks that no uncovered tensor and no client's count reaches the aggregate:
         federation/privacy.py; FedAdam & co.: federation/server_optimizer.py)."""
         uploads, dp = store.uploads(result.succeeded), self._privacy
+        arrived = [p for p in run.pending if p.arrival == round_idx]  # late updates due now (late: stale)
+        if arrived:
+            uploads = ArrivedUploads(uploads, arrived, self.cfg.federation.clients.staleness_exponent)
         if dp is None:
             state = algorithm.aggregate(round_idx, run.state, uploads, result.failures, plan)
         else:
@@ -682,10 +709,11 @@ class Simulation:
         behaviour, work = self._behaviour, None
         if behaviour is not None and behaviour.drops(round_idx, client_idx):  # gone after its download
             return ClientRecord(compute_s=0.0, bytes_down=download.num_bytes, failure=DROPPED), None
-        if behaviour is not None:  # a straggler: a share of its local work, or (drop_stragglers) past the deadline
+        if behaviour is not None:  # a straggler: a share of its local work; past the deadline: dropped, as a dropout
             work = behaviour.local_work(round_idx, client_idx, cfg.train.epochs)
-            if work is not None and behaviour.drop_stragglers:
-                return ClientRecord(compute_s=0.0, bytes_down=download.num_bytes, failure=STRAGGLED), None
+            missed = behaviour.missed_deadline(round_idx, client_idx, cfg.train.epochs)
+            if missed is not None:
+                return ClientRecord(compute_s=0.0, bytes_down=download.num_bytes, failure=missed), None
         seed_torch(client_seed(cfg.seed, round_idx, client_idx), fabric.device)
         start = time.monotonic()
         upload, failure, trace, user_error = None, None, None, False
@@ -697,6 +725,8 @@ class Simulation:
             if self._privacy is not None:  # local DP: the client noises its upload before it leaves
                 upload = self._privacy.client_upload(upload, round_idx, client_idx)
             check_upload(upload, algorithm.expected_shapes(round_idx, download))
+            if behaviour is not None and behaviour.stale_delay(round_idx, client_idx, cfg.train.epochs) is not None:
+                failure = LATE_STALE  # late: its upload kept, for the round it arrives in (federation/stale_updates.py)
         except Exception as err:  # noqa: BLE001 — recorded; the on_client_error policy decides after the gather
             upload, failure, user_error = None, f"{type(err).__name__}: {err}", isinstance(err, UsageError)
             trace = "".join(traceback.format_exception(err))  # the cause, for --debug (the object stays here)

@@ -2,7 +2,7 @@
 draws at their rates and seeded per (round, client); the round's clients sampled from those online; a dropout's
 download counted, its upload never arriving, counted in metrics.csv and never an error under on_client_error:
 raise; too few left stops the run in one line; resumed and on 2 processes the same run; refused beside privacy or a
-robust aggregator; the defaults draw nothing."""
+robust aggregator; the defaults draw nothing (speeds and deadlines: test_client_speeds.py)."""
 
 from __future__ import annotations
 
@@ -82,8 +82,9 @@ def test_too_few_clients_left_stops_the_run_in_one_line(tmp_path):
     assert "\n" not in str(err.value)
 
 
-def test_a_resumed_run_drops_the_same_clients(tmp_path):
-    extra = ("--federation.clients.dropout", "0.3", "--federation.clients.availability", "0.7")
+def test_a_resumed_run_drops_the_same_clients_and_the_same_late_ones(tmp_path):
+    extra = ("--federation.clients.dropout", "0.3", "--federation.clients.availability", "0.7",
+             "--federation.clients.speed_spread", "0.5", "--federation.clients.deadline_s", "4")
     full = _cfg(tmp_path / "full", *extra)
     Simulation(cfg=full, loggers=[]).run()
     cut = _cfg(tmp_path / "cut", *extra)
@@ -95,6 +96,7 @@ def test_a_resumed_run_drops_the_same_clients(tmp_path):
                 for r in _rows(cfg)]
 
     assert counts(full) == counts(cut) and sum(int(r["dropped"]) for r in _rows(full)) > 0
+    assert sum(int(r["late"]) for r in _rows(full)) > 0
     a, b = (safe_load(c.run_dir / "checkpoints" / "server.pt")["state"] for c in (full, cut))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -111,14 +113,17 @@ def test_beside_privacy_or_a_robust_aggregator_it_is_refused_in_one_line(tmp_pat
 
 
 @pytest.mark.slow  # processes or several runs: in CI's every-file pass, not the plain suite
-def test_availability_and_dropout_are_the_same_on_one_and_two_processes(tmp_path):
+@pytest.mark.parametrize("late", ["drop", "stale"])
+def test_availability_dropout_stragglers_and_deadline_are_the_same_on_one_and_two_processes(tmp_path, late):
     def run(label, *extra):
         out = tmp_path / label
         done = run_cli("--config", str(CONF / "fedavg_digits_tiny.yaml"), "--output_dir", str(out), "--run_name", "r",
                        "--logging.progress", "false", "--federation.rounds", "3", "--partition.num_clients", "6",
                        "--data.num_samples", "400", "--federation.clients.availability", "0.7",
                        "--federation.clients.dropout", "0.3", "--federation.clients.stragglers", "0.5",
-                       "--train.epochs", "3", *extra, env={"OMP_NUM_THREADS": "1"})
+                       "--train.epochs", "3", "--federation.clients.speed_spread", "0.5",
+                       "--federation.clients.deadline_s", "4", "--federation.clients.late", late, *extra,
+                       env={"OMP_NUM_THREADS": "1"})
         assert done.returncode == 0, done.stderr[-2000:]
         return safe_load(out / "r" / "checkpoints" / "server.pt")
 
@@ -126,6 +131,10 @@ def test_availability_and_dropout_are_the_same_on_one_and_two_processes(tmp_path
     assert all(torch.equal(one["state"][k], two["state"][k]) for k in one["state"])
     assert [r["dropped"] for r in one["rows"]] == [r["dropped"] for r in two["rows"]]
     assert [r["stragglers"] for r in one["rows"]] == [r["stragglers"] for r in two["rows"]]
+    assert [r["late"] for r in one["rows"]] == [r["late"] for r in two["rows"]] and sum(r["late"] for r in one["rows"])
+    if late == "stale":  # the late updates of rounds 0 and 1 that arrive by round 2, held by either rank
+        assert [r["arrived"] for r in one["rows"]] == [r["arrived"] for r in two["rows"]]
+        assert sum(r["arrived"] for r in one["rows"])
 
 
 # ------------------------------------------------------------------------------------------- stragglers
