@@ -29,8 +29,9 @@ true; η_g and H/N do not touch them. ``weighted`` thus weighs SCAFFOLD's parame
 only FedDyn's buffers (its θ_avg is the paper's plain mean over P). The server holds the round's flat uploads at
 once (|S| models, the pure functions' lists), where ``fedavg_cnn`` folds them one at a time.
 
-Config sections ``scaffold_cnn`` (``server_lr``, ``weighted``, ``augment``) and ``feddyn_cnn`` (``alpha``,
-``adaptive_alpha``, ``weighted``, ``augment``): the head sections' keys plus ``fedavg_cnn.augment``.
+Documented in docs/client_drift.md, "On the whole model". Config sections ``scaffold_cnn`` (``server_lr``,
+``weighted``, ``augment``) and ``feddyn_cnn`` (``alpha``, ``adaptive_alpha``, ``weighted``, ``augment``): the head
+sections' keys plus ``fedavg_cnn.augment``.
 """
 
 from __future__ import annotations
@@ -73,11 +74,13 @@ _CLOUD, _H = "cloud.", "drift_sum."  # FedDyn's θ_cloud and H in the state
 
 @dataclass
 class ScaffoldCNNConfig(ScaffoldConfig):
+    weighted: bool = False  # the paper's unweighted means over S (true: y, Δc and the BatchNorm buffers by sample counts)
     augment: bool = False  # CIFAR's pad (S/8) + random crop + horizontal flip on the clients' images (fedavg_cnn's)
 
 
 @dataclass
 class FedDynCNNConfig(FedDynConfig):
+    weighted: bool = True  # average the BatchNorm buffers by sample counts, as fedavg_cnn (θ_avg: the plain mean over P)
     augment: bool = False  # CIFAR's pad (S/8) + random crop + horizontal flip on the clients' images (fedavg_cnn's)
 
 
