@@ -88,6 +88,9 @@ class _CorrectedCNN(FedAvgCNN):
     """What both methods add to ``fedavg_cnn``: the split of the state into trainable parameters (corrected, kept
     per client) and buffers (averaged), the client store, and one pass over a round's uploads."""
 
+    true_precision = ("its control variates and drifts are differences of weights over a round ((x − y)/(K·lr), "
+                      "θ_k − θ_cloud) that half-precision weights round away — use bf16-mixed")
+
     def setup(self, env: Environment) -> None:
         super().setup(env)
         self._params = tuple(k for k, p in self.module.model.named_parameters() if p.requires_grad)

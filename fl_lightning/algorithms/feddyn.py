@@ -25,6 +25,7 @@ runs (theirs is SGD). Not run: DP (``federation.privacy``), server optimizers, r
 cloud model is not the mean of the clients' weights.
 
 Config section ``feddyn``: ``alpha`` (α) and ``adaptive_alpha``.
+The same on every trainable parameter of a whole CNN: ``feddyn_cnn`` (``drift_correction_cnn.py``).
 """
 
 from __future__ import annotations

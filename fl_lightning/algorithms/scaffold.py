@@ -24,6 +24,7 @@ from a copy of the model's parameters instead). The clients' variates are kept b
 server from the uploaded Δc_i (c_i⁺ = c_i + Δc_i): the same numbers as a client keeping its own.
 
 Config section ``scaffold``: ``server_lr`` (η_g) and ``weighted``.
+The same on every trainable parameter of a whole CNN: ``scaffold_cnn`` (``drift_correction_cnn.py``).
 """
 
 from __future__ import annotations
