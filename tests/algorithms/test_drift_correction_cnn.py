@@ -17,6 +17,7 @@ from fl_lightning.config.loading import load_config
 from fl_lightning.errors import UsageError
 from fl_lightning.federation.algorithm import RoundPlan
 from fl_lightning.federation.checkpoint import safe_load
+from fl_lightning.federation.client_state import ClientStateStore
 from fl_lightning.federation.placement import client_seed
 from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.transport import Download, Upload
@@ -49,8 +50,8 @@ def _params(model):
 
 
 def test_scaffold_cnn_with_zero_control_variates_and_unit_server_lr_is_fedavg_cnn(tmp_path):
-    s = _cfg(tmp_path / "s", "scaffold_cnn", "--scaffold_cnn.weighted", "true", "--scaffold_cnn.server_lr", "1")
-    f = _cfg(tmp_path / "f", "fedavg_cnn", "--fedavg_cnn.weighted", "true")
+    s = _cfg(tmp_path / "s", "scaffold_cnn", "--scaffold_cnn.weighted", "false", "--scaffold_cnn.server_lr", "1")
+    f = _cfg(tmp_path / "f", "fedavg_cnn", "--fedavg_cnn.weighted", "false")  # the paper's plain means over S
     Simulation(cfg=s, loggers=[]).run()
     Simulation(cfg=f, loggers=[]).run()
     a, b = _state(s), _state(f)
@@ -60,7 +61,11 @@ def test_scaffold_cnn_with_zero_control_variates_and_unit_server_lr_is_fedavg_cn
             assert torch.equal(a[k], v), k
         else:  # the same clients' weights (c − c_i = 0 adds exact zeros); the server's mean is another float64 sum
             torch.testing.assert_close(a[k], v, rtol=1e-6, atol=1e-8, msg=k)
-    assert any(a["control." + k].abs().max() > 0 for k in b if "control." + k in a)
+    params = [k for k in b if "control." + k in a]
+    c = torch.cat([a["control." + k].reshape(-1) for k in params])
+    store = ClientStateStore(s.run_dir / "checkpoints" / "client_state" / "scaffold_cnn", 3, c.numel())
+    mean = np.mean([store.read(i, 1) for i in range(3)], axis=0)  # full participation: c = (1/N) Σ c_i
+    assert c.abs().max() > 0 and np.allclose(c.numpy(), mean, atol=1e-6)
 
 
 # ------------------------------------------------------------------ one client: a hand-written loop
@@ -235,3 +240,18 @@ def test_what_they_cannot_run_is_one_line(tmp_path, algorithm, extra, words):
     with pytest.raises(UsageError) as err:
         Simulation(cfg=_cfg(tmp_path, algorithm, *extra), loggers=[]).run()
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow  # processes or several runs: in CI's every-file pass, not the plain suite
+def test_the_tiny_whole_model_comparison_runs_each_method(tmp_path, capsys):
+    from fl_lightning import train
+
+    rc = train.main(["--config", str(CONF / "client_drift_cnn_tiny.yaml"), "--output_dir", str(tmp_path),
+                     "--federation.rounds", "2", "--data.num_samples", "200", "--train.epochs", "1"])
+    assert rc == 0, capsys.readouterr().err
+    states = {p.parent.parent.name: safe_load(p)["state"] for p in tmp_path.glob("*/checkpoints/server.pt")}
+    assert set(states) == {"fedavg_cnn", "scaffold_cnn", "feddyn_cnn"}
+    assert "control.conv1.weight" in states["scaffold_cnn"] and "control.bn1.running_mean" not in states["scaffold_cnn"]
+    assert {"cloud.fc.weight", "drift_sum.fc.weight"} <= set(states["feddyn_cnn"])
+    for name in ("scaffold_cnn", "feddyn_cnn"):
+        assert (tmp_path / name / "checkpoints" / "client_state" / name / "values.npy").is_file()
