@@ -18,7 +18,7 @@ table, shuffled by the same seeded generator as its images would be; the rank ho
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,25 +38,36 @@ from fl_lightning.modules.linear_probe import LinearProbe
 if TYPE_CHECKING:
     from fl_lightning.config import RunConfig
 
-__all__ = ["FedAvg", "FedAvgConfig", "HEAD_KEYS", "flat_head", "unflat_head"]
+__all__ = ["FedAvg", "FedAvgConfig", "HEAD_KEYS", "flat_head", "flat_named", "unflat_head", "unflat_named"]
 
 _KEYS = ("head.weight", "head.bias")
 HEAD_KEYS = _KEYS  # the linear head's state keys, in the order flat_head lays them out
 
 
-def flat_head(tensors: Mapping[str, torch.Tensor], prefix: str = "") -> torch.Tensor:
-    """The head's tensors ``prefix + k`` (k in :data:`HEAD_KEYS`) as one float32 CPU vector (W then b)."""
-    return torch.cat([tensors[prefix + k].detach().reshape(-1).to(torch.float32).cpu() for k in _KEYS])
+def flat_named(tensors: Mapping[str, torch.Tensor], keys: Sequence[str], prefix: str = "") -> torch.Tensor:
+    """The tensors ``prefix + k`` (k in ``keys``, in that order) as one float32 CPU vector."""
+    return torch.cat([tensors[prefix + k].detach().reshape(-1).to(torch.float32).cpu() for k in keys])
 
 
-def unflat_head(vector: torch.Tensor, like: Mapping[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:
-    """:func:`flat_head`'s inverse: ``{prefix + k: tensor}`` shaped and typed as ``like[k]``."""
+def unflat_named(vector: torch.Tensor, like: Mapping[str, torch.Tensor], keys: Sequence[str],
+                 prefix: str = "") -> dict[str, torch.Tensor]:
+    """:func:`flat_named`'s inverse: ``{prefix + k: tensor}`` shaped and typed as ``like[k]``."""
     out, at = {}, 0
-    for k in _KEYS:
+    for k in keys:
         n = like[k].numel()
         out[prefix + k] = vector[at:at + n].reshape(like[k].shape).to(like[k].dtype)
         at += n
     return out
+
+
+def flat_head(tensors: Mapping[str, torch.Tensor], prefix: str = "") -> torch.Tensor:
+    """The head's tensors ``prefix + k`` (k in :data:`HEAD_KEYS`) as one float32 CPU vector (W then b)."""
+    return flat_named(tensors, _KEYS, prefix)
+
+
+def unflat_head(vector: torch.Tensor, like: Mapping[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:
+    """:func:`flat_head`'s inverse: ``{prefix + k: tensor}`` shaped and typed as ``like[k]``."""
+    return unflat_named(vector, like, _KEYS, prefix)
 
 
 @dataclass

@@ -25,11 +25,12 @@ runs (theirs is SGD). Not run: DP (``federation.privacy``), server optimizers, r
 cloud model is not the mean of the clients' weights.
 
 Config section ``feddyn``: ``alpha`` (α) and ``adaptive_alpha``.
+The same on every trainable parameter of a whole CNN: ``feddyn_cnn`` (``drift_correction_cnn.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     from fl_lightning.config import RunConfig
     from fl_lightning.federation.algorithm import RoundHistory
 
-__all__ = ["FedDyn", "FedDynConfig", "server_step"]
+__all__ = ["DynamicRegulariser", "FedDyn", "FedDynConfig", "client_alphas", "server_step"]
 
 _CLOUD = "cloud."  # θ_cloud: what the clients download
 _H = "drift_sum."  # H = Σ_k h_k over every client
@@ -65,6 +66,12 @@ class FedDynConfig(FedAvgConfig):
         check(self.alpha > 0, "alpha", self.alpha, "a float > 0 (α of FedDyn's regulariser)")
 
 
+def client_alphas(alpha: float, sizes: Sequence[int], adaptive: bool) -> np.ndarray:
+    """α_k of every client: α / (n_k / mean_j n_j) (the code's "adaptive alpha coef", its weight_list), or α for all."""
+    n = np.asarray(sizes, dtype=np.float64)
+    return alpha / (n / n.mean()) if adaptive else np.full(len(n), alpha / 1.0)
+
+
 def server_step(cloud: Tensor, drift_sum: Tensor, thetas: list[Tensor], num_clients: int
                 ) -> tuple[Tensor, Tensor, Tensor]:
     """One round's server update: ``(θ_avg, H', θ_cloud')`` with θ_avg = mean_P θ_k, H' = H + Σ_P (θ_k − θ_cloud),
@@ -77,8 +84,10 @@ def server_step(cloud: Tensor, drift_sum: Tensor, thetas: list[Tensor], num_clie
     return avg.to(cloud.dtype), new_sum.to(drift_sum.dtype), (avg + new_sum / num_clients).to(cloud.dtype)
 
 
-class _DynamicRegulariser:
-    """Adds α_k (θ − θ_cloud + h_k) to each head parameter's gradient after every backward (Eq. (1)'s terms)."""
+class DynamicRegulariser:
+    """Adds α_k (θ − θ_cloud + h_k) to the gradient of each parameter named in ``cloud`` (``module.named_parameters()``'s
+    names) after every backward (Eq. (1)'s terms); each offset h_k − θ_cloud is moved to its parameter's device and
+    dtype once, at the first step."""
 
     def __init__(self, alpha: float, cloud: Mapping[str, Tensor], drift: Mapping[str, Tensor]) -> None:
         self.alpha = float(alpha)
@@ -88,7 +97,8 @@ class _DynamicRegulariser:
     def on_after_backward(self, *, module: nn.Module, **_: object) -> None:
         for name, p in module.named_parameters():
             if name in self.offset:
-                step = self.alpha * (p + self.offset[name].to(p))
+                offset = self.offset[name] = self.offset[name].to(p)
+                step = self.alpha * (p + offset)
                 p.grad = step if p.grad is None else p.grad.add_(step)
 
 
@@ -108,8 +118,7 @@ class FedDyn(FedAvg):
         numel = sum(int(np.prod(self.module.state_dict()[k].shape)) for k in _KEYS)
         self.client_state = ClientStateStore(env.run_dir / "checkpoints" / CLIENT_STATE_DIR / "feddyn",
                                              len(env.partition), numel)
-        sizes = np.array([len(p) for p in env.partition], dtype=np.float64)
-        self._size_weight = sizes / sizes.mean()  # n_k / mean n (the code's weight_list)
+        self._alphas = client_alphas(self.config.alpha, [len(p) for p in env.partition], self.config.adaptive_alpha)
 
     def initial_state(self) -> State:
         head = super().initial_state()
@@ -123,8 +132,7 @@ class FedDyn(FedAvg):
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
         cloud = {k: download.tensors[k] for k in _KEYS}
         drift = _unflat(torch.from_numpy(self.client_state.read(client.index, round_idx)), cloud)
-        alpha = self.config.alpha / (self._size_weight[client.index] if self.config.adaptive_alpha else 1.0)
-        self._local = _DynamicRegulariser(alpha, cloud, drift)
+        self._local = DynamicRegulariser(float(self._alphas[client.index]), cloud, drift)
         return super().client_update(round_idx, client, download)
 
     def local_callbacks(self, download: Download) -> list[object]:

@@ -24,6 +24,7 @@ from a copy of the model's parameters instead). The clients' variates are kept b
 server from the uploaded Δc_i (c_i⁺ = c_i + Δc_i): the same numbers as a client keeping its own.
 
 Config section ``scaffold``: ``server_lr`` (η_g) and ``weighted``.
+The same on every trainable parameter of a whole CNN: ``scaffold_cnn`` (``drift_correction_cnn.py``).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from fl_lightning.federation.transport import Download, Upload
 if TYPE_CHECKING:
     from fl_lightning.config import RunConfig
 
-__all__ = ["Scaffold", "ScaffoldConfig", "client_control", "server_step"]
+__all__ = ["GradientCorrection", "Scaffold", "ScaffoldConfig", "StepCounter", "client_control", "require_sgd", "server_step"]
 
 _C = "control."  # the server's control variate c: "control.head.weight", "control.head.bias"
 _DC = "delta_control."  # a client's Δc_i in its upload
@@ -86,8 +87,18 @@ def server_step(x: Tensor, c: Tensor, ys: list[Tensor], delta_cs: list[Tensor], 
     return x_new, c_new
 
 
-class _Correction:
-    """Adds (c − c_i) to each head parameter's gradient after every backward (the corrected step)."""
+def require_sgd(method: str, optimizer: str) -> None:
+    """Refuse (one line) a local optimizer other than plain SGD: option II's c_i⁺ reads (x − y)/(K η_l) as the mean
+    gradient of the K steps."""
+    if optimizer != "sgd":
+        raise UsageError(f"usage error: {method} needs train.optimizer: sgd (option II's control variate is the "
+                         f"mean gradient of plain steps, (x − y)/(K·lr)); got {optimizer}")
+
+
+class GradientCorrection:
+    """Adds (c − c_i) to the gradient of each parameter named in ``correction`` (``module.named_parameters()``'s
+    names) after every backward (the corrected step); each correction is moved to its parameter's device and dtype
+    once, at the first step."""
 
     def __init__(self, correction: Mapping[str, Tensor]) -> None:
         self.correction = dict(correction)
@@ -96,7 +107,7 @@ class _Correction:
     def on_after_backward(self, *, module: nn.Module, **_: object) -> None:
         for name, p in module.named_parameters():
             if name in self.correction:
-                step = self.correction[name].to(p)
+                step = self.correction[name] = self.correction[name].to(p)
                 p.grad = step.clone() if p.grad is None else p.grad.add_(step)
 
 
@@ -111,9 +122,7 @@ class Scaffold(FedAvg):
                 "(DP-FedAvg covers weights only)")
 
     def setup(self, env: Environment) -> None:
-        if self.cfg.train.optimizer != "sgd":
-            raise UsageError(f"usage error: scaffold needs train.optimizer: sgd (option II's control variate is the "
-                             f"mean gradient of plain steps, (x − y)/(K·lr)); got {self.cfg.train.optimizer}")
+        require_sgd(self.name, self.cfg.train.optimizer)
         super().setup(env)
         numel = sum(int(np.prod(self.module.state_dict()[k].shape)) for k in _KEYS)
         self.client_state = ClientStateStore(env.run_dir / "checkpoints" / CLIENT_STATE_DIR / "scaffold",
@@ -131,14 +140,14 @@ class Scaffold(FedAvg):
         head = {k: download.tensors[k] for k in _KEYS}
         c = _flat(download.tensors, _C)
         c_i = torch.from_numpy(self.client_state.read(client.index, round_idx))
-        self._local = _Correction(_unflat(c - c_i, head))
+        self._local = GradientCorrection(_unflat(c - c_i, head))
         upload = super().client_update(round_idx, client, download)  # FedAvg's local fit, with the correction
         steps = self._last_fit_steps
         delta_c = client_control(c_i, c, _flat(head), _flat(upload.tensors), steps, self.cfg.train.lr) - c_i
         return Upload({**upload.tensors, **_unflat(delta_c, head, _DC)}, {**upload.meta, "local_steps": steps})
 
     def local_callbacks(self, download: Download) -> list[object]:
-        return [self._local, _StepCounter(self)]
+        return [self._local, StepCounter(self)]
 
     def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
                   plan: RoundPlan) -> State:
@@ -158,10 +167,11 @@ class Scaffold(FedAvg):
         return {**_unflat(x, head), **_unflat(c, head, _C)}
 
 
-class _StepCounter:
-    """Counts the local steps K (one backward each) of the client being trained."""
+class StepCounter:
+    """Counts the local steps K (one backward each) of the client being trained, in ``owner._last_fit_steps``
+    (set to 0 here)."""
 
-    def __init__(self, owner: Scaffold) -> None:
+    def __init__(self, owner: object) -> None:
         self.owner = owner
         owner._last_fit_steps = 0
 
