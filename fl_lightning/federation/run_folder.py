@@ -53,13 +53,15 @@ LOCK = ".lock"  # the run lock's file (federation/run_lock.py), which --overwrit
 # (tested; not data.num_workers: an augmentation draws from the workers' seeds) and
 # federation.record_after_s only speed and what a crash costs, never a value; federation.collective_timeout_s,
 # compute_timeout_s and liveness_timeout_s only how long a rank may wait, and federation.process_group_backend only
-# which library carries the same collectives. A key ending in "." is a whole section.
+# which library carries the same collectives, and <method>.pretrain_check_every only how often the ranks of a
+# pre-training confirm that none failed. A key ending in "." is a whole section.
 RESUMABLE_KEYS = ("federation.rounds", "federation.devices", "federation.num_nodes", "federation.strategy",
                   "federation.on_client_error", "federation.min_clients", "output_dir", "run_name", "variants",
                   "logging.", "data.feature_cache", "data.cache_mb", "data.cache_uint8_mb",
                   "data.pin_memory", "data.persistent_workers", "data.normalize_on_device", "federation.record_after_s",
                   "federation.collective_timeout_s", "federation.compute_timeout_s",
-                  "federation.liveness_timeout_s", "federation.process_group_backend")
+                  "federation.liveness_timeout_s", "federation.process_group_backend",
+                  *(f"{method}.pretrain_check_every" for method in ("fedisyn", "fgl", "gptfl")))
 # What a run writes; a folder holding any of these is a run folder (and --overwrite may empty it)
 _RUN_FILES = (RECORD, "config.yaml", "summary.json", "metrics.csv", "checkpoints")
 _ABSENT = "<absent>"

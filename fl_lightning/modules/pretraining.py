@@ -192,10 +192,11 @@ class ViTClassifier(lightning.LightningModule):
             return batch
         return type(batch)([transform(batch[0]), *batch[1:]])
 
-    def _rank_step(self, batch: Any, what: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    def _rank_step(self, batch: Any, batch_idx: int, what: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """This rank's part of a global batch (``pretraining_ranks``): (logits of its rows, labels, the loss
         (N / |b|) Σ CE_i whose mean over the ranks is the global batch's mean, |b|); an error on any rank (the
-        batch's loading included) ends every rank here, before the backward's all-reduce."""
+        batch's loading included) ends every rank here at a checked step, before the backward's all-reduce, and
+        through the ranks' liveness watch between checks (:class:`~fl_lightning.modules.pretraining_ranks.RankGuard`)."""
         own: Exception | None = None
         try:
             if not isinstance(batch, (tuple, list)):  # a FailedBatch
@@ -208,12 +209,15 @@ class ViTClassifier(lightning.LightningModule):
         except Exception as err:  # noqa: BLE001 — reported to every rank
             own = err
         assert self.guard is not None
-        self.guard.agree(own, what)
+        if self.guard.due(batch_idx):
+            self.guard.agree(own, what)
+        elif own is not None:
+            raise own
         return logits[keep], y[keep], loss, size
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         if self.guard is not None:
-            logits, y, loss, size = self._rank_step(batch, "pre-training's step")
+            logits, y, loss, size = self._rank_step(batch, batch_idx, "pre-training's step")
             self.train_acc(logits, y)
             # synced: the mean over ranks is the global batch's mean loss (Σ over ranks of rows' weighted CE / N)
             self.log("train_loss", loss, on_step=True, on_epoch=True, batch_size=size, sync_dist=True)
@@ -229,7 +233,7 @@ class ViTClassifier(lightning.LightningModule):
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         if self.guard is not None:
-            logits, y, loss, size = self._rank_step(batch, "pre-training's validation")
+            logits, y, loss, size = self._rank_step(batch, batch_idx, "pre-training's validation")
             self.val_acc(logits, y)
             self.log("val_loss", loss, on_epoch=True, batch_size=size, sync_dist=True)
             self.log(_MONITOR, self.val_acc, on_epoch=True)
@@ -446,6 +450,7 @@ def pretrain_classifier(
     callbacks: Sequence[Callback] = (),
     ranks: Ranks | None = None,
     batch_transform: Any = None,
+    check_every: int = 1,
 ) -> PretrainResult:
     """Pre-train a timm ViT on synthetic images; return the best checkpoint and the epochs run.
 
@@ -479,6 +484,9 @@ def pretrain_classifier(
             failure on any rank ends every rank. None or one rank: one process's training.
         batch_transform: run on the device on a batch whose images arrive as uint8 (a store's float part,
             ``synthesis/store.py``: elementwise, so the values are those of running it in the loader).
+        check_every: over several ranks, the steps between two checks that every rank's step went well (each an
+            all-reduce and a host sync; between them a failing rank is ended by the liveness watch:
+            :class:`~fl_lightning.modules.pretraining_ranks.RankGuard`). The weights do not depend on it.
 
     Returns:
         path of the best checkpoint, to be read with :func:`load_pretrained_vit`.
@@ -493,7 +501,7 @@ def pretrain_classifier(
     data = dict(train_dataset=train_dataset, val_dataset=val_dataset, batch_size=batch_size, num_workers=num_workers,
                 pin_memory=pin_memory, generator=generator)
     if ranks is not None and ranks.world > 1:
-        setup = _over_ranks(module, ranks, seed=seed, callbacks=callbacks, **data)
+        setup = _over_ranks(module, ranks, seed=seed, callbacks=callbacks, check_every=check_every, **data)
     else:
         setup = _one_process(accelerator=accelerator, devices=devices, callbacks=callbacks, **data)
     best = _best_checkpoint(out)
@@ -555,11 +563,11 @@ def _one_process(*, train_dataset: Dataset, val_dataset: Dataset, batch_size: in
 
 def _over_ranks(module: ViTClassifier, ranks: Ranks, *, train_dataset: Dataset, val_dataset: Dataset, batch_size: int,
                 num_workers: int, pin_memory: bool, generator: torch.Generator, seed: int,
-                callbacks: Sequence[Callback]) -> _Setup:
+                callbacks: Sequence[Callback], check_every: int = 1) -> _Setup:
     """The ranks' data-parallel pre-training (``pretraining_ranks.py``): ``module`` shares its steps over ``ranks``,
     each rank loads its shard of every global batch, on its own device, and reseeds per (seed, epoch, rank)."""
     device = torch.device(ranks.fabric.device)
-    guard, io = RankGuard(ranks, device), GuardedIO()
+    guard, io = RankGuard(ranks, device, every=check_every), GuardedIO()
     module.share_over_ranks(guard)
     split = dict(rank=ranks.rank, world=ranks.world)
     workers = dict(num_workers=num_workers, pin_memory=pin_memory,

@@ -141,11 +141,25 @@ class GuardedIO(TorchCheckpointIO):
 
 
 class RankGuard:
-    """One flag all-reduced at each step (and at each epoch's end): set by any rank, every rank joins one exchange of
-    outcomes (``collectives.everyone``) and stops: rank 0 with its error or one naming the failing rank."""
+    """One flag all-reduced every ``every`` steps (and at each epoch's end): set by any rank, every rank joins one
+    exchange of outcomes (``collectives.everyone``) and stops: rank 0 with its error or one naming the failing rank.
 
-    def __init__(self, ranks: Ranks, device: torch.device) -> None:
-        self.ranks, self.device = ranks, device
+    Each check costs an all-reduce and a host sync (``flag.item()``: the CPU waits for the GPU's queue to drain).
+    Between checks a rank that fails raises at once (:meth:`due`): it enters the engine's exchange of outcomes with
+    its error, saying so in its heartbeat, while the others wait in the step's next compute collective (DDP's
+    gradient all-reduce) — the ranks' liveness watch ends every rank two beats later (``federation/liveness.py``),
+    as for an error inside DDP's backward. ``every = 1`` checks every step: the failing rank's own line within the
+    step, at a sync a step.
+    """
+
+    def __init__(self, ranks: Ranks, device: torch.device, every: int = 1) -> None:
+        if every < 1:
+            raise ValueError(f"every={every!r} is not allowed; expected an int >= 1 (steps between checks)")
+        self.ranks, self.device, self.every = ranks, device, int(every)
+
+    def due(self, batch_idx: int) -> bool:
+        """Whether the step of ``batch_idx`` (0-based, within its epoch) is a checked one: every ``every``-th."""
+        return (batch_idx + 1) % self.every == 0
 
     def agree(self, own: Exception | None, what: str) -> None:
         """Every rank calls this at the same point; raises on every rank when any passed an error."""

@@ -110,10 +110,11 @@ class FailInBackward(lightning.Callback):
             weight.register_hook(fail)
 
 
-def _pretrain(out: Path, ranks=None, bad=None, callbacks=()):
+def _pretrain(out: Path, ranks=None, bad=None, callbacks=(), check_every=1):
     return pretrain_classifier(model_name=NAME, overrides=TINY, num_classes=3, train_dataset=Images(45, 1, bad),
                                val_dataset=_val(), out_dir=out, max_epochs=3, batch_size=8, lr=1e-3,
-                               accelerator="cpu", seed=3, patience=5, callbacks=callbacks, ranks=ranks)
+                               accelerator="cpu", seed=3, patience=5, callbacks=callbacks, ranks=ranks,
+                               check_every=check_every)
 
 
 def _val_acc(out: Path) -> list[float]:
@@ -143,13 +144,15 @@ def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
             result[name] = (str(ckpt), weights.state)
         report(out, rank, result)
         return
-    if case == "backward":  # the engine's set-up: a gloo object group, the exchange around the phase, the watch
+    if case in ("backward", "unchecked"):  # the engine's set-up: a gloo object group, the exchange, the watch
         fabric.strategy = SimpleNamespace(object_group=dist.new_group(backend="gloo"))
         result["failed_at"] = time.time()
+        # backward: rank 1 raises inside DDP's backward; unchecked: a bad image on rank 1 between two checks
+        run = dict(callbacks=[FailInBackward(1)]) if case == "backward" else \
+            dict(bad=44 if rank == 1 else None, check_every=1000)
         with watching(None, rank=rank, world=world, patience_s=3.0, token="t", exit_status=collectives.exit_status,
                       one_line=collectives.one_line, decided=collectives.decided, on_lost=verdict_to(out, rank, result)):
-            everyone(fabric, lambda: _pretrain(Path(out) / "run", ranks, callbacks=[FailInBackward(1)]),
-                     what="the pre-training", timeout_s=600)
+            everyone(fabric, lambda: _pretrain(Path(out) / "run", ranks, **run), what="the pre-training", timeout_s=600)
         report(out, rank, result)  # not reached: the watch ends both ranks
         return
     try:
@@ -224,6 +227,19 @@ def test_a_rank_failing_in_pretraining_ends_every_rank(tmp_path):
     zero, one = _run(tmp_path, "fails")
     assert zero["error"][0] == "RankFailure" and "rank 1" in zero["error"][1] and "truncated" in zero["error"][1]
     assert one["error"][0] == "RankStopped" and "rank 1" in one["error"][1]
+
+
+@pytest.mark.slow  # ~30 s on 2 busy cores: a two-rank pre-training checked every 1000 steps, a bad image on rank 1
+def test_a_rank_failing_between_two_checks_ends_every_rank_within_seconds(tmp_path):
+    """With ``check_every`` above the epoch's steps no step is agreed on: rank 1 reads a truncated image and raises at
+    once, into the exchange of outcomes; rank 0 goes on into the step's gradient all-reduce and waits there. The
+    watch names rank 1 with its error after two beats, as for an error inside DDP's backward."""
+    zero, one = _run(tmp_path, "unchecked")
+    line, status, at = zero["verdict"]
+    assert status == 1 and line.startswith(f"rank 1 on {socket.gethostname()} failed in the pre-training: "), line
+    assert "truncated" in line and line.endswith("the same command resumes from the last completed round")
+    assert at - zero["failed_at"] < 60  # far below the process group's 120 s
+    assert one["verdict"][:2] == (None, 1)
 
 
 @pytest.mark.slow  # ~35 s on 2 busy cores: three two-rank pre-trainings

@@ -83,6 +83,10 @@ class PretrainingConfig(ViTConfig):
     pretrain_batch_size: int = 64
     pretrain_holdout: float = 0.1  # held-out synthetic fraction for early stopping
     pretrain_patience: int = 3  # epochs without held-out improvement before stopping
+    # over several ranks, the steps between two checks that every rank's step went well (an all-reduce and a host
+    # sync each, modules/pretraining_ranks.py RankGuard); between checks a failing rank is ended by the ranks'
+    # liveness watch (federation.liveness_timeout_s). 1: every step. The weights do not depend on it
+    pretrain_check_every: int = 25
     # how pre-training reads the images (synthesis/store.py): exact = a uint8 store decoded once, the same items bit
     # for bit; input = one store at the ViT's input size, training crops taken from it (not bit-identical); off = PNGs
     pretrain_store: Literal["exact", "input", "off"] = "exact"
@@ -113,6 +117,7 @@ class PretrainingConfig(ViTConfig):
         check(self.pretrain_batch_size >= 1, "pretrain_batch_size", self.pretrain_batch_size, "an int >= 1")
         check(0 < self.pretrain_holdout < 1, "pretrain_holdout", self.pretrain_holdout, "a float in (0, 1)")
         check(self.pretrain_patience >= 1, "pretrain_patience", self.pretrain_patience, "an int >= 1")
+        check(self.pretrain_check_every >= 1, "pretrain_check_every", self.pretrain_check_every, "an int >= 1 (steps)")
 
 
 @dataclass

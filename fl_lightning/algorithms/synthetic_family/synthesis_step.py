@@ -588,7 +588,8 @@ def pretrain_on_synthetic(cfg: Any, folder: Path, *, num_classes: int, spec: Inp
         max_epochs=cfg.pretrain_epochs, batch_size=cfg.pretrain_batch_size, lr=cfg.pretrain_lr,
         accelerator=device.type, devices=1, precision=precision, seed=seed, patience=cfg.pretrain_patience,
         ranks=ranks, batch_transform=stored[0].deferred if stored else None,  # a store's float part: on the device
-        num_workers=loading.num_workers if loading else 0, pin_memory=bool(loading and loading.pin_memory))
+        num_workers=loading.num_workers if loading else 0, pin_memory=bool(loading and loading.pin_memory),
+        check_every=cfg.pretrain_check_every)
     host_s = pretraining_s = time.monotonic() - start
     if ranks is not None and ranks.rank != 0:
         return None
