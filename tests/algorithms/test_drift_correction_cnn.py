@@ -23,6 +23,7 @@ from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.transport import Download, Upload
 from tests.algorithms.client_drift_helpers import StopAtRoundEnd
 from tests.conftest import CONF
+from tests.run_records import server_state
 
 
 def _cfg(tmp_path, algorithm, *extra):
@@ -30,10 +31,6 @@ def _cfg(tmp_path, algorithm, *extra):
                        ["--output_dir", str(tmp_path), "--algorithm", algorithm, "--logging.progress", "false",
                         "--partition.num_clients", "3", "--data.num_samples", "240", "--train.momentum", "0",
                         "--federation.rounds", "1", *extra])
-
-
-def _state(cfg):
-    return safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
 
 
 def _algorithm(cfg):
@@ -54,7 +51,7 @@ def test_scaffold_cnn_with_zero_control_variates_and_unit_server_lr_is_fedavg_cn
     f = _cfg(tmp_path / "f", "fedavg_cnn", "--fedavg_cnn.weighted", "false")  # the paper's plain means over S
     Simulation(cfg=s, loggers=[]).run()
     Simulation(cfg=f, loggers=[]).run()
-    a, b = _state(s), _state(f)
+    a, b = server_state(s), server_state(f)
     assert set(a) - set(b) == {"control." + k for k in b if "running" not in k and "num_batches" not in k}
     for k, v in b.items():
         if "running" in k or "num_batches" in k:  # the buffers: FedAvg's fold on the same uploads, bit for bit
@@ -226,7 +223,7 @@ def test_a_run_killed_after_the_clients_state_was_written_resumes_to_the_uninter
         Simulation(cfg=cut, loggers=[], callbacks=[StopAtRoundEnd(2)]).run()
     assert safe_load(cut.run_dir / "checkpoints" / "server.pt")["round"] == 1  # round 2 wrote the clients' state only
     Simulation(cfg=cut, loggers=[], resume=True).run()
-    a, b = _state(full), _state(cut)
+    a, b = server_state(full), server_state(cut)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 

@@ -12,11 +12,11 @@ import torch
 from fl_lightning.algorithms.feddyn import server_step
 from fl_lightning.config.loading import load_config
 from fl_lightning.errors import UsageError
-from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.client_state import ClientStateStore
 from fl_lightning.federation.simulation import Simulation
 from tests.algorithms.client_drift_helpers import StopAtRoundEnd, least_squares, one_and_two_processes
 from tests.conftest import CONF
+from tests.run_records import server_state
 
 
 def _feddyn(problems, *, alpha, rounds, steps=10, lr=0.01, sample=None, seed=0):
@@ -64,14 +64,10 @@ def _cfg(tmp_path, algorithm="feddyn", *extra):
                         "--train.lr", "0.5", *alpha, *extra])
 
 
-def _state(cfg):
-    return safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
-
-
 def test_the_drift_sum_is_the_clients_kept_drifts_and_the_traffic_is_fedavgs(tmp_path):
     cfg = _cfg(tmp_path / "d", "feddyn", "--federation.client_fraction", "0.5")
     summary = Simulation(cfg=cfg, loggers=[]).run()
-    state = _state(cfg)
+    state = server_state(cfg)
     total = torch.cat([state["drift_sum.head.weight"].reshape(-1), state["drift_sum.head.bias"]])
     store = ClientStateStore(cfg.run_dir / "checkpoints" / "client_state" / "feddyn", 4, total.numel())
     kept = np.sum([store.read(i, 3) for i in range(4)], axis=0)
@@ -91,7 +87,7 @@ def test_a_run_killed_after_the_clients_state_was_written_resumes_to_the_uninter
     with pytest.raises(KeyboardInterrupt):
         Simulation(cfg=cut, loggers=[], callbacks=[StopAtRoundEnd(2)]).run()
     Simulation(cfg=cut, loggers=[], resume=True).run()
-    a, b = _state(full), _state(cut)
+    a, b = server_state(full), server_state(cut)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 

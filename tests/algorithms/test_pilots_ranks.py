@@ -19,24 +19,13 @@ import torch.distributed as dist
 from fl_lightning.algorithms.synthetic_family import pilots, synthesis_step
 from fl_lightning.federation.collectives import Ranks, RankStopped
 from tests.gloo_ranks import report, run_ranks
+from tests.run_records import GlooFabric
 
 pytestmark = pytest.mark.slow  # two spawned processes per case: in CI's every-file pass, not the plain suite
 
 _OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of "
         "79.10 GiB of which 1.06 GiB is free")
 _LAMBDAS = [0.1, 0.2, 0.4]
-
-
-class _Fabric(SimpleNamespace):
-    """What the collectives use of a launched Fabric, on a plain gloo group."""
-
-    def __init__(self, rank: int, world: int) -> None:
-        super().__init__(global_rank=rank, world_size=world, device=torch.device("cpu"))
-
-    def broadcast(self, obj, src=0):  # as lightning's DDPStrategy.broadcast
-        box = [obj]
-        dist.broadcast_object_list(box, src)
-        return box[0]
 
 
 def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
@@ -61,7 +50,7 @@ def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
     result: dict = {}
     start = time.monotonic()
     try:
-        lam, fit = synthesis_step._auto_lambda_on_ranks(cfg, Ranks(_Fabric(rank, world), 60.0), components=torch.nn.Identity(),
+        lam, fit = synthesis_step._auto_lambda_on_ranks(cfg, Ranks(GlooFabric(rank, world), 60.0), components=torch.nn.Identity(),
                                                         run_dir=Path(out), section="fedisyn",
                                                         device=torch.device("cpu"))
         result["fit"] = (lam, fit.points)

@@ -17,6 +17,7 @@ from fl_lightning.federation.client_state import ClientStateStore
 from fl_lightning.federation.simulation import Simulation
 from tests.algorithms.client_drift_helpers import StopAtRoundEnd, least_squares, one_and_two_processes
 from tests.conftest import CONF
+from tests.run_records import server_state
 
 # ------------------------------------------------------------------ the method on tensors: least squares
 
@@ -81,22 +82,18 @@ def _cfg(tmp_path, algorithm="scaffold", *extra):
                         "--train.lr", "0.5", *extra])
 
 
-def _state(cfg):
-    return safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
-
-
 def test_round_zero_is_fedavgs_unweighted_mean_and_c_stays_the_mean_of_the_clients(tmp_path):
     scaffold = _cfg(tmp_path / "s", "scaffold", "--federation.rounds", "1")
     fedavg = _cfg(tmp_path / "f", "fedavg", "--federation.rounds", "1", "--fedavg.weighted", "false")
     Simulation(cfg=scaffold, loggers=[]).run()
     Simulation(cfg=fedavg, loggers=[]).run()
-    s, f = _state(scaffold), _state(fedavg)
+    s, f = server_state(scaffold), server_state(fedavg)
     for k in ("head.weight", "head.bias"):  # c = c_i = 0 in round 0: no correction, the same clients' heads
         assert torch.allclose(s[k], f[k], atol=1e-6), k
     for rounds in (1, 3):  # full participation: c = (1/N) Σ c_i after every round (Algorithm 1 by induction)
         cfg = _cfg(tmp_path / f"r{rounds}", "scaffold", "--federation.rounds", str(rounds))
         Simulation(cfg=cfg, loggers=[]).run()
-        state = _state(cfg)
+        state = server_state(cfg)
         c = torch.cat([state["control.head.weight"].reshape(-1), state["control.head.bias"]])
         store = ClientStateStore(cfg.run_dir / "checkpoints" / "client_state" / "scaffold", 4, c.numel())
         mean = np.mean([store.read(i, rounds) for i in range(4)], axis=0)
@@ -112,13 +109,14 @@ def test_a_run_killed_after_the_clients_state_was_written_resumes_to_the_uninter
         Simulation(cfg=cut, loggers=[], callbacks=[StopAtRoundEnd(2)]).run()
     assert safe_load(cut.run_dir / "checkpoints" / "server.pt")["round"] == 1  # round 2 wrote c_i, not server.pt
     Simulation(cfg=cut, loggers=[], resume=True).run()
-    a, b = _state(full), _state(cut)
+    a, b = server_state(full), server_state(cut)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     fresh = _cfg(tmp_path / "cut", "scaffold", "--federation.rounds", "2")  # a fresh start in the same folder
     Simulation(cfg=fresh, loggers=[]).run()
     new = _cfg(tmp_path / "new", "scaffold", "--federation.rounds", "2")
     Simulation(cfg=new, loggers=[]).run()
-    assert all(torch.equal(_state(fresh)[k], _state(new)[k]) for k in _state(new))  # no client state carried over
+    a, b = server_state(fresh), server_state(new)
+    assert all(torch.equal(a[k], b[k]) for k in b)  # no client state carried over
 
 
 def test_scaffold_uploads_twice_fedavgs_bytes(tmp_path):

@@ -6,8 +6,6 @@ robust aggregator; the defaults draw nothing (speeds and deadlines: test_client_
 
 from __future__ import annotations
 
-import csv
-
 import numpy as np
 import pytest
 import torch
@@ -20,6 +18,7 @@ from fl_lightning.federation.client_behaviour import ClientBehaviour
 from fl_lightning.federation.placement import clients_per_round
 from fl_lightning.federation.simulation import Simulation
 from tests.conftest import CONF, StopAfterClients, run_cli
+from tests.run_records import metrics_rows
 
 
 def test_the_draws_have_their_rates_and_depend_only_on_seed_round_and_client():
@@ -50,18 +49,13 @@ def _cfg(tmp_path, *extra):
                         "--logging.progress", "false", *extra])
 
 
-def _rows(cfg):
-    with open(cfg.run_dir / "metrics.csv", newline="") as f:
-        return list(csv.DictReader(f))
-
-
 def test_a_dropout_downloads_uploads_nothing_and_is_no_error(tmp_path):
     cfg = _cfg(tmp_path, "--federation.clients.dropout", "0.4", "--federation.clients.availability", "0.8",
                "--federation.client_fraction", "0.5")
     summary = Simulation(cfg=cfg, loggers=[]).run()  # on_client_error: raise (the default), yet it runs through
     b = ClientBehaviour.of(cfg.federation.clients)
     per_upload = per_download = None
-    for r, row in enumerate(_rows(cfg)):
+    for r, row in enumerate(metrics_rows(cfg)):
         chosen = b.sample(8, 0.5, seed=0, round_idx=r)
         dropped = [c for c in chosen if b.drops(r, c)]
         assert int(row["clients"]) == len(chosen) and int(row["dropped"]) == int(row["failed"]) == len(dropped)
@@ -70,7 +64,7 @@ def test_a_dropout_downloads_uploads_nothing_and_is_no_error(tmp_path):
         per_download = per_download or int(row["bytes_down_round"]) // len(chosen)
         assert int(row["bytes_down_round"]) == per_download * len(chosen)  # a dropout's download counts
         assert per_upload is None or int(row["bytes_up_round"]) == per_upload * kept  # its upload never comes
-    assert sum(int(row["dropped"]) for row in _rows(cfg)) > 0
+    assert sum(int(row["dropped"]) for row in metrics_rows(cfg)) > 0
     assert any("dropped out" in reason for reason in summary["failed_clients"].values())
 
 
@@ -93,10 +87,10 @@ def test_a_resumed_run_drops_the_same_clients_and_the_same_late_ones(tmp_path):
     Simulation(cfg=cut, loggers=[], resume=True).run()
     def counts(cfg):  # the clocks (…_s, straggler_ratio) differ from run to run
         return [{k: v for k, v in r.items() if not (k.endswith("_s") or "_s_" in k or k == "straggler_ratio")}
-                for r in _rows(cfg)]
+                for r in metrics_rows(cfg)]
 
-    assert counts(full) == counts(cut) and sum(int(r["dropped"]) for r in _rows(full)) > 0
-    assert sum(int(r["late"]) for r in _rows(full)) > 0
+    assert counts(full) == counts(cut) and sum(int(r["dropped"]) for r in metrics_rows(full)) > 0
+    assert sum(int(r["late"]) for r in metrics_rows(full)) > 0
     a, b = (safe_load(c.run_dir / "checkpoints" / "server.pt")["state"] for c in (full, cut))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -187,7 +181,7 @@ def test_stragglers_in_the_engine(drop, tmp_path):
     cfg = _cfg(tmp_path / "late", *extra, *(["--federation.clients.drop_stragglers", "true"] if drop else []))
     Simulation(cfg=cfg, loggers=[]).run()
     b = ClientBehaviour.of(cfg.federation.clients)
-    rows = _rows(cfg)
+    rows = metrics_rows(cfg)
     for r, row in enumerate(rows):
         late = [c for c in range(8) if b.straggles(r, c)]
         assert int(row["stragglers"]) == len(late)
@@ -197,7 +191,7 @@ def test_stragglers_in_the_engine(drop, tmp_path):
     Simulation(cfg=on_time, loggers=[]).run()
     a, c = (safe_load(x.run_dir / "checkpoints" / "server.pt")["state"] for x in (cfg, on_time))
     assert any(not torch.equal(a[k], c[k]) for k in a)
-    assert "stragglers" not in _rows(on_time)[0]  # no behaviour asked: the columns of before
+    assert "stragglers" not in metrics_rows(on_time)[0]  # no behaviour asked: the columns of before
 
 
 def test_dropped_stragglers_beside_privacy_are_refused_partial_ones_are_not(tmp_path):
@@ -269,7 +263,7 @@ def test_the_rounds_clients_are_those_the_trace_has_online(tmp_path):
     seen = _RoundClients()
     Simulation(cfg=cfg, loggers=[], callbacks=[seen]).run()
     assert seen.clients == [[0, 2, 4, 5], [1, 3, 6, 7], [0, 1, 2, 3], [0, 2, 4, 5]]  # round 3 reads row 0 again
-    assert [row["online"] for row in _rows(cfg)] == ["4", "4", "4", "4"]
+    assert [row["online"] for row in metrics_rows(cfg)] == ["4", "4", "4", "4"]
     assert (cfg.run_dir / "availability_trace.csv").read_text().splitlines()[1] == "0,1,0,1,0,0,1,1"
 
 

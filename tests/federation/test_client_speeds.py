@@ -9,7 +9,6 @@ the uninterrupted one."""
 
 from __future__ import annotations
 
-import csv
 import math
 
 import numpy as np
@@ -19,7 +18,6 @@ import torch
 from fl_lightning.config import ClientBehaviourConfig
 from fl_lightning.config.loading import load_config
 from fl_lightning.errors import ConfigError, UsageError
-from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.client_behaviour import (
     LATE,
     LATE_STALE,
@@ -33,6 +31,7 @@ from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.stale_updates import ArrivedUploads, PendingUpdate, arrival_delay, staleness_weight
 from fl_lightning.federation.transport import Upload
 from tests.conftest import CONF, StopAfterClients
+from tests.run_records import kill_after_round_0, metrics_rows, server_state
 
 
 def test_speeds_are_log_normal_seeded_per_client_and_fixed_for_the_run():
@@ -74,15 +73,6 @@ def _cfg(tmp_path, *extra):
                         "--logging.progress", "false", *extra])
 
 
-def _rows(cfg):
-    with open(cfg.run_dir / "metrics.csv", newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def _state(cfg):
-    return safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
-
-
 class _Sizes:
     def on_run_start(self, env, **_):
         self.sizes = [len(p) for p in env.partition]
@@ -98,7 +88,7 @@ def test_late_clients_are_dropped_and_the_aggregate_is_that_of_the_others(tmp_pa
     t = [math.ceil(n / 64) * 1 * 1.0 / v for n, v in zip(seen.sizes, client_speeds(0, 8, 0.5))]  # E = 1, step 1 s
     late = [c for c in range(8) if t[c] > 4]
     assert 0 < len(late) < 8
-    rows = _rows(slow)
+    rows = metrics_rows(slow)
     per_download = int(rows[0]["bytes_down_round"]) // 8
     for row in rows:
         assert int(row["late"]) == int(row["failed"]) == int(row["dropped"]) == len(late)
@@ -108,9 +98,9 @@ def test_late_clients_are_dropped_and_the_aggregate_is_that_of_the_others(tmp_pa
     trace.write_text(",".join("0" if c in late else "1" for c in range(8)) + "\n")
     on_time = _cfg(tmp_path / "on_time", "--federation.clients.availability_trace", str(trace))
     Simulation(cfg=on_time, loggers=[]).run()
-    a, b = _state(slow), _state(on_time)
+    a, b = server_state(slow), server_state(on_time)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert [r["bytes_up_round"] for r in rows] == [r["bytes_up_round"] for r in _rows(on_time)]
+    assert [r["bytes_up_round"] for r in rows] == [r["bytes_up_round"] for r in metrics_rows(on_time)]
 
 
 def test_a_deadline_no_one_misses_is_the_run_without_one(tmp_path):
@@ -118,9 +108,9 @@ def test_a_deadline_no_one_misses_is_the_run_without_one(tmp_path):
     plain = _cfg(tmp_path / "plain")
     for cfg in (loose, plain):
         Simulation(cfg=cfg, loggers=[]).run()
-    a, b = _state(loose), _state(plain)
+    a, b = server_state(loose), server_state(plain)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert [r["late"] for r in _rows(loose)] == ["0", "0"] and "late" not in _rows(plain)[0]
+    assert [r["late"] for r in metrics_rows(loose)] == ["0", "0"] and "late" not in metrics_rows(plain)[0]
 
 
 @pytest.mark.parametrize(("key", "value", "words"), [
@@ -186,13 +176,13 @@ def test_a_stale_update_is_its_weighted_share_of_the_round_it_arrives_in(tmp_pat
     t = [math.ceil(n / 64) / v for n, v in zip(seen.sizes, client_speeds(0, 8, 0.5))]
     late = [c for c in range(8) if t[c] > 2.5]
     assert 0 < len(late) < 8 and all(2.5 < t[c] <= 5.0 for c in late)  # τ = 1 for each: they arrive in round 1
-    rows = _rows(cfg)
+    rows = metrics_rows(cfg)
     assert [(int(r["late"]), int(r["arrived"]), int(r["clients"]), int(r["dropped"])) for r in rows] == [
         (len(late), 0, 8, 0), (0, len(late), 8 - len(late), 0)]  # round 1: only the clients not busy
     assert all(reason.endswith(LATE_STALE) for reason in summary["failed_clients"].values())
     weights = {c: (float(uploads[(1, c)].meta["num_samples"]), uploads[(1, c)]) for c in range(8) if c not in late}
     weights.update({c: (float(uploads[(0, c)].meta["num_samples"]) * 2 ** -0.7, uploads[(0, c)]) for c in late})
-    state = _state(cfg)
+    state = server_state(cfg)
     for key, value in state.items():
         acc, total = None, 0.0
         for c in sorted(weights):
@@ -209,9 +199,10 @@ def test_a_resumed_run_carries_its_late_updates_as_the_uninterrupted_one(tmp_pat
     with pytest.raises(KeyboardInterrupt):  # in round 1, after the server.pt that holds round 0's late updates
         Simulation(cfg=cut, loggers=[], callbacks=[StopAfterClients(9)]).run()
     Simulation(cfg=cut, loggers=[], resume=True).run()
-    a, b = _state(full), _state(cut)
+    a, b = server_state(full), server_state(cut)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert [r["arrived"] for r in _rows(full)] == [r["arrived"] for r in _rows(cut)] and int(_rows(full)[1]["arrived"])
+    arrived = [r["arrived"] for r in metrics_rows(full)]
+    assert arrived == [r["arrived"] for r in metrics_rows(cut)] and int(arrived[1])
 
 
 @pytest.mark.parametrize(("extra", "words"), [
@@ -231,10 +222,8 @@ def test_a_sigkilled_run_resumes_its_late_updates_to_the_uninterrupted_result(tm
     """SIGKILL once server.pt (holding the late updates in flight) exists: the resumed run aggregates them as the
     uninterrupted run does."""
     import os
-    import signal
     import subprocess
     import sys
-    import time
 
     from tests.conftest import REPO
 
@@ -248,16 +237,10 @@ def test_a_sigkilled_run_resumes_its_late_updates_to_the_uninterrupted_result(tm
             *extra]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
-    server, deadline = cut.run_dir / "checkpoints" / "server.pt", time.monotonic() + 300
-    while not server.exists():  # round 0 is done, its late updates in server.pt: the kill lands in a later round
-        assert proc.poll() is None, proc.stderr.read()[-3000:]
-        assert time.monotonic() < deadline, "round 0 did not finish in time"
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=60)
+    kill_after_round_0(proc, cut)  # round 0 is done, its late updates in server.pt: the kill lands in a later round
     assert not (cut.run_dir / "summary.json").exists()  # killed before the end
     Simulation(cfg=cut, loggers=[], resume=True).run()
-    a, b = _state(full), _state(cut)
+    a, b = server_state(full), server_state(cut)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert [r["arrived"] for r in _rows(full)] == [r["arrived"] for r in _rows(cut)]
-    assert sum(int(r["arrived"]) for r in _rows(full)) > 0
+    assert [r["arrived"] for r in metrics_rows(full)] == [r["arrived"] for r in metrics_rows(cut)]
+    assert sum(int(r["arrived"]) for r in metrics_rows(full)) > 0

@@ -15,6 +15,7 @@ from fl_lightning.federation.round_store import RoundStore
 from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.transport import Upload
 from tests.conftest import CONF, StopAfterClients, run_cli
+from tests.run_records import kill_after_round_0, server_state
 
 
 def _cfg(tmp_path, *extra):
@@ -27,16 +28,12 @@ def _comparable(summary):
     return {k: v for k, v in summary.items() if k not in ("wall_time_s", "world_size")}
 
 
-def _state(cfg):
-    return safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
-
-
 def test_run_folder_contract_and_determinism(tmp_path):
     a = Simulation(cfg=_cfg(tmp_path / "a"), loggers=[]).run()
     b = Simulation(cfg=_cfg(tmp_path / "b"), loggers=[]).run()
     assert _comparable(a) == _comparable(b)
-    for k, v in _state(_cfg(tmp_path / "a")).items():
-        assert torch.equal(v, _state(_cfg(tmp_path / "b"))[k])
+    for k, v in server_state(_cfg(tmp_path / "a")).items():
+        assert torch.equal(v, server_state(_cfg(tmp_path / "b"))[k])
     run = _cfg(tmp_path / "a").run_dir
     for name in ("config.yaml", "summary.json", "metrics.csv", "partition.csv", "partition.png", "checkpoints/server.pt"):
         assert (run / name).exists(), name
@@ -87,8 +84,8 @@ def test_resume_mid_round_equals_uninterrupted(tmp_path):
     assert records == ["client000000.pt", "client000001.pt", "plan.pt"]  # round 1: 2 of 4 clients done
     resumed = Simulation(cfg=cfg, loggers=[], resume=True).run()
     assert _comparable(resumed) == _comparable(full)
-    for k, v in _state(cfg).items():
-        assert torch.equal(v, _state(_cfg(tmp_path / "full"))[k])
+    for k, v in server_state(cfg).items():
+        assert torch.equal(v, server_state(_cfg(tmp_path / "full"))[k])
 
 
 @register("test_faulty")
@@ -144,7 +141,7 @@ def test_client_error_skip_records_failures_and_aggregates_rest(tmp_path):
     summary = Simulation(cfg=cfg, loggers=[]).run()
     assert set(summary["failed_clients"]) == {"1", "2"}
     assert "boom" in summary["failed_clients"]["1"] and "non-finite" in summary["failed_clients"]["2"]
-    assert all(torch.isfinite(v).all() for v in _state(cfg).values())
+    assert all(torch.isfinite(v).all() for v in server_state(cfg).values())
     assert summary["bytes_up"] == 2 * 2 * ((10 * 32 + 10) * 4 + 8)  # only the 2 healthy clients' uploads
 
 
@@ -192,8 +189,8 @@ def test_a_partition_written_by_one_run_reproduces_it_in_another(tmp_path):
                "--partition.seed", "7")
     b = Simulation(cfg=cfg, loggers=[]).run()
     assert _comparable(a) == {**_comparable(b), "alpha": 0.3}
-    for k, v in _state(_cfg(tmp_path / "a", "--partition.alpha", "0.3")).items():
-        assert torch.equal(v, _state(cfg)[k])
+    for k, v in server_state(_cfg(tmp_path / "a", "--partition.alpha", "0.3")).items():
+        assert torch.equal(v, server_state(cfg)[k])
 
 
 def test_a_partition_file_for_another_client_count_is_one_line(tmp_path):
@@ -213,10 +210,8 @@ def test_sigkill_in_a_short_round_resumes_to_the_uninterrupted_result(tmp_path):
     """The default keeps a short round's records in memory: a SIGKILL mid-round leaves no record and no plan
     of that round on disk, and the resumed run re-runs the round to the uninterrupted result."""
     import os
-    import signal
     import subprocess
     import sys
-    import time
 
     from tests.conftest import REPO
 
@@ -228,20 +223,13 @@ def test_sigkill_in_a_short_round_resumes_to_the_uninterrupted_result(tmp_path):
             *extra]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
-    server = cfg.run_dir / "checkpoints" / "server.pt"
-    deadline = time.monotonic() + 300
-    while not server.exists():  # round 0 is done: the kill lands in a later round
-        assert proc.poll() is None, proc.stderr.read()[-3000:]
-        assert time.monotonic() < deadline, "round 0 did not finish in time"
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=60)
+    kill_after_round_0(proc, cfg)
     assert not (cfg.run_dir / "summary.json").exists()  # killed before the end
     assert not list((cfg.run_dir / "checkpoints").glob("round*/*.pt"))  # the round's records were in memory
     resumed = Simulation(cfg=cfg, loggers=[], resume=True).run()
     assert _comparable(resumed) == _comparable(full)
-    for k, v in _state(cfg).items():
-        assert torch.equal(v, _state(_cfg(tmp_path / "full", *extra))[k])
+    for k, v in server_state(cfg).items():
+        assert torch.equal(v, server_state(_cfg(tmp_path / "full", *extra))[k])
 
 
 def test_a_timm_fedavg_run_imports_no_library_it_does_not_use():

@@ -9,7 +9,6 @@ import os
 import shutil
 from datetime import timedelta
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ from fl_lightning.federation.collectives import Ranks, RankStopped
 from fl_lightning.synthesis import store
 from fl_lightning.synthesis.store import STORE_DIR, build_stores, split_transform
 from tests.gloo_ranks import report, run_ranks
+from tests.run_records import GlooFabric
 from tests.synthesis.test_store import _folder, _transforms
 
 pytestmark = pytest.mark.slow  # two spawned processes per case: in CI's every-file pass, not the plain suite
@@ -31,23 +31,11 @@ def _heads():
     return [split_transform(train).head, split_transform(val).head]  # the generated size, and 32 px
 
 
-class _Fabric(SimpleNamespace):
-    """What the collectives use of a launched Fabric, on a plain gloo group."""
-
-    def __init__(self, rank: int, world: int) -> None:
-        super().__init__(global_rank=rank, world_size=world, device=torch.device("cpu"))
-
-    def broadcast(self, obj, src=0):  # as lightning's DDPStrategy.broadcast
-        box = [obj]
-        dist.broadcast_object_list(box, src)
-        return box[0]
-
-
 def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
-    ranks = Ranks(_Fabric(rank, world), 60.0)
+    ranks = Ranks(GlooFabric(rank, world), 60.0)
     decoded: list[str] = []
     real_decode = store._decode
     store._decode = lambda path: (decoded.append(path.name), real_decode(path))[1]
