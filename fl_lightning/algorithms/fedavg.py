@@ -75,6 +75,7 @@ class FedAvg(Algorithm):
         return weights_only(cfg)
     true_precision = "its head trains on the frozen backbone's float32 feature table"
     shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
+    federated_evaluation = True  # the global model through common.py: the clients' test rows too
 
     def build(self, fabric: Fabric) -> None:
         self.backbone = held_backbone(self.cfg, fabric)  # CUDA + mixed: in bf16/fp16

@@ -152,6 +152,11 @@ class PartitionConfig:
     # flower: the seed of FederatedDataset(shuffle=True, seed=...)'s shuffle before partitioning (Flower's default:
     # 42); null: no shuffle (FederatedDataset(shuffle=False))
     flower_shuffle_seed: int | None = None
+    # > 0: every client keeps this fraction of its rows as its own test set, cut as Hugging Face's
+    # train_test_split(test_size=..., seed=client_test_seed) cuts a Flower partition (data/client_test.py), and the
+    # global model is also evaluated on them: fed_test_acc & co. in metrics.csv (Flower's federated evaluation)
+    client_test_fraction: float = 0.0
+    client_test_seed: int | None = None  # null: 42 (Flower's tutorials) under convention flower, else partition.seed
 
     def __post_init__(self) -> None:
         check(self.scheme != "natural" or bool(self.by), "by", self.by,
@@ -179,6 +184,12 @@ class PartitionConfig:
               "unset unless partition.convention is 'flower' (Flower's ShardPartitioner; ours deals near-equal "
               "shards of the whole split)")
         check(self.classes_per_client >= 1, "classes_per_client", self.classes_per_client, "an int >= 1")
+        check(0.0 <= self.client_test_fraction < 1.0, "client_test_fraction", self.client_test_fraction,
+              "a float in [0, 1) (0: no client test sets)")
+        if self.client_test_seed is not None:
+            _check_seed("client_test_seed", self.client_test_seed)
+            check(self.client_test_fraction > 0, "client_test_seed", self.client_test_seed,
+                  "null unless partition.client_test_fraction > 0")
 
 
 @dataclass

@@ -96,7 +96,7 @@ from fl_lightning.federation.server_optimizer import ServerOptimizer
 from fl_lightning.federation.shared_folder import check_shared_run_folder
 from fl_lightning.federation.transport import Upload, check_upload
 
-__all__ = ["Simulation", "hf_source", "partition_for"]
+__all__ = ["Simulation", "hf_source", "partition_for", "client_test_split", "check_client_test"]
 
 _PARTITION_KEYS = ("num_clients", "alpha", "min_samples", "shards_per_client", "shard_size", "classes_per_client")
 
@@ -135,6 +135,43 @@ def partition_for(cfg: RunConfig, targets: np.ndarray,
         if err.argument not in _PARTITION_KEYS:
             raise
         raise ConfigError(f"partition.{err.argument}", err.value, err.allowed) from None
+
+
+def client_test_split(cfg: RunConfig, partition: list[np.ndarray],
+                      num_rows: int) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """The clients' (training rows, own test rows) of a training split of ``num_rows`` rows under
+    ``partition.client_test_fraction`` (data/client_test.py): ``(partition, None)`` at 0. The seed is
+    ``client_test_seed``, or 42 (Flower's tutorials) under convention flower, else ``partition.seed``; under
+    convention flower a partition's rows are taken in the preshuffled order."""
+    from fl_lightning.data.client_test import split_clients
+    from fl_lightning.data.flower_partition import flower_preshuffle
+
+    p = cfg.partition
+    if p.client_test_fraction == 0:
+        return partition, None
+    seed = p.client_test_seed if p.client_test_seed is not None else 42 if p.convention == "flower" else p.seed
+    flower_shuffled = p.convention == "flower" and p.flower_shuffle_seed is not None
+    order = flower_preshuffle(num_rows, p.flower_shuffle_seed) if flower_shuffled else None
+    try:
+        return split_clients(partition, p.client_test_fraction, seed, order)
+    except ValueError as err:
+        raise UsageError(f"config error: partition.client_test_fraction: {err}") from None
+
+
+def check_client_test(cfg: RunConfig, algorithm: type[Algorithm] | Algorithm) -> None:
+    """``partition.client_test_fraction`` > 0 only for a method whose evaluation goes through the shared helpers
+    with the global model (``Algorithm.federated_evaluation``) and reads the training split unaugmented (the
+    clients' test rows are read through the training split's transform); one line otherwise."""
+    if cfg.partition.client_test_fraction == 0:
+        return
+    if not algorithm.federated_evaluation:
+        raise ConfigError("partition.client_test_fraction", cfg.partition.client_test_fraction,
+                          f"0 for {cfg.algorithm} (federated evaluation on the clients' test rows: fedavg, fedprox, "
+                          "scaffold, feddyn, fedavg_cnn, fedavg_prompts)")
+    if isinstance(algorithm, Algorithm) and algorithm.augment:
+        raise ConfigError("partition.client_test_fraction", cfg.partition.client_test_fraction,
+                          f"0 while {cfg.algorithm} augments its training split (the clients' test rows are read "
+                          "through its transform)")
 
 
 def _pathological(cfg: RunConfig, targets: np.ndarray) -> list[np.ndarray]:
@@ -264,6 +301,7 @@ class Simulation:
         check_privacy_coverage(cfg, ALGORITHMS[cfg.algorithm])  # no ε for what the mechanism would not protect
         check_averaging_settings(cfg, ALGORITHMS[cfg.algorithm])  # FedAdam, Krum, attacks: where the state is a mean
         check_client_behaviour(cfg)  # availability / dropout: not beside privacy or a robust aggregator
+        check_client_test(cfg, ALGORITHMS[cfg.algorithm])  # federated evaluation: the methods that have it
         ALGORITHMS[cfg.algorithm].preflight(cfg)  # fail in seconds, before Fabric prints or launches anything
         self.launcher = check_launcher(cfg.federation.devices, cfg.federation.num_nodes)
         self.cfg, self.resume = cfg, resume
@@ -306,6 +344,8 @@ class Simulation:
         if any(budgets.values()) and is_deterministic(test_transform):
             splits.test = PreprocessedSplit(splits.test, **budgets)
         partition = partition_for(cfg, splits.train_targets, splits.train_column)
+        check_client_test(cfg, algorithm)  # built: its augment is known
+        partition, client_test = client_test_split(cfg, partition, len(splits.train_targets))
         if cfg.partition.scheme == "natural" and fabric.global_rank == 0:  # never silent: grouped or one client
             note = natural_grouping_note(splits.train_column(cfg.partition.by), cfg.partition.num_clients,
                                          cfg.partition.by)
@@ -314,7 +354,8 @@ class Simulation:
         privacy = FederationPrivacy.of(cfg, algorithm.num_rounds, [len(p) for p in partition])
         env = Environment(fabric, cfg, splits, partition, self.run_dir, privacy,
                           one_train_loader=is_deterministic(train_transform),
-                          label_maps=self._attack.label_maps(len(splits.classes)) if self._attack is not None else {})
+                          label_maps=self._attack.label_maps(len(splits.classes)) if self._attack is not None else {},
+                          client_test=client_test)
         algorithm.setup(env)
         return algorithm, env
 
@@ -410,7 +451,12 @@ class Simulation:
         extra = {"path": cfg.data.path, "by": p.by, "convention": None if p.convention == "fl_lightning" else
                  p.convention, "flower_shuffle_seed": p.flower_shuffle_seed}
         meta.update({k: v for k, v in extra.items() if v is not None})  # only what is set: older files unchanged
-        write_partition_json(env.partition, self.run_dir / "partition.json", meta=meta,  # reusable: scheme file
+        if env.client_test is not None:  # the file holds the whole partition; the local split is made again from it
+            meta.update({"client_test_fraction": p.client_test_fraction, **({} if p.client_test_seed is None else
+                         {"client_test_seed": p.client_test_seed})})
+        whole = env.partition if env.client_test is None else [np.union1d(a, b) for a, b in
+                                                                zip(env.partition, env.client_test)]
+        write_partition_json(whole, self.run_dir / "partition.json", meta=meta,  # reusable: scheme file
                              num_samples=len(env.splits.train_targets))  # Flower's shards may leave rows out
         return counts
 
