@@ -37,9 +37,9 @@ import torch
 from lightning.fabric import Fabric, seed_everything
 from lightning.fabric.strategies import STRATEGY_REGISTRY, DDPStrategy, Strategy
 
-from fl_lightning.config import DataConfig, RunConfig
+from fl_lightning.config import RunConfig
 from fl_lightning.config.loading import dump_config
-from fl_lightning.data.hf import HFSource
+from fl_lightning.data.hf import hf_source
 from fl_lightning.data.partition import (
     PartitionArgumentError,
     client_class_counts,
@@ -82,6 +82,7 @@ from fl_lightning.federation.ddp_strategy import FederatedDDPStrategy
 from fl_lightning.federation.launch import check_launcher
 from fl_lightning.federation.liveness import watching
 from fl_lightning.federation.local_training import local_work
+from fl_lightning.federation.num_clients import resolve_num_clients
 from fl_lightning.federation.numerics import torch_numerics
 from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients, seed_torch
 from fl_lightning.federation.precision import check_precision
@@ -122,7 +123,7 @@ def partition_for(cfg: RunConfig, targets: np.ndarray,
         if p.convention == "flower":
             return _flower_partition(cfg, targets, groups)
         if p.scheme == "natural":
-            return natural_partition(groups, p.num_clients)
+            return natural_partition(groups, _natural_count(groups, p.num_clients))
         if p.scheme == "iid" or math.isinf(p.alpha) and p.scheme == "dirichlet":
             return iid_partition(len(targets), p.num_clients, seed=p.seed)
         if p.scheme == "shards":
@@ -135,6 +136,11 @@ def partition_for(cfg: RunConfig, targets: np.ndarray,
         if err.argument not in _PARTITION_KEYS:
             raise
         raise ConfigError(f"partition.{err.argument}", err.value, err.allowed) from None
+
+
+def _natural_count(groups: np.ndarray, num_clients: int | None) -> int:
+    """A natural partition's K: ``num_clients``, or one client per value when null (an unresolved config)."""
+    return int(np.unique(groups).size) if num_clients is None else num_clients
 
 
 def client_test_split(cfg: RunConfig, partition: list[np.ndarray],
@@ -189,13 +195,6 @@ def _pathological(cfg: RunConfig, targets: np.ndarray) -> list[np.ndarray]:
         raise UsageError(f"config error: partition (pathological): {err}") from None
 
 
-def hf_source(data: DataConfig) -> HFSource:
-    """The ``data.*`` keys a Hugging Face data set reads (``data.name: hf``)."""
-    return HFSource(path=data.path, train_split=data.train_split, test_split=data.test_split,
-                    image_column=data.image_column, label_column=data.label_column, revision=data.revision,
-                    cache_dir=data.cache_dir)
-
-
 def _flower_partition(cfg: RunConfig, targets: np.ndarray, groups: np.ndarray | None) -> list[np.ndarray]:
     """flwr-datasets' partition of the (optionally FederatedDataset-shuffled) training split, in our row indices."""
     from fl_lightning.data.flower_partition import (
@@ -210,7 +209,7 @@ def _flower_partition(cfg: RunConfig, targets: np.ndarray, groups: np.ndarray | 
     order = None if p.flower_shuffle_seed is None else flower_preshuffle(n, p.flower_shuffle_seed)
     shuffled = (lambda values: values) if order is None else (lambda values: values[order])  # noqa: E731
     if p.scheme == "natural":
-        parts = natural_partition(shuffled(groups), p.num_clients)
+        parts = natural_partition(shuffled(groups), _natural_count(groups, p.num_clients))
     elif p.scheme == "iid":
         parts = flower_iid_partition(n, p.num_clients)
     else:
@@ -297,6 +296,7 @@ class Simulation:
                  loggers: Sequence[object] | None = None) -> None:
         from fl_lightning.callbacks import default_callbacks, default_loggers
 
+        cfg = resolve_num_clients(cfg)  # natural, num_clients null: one client per value, before anything reads it
         check_precision(cfg, ALGORITHMS[cfg.algorithm])  # a *-true precision the method cannot run in
         check_privacy_coverage(cfg, ALGORITHMS[cfg.algorithm])  # no ε for what the mechanism would not protect
         check_averaging_settings(cfg, ALGORITHMS[cfg.algorithm])  # FedAdam, Krum, attacks: where the state is a mean
