@@ -4,7 +4,8 @@
 Flower's federated evaluation gives every client a local test set: ``partition = fds.load_partition(k)`` then
 ``partition.train_test_split(test_size=t, seed=s)`` (Flower's tutorials: ``seed=42``); each client trains on
 ``["train"]`` and evaluates the global model on ``["test"]``. :func:`hf_train_test_split` reproduces the rows that
-call picks (``datasets`` 2.x–5.x, ``shuffle=True``, no ``stratify_by_column``, ``test_size`` a float):
+call picks (checked against ``datasets`` 5.2's source and output; ``shuffle=True``, no ``stratify_by_column``,
+``test_size`` a float):
 
 * ``n_test = ceil(t · n)`` in Python float arithmetic (so 0.07 · 100 = 7.000000000000001 gives 8, as HF does),
   ``n_train = n − n_test``; ``n_train == 0`` is refused, as HF refuses it (a client of one row has no train rows);
@@ -12,12 +13,12 @@ call picks (``datasets`` 2.x–5.x, ``shuffle=True``, no ``stratify_by_column``,
   ``perm[n_test:]`` (positions in the partition's row order).
 
 :func:`split_clients` applies it to every client with the same seed (each client calls ``train_test_split`` with
-the same ``seed`` in Flower's client code). Departures: each client's train and test rows come back sorted (our
-loaders shuffle every epoch; the evaluation does not depend on order); the rows are those of the partition's order
-given here — ascending row index, which is Flower's own order for ``IidPartitioner`` and ``NaturalIdPartitioner``
-on an unshuffled split, and the preshuffled order when ``order`` is given (:func:`flower_row_order`). Flower's
-``DirichletPartitioner``/``ShardPartitioner``/``PathologicalPartitioner`` also shuffle inside each partition with
-their own rng, which is not reproduced: there the test sets have Flower's sizes but not Flower's rows.
+the same ``seed`` in Flower's client code), to the rows in the order its partition holds them: under
+``partition.convention: flower`` the order ``load_partition`` returns (``partition_for(row_order=True)``: after
+``FederatedDataset``'s preshuffle, and after the in-partition shuffle Flower's Dirichlet, shard and pathological
+partitioners make with their own generator, ``shuffle=True`` being their default); under ``fl_lightning`` ascending
+row ids. Departure: each client's train and test rows come back sorted (our loaders shuffle every epoch; the
+evaluation does not depend on the order).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["hf_test_size", "hf_train_test_split", "split_clients", "flower_row_order"]
+__all__ = ["hf_test_size", "hf_train_test_split", "split_clients"]
 
 
 def hf_test_size(num_rows: int, test_fraction: float) -> int:
@@ -53,27 +54,15 @@ def hf_train_test_split(rows: np.ndarray, test_fraction: float, seed: int) -> tu
     return np.sort(rows[perm[n_test:]]), np.sort(rows[perm[:n_test]])
 
 
-def flower_row_order(part: np.ndarray, order: np.ndarray | None) -> np.ndarray:
-    """A client's rows (sorted ids of our split) in the order Flower's partition holds them: ascending position in
-    ``FederatedDataset``'s preshuffled split (``order[i]`` is the id at position i), or as given without a shuffle."""
-    part = np.asarray(part, dtype=np.int64)
-    if order is None:
-        return part
-    position = np.empty(len(order), dtype=np.int64)
-    position[order] = np.arange(len(order))
-    return part[np.argsort(position[part], kind="stable")]
-
-
-def split_clients(partition: Sequence[np.ndarray], test_fraction: float, seed: int,
-                  order: np.ndarray | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def split_clients(partition: Sequence[np.ndarray], test_fraction: float,
+                  seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Every client's (train rows, test rows) by :func:`hf_train_test_split` with the one ``seed``.
 
     Args:
-        partition: the clients' row ids (each sorted).
+        partition: the clients' row ids, each in its partition's row order (Flower's: ``partition_for(...,
+            row_order=True)``).
         test_fraction: ``test_size``, in (0, 1).
         seed: ``train_test_split``'s seed (the same for every client, as in Flower's client code).
-        order: ``FederatedDataset``'s preshuffle (:func:`~fl_lightning.data.flower_partition.flower_preshuffle`),
-            whose positions give the row order of a Flower partition; None: ascending row ids.
 
     Raises:
         ValueError: a client too small to keep a training row (the message names it).
@@ -81,7 +70,7 @@ def split_clients(partition: Sequence[np.ndarray], test_fraction: float, seed: i
     train, test = [], []
     for k, part in enumerate(partition):
         try:
-            a, b = hf_train_test_split(flower_row_order(part, order), test_fraction, seed)
+            a, b = hf_train_test_split(part, test_fraction, seed)
         except ValueError as err:
             raise ValueError(f"client {k}: {err}") from None
         train.append(a)

@@ -102,9 +102,10 @@ __all__ = ["Simulation", "hf_source", "partition_for", "client_test_split", "che
 _PARTITION_KEYS = ("num_clients", "alpha", "min_samples", "shards_per_client", "shard_size", "classes_per_client")
 
 
-def partition_for(cfg: RunConfig, targets: np.ndarray,
-                  column: Callable[[str], np.ndarray] | None = None) -> list[np.ndarray]:
-    """The clients' sample indices under ``cfg.partition`` (a bad value is a one-line config error).
+def partition_for(cfg: RunConfig, targets: np.ndarray, column: Callable[[str], np.ndarray] | None = None, *,
+                  row_order: bool = False) -> list[np.ndarray]:
+    """The clients' sample indices under ``cfg.partition`` (a bad value is a one-line config error), each sorted;
+    with ``row_order`` under ``convention: flower``, each in the order Flower's ``load_partition`` returns them.
 
     ``column`` reads a training-split column by name (``DatasetSplits.train_column``): the natural scheme's
     ``partition.by``. ``convention: flower`` makes dirichlet / iid / natural as flwr-datasets does
@@ -121,7 +122,7 @@ def partition_for(cfg: RunConfig, targets: np.ndarray,
         groups = column(p.by)
     try:
         if p.convention == "flower":
-            return _flower_partition(cfg, targets, groups)
+            return _flower_partition(cfg, targets, groups, row_order)
         if p.scheme == "natural":
             return natural_partition(groups, _natural_count(groups, p.num_clients))
         if p.scheme == "iid" or math.isinf(p.alpha) and p.scheme == "dirichlet":
@@ -143,23 +144,22 @@ def _natural_count(groups: np.ndarray, num_clients: int | None) -> int:
     return int(np.unique(groups).size) if num_clients is None else num_clients
 
 
-def client_test_split(cfg: RunConfig, partition: list[np.ndarray],
-                      num_rows: int) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
-    """The clients' (training rows, own test rows) of a training split of ``num_rows`` rows under
-    ``partition.client_test_fraction`` (data/client_test.py): ``(partition, None)`` at 0. The seed is
-    ``client_test_seed``, or 42 (Flower's tutorials) under convention flower, else ``partition.seed``; under
-    convention flower a partition's rows are taken in the preshuffled order."""
+def client_test_split(cfg: RunConfig, partition: list[np.ndarray], targets: np.ndarray,
+                      column: Callable[[str], np.ndarray] | None = None) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """The clients' (training rows, own test rows) of ``partition`` (``partition_for``'s, of the training split
+    whose labels are ``targets``) under ``partition.client_test_fraction`` (data/client_test.py): ``(partition,
+    None)`` at 0. The seed is ``client_test_seed``, or 42 (Flower's tutorials) under convention flower, else
+    ``partition.seed``. Under convention flower each partition is cut in the row order Flower's ``load_partition``
+    gives it (``partition_for(row_order=True)``, computed again here); else in ascending row order."""
     from fl_lightning.data.client_test import split_clients
-    from fl_lightning.data.flower_partition import flower_preshuffle
 
     p = cfg.partition
     if p.client_test_fraction == 0:
         return partition, None
     seed = p.client_test_seed if p.client_test_seed is not None else 42 if p.convention == "flower" else p.seed
-    flower_shuffled = p.convention == "flower" and p.flower_shuffle_seed is not None
-    order = flower_preshuffle(num_rows, p.flower_shuffle_seed) if flower_shuffled else None
+    ordered = partition_for(cfg, targets, column, row_order=True) if p.convention == "flower" else partition
     try:
-        return split_clients(partition, p.client_test_fraction, seed, order)
+        return split_clients(ordered, p.client_test_fraction, seed)
     except ValueError as err:
         raise UsageError(f"config error: partition.client_test_fraction: {err}") from None
 
@@ -180,7 +180,7 @@ def check_client_test(cfg: RunConfig, algorithm: type[Algorithm] | Algorithm) ->
                           "through its transform)")
 
 
-def _pathological(cfg: RunConfig, targets: np.ndarray) -> list[np.ndarray]:
+def _pathological(cfg: RunConfig, targets: np.ndarray, row_order: bool = False) -> list[np.ndarray]:
     """``partition.scheme: pathological``: flwr-datasets' PathologicalPartitioner by the labels (either convention);
     its refusals are one line."""
     from fl_lightning.data.flower_partition import flower_pathological_partition
@@ -188,15 +188,17 @@ def _pathological(cfg: RunConfig, targets: np.ndarray) -> list[np.ndarray]:
     p = cfg.partition
     try:
         return flower_pathological_partition(targets, p.num_clients, p.classes_per_client, seed=p.seed,
-                                             class_assignment=p.class_assignment)
+                                             class_assignment=p.class_assignment, row_order=row_order)
     except ValueError as err:
         if isinstance(err, PartitionArgumentError):
             raise
         raise UsageError(f"config error: partition (pathological): {err}") from None
 
 
-def _flower_partition(cfg: RunConfig, targets: np.ndarray, groups: np.ndarray | None) -> list[np.ndarray]:
-    """flwr-datasets' partition of the (optionally FederatedDataset-shuffled) training split, in our row indices."""
+def _flower_partition(cfg: RunConfig, targets: np.ndarray, groups: np.ndarray | None,
+                      row_order: bool = False) -> list[np.ndarray]:
+    """flwr-datasets' partition of the (optionally FederatedDataset-shuffled) training split, in our row indices
+    (each sorted; ``row_order``: in Flower's order within each partition)."""
     from fl_lightning.data.flower_partition import (
         flower_dirichlet_partition,
         flower_iid_partition,
@@ -216,17 +218,21 @@ def _flower_partition(cfg: RunConfig, targets: np.ndarray, groups: np.ndarray | 
         try:
             if p.scheme == "shards":
                 parts = flower_shard_partition(shuffled(targets), p.num_clients, p.shards_per_client, seed=p.seed,
-                                               shard_size=p.shard_size, keep_incomplete_shard=p.keep_incomplete_shard)
+                                               shard_size=p.shard_size, keep_incomplete_shard=p.keep_incomplete_shard,
+                                               row_order=row_order)
             elif p.scheme == "pathological":
-                parts = _pathological(cfg, shuffled(targets))
+                parts = _pathological(cfg, shuffled(targets), row_order)
             else:
                 parts = flower_dirichlet_partition(shuffled(targets), p.num_clients, p.alpha, seed=p.seed,
-                                                   min_partition_size=p.min_samples, self_balancing=p.balance)
+                                                   min_partition_size=p.min_samples, self_balancing=p.balance,
+                                                   row_order=row_order)
         except ValueError as err:
             if isinstance(err, PartitionArgumentError):
                 raise
             raise UsageError(f"config error: partition (convention flower): {err}") from None
-    return parts if order is None else [np.sort(order[part]) for part in parts]
+    if order is None:
+        return parts
+    return [order[part] if row_order else np.sort(order[part]) for part in parts]
 
 
 def _partition_from_file(path: Path, num_samples: int, num_clients: int) -> list[np.ndarray]:
@@ -345,7 +351,7 @@ class Simulation:
             splits.test = PreprocessedSplit(splits.test, **budgets)
         partition = partition_for(cfg, splits.train_targets, splits.train_column)
         check_client_test(cfg, algorithm)  # built: its augment is known
-        partition, client_test = client_test_split(cfg, partition, len(splits.train_targets))
+        partition, client_test = client_test_split(cfg, partition, splits.train_targets, splits.train_column)
         if cfg.partition.scheme == "natural" and fabric.global_rank == 0:  # never silent: grouped or one client
             note = natural_grouping_note(splits.train_column(cfg.partition.by), cfg.partition.num_clients,
                                          cfg.partition.by)

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 from fl_lightning.config.loading import load_config
-from fl_lightning.data.client_test import flower_row_order, hf_test_size, hf_train_test_split, split_clients
-from fl_lightning.data.flower_partition import flower_preshuffle
+from fl_lightning.data.client_test import hf_test_size, hf_train_test_split, split_clients
 from fl_lightning.errors import ConfigError, UsageError
 from fl_lightning.federation.simulation import client_test_split, partition_for
 from tests.conftest import CONF
@@ -56,18 +55,15 @@ def test_the_split_is_the_permutations_head_in_the_partitions_order():
     assert hf_train_test_split(np.sort(rows), 0.3, 9)[1].tolist() != test.tolist()  # the order matters (this seed)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c["partitioner"] in ("iid", "natural_id")],
-                         ids=lambda c: f"{c['partitioner']}-{c['data']}-shuffle={c['shuffle_seed']}")
-def test_flowers_row_order_of_iid_and_natural_partitions(case):
-    """Our sorted partition in the preshuffled order is the order flwr-datasets' load_partition returns."""
-    n = len(FIXTURE["data"][case["data"]]["label"])
-    order = None if case["shuffle_seed"] is None else flower_preshuffle(n, case["shuffle_seed"])
-    for part in case["partitions"]:
-        assert flower_row_order(np.sort(part), order).tolist() == part
-    train, test = split_clients([np.sort(p) for p in case["partitions"]], 0.2, 42, order)
-    for part, a, b in zip(case["partitions"], train, test):  # = partition.train_test_split(0.2, seed=42) in Flower
-        ref_train, ref_test = hf_train_test_split(np.asarray(part), 0.2, 42)
-        assert a.tolist() == ref_train.tolist() and b.tolist() == ref_test.tolist()
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['partitioner']}-{c['data']}-shuffle={c['shuffle_seed']}")
+def test_the_clients_test_rows_are_flowers_train_test_split_of_flowers_partitions(case):
+    """Each fixture partition as load_partition returned it, cut by train_test_split(0.2, seed=42): what
+    partition.client_test_fraction 0.2 under convention flower gives each client (partition_for's row order is
+    tested against the same fixture in test_flower_partition.py)."""
+    train, test = split_clients([np.asarray(p) for p in case["partitions"]], 0.2, 42)
+    for part, a, b in zip(case["partitions"], train, test):
+        ref_train, ref_test = _hf_rows(np.asarray(part), 0.2, 42)
+        assert (a.tolist(), b.tolist()) == (ref_train, ref_test)
 
 
 def test_every_client_is_cut_and_nothing_is_lost():
@@ -88,15 +84,19 @@ def test_the_config_key_cuts_the_partition_with_its_seed():
     cfg = _cfg("--partition.client_test_fraction", "0.2")
     targets = np.random.default_rng(0).integers(0, 10, size=400)
     whole = partition_for(cfg, targets)
-    train, test = client_test_split(cfg, whole, len(targets))
+    train, test = client_test_split(cfg, whole, targets)
     assert [t.tolist() for t in test] == [hf_train_test_split(p, 0.2, cfg.partition.seed)[1].tolist() for p in whole]
-    assert client_test_split(_cfg(), whole, len(targets)) == (whole, None)  # 0: the partition as it is
-    flower = _cfg("--partition.client_test_fraction", "0.2", "--partition.convention", "flower", "--partition.scheme",
-                  "iid", "--partition.flower_shuffle_seed", "42")
+    assert all(np.array_equal(np.union1d(a, b), p) for a, b, p in zip(train, test, whole))
+    assert client_test_split(_cfg(), whole, targets) == (whole, None)  # 0: the partition as it is
+    flower = _cfg("--partition.client_test_fraction", "0.2", "--partition.convention", "flower",
+                  "--partition.flower_shuffle_seed", "42", "--partition.alpha", "0.5")
     parts = partition_for(flower, targets)
-    order = flower_preshuffle(400, 42)
-    assert [t.tolist() for t in client_test_split(flower, parts, 400)[1]] == [
-        hf_train_test_split(flower_row_order(p, order), 0.2, 42)[1].tolist() for p in parts]  # seed 42 by default
+    ordered = partition_for(flower, targets, row_order=True)  # Flower's rows in Flower's order
+    assert [np.sort(p).tolist() for p in ordered] == [p.tolist() for p in parts]
+    assert [t.tolist() for t in client_test_split(flower, parts, targets)[1]] == [
+        hf_train_test_split(p, 0.2, 42)[1].tolist() for p in ordered]  # seed 42 by default under flower
+    assert [t.tolist() for t in client_test_split(flower, parts, targets)[1]] != [
+        hf_train_test_split(p, 0.2, 42)[1].tolist() for p in parts]  # the order matters
 
 
 def test_config_errors_of_client_test_sets():
@@ -106,4 +106,4 @@ def test_config_errors_of_client_test_sets():
         _cfg("--partition.client_test_seed", "3")  # without a fraction: nothing to seed
     cfg = _cfg("--partition.client_test_fraction", "0.5", "--partition.num_clients", "4")
     with pytest.raises(UsageError, match="partition.client_test_fraction: client 0: a client of 1 row"):
-        client_test_split(cfg, [np.array([0]), np.arange(1, 5)], 5)
+        client_test_split(cfg, [np.array([0]), np.arange(1, 5)], np.zeros(5, dtype=np.int64))
