@@ -821,6 +821,8 @@ class Simulation:
             "bytes_up_per_client": run.bytes_up / max(cfg.partition.num_clients, 1),
             "wall_time_s": run.wall_time_s, "world_size": self.fabric.world_size,
             "failed_clients": run.failed_clients, "per_class_accuracy": run.per_class_accuracy,
+            # partition.client_test_fraction: the last federated evaluation on the clients' own test rows
+            **{k: v for k, v in last.items() if k.startswith("fed_test_")},
             **algorithm.summary_extras(run.state),
             **(self._privacy.summary(len(run.rows)) if self._privacy is not None else {}),
         }

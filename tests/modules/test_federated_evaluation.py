@@ -87,10 +87,10 @@ def test_the_shared_evaluations_add_the_clients_test_rows():
 def test_a_fedavg_run_logs_federated_evaluation_and_keeps_the_whole_partition(tmp_path):
     cfg = load_config(str(CONF / "fedavg_digits_tiny.yaml"), ["--output_dir", str(tmp_path), "--federation.rounds", "1",
                                                              "--partition.client_test_fraction", "0.2"])
-    Simulation(cfg=cfg, loggers=[]).run()
+    summary = Simulation(cfg=cfg, loggers=[]).run()
     rows = list(csv.DictReader((cfg.run_dir / "metrics.csv").open()))
     acc, worst, low = (float(rows[-1][k]) for k in ("fed_test_acc", "fed_test_acc_worst10", "fed_test_acc_min"))
-    assert 0 <= low <= worst <= acc <= 1
+    assert 0 <= low <= worst <= acc <= 1 and summary["fed_test_acc"] == acc
     meta = json.loads((cfg.run_dir / "partition.json").read_text())
     assert meta["meta"]["client_test_fraction"] == 0.2
     whole = read_partition_json(cfg.run_dir / "partition.json", 1437)  # the digits' training rows, every one
