@@ -17,7 +17,7 @@ from fl_lightning.config.loading import load_config
 from fl_lightning.data.loader import LoaderSettings
 from fl_lightning.data.partition import read_partition_json
 from fl_lightning.errors import ConfigError
-from fl_lightning.federation.algorithm import Environment
+from fl_lightning.federation.algorithm import ALGORITHMS, Environment
 from fl_lightning.federation.simulation import Simulation, check_client_test
 from fl_lightning.modules.federated_evaluation import federated_scores, row_outcomes
 from tests.conftest import CONF
@@ -105,3 +105,6 @@ def test_methods_without_federated_evaluation_refuse_the_key_in_one_line():
                                                                  "--fedavg_cnn.augment", "true"])
     with pytest.raises(ConfigError, match="augments its training split"):
         check_client_test(cfg, FedAvgCNN(cfg=cfg))
+    cfg = load_config(str(CONF / "dense_digits_tiny.yaml"), ["--partition.client_test_fraction", "0.2"])
+    with pytest.raises(ConfigError, match="0 for dense"):  # a subclass of fedavg_cnn, not covered
+        check_client_test(cfg, ALGORITHMS["dense"])
