@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
@@ -16,15 +17,16 @@ from fl_lightning.federation.precision import convert_input, hold_trunk
 from fl_lightning.models.backbones import BackboneArgumentError, ViTBackbone, build_feature_backbone
 from fl_lightning.models.cnn_backbone import CNNBackbone
 from fl_lightning.modules.evaluation import eval_counts, evaluate_classifier, scores
+from fl_lightning.modules.federated_evaluation import federated_scores, row_outcomes
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from fl_lightning.config import RunConfig
     from fl_lightning.federation.algorithm import Algorithm, Environment
 
 __all__ = ["FrozenFeatures", "frozen_backbone", "held_backbone", "evaluate_on_test", "evaluate_on_test_features",
-           "feature_cache_folder", "client_feature_batches", "require_vit", "rank_rows", "splits_work"]
+           "federated_test", "feature_cache_folder", "client_feature_batches", "require_vit", "rank_rows", "splits_work"]
 
 
 def frozen_backbone(cfg: RunConfig) -> ViTBackbone | CNNBackbone:
@@ -77,10 +79,23 @@ def evaluate_on_test(env: Environment, logits_fn: Callable[[Tensor], Tensor], *,
         def mine() -> Any:
             loader = env.loader(_my_rows(env, env.splits.test, env.cfg.data.batch_size), shuffle=False)
             return eval_counts(fn, loader, num_classes=env.num_classes, device=env.fabric.device)
-        return scores(gathered(env.fabric, mine, what="the test split's evaluation",
-                               timeout_s=env.cfg.federation.collective_timeout_s))
-    loader: DataLoader = env.loader(env.splits.test, shuffle=False)
-    return evaluate_classifier(fn, loader, num_classes=env.num_classes, device=env.fabric.device)
+        metrics = scores(gathered(env.fabric, mine, what="the test split's evaluation",
+                                  timeout_s=env.cfg.federation.collective_timeout_s))
+    else:
+        loader: DataLoader = env.loader(env.splits.test, shuffle=False)
+        metrics = evaluate_classifier(fn, loader, num_classes=env.num_classes, device=env.fabric.device)
+    if env.client_test is None or not split:  # split=False: not the global model (a client's, of a set dealt out)
+        return metrics
+    rows = Subset(env.splits.train, np.concatenate(env.client_test).tolist())  # read as the clients' rows are
+    return metrics | federated_test(env, fn, env.loader(rows, shuffle=False))
+
+
+def federated_test(env: Environment, fn: Callable[[Tensor], Tensor], batches: Iterable[tuple[Tensor, Tensor]]) -> dict:
+    """Flower's federated evaluation of ``fn`` on every client's own test rows (``env.client_test``), ``batches``
+    reading them client after client: ``fed_test_acc`` & co. (:func:`~fl_lightning.modules.federated_evaluation.
+    federated_scores`). On several ranks in a shared phase each rank evaluates them all (rank 0's row is kept)."""
+    hits, losses = row_outcomes(fn, batches, device=env.fabric.device)
+    return federated_scores(hits, losses, [len(rows) for rows in env.client_test])
 
 
 def splits_work(env: Environment) -> bool:
@@ -146,6 +161,7 @@ class FrozenFeatures:
         self.weights = state_dict_digest(backbone)
         self.cache = FeatureCache(feature_cache_folder(algorithm.env.cfg))
         self._test: Tensor | None = None
+        self._train: Tensor | None = None  # the training split's table, kept when the clients have test rows
 
     def key(self, split: Literal["train", "test"]) -> str:
         """The table's key: the weights, the module, the transform, the data set and split, the batching, the GPU."""
@@ -197,8 +213,12 @@ class FrozenFeatures:
                                   normalize_on_device=env.loader_settings().normalize_on_device)
 
         if fabric.world_size == 1 or not (all_ranks or env.shared):
-            return cache.get(key, rows=rows, compute=compute)
-        return self._split_table(split, key, rows, compute)
+            table = cache.get(key, rows=rows, compute=compute)
+        else:
+            table = self._split_table(split, key, rows, compute)
+        if split == "train" and env.client_test is not None:  # read again at every evaluation: kept
+            self._train = table
+        return table
 
     def _split_table(self, split: str, key: str, rows: int, compute: Callable[[Dataset], Tensor]) -> Tensor:
         """:meth:`table` on every rank together: the cached table, or the gathered blocks (rank 0 stores them)."""
@@ -236,7 +256,10 @@ class FrozenFeatures:
         (the server alone evaluates: ``all_ranks=False``)."""
         if self._test is None:
             self._test = self.table("test", all_ranks=False)
-        return evaluate_on_test_features(self.algorithm.env, self._test, head_fn)
+        env = self.algorithm.env
+        if env.client_test is not None and self._train is None:  # the clients' test rows: the train table's
+            self._train = self.table("train", all_ranks=False)
+        return evaluate_on_test_features(env, self._test, head_fn, self._train)
 
 
 def client_feature_batches(features: Tensor, targets: Any, indices: Any,
@@ -247,16 +270,25 @@ def client_feature_batches(features: Tensor, targets: Any, indices: Any,
     return list(zip(h.split(batch_size), y.split(batch_size)))
 
 
-def evaluate_on_test_features(env: Environment, features: Tensor,
-                              head_fn: Callable[[Tensor], Tensor]) -> dict[str, Any]:
-    """:func:`evaluate_on_test` on the test split's feature table: the same batches, ``head_fn`` features → logits."""
+def evaluate_on_test_features(env: Environment, features: Tensor, head_fn: Callable[[Tensor], Tensor],
+                              train_features: Tensor | None = None) -> dict[str, Any]:
+    """:func:`evaluate_on_test` on the test split's feature table: the same batches, ``head_fn`` features → logits;
+    with ``env.client_test``, also on the clients' test rows of ``train_features`` (the training split's table)."""
     dataset = TensorDataset(features, torch.as_tensor(env.splits.test_targets, dtype=torch.int64))
     batch_size = env.cfg.data.batch_size
     if splits_work(env):  # each rank its block of the batches, the counts gathered (as evaluate_on_test)
         def mine() -> Any:
             loader = DataLoader(_my_rows(env, dataset, batch_size), batch_size=batch_size, shuffle=False)
             return eval_counts(head_fn, loader, num_classes=env.num_classes, device=env.fabric.device)
-        return scores(gathered(env.fabric, mine, what="the test split's evaluation",
-                               timeout_s=env.cfg.federation.collective_timeout_s))
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
-    return evaluate_classifier(head_fn, loader, num_classes=env.num_classes, device=env.fabric.device)
+        metrics = scores(gathered(env.fabric, mine, what="the test split's evaluation",
+                                  timeout_s=env.cfg.federation.collective_timeout_s))
+    else:
+        loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
+        metrics = evaluate_classifier(head_fn, loader, num_classes=env.num_classes, device=env.fabric.device)
+    if env.client_test is None:
+        return metrics
+    if train_features is None:
+        raise RuntimeError("the clients' test rows need the training split's feature table")
+    rows = torch.as_tensor(np.concatenate(env.client_test), dtype=torch.int64)
+    targets = torch.as_tensor(env.splits.train_targets, dtype=torch.int64)[rows]
+    return metrics | federated_test(env, head_fn, zip(train_features[rows].split(batch_size), targets.split(batch_size)))

@@ -152,6 +152,7 @@ class DENSE(FedAvgCNN):
         return ("the server distils from every client's uploaded model, not from their mean: dp_fedavg's noise on a "
                 "mean does not cover it")
     true_precision = "its generator, BatchNorm-statistics loss and distillation need float32 master weights"
+    federated_evaluation = False  # partition.client_test_fraction: not covered (one-shot distillation; untested)
     bn_per_model = False  # DENSE sums L_BN over all client models; Co-Boosting averages
 
     @property

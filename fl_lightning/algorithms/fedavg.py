@@ -84,6 +84,7 @@ class FedAvg(FeatureTableMethod):
         """federation.privacy: DP-FedAvg covers the head, the one thing a client uploads (federation/privacy_coverage.py)."""
         return weights_only(cfg)
     true_precision = "its head trains on the frozen backbone's float32 feature table"
+    federated_evaluation = True  # the global model through common.py: the clients' test rows too
 
     def setup(self, env: Environment) -> None:
         super().setup(env)  # the frozen backbone's feature tables

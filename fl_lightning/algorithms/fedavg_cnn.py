@@ -127,6 +127,7 @@ class FedAvgCNN(Algorithm):
     # converts it; the uploads, the average and the evaluation in that dtype (docs/gpu.md)
     true_precision = None
     shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
+    federated_evaluation = True  # the global model through common.py: the clients' test rows too
 
     @property
     def augment(self) -> bool:  # type: ignore[override]

@@ -61,6 +61,7 @@ class FedAvgPrompts(Algorithm):
         return weights_only(cfg)
     true_precision = "its prompts and head keep float32 master weights (prompt tuning in bf16-mixed)"
     shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
+    federated_evaluation = True  # the global model through common.py: the clients' test rows too
 
     def build(self, fabric: Fabric) -> None:
         from fl_lightning.models.vpt import PromptedViT

@@ -62,7 +62,8 @@ _ADDED_KEYS: dict[str, dict[str, Any]] = {
     "data": {"pin_memory": False, "persistent_workers": False, "normalize_on_device": False, "cache_uint8_mb": 0,
              "path": None, "train_split": "train", "test_split": "test", "image_column": None, "label_column": None,
              "revision": None},
-    "partition": {"by": None, "convention": "fl_lightning", "flower_shuffle_seed": None},
+    "partition": {"by": None, "convention": "fl_lightning", "flower_shuffle_seed": None, "client_test_fraction": 0.0,
+                  "client_test_seed": None},
     # the synthesis methods: pilots computed their own round 0 before round0_inputs existed, and pre-training read
     # the PNGs before pretrain_store (synthesis/store.py; its default, exact, reads the same items bit for bit).
     # A method's section is pinned only for a run that has it (added_key_overrides)

@@ -129,7 +129,9 @@ class PartitionConfig:
     # pathological: each client holds classes_per_client classes (flwr-datasets' PathologicalPartitioner, either
     # convention: data/flower_partition.py)
     scheme: Literal["dirichlet", "iid", "shards", "file", "natural", "pathological"] = "dirichlet"
-    num_clients: int = 10
+    # null: for scheme natural one client per distinct value of partition.by (read from the data before the run
+    # starts: the resolved number is what config.yaml records), for any other scheme 10
+    num_clients: int | None = None
     alpha: float = 0.1  # Dirichlet concentration; inf means IID
     min_samples: int = 1  # every client gets at least this many training samples
     # `shards` scheme only (McMahan et al. 2017); flower convention: num_shards_per_partition (null: as many as
@@ -152,6 +154,11 @@ class PartitionConfig:
     # flower: the seed of FederatedDataset(shuffle=True, seed=...)'s shuffle before partitioning (Flower's default:
     # 42); null: no shuffle (FederatedDataset(shuffle=False))
     flower_shuffle_seed: int | None = None
+    # > 0: every client keeps this fraction of its rows as its own test set, cut as Hugging Face's
+    # train_test_split(test_size=..., seed=client_test_seed) cuts a Flower partition (data/client_test.py), and the
+    # global model is also evaluated on them: fed_test_acc & co. in metrics.csv (Flower's federated evaluation)
+    client_test_fraction: float = 0.0
+    client_test_seed: int | None = None  # null: 42 (Flower's tutorials) under convention flower, else partition.seed
 
     def __post_init__(self) -> None:
         check(self.scheme != "natural" or bool(self.by), "by", self.by,
@@ -162,7 +169,10 @@ class PartitionConfig:
             _check_seed("flower_shuffle_seed", self.flower_shuffle_seed)
             check(self.convention == "flower", "flower_shuffle_seed", self.flower_shuffle_seed,
                   "null unless partition.convention is 'flower'")
-        check(self.num_clients >= 1, "num_clients", self.num_clients, "an int >= 1")
+        if self.num_clients is None and self.scheme != "natural":
+            self.num_clients = 10  # every other scheme's default
+        check(self.num_clients is None or self.num_clients >= 1, "num_clients", self.num_clients,
+              "an int >= 1 (null: one client per value of partition.by under scheme natural, else 10)")
         _check_seed("seed", self.seed)
         check(self.scheme != "file" or self.path is not None, "path", self.path,
                "the path of a partition.json when scheme is 'file'")
@@ -179,6 +189,12 @@ class PartitionConfig:
               "unset unless partition.convention is 'flower' (Flower's ShardPartitioner; ours deals near-equal "
               "shards of the whole split)")
         check(self.classes_per_client >= 1, "classes_per_client", self.classes_per_client, "an int >= 1")
+        check(0.0 <= self.client_test_fraction < 1.0, "client_test_fraction", self.client_test_fraction,
+              "a float in [0, 1) (0: no client test sets)")
+        if self.client_test_seed is not None:
+            _check_seed("client_test_seed", self.client_test_seed)
+            check(self.client_test_fraction > 0, "client_test_seed", self.client_test_seed,
+                  "null unless partition.client_test_fraction > 0")
 
 
 @dataclass
@@ -531,7 +547,9 @@ class RunConfig:
     def __post_init__(self) -> None:
         _check_seed("seed", self.seed)
         p = self.federation.privacy
-        if p.mechanism == "dp_fedavg":  # user-level: δ < 1/K (a δ of 1/K could release one user's update whole)
+        # user-level: δ < 1/K (a δ of 1/K could release one user's update whole); a natural partition's K is read from
+        # the data before the run (federation/simulation.py: resolve_num_clients), and checked again then
+        if p.mechanism == "dp_fedavg" and self.partition.num_clients is not None:
             check(p.delta < 1 / self.partition.num_clients, "federation.privacy.delta", p.delta,
                   f"a float < 1/num_clients = {1 / self.partition.num_clients:g} (user-level DP over "
                   f"{self.partition.num_clients} clients)")

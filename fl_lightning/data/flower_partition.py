@@ -36,7 +36,9 @@ generated data, ``tests/data/fixtures/flower_partitions.json``):
 Where we depart from Flower (each only where Flower would fail or where our order is the run's):
 
 * Each client's indices are returned sorted; Flower's ``shuffle=True`` permutes the order inside each
-  partition (the same samples: our loaders shuffle every epoch anyway).
+  partition (the same samples: our loaders shuffle every epoch anyway). ``row_order=True`` returns that order
+  instead (the partitioner's generator, after its draws, shuffling partition 0, 1, … in place), which the
+  clients' own test sets need (:mod:`fl_lightning.data.client_test`).
 * Rows that the shard or pathological partitioner leaves out (an incomplete last shard, unused shards or values)
   stay out of every client, as in Flower; a run reports them in ``partition.json``'s coverage, and the run's
   training set is the clients' union.
@@ -71,7 +73,8 @@ def flower_iid_partition(num_samples: int, num_clients: int) -> list[np.ndarray]
 
 
 def flower_dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: float, *, seed: int,
-                               min_partition_size: int = 10, self_balancing: bool = False) -> list[np.ndarray]:
+                               min_partition_size: int = 10, self_balancing: bool = False,
+                               row_order: bool = False) -> list[np.ndarray]:
     """``DirichletPartitioner(num_partitions=K, partition_by=..., alpha, min_partition_size, self_balancing,
     seed)`` on a split whose ``partition_by`` column is ``labels`` (any sortable values).
 
@@ -82,6 +85,8 @@ def flower_dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: floa
         seed: the partitioner's seed (Flower's default is 42).
         min_partition_size: re-draw while a partition is smaller (Flower's default is 10).
         self_balancing: Flower's balancing rule (its default is False).
+        row_order: each partition's rows in the order ``load_partition`` returns them (Flower's ``shuffle=True``:
+            :func:`_shuffled`) instead of sorted.
 
     Returns:
         K sorted int64 index arrays: partition k holds exactly the rows Flower's partition k holds.
@@ -128,6 +133,8 @@ def flower_dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: floa
         from fl_lightning.errors import UsageError
 
         raise UsageError(_min_error(min_partition_size, num_clients, alpha, n, smallest, FLOWER_MAX_RETRIES))
+    if row_order:  # each partition: its pieces in label order, then shuffled by the partitioner's generator
+        return _shuffled([np.concatenate(pieces).astype(np.int64) for pieces in parts], rng)
     owner = np.empty(n, dtype=np.int64)
     for k, pieces in enumerate(parts):
         for piece in pieces:
@@ -136,7 +143,8 @@ def flower_dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: floa
 
 
 def flower_shard_partition(labels: np.ndarray, num_clients: int, shards_per_client: int | None, *, seed: int,
-                           shard_size: int | None = None, keep_incomplete_shard: bool = False) -> list[np.ndarray]:
+                           shard_size: int | None = None, keep_incomplete_shard: bool = False,
+                           row_order: bool = False) -> list[np.ndarray]:
     """``ShardPartitioner(num_partitions=K, partition_by=..., num_shards_per_partition=s, shard_size,
     keep_incomplete_shard, seed)`` on a split whose ``partition_by`` column is ``labels``.
 
@@ -147,6 +155,7 @@ def flower_shard_partition(labels: np.ndarray, num_clients: int, shards_per_clie
         seed: the partitioner's seed (Flower's default is 42).
         shard_size: rows per shard; None: ``int(N / (K·s))``.
         keep_incomplete_shard: keep the last, shorter shard as a shard of its own.
+        row_order: as :func:`flower_dirichlet_partition`'s (a partition's shards in the order drawn, then shuffled).
 
     Returns:
         K sorted int64 index arrays: partition k holds exactly the rows Flower's partition k holds (rows in no
@@ -188,16 +197,21 @@ def flower_shard_partition(labels: np.ndarray, num_clients: int, shards_per_clie
         raise ValueError(f"only {usable} shards of {shard_size} rows for {num_clients} clients; use smaller shards "
                          f"or fewer clients")
     order = np.argsort(labels, kind="stable")  # Dataset.sort(partition_by): Arrow's stable sort
-    chosen = np.random.default_rng(seed).permutation(usable)[:used]
+    rng = np.random.default_rng(seed)
+    chosen = rng.permutation(usable)[:used]
+    dealt = np.split(chosen, np.cumsum(per_client))[:-1]
+    if row_order:
+        return _shuffled([np.concatenate([order[shard * shard_size:min((shard + 1) * shard_size, n)] for shard in shards])
+                          .astype(np.int64) for shards in dealt], rng)
     owner = np.full(n, -1, dtype=np.int64)
-    for k, shards in enumerate(np.split(chosen, np.cumsum(per_client))[:-1]):
+    for k, shards in enumerate(dealt):
         for shard in shards:
             owner[order[shard * shard_size:min((shard + 1) * shard_size, n)]] = k
     return _group_owned(owner, num_clients)
 
 
 def flower_pathological_partition(labels: np.ndarray, num_clients: int, classes_per_client: int, *, seed: int,
-                                  class_assignment: str = "random") -> list[np.ndarray]:
+                                  class_assignment: str = "random", row_order: bool = False) -> list[np.ndarray]:
     """``PathologicalPartitioner(num_partitions=K, partition_by=..., num_classes_per_partition=c,
     class_assignment_mode, seed)`` on a split whose ``partition_by`` column is ``labels``.
 
@@ -207,6 +221,7 @@ def flower_pathological_partition(labels: np.ndarray, num_clients: int, classes_
         classes_per_client: c, at most the number of distinct values.
         seed: the partitioner's seed (Flower's default is 42).
         class_assignment: ``random`` (Flower's default), ``deterministic`` or ``first-deterministic``.
+        row_order: as :func:`flower_dirichlet_partition`'s (a partition's runs in value order, then shuffled).
 
     Returns:
         K sorted int64 index arrays: partition k holds exactly the rows Flower's partition k holds.
@@ -229,6 +244,7 @@ def flower_pathological_partition(labels: np.ndarray, num_clients: int, classes_
     rng = np.random.default_rng(seed)
     held = _pathological_classes(values, num_clients, classes_per_client, class_assignment, rng)
     owner = np.full(n, -1, dtype=np.int64)
+    runs: list[list[np.ndarray]] = [[np.zeros(0, dtype=np.int64)] for _ in range(num_clients)]
     for value in values:
         holders = [k for k in range(num_clients) if value in held[k]]
         rows = np.flatnonzero(labels == value)
@@ -237,7 +253,18 @@ def flower_pathological_partition(labels: np.ndarray, num_clients: int, classes_
                              f"clients or classes per client, or class_assignment: deterministic")
         for k, run in zip(holders, np.array_split(rows, len(holders)) if holders else []):
             owner[run] = k
+            runs[k].append(run)
+    if row_order:
+        return _shuffled([np.concatenate(mine).astype(np.int64) for mine in runs], rng)
     return _group_owned(owner, num_clients)
+
+
+def _shuffled(partitions: list[np.ndarray], rng: np.random.Generator) -> list[np.ndarray]:
+    """Flower's ``shuffle=True`` (the partitioners' default): each partition's rows shuffled in place by the
+    partitioner's own generator, partition 0 first, after its draws."""
+    for rows in partitions:
+        rng.shuffle(rows)
+    return partitions
 
 
 def _group_owned(owner: np.ndarray, num_clients: int) -> list[np.ndarray]:

@@ -48,7 +48,7 @@ from fl_lightning.data.splits import IMAGE_ERRORS, CorruptImageError, DatasetSpl
 from fl_lightning.errors import ConfigError, MissingResourceError, UsageError
 
 __all__ = ["HF_PREFIX", "HFSource", "HFImages", "build_hf_dataset", "column_values", "datasets_cache_dir",
-           "hf_shorthand", "hub_folder"]
+           "hf_shorthand", "hf_source", "hub_folder"]
 
 HF_PREFIX = "hf:"  # data.name: hf:<id> is name: hf with path: <id>
 
@@ -82,6 +82,13 @@ class HFSource:
     label_column: str | None = None
     revision: str | None = None
     cache_dir: str | None = None
+
+
+def hf_source(data: Any) -> HFSource:
+    """The ``data.*`` keys (a :class:`~fl_lightning.config.DataConfig`) a Hugging Face data set reads (``data.name: hf``)."""
+    return HFSource(path=data.path, train_split=data.train_split, test_split=data.test_split,
+                    image_column=data.image_column, label_column=data.label_column, revision=data.revision,
+                    cache_dir=data.cache_dir)
 
 
 def hf_shorthand(name: str, path: str | None, *, key_prefix: str = "") -> tuple[str, str | None]:

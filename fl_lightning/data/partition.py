@@ -360,7 +360,8 @@ def natural_grouping_note(groups: np.ndarray, num_clients: int, by: str) -> str 
                 f"not a federation)")
     if num_clients < values:
         return (f"partition.scheme natural groups the {values} values of {by!r} into {num_clients} clients "
-                f"(partition.num_clients={num_clients}); one client per value: --partition.num_clients {values}")
+                f"(partition.num_clients={num_clients}); one client per value: --partition.num_clients {values} (or null, "
+                f"the default)")
     return None
 
 

@@ -147,6 +147,10 @@ def _plan(args: Args, argv: list[str], locks: list) -> _Share | int:
     if args.list_runs:
         list_runs(runs, mine)
         return 0
+    if any(run.partition.num_clients is None for run in runs):  # natural: one client per value, read from the data
+        from fl_lightning.federation.num_clients import resolve_runs
+
+        runs = resolve_runs(runs)
     if len(mine) > 1 and cfg.federation.devices * cfg.federation.num_nodes > 1:
         raise ConfigError("variants", f"{len(mine)} runs", "a single run when federation.devices > 1 "
                           "(launch one process group per run, e.g. with --shard I/N)")

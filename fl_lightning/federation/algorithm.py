@@ -143,6 +143,9 @@ class Environment:
     one_train_loader: bool = False
     # the clients that train on changed labels, each with its (C,) label map (federation.attack's label_flip)
     label_maps: dict[int, np.ndarray] = field(default_factory=dict)
+    # partition.client_test_fraction > 0: each client's own test rows of the training split (data/client_test.py;
+    # ``partition`` then holds its training rows), on which algorithms/common.py's helpers also evaluate the model
+    client_test: list[np.ndarray] | None = None
     _passes: dict[str, Any] = field(default_factory=dict, init=False, repr=False)  # the loaders kept, by split
 
     def dp_sgd(self, round_idx: int, client: Client) -> DPSGD | None:
@@ -270,6 +273,9 @@ class Algorithm(ABC):
     # evaluate() depends on the state alone and evaluates through algorithms/common.py's helpers: on several ranks
     # the engine runs it on every rank, each evaluating its shard of the test split (the numbers of one rank)
     shared_evaluation: bool = False
+    # evaluate() reaches algorithms/common.py's evaluate_on_test / FrozenFeatures.evaluate with the global model, so
+    # partition.client_test_fraction's federated evaluation (fed_test_acc & co.) runs there; else that key is refused
+    federated_evaluation: bool = False
     # federation.precision bf16-true / 16-true (federation/precision.py): None when the method converts what it
     # trains to half precision as Fabric does (convert_module, convert_input); else why it cannot, the reason a
     # run with one of them is refused with (one line, exit status 2)

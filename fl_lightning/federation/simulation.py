@@ -37,9 +37,9 @@ import torch
 from lightning.fabric import Fabric, seed_everything
 from lightning.fabric.strategies import STRATEGY_REGISTRY, DDPStrategy, Strategy
 
-from fl_lightning.config import DataConfig, RunConfig
+from fl_lightning.config import RunConfig
 from fl_lightning.config.loading import dump_config
-from fl_lightning.data.hf import HFSource
+from fl_lightning.data.hf import hf_source
 from fl_lightning.data.partition import (
     PartitionArgumentError,
     client_class_counts,
@@ -82,6 +82,7 @@ from fl_lightning.federation.ddp_strategy import FederatedDDPStrategy
 from fl_lightning.federation.launch import check_launcher
 from fl_lightning.federation.liveness import watching
 from fl_lightning.federation.local_training import local_work
+from fl_lightning.federation.num_clients import resolve_num_clients
 from fl_lightning.federation.numerics import torch_numerics
 from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients, seed_torch
 from fl_lightning.federation.precision import check_precision
@@ -97,14 +98,15 @@ from fl_lightning.federation.shared_folder import check_shared_run_folder
 from fl_lightning.federation.stale_updates import ArrivedUploads, PendingUpdate, check_stale_updates
 from fl_lightning.federation.transport import Upload, check_upload
 
-__all__ = ["Simulation", "hf_source", "partition_for"]
+__all__ = ["Simulation", "hf_source", "partition_for", "client_test_split", "check_client_test"]
 
 _PARTITION_KEYS = ("num_clients", "alpha", "min_samples", "shards_per_client", "shard_size", "classes_per_client")
 
 
-def partition_for(cfg: RunConfig, targets: np.ndarray,
-                  column: Callable[[str], np.ndarray] | None = None) -> list[np.ndarray]:
-    """The clients' sample indices under ``cfg.partition`` (a bad value is a one-line config error).
+def partition_for(cfg: RunConfig, targets: np.ndarray, column: Callable[[str], np.ndarray] | None = None, *,
+                  row_order: bool = False) -> list[np.ndarray]:
+    """The clients' sample indices under ``cfg.partition`` (a bad value is a one-line config error), each sorted;
+    with ``row_order`` under ``convention: flower``, each in the order Flower's ``load_partition`` returns them.
 
     ``column`` reads a training-split column by name (``DatasetSplits.train_column``): the natural scheme's
     ``partition.by``. ``convention: flower`` makes dirichlet / iid / natural as flwr-datasets does
@@ -121,9 +123,9 @@ def partition_for(cfg: RunConfig, targets: np.ndarray,
         groups = column(p.by)
     try:
         if p.convention == "flower":
-            return _flower_partition(cfg, targets, groups)
+            return _flower_partition(cfg, targets, groups, row_order)
         if p.scheme == "natural":
-            return natural_partition(groups, p.num_clients)
+            return natural_partition(groups, _natural_count(groups, p.num_clients))
         if p.scheme == "iid" or math.isinf(p.alpha) and p.scheme == "dirichlet":
             return iid_partition(len(targets), p.num_clients, seed=p.seed)
         if p.scheme == "shards":
@@ -138,7 +140,48 @@ def partition_for(cfg: RunConfig, targets: np.ndarray,
         raise ConfigError(f"partition.{err.argument}", err.value, err.allowed) from None
 
 
-def _pathological(cfg: RunConfig, targets: np.ndarray) -> list[np.ndarray]:
+def _natural_count(groups: np.ndarray, num_clients: int | None) -> int:
+    """A natural partition's K: ``num_clients``, or one client per value when null (an unresolved config)."""
+    return int(np.unique(groups).size) if num_clients is None else num_clients
+
+
+def client_test_split(cfg: RunConfig, partition: list[np.ndarray], targets: np.ndarray,
+                      column: Callable[[str], np.ndarray] | None = None) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """The clients' (training rows, own test rows) of ``partition`` (``partition_for``'s, of the training split
+    whose labels are ``targets``) under ``partition.client_test_fraction`` (data/client_test.py): ``(partition,
+    None)`` at 0. The seed is ``client_test_seed``, or 42 (Flower's tutorials) under convention flower, else
+    ``partition.seed``. Under convention flower each partition is cut in the row order Flower's ``load_partition``
+    gives it (``partition_for(row_order=True)``, computed again here); else in ascending row order."""
+    from fl_lightning.data.client_test import split_clients
+
+    p = cfg.partition
+    if p.client_test_fraction == 0:
+        return partition, None
+    seed = p.client_test_seed if p.client_test_seed is not None else 42 if p.convention == "flower" else p.seed
+    ordered = partition_for(cfg, targets, column, row_order=True) if p.convention == "flower" else partition
+    try:
+        return split_clients(ordered, p.client_test_fraction, seed)
+    except ValueError as err:
+        raise UsageError(f"config error: partition.client_test_fraction: {err}") from None
+
+
+def check_client_test(cfg: RunConfig, algorithm: type[Algorithm] | Algorithm) -> None:
+    """``partition.client_test_fraction`` > 0 only for a method whose evaluation goes through the shared helpers
+    with the global model (``Algorithm.federated_evaluation``) and reads the training split unaugmented (the
+    clients' test rows are read through the training split's transform); one line otherwise."""
+    if cfg.partition.client_test_fraction == 0:
+        return
+    if not algorithm.federated_evaluation:
+        raise ConfigError("partition.client_test_fraction", cfg.partition.client_test_fraction,
+                          f"0 for {cfg.algorithm} (federated evaluation on the clients' test rows: fedavg, fedprox, "
+                          "scaffold, feddyn, fedavg_cnn, fedavg_prompts)")
+    if isinstance(algorithm, Algorithm) and algorithm.augment:
+        raise ConfigError("partition.client_test_fraction", cfg.partition.client_test_fraction,
+                          f"0 while {cfg.algorithm} augments its training split (the clients' test rows are read "
+                          "through its transform)")
+
+
+def _pathological(cfg: RunConfig, targets: np.ndarray, row_order: bool = False) -> list[np.ndarray]:
     """``partition.scheme: pathological``: flwr-datasets' PathologicalPartitioner by the labels (either convention);
     its refusals are one line."""
     from fl_lightning.data.flower_partition import flower_pathological_partition
@@ -146,22 +189,17 @@ def _pathological(cfg: RunConfig, targets: np.ndarray) -> list[np.ndarray]:
     p = cfg.partition
     try:
         return flower_pathological_partition(targets, p.num_clients, p.classes_per_client, seed=p.seed,
-                                             class_assignment=p.class_assignment)
+                                             class_assignment=p.class_assignment, row_order=row_order)
     except ValueError as err:
         if isinstance(err, PartitionArgumentError):
             raise
         raise UsageError(f"config error: partition (pathological): {err}") from None
 
 
-def hf_source(data: DataConfig) -> HFSource:
-    """The ``data.*`` keys a Hugging Face data set reads (``data.name: hf``)."""
-    return HFSource(path=data.path, train_split=data.train_split, test_split=data.test_split,
-                    image_column=data.image_column, label_column=data.label_column, revision=data.revision,
-                    cache_dir=data.cache_dir)
-
-
-def _flower_partition(cfg: RunConfig, targets: np.ndarray, groups: np.ndarray | None) -> list[np.ndarray]:
-    """flwr-datasets' partition of the (optionally FederatedDataset-shuffled) training split, in our row indices."""
+def _flower_partition(cfg: RunConfig, targets: np.ndarray, groups: np.ndarray | None,
+                      row_order: bool = False) -> list[np.ndarray]:
+    """flwr-datasets' partition of the (optionally FederatedDataset-shuffled) training split, in our row indices
+    (each sorted; ``row_order``: in Flower's order within each partition)."""
     from fl_lightning.data.flower_partition import (
         flower_dirichlet_partition,
         flower_iid_partition,
@@ -174,24 +212,28 @@ def _flower_partition(cfg: RunConfig, targets: np.ndarray, groups: np.ndarray | 
     order = None if p.flower_shuffle_seed is None else flower_preshuffle(n, p.flower_shuffle_seed)
     shuffled = (lambda values: values) if order is None else (lambda values: values[order])  # noqa: E731
     if p.scheme == "natural":
-        parts = natural_partition(shuffled(groups), p.num_clients)
+        parts = natural_partition(shuffled(groups), _natural_count(groups, p.num_clients))
     elif p.scheme == "iid":
         parts = flower_iid_partition(n, p.num_clients)
     else:
         try:
             if p.scheme == "shards":
                 parts = flower_shard_partition(shuffled(targets), p.num_clients, p.shards_per_client, seed=p.seed,
-                                               shard_size=p.shard_size, keep_incomplete_shard=p.keep_incomplete_shard)
+                                               shard_size=p.shard_size, keep_incomplete_shard=p.keep_incomplete_shard,
+                                               row_order=row_order)
             elif p.scheme == "pathological":
-                parts = _pathological(cfg, shuffled(targets))
+                parts = _pathological(cfg, shuffled(targets), row_order)
             else:
                 parts = flower_dirichlet_partition(shuffled(targets), p.num_clients, p.alpha, seed=p.seed,
-                                                   min_partition_size=p.min_samples, self_balancing=p.balance)
+                                                   min_partition_size=p.min_samples, self_balancing=p.balance,
+                                                   row_order=row_order)
         except ValueError as err:
             if isinstance(err, PartitionArgumentError):
                 raise
             raise UsageError(f"config error: partition (convention flower): {err}") from None
-    return parts if order is None else [np.sort(order[part]) for part in parts]
+    if order is None:
+        return parts
+    return [order[part] if row_order else np.sort(order[part]) for part in parts]
 
 
 def _partition_from_file(path: Path, num_samples: int, num_clients: int) -> list[np.ndarray]:
@@ -263,11 +305,13 @@ class Simulation:
                  loggers: Sequence[object] | None = None) -> None:
         from fl_lightning.callbacks import default_callbacks, default_loggers
 
+        cfg = resolve_num_clients(cfg)  # natural, num_clients null: one client per value, before anything reads it
         check_precision(cfg, ALGORITHMS[cfg.algorithm])  # a *-true precision the method cannot run in
         check_privacy_coverage(cfg, ALGORITHMS[cfg.algorithm])  # no ε for what the mechanism would not protect
         check_averaging_settings(cfg, ALGORITHMS[cfg.algorithm])  # FedAdam, Krum, attacks: where the state is a mean
         check_client_behaviour(cfg)  # availability / dropout: not beside privacy or a robust aggregator
         check_stale_updates(cfg, ALGORITHMS[cfg.algorithm])  # late: stale only where the state is a weighted mean
+        check_client_test(cfg, ALGORITHMS[cfg.algorithm])  # federated evaluation: the methods that have it
         ALGORITHMS[cfg.algorithm].preflight(cfg)  # fail in seconds, before Fabric prints or launches anything
         self.launcher = check_launcher(cfg.federation.devices, cfg.federation.num_nodes)
         self.cfg, self.resume = cfg, resume
@@ -310,6 +354,8 @@ class Simulation:
         if any(budgets.values()) and is_deterministic(test_transform):
             splits.test = PreprocessedSplit(splits.test, **budgets)
         partition = partition_for(cfg, splits.train_targets, splits.train_column)
+        check_client_test(cfg, algorithm)  # built: its augment is known
+        partition, client_test = client_test_split(cfg, partition, splits.train_targets, splits.train_column)
         if cfg.partition.scheme == "natural" and fabric.global_rank == 0:  # never silent: grouped or one client
             note = natural_grouping_note(splits.train_column(cfg.partition.by), cfg.partition.num_clients,
                                          cfg.partition.by)
@@ -318,7 +364,8 @@ class Simulation:
         privacy = FederationPrivacy.of(cfg, algorithm.num_rounds, [len(p) for p in partition])
         env = Environment(fabric, cfg, splits, partition, self.run_dir, privacy,
                           one_train_loader=is_deterministic(train_transform),
-                          label_maps=self._attack.label_maps(len(splits.classes)) if self._attack is not None else {})
+                          label_maps=self._attack.label_maps(len(splits.classes)) if self._attack is not None else {},
+                          client_test=client_test)
         algorithm.setup(env)
         return algorithm, env
 
@@ -417,7 +464,12 @@ class Simulation:
         extra = {"path": cfg.data.path, "by": p.by, "convention": None if p.convention == "fl_lightning" else
                  p.convention, "flower_shuffle_seed": p.flower_shuffle_seed}
         meta.update({k: v for k, v in extra.items() if v is not None})  # only what is set: older files unchanged
-        write_partition_json(env.partition, self.run_dir / "partition.json", meta=meta,  # reusable: scheme file
+        if env.client_test is not None:  # the file holds the whole partition; the local split is made again from it
+            meta.update({"client_test_fraction": p.client_test_fraction, **({} if p.client_test_seed is None else
+                         {"client_test_seed": p.client_test_seed})})
+        whole = env.partition if env.client_test is None else [np.union1d(a, b) for a, b in
+                                                                zip(env.partition, env.client_test)]
+        write_partition_json(whole, self.run_dir / "partition.json", meta=meta,  # reusable: scheme file
                              num_samples=len(env.splits.train_targets))  # Flower's shards may leave rows out
         return counts
 
@@ -801,6 +853,8 @@ class Simulation:
             "bytes_up_per_client": run.bytes_up / max(cfg.partition.num_clients, 1),
             "wall_time_s": run.wall_time_s, "world_size": self.fabric.world_size,
             "failed_clients": run.failed_clients, "per_class_accuracy": run.per_class_accuracy,
+            # partition.client_test_fraction: the last federated evaluation on the clients' own test rows
+            **{k: v for k, v in last.items() if k.startswith("fed_test_")},
             **algorithm.summary_extras(run.state),
             **(self._privacy.summary(len(run.rows)) if self._privacy is not None else {}),
         }

@@ -103,6 +103,10 @@ def test_config_convention_flower_equals_flwr_datasets(case):
         return
     parts = partition_for(cfg, labels, lambda name: _column(case, name))
     assert [p.tolist() for p in parts] == [sorted(p) for p in case["partitions"]]
+    # row_order (the clients' own test sets cut the rows in this order): the order load_partition returns them,
+    # Flower's in-partition shuffle included
+    ordered = partition_for(cfg, labels, lambda name: _column(case, name), row_order=True)
+    assert [p.tolist() for p in ordered] == case["partitions"]
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c["shuffle_seed"] is None and "error" not in c], ids=_case_id)

@@ -235,6 +235,33 @@ def test_a_natural_partition_that_groups_values_or_centralises_says_so(saved, hf
         capsys.readouterr().err
 
 
+def test_natural_clients_default_to_one_per_value_resolved_before_the_run(saved, hf_cache, tmp_path):
+    """num_clients null: V = the column's distinct values, written into the config every reader sees (and the
+    privacy's δ < 1/K checked against V); a number keeps its grouping; other schemes' null is 10 as before."""
+    from fl_lightning.federation.num_clients import resolve_num_clients, resolve_runs
+
+    natural = ["--data.name", "hf", "--data.path", str(saved["disk"]), "--partition.scheme", "natural",
+               "--partition.by", "writer", "--output_dir", str(tmp_path), "--partition.num_clients"]
+    cfg = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), [*natural, "null"])
+    assert cfg.partition.num_clients is None
+    resolved = resolve_num_clients(cfg)
+    assert resolved.partition.num_clients == WRITERS and resolve_num_clients(resolved) is resolved
+    assert [r.partition.num_clients for r in resolve_runs([cfg, cfg])] == [WRITERS, WRITERS]
+    three = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), [*natural, "3"])
+    assert resolve_num_clients(three) is three
+    assert load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--partition.num_clients", "null"]).partition.num_clients == 10
+    sim = Simulation(cfg=cfg, loggers=[])
+    assert sim.cfg.partition.num_clients == WRITERS  # before the attack, the availability and the checks read it
+    sim.fabric.launch()
+    _, env = sim._setup()
+    assert len(env.partition) == WRITERS
+    assert [sorted(set(env.splits.train_column("writer")[p])) for p in env.partition] == [[f"w{i}"] for i in range(5)]
+    with pytest.raises(ConfigError, match=r"federation.privacy.delta.*1/num_clients = 0.2"):
+        resolve_num_clients(load_config(str(CONF / "fedcgs_digits_tiny.yaml"), [
+            *natural, "null", "--federation.privacy.mechanism", "dp_fedavg", "--federation.privacy.delta", "0.3",
+            "--federation.privacy.noise_multiplier", "1.0"]))
+
+
 def test_natural_needs_a_column_source():
     cfg = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--partition.scheme", "natural", "--partition.by", "w"])
     with pytest.raises(ConfigError, match="natural needs data.name: hf"):
@@ -256,7 +283,7 @@ def test_cli_run_on_a_parquet_folder_with_natural_clients(saved, tmp_path):
     """The whole path as a user runs it: the CLI, a parquet folder, natural clients, the partition report."""
     out = run_cli("--config", str(CONF / "fedcgs_digits_tiny.yaml"), "--data.name", "hf", "--data.path",
                   str(saved["parquet"]), "--partition.scheme", "natural", "--partition.by", "writer",
-                  "--partition.num_clients", str(WRITERS), "--output_dir", str(tmp_path / "runs"),
+                  "--partition.num_clients", "null", "--output_dir", str(tmp_path / "runs"),  # null: one per writer
                   "--run_name", "hf", "--logging.progress", "false",
                   env={"HF_HOME": str(tmp_path / "home"), "HF_HUB_CACHE": str(saved["hub"])})
     assert out.returncode == 0, out.stderr[-2000:]

@@ -171,6 +171,16 @@ def test_two_cpu_processes_equal_one(tmp_path):
     assert _comparable(s1) == _comparable(s2)
 
 
+@pytest.mark.slow  # two CLI runs of 2 + 1 processes
+def test_two_cpu_processes_equal_one_with_the_clients_test_sets(tmp_path):
+    """partition.client_test_fraction: the federated evaluation of a shared evaluation (each rank all the clients'
+    test rows) gives rank 0 the numbers of one process, bit for bit."""
+    s1, s2 = _two_fedavg_runs(tmp_path, ["--partition.client_test_fraction", "0.25"],
+                              ["--partition.client_test_fraction", "0.25", "--federation.devices", "2"])
+    assert s2["world_size"] == 2 and 0 <= s1["fed_test_acc"] <= 1
+    assert _comparable(s1) == _comparable(s2)
+
+
 @pytest.mark.slow  # the default path (held records handed over) runs in test_two_cpu_processes_equal_one
 def test_two_ranks_hand_their_records_over_the_backend_as_they_write_them(tmp_path):
     """Rank 1's clients of a short round reach rank 0 in the records gather (held, record_after_s default) or
