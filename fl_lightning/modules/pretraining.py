@@ -504,6 +504,13 @@ def pretrain_classifier(
         setup = _over_ranks(module, ranks, seed=seed, callbacks=callbacks, check_every=check_every, **data)
     else:
         setup = _one_process(accelerator=accelerator, devices=devices, callbacks=callbacks, **data)
+    return _fit_resumable(module, setup, out, generator, precision=precision, max_epochs=max_epochs, patience=patience)
+
+
+def _fit_resumable(module: ViTClassifier, setup: _Setup, out: Path, generator: torch.Generator, *, precision: str,
+                   max_epochs: int, patience: int) -> PretrainResult:
+    """:func:`pretrain_classifier`'s fit: from the epoch state when there is one, with early stopping, the best
+    checkpoint and the epoch state written each epoch; the epoch state deleted once training has finished."""
     best = _best_checkpoint(out)
     state = out / EPOCH_STATE
     resuming = state.is_file()

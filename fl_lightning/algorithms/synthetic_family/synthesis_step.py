@@ -333,23 +333,13 @@ def synthesise_and_pretrain(
     Returns:
         The result on rank 0 (or alone); None on the other ranks of ``ranks``.
     """
-    totals = {int(k): int(v) for k, v in class_counts.items() if v > 0}
     if not text_only and uploads_by_client is None:
         raise ValueError("feature-guided generation needs the clients' latent uploads")
-    requests_for = partial(_requests_for, cfg, components=components, uploads_by_client=uploads_by_client,
-                           class_names=class_names, seed=seed, text_only=text_only,
-                           last_t=int(components.scheduler.config.num_train_timesteps) - 1)
     server = _server(cfg)
-    decide = partial(_decide_lambda, cfg, components=components, totals=totals, class_names=class_names,
-                     requests_for=requests_for, prompts_by_class=prompts_by_class, server=server, run_dir=run_dir,
-                     seed=seed, device=device, section=section)
-    prompts_by_class, lam, fit, h_gen, h_pre = _plan_once(cfg, decide, ranks, components=components, run_dir=run_dir,
-                                                          section=section, device=device)
-    volume = synthetic_volume(totals, lam)
-    if sum(volume.values()) < 2:
-        raise ConfigError(f"{section}.synthetic_lambda", lam,
-                          f"a λ that gives at least 2 synthetic images (D = {sum(totals.values())} real samples)")
-    requests = requests_for(volume, prompts_by_class)  # a pure function of the uploads: the same on every rank
+    plan = _synthesis_plan(cfg, components=components, uploads_by_client=uploads_by_client, class_counts=class_counts,
+                           class_names=class_names, prompts_by_class=prompts_by_class, server=server, run_dir=run_dir,
+                           seed=seed, device=device, section=section, text_only=text_only, ranks=ranks)
+    lam, fit, h_pre, volume, requests = plan
     folder = run_dir / "synthetic"
     rank, world = (0, 1) if ranks is None else (ranks.rank, ranks.world)
     shared = None if share is None else SharedRound0(run_dir.parent / "round0",
@@ -380,6 +370,31 @@ def synthesise_and_pretrain(
     per_class = {label: int(v) for label, v in volume.items()}
     return SynthesisResult(model, lam, per_class, generation_s, pretraining_s, best, host_generation_s,
                            host_pretraining_s, fit)
+
+
+def _synthesis_plan(cfg: Any, *, components: DiffusionComponents,
+                    uploads_by_client: Mapping[int, Sequence[ClassLatentUpload]] | None, class_counts: Mapping[int, int],
+                    class_names: Sequence[str], prompts_by_class: Mapping[str, Sequence[str]] | None, server: Any,
+                    run_dir: Path, seed: int, device: torch.device, section: str, text_only: bool,
+                    ranks: Ranks | None) -> tuple[float, Any, float, dict[int, int], list]:
+    """The server's plan before generation, the same on every rank: the prompts and λ (rank 0's decision,
+    :func:`_plan_once`), the synthetic images per class and the generation requests. Returns (λ, the pilots' fit or
+    None, h̃, the images per class, the requests)."""
+    totals = {int(k): int(v) for k, v in class_counts.items() if v > 0}
+    requests_for = partial(_requests_for, cfg, components=components, uploads_by_client=uploads_by_client,
+                           class_names=class_names, seed=seed, text_only=text_only,
+                           last_t=int(components.scheduler.config.num_train_timesteps) - 1)
+    decide = partial(_decide_lambda, cfg, components=components, totals=totals, class_names=class_names,
+                     requests_for=requests_for, prompts_by_class=prompts_by_class, server=server, run_dir=run_dir,
+                     seed=seed, device=device, section=section)
+    prompts_by_class, lam, fit, _, h_pre = _plan_once(cfg, decide, ranks, components=components, run_dir=run_dir,
+                                                      section=section, device=device)
+    volume = synthetic_volume(totals, lam)
+    if sum(volume.values()) < 2:
+        raise ConfigError(f"{section}.synthetic_lambda", lam,
+                          f"a λ that gives at least 2 synthetic images (D = {sum(totals.values())} real samples)")
+    requests = requests_for(volume, prompts_by_class)  # a pure function of the uploads: the same on every rank
+    return lam, fit, h_pre, volume, requests
 
 
 def _requests_for(cfg: Any, volume: Mapping[int, int], prompts: Mapping[str, Sequence[str]], *,
