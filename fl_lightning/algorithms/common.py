@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
+from fl_lightning.dealing import Deal
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.collectives import from_server, gathered
 from fl_lightning.federation.precision import convert_input, hold_trunk
@@ -106,10 +107,10 @@ def splits_work(env: Environment) -> bool:
 def rank_rows(rows: int, batch_size: int, rank: int, world: int) -> range:
     """This rank's rows of a split read in the fixed batches ``[0, B), [B, 2B), …``: a contiguous block of whole
     batches (rank r gets batches ⌊b·r/N⌋ … ⌊b·(r+1)/N⌋ - 1 of the b), so every batch is one rank's and the same
-    batch it is on one rank; a rank past the last batch gets no rows."""
-    batches = -(-rows // batch_size)
-    first, last = batches * rank // world, batches * (rank + 1) // world
-    return range(first * batch_size, min(last * batch_size, rows))
+    batch it is on one rank; a rank past the last batch gets no rows. The batches are dealt in blocks
+    (:meth:`~fl_lightning.dealing.Deal.blocks`): the gathered blocks joined in rank order are the split in order."""
+    mine = Deal(rank, world).blocks(-(-rows // batch_size))
+    return range(mine.start * batch_size, min(mine.stop * batch_size, rows))
 
 
 def _my_rows(env: Environment, dataset: Dataset, batch_size: int) -> Subset:

@@ -77,6 +77,7 @@ from torch import Tensor, nn
 from fl_lightning.algorithms.common import evaluate_on_test, splits_work
 from fl_lightning.algorithms.fedavg_cnn import FedAvgCNN, build_timm_classifier
 from fl_lightning.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+from fl_lightning.dealing import Deal
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, RoundHistory, RoundPlan, State, register
 from fl_lightning.federation.collectives import gathered
@@ -240,7 +241,6 @@ class DENSE(FedAvgCNN):
                   plan: RoundPlan) -> State:
         from fl_lightning.federation.local_training import fresh_grad_scaler
         from fl_lightning.modules.data_free_kd import Generator, distill_epoch, synthesize
-        from fl_lightning.modules.data_free_kd_ranks import member_shard
 
         start = time.monotonic()
         c, device, fabric = self.config, self.fabric.device, self.fabric
@@ -248,7 +248,7 @@ class DENSE(FedAvgCNN):
             raise RuntimeError(f"round {round_idx}: no client uploaded a model; nothing to distil")
         split = splits_work(self.env)  # every rank here together: each runs its shard of the K client models
         k = len(uploads)
-        members = member_shard(k, fabric.global_rank, fabric.world_size) if split else None
+        members = Deal.of(fabric).blocks(k) if split else None  # in blocks: gathered in client order
         models, client_train_s = self._client_models(uploads, device, members)
         ensemble = self.make_ensemble(models, num_members=k, split=split).to(device)
         student = self.initial_student(self.env.num_classes).to(device).eval()
@@ -313,9 +313,8 @@ class DENSE(FedAvgCNN):
         def mine() -> list[float]:
             return [evaluate_on_test(self.env, m, split=False)["accuracy"] for m in models]
 
-        accuracy = ([a for part in gathered(fabric, mine, what="the client models' evaluation",
-                                            timeout_s=self.cfg.federation.collective_timeout_s) for a in part]
-                    if split else mine())
+        accuracy = (Deal.unblock(gathered(fabric, mine, what="the client models' evaluation",
+                                          timeout_s=self.cfg.federation.collective_timeout_s)) if split else mine())
         out[_STAT + "client_accuracy"] = torch.tensor(accuracy, dtype=torch.float64)
         out[_STAT + "ensemble_accuracy"] = torch.tensor(evaluate_on_test(self.env, ensemble, split=False)["accuracy"],
                                                         dtype=torch.float64)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fl_lightning.dealing import Deal
 from fl_lightning.durable_write import write_text_atomic
 
 __all__ = ["COMPARISON_CONFIG", "plan_runs", "finished_summary", "parse_shard", "select_shard", "list_runs",
@@ -71,12 +72,13 @@ def parse_shard(text: str) -> tuple[int, int]:
 def select_shard(items: Sequence[Any], index: int, count: int) -> list[Any]:
     """The ``index``-th of ``count`` shares of ``items``: every ``count``-th item from position ``index``.
 
-    Dealt round-robin, so that each share gets a like mix of a comparison's methods (its runs are listed
-    method by method); the shares are disjoint and together are ``items``, in order.
+    Dealt in turn (:meth:`~fl_lightning.dealing.Deal.strided`; ``--jobs N`` runs the shares ``0/N … N-1/N``), so
+    that each share gets a like mix of a comparison's methods (its runs are listed method by method); the shares are
+    disjoint and together are ``items``, in order.
     """
     if count < 1 or not 0 <= index < count:
         raise ValueError(f"a share index in [0, {count}), got {index}")
-    return list(items[index::count])
+    return [items[i] for i in Deal(index, count).strided(len(items))]
 
 
 def list_runs(runs: Sequence[Any], mine: Sequence[int]) -> None:

@@ -67,6 +67,7 @@ import torch.distributed as dist
 from lightning.fabric import Fabric
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
+from fl_lightning.dealing import Deal
 from fl_lightning.errors import RemoteTraceback, RunFailure, UsageError
 from fl_lightning.federation.ddp_strategy import object_group
 from fl_lightning.federation.liveness import PeerLost, connection_lost, failing, lost_peer, stand_down
@@ -445,6 +446,12 @@ class Ranks:
     @property
     def world(self) -> int:
         return self.fabric.world_size
+
+    @property
+    def deal(self) -> Deal:
+        """This rank's :class:`~fl_lightning.dealing.Deal`: its share of a phase's items by a named rule, and the
+        inverse that puts :meth:`gather`'s parts back in item order."""
+        return Deal(self.rank, self.world)
 
     def on_server(self, step: Callable[[], T], what: str, *, send: bool = True) -> T:
         """:func:`from_server`: ``step()`` on rank 0, its value on every rank."""

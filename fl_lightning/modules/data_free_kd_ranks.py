@@ -4,7 +4,7 @@ The server's data-free distillation (:mod:`fl_lightning.modules.data_free_kd`) s
 A(x) = Σ_k w_k f_k(x) / Σ_k w_k: every generator step runs the K teachers forward and backward (L_G's gradient
 reaches G through them), every distillation batch runs them forward (and backward for Co-Boosting's ODS step).
 :class:`SplitEnsemble` is :class:`~fl_lightning.modules.data_free_kd.WeightedEnsemble` with that K-fold work dealt
-over the N ranks of the default process group: rank r holds teachers [r·K/N, (r+1)·K/N) (:func:`member_shard`,
+over the N ranks of the default process group: rank r holds teachers [r·K/N, (r+1)·K/N) (``Deal(r, N).blocks(K)``,
 contiguous; a rank may hold none when K < N). Everything else — G, z, the student S, the losses, the optimisers,
 the random draws — is replicated: every rank runs the same seeded steps on the same (gathered) values, so every
 rank holds the same G and S bit for bit, and the ensemble's input x is the same tensor on every rank.
@@ -50,18 +50,14 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from fl_lightning.dealing import Deal
 from fl_lightning.federation.collectives import waiting
 from fl_lightning.modules.data_free_kd import BNStatistics, combine_logits
 
-__all__ = ["SplitEnsemble", "member_shard"]
+__all__ = ["SplitEnsemble"]
 
 _KEY = "federation.compute_timeout_s"  # its collectives run in lockstep: the compute group's short timeout
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # the logits' dtype travels as its index
-
-
-def member_shard(num_members: int, rank: int, world: int) -> range:
-    """Rank ``rank``'s teachers of ``num_members`` over ``world`` ranks: [r·K/N, (r+1)·K/N) (contiguous, in order)."""
-    return range(rank * num_members // world, (rank + 1) * num_members // world)
 
 
 def _autocast_cast(x: Tensor) -> torch.dtype | None:
@@ -88,7 +84,7 @@ class SplitEnsemble(nn.Module):
     the same inputs in the same order: each call is a collective.
 
     Args:
-        models: this rank's teachers, :func:`member_shard` of ``num_members`` (kept in eval mode by the caller).
+        models: this rank's teachers, ``Deal(rank, world).blocks(num_members)`` (kept in eval mode by the caller).
         weights: (K,) non-negative, positive sum, the same on every rank; ``None`` for the plain mean.
         num_members: K, all ranks' teachers.
         num_classes: C, the logits' width (a rank without teachers needs it).
@@ -107,7 +103,7 @@ class SplitEnsemble(nn.Module):
         super().__init__()
         self.timeout_s = timeout_s
         self.rank, self.world = _rank_world()
-        self.shards = [member_shard(num_members, r, self.world) for r in range(self.world)]
+        self.shards = [Deal(r, self.world).blocks(num_members) for r in range(self.world)]  # in teacher order
         if len(models) != len(self.shards[self.rank]):
             raise ValueError(f"rank {self.rank} holds teachers {self.shards[self.rank]} of {num_members}, "
                              f"got {len(models)} models")

@@ -43,6 +43,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_collate
 
+from fl_lightning.dealing import Deal
 from fl_lightning.federation.collectives import Ranks, everyone, waiting
 
 __all__ = ["RankBatches", "RankItems", "FailedBatch", "collate_rank_items", "RankGuard", "GuardedIO", "RankSeeds",
@@ -51,8 +52,9 @@ __all__ = ["RankBatches", "RankItems", "FailedBatch", "collate_rank_items", "Ran
 
 def shard_rows(batch: Sequence[int], rank: int, world: int) -> list[tuple[int, float, int]]:
     """Rank ``rank``'s rows of one global batch b as ``(index, loss weight N/|b|, |b|)`` (rows r, r + N, …); a rank
-    left without a row gets the batch's first row at weight 0 (it must still take part in the all-reduce)."""
-    rows = list(batch[rank::world])
+    left without a row gets the batch's first row at weight 0 (it must still take part in the all-reduce). The rows
+    are dealt in turn (:meth:`~fl_lightning.dealing.Deal.strided`), so every rank's share is ⌈|b|/N⌉ or ⌊|b|/N⌋."""
+    rows = [batch[i] for i in Deal(rank, world).strided(len(batch))]
     if not rows:
         return [(int(batch[0]), 0.0, len(batch))]
     return [(int(i), world / len(batch), len(batch)) for i in rows]

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from fl_lightning.dealing import Deal
 from fl_lightning.durable_write import atomic_path
 from fl_lightning.federation.placement import derive_seed
 from fl_lightning.models.diffusion import DiffusionComponents
@@ -73,7 +74,6 @@ __all__ = [
     "denoise_latents",
     "decode_latents",
     "generate_images",
-    "rank_batches",
     "MANIFEST_NAME",
 ]
 
@@ -603,14 +603,6 @@ def _batches(
     ]
 
 
-def rank_batches(num_batches: int, rank: int, world: int) -> list[int]:
-    """The batches rank ``rank`` of ``world`` samples: every ``world``-th, from its own index. Batches are sorted by
-    start timestep, so dealing them in turn gives each rank about as many long chains as short ones."""
-    if not 0 <= rank < world:
-        raise ValueError(f"rank must be in [0, {world - 1}], got {rank!r}")
-    return list(range(rank, num_batches, world))
-
-
 class _Writer:
     """PNG encoding off the sampling loop: one thread encodes and renames each image while the UNet samples the
     next batch (PIL's zlib releases the GIL). At most ``depth`` images wait (memory stays bounded); the first
@@ -696,9 +688,11 @@ def generate_images(
             The ρ-mix at the default ρ = 0.7 gives 0.42 at s already; the floor acts on mean-only
             uploads and on ρ near 0 or 1, which start a little above s. 0 never moves the start.
         rank: this process's share when ``world`` processes generate together: it samples and writes the batches
-            :func:`rank_batches` deals it (batches formed over all requests, as one process forms them, so each
-            image is the one process's, byte for byte on the same device); rank 0 writes the one manifest (it
-            depends on the requests alone). The caller lets every rank finish before reading the folder.
+            dealt to it in turn (:meth:`~fl_lightning.dealing.Deal.strided`: batch b to rank b mod ``world``;
+            batches are sorted by start timestep, so a turn gives each rank about as many long chains as short
+            ones), batches formed over all requests, as one process forms them (so each image is the one
+            process's, byte for byte on the same device); rank 0 writes the one manifest (it depends on the
+            requests alone). The caller lets every rank finish before reading the folder.
         world: how many processes share the requests (1: this one does all).
 
     Returns:
@@ -746,7 +740,7 @@ def _pending_batches(requests: Sequence[GenerationRequest], start_t: Sequence[in
     # missing is sampled whole: a batch's arithmetic (its UNet and VAE calls) depends on what else is in it at
     # float round-off, so regrouping the missing images would change their bytes. Only missing files are written.
     batches = _batches(requests, start_t, batch_size)
-    batches = [batches[b] for b in rank_batches(len(batches), rank, world)]
+    batches = [batches[b] for b in Deal(rank, world).strided(len(batches))]
     missing = [[not (out_dir / req.relpath).is_file() for req in batch] for batch in batches]
     return [(batch, todo) for batch, todo in zip(batches, missing) if any(todo)]
 

@@ -57,6 +57,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from fl_lightning.data.preprocessed import StoredBatch
+from fl_lightning.dealing import Deal
 from fl_lightning.federation.checkpoint import reserved_memmap
 from fl_lightning.synthesis.generate import MANIFEST_NAME
 
@@ -187,10 +188,10 @@ def build_stores(folder: str | os.PathLike[str], heads: Sequence[v2.Compose], ra
     all of them).
 
     With ``ranks`` (every rank of a shared server phase calls this together) the decoding is dealt over them: rank 0
-    checks what is there and reserves the new stores, every rank fills its block of rows ``[n·r/N, n·(r+1)/N)``,
-    and rank 0 checks each block against the digest its rank reported (a shared file system that lost a rank's
-    pages is one line, not a store trained on), records the store's digest and renames it into place. The store's
-    bytes are those one rank writes.
+    checks what is there and reserves the new stores, every rank fills its block of rows ``[n·r/N, n·(r+1)/N)``
+    (:meth:`~fl_lightning.dealing.Deal.blocks`), and rank 0 checks each block against the digest its rank reported
+    (a shared file system that lost a rank's pages is one line, not a store trained on), records the store's digest
+    and renames it into place. The store's bytes are those one rank writes.
 
     Returns:
         the ``.npy`` paths, in the order of ``heads``.
@@ -205,14 +206,14 @@ def build_stores(folder: str | os.PathLike[str], heads: Sequence[v2.Compose], ra
     paths = [folder / STORE_DIR / f"{key}.npy" for key in keys]
     on_server = (lambda step, what: step()) if ranks is None else ranks.on_server
     gather = (lambda step, what: [step()]) if ranks is None else ranks.gather
-    rank, world = (0, 1) if ranks is None else (ranks.rank, ranks.world)
+    deal = Deal(0, 1) if ranks is None else ranks.deal
     what = "the synthetic images' store"
     todo, problem = on_server(lambda: _reserve(folder, items, dict(zip(keys, heads)), dict(zip(keys, paths))), what)
     if problem is not None:
         raise ValueError(problem)
     if not todo:
         return paths
-    rows = range(len(items) * rank // world, len(items) * (rank + 1) // world)
+    rows = deal.blocks(len(items))  # in blocks: rank 0 checks each block against its rank's digest
     committed = False
     try:
         blocks = gather(lambda: _fill(folder, items, {k: heads[keys.index(k)] for k in todo}, todo, rows), what)
@@ -222,7 +223,7 @@ def build_stores(folder: str | os.PathLike[str], heads: Sequence[v2.Compose], ra
         on_server(lambda: _commit(folder, todo, dict(zip(keys, paths)), blocks, paths), what)
         committed = True
     finally:
-        if not committed and rank == 0:  # refused or failed on any rank: no temporary store stays behind
+        if not committed and deal.rank == 0:  # refused or failed on any rank: no temporary store stays behind
             for tmp, _ in todo.values():
                 tmp.unlink(missing_ok=True)
     return paths

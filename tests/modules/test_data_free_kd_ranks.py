@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from fl_lightning.dealing import Deal
 from fl_lightning.federation import collectives
 from fl_lightning.federation.liveness import watching
 from fl_lightning.modules.data_free_kd import (
@@ -22,7 +23,7 @@ from fl_lightning.modules.data_free_kd import (
     random_shift_flip,
     synthesize,
 )
-from fl_lightning.modules.data_free_kd_ranks import SplitEnsemble, member_shard
+from fl_lightning.modules.data_free_kd_ranks import SplitEnsemble
 from tests.gloo_ranks import report, run_ranks, verdict_to
 
 K, CLASSES, SIZE = 3, 5, 8  # K not a multiple of the 2 ranks: rank 0 holds teacher 0, rank 1 teachers 1 and 2
@@ -110,7 +111,7 @@ def _one(precision: str) -> dict[str, torch.Tensor]:
 
 def _split(precision: str) -> dict[str, torch.Tensor]:
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    return _scenario(lambda weights: SplitEnsemble(_teachers(member_shard(K, rank, world)), weights, num_members=K,
+    return _scenario(lambda weights: SplitEnsemble(_teachers(Deal(rank, world).blocks(K)), weights, num_members=K,
                                                    num_classes=CLASSES), precision)
 
 
@@ -119,13 +120,6 @@ def _assert_equal(a: dict, b: dict) -> None:
     for key in a:
         assert a[key].dtype == b[key].dtype, key
         assert torch.equal(a[key], b[key]), (key, (a[key].float() - b[key].float()).abs().max())
-
-
-def test_member_shard_is_contiguous_and_covers_every_teacher():
-    for k, world in ((3, 2), (5, 3), (2, 4), (8, 8)):
-        shards = [member_shard(k, r, world) for r in range(world)]
-        assert [i for s in shards for i in s] == list(range(k))
-        assert max(map(len, shards)) - min(map(len, shards)) <= 1
 
 
 @pytest.mark.parametrize("precision", ["32", "bf16"])
@@ -168,7 +162,7 @@ def _failing_worker(rank: int, world: int, port: int, out: str) -> None:
     result: dict = {}
 
     def distillation() -> None:
-        ensemble = SplitEnsemble(_teachers(member_shard(K, rank, world)), num_members=K, num_classes=CLASSES)
+        ensemble = SplitEnsemble(_teachers(Deal(rank, world).blocks(K)), num_members=K, num_classes=CLASSES)
         x = torch.randn(4, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(0))
         ensemble(x)  # every rank: one gather
         result["failed_at"] = time.time()

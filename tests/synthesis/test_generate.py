@@ -25,7 +25,6 @@ from fl_lightning.synthesis.generate import (
     mix_noise_fraction,
     plan_generation,
     plms_chain,
-    rank_batches,
     start_latent,
     synthetic_volume,
     top_up_latent,
@@ -527,14 +526,6 @@ def test_ranks_dealt_the_batches_write_the_images_of_one_process(tiny_sd, tmp_pa
     for rel in one:
         assert (tmp_path / "one" / rel).read_bytes() == (tmp_path / "three" / rel).read_bytes(), rel
     assert (tmp_path / "one" / MANIFEST_NAME).read_text() == (tmp_path / "three" / MANIFEST_NAME).read_text()
-
-
-@pytest.mark.parametrize("n,world", [(7, 3), (2, 4), (0, 2)])
-def test_rank_batches_deal_every_batch_once(n, world):
-    dealt = sorted(b for r in range(world) for b in rank_batches(n, r, world))
-    assert dealt == list(range(n))
-    with pytest.raises(ValueError, match="rank"):
-        rank_batches(n, world, world)
 
 
 class _HalfOverflowVAE(torch.nn.Module):

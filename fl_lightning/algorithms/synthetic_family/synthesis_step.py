@@ -48,6 +48,7 @@ from torch.utils.data import Dataset
 from fl_lightning.algorithms.synthetic_family.shared_round0 import SharedRound0
 from fl_lightning.data.loader import LoaderSettings
 from fl_lightning.data.transforms import build_transform
+from fl_lightning.dealing import Deal
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.algorithm import InputSpec
 from fl_lightning.federation.collectives import Ranks
@@ -198,15 +199,16 @@ def _auto_lambda(cfg: Any, *, run_dir: Path, section: str, device: torch.device 
 
 def _auto_lambda_on_ranks(cfg: Any, ranks: Ranks, *, components: DiffusionComponents, run_dir: Path, section: str,
                           device: torch.device) -> tuple[float, Any]:
-    """:func:`_auto_lambda` on several ranks: rank r runs the pilots λ_i with i ≡ r (mod N), each a single-process run
-    on its own device, and rank 0 fits Eq. (13) to all of them in ``pilot_lambdas`` order (the fit of one rank).
+    """:func:`_auto_lambda` on several ranks: rank r runs the pilots λ_i with i ≡ r (mod N) (``Deal.strided``), each a
+    single-process run on its own device, and rank 0 fits Eq. (13) to all of them in ``pilot_lambdas`` order (the fit
+    of one rank).
 
     Raises:
         ConfigError: a pilot failed on any rank, or the fit has no minimiser (named ``<section>.synthetic_lambda``).
     """
     from fl_lightning.algorithms.synthetic_family.pilots import auto_lambda, pilot_points, run_pilot_processes
 
-    lambdas, world = [float(v) for v in cfg.pilot_lambdas], ranks.world
+    lambdas = [float(v) for v in cfg.pilot_lambdas]
     cuda_device = None
     if device.type == "cuda":
         cuda_device = torch.cuda.current_device() if device.index is None else int(device.index)
@@ -214,13 +216,12 @@ def _auto_lambda_on_ranks(cfg: Any, ranks: Ranks, *, components: DiffusionCompon
 
     def mine() -> list[Path]:
         try:
-            return run_pilot_processes(run_dir, section, lambdas[ranks.rank::world], rounds=cfg.pilot_rounds,
-                                       cuda_device=cuda_device)
+            return run_pilot_processes(run_dir, section, [lambdas[i] for i in ranks.deal.strided(len(lambdas))],
+                                       rounds=cfg.pilot_rounds, cuda_device=cuda_device)
         except RuntimeError as err:
             raise ConfigError(f"{section}.synthetic_lambda", "auto", f"pilots whose fit gives λ* ({err})") from None
 
-    parts = ranks.gather(mine, "the pilots")
-    runs = [parts[i % world][i // world] for i in range(len(lambdas))]  # back in pilot_lambdas order
+    runs = Deal.unstride(ranks.gather(mine, "the pilots"))  # back in pilot_lambdas order
 
     def fit() -> tuple[float, Any]:
         try:
