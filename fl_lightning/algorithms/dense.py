@@ -307,18 +307,20 @@ class DENSE(FedAvgCNN):
         out[_STAT + "client_train_s"] = torch.tensor(client_train_s, dtype=torch.float64)
         out[_STAT + "ensemble_weights"] = ensemble.weights.detach().cpu().clone()
         out[_STAT + "skipped_syntheses"] = torch.tensor(skipped, dtype=torch.int64)
-        # the test accuracy of each client model and of the ensemble, as the official code logs them (under the
-        # run's precision: evaluate_on_test's autocast); on several ranks each rank its own client models, the
-        # accuracies gathered in client order, and the split ensemble on the whole split on every rank
+        return {**out, **self._teacher_accuracies(models, ensemble, split=split)}
+
+    def _teacher_accuracies(self, models: list[nn.Module], ensemble: nn.Module, *, split: bool) -> State:
+        """The test accuracy of each client model and of the ensemble, as the official code logs them (under the
+        run's precision: evaluate_on_test's autocast); on several ranks (``split``) each rank its own client models,
+        the accuracies gathered in client order, and the split ensemble on the whole split on every rank."""
         def mine() -> list[float]:
             return [evaluate_on_test(self.env, m, split=False)["accuracy"] for m in models]
 
-        accuracy = (Deal.unblock(gathered(fabric, mine, what="the client models' evaluation",
+        accuracy = (Deal.unblock(gathered(self.fabric, mine, what="the client models' evaluation",
                                           timeout_s=self.cfg.federation.collective_timeout_s)) if split else mine())
-        out[_STAT + "client_accuracy"] = torch.tensor(accuracy, dtype=torch.float64)
-        out[_STAT + "ensemble_accuracy"] = torch.tensor(evaluate_on_test(self.env, ensemble, split=False)["accuracy"],
-                                                        dtype=torch.float64)
-        return out
+        ensemble_accuracy = evaluate_on_test(self.env, ensemble, split=False)["accuracy"]
+        return {_STAT + "client_accuracy": torch.tensor(accuracy, dtype=torch.float64),
+                _STAT + "ensemble_accuracy": torch.tensor(ensemble_accuracy, dtype=torch.float64)}
 
     def ensemble_weights(self, num_members: int) -> Tensor | None:
         """The ensemble's initial weights w (K,); None: the plain mean (DENSE's teacher)."""

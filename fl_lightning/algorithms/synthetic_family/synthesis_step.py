@@ -337,16 +337,13 @@ def synthesise_and_pretrain(
     if not text_only and uploads_by_client is None:
         raise ValueError("feature-guided generation needs the clients' latent uploads")
     server = _server(cfg)
-    plan = _synthesis_plan(cfg, components=components, uploads_by_client=uploads_by_client, class_counts=class_counts,
-                           class_names=class_names, prompts_by_class=prompts_by_class, server=server, run_dir=run_dir,
-                           seed=seed, device=device, section=section, text_only=text_only, ranks=ranks)
-    lam, fit, h_pre, volume, requests = plan
+    lam, fit, h_pre, volume, requests = _synthesis_plan(
+        cfg, components=components, uploads_by_client=uploads_by_client, class_counts=class_counts,
+        class_names=class_names, prompts_by_class=prompts_by_class, server=server, run_dir=run_dir, seed=seed,
+        device=device, section=section, text_only=text_only, ranks=ranks)
     folder = run_dir / "synthetic"
     rank, world = (0, 1) if ranks is None else (ranks.rank, ranks.world)
-    shared = None if share is None else SharedRound0(run_dir.parent / "round0",
-                                                     round0_key(share, requests, device, world=world))
-    reused = shared is not None and (shared.images_into(folder) if ranks is None else ranks.on_server(
-        partial(shared.images_into, folder), "round 0's shared images"))
+    shared, reused = _shared_images(share, requests, device, run_dir=run_dir, folder=folder, ranks=ranks)
     host_generation_s = _generate_on_ranks(cfg, components, requests, folder, device=device, progress=progress,
                                            ranks=ranks)
     components.to(device="cpu")  # free the accelerator for pre-training and fine-tuning
@@ -371,6 +368,19 @@ def synthesise_and_pretrain(
     per_class = {label: int(v) for label, v in volume.items()}
     return SynthesisResult(model, lam, per_class, generation_s, pretraining_s, best, host_generation_s,
                            host_pretraining_s, fit)
+
+
+def _shared_images(share: Mapping[str, Any] | None, requests: list, device: torch.device, *, run_dir: Path,
+                   folder: Path, ranks: Ranks | None) -> tuple[SharedRound0 | None, bool]:
+    """Round 0's shared folder for this content key (None without ``share``) and whether its published images were
+    linked into ``folder`` (rank 0 looks; every rank gets its answer)."""
+    world = 1 if ranks is None else ranks.world
+    if share is None:
+        return None, False
+    shared = SharedRound0(run_dir.parent / "round0", round0_key(share, requests, device, world=world))
+    reused = shared.images_into(folder) if ranks is None else ranks.on_server(
+        partial(shared.images_into, folder), "round 0's shared images")
+    return shared, bool(reused)
 
 
 def _synthesis_plan(cfg: Any, *, components: DiffusionComponents,
