@@ -417,7 +417,9 @@ class FederationConfig:
     precision: Literal[PRECISIONS] = "32-true"  # type: ignore[valid-type] # e.g. "bf16-mixed" on GPUs
     on_client_error: Literal["raise", "skip"] = "raise"
     # a round with fewer successful clients than this stops the run (exit 1, checkpoint kept), as Flower's
-    # min_fit_clients: failure is never reported as success
+    # min_fit_clients: failure is never reported as success. 0 (averaging methods): a round in which no update
+    # arrived — every client offline, dropped, late or failed under on_client_error: skip — keeps the global state
+    # and the run goes on, as Flower's server does when aggregate_fit has no results
     min_clients: int = 1
     # crash safety that pays for itself (federation/round_store.py): the server's finished clients stay in
     # memory until their round has run this many seconds, then every record is written to disk; a crash
@@ -486,7 +488,8 @@ class FederationConfig:
         check(self.process_group_backend != "nccl" or self.accelerator in ("auto", "gpu", "cuda"),
               "process_group_backend", self.process_group_backend,
               f"auto or gloo with federation.accelerator {self.accelerator} (nccl runs only on CUDA GPUs)")
-        check(self.min_clients >= 1, "min_clients", self.min_clients, "an int >= 1")
+        check(self.min_clients >= 0, "min_clients", self.min_clients,
+              "an int >= 0 (0: a round with no update keeps the state; averaging methods)")
         _check_seed("sampling_seed", self.sampling_seed)
 
 

@@ -36,7 +36,8 @@ def _settings(cfg: RunConfig) -> list[str]:
     f = cfg.federation
     asked = [("server_optimizer.name", f.server_optimizer.name, "fedavg"), ("aggregator.name", f.aggregator.name,
                                                                              "mean"), ("attack.kind", f.attack.kind, "none")]
-    return [f"federation.{key}={value}" for key, value, plain in asked if value != plain]
+    empty_rounds = ["federation.min_clients=0"] if f.min_clients == 0 else []  # an empty round keeps the state
+    return [f"federation.{key}={value}" for key, value, plain in asked if value != plain] + empty_rounds
 
 
 def check_averaging_settings(cfg: RunConfig, algorithm: type) -> None:

@@ -6,7 +6,8 @@ mid-round, the two system behaviours FLGo simulates for every algorithm (its ``a
   :mod:`~fl_lightning.federation.availability_trace`: one 0/1 row per round, one column per client); the server
   samples its ``client_fraction`` of the K clients from those online (``max(1, round(fraction·K))`` of them, or
   all of them when fewer are online). A round with none online has no
-  clients and stops the run as any round with fewer than ``federation.min_clients`` successes does.
+  clients and stops the run as any round with fewer than ``federation.min_clients`` successes does; with
+  ``min_clients: 0`` (averaging methods) a round that no update reached keeps the global state and the run goes on.
 * **dropout** d: each sampled client drops out after receiving the global state with probability d (a draw from
   (seed, round, client)): its download is counted, its upload never arrives. It is a failure the engine sees —
   ``failed`` and ``dropped`` in metrics.csv, its reason in the run's ``failed_clients`` — that counts against

@@ -604,6 +604,8 @@ class Simulation:
         federation/privacy.py; FedAdam & co.: federation/server_optimizer.py)."""
         uploads, dp = store.uploads(result.succeeded), self._privacy
         arrived = [p for p in run.pending if p.arrival == round_idx]  # late updates due now (late: stale)
+        if not result.succeeded and not arrived:  # no update arrived (federation.min_clients: 0): the state stands
+            return run.state
         if arrived:
             uploads = ArrivedUploads(uploads, arrived, self.cfg.federation.clients.staleness_exponent)
         if dp is None:

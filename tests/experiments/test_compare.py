@@ -133,8 +133,11 @@ def test_help_names_the_argument_and_gives_an_example(capsys):
 def test_the_real_commands_help_and_refuse_an_unknown_flag_in_one_line(command):
     """``python -m fl_lightning.compare`` / ``paired`` as a user runs them (the sys.exit(main()) wiring)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    run = lambda *argv: subprocess.run([sys.executable, "-m", command[0], *argv], cwd=REPO, env=env,  # noqa: E731
-                                       capture_output=True, text=True, timeout=120)
+
+    def run(*argv):
+        return subprocess.run([sys.executable, "-m", command[0], *argv], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=120)
+
     helped = run("--help")
     assert helped.returncode == 0 and helped.stderr == "" and "example:" in helped.stdout, helped
     refused = run(*command[1:], "B", "--bogus")

@@ -76,6 +76,24 @@ def test_too_few_clients_left_stops_the_run_in_one_line(tmp_path):
     assert "\n" not in str(err.value)
 
 
+def test_with_min_clients_0_a_round_that_no_update_reached_keeps_the_state_and_the_run_goes_on(tmp_path):
+    # FedAdam's moments would move the head on an empty round if the server stepped (Δ = 0, m ≠ 0): it must not
+    cfg = _cfg(tmp_path / "run", "--federation.clients.dropout", "0.7", "--federation.client_fraction", "0.25",
+               "--federation.min_clients", "0", "--federation.rounds", "6", "--federation.server_optimizer.name",
+               "fedadam")
+    Simulation(cfg=cfg, loggers=[]).run()
+    rows = metrics_rows(cfg)
+    empty = [r for r, row in enumerate(rows) if row["failed"] == row["clients"]]
+    assert len(rows) == 6 and empty and len(empty) < 6, empty  # both kinds of round in this draw
+    for r in empty:  # the state stands: the same evaluation as the round before (round 0: the initial head)
+        if r > 0:
+            assert (rows[r]["accuracy"], rows[r]["loss"]) == (rows[r - 1]["accuracy"], rows[r - 1]["loss"])
+    assert any(rows[r]["accuracy"] != rows[r - 1]["accuracy"] for r in range(1, 6) if r not in empty)
+    with pytest.raises(UsageError, match="federation.min_clients=0 needs a method whose state is the mean"):
+        Simulation(cfg=load_config(CONF / "fedcgs_digits_tiny.yaml", ["--output_dir", str(tmp_path / "cgs"),
+                                                                        "--federation.min_clients", "0"]), loggers=[])
+
+
 def test_a_resumed_run_drops_the_same_clients_and_the_same_late_ones(tmp_path):
     extra = ("--federation.clients.dropout", "0.3", "--federation.clients.availability", "0.7",
              "--federation.clients.speed_spread", "0.5", "--federation.clients.deadline_s", "4")
