@@ -70,8 +70,9 @@ def run_benchmarks(
         "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "quick": bool(quick),
         "device": str(device),
-        "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
-                        else platform.processor() or platform.machine()),
+        "device_name": (
+            torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+        ),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
@@ -103,8 +104,10 @@ def results_table(results: dict[str, Any]):
     from rich.table import Table
 
     meta = results.get("meta", {})
-    title = (f"fl_lightning benchmarks — {meta.get('device', '?')} ({meta.get('device_name', '')}), "
-             f"{'quick (tiny models)' if meta.get('quick') else 'real sizes'}, torch threads {meta.get('torch_threads')}")
+    title = (
+        f"fl_lightning benchmarks — {meta.get('device', '?')} ({meta.get('device_name', '')}), "
+        f"{'quick (tiny models)' if meta.get('quick') else 'real sizes'}, torch threads {meta.get('torch_threads')}"
+    )
     table = Table(title=title, show_lines=False)
     if meta.get("quick"):
         table.caption = "quick: tiny models check the machinery; the thresholds are meant for the real sizes"

@@ -34,32 +34,57 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m benchmarks",
         description="FedOPAL / FeDiSyn performance figures as ratios to same-run baselines.",
     )
-    parser.add_argument("which", nargs="?", default="all", choices=(*BENCHMARKS, *ENGINE_BENCHMARKS, "all"),
-                        help="which suite to run (default: all = the method suites; scale runs by name)")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny models, seconds: checks the machinery, not the thresholds")
+    parser.add_argument(
+        "which",
+        nargs="?",
+        default="all",
+        choices=(*BENCHMARKS, *ENGINE_BENCHMARKS, "all"),
+        help="which suite to run (default: all = the method suites; scale runs by name)",
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny models, seconds: checks the machinery, not the thresholds")
     parser.add_argument("--out", type=Path, default=None, help="write all numbers to this JSON file")
-    parser.add_argument("--clients", type=_int_list, default=None,
-                        help="scale: the numbers of clients K, e.g. 10,100 (default 10,100,1000,10000; quick 10,100); "
-                             "engine: K (default 50; 10 a round)")
-    parser.add_argument("--processes", type=_int_list, default=None,
-                        help="scale: run the framework with these numbers of processes (default 1,2); "
-                             "ranks: the process counts (default 1,2,4)")
-    parser.add_argument("--engine-only", action="store_true",
-                        help="scale: skip the peer job and the start-up timing (the engine's figures only)")
-    parser.add_argument("--threads", type=_int_list, default=[1, 2],
-                        help="engine: torch threads of both jobs, one point per value (default 1,2)")
-    parser.add_argument("--model", choices=("small", "large"), default="small",
-                        help="engine: the 327 k-parameter ResNet (small, default) or a 2.8 M one (large)")
-    parser.add_argument("--repeats", type=_positive_int, default=3,
-                        help="engine: fresh runs of each job, bare and framework alternating (best taken; default 3)")
+    parser.add_argument(
+        "--clients",
+        type=_int_list,
+        default=None,
+        help="scale: the numbers of clients K, e.g. 10,100 (default 10,100,1000,10000; quick 10,100); "
+        "engine: K (default 50; 10 a round)",
+    )
+    parser.add_argument(
+        "--processes",
+        type=_int_list,
+        default=None,
+        help="scale: run the framework with these numbers of processes (default 1,2); ranks: the process counts (default 1,2,4)",
+    )
+    parser.add_argument(
+        "--engine-only", action="store_true", help="scale: skip the peer job and the start-up timing (the engine's figures only)"
+    )
+    parser.add_argument(
+        "--threads", type=_int_list, default=[1, 2], help="engine: torch threads of both jobs, one point per value (default 1,2)"
+    )
+    parser.add_argument(
+        "--model",
+        choices=("small", "large"),
+        default="small",
+        help="engine: the 327 k-parameter ResNet (small, default) or a 2.8 M one (large)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=_positive_int,
+        default=3,
+        help="engine: fresh runs of each job, bare and framework alternating (best taken; default 3)",
+    )
     args = parser.parse_args(argv)
-    options = {"scale": {"clients": args.clients, "processes": args.processes or [1, 2],
-                         "extras": not args.engine_only},
-               "ranks": {"processes": args.processes or [1, 2, 4]},
-               "engine": {"threads": args.threads, "model": args.model,
-                          "clients": args.clients[0] if args.clients else 50,
-                          "repeats": args.repeats}}
+    options = {
+        "scale": {"clients": args.clients, "processes": args.processes or [1, 2], "extras": not args.engine_only},
+        "ranks": {"processes": args.processes or [1, 2, 4]},
+        "engine": {
+            "threads": args.threads,
+            "model": args.model,
+            "clients": args.clients[0] if args.clients else 50,
+            "repeats": args.repeats,
+        },
+    }
 
     from rich.console import Console
 
@@ -68,8 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fl_lightning.errors import UsageError
 
     try:
-        results = run_benchmarks(names, quick=args.quick, options=options,
-                                 on_suite_start=lambda name: progress.print(f"running {name} benchmarks ..."))
+        results = run_benchmarks(
+            names, quick=args.quick, options=options, on_suite_start=lambda name: progress.print(f"running {name} benchmarks ...")
+        )
     except UsageError as err:  # a missing resource (the features suite's checkpoint): one line, exit 2
         print(f"benchmarks: {err}", file=sys.stderr)
         return 2

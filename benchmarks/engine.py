@@ -78,8 +78,9 @@ DIGITS_MAX_CLIENTS = 100  # above this, digits' 1,437 training images are too fe
 _SHARD = 8  # K > DIGITS_MAX_CLIENTS: images per shard; 2 shards a client
 
 
-def engine_config(*, output_dir: str, model: str = "small", num_clients: int = 50, per_round: int = 10,
-                  rounds: int = 30) -> dict[str, Any]:
+def engine_config(
+    *, output_dir: str, model: str = "small", num_clients: int = 50, per_round: int = 10, rounds: int = 30
+) -> dict[str, Any]:
     """The job as a config mapping (the YAML's shape).
 
     Up to :data:`DIGITS_MAX_CLIENTS` clients: the bundled digits, Dirichlet α = 0.5. More clients cannot
@@ -93,7 +94,10 @@ def engine_config(*, output_dir: str, model: str = "small", num_clients: int = 5
         data = {**data, "name": "synthetic", "num_samples": 2 * _SHARD * num_clients}
         partition = {"num_clients": num_clients, "scheme": "shards", "shards_per_client": 2}
     return {
-        "algorithm": "fedavg_cnn", "seed": 0, "output_dir": output_dir, "run_name": f"engine_{model}_k{num_clients}",
+        "algorithm": "fedavg_cnn",
+        "seed": 0,
+        "output_dir": output_dir,
+        "run_name": f"engine_{model}_k{num_clients}",
         "data": data,
         "partition": partition,
         "federation": {"accelerator": "cpu", "rounds": rounds, "client_fraction": per_round / num_clients},
@@ -140,10 +144,19 @@ def _framework_worker(config: Path, out: Path, paused: Any = None) -> None:
     cfg = load_config(config)
     Simulation(cfg=cfg, callbacks=[clock, *([paused] if paused is not None else [])]).run()
     pairs = list(zip(clock.starts, clock.starts[1:]))
-    out.write_text(json.dumps({"round_s": [b[0] - a[0] for a, b in pairs], "round_cpu_s": [b[1] - a[1] for a, b in pairs],
-                               "accuracy": clock.accuracy, "first_client_epoch_s": clock.first_client[0],
-                               "first_client_cpu_s": clock.first_client[1], "report_s": clock.report_s}),
-                   encoding="utf-8")
+    out.write_text(
+        json.dumps(
+            {
+                "round_s": [b[0] - a[0] for a, b in pairs],
+                "round_cpu_s": [b[1] - a[1] for a, b in pairs],
+                "accuracy": clock.accuracy,
+                "first_client_epoch_s": clock.first_client[0],
+                "first_client_cpu_s": clock.first_client[1],
+                "report_s": clock.report_s,
+            }
+        ),
+        encoding="utf-8",
+    )
 
 
 class _FirstClient(Exception):
@@ -167,8 +180,7 @@ def _start_worker(config: Path, out: Path, paused: Any = None) -> None:
     stop = _StopAtFirstClient()
     with contextlib.suppress(_FirstClient):  # the run ends at its first client, by design
         Simulation(cfg=load_config(config), callbacks=[*([paused] if paused is not None else []), stop]).run()
-    out.write_text(json.dumps({"first_client_epoch_s": stop.at[0], "first_client_cpu_s": stop.at[1]}),
-                   encoding="utf-8")
+    out.write_text(json.dumps({"first_client_epoch_s": stop.at[0], "first_client_cpu_s": stop.at[1]}), encoding="utf-8")
 
 
 def _bare_worker(config: Path, out: Path) -> None:
@@ -186,15 +198,15 @@ def _bare_worker(config: Path, out: Path) -> None:
     from fl_lightning.federation.placement import client_seed, sample_clients
 
     values = yaml.safe_load(config.read_text(encoding="utf-8"))
-    seed, data, part, fed, train = (values["seed"], values["data"], values["partition"], values["federation"],
-                                    values["train"])
+    seed, data, part, fed, train = (values["seed"], values["data"], values["partition"], values["federation"], values["train"])
     if data["name"] == "digits":
         digits = load_digits()
         gray = np.rint(digits.images * (255.0 / 16.0)).astype(np.uint8)
         images = torch.from_numpy(gray)[:, None].expand(-1, 3, -1, -1).contiguous()  # (N, 3, 8, 8) uint8
         targets = np.asarray(digits.target, dtype=np.int64)
-        train_idx, test_idx = (np.sort(i) for i in train_test_split(np.arange(len(targets)), test_size=0.2,
-                                                                    random_state=seed, stratify=targets))
+        train_idx, test_idx = (
+            np.sort(i) for i in train_test_split(np.arange(len(targets)), test_size=0.2, random_state=seed, stratify=targets)
+        )
         raw_train, raw_test = images[train_idx], images[test_idx]
         t_train, t_test = targets[train_idx], targets[test_idx]
     else:  # the generated images (a pure function of the seed), untransformed
@@ -204,8 +216,14 @@ def _bare_worker(config: Path, out: Path) -> None:
         raw_train, raw_test = generated.train.images, generated.test.images
         t_train, t_test = generated.train_targets, generated.test_targets
     size = data["image_size"]
-    prep = v2.Compose([v2.Resize(size, antialias=True), v2.CenterCrop(size), v2.ToDtype(torch.float32, scale=True),
-                       v2.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
+    prep = v2.Compose(
+        [
+            v2.Resize(size, antialias=True),
+            v2.CenterCrop(size),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
+        ]
+    )
     x_train = torch.stack([prep(x) for x in raw_train])  # once: (N_train, 3, S, S)
     x_test = torch.stack([prep(x) for x in raw_test])
     y_train, y_test = torch.from_numpy(t_train), torch.from_numpy(t_test)
@@ -215,8 +233,7 @@ def _bare_worker(config: Path, out: Path) -> None:
         parts = dirichlet_partition(t_train, part["num_clients"], part["alpha"], seed=0, min_samples=1)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = timm.create_model(values["model"]["name"], pretrained=False, num_classes=10,
-                                  **values["model"]["overrides"])
+        model = timm.create_model(values["model"]["name"], pretrained=False, num_classes=10, **values["model"]["overrides"])
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     batch = train["batch_size"]
     round_s, round_cpu_s, accuracy = [], [], []
@@ -235,7 +252,7 @@ def _bare_worker(config: Path, out: Path) -> None:
             torch.empty((), dtype=torch.int64).random_(generator=g)  # what a DataLoader iterator draws first
             perm = idx[torch.randperm(len(idx), generator=g)]
             for i in range(0, len(perm), batch):
-                b = perm[i:i + batch]
+                b = perm[i : i + batch]
                 loss = F.cross_entropy(model(x_train[b]), y_train[b])
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -248,19 +265,23 @@ def _bare_worker(config: Path, out: Path) -> None:
                 else:
                     sums[k] = term
             total += n
-        state = {k: (s / total if v.is_floating_point() else (s / total).round()).to(v.dtype)
-                 for (k, s), v in zip(sums.items(), state.values())}
+        state = {
+            k: (s / total if v.is_floating_point() else (s / total).round()).to(v.dtype)
+            for (k, s), v in zip(sums.items(), state.values())
+        }
         model.load_state_dict(state)
         model.eval()
         correct = 0
         with torch.inference_mode():
             for i in range(0, len(x_test), data["batch_size"]):
-                correct += int((model(x_test[i:i + data["batch_size"]]).argmax(1) == y_test[i:i + data["batch_size"]]).sum())
+                correct += int((model(x_test[i : i + data["batch_size"]]).argmax(1) == y_test[i : i + data["batch_size"]]).sum())
         accuracy.append(correct / len(y_test))
         round_s.append(time.perf_counter() - start)
         round_cpu_s.append(time.process_time() - cpu)
-    out.write_text(json.dumps({"round_s": round_s, "round_cpu_s": round_cpu_s, "accuracy": accuracy,
-                               "test_size": len(y_test)}), encoding="utf-8")
+    out.write_text(
+        json.dumps({"round_s": round_s, "round_cpu_s": round_cpu_s, "accuracy": accuracy, "test_size": len(y_test)}),
+        encoding="utf-8",
+    )
 
 
 # -- the suite --------------------------------------------------------------------------------------------
@@ -270,8 +291,7 @@ def _env(threads: int) -> dict[str, str]:
     package's sources in every fresh process, ~0.2 s, while the reference imports come precompiled)."""
     path = os.pathsep.join(p for p in (str(_REPO), os.environ.get("PYTHONPATH", "")) if p)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    return {**env, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
-            "PYTHONPATH": path}
+    return {**env, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
 
 
 def _python(args: list[str], threads: int) -> tuple[float, float]:
@@ -289,8 +309,13 @@ def _imports_done(code: str, threads: int) -> tuple[float, float]:
     process prints both as its last act, so the interpreter's exit (tearing torch down takes ~1 s) is not
     counted — as the framework's figure stops at its first client, not at its exit."""
     spawned = time.time()
-    proc = subprocess.run([sys.executable, "-c", f"{code}; import time; print(time.time(), time.process_time())"],
-                          capture_output=True, text=True, env=_env(threads), cwd=_REPO)
+    proc = subprocess.run(
+        [sys.executable, "-c", f"{code}; import time; print(time.time(), time.process_time())"],
+        capture_output=True,
+        text=True,
+        env=_env(threads),
+        cwd=_REPO,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"python -c {code!r} exited {proc.returncode}: {proc.stderr[-3000:]}")
     done, cpu = (float(v) for v in proc.stdout.split()[-2:])
@@ -319,16 +344,20 @@ def _pair_at_once(config: Path, folder: Path, r: int) -> tuple[tuple[dict[str, A
     procs, started = {}, time.perf_counter()
     for kind, core in zip(("bare", "framework"), cores):
         env = {**_env(1), _CORE_VARIABLE: str(core)}
-        procs[kind] = subprocess.Popen([sys.executable, "-m", "benchmarks.engine", "--worker", kind, str(config),
-                                        str(folder / f"{kind}{r}.json"), "1"], env=env, cwd=_REPO,
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs[kind] = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.engine", "--worker", kind, str(config), str(folder / f"{kind}{r}.json"), "1"],
+            env=env,
+            cwd=_REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     results = {}
     for kind, proc in procs.items():
         _, err = proc.communicate()
         if proc.returncode != 0:
             raise RuntimeError(f"the {kind} worker exited {proc.returncode}: {err[-3000:]}")
-        results[kind] = (json.loads((folder / f"{kind}{r}.json").read_text(encoding="utf-8")),
-                         time.perf_counter() - started)
+        results[kind] = (json.loads((folder / f"{kind}{r}.json").read_text(encoding="utf-8")), time.perf_counter() - started)
     return results["bare"], results["framework"]
 
 
@@ -342,8 +371,7 @@ def _job_config(work: Path, name: str, **job: Any) -> Path:
     folder = work / name
     folder.mkdir(parents=True)
     config = folder / "job.yaml"
-    config.write_text(yaml.safe_dump(engine_config(output_dir=str(folder / "runs"), **job), sort_keys=False),
-                      encoding="utf-8")
+    config.write_text(yaml.safe_dump(engine_config(output_dir=str(folder / "runs"), **job), sort_keys=False), encoding="utf-8")
     return config
 
 
@@ -351,23 +379,33 @@ def _check_same_accuracy(name: str, fw: dict[str, Any], bare: dict[str, Any]) ->
     n = bare["test_size"]
     wrong = [t for t, (a, b) in enumerate(zip(fw["accuracy"], bare["accuracy"])) if round(a * n) != round(b * n)]
     if wrong or len(fw["accuracy"]) != len(bare["accuracy"]):
-        raise RuntimeError(f"{name}: the framework and the bare loop disagree on the test accuracy of rounds {wrong} "
-                           f"(framework {fw['accuracy']}, bare {bare['accuracy']})")
+        raise RuntimeError(
+            f"{name}: the framework and the bare loop disagree on the test accuracy of rounds {wrong} "
+            f"(framework {fw['accuracy']}, bare {bare['accuracy']})"
+        )
 
 
 _DATA_LIBRARY = "sklearn.datasets, sklearn.model_selection"
-_START_REFERENCES = (("start_ratio", "import torch, timm", "`import torch, timm`"),
-                     ("start_ratio_with_data_library", f"import torch, timm, {_DATA_LIBRARY}",
-                      "`import torch, timm` + scikit-learn (the digits' library)"),
-                     # the CLI's opt-in fast start pauses the cyclic collector (experiments/collector.py); this
-                     # reference does too, so that the figure shows what is left once both import alike
-                     ("start_ratio_with_data_library_collector_paused",
-                      f"import gc; gc.disable(); import torch, timm, {_DATA_LIBRARY}",
-                      "the same imports with the collector paused, as the framework's start does"))
+_START_REFERENCES = (
+    ("start_ratio", "import torch, timm", "`import torch, timm`"),
+    (
+        "start_ratio_with_data_library",
+        f"import torch, timm, {_DATA_LIBRARY}",
+        "`import torch, timm` + scikit-learn (the digits' library)",
+    ),
+    # the CLI's opt-in fast start pauses the cyclic collector (experiments/collector.py); this
+    # reference does too, so that the figure shows what is left once both import alike
+    (
+        "start_ratio_with_data_library_collector_paused",
+        f"import gc; gc.disable(); import torch, timm, {_DATA_LIBRARY}",
+        "the same imports with the collector paused, as the framework's start does",
+    ),
+)
 
 
-def _point(work: Path, name: str, threads: int, repeats: int = 3, *, time_imports: bool = False,
-           concurrent: bool = True, **job: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def _point(
+    work: Path, name: str, threads: int, repeats: int = 3, *, time_imports: bool = False, concurrent: bool = True, **job: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Framework and bare loop on one job, ``repeats`` fresh processes each; their accuracies must agree
     in every round of every run. The figure compares each side's best mean round. With one thread and
     two cores (and ``concurrent``) each repeat runs the two at once, one core each; otherwise one after
@@ -402,27 +440,44 @@ def _point(work: Path, name: str, threads: int, repeats: int = 3, *, time_import
     bare_cpu = [_mean(b["round_cpu_s"]) for b in bares]
     ratio, cpu_ratio = min(fw_means) / min(bare_means), min(fw_cpu) / min(bare_cpu)
     best_fw, best_bare = fws[fw_means.index(min(fw_means))], bares[bare_means.index(min(bare_means))]
-    details = {"threads": threads, **job, "repeats": repeats,
-               "framework_mean_round_s": min(fw_means), "bare_mean_round_s": min(bare_means),
-               "framework_mean_round_s_runs": fw_means, "bare_mean_round_s_runs": bare_means,
-               "median_ratio_of_runs": statistics.median(f / b for f, b in zip(fw_means, bare_means)),
-               "overhead_per_round_ms": 1e3 * (min(fw_means) - min(bare_means)),
-               "cpu_ratio": cpu_ratio, "framework_mean_round_cpu_s": min(fw_cpu), "bare_mean_round_cpu_s": min(bare_cpu),
-               "framework_process_s": [f["process_s"] for f in fws], "bare_process_s": [b["process_s"] for b in bares],
-               "framework_round_s": best_fw["round_s"], "bare_round_s": best_bare["round_s"],
-               "accuracy": best_fw["accuracy"],
-               "concurrent": at_once,
-               "first_client_s": min(w for w, _ in starts) if starts else None,
-               "framework_report_s": [f["report_s"] for f in fws],
-               "first_client_cpu_s": min(c for _, c in starts) if starts else None, "imports": imports}
+    details = {
+        "threads": threads,
+        **job,
+        "repeats": repeats,
+        "framework_mean_round_s": min(fw_means),
+        "bare_mean_round_s": min(bare_means),
+        "framework_mean_round_s_runs": fw_means,
+        "bare_mean_round_s_runs": bare_means,
+        "median_ratio_of_runs": statistics.median(f / b for f, b in zip(fw_means, bare_means)),
+        "overhead_per_round_ms": 1e3 * (min(fw_means) - min(bare_means)),
+        "cpu_ratio": cpu_ratio,
+        "framework_mean_round_cpu_s": min(fw_cpu),
+        "bare_mean_round_cpu_s": min(bare_cpu),
+        "framework_process_s": [f["process_s"] for f in fws],
+        "bare_process_s": [b["process_s"] for b in bares],
+        "framework_round_s": best_fw["round_s"],
+        "bare_round_s": best_bare["round_s"],
+        "accuracy": best_fw["accuracy"],
+        "concurrent": at_once,
+        "first_client_s": min(w for w, _ in starts) if starts else None,
+        "framework_report_s": [f["report_s"] for f in fws],
+        "first_client_cpu_s": min(c for _, c in starts) if starts else None,
+        "imports": imports,
+    }
     runs = ", ".join(f"{f:.3f}/{b:.3f}" for f, b in zip(fw_means, bare_means))
-    fig = figure(ratio, "x", op="<=", bound=ROUND_BOUND, details=details,
-                 note=f"{threads} thread(s){', run side by side, one core each' if at_once else ''}; best mean round "
-                      f"{min(fw_means):.3f} s vs bare {min(bare_means):.3f} s, "
-                      f"{1e3 * (min(fw_means) - min(bare_means)):+.1f} ms a round "
-                      f"(each run, framework/bare: {runs}; CPU-time ratio {cpu_ratio:.3f}); end-of-run reports "
-                      f"{min(details['framework_report_s']):.2f} s once, not in a round; same accuracy in all "
-                      f"{len(best_bare['accuracy'])} rounds of every run")
+    fig = figure(
+        ratio,
+        "x",
+        op="<=",
+        bound=ROUND_BOUND,
+        details=details,
+        note=f"{threads} thread(s){', run side by side, one core each' if at_once else ''}; best mean round "
+        f"{min(fw_means):.3f} s vs bare {min(bare_means):.3f} s, "
+        f"{1e3 * (min(fw_means) - min(bare_means)):+.1f} ms a round "
+        f"(each run, framework/bare: {runs}; CPU-time ratio {cpu_ratio:.3f}); end-of-run reports "
+        f"{min(details['framework_report_s']):.2f} s once, not in a round; same accuracy in all "
+        f"{len(best_bare['accuracy'])} rounds of every run",
+    )
     return fig, details
 
 
@@ -437,18 +492,29 @@ def _start_figures(details: dict[str, Any]) -> dict[str, Any]:
             continue
         wall, cpu = min(w for w, _ in runs), min(c for _, c in runs)
         out[key] = figure(
-            first_client_s / wall, "x", op="<=", bound=START_BOUND,
-            details={"first_client_s": first_client_s, "imports_s": wall, "imports": code,
-                     "first_client_cpu_s": first_client_cpu_s, "imports_cpu_s": cpu,
-                     "cpu_ratio": first_client_cpu_s / cpu, "imports_runs": runs},
+            first_client_s / wall,
+            "x",
+            op="<=",
+            bound=START_BOUND,
+            details={
+                "first_client_s": first_client_s,
+                "imports_s": wall,
+                "imports": code,
+                "first_client_cpu_s": first_client_cpu_s,
+                "imports_cpu_s": cpu,
+                "cpu_ratio": first_client_cpu_s / cpu,
+                "imports_runs": runs,
+            },
             note=f"process start → first client {first_client_s:.2f} s vs {what} {wall:.2f} s (best of "
-                 f"{len(runs)} each, alternating); CPU seconds {first_client_cpu_s:.2f} vs {cpu:.2f} "
-                 f"({first_client_cpu_s / cpu:.3f}x)")
+            f"{len(runs)} each, alternating); CPU seconds {first_client_cpu_s:.2f} vs {cpu:.2f} "
+            f"({first_client_cpu_s / cpu:.3f}x)",
+        )
     return out
 
 
-def run(*, quick: bool, device: Any = None, threads: Sequence[int] = (1, 2), model: str = "small",
-        clients: int = 50, repeats: int = 3) -> dict[str, Any]:
+def run(
+    *, quick: bool, device: Any = None, threads: Sequence[int] = (1, 2), model: str = "small", clients: int = 50, repeats: int = 3
+) -> dict[str, Any]:
     """The engine figures (see the module docstring); ``quick``: a tiny model, 3 rounds, one run each
     (the machinery only)."""
     model = "tiny" if quick else model
@@ -457,14 +523,22 @@ def run(*, quick: bool, device: Any = None, threads: Sequence[int] = (1, 2), mod
     with tempfile.TemporaryDirectory(prefix="fl_engine_bench_") as tmp:
         work = Path(tmp)
         for i, n in enumerate(threads):
-            fig, details = _point(work, f"{model}_k{clients}_t{n}", n, repeats, time_imports=i == 0, model=model,
-                                  num_clients=clients, rounds=rounds)
+            fig, details = _point(
+                work, f"{model}_k{clients}_t{n}", n, repeats, time_imports=i == 0, model=model, num_clients=clients, rounds=rounds
+            )
             results[f"round_ratio_{model}_k{clients}_t{n}"] = fig
             if i == 0:
                 results.update(_start_figures(details))
-    results["sizes"] = {"model": model, "overrides": MODELS[model], "clients": clients, "per_round": 10,
-                        "rounds": rounds, "threads": list(threads), "repeats": repeats,
-                        "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+    results["sizes"] = {
+        "model": model,
+        "overrides": MODELS[model],
+        "clients": clients,
+        "per_round": 10,
+        "rounds": rounds,
+        "threads": list(threads),
+        "repeats": repeats,
+        "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
     return results
 
 

@@ -40,17 +40,25 @@ _SEEDS = [[0, 0], [1, 1]]
 def _config(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """The shared config (AFL's) and FedPFT's section."""
     if quick:
-        model = {"library": "timm", "name": "vit_base_patch16_224", "pretrained": None,
-                 "overrides": {"img_size": 32, "patch_size": 8, "embed_dim": 64, "depth": 2, "num_heads": 2}}
+        model = {
+            "library": "timm",
+            "name": "vit_base_patch16_224",
+            "pretrained": None,
+            "overrides": {"img_size": 32, "patch_size": 8, "embed_dim": 64, "depth": 2, "num_heads": 2},
+        }
         data = {"name": "digits", "image_size": 32, "batch_size": 64, "num_samples": 400}
         fedpft = {"n_components": 2, "tol": 1.0e-4, "max_iter": 100}
     else:
-        model = {"library": "timm", "name": "vit_small_patch14_dinov2", "pretrained": None,
-                 "checkpoint": str(CHECKPOINT)}
+        model = {"library": "timm", "name": "vit_small_patch14_dinov2", "pretrained": None, "checkpoint": str(CHECKPOINT)}
         data = {"name": "digits", "image_size": 56, "batch_size": 64}  # 4 × 4 patches of 14 px
         fedpft = {}  # the FedCGS repo's FedPFT baseline (K = 10 diagonal components)
-    return {"algorithm": "afl", "data": {**data, "split_seed": 0}, "partition": {"num_clients": 10, "alpha": 0.1},
-            "model": model, "logging": {"progress": False}}, fedpft
+    return {
+        "algorithm": "afl",
+        "data": {**data, "split_seed": 0},
+        "partition": {"num_clients": 10, "alpha": 0.1},
+        "model": model,
+        "logging": {"progress": False},
+    }, fedpft
 
 
 def _train(config: dict[str, Any], folder: Path) -> tuple[float, dict[str, dict[str, Any]]]:
@@ -75,14 +83,18 @@ def run(*, quick: bool = False, device: torch.device | None = None) -> dict[str,
     from fl_lightning.errors import MissingResourceError
 
     if not quick and not CHECKPOINT.expanduser().is_file():
-        raise MissingResourceError(f"the features benchmark needs the DINOv2 ViT-S/14 timm checkpoint at {CHECKPOINT} "
-                                   f"(docs/architecture.md, 'A real backbone for studies'); --quick runs without it")
+        raise MissingResourceError(
+            f"the features benchmark needs the DINOv2 ViT-S/14 timm checkpoint at {CHECKPOINT} "
+            f"(docs/architecture.md, 'A real backbone for studies'); --quick runs without it"
+        )
     import fl_lightning.federation.simulation  # noqa: F401  (imports paid before any timing)
 
     base, fedpft = _config(quick)
-    variants = [{"algorithm": "afl", "label": "AFL", "afl": {"lam": 1.0e-6}},
-                {"algorithm": "fedcgs", "label": "FedCGS"},
-                {"algorithm": "fedpft", "label": "FedPFT", "fedpft": fedpft}]
+    variants = [
+        {"algorithm": "afl", "label": "AFL", "afl": {"lam": 1.0e-6}},
+        {"algorithm": "fedcgs", "label": "FedCGS"},
+        {"algorithm": "fedpft", "label": "FedPFT", "fedpft": fedpft},
+    ]
     comparison = {**base, "variants": variants, "sweep": {"partition.alpha": _ALPHAS, "seed,partition.seed": _SEEDS}}
     off = {**base, "data": {**base["data"], "feature_cache": False}}
     one = {**off, "afl": {"lam": 1.0e-6}}
@@ -91,21 +103,39 @@ def run(*, quick: bool = False, device: torch.device | None = None) -> dict[str,
         whole_s, cached = _train(comparison, Path(tmp) / "comparison")
         cell_s, uncached = _train({**off, "variants": variants}, Path(tmp) / "cell")
     twins = {name: cached.get(name) for name in uncached}
-    same = all(t is not None and (t["accuracy"], t["loss"]) == (s["accuracy"], s["loss"])
-               for (name, s), t in zip(uncached.items(), twins.values()))
+    same = all(
+        t is not None and (t["accuracy"], t["loss"]) == (s["accuracy"], s["loss"])
+        for (name, s), t in zip(uncached.items(), twins.values())
+    )
     runs = len(variants) * len(_ALPHAS) * len(_SEEDS)
     return {
-        "sizes": {"quick": quick, "runs": runs, "model": base["model"]["name"],
-                  "image_size": base["data"]["image_size"], "clients": base["partition"]["num_clients"],
-                  "one_afl_run_s": one_s, "comparison_s": whole_s,
-                  "uncached_cell_s": cell_s},
-        "comparison_vs_one_run": figure(whole_s / one_s, "x", op="<=", bound=2.0,
-                                        note=f"{runs} runs (AFL, FedCGS, FedPFT × 3 α × 2 seeds) / one AFL run",
-                                        details={"comparison_s": whole_s, "one_afl_run_s": one_s}),
-        "uncached_cell_vs_one_run": figure(cell_s / one_s, "x",
-                                           note="AFL + FedCGS + FedPFT, one α and seed, cache off / one AFL run",
-                                           details={"cell_s": cell_s}),
-        "cached_equals_uncached": figure(float(same), "x", op=">=", bound=1.0,
-                                         note="the cache-off runs' accuracy and loss equal their cached twins'",
-                                         details={"runs_compared": len(uncached)}),
+        "sizes": {
+            "quick": quick,
+            "runs": runs,
+            "model": base["model"]["name"],
+            "image_size": base["data"]["image_size"],
+            "clients": base["partition"]["num_clients"],
+            "one_afl_run_s": one_s,
+            "comparison_s": whole_s,
+            "uncached_cell_s": cell_s,
+        },
+        "comparison_vs_one_run": figure(
+            whole_s / one_s,
+            "x",
+            op="<=",
+            bound=2.0,
+            note=f"{runs} runs (AFL, FedCGS, FedPFT × 3 α × 2 seeds) / one AFL run",
+            details={"comparison_s": whole_s, "one_afl_run_s": one_s},
+        ),
+        "uncached_cell_vs_one_run": figure(
+            cell_s / one_s, "x", note="AFL + FedCGS + FedPFT, one α and seed, cache off / one AFL run", details={"cell_s": cell_s}
+        ),
+        "cached_equals_uncached": figure(
+            float(same),
+            "x",
+            op=">=",
+            bound=1.0,
+            note="the cache-off runs' accuracy and loss equal their cached twins'",
+            details={"runs_compared": len(uncached)},
+        ),
     }

@@ -117,8 +117,18 @@ def sizes_for(*, quick: bool, device: torch.device) -> FeDiSynSizes:
     if quick:
         tiny = dict(img_size=32, patch_size=8, embed_dim=32, depth=12, num_heads=2)
         # 5-step chain from s = 500: UNet at 500, 300, 300, 100 and the x0 projection
-        return FeDiSynSizes(vit_overrides=tiny, image_size=32, num_classes=10, gen_image_size=16, gen_batch=2,
-                            gen_steps=5, upload_images=20, upload_image_size=32, warmup=1, repeats=2)
+        return FeDiSynSizes(
+            vit_overrides=tiny,
+            image_size=32,
+            num_classes=10,
+            gen_image_size=16,
+            gen_batch=2,
+            gen_steps=5,
+            upload_images=20,
+            upload_image_size=32,
+            warmup=1,
+            repeats=2,
+        )
     if device.type == "cuda":
         return FeDiSynSizes(warmup=2, repeats=7)
     return FeDiSynSizes()
@@ -138,9 +148,16 @@ def _generation(sizes: FeDiSynSizes, device: torch.device) -> tuple[dict[str, An
 
     def generate(x: torch.Tensor, texts: list[str]) -> torch.Tensor:
         with autocast():
-            x0 = denoise_latents(parts.unet, parts.scheduler, x, timestep=sizes.gen_timestep,
-                                 num_inference_steps=sizes.gen_steps, text_embeddings=encode_prompts(parts, texts),
-                                 uncond_embeddings=uncond, guidance_scale=sizes.guidance_scale)
+            x0 = denoise_latents(
+                parts.unet,
+                parts.scheduler,
+                x,
+                timestep=sizes.gen_timestep,
+                num_inference_steps=sizes.gen_steps,
+                text_embeddings=encode_prompts(parts, texts),
+                uncond_embeddings=uncond,
+                guidance_scale=sizes.guidance_scale,
+            )
             return decode_latents(parts.vae, x0)
 
     def batched() -> None:
@@ -150,14 +167,23 @@ def _generation(sizes: FeDiSynSizes, device: torch.device) -> tuple[dict[str, An
         for i in range(b):
             generate(latents[i : i + 1], prompts[i : i + 1])
 
-    t = time_interleaved({"batched": batched, "one_at_a_time": one_at_a_time}, warmup=sizes.warmup,
-                         repeats=sizes.repeats, device=device)
+    t = time_interleaved(
+        {"batched": batched, "one_at_a_time": one_at_a_time}, warmup=sizes.warmup, repeats=sizes.repeats, device=device
+    )
     t_batch, t_single = t["batched"].median_s, t["one_at_a_time"].median_s
-    details = {"batch_size": b, "image_size": sizes.gen_image_size, "latent_shape": [channels, side, side],
-               "num_inference_steps": sizes.gen_steps, "timestep": sizes.gen_timestep,
-               "guidance_scale": sizes.guidance_scale, "per_image_s_batched": t_batch / b,
-               "per_image_s_one_at_a_time": t_single / b, "batched": t["batched"].to_dict(),
-               "one_at_a_time": t["one_at_a_time"].to_dict(), "components": "tiny_diffusion_components (random)"}
+    details = {
+        "batch_size": b,
+        "image_size": sizes.gen_image_size,
+        "latent_shape": [channels, side, side],
+        "num_inference_steps": sizes.gen_steps,
+        "timestep": sizes.gen_timestep,
+        "guidance_scale": sizes.guidance_scale,
+        "per_image_s_batched": t_batch / b,
+        "per_image_s_one_at_a_time": t_single / b,
+        "batched": t["batched"].to_dict(),
+        "one_at_a_time": t["one_at_a_time"].to_dict(),
+        "components": "tiny_diffusion_components (random)",
+    }
     rate = figure(b / t_batch, "img/s", note=f"batch {b}; per-image time h = {1e3 * t_batch / b:.1f} ms", details=details)
     speedup = figure(t_single / t_batch, "x", note=f"batch of {b} vs {b} single-image chains", details=details)
     return rate, speedup
@@ -168,8 +194,9 @@ def _class_upload_bytes(*, images: int, centroids: int, latent_shape: tuple[int,
     """Bytes of one class's upload with float32 latents, by the framework's own accounting (a class with
     <= Z images uploads its mean only, see ``synthesis/latents.py``)."""
     z = centroids if images > centroids else 0
-    up = ClassLatentUpload(label=0, count=images, timestep=0, centroids=torch.empty(z, *latent_shape),
-                           mean=torch.empty(*latent_shape))
+    up = ClassLatentUpload(
+        label=0, count=images, timestep=0, centroids=torch.empty(z, *latent_shape), mean=torch.empty(*latent_shape)
+    )
     return up.num_bytes
 
 
@@ -180,20 +207,39 @@ def _upload_size(sizes: FeDiSynSizes) -> tuple[dict[str, Any], dict[str, Any]]:
         side = px // 8  # SD v1-5's VAE downsamples by 8 into 4 channels
         up, raw = _class_upload_bytes(images=D, centroids=Z, latent_shape=(4, side, side)), D * 3 * px * px
         sd[f"{px}px"] = {"latent_shape": [4, side, side], "upload_bytes": up, "raw_bytes": raw, "ratio": up / raw}
-    sd_fig = figure(sd["224px"]["ratio"], "x",
-                    note=f"SD v1-5, {D} images 224 px, Z={Z}: {sd['224px']['upload_bytes']:,} B vs "
-                         f"{sd['224px']['raw_bytes']:,} B",
-                    details={"images": D, "num_centroids": Z, **sd})
+    sd_fig = figure(
+        sd["224px"]["ratio"],
+        "x",
+        note=f"SD v1-5, {D} images 224 px, Z={Z}: {sd['224px']['upload_bytes']:,} B vs {sd['224px']['raw_bytes']:,} B",
+        details={"images": D, "num_centroids": Z, **sd},
+    )
 
     parts = tiny_diffusion_components(seed=_SEED, image_size=sizes.upload_image_size)
     S = sizes.upload_image_size
     images = torch.rand(D, 3, S, S, generator=torch.Generator().manual_seed(_SEED))
-    uploads = client_latent_uploads(parts.vae, parts.scheduler, {0: images}, num_centroids=Z,
-                                    timestep=sizes.gen_timestep, max_timestep=sizes.gen_timestep, seed=_SEED)
+    uploads = client_latent_uploads(
+        parts.vae,
+        parts.scheduler,
+        {0: images},
+        num_centroids=Z,
+        timestep=sizes.gen_timestep,
+        max_timestep=sizes.gen_timestep,
+        seed=_SEED,
+    )
     up, raw = to_upload(uploads).num_bytes, D * 3 * S * S
-    tiny_fig = figure(up / raw, "x", note=f"tiny VAE (x2, latents larger than pixels), {D} images {S} px, measured",
-                      details={"images": D, "image_size": S, "num_centroids": Z, "upload_bytes": up, "raw_bytes": raw,
-                               "latent_shape": list(uploads[0].mean.shape)})
+    tiny_fig = figure(
+        up / raw,
+        "x",
+        note=f"tiny VAE (x2, latents larger than pixels), {D} images {S} px, measured",
+        details={
+            "images": D,
+            "image_size": S,
+            "num_centroids": Z,
+            "upload_bytes": up,
+            "raw_bytes": raw,
+            "latent_shape": list(uploads[0].mean.shape),
+        },
+    )
     return sd_fig, tiny_fig
 
 
@@ -203,24 +249,29 @@ def _build_vit(sizes: FeDiSynSizes) -> nn.Module:
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_SEED)
-        return timm.create_model("vit_base_patch16_224", pretrained=False, num_classes=sizes.num_classes,
-                                 **sizes.vit_overrides)
+        return timm.create_model("vit_base_patch16_224", pretrained=False, num_classes=sizes.num_classes, **sizes.vit_overrides)
 
 
-def _train_step(loss_fn: Callable[[], torch.Tensor], optimizer: torch.optim.Optimizer,
-                autocast: Callable) -> Callable[[], None]:
+def _train_step(loss_fn: Callable[[], torch.Tensor], optimizer: torch.optim.Optimizer, autocast: Callable) -> Callable[[], None]:
     """One local step as ``fit_local`` takes it: forward under autocast, backward, optimiser step."""
+
     def step() -> None:
         with autocast():
             loss = loss_fn()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+
     return step
 
 
-def _step_memory(model: nn.Module, loss_fn: Callable[[], torch.Tensor], optimizer: torch.optim.Optimizer,
-                 autocast: Callable, device: torch.device) -> dict[str, Any]:
+def _step_memory(
+    model: nn.Module,
+    loss_fn: Callable[[], torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    autocast: Callable,
+    device: torch.device,
+) -> dict[str, Any]:
     """Run one step and account its memory (also serves as the step's warm-up).
 
     The CPU estimate is weights + saved activations + gradients + optimiser state; on CUDA a second
@@ -236,8 +287,12 @@ def _step_memory(model: nn.Module, loss_fn: Callable[[], torch.Tensor], optimize
     grads = tensor_bytes(p.grad for p in params if p.grad is not None)
     optimizer.step()
     state = tensor_bytes(t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))
-    out = {"weights_bytes": tensor_bytes(held), "activations_bytes": saved.bytes, "gradient_bytes": grads,
-           "optimizer_bytes": state}
+    out = {
+        "weights_bytes": tensor_bytes(held),
+        "activations_bytes": saved.bytes,
+        "gradient_bytes": grads,
+        "optimizer_bytes": state,
+    }
     out["estimate_bytes"] = sum(out.values())
     out["trainable_params"] = sum(p.numel() for p in params if p.requires_grad)
     if device.type == "cuda":
@@ -272,42 +327,60 @@ def _lora_figures(sizes: FeDiSynSizes, device: torch.device) -> tuple[dict[str, 
         memory[str(depth)] = _step_memory(lora, lora_loss, optimizer, autocast, device)
         step = _train_step(lora_loss, optimizer, autocast)
         if depth != max(sizes.depths):
-            times[str(depth)] = time_call(step, warmup=sizes.warmup - 1 if sizes.warmup else 0,
-                                          repeats=sizes.repeats, device=device)
+            times[str(depth)] = time_call(
+                step, warmup=sizes.warmup - 1 if sizes.warmup else 0, repeats=sizes.repeats, device=device
+            )
             continue
         full_opt = torch.optim.AdamW(full.parameters(), lr=1e-4)
         memory["full"] = _step_memory(full, full_loss, full_opt, autocast, device)
-        both = time_interleaved({"lora": step, "full": _train_step(full_loss, full_opt, autocast)},
-                                warmup=max(sizes.warmup - 1, 0), repeats=sizes.repeats, device=device)
+        both = time_interleaved(
+            {"lora": step, "full": _train_step(full_loss, full_opt, autocast)},
+            warmup=max(sizes.warmup - 1, 0),
+            repeats=sizes.repeats,
+            device=device,
+        )
         times[str(depth)], times["full"] = both["lora"], both["full"]
 
     key = "cuda_peak_bytes" if device.type == "cuda" else "estimate_bytes"
     deepest, shallowest = str(max(sizes.depths)), str(min(sizes.depths))
     step_fig = figure(
-        times[deepest].median_s / times["full"].median_s, "x",
+        times[deepest].median_s / times["full"].median_s,
+        "x",
         note=f"LoRA r={sizes.lora_rank} step (all {deepest} blocks) / full fine-tuning step, batch {sizes.step_batch}",
-        details={"lora_step_s": times[deepest].median_s, "full_step_s": times["full"].median_s,
-                 "lora": times[deepest].to_dict(), "full": times["full"].to_dict(),
-                 "lora_trainable_params": memory[deepest]["trainable_params"],
-                 "full_trainable_params": memory["full"]["trainable_params"]},
+        details={
+            "lora_step_s": times[deepest].median_s,
+            "full_step_s": times["full"].median_s,
+            "lora": times[deepest].to_dict(),
+            "full": times["full"].to_dict(),
+            "lora_trainable_params": memory[deepest]["trainable_params"],
+            "full_trainable_params": memory["full"]["trainable_params"],
+        },
     )
     per_depth = {d: {**memory[d], "step_s": times[d].median_s} for d in memory if d != "full"}
     mem_fig = figure(
-        memory[deepest][key] / memory[shallowest][key], "x",
+        memory[deepest][key] / memory[shallowest][key],
+        "x",
         note=f"memory at depth {deepest} / depth {shallowest} ({key}); full FT: "
-             f"{memory['full'][key] / memory[shallowest][key]:.2f}x",
-        details={"measure": key, "per_depth": per_depth, "full_finetuning": memory["full"],
-                 "method": ("torch.cuda.max_memory_allocated over a step" if device.type == "cuda" else
-                            "weights + saved_tensors_hooks activations + gradients + AdamW state")},
+        f"{memory['full'][key] / memory[shallowest][key]:.2f}x",
+        details={
+            "measure": key,
+            "per_depth": per_depth,
+            "full_finetuning": memory["full"],
+            "method": (
+                "torch.cuda.max_memory_allocated over a step"
+                if device.type == "cuda"
+                else "weights + saved_tensors_hooks activations + gradients + AdamW state"
+            ),
+        },
     )
     step_time = {int(d): times[d].median_s for d in memory if d != "full"}
-    return step_fig, mem_fig, {"step_time_by_depth": step_time, "lora_state": lora.lora_state(),
-                               "num_blocks": lora.num_blocks}
+    return step_fig, mem_fig, {"step_time_by_depth": step_time, "lora_state": lora.lora_state(), "num_blocks": lora.num_blocks}
 
 
 # -- 3. round overhead -------------------------------------------------------------------------------
-def _round_overhead(sizes: FeDiSynSizes, step_time_by_depth: dict[int, float], lora_state: dict[str, torch.Tensor],
-                    num_blocks: int) -> dict[str, Any]:
+def _round_overhead(
+    sizes: FeDiSynSizes, step_time_by_depth: dict[int, float], lora_state: dict[str, torch.Tensor], num_blocks: int
+) -> dict[str, Any]:
     cpu = torch.device("cpu")  # the server's planning and averaging run on the host
     channel = ChannelConfig()
     profiles = profile_arrays(paper_testbed())  # ViT-B/16 at batch 32 (the model benchmarked here)
@@ -317,9 +390,14 @@ def _round_overhead(sizes: FeDiSynSizes, step_time_by_depth: dict[int, float], l
     contributions = np.sort(rng.random((n_dev, num_blocks)), axis=1)  # later blocks weigh more
     num_samples = np.full(n_dev, float(_SAMPLES_PER_CLIENT * _LOCAL_EPOCHS))
     layer_bits = lora_bits_per_layer(lora_state)
-    timing_kw = dict(num_samples=num_samples, forward_time_s=profiles["forward_time_s"],
-                     backward_time_per_layer_s=profiles["backward_time_per_layer_s"], layer_bits=layer_bits,
-                     spectral_efficiency=efficiency, total_bandwidth_hz=channel.total_bandwidth_hz)
+    timing_kw = dict(
+        num_samples=num_samples,
+        forward_time_s=profiles["forward_time_s"],
+        backward_time_per_layer_s=profiles["backward_time_per_layer_s"],
+        layer_bits=layer_bits,
+        spectral_efficiency=efficiency,
+        total_bandwidth_hz=channel.total_bandwidth_hz,
+    )
     memory_kw = {k: profiles[k] for k in ("fixed_memory_gb", "memory_per_layer_gb", "memory_budget_gb")}
 
     def plan() -> np.ndarray:
@@ -332,8 +410,9 @@ def _round_overhead(sizes: FeDiSynSizes, step_time_by_depth: dict[int, float], l
     client_states = []
     for x_i in depths[: sizes.num_clients]:
         keep = set(last_blocks(int(x_i), num_blocks))
-        client_states.append({k: v + 0.01 * torch.randn(v.shape, generator=g) for k, v in lora_state.items()
-                              if lora_layer_index(k) in keep})
+        client_states.append(
+            {k: v + 0.01 * torch.randn(v.shape, generator=g) for k, v in lora_state.items() if lora_layer_index(k) in keep}
+        )
     weights = num_samples[: sizes.num_clients].tolist()
 
     def aggregate() -> None:
@@ -348,15 +427,27 @@ def _round_overhead(sizes: FeDiSynSizes, step_time_by_depth: dict[int, float], l
     compute_s = float(steps * step_s.sum())
     overhead_s = t_plan.median_s + t_agg.median_s
     return figure(
-        100.0 * overhead_s / compute_s, "%", op="<=", bound=1.0,
+        100.0 * overhead_s / compute_s,
+        "%",
+        op="<=",
+        bound=1.0,
         note=f"(CLC+WFBA {1e3 * t_plan.median_s:.1f} ms + aggregation {1e3 * t_agg.median_s:.1f} ms) / "
-             f"{sizes.num_clients} clients x {steps} steps",
-        details={"plan_s": t_plan.median_s, "aggregate_s": t_agg.median_s, "client_compute_s": compute_s,
-                 "depths": depths.tolist(), "steps_per_client": steps, "step_s_by_client": step_s.tolist(),
-                 "lora_layer_bits": layer_bits, "lora_keys": len(lora_state),
-                 "assumption": (f"{_LOCAL_EPOCHS} local epoch over {_SAMPLES_PER_CLIENT} samples per client at "
-                                f"batch {sizes.step_batch}; step time interpolated between measured depths "
-                                f"{measured}")},
+        f"{sizes.num_clients} clients x {steps} steps",
+        details={
+            "plan_s": t_plan.median_s,
+            "aggregate_s": t_agg.median_s,
+            "client_compute_s": compute_s,
+            "depths": depths.tolist(),
+            "steps_per_client": steps,
+            "step_s_by_client": step_s.tolist(),
+            "lora_layer_bits": layer_bits,
+            "lora_keys": len(lora_state),
+            "assumption": (
+                f"{_LOCAL_EPOCHS} local epoch over {_SAMPLES_PER_CLIENT} samples per client at "
+                f"batch {sizes.step_batch}; step time interpolated between measured depths "
+                f"{measured}"
+            ),
+        },
     )
 
 
@@ -382,20 +473,33 @@ def _system_setting(dataset: str) -> dict[str, Any]:
     D = np.full(n, samples)
     w = np.geomspace(0.2, 1.0, vit.depth)  # later blocks weigh more
     return dict(
-        num_blocks=vit.depth, profiles=profiles, efficiency=efficiency, bandwidth=channel.total_bandwidth_hz,
+        num_blocks=vit.depth,
+        profiles=profiles,
+        efficiency=efficiency,
+        bandwidth=channel.total_bandwidth_hz,
         contributions=(D / D.sum())[:, None] * w[None, :],
-        timing=dict(num_samples=D, forward_time_s=profiles["forward_time_s"],
-                    backward_time_per_layer_s=profiles["backward_time_per_layer_s"],
-                    layer_bits=_layer_bits(model), spectral_efficiency=efficiency,
-                    total_bandwidth_hz=channel.total_bandwidth_hz),
+        timing=dict(
+            num_samples=D,
+            forward_time_s=profiles["forward_time_s"],
+            backward_time_per_layer_s=profiles["backward_time_per_layer_s"],
+            layer_bits=_layer_bits(model),
+            spectral_efficiency=efficiency,
+            total_bandwidth_hz=channel.total_bandwidth_hz,
+        ),
         memory={k: profiles[k] for k in ("fixed_memory_gb", "memory_per_layer_gb", "memory_budget_gb")},
     )
 
 
 def _depths(setting: dict[str, Any], policy: str, allocation: str = "wfba") -> np.ndarray:
     t = setting["timing"]
-    return policy_depths(policy, num_layers=setting["num_blocks"], contributions=setting["contributions"],
-                         allocation=allocation, **setting["memory"], **t).depths
+    return policy_depths(
+        policy,
+        num_layers=setting["num_blocks"],
+        contributions=setting["contributions"],
+        allocation=allocation,
+        **setting["memory"],
+        **t,
+    ).depths
 
 
 def _round(setting: dict[str, Any], depths: np.ndarray, allocation: str) -> dict[str, Any]:
@@ -414,36 +518,55 @@ def _system_model() -> dict[str, dict[str, Any]]:
         for policy in ("clc", "capacity", "full"):
             x = _depths(setting, policy)
             wfba, equal = _round(setting, x, "wfba"), _round(setting, x, "equal")
-            rows[policy] = {"depths": x.tolist(), "wfba": wfba, "equal": equal,
-                            "equal_over_wfba": equal["round_time_s"] / wfba["round_time_s"]}
+            rows[policy] = {
+                "depths": x.tolist(),
+                "wfba": wfba,
+                "equal": equal,
+                "equal_over_wfba": equal["round_time_s"] / wfba["round_time_s"],
+            }
         # The ablation as a whole: CLC optimising against B/N, run with B/N.
         x_eq = _depths(setting, "clc", allocation="equal")
         rows["clc_planned_for_equal"] = {"depths": x_eq.tolist(), "equal": _round(setting, x_eq, "equal")}
-        per_dataset[dataset] = {"backbone": _DATASETS[dataset][0], "spectral_efficiency": setting["efficiency"].tolist(),
-                                "policies": rows}
+        per_dataset[dataset] = {
+            "backbone": _DATASETS[dataset][0],
+            "spectral_efficiency": setting["efficiency"].tolist(),
+            "policies": rows,
+        }
 
     cifar = per_dataset["cifar10"]["policies"]
-    figures = {"wfba_vs_equal": figure(
-        cifar["clc"]["equal_over_wfba"], "x",
-        note=(f"CIFAR-10 (ViT-B/16), CLC depths: round {cifar['clc']['equal']['round_time_s']:.0f} s at B/N vs "
-              f"{cifar['clc']['wfba']['round_time_s']:.0f} s with WFBA (paper: w/o WFBA +41.7 % time to 74 %)"),
-        details={"per_dataset": per_dataset, "paper_wfba_gap": _PAPER_WFBA_GAP_CIFAR10,
-                 "lora_bits_per_block": {d: _layer_bits(m) for d, (m, _) in _DATASETS.items()},
-                 "setting": "paper testbed (1 Xavier, 5 Orin NX, 3 AGX Orin, 1 Thor) priced per backbone at batch 32, "
-                            "1 local epoch, ChannelConfig() defaults, placement seed 0, contributions "
-                            "D_i/ΣD · geomspace(0.2, 1, L)"},
-    )}
+    figures = {
+        "wfba_vs_equal": figure(
+            cifar["clc"]["equal_over_wfba"],
+            "x",
+            note=(
+                f"CIFAR-10 (ViT-B/16), CLC depths: round {cifar['clc']['equal']['round_time_s']:.0f} s at B/N vs "
+                f"{cifar['clc']['wfba']['round_time_s']:.0f} s with WFBA (paper: w/o WFBA +41.7 % time to 74 %)"
+            ),
+            details={
+                "per_dataset": per_dataset,
+                "paper_wfba_gap": _PAPER_WFBA_GAP_CIFAR10,
+                "lora_bits_per_block": {d: _layer_bits(m) for d, (m, _) in _DATASETS.items()},
+                "setting": "paper testbed (1 Xavier, 5 Orin NX, 3 AGX Orin, 1 Thor) priced per backbone at batch 32, "
+                "1 local epoch, ChannelConfig() defaults, placement seed 0, contributions "
+                "D_i/ΣD · geomspace(0.2, 1, L)",
+            },
+        )
+    }
 
     setting = _system_setting("cifar10")
     clc, cap = _depths(setting, "clc"), _depths(setting, "capacity")
     utility = {}
     for name, x in (("clc", clc), ("capacity", cap)):
         _, T = depth_round_time(x, **setting["timing"])
-        utility[name] = {"depths": x.tolist(), "round_time_s": T,
-                         "contribution": float(depth_contribution(setting["contributions"], x).sum()),
-                         "utility": float(depth_contribution(setting["contributions"], x).sum()) / T}
+        utility[name] = {
+            "depths": x.tolist(),
+            "round_time_s": T,
+            "contribution": float(depth_contribution(setting["contributions"], x).sum()),
+            "utility": float(depth_contribution(setting["contributions"], x).sum()) / T,
+        }
     figures["clc_vs_capacity"] = figure(
-        utility["clc"]["utility"] / utility["capacity"]["utility"], "x",
+        utility["clc"]["utility"] / utility["capacity"]["utility"],
+        "x",
         note=f"U(CLC) / U(capacity), CIFAR-10, WFBA: CLC {clc.tolist()} vs capacity {cap.tolist()}",
         details={**utility, "devices_differing": int((clc != cap).sum()), "depths_differ": bool((clc != cap).any())},
     )
@@ -453,22 +576,38 @@ def _system_model() -> dict[str, dict[str, Any]]:
     checks = result["checks"]
     for method, c in checks.items():
         figures[f"paper_{method}_time"] = figure(
-            c.ratio, "x", op="<=", bound=1.0,
-            note=(f"model {c.model_time_s:,.0f} s / paper {c.paper_time_s:,.0f} s ({c.rounds:.1f} rounds of "
-                  f"{c.round_time_s:,.0f} s + server {c.server_s:,.0f} s + synthesis upload {c.synthesis_upload_s:,.0f} s)"),
+            c.ratio,
+            "x",
+            op="<=",
+            bound=1.0,
+            note=(
+                f"model {c.model_time_s:,.0f} s / paper {c.paper_time_s:,.0f} s ({c.rounds:.1f} rounds of "
+                f"{c.round_time_s:,.0f} s + server {c.server_s:,.0f} s + synthesis upload {c.synthesis_upload_s:,.0f} s)"
+            ),
             details={**asdict(c), "ratio": c.ratio},
         )
     worst = result["worst"]
     figures["paper_consistency_worst"] = figure(
-        worst, "x", op="<=", bound=1.0,
+        worst,
+        "x",
+        op="<=",
+        bound=1.0,
         note=f"max model/paper over the Food-101 checks (worst: {result['worst_method']}); PL0 = {REFERENCE_LOSS_DB:g} dB, "
-             f"implied λ* = {result['lambda_star']:.3f}",
-        details={"reference_loss_db": REFERENCE_LOSS_DB, "lambda_star_implied": result["lambda_star"],
-                 "lambda_ratio": result["lambda_ratio"], "synthetic_images": result["synthetic_images"],
-                 "pretraining_s": result["pretraining_s"], "spectral_efficiency": result["spectral_efficiency"],
-                 "ratios": {m: c.ratio for m, c in checks.items()},
-                 "paper": {"time_to_80pct_s": dict(FOOD101.time_to_target_s), "traffic_mb": dict(FOOD101.traffic_mb),
-                           "fedisyn_generation_s": FOOD101.fedisyn_generation_s}},
+        f"implied λ* = {result['lambda_star']:.3f}",
+        details={
+            "reference_loss_db": REFERENCE_LOSS_DB,
+            "lambda_star_implied": result["lambda_star"],
+            "lambda_ratio": result["lambda_ratio"],
+            "synthetic_images": result["synthetic_images"],
+            "pretraining_s": result["pretraining_s"],
+            "spectral_efficiency": result["spectral_efficiency"],
+            "ratios": {m: c.ratio for m, c in checks.items()},
+            "paper": {
+                "time_to_80pct_s": dict(FOOD101.time_to_target_s),
+                "traffic_mb": dict(FOOD101.traffic_mb),
+                "fedisyn_generation_s": FOOD101.fedisyn_generation_s,
+            },
+        },
     )
     return figures
 
@@ -481,9 +620,9 @@ def run(*, quick: bool = False, device: torch.device | None = None) -> dict[str,
     results["generation_images_per_s"], results["generation_batched_speedup"] = _generation(sizes, device)
     results["upload_vs_raw_sd15"], results["upload_vs_raw_tiny_vae"] = _upload_size(sizes)
     step_fig, mem_fig, extra = _lora_figures(sizes, device)
-    results["round_overhead"] = _round_overhead(sizes, extra["step_time_by_depth"],
-                                                {k: v.detach().cpu() for k, v in extra["lora_state"].items()},
-                                                extra["num_blocks"])
+    results["round_overhead"] = _round_overhead(
+        sizes, extra["step_time_by_depth"], {k: v.detach().cpu() for k, v in extra["lora_state"].items()}, extra["num_blocks"]
+    )
     results["lora_step_vs_full"], results["lora_memory_vs_depth"] = step_fig, mem_fig
     results.update(_system_model())
     return results

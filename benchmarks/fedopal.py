@@ -85,14 +85,46 @@ def sizes_for(*, quick: bool, device: torch.device) -> FedOPALSizes:
     """
     solve = dict(solve_dim=768, solve_classes=101, solve_clients=(10, 100), samples_per_client=32)
     if quick:  # d = 192 (ViT-Ti width) keeps the K = 100 sum cheap
-        return FedOPALSizes(tiny=True, num_classes=10, stats_samples=32, stats_batch=8, vpt_batch=8,
-                            memory_samples=8, memory_batch=8, warmup=1, repeats=3, solve_dim=192, solve_classes=10,
-                            solve_clients=(10, 100), samples_per_client=32)
+        return FedOPALSizes(
+            tiny=True,
+            num_classes=10,
+            stats_samples=32,
+            stats_batch=8,
+            vpt_batch=8,
+            memory_samples=8,
+            memory_batch=8,
+            warmup=1,
+            repeats=3,
+            solve_dim=192,
+            solve_classes=10,
+            solve_clients=(10, 100),
+            samples_per_client=32,
+        )
     if device.type == "cuda":
-        return FedOPALSizes(tiny=False, num_classes=101, stats_samples=1024, stats_batch=128, vpt_batch=128,
-                            memory_samples=256, memory_batch=64, warmup=2, repeats=7, **solve)
-    return FedOPALSizes(tiny=False, num_classes=101, stats_samples=16, stats_batch=8, vpt_batch=4,
-                        memory_samples=4, memory_batch=4, warmup=1, repeats=3, **solve)
+        return FedOPALSizes(
+            tiny=False,
+            num_classes=101,
+            stats_samples=1024,
+            stats_batch=128,
+            vpt_batch=128,
+            memory_samples=256,
+            memory_batch=64,
+            warmup=2,
+            repeats=7,
+            **solve,
+        )
+    return FedOPALSizes(
+        tiny=False,
+        num_classes=101,
+        stats_samples=16,
+        stats_batch=8,
+        vpt_batch=4,
+        memory_samples=4,
+        memory_batch=4,
+        warmup=1,
+        repeats=3,
+        **solve,
+    )
 
 
 @contextlib.contextmanager
@@ -130,8 +162,9 @@ def _statistics_throughput(model: nn.Module, sizes: FedOPALSizes, device: torch.
     out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def framework() -> None:
-        stats = collect_statistics(model, loader, num_classes=c, device=device,
-                                   autocast=autocast if device.type == "cuda" else None)
+        stats = collect_statistics(
+            model, loader, num_classes=c, device=device, autocast=autocast if device.type == "cuda" else None
+        )
         out["framework"] = (stats.R, stats.C)
 
     def bare() -> None:
@@ -149,19 +182,26 @@ def _statistics_throughput(model: nn.Module, sizes: FedOPALSizes, device: torch.
                 C += h.T @ F.one_hot(y, c).to(torch.float64)
         out["bare"] = (R, C)
 
-    timings = time_interleaved({"framework": framework, "bare": bare}, warmup=sizes.warmup,
-                               repeats=sizes.repeats, device=device)
+    timings = time_interleaved({"framework": framework, "bare": bare}, warmup=sizes.warmup, repeats=sizes.repeats, device=device)
     t_fw, t_bare = timings["framework"].median_s, timings["bare"].median_s
     # Same numbers either way (a check that the two loops did the same work).
     R_fw, R_bare = out["framework"][0], out["bare"][0]
     rel = float((R_fw - R_bare).norm() / R_bare.norm().clamp_min(1e-300))
     return figure(
-        t_bare / t_fw, "x", op=">=", bound=0.95,
+        t_bare / t_fw,
+        "x",
+        op=">=",
+        bound=0.95,
         note="framework / bare images per second",
         details={
-            "framework_images_per_s": n / t_fw, "bare_images_per_s": n / t_bare,
-            "framework": timings["framework"].to_dict(), "bare": timings["bare"].to_dict(),
-            "samples": n, "batch_size": b, "feature_dim": d, "num_classes": c,
+            "framework_images_per_s": n / t_fw,
+            "bare_images_per_s": n / t_bare,
+            "framework": timings["framework"].to_dict(),
+            "bare": timings["bare"].to_dict(),
+            "samples": n,
+            "batch_size": b,
+            "feature_dim": d,
+            "num_classes": c,
             "relative_difference_R": rel,
         },
     )
@@ -178,17 +218,28 @@ def _vpt_cost(backbone: ViTBackbone, sizes: FedOPALSizes, device: torch.device) 
         def call() -> None:
             with torch.inference_mode(), autocast():
                 model(x)
+
         return call
 
-    timings = time_interleaved({f"M={m}": forward(model) for m, model in models.items()},
-                               warmup=sizes.warmup, repeats=sizes.repeats, device=device)
+    timings = time_interleaved(
+        {f"M={m}": forward(model) for m, model in models.items()}, warmup=sizes.warmup, repeats=sizes.repeats, device=device
+    )
     patches = (size // backbone.patch_size) ** 2
     tokens = {m: backbone.num_prefix_tokens + m + patches for m in models}
     return figure(
-        timings["M=10"].median_s / timings["M=0"].median_s, "x", op="<=", bound=1.08,
+        timings["M=10"].median_s / timings["M=0"].median_s,
+        "x",
+        op="<=",
+        bound=1.08,
         note=f"forward time M=10 / M=0 ({tokens[10]} vs {tokens[0]} tokens)",
-        details={"tokens_M0": tokens[0], "tokens_M10": tokens[10], "token_ratio": tokens[10] / tokens[0],
-                 "batch_size": sizes.vpt_batch, "M0": timings["M=0"].to_dict(), "M10": timings["M=10"].to_dict()},
+        details={
+            "tokens_M0": tokens[0],
+            "tokens_M10": tokens[10],
+            "token_ratio": tokens[10] / tokens[0],
+            "batch_size": sizes.vpt_batch,
+            "M0": timings["M=0"].to_dict(),
+            "M10": timings["M=10"].to_dict(),
+        },
     )
 
 
@@ -208,8 +259,7 @@ class _GeneratedImages(Dataset):
         return torch.randn(3, self.size, self.size, generator=g), int(torch.randint(self.c, (1,), generator=g))
 
 
-def statistics_memory_probe(*, tiny: bool, num_samples: int, batch_size: int, num_classes: int,
-                            device: str) -> dict[str, Any]:
+def statistics_memory_probe(*, tiny: bool, num_samples: int, batch_size: int, num_classes: int, device: str) -> dict[str, Any]:
     """Collect statistics over ``num_samples`` generated images and report the memory it took.
 
     On the CPU this is meant to run in a FRESH process (memory an earlier run freed but the
@@ -219,8 +269,7 @@ def statistics_memory_probe(*, tiny: bool, num_samples: int, batch_size: int, nu
     """
     dev = torch.device(device)
     model = PromptedViT(_build_backbone(tiny), num_prompts=10, seed=_SEED).to(dev)
-    data = _GeneratedImages(num_samples=num_samples, image_size=model.backbone.image_size,
-                            num_classes=num_classes, seed=_SEED)
+    data = _GeneratedImages(num_samples=num_samples, image_size=model.backbone.image_size, num_classes=num_classes, seed=_SEED)
     loader = DataLoader(data, batch_size=batch_size, shuffle=False)
     autocast = autocast_factory(dev) if dev.type == "cuda" else None
     result: dict[str, Any] = {"samples": num_samples, "batch_size": batch_size}
@@ -247,10 +296,16 @@ def _probes_in_fresh_processes(runs: list[dict[str, Any]]) -> list[dict[str, Any
     """
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
-    code = ("import json, sys; from benchmarks.fedopal import statistics_memory_probe as probe; "
-            "print(json.dumps(probe(**json.loads(sys.argv[1]))))")
-    procs = [subprocess.Popen([sys.executable, "-c", code, json.dumps(kwargs)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for kwargs in runs]
+    code = (
+        "import json, sys; from benchmarks.fedopal import statistics_memory_probe as probe; "
+        "print(json.dumps(probe(**json.loads(sys.argv[1]))))"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, json.dumps(kwargs)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        for kwargs in runs
+    ]
     results = []
     for proc in procs:
         out, err = proc.communicate()
@@ -262,8 +317,16 @@ def _probes_in_fresh_processes(runs: list[dict[str, Any]]) -> list[dict[str, Any
 
 def _statistics_memory(sizes: FedOPALSizes, device: torch.device) -> dict[str, Any]:
     factors = (1, 10)
-    kwargs = [dict(tiny=sizes.tiny, num_samples=f * sizes.memory_samples, batch_size=sizes.memory_batch,
-                   num_classes=sizes.num_classes, device=str(device)) for f in factors]
+    kwargs = [
+        dict(
+            tiny=sizes.tiny,
+            num_samples=f * sizes.memory_samples,
+            batch_size=sizes.memory_batch,
+            num_classes=sizes.num_classes,
+            device=str(device),
+        )
+        for f in factors
+    ]
     if device.type == "cuda":
         found = [statistics_memory_probe(**kw) for kw in kwargs]
     else:
@@ -273,13 +336,21 @@ def _statistics_memory(sizes: FedOPALSizes, device: torch.device) -> dict[str, A
     if device.type == "cuda":
         method = "torch.cuda.max_memory_allocated during collection"
     else:
-        method = ("peak RSS during collection, one fresh process per run (VmHWM reset before collecting, "
-                  "else ru_maxrss); python_peak_bytes from tracemalloc")
+        method = (
+            "peak RSS during collection, one fresh process per run (VmHWM reset before collecting, "
+            "else ru_maxrss); python_peak_bytes from tracemalloc"
+        )
         grown = [runs[f]["peak_bytes"] - (runs[f]["rss_before_bytes"] or 0) for f in (1, 10)]
         details["growth_during_collection_bytes"] = {"1x": grown[0], "10x": grown[1]}
     details["method"] = method
-    return figure(runs[10]["peak_bytes"] / runs[1]["peak_bytes"], "x", op="<=", bound=1.1,
-                  note=f"peak memory, {10 * sizes.memory_samples} vs {sizes.memory_samples} samples", details=details)
+    return figure(
+        runs[10]["peak_bytes"] / runs[1]["peak_bytes"],
+        "x",
+        op="<=",
+        bound=1.1,
+        note=f"peak memory, {10 * sizes.memory_samples} vs {sizes.memory_samples} samples",
+        details=details,
+    )
 
 
 # -- 4. server solve -----------------------------------------------------------------------------------
@@ -298,18 +369,35 @@ def _server_solve(sizes: FedOPALSizes) -> tuple[dict[str, Any], dict[str, Any]]:
     clients = [_client_statistics(k, d=d, c=c, rows=sizes.samples_per_client) for k in range(max(sizes.solve_clients))]
     repeats = max(7, sizes.repeats)
     totals = {K: sum(clients[:K]) for K in sizes.solve_clients}
-    t_sum = time_interleaved({str(K): (lambda K=K: sum(clients[:K])) for K in sizes.solve_clients}, warmup=1,
-                             repeats=repeats, device=cpu)
-    t_solve = time_interleaved({str(K): (lambda K=K: solve_classifier(totals[K].R, totals[K].C, lam=lam))
-                                for K in sizes.solve_clients}, warmup=1, repeats=repeats, device=cpu)
-    per_k = {str(K): {"sum_ms": 1e3 * t_sum[str(K)].median_s, "solve_ms": 1e3 * t_solve[str(K)].median_s,
-                      "sum_ms_per_client": 1e3 * t_sum[str(K)].median_s / K} for K in sizes.solve_clients}
+    t_sum = time_interleaved(
+        {str(K): (lambda K=K: sum(clients[:K])) for K in sizes.solve_clients}, warmup=1, repeats=repeats, device=cpu
+    )
+    t_solve = time_interleaved(
+        {str(K): (lambda K=K: solve_classifier(totals[K].R, totals[K].C, lam=lam)) for K in sizes.solve_clients},
+        warmup=1,
+        repeats=repeats,
+        device=cpu,
+    )
+    per_k = {
+        str(K): {
+            "sum_ms": 1e3 * t_sum[str(K)].median_s,
+            "solve_ms": 1e3 * t_solve[str(K)].median_s,
+            "sum_ms_per_client": 1e3 * t_sum[str(K)].median_s / K,
+        }
+        for K in sizes.solve_clients
+    }
     k_lo, k_hi = str(min(sizes.solve_clients)), str(max(sizes.solve_clients))
     details = {"d": d, "c": c, "lambda": lam, "per_num_clients": per_k}
     solve_ms = per_k[k_hi]["solve_ms"]
     solve = figure(solve_ms, "ms", note=f"Eq. (9) Cholesky solve, d={d}, c={c}, CPU float64", details=details)
-    growth = figure(per_k[k_hi]["solve_ms"] / per_k[k_lo]["solve_ms"], "x", op="<=", bound=1.25,
-                    note=f"solve time K={k_hi} / K={k_lo} (only the sum grows with K)", details=details)
+    growth = figure(
+        per_k[k_hi]["solve_ms"] / per_k[k_lo]["solve_ms"],
+        "x",
+        op="<=",
+        bound=1.25,
+        note=f"solve time K={k_hi} / K={k_lo} (only the sum grows with K)",
+        details=details,
+    )
     return solve, growth
 
 

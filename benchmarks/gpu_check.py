@@ -64,8 +64,14 @@ _REPO = Path(__file__).resolve().parents[1]
 _CONF = _REPO / "conf"
 # dense bf16 tensor-core peaks (FLOP/s, no sparsity), matched as substrings of torch.cuda.get_device_name, first
 # match wins: H100/H200 SXM 989 T (an H100 PCIe is 756 T: "H100 PCIe" comes first), A100 312 T, RTX 4090 165 T
-ROOFS: tuple[tuple[str, float], ...] = (("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12),
-                                       ("GH200", 989e12), ("A100", 312e12), ("4090", 165e12))
+ROOFS: tuple[tuple[str, float], ...] = (
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("H200", 989e12),
+    ("GH200", 989e12),
+    ("A100", 312e12),
+    ("4090", 165e12),
+)
 _TINY_VIT = {"img_size": 32, "patch_size": 8, "embed_dim": 64, "depth": 2, "num_heads": 2}
 
 
@@ -74,8 +80,9 @@ def roof_flops(device_name: str) -> float | None:
     return next((flops for key, flops in ROOFS if key.lower() in device_name.lower()), None)
 
 
-def vit_forward_flops(*, image_size: int, patch_size: int, width: int, depth: int, extra_tokens: int = 0,
-                      mlp_ratio: float = 4.0) -> float:
+def vit_forward_flops(
+    *, image_size: int, patch_size: int, width: int, depth: int, extra_tokens: int = 0, mlp_ratio: float = 4.0
+) -> float:
     """FLOPs (2 per multiply-add) of one image through a ViT: patch embedding, then per block the qkv and output
     projections (4·N·D² MACs), the MLP (2·r·N·D²) and attention's two N×N products (2·N²·D); N = 1 + L + M."""
     patches = (image_size // patch_size) ** 2
@@ -112,8 +119,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def throughput(*, cpu: bool, device: torch.device, batch: int, steps: int, num_prompts: int = 10,
-               classes: int = 10) -> dict[str, dict[str, float]]:
+def throughput(
+    *, cpu: bool, device: torch.device, batch: int, steps: int, num_prompts: int = 10, classes: int = 10
+) -> dict[str, dict[str, float]]:
     """Images/s and FLOP/s of prompt tuning and of the statistics pass (module docstring)."""
     model = _vit(cpu, device)
     width, size = model.embed_dim, model.patch_embed.img_size[0]
@@ -145,8 +153,7 @@ def throughput(*, cpu: bool, device: torch.device, batch: int, steps: int, num_p
         C.addmm_(h.T, onehot)
 
     out: dict[str, dict[str, float]] = {}
-    forward = vit_forward_flops(image_size=size, patch_size=patch, width=width, depth=len(model.blocks),
-                                extra_tokens=num_prompts)
+    forward = vit_forward_flops(image_size=size, patch_size=patch, width=width, depth=len(model.blocks), extra_tokens=num_prompts)
     for name, step, flops in (("prompt_tuning", tune, 2 * forward), ("statistics", statistics, forward)):
         for _ in range(2):  # warm-up: kernels chosen, allocator filled
             step()
@@ -184,19 +191,40 @@ def _commands(entry: Sequence[str], args: Sequence[str], shared: int) -> list[li
     if shared == 1:
         return [[sys.executable, *entry, *args]]
     port = _free_port()
-    ranks = ["--federation.num_nodes", str(shared), "--federation.devices", "1",
-             "--federation.process_group_backend", "gloo"]
-    return [[sys.executable, "-m", "torch.distributed.run", "--nnodes", str(shared), "--node-rank", str(node),
-             "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", port, *entry, *args, *ranks]
-            for node in range(shared)]
+    ranks = ["--federation.num_nodes", str(shared), "--federation.devices", "1", "--federation.process_group_backend", "gloo"]
+    return [
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            str(shared),
+            "--node-rank",
+            str(node),
+            "--nproc-per-node",
+            "1",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            port,
+            *entry,
+            *args,
+            *ranks,
+        ]
+        for node in range(shared)
+    ]
 
 
 def _launch(commands: list[list[str]], env: dict[str, str], timeout_s: float) -> tuple[list[int], str, float]:
     """Run ``commands`` side by side: their exit statuses, the first failing one's stderr (or the last's) and the
     wall time; every process is killed at ``timeout_s``."""
     start = time.perf_counter()
-    procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=_REPO,
-                              start_new_session=True) for c in commands]
+    procs = [
+        subprocess.Popen(
+            c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=_REPO, start_new_session=True
+        )
+        for c in commands
+    ]
     errs = []
     try:
         for p in procs:
@@ -213,13 +241,21 @@ def _launch(commands: list[list[str]], env: dict[str, str], timeout_s: float) ->
     return codes, failing, time.perf_counter() - start
 
 
-def _train(work: Path, name: str, config: str, overrides: Sequence[str], timeout_s: float,
-           shared: int = 1) -> dict[str, Any]:
+def _train(work: Path, name: str, config: str, overrides: Sequence[str], timeout_s: float, shared: int = 1) -> dict[str, Any]:
     """``python -m fl_lightning.train`` of ``config`` in fresh processes (``shared`` ranks on one device, see
     :func:`_commands`); its summary.json with the wall time (``check_s``), or the error's tail."""
     out = work / name
-    args = ["--config", str(_CONF / config), "--output_dir", str(out), "--run_name", name, "--logging.progress",
-            "false", *overrides]
+    args = [
+        "--config",
+        str(_CONF / config),
+        "--output_dir",
+        str(out),
+        "--run_name",
+        name,
+        "--logging.progress",
+        "false",
+        *overrides,
+    ]
     codes, stderr, wall = _launch(_commands(["-m", "fl_lightning.train"], args, shared), _env(), timeout_s)
     summary = out / name / "summary.json"
     if any(codes) or not summary.is_file():
@@ -233,9 +269,20 @@ def _stopped_rank(work: Path, accelerator: Sequence[str], liveness_s: float = 10
     took after the freeze, the processes' exit statuses and rank 0's own lines (``tests/federation/
     rank_safety_job.py`` runs the CLI with that hook; NCCL would notice no frozen peer: the liveness watch must)."""
     out = work / "stopped_rank"
-    args = [str(out), "--config", str(_CONF / "fedavg_digits_tiny.yaml"), "--output_dir", str(work / "runs"),
-            "--federation.rounds", "1", "--logging.progress", "false", "--federation.liveness_timeout_s",
-            str(liveness_s), *accelerator]
+    args = [
+        str(out),
+        "--config",
+        str(_CONF / "fedavg_digits_tiny.yaml"),
+        "--output_dir",
+        str(work / "runs"),
+        "--federation.rounds",
+        "1",
+        "--logging.progress",
+        "false",
+        "--federation.liveness_timeout_s",
+        str(liveness_s),
+        *accelerator,
+    ]
     env = {**_env(), "FL_TEST_SIGNAL_HOOK": "on_round_start:1:SIGSTOP", "OMP_NUM_THREADS": "1"}
     codes, _, wall = _launch(_commands([str(_JOB)], args, 2), env, timeout_s=240)
     for pid_file in out.glob("rank*.pid"):  # a frozen rank the watch did not end (the check then fails)
@@ -250,8 +297,7 @@ def _stopped_rank(work: Path, accelerator: Sequence[str], liveness_s: float = 10
 
 
 # tiny runs: (config, overrides that keep them to seconds)
-_RANK_RUNS = {"fedopal": ("fedopal_digits_tiny.yaml", ("--train.epochs", "1")),
-              "fedisyn": ("fedisyn_tiny.yaml", ())}
+_RANK_RUNS = {"fedopal": ("fedopal_digits_tiny.yaml", ("--train.epochs", "1")), "fedisyn": ("fedisyn_tiny.yaml", ())}
 # DENSE (a timm CNN's local training, the generator, the KD) on the device, shortened on the CPU
 _DENSE = ("dense_digits_tiny.yaml", ("--federation.rounds", "1"))
 _DENSE_CPU = ("--train.epochs", "1", "--dense.epochs", "2", "--dense.g_steps", "5")
@@ -297,17 +343,27 @@ def _check_ranks(checks: _Checks, work: Path, accelerator: list[str], *, cpu: bo
     how = "2 GPUs" if shared == 1 else ("2 processes on the CPU" if cpu else "2 processes on one GPU (gloo)")
     for method, (config, extra) in _RANK_RUNS.items():
         one = _train(work, f"{method}_r1", config, [*accelerator, *extra], timeout_s=600)
-        two = _train(work, f"{method}_r2", config,
-                     [*accelerator, *extra, *(["--federation.devices", "2"] if shared == 1 else [])],
-                     timeout_s=600, shared=shared)
+        two = _train(
+            work,
+            f"{method}_r2",
+            config,
+            [*accelerator, *extra, *(["--federation.devices", "2"] if shared == 1 else [])],
+            timeout_s=600,
+            shared=shared,
+        )
         seconds = one["check_s"] + two["check_s"]
         if "error" in one or "error" in two:
             errors = "; ".join(f"{n} rank(s) {s['error']}" for n, s in ((1, one), (2, two)) if "error" in s)
             checks.add(f"ranks {method}", False, errors, seconds=seconds)
             continue
         a1, a2 = one["accuracy"], two["accuracy"]
-        checks.add(f"ranks {method}", a1 == a2, f"1 rank accuracy {a1:.4f}, 2 ranks {a2:.4f} ({how}; difference "
-                   f"{a2 - a1:+.2e})", seconds=seconds, peak=f"{_gib(one)} / {_gib(two)}")
+        checks.add(
+            f"ranks {method}",
+            a1 == a2,
+            f"1 rank accuracy {a1:.4f}, 2 ranks {a2:.4f} ({how}; difference {a2 - a1:+.2e})",
+            seconds=seconds,
+            peak=f"{_gib(one)} / {_gib(two)}",
+        )
 
 
 def _check_learning(checks: _Checks, work: Path, accelerator: list[str], *, cpu: bool) -> None:
@@ -315,32 +371,52 @@ def _check_learning(checks: _Checks, work: Path, accelerator: list[str], *, cpu:
     chance = 1.0 / 10  # digits: 10 classes
     config, extra = _RANK_RUNS["fedopal"]
     for precision, name in (("bf16-mixed", "bf16 fedopal"), ("16-mixed", "fp16 fedopal")):
-        s = _train(work, name.replace(" ", "_"), config, [*accelerator, "--federation.precision", precision, *extra],
-                   timeout_s=600)
+        s = _train(
+            work, name.replace(" ", "_"), config, [*accelerator, "--federation.precision", precision, *extra], timeout_s=600
+        )
         ok = "error" not in s and s["accuracy"] > 3 * chance
         text = s.get("error") or f"{precision} accuracy {s['accuracy']:.4f} (chance {chance:.2f}, bar {3 * chance:.2f})"
         checks.add(name, ok, text, seconds=s["check_s"], peak=_gib(s))
 
     # 16-mixed gradient steps do the learning: FedAvg's head trained against the same head untrained
-    trained, untrained = (_train(work, f"fedavg_16mixed_e{e}", "fedavg_digits_tiny.yaml",
-                                 [*accelerator, "--federation.precision", "16-mixed", "--train.epochs", str(e),
-                                  "--federation.rounds", "5"], timeout_s=600) for e in (5, 0))
+    trained, untrained = (
+        _train(
+            work,
+            f"fedavg_16mixed_e{e}",
+            "fedavg_digits_tiny.yaml",
+            [*accelerator, "--federation.precision", "16-mixed", "--train.epochs", str(e), "--federation.rounds", "5"],
+            timeout_s=600,
+        )
+        for e in (5, 0)
+    )
     seconds = trained["check_s"] + untrained["check_s"]
     if "error" in trained or "error" in untrained:
         checks.add("fp16 fedavg", False, trained.get("error") or untrained["error"], seconds=seconds)
     else:
         a, b = trained["accuracy"], untrained["accuracy"]
-        checks.add("fp16 fedavg", a > b + 0.1, f"16-mixed head accuracy {a:.4f}, untrained {b:.4f} (bar {b + 0.1:.2f})",
-                   seconds=seconds, peak=_gib(trained))
+        checks.add(
+            "fp16 fedavg",
+            a > b + 0.1,
+            f"16-mixed head accuracy {a:.4f}, untrained {b:.4f} (bar {b + 0.1:.2f})",
+            seconds=seconds,
+            peak=_gib(trained),
+        )
 
     # DENSE: 32-true on the CPU (oneDNN's bf16 convolution backward can give NaN there), bf16-mixed on a GPU
     config, extra = _DENSE
     precision = "32-true" if cpu else "bf16-mixed"
-    s = _train(work, "dense", config, [*accelerator, *extra, "--federation.precision", precision,
-                                       *(_DENSE_CPU if cpu else ())], timeout_s=600)
+    s = _train(
+        work,
+        "dense",
+        config,
+        [*accelerator, *extra, "--federation.precision", precision, *(_DENSE_CPU if cpu else ())],
+        timeout_s=600,
+    )
     ok = "error" not in s and s["accuracy"] is not None and 0 <= s["accuracy"] <= 1
-    text = s.get("error") or (f"{precision} student accuracy {s['accuracy']:.4f}, clients' ensemble "
-                              f"{s.get('ensemble_accuracy', float('nan')):.4f} (chance {chance:.2f})")
+    text = s.get("error") or (
+        f"{precision} student accuracy {s['accuracy']:.4f}, clients' ensemble "
+        f"{s.get('ensemble_accuracy', float('nan')):.4f} (chance {chance:.2f})"
+    )
     checks.add("dense", ok, text, seconds=s["check_s"], peak=_gib(s))
 
 
@@ -348,11 +424,19 @@ def _check_stopped_rank(checks: _Checks, work: Path, accelerator: list[str]) -> 
     """One injected failure: a rank frozen mid-run ends the job within a minute, with one line naming it."""
     got = _stopped_rank(work, accelerator)
     ended, lines = got["ended_after_s"], got["lines"]
-    ok = (ended is not None and ended < 60 and all(c != 0 for c in got["codes"]) and len(lines) == 1
-          and "rank 1" in lines[0] and "stopped answering" in lines[0])
+    ok = (
+        ended is not None
+        and ended < 60
+        and all(c != 0 for c in got["codes"])
+        and len(lines) == 1
+        and "rank 1" in lines[0]
+        and "stopped answering" in lines[0]
+    )
     said = lines[0] if len(lines) == 1 else f"{len(lines)} lines"
-    text = (f"rank 1 frozen (SIGSTOP) on round 0: the job ended {'never' if ended is None else f'{ended:.1f} s'} "
-            f"after (liveness {got['liveness_timeout_s']:g} s, bar 60 s), exit {got['codes']}; rank 0 said: {said}")
+    text = (
+        f"rank 1 frozen (SIGSTOP) on round 0: the job ended {'never' if ended is None else f'{ended:.1f} s'} "
+        f"after (liveness {got['liveness_timeout_s']:g} s, bar 60 s), exit {got['codes']}; rank 0 said: {said}"
+    )
     checks.add("stopped rank", ok, text, seconds=got["check_s"])
 
 
@@ -364,34 +448,38 @@ def run_checks(*, cpu: bool, work: Path, gpus: int | None = None) -> tuple[list[
     gpus = torch.cuda.device_count() if gpus is None else gpus
     name = "cpu" if cpu else torch.cuda.get_device_name(device)
     roof = None if cpu else roof_flops(name)
-    checks.say(f"gpu_check: device {name}, bf16 roof {roof / 1e12:.0f} TFLOP/s" if roof
-               else f"gpu_check: device {name}, bf16 roof n/a")
+    checks.say(
+        f"gpu_check: device {name}, bf16 roof {roof / 1e12:.0f} TFLOP/s" if roof else f"gpu_check: device {name}, bf16 roof n/a"
+    )
 
     # 1. throughput
     sizes = {"batch": 8, "steps": 2} if cpu else {"batch": 64, "steps": 20}
     numbers["throughput"] = measured = throughput(cpu=cpu, device=device, **sizes)
     for what, m in measured.items():
         share = f"{100 * m['flops_s'] / roof:.1f} % of roof" if roof else "roof n/a"
-        checks.add(f"throughput {what}", m["images_s"] > 0,
-                   f"{m['images_s']:.1f} images/s, {m['flops_s'] / 1e12:.3f} TFLOP/s, {share}")
+        checks.add(
+            f"throughput {what}", m["images_s"] > 0, f"{m['images_s']:.1f} images/s, {m['flops_s'] / 1e12:.3f} TFLOP/s, {share}"
+        )
 
     # 2. the data path into the device, then the loader benchmark's CPU figures
     from benchmarks.loader import FORWARD_GFLOP, device_images_per_s, required_images_per_s
     from fl_lightning.cores import available_cpus
     from fl_lightning.data.loader import resolve_loader_settings
 
-    workers = resolve_loader_settings("auto", "auto", "auto", cuda=not cpu, cpus=available_cpus(),
-                                      ranks_on_node=1).num_workers
+    workers = resolve_loader_settings("auto", "auto", "auto", cuda=not cpu, cpus=available_cpus(), ranks_on_node=1).num_workers
     start = time.perf_counter()
     rate = device_images_per_s(device, workers=workers, images=64 if cpu else 1024, passes=1 if cpu else 2)
     need = required_images_per_s(FORWARD_GFLOP["vit_b16"])
     numbers["loader"] = {"images_s": rate, "workers": workers, "vit_b16_needs_images_s": need}
     command = [sys.executable, "-m", "benchmarks", "loader", *(["--quick"] if cpu else [])]
     proc = subprocess.run(command, capture_output=True, text=True, cwd=_REPO, timeout=300)
-    checks.add("loader", rate > 0 and proc.returncode == 0,
-               f"{rate:.0f} images/s onto {device.type} from the uint8 store with {workers} worker(s) (a ViT-B/16 bf16 "
-               f"step on an H100 needs {need:.0f}); python -m benchmarks loader exit {proc.returncode}",
-               seconds=time.perf_counter() - start)
+    checks.add(
+        "loader",
+        rate > 0 and proc.returncode == 0,
+        f"{rate:.0f} images/s onto {device.type} from the uint8 store with {workers} worker(s) (a ViT-B/16 bf16 "
+        f"step on an H100 needs {need:.0f}); python -m benchmarks loader exit {proc.returncode}",
+        seconds=time.perf_counter() - start,
+    )
 
     # 3.-6. runs: ranks, precisions, DENSE, a stopped rank
     accelerator = ["--federation.accelerator", "cpu" if cpu else "gpu"]
@@ -402,8 +490,9 @@ def run_checks(*, cpu: bool, work: Path, gpus: int | None = None) -> tuple[list[
 
     checks.table()
     failures = checks.failures
-    checks.say(f"gpu_check: {len(checks.rows)} checks, {len(failures)} failed"
-               + (f" ({', '.join(failures)})" if failures else ""))
+    checks.say(
+        f"gpu_check: {len(checks.rows)} checks, {len(failures)} failed" + (f" ({', '.join(failures)})" if failures else "")
+    )
     return checks.lines, failures, numbers
 
 
@@ -413,8 +502,9 @@ def run(*, quick: bool, device: torch.device | None = None, work_dir: Path | Non
     cpu = quick or device is None or device.type != "cuda"
     with tempfile.TemporaryDirectory(prefix="fl_gpu_check_", dir=work_dir) as work:
         lines, failures, numbers = run_checks(cpu=cpu, work=Path(work))
-    results: dict[str, Any] = {f"{k}_images_s": figure(v["images_s"], "images/s", note="ViT bf16")
-                               for k, v in numbers["throughput"].items()}
+    results: dict[str, Any] = {
+        f"{k}_images_s": figure(v["images_s"], "images/s", note="ViT bf16") for k, v in numbers["throughput"].items()
+    }
     results["failed_checks"] = figure(float(len(failures)), "checks", op="<=", bound=0.0, note="; ".join(lines[1:-1]))
     results["sizes"] = {"cpu": cpu, "numbers": numbers}
     return results

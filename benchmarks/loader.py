@@ -45,20 +45,32 @@ from torch.utils.data import DataLoader, Dataset
 
 from benchmarks._timing import figure
 
-__all__ = ["run", "paper_configs", "required_images_per_s", "device_images_per_s", "H100_BF16_FLOPS", "UTILISATION",
-           "FORWARD_GFLOP"]
+__all__ = [
+    "run",
+    "paper_configs",
+    "required_images_per_s",
+    "device_images_per_s",
+    "H100_BF16_FLOPS",
+    "UTILISATION",
+    "FORWARD_GFLOP",
+]
 
 _REPO = Path(__file__).resolve().parents[1]
 H100_BF16_FLOPS = 989e12  # H100 SXM dense bf16 peak
 UTILISATION = 0.40  # assumed model FLOPs utilisation of a training step
 FORWARD_GFLOP = {"vit_b16": 17.6, "vit_l16": 61.6}  # one 224-px image's forward pass
 # the data sets of the paper configs, by the size of the image a split reads
-SOURCES = {"cifar10": "cifar", "cifar100": "cifar", "svhn": "cifar", "food101": "food101", "dtd": "food101",
-           "caltech101": "food101"}
+SOURCES = {
+    "cifar10": "cifar",
+    "cifar100": "cifar",
+    "svhn": "cifar",
+    "food101": "food101",
+    "dtd": "food101",
+    "caltech101": "food101",
+}
 
 
-def required_images_per_s(forward_gflop: float, *, flops: float = H100_BF16_FLOPS,
-                          utilisation: float = UTILISATION) -> float:
+def required_images_per_s(forward_gflop: float, *, flops: float = H100_BF16_FLOPS, utilisation: float = UTILISATION) -> float:
     """Images/s a bf16 training step consumes: ``flops × utilisation / (3 × forward FLOPs)`` (forward + the
     backward's two matmuls per forward one)."""
     return flops * utilisation / (3.0 * forward_gflop * 1e9)
@@ -88,8 +100,9 @@ class _Generated(Dataset):
         if kind == "cifar":
             self.items = [Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)) for _ in range(n)]
         else:
-            smooth = [np.kron(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8), np.ones((8, 8, 1), np.uint8))
-                      for _ in range(min(n, 8))]  # blocky 384×512 photos: a JPEG's size, not noise's
+            smooth = [
+                np.kron(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8), np.ones((8, 8, 1), np.uint8)) for _ in range(min(n, 8))
+            ]  # blocky 384×512 photos: a JPEG's size, not noise's
             self.items = []
             for i in range(n):
                 buf = io.BytesIO()
@@ -110,8 +123,13 @@ class _Generated(Dataset):
 def _images_per_s(dataset: Dataset, workers: int, *, batch_size: int, passes: int, float_part: bool = True) -> float:
     from fl_lightning.data.preprocessed import collate, collate_uint8
 
-    loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, persistent_workers=workers > 0,
-                        collate_fn=collate if float_part else collate_uint8)
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        collate_fn=collate if float_part else collate_uint8,
+    )
     for _ in loader:  # warm-up: the workers start, a store is filled (not timed)
         break
     best = math.inf
@@ -134,8 +152,9 @@ def _cold_fill(split: Dataset, workers: int) -> tuple[float, int]:
     return n / (time.perf_counter() - start), store.stored
 
 
-def device_images_per_s(device: torch.device | str, *, workers: int, images: int = 512, kind: str = "food101",
-                        passes: int = 2) -> float:
+def device_images_per_s(
+    device: torch.device | str, *, workers: int, images: int = 512, kind: str = "food101", passes: int = 2
+) -> float:
     """Images/s delivered ON ``device``, float32 and normalised, by the uint8 store's loader with ``workers`` processes
     as a run reads it (``data.normalize_on_device``: uint8 batches, pinned on CUDA, copied, the float part on the
     device); the store filled first (a later pass), the device synchronised before the clock stops."""
@@ -148,9 +167,18 @@ def device_images_per_s(device: torch.device | str, *, workers: int, images: int
     cached = PreprocessedSplit(_Generated(kind, images, transform), budget_bytes=0, uint8_budget_bytes=1 << 40)
     for i in range(images):
         cached[i]
-    loader = DeviceFloatPart(DataLoader(cached, batch_size=64, num_workers=workers, persistent_workers=workers > 0,
-                                        pin_memory=device.type == "cuda", collate_fn=collate_uint8),
-                             device=device, float_part=cached.float_part)
+    loader = DeviceFloatPart(
+        DataLoader(
+            cached,
+            batch_size=64,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            pin_memory=device.type == "cuda",
+            collate_fn=collate_uint8,
+        ),
+        device=device,
+        float_part=cached.float_part,
+    )
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in loader:  # warm-up: the workers start
         break
@@ -200,8 +228,7 @@ def _synthetic(n: int, measured: dict[str, dict[str, float]]) -> dict[str, Any]:
     return out
 
 
-def _time_synthetic(n: int, rng: np.random.Generator, out: dict[str, Any],
-                    measured: dict[str, dict[str, float]]) -> None:
+def _time_synthetic(n: int, rng: np.random.Generator, out: dict[str, Any], measured: dict[str, dict[str, float]]) -> None:
     import json
     import tempfile
 
@@ -232,17 +259,22 @@ def _time_synthetic(n: int, rng: np.random.Generator, out: dict[str, Any],
         near = stored_splits(folder, train_tf, val_tf, mode="input")
         assert exact is not None and near is not None
         note = f"{n} 512-px PNGs ({png_bytes / n / 1024:.0f} KiB each) -> imagenet 224 px, 0 workers"
-        for path, data in (("png_train", _Pngs(folder, train_tf)), ("png_val", _Pngs(folder, val_tf)),
-                           ("store_exact_train", exact[0]), ("store_val", exact[1]), ("store_input_train", near[0])):
+        for path, data in (
+            ("png_train", _Pngs(folder, train_tf)),
+            ("png_val", _Pngs(folder, val_tf)),
+            ("store_exact_train", exact[0]),
+            ("store_val", exact[1]),
+            ("store_input_train", near[0]),
+        ):
             rate = _images_per_s(data, 0, batch_size=64, passes=5)  # the best of 5: a shared machine varies
             measured[f"synthetic_{path}"] = {"images_per_s": rate}
             out[f"synthetic_{path}_images_per_s"] = figure(rate, "img/s", note=note)
-        out["synthetic_store_build_images_per_s"] = figure(n / build_s, "img/s",
-                                                           note="decode + both heads, written once (exact)")
+        out["synthetic_store_build_images_per_s"] = figure(n / build_s, "img/s", note="decode + both heads, written once (exact)")
 
 
-def run(*, quick: bool, device: torch.device | None = None, workers: Sequence[int] = (0, 1, 2),
-        images: int | None = None) -> dict[str, Any]:
+def run(
+    *, quick: bool, device: torch.device | None = None, workers: Sequence[int] = (0, 1, 2), images: int | None = None
+) -> dict[str, Any]:
     """Every figure of the suite (see the module docstring); CPU processes whatever ``device``.
 
     Args:
@@ -260,11 +292,13 @@ def run(*, quick: bool, device: torch.device | None = None, workers: Sequence[in
     configs = paper_configs()
     results: dict[str, Any] = {}
     need = {name: required_images_per_s(g) for name, g in FORWARD_GFLOP.items()}
-    assumptions = (f"H100 bf16 {H100_BF16_FLOPS / 1e12:.0f} TFLOP/s dense at {UTILISATION:.0%} utilisation; "
-                   f"3 x forward FLOPs per image")
+    assumptions = (
+        f"H100 bf16 {H100_BF16_FLOPS / 1e12:.0f} TFLOP/s dense at {UTILISATION:.0%} utilisation; 3 x forward FLOPs per image"
+    )
     for name, rate in need.items():
         results[f"required_{name}_images_per_s"] = figure(
-            rate, "img/s", note=f"{name} bf16 step: forward {FORWARD_GFLOP[name]} GFLOP at 224 px; {assumptions}")
+            rate, "img/s", note=f"{name} bf16 step: forward {FORWARD_GFLOP[name]} GFLOP at 224 px; {assumptions}"
+        )
     measured: dict[str, dict[str, float]] = {}
     for kind in ("cifar", "food101"):
         split = _Generated(kind, n, transform)
@@ -282,18 +316,33 @@ def run(*, quick: bool, device: torch.device | None = None, workers: Sequence[in
             rate, stored = _cold_fill(_Generated(kind, n, transform), w)
             measured[f"{kind}_uint8_cold_w{w}"] = {"images_per_s": rate, "stored_after_first_pass": stored}
             results[f"{kind}_uint8_cold_workers{w}_images_per_s"] = figure(
-                rate, "img/s", note=f"{kind}-sized: a cold uint8 store's first pass, {w} workers filling it")
+                rate, "img/s", note=f"{kind}-sized: a cold uint8 store's first pass, {w} workers filling it"
+            )
             results[f"{kind}_uint8_cold_workers{w}_stored"] = figure(
-                stored, "items", op=">=", bound=n, note="held by the rank after the first pass: the workers filled "
-                                                      "its one store (shared memory), not copies of their own")
+                stored,
+                "items",
+                op=">=",
+                bound=n,
+                note="held by the rank after the first pass: the workers filled "
+                "its one store (shared memory), not copies of their own",
+            )
         for path in ("float32", "uint8", "uint8_device"):
             per_process = measured[f"{kind}_{path}_w0"]["images_per_s"]  # one loading process, no IPC
             for name, rate in need.items():
                 results[f"{kind}_{path}_workers_for_{name}"] = figure(
-                    math.ceil(rate / per_process), "workers",
-                    note=f"per H100 for {name}: {rate:.0f} img/s over {per_process:.0f} img/s per loading process")
+                    math.ceil(rate / per_process),
+                    "workers",
+                    note=f"per H100 for {name}: {rate:.0f} img/s over {per_process:.0f} img/s per loading process",
+                )
     results.update(_synthetic(min(n, 16 if quick else 64), measured))
-    results["sizes"] = {"images": n, "workers": counts, "batch_size": 64, "image_size": 224,
-                        "configs": configs, "bytes_per_image": {"float32": 3 * 224 * 224 * 4, "uint8": 3 * 224 * 224},
-                        "assumptions": assumptions, "measured": measured}
+    results["sizes"] = {
+        "images": n,
+        "workers": counts,
+        "batch_size": 64,
+        "image_size": 224,
+        "configs": configs,
+        "bytes_per_image": {"float32": 3 * 224 * 224 * 4, "uint8": 3 * 224 * 224},
+        "assumptions": assumptions,
+        "measured": measured,
+    }
     return results

@@ -79,24 +79,51 @@ def _point(work: Path, method: str, processes: int) -> dict[str, Any]:
     name, extra = METHODS[method]
     out = work / f"{method}_p{processes}"
     out.mkdir()
-    overrides = ["--output_dir", str(work / "runs" / f"{method}_p{processes}"), "--logging.progress", "false",
-                 "--federation.devices", str(processes), *extra]
+    overrides = [
+        "--output_dir",
+        str(work / "runs" / f"{method}_p{processes}"),
+        "--logging.progress",
+        "false",
+        "--federation.devices",
+        str(processes),
+        *extra,
+    ]
     path = os.pathsep.join(p for p in (str(_REPO), os.environ.get("PYTHONPATH", "")) if p)  # a checkout works
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
-    command = [sys.executable, "-m", "benchmarks.ranks", "--worker", "--config", str(_CONF / name),
-               "--out", str(out), "--", *overrides]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.ranks",
+        "--worker",
+        "--config",
+        str(_CONF / name),
+        "--out",
+        str(out),
+        "--",
+        *overrides,
+    ]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=_REPO, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"bench ranks: {method} on {processes} processes failed:\n{proc.stderr[-3000:]}")
     ranks = [json.loads((out / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(processes)]
     wall = ranks[0]["wall_s"]
     shares = [sum(r["waits"].values()) / max(r["wall_s"], 1e-9) for r in ranks]
-    return {"wall_s": wall, "wait_share": shares, "wait_share_max": max(shares),
-            "waits": [{k: round(v, 3) for k, v in sorted(r["waits"].items())} for r in ranks]}
+    return {
+        "wall_s": wall,
+        "wait_share": shares,
+        "wait_share_max": max(shares),
+        "waits": [{k: round(v, 3) for k, v in sorted(r["waits"].items())} for r in ranks],
+    }
 
 
-def run(*, quick: bool, device: torch.device | None = None, processes: Sequence[int] = (1, 2, 4),
-        methods: Sequence[str] = tuple(METHODS), work_dir: Path | None = None) -> dict[str, Any]:
+def run(
+    *,
+    quick: bool,
+    device: torch.device | None = None,
+    processes: Sequence[int] = (1, 2, 4),
+    methods: Sequence[str] = tuple(METHODS),
+    work_dir: Path | None = None,
+) -> dict[str, Any]:
     """Every figure of the suite (see the module docstring); CPU processes whatever ``device``.
 
     Args:
@@ -118,8 +145,13 @@ def run(*, quick: bool, device: torch.device | None = None, processes: Sequence[
                 results[f"{method}_p{p}_wall_s"] = figure(point["wall_s"], "s", note="rank 0, the rounds")
                 if p > 1:
                     results[f"{method}_p{p}_wait_share_max"] = figure(
-                        100.0 * point["wait_share_max"], "%", op="<=", bound=20.0,
-                        note="the most any rank waited in collectives", details=point)
+                        100.0 * point["wait_share_max"],
+                        "%",
+                        op="<=",
+                        bound=20.0,
+                        note="the most any rank waited in collectives",
+                        details=point,
+                    )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     results["sizes"] = {"methods": list(methods), "processes": counts, "points": points}

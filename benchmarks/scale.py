@@ -57,29 +57,66 @@ __all__ = ["run", "scale_config", "peer_config", "SIZES"]
 SIZES: dict[bool, dict[str, Any]] = {
     # 16 px images in one 16 px patch (+ CLS: 2 tokens): 10,000 images through a 768-wide block stay
     # ~20 CPU-seconds, so the engine's cost is not buried under the model's; the upload (d=768) is a ViT-B's
-    False: {"dim": 768, "heads": 12, "image_size": 16, "patch_size": 16, "clients": (10, 100, 1000, 10000),
-            "num_samples": 10_000,
-            "two_process_clients": (10, 100, 1000, 10000), "peer_clients": (20, 100), "reference_clients": 100},
-    True: {"dim": 64, "heads": 4, "image_size": 32, "patch_size": 8, "clients": (10, 100), "num_samples": 400,
-           "two_process_clients": (100,), "peer_clients": (20,), "reference_clients": 10},
+    False: {
+        "dim": 768,
+        "heads": 12,
+        "image_size": 16,
+        "patch_size": 16,
+        "clients": (10, 100, 1000, 10000),
+        "num_samples": 10_000,
+        "two_process_clients": (10, 100, 1000, 10000),
+        "peer_clients": (20, 100),
+        "reference_clients": 100,
+    },
+    True: {
+        "dim": 64,
+        "heads": 4,
+        "image_size": 32,
+        "patch_size": 8,
+        "clients": (10, 100),
+        "num_samples": 400,
+        "two_process_clients": (100,),
+        "peer_clients": (20,),
+        "reference_clients": 10,
+    },
 }
 _REPO = Path(__file__).resolve().parents[1]
 
 
 # -- the jobs -----------------------------------------------------------------------------------------
-def scale_config(*, num_clients: int, dim: int, heads: int, num_samples: int, output_dir: str,
-                 devices: int = 1, image_size: int = 32, patch_size: int = 8) -> dict[str, Any]:
+def scale_config(
+    *,
+    num_clients: int,
+    dim: int,
+    heads: int,
+    num_samples: int,
+    output_dir: str,
+    devices: int = 1,
+    image_size: int = 32,
+    patch_size: int = 8,
+) -> dict[str, Any]:
     """The scale job as a config mapping (the YAML's shape): AFL, a d-dim depth-1 timm ViT,
     ``num_samples`` synthetic images cut IID into ``num_clients`` parts (the total does not change with K)."""
     return {
-        "algorithm": "afl", "seed": 0, "output_dir": output_dir, "run_name": f"scale_k{num_clients}",
+        "algorithm": "afl",
+        "seed": 0,
+        "output_dir": output_dir,
+        "run_name": f"scale_k{num_clients}",
         # the engine computes its features in every job, as the bare loop does (no feature cache across K)
-        "data": {"name": "synthetic", "image_size": image_size, "batch_size": 64, "num_samples": num_samples,
-                 "feature_cache": False},
+        "data": {
+            "name": "synthetic",
+            "image_size": image_size,
+            "batch_size": 64,
+            "num_samples": num_samples,
+            "feature_cache": False,
+        },
         "partition": {"scheme": "iid", "num_clients": num_clients},
-        "model": {"library": "timm", "name": "vit_base_patch16_224", "pretrained": None,
-                  "overrides": {"img_size": image_size, "patch_size": patch_size, "embed_dim": dim, "depth": 1,
-                                "num_heads": heads}},
+        "model": {
+            "library": "timm",
+            "name": "vit_base_patch16_224",
+            "pretrained": None,
+            "overrides": {"img_size": image_size, "patch_size": patch_size, "embed_dim": dim, "depth": 1, "num_heads": heads},
+        },
         # the durable path, the engine's worst case: every record written and read back (the default keeps a
         # round shorter than federation.record_after_s in memory, and writes nothing but server.pt)
         "federation": {"accelerator": "cpu", "devices": devices, "record_after_s": 0},
@@ -91,11 +128,18 @@ def peer_config(*, num_clients: int, output_dir: str) -> dict[str, Any]:
     """The peer job (the Flower comparison's): one-shot AFL, bundled digits, a tiny timm ViT (64-d, 2 blocks,
     32 px), Dirichlet α=0.5."""
     return {
-        "algorithm": "afl", "seed": 0, "output_dir": output_dir, "run_name": f"peer_k{num_clients}",
+        "algorithm": "afl",
+        "seed": 0,
+        "output_dir": output_dir,
+        "run_name": f"peer_k{num_clients}",
         "data": {"name": "digits", "image_size": 32, "batch_size": 64, "feature_cache": False},
         "partition": {"num_clients": num_clients, "alpha": 0.5},
-        "model": {"library": "timm", "name": "vit_base_patch16_224", "pretrained": None,
-                  "overrides": {"img_size": 32, "patch_size": 8, "embed_dim": 64, "depth": 2, "num_heads": 2}},
+        "model": {
+            "library": "timm",
+            "name": "vit_base_patch16_224",
+            "pretrained": None,
+            "overrides": {"img_size": 32, "patch_size": 8, "embed_dim": 64, "depth": 2, "num_heads": 2},
+        },
         "federation": {"accelerator": "cpu"},
         "logging": {"progress": False},
     }
@@ -117,8 +161,7 @@ def _env() -> dict[str, str]:
 
 def _python(args: list[str], *, timeout: float = 3600) -> tuple[float, subprocess.CompletedProcess]:
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=_env(), cwd=_REPO,
-                          timeout=timeout)
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=_env(), cwd=_REPO, timeout=timeout)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(args[:4])} ... exited {proc.returncode}: {proc.stderr[-3000:]}")
@@ -197,11 +240,16 @@ def _bare_worker(config: Path, out_dir: Path) -> None:
     cfg = load_config(config)
     torch.manual_seed(cfg.seed)
     model = frozen_backbone(cfg)
-    kw = {"normalization": "imagenet", "image_size": cfg.data.image_size, "mean": tuple(model.mean),
-          "std": tuple(model.std)}
-    splits = build_dataset(cfg.data.name, root=cfg.data.root, download=False, seed=cfg.seed,
-                           num_samples=cfg.data.num_samples, train_transform=build_transform(**kw, train=False),
-                           test_transform=build_transform(**kw, train=False))
+    kw = {"normalization": "imagenet", "image_size": cfg.data.image_size, "mean": tuple(model.mean), "std": tuple(model.std)}
+    splits = build_dataset(
+        cfg.data.name,
+        root=cfg.data.root,
+        download=False,
+        seed=cfg.seed,
+        num_samples=cfg.data.num_samples,
+        train_transform=build_transform(**kw, train=False),
+        test_transform=build_transform(**kw, train=False),
+    )
     parts = iid_partition(len(splits.train_targets), cfg.partition.num_clients, seed=cfg.partition.seed)
     d, c = model.feature_dim, len(splits.classes)
 
@@ -223,10 +271,15 @@ def _bare_worker(config: Path, out_dir: Path) -> None:
             correct += int(((model(x).double() @ W).argmax(1) == y).sum())
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     torch.save(W, out_dir / "bare_W.pt")
-    result = {"wall_s": wall, "cpu_s": cpu, "accuracy": correct / len(splits.test_targets),
-              "peak_rss_rounds_bytes": peak_rss_bytes(),
-              "num_clients": len(parts), "samples": int(sum(len(p) for p in parts)), "empty_clients":
-              int(np.sum([len(p) == 0 for p in parts]))}
+    result = {
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "accuracy": correct / len(splits.test_targets),
+        "peak_rss_rounds_bytes": peak_rss_bytes(),
+        "num_clients": len(parts),
+        "samples": int(sum(len(p) for p in parts)),
+        "empty_clients": int(np.sum([len(p) == 0 for p in parts])),
+    }
     (out_dir / "bare.json").write_text(json.dumps(result), encoding="utf-8")
 
 
@@ -244,16 +297,17 @@ def _bare_script_worker(config: Path, out_dir: Path) -> None:
     values = yaml.safe_load(config.read_text(encoding="utf-8"))
     torch.manual_seed(values["seed"])
     digits = load_digits()
-    x_train, x_test, y_train, y_test = train_test_split(digits.images, digits.target, test_size=0.2,
-                                                        stratify=digits.target, random_state=values["seed"])
-    model = timm.create_model(values["model"]["name"], pretrained=False, num_classes=0,
-                              **values["model"]["overrides"]).eval()
+    x_train, x_test, y_train, y_test = train_test_split(
+        digits.images, digits.target, test_size=0.2, stratify=digits.target, random_state=values["seed"]
+    )
+    model = timm.create_model(values["model"]["name"], pretrained=False, num_classes=0, **values["model"]["overrides"]).eval()
     mean, std = torch.tensor(model.pretrained_cfg["mean"]), torch.tensor(model.pretrained_cfg["std"])
     size = values["data"]["image_size"]
 
     def images(a: np.ndarray) -> torch.Tensor:  # 8x8 values 0..16 → normalised 3 x size x size
-        x = torch.nn.functional.interpolate(torch.tensor(a / 16.0, dtype=torch.float32)[:, None], size=size,
-                                            mode="bilinear", align_corners=False).repeat(1, 3, 1, 1)
+        x = torch.nn.functional.interpolate(
+            torch.tensor(a / 16.0, dtype=torch.float32)[:, None], size=size, mode="bilinear", align_corners=False
+        ).repeat(1, 3, 1, 1)
         return (x - mean[:, None, None]) / std[:, None, None]
 
     xs, xt = images(x_train), images(x_test)
@@ -263,10 +317,10 @@ def _bare_script_worker(config: Path, out_dir: Path) -> None:
     with torch.inference_mode():
         for idx in parts:
             for i in range(0, len(idx), batch):
-                b = torch.from_numpy(idx[i:i + batch])
+                b = torch.from_numpy(idx[i : i + batch])
                 h = model(xs[b]).double()
                 R += h.T @ h
-                C += h.T @ torch.nn.functional.one_hot(torch.from_numpy(y_train[idx[i:i + batch]]), c).double()
+                C += h.T @ torch.nn.functional.one_hot(torch.from_numpy(y_train[idx[i : i + batch]]), c).double()
         W = torch.linalg.solve(R + 1e-6 * torch.eye(d, dtype=torch.float64), C)
         accuracy = float((model(xt).double() @ W).argmax(1).eq(torch.from_numpy(y_test)).float().mean())
     (out_dir / "bare.json").write_text(json.dumps({"accuracy": accuracy}), encoding="utf-8")
@@ -304,23 +358,50 @@ def _first_client(config: Path, out: Path) -> dict[str, Any]:
     saved = json.loads(out.read_text(encoding="utf-8"))
     stamps, cpu = saved["wall"], saved["cpu"]
     phases, cpu_phases, last, last_cpu = {}, {}, start, 0.0
-    order = ["interpreter", "import fl_lightning.config.loading", "load_config (imports the methods it discovers)",
-             "import simulation",
-             "Simulation()", "launch + set-up (model, data, partition, report)", "first client"]
+    order = [
+        "interpreter",
+        "import fl_lightning.config.loading",
+        "load_config (imports the methods it discovers)",
+        "import simulation",
+        "Simulation()",
+        "launch + set-up (model, data, partition, report)",
+        "first client",
+    ]
     for name in order:
         phases[name], cpu_phases[name] = stamps[name] - last, cpu[name] - last_cpu
         last, last_cpu = stamps[name], cpu[name]
     # CPU seconds of the process (user + system): what the start costs, less skewed by other processes' load
-    return {"to_first_client_s": stamps["first client"] - start, "phases_s": phases,
-            "to_first_client_cpu_s": cpu["first client"], "phases_cpu_s": cpu_phases,
-            "imports_s": _import_times(proc.stderr)}
+    return {
+        "to_first_client_s": stamps["first client"] - start,
+        "phases_s": phases,
+        "to_first_client_cpu_s": cpu["first client"],
+        "phases_cpu_s": cpu_phases,
+        "imports_s": _import_times(proc.stderr),
+    }
 
 
 # packages whose import cost matters to the start (nested: torchmetrics is inside lightning.fabric, etc.)
-_WATCHED = ("torch", "lightning", "lightning.fabric", "lightning.pytorch", "torchmetrics", "torchvision",
-            "torch._dynamo", "torchmetrics.functional", "transformers", "scipy", "timm", "wandb", "open_clip", "diffusers",
-            "peft",
-            "matplotlib", "sklearn", "rich", "fl_lightning.algorithms")
+_WATCHED = (
+    "torch",
+    "lightning",
+    "lightning.fabric",
+    "lightning.pytorch",
+    "torchmetrics",
+    "torchvision",
+    "torch._dynamo",
+    "torchmetrics.functional",
+    "transformers",
+    "scipy",
+    "timm",
+    "wandb",
+    "open_clip",
+    "diffusers",
+    "peft",
+    "matplotlib",
+    "sklearn",
+    "rich",
+    "fl_lightning.algorithms",
+)
 
 
 def _import_times(importtime: str) -> dict[str, float]:
@@ -340,17 +421,28 @@ def _scale_point(work: Path, sizes: dict[str, Any], k: int, devices: int) -> dic
     tag = f"k{k}_p{devices}"
     out = work / tag
     out.mkdir()
-    config = _write_yaml(scale_config(num_clients=k, dim=sizes["dim"], heads=sizes["heads"],
-                                      num_samples=sizes["num_samples"], output_dir=str(work / "runs"),
-                                      devices=devices, image_size=sizes["image_size"],
-                                      patch_size=sizes["patch_size"]), work / f"{tag}.yaml")
+    config = _write_yaml(
+        scale_config(
+            num_clients=k,
+            dim=sizes["dim"],
+            heads=sizes["heads"],
+            num_samples=sizes["num_samples"],
+            output_dir=str(work / "runs"),
+            devices=devices,
+            image_size=sizes["image_size"],
+            patch_size=sizes["patch_size"],
+        ),
+        work / f"{tag}.yaml",
+    )
     _python(["-m", "benchmarks.scale", "--worker", "framework", "--config", str(config), "--out", str(out)])
     ranks = [json.loads((out / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(devices)]
     run_dir = work / "runs" / f"scale_k{k}"
     point: dict[str, Any] = {
-        "wall_s": ranks[0]["wall_s"], "cpu_s": [r["cpu_s"] for r in ranks],
+        "wall_s": ranks[0]["wall_s"],
+        "cpu_s": [r["cpu_s"] for r in ranks],
         "bytes_written": sum(r["bytes_written"] for r in ranks),
-        "round_folder_bytes": ranks[0]["round_folder_bytes"], "round_folder_files": ranks[0]["round_folder_files"],
+        "round_folder_bytes": ranks[0]["round_folder_bytes"],
+        "round_folder_files": ranks[0]["round_folder_files"],
         "peak_rss_rounds_bytes": [r["peak_rss_rounds_bytes"] for r in ranks],
         "peak_rss_since_start_bytes": [max(r["peak_rss_setup_bytes"], r["peak_rss_rounds_bytes"]) for r in ranks],
     }
@@ -361,9 +453,13 @@ def _scale_point(work: Path, sizes: dict[str, Any], k: int, devices: int) -> dic
         bare = json.loads((out / "bare.json").read_text(encoding="utf-8"))
         W = torch.load(run_dir / "checkpoints" / "server.pt", weights_only=False)["state"]["W"]
         W_bare = torch.load(out / "bare_W.pt")
-        point.update(bare_s=bare["wall_s"], bare_cpu_s=bare["cpu_s"], bare_accuracy=bare["accuracy"],
-                     bare_peak_rss_bytes=bare["peak_rss_rounds_bytes"],
-                     relative_difference_W=float((W - W_bare).norm() / W_bare.norm()))
+        point.update(
+            bare_s=bare["wall_s"],
+            bare_cpu_s=bare["cpu_s"],
+            bare_accuracy=bare["accuracy"],
+            bare_peak_rss_bytes=bare["peak_rss_rounds_bytes"],
+            relative_difference_W=float((W - W_bare).norm() / W_bare.norm()),
+        )
         point["overhead_per_client_s"] = (point["wall_s"] - point["bare_s"]) / k
         point["overhead_pct"] = 100.0 * (point["wall_s"] - point["bare_s"]) / point["bare_s"]
         # the same in CPU seconds of the process: less sensitive to other processes' load on a shared machine
@@ -378,17 +474,28 @@ def _peer_point(work: Path, k: int) -> dict[str, Any]:
     out.mkdir()
     config = _write_yaml(peer_config(num_clients=k, output_dir=str(work / "runs")), work / f"peer_k{k}.yaml")
     framework_s, _ = _python(["-m", "fl_lightning.train", "--config", str(config)])
-    bare_s, _ = _python(["-m", "benchmarks.scale", "--worker", "bare-script", "--config", str(config),
-                         "--out", str(out)])
+    bare_s, _ = _python(["-m", "benchmarks.scale", "--worker", "bare-script", "--config", str(config), "--out", str(out)])
     summary = json.loads((work / "runs" / f"peer_k{k}" / "summary.json").read_text(encoding="utf-8"))
     bare = json.loads((out / "bare.json").read_text(encoding="utf-8"))
-    return {"framework_s": framework_s, "bare_script_s": bare_s, "ratio": framework_s / bare_s,
-            "framework_in_run_s": summary["wall_time_s"], "accuracy": summary["accuracy"],
-            "bare_accuracy": bare["accuracy"]}
+    return {
+        "framework_s": framework_s,
+        "bare_script_s": bare_s,
+        "ratio": framework_s / bare_s,
+        "framework_in_run_s": summary["wall_time_s"],
+        "accuracy": summary["accuracy"],
+        "bare_accuracy": bare["accuracy"],
+    }
 
 
-def run(*, quick: bool, device: torch.device | None = None, clients: Sequence[int] | None = None,
-        processes: Sequence[int] = (1, 2), extras: bool = True, work_dir: Path | None = None) -> dict[str, Any]:
+def run(
+    *,
+    quick: bool,
+    device: torch.device | None = None,
+    clients: Sequence[int] | None = None,
+    processes: Sequence[int] = (1, 2),
+    extras: bool = True,
+    work_dir: Path | None = None,
+) -> dict[str, Any]:
     """Every figure of the suite (see the module docstring). CPU only: the engine's cost is what is measured.
 
     Args:
@@ -428,63 +535,112 @@ def _ratio_figure(per_k: dict[str, Any], ks: list[int], ref: int, proc: str, ran
     lo = ref if ref in have else have[0]
     hi = have[-1]
     peak = {k: per_k[str(k)][proc]["peak_rss_rounds_bytes"][rank] for k in have}
-    return figure(peak[hi] / peak[lo], "x", op="<=", bound=1.2,
-                  note=f"peak RSS at K={hi} / K={lo}, {proc[1:]} process(es), rank {rank}; {note}",
-                  details={"peak_rss_rounds_bytes": peak,
-                           "peak_rss_since_start_bytes": {k: per_k[str(k)][proc]["peak_rss_since_start_bytes"][rank]
-                                                          for k in have}})
+    return figure(
+        peak[hi] / peak[lo],
+        "x",
+        op="<=",
+        bound=1.2,
+        note=f"peak RSS at K={hi} / K={lo}, {proc[1:]} process(es), rank {rank}; {note}",
+        details={
+            "peak_rss_rounds_bytes": peak,
+            "peak_rss_since_start_bytes": {k: per_k[str(k)][proc]["peak_rss_since_start_bytes"][rank] for k in have},
+        },
+    )
 
 
-def _figures(sizes: dict[str, Any], ks: list[int], per_k: dict[str, Any], peer: dict[str, Any],
-             start: dict[str, Any] | None) -> dict[str, Any]:
+def _figures(
+    sizes: dict[str, Any], ks: list[int], per_k: dict[str, Any], peer: dict[str, Any], start: dict[str, Any] | None
+) -> dict[str, Any]:
     one = {k: per_k[str(k)]["p1"] for k in ks if "p1" in per_k[str(k)]}
-    results: dict[str, Any] = {"sizes": {**{k: list(v) if isinstance(v, tuple) else v for k, v in sizes.items()},
-                                         "clients": ks, "per_k": per_k}}
+    results: dict[str, Any] = {
+        "sizes": {**{k: list(v) if isinstance(v, tuple) else v for k, v in sizes.items()}, "clients": ks, "per_k": per_k}
+    }
     if one:
         worst = max(one, key=lambda k: one[k]["overhead_per_client_s"])
         results["overhead_per_client_s"] = figure(
-            one[worst]["overhead_per_client_s"], "s", op="<=", bound=0.01,
+            one[worst]["overhead_per_client_s"],
+            "s",
+            op="<=",
+            bound=0.01,
             note=f"(wall − bare)/K, worst K={worst}; 1 process",
-            details={str(k): {n: p[n] for n in ("wall_s", "bare_s", "overhead_per_client_s", "cpu_s", "bare_cpu_s",
-                                                "cpu_overhead_per_client_s", "relative_difference_W")}
-                     for k, p in one.items()})
+            details={
+                str(k): {
+                    n: p[n]
+                    for n in (
+                        "wall_s",
+                        "bare_s",
+                        "overhead_per_client_s",
+                        "cpu_s",
+                        "bare_cpu_s",
+                        "cpu_overhead_per_client_s",
+                        "relative_difference_W",
+                    )
+                }
+                for k, p in one.items()
+            },
+        )
         worst = max(one, key=lambda k: one[k]["overhead_pct"])
         results["overhead_vs_compute_pct"] = figure(
-            one[worst]["overhead_pct"], "%", op="<=", bound=2.0, note=f"100·(wall − bare)/bare, worst K={worst}",
-            details={str(k): {"wall": p["overhead_pct"], "cpu": p["cpu_overhead_pct"]} for k, p in one.items()})
+            one[worst]["overhead_pct"],
+            "%",
+            op="<=",
+            bound=2.0,
+            note=f"100·(wall − bare)/bare, worst K={worst}",
+            details={str(k): {"wall": p["overhead_pct"], "cpu": p["cpu_overhead_pct"]} for k, p in one.items()},
+        )
         per_client = {k: p["bytes_written"] / k for k, p in one.items()}
         results["checkpoint_bytes_linearity"] = figure(
-            max(per_client.values()) / min(per_client.values()), "x", op="<=", bound=1.05,
+            max(per_client.values()) / min(per_client.values()),
+            "x",
+            op="<=",
+            bound=1.05,
             note="bytes written per client (wchar), max/min over K; 1.0 = linear in K",
-            details={str(k): {"bytes_written": p["bytes_written"], "per_client": per_client[k],
-                              "round_folder_bytes": p["round_folder_bytes"], "records": p["round_folder_files"],
-                              "bytes_up": p["bytes_up"]} for k, p in one.items()})
-    for proc, rank, name in (("p1", 0, "rss_rank0_ratio"), ("p2", 0, "rss_rank0_ratio_2proc"),
-                             ("p2", 1, "rss_other_ranks_ratio")):
+            details={
+                str(k): {
+                    "bytes_written": p["bytes_written"],
+                    "per_client": per_client[k],
+                    "round_folder_bytes": p["round_folder_bytes"],
+                    "records": p["round_folder_files"],
+                    "bytes_up": p["bytes_up"],
+                }
+                for k, p in one.items()
+            },
+        )
+    for proc, rank, name in (
+        ("p1", 0, "rss_rank0_ratio"),
+        ("p2", 0, "rss_rank0_ratio_2proc"),
+        ("p2", 1, "rss_other_ranks_ratio"),
+    ):
         fig = _ratio_figure(per_k, ks, sizes["reference_clients"], proc, rank, "reset after set-up")
         if fig is not None:
             results[name] = fig
     if peer:
         last = str(max(peer, key=int))
         results["peer_job_vs_bare"] = figure(
-            peer[last]["ratio"], "x", note=f"end-to-end wall, python -m fl_lightning.train / bare script, K={last}",
-            details=peer)
+            peer[last]["ratio"], "x", note=f"end-to-end wall, python -m fl_lightning.train / bare script, K={last}", details=peer
+        )
     if start is not None:
-        results["first_client_s"] = figure(start["to_first_client_s"], "s", op="<=", bound=4.0,
-                                           note="process start → first client, peer job (timm), K=20", details=start)
+        results["first_client_s"] = figure(
+            start["to_first_client_s"],
+            "s",
+            op="<=",
+            bound=4.0,
+            note="process start → first client, peer job (timm), K=20",
+            details=start,
+        )
     return results
 
 
 # -- worker entry ---------------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale",
-                                     description="one measured run of the scale benchmark (used by the suite)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.scale", description="one measured run of the scale benchmark (used by the suite)"
+    )
     parser.add_argument("--worker", choices=("framework", "bare", "bare-script"), required=True)
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    {"framework": _framework_worker, "bare": _bare_worker, "bare-script": _bare_script_worker}[args.worker](
-        args.config, args.out)
+    {"framework": _framework_worker, "bare": _bare_worker, "bare-script": _bare_script_worker}[args.worker](args.config, args.out)
     return 0
 
 

@@ -24,8 +24,17 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-__all__ = ["AnalyticStatistics", "StatisticsSum", "solve_classifier", "regularization", "logits", "CONVENTIONS",
-           "validation_loss", "RidgeChoice", "choose_ridge"]
+__all__ = [
+    "AnalyticStatistics",
+    "StatisticsSum",
+    "solve_classifier",
+    "regularization",
+    "logits",
+    "CONVENTIONS",
+    "validation_loss",
+    "RidgeChoice",
+    "choose_ridge",
+]
 
 CONVENTIONS = ("once", "per_client")
 
@@ -51,8 +60,9 @@ class AnalyticStatistics:
     N: int = 0
 
     @classmethod
-    def zeros(cls, d: int, c: int, dtype: torch.dtype = torch.float64,
-              device: torch.device | str | None = None) -> AnalyticStatistics:
+    def zeros(
+        cls, d: int, c: int, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None
+    ) -> AnalyticStatistics:
         """Empty statistics for features of dimension d and c classes."""
         return cls(R=torch.zeros(d, d, dtype=dtype, device=device), C=torch.zeros(d, c, dtype=dtype, device=device), N=0)
 
@@ -205,8 +215,11 @@ def solve_classifier(R: Tensor, C: Tensor, *, lam: float) -> Tensor:
     L, info = torch.linalg.cholesky_ex(A)
     if int(info) == 0:
         return torch.cholesky_solve(C, L)
-    warnings.warn(f"R + {lam}·I is not positive definite (Cholesky failed at column {int(info)}); "
-                  "solving with LU instead", RuntimeWarning, stacklevel=2)
+    warnings.warn(
+        f"R + {lam}·I is not positive definite (Cholesky failed at column {int(info)}); solving with LU instead",
+        RuntimeWarning,
+        stacklevel=2,
+    )
     W, info = torch.linalg.solve_ex(A, C)
     if int(info) == 0 and bool(torch.isfinite(W).all()):
         return W
@@ -217,8 +230,12 @@ def _least_norm(A: Tensor, C: Tensor) -> Tensor:
     """argmin ||W|| among the minimisers of ||A W − C||, via the SVD (gelsd runs on the CPU)."""
     result = torch.linalg.lstsq(A.cpu(), C.cpu(), driver="gelsd")
     if int(result.rank) < A.shape[0]:
-        warnings.warn(f"R is singular (rank {int(result.rank)} < {A.shape[0]}) and λ = 0: "
-                      "returning the minimum-norm least-squares solution", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"R is singular (rank {int(result.rank)} < {A.shape[0]}) and λ = 0: "
+            "returning the minimum-norm least-squares solution",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return result.solution.to(A.device)
 
 

@@ -14,6 +14,9 @@ def new_command(argv: list[str]) -> str:
 
 
 if __name__ == "__main__":
-    print(f"fl_lightning: the benchmarks moved out of the package: run `{new_command(sys.argv[1:])}` from the "
-          f"repository root (see docs/benchmarks.md)", file=sys.stderr)
+    print(
+        f"fl_lightning: the benchmarks moved out of the package: run `{new_command(sys.argv[1:])}` from the "
+        f"repository root (see docs/benchmarks.md)",
+        file=sys.stderr,
+    )
     sys.exit(2)

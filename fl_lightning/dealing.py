@@ -114,5 +114,4 @@ def _check_parts(parts: Sequence[Sequence[Any]], rule: str) -> None:
     n, world = sum(map(len, parts)), len(parts)
     want = [len(getattr(Deal(r, world), rule)(n)) for r in range(world)]
     if [len(p) for p in parts] != want:
-        raise ValueError(f"parts of {[len(p) for p in parts]} items are not a {rule} deal of {n} over {world} ranks "
-                         f"({want})")
+        raise ValueError(f"parts of {[len(p) for p in parts]} items are not a {rule} deal of {n} over {world} ranks ({want})")

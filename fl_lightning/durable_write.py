@@ -25,8 +25,7 @@ from pathlib import Path
 
 from fl_lightning.errors import DiskFullError
 
-__all__ = ["atomic_path", "write_text_atomic", "write_bytes_atomic", "written_temp", "place", "disk_full_error",
-           "leftover_temps"]
+__all__ = ["atomic_path", "write_text_atomic", "write_bytes_atomic", "written_temp", "place", "disk_full_error", "leftover_temps"]
 
 Needed = int | Callable[[], int | None] | None  # the bytes a write needs, a function giving them, or unknown
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -34,8 +33,7 @@ _TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")  # written_temp's names
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | Path, *, durable: bool = False, needed: Needed = None,
-                needed_is: str = "its size") -> Iterator[Path]:
+def atomic_path(path: str | Path, *, durable: bool = False, needed: Needed = None, needed_is: str = "its size") -> Iterator[Path]:
     """A new temp file beside ``path`` for the block to write; renamed over ``path`` when the block ends.
 
     Args:
@@ -54,8 +52,10 @@ def atomic_path(path: str | Path, *, durable: bool = False, needed: Needed = Non
 
 def write_text_atomic(path: str | Path, text: str, *, durable: bool = False) -> None:
     """``path`` holds ``text`` in UTF-8 (as given: a CSV's ``\\r\\n`` stays) or what it held before, never a part."""
-    with atomic_path(path, durable=durable, needed=lambda: len(text.encode())) as tmp, \
-            tmp.open("w", encoding="utf-8", newline="") as f:
+    with (
+        atomic_path(path, durable=durable, needed=lambda: len(text.encode())) as tmp,
+        tmp.open("w", encoding="utf-8", newline="") as f,
+    ):
         f.write(text)
 
 
@@ -92,8 +92,7 @@ def leftover_temps(folder: str | Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and _TEMP_NAME.fullmatch(p.name))
 
 
-def place(tmp: str | Path, path: str | Path, *, durable: bool = True, needed: Needed = None,
-          needed_is: str = "its size") -> None:
+def place(tmp: str | Path, path: str | Path, *, durable: bool = True, needed: Needed = None, needed_is: str = "its size") -> None:
     """Rename the whole file ``tmp`` over ``path``, fsync'ed first when ``durable``; on failure ``tmp`` is removed
     and lack of space raises :class:`DiskFullError` (``needed`` unknown: ``tmp``'s size)."""
     try:
@@ -130,7 +129,7 @@ def _file_size(name: str | Path) -> int | None:
 
 
 def _size(n: int) -> str:
-    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n} bytes"
@@ -147,8 +146,7 @@ def _no_space_errno(err: BaseException) -> int | None:
     return None
 
 
-def disk_full_error(err: BaseException, path: Path, needed: Needed, *,
-                    needed_is: str = "its size") -> DiskFullError | None:
+def disk_full_error(err: BaseException, path: Path, needed: Needed, *, needed_is: str = "its size") -> DiskFullError | None:
     """The one-line error for a write of ``path`` that failed for lack of space, or None when ``err`` is another
     failure. Call it after the partial temp file is removed: the free space it reports is what the user has.
 
@@ -178,8 +176,12 @@ def disk_full_error(err: BaseException, path: Path, needed: Needed, *,
         return None  # torch's writer failed, but not for want of space
     need = f"it needs {_size(size)} ({needed_is})" if size is not None else "its size is unknown"
     room = "?" if free is None else _size(free)
-    where = (f"the disk quota there is used up ({room} free on the filesystem)" if code == errno.EDQUOT
-             else f"{room} free there")
-    return DiskFullError(f"disk full: '{path}' could not be written: {need}, {where}; any earlier version of it is "
-                         f"intact: free space there, or move output_dir to a disk with room; then continue the run "
-                         f"with --resume", str(path), size, free)
+    where = f"the disk quota there is used up ({room} free on the filesystem)" if code == errno.EDQUOT else f"{room} free there"
+    return DiskFullError(
+        f"disk full: '{path}' could not be written: {need}, {where}; any earlier version of it is "
+        f"intact: free space there, or move output_dir to a disk with room; then continue the run "
+        f"with --resume",
+        str(path),
+        size,
+        free,
+    )

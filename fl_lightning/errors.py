@@ -17,8 +17,21 @@ so the traceback that ``--debug`` prints ends in the client's own code.
 
 from __future__ import annotations
 
-__all__ = ["UsageError", "ConfigError", "MissingResourceError", "ResourceError", "DiskFullError", "RunFolderError",
-           "ClientUsageError", "RunFailure", "ClientFailure", "TooFewClients", "RemoteTraceback", "check", "did_you_mean"]
+__all__ = [
+    "UsageError",
+    "ConfigError",
+    "MissingResourceError",
+    "ResourceError",
+    "DiskFullError",
+    "RunFolderError",
+    "ClientUsageError",
+    "RunFailure",
+    "ClientFailure",
+    "TooFewClients",
+    "RemoteTraceback",
+    "check",
+    "did_you_mean",
+]
 
 
 class UsageError(Exception):
@@ -157,8 +170,7 @@ class TooFewClients(RunFailure):
             first).
     """
 
-    def __init__(self, message: str, round_idx: int, succeeded: int,
-                 client_tracebacks: dict[int, str] | None = None) -> None:
+    def __init__(self, message: str, round_idx: int, succeeded: int, client_tracebacks: dict[int, str] | None = None) -> None:
         super().__init__(message)
         self.round_idx, self.succeeded = round_idx, succeeded
         self.client_tracebacks = dict(client_tracebacks or {})

@@ -56,9 +56,16 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 __all__ = [
-    "COVARIANCES", "COVARIANCE_TYPES",
-    "class_means", "shared_covariance", "gaussian_classifier", "gaussian_head",
-    "gmm_numbers_per_class", "fit_class_gmms", "sample_class_gmms", "train_linear_head",
+    "COVARIANCES",
+    "COVARIANCE_TYPES",
+    "class_means",
+    "shared_covariance",
+    "gaussian_classifier",
+    "gaussian_head",
+    "gmm_numbers_per_class",
+    "fit_class_gmms",
+    "sample_class_gmms",
+    "train_linear_head",
 ]
 
 COVARIANCES = ("total", "within")
@@ -155,10 +162,13 @@ def gaussian_classifier(means: Tensor, cov: Tensor, counts: Tensor, *, shrinkage
     lam = shrinkage * float(torch.diagonal(cov).sum()) / d
     evals = torch.linalg.eigvalsh(cov)  # ascending
     if float(evals[0]) + lam < 1e-10 * (float(evals[-1]) + lam):
-        warnings.warn(f"the shared covariance is (nearly) singular (eigenvalues {float(evals[0]):.3g} .. "
-                      f"{float(evals[-1]):.3g}); the head follows rounding noise along its null directions. "
-                      "Features after a LayerNorm lie in a hyperplane: use a small shrinkage (e.g. 1e-6)",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"the shared covariance is (nearly) singular (eigenvalues {float(evals[0]):.3g} .. "
+            f"{float(evals[-1]):.3g}); the head follows rounding noise along its null directions. "
+            "Features after a LayerNorm lie in a hyperplane: use a small shrinkage (e.g. 1e-6)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     W = solve_classifier(cov, means.T, lam=lam)  # (d, c) = Σ̂⁻¹ [μ^1 … μ^c]
     W[:, ~present] = 0
     n = counts.to(means.dtype)
@@ -167,8 +177,9 @@ def gaussian_classifier(means: Tensor, cov: Tensor, counts: Tensor, *, shrinkage
     return W, b
 
 
-def gaussian_head(R: Tensor, C: Tensor, counts: Tensor, *, covariance: str = "total",
-                  shrinkage: float = 0.0) -> tuple[Tensor, Tensor]:
+def gaussian_head(
+    R: Tensor, C: Tensor, counts: Tensor, *, covariance: str = "total", shrinkage: float = 0.0
+) -> tuple[Tensor, Tensor]:
     """FedCGS's server step from the summed statistics: means, shared covariance, then (W, b)."""
     cov = shared_covariance(R, C, counts, covariance=covariance)
     return gaussian_classifier(class_means(C, counts), cov, counts, shrinkage=shrinkage)
@@ -186,9 +197,19 @@ def gmm_numbers_per_class(d: int, n_components: int, covariance_type: str) -> in
     return n_components * (d + 1 + _covariance_numbers(d, covariance_type))
 
 
-def fit_class_gmms(features: Tensor, labels: Tensor, *, num_classes: int, n_components: int,
-                   covariance_type: str, seed: int, tol: float = 1e-3, max_iter: int = 100,
-                   reg_covar: float = 1e-6, wire_dtype: torch.dtype = torch.float16) -> dict[str, Tensor]:
+def fit_class_gmms(
+    features: Tensor,
+    labels: Tensor,
+    *,
+    num_classes: int,
+    n_components: int,
+    covariance_type: str,
+    seed: int,
+    tol: float = 1e-3,
+    max_iter: int = 100,
+    reg_covar: float = 1e-6,
+    wire_dtype: torch.dtype = torch.float16,
+) -> dict[str, Tensor]:
     """Fit one ``sklearn.mixture.GaussianMixture`` per class and pack the parameters for upload.
 
     As in both public FedPFT implementations, a class is fitted only when the client holds more than
@@ -226,8 +247,14 @@ def fit_class_gmms(features: Tensor, labels: Tensor, *, num_classes: int, n_comp
         Xj = X[y == j]
         if len(Xj) <= n_components:
             continue
-        gmm = GaussianMixture(n_components=n_components, covariance_type=covariance_type, tol=tol,
-                              max_iter=max_iter, reg_covar=reg_covar, random_state=seed).fit(Xj)
+        gmm = GaussianMixture(
+            n_components=n_components,
+            covariance_type=covariance_type,
+            tol=tol,
+            max_iter=max_iter,
+            reg_covar=reg_covar,
+            random_state=seed,
+        ).fit(Xj)
         cov = gmm.covariances_
         out["labels"].append(j)
         out["counts"].append(len(Xj))
@@ -241,8 +268,7 @@ def fit_class_gmms(features: Tensor, labels: Tensor, *, num_classes: int, n_comp
         "counts": torch.tensor(out["counts"], dtype=torch.int64),
         "weights": torch.from_numpy(np.asarray(out["weights"]).reshape(m, n_components)).to(wire_dtype),
         "means": torch.from_numpy(np.asarray(out["means"]).reshape(m, n_components, d)).to(wire_dtype),
-        "covariances": torch.from_numpy(np.asarray(out["covariances"]).reshape(m, *cov_shape[covariance_type]))
-        .to(wire_dtype),
+        "covariances": torch.from_numpy(np.asarray(out["covariances"]).reshape(m, *cov_shape[covariance_type])).to(wire_dtype),
     }
     for name in ("weights", "means", "covariances"):
         if not bool(torch.isfinite(packed[name]).all()):
@@ -266,8 +292,7 @@ def _component_factors(cov: Tensor, d: int, covariance_type: str) -> Tensor:
     return evecs * evals.clamp(min=0).sqrt()[:, None, :]
 
 
-def sample_class_gmms(packed: Mapping[str, Tensor], *, covariance_type: str,
-                      generator: torch.Generator) -> tuple[Tensor, Tensor]:
+def sample_class_gmms(packed: Mapping[str, Tensor], *, covariance_type: str, generator: torch.Generator) -> tuple[Tensor, Tensor]:
     """Draw ``counts[j]`` synthetic features from each uploaded class mixture (FedPFT's server).
 
     Component k is chosen with probability π_k (weights renormalised after quantisation), then
@@ -302,9 +327,19 @@ def sample_class_gmms(packed: Mapping[str, Tensor], *, covariance_type: str,
     return torch.cat(feats).float(), torch.cat(labs)
 
 
-def train_linear_head(features: Tensor, labels: Tensor, *, num_classes: int, epochs: int, batch_size: int,
-                      optimizer: str, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
-                      seed: int = 0) -> tuple[Tensor, Tensor]:
+def train_linear_head(
+    features: Tensor,
+    labels: Tensor,
+    *,
+    num_classes: int,
+    epochs: int,
+    batch_size: int,
+    optimizer: str,
+    lr: float,
+    momentum: float = 0.9,
+    weight_decay: float = 0.0,
+    seed: int = 0,
+) -> tuple[Tensor, Tensor]:
     """Train ``nn.Linear(d, c)`` with cross-entropy on (features, labels): FedPFT's server head.
 
     PyTorch's default initialisation and minibatch shuffling, both from ``seed``; runs where the
@@ -330,7 +365,7 @@ def train_linear_head(features: Tensor, labels: Tensor, *, num_classes: int, epo
     for _ in range(epochs):
         order = torch.randperm(n, generator=generator).to(x.device)
         for start in range(0, n, batch_size):
-            idx = order[start:start + batch_size]
+            idx = order[start : start + batch_size]
             loss = F.cross_entropy(head(x[idx]), y[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()

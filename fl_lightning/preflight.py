@@ -45,8 +45,18 @@ from fl_lightning.config import RunConfig
 from fl_lightning.cores import available_cpus, ranks_sharing_cores
 from fl_lightning.errors import ConfigError, ResourceError, UsageError, did_you_mean
 
-__all__ = ["preflight", "preflight_run", "available_memory_bytes", "check_devices", "check_fabric_settings",
-           "check_output_dir", "check_model", "check_image_size", "check_federation", "check_values"]
+__all__ = [
+    "preflight",
+    "preflight_run",
+    "available_memory_bytes",
+    "check_devices",
+    "check_fabric_settings",
+    "check_output_dir",
+    "check_model",
+    "check_image_size",
+    "check_federation",
+    "check_values",
+]
 
 # A rank imports torch, Lightning and the model library before it holds any data. An assumed floor
 # (not measured per model): below it the ranks cannot even start; it is no estimate of a real run's needs.
@@ -73,8 +83,9 @@ def _gpu_count() -> int:
     return torch.cuda.device_count()  # NVML-based: does not initialise CUDA
 
 
-def check_devices(cfg: RunConfig, *, cpus: int | None = None, gpus: int | None = None,
-                  memory: int | None = None, launcher: str | None = None) -> None:
+def check_devices(
+    cfg: RunConfig, *, cpus: int | None = None, gpus: int | None = None, memory: int | None = None, launcher: str | None = None
+) -> None:
     """The ranks the config asks for, against what this machine has.
 
     Args:
@@ -92,33 +103,48 @@ def check_devices(cfg: RunConfig, *, cpus: int | None = None, gpus: int | None =
     if f.accelerator in ("gpu", "cuda") and gpus == 0:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         why = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
-        raise ResourceError(f"resource error: federation.accelerator={f.accelerator!r} but this machine has no "
-                            f"visible GPU{why}; use --federation.accelerator cpu (or auto)")
+        raise ResourceError(
+            f"resource error: federation.accelerator={f.accelerator!r} but this machine has no "
+            f"visible GPU{why}; use --federation.accelerator cpu (or auto)"
+        )
     if wants_gpu and f.devices > gpus:
-        raise ResourceError(f"resource error: federation.devices={f.devices} asks for {f.devices} GPU ranks but "
-                            f"{gpus} GPU(s) are visible; use --federation.devices {gpus} or fewer (clients are "
-                            f"dealt to the ranks there are)")
+        raise ResourceError(
+            f"resource error: federation.devices={f.devices} asks for {f.devices} GPU ranks but "
+            f"{gpus} GPU(s) are visible; use --federation.devices {gpus} or fewer (clients are "
+            f"dealt to the ranks there are)"
+        )
     if wants_gpu or os.environ.get("FL_LIGHTNING_SKIP_RESOURCE_CHECK") == "1":
         return
     cpus = available_cpus() if cpus is None else cpus
     if f.devices > cpus:
-        raise ResourceError(f"resource error: federation.devices={f.devices} asks for {f.devices} CPU ranks but "
-                            f"this process may use {cpus} CPU core(s); use --federation.devices {cpus} or fewer "
-                            f"(clients are dealt to the ranks there are)")
+        raise ResourceError(
+            f"resource error: federation.devices={f.devices} asks for {f.devices} CPU ranks but "
+            f"this process may use {cpus} CPU core(s); use --federation.devices {cpus} or fewer "
+            f"(clients are dealt to the ranks there are)"
+        )
     from fl_lightning.data.loader import resolve_loader_settings
 
-    workers = resolve_loader_settings(cfg.data.num_workers, cfg.data.pin_memory, cfg.data.persistent_workers,
-                                      cuda=False, cpus=cpus, ranks_on_node=ranks_sharing_cores(f.devices, cpus)
-                                      ).num_workers  # auto: 0 here
+    workers = resolve_loader_settings(
+        cfg.data.num_workers,
+        cfg.data.pin_memory,
+        cfg.data.persistent_workers,
+        cuda=False,
+        cpus=cpus,
+        ranks_on_node=ranks_sharing_cores(f.devices, cpus),
+    ).num_workers  # auto: 0 here
     if workers > cpus:  # torch's DataLoader would start them all (a process each) for every client
-        raise ResourceError(f"resource error: data.num_workers={workers} loader processes per rank but this "
-                            f"process may use {cpus} CPU core(s); use --data.num_workers {cpus} or fewer (0 loads "
-                            f"in the rank itself)")
+        raise ResourceError(
+            f"resource error: data.num_workers={workers} loader processes per rank but this "
+            f"process may use {cpus} CPU core(s); use --data.num_workers {cpus} or fewer (0 loads "
+            f"in the rank itself)"
+        )
     memory = available_memory_bytes() if memory is None else memory
     if f.devices > 1 and memory is not None and memory < f.devices * RANK_MEMORY_FLOOR:
-        raise ResourceError(f"resource error: federation.devices={f.devices} ranks need at least "
-                            f"{f.devices * RANK_MEMORY_FLOOR / 2**30:.1f} GiB to start, but "
-                            f"{memory / 2**30:.1f} GiB are available; use fewer --federation.devices")
+        raise ResourceError(
+            f"resource error: federation.devices={f.devices} ranks need at least "
+            f"{f.devices * RANK_MEMORY_FLOOR / 2**30:.1f} GiB to start, but "
+            f"{memory / 2**30:.1f} GiB are available; use fewer --federation.devices"
+        )
 
 
 def check_fabric_settings(cfg: RunConfig) -> None:
@@ -137,19 +163,30 @@ def check_fabric_settings(cfg: RunConfig) -> None:
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
-            connector = _Connector(accelerator=f.accelerator, devices=f.devices, num_nodes=f.num_nodes,
-                                   strategy=strategy, precision=f.precision)
+            connector = _Connector(
+                accelerator=f.accelerator, devices=f.devices, num_nodes=f.num_nodes, strategy=strategy, precision=f.precision
+            )
     except Exception as err:  # noqa: BLE001 — Fabric's own words, on one line
         text = " ".join(str(err).split()).split(". ")[0]
         lower = text.lower()
-        key = next((k for k in ("strategy", "precision", "accelerator", "devices") if k in lower),
-                   "precision" if "transformer_engine" in lower else "accelerator")
-        raise ConfigError(f"federation.{key}", getattr(f, key), f"a value Fabric accepts here with "
-                          f"accelerator={f.accelerator!r}, devices={f.devices}, strategy={f.strategy!r}, "
-                          f"precision={f.precision!r} (Fabric: {type(err).__name__}: {text})") from None
+        key = next(
+            (k for k in ("strategy", "precision", "accelerator", "devices") if k in lower),
+            "precision" if "transformer_engine" in lower else "accelerator",
+        )
+        raise ConfigError(
+            f"federation.{key}",
+            getattr(f, key),
+            f"a value Fabric accepts here with "
+            f"accelerator={f.accelerator!r}, devices={f.devices}, strategy={f.strategy!r}, "
+            f"precision={f.precision!r} (Fabric: {type(err).__name__}: {text})",
+        ) from None
     if isinstance(getattr(connector.strategy, "launcher", None), _MultiProcessingLauncher):
-        raise ConfigError("federation.strategy", f.strategy, "'auto' or 'ddp' (this program launches its ranks by "
-                          "re-running its command; spawn/fork strategies are not supported)")
+        raise ConfigError(
+            "federation.strategy",
+            f.strategy,
+            "'auto' or 'ddp' (this program launches its ranks by "
+            "re-running its command; spawn/fork strategies are not supported)",
+        )
 
 
 def check_output_dir(cfg: RunConfig) -> None:
@@ -161,8 +198,9 @@ def check_output_dir(cfg: RunConfig) -> None:
     out, run_dir = Path(cfg.output_dir), cfg.run_dir
     for path, key in ((out, "output_dir"), (run_dir, "the run folder")):
         if path.exists() and not path.is_dir():
-            raise ResourceError(f"resource error: {key} '{path}' is a file, not a folder; choose another "
-                                f"--output_dir (or --run_name)")
+            raise ResourceError(
+                f"resource error: {key} '{path}' is a file, not a folder; choose another --output_dir (or --run_name)"
+            )
     existing = run_dir
     while not existing.exists():
         if existing.parent == existing:
@@ -175,8 +213,10 @@ def check_output_dir(cfg: RunConfig) -> None:
         os.close(fd)
         os.unlink(probe)
     except OSError as err:
-        raise ResourceError(f"resource error: output_dir '{out}' is not writable ('{existing}': "
-                            f"{err.strerror or err}); choose another --output_dir") from None
+        raise ResourceError(
+            f"resource error: output_dir '{out}' is not writable ('{existing}': "
+            f"{err.strerror or err}); choose another --output_dir"
+        ) from None
 
 
 def _allowed_keys(*targets: object) -> set[str]:
@@ -206,8 +246,12 @@ def check_data(cfg: RunConfig) -> None:
         return
     if os.path.exists(os.path.expanduser(d.path)):
         if d.revision is not None:
-            raise ConfigError("data.revision", d.revision, f"null for the local path '{d.path}' (a revision picks a "
-                              f"snapshot of a hub id; a folder or file on disk is one version)")
+            raise ConfigError(
+                "data.revision",
+                d.revision,
+                f"null for the local path '{d.path}' (a revision picks a "
+                f"snapshot of a hub id; a folder or file on disk is one version)",
+            )
         return
     from fl_lightning.data.hf import hub_folder
     from fl_lightning.models.hub import looks_like_hub_id
@@ -231,26 +275,32 @@ def check_model(cfg: RunConfig) -> None:
         local = os.path.exists(os.path.expanduser(m.checkpoint))
         if not (m.download and looks_like_hub_id(m.checkpoint) and not local):
             # a hub id to fetch is fetched when the model is built, not in the preflight
-            check_checkpoint(resolve_weights_file(m.checkpoint, download=False, cache_dir=m.cache_dir),
-                             label="model.checkpoint")
+            check_checkpoint(resolve_weights_file(m.checkpoint, download=False, cache_dir=m.cache_dir), label="model.checkpoint")
     if not m.overrides:
         return
     if m.library == "open_clip":
         import open_clip
 
         models = [getattr(open_clip, n) for n in ("CLIP", "CustomTextCLIP", "CoCa") if hasattr(open_clip, n)]
-        _check_keys(m.overrides, _allowed_keys(*[c.__init__ for c in models]), "model.overrides",
-                    "an open_clip model")
+        _check_keys(m.overrides, _allowed_keys(*[c.__init__ for c in models]), "model.overrides", "an open_clip model")
         for section, cfg_class in (("vision_cfg", "CLIPVisionCfg"), ("text_cfg", "CLIPTextCfg")):
             if isinstance(m.overrides.get(section), dict) and hasattr(open_clip, cfg_class):
-                _check_keys(m.overrides[section], _allowed_keys(getattr(open_clip, cfg_class)),
-                            f"model.overrides.{section}", f"open_clip's {cfg_class}")
+                _check_keys(
+                    m.overrides[section],
+                    _allowed_keys(getattr(open_clip, cfg_class)),
+                    f"model.overrides.{section}",
+                    f"open_clip's {cfg_class}",
+                )
     elif m.library == "timm" and m.name.startswith("vit_") and "hybrid" not in m.name:
         import timm
         from timm.models.vision_transformer import VisionTransformer
 
-        _check_keys(m.overrides, _allowed_keys(VisionTransformer.__init__, timm.create_model), "model.overrides",
-                    "timm's VisionTransformer")
+        _check_keys(
+            m.overrides,
+            _allowed_keys(VisionTransformer.__init__, timm.create_model),
+            "model.overrides",
+            "timm's VisionTransformer",
+        )
 
 
 def check_values(cfg: RunConfig) -> None:
@@ -262,8 +312,11 @@ def check_values(cfg: RunConfig) -> None:
     # train.lr / momentum / weight_decay beyond float32 or negative cannot get here: LocalTrainingConfig
     # rejects them when the config is built
     if cfg.data.image_size is not None and cfg.data.image_size > MAX_IMAGE_SIZE:
-        raise ConfigError("data.image_size", cfg.data.image_size,
-                          f"an int in [8, {MAX_IMAGE_SIZE}] (ViT attention memory grows as the 4th power of it)")
+        raise ConfigError(
+            "data.image_size",
+            cfg.data.image_size,
+            f"an int in [8, {MAX_IMAGE_SIZE}] (ViT attention memory grows as the 4th power of it)",
+        )
 
 
 def _vit_input(cfg: RunConfig) -> tuple[int | None, str | None, int | None]:
@@ -301,11 +354,15 @@ def check_image_size(cfg: RunConfig) -> None:
         return
     fixed, key, patch = _vit_input(cfg)
     if fixed is not None and set(fixed if isinstance(fixed, (list, tuple)) else [fixed]) != {size}:
-        raise ConfigError("data.image_size", size, f"{fixed!r}, the input size {key} builds the model for (or "
-                          f"null: the model's size); or change both")
+        raise ConfigError(
+            "data.image_size",
+            size,
+            f"{fixed!r}, the input size {key} builds the model for (or null: the model's size); or change both",
+        )
     if isinstance(patch, int) and size < patch:
-        raise ConfigError("data.image_size", size, f"at least the model's patch size, {patch} (a multiple of it, "
-                          f"or null: the model's size)")
+        raise ConfigError(
+            "data.image_size", size, f"at least the model's patch size, {patch} (a multiple of it, or null: the model's size)"
+        )
 
 
 def check_federation(cfg: RunConfig) -> None:
@@ -319,9 +376,12 @@ def check_federation(cfg: RunConfig) -> None:
     f, k = cfg.federation, cfg.partition.num_clients
     sampled = clients_per_round(k, f.client_fraction)
     if f.min_clients > sampled:
-        raise ConfigError("federation.min_clients", f.min_clients,
-                          f"at most {sampled}, the clients a round samples (partition.num_clients={k} × "
-                          f"federation.client_fraction={f.client_fraction:g}): no round could succeed")
+        raise ConfigError(
+            "federation.min_clients",
+            f.min_clients,
+            f"at most {sampled}, the clients a round samples (partition.num_clients={k} × "
+            f"federation.client_fraction={f.client_fraction:g}): no round could succeed",
+        )
 
 
 def preflight_run(cfg: RunConfig) -> None:

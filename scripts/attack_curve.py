@@ -27,16 +27,25 @@ def curve_rows(out_dir: Path) -> list[dict]:
         label = cfg.get("label") or cfg["algorithm"]
         order += [label] if label not in order else []
         groups[(label, float(cfg["federation"]["attack"]["fraction"]))].append(json.loads(path.read_text())["accuracy"])
-    return [{"label": label, "fraction": fraction, "runs": len(acc), "accuracy_mean": statistics.fmean(acc),
-             "accuracy_std": statistics.stdev(acc) if len(acc) > 1 else None}
-            for (label, fraction), acc in sorted(groups.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1]))]
+    return [
+        {
+            "label": label,
+            "fraction": fraction,
+            "runs": len(acc),
+            "accuracy_mean": statistics.fmean(acc),
+            "accuracy_std": statistics.stdev(acc) if len(acc) > 1 else None,
+        }
+        for (label, fraction), acc in sorted(groups.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1]))
+    ]
 
 
 def markdown(rows: list[dict]) -> str:
     fractions = sorted({r["fraction"] for r in rows})
     cell = {(r["label"], r["fraction"]): r for r in rows}
-    lines = ["| aggregator | " + " | ".join(f"{100 * f:g} % attackers" for f in fractions) + " |",
-             "| --- |" + " --- |" * len(fractions)]
+    lines = [
+        "| aggregator | " + " | ".join(f"{100 * f:g} % attackers" for f in fractions) + " |",
+        "| --- |" + " --- |" * len(fractions),
+    ]
     for label in dict.fromkeys(r["label"] for r in rows):
         cells = []
         for f in fractions:

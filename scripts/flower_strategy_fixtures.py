@@ -27,10 +27,12 @@ if TYPE_CHECKING:
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "federation" / "fixtures"
 
-HOW = ("strategy = <strategy>(initial_parameters=ndarrays_to_parameters(initial_parameters), **kwargs); "
-       "for each round: parameters, _ = strategy.aggregate_fit(server_round, [(None, FitRes(Status(OK), "
-       "ndarrays_to_parameters(float32 client arrays), num_examples, {})) for each client in order], []); "
-       "global_parameters = parameters_to_ndarrays(parameters)")
+HOW = (
+    "strategy = <strategy>(initial_parameters=ndarrays_to_parameters(initial_parameters), **kwargs); "
+    "for each round: parameters, _ = strategy.aggregate_fit(server_round, [(None, FitRes(Status(OK), "
+    "ndarrays_to_parameters(float32 client arrays), num_examples, {})) for each client in order], []); "
+    "global_parameters = parameters_to_ndarrays(parameters)"
+)
 
 
 def load_flwr() -> ModuleType:
@@ -84,12 +86,13 @@ def fit_results(sent: list[list[np.ndarray]], num_examples: list[int]) -> list[t
     looks at it)."""
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
-    return [(None, FitRes(status=Status(code=Code.OK, message=""), parameters=ndarrays_to_parameters(a),
-                          num_examples=n, metrics={})) for a, n in zip(sent, num_examples)]
+    return [
+        (None, FitRes(status=Status(code=Code.OK, message=""), parameters=ndarrays_to_parameters(a), num_examples=n, metrics={}))
+        for a, n in zip(sent, num_examples)
+    ]
 
 
-def aggregate(strategy: Strategy, server_round: int, sent: list[list[np.ndarray]],
-              num_examples: list[int]) -> list[np.ndarray]:
+def aggregate(strategy: Strategy, server_round: int, sent: list[list[np.ndarray]], num_examples: list[int]) -> list[np.ndarray]:
     """The global parameters Flower's ``aggregate_fit`` returns for one round of these clients."""
     from flwr.common import parameters_to_ndarrays
 
@@ -100,9 +103,11 @@ def aggregate(strategy: Strategy, server_round: int, sent: list[list[np.ndarray]
 def replay(sent: list[list[np.ndarray]], num_examples: list[int], current: list[np.ndarray]) -> dict[str, list]:
     """What a round records so the tests can replay it: the clients' arrays and num_examples, Flower's result and
     its dtypes."""
-    return {"clients": [{"num_examples": n, "parameters": as_lists(a)} for a, n in zip(sent, num_examples)],
-            "global_parameters": as_lists(current),
-            "global_dtypes": [str(a.dtype) for a in current]}
+    return {
+        "clients": [{"num_examples": n, "parameters": as_lists(a)} for a, n in zip(sent, num_examples)],
+        "global_parameters": as_lists(current),
+        "global_dtypes": [str(a.dtype) for a in current],
+    }
 
 
 def header(script: str, flwr_version: str) -> dict[str, Any]:

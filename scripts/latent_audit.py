@@ -54,12 +54,11 @@ def main() -> None:
     y = digits.target
     rng = np.random.default_rng(args.seed)
     order = rng.permutation(len(y))
-    train, test = order[: int(0.8 * len(y))], order[int(0.8 * len(y)):]
+    train, test = order[: int(0.8 * len(y))], order[int(0.8 * len(y)) :]
     public = x[test].reshape(len(test), -1)
     mu, cov = public.mean(0), torch.cov(public.T)
     parts = dirichlet_partition(y[train], args.clients, 0.5, seed=args.seed)
-    scheduler = DDPMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
-                              num_train_timesteps=1000)
+    scheduler = DDPMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, num_train_timesteps=1000)
     alpha_bar = scheduler.alphas_cumprod.double()
     B = float(x.reshape(len(y), -1).norm(dim=1).max())
 
@@ -75,10 +74,11 @@ def main() -> None:
                 uploads.append((c.reshape(-1), own.reshape(len(own), -1)))
     clean = np.mean([_psnr_to_nearest(c, imgs) for c, imgs in uploads])
     g = torch.Generator().manual_seed(args.seed)
-    floor = np.mean([_psnr_to_nearest(public[int(torch.randint(len(public), (1,), generator=g))], imgs)
-                     for _, imgs in uploads])
-    print(f"{len(uploads)} uploads from {args.clients} clients; clean upload {clean:.1f} dB, "
-          f"random public image {floor:.1f} dB (PSNR to the nearest real image of the client)\n")
+    floor = np.mean([_psnr_to_nearest(public[int(torch.randint(len(public), (1,), generator=g))], imgs) for _, imgs in uploads])
+    print(
+        f"{len(uploads)} uploads from {args.clients} clients; clean upload {clean:.1f} dB, "
+        f"random public image {floor:.1f} dB (PSNR to the nearest real image of the client)\n"
+    )
     print("| s | ᾱ_s | PSNR rescaled (dB) | PSNR wiener (dB) | ε (class mean) |")
     print("| --- | --- | --- | --- | --- |")
     eye = torch.eye(len(mu), dtype=torch.float64)

@@ -50,34 +50,34 @@ DIRICHLET = [
     ("skewed600", 8, 0.1, 0, False, 0, None),
     ("skewed600", 6, 1.0, 5, True, 7, None),
     ("skewed600", 10, 0.3, 2, True, 42, 42),
-    ("skewed600", 10, 0.5, 10, False, 42, 42),   # Flower's defaults: min_partition_size=10, seed=42, shuffle seed 42
+    ("skewed600", 10, 0.5, 10, False, 42, 42),  # Flower's defaults: min_partition_size=10, seed=42, shuffle seed 42
     ("skewed600", 20, 0.3, 10, False, 1, None),  # re-draws before it meets min_partition_size
-    ("skewed600", 20, 0.5, 10, False, 2, 42),    # re-draws, after FederatedDataset's shuffle
-    ("skewed600", 12, 0.2, 15, True, 1, None),   # self-balancing with re-draws
+    ("skewed600", 20, 0.5, 10, False, 2, 42),  # re-draws, after FederatedDataset's shuffle
+    ("skewed600", 12, 0.2, 15, True, 1, None),  # self-balancing with re-draws
     ("skewed600", 20, 0.1, 10, False, 1, None),  # gives up after 10 re-draws
     ("strings250", 4, 0.3, 5, False, 42, 42),
     ("strings250", 3, 2.0, 10, True, 5, None),
 ]
 IID = [("skewed600", 7, None), ("skewed600", 7, 42), ("strings250", 9, 3)]  # (data set, num_partitions, shuffle)
-NATURAL = [("skewed600", None), ("skewed600", 42), ("strings250", 42)]     # (data set, shuffle), by "writer"
+NATURAL = [("skewed600", None), ("skewed600", 42), ("strings250", 42)]  # (data set, shuffle), by "writer"
 # (data set, num_partitions, num_shards_per_partition, shard_size, keep_incomplete_shard, seed, shuffle), by "label"
 SHARD = [
     ("skewed600", 10, 2, None, False, 42, None),  # McMahan et al.'s shards: 20 of 30 rows, every row used
-    ("skewed600", 7, 3, None, True, 1, 42),       # int(600 / 21) = 28 rows: 12 rows in no partition
-    ("skewed600", 8, None, 50, False, 3, None),   # shard_size alone: 12 shards dealt 2, 2, 2, 2, 1, 1, 1, 1
-    ("skewed600", 5, None, 70, True, 0, None),    # ... with the last, incomplete shard (40 rows)
-    ("skewed600", 6, 2, 40, False, 42, 42),       # both given: 12 of 15 usable shards
+    ("skewed600", 7, 3, None, True, 1, 42),  # int(600 / 21) = 28 rows: 12 rows in no partition
+    ("skewed600", 8, None, 50, False, 3, None),  # shard_size alone: 12 shards dealt 2, 2, 2, 2, 1, 1, 1, 1
+    ("skewed600", 5, None, 70, True, 0, None),  # ... with the last, incomplete shard (40 rows)
+    ("skewed600", 6, 2, 40, False, 42, 42),  # both given: 12 of 15 usable shards
     ("strings250", 4, 2, None, False, 42, None),  # string labels
     ("skewed600", 10, None, 100, False, 0, None),  # 6 usable shards for 10 partitions: Flower refuses
 ]
 # (data set, num_partitions, num_classes_per_partition, class_assignment_mode, seed, shuffle), by "label"
 PATHOLOGICAL = [
-    ("skewed600", 10, 2, "random", 42, None),     # Flower's defaults
+    ("skewed600", 10, 2, "random", 42, None),  # Flower's defaults
     ("skewed600", 8, 3, "deterministic", 0, 42),
     ("skewed600", 12, 2, "first-deterministic", 7, None),
-    ("strings250", 5, 2, "random", 1, 42),        # string labels
-    ("skewed600", 3, 1, "random", 3, None),       # classes no partition holds: their rows in none
-    ("skewed600", 5, 8, "random", 0, None),       # 8 classes of 7: Flower refuses
+    ("strings250", 5, 2, "random", 1, 42),  # string labels
+    ("skewed600", 3, 1, "random", 3, None),  # classes no partition holds: their rows in none
+    ("skewed600", 5, 8, "random", 0, None),  # 8 classes of 7: Flower refuses
 ]
 
 
@@ -85,8 +85,13 @@ def federated(parquet: Path, partitioner, shuffle_seed: int | None):
     """The FederatedDataset a Flower user builds over the parquet file."""
     from flwr_datasets import FederatedDataset
 
-    return FederatedDataset(dataset="parquet", data_files={"train": str(parquet)}, partitioners={"train": partitioner},
-                            shuffle=shuffle_seed is not None, seed=42 if shuffle_seed is None else shuffle_seed)
+    return FederatedDataset(
+        dataset="parquet",
+        data_files={"train": str(parquet)},
+        partitioners={"train": partitioner},
+        shuffle=shuffle_seed is not None,
+        seed=42 if shuffle_seed is None else shuffle_seed,
+    )
 
 
 def record(parquet: Path, partitioner, shuffle_seed: int | None) -> dict:
@@ -122,35 +127,95 @@ def main(argv: list[str]) -> int:
             files[name] = Path(tmp) / f"{name}.parquet"
             datasets.Dataset.from_dict({**columns, "row": list(range(len(columns["label"])))}).to_parquet(files[name])
         for name, k, alpha, min_size, balance, seed, shuffle in DIRICHLET:
-            p = DirichletPartitioner(num_partitions=k, partition_by="label", alpha=alpha, min_partition_size=min_size,
-                                     self_balancing=balance, seed=seed)
-            cases.append({"partitioner": "dirichlet", "data": name, "num_partitions": k, "alpha": alpha,
-                          "min_partition_size": min_size, "self_balancing": balance, "seed": seed,
-                          "shuffle_seed": shuffle, **record(files[name], p, shuffle)})
+            p = DirichletPartitioner(
+                num_partitions=k,
+                partition_by="label",
+                alpha=alpha,
+                min_partition_size=min_size,
+                self_balancing=balance,
+                seed=seed,
+            )
+            cases.append(
+                {
+                    "partitioner": "dirichlet",
+                    "data": name,
+                    "num_partitions": k,
+                    "alpha": alpha,
+                    "min_partition_size": min_size,
+                    "self_balancing": balance,
+                    "seed": seed,
+                    "shuffle_seed": shuffle,
+                    **record(files[name], p, shuffle),
+                }
+            )
         for name, k, shuffle in IID:
-            cases.append({"partitioner": "iid", "data": name, "num_partitions": k, "shuffle_seed": shuffle,
-                          **record(files[name], IidPartitioner(num_partitions=k), shuffle)})
+            cases.append(
+                {
+                    "partitioner": "iid",
+                    "data": name,
+                    "num_partitions": k,
+                    "shuffle_seed": shuffle,
+                    **record(files[name], IidPartitioner(num_partitions=k), shuffle),
+                }
+            )
         for name, shuffle in NATURAL:
-            cases.append({"partitioner": "natural_id", "data": name, "partition_by": "writer", "shuffle_seed": shuffle,
-                          **record(files[name], NaturalIdPartitioner(partition_by="writer"), shuffle)})
+            cases.append(
+                {
+                    "partitioner": "natural_id",
+                    "data": name,
+                    "partition_by": "writer",
+                    "shuffle_seed": shuffle,
+                    **record(files[name], NaturalIdPartitioner(partition_by="writer"), shuffle),
+                }
+            )
         for name, k, s, size, keep, seed, shuffle in SHARD:
-            p = ShardPartitioner(num_partitions=k, partition_by="label", num_shards_per_partition=s, shard_size=size,
-                                 keep_incomplete_shard=keep, seed=seed)
-            cases.append({"partitioner": "shard", "data": name, "num_partitions": k, "num_shards_per_partition": s,
-                          "shard_size": size, "keep_incomplete_shard": keep, "seed": seed, "shuffle_seed": shuffle,
-                          **record(files[name], p, shuffle)})
+            p = ShardPartitioner(
+                num_partitions=k,
+                partition_by="label",
+                num_shards_per_partition=s,
+                shard_size=size,
+                keep_incomplete_shard=keep,
+                seed=seed,
+            )
+            cases.append(
+                {
+                    "partitioner": "shard",
+                    "data": name,
+                    "num_partitions": k,
+                    "num_shards_per_partition": s,
+                    "shard_size": size,
+                    "keep_incomplete_shard": keep,
+                    "seed": seed,
+                    "shuffle_seed": shuffle,
+                    **record(files[name], p, shuffle),
+                }
+            )
         for name, k, c, mode, seed, shuffle in PATHOLOGICAL:
-            p = PathologicalPartitioner(num_partitions=k, partition_by="label", num_classes_per_partition=c,
-                                        class_assignment_mode=mode, seed=seed)
-            cases.append({"partitioner": "pathological", "data": name, "num_partitions": k,
-                          "num_classes_per_partition": c, "class_assignment_mode": mode, "seed": seed,
-                          "shuffle_seed": shuffle, **record(files[name], p, shuffle)})
+            p = PathologicalPartitioner(
+                num_partitions=k, partition_by="label", num_classes_per_partition=c, class_assignment_mode=mode, seed=seed
+            )
+            cases.append(
+                {
+                    "partitioner": "pathological",
+                    "data": name,
+                    "num_partitions": k,
+                    "num_classes_per_partition": c,
+                    "class_assignment_mode": mode,
+                    "seed": seed,
+                    "shuffle_seed": shuffle,
+                    **record(files[name], p, shuffle),
+                }
+            )
     fixture = {
         "made_by": "HF_DATASETS_OFFLINE=1 python scripts/make_flower_fixtures.py (in a venv with flwr-datasets)",
-        "versions": {"flwr_datasets": flwr_datasets.__version__, "datasets": datasets.__version__,
-                     "numpy": np.__version__, "python": sys.version.split()[0]},
+        "versions": {
+            "flwr_datasets": flwr_datasets.__version__,
+            "datasets": datasets.__version__,
+            "numpy": np.__version__,
+            "python": sys.version.split()[0],
+        },
         "how": "FederatedDataset(dataset='parquet', data_files={'train': <table>.parquet}, partitioners={'train': P}, "
-               "shuffle=shuffle_seed is not None, seed=shuffle_seed); partitions[k] = load_partition(k)['row']",
+        "shuffle=shuffle_seed is not None, seed=shuffle_seed); partitions[k] = load_partition(k)['row']",
         "data": data,
         "cases": cases,
     }

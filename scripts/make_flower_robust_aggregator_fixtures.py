@@ -125,8 +125,13 @@ NOTES = [
 ]
 
 
-def clients(rng: np.random.Generator, global_params: list[np.ndarray], goal: list[np.ndarray], num_examples: list[int],
-            outliers: dict[int, str]) -> list[list]:
+def clients(
+    rng: np.random.Generator,
+    global_params: list[np.ndarray],
+    goal: list[np.ndarray],
+    num_examples: list[int],
+    outliers: dict[int, str],
+) -> list[list]:
     """Each client's float32 arrays: a quarter of the way from the global parameters to its own target, plus noise;
     outliers are that draw times -5 ("flip") or plus N(0, 3^2) noise ("noise")."""
     out = []
@@ -161,12 +166,22 @@ def run_case(name: str, kwargs: dict, plan: str) -> dict:
     for t, (num_examples, outliers) in enumerate(PLANS[plan], start=1):
         sent = clients(rng, current, goal, num_examples, outliers)
         current = fixtures.aggregate(strategy, t, sent, num_examples)
-        rounds.append({"server_round": t,
-                       "num_clients": len(num_examples),
-                       "outliers": {str(k): v for k, v in sorted(outliers.items())},
-                       **fixtures.replay(sent, num_examples, current)})
-    return {"strategy": name, "kwargs": kwargs, "hyperparameters": hyperparameters(strategy), "plan": plan,
-            "initial_parameters": fixtures.as_lists(init), "rounds": rounds}
+        rounds.append(
+            {
+                "server_round": t,
+                "num_clients": len(num_examples),
+                "outliers": {str(k): v for k, v in sorted(outliers.items())},
+                **fixtures.replay(sent, num_examples, current),
+            }
+        )
+    return {
+        "strategy": name,
+        "kwargs": kwargs,
+        "hyperparameters": hyperparameters(strategy),
+        "plan": plan,
+        "initial_parameters": fixtures.as_lists(init),
+        "rounds": rounds,
+    }
 
 
 def run_error_case(name: str, kwargs: dict, plan: str) -> dict:
@@ -177,19 +192,28 @@ def run_error_case(name: str, kwargs: dict, plan: str) -> dict:
     try:
         strategy.aggregate_fit(1, fixtures.fit_results(sent, num_examples), [])
     except Exception as error:  # noqa: BLE001 - recording whatever Flower raises is the point
-        return {"strategy": name, "kwargs": kwargs, "plan": plan, "num_clients": len(num_examples),
-                "raises": type(error).__name__, "message": str(error)}
+        return {
+            "strategy": name,
+            "kwargs": kwargs,
+            "plan": plan,
+            "num_clients": len(num_examples),
+            "raises": type(error).__name__,
+            "message": str(error),
+        }
     raise AssertionError(f"{name}({kwargs}) did not raise")
 
 
 def main(argv: list[str]) -> int:
     flwr = fixtures.load_flwr()
-    fixture = {**fixtures.header(Path(__file__).name, flwr.__version__),
-               "notes": NOTES,
-               "cases": [run_case(*case) for case in CASES],
-               "error_cases": [run_error_case(*case) for case in ERROR_CASES]}
-    return fixtures.write_or_check(OUT, fixtures.dumps(fixture), argv, f"{len(CASES)} cases, {len(ERROR_CASES)} error cases",
-                          f"flwr {flwr.__version__}")
+    fixture = {
+        **fixtures.header(Path(__file__).name, flwr.__version__),
+        "notes": NOTES,
+        "cases": [run_case(*case) for case in CASES],
+        "error_cases": [run_error_case(*case) for case in ERROR_CASES],
+    }
+    return fixtures.write_or_check(
+        OUT, fixtures.dumps(fixture), argv, f"{len(CASES)} cases, {len(ERROR_CASES)} error cases", f"flwr {flwr.__version__}"
+    )
 
 
 if __name__ == "__main__":

@@ -91,14 +91,14 @@ NOTES = [
 
 def clients(rng: np.random.Generator, global_params: list[np.ndarray], goal: list[np.ndarray]) -> list[list]:
     """Each client's float32 arrays: from the global parameters, a quarter of the way to its own target, plus noise."""
-    return [[fixtures.honest_step(rng, g, tgt).astype(np.float32) for g, tgt in zip(global_params, goal)]
-            for _ in NUM_EXAMPLES]
+    return [[fixtures.honest_step(rng, g, tgt).astype(np.float32) for g, tgt in zip(global_params, goal)] for _ in NUM_EXAMPLES]
 
 
 def hyperparameters(strategy) -> dict:
     """The settings the strategy holds after construction (Flower's defaults filled in)."""
-    held = fixtures.settings_held(strategy, ["server_learning_rate", "server_momentum", "eta", "eta_l", "beta_1", "beta_2",
-                                    "tau"])
+    held = fixtures.settings_held(
+        strategy, ["server_learning_rate", "server_momentum", "eta", "eta_l", "beta_1", "beta_2", "tau"]
+    )
     if type(strategy).__name__ != "FedAvgM":  # FedAvgM holds inplace but averages with aggregate() regardless
         held["inplace"] = strategy.inplace
     return held
@@ -114,15 +114,22 @@ def run_case(name: str, kwargs: dict) -> dict:
         sent = clients(rng, current, goal)
         current = fixtures.aggregate(strategy, t, sent, NUM_EXAMPLES)
         rounds.append({"server_round": t, **fixtures.replay(sent, NUM_EXAMPLES, current)})
-    return {"strategy": name, "kwargs": kwargs, "hyperparameters": hyperparameters(strategy),
-            "initial_parameters": fixtures.as_lists(init), "rounds": rounds}
+    return {
+        "strategy": name,
+        "kwargs": kwargs,
+        "hyperparameters": hyperparameters(strategy),
+        "initial_parameters": fixtures.as_lists(init),
+        "rounds": rounds,
+    }
 
 
 def main(argv: list[str]) -> int:
     flwr = fixtures.load_flwr()
-    fixture = {**fixtures.header(Path(__file__).name, flwr.__version__),
-               "notes": NOTES,
-               "cases": [run_case(name, kwargs) for name, kwargs in CASES]}
+    fixture = {
+        **fixtures.header(Path(__file__).name, flwr.__version__),
+        "notes": NOTES,
+        "cases": [run_case(name, kwargs) for name, kwargs in CASES],
+    }
     return fixtures.write_or_check(OUT, fixtures.dumps(fixture), argv, f"{len(CASES)} cases", f"flwr {flwr.__version__}")
 
 

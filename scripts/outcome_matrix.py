@@ -39,8 +39,19 @@ def run_combination(seed: int, cap: str, threads: int, select: str | None, log: 
     env.pop("ATEN_CPU_CAPABILITY", None)
     if cap != "native":
         env["ATEN_CPU_CAPABILITY"] = cap
-    cmd = [sys.executable, "-m", "pytest", "-m", "outcome", "-q", "-p", "no:cacheprovider", "--basetemp",
-           str(log.with_suffix(".tmp")), *(["-k", select] if select else [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-m",
+        "outcome",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--basetemp",
+        str(log.with_suffix(".tmp")),
+        *(["-k", select] if select else []),
+    ]
     start = time.monotonic()
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if done.returncode not in (0, 1):
@@ -59,8 +70,10 @@ def summarize(records: list[dict]) -> list[str]:
         op, bound = rows[0]["op"], rows[0]["bound"]
         worst = min(values) if op in (">", ">=") else max(values)
         failed = sum(not _OPS[op](v, bound) for v in values)
-        lines.append(f"{test} | {check} {op} {bound:.4g} | worst {worst:.4f} min {min(values):.4f} "
-                     f"mean {sum(values) / len(values):.4f} max {max(values):.4f} | n={len(values)} failed={failed}")
+        lines.append(
+            f"{test} | {check} {op} {bound:.4g} | worst {worst:.4f} min {min(values):.4f} "
+            f"mean {sum(values) / len(values):.4f} max {max(values):.4f} | n={len(values)} failed={failed}"
+        )
     return lines
 
 

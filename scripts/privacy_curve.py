@@ -21,9 +21,16 @@ def curve_rows(out_dir: Path) -> list[dict]:
     for path in sorted(out_dir.glob("*/summary.json")):
         s = json.loads(path.read_text())
         eps = s.get("epsilon")
-        rows.append({"run": path.parent.name, "algorithm": s["algorithm"],
-                     "epsilon": math.inf if eps is None else float(eps), "delta": s.get("delta"),
-                     "noise_multiplier": s.get("noise_multiplier"), "accuracy": s["accuracy"]})
+        rows.append(
+            {
+                "run": path.parent.name,
+                "algorithm": s["algorithm"],
+                "epsilon": math.inf if eps is None else float(eps),
+                "delta": s.get("delta"),
+                "noise_multiplier": s.get("noise_multiplier"),
+                "accuracy": s["accuracy"],
+            }
+        )
     return sorted(rows, key=lambda r: (r["algorithm"], r["epsilon"]))
 
 

@@ -34,8 +34,22 @@ def test_files(root: Path) -> list[Path]:
 
 def command(path: Path, seed: int) -> list[str]:
     """The pytest command line that runs ``path`` alone (slow tests included, shuffled with ``seed``)."""
-    return [sys.executable, "-m", "pytest", str(path), "-m", "slow or not slow", "-p", "randomly",
-            "-p", "no:cacheprovider", f"--randomly-seed={seed}", "-q", "--no-header", "-rfE"]
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(path),
+        "-m",
+        "slow or not slow",
+        "-p",
+        "randomly",
+        "-p",
+        "no:cacheprovider",
+        f"--randomly-seed={seed}",
+        "-q",
+        "--no-header",
+        "-rfE",
+    ]
 
 
 def run_file(path: Path, seed: int, timeout_s: float) -> tuple[Path, int, float, str]:
@@ -61,8 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(seed)
     rng.shuffle(files)
     seeds = {f: rng.randrange(2**31) for f in files}
-    print(f"{len(files)} test files, each alone; seed {seed} "
-          f"(rerun this order: python {Path(__file__).relative_to(REPO)} --seed {seed})", flush=True)
+    print(
+        f"{len(files)} test files, each alone; seed {seed} "
+        f"(rerun this order: python {Path(__file__).relative_to(REPO)} --seed {seed})",
+        flush=True,
+    )
     start, failed = time.monotonic(), []
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for path, code, seconds, out in pool.map(lambda f: run_file(f, seeds[f], args.timeout), files):

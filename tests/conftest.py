@@ -24,12 +24,19 @@ REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """``python -m fl_lightning.train ARGS`` in a fresh process, as a user runs it."""
     env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "fl_lightning.train", *args], capture_output=True, text=True,
-                          cwd=cwd or REPO, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "fl_lightning.train", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd or REPO,
+        env=env,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture
@@ -62,8 +69,7 @@ def tiny_disk(tmp_path):
     disk.mkdir()
     if shutil.which("mount") is None or os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root and mount(8)")
-    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(disk)], capture_output=True,
-                         text=True)
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(disk)], capture_output=True, text=True)
     if out.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip()}")
     try:
@@ -92,5 +98,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     each run, and ``-q`` hides its header line."""
     seed = getattr(config.option, "randomly_seed", None)
     if config.pluginmanager.has_plugin("randomly") and isinstance(seed, int):
-        terminalreporter.write_line(f"tests shuffled by pytest-randomly; repeat this order with -p randomly "
-                                    f"--randomly-seed={seed}")
+        terminalreporter.write_line(
+            f"tests shuffled by pytest-randomly; repeat this order with -p randomly --randomly-seed={seed}"
+        )

@@ -37,8 +37,10 @@ def verdict_to(out: str | Path, rank: int, result: dict) -> Callable[[str | None
     """A liveness watch's ``on_lost`` for a spawned rank: its (line, status, when) go into ``result["verdict"]``, the
     result is reported (without leaving the process group, which a stuck collective holds), then the process exits
     as the default ``on_lost`` would (``os._exit``; status 0 here, so that the spawner reads the report)."""
+
     def on_lost(line: str | None, status: int) -> None:
         result["verdict"] = (line, status, time.time())
         Path(out, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
         os._exit(0)
+
     return on_lost

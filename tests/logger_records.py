@@ -25,18 +25,18 @@ def wandb_records(path: Path) -> list[Any]:
     from wandb.proto.wandb_internal_pb2 import Record
 
     data = Path(path).read_bytes()
-    assert data[:len(_HEADER)] == _HEADER, f"{path}: not a W&B log (header {data[:7]!r})"
+    assert data[: len(_HEADER)] == _HEADER, f"{path}: not a W&B log (header {data[:7]!r})"
     pos, payloads, pending = len(_HEADER), [], b""
     while pos + _CHUNK_HEADER <= len(data):
         room = _BLOCK - pos % _BLOCK
         if room < _CHUNK_HEADER:  # a block's tail too short for a chunk header is padding
             pos += room
             continue
-        crc, length, kind = struct.unpack("<IHB", data[pos:pos + _CHUNK_HEADER])
+        crc, length, kind = struct.unpack("<IHB", data[pos : pos + _CHUNK_HEADER])
         if (crc, length, kind) == (0, 0, 0):  # zero padding at the end of a block
             pos += room
             continue
-        chunk = data[pos + _CHUNK_HEADER:pos + _CHUNK_HEADER + length]
+        chunk = data[pos + _CHUNK_HEADER : pos + _CHUNK_HEADER + length]
         assert crc == zlib.crc32(chunk, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF, f"{path}: bad checksum at {pos}"
         pos += _CHUNK_HEADER + length
         if kind == _FULL:

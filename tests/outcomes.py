@@ -45,10 +45,17 @@ def expect(name: str, value: float, op: str, bound: float) -> None:
     value, bound = float(value), float(bound)
     log = os.environ.get("FL_OUTCOME_LOG")
     if log:
-        record = {"test": os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" (", 1)[0], "check": name,
-                  "value": value, "op": op, "bound": bound, "seed": int(os.environ.get("FL_TEST_SEED", "0")),
-                  "capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
-                  "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
+        record = {
+            "test": os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" (", 1)[0],
+            "check": name,
+            "value": value,
+            "op": op,
+            "bound": bound,
+            "seed": int(os.environ.get("FL_TEST_SEED", "0")),
+            "capability": torch.backends.cpu.get_cpu_capability(),
+            "threads": torch.get_num_threads(),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        }
         with open(log, "a") as f:
             f.write(json.dumps(record) + "\n")
     assert _OPS[op](value, bound), f"{name}: {value:.4f} is not {op} {bound:.4f}"

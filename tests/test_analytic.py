@@ -78,7 +78,7 @@ def test_streaming_update_equals_one_shot():
     Y = np.eye(4)[y]
     stats = AnalyticStatistics.zeros(6, 4)
     for start in range(0, 97, 10):
-        stats.update(torch.from_numpy(H[start:start + 10]), torch.from_numpy(Y[start:start + 10]))  # one-hot labels
+        stats.update(torch.from_numpy(H[start : start + 10]), torch.from_numpy(Y[start : start + 10]))  # one-hot labels
     np.testing.assert_allclose(stats.R.numpy(), H.T @ H, rtol=1e-12)
     np.testing.assert_allclose(stats.C.numpy(), H.T @ Y, rtol=1e-12)
     assert stats.N == 97
@@ -119,9 +119,15 @@ def test_shape_checks():
         solve_classifier(stats.R, stats.C, lam=-1.0)
 
 
-@pytest.mark.parametrize("convention,remove,expected", [
-    ("once", False, 0.1), ("per_client", False, 0.5), ("per_client", True, 0.0), ("once", True, 0.0),
-])
+@pytest.mark.parametrize(
+    "convention,remove,expected",
+    [
+        ("once", False, 0.1),
+        ("per_client", False, 0.5),
+        ("per_client", True, 0.0),
+        ("once", True, 0.0),
+    ],
+)
 def test_regularization_conventions(convention, remove, expected):
     assert regularization(0.1, num_clients=5, convention=convention, remove=remove) == pytest.approx(expected)
 
@@ -147,6 +153,7 @@ def test_logits():
 
 
 # -- validation_loss / choose_ridge (FedOPAL+'s federated validation) -----------------------------
+
 
 def _stats(H: np.ndarray, y: np.ndarray, c: int) -> AnalyticStatistics:
     return AnalyticStatistics.zeros(H.shape[1], c).update(torch.from_numpy(H), torch.from_numpy(y))
@@ -214,5 +221,4 @@ def test_choose_ridge_rejects_bad_input(full, val, lams):
     H, y = _data(10, 3, 2, 0)
     s = {"one": [_stats(H, y, 2)], "two": [_stats(H, y, 2)] * 2}
     with pytest.raises(ValueError):
-        choose_ridge(s.get(full, full) if isinstance(full, str) else full,
-                     s.get(val, val) if isinstance(val, str) else val, lams)
+        choose_ridge(s.get(full, full) if isinstance(full, str) else full, s.get(val, val) if isinstance(val, str) else val, lams)

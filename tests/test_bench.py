@@ -25,12 +25,20 @@ from benchmarks.__main__ import main
 from benchmarks._timing import SavedTensorBytes, Timing, figure, tensor_bytes, time_interleaved
 from tests.conftest import REPO
 
-FEDOPAL_FIGURES = {"statistics_throughput", "vpt_cost", "statistics_memory", "server_solve_ms",
-                   "server_solve_vs_clients"}
-FEDISYN_FIGURES = {"generation_images_per_s", "generation_batched_speedup", "upload_vs_raw_sd15",
-                   "upload_vs_raw_tiny_vae", "round_overhead", "lora_step_vs_full", "lora_memory_vs_depth",
-                   "wfba_vs_equal", "clc_vs_capacity", "paper_consistency_worst",
-                   *(f"paper_{m}_time" for m in ("fedisyn", "caff", "sflf", "fgl", "gptfl"))}
+FEDOPAL_FIGURES = {"statistics_throughput", "vpt_cost", "statistics_memory", "server_solve_ms", "server_solve_vs_clients"}
+FEDISYN_FIGURES = {
+    "generation_images_per_s",
+    "generation_batched_speedup",
+    "upload_vs_raw_sd15",
+    "upload_vs_raw_tiny_vae",
+    "round_overhead",
+    "lora_step_vs_full",
+    "lora_memory_vs_depth",
+    "wfba_vs_equal",
+    "clc_vs_capacity",
+    "paper_consistency_worst",
+    *(f"paper_{m}_time" for m in ("fedisyn", "caff", "sflf", "fgl", "gptfl")),
+}
 
 
 # -- helpers ----------------------------------------------------------------------------------------
@@ -39,9 +47,15 @@ def test_timing_median_matches_numpy(times):
     assert Timing(times).median_s == pytest.approx(float(np.median(times)))
 
 
-@pytest.mark.parametrize(("value", "op", "bound", "meets"), [
-    (0.96, ">=", 0.95, True), (0.94, ">=", 0.95, False), (1.08, "<=", 1.08, True), (1.09, "<=", 1.08, False),
-])
+@pytest.mark.parametrize(
+    ("value", "op", "bound", "meets"),
+    [
+        (0.96, ">=", 0.95, True),
+        (0.94, ">=", 0.95, False),
+        (1.08, "<=", 1.08, True),
+        (1.09, "<=", 1.08, False),
+    ],
+)
 def test_figure_records_whether_threshold_is_met(value, op, bound, meets):
     fig = figure(value, "x", op=op, bound=bound)
     assert fig["meets"] is meets and fig["threshold"] == {"op": op, "value": bound}
@@ -148,8 +162,7 @@ def test_quick_fedisyn_numbers(quick_results):
     over = r["round_overhead"]["details"]
     assert len(over["depths"]) == 10 and all(1 <= x <= 12 for x in over["depths"])
     assert over["steps_per_client"] == math.ceil(500 / sizes["step_batch"])
-    assert r["round_overhead"]["value"] == pytest.approx(
-        100 * (over["plan_s"] + over["aggregate_s"]) / over["client_compute_s"])
+    assert r["round_overhead"]["value"] == pytest.approx(100 * (over["plan_s"] + over["aggregate_s"]) / over["client_compute_s"])
 
     per_depth = r["lora_memory_vs_depth"]["details"]["per_depth"]
     depths = sorted(per_depth, key=int)
@@ -161,7 +174,8 @@ def test_quick_fedisyn_numbers(quick_results):
         assert per_depth[d]["gradient_bytes"] == 4 * per_depth[d]["trainable_params"]
         assert per_depth[d]["optimizer_bytes"] >= 2 * per_depth[d]["gradient_bytes"]
     assert r["wfba_vs_equal"]["value"] == pytest.approx(
-        r["wfba_vs_equal"]["details"]["per_dataset"]["cifar10"]["policies"]["clc"]["equal_over_wfba"])
+        r["wfba_vs_equal"]["details"]["per_dataset"]["cifar10"]["policies"]["clc"]["equal_over_wfba"]
+    )
     assert r["clc_vs_capacity"]["details"]["depths_differ"]
     full = r["lora_memory_vs_depth"]["details"]["full_finetuning"]
     assert full["trainable_params"] > per_depth["12"]["trainable_params"]
@@ -215,11 +229,16 @@ def test_quick_scale_numbers(tmp_path):
     from benchmarks.scale import SIZES
 
     out = tmp_path / "scale.json"
-    assert main(["scale", "--quick", "--clients", "10,40", "--processes", "1,2", "--engine-only",
-                 "--out", str(out)]) == 0
+    assert main(["scale", "--quick", "--clients", "10,40", "--processes", "1,2", "--engine-only", "--out", str(out)]) == 0
     r = json.loads(out.read_text(encoding="utf-8"))["scale"]
-    assert {"overhead_per_client_s", "overhead_vs_compute_pct", "checkpoint_bytes_linearity", "rss_rank0_ratio",
-            "rss_rank0_ratio_2proc", "rss_other_ranks_ratio"} == set(r) - {"sizes"}
+    assert {
+        "overhead_per_client_s",
+        "overhead_vs_compute_pct",
+        "checkpoint_bytes_linearity",
+        "rss_rank0_ratio",
+        "rss_rank0_ratio_2proc",
+        "rss_other_ranks_ratio",
+    } == set(r) - {"sizes"}
     d = SIZES[True]["dim"]
     upload = (d * (d + 1) // 2 + d * 10) * 8 + 8  # R's upper triangle + C (d x 10), float64, + N
     per_k = r["sizes"]["per_k"]
@@ -241,14 +260,16 @@ def test_quick_scale_numbers(tmp_path):
 def test_scale_import_times_parse_importtime_output():
     from benchmarks.scale import _import_times
 
-    text = "\n".join([
-        "import time: self [us] | cumulative | imported package",
-        "import time:      1000 |    1500000 |     torch",
-        "import time:       200 |    2500000 |   lightning.fabric",
-        "import time:       100 |    2600000 | lightning",
-        "import time:        50 |      70000 | timm.layers",
-        "import time:        10 |     900000 | timm",
-    ])
+    text = "\n".join(
+        [
+            "import time: self [us] | cumulative | imported package",
+            "import time:      1000 |    1500000 |     torch",
+            "import time:       200 |    2500000 |   lightning.fabric",
+            "import time:       100 |    2600000 | lightning",
+            "import time:        50 |      70000 | timm.layers",
+            "import time:        10 |     900000 | timm",
+        ]
+    )
     assert _import_times(text) == {"lightning": 2.6, "lightning.fabric": 2.5, "torch": 1.5, "timm": 0.9}
 
 
@@ -296,14 +317,22 @@ def test_engine_point_takes_each_sides_best_run_and_refuses_a_disagreement(tmp_p
 
     def fake_worker(kind, config, out, threads):
         mean = next(bare_means if kind == "bare" else fw_means)
-        result = {"round_s": [mean, mean], "round_cpu_s": [mean, mean], "accuracy": accuracy, "test_size": 4,
-                  "first_client_epoch_s": 105.0, "first_client_cpu_s": 4.0, "report_s": 0.1}
+        result = {
+            "round_s": [mean, mean],
+            "round_cpu_s": [mean, mean],
+            "accuracy": accuracy,
+            "test_size": 4,
+            "first_client_epoch_s": 105.0,
+            "first_client_cpu_s": 4.0,
+            "report_s": 0.1,
+        }
         return result, 9.0, 100.0
 
     monkeypatch.setattr(engine, "_worker", fake_worker)
     monkeypatch.setattr(engine, "_imports_done", lambda code, threads: (4.0, 3.9))
-    fig, details = engine._point(tmp_path, "job", 1, 3, time_imports=True, concurrent=False, model="tiny",
-                                 num_clients=20, rounds=2)
+    fig, details = engine._point(
+        tmp_path, "job", 1, 3, time_imports=True, concurrent=False, model="tiny", num_clients=20, rounds=2
+    )
     assert fig["value"] == pytest.approx(0.24 / 0.20) and fig["meets"] is False
     assert details["framework_mean_round_s_runs"] == pytest.approx([0.33, 0.26, 0.24])
     assert details["first_client_s"] == pytest.approx(5.0)
@@ -339,15 +368,19 @@ def test_engine_point_takes_each_sides_best_run_and_refuses_a_disagreement(tmp_p
     monkeypatch.setattr(engine, "_cores", lambda: [0, 1])
     monkeypatch.setattr(engine, "_pair_at_once", fake_pair)
     monkeypatch.setattr(engine, "_worker", fake_start)
-    fig, details = engine._point(tmp_path / "pairs", "job", 1, 2, time_imports=True, model="tiny", num_clients=20,
-                                 rounds=1)
+    fig, details = engine._point(tmp_path / "pairs", "job", 1, 2, time_imports=True, model="tiny", num_clients=20, rounds=1)
     assert details["concurrent"] and kinds == ["start", "start"] and details["first_client_s"] == pytest.approx(6.0)
     assert fig["value"] == pytest.approx(0.30 / 0.28)
 
 
 def test_the_former_command_prints_the_new_one():
-    proc = subprocess.run([sys.executable, "-m", "fl_lightning.bench", "engine", "--threads", "1,2"],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fl_lightning.bench", "engine", "--threads", "1,2"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "python -m benchmarks engine --threads 1,2" in proc.stderr, proc.stderr
 
 

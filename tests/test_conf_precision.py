@@ -17,8 +17,11 @@ def _precisions(raw: dict) -> set[str]:
     """The precision of the config and of each of its variants (the default where none is named)."""
     base = (raw.get("federation") or {}).get("precision", FederationConfig().precision)
     variants = raw.get("variants") or []
-    named = {((v.get("overrides") or v).get("federation") or {}).get("precision")
-             for v in (variants.values() if isinstance(variants, dict) else variants) if isinstance(v, dict)}
+    named = {
+        ((v.get("overrides") or v).get("federation") or {}).get("precision")
+        for v in (variants.values() if isinstance(variants, dict) else variants)
+        if isinstance(v, dict)
+    }
     return {base} | {p for p in named if p is not None}
 
 
@@ -28,8 +31,13 @@ def _is_gpu_config(raw: dict, name: str) -> bool:
 
 def test_the_split_is_the_one_intended():
     gpu = {p.name for p in _CONFIGS if _is_gpu_config(read_config(p), p.name)}
-    assert {"fedopal_cifar10.yaml", "fedopal_table2_dtd.yaml", "afl_svhn.yaml", "fedisyn_food101.yaml",
-            "fedisyn_compare_cifar10.yaml"} <= gpu
+    assert {
+        "fedopal_cifar10.yaml",
+        "fedopal_table2_dtd.yaml",
+        "afl_svhn.yaml",
+        "fedisyn_food101.yaml",
+        "fedisyn_compare_cifar10.yaml",
+    } <= gpu
     assert not gpu & {"quickstart.yaml", "fedopal_digits_tiny.yaml", "fedopal_kd_baselines_digits.yaml"}
     assert len(gpu) == 19, sorted(gpu)
 

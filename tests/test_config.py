@@ -86,8 +86,10 @@ def test_a_variant_that_switches_method_keeps_the_new_methods_own_defaults():
     every default written out) must not hand it FedOPAL's restat: local. Set keys carry over."""
     from fl_lightning.config.variants import expand_variants
 
-    variants = ("[{algorithm: fedopal_plus}, {algorithm: fedopal_plus, run_name: p_local, "
-                "fedopal_plus: {restat: local, val_fraction: 0}}]")
+    variants = (
+        "[{algorithm: fedopal_plus}, {algorithm: fedopal_plus, run_name: p_local, "
+        "fedopal_plus: {restat: local, val_fraction: 0}}]"
+    )
     runs = expand_variants(load_config(CONF / "quickstart.yaml", ["--variants", variants, "--fedopal.mu", "0.3"]))
     assert [(r.method.restat, r.method.mu) for r in runs] == [("global", 0.3), ("local", 0.3)]
     cfg = load_config(CONF / "quickstart.yaml", ["--algorithm", "fedopal_plus"])
@@ -96,11 +98,18 @@ def test_a_variant_that_switches_method_keeps_the_new_methods_own_defaults():
 
 def test_print_config_shows_only_the_runs_own_section(tmp_path):
     text = dump_config(load_config(CONF / "fedavg_digits_tiny.yaml"))
-    sections = [line.rstrip(":") for line in text.splitlines() if line and not line.startswith((" ", "-"))
-                and line.endswith(":")]
-    assert sections == ["variants", "sweep", "data", "partition", "model", "federation", "train", "logging",
-                        "fedavg"] or sections == ["data", "partition", "model", "federation", "train", "logging",
-                                                  "fedavg"]
+    sections = [line.rstrip(":") for line in text.splitlines() if line and not line.startswith((" ", "-")) and line.endswith(":")]
+    assert sections == [
+        "variants",
+        "sweep",
+        "data",
+        "partition",
+        "model",
+        "federation",
+        "train",
+        "logging",
+        "fedavg",
+    ] or sections == ["data", "partition", "model", "federation", "train", "logging", "fedavg"]
 
 
 def test_variants_cross_methods_and_sweeps():
@@ -109,16 +118,18 @@ def test_variants_cross_methods_and_sweeps():
     cfg = load_config(CONF / "quickstart.yaml", ["--sweep", "{partition.alpha: [0.1, .inf], seed: [0, 1]}"])
     runs = expand_variants(cfg)
     assert len(runs) == 3 * 4 and len({r.resolved_run_name for r in runs}) == 12
-    assert {(r.algorithm, r.label) for r in runs} == {("afl", "afl"), ("fedopal", "fedopal"),
-                                                      ("fedopal", "fedopal_restat_global_digits")}
+    assert {(r.algorithm, r.label) for r in runs} == {
+        ("afl", "afl"),
+        ("fedopal", "fedopal"),
+        ("fedopal", "fedopal_restat_global_digits"),
+    }
     assert {r.method.restat for r in runs if r.label == "fedopal_restat_global_digits"} == {"global"}
     with pytest.raises(UsageError, match=r"variants\[1\]"):
-        expand_variants(load_config(CONF / "quickstart.yaml",
-                                    ["--variants", "[{algorithm: afl}, {fedopal: {mu: -1}}]"]))
+        expand_variants(load_config(CONF / "quickstart.yaml", ["--variants", "[{algorithm: afl}, {fedopal: {mu: -1}}]"]))
 
 
 def test_keys_joined_by_commas_vary_together_in_a_sweep():
-    """"seed,partition.seed": [[0, 0], [1, 1]] is 2 points (not 4), crossed with the other keys; the group's
+    """ "seed,partition.seed": [[0, 0], [1, 1]] is 2 points (not 4), crossed with the other keys; the group's
     first key names the run (the default name already encodes the seed)."""
     import itertools
 
@@ -131,15 +142,18 @@ def test_keys_joined_by_commas_vary_together_in_a_sweep():
     assert [r.resolved_run_name for r in runs] == [f"fedavg_digits_a{a}_s{s}" for a in ("0.1", "inf") for s in (0, 1, 2)]
 
 
-@pytest.mark.parametrize("sweep, needle", [
-    ('{"seed,partition.seed": [[0, 0], [1]]}', "sweep.seed,partition.seed=[1]"),
-    ('{"seed,partition.seed": [0, 1]}', "a list of 2 values, one for each of seed, partition.seed"),
-    ('{"seed,partition.seed": []}', "a non-empty list"),
-    ('{"seed,": [[0, 0]]}', "none of them empty"),
-    ('{seed: [0, 1], "seed,partition.seed": [[0, 0]]}', "key 'seed' is swept twice"),
-    ('{"seed,seed": [[0, 0]]}', "key 'seed' is swept twice"),
-    ('{"seed,partition.sed": [[0, 0]]}', "did you mean 'partition.seed'"),
-])
+@pytest.mark.parametrize(
+    "sweep, needle",
+    [
+        ('{"seed,partition.seed": [[0, 0], [1]]}', "sweep.seed,partition.seed=[1]"),
+        ('{"seed,partition.seed": [0, 1]}', "a list of 2 values, one for each of seed, partition.seed"),
+        ('{"seed,partition.seed": []}', "a non-empty list"),
+        ('{"seed,": [[0, 0]]}', "none of them empty"),
+        ('{seed: [0, 1], "seed,partition.seed": [[0, 0]]}', "key 'seed' is swept twice"),
+        ('{"seed,seed": [[0, 0]]}', "key 'seed' is swept twice"),
+        ('{"seed,partition.sed": [[0, 0]]}', "did you mean 'partition.seed'"),
+    ],
+)
 def test_a_bad_sweep_group_is_one_line(sweep, needle):
     from fl_lightning.config.variants import expand_variants
 
@@ -192,8 +206,13 @@ def _hints(capsys) -> list[str]:
     return [line for line in capsys.readouterr().err.splitlines() if "is now called" in line]
 
 
-@pytest.mark.parametrize("old, new, conf", [("fedavg_clip", "fedavg_prompts", "fedavg_prompts_digits_tiny.yaml"),
-                                            ("fedavg_resnet", "fedavg_cnn", "fedavg_cnn_digits_tiny.yaml")])
+@pytest.mark.parametrize(
+    "old, new, conf",
+    [
+        ("fedavg_clip", "fedavg_prompts", "fedavg_prompts_digits_tiny.yaml"),
+        ("fedavg_resnet", "fedavg_cnn", "fedavg_cnn_digits_tiny.yaml"),
+    ],
+)
 def test_a_former_method_name_still_resolves_and_names_the_new_one(old, new, conf, renamed_hint, capsys):
     values = yaml.safe_load((CONF / conf).read_text())
     values["algorithm"] = old
@@ -202,8 +221,10 @@ def test_a_former_method_name_still_resolves_and_names_the_new_one(old, new, con
     cfg = build_config(values)
     assert cfg.algorithm == new and cfg == load_config(CONF / conf)
     assert cfg.resolved_run_name.startswith(f"{new}_")
-    assert _hints(capsys) == [f"fl_lightning: method {old!r} is now called {new!r}; the old name still works, but "
-                              f"use {new!r} (algorithm: {new}, section {new}:)"]
+    assert _hints(capsys) == [
+        f"fl_lightning: method {old!r} is now called {new!r}; the old name still works, but "
+        f"use {new!r} (algorithm: {new}, section {new}:)"
+    ]
     build_config(values)
     assert _hints(capsys) == []  # once per process, however many runs a comparison builds
     # the command line and a comparison's variants take the former name as well
@@ -224,9 +245,11 @@ def test_the_renamed_prompt_section_keeps_its_values(renamed_hint, capsys):
 def test_importing_the_config_imports_no_method():
     """The loader reads the registry on first use; importing it (the schema, the loader and its helpers)
     imports neither the registry nor a method (nor torch), so the arrow config → registry has no way back."""
-    code = ("import sys, fl_lightning.config, fl_lightning.config.loading, fl_lightning.config.variants; "
-            "bad = sorted(m for m in sys.modules if m.startswith(('fl_lightning.algorithms', "
-            "'fl_lightning.federation')) or m == 'torch'); assert not bad, bad")
+    code = (
+        "import sys, fl_lightning.config, fl_lightning.config.loading, fl_lightning.config.variants; "
+        "bad = sorted(m for m in sys.modules if m.startswith(('fl_lightning.algorithms', "
+        "'fl_lightning.federation')) or m == 'torch'); assert not bad, bad"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
 
@@ -235,9 +258,11 @@ def test_the_schema_alone_imports_no_loader():
     """``import fl_lightning.config`` (the package: the schema) imports none of the package's other modules and no
     YAML, and offers no loader name: ``load_config`` and the rest are imported from ``fl_lightning.config.loading``,
     which imports the registry, whose modules import the schema (a re-export would close a circle)."""
-    code = ("import sys, fl_lightning.config; "
-            "bad = sorted(m for m in sys.modules if m.startswith(('fl_lightning.config.', 'yaml')) "
-            "and m != 'fl_lightning.config.schema'); assert not bad, bad")
+    code = (
+        "import sys, fl_lightning.config; "
+        "bad = sorted(m for m in sys.modules if m.startswith(('fl_lightning.config.', 'yaml')) "
+        "and m != 'fl_lightning.config.schema'); assert not bad, bad"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     import fl_lightning.config as config
@@ -255,9 +280,12 @@ _CONFIG_DRIVERS = {"algorithms/fedisyn/pilots.py"}
 def _runtime_imports(path) -> set[str]:
     """The fl_lightning modules ``path`` imports when it runs (imports inside ``if TYPE_CHECKING:`` excluded)."""
     tree = ast.parse(path.read_text())
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                   and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
-                   for n in ast.walk(node)}
+    typing_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
+        for n in ast.walk(node)
+    }
     names = set()
     for node in ast.walk(tree):
         if id(node) in typing_only:
@@ -275,13 +303,17 @@ def test_the_registry_and_the_methods_do_not_import_the_config():
     checks use fl_lightning.errors.check."""
     package = REPO / "fl_lightning"
     paths = [package / "federation" / "algorithm.py", *sorted((package / "algorithms").rglob("*.py"))]
-    offenders = [str(p.relative_to(package)) for p in paths
-                 if any(m == "fl_lightning.config" or m.startswith("fl_lightning.config.") for m in _runtime_imports(p))]
+    offenders = [
+        str(p.relative_to(package))
+        for p in paths
+        if any(m == "fl_lightning.config" or m.startswith("fl_lightning.config.") for m in _runtime_imports(p))
+    ]
     assert sorted(set(offenders) - _CONFIG_DRIVERS) == []
     assert len(paths) > 15
     drivers = {m.replace("/", ".").removesuffix(".py") for m in _CONFIG_DRIVERS}
-    importers = [str(p.relative_to(package)) for p in paths
-                 if any(m.removeprefix("fl_lightning.") in drivers for m in _runtime_imports(p))]
+    importers = [
+        str(p.relative_to(package)) for p in paths if any(m.removeprefix("fl_lightning.") in drivers for m in _runtime_imports(p))
+    ]
     assert importers == []
 
 
@@ -289,8 +321,10 @@ def test_a_config_extends_its_base_and_states_only_what_differs(tmp_path):
     """``base: other.yaml`` (relative to the file): the base read first, this file merged over it — a section key by
     key, a list or value replaced — through a chain of bases; the result is the config written out whole."""
     (tmp_path / "sub").mkdir()
-    (tmp_path / "root.yaml").write_text("algorithm: fedavg\nseed: 3\ndata: {name: digits, batch_size: 16}\n"
-                                        "partition: {num_clients: 4, alpha: 0.5}\nfederation: {rounds: 2}\n")
+    (tmp_path / "root.yaml").write_text(
+        "algorithm: fedavg\nseed: 3\ndata: {name: digits, batch_size: 16}\n"
+        "partition: {num_clients: 4, alpha: 0.5}\nfederation: {rounds: 2}\n"
+    )
     (tmp_path / "sub" / "mid.yaml").write_text("base: ../root.yaml\ndata: {batch_size: 32}\nfederation: {rounds: 5}\n")
     (tmp_path / "sub" / "top.yaml").write_text("base: mid.yaml\npartition: {alpha: 2.0}\n")
     cfg = load_config(tmp_path / "sub" / "top.yaml", ["--federation.rounds", "7"])
@@ -299,11 +333,14 @@ def test_a_config_extends_its_base_and_states_only_what_differs(tmp_path):
     assert "base" not in dump_config(cfg)
 
 
-@pytest.mark.parametrize(("content", "words"), [
-    ("base: missing.yaml\n", "'missing.yaml' not found"),
-    ("base: loop.yaml\n", "extends itself through base"),
-    ("base: [a.yaml]\n", "expected the path"),
-])
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        ("base: missing.yaml\n", "'missing.yaml' not found"),
+        ("base: loop.yaml\n", "extends itself through base"),
+        ("base: [a.yaml]\n", "expected the path"),
+    ],
+)
 def test_a_bad_base_is_one_line(tmp_path, content, words):
     (tmp_path / "loop.yaml").write_text(content)
     with pytest.raises(UsageError) as err:
@@ -320,8 +357,9 @@ def test_table_ii_on_each_data_set_is_the_cifar10_table_with_its_data_set():
     for name in ("cifar100", "svhn", "dtd"):
         text = (CONF / f"fedopal_table2_{name}.yaml").read_text()
         assert "base: fedopal_table2_cifar10.yaml" in text and len(text.splitlines()) < 12
-        same = load_config(CONF / "fedopal_table2_cifar10.yaml",
-                           ["--data.name", name, "--output_dir", f"runs/fedopal_table2_{name}"])
+        same = load_config(
+            CONF / "fedopal_table2_cifar10.yaml", ["--data.name", name, "--output_dir", f"runs/fedopal_table2_{name}"]
+        )
         cfg = load_config(CONF / f"fedopal_table2_{name}.yaml", [])
         assert [config_to_dict(r) for r in plan_runs(cfg)] == [config_to_dict(r) for r in plan_runs(same)]
         assert len(plan_runs(cfg)) == len(plan_runs(table))

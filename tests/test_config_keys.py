@@ -24,8 +24,9 @@ def test_the_committed_page_is_the_scripts_output(monkeypatch):
     """Whatever else is registered: a method from outside the package (a test's, a plug-in's) is not on the page."""
     monkeypatch.setitem(ALGORITHMS, "toy_config_keys", type("Toy", (Algorithm,), {"__module__": __name__}))
     assert "toy_config_keys" in available_algorithms()
-    assert PAGE.read_text() == _script().render(), \
+    assert PAGE.read_text() == _script().render(), (
         "docs/config_keys.md is stale: python scripts/config_keys.py > docs/config_keys.md"
+    )
 
 
 def test_the_page_lists_every_key_of_every_method_once():
@@ -40,8 +41,9 @@ def test_the_page_lists_every_key_of_every_method_once():
 
 def test_an_inherited_key_names_the_config_it_comes_from():
     """FedOPAL's config extends AFL's: λ is declared in AFLConfig, μ in FedOPALConfig; FedOPAL+ redeclares restat."""
-    rows = {m[0]: m[1:] for m in re.findall(r"^\| `([^`]+)` \| `([^`]+)` \| `([^`]+)` \| `(\w+)` \|", PAGE.read_text(),
-                                             flags=re.M)}
+    rows = {
+        m[0]: m[1:] for m in re.findall(r"^\| `([^`]+)` \| `([^`]+)` \| `([^`]+)` \| `(\w+)` \|", PAGE.read_text(), flags=re.M)
+    }
     assert rows["fedopal.lam"] == ("float", "1e-06", "AFLConfig")
     assert rows["fedopal.mu"][2] == "FedOPALConfig"
     assert rows["fedopal.restat"][1:] == ("local", "FedOPALConfig")

@@ -23,8 +23,12 @@ def _texts():
 
 def test_no_reference_outside_the_repository_or_to_an_issue_number():
     outside = re.compile(r"\.\./" + "shared" + r"|\bissues? #?\d+\b", re.IGNORECASE)
-    found = [f"{name}: {m.group(0)!r}" for name, text in _texts() if name not in _NOT_YET_REWRITTEN
-             and name != "tests/test_docs.py" for m in outside.finditer(text)]
+    found = [
+        f"{name}: {m.group(0)!r}"
+        for name, text in _texts()
+        if name not in _NOT_YET_REWRITTEN and name != "tests/test_docs.py"
+        for m in outside.finditer(text)
+    ]
     assert not found, found
 
 

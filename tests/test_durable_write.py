@@ -58,8 +58,11 @@ def test_the_temp_file_is_beside_the_file_and_named_for_the_sweeps(old: Path) ->
     assert old.read_bytes() == b"1" and [p.name for p in old.parent.iterdir()] == [old.name]
 
 
-@pytest.mark.parametrize("error", [Boom("the writer failed"), KeyboardInterrupt(), _no_space(errno.EACCES)],
-                         ids=["exception", "interrupt", "another-OSError"])
+@pytest.mark.parametrize(
+    "error",
+    [Boom("the writer failed"), KeyboardInterrupt(), _no_space(errno.EACCES)],
+    ids=["exception", "interrupt", "another-OSError"],
+)
 def test_a_writer_that_fails_midway_keeps_the_old_file(old: Path, error: BaseException) -> None:
     with pytest.raises(type(error)) as caught, atomic_path(old, durable=True) as tmp:
         tmp.write_bytes(b"half of the new")
@@ -68,8 +71,9 @@ def test_a_writer_that_fails_midway_keeps_the_old_file(old: Path, error: BaseExc
     _assert_kept(old)
 
 
-@pytest.mark.parametrize("code, says", [(errno.ENOSPC, "free there"), (errno.EDQUOT, "the disk quota there is used up")],
-                         ids=["ENOSPC", "EDQUOT"])
+@pytest.mark.parametrize(
+    "code, says", [(errno.ENOSPC, "free there"), (errno.EDQUOT, "the disk quota there is used up")], ids=["ENOSPC", "EDQUOT"]
+)
 def test_no_space_while_writing_is_one_line_naming_the_file(old: Path, code: int, says: str) -> None:
     with pytest.raises(DiskFullError) as caught, atomic_path(old, needed=4096) as tmp:
         tmp.write_bytes(b"part")
@@ -84,6 +88,7 @@ def test_no_space_while_writing_is_one_line_naming_the_file(old: Path, code: int
 @pytest.mark.parametrize("where", ["replace", "fsync"])
 def test_no_space_at_the_rename_or_the_fsync_is_one_line_sized_by_the_temp_file(old, monkeypatch, where) -> None:
     """A network file system may report a full disk as late as the fsync or the rename."""
+
     def fail(*args, **kwargs):
         raise _no_space()
 
@@ -114,8 +119,10 @@ def test_text_and_bytes_say_what_they_needed(old: Path, monkeypatch) -> None:
 
 
 def test_an_unknown_size_is_estimated_by_the_previous_version(old: Path) -> None:
-    with pytest.raises(DiskFullError, match=r"it needs 16 bytes \(the size of its previous version, an estimate\)"), \
-            atomic_path(old):
+    with (
+        pytest.raises(DiskFullError, match=r"it needs 16 bytes \(the size of its previous version, an estimate\)"),
+        atomic_path(old),
+    ):
         raise _no_space()
     _assert_kept(old)
 
@@ -158,8 +165,10 @@ def test_a_resumed_run_deletes_the_temp_files_a_kill_left_in_its_folder(tmp_path
     from fl_lightning.federation.simulation import Simulation
     from tests.conftest import CONF
 
-    cfg = load_config(CONF / "fedavg_digits_tiny.yaml", ["--output_dir", str(tmp_path), "--federation.rounds", "1",
-                                                         "--logging.progress", "false"])
+    cfg = load_config(
+        CONF / "fedavg_digits_tiny.yaml",
+        ["--output_dir", str(tmp_path), "--federation.rounds", "1", "--logging.progress", "false"],
+    )
     Simulation(cfg=cfg, loggers=[]).run()
     left = cfg.run_dir / ".metrics.csv.0123456789ab.tmp"
     left.write_text("half a file")

@@ -22,12 +22,15 @@ from fl_lightning.errors import (
 _TRACE = 'Traceback (most recent call last):\n  File "m.py", line 3, in client_update\nRuntimeError: boom\n'
 
 
-@pytest.mark.parametrize("err, base", [
-    (ClientFailure("client 1 failed in round 0: RuntimeError: boom", 1, 0, _TRACE), RunFailure),
-    (ClientUsageError("client 2 in round 3: corrupt image x.png", 2, 3, _TRACE), UsageError),
-    (TooFewClients("round 0: 0 of 3 clients succeeded", 0, 0, {1: _TRACE, 2: "other"}), RunFailure),
-    (ConfigError("partition.alpha", 0.0, "a float > 0"), UsageError),
-])
+@pytest.mark.parametrize(
+    "err, base",
+    [
+        (ClientFailure("client 1 failed in round 0: RuntimeError: boom", 1, 0, _TRACE), RunFailure),
+        (ClientUsageError("client 2 in round 3: corrupt image x.png", 2, 3, _TRACE), UsageError),
+        (TooFewClients("round 0: 0 of 3 clients succeeded", 0, 0, {1: _TRACE, 2: "other"}), RunFailure),
+        (ConfigError("partition.alpha", 0.0, "a float > 0"), UsageError),
+    ],
+)
 def test_each_error_survives_the_broadcast_with_what_it_carries(err, base):
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is type(err) and isinstance(back, base) and str(back) == str(err)

@@ -26,14 +26,18 @@ from fl_lightning.feature_gaussians import (
 from tests.outcomes import expect, outcome_seed
 
 
-def _blobs(n_per_class: int, d: int, c: int, seed: int, spread: float = 3.0,
-           shape: str = "correlated") -> tuple[np.ndarray, np.ndarray]:
+def _blobs(
+    n_per_class: int, d: int, c: int, seed: int, spread: float = 3.0, shape: str = "correlated"
+) -> tuple[np.ndarray, np.ndarray]:
     """Non-centred Gaussian class blobs sharing one covariance: a random correlated one (like real
     features), an axis-aligned one (``"axis"``) or the identity (``"isotropic"``)."""
     rng = np.random.default_rng(seed)
     centres = spread * rng.normal(size=(c, d)) + rng.normal(size=d)
-    mix = {"correlated": np.eye(d) + 0.3 * rng.normal(size=(d, d)), "axis": np.diag(rng.uniform(0.5, 1.5, size=d)),
-           "isotropic": np.eye(d)}[shape]
+    mix = {
+        "correlated": np.eye(d) + 0.3 * rng.normal(size=(d, d)),
+        "axis": np.diag(rng.uniform(0.5, 1.5, size=d)),
+        "isotropic": np.eye(d),
+    }[shape]
     H = np.concatenate([centres[j] + rng.normal(size=(n_per_class, d)) @ mix for j in range(c)])
     y = np.repeat(np.arange(c), n_per_class)
     perm = rng.permutation(len(y))
@@ -49,7 +53,7 @@ def _federated_statistics(H: np.ndarray, y: np.ndarray, c: int, num_clients: int
     for part in np.split(order, cuts):
         stats = AnalyticStatistics.zeros(H.shape[1], c)
         for start in range(0, len(part), 7):  # streamed, batch by batch
-            idx = part[start:start + 7]
+            idx = part[start : start + 7]
             stats.update(torch.from_numpy(H[idx]), torch.from_numpy(y[idx]))
         clients.append((stats, torch.from_numpy(np.bincount(y[part], minlength=c))))
     total = sum(clients[k][0] for k in rng.permutation(num_clients))
@@ -86,8 +90,7 @@ def test_moments_match_numpy():
     np.testing.assert_allclose(class_means(C, counts).numpy(), [H[y == j].mean(0) for j in range(3)], rtol=1e-10)
     np.testing.assert_allclose(shared_covariance(R, C, counts).numpy(), np.cov(H, rowvar=False), rtol=1e-9)
     within = sum((H[y == j] - H[y == j].mean(0)).T @ (H[y == j] - H[y == j].mean(0)) for j in range(3)) / len(y)
-    np.testing.assert_allclose(shared_covariance(R, C, counts, covariance="within").numpy(), within, rtol=1e-9,
-                               atol=1e-12)
+    np.testing.assert_allclose(shared_covariance(R, C, counts, covariance="within").numpy(), within, rtol=1e-9, atol=1e-12)
 
 
 def test_gaussian_head_logits_are_the_bayes_posterior():
@@ -96,8 +99,7 @@ def test_gaussian_head_logits_are_the_bayes_posterior():
     R, C, counts = _federated_statistics(H, y, 3, 5, seed=5)
     W, b = gaussian_head(R, C, counts)
     M, S = class_means(C, counts).numpy(), shared_covariance(R, C, counts).numpy()
-    log_joint = np.stack([multivariate_normal(M[j], S).logpdf(H) + np.log(counts[j].item() / len(y))
-                          for j in range(3)], axis=1)
+    log_joint = np.stack([multivariate_normal(M[j], S).logpdf(H) + np.log(counts[j].item() / len(y)) for j in range(3)], axis=1)
     posterior = np.exp(log_joint - log_joint.max(1, keepdims=True))
     posterior /= posterior.sum(1, keepdims=True)
     ours = torch.softmax(torch.from_numpy(H) @ W + b, dim=1).numpy()
@@ -177,8 +179,15 @@ def test_mismatched_shapes_are_value_errors():
 @pytest.mark.parametrize("covariance_type", ["full", "diag", "spherical"])
 def test_packed_parameters_are_sklearns_fit(covariance_type):
     H, y = _blobs(40, 5, 3, seed=10)
-    packed = fit_class_gmms(torch.from_numpy(H), torch.from_numpy(y), num_classes=3, n_components=2,
-                            covariance_type=covariance_type, seed=3, wire_dtype=torch.float64)
+    packed = fit_class_gmms(
+        torch.from_numpy(H),
+        torch.from_numpy(y),
+        num_classes=3,
+        n_components=2,
+        covariance_type=covariance_type,
+        seed=3,
+        wire_dtype=torch.float64,
+    )
     assert packed["labels"].tolist() == [0, 1, 2] and packed["counts"].tolist() == [40, 40, 40]
     iu = np.triu_indices(5)
     for row, j in enumerate(packed["labels"].tolist()):
@@ -196,8 +205,14 @@ def test_upload_bytes_grow_with_components_times_classes(covariance_type, n_comp
     H, y = _blobs(30, d, c, seed=11)
     for classes in (1, 2, 4):
         keep = y < classes
-        packed = fit_class_gmms(torch.from_numpy(H[keep]), torch.from_numpy(y[keep]), num_classes=c,
-                                n_components=n_components, covariance_type=covariance_type, seed=0)
+        packed = fit_class_gmms(
+            torch.from_numpy(H[keep]),
+            torch.from_numpy(y[keep]),
+            num_classes=c,
+            n_components=n_components,
+            covariance_type=covariance_type,
+            seed=0,
+        )
         nbytes = sum(t.numel() * t.element_size() for t in packed.values())
         cov = {"full": d * (d + 1) // 2, "diag": d, "spherical": 1}[covariance_type]
         # float16 parameters (2 bytes) + an int64 label and count per class
@@ -209,19 +224,22 @@ def test_classes_with_at_most_k_samples_are_not_sent():
     H, y = _blobs(10, 3, 3, seed=12)
     keep = np.ones(len(y), bool)
     keep[np.flatnonzero(y == 1)[3:]] = False  # class 1: 3 samples
-    packed = fit_class_gmms(torch.from_numpy(H[keep]), torch.from_numpy(y[keep]), num_classes=3, n_components=3,
-                            covariance_type="diag", seed=0)
+    packed = fit_class_gmms(
+        torch.from_numpy(H[keep]), torch.from_numpy(y[keep]), num_classes=3, n_components=3, covariance_type="diag", seed=0
+    )
     assert packed["labels"].tolist() == [0, 2]
-    empty = fit_class_gmms(torch.zeros(0, 3), torch.zeros(0, dtype=torch.int64), num_classes=3, n_components=1,
-                           covariance_type="diag", seed=0)
+    empty = fit_class_gmms(
+        torch.zeros(0, 3), torch.zeros(0, dtype=torch.int64), num_classes=3, n_components=1, covariance_type="diag", seed=0
+    )
     assert empty["means"].shape == (0, 1, 3) and empty["labels"].numel() == 0
 
 
 def test_float16_overflow_is_a_value_error():
     H, y = _blobs(10, 3, 2, seed=13)
     with pytest.raises(ValueError, match="overflow"):
-        fit_class_gmms(torch.from_numpy(H * 1e5), torch.from_numpy(y), num_classes=2, n_components=1,
-                       covariance_type="diag", seed=0)
+        fit_class_gmms(
+            torch.from_numpy(H * 1e5), torch.from_numpy(y), num_classes=2, n_components=1, covariance_type="diag", seed=0
+        )
 
 
 def _known_mixture(covariance_type: str, d: int = 3) -> tuple[dict, list]:
@@ -244,8 +262,11 @@ def _known_mixture(covariance_type: str, d: int = 3) -> tuple[dict, list]:
             packed_cov = rng.uniform(0.2, 2.0, size=2)
             S = np.stack([v * np.eye(d) for v in packed_cov])
         weights.append(pi), means.append(m), covs.append(packed_cov), dense.append((pi, m, S))
-    packed |= {"weights": torch.tensor(np.stack(weights)), "means": torch.tensor(np.stack(means)),
-               "covariances": torch.tensor(np.stack(covs))}
+    packed |= {
+        "weights": torch.tensor(np.stack(weights)),
+        "means": torch.tensor(np.stack(means)),
+        "covariances": torch.tensor(np.stack(covs)),
+    }
     return packed, dense
 
 
@@ -266,8 +287,12 @@ def test_samples_have_the_mixture_moments(covariance_type):
 
 def test_sampling_is_seeded_and_classes_get_their_own_noise():
     packed, _ = _known_mixture("diag")
-    packed = {**packed, "means": torch.zeros_like(packed["means"]),
-              "covariances": torch.ones_like(packed["covariances"]), "counts": torch.tensor([50, 50])}
+    packed = {
+        **packed,
+        "means": torch.zeros_like(packed["means"]),
+        "covariances": torch.ones_like(packed["covariances"]),
+        "counts": torch.tensor([50, 50]),
+    }
     a, _ = sample_class_gmms(packed, covariance_type="diag", generator=torch.Generator().manual_seed(1))
     b, _ = sample_class_gmms(packed, covariance_type="diag", generator=torch.Generator().manual_seed(1))
     c, _ = sample_class_gmms(packed, covariance_type="diag", generator=torch.Generator().manual_seed(2))
@@ -279,8 +304,7 @@ def test_quantised_full_covariance_that_lost_definiteness_still_samples():
     packed, _ = _known_mixture("full")
     cov = packed["covariances"].clone()
     cov[0, 0] = torch.tensor([1.0, 2.0, 0.0, 1.0, 0.0, 1.0], dtype=cov.dtype)  # [[1,2,0],[2,1,0],[0,0,1]]: indefinite
-    X, _ = sample_class_gmms({**packed, "covariances": cov}, covariance_type="full",
-                             generator=torch.Generator().manual_seed(0))
+    X, _ = sample_class_gmms({**packed, "covariances": cov}, covariance_type="full", generator=torch.Generator().manual_seed(0))
     assert torch.isfinite(X).all()
 
 
@@ -289,12 +313,12 @@ def _accuracy(weight: torch.Tensor, bias: torch.Tensor, X: np.ndarray, y: np.nda
 
 
 @pytest.mark.outcome
-@pytest.mark.parametrize("covariance_type, n_components, shape",
-                         [("full", 1, "correlated"), ("full", 2, "correlated"), ("diag", 2, "axis"),
-                          ("spherical", 3, "isotropic")])
+@pytest.mark.parametrize(
+    "covariance_type, n_components, shape",
+    [("full", 1, "correlated"), ("full", 2, "correlated"), ("diag", 2, "axis"), ("spherical", 3, "isotropic")],
+)
 @pytest.mark.parametrize("seed", [15, 16])
-def test_head_on_synthetic_features_is_within_3_points_of_head_on_real_features(covariance_type, n_components,
-                                                                                 shape, seed):
+def test_head_on_synthetic_features_is_within_3_points_of_head_on_real_features(covariance_type, n_components, shape, seed):
     """Separable toy features (4 classes, d = 8): the FedPFT head trained on features drawn from the
     uploaded (float16) mixtures is within 0.03 accuracy of the same head trained on the real ones,
     when the covariance type can represent the classes' shape. (A diagonal or spherical mixture on
@@ -302,8 +326,14 @@ def test_head_on_synthetic_features_is_within_3_points_of_head_on_real_features(
     H, y = _blobs(300, 8, 4, seed=outcome_seed(seed), spread=1.2, shape=shape)
     Ht, yt = H[:800], y[:800]
     He, ye = H[800:], y[800:]
-    packed = fit_class_gmms(torch.from_numpy(Ht), torch.from_numpy(yt), num_classes=4, n_components=n_components,
-                            covariance_type=covariance_type, seed=outcome_seed())
+    packed = fit_class_gmms(
+        torch.from_numpy(Ht),
+        torch.from_numpy(yt),
+        num_classes=4,
+        n_components=n_components,
+        covariance_type=covariance_type,
+        seed=outcome_seed(),
+    )
     Xs, ys = sample_class_gmms(packed, covariance_type=covariance_type, generator=torch.Generator().manual_seed(outcome_seed()))
     assert len(ys) == len(yt)
     settings = dict(num_classes=4, epochs=20, batch_size=64, optimizer="sgd", lr=0.01, momentum=0.9, seed=outcome_seed())

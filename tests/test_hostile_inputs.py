@@ -26,7 +26,7 @@ from tests.conftest import CONF, REPO
 TINY = str(CONF / "fedavg_digits_tiny.yaml")
 QUIET = ["--logging.progress", "false", "--partition.num_clients", "3", "--federation.rounds", "1"]
 
-_DRIVER = r'''
+_DRIVER = r"""
 import contextlib, io, json, sys, traceback
 from pathlib import Path
 from fl_lightning.train import main
@@ -50,15 +50,22 @@ for step in json.load(sys.stdin):
         err.write("".join(traceback.format_exception(e)))
     results.append({"id": step["id"], "rc": rc, "stderr": err.getvalue()})
 print(json.dumps(results))
-'''
+"""
 
 
 def drive(steps: list[dict], timeout: float = 600) -> dict[str, dict]:
     """Run ``steps`` (``{"id", "argv"}``, ``{"replace": path, "old", "new"}`` or ``{"copy": path, "to"}``)
     in one fresh process."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", _DRIVER], input=json.dumps(steps), capture_output=True, text=True,
-                          cwd=REPO, env=env, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-c", _DRIVER],
+        input=json.dumps(steps),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=timeout,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {r["id"]: r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
 
@@ -75,6 +82,7 @@ def assert_one_line(result: dict, rc: int, *needles: str) -> str:
 
 # ----------------------------------------------------------------------------- the table
 
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("hostile")
@@ -86,12 +94,19 @@ def files(tmp_path_factory):
     (d / "a_dir.yaml").mkdir()
     (d / "bomb.yaml").write_text(alias_bomb())
     nested = yaml.safe_load(open(TINY))
-    (d / "bomb_nested.yaml").write_text(yaml.safe_dump(nested, sort_keys=False).replace(
-        "  overrides:\n", "  overrides:\n" + "".join(f"    {line}\n" for line in alias_bomb().splitlines()), 1))
+    (d / "bomb_nested.yaml").write_text(
+        yaml.safe_dump(nested, sort_keys=False).replace(
+            "  overrides:\n", "  overrides:\n" + "".join(f"    {line}\n" for line in alias_bomb().splitlines()), 1
+        )
+    )
     (d / "recursive.yaml").write_text("model:\n  overrides: &a {x: [*a]}\n")
     vit = yaml.safe_load(open(TINY))  # a timm ViT whose input size is not fixed: 16 px patches (its name)
-    vit["model"] = {"library": "timm", "name": "vit_base_patch16_224", "pretrained": None,
-                    "overrides": {"embed_dim": 32, "depth": 1, "num_heads": 2}}
+    vit["model"] = {
+        "library": "timm",
+        "name": "vit_base_patch16_224",
+        "pretrained": None,
+        "overrides": {"embed_dim": 32, "depth": 1, "num_heads": 2},
+    }
     vit["data"]["image_size"] = 8
     (d / "vit_small_input.yaml").write_text(yaml.safe_dump(vit, sort_keys=False))
     (d / "notes.txt").write_text("these are not weights\n")
@@ -111,8 +126,7 @@ def files(tmp_path_factory):
     busy = d / "runs" / "busy"
     busy.mkdir(parents=True)
     stat = open(f"/proc/{holder.pid}/stat").read().rsplit(")", 1)[-1].split()[19]
-    (busy / ".lock").write_text(json.dumps({"pid": holder.pid, "start": stat, "host": os.uname().nodename,
-                                            "since": "now"}))
+    (busy / ".lock").write_text(json.dumps({"pid": holder.pid, "start": stat, "host": os.uname().nodename, "since": "now"}))
     yield d
     holder.kill()
     holder.wait()
@@ -145,16 +159,31 @@ def _cases(d) -> list[tuple[str, list[str], int, list[str]]]:
         ("config-scalar", ["--config", str(d / "scalar.yaml")], 2, ["holds a int at the top level"]),
         ("config-duplicate-key", ["--config", str(d / "dup.yaml")], 2, ["duplicate key 'seed'"]),
         ("config-not-yaml", ["--config", str(d / "bad.yaml")], 2, ["not valid YAML"]),
-        ("alias-bomb", ["--config", str(d / "bomb.yaml")], 2, ["bomb.yaml' holds more than 100,000 values",
-                                                               "aliases"]),
-        ("alias-bomb-print-config", ["--config", str(d / "bomb.yaml"), "--print-config"], 2,
-         ["bomb.yaml' holds more than 100,000 values"]),
-        ("alias-bomb-nested-print-config", ["--config", str(d / "bomb_nested.yaml"), "--print-config"], 2,
-         ["bomb_nested.yaml' holds more than 100,000 values"]),
-        ("alias-bomb-override", ["--config", TINY, "--model.overrides", "{" + alias_bomb().replace("\n", ", ") + "}",
-                                 "--print-config"], 2, ["--model.overrides holds more than 100,000 values"]),
-        ("alias-recursive", ["--config", str(d / "recursive.yaml"), "--print-config"], 2,
-         ["recursive.yaml' holds an alias (*name) inside the structure its anchor"]),
+        ("alias-bomb", ["--config", str(d / "bomb.yaml")], 2, ["bomb.yaml' holds more than 100,000 values", "aliases"]),
+        (
+            "alias-bomb-print-config",
+            ["--config", str(d / "bomb.yaml"), "--print-config"],
+            2,
+            ["bomb.yaml' holds more than 100,000 values"],
+        ),
+        (
+            "alias-bomb-nested-print-config",
+            ["--config", str(d / "bomb_nested.yaml"), "--print-config"],
+            2,
+            ["bomb_nested.yaml' holds more than 100,000 values"],
+        ),
+        (
+            "alias-bomb-override",
+            ["--config", TINY, "--model.overrides", "{" + alias_bomb().replace("\n", ", ") + "}", "--print-config"],
+            2,
+            ["--model.overrides holds more than 100,000 values"],
+        ),
+        (
+            "alias-recursive",
+            ["--config", str(d / "recursive.yaml"), "--print-config"],
+            2,
+            ["recursive.yaml' holds an alias (*name) inside the structure its anchor"],
+        ),
         # keys and values
         ("unknown-key", [*base, "--partition.alpa", "1"], 2, ["did you mean 'partition.alpha'"]),
         ("alpha-zero", [*base, "--partition.alpha", "0"], 2, ["partition.alpha=0.0"]),
@@ -172,57 +201,86 @@ def _cases(d) -> list[tuple[str, list[str], int, list[str]]]:
         ("accelerator", [*base, "--federation.accelerator", "quantum"], 2, ["federation.accelerator='quantum'"]),
         ("strategy", [*base, "--federation.strategy", "banana"], 2, ["federation.strategy='banana'", "Fabric"]),
         ("strategy-spawn", [*base, "--federation.strategy", "ddp_spawn"], 2, ["federation.strategy='ddp_spawn'"]),
-        ("precision-missing-lib", [*base, "--federation.precision", "transformer-engine"], 2,
-         ["federation.precision='transformer-engine'"]),
+        (
+            "precision-missing-lib",
+            [*base, "--federation.precision", "transformer-engine"],
+            2,
+            ["federation.precision='transformer-engine'"],
+        ),
         # values that pass the types but fail at run time
         ("lr-inf", [*base, "--train.lr", "inf"], 2, ["train.lr=inf"]),
         ("lr-overflow", [*base, "--train.lr", "1e300"], 2, ["train.lr=1e+300", "float32"]),
         ("momentum", [*base, "--train.momentum", "-1"], 2, ["train.momentum=-1.0"]),
         ("image-size-huge", [*base, "--data.image_size", "4096"], 2, ["data.image_size=4096"]),
-        ("image-size-not-the-models", [*base, "--data.image_size", "48"], 2,
-         ["data.image_size=48", "32, the input size model.overrides.vision_cfg.image_size builds the model for"]),
-        ("image-size-below-a-patch", ["--config", str(d / "vit_small_input.yaml"), *QUIET, *out], 2,
-         ["data.image_size=8", "at least the model's patch size, 16"]),
-        ("min-clients-above-all", [*base, "--federation.min_clients", "4"], 2,
-         ["federation.min_clients=4", "at most 3, the clients a round samples"]),
-        ("min-clients-above-sampled", [*base, "--partition.num_clients", "10", "--federation.client_fraction", "0.2",
-                                       "--federation.min_clients", "3"], 2,
-         ["federation.min_clients=3", "at most 2", "federation.client_fraction=0.2"]),
+        (
+            "image-size-not-the-models",
+            [*base, "--data.image_size", "48"],
+            2,
+            ["data.image_size=48", "32, the input size model.overrides.vision_cfg.image_size builds the model for"],
+        ),
+        (
+            "image-size-below-a-patch",
+            ["--config", str(d / "vit_small_input.yaml"), *QUIET, *out],
+            2,
+            ["data.image_size=8", "at least the model's patch size, 16"],
+        ),
+        (
+            "min-clients-above-all",
+            [*base, "--federation.min_clients", "4"],
+            2,
+            ["federation.min_clients=4", "at most 3, the clients a round samples"],
+        ),
+        (
+            "min-clients-above-sampled",
+            [*base, "--partition.num_clients", "10", "--federation.client_fraction", "0.2", "--federation.min_clients", "3"],
+            2,
+            ["federation.min_clients=3", "at most 2", "federation.client_fraction=0.2"],
+        ),
         ("override-key", [*base, "--model.overrides", "{foo: 1}"], 2, ["model.overrides.foo"]),
-        ("override-subkey", [*base, "--model.overrides", "{vision_cfg: {widht: 64}}"], 2,
-         ["model.overrides.vision_cfg.widht", "did you mean 'width'"]),
+        (
+            "override-subkey",
+            [*base, "--model.overrides", "{vision_cfg: {widht: 64}}"],
+            2,
+            ["model.overrides.vision_cfg.widht", "did you mean 'width'"],
+        ),
         ("model-name", [*base, "--model.name", "NoSuchModel"], 2, ["model.name='NoSuchModel'"]),
         # resources
         ("devices-64", [*base, "--federation.devices", "64"], 2, ["federation.devices=64", "CPU core"]),
         ("loader-workers", [*base, "--data.num_workers", "1000"], 2, ["data.num_workers=1000", "CPU core"]),
-        ("gpu-without-gpu", [*base, "--federation.accelerator", "gpu"], 2, ["federation.accelerator='gpu'",
-                                                                            "no visible GPU"]),
-        ("output-dir-file", ["--config", TINY, *QUIET, "--output_dir", str(d / "a_file")], 2,
-         ["is a file, not a folder"]),
-        ("output-dir-under-file", ["--config", TINY, *QUIET, "--output_dir", str(d / "a_file" / "runs")], 2,
-         ["cannot be created", "is a file"]),
-        ("output-dir-unwritable", ["--config", TINY, *QUIET, "--output_dir", "/proc/fl_lightning_runs"], 2,
-         ["is not writable"]),
+        ("gpu-without-gpu", [*base, "--federation.accelerator", "gpu"], 2, ["federation.accelerator='gpu'", "no visible GPU"]),
+        ("output-dir-file", ["--config", TINY, *QUIET, "--output_dir", str(d / "a_file")], 2, ["is a file, not a folder"]),
+        (
+            "output-dir-under-file",
+            ["--config", TINY, *QUIET, "--output_dir", str(d / "a_file" / "runs")],
+            2,
+            ["cannot be created", "is a file"],
+        ),
+        ("output-dir-unwritable", ["--config", TINY, *QUIET, "--output_dir", "/proc/fl_lightning_runs"], 2, ["is not writable"]),
         ("checkpoint-missing", [*base, "--model.checkpoint", str(d / "none.pt")], 2, ["none.pt"]),
         ("checkpoint-text", [*base, "--model.checkpoint", str(d / "notes.txt")], 2, ["notes.txt"]),
         ("checkpoint-empty", [*base, "--model.checkpoint", str(d / "empty.pt")], 2, ["empty.pt"]),
         ("checkpoint-truncated", [*base, "--model.checkpoint", str(d / "truncated.pt")], 2, ["truncated.pt"]),
-        ("dataset-missing", [*base, "--data.name", "cifar10", "--data.root", str(d / "nodata")], 2,
-         ["cifar10", "data.root"]),
+        ("dataset-missing", [*base, "--data.name", "cifar10", "--data.root", str(d / "nodata")], 2, ["cifar10", "data.root"]),
         # paths are contained
         ("run-name-dotdot", [*base, "--run_name", ".."], 2, ["run_name='..'"]),
         ("run-name-abs", [*base, "--run_name", "/tmp/elsewhere"], 2, ["run_name='/tmp/elsewhere'"]),
         ("run-name-nested", [*base, "--run_name", "a/b"], 2, ["run_name='a/b'"]),
         # variants: a bad later entry stops before the first one runs
-        ("variant-late-bad", [*base, "--variants", "[{run_name: ok}, {run_name: bad, train: {momentum: -3}}]"], 2,
-         ["train.momentum=-3.0", "variants[1]"]),
-        ("variant-late-checkpoint", [*base, "--variants",
-                                     "[{run_name: ok}, {run_name: bad, model: {checkpoint: "
-                                     f"{d / 'notes.txt'}}}}}]"], 2, ["notes.txt", "variants[1]"]),
+        (
+            "variant-late-bad",
+            [*base, "--variants", "[{run_name: ok}, {run_name: bad, train: {momentum: -3}}]"],
+            2,
+            ["train.momentum=-3.0", "variants[1]"],
+        ),
+        (
+            "variant-late-checkpoint",
+            [*base, "--variants", f"[{{run_name: ok}}, {{run_name: bad, model: {{checkpoint: {d / 'notes.txt'}}}}}]"],
+            2,
+            ["notes.txt", "variants[1]"],
+        ),
         # the run folder
         ("folder-in-use", [*base, "--run_name", "busy"], 2, ["is in use by another run", "pid"]),
-        ("resume-corrupt-checkpoint", ["--resume", str(d / "runs" / "corrupt_run")], 2,
-         ["server.pt", "cannot be read"]),
+        ("resume-corrupt-checkpoint", ["--resume", str(d / "runs" / "corrupt_run")], 2, ["server.pt", "cannot be read"]),
     ]
 
 
@@ -253,7 +311,11 @@ def test_nothing_was_written_by_the_failed_cases(table, files):
     feature_cache/ for the next run of the comparison (not a result of any run)."""
     runs = files / "runs"
     assert sorted(p.name for p in runs.iterdir() if p.name != "feature_cache") == [
-        "busy", "corrupt_run", "fedavg_cifar10_a0.5_s0", "fedavg_digits_a0.5_s0"]
+        "busy",
+        "corrupt_run",
+        "fedavg_cifar10_a0.5_s0",
+        "fedavg_digits_a0.5_s0",
+    ]
     assert all(p.suffix == ".pt" for p in (runs / "feature_cache").iterdir())  # no temporary file left
     assert not list(runs.glob("*/summary.json")) and not list(runs.glob("*/metrics.csv"))
     assert not list(runs.glob("*/.lock")) or list(runs.glob("*/.lock")) == [runs / "busy" / ".lock"]
@@ -285,15 +347,18 @@ def test_debug_shows_the_traceback(table):
     assert r["stderr"].strip().splitlines()[-1].startswith("fl_lightning: config error: train.momentum")
 
 
-@pytest.mark.parametrize("overrides, gpus, cpus, memory, needle", [
-    (["--federation.accelerator", "gpu", "--federation.devices", "4"], 2, 64, 2**40, "2 GPU(s) are visible"),
-    (["--federation.devices", "4"], 2, 64, 2**40, "2 GPU(s) are visible"),  # auto picks the GPUs
-    (["--federation.accelerator", "cuda"], 0, 64, 2**40, "no visible GPU"),
-    (["--federation.devices", "3"], 0, 2, 2**40, "may use 2 CPU core(s)"),
-    (["--federation.devices", "2"], 0, 2, 2**29, "GiB are available"),
-    (["--federation.devices", "4", "--federation.accelerator", "cpu"], 8, 4, 2**40, None),  # CPU ranks on a GPU box
-    (["--federation.devices", "2"], 2, 1, 2**20, None),  # GPU ranks: the CPU and memory floor do not apply
-])
+@pytest.mark.parametrize(
+    "overrides, gpus, cpus, memory, needle",
+    [
+        (["--federation.accelerator", "gpu", "--federation.devices", "4"], 2, 64, 2**40, "2 GPU(s) are visible"),
+        (["--federation.devices", "4"], 2, 64, 2**40, "2 GPU(s) are visible"),  # auto picks the GPUs
+        (["--federation.accelerator", "cuda"], 0, 64, 2**40, "no visible GPU"),
+        (["--federation.devices", "3"], 0, 2, 2**40, "may use 2 CPU core(s)"),
+        (["--federation.devices", "2"], 0, 2, 2**29, "GiB are available"),
+        (["--federation.devices", "4", "--federation.accelerator", "cpu"], 8, 4, 2**40, None),  # CPU ranks on a GPU box
+        (["--federation.devices", "2"], 2, 1, 2**20, None),  # GPU ranks: the CPU and memory floor do not apply
+    ],
+)
 def test_devices_against_what_the_machine_has(overrides, gpus, cpus, memory, needle, monkeypatch):
     from fl_lightning.config.loading import load_config
     from fl_lightning.errors import ResourceError
@@ -310,6 +375,7 @@ def test_devices_against_what_the_machine_has(overrides, gpus, cpus, memory, nee
 
 # ----------------------------------------------------------------------------- a run folder's life
 
+
 def test_a_run_folder_is_never_silently_changed(tmp_path):
     out = tmp_path / "runs"
     run = out / "fedavg_digits_a0.5_s0"
@@ -317,8 +383,7 @@ def test_a_run_folder_is_never_silently_changed(tmp_path):
     cfg_yaml = str(run / "config.yaml")
     steps = [
         {"id": "first", "argv": base},
-        {"id": "mix", "argv": ["--resume", str(run), "--federation.rounds", "2", "--partition.alpha", "100",
-                               "--seed", "7"]},
+        {"id": "mix", "argv": ["--resume", str(run), "--federation.rounds", "2", "--partition.alpha", "100", "--seed", "7"]},
         {"replace": cfg_yaml, "old": "alpha: 0.5", "new": "alpha: 100.0"},
         {"id": "edited", "argv": ["--resume", str(run), "--federation.rounds", "2"]},
         {"replace": cfg_yaml, "old": "alpha: 100.0", "new": "alpha: 0.5"},
@@ -326,8 +391,10 @@ def test_a_run_folder_is_never_silently_changed(tmp_path):
         {"id": "algorithm-edited", "argv": ["--resume", str(run), "--federation.rounds", "2"]},
         {"replace": cfg_yaml, "old": "algorithm: fedopal", "new": "algorithm: fedavg"},
         {"id": "extend", "argv": ["--resume", str(run), "--federation.rounds", "2", "--logging.progress", "true"]},
-        *[{"copy": str(run / name), "to": str(tmp_path / f"extended.{name}")}
-          for name in ("run.json", "config.yaml", "summary.json")],
+        *[
+            {"copy": str(run / name), "to": str(tmp_path / f"extended.{name}")}
+            for name in ("run.json", "config.yaml", "summary.json")
+        ],
         {"id": "fewer-rounds", "argv": ["--resume", str(run), "--federation.rounds", "1"]},
         {"id": "rerun-same", "argv": [*base, "--federation.rounds", "2"]},
         *[{"copy": str(run / name), "to": str(tmp_path / f"rerun.{name}")} for name in ("run.json", "summary.json")],

@@ -51,11 +51,11 @@ class ToyPrior(Algorithm):
         return {"counts": torch.zeros(self.env.num_classes if self.env else 0, dtype=torch.float64)}
 
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
-        return Upload({"counts": torch.as_tensor(client.class_counts, dtype=torch.float64)},
-                      {"num_samples": client.num_samples})
+        return Upload({"counts": torch.as_tensor(client.class_counts, dtype=torch.float64)}, {"num_samples": client.num_samples})
 
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
+    def aggregate(
+        self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
+    ) -> State:
         total = sum(u.tensors["counts"] for u in uploads.values())
         return {"counts": total + self.config.smoothing}
 
@@ -64,8 +64,16 @@ class ToyPrior(Algorithm):
         return evaluate_on_test(self.env, lambda images: log_prior.expand(images.shape[0], -1))
 
 
-TINY = ["--config", str(REPO / "conf" / "fedavg_digits_tiny.yaml"), "--algorithm", "toy_prior",
-        "--logging.progress", "false", "--partition.num_clients", "3"]
+TINY = [
+    "--config",
+    str(REPO / "conf" / "fedavg_digits_tiny.yaml"),
+    "--algorithm",
+    "toy_prior",
+    "--logging.progress",
+    "false",
+    "--partition.num_clients",
+    "3",
+]
 
 
 def test_a_method_defined_in_a_test_file_runs_through_the_cli(tmp_path, capsys):

@@ -39,8 +39,7 @@ for info in pkgutil.walk_packages(fl_lightning.__path__, 'fl_lightning.'):
 
 
 def _fingerprint(code: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", code + _FINGERPRINT], capture_output=True, text=True, cwd=REPO,
-                          timeout=600)
+    proc = subprocess.run([sys.executable, "-c", code + _FINGERPRINT], capture_output=True, text=True, cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -70,8 +70,7 @@ def _fabric(precision: str) -> Fabric:
 def test_evaluation_under_32_true_is_the_plain_call_bit_for_bit():
     env, model = _Env(_fabric("32-true")), _Spy().eval()
     wrapped = evaluate_on_test(env, model)
-    plain = evaluate_classifier(model, env.loader(env.splits.test, shuffle=False), num_classes=5,
-                                device=torch.device("cpu"))
+    plain = evaluate_classifier(model, env.loader(env.splits.test, shuffle=False), num_classes=5, device=torch.device("cpu"))
     assert wrapped == plain  # floats compared exactly
     assert set(model.seen) == {(False, torch.float32)}
 
@@ -92,9 +91,22 @@ def test_evaluation_under_bf16_mixed_runs_the_forward_in_autocast():
 def _tiny_config(tmp_path, precision: str, *extra: str, config: str = "fedavg_cnn_digits_tiny.yaml"):
     """By default FedAvg of a whole tiny timm CNN on the digits: its evaluation goes through ``evaluate_on_test`` (the
     head-only ``fedavg`` of fedavg_digits_tiny.yaml evaluates a feature table, ``evaluate_on_test_features``)."""
-    return load_config(CONF / config,
-                       ["--output_dir", str(tmp_path), "--run_name", precision, "--logging.progress", "false",
-                        "--federation.accelerator", "cpu", "--federation.precision", precision, *extra])
+    return load_config(
+        CONF / config,
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--run_name",
+            precision,
+            "--logging.progress",
+            "false",
+            "--federation.accelerator",
+            "cpu",
+            "--federation.precision",
+            precision,
+            *extra,
+        ],
+    )
 
 
 def _record_autocast(model: nn.Module) -> list[tuple[bool, torch.dtype]]:
@@ -121,8 +133,9 @@ def test_a_trained_tiny_model_evaluates_under_bf16_mixed_near_its_32_true_accura
     cfg = _tiny_config(tmp_path, "32-true", "--federation.rounds", "3", "--partition.alpha", "inf")
     summary = Simulation(cfg=cfg, loggers=[]).run()
     env, model = calls[-1]  # the last round's evaluation: the final global model
-    plain = evaluate_classifier(model, env.loader(env.splits.test, shuffle=False), num_classes=env.num_classes,
-                                device=env.fabric.device)
+    plain = evaluate_classifier(
+        model, env.loader(env.splits.test, shuffle=False), num_classes=env.num_classes, device=env.fabric.device
+    )
     assert summary["accuracy"] == plain["accuracy"] and summary["per_class_accuracy"] == plain["per_class_accuracy"]
     assert plain["accuracy"] > 0.3  # chance: 0.1; a model whose arg-maxes mean something
 
@@ -143,8 +156,7 @@ def test_a_bf16_mixed_run_evaluates_under_autocast(algorithm, tmp_path, monkeypa
     seen: list[tuple[bool, torch.dtype]] = []
 
     def spy(env, model, **kw):
-        handle = model.register_forward_hook(
-            lambda m, i, out: seen.append((torch.is_autocast_enabled("cpu"), out.dtype)))
+        handle = model.register_forward_hook(lambda m, i, out: seen.append((torch.is_autocast_enabled("cpu"), out.dtype)))
         try:
             return evaluate_on_test(env, model, **kw)
         finally:
@@ -153,8 +165,9 @@ def test_a_bf16_mixed_run_evaluates_under_autocast(algorithm, tmp_path, monkeypa
     monkeypatch.setattr(importlib.import_module(f"fl_lightning.algorithms.{algorithm}"), "evaluate_on_test", spy)
     # no local training (train.epochs 0): only the evaluation's precision is looked at here (bf16 local training
     # of this tiny CNN at lr 0.05 sometimes ends with non-finite weights on the CPU)
-    cfg = _tiny_config(tmp_path, "bf16-mixed", "--federation.rounds", "1", "--train.epochs", "0",
-                       config=f"{algorithm}_digits_tiny.yaml")
+    cfg = _tiny_config(
+        tmp_path, "bf16-mixed", "--federation.rounds", "1", "--train.epochs", "0", config=f"{algorithm}_digits_tiny.yaml"
+    )
     summary = Simulation(cfg=cfg, loggers=[]).run()
     assert seen and set(seen) == {(True, torch.bfloat16)}
     assert 0.0 <= summary["accuracy"] <= 1.0
@@ -188,13 +201,20 @@ def _spy_on(monkeypatch, name: str) -> list[tuple]:
     return calls
 
 
-@pytest.mark.parametrize(("accelerator", "cuda", "applied"), [
-    ("cpu", False, False), ("cpu", True, False), ("auto", False, False), ("auto", True, True),
-    ("gpu", True, True), ("cuda", True, True), ("gpu", False, False),  # "gpu" without CUDA: MPS
-    ("mps", True, False),
-])
-def test_matmul_precision_is_applied_for_cuda_accelerators_only(accelerator, cuda, applied, monkeypatch,
-                                                                torch_settings):
+@pytest.mark.parametrize(
+    ("accelerator", "cuda", "applied"),
+    [
+        ("cpu", False, False),
+        ("cpu", True, False),
+        ("auto", False, False),
+        ("auto", True, True),
+        ("gpu", True, True),
+        ("cuda", True, True),
+        ("gpu", False, False),  # "gpu" without CUDA: MPS
+        ("mps", True, False),
+    ],
+)
+def test_matmul_precision_is_applied_for_cuda_accelerators_only(accelerator, cuda, applied, monkeypatch, torch_settings):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     calls = _spy_on(monkeypatch, "set_float32_matmul_precision")
     before = torch.get_float32_matmul_precision()
@@ -208,8 +228,9 @@ def test_matmul_precision_is_applied_for_cuda_accelerators_only(accelerator, cud
 
 @pytest.mark.parametrize(("matmul", "conv_tf32"), [("high", True), ("medium", True), ("highest", False)])
 @pytest.mark.parametrize("cuda", [True, False])
-def test_tf32_of_convolutions_follows_matmul_precision_on_cuda_and_is_restored(matmul, conv_tf32, cuda, monkeypatch,
-                                                                               torch_settings):
+def test_tf32_of_convolutions_follows_matmul_precision_on_cuda_and_is_restored(
+    matmul, conv_tf32, cuda, monkeypatch, torch_settings
+):
     """TF32 by default on CUDA: float32 matmuls ("high", the default) and cuDNN's convolutions with them; on the CPU
     cuDNN's switch is left as it was."""
     assert FederationConfig().matmul_precision == "high"
@@ -256,9 +277,11 @@ def test_the_cli_sets_both_before_the_simulation_is_built_and_restores_them(tmp_
 
     class FakeSimulation:
         def __init__(self, **kwargs) -> None:
-            seen.update(matmul=torch.get_float32_matmul_precision(),
-                        deterministic=torch.are_deterministic_algorithms_enabled(),
-                        workspace=os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+            seen.update(
+                matmul=torch.get_float32_matmul_precision(),
+                deterministic=torch.are_deterministic_algorithms_enabled(),
+                workspace=os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+            )
             raise _Stop
 
     monkeypatch.setattr(simulation, "Simulation", FakeSimulation)
@@ -266,9 +289,20 @@ def test_the_cli_sets_both_before_the_simulation_is_built_and_restores_them(tmp_
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     before = torch.get_float32_matmul_precision()
     with pytest.raises(_Stop):
-        train.main(["--config", str(CONF / "fedavg_digits_tiny.yaml"), "--output_dir", str(tmp_path),
-                    "--logging.progress", "false", "--federation.matmul_precision", "medium",
-                    "--federation.deterministic", "true"])
+        train.main(
+            [
+                "--config",
+                str(CONF / "fedavg_digits_tiny.yaml"),
+                "--output_dir",
+                str(tmp_path),
+                "--logging.progress",
+                "false",
+                "--federation.matmul_precision",
+                "medium",
+                "--federation.deterministic",
+                "true",
+            ]
+        )
     assert seen == {"matmul": "medium", "deterministic": True, "workspace": ":4096:8"}
     assert torch.get_float32_matmul_precision() == before and not torch.are_deterministic_algorithms_enabled()
     assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
@@ -281,10 +315,27 @@ def test_on_the_cpu_a_deterministic_run_is_the_same_run_bit_for_bit(tmp_path, to
 
     states = {}
     for deterministic in ("false", "true"):
-        assert train.main(["--config", str(CONF / "fedavg_cnn_digits_tiny.yaml"), "--output_dir", str(tmp_path),
-                           "--run_name", f"det_{deterministic}", "--logging.progress", "false",
-                           "--federation.rounds", "1", "--federation.accelerator", "cpu",
-                           "--federation.deterministic", deterministic]) == 0
+        assert (
+            train.main(
+                [
+                    "--config",
+                    str(CONF / "fedavg_cnn_digits_tiny.yaml"),
+                    "--output_dir",
+                    str(tmp_path),
+                    "--run_name",
+                    f"det_{deterministic}",
+                    "--logging.progress",
+                    "false",
+                    "--federation.rounds",
+                    "1",
+                    "--federation.accelerator",
+                    "cpu",
+                    "--federation.deterministic",
+                    deterministic,
+                ]
+            )
+            == 0
+        )
         states[deterministic] = safe_load(tmp_path / f"det_{deterministic}" / "checkpoints" / "server.pt")["state"]
         assert not torch.are_deterministic_algorithms_enabled()
     assert states["true"].keys() == states["false"].keys()
@@ -303,15 +354,28 @@ def test_a_notebooks_simulation_run_applies_the_keys_too_and_restores_them(tmp_p
             seen.append((torch.are_deterministic_algorithms_enabled(), os.environ.get("CUBLAS_WORKSPACE_CONFIG")))
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    cfg = load_config(CONF / "fedavg_digits_tiny.yaml", ["--output_dir", str(tmp_path), "--logging.progress", "false",
-                                                         "--federation.rounds", "1", "--federation.deterministic", "true"])
+    cfg = load_config(
+        CONF / "fedavg_digits_tiny.yaml",
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--logging.progress",
+            "false",
+            "--federation.rounds",
+            "1",
+            "--federation.deterministic",
+            "true",
+        ],
+    )
     Simulation(cfg=cfg, loggers=[], callbacks=[_Watch()]).run()
     assert seen == [(True, ":4096:8")]
     assert not torch.are_deterministic_algorithms_enabled() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
 
 
-@pytest.mark.parametrize(("key", "value"), [("matmul_precision", "low"), ("matmul_precision", "HIGH"),
-                                            ("deterministic", "maybe"), ("deterministic", "1")])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("matmul_precision", "low"), ("matmul_precision", "HIGH"), ("deterministic", "maybe"), ("deterministic", "1")],
+)
 def test_bad_values_are_one_line_config_errors(key, value):
     with pytest.raises(ConfigError) as err:
         load_config(CONF / "fedavg_digits_tiny.yaml", [f"--federation.{key}", value])
@@ -326,7 +390,8 @@ def test_the_dataclass_checks_them_too(key, value):
 
 
 def test_bad_values_from_the_cli_are_one_line_exit_2(tmp_path, capsys):
-    rc = train.main(["--config", str(CONF / "fedavg_digits_tiny.yaml"), "--output_dir", str(tmp_path),
-                     "--federation.matmul_precision", "low"])
+    rc = train.main(
+        ["--config", str(CONF / "fedavg_digits_tiny.yaml"), "--output_dir", str(tmp_path), "--federation.matmul_precision", "low"]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "federation.matmul_precision='low'" in err, err

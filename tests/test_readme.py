@@ -6,8 +6,11 @@ import re
 from tests.conftest import REPO
 
 README = (REPO / "README.md").read_text()
-_DIARY = re.compile(r"\b(today|yesterday|this session|this work|session|lent|final code|final runs|the hour|"
-                    r"earlier|last night|this morning|we tried|TODO)\b", re.IGNORECASE)
+_DIARY = re.compile(
+    r"\b(today|yesterday|this session|this work|session|lent|final code|final runs|the hour|"
+    r"earlier|last night|this morning|we tried|TODO)\b",
+    re.IGNORECASE,
+)
 
 
 def test_the_readme_is_at_most_200_lines():
@@ -20,8 +23,7 @@ def test_the_readme_reads_as_no_diary():
 
 def test_the_set_up_commands_are_the_lines_ci_runs():
     lines = README.splitlines()
-    assert re.fullmatch(r"pip install .* -e \. && python -m fl_lightning\.train --config conf/quickstart\.yaml",
-                        lines[3])
+    assert re.fullmatch(r"pip install .* -e \. && python -m fl_lightning\.train --config conf/quickstart\.yaml", lines[3])
     assert re.fullmatch(r"pip install .*&& python -m pytest", lines[4])  # .ci/run greps this form
 
 

@@ -19,8 +19,7 @@ import yaml
 from tests.conftest import CONF, REPO, run_cli
 
 # 2 methods × 3 seeds = 6 runs; the 4th (FedOPAL, seed 0) trains long enough to be killed in its round
-_VARIANTS = [{"algorithm": "afl", "label": "AFL"},
-             {"algorithm": "fedopal", "label": "FedOPAL", "train": {"epochs": 4}}]
+_VARIANTS = [{"algorithm": "afl", "label": "AFL"}, {"algorithm": "fedopal", "label": "FedOPAL", "train": {"epochs": 4}}]
 
 
 def _config(tmp_path: Path) -> Path:
@@ -52,8 +51,9 @@ def test_a_killed_comparison_finishes_when_the_same_command_is_run_again(tmp_pat
 
     out = tmp_path / "killed"
     argv = [sys.executable, "-m", "fl_lightning.train", "--config", str(config), "--output_dir", str(out)]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
     fourth = out / "fedopal_digits_a0.1_s0"
     deadline = time.monotonic() + 400
     while not list((fourth / "checkpoints").glob("round0000/client*.pt")):
@@ -75,8 +75,11 @@ def test_a_killed_comparison_finishes_when_the_same_command_is_run_again(tmp_pat
         name = f"fedopal_digits_a0.1_s{seed}"
         a = json.loads((tmp_path / "straight" / name / "summary.json").read_text())
         b = json.loads((out / name / "summary.json").read_text())
-        assert (a["accuracy"], a["bytes_up"], a["per_class_accuracy"]) == (b["accuracy"], b["bytes_up"],
-                                                                            b["per_class_accuracy"]), name
+        assert (a["accuracy"], a["bytes_up"], a["per_class_accuracy"]) == (
+            b["accuracy"],
+            b["bytes_up"],
+            b["per_class_accuracy"],
+        ), name
     starts = json.loads((fourth / "run.json").read_text())["starts"]
     assert [s["resume"] for s in starts] == [False, True]  # the killed run continued from its checkpoint
     assert not list(out.glob("*/.lock"))  # the killed process's locks were stale and taken over, then released

@@ -23,8 +23,16 @@ def test_usage_error_from_a_real_process_is_one_line():
 
 
 def test_missing_dataset_is_one_line(tmp_path):
-    out = run_cli("--config", TINY, "--data.name", "cifar10", "--data.root", str(tmp_path / "nodata"),
-                  "--output_dir", str(tmp_path / "runs"))
+    out = run_cli(
+        "--config",
+        TINY,
+        "--data.name",
+        "cifar10",
+        "--data.root",
+        str(tmp_path / "nodata"),
+        "--output_dir",
+        str(tmp_path / "runs"),
+    )
     assert out.returncode == 2, out.stderr[-2000:]
     last = out.stderr.strip().splitlines()[-1]
     assert "cifar10" in last and "data.root" in last and "data.download" in last and "Traceback" not in out.stderr
@@ -57,9 +65,27 @@ def test_resume_from_the_cli_extends_a_finished_run(tmp_path):
 def test_sigterm_keeps_the_checkpoint_and_prints_the_resume_hint(tmp_path):
     """SIGTERM (a scheduler's stop) is handled as Ctrl-C: exit 143 (128 + SIGTERM), the --resume line."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "fl_lightning.train", "--config", TINY, "--partition.num_clients",
-                             "3", "--federation.rounds", "500", "--logging.progress", "false", "--output_dir",
-                             str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fl_lightning.train",
+            "--config",
+            TINY,
+            "--partition.num_clients",
+            "3",
+            "--federation.rounds",
+            "500",
+            "--logging.progress",
+            "false",
+            "--output_dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     run_dir = tmp_path / "fedavg_digits_a0.5_s0"
     deadline = time.monotonic() + 240
     while not (run_dir / "checkpoints" / "server.pt").exists() and proc.poll() is None:
@@ -116,17 +142,38 @@ print(json.dumps(results))
 def test_failed_clients_end_the_run_with_exit_1_and_one_line(tmp_path):
     """Failure is never reported as success: a failing client under `raise`, and every client failing under
     `skip` (fewer than federation.min_clients succeed), are one line and exit 1; the checkpoint folder stays."""
-    base = ["--config", TINY, "--algorithm", "always_fails", "--partition.num_clients", "3",
-            "--logging.progress", "false", "--output_dir", str(tmp_path)]
-    cases = {"raise": [], "skip": ["--federation.on_client_error", "skip"],
-             "debug": ["--federation.on_client_error", "skip", "--debug"], "raise_debug": ["--debug"]}
-    proc = subprocess.run([sys.executable, "-c", _FAILING_METHOD, json.dumps(cases), json.dumps(base)],
-                          capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                          timeout=300)
+    base = [
+        "--config",
+        TINY,
+        "--algorithm",
+        "always_fails",
+        "--partition.num_clients",
+        "3",
+        "--logging.progress",
+        "false",
+        "--output_dir",
+        str(tmp_path),
+    ]
+    cases = {
+        "raise": [],
+        "skip": ["--federation.on_client_error", "skip"],
+        "debug": ["--federation.on_client_error", "skip", "--debug"],
+        "raise_debug": ["--debug"],
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", _FAILING_METHOD, json.dumps(cases), json.dumps(base)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
-    for name, needles in (("raise", ["client 0 failed in round 0", "boom", "on_client_error: skip"]),
-                          ("skip", ["round 0: 0 of 3 clients succeeded", "federation.min_clients=1", "boom"])):
+    for name, needles in (
+        ("raise", ["client 0 failed in round 0", "boom", "on_client_error: skip"]),
+        ("skip", ["round 0: 0 of 3 clients succeeded", "federation.min_clients=1", "boom"]),
+    ):
         lines = r[name]["stderr"].strip().splitlines()
         assert r[name]["rc"] == 1 and len(lines) == 1 and "Traceback" not in r[name]["stderr"], r[name]
         assert all(n in lines[0] for n in needles), lines[0]
@@ -148,10 +195,14 @@ def test_a_run_failure_is_caught_by_its_class(monkeypatch, capsys):
     from fl_lightning.errors import ClientUsageError, RunFailure
     from fl_lightning.experiments import runner
 
-    for err, status in ((RunFailure("round 3: the server gave up"), 1),
-                        (ClientUsageError("client 2 in round 0: corrupt image x.png", 2, 0, "Traceback ...\n"), 2)):
+    for err, status in (
+        (RunFailure("round 3: the server gave up"), 1),
+        (ClientUsageError("client 2 in round 0: corrupt image x.png", 2, 0, "Traceback ...\n"), 2),
+    ):
+
         def fail(args, argv, locks, collector, err=err):
             raise err
+
         monkeypatch.setattr(runner, "run", fail)
         assert train.main(["--config", TINY]) == status
         assert capsys.readouterr().err.splitlines() == [f"fl_lightning: {err}"]

@@ -89,18 +89,28 @@ class AnalyticHead:
         """The feature space a client's statistics live in: h of ``feature_dim``, labels of ``num_classes``."""
         self.feature_dim, self.num_classes, self.device = feature_dim, num_classes, device
 
-    def statistics(self, features: Callable[[Tensor], Tensor], batches: Iterable[tuple[Tensor, Tensor]],
-                   autocast: Callable[[], ContextManager] | None = None) -> AnalyticStatistics:
+    def statistics(
+        self,
+        features: Callable[[Tensor], Tensor],
+        batches: Iterable[tuple[Tensor, Tensor]],
+        autocast: Callable[[], ContextManager] | None = None,
+    ) -> AnalyticStatistics:
         """Eq. (7) of ``features`` (images or a table's rows → h) over one client's ``batches``, streamed."""
-        return collect_statistics(features, batches, num_classes=self.num_classes, device=self.device,
-                                  dtype=self.dtype, autocast=autocast, feature_dim=self.feature_dim,
-                                  clip_norm=self.clip_norm)
+        return collect_statistics(
+            features,
+            batches,
+            num_classes=self.num_classes,
+            device=self.device,
+            dtype=self.dtype,
+            autocast=autocast,
+            feature_dim=self.feature_dim,
+            clip_norm=self.clip_norm,
+        )
 
     def table_statistics(self, table: Tensor, env: Environment, client: Client) -> AnalyticStatistics:
         """Eq. (7) on one client, streamed batch by batch over its rows of the training split's feature ``table``
         (the frozen backbone's h, :class:`~fl_lightning.algorithms.common.FrozenFeatures`)."""
-        batches = client_feature_batches(table, env.splits.train_targets, env.partition[client.index],
-                                         env.cfg.data.batch_size)
+        batches = client_feature_batches(table, env.splits.train_targets, env.partition[client.index], env.cfg.data.batch_size)
         return self.statistics(_identity, batches)
 
     @staticmethod
@@ -115,8 +125,9 @@ class AnalyticHead:
         return AnalyticStatistics.upload_shapes(self.feature_dim, self.num_classes)
 
     @staticmethod
-    def fold(round_idx: int, uploads: Mapping[int, Upload],
-             visit: Callable[[Upload], None] | None = None) -> tuple[AnalyticStatistics, int]:
+    def fold(
+        round_idx: int, uploads: Mapping[int, Upload], visit: Callable[[Upload], None] | None = None
+    ) -> tuple[AnalyticStatistics, int]:
         """Σ_k (R_k, C_k, N_k) folded in client order (:class:`~fl_lightning.analytic.StatisticsSum`), one
         upload in memory at a time; ``visit`` sees each upload on the way (FedOPAL's prompts, FedCGS's counts)."""
         fold = StatisticsSum()
@@ -131,8 +142,7 @@ class AnalyticHead:
     def solve(self, total: AnalyticStatistics, num_clients: int) -> Tensor:
         """Eq. (9): W* = (Σ R_k + λI)⁻¹ Σ C_k in ``afl.dtype`` (λ by the configured convention)."""
         c = self.config
-        lam = regularization(c.lam, num_clients=num_clients, convention=c.regularization,
-                             remove=c.remove_regularization)
+        lam = regularization(c.lam, num_clients=num_clients, convention=c.regularization, remove=c.remove_regularization)
         return solve_classifier(total.R, total.C, lam=lam)
 
     @staticmethod
@@ -159,6 +169,7 @@ class AFL(OneShotFeatureMethod):
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
         """federation.privacy: the statistics mechanisms cover R_k, C_k, each feature clipped (federation/privacy_coverage.py)."""
         return statistics_only(cfg)
+
     true_precision = AnalyticHead.true_precision
 
     def __init__(self, *, cfg: RunConfig) -> None:
@@ -177,8 +188,9 @@ class AFL(OneShotFeatureMethod):
         return self.head.shapes()
 
     # -- server ----------------------------------------------------------------------------------
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
+    def aggregate(
+        self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
+    ) -> State:
         total, count = self.head.fold(round_idx, uploads)
         return {**state, "W": self.head.solve(total, count)}
 

@@ -58,6 +58,9 @@ class CAFF(FeDiSynFamily):
     @classmethod
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
         """federation.privacy: not covered."""
-        return ("its LoRA uploads carry each device's per-block gradient contributions in the clear, and the server "
-                "plans the next depths from them")
+        return (
+            "its LoRA uploads carry each device's per-block gradient contributions in the clear, and the server "
+            "plans the next depths from them"
+        )
+
     stages = (ImageNetInit, LoRAFineTuning)

@@ -97,6 +97,7 @@ class CoBoosting(DENSE):
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
         """federation.privacy: not covered, as DENSE."""
         return DENSE.privacy_gap(cfg)
+
     bn_per_model = True  # the official code divides L_BN by K
 
     def synthesis_settings(self):  # noqa: ANN201
@@ -110,8 +111,9 @@ class CoBoosting(DENSE):
     def ensemble_weights(self, num_members: int) -> Tensor:
         return torch.full((num_members,), 1.0 / num_members)  # w_0 = 1/K
 
-    def reweight(self, epoch: int, ensemble: nn.Module, pool: Tensor, labels: Tensor,
-                 view: Callable[[Tensor, torch.Generator], Tensor]) -> None:
+    def reweight(
+        self, epoch: int, ensemble: nn.Module, pool: Tensor, labels: Tensor, view: Callable[[Tensor, torch.Generator], Tensor]
+    ) -> None:
         """Eq. (8)-(9): signed-gradient steps on the ensemble weights against the pool's labels.
 
         As the official ``CoBoostingSynthesizer.synthesize``: after the epoch's synthesis and before its batch
@@ -122,13 +124,13 @@ class CoBoosting(DENSE):
         c = self.config
         if epoch == 0 or c.mu == 0:  # the official code starts re-weighting at the second epoch
             return
-        step = c.mu * c.wdc ** epoch
+        step = c.mu * c.wdc**epoch
         order_rng = torch.Generator().manual_seed(self.cfg.seed + epoch)
         w = ensemble.weights.detach().clone()
         for _ in range(c.wa_steps):
             order = torch.randperm(pool.shape[0], generator=order_rng)
             for start in range(0, pool.shape[0], c.batch_size):
-                idx = order[start:start + c.batch_size]
+                idx = order[start : start + c.batch_size]
                 with torch.no_grad(), self.fabric.autocast():  # the run's precision; w's step in float32
                     member = ensemble.member_logits(view(pool[idx], order_rng)).float()  # (K, B, C)
                 w = w.requires_grad_(True)

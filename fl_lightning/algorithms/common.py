@@ -26,8 +26,19 @@ if TYPE_CHECKING:
     from fl_lightning.config import RunConfig
     from fl_lightning.federation.algorithm import Algorithm, Environment
 
-__all__ = ["FrozenFeatures", "frozen_backbone", "held_backbone", "evaluate_on_test", "evaluate_on_test_features",
-           "federated_test", "feature_cache_folder", "client_feature_batches", "require_vit", "rank_rows", "splits_work"]
+__all__ = [
+    "FrozenFeatures",
+    "frozen_backbone",
+    "held_backbone",
+    "evaluate_on_test",
+    "evaluate_on_test_features",
+    "federated_test",
+    "feature_cache_folder",
+    "client_feature_batches",
+    "require_vit",
+    "rank_rows",
+    "splits_work",
+]
 
 
 def frozen_backbone(cfg: RunConfig) -> ViTBackbone | CNNBackbone:
@@ -35,9 +46,17 @@ def frozen_backbone(cfg: RunConfig) -> ViTBackbone | CNNBackbone:
     (``model.name: resnet18``) its pooled pre-logit features (:class:`CNNBackbone`)."""
     m = cfg.model
     try:
-        backbone = build_feature_backbone(library=m.library, name=m.name, pretrained=m.pretrained, checkpoint=m.checkpoint,
-                                  feature=m.feature, image_size=cfg.data.image_size, overrides=m.overrides,
-                                  cache_dir=m.cache_dir, download=m.download)
+        backbone = build_feature_backbone(
+            library=m.library,
+            name=m.name,
+            pretrained=m.pretrained,
+            checkpoint=m.checkpoint,
+            feature=m.feature,
+            image_size=cfg.data.image_size,
+            overrides=m.overrides,
+            cache_dir=m.cache_dir,
+            download=m.download,
+        )
     except BackboneArgumentError as err:  # the library cannot use a value: name the model.* key
         raise ConfigError(f"model.{err.argument}", err.value, err.allowed) from None
     return backbone.freeze()
@@ -53,13 +72,18 @@ def held_backbone(cfg: RunConfig, fabric: Any) -> ViTBackbone | CNNBackbone:
 def require_vit(cfg: RunConfig, backbone: ViTBackbone | CNNBackbone) -> ViTBackbone:
     """``backbone`` if it is a ViT; else a ConfigError on ``model.name`` (prompts need a ViT's tokens)."""
     if not isinstance(backbone, ViTBackbone):
-        raise ConfigError("model.name", cfg.model.name, f"a ViT for {cfg.algorithm} (its prompts go between a "
-                          "ViT's embedding and its blocks); a CNN's pooled features serve afl, fedcgs, fedpft, fedavg")
+        raise ConfigError(
+            "model.name",
+            cfg.model.name,
+            f"a ViT for {cfg.algorithm} (its prompts go between a "
+            "ViT's embedding and its blocks); a CNN's pooled features serve afl, fedcgs, fedpft, fedavg",
+        )
     return backbone
 
 
-def evaluate_on_test(env: Environment, logits_fn: Callable[[Tensor], Tensor], *,
-                     autocast: bool = True, split: bool = True) -> dict[str, Any]:
+def evaluate_on_test(
+    env: Environment, logits_fn: Callable[[Tensor], Tensor], *, autocast: bool = True, split: bool = True
+) -> dict[str, Any]:
     """:func:`~fl_lightning.modules.evaluation.evaluate_classifier` of ``logits_fn`` (images → logits) on the
     test split, the forward under the run's precision (``fabric.autocast()``, as in local training).
 
@@ -77,11 +101,14 @@ def evaluate_on_test(env: Environment, logits_fn: Callable[[Tensor], Tensor], *,
     """
     fn = _under_autocast(env.fabric, logits_fn) if autocast else logits_fn
     if split and splits_work(env):  # each rank its block of the test batches; the counts gathered (the numbers of one rank)
+
         def mine() -> Any:
             loader = env.loader(_my_rows(env, env.splits.test, env.cfg.data.batch_size), shuffle=False)
             return eval_counts(fn, loader, num_classes=env.num_classes, device=env.fabric.device)
-        metrics = scores(gathered(env.fabric, mine, what="the test split's evaluation",
-                                  timeout_s=env.cfg.federation.collective_timeout_s))
+
+        metrics = scores(
+            gathered(env.fabric, mine, what="the test split's evaluation", timeout_s=env.cfg.federation.collective_timeout_s)
+        )
     else:
         loader: DataLoader = env.loader(env.splits.test, shuffle=False)
         metrics = evaluate_classifier(fn, loader, num_classes=env.num_classes, device=env.fabric.device)
@@ -121,9 +148,11 @@ def _my_rows(env: Environment, dataset: Dataset, batch_size: int) -> Subset:
 
 def _under_autocast(fabric: Any, fn: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
     """``fn`` called inside ``fabric.autocast()`` (under ``*-true`` on its input in the modules' dtype)."""
+
     def wrapped(x: Tensor) -> Tensor:
         with fabric.autocast():
             return fn(convert_input(fabric, x))
+
     return wrapped
 
 
@@ -173,16 +202,28 @@ class FrozenFeatures:
         cfg, d = env.cfg, env.cfg.data
         targets = env.splits.train_targets if split == "train" else env.splits.test_targets
         spec = self.algorithm.input_spec()
-        transform = build_transform(normalization=spec.normalization, image_size=spec.image_size, train=False,
-                                    mean=spec.mean, std=spec.std)
+        transform = build_transform(
+            normalization=spec.normalization, image_size=spec.image_size, train=False, mean=spec.mean, std=spec.std
+        )
         description = {
             "transform": repr(transform),
-            "model": {"library": cfg.model.library, "name": cfg.model.name, "feature": cfg.model.feature,
-                      "overrides": cfg.model.overrides},
-            "dataset": {"name": d.name, "root": str(Path(d.root).expanduser().resolve()), "split": split,
-                        "split_seed": cfg.data_seed, "num_samples": d.num_samples, "rows": len(targets),
-                        "targets": targets_digest(targets)},
-            "batch_size": d.batch_size, "precision": cfg.federation.precision,
+            "model": {
+                "library": cfg.model.library,
+                "name": cfg.model.name,
+                "feature": cfg.model.feature,
+                "overrides": cfg.model.overrides,
+            },
+            "dataset": {
+                "name": d.name,
+                "root": str(Path(d.root).expanduser().resolve()),
+                "split": split,
+                "split_seed": cfg.data_seed,
+                "num_samples": d.num_samples,
+                "rows": len(targets),
+                "targets": targets_digest(targets),
+            },
+            "batch_size": d.batch_size,
+            "precision": cfg.federation.precision,
             "device": accelerator_name(env.fabric.device),  # the GPU's name: another GPU, other round-off
         }
         if env.splits.fingerprint is not None:  # a Hugging Face data set: its content, not only its name and root
@@ -209,9 +250,15 @@ class FrozenFeatures:
         rows, key, cache = len(dataset), self.key(split), self.cache
 
         def compute(part: Dataset = dataset) -> Tensor:
-            return split_features(self.backbone, part, batch_size=d.batch_size, device=fabric.device,
-                                  autocast=fabric.autocast, num_workers=env.loader_settings().num_workers,
-                                  normalize_on_device=env.loader_settings().normalize_on_device)
+            return split_features(
+                self.backbone,
+                part,
+                batch_size=d.batch_size,
+                device=fabric.device,
+                autocast=fabric.autocast,
+                num_workers=env.loader_settings().num_workers,
+                normalize_on_device=env.loader_settings().normalize_on_device,
+            )
 
         if fabric.world_size == 1 or not (all_ranks or env.shared):
             table = cache.get(key, rows=rows, compute=compute)
@@ -241,16 +288,21 @@ class FrozenFeatures:
             return compute()
         cache.misses += 1
         mine = _my_rows(env, env.splits.train if split == "train" else env.splits.test, env.cfg.data.batch_size)
-        blocks = gathered(fabric, lambda: compute(mine) if len(mine) else None,
-                          what=f"the {split} feature table's blocks", timeout_s=timeout_s)
+        blocks = gathered(
+            fabric, lambda: compute(mine) if len(mine) else None, what=f"the {split} feature table's blocks", timeout_s=timeout_s
+        )
         features = torch.cat([b for b in blocks if b is not None])
         if features.shape[0] != rows:
             raise RuntimeError(f"gathered {features.shape[0]} feature rows for a split of {rows}")
         if cache.folder is not None:
-            from_server(fabric, lambda: cache.store(key, features), what=f"the {split} feature table's write",
-                        timeout_s=timeout_s, send=False)
+            from_server(
+                fabric,
+                lambda: cache.store(key, features),
+                what=f"the {split} feature table's write",
+                timeout_s=timeout_s,
+                send=False,
+            )
         return features
-
 
     def evaluate(self, head_fn: Callable[[Tensor], Tensor]) -> dict[str, Any]:
         """The test metrics of ``head_fn`` (features → logits) on the test split's table, read on the first call
@@ -263,26 +315,29 @@ class FrozenFeatures:
         return evaluate_on_test_features(env, self._test, head_fn, self._train)
 
 
-def client_feature_batches(features: Tensor, targets: Any, indices: Any,
-                           batch_size: int) -> list[tuple[Tensor, Tensor]]:
+def client_feature_batches(features: Tensor, targets: Any, indices: Any, batch_size: int) -> list[tuple[Tensor, Tensor]]:
     """A client's rows of a split's feature table in the batches its DataLoader would make (client order)."""
     idx = torch.as_tensor(indices, dtype=torch.int64)
     h, y = features[idx], torch.as_tensor(targets, dtype=torch.int64)[idx]
     return list(zip(h.split(batch_size), y.split(batch_size)))
 
 
-def evaluate_on_test_features(env: Environment, features: Tensor, head_fn: Callable[[Tensor], Tensor],
-                              train_features: Tensor | None = None) -> dict[str, Any]:
+def evaluate_on_test_features(
+    env: Environment, features: Tensor, head_fn: Callable[[Tensor], Tensor], train_features: Tensor | None = None
+) -> dict[str, Any]:
     """:func:`evaluate_on_test` on the test split's feature table: the same batches, ``head_fn`` features → logits;
     with ``env.client_test``, also on the clients' test rows of ``train_features`` (the training split's table)."""
     dataset = TensorDataset(features, torch.as_tensor(env.splits.test_targets, dtype=torch.int64))
     batch_size = env.cfg.data.batch_size
     if splits_work(env):  # each rank its block of the batches, the counts gathered (as evaluate_on_test)
+
         def mine() -> Any:
             loader = DataLoader(_my_rows(env, dataset, batch_size), batch_size=batch_size, shuffle=False)
             return eval_counts(head_fn, loader, num_classes=env.num_classes, device=env.fabric.device)
-        metrics = scores(gathered(env.fabric, mine, what="the test split's evaluation",
-                                  timeout_s=env.cfg.federation.collective_timeout_s))
+
+        metrics = scores(
+            gathered(env.fabric, mine, what="the test split's evaluation", timeout_s=env.cfg.federation.collective_timeout_s)
+        )
     else:
         loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
         metrics = evaluate_classifier(head_fn, loader, num_classes=env.num_classes, device=env.fabric.device)

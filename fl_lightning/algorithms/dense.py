@@ -139,8 +139,12 @@ class DENSEConfig:
             check(getattr(self, key) >= 0, key, getattr(self, key), "a float >= 0")
         check(0 <= self.kd_momentum < 1, "kd_momentum", self.kd_momentum, "a float in [0, 1)")
         check(self.clip_grad is None or self.clip_grad > 0, "clip_grad", self.clip_grad, "a float > 0 or null")
-        check(self.local_clip_grad is None or self.local_clip_grad > 0, "local_clip_grad", self.local_clip_grad,
-              "a float > 0 or null")
+        check(
+            self.local_clip_grad is None or self.local_clip_grad > 0,
+            "local_clip_grad",
+            self.local_clip_grad,
+            "a float > 0 or null",
+        )
 
 
 @register("dense")
@@ -150,8 +154,11 @@ class DENSE(FedAvgCNN):
     @classmethod
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
         """federation.privacy: not covered (a FedAvgCNN whose server reads each model)."""
-        return ("the server distils from every client's uploaded model, not from their mean: dp_fedavg's noise on a "
-                "mean does not cover it")
+        return (
+            "the server distils from every client's uploaded model, not from their mean: dp_fedavg's noise on a "
+            "mean does not cover it"
+        )
+
     true_precision = "its generator, BatchNorm-statistics loss and distillation need float32 master weights"
     federated_evaluation = False  # partition.client_test_fraction: not covered (one-shot distillation; untested)
     bn_per_model = False  # DENSE sums L_BN over all client models; Co-Boosting averages
@@ -187,17 +194,28 @@ class DENSE(FedAvgCNN):
         from fl_lightning.modules.data_free_kd import SynthesisSettings
 
         c = self.config
-        return SynthesisSettings(steps=c.g_steps, batch_size=c.synthesis_batch_size, lr=c.lr_g, oh=c.oh, bn=c.bn,
-                                 adv=c.adv, adv_temperature=c.adv_temperature, mask_agreement=c.adv_mask,
-                                 hardness=None, bn_per_model=self.bn_per_model, augment=c.synthesis_augment,
-                                 clip_grad=c.clip_grad)
+        return SynthesisSettings(
+            steps=c.g_steps,
+            batch_size=c.synthesis_batch_size,
+            lr=c.lr_g,
+            oh=c.oh,
+            bn=c.bn,
+            adv=c.adv,
+            adv_temperature=c.adv_temperature,
+            mask_agreement=c.adv_mask,
+            hardness=None,
+            bn_per_model=self.bn_per_model,
+            augment=c.synthesis_augment,
+            clip_grad=c.clip_grad,
+        )
 
     def ods_eta(self) -> float | None:
         """Co-Boosting's hard-sample step size in the distillation (DENSE: none)."""
         return None
 
-    def reweight(self, epoch: int, ensemble: nn.Module, pool: Tensor, labels: Tensor,
-                 view: Callable[[Tensor, torch.Generator], Tensor]) -> None:
+    def reweight(
+        self, epoch: int, ensemble: nn.Module, pool: Tensor, labels: Tensor, view: Callable[[Tensor, torch.Generator], Tensor]
+    ) -> None:
         """Hook after a synthesis, before its batch joins the pool (Co-Boosting re-weights the ensemble here,
         on the pool so far read through ``view``); DENSE: nothing."""
 
@@ -212,8 +230,9 @@ class DENSE(FedAvgCNN):
         seed = self.cfg.seed if self.config.student_init == "clients" else self.cfg.seed + _STUDENT_SEED_OFFSET
         return build_timm_classifier(self.cfg, num_classes, seed=seed)
 
-    def pool_view(self, image_size: int, normalize: Callable[[Tensor], Tensor],
-                  device: torch.device) -> Callable[[Tensor, torch.Generator], Tensor]:
+    def pool_view(
+        self, image_size: int, normalize: Callable[[Tensor], Tensor], device: torch.device
+    ) -> Callable[[Tensor, torch.Generator], Tensor]:
         """How distillation (and re-weighting) read the pool: CIFAR's crop (padding S/8 of black) + flip
         (``pool_augment``), or as stored."""
         from fl_lightning.modules.data_free_kd import pool_padding, random_shift_flip
@@ -224,8 +243,9 @@ class DENSE(FedAvgCNN):
         padding = pool_padding(image_size)
         return lambda x, rng: random_shift_flip(x, rng=rng, padding=padding, fill=black)
 
-    def _client_models(self, uploads: Mapping[int, Upload], device: torch.device,
-                       members: range | None = None) -> tuple[list[nn.Module], float]:
+    def _client_models(
+        self, uploads: Mapping[int, Upload], device: torch.device, members: range | None = None
+    ) -> tuple[list[nn.Module], float]:
         """The client models of ``members`` (positions in client order; None: all), and every client's train_s."""
         models, train_s = [], 0.0
         for i, upload in enumerate(uploads.values()):
@@ -237,8 +257,9 @@ class DENSE(FedAvgCNN):
             models.append(model.to(device).eval().requires_grad_(False))
         return models, train_s
 
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
+    def aggregate(
+        self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
+    ) -> State:
         from fl_lightning.federation.local_training import fresh_grad_scaler
         from fl_lightning.modules.data_free_kd import Generator, distill_epoch, synthesize
 
@@ -261,10 +282,8 @@ class DENSE(FedAvgCNN):
             return (x - mean) / std
 
         rng = torch.Generator().manual_seed(self.cfg.seed)
-        optimizer = torch.optim.SGD(student.parameters(), lr=c.kd_lr, momentum=c.kd_momentum,
-                                    weight_decay=c.kd_weight_decay)
-        scheduler = (torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=c.epochs)
-                     if c.kd_schedule == "cosine" else None)
+        optimizer = torch.optim.SGD(student.parameters(), lr=c.kd_lr, momentum=c.kd_momentum, weight_decay=c.kd_weight_decay)
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=c.epochs) if c.kd_schedule == "cosine" else None
         settings = self.synthesis_settings()
         view = self.pool_view(size, normalize, device)
         # the run's precision, as in local training: forwards under autocast; under 16-mixed a GradScaler for
@@ -274,16 +293,26 @@ class DENSE(FedAvgCNN):
         pool_y: list[Tensor] = []
         skipped = 0
         for epoch in range(c.epochs):
-            images, labels = synthesize(generator, ensemble, student, num_classes=self.env.num_classes,
-                                        settings=settings, normalize=normalize, rng=rng, device=device,
-                                        autocast=autocast, scaler=fresh_grad_scaler(self.fabric))
+            images, labels = synthesize(
+                generator,
+                ensemble,
+                student,
+                num_classes=self.env.num_classes,
+                settings=settings,
+                normalize=normalize,
+                rng=rng,
+                device=device,
+                autocast=autocast,
+                scaler=fresh_grad_scaler(self.fabric),
+            )
             if split:  # rank 0's kept batch (or none) on every rank: the pools never differ
                 images = ensemble.rank0_batch(images, labels, (len(labels), 3, size, size))
             if images is None:  # no finite L_G in the whole synthesis: nothing to keep (the module docstring)
                 skipped += 1
                 if fabric.global_rank == 0:
-                    _log.warning("%s: server epoch %d's synthesis had no finite generator loss; it adds no batch",
-                                 self.name, epoch)
+                    _log.warning(
+                        "%s: server epoch %d's synthesis had no finite generator loss; it adds no batch", self.name, epoch
+                    )
             else:
                 if pool_x:  # Co-Boosting's order: re-weight on the pool so far, before the new batch joins it
                     self.reweight(epoch, ensemble, torch.cat(pool_x), torch.cat(pool_y), view)
@@ -292,16 +321,29 @@ class DENSE(FedAvgCNN):
                 pool_x.append(images)
                 pool_y.append(labels)
             if pool_x:
-                distill_epoch(student, ensemble, torch.cat(pool_x), optimizer=optimizer, batch_size=c.batch_size,
-                              temperature=c.temperature, rng=rng, ods_eta=self.ods_eta(), clip_grad=c.clip_grad,
-                              augment=view, autocast=autocast, scaler=student_scaler)
+                distill_epoch(
+                    student,
+                    ensemble,
+                    torch.cat(pool_x),
+                    optimizer=optimizer,
+                    batch_size=c.batch_size,
+                    temperature=c.temperature,
+                    rng=rng,
+                    ods_eta=self.ods_eta(),
+                    clip_grad=c.clip_grad,
+                    augment=view,
+                    autocast=autocast,
+                    scaler=student_scaler,
+                )
             if scheduler is not None:
                 scheduler.step()
             if split:  # rank 0's student and ensemble weights on every rank: replicas cannot drift apart
                 ensemble.rank0_state(student)
         if skipped == c.epochs:
-            raise RuntimeError(f"{self.name}: no synthesis of the {c.epochs} server epochs had a finite generator loss "
-                               "(non-finite logits of the client models; try federation.precision 32-true)")
+            raise RuntimeError(
+                f"{self.name}: no synthesis of the {c.epochs} server epochs had a finite generator loss "
+                "(non-finite logits of the client models; try federation.precision 32-true)"
+            )
         out = {k: v.detach().cpu().clone() for k, v in student.state_dict().items()}
         out[_STAT + "server_distill_s"] = torch.tensor(time.monotonic() - start, dtype=torch.float64)
         out[_STAT + "client_train_s"] = torch.tensor(client_train_s, dtype=torch.float64)
@@ -313,14 +355,24 @@ class DENSE(FedAvgCNN):
         """The test accuracy of each client model and of the ensemble, as the official code logs them (under the
         run's precision: evaluate_on_test's autocast); on several ranks (``split``) each rank its own client models,
         the accuracies gathered in client order, and the split ensemble on the whole split on every rank."""
+
         def mine() -> list[float]:
             return [evaluate_on_test(self.env, m, split=False)["accuracy"] for m in models]
 
-        accuracy = (Deal.unblock(gathered(self.fabric, mine, what="the client models' evaluation",
-                                          timeout_s=self.cfg.federation.collective_timeout_s)) if split else mine())
+        accuracy = (
+            Deal.unblock(
+                gathered(
+                    self.fabric, mine, what="the client models' evaluation", timeout_s=self.cfg.federation.collective_timeout_s
+                )
+            )
+            if split
+            else mine()
+        )
         ensemble_accuracy = evaluate_on_test(self.env, ensemble, split=False)["accuracy"]
-        return {_STAT + "client_accuracy": torch.tensor(accuracy, dtype=torch.float64),
-                _STAT + "ensemble_accuracy": torch.tensor(ensemble_accuracy, dtype=torch.float64)}
+        return {
+            _STAT + "client_accuracy": torch.tensor(accuracy, dtype=torch.float64),
+            _STAT + "ensemble_accuracy": torch.tensor(ensemble_accuracy, dtype=torch.float64),
+        }
 
     def ensemble_weights(self, num_members: int) -> Tensor | None:
         """The ensemble's initial weights w (K,); None: the plain mean (DENSE's teacher)."""
@@ -334,8 +386,13 @@ class DENSE(FedAvgCNN):
 
         weights = self.ensemble_weights(num_members)
         if split:
-            return SplitEnsemble(models, weights, num_members=num_members, num_classes=self.env.num_classes,
-                                 timeout_s=self.cfg.federation.compute_timeout_s)
+            return SplitEnsemble(
+                models,
+                weights,
+                num_members=num_members,
+                num_classes=self.env.num_classes,
+                timeout_s=self.cfg.federation.compute_timeout_s,
+            )
         return WeightedEnsemble(models, weights)
 
     def summary_extras(self, state: State) -> dict[str, Any]:

@@ -88,15 +88,20 @@ class _CorrectedCNN(FedAvgCNN):
     """What both methods add to ``fedavg_cnn``: the split of the state into trainable parameters (corrected, kept
     per client) and buffers (averaged), the client store, and one pass over a round's uploads."""
 
-    true_precision = ("its control variates and drifts are differences of weights over a round ((x − y)/(K·lr), "
-                      "θ_k − θ_cloud) that half-precision weights round away — use bf16-mixed")
+    true_precision = (
+        "its control variates and drifts are differences of weights over a round ((x − y)/(K·lr), "
+        "θ_k − θ_cloud) that half-precision weights round away — use bf16-mixed"
+    )
 
     def setup(self, env: Environment) -> None:
         super().setup(env)
         self._params = tuple(k for k, p in self.module.model.named_parameters() if p.requires_grad)
         self._buffers = tuple(k for k in self._initial if k not in set(self._params))
-        self.client_state = ClientStateStore(env.run_dir / "checkpoints" / CLIENT_STATE_DIR / self.name,
-                                             len(env.partition), sum(self._initial[k].numel() for k in self._params))
+        self.client_state = ClientStateStore(
+            env.run_dir / "checkpoints" / CLIENT_STATE_DIR / self.name,
+            len(env.partition),
+            sum(self._initial[k].numel() for k in self._params),
+        )
         self._local: list[object] = []  # the gradient hooks of the client being trained (client_update sets them)
 
     def local_callbacks(self) -> list[object]:
@@ -106,8 +111,9 @@ class _CorrectedCNN(FedAvgCNN):
         """A flat parameter vector as ``{"model." + name: tensor}``: the gradient hooks' names."""
         return unflat_named(vector, self._initial, self._params, _MODULE)
 
-    def _read_uploads(self, uploads: Mapping[int, Upload], prefixes: tuple[str, ...]
-                      ) -> tuple[list[int], dict[str, list[Tensor]], list[float], State]:
+    def _read_uploads(
+        self, uploads: Mapping[int, Upload], prefixes: tuple[str, ...]
+    ) -> tuple[list[int], dict[str, list[Tensor]], list[float], State]:
         """One pass over the round's uploads (each read once): the clients in order, each prefix's flat trainable
         parameters per client, the sample counts, and the buffers' FedAvg mean (weighted by the counts when the
         section's ``weighted``, else equal)."""
@@ -156,21 +162,31 @@ class ScaffoldCNN(_CorrectedCNN):
         steps = self._last_fit_steps
         y = flat_named(upload.tensors, self._params)
         delta_c = client_control(c_i, c, x, y, steps, self.cfg.train.lr) - c_i
-        return Upload({**upload.tensors, **unflat_named(delta_c, self._initial, self._params, _DC)},
-                      {**upload.meta, "local_steps": steps})
+        return Upload(
+            {**upload.tensors, **unflat_named(delta_c, self._initial, self._params, _DC)}, {**upload.meta, "local_steps": steps}
+        )
 
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
+    def aggregate(
+        self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
+    ) -> State:
         if not uploads:
             self.client_state.write({}, round_idx)  # no client keeps what an aborted attempt of this round wrote
             return state
         clients, flats, counts, buffers = self._read_uploads(uploads, ("", _DC))
-        x, c = scaffold_server_step(flat_named(state, self._params), flat_named(state, self._params, _C), flats[""],
-                                    flats[_DC], len(self.env.partition), self.config.server_lr,
-                                    counts if self.config.weighted else None)
+        x, c = scaffold_server_step(
+            flat_named(state, self._params),
+            flat_named(state, self._params, _C),
+            flats[""],
+            flats[_DC],
+            len(self.env.partition),
+            self.config.server_lr,
+            counts if self.config.weighted else None,
+        )
         # each client of the round keeps c_i⁺ = c_i + Δc_i (client_state.py: exact under a kill)
-        self.client_state.write({i: (torch.from_numpy(self.client_state.read(i, round_idx)) + dc).numpy()
-                                 for i, dc in zip(clients, flats[_DC])}, round_idx)
+        self.client_state.write(
+            {i: (torch.from_numpy(self.client_state.read(i, round_idx)) + dc).numpy() for i, dc in zip(clients, flats[_DC])},
+            round_idx,
+        )
         return {**self._model_state(x, buffers), **unflat_named(c, state, self._params, _C)}
 
 
@@ -189,8 +205,11 @@ class FedDynCNN(_CorrectedCNN):
 
     def initial_state(self) -> State:
         state = super().initial_state()
-        return {**state, **{_CLOUD + k: state[k].clone() for k in self._params},
-                **{_H + k: torch.zeros_like(state[k]) for k in self._params}}
+        return {
+            **state,
+            **{_CLOUD + k: state[k].clone() for k in self._params},
+            **{_H + k: torch.zeros_like(state[k]) for k in self._params},
+        }
 
     def plan(self, round_idx: int, clients: list[int], state: State, history: RoundHistory) -> RoundPlan:
         """Each client downloads θ_cloud's parameters and the averaged buffers: FedAvg's download size."""
@@ -200,21 +219,28 @@ class FedDynCNN(_CorrectedCNN):
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
         cloud = flat_named(download.tensors, self._params)
         drift = torch.from_numpy(self.client_state.read(client.index, round_idx))
-        self._local = [DynamicRegulariser(float(self._alphas[client.index]), self._as_module_names(cloud),
-                                          self._as_module_names(drift))]
+        self._local = [
+            DynamicRegulariser(float(self._alphas[client.index]), self._as_module_names(cloud), self._as_module_names(drift))
+        ]
         return super().client_update(round_idx, client, download)
 
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
+    def aggregate(
+        self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
+    ) -> State:
         clients, flats, _, buffers = self._read_uploads(uploads, ("",))
         cloud, thetas = flat_named(state, self._params, _CLOUD), flats[""]
         # each client of the round keeps h_k + θ_k − θ_cloud (client_state.py: exact under a kill; called with no
         # client too, so nothing an aborted attempt of this round wrote stays)
-        self.client_state.write({i: self.client_state.read(i, round_idx) + (t - cloud).numpy()
-                                 for i, t in zip(clients, thetas)}, round_idx)
+        self.client_state.write(
+            {i: self.client_state.read(i, round_idx) + (t - cloud).numpy() for i, t in zip(clients, thetas)}, round_idx
+        )
         if not thetas:
             return state
-        avg, drift_sum, new_cloud = feddyn_server_step(cloud, flat_named(state, self._params, _H), thetas,
-                                                       len(self.env.partition))
-        return {**self._model_state(avg, buffers), **unflat_named(new_cloud, state, self._params, _CLOUD),
-                **unflat_named(drift_sum, state, self._params, _H)}
+        avg, drift_sum, new_cloud = feddyn_server_step(
+            cloud, flat_named(state, self._params, _H), thetas, len(self.env.partition)
+        )
+        return {
+            **self._model_state(avg, buffers),
+            **unflat_named(new_cloud, state, self._params, _CLOUD),
+            **unflat_named(drift_sum, state, self._params, _H),
+        }

@@ -49,13 +49,14 @@ def flat_named(tensors: Mapping[str, torch.Tensor], keys: Sequence[str], prefix:
     return torch.cat([tensors[prefix + k].detach().reshape(-1).to(torch.float32).cpu() for k in keys])
 
 
-def unflat_named(vector: torch.Tensor, like: Mapping[str, torch.Tensor], keys: Sequence[str],
-                 prefix: str = "") -> dict[str, torch.Tensor]:
+def unflat_named(
+    vector: torch.Tensor, like: Mapping[str, torch.Tensor], keys: Sequence[str], prefix: str = ""
+) -> dict[str, torch.Tensor]:
     """:func:`flat_named`'s inverse: ``{prefix + k: tensor}`` shaped and typed as ``like[k]``."""
     out, at = {}, 0
     for k in keys:
         n = like[k].numel()
-        out[prefix + k] = vector[at:at + n].reshape(like[k].shape).to(like[k].dtype)
+        out[prefix + k] = vector[at : at + n].reshape(like[k].shape).to(like[k].dtype)
         at += n
     return out
 
@@ -83,6 +84,7 @@ class FedAvg(FeatureTableMethod):
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
         """federation.privacy: DP-FedAvg covers the head, the one thing a client uploads (federation/privacy_coverage.py)."""
         return weights_only(cfg)
+
     true_precision = "its head trains on the frozen backbone's float32 feature table"
     federated_evaluation = True  # the global model through common.py: the clients' test rows too
 
@@ -91,9 +93,15 @@ class FedAvg(FeatureTableMethod):
         t = self.cfg.train
         self._train_on_device: tuple[torch.Tensor, torch.Tensor] | None = None
         # the head reads the feature tables: the backbone is not in the module
-        self.module = LinearProbe(backbone=nn.Identity(), feature_dim=self.backbone.feature_dim,
-                                  num_classes=env.num_classes, optimizer=t.optimizer, lr=t.lr,
-                                  momentum=t.momentum, weight_decay=t.weight_decay)
+        self.module = LinearProbe(
+            backbone=nn.Identity(),
+            feature_dim=self.backbone.feature_dim,
+            num_classes=env.num_classes,
+            optimizer=t.optimizer,
+            lr=t.lr,
+            momentum=t.momentum,
+            weight_decay=t.weight_decay,
+        )
         self.module = self.fabric.to_device(self.module)
 
     def initial_state(self) -> State:
@@ -113,10 +121,14 @@ class FedAvg(FeatureTableMethod):
         idx = torch.as_tensor(self.env.partition[client.index], dtype=torch.int64, device=h.device)
         labels = y[idx] if client.label_map is None else torch.as_tensor(client.label_map, device=y.device)[y[idx]]
         # the batches of DataLoader(TensorDataset(h[idx], labels), shuffle=True, seeded), gathered on the device
-        loader = TensorBatches(h[idx], labels, batch_size=self.cfg.train.batch_size or self.cfg.data.batch_size, shuffle=True,
-                               seed=client_seed(self.cfg.seed, round_idx, client.index))
-        fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs,
-                  callbacks=self.local_callbacks(download))
+        loader = TensorBatches(
+            h[idx],
+            labels,
+            batch_size=self.cfg.train.batch_size or self.cfg.data.batch_size,
+            shuffle=True,
+            seed=client_seed(self.cfg.seed, round_idx, client.index),
+        )
+        fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs, callbacks=self.local_callbacks(download))
         head = {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items() if k in _KEYS}
         return Upload(head, {"num_samples": client.num_samples})
 
@@ -124,8 +136,9 @@ class FedAvg(FeatureTableMethod):
         """The local training's gradient hooks (none: plain FedAvg; FedProx adds its proximal term)."""
         return []
 
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
+    def aggregate(
+        self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
+    ) -> State:
         fold = WeightedMean()
         for upload in uploads.values():
             fold.add({k: upload.tensors[k] for k in _KEYS}, upload.meta["num_samples"] if self.config.weighted else 1.0)

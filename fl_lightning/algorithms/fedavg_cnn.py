@@ -78,11 +78,13 @@ def build_timm_classifier(cfg: RunConfig, num_classes: int, *, seed: int) -> nn.
         # a file, a folder holding one, or a hub id (its snapshot in the HF cache)
         file = resolve_weights_file(m.checkpoint, download=m.download, cache_dir=m.cache_dir)
         try:
-            return timm.create_model(m.name, pretrained=True, num_classes=num_classes,
-                                     pretrained_cfg_overlay=dict(file=file), **m.overrides)
+            return timm.create_model(
+                m.name, pretrained=True, num_classes=num_classes, pretrained_cfg_overlay=dict(file=file), **m.overrides
+            )
         except (RuntimeError, KeyError, ValueError) as err:
-            raise MissingResourceError(f"model.checkpoint {m.checkpoint} does not fit timm {m.name}: "
-                                       f"{str(err).splitlines()[0][:300]}") from None
+            raise MissingResourceError(
+                f"model.checkpoint {m.checkpoint} does not fit timm {m.name}: {str(err).splitlines()[0][:300]}"
+            ) from None
 
 
 class ImageClassifier(LightningModule):
@@ -93,8 +95,9 @@ class ImageClassifier(LightningModule):
         optimizer, lr, momentum, weight_decay: the local optimiser (``train.*``).
     """
 
-    def __init__(self, *, model: nn.Module, optimizer: str = "sgd", lr: float = 0.01, momentum: float = 0.9,
-                 weight_decay: float = 0.0) -> None:
+    def __init__(
+        self, *, model: nn.Module, optimizer: str = "sgd", lr: float = 0.01, momentum: float = 0.9, weight_decay: float = 0.0
+    ) -> None:
         super().__init__()
         self.model = model
         self._opt = dict(name=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay)
@@ -123,6 +126,7 @@ class FedAvgCNN(Algorithm):
         """federation.privacy: DP-FedAvg covers the weights and float buffers
         (a client's integer buffers stay with it; federation/privacy_coverage.py)."""
         return weights_only(cfg)
+
     # bf16-true / 16-true: the whole CNN (BatchNorm's running statistics too) in half precision, as fabric.setup
     # converts it; the uploads, the average and the evaluation in that dtype (docs/gpu.md)
     true_precision = None
@@ -136,8 +140,9 @@ class FedAvgCNN(Algorithm):
     @classmethod
     def preflight(cls, cfg: RunConfig) -> None:
         if cfg.model.library != "timm":
-            raise ConfigError("model.library", cfg.model.library, f"'timm' for {cfg.algorithm} (a timm CNN, "
-                              "e.g. model.name: resnet18)")
+            raise ConfigError(
+                "model.library", cfg.model.library, f"'timm' for {cfg.algorithm} (a timm CNN, e.g. model.name: resnet18)"
+            )
         if cfg.model.checkpoint is not None:
             from fl_lightning.models.weights import check_checkpoint
 
@@ -156,8 +161,7 @@ class FedAvgCNN(Algorithm):
         super().setup(env)
         t = self.cfg.train
         model = build_timm_classifier(self.cfg, env.num_classes, seed=self.cfg.seed)
-        module = ImageClassifier(model=model, optimizer=t.optimizer, lr=t.lr, momentum=t.momentum,
-                                 weight_decay=t.weight_decay)
+        module = ImageClassifier(model=model, optimizer=t.optimizer, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
         self.module = convert_module(self.fabric, self.fabric.to_device(module))  # *-true: in half precision
         self._initial = _cpu_state(model)  # identical on every rank: built under cfg.seed
         self._shapes = {k: tuple(v.shape) for k, v in self._initial.items()}
@@ -174,8 +178,12 @@ class FedAvgCNN(Algorithm):
         self.module.model.load_state_dict(weights)
         start = time.monotonic()
         if client.num_samples and self.cfg.train.epochs:
-            loader = self.env.loader(client.dataset, shuffle=True, batch_size=self.cfg.train.batch_size,
-                                     seed=client_seed(self.cfg.seed, round_idx, client.index))
+            loader = self.env.loader(
+                client.dataset,
+                shuffle=True,
+                batch_size=self.cfg.train.batch_size,
+                seed=client_seed(self.cfg.seed, round_idx, client.index),
+            )
             fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs, callbacks=self.local_callbacks())
         return time.monotonic() - start
 
@@ -187,12 +195,12 @@ class FedAvgCNN(Algorithm):
         return Upload(state, {"num_samples": client.num_samples})
 
     # -- server ----------------------------------------------------------------------------------
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
+    def aggregate(
+        self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
+    ) -> State:
         fold = WeightedMean()
         for upload in uploads.values():  # one client model in memory at a time
-            fold.add({k: upload.tensors[k] for k in state},
-                     float(upload.meta["num_samples"]) if self.config.weighted else 1.0)
+            fold.add({k: upload.tensors[k] for k in state}, float(upload.meta["num_samples"]) if self.config.weighted else 1.0)
         return fold.result() if fold.total_weight > 0 else state
 
     def evaluate(self, state: State) -> dict[str, Any]:
@@ -202,5 +210,8 @@ class FedAvgCNN(Algorithm):
         return evaluate_on_test(self.env, model)
 
     def summary_extras(self, state: State) -> dict[str, Any]:
-        return {"backbone": f"timm {self.cfg.model.name}", "imagenet_init": self.cfg.model.checkpoint is not None,
-                "num_parameters": sum(v.numel() for k, v in self._initial.items() if v.is_floating_point())}
+        return {
+            "backbone": f"timm {self.cfg.model.name}",
+            "imagenet_init": self.cfg.model.checkpoint is not None,
+            "num_parameters": sum(v.numel() for k, v in self._initial.items() if v.is_floating_point()),
+        }

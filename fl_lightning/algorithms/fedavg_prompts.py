@@ -59,6 +59,7 @@ class FedAvgPrompts(Algorithm):
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
         """federation.privacy: DP-FedAvg covers the prompts and head a client uploads (federation/privacy_coverage.py)."""
         return weights_only(cfg)
+
     true_precision = "its prompts and head keep float32 master weights (prompt tuning in bf16-mixed)"
     shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
     federated_evaluation = True  # the global model through common.py: the clients' test rows too
@@ -77,16 +78,22 @@ class FedAvgPrompts(Algorithm):
 
         super().setup(env)
         t = self.cfg.train
-        module = PromptTuningModule(model=self.model, num_classes=env.num_classes, optimizer=t.optimizer, lr=t.lr,
-                                    weight_decay=t.weight_decay, momentum=t.momentum, head_seed=self.cfg.seed)
+        module = PromptTuningModule(
+            model=self.model,
+            num_classes=env.num_classes,
+            optimizer=t.optimizer,
+            lr=t.lr,
+            weight_decay=t.weight_decay,
+            momentum=t.momentum,
+            head_seed=self.cfg.seed,
+        )
         self.module = self.fabric.to_device(module)
         self._initial = self._trainable()
 
     def _trainable(self) -> State:
         """What a client trains and uploads: P (M, D), W (C, d), b (C,)."""
         head = self.module.head.state_dict()
-        return {"prompts": self.model.get_prompts().cpu(), **{k: head[k.split(".")[1]].detach().cpu().clone()
-                                                              for k in _HEAD}}
+        return {"prompts": self.model.get_prompts().cpu(), **{k: head[k.split(".")[1]].detach().cpu().clone() for k in _HEAD}}
 
     def _load(self, tensors: Mapping[str, Tensor]) -> None:
         self.model.set_prompts(tensors["prompts"].to(self.fabric.device))
@@ -101,17 +108,21 @@ class FedAvgPrompts(Algorithm):
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
         self._load(download.tensors)
         if client.num_samples and self.cfg.train.epochs:
-            loader = self.env.loader(client.dataset, shuffle=True, batch_size=self.cfg.train.batch_size,
-                                     seed=client_seed(self.cfg.seed, round_idx, client.index))
+            loader = self.env.loader(
+                client.dataset,
+                shuffle=True,
+                batch_size=self.cfg.train.batch_size,
+                seed=client_seed(self.cfg.seed, round_idx, client.index),
+            )
             fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs)
         return Upload(self._trainable(), {"num_samples": client.num_samples})
 
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
+    def aggregate(
+        self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
+    ) -> State:
         fold = WeightedMean()
         for upload in uploads.values():  # prompts and a head per client
-            fold.add({k: upload.tensors[k] for k in state},
-                     float(upload.meta["num_samples"]) if self.config.weighted else 1.0)
+            fold.add({k: upload.tensors[k] for k in state}, float(upload.meta["num_samples"]) if self.config.weighted else 1.0)
         return fold.result() if fold.total_weight > 0 else state
 
     def evaluate(self, state: State) -> dict[str, Any]:

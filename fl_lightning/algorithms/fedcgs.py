@@ -110,16 +110,16 @@ class FedCGS(OneShotFeatureMethod):
         return {**self.head.shapes(), "counts": (self.env.num_classes,)}
 
     # -- server ----------------------------------------------------------------------------------
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
+    def aggregate(
+        self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
+    ) -> State:
         counts = torch.zeros(self.env.num_classes, dtype=torch.int64)
 
         def add_counts(upload: Upload) -> None:
             counts.add_(upload.tensors["counts"])
 
         total, _ = self.head.fold(round_idx, uploads, visit=add_counts)
-        W, b = gaussian_head(total.R, total.C, counts, covariance=self.config.covariance,
-                             shrinkage=self.config.shrinkage)
+        W, b = gaussian_head(total.R, total.C, counts, covariance=self.config.covariance, shrinkage=self.config.shrinkage)
         return {**state, "W": W, "b": b, "counts": counts}
 
     def evaluate(self, state: State) -> dict[str, Any]:
@@ -129,8 +129,11 @@ class FedCGS(OneShotFeatureMethod):
     def summary_extras(self, state: State) -> dict[str, Any]:
         d, c = self.backbone.feature_dim, self.env.num_classes
         item = torch.finfo(self.head.dtype).bits // 8
-        return {"feature_dim": int(state["W"].shape[0]) if "W" in state else None,
-                "covariance": self.config.covariance, "shrinkage": self.config.shrinkage,
-                # B (upper triangle) + class sums + class counts (int64) + the sample count
-                "upload_bytes_per_client": (d * (d + 1) // 2 + d * c) * item + 8 * c + 8,
-                "classes_seen": int((state["counts"] > 0).sum()) if "counts" in state else None}
+        return {
+            "feature_dim": int(state["W"].shape[0]) if "W" in state else None,
+            "covariance": self.config.covariance,
+            "shrinkage": self.config.shrinkage,
+            # B (upper triangle) + class sums + class counts (int64) + the sample count
+            "upload_bytes_per_client": (d * (d + 1) // 2 + d * c) * item + 8 * c + 8,
+            "classes_seen": int((state["counts"] > 0).sum()) if "counts" in state else None,
+        }

@@ -72,8 +72,7 @@ def client_alphas(alpha: float, sizes: Sequence[int], adaptive: bool) -> np.ndar
     return alpha / (n / n.mean()) if adaptive else np.full(len(n), alpha / 1.0)
 
 
-def server_step(cloud: Tensor, drift_sum: Tensor, thetas: list[Tensor], num_clients: int
-                ) -> tuple[Tensor, Tensor, Tensor]:
+def server_step(cloud: Tensor, drift_sum: Tensor, thetas: list[Tensor], num_clients: int) -> tuple[Tensor, Tensor, Tensor]:
     """One round's server update: ``(θ_avg, H', θ_cloud')`` with θ_avg = mean_P θ_k, H' = H + Σ_P (θ_k − θ_cloud),
     θ_cloud' = θ_avg + H'/N (module docstring)."""
     if not thetas:
@@ -110,20 +109,20 @@ class FedDyn(FedAvg):
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
         """Not covered: the cloud model adds every client's accumulated drift H/N to the mean of the round's
         weights, so DP-FedAvg's bound on the mean's sensitivity does not bound what the server publishes."""
-        return ("its cloud model adds the clients' accumulated drift to the mean of their weights, which DP-FedAvg's "
-                "sensitivity bound (the mean's) does not cover")
+        return (
+            "its cloud model adds the clients' accumulated drift to the mean of their weights, which DP-FedAvg's "
+            "sensitivity bound (the mean's) does not cover"
+        )
 
     def setup(self, env: Environment) -> None:
         super().setup(env)
         numel = sum(int(np.prod(self.module.state_dict()[k].shape)) for k in _KEYS)
-        self.client_state = ClientStateStore(env.run_dir / "checkpoints" / CLIENT_STATE_DIR / "feddyn",
-                                             len(env.partition), numel)
+        self.client_state = ClientStateStore(env.run_dir / "checkpoints" / CLIENT_STATE_DIR / "feddyn", len(env.partition), numel)
         self._alphas = client_alphas(self.config.alpha, [len(p) for p in env.partition], self.config.adaptive_alpha)
 
     def initial_state(self) -> State:
         head = super().initial_state()
-        return {**head, **{_CLOUD + k: head[k].clone() for k in _KEYS},
-                **{_H + k: torch.zeros_like(head[k]) for k in _KEYS}}
+        return {**head, **{_CLOUD + k: head[k].clone() for k in _KEYS}, **{_H + k: torch.zeros_like(head[k]) for k in _KEYS}}
 
     def plan(self, round_idx: int, clients: list[int], state: State, history: RoundHistory) -> RoundPlan:
         """Each client downloads θ_cloud (as ``head.*``): FedAvg's download size."""
@@ -138,16 +137,18 @@ class FedDyn(FedAvg):
     def local_callbacks(self, download: Download) -> list[object]:
         return [self._local]
 
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
+    def aggregate(
+        self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
+    ) -> State:
         clients = sorted(uploads)
         head = {k: state[k] for k in _KEYS}
         cloud = _flat(state, _CLOUD)
         thetas = [_flat(uploads[i].tensors) for i in clients]
         # each client of the round keeps h_k + θ_k − θ_cloud (client_state.py: exact under a kill; called with no
         # client too, so nothing an aborted attempt of this round wrote stays)
-        self.client_state.write({i: self.client_state.read(i, round_idx) + (t - cloud).numpy()
-                                 for i, t in zip(clients, thetas)}, round_idx)
+        self.client_state.write(
+            {i: self.client_state.read(i, round_idx) + (t - cloud).numpy() for i, t in zip(clients, thetas)}, round_idx
+        )
         if not thetas:
             return state
         avg, drift_sum, new_cloud = server_step(cloud, _flat(state, _H), thetas, len(self.env.partition))

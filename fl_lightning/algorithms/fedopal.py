@@ -61,8 +61,16 @@ if TYPE_CHECKING:
 
     from fl_lightning.config import RunConfig
 
-__all__ = ["FedOPAL", "FedOPALConfig", "AnalyticStage", "PromptTrainer", "PromptVotes", "PromptsWithStatistics",
-           "Statistics", "aggregate_prompts"]
+__all__ = [
+    "FedOPAL",
+    "FedOPALConfig",
+    "AnalyticStage",
+    "PromptTrainer",
+    "PromptVotes",
+    "PromptsWithStatistics",
+    "Statistics",
+    "aggregate_prompts",
+]
 
 
 @dataclass
@@ -112,8 +120,15 @@ class PromptTrainer:
     def setup(self, fabric: Fabric, env: Environment, backbone: ViTBackbone, model: PromptedViT) -> None:
         t = self.cfg.train
         self.fabric, self.env, self.backbone, self.model = fabric, env, backbone, model
-        self.module = PromptTuningModule(model=model, num_classes=env.num_classes, optimizer=t.optimizer, lr=t.lr,
-                                         weight_decay=t.weight_decay, momentum=t.momentum, head_seed=self.cfg.seed)
+        self.module = PromptTuningModule(
+            model=model,
+            num_classes=env.num_classes,
+            optimizer=t.optimizer,
+            lr=t.lr,
+            weight_decay=t.weight_decay,
+            momentum=t.momentum,
+            head_seed=self.cfg.seed,
+        )
         self.module = fabric.to_device(self.module)
         self._head_init = {k: v.detach().clone() for k, v in self.module.head.state_dict().items()}
 
@@ -125,17 +140,20 @@ class PromptTrainer:
             self.module.head.load_state_dict(self._head_init)
         if train and self.cfg.train.epochs > 0 and client.num_samples > 0:
             dp_sgd = self.env.dp_sgd(round_idx, client)  # federation.privacy.dp_sgd: Poisson lots (docs/privacy.md)
-            loader = self.env.loader(client.dataset, shuffle=True, batch_size=self.cfg.train.batch_size,
-                                     seed=client_seed(self.cfg.seed, round_idx, client.index), dp_sgd=dp_sgd)
+            loader = self.env.loader(
+                client.dataset,
+                shuffle=True,
+                batch_size=self.cfg.train.batch_size,
+                seed=client_seed(self.cfg.seed, round_idx, client.index),
+                dp_sgd=dp_sgd,
+            )
             proximal = ProximalCallback(mu=self.config.mu, reference={PromptTuningModule.prompt_parameter_name: prompts})
-            fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs, callbacks=[proximal],
-                      dp_sgd=dp_sgd)
+            fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs, callbacks=[proximal], dp_sgd=dp_sgd)
         return self.model.get_prompts().detach().cpu().clone()
 
     def statistics(self, client: Client) -> AnalyticStatistics:
         """Eq. (7) of the client's data under the prompts the model holds, streamed through the prompted ViT."""
-        return self.head.statistics(self.model, self.env.loader(client.dataset, shuffle=False),
-                                    autocast=self.fabric.autocast)
+        return self.head.statistics(self.model, self.env.loader(client.dataset, shuffle=False), autocast=self.fabric.autocast)
 
 
 class PromptVotes:
@@ -161,8 +179,9 @@ class AnalyticStage(Stage):
     — it never reaches into the method itself. A stage uses only those of them its rounds need (the server's
     part: the section and the head's fold and solve). Every client downloads P_global, all it needs."""
 
-    def __init__(self, first_round: int, *, config: FedOPALConfig, trainer: PromptTrainer | None,
-                 head: AnalyticHead | None) -> None:
+    def __init__(
+        self, first_round: int, *, config: FedOPALConfig, trainer: PromptTrainer | None, head: AnalyticHead | None
+    ) -> None:
         super().__init__(None, first_round)
         self.config, self.trainer, self.head = config, trainer, head
 
@@ -183,8 +202,9 @@ class PromptsWithStatistics(AnalyticStage):
     def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
         return {**self.head.shapes(), "prompts": tuple(download.tensors["prompts"].shape)}
 
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
+    def aggregate(
+        self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
+    ) -> State:
         if not uploads:
             raise RuntimeError(f"round {round_idx}: no client uploaded anything")
         votes = PromptVotes(self.config)
@@ -204,8 +224,9 @@ class Statistics(AnalyticStage):
     def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
         return self.head.shapes()
 
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
+    def aggregate(
+        self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
+    ) -> State:
         total, count = self.head.fold(round_idx, uploads)
         return {**state, "W": self.head.solve(total, count)}
 
@@ -228,8 +249,10 @@ class FedOPAL(StagedAlgorithm):
         if p.mechanism == "dp_fedavg":
             return "it uploads R_k, C_k beside its prompts, which dp_fedavg neither clips nor noises"
         if not p.dp_sgd:
-            return ("its prompts P_k are trained on the records without DP-SGD and R_k, C_k are computed under them, "
-                    "so one record moves every feature (set federation.privacy.dp_sgd: true)")
+            return (
+                "its prompts P_k are trained on the records without DP-SGD and R_k, C_k are computed under them, "
+                "so one record moves every feature (set federation.privacy.dp_sgd: true)"
+            )
         return None
 
     @classmethod
@@ -249,8 +272,9 @@ class FedOPAL(StagedAlgorithm):
     # -- set-up ----------------------------------------------------------------------------------
     def build(self, fabric: Fabric) -> None:
         self.backbone = held_backbone(self.cfg, fabric)  # CUDA + mixed: in bf16/fp16 (its prompts float32)
-        self.model = PromptedViT(require_vit(self.cfg, self.backbone), num_prompts=self.config.num_prompts,
-                                 seed=self.config.prompt_seed)
+        self.model = PromptedViT(
+            require_vit(self.cfg, self.backbone), num_prompts=self.config.num_prompts, seed=self.config.prompt_seed
+        )
         self.p_init = self.model.get_prompts().detach().cpu().clone()  # identical on every client and rank
 
     def input_spec(self) -> InputSpec:
@@ -275,5 +299,8 @@ class FedOPAL(StagedAlgorithm):
         return self.head.evaluate(self.env, features, state["W"])
 
     def summary_extras(self, state: State) -> dict[str, Any]:
-        return {"num_prompts": self.config.num_prompts, "restat": self.config.restat,
-                "feature_dim": int(state["W"].shape[0]) if "W" in state else None}
+        return {
+            "num_prompts": self.config.num_prompts,
+            "restat": self.config.restat,
+            "feature_dim": int(state["W"].shape[0]) if "W" in state else None,
+        }

@@ -86,8 +86,19 @@ from fl_lightning.federation.transport import Download, Upload
 if TYPE_CHECKING:
     from fl_lightning.config import RunConfig
 
-__all__ = ["FedOPALPlus", "FedOPALPlusConfig", "CoveringPrompts", "ValidatedStatistics", "covering_clients",
-           "fit_share", "validation_positions", "dual_statistics", "aggregate_prompts", "HEADS", "STATISTICS_SETS"]
+__all__ = [
+    "FedOPALPlus",
+    "FedOPALPlusConfig",
+    "CoveringPrompts",
+    "ValidatedStatistics",
+    "covering_clients",
+    "fit_share",
+    "validation_positions",
+    "dual_statistics",
+    "aggregate_prompts",
+    "HEADS",
+    "STATISTICS_SETS",
+]
 
 HEADS = ("afl", "prompted")  # the candidate feature maps, in the order of choose_ridge (0: AFL's, kept on ties)
 STATISTICS_SETS = ("afl", "prompted", "afl_val", "prompted_val")  # what a client uploads in round 1
@@ -106,12 +117,24 @@ class FedOPALPlusConfig(FedOPALConfig):
         super().__post_init__()
         check(self.min_classes >= 1, "min_classes", self.min_classes, "an int >= 1 (1: every client trains)")
         check(0.0 <= self.val_fraction < 1.0, "val_fraction", self.val_fraction, "a float in [0, 1)")
-        check(self.restat == "global" or self.val_fraction == 0, "val_fraction", self.val_fraction,
-              "0 with restat: local (the one-shot variant has no round to validate in; or restat: global)")
-        check(all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in self.lam_grid),
-              "lam_grid", self.lam_grid, "a list of floats >= 0")
-        check(not self.lam_grid or self.val_fraction > 0, "lam_grid", self.lam_grid,
-              "empty with val_fraction: 0 (λ is chosen on validation)")
+        check(
+            self.restat == "global" or self.val_fraction == 0,
+            "val_fraction",
+            self.val_fraction,
+            "0 with restat: local (the one-shot variant has no round to validate in; or restat: global)",
+        )
+        check(
+            all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in self.lam_grid),
+            "lam_grid",
+            self.lam_grid,
+            "a list of floats >= 0",
+        )
+        check(
+            not self.lam_grid or self.val_fraction > 0,
+            "lam_grid",
+            self.lam_grid,
+            "empty with val_fraction: 0 (λ is chosen on validation)",
+        )
         self.lam_grid = [float(v) for v in self.lam_grid]
 
 
@@ -147,8 +170,7 @@ def fit_share(client: Client, val_fraction: float, seed: int, env: Environment) 
     return Client(client.index, Subset(client.dataset, fit.tolist()), len(fit), counts)
 
 
-def dual_statistics(trainer: PromptTrainer, client: Client, held_out: np.ndarray,
-                    dtype: torch.dtype) -> list[AnalyticStatistics]:
+def dual_statistics(trainer: PromptTrainer, client: Client, held_out: np.ndarray, dtype: torch.dtype) -> list[AnalyticStatistics]:
     """Eq. (7) of h₀ (no prompts: AFL's features) and h_P (under the trainer's prompts), over all the client's data
     and over its validation share (positions ``held_out``), in the order of ``STATISTICS_SETS``; one pass, the
     patch embedding computed once. The h₀ statistics are AFL's own (same batches, same operations)."""
@@ -162,7 +184,7 @@ def dual_statistics(trainer: PromptTrainer, client: Client, held_out: np.ndarray
     with torch.inference_mode():
         for images, labels in trainer.env.loader(client.dataset, shuffle=False):
             images, labels = images.to(device), labels.to(device)
-            mask = held[start:start + len(labels)].to(device)
+            mask = held[start : start + len(labels)].to(device)
             start += len(labels)
             with trainer.fabric.autocast():
                 tokens = bb.embed(images)  # (B, 1 + L, D)
@@ -200,8 +222,9 @@ class CoveringPrompts(AnalyticStage):
         prompts = {"prompts": tuple(download.tensors["prompts"].shape)}
         return prompts if self.head is None else {**self.head.shapes(), **prompts}
 
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
+    def aggregate(
+        self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
+    ) -> State:
         if not uploads:
             raise RuntimeError(f"round {round_idx}: no client uploaded anything")
         votes = PromptVotes(self.config)
@@ -217,8 +240,7 @@ class CoveringPrompts(AnalyticStage):
         else:
             total, count = self.head.fold(round_idx, uploads, vote)
             solved = {"W": self.head.solve(total, count)}
-        return {**state, "prompts": votes.mean(state["prompts"]), "prompt_voters": torch.tensor(len(votes.prompts)),
-                **solved}
+        return {**state, "prompts": votes.mean(state["prompts"]), "prompt_voters": torch.tensor(len(votes.prompts)), **solved}
 
 
 class ValidatedStatistics(AnalyticStage):
@@ -231,16 +253,16 @@ class ValidatedStatistics(AnalyticStage):
         self.trainer.tune(round_idx, client, download.tensors["prompts"], train=False)  # P_global
         held_out = validation_positions(client, self.config.val_fraction, self.trainer.cfg.seed)
         stats = dual_statistics(self.trainer, client, held_out, self.head.dtype)
-        tensors = {f"{name}.{key}": t.cpu() for name, st in zip(STATISTICS_SETS, stats)
-                   for key, t in st.to_upload().items()}
+        tensors = {f"{name}.{key}": t.cpu() for name, st in zip(STATISTICS_SETS, stats) for key, t in st.to_upload().items()}
         return Upload(tensors, {"num_samples": int(stats[0].N), "num_val": int(stats[2].N)})
 
     def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]]:
         shapes = self.head.shapes()
         return {f"{name}.{key}": shape for name in STATISTICS_SETS for key, shape in shapes.items()}
 
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
+    def aggregate(
+        self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
+    ) -> State:
         folds = {name: StatisticsSum() for name in STATISTICS_SETS}
         for upload in uploads.values():  # client order, one upload in memory at a time
             for name, fold in folds.items():
@@ -249,8 +271,10 @@ class ValidatedStatistics(AnalyticStage):
         if folds["afl"].count == 0:
             raise RuntimeError(f"round {round_idx}: no client uploaded statistics; nothing to solve")
         c = self.config
-        lams = [regularization(v, num_clients=folds["afl"].count, convention=c.regularization,
-                               remove=c.remove_regularization) for v in (c.lam, *c.lam_grid)]
+        lams = [
+            regularization(v, num_clients=folds["afl"].count, convention=c.regularization, remove=c.remove_regularization)
+            for v in (c.lam, *c.lam_grid)
+        ]
         full = [folds[name].total() for name in HEADS]
         val = [folds[f"{name}_val"].total() for name in HEADS]
         if val[0].N == 0:  # nothing held out anywhere: keep AFL's head, the safe default
@@ -259,8 +283,14 @@ class ValidatedStatistics(AnalyticStage):
             choice = choose_ridge(full, val, lams)
             head, lam, losses = choice.feature, choice.lam, choice.losses
         W = solve_classifier(full[head].R, full[head].C, lam=lam)  # the winner refitted on all the data
-        return {**state, "W": W, "head": torch.tensor(head), "lam_chosen": torch.tensor(lam, dtype=torch.float64),
-                "val_losses": losses, "val_samples": torch.tensor(int(val[0].N))}
+        return {
+            **state,
+            "W": W,
+            "head": torch.tensor(head),
+            "lam_chosen": torch.tensor(lam, dtype=torch.float64),
+            "val_losses": losses,
+            "val_samples": torch.tensor(int(val[0].N)),
+        }
 
 
 @register("fedopal_plus")
@@ -272,8 +302,10 @@ class FedOPALPlus(FedOPAL):
     @classmethod
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
         """federation.privacy: not covered (its dual statistics are not clipped)."""
-        return ("its second stage uploads statistics under the held-out covering split (afl.*, *_val) that no "
-                "mechanism clips or noises")
+        return (
+            "its second stage uploads statistics under the held-out covering split (afl.*, *_val) that no "
+            "mechanism clips or noises"
+        )
 
     @classmethod
     def stages_for(cls, config: FedOPALPlusConfig) -> tuple[type[Stage], ...]:
@@ -288,9 +320,17 @@ class FedOPALPlus(FedOPAL):
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         voters = int(state["prompt_voters"]) if "prompt_voters" in state else None
-        out = {**super().summary_extras(state), "min_classes": self.config.min_classes, "prompt_voters": voters,
-               "val_fraction": self.config.val_fraction}
+        out = {
+            **super().summary_extras(state),
+            "min_classes": self.config.min_classes,
+            "prompt_voters": voters,
+            "val_fraction": self.config.val_fraction,
+        }
         if "head" in state:
-            out.update(head=HEADS[int(state["head"])], lam_chosen=float(state["lam_chosen"]),
-                       val_samples=int(state["val_samples"]), val_losses=state["val_losses"].tolist())
+            out.update(
+                head=HEADS[int(state["head"])],
+                lam_chosen=float(state["lam_chosen"]),
+                val_samples=int(state["val_samples"]),
+                val_losses=state["val_losses"].tolist(),
+            )
         return out

@@ -83,8 +83,7 @@ class FedPFTConfig:
 
     def __post_init__(self) -> None:
         check(self.n_components >= 1, "n_components", self.n_components, "an int >= 1")
-        check(self.covariance_type in COVARIANCE_TYPES, "covariance_type", self.covariance_type,
-              f"one of {COVARIANCE_TYPES}")
+        check(self.covariance_type in COVARIANCE_TYPES, "covariance_type", self.covariance_type, f"one of {COVARIANCE_TYPES}")
         check(self.tol > 0, "tol", self.tol, "a float > 0")
         check(self.max_iter >= 1, "max_iter", self.max_iter, "an int >= 1")
         check(self.reg_covar >= 0, "reg_covar", self.reg_covar, "a float >= 0")
@@ -116,15 +115,24 @@ class FedPFT(OneShotFeatureMethod):
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
         h, y = self._features(client)
         c = self.config
-        packed = fit_class_gmms(h, y, num_classes=self.env.num_classes, n_components=c.n_components,
-                                covariance_type=c.covariance_type, seed=client_seed(self.cfg.seed, round_idx, client.index),
-                                tol=c.tol, max_iter=c.max_iter, reg_covar=c.reg_covar,
-                                wire_dtype=getattr(torch, c.wire_dtype))
+        packed = fit_class_gmms(
+            h,
+            y,
+            num_classes=self.env.num_classes,
+            n_components=c.n_components,
+            covariance_type=c.covariance_type,
+            seed=client_seed(self.cfg.seed, round_idx, client.index),
+            tol=c.tol,
+            max_iter=c.max_iter,
+            reg_covar=c.reg_covar,
+            wire_dtype=getattr(torch, c.wire_dtype),
+        )
         return Upload(packed, {"num_samples": client.num_samples})
 
     # -- server ----------------------------------------------------------------------------------
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
+    def aggregate(
+        self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
+    ) -> State:
         c = self.config
         generator = torch.Generator().manual_seed(self.cfg.seed)
         feats, labels, mixtures = [], [], 0
@@ -134,15 +142,30 @@ class FedPFT(OneShotFeatureMethod):
             labels.append(y)
             mixtures += int(upload.tensors["labels"].numel())
         if mixtures == 0:
-            raise RuntimeError(f"round {round_idx}: no client uploaded a class mixture (every class held "
-                               f"<= fedpft.n_components = {c.n_components} samples); nothing to train on")
+            raise RuntimeError(
+                f"round {round_idx}: no client uploaded a class mixture (every class held "
+                f"<= fedpft.n_components = {c.n_components} samples); nothing to train on"
+            )
         device = self.fabric.device
-        weight, bias = train_linear_head(torch.cat(feats).to(device), torch.cat(labels).to(device),
-                                         num_classes=self.env.num_classes, epochs=c.head_epochs,
-                                         batch_size=c.head_batch_size, optimizer=c.head_optimizer, lr=c.head_lr,
-                                         momentum=c.head_momentum, weight_decay=c.head_weight_decay, seed=self.cfg.seed)
-        return {**state, "weight": weight.cpu(), "bias": bias.cpu(),
-                "class_mixtures": torch.tensor(mixtures), "synthetic_features": torch.tensor(sum(len(y) for y in labels))}
+        weight, bias = train_linear_head(
+            torch.cat(feats).to(device),
+            torch.cat(labels).to(device),
+            num_classes=self.env.num_classes,
+            epochs=c.head_epochs,
+            batch_size=c.head_batch_size,
+            optimizer=c.head_optimizer,
+            lr=c.head_lr,
+            momentum=c.head_momentum,
+            weight_decay=c.head_weight_decay,
+            seed=self.cfg.seed,
+        )
+        return {
+            **state,
+            "weight": weight.cpu(),
+            "bias": bias.cpu(),
+            "class_mixtures": torch.tensor(mixtures),
+            "synthetic_features": torch.tensor(sum(len(y) for y in labels)),
+        }
 
     def _head(self, h: Tensor) -> Tensor:
         return h.float() @ self._weight.T + self._bias
@@ -154,8 +177,12 @@ class FedPFT(OneShotFeatureMethod):
     def summary_extras(self, state: State) -> dict[str, Any]:
         c, d = self.config, self.backbone.feature_dim
         per_class = gmm_numbers_per_class(d, c.n_components, c.covariance_type)
-        return {"n_components": c.n_components, "covariance_type": c.covariance_type, "feature_dim": d,
-                # each uploaded class mixture: its parameters in wire_dtype + its int64 label and count
-                "upload_bytes_per_class_mixture": per_class * torch.finfo(getattr(torch, c.wire_dtype)).bits // 8 + 16,
-                "class_mixtures_uploaded": int(state["class_mixtures"]) if "class_mixtures" in state else None,
-                "synthetic_features": int(state["synthetic_features"]) if "synthetic_features" in state else None}
+        return {
+            "n_components": c.n_components,
+            "covariance_type": c.covariance_type,
+            "feature_dim": d,
+            # each uploaded class mixture: its parameters in wire_dtype + its int64 label and count
+            "upload_bytes_per_class_mixture": per_class * torch.finfo(getattr(torch, c.wire_dtype)).bits // 8 + 16,
+            "class_mixtures_uploaded": int(state["class_mixtures"]) if "class_mixtures" in state else None,
+            "synthetic_features": int(state["synthetic_features"]) if "synthetic_features" in state else None,
+        }

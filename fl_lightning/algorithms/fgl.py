@@ -87,9 +87,16 @@ class CaptionSynthesis(DiffusionSynthesis):
 
         missing = super().missing_resources(config, section, download=download)
         path = config.captioner_path
-        phrase = None if path is None else missing_weights_phrase(
-            path, key=f"{section}.captioner_path", download=download,
-            what="BLIP captioning folder or hub id, e.g. Salesforce/blip-image-captioning-base")
+        phrase = (
+            None
+            if path is None
+            else missing_weights_phrase(
+                path,
+                key=f"{section}.captioner_path",
+                download=download,
+                what="BLIP captioning folder or hub id, e.g. Salesforce/blip-image-captioning-base",
+            )
+        )
         return missing + ([phrase] if phrase else [])
 
     def build(self, fabric: Fabric) -> None:
@@ -98,14 +105,19 @@ class CaptionSynthesis(DiffusionSynthesis):
         super().build(fabric)
         f = self.method.config
         if f.captioner_path is None:
-            self.captioner = tiny_blip(seed=self.method.cfg.seed, image_size=f.caption_image_size,
-                                       max_new_tokens=f.caption_max_tokens)
+            self.captioner = tiny_blip(
+                seed=self.method.cfg.seed, image_size=f.caption_image_size, max_new_tokens=f.caption_max_tokens
+            )
             self.captioner.model.to(fabric.device)
             self.captioner.device = fabric.device
         else:
-            self.captioner = Captioner.from_path(f.captioner_path, max_new_tokens=f.caption_max_tokens,
-                                                 device=fabric.device, download=self.method.cfg.model.download,
-                                                 key=f"{self.method.name}.captioner_path")
+            self.captioner = Captioner.from_path(
+                f.captioner_path,
+                max_new_tokens=f.caption_max_tokens,
+                device=fabric.device,
+                download=self.method.cfg.model.download,
+                key=f"{self.method.name}.captioner_path",
+            )
 
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
         """A caption per image, grouped by class, as bytes; plus the class counts."""
@@ -126,7 +138,7 @@ class CaptionSynthesis(DiffusionSynthesis):
             counts += client_counts
             for key, tensor in upload.tensors.items():
                 if key.startswith(_CAPTIONS):
-                    label = int(key[len(_CAPTIONS):])
+                    label = int(key[len(_CAPTIONS) :])
                     for caption in unpack_captions(tensor, int(client_counts[label])):
                         prompts[names[label]].append(f"{names[label]}, {caption}" if caption else names[label])
         return GenerationInputs({k: int(v) for k, v in enumerate(counts)}, prompts_by_class=prompts)
@@ -147,4 +159,5 @@ class FGL(FeDiSynFamily):
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
         """federation.privacy: not covered."""
         return "its synthesis round uploads captions of each client's images in the clear"
+
     stages = (CaptionSynthesis, FullFedAvg)

@@ -82,8 +82,10 @@ class FullFedAvg(FineTuningStage):
         self.method.load_backbone(tensors)  # it changes every round
 
     def payload_bits(self, state: State) -> dict[str, float]:
-        return {"layer_bits": float(lora_bits_per_layer(strip(LORA, state))),
-                "full_model_bits": bits(strip(BACKBONE, state)) + bits(strip(HEAD, state))}
+        return {
+            "layer_bits": float(lora_bits_per_layer(strip(LORA, state))),
+            "full_model_bits": bits(strip(BACKBONE, state)) + bits(strip(HEAD, state)),
+        }
 
     def sends(self, key: str, round_idx: int) -> bool:
         return key.startswith((LORA, HEAD, BACKBONE))
@@ -93,15 +95,13 @@ class FullFedAvg(FineTuningStage):
         for name, param in m.module.model.named_parameters():
             param.requires_grad_(not is_lora_param(name))  # every weight but the (zero-effect) adapters
         fit_local(m.fabric, m.module, loader, epochs=m.cfg.train.epochs)
-        return {**with_prefix(BACKBONE, backbone_state(m.module)),
-                **with_prefix(HEAD, strip(HEAD, m.module.head_state()))}
+        return {**with_prefix(BACKBONE, backbone_state(m.module)), **with_prefix(HEAD, strip(HEAD, m.module.head_state()))}
 
     def fold(self, round_idx: int, state: State, uploads: Mapping[int, Upload]) -> State:
         """Folded in client order (server memory: one model's running sum, flat in K)."""
         mean = WeightedMean()
         for _, upload in uploads.items():
-            mean.add({k: v for k, v in upload.tensors.items() if k.startswith((BACKBONE, HEAD))},
-                     upload.meta["num_samples"])
+            mean.add({k: v for k, v in upload.tensors.items() if k.startswith((BACKBONE, HEAD))}, upload.meta["num_samples"])
         return mean.result() if mean.total_weight > 0 else {}
 
     def summary_extras(self, state: State) -> dict[str, Any]:
@@ -123,4 +123,5 @@ class GPTFL(FeDiSynFamily):
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
         """federation.privacy: not covered."""
         return "its synthesis round uploads each client's class counts D_i^k in the clear"
+
     stages = (TextOnlySynthesis, FullFedAvg)

@@ -71,8 +71,15 @@ def client_control(c_i: Tensor, c: Tensor, x: Tensor, y: Tensor, steps: int, lr:
     return c_i - c + (x - y) / (steps * lr)
 
 
-def server_step(x: Tensor, c: Tensor, ys: list[Tensor], delta_cs: list[Tensor], num_clients: int,
-                server_lr: float = 1.0, weights: list[float] | None = None) -> tuple[Tensor, Tensor]:
+def server_step(
+    x: Tensor,
+    c: Tensor,
+    ys: list[Tensor],
+    delta_cs: list[Tensor],
+    num_clients: int,
+    server_lr: float = 1.0,
+    weights: list[float] | None = None,
+) -> tuple[Tensor, Tensor]:
     """x ← x + η_g · mean_S(y_i − x), c ← c + (|S|/N) · mean_S(Δc_i) (Algorithm 1, lines 16–17: the unweighted means,
     so c's step is (1/N) Σ_S Δc_i). ``weights``: both means weighted by them instead, as Flower's SCAFFOLD baseline
     (niid_bench) weights them by sample counts."""
@@ -91,8 +98,10 @@ def require_sgd(method: str, optimizer: str) -> None:
     """Refuse (one line) a local optimizer other than plain SGD: option II's c_i⁺ reads (x − y)/(K η_l) as the mean
     gradient of the K steps."""
     if optimizer != "sgd":
-        raise UsageError(f"usage error: {method} needs train.optimizer: sgd (option II's control variate is the "
-                         f"mean gradient of plain steps, (x − y)/(K·lr)); got {optimizer}")
+        raise UsageError(
+            f"usage error: {method} needs train.optimizer: sgd (option II's control variate is the "
+            f"mean gradient of plain steps, (x − y)/(K·lr)); got {optimizer}"
+        )
 
 
 class GradientCorrection:
@@ -118,15 +127,18 @@ class Scaffold(FedAvg):
     @classmethod
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
         """Not covered: its clients upload Δc_i beside their weights, and no mechanism here clips or noises it."""
-        return ("it uploads control-variate updates Δc_i beside its weights, which no mechanism here clips or noises "
-                "(DP-FedAvg covers weights only)")
+        return (
+            "it uploads control-variate updates Δc_i beside its weights, which no mechanism here clips or noises "
+            "(DP-FedAvg covers weights only)"
+        )
 
     def setup(self, env: Environment) -> None:
         require_sgd(self.name, self.cfg.train.optimizer)
         super().setup(env)
         numel = sum(int(np.prod(self.module.state_dict()[k].shape)) for k in _KEYS)
-        self.client_state = ClientStateStore(env.run_dir / "checkpoints" / CLIENT_STATE_DIR / "scaffold",
-                                             len(env.partition), numel)
+        self.client_state = ClientStateStore(
+            env.run_dir / "checkpoints" / CLIENT_STATE_DIR / "scaffold", len(env.partition), numel
+        )
 
     def initial_state(self) -> State:
         head = super().initial_state()
@@ -149,8 +161,9 @@ class Scaffold(FedAvg):
     def local_callbacks(self, download: Download) -> list[object]:
         return [self._local, StepCounter(self)]
 
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
+    def aggregate(
+        self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
+    ) -> State:
         if not uploads:
             self.client_state.write({}, round_idx)  # no client keeps what an aborted attempt of this round wrote
             return state
@@ -159,11 +172,11 @@ class Scaffold(FedAvg):
         ys = [_flat(uploads[i].tensors) for i in clients]
         dcs = [_flat(uploads[i].tensors, _DC) for i in clients]
         weights = [float(uploads[i].meta["num_samples"]) for i in clients] if self.config.weighted else None
-        x, c = server_step(_flat(head), _flat(state, _C), ys, dcs, len(self.env.partition), self.config.server_lr,
-                           weights)
+        x, c = server_step(_flat(head), _flat(state, _C), ys, dcs, len(self.env.partition), self.config.server_lr, weights)
         # each client of the round keeps c_i⁺ = c_i + Δc_i (client_state.py: exact under a kill)
-        self.client_state.write({i: (torch.from_numpy(self.client_state.read(i, round_idx)) + dc).numpy()
-                                 for i, dc in zip(clients, dcs)}, round_idx)
+        self.client_state.write(
+            {i: (torch.from_numpy(self.client_state.read(i, round_idx)) + dc).numpy() for i, dc in zip(clients, dcs)}, round_idx
+        )
         return {**_unflat(x, head), **_unflat(c, head, _C)}
 
 
@@ -177,4 +190,3 @@ class StepCounter:
 
     def on_after_backward(self, **_: object) -> None:
         self.owner._last_fit_steps += 1
-

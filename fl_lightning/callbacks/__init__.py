@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ProximalCallback", "RoundTimingCallback", "ProgressCallback", "default_callbacks", "default_loggers"]
 
+
 def default_loggers(cfg: RunConfig) -> list[object]:
     """W&B (online or offline: one W&B run per run, see :mod:`~fl_lightning.callbacks.wandb_logging`) and
     TensorBoard as the config asks; metrics.csv is always written."""

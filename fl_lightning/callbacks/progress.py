@@ -38,8 +38,8 @@ def format_duration(seconds: float | None) -> str:
 
 class ProgressCallback:
     """Args:
-        enabled: ``logging.progress``.
-        stream: where the plain lines go (default stdout); bars are drawn only when it is a terminal.
+    enabled: ``logging.progress``.
+    stream: where the plain lines go (default stdout); bars are drawn only when it is a terminal.
     """
 
     def __init__(self, *, enabled: bool = True, stream: TextIO | None = None) -> None:
@@ -49,8 +49,7 @@ class ProgressCallback:
         self._progress: Any = None
         self._rounds = self._clients = None
 
-    def on_run_start(self, *, cfg: Any, env: Any, rounds: int | None = None, completed_rounds: int = 0,
-                     **_: Any) -> None:
+    def on_run_start(self, *, cfg: Any, env: Any, rounds: int | None = None, completed_rounds: int = 0, **_: Any) -> None:
         self._active = self.enabled and env.fabric.global_rank == 0
         if not self._active:
             return
@@ -68,21 +67,26 @@ class ProgressCallback:
             TimeRemainingColumn,
         )
 
-        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                  TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), transient=False)
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            transient=False,
+        )
         self._progress.start()
         self._rounds = self._progress.add_task(f"{self.name} rounds", total=rounds, completed=completed_rounds)
 
-    def on_round_start(self, *, round_idx: int, clients: list[int], local_clients: int | None = None,
-                       **_: Any) -> None:
+    def on_round_start(self, *, round_idx: int, clients: list[int], local_clients: int | None = None, **_: Any) -> None:
         if not self._active:
             return
         self.round_start = time.monotonic()
         if self._progress is not None:
             if self._clients is not None:
                 self._progress.remove_task(self._clients)
-            self._clients = self._progress.add_task(f"round {round_idx + 1} clients (rank 0)",
-                                                    total=local_clients)
+            self._clients = self._progress.add_task(f"round {round_idx + 1} clients (rank 0)", total=local_clients)
 
     def on_client_end(self, **_: Any) -> None:
         if self._progress is not None and self._clients is not None:
@@ -101,8 +105,12 @@ class ProgressCallback:
         total = self.total if self.total is not None else round_idx + 1
         eta = eta_s(now - self.start, round_idx + 1 - self.first, total - self.first)
         accuracy = "-" if acc is None else f"{acc:.4f}"
-        print(f"{self.name}: round {round_idx + 1}/{total}, accuracy {accuracy}, round {now - self.round_start:.1f} s, "
-              f"ETA {format_duration(eta)}", file=self.stream, flush=True)
+        print(
+            f"{self.name}: round {round_idx + 1}/{total}, accuracy {accuracy}, round {now - self.round_start:.1f} s, "
+            f"ETA {format_duration(eta)}",
+            file=self.stream,
+            flush=True,
+        )
 
     def on_run_end(self, *, summary: dict[str, Any] | None = None, **_: Any) -> None:
         if not self._active:
@@ -112,5 +120,8 @@ class ProgressCallback:
             self._progress = None
             return
         acc = (summary or {}).get("accuracy")
-        print(f"{self.name}: finished, accuracy {'-' if acc is None else f'{acc:.4f}'}, "
-              f"{time.monotonic() - self.start:.1f} s", file=self.stream, flush=True)
+        print(
+            f"{self.name}: finished, accuracy {'-' if acc is None else f'{acc:.4f}'}, {time.monotonic() - self.start:.1f} s",
+            file=self.stream,
+            flush=True,
+        )

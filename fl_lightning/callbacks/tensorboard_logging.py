@@ -16,7 +16,7 @@ __all__ = ["TensorBoardExtrasCallback"]
 
 class TensorBoardExtrasCallback:
     """Args:
-        logger: a ``lightning.fabric.loggers.TensorBoardLogger`` also passed to ``Fabric(loggers=...)``.
+    logger: a ``lightning.fabric.loggers.TensorBoardLogger`` also passed to ``Fabric(loggers=...)``.
     """
 
     def __init__(self, *, logger: Any) -> None:

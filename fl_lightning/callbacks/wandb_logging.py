@@ -22,11 +22,19 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WandbExtrasCallback", "wandb_init_args", "wandb_run_id", "wandb_mode", "comparison_group",
-           "log_comparison"]
+__all__ = ["WandbExtrasCallback", "wandb_init_args", "wandb_run_id", "wandb_mode", "comparison_group", "log_comparison"]
 
-_SUMMARY_KEYS = ("accuracy", "loss", "bytes_up", "bytes_down", "bytes_up_per_client", "wall_time_s",
-                 "simulated_time_s", "rounds", "failed_clients")
+_SUMMARY_KEYS = (
+    "accuracy",
+    "loss",
+    "bytes_up",
+    "bytes_down",
+    "bytes_up_per_client",
+    "wall_time_s",
+    "simulated_time_s",
+    "rounds",
+    "failed_clients",
+)
 
 
 def wandb_mode(cfg: Any) -> str | None:
@@ -52,9 +60,15 @@ def wandb_init_args(cfg: Any) -> dict[str, Any]:
     """Keyword arguments of ``WandbLogger`` (and so of ``wandb.init``) for the run ``cfg``."""
     alpha = "inf" if math.isinf(cfg.partition.alpha) else f"{cfg.partition.alpha:g}"
     tags = [cfg.algorithm, f"alpha={alpha}", f"seed={cfg.seed}"] + ([f"label={cfg.label}"] if cfg.label else [])
-    args: dict[str, Any] = dict(project=cfg.logging.project, entity=cfg.logging.entity, name=cfg.resolved_run_name,
-                                save_dir=str(cfg.run_dir), job_type=cfg.algorithm, tags=[t[:64] for t in tags],
-                                group=comparison_group(cfg))
+    args: dict[str, Any] = dict(
+        project=cfg.logging.project,
+        entity=cfg.logging.entity,
+        name=cfg.resolved_run_name,
+        save_dir=str(cfg.run_dir),
+        job_type=cfg.algorithm,
+        tags=[t[:64] for t in tags],
+        group=comparison_group(cfg),
+    )
     run_id = wandb_run_id(cfg.run_dir)
     if run_id is not None:
         args["id"] = run_id
@@ -66,7 +80,7 @@ def wandb_init_args(cfg: Any) -> dict[str, Any]:
 
 class WandbExtrasCallback:
     """Args:
-        logger: a ``lightning.pytorch.loggers.WandbLogger`` also passed to ``Fabric(loggers=...)``.
+    logger: a ``lightning.pytorch.loggers.WandbLogger`` also passed to ``Fabric(loggers=...)``.
     """
 
     def __init__(self, *, logger: Any) -> None:
@@ -86,10 +100,11 @@ class WandbExtrasCallback:
         self.logger.log_image("partition", [partition_image(counts, env.splits.classes)])
 
     def on_round_end(self, *, round_idx: int, results: Any, **_: Any) -> None:
-        rows = [[round_idx, c, r.compute_s, r.bytes_down, r.bytes_up, r.failure is not None]
-                for c, r in sorted(results.records.items())]
-        self.logger.log_table("clients", columns=["round", "client", "compute_s", "bytes_down", "bytes_up", "failed"],
-                              data=rows)
+        rows = [
+            [round_idx, c, r.compute_s, r.bytes_down, r.bytes_up, r.failure is not None]
+            for c, r in sorted(results.records.items())
+        ]
+        self.logger.log_table("clients", columns=["round", "client", "compute_s", "bytes_down", "bytes_up", "failed"], data=rows)
 
     def on_run_end(self, *, summary: dict[str, Any], **_: Any) -> None:
         """The final numbers in the W&B run's summary, the per-class accuracy, then ``wandb.finish()``."""
@@ -100,9 +115,11 @@ class WandbExtrasCallback:
         per_class = summary.get("per_class_accuracy")
         if isinstance(per_class, (list, tuple)) and per_class:
             classes = getattr(self, "classes", None) or [str(i) for i in range(len(per_class))]
-            self.logger.log_table("per_class_accuracy", columns=["class", "accuracy"],
-                                  data=[[str(c), None if a is None or a != a else float(a)]
-                                        for c, a in zip(classes, per_class)])
+            self.logger.log_table(
+                "per_class_accuracy",
+                columns=["class", "accuracy"],
+                data=[[str(c), None if a is None or a != a else float(a)] for c, a in zip(classes, per_class)],
+            )
         run.finish()
 
 
@@ -112,14 +129,25 @@ def log_comparison(cfg: Any, rows: list[dict[str, Any]], image: Path, out_dir: P
 
     group = Path(out_dir).resolve().name
     run_id = hashlib.sha256(f"comparison|{Path(out_dir).resolve()}".encode()).hexdigest()[:16]
-    kwargs: dict[str, Any] = dict(project=cfg.logging.project, entity=cfg.logging.entity, group=group,
-                                  job_type="comparison", name=f"{group}: comparison", id=run_id, resume="allow",
-                                  dir=str(out_dir))
+    kwargs: dict[str, Any] = dict(
+        project=cfg.logging.project,
+        entity=cfg.logging.entity,
+        group=group,
+        job_type="comparison",
+        name=f"{group}: comparison",
+        id=run_id,
+        resume="allow",
+        dir=str(out_dir),
+    )
     mode = wandb_mode(cfg)
     if mode is not None:
         kwargs["mode"] = mode
     run = wandb.init(**kwargs)
     columns = list(rows[0])
-    run.log({"comparison": wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows]),
-             "comparison_plot": wandb.Image(str(image))})
+    run.log(
+        {
+            "comparison": wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows]),
+            "comparison_plot": wandb.Image(str(image)),
+        }
+    )
     run.finish()

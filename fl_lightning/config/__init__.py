@@ -38,9 +38,23 @@ from fl_lightning.config.schema import (
 )
 
 __all__ = [
-    "DataConfig", "PartitionConfig", "ModelConfig", "FederationConfig", "PrivacyConfig", "PRIVACY_MECHANISMS",
-    "ServerOptimizerConfig", "SERVER_OPTIMIZERS", "AttackConfig", "ATTACKS",
-    "AggregatorConfig", "AGGREGATORS",
-    "ClientBehaviourConfig", "LocalTrainingConfig", "LoggingConfig", "RunConfig", "CORE_SECTIONS", "PRECISIONS",
+    "DataConfig",
+    "PartitionConfig",
+    "ModelConfig",
+    "FederationConfig",
+    "PrivacyConfig",
+    "PRIVACY_MECHANISMS",
+    "ServerOptimizerConfig",
+    "SERVER_OPTIMIZERS",
+    "AttackConfig",
+    "ATTACKS",
+    "AggregatorConfig",
+    "AGGREGATORS",
+    "ClientBehaviourConfig",
+    "LocalTrainingConfig",
+    "LoggingConfig",
+    "RunConfig",
+    "CORE_SECTIONS",
+    "PRECISIONS",
     "ACCELERATORS",
 ]  # check lives in fl_lightning.errors (method configs import it from there, not from here)

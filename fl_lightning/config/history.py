@@ -40,30 +40,51 @@ def current_names(values: dict) -> dict:
         new = renamed[key]
         _hint_renamed(key, new)
         if new in out:
-            raise UsageError(f"config error: sections {key!r} and {new!r} both given; {key!r} is the former name of "
-                             f"{new!r}: keep only {new!r}")
+            raise UsageError(
+                f"config error: sections {key!r} and {new!r} both given; {key!r} is the former name of {new!r}: keep only {new!r}"
+            )
         out[new] = out.pop(key)
     return out
 
 
 @functools.cache  # once per name and process (a comparison builds every variant)
 def _hint_renamed(old: str, new: str) -> None:
-    print(f"fl_lightning: method {old!r} is now called {new!r}; the old name still works, but use {new!r} "
-          f"(algorithm: {new}, section {new}:)", file=sys.stderr)
+    print(
+        f"fl_lightning: method {old!r} is now called {new!r}; the old name still works, but use {new!r} "
+        f"(algorithm: {new}, section {new}:)",
+        file=sys.stderr,
+    )
 
 
 # Keys added after runs were first recorded, with the value a run recorded without them ran under: such a
 # recorded config (run.json) is read with that value — its numbers were made so — not with today's default.
 _ADDED_KEYS: dict[str, dict[str, Any]] = {
-    "federation": {"matmul_precision": "highest", "deterministic": False,  # torch's defaults, which ran then
-                   "privacy": {"mechanism": "off"}},  # no differential privacy before it existed
+    "federation": {
+        "matmul_precision": "highest",
+        "deterministic": False,  # torch's defaults, which ran then
+        "privacy": {"mechanism": "off"},
+    },  # no differential privacy before it existed
     # Hugging Face data sets, natural and Flower partitions: every earlier run ran with none of them;
     # the loader's settings and the uint8 cache: what every earlier run loaded with (speed only, resumable)
-    "data": {"pin_memory": False, "persistent_workers": False, "normalize_on_device": False, "cache_uint8_mb": 0,
-             "path": None, "train_split": "train", "test_split": "test", "image_column": None, "label_column": None,
-             "revision": None},
-    "partition": {"by": None, "convention": "fl_lightning", "flower_shuffle_seed": None, "client_test_fraction": 0.0,
-                  "client_test_seed": None},
+    "data": {
+        "pin_memory": False,
+        "persistent_workers": False,
+        "normalize_on_device": False,
+        "cache_uint8_mb": 0,
+        "path": None,
+        "train_split": "train",
+        "test_split": "test",
+        "image_column": None,
+        "label_column": None,
+        "revision": None,
+    },
+    "partition": {
+        "by": None,
+        "convention": "fl_lightning",
+        "flower_shuffle_seed": None,
+        "client_test_fraction": 0.0,
+        "client_test_seed": None,
+    },
     # the synthesis methods: pilots computed their own round 0 before round0_inputs existed, and pre-training read
     # the PNGs before pretrain_store (synthesis/store.py; its default, exact, reads the same items bit for bit).
     # A method's section is pinned only for a run that has it (added_key_overrides)

@@ -47,8 +47,9 @@ def _registry() -> dict[str, type]:
     reserved = {*CORE_SECTIONS, *(f.name for f in dataclasses.fields(RunConfig))}
     clash = sorted(reserved & {*registry, *renamed_algorithms()})
     if clash:
-        raise ValueError(f"cannot register a method named {clash[0]!r}: a method name is not one of the core keys "
-                         f"{sorted(reserved)}")
+        raise ValueError(
+            f"cannot register a method named {clash[0]!r}: a method name is not one of the core keys {sorted(reserved)}"
+        )
     return registry
 
 
@@ -58,8 +59,9 @@ def _type_name(tp: Any) -> str:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if origin in (Union, types.UnionType):
         return " or ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
-    return {bool: "a bool", int: "an int", float: "a float", str: "a string", dict: "a mapping",
-            list: "a list"}.get(tp, getattr(tp, "__name__", str(tp)))
+    return {bool: "a bool", int: "an int", float: "a float", str: "a string", dict: "a mapping", list: "a list"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )
 
 
 _REFUSED = object()  # what a plain type's check returns for a value it does not take
@@ -145,8 +147,7 @@ def _build(cls: type, values: Any, prefix: str, known: list[str] | None = None) 
         if key not in names:
             local = [f"{prefix}.{n}" if prefix else n for n in names]
             hint = did_you_mean(dotted, local + (known or []))
-            allowed = (f"one of {', '.join(names)}" if len(names) <= 12 or not prefix else
-                       f"a key of the '{prefix}' section")
+            allowed = f"one of {', '.join(names)}" if len(names) <= 12 or not prefix else f"a key of the '{prefix}' section"
             if not prefix:
                 allowed += " and the section of the selected algorithm"
             raise UsageError(f"config error: unknown key {dotted!r}{hint}; allowed here: {allowed}")
@@ -184,8 +185,7 @@ def build_config(values: dict) -> RunConfig:
     with the method's own ``config_class``. A section of another registered method is an error.
     """
     if not isinstance(values, dict):
-        raise UsageError(f"config error: a config is a mapping of sections (data:, partition:, …), got "
-                         f"{type(values).__name__}")
+        raise UsageError(f"config error: a config is a mapping of sections (data:, partition:, …), got {type(values).__name__}")
     registry = _registry()
     values = current_names(values)
     algorithm = values.get("algorithm", RunConfig.algorithm)
@@ -194,14 +194,19 @@ def build_config(values: dict) -> RunConfig:
 
         names = sorted(registry)
         broken = "; ".join(f"{m} failed to import ({e})" for m, e in import_errors().items() if algorithm in m)
-        raise ConfigError("algorithm", algorithm, f"one of {', '.join(repr(n) for n in names)}"
-                          f"{did_you_mean(str(algorithm), names)}{f' — {broken}' if broken else ''}")
+        raise ConfigError(
+            "algorithm",
+            algorithm,
+            f"one of {', '.join(repr(n) for n in names)}{did_you_mean(str(algorithm), names)}{f' — {broken}' if broken else ''}",
+        )
     core = {k: v for k, v in values.items() if k != algorithm}
     for key in core:
         if key in registry:
-            raise UsageError(f"config error: {key}: section given but algorithm is {algorithm} (a section belongs "
-                             f"to its method: remove it, or set algorithm: {key}; in a comparison, put it inside "
-                             f"the variant that selects {key})")
+            raise UsageError(
+                f"config error: {key}: section given but algorithm is {algorithm} (a section belongs "
+                f"to its method: remove it, or set algorithm: {key}; in a comparison, put it inside "
+                f"the variant that selects {key})"
+            )
     config_class = registry[algorithm].config_class
     known = schema_keys(algorithm)
     cfg = _build(RunConfig, core, "", known)
@@ -249,15 +254,15 @@ def _carried_section(section: dict, old: type, new: type) -> dict:
         return {}
     old_defaults, new_defaults = _field_defaults(old), _field_defaults(new)
     keep = old_defaults.keys() & new_defaults.keys()
-    return {k: v for k, v in section.items()
-            if k in keep and not (v == old_defaults[k] and old_defaults[k] != new_defaults[k])}
+    return {k: v for k, v in section.items() if k in keep and not (v == old_defaults[k] and old_defaults[k] != new_defaults[k])}
 
 
 def _share_a_section(a: type, b: type) -> bool:
     """Whether one config extends the other, or both extend a config with keys of its own (two methods
     composed of a common stage, e.g. FeDiSyn and SFLF of LoRA fine-tuning)."""
-    return any(dataclasses.is_dataclass(base) and base.__dict__.get("__annotations__") and issubclass(b, base)
-               for base in a.__mro__)
+    return any(
+        dataclasses.is_dataclass(base) and base.__dict__.get("__annotations__") and issubclass(b, base) for base in a.__mro__
+    )
 
 
 def _field_defaults(config_class: type) -> dict[str, Any]:

@@ -38,8 +38,20 @@ from fl_lightning.errors import check, did_you_mean
 
 # What Fabric accepts (lightning.fabric.connector._PRECISION_INPUT and accelerator names), checked here
 # so that a typo stops in the config layer, not in a traceback from inside Fabric.
-PRECISIONS = ("32-true", "32", "64-true", "64", "16-mixed", "16", "bf16-mixed", "bf16", "16-true", "bf16-true",
-              "transformer-engine", "transformer-engine-float16")
+PRECISIONS = (
+    "32-true",
+    "32",
+    "64-true",
+    "64",
+    "16-mixed",
+    "16",
+    "bf16-mixed",
+    "bf16",
+    "16-true",
+    "bf16-true",
+    "transformer-engine",
+    "transformer-engine-float16",
+)
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 _MATMUL_PRECISIONS = ("highest", "high", "medium")  # torch.set_float32_matmul_precision's
 _SEED_MAX = 2**32 - 1  # numpy's and seed_everything's range
@@ -100,28 +112,53 @@ class DataConfig:
         from fl_lightning.data.registry import DATASETS
 
         self.name, self.path = hf_shorthand(self.name, self.path)  # hf:<id> is name: hf, path: <id> from here on
-        check(self.name in DATASETS, "name", self.name,
-              f"one of {', '.join(DATASETS)}{did_you_mean(str(self.name), list(DATASETS))}")
-        check(self.name != "hf" or bool(self.path), "path", self.path,
-              "a hub id (org/name) or a local path when name is 'hf'")
-        check(self.revision is None or (self.name == "hf" and bool(self.revision.strip())), "revision", self.revision,
-              "null, or a branch, tag or commit of the hub id in data.path (data.name: hf)")
-        check(self.cache_dir is None or (self.name == "hf" and bool(str(self.cache_dir).strip())), "cache_dir",
-              self.cache_dir, "null, or a folder for data.name hf's hub snapshots and Arrow tables (torchvision data "
-              "sets live in data.root)")
+        check(
+            self.name in DATASETS,
+            "name",
+            self.name,
+            f"one of {', '.join(DATASETS)}{did_you_mean(str(self.name), list(DATASETS))}",
+        )
+        check(self.name != "hf" or bool(self.path), "path", self.path, "a hub id (org/name) or a local path when name is 'hf'")
+        check(
+            self.revision is None or (self.name == "hf" and bool(self.revision.strip())),
+            "revision",
+            self.revision,
+            "null, or a branch, tag or commit of the hub id in data.path (data.name: hf)",
+        )
+        check(
+            self.cache_dir is None or (self.name == "hf" and bool(str(self.cache_dir).strip())),
+            "cache_dir",
+            self.cache_dir,
+            "null, or a folder for data.name hf's hub snapshots and Arrow tables (torchvision data sets live in data.root)",
+        )
         check(self.image_size is None or self.image_size >= 8, "image_size", self.image_size, "an int >= 8 or null")
         check(self.cache_mb >= 0, "cache_mb", self.cache_mb, "an int >= 0 (MiB; 0: no cache)")
         check(self.batch_size >= 1, "batch_size", self.batch_size, "an int >= 1")
         check(self.cache_uint8_mb >= 0, "cache_uint8_mb", self.cache_uint8_mb, "an int >= 0 (MiB; 0: no uint8 cache)")
-        check(self.num_workers == "auto" or not isinstance(self.num_workers, bool) and isinstance(self.num_workers, int)
-              and self.num_workers >= 0, "num_workers", self.num_workers, "an int >= 0 or auto")
+        check(
+            self.num_workers == "auto"
+            or not isinstance(self.num_workers, bool)
+            and isinstance(self.num_workers, int)
+            and self.num_workers >= 0,
+            "num_workers",
+            self.num_workers,
+            "an int >= 0 or auto",
+        )
         for key in ("pin_memory", "persistent_workers", "normalize_on_device"):
-            check(getattr(self, key) == "auto" or isinstance(getattr(self, key), bool), key, getattr(self, key),
-                  "true, false or auto")
+            check(
+                getattr(self, key) == "auto" or isinstance(getattr(self, key), bool),
+                key,
+                getattr(self, key),
+                "true, false or auto",
+            )
         if self.split_seed is not None:
             _check_seed("split_seed", self.split_seed)
-        check(not isinstance(self.feature_cache, str) or self.feature_cache.strip() != "", "feature_cache",
-              self.feature_cache, "true, false or a folder")
+        check(
+            not isinstance(self.feature_cache, str) or self.feature_cache.strip() != "",
+            "feature_cache",
+            self.feature_cache,
+            "true, false or a folder",
+        )
 
 
 @dataclass
@@ -161,40 +198,76 @@ class PartitionConfig:
     client_test_seed: int | None = None  # null: 42 (Flower's tutorials) under convention flower, else partition.seed
 
     def __post_init__(self) -> None:
-        check(self.scheme != "natural" or bool(self.by), "by", self.by,
-              "the column whose values are the clients when scheme is 'natural'")
-        check(self.convention != "flower" or self.scheme != "file", "convention", self.convention,
-              "'fl_lightning' for scheme 'file' (the file is the partition)")
+        check(
+            self.scheme != "natural" or bool(self.by),
+            "by",
+            self.by,
+            "the column whose values are the clients when scheme is 'natural'",
+        )
+        check(
+            self.convention != "flower" or self.scheme != "file",
+            "convention",
+            self.convention,
+            "'fl_lightning' for scheme 'file' (the file is the partition)",
+        )
         if self.flower_shuffle_seed is not None:
             _check_seed("flower_shuffle_seed", self.flower_shuffle_seed)
-            check(self.convention == "flower", "flower_shuffle_seed", self.flower_shuffle_seed,
-                  "null unless partition.convention is 'flower'")
+            check(
+                self.convention == "flower",
+                "flower_shuffle_seed",
+                self.flower_shuffle_seed,
+                "null unless partition.convention is 'flower'",
+            )
         if self.num_clients is None and self.scheme != "natural":
             self.num_clients = 10  # every other scheme's default
-        check(self.num_clients is None or self.num_clients >= 1, "num_clients", self.num_clients,
-              "an int >= 1 (null: one client per value of partition.by under scheme natural, else 10)")
+        check(
+            self.num_clients is None or self.num_clients >= 1,
+            "num_clients",
+            self.num_clients,
+            "an int >= 1 (null: one client per value of partition.by under scheme natural, else 10)",
+        )
         _check_seed("seed", self.seed)
-        check(self.scheme != "file" or self.path is not None, "path", self.path,
-               "the path of a partition.json when scheme is 'file'")
+        check(
+            self.scheme != "file" or self.path is not None,
+            "path",
+            self.path,
+            "the path of a partition.json when scheme is 'file'",
+        )
         check(self.alpha > 0, "alpha", self.alpha, "a float > 0, or inf for IID")
         check(self.min_samples >= 0, "min_samples", self.min_samples, "an int >= 0")
         flower_shards = self.convention == "flower" and self.shard_size is not None
-        check(self.shards_per_client is None and flower_shards or isinstance(self.shards_per_client, int)
-              and self.shards_per_client >= 1, "shards_per_client", self.shards_per_client,
-              "an int >= 1 (null only with partition.convention: flower and a shard_size)")
+        check(
+            self.shards_per_client is None
+            and flower_shards
+            or isinstance(self.shards_per_client, int)
+            and self.shards_per_client >= 1,
+            "shards_per_client",
+            self.shards_per_client,
+            "an int >= 1 (null only with partition.convention: flower and a shard_size)",
+        )
         check(self.shard_size is None or self.shard_size >= 1, "shard_size", self.shard_size, "an int >= 1, or null")
-        check(self.convention == "flower" or (self.shard_size is None and not self.keep_incomplete_shard),
-              "shard_size" if self.shard_size is not None else "keep_incomplete_shard",
-              self.shard_size if self.shard_size is not None else self.keep_incomplete_shard,
-              "unset unless partition.convention is 'flower' (Flower's ShardPartitioner; ours deals near-equal "
-              "shards of the whole split)")
+        check(
+            self.convention == "flower" or (self.shard_size is None and not self.keep_incomplete_shard),
+            "shard_size" if self.shard_size is not None else "keep_incomplete_shard",
+            self.shard_size if self.shard_size is not None else self.keep_incomplete_shard,
+            "unset unless partition.convention is 'flower' (Flower's ShardPartitioner; ours deals near-equal "
+            "shards of the whole split)",
+        )
         check(self.classes_per_client >= 1, "classes_per_client", self.classes_per_client, "an int >= 1")
-        check(0.0 <= self.client_test_fraction < 1.0, "client_test_fraction", self.client_test_fraction,
-              "a float in [0, 1) (0: no client test sets)")
+        check(
+            0.0 <= self.client_test_fraction < 1.0,
+            "client_test_fraction",
+            self.client_test_fraction,
+            "a float in [0, 1) (0: no client test sets)",
+        )
         if self.client_test_seed is not None:
             _check_seed("client_test_seed", self.client_test_seed)
-            check(self.client_test_fraction > 0, "client_test_seed", self.client_test_seed,
-                  "null unless partition.client_test_fraction > 0")
+            check(
+                self.client_test_fraction > 0,
+                "client_test_seed",
+                self.client_test_seed,
+                "null unless partition.client_test_fraction > 0",
+            )
 
 
 @dataclass
@@ -248,21 +321,45 @@ class PrivacyConfig:
     def __post_init__(self) -> None:
         if self.mechanism == "off":
             return
-        check(self.epsilon is not None or self.noise_multiplier is not None, "epsilon", self.epsilon,
-              "a float > 0 (the target ε), or set noise_multiplier instead")
-        check(self.epsilon is None or self.noise_multiplier is None, "noise_multiplier", self.noise_multiplier,
-              "null when epsilon is set (the noise is then calibrated to it)")
-        check(self.epsilon is None or (self.epsilon > 0 and math.isfinite(self.epsilon)), "epsilon", self.epsilon,
-              "a finite float > 0")
+        check(
+            self.epsilon is not None or self.noise_multiplier is not None,
+            "epsilon",
+            self.epsilon,
+            "a float > 0 (the target ε), or set noise_multiplier instead",
+        )
+        check(
+            self.epsilon is None or self.noise_multiplier is None,
+            "noise_multiplier",
+            self.noise_multiplier,
+            "null when epsilon is set (the noise is then calibrated to it)",
+        )
+        check(
+            self.epsilon is None or (self.epsilon > 0 and math.isfinite(self.epsilon)),
+            "epsilon",
+            self.epsilon,
+            "a finite float > 0",
+        )
         check(0 < self.delta < 1, "delta", self.delta, "a float in (0, 1), below 1/N")
         check(self.clip_norm > 0, "clip_norm", self.clip_norm, "a float > 0 (inf: no clipping)")
-        check(self.noise_multiplier is None or 0 <= self.noise_multiplier < math.inf, "noise_multiplier",
-              self.noise_multiplier, "a finite float >= 0 (0: no noise, ε = inf)")
-        check(not self.dp_sgd or self.mechanism.startswith("statistics"), "dp_sgd", self.dp_sgd,
-              "false unless mechanism is statistics_local or statistics_central (record-level DP)")
+        check(
+            self.noise_multiplier is None or 0 <= self.noise_multiplier < math.inf,
+            "noise_multiplier",
+            self.noise_multiplier,
+            "a finite float >= 0 (0: no noise, ε = inf)",
+        )
+        check(
+            not self.dp_sgd or self.mechanism.startswith("statistics"),
+            "dp_sgd",
+            self.dp_sgd,
+            "false unless mechanism is statistics_local or statistics_central (record-level DP)",
+        )
         check(0 < self.grad_clip_norm < math.inf, "grad_clip_norm", self.grad_clip_norm, "a finite float > 0")
-        check(self.sampling_rate is None or 0 < self.sampling_rate <= 1, "sampling_rate", self.sampling_rate,
-              "a float in (0, 1] or null (DP-SGD's Poisson sampling rate)")
+        check(
+            self.sampling_rate is None or 0 < self.sampling_rate <= 1,
+            "sampling_rate",
+            self.sampling_rate,
+            "a float in (0, 1] or null (DP-SGD's Poisson sampling rate)",
+        )
 
 
 SERVER_OPTIMIZERS = ("fedavg", "fedavgm", "fedadagrad", "fedadam", "fedyogi")
@@ -290,11 +387,20 @@ class ServerOptimizerConfig:
             value = getattr(self, key)
             check(value is None or 0 <= value < 1, key, value, "a float in [0, 1) or null")
         check(self.tau is None or 0 <= self.tau < math.inf, "tau", self.tau, "a finite float >= 0 or null")
-        used = {"fedavg": (), "fedavgm": ("lr", "momentum"), "fedadagrad": ("lr", "beta_1", "tau"),
-                "fedadam": ("lr", "beta_1", "beta_2", "tau"), "fedyogi": ("lr", "beta_1", "beta_2", "tau")}[self.name]
+        used = {
+            "fedavg": (),
+            "fedavgm": ("lr", "momentum"),
+            "fedadagrad": ("lr", "beta_1", "tau"),
+            "fedadam": ("lr", "beta_1", "beta_2", "tau"),
+            "fedyogi": ("lr", "beta_1", "beta_2", "tau"),
+        }[self.name]
         for key in ("lr", "momentum", "beta_1", "beta_2", "tau"):
-            check(getattr(self, key) is None or key in used, key, getattr(self, key),
-                  f"null: {self.name} has no {key} (it uses {', '.join(used) or 'none'})")
+            check(
+                getattr(self, key) is None or key in used,
+                key,
+                getattr(self, key),
+                f"null: {self.name} has no {key} (it uses {', '.join(used) or 'none'})",
+            )
 
 
 AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "bulyan")
@@ -315,8 +421,12 @@ class AggregatorConfig:
     def __post_init__(self) -> None:
         check(0 <= self.trim_fraction < 0.5, "trim_fraction", self.trim_fraction, "a float in [0, 0.5)")
         check(self.num_malicious >= 0, "num_malicious", self.num_malicious, "an int >= 0")
-        check(self.num_to_keep is None or (self.num_to_keep >= 1 and self.name == "multi_krum"), "num_to_keep",
-              self.num_to_keep, "an int >= 1 for multi_krum, else null")
+        check(
+            self.num_to_keep is None or (self.num_to_keep >= 1 and self.name == "multi_krum"),
+            "num_to_keep",
+            self.num_to_keep,
+            "an int >= 1 for multi_krum, else null",
+        )
 
 
 ATTACKS = ("none", "sign_flip", "scale", "gaussian", "label_flip")
@@ -337,8 +447,12 @@ class AttackConfig:
 
     def __post_init__(self) -> None:
         check(0 <= self.fraction < 1, "fraction", self.fraction, "a float in [0, 1)")
-        check(self.scale is None or (math.isfinite(self.scale) and self.kind in ("sign_flip", "scale")), "scale",
-              self.scale, "a finite float for sign_flip / scale, else null")
+        check(
+            self.scale is None or (math.isfinite(self.scale) and self.kind in ("sign_flip", "scale")),
+            "scale",
+            self.scale,
+            "a finite float for sign_flip / scale, else null",
+        )
         check(0 <= self.std < math.inf, "std", self.std, "a finite float >= 0")
         _check_seed("seed", self.seed)
 
@@ -378,24 +492,40 @@ class ClientBehaviourConfig:
 
     def __post_init__(self) -> None:
         check(0 < self.availability <= 1, "availability", self.availability, "a float in (0, 1]")
-        check(self.availability_trace is None or (isinstance(self.availability_trace, str) and self.availability == 1),
-              "availability_trace", self.availability_trace, "null, or a file's path with availability 1 (the trace "
-              "says who is online)")
+        check(
+            self.availability_trace is None or (isinstance(self.availability_trace, str) and self.availability == 1),
+            "availability_trace",
+            self.availability_trace,
+            "null, or a file's path with availability 1 (the trace says who is online)",
+        )
         check(0 <= self.dropout < 1, "dropout", self.dropout, "a float in [0, 1)")
         check(0 <= self.stragglers <= 1, "stragglers", self.stragglers, "a float in [0, 1]")
-        check(isinstance(self.drop_stragglers, bool) and (self.stragglers > 0 or not self.drop_stragglers),
-              "drop_stragglers", self.drop_stragglers, "true or false; true only with federation.clients.stragglers "
-              "> 0")
-        check(not isinstance(self.deadline_s, (bool, str)) and (self.deadline_s is None or
-              0 < self.deadline_s < math.inf), "deadline_s", self.deadline_s, "a finite number of seconds > 0, or null")
-        check(0 <= self.speed_spread < math.inf and (self.deadline_s is not None or self.speed_spread == 0),
-              "speed_spread", self.speed_spread, "a finite float >= 0; > 0 only with federation.clients.deadline_s "
-              "(speeds alone change nothing)")
+        check(
+            isinstance(self.drop_stragglers, bool) and (self.stragglers > 0 or not self.drop_stragglers),
+            "drop_stragglers",
+            self.drop_stragglers,
+            "true or false; true only with federation.clients.stragglers > 0",
+        )
+        check(
+            not isinstance(self.deadline_s, (bool, str)) and (self.deadline_s is None or 0 < self.deadline_s < math.inf),
+            "deadline_s",
+            self.deadline_s,
+            "a finite number of seconds > 0, or null",
+        )
+        check(
+            0 <= self.speed_spread < math.inf and (self.deadline_s is not None or self.speed_spread == 0),
+            "speed_spread",
+            self.speed_spread,
+            "a finite float >= 0; > 0 only with federation.clients.deadline_s (speeds alone change nothing)",
+        )
         check(0 < self.step_s < math.inf, "step_s", self.step_s, "a finite number of seconds > 0")
-        check(self.late in ("drop", "stale") and (self.late == "drop" or self.deadline_s is not None), "late",
-              self.late, "drop or stale; stale only with federation.clients.deadline_s")
-        check(0 <= self.staleness_exponent < math.inf, "staleness_exponent", self.staleness_exponent,
-              "a finite float >= 0")
+        check(
+            self.late in ("drop", "stale") and (self.late == "drop" or self.deadline_s is not None),
+            "late",
+            self.late,
+            "drop or stale; stale only with federation.clients.deadline_s",
+        )
+        check(0 <= self.staleness_exponent < math.inf, "staleness_exponent", self.staleness_exponent, "a finite float >= 0")
         _check_seed("seed", self.seed)
 
 
@@ -471,25 +601,47 @@ class FederationConfig:
 
     def __post_init__(self) -> None:
         check(self.rounds >= 1, "rounds", self.rounds, "an int >= 1")
-        check(self.matmul_precision in _MATMUL_PRECISIONS, "matmul_precision", self.matmul_precision,
-              f"one of {', '.join(_MATMUL_PRECISIONS)} (torch.set_float32_matmul_precision; CUDA only)")
+        check(
+            self.matmul_precision in _MATMUL_PRECISIONS,
+            "matmul_precision",
+            self.matmul_precision,
+            f"one of {', '.join(_MATMUL_PRECISIONS)} (torch.set_float32_matmul_precision; CUDA only)",
+        )
         check(isinstance(self.deterministic, bool), "deterministic", self.deterministic, "true or false")
-        check(1 <= self.collective_timeout_s <= 1e9, "collective_timeout_s", self.collective_timeout_s,
-              "a float in [1, 1e9] (seconds; 86400 is a day; below a second no rendezvous or gather completes)")
-        check(1 <= self.compute_timeout_s <= 1e9, "compute_timeout_s", self.compute_timeout_s,
-              "a float in [1, 1e9] (seconds; 900 is 15 min; below a second no rendezvous or gather completes)")
-        check(5 <= self.liveness_timeout_s <= 1e9, "liveness_timeout_s", self.liveness_timeout_s,
-              "a float in [5, 1e9] (seconds; a beat every sixth of it, and a busy host may delay one by seconds)")
-        check(0 <= self.record_after_s <= _FLOAT32_MAX, "record_after_s", self.record_after_s,
-              "a finite float >= 0 (seconds)")
+        check(
+            1 <= self.collective_timeout_s <= 1e9,
+            "collective_timeout_s",
+            self.collective_timeout_s,
+            "a float in [1, 1e9] (seconds; 86400 is a day; below a second no rendezvous or gather completes)",
+        )
+        check(
+            1 <= self.compute_timeout_s <= 1e9,
+            "compute_timeout_s",
+            self.compute_timeout_s,
+            "a float in [1, 1e9] (seconds; 900 is 15 min; below a second no rendezvous or gather completes)",
+        )
+        check(
+            5 <= self.liveness_timeout_s <= 1e9,
+            "liveness_timeout_s",
+            self.liveness_timeout_s,
+            "a float in [5, 1e9] (seconds; a beat every sixth of it, and a busy host may delay one by seconds)",
+        )
+        check(0 <= self.record_after_s <= _FLOAT32_MAX, "record_after_s", self.record_after_s, "a finite float >= 0 (seconds)")
         check(0 < self.client_fraction <= 1, "client_fraction", self.client_fraction, "a float in (0, 1]")
         check(self.devices >= 1, "devices", self.devices, "an int >= 1")
         check(self.num_nodes >= 1, "num_nodes", self.num_nodes, "an int >= 1")
-        check(self.process_group_backend != "nccl" or self.accelerator in ("auto", "gpu", "cuda"),
-              "process_group_backend", self.process_group_backend,
-              f"auto or gloo with federation.accelerator {self.accelerator} (nccl runs only on CUDA GPUs)")
-        check(self.min_clients >= 0, "min_clients", self.min_clients,
-              "an int >= 0 (0: a round with no update keeps the state; averaging methods)")
+        check(
+            self.process_group_backend != "nccl" or self.accelerator in ("auto", "gpu", "cuda"),
+            "process_group_backend",
+            self.process_group_backend,
+            f"auto or gloo with federation.accelerator {self.accelerator} (nccl runs only on CUDA GPUs)",
+        )
+        check(
+            self.min_clients >= 0,
+            "min_clients",
+            self.min_clients,
+            "an int >= 0 (0: a round with no update keeps the state; averaging methods)",
+        )
         _check_seed("sampling_seed", self.sampling_seed)
 
 
@@ -553,23 +705,43 @@ class RunConfig:
         # user-level: δ < 1/K (a δ of 1/K could release one user's update whole); a natural partition's K is read from
         # the data before the run (federation/simulation.py: resolve_num_clients), and checked again then
         if p.mechanism == "dp_fedavg" and self.partition.num_clients is not None:
-            check(p.delta < 1 / self.partition.num_clients, "federation.privacy.delta", p.delta,
-                  f"a float < 1/num_clients = {1 / self.partition.num_clients:g} (user-level DP over "
-                  f"{self.partition.num_clients} clients)")
+            check(
+                p.delta < 1 / self.partition.num_clients,
+                "federation.privacy.delta",
+                p.delta,
+                f"a float < 1/num_clients = {1 / self.partition.num_clients:g} (user-level DP over "
+                f"{self.partition.num_clients} clients)",
+            )
         if self.partition.convention == "flower":  # flwr-datasets partitions the whole training split
-            check(self.data.num_samples is None, "data.num_samples", self.data.num_samples,
-                  "null with partition.convention: flower (Flower partitions the whole training split; a subset's "
-                  "clients are not Flower's)")
-            check(self.data.name != "hf" or self.data.test_split is not None, "data.test_split", None,
-                  "a split's name with partition.convention: flower (null carves a test set out of the training "
-                  "split, and Flower partitions that split whole)")
-            check(self.data.name != "hf" or not any(c in self.data.train_split for c in "[+"), "data.train_split",
-                  self.data.train_split, "a whole split's name with partition.convention: flower (Flower partitions "
-                  "the whole training split; a slice's clients are not Flower's)")
+            check(
+                self.data.num_samples is None,
+                "data.num_samples",
+                self.data.num_samples,
+                "null with partition.convention: flower (Flower partitions the whole training split; a subset's "
+                "clients are not Flower's)",
+            )
+            check(
+                self.data.name != "hf" or self.data.test_split is not None,
+                "data.test_split",
+                None,
+                "a split's name with partition.convention: flower (null carves a test set out of the training "
+                "split, and Flower partitions that split whole)",
+            )
+            check(
+                self.data.name != "hf" or not any(c in self.data.train_split for c in "[+"),
+                "data.train_split",
+                self.data.train_split,
+                "a whole split's name with partition.convention: flower (Flower partitions "
+                "the whole training split; a slice's clients are not Flower's)",
+            )
         if self.run_name is not None:
             name = self.run_name
-            check(name not in ("", ".", "..") and "/" not in name and "\\" not in name and "\0" not in name,
-                  "run_name", name, "a single folder name (no '/', no '..', not absolute)")
+            check(
+                name not in ("", ".", "..") and "/" not in name and "\\" not in name and "\0" not in name,
+                "run_name",
+                name,
+                "a single folder name (no '/', no '..', not absolute)",
+            )
 
     @property
     def resolved_run_name(self) -> str:
@@ -586,4 +758,3 @@ class RunConfig:
     def data_seed(self) -> int:
         """The seed of the data set's own split and subset: ``data.split_seed``, else the run's seed."""
         return self.seed if self.data.split_seed is None else self.data.split_seed
-

@@ -31,12 +31,15 @@ def _sweep_groups(sweep: dict) -> list[tuple[list[str], list[tuple]]]:
         where = f"sweep.{key}"
         names = [part.strip() for part in str(key).split(",")]
         if any(not n for n in names):
-            raise ConfigError(where, values, "a dotted key, or dotted keys joined by commas "
-                              "(e.g. \"seed,partition.seed\"), none of them empty")
+            raise ConfigError(
+                where, values, 'a dotted key, or dotted keys joined by commas (e.g. "seed,partition.seed"), none of them empty'
+            )
         for name in names:
             if name in seen or names.count(name) > 1:
-                raise UsageError(f"config error: sweep: key {name!r} is swept twice ({where} and "
-                                 f"sweep.{seen.get(name, key)}); sweep each key in one entry")
+                raise UsageError(
+                    f"config error: sweep: key {name!r} is swept twice ({where} and "
+                    f"sweep.{seen.get(name, key)}); sweep each key in one entry"
+                )
             seen[name] = str(key)
         if not isinstance(values, list) or not values:
             raise ConfigError(where, values, "a non-empty list of values")
@@ -45,8 +48,12 @@ def _sweep_groups(sweep: dict) -> list[tuple[list[str], list[tuple]]]:
             continue
         for point in values:
             if not isinstance(point, list) or len(point) != len(names):
-                raise ConfigError(where, point, f"a list of {len(names)} values, one for each of {', '.join(names)} "
-                                  f"(e.g. {[[0] * len(names), [1] * len(names)]}): the keys vary together")
+                raise ConfigError(
+                    where,
+                    point,
+                    f"a list of {len(names)} values, one for each of {', '.join(names)} "
+                    f"(e.g. {[[0] * len(names), [1] * len(names)]}): the keys vary together",
+                )
         groups.append((names, [tuple(point) for point in values]))
     return groups
 
@@ -79,9 +86,11 @@ def _sweep_points(sweep: dict) -> list[tuple[dict, dict, dict]]:
 def _swept_name(run: RunConfig, named: str | None, values: dict) -> str | None:
     """A run name that tells swept runs apart: the default name encodes α and seed; other swept keys
     (and every swept key of an explicitly named variant) become suffixes."""
-    suffix = "".join(f"_{key.rsplit('.', 1)[-1]}{value:g}" if isinstance(value, float) else
-                     f"_{key.rsplit('.', 1)[-1]}{value}" for key, value in values.items()
-                     if named is not None or key not in _NAMED_BY_DEFAULT)
+    suffix = "".join(
+        f"_{key.rsplit('.', 1)[-1]}{value:g}" if isinstance(value, float) else f"_{key.rsplit('.', 1)[-1]}{value}"
+        for key, value in values.items()
+        if named is not None or key not in _NAMED_BY_DEFAULT
+    )
     if named is None and not suffix:
         return None
     return (named or run.resolved_run_name) + suffix.replace("/", "-")

@@ -51,6 +51,7 @@ def _expanded_values(root: yaml.Node, limit: int = MAX_YAML_VALUES) -> int:
     """How many values ``root`` stands for with every alias expanded; raises :class:`_TooBig` beyond ``limit``
     or for an alias inside its own anchor (a recursive structure). Iterative: a deep document cannot
     exhaust the stack here."""
+
     def children(node: yaml.Node) -> list[yaml.Node]:
         if isinstance(node, yaml.MappingNode):
             return [n for pair in node.value for n in pair]
@@ -97,8 +98,7 @@ def read_yaml(path: str | Path) -> dict:
     if path.is_dir():
         raise UsageError(f"usage error: --config '{path}' is a directory; pass a YAML file (see conf/)")
     if not path.is_file():
-        raise UsageError(f"usage error: config file '{path}' not found; pass --config with an existing YAML "
-                         f"file (see conf/)")
+        raise UsageError(f"usage error: config file '{path}' not found; pass --config with an existing YAML file (see conf/)")
     try:
         values = _load_yaml(path.read_text())
     except UnicodeDecodeError:
@@ -116,8 +116,10 @@ def read_yaml(path: str | Path) -> dict:
     if values is None:
         return {}
     if not isinstance(values, dict):
-        raise UsageError(f"usage error: config file '{path}' holds a {type(values).__name__} at the top level; "
-                         f"expected a mapping of sections (data:, partition:, …)")
+        raise UsageError(
+            f"usage error: config file '{path}' holds a {type(values).__name__} at the top level; "
+            f"expected a mapping of sections (data:, partition:, …)"
+        )
     return values
 
 
@@ -141,12 +143,13 @@ def read_config(path: str | Path) -> dict:
         if base is None:
             return values
         if not isinstance(base, str) or not base:
-            raise UsageError(f"usage error: config file '{path}': {BASE_KEY}: {base!r} is not allowed; expected the path "
-                             f"of the config file it extends, relative to it")
+            raise UsageError(
+                f"usage error: config file '{path}': {BASE_KEY}: {base!r} is not allowed; expected the path "
+                f"of the config file it extends, relative to it"
+            )
         following = path.parent / base
         if not following.is_file():
-            raise UsageError(f"usage error: config file '{path}': {BASE_KEY}: '{base}' not found (looked for "
-                             f"'{following}')")
+            raise UsageError(f"usage error: config file '{path}': {BASE_KEY}: '{base}' not found (looked for '{following}')")
         path = following
 
 

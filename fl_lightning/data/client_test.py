@@ -54,8 +54,7 @@ def hf_train_test_split(rows: np.ndarray, test_fraction: float, seed: int) -> tu
     return np.sort(rows[perm[n_test:]]), np.sort(rows[perm[:n_test]])
 
 
-def split_clients(partition: Sequence[np.ndarray], test_fraction: float,
-                  seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def split_clients(partition: Sequence[np.ndarray], test_fraction: float, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Every client's (train rows, test rows) by :func:`hf_train_test_split` with the one ``seed``.
 
     Args:

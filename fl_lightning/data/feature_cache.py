@@ -73,15 +73,31 @@ def cache_key(module: nn.Module, description: Mapping[str, Any], *, weights: str
     Returns:
         64 hex digits.
     """
-    text = json.dumps({"format": _FORMAT, "class": f"{type(module).__module__}.{type(module).__qualname__}",
-                       "module": repr(module), "weights": weights or state_dict_digest(module), "torch": torch.__version__,
-                       **description}, sort_keys=True, default=str)
+    text = json.dumps(
+        {
+            "format": _FORMAT,
+            "class": f"{type(module).__module__}.{type(module).__qualname__}",
+            "module": repr(module),
+            "weights": weights or state_dict_digest(module),
+            "torch": torch.__version__,
+            **description,
+        },
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def split_features(feature_fn: Callable[[Tensor], Tensor], dataset: Dataset, *, batch_size: int,
-                   device: torch.device | str, autocast: Callable[[], ContextManager] | None = None,
-                   num_workers: int = 0, normalize_on_device: bool = False) -> Tensor:
+def split_features(
+    feature_fn: Callable[[Tensor], Tensor],
+    dataset: Dataset,
+    *,
+    batch_size: int,
+    device: torch.device | str,
+    autocast: Callable[[], ContextManager] | None = None,
+    num_workers: int = 0,
+    normalize_on_device: bool = False,
+) -> Tensor:
     """The features of every item of ``dataset``, in dataset order, in fixed batches of ``batch_size``.
 
     Args:
@@ -102,8 +118,13 @@ def split_features(feature_fn: Callable[[Tensor], Tensor], dataset: Dataset, *, 
 
     context = autocast or contextlib.nullcontext
     float_part = float_part_of(dataset) if normalize_on_device else None
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers,
-                        collate_fn=collate if float_part is None else collate_uint8)
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=num_workers,
+        collate_fn=collate if float_part is None else collate_uint8,
+    )
     if float_part is not None:
         loader = DeviceFloatPart(loader, device=device, float_part=float_part)
     rows = []
@@ -159,8 +180,12 @@ class FeatureCache:
         if not isinstance(record, dict) or record.get("format") != _FORMAT or record.get("key") != key:
             return None
         features = record.get("features")
-        if (not isinstance(features, Tensor) or features.ndim != 2 or features.shape[0] != rows
-                or record.get("sha256") != _tensor_sha256(features)):
+        if (
+            not isinstance(features, Tensor)
+            or features.ndim != 2
+            or features.shape[0] != rows
+            or record.get("sha256") != _tensor_sha256(features)
+        ):
             return None
         return features
 
@@ -169,8 +194,11 @@ class FeatureCache:
         from fl_lightning.federation.checkpoint import atomic_save
 
         features = features.detach().cpu().contiguous()
-        atomic_save({"format": _FORMAT, "key": key, "sha256": _tensor_sha256(features), "features": features},
-                    self.path(key), durable=False)
+        atomic_save(
+            {"format": _FORMAT, "key": key, "sha256": _tensor_sha256(features), "features": features},
+            self.path(key),
+            durable=False,
+        )
 
     def get(self, key: str, *, rows: int, compute: Callable[[], Tensor]) -> Tensor:
         """The table of ``key``: read from disk when a valid file holds it, else ``compute()`` (and stored)."""
@@ -190,4 +218,3 @@ class FeatureCache:
 def targets_digest(targets: np.ndarray) -> str:
     """sha256 of a split's labels (int64), part of the description of a split."""
     return hashlib.sha256(np.ascontiguousarray(targets, dtype=np.int64).tobytes()).hexdigest()
-

@@ -57,8 +57,15 @@ import numpy as np
 
 from fl_lightning.data.partition import _check_int, _check_num_clients, _group_by_owner, _min_error
 
-__all__ = ["FLOWER_MAX_RETRIES", "CLASS_ASSIGNMENTS", "flower_dirichlet_partition", "flower_iid_partition",
-           "flower_shard_partition", "flower_pathological_partition", "flower_preshuffle"]
+__all__ = [
+    "FLOWER_MAX_RETRIES",
+    "CLASS_ASSIGNMENTS",
+    "flower_dirichlet_partition",
+    "flower_iid_partition",
+    "flower_shard_partition",
+    "flower_pathological_partition",
+    "flower_preshuffle",
+]
 
 CLASS_ASSIGNMENTS = ("random", "deterministic", "first-deterministic")  # PathologicalPartitioner's modes
 
@@ -72,9 +79,16 @@ def flower_iid_partition(num_samples: int, num_clients: int) -> list[np.ndarray]
     return [a.astype(np.int64) for a in np.array_split(np.arange(num_samples), num_clients)]
 
 
-def flower_dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: float, *, seed: int,
-                               min_partition_size: int = 10, self_balancing: bool = False,
-                               row_order: bool = False) -> list[np.ndarray]:
+def flower_dirichlet_partition(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    *,
+    seed: int,
+    min_partition_size: int = 10,
+    self_balancing: bool = False,
+    row_order: bool = False,
+) -> list[np.ndarray]:
     """``DirichletPartitioner(num_partitions=K, partition_by=..., alpha, min_partition_size, self_balancing,
     seed)`` on a split whose ``partition_by`` column is ``labels`` (any sortable values).
 
@@ -119,8 +133,10 @@ def flower_dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: floa
                 # which can differ in the last bit and move a cut by one sample. cumsum adds left to right.
                 total = np.cumsum(q)[-1]
                 if not total > 0:
-                    raise ValueError("self-balancing: the Dirichlet draw gave 0 to every partition still at or "
-                                     "below N/K (Flower's cut is undefined here); use a larger alpha or no balancing")
+                    raise ValueError(
+                        "self-balancing: the Dirichlet draw gave 0 to every partition still at or "
+                        "below N/K (Flower's cut is undefined here); use a larger alpha or no balancing"
+                    )
                 q = q / total
             cuts = (np.cumsum(q) * idx.size).astype(int)[:-1]
             for k, piece in enumerate(np.split(idx, cuts)):
@@ -142,9 +158,16 @@ def flower_dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: floa
     return _group_by_owner(owner, num_clients)
 
 
-def flower_shard_partition(labels: np.ndarray, num_clients: int, shards_per_client: int | None, *, seed: int,
-                           shard_size: int | None = None, keep_incomplete_shard: bool = False,
-                           row_order: bool = False) -> list[np.ndarray]:
+def flower_shard_partition(
+    labels: np.ndarray,
+    num_clients: int,
+    shards_per_client: int | None,
+    *,
+    seed: int,
+    shard_size: int | None = None,
+    keep_incomplete_shard: bool = False,
+    row_order: bool = False,
+) -> list[np.ndarray]:
     """``ShardPartitioner(num_partitions=K, partition_by=..., num_shards_per_partition=s, shard_size,
     keep_incomplete_shard, seed)`` on a split whose ``partition_by`` column is ``labels``.
 
@@ -175,8 +198,10 @@ def flower_shard_partition(labels: np.ndarray, num_clients: int, shards_per_clie
     if shards_per_client is not None:
         shards_per_client = _check_int("shards_per_client", shards_per_client, 1)
         if shard_size is not None and shard_size * shards_per_client * num_clients > n:
-            raise ValueError(f"{num_clients} clients x {shards_per_client} shards x {shard_size} rows need at least "
-                             f"{shard_size * shards_per_client * num_clients} rows; the split has {n}")
+            raise ValueError(
+                f"{num_clients} clients x {shards_per_client} shards x {shard_size} rows need at least "
+                f"{shard_size * shards_per_client * num_clients} rows; the split has {n}"
+            )
         used = num_clients * shards_per_client
         per_client = np.full(num_clients, shards_per_client)
         if shard_size is None:
@@ -192,26 +217,41 @@ def flower_shard_partition(labels: np.ndarray, num_clients: int, shards_per_clie
         used = math.ceil(n / shard_size) if keep_incomplete_shard else n // shard_size
         usable = used
         per_client = np.full(num_clients, used // num_clients)
-        per_client[:used - num_clients * (used // num_clients)] += 1
+        per_client[: used - num_clients * (used // num_clients)] += 1
     if usable < num_clients:
-        raise ValueError(f"only {usable} shards of {shard_size} rows for {num_clients} clients; use smaller shards "
-                         f"or fewer clients")
+        raise ValueError(
+            f"only {usable} shards of {shard_size} rows for {num_clients} clients; use smaller shards or fewer clients"
+        )
     order = np.argsort(labels, kind="stable")  # Dataset.sort(partition_by): Arrow's stable sort
     rng = np.random.default_rng(seed)
     chosen = rng.permutation(usable)[:used]
     dealt = np.split(chosen, np.cumsum(per_client))[:-1]
     if row_order:
-        return _shuffled([np.concatenate([order[shard * shard_size:min((shard + 1) * shard_size, n)] for shard in shards])
-                          .astype(np.int64) for shards in dealt], rng)
+        return _shuffled(
+            [
+                np.concatenate([order[shard * shard_size : min((shard + 1) * shard_size, n)] for shard in shards]).astype(
+                    np.int64
+                )
+                for shards in dealt
+            ],
+            rng,
+        )
     owner = np.full(n, -1, dtype=np.int64)
     for k, shards in enumerate(dealt):
         for shard in shards:
-            owner[order[shard * shard_size:min((shard + 1) * shard_size, n)]] = k
+            owner[order[shard * shard_size : min((shard + 1) * shard_size, n)]] = k
     return _group_owned(owner, num_clients)
 
 
-def flower_pathological_partition(labels: np.ndarray, num_clients: int, classes_per_client: int, *, seed: int,
-                                  class_assignment: str = "random", row_order: bool = False) -> list[np.ndarray]:
+def flower_pathological_partition(
+    labels: np.ndarray,
+    num_clients: int,
+    classes_per_client: int,
+    *,
+    seed: int,
+    class_assignment: str = "random",
+    row_order: bool = False,
+) -> list[np.ndarray]:
     """``PathologicalPartitioner(num_partitions=K, partition_by=..., num_classes_per_partition=c,
     class_assignment_mode, seed)`` on a split whose ``partition_by`` column is ``labels``.
 
@@ -249,8 +289,10 @@ def flower_pathological_partition(labels: np.ndarray, num_clients: int, classes_
         holders = [k for k in range(num_clients) if value in held[k]]
         rows = np.flatnonzero(labels == value)
         if len(holders) > rows.size:
-            raise ValueError(f"class {value!r} would go to {len(holders)} clients but has {rows.size} rows; use fewer "
-                             f"clients or classes per client, or class_assignment: deterministic")
+            raise ValueError(
+                f"class {value!r} would go to {len(holders)} clients but has {rows.size} rows; use fewer "
+                f"clients or classes per client, or class_assignment: deterministic"
+            )
         for k, run in zip(holders, np.array_split(rows, len(holders)) if holders else []):
             owner[run] = k
             runs[k].append(run)

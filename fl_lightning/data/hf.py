@@ -47,8 +47,17 @@ from torch.utils.data import Dataset
 from fl_lightning.data.splits import IMAGE_ERRORS, CorruptImageError, DatasetSplits, limit_train, split_4_to_1
 from fl_lightning.errors import ConfigError, MissingResourceError, UsageError
 
-__all__ = ["HF_PREFIX", "HFSource", "HFImages", "build_hf_dataset", "column_values", "datasets_cache_dir",
-           "hf_shorthand", "hf_source", "hub_folder"]
+__all__ = [
+    "HF_PREFIX",
+    "HFSource",
+    "HFImages",
+    "build_hf_dataset",
+    "column_values",
+    "datasets_cache_dir",
+    "hf_shorthand",
+    "hf_source",
+    "hub_folder",
+]
 
 HF_PREFIX = "hf:"  # data.name: hf:<id> is name: hf with path: <id>
 
@@ -86,9 +95,15 @@ class HFSource:
 
 def hf_source(data: Any) -> HFSource:
     """The ``data.*`` keys (a :class:`~fl_lightning.config.DataConfig`) a Hugging Face data set reads (``data.name: hf``)."""
-    return HFSource(path=data.path, train_split=data.train_split, test_split=data.test_split,
-                    image_column=data.image_column, label_column=data.label_column, revision=data.revision,
-                    cache_dir=data.cache_dir)
+    return HFSource(
+        path=data.path,
+        train_split=data.train_split,
+        test_split=data.test_split,
+        image_column=data.image_column,
+        label_column=data.label_column,
+        revision=data.revision,
+        cache_dir=data.cache_dir,
+    )
 
 
 def hf_shorthand(name: str, path: str | None, *, key_prefix: str = "") -> tuple[str, str | None]:
@@ -104,10 +119,11 @@ def hf_shorthand(name: str, path: str | None, *, key_prefix: str = "") -> tuple[
     """
     if not isinstance(name, str) or not name.startswith(HF_PREFIX):
         return name, path
-    target = name[len(HF_PREFIX):].strip()
+    target = name[len(HF_PREFIX) :].strip()
     if not target:
-        raise ConfigError(f"{key_prefix}name", name, "hf:<hub id or local path> (e.g. hf:uoft-cs/cifar10), "
-                          "or name: hf with data.path")
+        raise ConfigError(
+            f"{key_prefix}name", name, "hf:<hub id or local path> (e.g. hf:uoft-cs/cifar10), or name: hf with data.path"
+        )
     if path and path != target:
         raise ConfigError(f"{key_prefix}path", path, f"null or {target!r}: data.name {name!r} names the data set")
     return "hf", target
@@ -159,18 +175,23 @@ def _read_local(path: Path, download: bool, cache_dir: str | None = None) -> Any
     if path.is_file():
         builder = _DATA_SUFFIXES.get(path.suffix)
         if builder is None:
-            raise UsageError(f"data.path '{path}' is a {path.suffix or 'suffix-less'} file; expected a .parquet or "
-                             f".arrow file, a folder of them, or a folder written by save_to_disk")
+            raise UsageError(
+                f"data.path '{path}' is a {path.suffix or 'suffix-less'} file; expected a .parquet or "
+                f".arrow file, a folder of them, or a folder written by save_to_disk"
+            )
         return datasets.load_dataset(builder, data_files={"train": str(path)}, cache_dir=datasets_cache_dir(cache_dir))
     try:  # a folder of data files (a hub snapshot): the library infers the splits from the file names
-        return datasets.load_dataset(str(path), cache_dir=datasets_cache_dir(cache_dir),
-                                     download_mode=None if download else "reuse_dataset_if_exists")
+        return datasets.load_dataset(
+            str(path), cache_dir=datasets_cache_dir(cache_dir), download_mode=None if download else "reuse_dataset_if_exists"
+        )
     except (FileNotFoundError, ValueError) as err:  # "Unable to find …", "… doesn't contain any data files"
         if _damage(err) is not None:  # pyarrow's ArrowInvalid is a ValueError too: a damaged file, said by the caller
             raise
         reason = " ".join(str(err).split())
-        raise UsageError(f"data.path '{path}' holds no data set datasets can read ({reason}); expected a folder "
-                         f"written by save_to_disk, or .parquet / .arrow files") from None
+        raise UsageError(
+            f"data.path '{path}' holds no data set datasets can read ({reason}); expected a folder "
+            f"written by save_to_disk, or .parquet / .arrow files"
+        ) from None
 
 
 def _damage(err: BaseException) -> BaseException | None:
@@ -228,11 +249,15 @@ def _damaged_line(path: Path, damage: BaseException) -> str:
         return f"data.path '{path}' cannot be read ({reason}); check its .parquet / .arrow files"
     kind = "an Arrow" if bad.suffix == ".arrow" else "a parquet"
     if path.is_dir() and _is_saved_to_disk(path):
-        return (f"data.path '{path}' (a save_to_disk folder) cannot be read: its file {bad} is truncated or damaged "
-                f"({reason}); write the folder again with save_to_disk")
+        return (
+            f"data.path '{path}' (a save_to_disk folder) cannot be read: its file {bad} is truncated or damaged "
+            f"({reason}); write the folder again with save_to_disk"
+        )
     where = f"data.path '{path}'" if bad == path else f"data.path '{path}': the file {bad}"
-    return (f"{where} cannot be read ({reason}); it is truncated or not {kind} file: replace it with a whole "
-            f"copy{'' if bad == path else ' or remove it'}")
+    return (
+        f"{where} cannot be read ({reason}); it is truncated or not {kind} file: replace it with a whole "
+        f"copy{'' if bad == path else ' or remove it'}"
+    )
 
 
 def _load(source: HFSource, download: bool) -> tuple[Any, str]:
@@ -242,15 +267,21 @@ def _load(source: HFSource, download: bool) -> tuple[Any, str]:
     local = Path(source.path).expanduser()
     if local.exists():
         if source.revision is not None:
-            raise ConfigError("data.revision", source.revision, f"null for the local path '{source.path}' (a revision "
-                              f"picks a snapshot of a hub id; a folder or file on disk is one version)")
+            raise ConfigError(
+                "data.revision",
+                source.revision,
+                f"null for the local path '{source.path}' (a revision "
+                f"picks a snapshot of a hub id; a folder or file on disk is one version)",
+            )
         return _load_local(local, download, source.cache_dir), str(local.resolve())
     from fl_lightning.models.hub import looks_like_hub_id
 
     if not looks_like_hub_id(source.path):
-        raise MissingResourceError(f"data.path '{source.path}' does not exist: there is no such local file or folder "
-                                   f"({local.resolve()}); give a hub id (org/name), a folder written by save_to_disk, "
-                                   f"or .parquet / .arrow files")
+        raise MissingResourceError(
+            f"data.path '{source.path}' does not exist: there is no such local file or folder "
+            f"({local.resolve()}); give a hub id (org/name), a folder written by save_to_disk, "
+            f"or .parquet / .arrow files"
+        )
     folder = hub_folder(source.path, download=download, revision=source.revision, cache_dir=source.cache_dir)
     return _load_local(Path(folder), download, source.cache_dir), folder
 
@@ -272,9 +303,15 @@ def hub_folder(path: str, *, download: bool, revision: str | None = None, cache_
     from fl_lightning.models.hub import hub_snapshot
 
     try:
-        return hub_snapshot(path, repo_type="dataset", download=download, key="data.path",
-                            download_key="data.download", revision=revision,
-                            cache_dir=None if cache_dir is None else os.path.expanduser(cache_dir))
+        return hub_snapshot(
+            path,
+            repo_type="dataset",
+            download=download,
+            key="data.path",
+            download_key="data.download",
+            revision=revision,
+            cache_dir=None if cache_dir is None else os.path.expanduser(cache_dir),
+        )
     except MissingResourceError as err:
         raise MissingResourceError(str(err) + _not_found_notes(path, download)) from None
 
@@ -287,8 +324,10 @@ def _not_found_notes(path: str, download: bool) -> str:
         notes += f"; nor is it a local folder: no such local folder {Path(path).expanduser().resolve()}"
     offline = _offline_variable()
     if offline:
-        notes += (f"; {offline}={os.environ.get(offline, '1')} is set, so huggingface_hub makes no request"
-                  f"{'' if download else ' even with data.download: true'}: unset it to download")
+        notes += (
+            f"; {offline}={os.environ.get(offline, '1')} is set, so huggingface_hub makes no request"
+            f"{'' if download else ' even with data.download: true'}: unset it to download"
+        )
     return notes
 
 
@@ -328,8 +367,11 @@ def _sliced(data: Any, spec: str, key: str) -> Any:
     try:
         parts = datasets.ReadInstruction.from_spec(spec).to_absolute({n: len(t) for n, t in tables.items()})
     except (ValueError, AssertionError) as err:  # a bad spec, or a split the data set does not have
-        raise ConfigError(key, spec, f"a split's name or a slice such as 'train[:10%]' or 'train[100:]+validation' "
-                          f"({' '.join(str(err).split())})") from None
+        raise ConfigError(
+            key,
+            spec,
+            f"a split's name or a slice such as 'train[:10%]' or 'train[100:]+validation' ({' '.join(str(err).split())})",
+        ) from None
     pieces = [tables[p.splitname].select(range(p.from_, p.to)) for p in parts]
     if not sum(len(p) for p in pieces):
         raise ConfigError(key, spec, "a slice that holds rows (this one is empty)")
@@ -343,8 +385,7 @@ def _columns_line(table: Any) -> str:
 def _given_column(table: Any, given: str, key: str) -> str:
     """``given``, a column of ``table`` (else the one line listing the columns)."""
     if given not in table.features:
-        raise UsageError(f"config error: {key}={given!r} is not a column of the data set; its columns: "
-                         f"{_columns_line(table)}")
+        raise UsageError(f"config error: {key}={given!r} is not a column of the data set; its columns: {_columns_line(table)}")
     return given
 
 
@@ -359,16 +400,23 @@ def _find_image_column(table: Any, given: str | None, where: str) -> str:
         found = [n for n, f in table.features.items() if isinstance(f, datasets.Image)]
         found += [n for n in _IMAGE_NAMES if n in table.features]
         if not found:
-            raise UsageError(f"cannot tell which column holds the images; set data.image_column to one of the data "
-                             f"set's columns: {_columns_line(table)}")
+            raise UsageError(
+                f"cannot tell which column holds the images; set data.image_column to one of the data "
+                f"set's columns: {_columns_line(table)}"
+            )
         column = found[0]
     feature = table.features[column]
     if isinstance(feature, datasets.Value):  # decoding it would fail at the first item read, in a worker
         strings = feature.dtype in ("string", "large_string")
-        held = "strings, not images (file paths? cast the column to datasets.Image() before saving)" if strings \
+        held = (
+            "strings, not images (file paths? cast the column to datasets.Image() before saving)"
+            if strings
             else f"{feature.dtype} values, not images"
-        raise UsageError(f"column {column!r} of '{where}' holds {held}; set data.image_column to an Image column; "
-                         f"its columns: {_columns_line(table)}")
+        )
+        raise UsageError(
+            f"column {column!r} of '{where}' holds {held}; set data.image_column to an Image column; "
+            f"its columns: {_columns_line(table)}"
+        )
     return column
 
 
@@ -388,8 +436,11 @@ def _find_label_column(table: Any, given: str | None) -> str:
     if given is not None:
         return _given_column(table, given, "data.label_column")
     features = table.features
-    preferred = [n for n in _PREFERRED_LABELS if n in features and
-                 (isinstance(features[n], datasets.ClassLabel) or _is_label_value(features[n]))]
+    preferred = [
+        n
+        for n in _PREFERRED_LABELS
+        if n in features and (isinstance(features[n], datasets.ClassLabel) or _is_label_value(features[n]))
+    ]
     candidates = [n for n, f in features.items() if isinstance(f, datasets.ClassLabel) or n in preferred]
     if len(candidates) == 1:
         return candidates[0]
@@ -397,20 +448,25 @@ def _find_label_column(table: Any, given: str | None) -> str:
         return preferred[0]
     if candidates:
         listed = ", ".join(f"{n} ({type(features[n]).__name__})" for n in candidates)
-        raise UsageError(f"cannot tell which column holds the labels: {len(candidates)} columns could ({listed}); "
-                         f"set data.label_column to one of them")
+        raise UsageError(
+            f"cannot tell which column holds the labels: {len(candidates)} columns could ({listed}); "
+            f"set data.label_column to one of them"
+        )
     for name in _FALLBACK_LABELS:
         if name in features and _is_label_value(features[name]):
             return name
-    raise UsageError(f"cannot tell which column holds the labels; set data.label_column to one of the data set's "
-                     f"columns: {_columns_line(table)}")
+    raise UsageError(
+        f"cannot tell which column holds the labels; set data.label_column to one of the data set's "
+        f"columns: {_columns_line(table)}"
+    )
 
 
 def _is_label_value(feature: Any) -> bool:
     import datasets
 
-    return isinstance(feature, datasets.Value) and (feature.dtype.startswith(("int", "uint")) or
-                                                    feature.dtype in ("string", "large_string"))
+    return isinstance(feature, datasets.Value) and (
+        feature.dtype.startswith(("int", "uint")) or feature.dtype in ("string", "large_string")
+    )
 
 
 def column_values(table: Any, name: str) -> np.ndarray:
@@ -430,8 +486,10 @@ def _labels(train: Any, test: Any | None, column: str) -> tuple[list[str], np.nd
     if isinstance(feature, datasets.ClassLabel):
         return list(feature.names), raw_train.astype(np.int64), None if raw_test is None else raw_test.astype(np.int64)
     if not _is_label_value(feature):
-        raise UsageError(f"column {column!r} holds {feature}, not class labels (integers, strings or a ClassLabel); "
-                         f"set data.label_column to one of: {_columns_line(train)}")
+        raise UsageError(
+            f"column {column!r} holds {feature}, not class labels (integers, strings or a ClassLabel); "
+            f"set data.label_column to one of: {_columns_line(train)}"
+        )
     values = np.unique(raw_train)  # sorted: integers numerically, strings lexically
     classes = [str(v) for v in values.tolist()]
     train_targets = np.searchsorted(values, raw_train).astype(np.int64)
@@ -439,8 +497,10 @@ def _labels(train: Any, test: Any | None, column: str) -> tuple[list[str], np.nd
         return classes, train_targets, None
     unseen = np.setdiff1d(np.unique(raw_test), values)
     if unseen.size:
-        raise UsageError(f"the test split's column {column!r} holds labels the training split lacks "
-                         f"({', '.join(map(str, unseen[:3].tolist()))}); every test label must occur in training")
+        raise UsageError(
+            f"the test split's column {column!r} holds labels the training split lacks "
+            f"({', '.join(map(str, unseen[:3].tolist()))}); every test label must occur in training"
+        )
     return classes, train_targets, np.searchsorted(values, raw_test).astype(np.int64)
 
 
@@ -448,8 +508,9 @@ class HFImages(Dataset):
     """Rows ``rows`` of a ``datasets`` table as ``(image, target)``: the image decoded when read, in RGB, through
     ``transform``. A module-level class: it pickles into DataLoader workers (the table is memory-mapped)."""
 
-    def __init__(self, *, table: Any, image_column: str, rows: np.ndarray | None, targets: np.ndarray,
-                 transform: Any, where: str) -> None:
+    def __init__(
+        self, *, table: Any, image_column: str, rows: np.ndarray | None, targets: np.ndarray, transform: Any, where: str
+    ) -> None:
         self.table = table.select_columns([image_column])  # reading a row decodes this column only
         self.image_column, self.rows, self.targets = image_column, rows, targets
         self.transform, self.where = transform, where
@@ -464,8 +525,9 @@ class HFImages(Dataset):
             image = image.convert("RGB") if hasattr(image, "convert") else image
         except IMAGE_ERRORS as err:
             reason = " ".join(str(err).split()) or type(err).__name__
-            raise CorruptImageError(f"row {row} of '{self.where}' (column {self.image_column!r}) cannot be decoded "
-                                    f"({reason}); remove or replace it") from err
+            raise CorruptImageError(
+                f"row {row} of '{self.where}' (column {self.image_column!r}) cannot be decoded ({reason}); remove or replace it"
+            ) from err
         if self.transform is not None:
             image = self.transform(image)
         return image, int(self.targets[index])
@@ -488,12 +550,15 @@ class _ColumnReader:
 
         feature = self.table.features.get(name)
         if feature is None:
-            raise UsageError(f"config error: partition.by={name!r} is not a column of the data set; its columns: "
-                             f"{_columns_line(self.table)}")
+            raise UsageError(
+                f"config error: partition.by={name!r} is not a column of the data set; its columns: {_columns_line(self.table)}"
+            )
         if not isinstance(feature, (datasets.Value, datasets.ClassLabel)):
-            raise UsageError(f"config error: partition.by={name!r} is a column of {type(feature).__name__} values, not "
-                             f"of ids; name a column of integers or strings (a writer, a user); its columns: "
-                             f"{_columns_line(self.table)}")
+            raise UsageError(
+                f"config error: partition.by={name!r} is a column of {type(feature).__name__} values, not "
+                f"of ids; name a column of integers or strings (a writer, a user); its columns: "
+                f"{_columns_line(self.table)}"
+            )
         values = column_values(self.table, name)
         values = values if self.rows is None else values[self.rows]
         _check_ids(values, name, self.rows)
@@ -515,17 +580,23 @@ def _check_ids(values: np.ndarray, name: str, rows: np.ndarray | None) -> None:
     if missing.any():
         first = int(np.flatnonzero(missing)[0])
         row = first if rows is None else int(rows[first])
-        raise UsageError(f"partition.by={name!r} has no value (null) in {int(missing.sum())} of the {len(values)} "
-                         f"training rows (the first: row {row}); a natural client needs an id in every row: fill "
-                         f"or drop those rows, or name another column")
+        raise UsageError(
+            f"partition.by={name!r} has no value (null) in {int(missing.sum())} of the {len(values)} "
+            f"training rows (the first: row {row}); a natural client needs an id in every row: fill "
+            f"or drop those rows, or name another column"
+        )
     distinct = np.unique(values)
     if distinct.size == 1:
-        warnings.warn(f"partition.by={name!r} holds one value ({distinct[0]!r}) in all {len(values)} training rows: "
-                      f"the natural partition has one client, so the run trains centrally", stacklevel=3)
+        warnings.warn(
+            f"partition.by={name!r} holds one value ({distinct[0]!r}) in all {len(values)} training rows: "
+            f"the natural partition has one client, so the run trains centrally",
+            stacklevel=3,
+        )
 
 
-def build_hf_dataset(source: HFSource, *, download: bool, train_transform: Any, test_transform: Any, seed: int,
-                     num_samples: int | None) -> Any:
+def build_hf_dataset(
+    source: HFSource, *, download: bool, train_transform: Any, test_transform: Any, seed: int, num_samples: int | None
+) -> Any:
     """The :class:`~fl_lightning.data.registry.DatasetSplits` of a Hugging Face data set.
 
     Args:
@@ -542,8 +613,10 @@ def build_hf_dataset(source: HFSource, *, download: bool, train_transform: Any, 
     try:
         import datasets  # noqa: F401 — an optional dependency (the extra 'hf')
     except ImportError:
-        raise MissingResourceError("data.name: hf reads data with the Hugging Face datasets library, which is not "
-                                   "installed: pip install 'fl_lightning[hf]' (or 'datasets>=5.2')") from None
+        raise MissingResourceError(
+            "data.name: hf reads data with the Hugging Face datasets library, which is not "
+            "installed: pip install 'fl_lightning[hf]' (or 'datasets>=5.2')"
+        ) from None
     data, where = _load(source, download)
     train_table = _split(data, source.train_split, "data.train_split")
     test_table = None if source.test_split is None else _split(data, source.test_split, "data.test_split")
@@ -552,28 +625,50 @@ def build_hf_dataset(source: HFSource, *, download: bool, train_transform: Any, 
     if test_table is not None:
         for column in (image_column, label_column):
             if column not in test_table.features:
-                raise UsageError(f"the test split {source.test_split!r} has no column {column!r}; its columns: "
-                                 f"{_columns_line(test_table)}")
+                raise UsageError(
+                    f"the test split {source.test_split!r} has no column {column!r}; its columns: {_columns_line(test_table)}"
+                )
     classes, train_targets, test_targets = _labels(train_table, test_table, label_column)
     if len(classes) < 2:
-        raise UsageError(f"column {label_column!r} of '{where}' holds {len(classes)} class; a classification run "
-                         f"needs at least 2")
+        raise UsageError(
+            f"column {label_column!r} of '{where}' holds {len(classes)} class; a classification run needs at least 2"
+        )
     train_rows = test_rows = None
     if test_table is None:  # one table: a seeded, stratified 4:1 split, as for imagefolder
         train_rows, test_rows = split_4_to_1(train_targets, seed)
         test_table, test_targets = train_table, train_targets[test_rows]
         train_targets = train_targets[train_rows]
-    identity = {"where": where, "train": [source.train_split, train_table._fingerprint],
-                "test": [source.test_split, test_table._fingerprint], "image": image_column, "label": label_column}
+    identity = {
+        "where": where,
+        "train": [source.train_split, train_table._fingerprint],
+        "test": [source.test_split, test_table._fingerprint],
+        "image": image_column,
+        "label": label_column,
+    }
     if source.revision is not None:  # absent at main: the fingerprints (and feature caches) made before it stay valid
         identity["revision"] = source.revision
     fingerprint = hashlib.sha256(json.dumps(identity).encode()).hexdigest()
     splits = DatasetSplits(
-        HFImages(table=train_table, image_column=image_column, rows=train_rows, targets=train_targets,
-                 transform=train_transform, where=where),
-        HFImages(table=test_table, image_column=image_column, rows=test_rows, targets=test_targets,
-                 transform=test_transform, where=where),
-        classes, train_targets, test_targets, fingerprint=fingerprint,
+        HFImages(
+            table=train_table,
+            image_column=image_column,
+            rows=train_rows,
+            targets=train_targets,
+            transform=train_transform,
+            where=where,
+        ),
+        HFImages(
+            table=test_table,
+            image_column=image_column,
+            rows=test_rows,
+            targets=test_targets,
+            transform=test_transform,
+            where=where,
+        ),
+        classes,
+        train_targets,
+        test_targets,
+        fingerprint=fingerprint,
         train_column=_ColumnReader(train_table, train_rows),
     )
     return limit_train(splits, num_samples, seed)

@@ -32,8 +32,15 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-__all__ = ["LoaderSettings", "resolve_loader_settings", "ClientBatchSampler", "ClientPasses", "DeviceFloatPart",
-           "TensorBatches", "AUTO_MAX_WORKERS"]
+__all__ = [
+    "LoaderSettings",
+    "resolve_loader_settings",
+    "ClientBatchSampler",
+    "ClientPasses",
+    "DeviceFloatPart",
+    "TensorBatches",
+    "AUTO_MAX_WORKERS",
+]
 
 AUTO_MAX_WORKERS = 4  # auto's cap on workers per rank: enough for a CLIP 224-px pipeline on one GPU (docs/gpu.md)
 
@@ -48,9 +55,16 @@ class LoaderSettings:
     normalize_on_device: bool = False  # a uint8 store's float part after the copy to the device (DeviceFloatPart)
 
 
-def resolve_loader_settings(num_workers: int | str, pin_memory: bool | str, persistent_workers: bool | str, *,
-                            cuda: bool, cpus: int, ranks_on_node: int,
-                            normalize_on_device: bool | str = False) -> LoaderSettings:
+def resolve_loader_settings(
+    num_workers: int | str,
+    pin_memory: bool | str,
+    persistent_workers: bool | str,
+    *,
+    cuda: bool,
+    cpus: int,
+    ranks_on_node: int,
+    normalize_on_device: bool | str = False,
+) -> LoaderSettings:
     """The DataLoader settings of one rank.
 
     Args:
@@ -112,14 +126,14 @@ class ClientBatchSampler(Sampler[list[int]]):
     def _batches(rows: list[int], size: int, generator: torch.Generator | None) -> Iterator[list[int]]:
         if generator is None:
             for start in range(0, len(rows), size):
-                yield rows[start:start + size]
+                yield rows[start : start + size]
             return
         n = len(rows)
         torch.empty((), dtype=torch.int64).random_(generator=generator)  # the DataLoader iterator's base seed
         order = [rows[i] for i in torch.randperm(n, generator=generator).tolist()]
         full = n - n % size
         for start in range(0, full, size):
-            yield order[start:start + size]
+            yield order[start : start + size]
         # RandomSampler's second randperm (its empty tail, num_samples % n), drawn as BatchSampler runs it dry
         torch.randperm(n, generator=generator)
         if full < n:
@@ -131,14 +145,21 @@ class ClientPasses:
     pass. Iterate a pass to completion, or stop early: the next pass starts clean (torch discards what the
     persistent workers had fetched ahead)."""
 
-    def __init__(self, dataset: Dataset, *, num_workers: int, pin_memory: bool, persistent_workers: bool,
-                 collate_fn: Any) -> None:
+    def __init__(
+        self, dataset: Dataset, *, num_workers: int, pin_memory: bool, persistent_workers: bool, collate_fn: Any
+    ) -> None:
         self.dataset = dataset
         self.sampler = ClientBatchSampler()
         # its own generator: the loader's base seed never touches the global RNG
-        self.loader = DataLoader(dataset, batch_sampler=self.sampler, num_workers=num_workers, pin_memory=pin_memory,
-                                 persistent_workers=persistent_workers, collate_fn=collate_fn,
-                                 generator=torch.Generator().manual_seed(0))
+        self.loader = DataLoader(
+            dataset,
+            batch_sampler=self.sampler,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            persistent_workers=persistent_workers,
+            collate_fn=collate_fn,
+            generator=torch.Generator().manual_seed(0),
+        )
 
     def pass_over(self, rows: Sequence[int], *, batch_size: int, shuffle: bool, seed: int = 0) -> _Pass:
         return _Pass(self, list(rows), batch_size, shuffle, seed)
@@ -158,8 +179,11 @@ class _Pass:
 
     def __iter__(self) -> Iterator[Any]:
         shared = self.passes.sampler
-        shared._rows, shared._batch_size, shared._generator = (self._sampler._rows, self._sampler._batch_size,
-                                                               self._sampler._generator)
+        shared._rows, shared._batch_size, shared._generator = (
+            self._sampler._rows,
+            self._sampler._batch_size,
+            self._sampler._generator,
+        )
         return iter(self.passes.loader)
 
 
@@ -177,8 +201,7 @@ class DeviceFloatPart:
         float_part: the uint8 store's float part (``PreprocessedSplit.float_part``), elementwise.
     """
 
-    def __init__(self, loader: Any, *, device: torch.device | str, float_part: Callable[[torch.Tensor], torch.Tensor]
-                 ) -> None:
+    def __init__(self, loader: Any, *, device: torch.device | str, float_part: Callable[[torch.Tensor], torch.Tensor]) -> None:
         self.loader, self.device, self.float_part = loader, torch.device(device), float_part
 
     def __len__(self) -> int:

@@ -100,9 +100,7 @@ def _check_int(name: str, value: object, minimum: int) -> int:
 def _check_num_clients(num_clients: object, num_samples: int) -> int:
     num_clients = _check_int("num_clients", num_clients, 1)
     if num_clients > num_samples:
-        raise PartitionArgumentError(
-            "num_clients", num_clients, f"at most the number of samples ({num_samples})"
-        )
+        raise PartitionArgumentError("num_clients", num_clients, f"at most the number of samples ({num_samples})")
     return num_clients
 
 
@@ -156,9 +154,7 @@ def iid_partition(num_samples: int, num_clients: int, *, seed: int) -> list[np.n
     return [np.sort(part) for part in np.array_split(perm, num_clients)]
 
 
-def _draw_proportions(
-    num_classes: int, num_clients: int, alpha: float, rng: np.random.Generator
-) -> np.ndarray:
+def _draw_proportions(num_classes: int, num_clients: int, alpha: float, rng: np.random.Generator) -> np.ndarray:
     """(C, K) rows q_c ~ Dir(alpha · 1_K), drawn from ``rng`` in class order.
 
     One ``rng.dirichlet(..., size=C)`` call consumes the generator exactly as C calls in a row,
@@ -183,9 +179,7 @@ def _draw_proportions(
     return np.stack(rows)
 
 
-def _draw_counts(
-    class_sizes: np.ndarray, num_clients: int, alpha: float, balance: bool, rng: np.random.Generator
-) -> np.ndarray:
+def _draw_counts(class_sizes: np.ndarray, num_clients: int, alpha: float, balance: bool, rng: np.random.Generator) -> np.ndarray:
     """One draw of the (K, C) table of how many samples of class c client k gets (Hsu et al.).
 
     Class c (n_c samples) is cut at floor(n_c · cumsum(q_c)) for the first K-1 clients; the last
@@ -293,9 +287,7 @@ def dirichlet_partition(
     return _group_by_owner(owner, num_clients)
 
 
-def _min_error(
-    min_samples: int, num_clients: int, alpha: float, n: int, smallest: int, redraws: int
-) -> str:
+def _min_error(min_samples: int, num_clients: int, alpha: float, n: int, smallest: int, redraws: int) -> str:
     tried = f"after {redraws} re-draws " if redraws else ""
     return (
         f"cannot give each of {num_clients} clients >= {min_samples} samples "
@@ -304,9 +296,7 @@ def _min_error(
     )
 
 
-def shard_partition(
-    labels: np.ndarray, num_clients: int, shards_per_client: int, *, seed: int
-) -> list[np.ndarray]:
+def shard_partition(labels: np.ndarray, num_clients: int, shards_per_client: int, *, seed: int) -> list[np.ndarray]:
     """Pathological non-IID split of McMahan et al. (2017), Sec. 3: sort by label, deal shards.
 
     The samples are ordered by label (ties in a seeded random order), cut into
@@ -356,12 +346,15 @@ def natural_grouping_note(groups: np.ndarray, num_clients: int, by: str) -> str 
     values of the column (not one client per value), or a column of one value puts all the data on one client."""
     values = int(np.unique(np.asarray(groups)).size)
     if values == 1:
-        return (f"partition.by={by!r} holds one value: one client holds all the training data (a centralised run, "
-                f"not a federation)")
+        return (
+            f"partition.by={by!r} holds one value: one client holds all the training data (a centralised run, not a federation)"
+        )
     if num_clients < values:
-        return (f"partition.scheme natural groups the {values} values of {by!r} into {num_clients} clients "
-                f"(partition.num_clients={num_clients}); one client per value: --partition.num_clients {values} (or null, "
-                f"the default)")
+        return (
+            f"partition.scheme natural groups the {values} values of {by!r} into {num_clients} clients "
+            f"(partition.num_clients={num_clients}); one client per value: --partition.num_clients {values} (or null, "
+            f"the default)"
+        )
     return None
 
 
@@ -388,15 +381,14 @@ def natural_partition(groups: np.ndarray, num_clients: int) -> list[np.ndarray]:
     values, value_of_row = np.unique(groups, return_inverse=True)
     num_clients = _check_int("num_clients", num_clients, 1)
     if num_clients > values.size:
-        raise PartitionArgumentError("num_clients", num_clients,
-                                     f"at most the {values.size} distinct values of the column (one client per value)")
+        raise PartitionArgumentError(
+            "num_clients", num_clients, f"at most the {values.size} distinct values of the column (one client per value)"
+        )
     client_of_value = np.repeat(np.arange(num_clients), [len(r) for r in np.array_split(values, num_clients)])
     return _group_by_owner(client_of_value[value_of_row.reshape(-1)].astype(np.int64), num_clients)
 
 
-def client_class_counts(
-    labels: np.ndarray, parts: Sequence[np.ndarray], num_classes: int
-) -> np.ndarray:
+def client_class_counts(labels: np.ndarray, parts: Sequence[np.ndarray], num_classes: int) -> np.ndarray:
     """How many samples of each class every client holds.
 
     One ``np.bincount`` over ``client · C + label`` for all clients at once, so K=10,000 clients
@@ -417,9 +409,7 @@ def client_class_counts(
     labels = _check_labels(labels)
     num_classes = _check_int("num_classes", num_classes, 1)
     if labels.max() >= num_classes:
-        raise PartitionArgumentError(
-            "labels", int(labels.max()), f"class labels < num_classes={num_classes}"
-        )
+        raise PartitionArgumentError("labels", int(labels.max()), f"class labels < num_classes={num_classes}")
     num_clients = len(parts)
     arrays = [np.asarray(idx, dtype=np.int64).reshape(-1) for idx in parts]
     sizes = np.array([a.size for a in arrays], dtype=np.int64)
@@ -445,8 +435,7 @@ def _count_more(total: int) -> str:
     return f" (and {total - _LISTED} more)" if total > _LISTED else ""
 
 
-def _check_exact_cover(flat: np.ndarray, owner: np.ndarray, num_samples: int, where: str,
-                       unassigned: int = 0) -> None:
+def _check_exact_cover(flat: np.ndarray, owner: np.ndarray, num_samples: int, where: str, unassigned: int = 0) -> None:
     """Every index in [0, N) exactly once across clients, or a one-line ``ValueError`` saying
     what is wrong: an index out of range, one held twice (and by whom), or ones held by no client.
 
@@ -479,8 +468,10 @@ def _check_exact_cover(flat: np.ndarray, owner: np.ndarray, num_samples: int, wh
     if unassigned and flat.size + unassigned == num_samples:
         return
     if unassigned:
-        raise ValueError(f"{where}: {num_samples - flat.size} of the {num_samples} training samples are assigned to "
-                         f"no client, but it records {unassigned} unassigned")
+        raise ValueError(
+            f"{where}: {num_samples - flat.size} of the {num_samples} training samples are assigned to "
+            f"no client, but it records {unassigned} unassigned"
+        )
     if flat.size < num_samples:
         missing = np.flatnonzero(np.bincount(flat, minlength=num_samples) == 0)
         listed = ", ".join(str(int(i)) for i in missing[:_LISTED])
@@ -493,7 +484,10 @@ def _check_exact_cover(flat: np.ndarray, owner: np.ndarray, num_samples: int, wh
 
 
 def write_partition_json(
-    parts: Sequence[np.ndarray], path: str | Path, *, meta: Mapping[str, Any] | None = None,
+    parts: Sequence[np.ndarray],
+    path: str | Path,
+    *,
+    meta: Mapping[str, Any] | None = None,
     num_samples: int | None = None,
 ) -> Path:
     """Write the client -> sample-indices assignment, so another run can use the same split.
@@ -537,11 +531,11 @@ def write_partition_json(
     held = int(sizes.sum())
     num_samples = held if num_samples is None else int(num_samples)
     flat = np.concatenate(arrays)
-    _check_exact_cover(flat, np.repeat(np.arange(len(arrays)), sizes), num_samples, "partition",
-                       unassigned=max(num_samples - held, 0))
+    _check_exact_cover(
+        flat, np.repeat(np.arange(len(arrays)), sizes), num_samples, "partition", unassigned=max(num_samples - held, 0)
+    )
 
-    head: dict[str, Any] = {"format": _FORMAT, "version": _VERSION, "num_samples": num_samples,
-                            "num_clients": len(arrays)}
+    head: dict[str, Any] = {"format": _FORMAT, "version": _VERSION, "num_samples": num_samples, "num_clients": len(arrays)}
     if num_samples > held:
         head["unassigned"] = num_samples - held
     if meta:
@@ -567,9 +561,7 @@ def _read_json(path: Path, where: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
-        raise ValueError(
-            f"{where} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})"
-        ) from None
+        raise ValueError(f"{where} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})") from None
 
 
 def _partition_header(data: Any, num_samples: int, where: str) -> tuple[Any, int]:
@@ -581,18 +573,14 @@ def _partition_header(data: Any, num_samples: int, where: str) -> tuple[Any, int
     declared = data.get("num_samples")
     unassigned = data.get("unassigned", 0)
     if type(unassigned) is not int or not 0 <= unassigned < num_samples:
-        raise ValueError(f"{where}: 'unassigned' is {json.dumps(unassigned)}; expected a count of rows, "
-                         f"0 <= n < {num_samples}")
+        raise ValueError(f"{where}: 'unassigned' is {json.dumps(unassigned)}; expected a count of rows, 0 <= n < {num_samples}")
     if declared is not None and declared != num_samples:
         raise ValueError(
             f"{where} was written for {declared} training samples, but this training split "
             f"has {num_samples}; it belongs to another data set or data.num_samples"
         )
-    if data.get("num_clients") is not None and isinstance(clients, list) \
-            and data["num_clients"] != len(clients):
-        raise ValueError(
-            f"{where} declares {data['num_clients']} clients but lists {len(clients)}"
-        )
+    if data.get("num_clients") is not None and isinstance(clients, list) and data["num_clients"] != len(clients):
+        raise ValueError(f"{where} declares {data['num_clients']} clients but lists {len(clients)}")
     return clients, unassigned
 
 
@@ -622,8 +610,7 @@ def read_partition_json(path: str | Path, num_samples: int) -> list[np.ndarray]:
     where = f"partition file '{path}'"
     clients, unassigned = _partition_header(_read_json(path, where), num_samples, where)
     if not isinstance(clients, list) or not all(isinstance(c, list) for c in clients):
-        bad = next((k for k, c in enumerate(clients) if not isinstance(c, list)), None) \
-            if isinstance(clients, list) else None
+        bad = next((k for k, c in enumerate(clients) if not isinstance(c, list)), None) if isinstance(clients, list) else None
         detail = f"; client {bad} is {type(clients[bad]).__name__}, not a list" if bad is not None else ""
         raise ValueError(
             f"{where} is not a partition: expected a JSON object with a 'clients' list of index "
@@ -637,8 +624,7 @@ def read_partition_json(path: str | Path, num_samples: int) -> list[np.ndarray]:
         for k, c in enumerate(clients):
             for v in c:
                 if type(v) is not int:
-                    raise ValueError(f"{where}: client {k} holds {json.dumps(v)}, which is not an "
-                                     f"integer sample index")
+                    raise ValueError(f"{where}: client {k} holds {json.dumps(v)}, which is not an integer sample index")
     sizes = np.array([len(c) for c in clients], dtype=np.int64)
     owner_of_entry = np.repeat(np.arange(len(clients), dtype=np.int64), sizes)
     try:

@@ -60,12 +60,30 @@ import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 from torchvision.transforms import v2
 
-__all__ = ["PreprocessedSplit", "StoredBatch", "collate", "collate_uint8", "float_part_of", "is_deterministic",
-           "store_of", "uint8_stage", "DETERMINISTIC_STEPS"]
+__all__ = [
+    "PreprocessedSplit",
+    "StoredBatch",
+    "collate",
+    "collate_uint8",
+    "float_part_of",
+    "is_deterministic",
+    "store_of",
+    "uint8_stage",
+    "DETERMINISTIC_STEPS",
+]
 
 # transforms.v2 steps whose output depends only on their input (no random draw)
-DETERMINISTIC_STEPS: tuple[type, ...] = (v2.ToImage, v2.RGB, v2.Resize, v2.CenterCrop, v2.ToDtype, v2.Normalize,
-                                         v2.ToPureTensor, v2.Grayscale, v2.Pad)
+DETERMINISTIC_STEPS: tuple[type, ...] = (
+    v2.ToImage,
+    v2.RGB,
+    v2.Resize,
+    v2.CenterCrop,
+    v2.ToDtype,
+    v2.Normalize,
+    v2.ToPureTensor,
+    v2.Grayscale,
+    v2.Pad,
+)
 
 
 def is_deterministic(transform: Any) -> bool:
@@ -210,8 +228,7 @@ class PreprocessedSplit(Dataset):
         source = copy.copy(self.split)
         source.transform = stages[0]  # type: ignore[attr-defined]
         x8 = source[index][0]
-        if not (isinstance(x8, torch.Tensor) and x8.dtype == torch.uint8
-                and x8.numel() * self._n <= self.uint8_budget_bytes):
+        if not (isinstance(x8, torch.Tensor) and x8.dtype == torch.uint8 and x8.numel() * self._n <= self.uint8_budget_bytes):
             return None
         x8 = x8.as_subclass(torch.Tensor)
         finish = stages[1]
@@ -237,8 +254,12 @@ class PreprocessedSplit(Dataset):
         if self._finish is not None:  # the uint8 store: keep the image part, hand on the float part's result
             x8, y = self._source[index]
             x8 = x8.as_subclass(torch.Tensor) if isinstance(x8, torch.Tensor) else x8
-            if (not isinstance(x8, torch.Tensor) or x8.shape != self._inputs.shape[1:] or x8.dtype != torch.uint8
-                    or not self._put(index, x8, y)):
+            if (
+                not isinstance(x8, torch.Tensor)
+                or x8.shape != self._inputs.shape[1:]
+                or x8.dtype != torch.uint8
+                or not self._put(index, x8, y)
+            ):
                 self._disable()  # mixed shapes: read as before
                 return self.split[index]
             return self._finish(x8), y
@@ -254,8 +275,12 @@ class PreprocessedSplit(Dataset):
             self._bulk_tried = True
             if self._fill_in_bulk(index, stored):
                 return x, y
-        if not isinstance(stored, torch.Tensor) or stored.shape != self._inputs.shape[1:] \
-                or stored.dtype != self._inputs.dtype or not self._put(index, stored, y):
+        if (
+            not isinstance(stored, torch.Tensor)
+            or stored.shape != self._inputs.shape[1:]
+            or stored.dtype != self._inputs.dtype
+            or not self._put(index, stored, y)
+        ):
             self._disable()  # a split of mixed shapes: read as before
         return x, y
 
@@ -266,8 +291,12 @@ class PreprocessedSplit(Dataset):
         if bulk is None or not isinstance(x, torch.Tensor):
             return False
         inputs, targets = bulk()
-        if not (isinstance(inputs, torch.Tensor) and inputs.shape == self._inputs.shape and inputs.dtype == x.dtype
-                and len(targets) == self._n):
+        if not (
+            isinstance(inputs, torch.Tensor)
+            and inputs.shape == self._inputs.shape
+            and inputs.dtype == x.dtype
+            and len(targets) == self._n
+        ):
             return False
         checks = {index: x, **{i: self._source[i][0] for i in {0, self._n - 1} - {index}}}
         if not all(torch.equal(inputs[i], v) for i, v in checks.items()):
@@ -308,8 +337,9 @@ class StoredBatch(Sequence):
     ``finish``: the float part of a uint8 store, run on the whole batch by :func:`collate` (on each item otherwise).
     """
 
-    def __init__(self, inputs: torch.Tensor, targets: list[Any],
-                 finish: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+    def __init__(
+        self, inputs: torch.Tensor, targets: list[Any], finish: Callable[[torch.Tensor], torch.Tensor] | None = None
+    ) -> None:
         self.inputs, self.targets, self.finish = inputs, targets, finish
 
     def __len__(self) -> int:

@@ -69,6 +69,7 @@ class CorruptDatasetError(UsageError):
     from an existing folder). Not a :class:`MissingResourceError`: downloading is not the fix
     unless the broken copy is removed first, and the message says so."""
 
+
 Transform = Callable[[Any], Any] | None
 T = TypeVar("T")
 
@@ -138,9 +139,7 @@ def build_dataset(
         source = replace(source or HFSource(), path=path)
     if name not in DATASETS:
         raise ConfigError("data.name", name, f"one of {sorted(DATASETS)}")
-    if num_samples is not None and (
-        isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1
-    ):
+    if num_samples is not None and (isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1):
         raise ConfigError("data.num_samples", num_samples, "an integer >= 1, or null for all")
     builder = DATASETS[name]
     extra = {"source": source} if "source" in inspect.signature(builder).parameters else {}  # hf: where it is
@@ -203,18 +202,11 @@ def _targets(values: Sequence[int] | np.ndarray) -> np.ndarray:
     return np.asarray(values, dtype=np.int64).reshape(-1)
 
 
-def _missing(
-    name: str, root: Path, looked_for: str, *, downloadable: bool = True
-) -> MissingResourceError:
+def _missing(name: str, root: Path, looked_for: str, *, downloadable: bool = True) -> MissingResourceError:
     how = "put it there or set data.root to its folder"
     if downloadable:
-        how = (
-            "put it there, set data.root to its folder, or set data.download: true on a machine "
-            "with internet access"
-        )
-    return MissingResourceError(
-        f"dataset {name!r} not found under '{root}' (looked for {looked_for}); {how}"
-    )
+        how = "put it there, set data.root to its folder, or set data.download: true on a machine with internet access"
+    return MissingResourceError(f"dataset {name!r} not found under '{root}' (looked for {looked_for}); {how}")
 
 
 def _corrupt(name: str, root: Path, found: Sequence[Path], reason: str) -> CorruptDatasetError:
@@ -228,7 +220,11 @@ def _corrupt(name: str, root: Path, found: Sequence[Path], reason: str) -> Corru
 
 
 def _torchvision(
-    name: str, root: Path, looked_for: str, download: bool, build: Callable[[], T],
+    name: str,
+    root: Path,
+    looked_for: str,
+    download: bool,
+    build: Callable[[], T],
     expected: Sequence[Path] = (),
 ) -> T:
     """Run a torchvision constructor, turning its not-found / download failures into ours.
@@ -270,8 +266,9 @@ def _cifar10(
     seed: int,
     num_samples: int | None,
 ) -> DatasetSplits:
-    return _cifar("cifar10", datasets.CIFAR10, "cifar-10-batches-py", root, download,
-                  train_transform, test_transform, seed, num_samples)
+    return _cifar(
+        "cifar10", datasets.CIFAR10, "cifar-10-batches-py", root, download, train_transform, test_transform, seed, num_samples
+    )
 
 
 @register_dataset("cifar100")
@@ -284,22 +281,36 @@ def _cifar100(
     seed: int,
     num_samples: int | None,
 ) -> DatasetSplits:
-    return _cifar("cifar100", datasets.CIFAR100, "cifar-100-python", root, download,
-                  train_transform, test_transform, seed, num_samples)
+    return _cifar(
+        "cifar100", datasets.CIFAR100, "cifar-100-python", root, download, train_transform, test_transform, seed, num_samples
+    )
 
 
-def _cifar(name: str, cls: type[datasets.CIFAR10], folder: str, root: Path, download: bool,
-           train_transform: Transform, test_transform: Transform, seed: int,
-           num_samples: int | None) -> DatasetSplits:
+def _cifar(
+    name: str,
+    cls: type[datasets.CIFAR10],
+    folder: str,
+    root: Path,
+    download: bool,
+    train_transform: Transform,
+    test_transform: Transform,
+    seed: int,
+    num_samples: int | None,
+) -> DatasetSplits:
     looked_for = f"'{root / folder}'"
 
     def make(train: bool, transform: Transform) -> datasets.CIFAR10:
-        return _torchvision(name, root, looked_for, download, lambda: cls(
-            root, train=train, transform=transform, download=download), [root / folder])
+        return _torchvision(
+            name,
+            root,
+            looked_for,
+            download,
+            lambda: cls(root, train=train, transform=transform, download=download),
+            [root / folder],
+        )
 
     train, test = make(True, train_transform), make(False, test_transform)
-    splits = DatasetSplits(train, test, list(train.classes), _targets(train.targets),
-                           _targets(test.targets))
+    splits = DatasetSplits(train, test, list(train.classes), _targets(train.targets), _targets(test.targets))
     return limit_train(splits, num_samples, seed)
 
 
@@ -316,9 +327,14 @@ def _svhn(
     looked_for = f"'{root / 'train_32x32.mat'}' and '{root / 'test_32x32.mat'}'"
 
     def make(split: str, transform: Transform) -> datasets.SVHN:
-        return _torchvision("svhn", root, looked_for, download, lambda: datasets.SVHN(
-            root, split=split, transform=transform, download=download),
-            [root / f"{split}_32x32.mat"])
+        return _torchvision(
+            "svhn",
+            root,
+            looked_for,
+            download,
+            lambda: datasets.SVHN(root, split=split, transform=transform, download=download),
+            [root / f"{split}_32x32.mat"],
+        )
 
     train, test = make("train", train_transform), make("test", test_transform)
     # SVHN stores digit 0 as label 10; torchvision already maps it back to 0.
@@ -340,16 +356,22 @@ def _dtd(
     looked_for = f"'{root / 'dtd' / 'dtd' / 'images'}' and '{root / 'dtd' / 'dtd' / 'labels'}'"
 
     def make(split: str, transform: Transform) -> datasets.DTD:
-        return _torchvision("dtd", root, looked_for, download, lambda: datasets.DTD(
-            root, split=split, partition=1, transform=transform, download=download,
-            loader=_load_rgb),
-            [root / "dtd" / "dtd"])
+        return _torchvision(
+            "dtd",
+            root,
+            looked_for,
+            download,
+            lambda: datasets.DTD(root, split=split, partition=1, transform=transform, download=download, loader=_load_rgb),
+            [root / "dtd" / "dtd"],
+        )
 
-    train, val, test = (make("train", train_transform), make("val", train_transform),
-                        make("test", test_transform))
+    train, val, test = (make("train", train_transform), make("val", train_transform), make("test", test_transform))
     splits = DatasetSplits(
-        ConcatDataset([train, val]), test, list(train.classes),
-        _targets(list(train._labels) + list(val._labels)), _targets(test._labels),
+        ConcatDataset([train, val]),
+        test,
+        list(train.classes),
+        _targets(list(train._labels) + list(val._labels)),
+        _targets(test._labels),
     )
     return limit_train(splits, num_samples, seed)
 
@@ -368,13 +390,17 @@ def _food101(
     looked_for = f"'{base / 'images'}' and '{base / 'meta'}'"
 
     def make(split: str, transform: Transform) -> datasets.Food101:
-        return _torchvision("food101", root, looked_for, download, lambda: datasets.Food101(
-            root, split=split, transform=transform, download=download, loader=_load_rgb),
-            [base / "images", base / "meta"])
+        return _torchvision(
+            "food101",
+            root,
+            looked_for,
+            download,
+            lambda: datasets.Food101(root, split=split, transform=transform, download=download, loader=_load_rgb),
+            [base / "images", base / "meta"],
+        )
 
     train, test = make("train", train_transform), make("test", test_transform)
-    splits = DatasetSplits(train, test, list(train.classes), _targets(train._labels),
-                           _targets(test._labels))
+    splits = DatasetSplits(train, test, list(train.classes), _targets(train._labels), _targets(test._labels))
     return limit_train(splits, num_samples, seed)
 
 
@@ -393,9 +419,7 @@ def _load_rgb(path: str | Path) -> Image.Image:
             return Image.open(f).convert("RGB")
     except IMAGE_ERRORS as err:
         reason = " ".join(str(err).split()) or type(err).__name__
-        raise CorruptImageError(
-            f"image '{path}' cannot be read ({reason}); remove or replace it"
-        ) from err
+        raise CorruptImageError(f"image '{path}' cannot be read ({reason}); remove or replace it") from err
 
 
 class _ClassFolder(ImageFolder):
@@ -404,12 +428,12 @@ class _ClassFolder(ImageFolder):
     that it pickles into DataLoader workers. Its loader converts every image to RGB and names the
     file when it cannot (:class:`CorruptImageError`)."""
 
-    def __init__(self, root: Path, *, transform: Transform = None,
-                 exclude_prefix: str | None = None, classes: list[str] | None = None) -> None:
+    def __init__(
+        self, root: Path, *, transform: Transform = None, exclude_prefix: str | None = None, classes: list[str] | None = None
+    ) -> None:
         self._exclude_prefix, self._fixed_classes = exclude_prefix, classes
         # allow_empty: a test/ split may lack some of train/'s classes.
-        super().__init__(str(root), transform=transform, loader=_load_rgb,
-                         allow_empty=classes is not None)
+        super().__init__(str(root), transform=transform, loader=_load_rgb, allow_empty=classes is not None)
 
     def find_classes(self, directory: str | Path) -> tuple[list[str], dict[str, int]]:
         if self._fixed_classes is not None:
@@ -426,22 +450,30 @@ def _check_classes(name: str, folder: Path, classes: Sequence[str]) -> None:
     if len(classes) < 2:
         found = f"1 class folder ('{classes[0]}')" if classes else "no class folders"
         raise UsageError(
-            f"{name} at '{folder}' has {found}; a classification run needs at least 2 "
-            f"(one sub-folder of images per class)"
+            f"{name} at '{folder}' has {found}; a classification run needs at least 2 (one sub-folder of images per class)"
         )
 
 
 def _class_dirs(directory: Path, exclude_prefix: str | None = None) -> list[str]:
     return sorted(
-        e.name for e in os.scandir(directory)
-        if e.is_dir() and not e.name.startswith(".")
-        and not (exclude_prefix and e.name.startswith(exclude_prefix))
+        e.name
+        for e in os.scandir(directory)
+        if e.is_dir() and not e.name.startswith(".") and not (exclude_prefix and e.name.startswith(exclude_prefix))
     )
 
 
-def _split_folder(name: str, folder: Path, root: Path, looked_for: str, exclude_prefix: str | None,
-                  train_transform: Transform, test_transform: Transform, seed: int, *,
-                  downloadable: bool) -> DatasetSplits:
+def _split_folder(
+    name: str,
+    folder: Path,
+    root: Path,
+    looked_for: str,
+    exclude_prefix: str | None,
+    train_transform: Transform,
+    test_transform: Transform,
+    seed: int,
+    *,
+    downloadable: bool,
+) -> DatasetSplits:
     try:
         base = _ClassFolder(folder, exclude_prefix=exclude_prefix)
     except FileNotFoundError:
@@ -452,7 +484,9 @@ def _split_folder(name: str, folder: Path, root: Path, looked_for: str, exclude_
     return DatasetSplits(
         _TransformedSubset(base=base, indices=train_idx, transform=train_transform),
         _TransformedSubset(base=base, indices=test_idx, transform=test_transform),
-        list(base.classes), targets[train_idx], targets[test_idx],
+        list(base.classes),
+        targets[train_idx],
+        targets[test_idx],
     )
 
 
@@ -474,8 +508,7 @@ def _caltech101(
     if download and not folder.is_dir():
         created = not (root / "caltech101").exists()
         try:
-            _torchvision("caltech101", root, looked_for, download,
-                         lambda: datasets.Caltech101(root, download=True))
+            _torchvision("caltech101", root, looked_for, download, lambda: datasets.Caltech101(root, download=True))
         except BaseException:
             # torchvision creates <root>/caltech101 before it fails; leave no empty folder behind.
             if created:
@@ -483,8 +516,9 @@ def _caltech101(
             raise
     if not folder.is_dir():
         raise _missing("caltech101", root, looked_for)
-    splits = _split_folder("caltech101", folder, root, looked_for, "BACKGROUND",
-                           train_transform, test_transform, seed, downloadable=True)
+    splits = _split_folder(
+        "caltech101", folder, root, looked_for, "BACKGROUND", train_transform, test_transform, seed, downloadable=True
+    )
     return limit_train(splits, num_samples, seed)
 
 
@@ -516,19 +550,18 @@ def _imagefolder(
         _check_classes("imagefolder", train_dir, train.classes)
         unknown = sorted(set(_class_dirs(test_dir)) - set(train.classes))
         if unknown:
-            raise ConfigError("data.root", str(root),
-                              f"test/ class folders that also exist in train/ (extra: {unknown})")
+            raise ConfigError("data.root", str(root), f"test/ class folders that also exist in train/ (extra: {unknown})")
         test = _ClassFolder(test_dir, transform=test_transform, classes=list(train.classes))
         if len(test) == 0:
             raise UsageError(
                 f"imagefolder at '{root}': test/ holds no images in folders named like train/'s "
                 f"classes; put test images in test/<class>/"
             )
-        splits = DatasetSplits(train, test, list(train.classes), _targets(train.targets),
-                               _targets(test.targets))
+        splits = DatasetSplits(train, test, list(train.classes), _targets(train.targets), _targets(test.targets))
     else:
-        splits = _split_folder("imagefolder", root, root, looked_for, None,
-                               train_transform, test_transform, seed, downloadable=False)
+        splits = _split_folder(
+            "imagefolder", root, root, looked_for, None, train_transform, test_transform, seed, downloadable=False
+        )
     return limit_train(splits, num_samples, seed)
 
 
@@ -549,8 +582,14 @@ def _hf(
 ) -> DatasetSplits:
     from fl_lightning.data.hf import build_hf_dataset
 
-    return build_hf_dataset(source or HFSource(), download=download, train_transform=train_transform,
-                            test_transform=test_transform, seed=seed, num_samples=num_samples)
+    return build_hf_dataset(
+        source or HFSource(),
+        download=download,
+        train_transform=train_transform,
+        test_transform=test_transform,
+        seed=seed,
+        num_samples=num_samples,
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -576,16 +615,14 @@ def _digits(
     gray = np.rint(digits.images * (255.0 / 16.0)).astype(np.uint8)
     images = torch.from_numpy(gray)[:, None].expand(-1, 3, -1, -1).contiguous()
     targets = _targets(digits.target)
-    train_idx, test_idx = train_test_split(
-        np.arange(targets.shape[0]), test_size=0.2, random_state=seed, stratify=targets
-    )
+    train_idx, test_idx = train_test_split(np.arange(targets.shape[0]), test_size=0.2, random_state=seed, stratify=targets)
     train_idx, test_idx = np.sort(train_idx), np.sort(test_idx)
     splits = DatasetSplits(
-        _InMemoryImages(images=images[train_idx], targets=targets[train_idx],
-                        transform=train_transform),
-        _InMemoryImages(images=images[test_idx], targets=targets[test_idx],
-                        transform=test_transform),
-        [str(d) for d in range(10)], targets[train_idx], targets[test_idx],
+        _InMemoryImages(images=images[train_idx], targets=targets[train_idx], transform=train_transform),
+        _InMemoryImages(images=images[test_idx], targets=targets[test_idx], transform=test_transform),
+        [str(d) for d in range(10)],
+        targets[train_idx],
+        targets[test_idx],
     )
     return limit_train(splits, num_samples, seed)
 
@@ -628,5 +665,7 @@ def _synthetic(
     return DatasetSplits(
         _InMemoryImages(images=train_images, targets=train_targets, transform=train_transform),
         _InMemoryImages(images=test_images, targets=test_targets, transform=test_transform),
-        [f"class_{c}" for c in range(_SYNTHETIC_CLASSES)], train_targets, test_targets,
+        [f"class_{c}" for c in range(_SYNTHETIC_CLASSES)],
+        train_targets,
+        test_targets,
     )

@@ -40,10 +40,7 @@ def _check(counts: np.ndarray, class_names: list[str]) -> np.ndarray:
     if counts.ndim != 2:
         raise ValueError(f"counts has shape {counts.shape}; expected a (clients, classes) array")
     if counts.shape[1] != len(class_names):
-        raise ValueError(
-            f"class_names has {len(class_names)} names; expected one per column of counts "
-            f"({counts.shape[1]})"
-        )
+        raise ValueError(f"class_names has {len(class_names)} names; expected one per column of counts ({counts.shape[1]})")
     return counts
 
 
@@ -52,9 +49,7 @@ def _ticks(n: int) -> np.ndarray:
     return np.arange(0, n, step)
 
 
-def partition_figure(
-    counts: np.ndarray, class_names: list[str], *, max_rows: int = MAX_HEATMAP_ROWS
-) -> Figure:
+def partition_figure(counts: np.ndarray, class_names: list[str], *, max_rows: int = MAX_HEATMAP_ROWS) -> Figure:
     """Heatmap of samples per (client, class), with client totals in the title.
 
     Args:
@@ -79,8 +74,11 @@ def partition_figure(
     totals = counts.sum(axis=1)
     num_total = counts.shape[0]
     # Rows drawn: all clients, or an evenly spaced sample of max_rows of them (first and last kept).
-    shown = np.unique(np.linspace(0, num_total - 1, max_rows).round().astype(np.int64)) \
-        if num_total > max_rows else np.arange(num_total)
+    shown = (
+        np.unique(np.linspace(0, num_total - 1, max_rows).round().astype(np.int64))
+        if num_total > max_rows
+        else np.arange(num_total)
+    )
     counts = counts[shown]
     num_clients, num_classes = counts.shape
     # 0.12 inch per cell, within [6, 18] inches: 100 clients x 101 classes gives ~14 x 13 inches.
@@ -90,9 +88,7 @@ def partition_figure(
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     vmax = max(int(counts.max()) if counts.size else 0, 1)
-    im = ax.imshow(
-        counts, aspect="auto", interpolation="nearest", cmap="viridis", norm=Normalize(0, vmax)
-    )
+    im = ax.imshow(counts, aspect="auto", interpolation="nearest", cmap="viridis", norm=Normalize(0, vmax))
 
     xt, yt = _ticks(num_classes), _ticks(num_clients)
     ax.set_xticks(xt, [str(class_names[i]) for i in xt], rotation=90, fontsize=7)
@@ -107,8 +103,7 @@ def partition_figure(
         f"{int(totals.min()) if totals.size else 0}–{int(totals.max()) if totals.size else 0}"
     )
     if num_clients < num_total:
-        title += (f"\n{num_clients} of {num_total} clients shown (evenly spaced ids); "
-                  f"partition.csv lists all of them")
+        title += f"\n{num_clients} of {num_total} clients shown (evenly spaced ids); partition.csv lists all of them"
     ax.set_title(title, fontsize=9)
     if counts.size <= _MAX_ANNOTATED_CELLS:
         for k in range(num_clients):
@@ -129,9 +124,7 @@ def partition_image(counts: np.ndarray, class_names: list[str], *, max_rows: int
     return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
 
 
-def write_partition_report(
-    counts: np.ndarray, class_names: list[str], out_dir: Path, *, figure: bool = True
-) -> dict[str, Path]:
+def write_partition_report(counts: np.ndarray, class_names: list[str], out_dir: Path, *, figure: bool = True) -> dict[str, Path]:
     """Write ``partition.csv`` and ``partition.png`` describing a split into ``out_dir``.
 
     The CSV has one row per client: ``client, total, <class name 1>, …, <class name C>``.

@@ -76,9 +76,7 @@ def split_4_to_1(targets: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray
 
     counts = np.bincount(targets)
     stratify = targets if counts[counts > 0].min() >= 2 else None
-    train_idx, test_idx = train_test_split(
-        np.arange(targets.shape[0]), test_size=0.2, random_state=seed, stratify=stratify
-    )
+    train_idx, test_idx = train_test_split(np.arange(targets.shape[0]), test_size=0.2, random_state=seed, stratify=stratify)
     return np.sort(train_idx), np.sort(test_idx)
 
 
@@ -111,5 +109,3 @@ class _KeptColumn:
 # What PIL raises for a truncated, garbled or hostile file (UnidentifiedImageError is an OSError;
 # some broken PNGs raise SyntaxError, short headers struct.error or EOFError).
 IMAGE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error, Image.DecompressionBombError)
-
-

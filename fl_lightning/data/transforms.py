@@ -49,9 +49,15 @@ def _clamp_unit(x: torch.Tensor) -> torch.Tensor:
     return x.clamp(0.0, 1.0)
 
 
-def build_transform(*, normalization: str, image_size: int, train: bool,
-                    mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None,
-                    augmentation: str = "random_resized_crop") -> v2.Compose:
+def build_transform(
+    *,
+    normalization: str,
+    image_size: int,
+    train: bool,
+    mean: tuple[float, ...] | None = None,
+    std: tuple[float, ...] | None = None,
+    augmentation: str = "random_resized_crop",
+) -> v2.Compose:
     """Preprocessing pipeline for one split.
 
     * ``'clip'``: resize the shorter side to ``image_size`` (bicubic) and center-crop — the CLIP
@@ -82,9 +88,7 @@ def build_transform(*, normalization: str, image_size: int, train: bool,
             message names the argument; the config layer owns the keys these come from).
     """
     if normalization not in NORMALIZATIONS:
-        raise ValueError(
-            f"normalization={normalization!r} is not allowed; expected one of {sorted(NORMALIZATIONS)}"
-        )
+        raise ValueError(f"normalization={normalization!r} is not allowed; expected one of {sorted(NORMALIZATIONS)}")
     if augmentation not in AUGMENTATIONS:
         raise ValueError(f"augmentation={augmentation!r} is not allowed; expected one of {list(AUGMENTATIONS)}")
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
@@ -99,7 +103,8 @@ def build_transform(*, normalization: str, image_size: int, train: bool,
         ]
     elif train and augmentation == "crop_flip":
         steps += [
-            v2.Resize(image_size, antialias=True), v2.CenterCrop(image_size),
+            v2.Resize(image_size, antialias=True),
+            v2.CenterCrop(image_size),
             v2.RandomCrop(image_size, padding=max(1, image_size // 8)),  # zero padding, as CIFAR's recipe
             v2.RandomHorizontalFlip(),
         ]

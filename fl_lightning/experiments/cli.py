@@ -28,15 +28,20 @@ _PROG = "python -m fl_lightning.train"
 class _Once(argparse.Action):
     """An option that may be given once: a second one is a usage error naming both values."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object, option_string: str | None = None
+    ) -> None:
         from fl_lightning.errors import UsageError
 
         if getattr(namespace, self.dest) is not None:
-            hint = (" (a config file's values can be overridden with --section.key VALUE)"
-                    if self.dest in ("config", "resume") else "")
-            raise UsageError(f"usage error: {option_string} given twice ({getattr(namespace, self.dest)!r} and "
-                             f"{values!r}); give it once{hint}")
+            hint = (
+                " (a config file's values can be overridden with --section.key VALUE)"
+                if self.dest in ("config", "resume")
+                else ""
+            )
+            raise UsageError(
+                f"usage error: {option_string} given twice ({getattr(namespace, self.dest)!r} and {values!r}); give it once{hint}"
+            )
         setattr(namespace, self.dest, values)
 
 
@@ -63,30 +68,52 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(
         _PROG,
         usage=f"{_PROG} --config FILE [--section.key VALUE ...] [flags]\n"
-              f"       {_PROG} --resume RUN_DIR [--federation.rounds N ...] [--debug]",
+        f"       {_PROG} --resume RUN_DIR [--federation.rounds N ...] [--debug]",
         description="Run a federated simulation, or a comparison of them (a config's variants × sweep), each in "
-                    "its own run folder. Any config key is overridden as --section.key VALUE (YAML syntax).",
+        "its own run folder. Any config key is overridden as --section.key VALUE (YAML syntax).",
         epilog="The same command again is safe: a run that finished under the same config is not run again, an "
-               "interrupted one continues from its checkpoint. Exit status: 0 success, 2 usage or config error "
-               "(one line), 1 a run that failed, 130/143 interrupted (checkpoint kept). See docs/usage.md.",
+        "interrupted one continues from its checkpoint. Exit status: 0 success, 2 usage or config error "
+        "(one line), 1 a run that failed, 130/143 interrupted (checkpoint kept). See docs/usage.md.",
         example=f"{_PROG} --config conf/quickstart.yaml --federation.rounds 2\n"
-                f"{_PROG} --config conf/fedopal_table2_tiny.yaml --list-runs")
+        f"{_PROG} --config conf/fedopal_table2_tiny.yaml --list-runs",
+    )
     parser.add_argument("--config", metavar="FILE", action=_Once, default=None, help="the YAML config to run")
-    parser.add_argument("--resume", metavar="RUN_DIR", action=_Once, default=None,
-                        help="continue an interrupted run from its folder (its config.yaml and checkpoints); only "
-                             "keys that cannot change what already ran may differ (federation.rounds, "
-                             "federation.devices, the failure policy, logging.*)")
+    parser.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        action=_Once,
+        default=None,
+        help="continue an interrupted run from its folder (its config.yaml and checkpoints); only "
+        "keys that cannot change what already ran may differ (federation.rounds, "
+        "federation.devices, the failure policy, logging.*)",
+    )
     parser.add_argument("--print-config", action="store_true", help="print the resolved config (YAML) and exit")
-    parser.add_argument("--list-runs", action="store_true",
-                        help="print the runs of the config (a comparison's, in their fixed order) and their state")
-    parser.add_argument("--shard", metavar="I/N", type=_shard, action=_Once, default=None,
-                        help="run only the I-th of N shares of a comparison's runs (0 <= I < N): one share per job "
-                             "of a SLURM array or per GPU; python -m fl_lightning.compare DIR rebuilds the table")
-    parser.add_argument("--jobs", metavar="N", type=_jobs, action=_Once, default=None,
-                        help="run a comparison as N processes on this machine (each one --shard i/N; with GPUs one "
-                             "GPU each, round-robin), then build the table")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="start afresh in a run folder that already holds a run (its files are deleted)")
+    parser.add_argument(
+        "--list-runs",
+        action="store_true",
+        help="print the runs of the config (a comparison's, in their fixed order) and their state",
+    )
+    parser.add_argument(
+        "--shard",
+        metavar="I/N",
+        type=_shard,
+        action=_Once,
+        default=None,
+        help="run only the I-th of N shares of a comparison's runs (0 <= I < N): one share per job "
+        "of a SLURM array or per GPU; python -m fl_lightning.compare DIR rebuilds the table",
+    )
+    parser.add_argument(
+        "--jobs",
+        metavar="N",
+        type=_jobs,
+        action=_Once,
+        default=None,
+        help="run a comparison as N processes on this machine (each one --shard i/N; with GPUs one "
+        "GPU each, round-robin), then build the table",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="start afresh in a run folder that already holds a run (its files are deleted)"
+    )
     parser.add_argument("--debug", action="store_true", help="show the full traceback of the one-line errors too")
     return parser
 
@@ -96,27 +123,43 @@ def parse_args(argv: Sequence[str]) -> Args:
     from fl_lightning.errors import UsageError
 
     known, overrides = build_parser().parse_known_args(_joined(argv))
-    args = Args(config=known.config, resume=known.resume, print_config=known.print_config,
-                overwrite=known.overwrite, debug=known.debug, list_runs=known.list_runs, shard=known.shard,
-                jobs=known.jobs, overrides=overrides)
+    args = Args(
+        config=known.config,
+        resume=known.resume,
+        print_config=known.print_config,
+        overwrite=known.overwrite,
+        debug=known.debug,
+        list_runs=known.list_runs,
+        shard=known.shard,
+        jobs=known.jobs,
+        overrides=overrides,
+    )
     if args.config is None and args.resume is None:
         raise UsageError("usage error: --config FILE (or --resume RUN_DIR) is required; see conf/ for examples")
     if args.config is not None and args.resume is not None:
-        raise UsageError("usage error: --config and --resume together: a resumed run keeps its own config.yaml; "
-                         "pass only --resume RUN_DIR (plus overrides such as --federation.rounds N)")
+        raise UsageError(
+            "usage error: --config and --resume together: a resumed run keeps its own config.yaml; "
+            "pass only --resume RUN_DIR (plus overrides such as --federation.rounds N)"
+        )
     if args.resume is not None and args.overwrite:
-        raise UsageError("usage error: --overwrite and --resume together: --resume continues the run, --overwrite "
-                         "would delete it; choose one")
+        raise UsageError(
+            "usage error: --overwrite and --resume together: --resume continues the run, --overwrite would delete it; choose one"
+        )
     if args.jobs is not None and (args.shard is not None or args.resume is not None):
-        raise UsageError(f"usage error: --jobs with {'--shard' if args.shard is not None else '--resume'}: --jobs "
-                         f"starts the shares itself (each process one --shard i/N)")
+        raise UsageError(
+            f"usage error: --jobs with {'--shard' if args.shard is not None else '--resume'}: --jobs "
+            f"starts the shares itself (each process one --shard i/N)"
+        )
     if args.resume is not None and args.shard is not None:
-        raise UsageError("usage error: --shard and --resume together: --resume continues one run; run the "
-                         "comparison's command with --shard instead (an interrupted run continues by itself)")
+        raise UsageError(
+            "usage error: --shard and --resume together: --resume continues one run; run the "
+            "comparison's command with --shard instead (an interrupted run continues by itself)"
+        )
     pinned = [o for o in args.overrides if o.split("=")[0] in ("--output_dir", "--run_name")]
     if args.resume is not None and pinned:
-        raise UsageError(f"usage error: {pinned[0].split('=')[0]} with --resume: a resumed run stays in its folder "
-                         f"({args.resume})")
+        raise UsageError(
+            f"usage error: {pinned[0].split('=')[0]} with --resume: a resumed run stays in its folder ({args.resume})"
+        )
     return args
 
 

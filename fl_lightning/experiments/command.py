@@ -23,8 +23,10 @@ class _Formatter(argparse.HelpFormatter):
     """Paragraphs wrapped to the terminal as argparse does; a line that starts with two spaces (an example) kept."""
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
-        return "\n".join(line if line.startswith("  ") else super(_Formatter, self)._fill_text(line, width, indent)
-                         for line in text.splitlines())
+        return "\n".join(
+            line if line.startswith("  ") else super(_Formatter, self)._fill_text(line, width, indent)
+            for line in text.splitlines()
+        )
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -35,12 +37,21 @@ class CommandParser(argparse.ArgumentParser):
 
     def __init__(self, prog: str, *, description: str, example: str, epilog: str = "", **kwargs: object) -> None:
         examples = "\n".join(f"  {line}" for line in example.splitlines())
-        super().__init__(prog=prog, description=description, epilog=f"{epilog}\n\nexample:\n{examples}".lstrip(),
-                         formatter_class=_Formatter, allow_abbrev=False, **kwargs)  # type: ignore[arg-type]
+        super().__init__(
+            prog=prog,
+            description=description,
+            epilog=f"{epilog}\n\nexample:\n{examples}".lstrip(),
+            formatter_class=_Formatter,
+            allow_abbrev=False,
+            **kwargs,
+        )  # type: ignore[arg-type]
         self._words: list[str] = []
 
-    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
-                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+    def parse_known_args(
+        self,
+        args: Sequence[str] | None = None,  # type: ignore[override]
+        namespace: argparse.Namespace | None = None,
+    ) -> tuple[argparse.Namespace, list[str]]:
         self._words = list(sys.argv[1:] if args is None else args)
         return super().parse_known_args(args, namespace)
 
@@ -48,9 +59,12 @@ class CommandParser(argparse.ArgumentParser):
         from fl_lightning.errors import UsageError
 
         if message.startswith("the following arguments are required"):  # argparse checks this before unknown flags
-            words = self._words[:self._words.index("--")] if "--" in self._words else self._words
-            unknown = [w for w in words if w[:1] == "-" and w[1:2] not in ("", *"0123456789")
-                       and w.split("=")[0] not in self._option_string_actions]
+            words = self._words[: self._words.index("--")] if "--" in self._words else self._words
+            unknown = [
+                w
+                for w in words
+                if w[:1] == "-" and w[1:2] not in ("", *"0123456789") and w.split("=")[0] not in self._option_string_actions
+            ]
             if unknown:
                 message = f"unrecognized arguments: {' '.join(unknown)}; {message}"
         raise UsageError(f"usage error: {message} (see --help)")

@@ -48,8 +48,9 @@ __all__ = ["collect", "comparison_rows", "write_comparison", "write_table", "mai
 _PROG = "python -m fl_lightning.compare"
 
 
-def collect(runs: Sequence[Any], known: dict[int, dict[str, Any]] | None = None
-            ) -> tuple[list[tuple[Any, dict[str, Any]]], list[Any]]:
+def collect(
+    runs: Sequence[Any], known: dict[int, dict[str, Any]] | None = None
+) -> tuple[list[tuple[Any, dict[str, Any]]], list[Any]]:
     """``(finished (config, summary) pairs, unfinished configs)`` of ``runs``, in their order; ``known`` maps
     a run's position to a summary already in hand (this process ran it)."""
     known = known or {}
@@ -80,11 +81,17 @@ def comparison_rows(results: Sequence[tuple[Any, dict[str, Any]]]) -> list[dict[
     rows = []
     for (label, alpha), summaries in sorted(groups.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])):
         acc = [float(s["accuracy"]) for s in summaries if s.get("accuracy") is not None]
-        rows.append({"method": label, "alpha": alpha, "runs": len(summaries),
-                     "accuracy_mean": statistics.fmean(acc) if acc else float("nan"),
-                     "accuracy_std": statistics.stdev(acc) if len(acc) > 1 else None,
-                     "bytes_up_per_client": statistics.fmean(float(s["bytes_up_per_client"]) for s in summaries),
-                     "wall_time_s": statistics.fmean(float(s["wall_time_s"]) for s in summaries)})
+        rows.append(
+            {
+                "method": label,
+                "alpha": alpha,
+                "runs": len(summaries),
+                "accuracy_mean": statistics.fmean(acc) if acc else float("nan"),
+                "accuracy_std": statistics.stdev(acc) if len(acc) > 1 else None,
+                "bytes_up_per_client": statistics.fmean(float(s["bytes_up_per_client"]) for s in summaries),
+                "wall_time_s": statistics.fmean(float(s["wall_time_s"]) for s in summaries),
+            }
+        )
     return rows
 
 
@@ -102,8 +109,9 @@ def _markdown(rows: list[dict[str, Any]], missing: Sequence[str] = ()) -> str:
         up = statistics.fmean(r["bytes_up_per_client"] for r in rows if r["method"] == m)
         lines.append(f"| {m} | " + " | ".join(cells) + f" | {up:,.0f} |")
     lines.append("")
-    lines.append("Top-1 accuracy (%), mean ± sample std (ddof = 1) over the n runs (seeds) of each cell; "
-                 "a cell of one run has no ±.")
+    lines.append(
+        "Top-1 accuracy (%), mean ± sample std (ddof = 1) over the n runs (seeds) of each cell; a cell of one run has no ±."
+    )
     if missing:
         lines.append("")
         lines.append(f"Not finished yet ({len(missing)} run(s), not in the table): {', '.join(missing)}.")
@@ -124,12 +132,15 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     finite = sorted({r["alpha"] for r in rows if not math.isinf(r["alpha"])})
-    iid_x = (max(finite) * 10 if finite else 1.0)
+    iid_x = max(finite) * 10 if finite else 1.0
     x_of = lambda a: iid_x if math.isinf(a) else a  # noqa: E731
     fig, ax = plt.subplots(figsize=(6, 4))
     for method in dict.fromkeys(r["method"] for r in rows):
-        pts = sorted((x_of(r["alpha"]), r["accuracy_mean"], r["accuracy_std"] or 0.0)  # one run: no error bar
-                     for r in rows if r["method"] == method)
+        pts = sorted(
+            (x_of(r["alpha"]), r["accuracy_mean"], r["accuracy_std"] or 0.0)  # one run: no error bar
+            for r in rows
+            if r["method"] == method
+        )
         xs, ys, es = zip(*pts)
         ax.errorbar(xs, [100 * y for y in ys], yerr=[100 * e for e in es], marker="o", capsize=3, label=method)
     ax.set_xscale("log")
@@ -144,8 +155,9 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def write_comparison(results: Sequence[tuple[Any, dict[str, Any]]], out_dir: str | Path, *,
-                     missing: Sequence[str] = ()) -> dict[str, Path]:
+def write_comparison(
+    results: Sequence[tuple[Any, dict[str, Any]]], out_dir: str | Path, *, missing: Sequence[str] = ()
+) -> dict[str, Path]:
     """Write comparison.csv, comparison.md and comparison.png into ``out_dir``; return their paths.
 
     Each file is replaced whole (written aside, then renamed): the shares of a comparison (``--shard``) that
@@ -170,8 +182,7 @@ def write_comparison(results: Sequence[tuple[Any, dict[str, Any]]], out_dir: str
     return paths
 
 
-def write_table(finished: Sequence[tuple[Any, dict[str, Any]]], missing: Sequence[Any],
-                out_dir: str | Path) -> dict[str, Path]:
+def write_table(finished: Sequence[tuple[Any, dict[str, Any]]], missing: Sequence[Any], out_dir: str | Path) -> dict[str, Path]:
     """Write the comparison of the finished runs into ``out_dir`` and say on stdout/stderr what is there."""
     paths = write_comparison(finished, out_dir, missing=[run.resolved_run_name for run in missing])
     print("comparison: " + ", ".join(str(p) for p in paths.values()))
@@ -182,8 +193,10 @@ def write_table(finished: Sequence[tuple[Any, dict[str, Any]]], missing: Sequenc
         log_comparison(logged[0], comparison_rows(finished), paths["png"], Path(out_dir))
     if missing:
         names = ", ".join(run.resolved_run_name for run in missing)
-        print(f"fl_lightning: the table holds {len(finished)} of {len(finished) + len(missing)} runs; not finished "
-              f"yet: {names}", file=sys.stderr)
+        print(
+            f"fl_lightning: the table holds {len(finished)} of {len(finished) + len(missing)} runs; not finished yet: {names}",
+            file=sys.stderr,
+        )
     return paths
 
 
@@ -212,24 +225,30 @@ def _compare(argv: list[str]) -> int:
     from fl_lightning.errors import UsageError
 
     parser = CommandParser(
-        _PROG, description="Build comparison.{csv,md,png} (and the time- and traffic-to-accuracy curves, where the "
-                           "runs have a simulated clock) in DIR from whatever runs of the comparison have finished, "
-                           f"and name those that have not. DIR/{COMPARISON_CONFIG} (written when a comparison starts) "
-                           "says which runs there should be; without it every DIR/*/ with a summary.json is read.",
+        _PROG,
+        description="Build comparison.{csv,md,png} (and the time- and traffic-to-accuracy curves, where the "
+        "runs have a simulated clock) in DIR from whatever runs of the comparison have finished, "
+        f"and name those that have not. DIR/{COMPARISON_CONFIG} (written when a comparison starts) "
+        "says which runs there should be; without it every DIR/*/ with a summary.json is read.",
         epilog="Exit status: 0 when a table was written (runs not finished yet are named on stderr and in "
-               "comparison.md); 2 when DIR holds no finished run, or no comparison, or the command line is wrong "
-               "(one line). See docs/usage.md.",
-        example=f"{_PROG} runs/fedopal_table2_cifar10")
-    parser.add_argument("dir", metavar="DIR", type=Path,
-                        help="a comparison's output_dir (as in its config, or the train command's --output_dir)")
+        "comparison.md); 2 when DIR holds no finished run, or no comparison, or the command line is wrong "
+        "(one line). See docs/usage.md.",
+        example=f"{_PROG} runs/fedopal_table2_cifar10",
+    )
+    parser.add_argument(
+        "dir", metavar="DIR", type=Path, help="a comparison's output_dir (as in its config, or the train command's --output_dir)"
+    )
     out_dir = parser.parse_args(argv).dir
     if not out_dir.is_dir():
         raise UsageError(f"usage error: '{out_dir}' is not a folder; pass a comparison's output_dir")
     runs, listed = _runs_in(out_dir)
     finished, missing = collect(runs)
     if not finished:
-        what = (f"none of its {len(runs)} runs has finished" if listed else
-                f"no run folder with a summary.json, and no {COMPARISON_CONFIG}")
+        what = (
+            f"none of its {len(runs)} runs has finished"
+            if listed
+            else f"no run folder with a summary.json, and no {COMPARISON_CONFIG}"
+        )
         raise UsageError(f"usage error: '{out_dir}': {what}; nothing to tabulate yet")
     write_table(finished, missing, out_dir)
     return 0

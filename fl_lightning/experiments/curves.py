@@ -79,12 +79,14 @@ def read_curve(run_dir: str | Path) -> Curve:
         label = config.get("label") or config.get("algorithm")
     if label is None and (run / "summary.json").is_file():
         label = json.loads((run / "summary.json").read_text()).get("algorithm")
-    return Curve(label=str(label or run.name), rounds=[int(r["round"]) for r in rows],
-                 time_s=[float(r["simulated_time_s"]) for r in rows],
-                 traffic_mb=[float(r.get("bytes_up_finetune", r["bytes_up"])) / _MB for r in rows],
-                 accuracy=[float(r["accuracy"]) for r in rows],
-                 synthesis_mb=[float(r["bytes_up_synthesis"]) / _MB for r in rows] if "bytes_up_synthesis" in rows[0]
-                 else None)
+    return Curve(
+        label=str(label or run.name),
+        rounds=[int(r["round"]) for r in rows],
+        time_s=[float(r["simulated_time_s"]) for r in rows],
+        traffic_mb=[float(r.get("bytes_up_finetune", r["bytes_up"])) / _MB for r in rows],
+        accuracy=[float(r["accuracy"]) for r in rows],
+        synthesis_mb=[float(r["bytes_up_synthesis"]) / _MB for r in rows] if "bytes_up_synthesis" in rows[0] else None,
+    )
 
 
 def first_reaching(curve: Curve, target: float) -> tuple[float, float] | None:
@@ -115,8 +117,7 @@ def _plot(curves: Sequence[Curve], x: str, path: Path, xlabel: str) -> None:
     plt.close(fig)
 
 
-def write_curves(run_dirs: Sequence[str | Path], out_dir: str | Path,
-                 targets: Sequence[float] | None = None) -> dict[str, Path]:
+def write_curves(run_dirs: Sequence[str | Path], out_dir: str | Path, targets: Sequence[float] | None = None) -> dict[str, Path]:
     """Write the curves' CSVs and plots for ``run_dirs`` into ``out_dir``; returns the paths by name.
 
     Args:
@@ -133,12 +134,15 @@ def write_curves(run_dirs: Sequence[str | Path], out_dir: str | Path,
     if targets is None:
         top = max(max(c.best) for c in curves)
         targets = [round(top * q, 4) for q in (0.5, 0.75, 0.9)]
-    paths = {"curves": out / "curves.csv", "time_to_accuracy": out / "time_to_accuracy.csv",
-             "time_plot": out / "curves_time.png", "traffic_plot": out / "curves_traffic.png"}
+    paths = {
+        "curves": out / "curves.csv",
+        "time_to_accuracy": out / "time_to_accuracy.csv",
+        "time_plot": out / "curves_time.png",
+        "traffic_plot": out / "curves_traffic.png",
+    }
     with paths["curves"].open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["method", "round", "simulated_time_s", "traffic_up_mb", "accuracy", "best_accuracy",
-                    "synthesis_up_mb"])
+        w.writerow(["method", "round", "simulated_time_s", "traffic_up_mb", "accuracy", "best_accuracy", "synthesis_up_mb"])
         for c in curves:
             synthesis = c.synthesis_mb or [""] * len(c.rounds)
             for row in zip(c.rounds, c.time_s, c.traffic_mb, c.accuracy, c.best, synthesis):
@@ -161,10 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _curves(argv: list[str]) -> int:
-    parser = CommandParser("python -m fl_lightning.curves",
-                           description="Time- and traffic-to-accuracy curves (CSV + PNG) from run folders.",
-                           example="python -m fl_lightning.curves runs/compare_tiny/* --out runs/compare_tiny "
-                                   "--targets 0.5 0.7")
+    parser = CommandParser(
+        "python -m fl_lightning.curves",
+        description="Time- and traffic-to-accuracy curves (CSV + PNG) from run folders.",
+        example="python -m fl_lightning.curves runs/compare_tiny/* --out runs/compare_tiny --targets 0.5 0.7",
+    )
     parser.add_argument("runs", nargs="+", type=Path, help="run folders (with metrics.csv)")
     parser.add_argument("--out", type=Path, required=True, help="folder for curves.csv, time_to_accuracy.csv, PNGs")
     parser.add_argument("--targets", type=float, nargs="*", default=None, help="target accuracies in [0, 1]")

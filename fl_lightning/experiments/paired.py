@@ -28,8 +28,7 @@ def _alpha_name(alpha: float) -> str:
     return "IID" if math.isinf(alpha) else f"{alpha:g}"
 
 
-def paired_differences(results: Sequence[tuple[Any, dict[str, Any]]], *, method: str,
-                       reference: str) -> list[dict[str, Any]]:
+def paired_differences(results: Sequence[tuple[Any, dict[str, Any]]], *, method: str, reference: str) -> list[dict[str, Any]]:
     """Pair the finished runs of ``method`` and ``reference`` on (α, seed, partition seed).
 
     Args:
@@ -48,9 +47,17 @@ def paired_differences(results: Sequence[tuple[Any, dict[str, Any]]], *, method:
             if key in runs[label]:
                 raise ValueError(f"two runs of {label!r} on the same cell (α, seed, partition seed) = {key}")
             runs[label][key] = float(summary["accuracy"])
-    return [{"alpha": k[0], "seed": k[1], "partition_seed": k[2], "method": runs[method][k],
-             "reference": runs[reference][k], "difference": runs[method][k] - runs[reference][k]}
-            for k in sorted(set(runs[method]) & set(runs[reference]))]
+    return [
+        {
+            "alpha": k[0],
+            "seed": k[1],
+            "partition_seed": k[2],
+            "method": runs[method][k],
+            "reference": runs[reference][k],
+            "difference": runs[method][k] - runs[reference][k],
+        }
+        for k in sorted(set(runs[method]) & set(runs[reference]))
+    ]
 
 
 def paired_markdown(rows: Sequence[dict[str, Any]], *, method: str, reference: str) -> str:
@@ -60,10 +67,12 @@ def paired_markdown(rows: Sequence[dict[str, Any]], *, method: str, reference: s
     alphas = sorted({r["alpha"] for r in rows})
     seeds = sorted({(r["seed"], r["partition_seed"]) for r in rows})
     cell = {(r["alpha"], (r["seed"], r["partition_seed"])): 100 * r["difference"] for r in rows}
-    lines = [f"{method} − {reference}, accuracy points, on the same partition "
-             "(seed s: training seed, partition seed p)", "",
-             "| seed (s, p) | " + " | ".join(f"α = {_alpha_name(a)}" for a in alphas) + " |",
-             "|" + " --- |" * (len(alphas) + 1)]
+    lines = [
+        f"{method} − {reference}, accuracy points, on the same partition (seed s: training seed, partition seed p)",
+        "",
+        "| seed (s, p) | " + " | ".join(f"α = {_alpha_name(a)}" for a in alphas) + " |",
+        "|" + " --- |" * (len(alphas) + 1),
+    ]
     for s in seeds:
         cells = [f"{cell[(a, s)]:+.2f}" if (a, s) in cell else "—" for a in alphas]
         lines.append(f"| {s[0]}, {s[1]} | " + " | ".join(cells) + " |")
@@ -71,8 +80,11 @@ def paired_markdown(rows: Sequence[dict[str, Any]], *, method: str, reference: s
         per_alpha = [fn([v for (a, _), v in cell.items() if a == alpha]) for alpha in alphas]
         lines.append(f"| **{name}** | " + " | ".join(f"{v:+.2f}" for v in per_alpha) + " |")
     values = list(cell.values())
-    lines += ["", f"Over all {len(values)} pairs: worst {min(values):+.2f}, mean {statistics.fmean(values):+.2f}, "
-              f"{sum(v < 0 for v in values)} below 0, {sum(v == 0 for v in values)} equal."]
+    lines += [
+        "",
+        f"Over all {len(values)} pairs: worst {min(values):+.2f}, mean {statistics.fmean(values):+.2f}, "
+        f"{sum(v < 0 for v in values)} below 0, {sum(v == 0 for v in values)} equal.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -92,16 +104,19 @@ def _paired(argv: list[str]) -> int:
 
     prog = "python -m fl_lightning.paired"
     parser = CommandParser(
-        prog, description="Write DIR/paired.md and print it: METHOD − REFERENCE in accuracy points on the very same "
-                          "cells of a comparison (α, seed, partition seed: the same data, split and partition), one "
-                          "cell per (α, seed), with the worst and the mean difference per α and overall, over the "
-                          "finished pairs (an unfinished run leaves its cell empty).",
+        prog,
+        description="Write DIR/paired.md and print it: METHOD − REFERENCE in accuracy points on the very same "
+        "cells of a comparison (α, seed, partition seed: the same data, split and partition), one "
+        "cell per (α, seed), with the worst and the mean difference per α and overall, over the "
+        "finished pairs (an unfinished run leaves its cell empty).",
         epilog="Exit status: 0 when a table was written; 2 when DIR holds no comparison, or no finished pair of the "
-               "two labels, or the command line is wrong (one line). See docs/usage.md.",
-        example=f"{prog} runs/fedopal_plus_vs_afl_dinov2_digits FedOPAL+ AFL")
+        "two labels, or the command line is wrong (one line). See docs/usage.md.",
+        example=f"{prog} runs/fedopal_plus_vs_afl_dinov2_digits FedOPAL+ AFL",
+    )
     parser.add_argument("dir", metavar="DIR", type=Path, help=f"a comparison's output_dir (with its {COMPARISON_CONFIG})")
-    parser.add_argument("method", metavar="METHOD", help="the method's label as in comparison.md (a run's label, "
-                                                          "else its algorithm)")
+    parser.add_argument(
+        "method", metavar="METHOD", help="the method's label as in comparison.md (a run's label, else its algorithm)"
+    )
     parser.add_argument("reference", metavar="REFERENCE", help="the label it is compared with, subtracted")
     args = parser.parse_args(argv)
     out_dir, method, reference = args.dir, args.method, args.reference
@@ -113,8 +128,9 @@ def _paired(argv: list[str]) -> int:
     rows = paired_differences(finished, method=method, reference=reference)
     if not rows:
         labels = sorted({r.label or r.algorithm for r in runs})
-        raise UsageError(f"usage error: '{out_dir}': no finished pair of {method!r} and {reference!r} "
-                         f"(its labels: {', '.join(labels)})")
+        raise UsageError(
+            f"usage error: '{out_dir}': no finished pair of {method!r} and {reference!r} (its labels: {', '.join(labels)})"
+        )
     text = paired_markdown(rows, method=method, reference=reference)
     (out_dir / "paired.md").write_text(text)
     print(text, end="")

@@ -11,8 +11,7 @@ from typing import Any
 from fl_lightning.dealing import Deal
 from fl_lightning.durable_write import write_text_atomic
 
-__all__ = ["COMPARISON_CONFIG", "plan_runs", "finished_summary", "parse_shard", "select_shard", "list_runs",
-           "record_comparison"]
+__all__ = ["COMPARISON_CONFIG", "plan_runs", "finished_summary", "parse_shard", "select_shard", "list_runs", "record_comparison"]
 
 COMPARISON_CONFIG = "comparison.yaml"  # the comparison's own config, in its output_dir: the list of its runs
 
@@ -63,9 +62,11 @@ def parse_shard(text: str) -> tuple[int, int]:
     except ValueError:
         i, n = -1, 0
     if not slash or n < 1 or not 0 <= i < n:
-        raise UsageError(f"usage error: --shard {text!r}: expected I/N, the I-th of N shares with 0 <= I < N "
-                         f"(--shard 0/4 … --shard 3/4; under SLURM: --array=0-3 and --shard "
-                         f"$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)")
+        raise UsageError(
+            f"usage error: --shard {text!r}: expected I/N, the I-th of N shares with 0 <= I < N "
+            f"(--shard 0/4 … --shard 3/4; under SLURM: --array=0-3 and --shard "
+            f"$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)"
+        )
     return i, n
 
 
@@ -87,8 +88,13 @@ def list_runs(runs: Sequence[Any], mine: Sequence[int]) -> None:
 
     for i in mine:
         run = runs[i]
-        state = ("finished" if finished_summary(run) is not None else
-                 "started" if run.run_dir.is_dir() and is_run_folder(run.run_dir) else "not started")
+        state = (
+            "finished"
+            if finished_summary(run) is not None
+            else "started"
+            if run.run_dir.is_dir() and is_run_folder(run.run_dir)
+            else "not started"
+        )
         print(f"{i}\t{run.resolved_run_name}\t{state}\t{run.run_dir}")
 
 

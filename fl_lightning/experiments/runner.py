@@ -35,8 +35,7 @@ def on_sigterm(signum: int, frame: object) -> None:
 def _is_primary() -> bool:
     """The process that checks and locks the run folder: rank 0 before any launch (Fabric's children and
     an external launcher's other ranks have a non-zero rank in their environment)."""
-    return all(os.environ.get(k, "0") == "0" for k in ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK",
-                                                       "SLURM_PROCID"))
+    return all(os.environ.get(k, "0") == "0" for k in ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK", "SLURM_PROCID"))
 
 
 def run(args: Args, argv: list[str], locks: list, collector: StartupCollector | None) -> int:
@@ -90,9 +89,12 @@ class _Share:
         from fl_lightning.callbacks.progress import eta_s, format_duration
 
         eta = eta_s(time.monotonic() - started, k, len(self.todo))
-        print(f"fl_lightning: run {k + 1}/{len(self.todo)}{' to run' if self.finished else ''} "
-              f"({len(self.finished) + k} of {len(self.mine)} done): {run.resolved_run_name}, ETA of the rest "
-              f"{format_duration(eta)}", flush=True)
+        print(
+            f"fl_lightning: run {k + 1}/{len(self.todo)}{' to run' if self.finished else ''} "
+            f"({len(self.finished) + k} of {len(self.mine)} done): {run.resolved_run_name}, ETA of the rest "
+            f"{format_duration(eta)}",
+            flush=True,
+        )
 
     def run(self, i: int, collector: StartupCollector | None) -> dict:
         """Run ``runs[i]`` (its numerics applied from before the simulation is built), then release its lock;
@@ -100,8 +102,9 @@ class _Share:
         run = self.runs[i]
         try:
             with torch_numerics(run.federation):  # before the simulation is built: CUDA reads the workspace
-                summary = self.simulation(cfg=run, resume=self.resume[i],
-                                          callbacks=[] if collector is None else [collector]).run()
+                summary = self.simulation(
+                    cfg=run, resume=self.resume[i], callbacks=[] if collector is None else [collector]
+                ).run()
         finally:
             if collector is not None:
                 collector.end_run()
@@ -114,10 +117,14 @@ class _Share:
         if not self.primary:
             return
         how = "terminated (SIGTERM)" if isinstance(err, _Terminated) else "interrupted"
-        again = (" (or run the same command again: finished runs are not run again, this one continues)"
-                 if len(self.runs) > 1 else "")
-        print(f"fl_lightning: {how}; the checkpoint is kept: continue with "
-              f"python -m fl_lightning.train --resume {self.runs[i].run_dir}{again}", file=sys.stderr)
+        again = (
+            " (or run the same command again: finished runs are not run again, this one continues)" if len(self.runs) > 1 else ""
+        )
+        print(
+            f"fl_lightning: {how}; the checkpoint is kept: continue with "
+            f"python -m fl_lightning.train --resume {self.runs[i].run_dir}{again}",
+            file=sys.stderr,
+        )
 
     def report(self, summaries: dict[int, dict]) -> None:
         """The share's results (local rank 0): one line per run, and a comparison's table of every finished run."""
@@ -152,13 +159,15 @@ def _plan(args: Args, argv: list[str], locks: list) -> _Share | int:
 
         runs = resolve_runs(runs)
     if len(mine) > 1 and cfg.federation.devices * cfg.federation.num_nodes > 1:
-        raise ConfigError("variants", f"{len(mine)} runs", "a single run when federation.devices > 1 "
-                          "(launch one process group per run, e.g. with --shard I/N)")
+        raise ConfigError(
+            "variants",
+            f"{len(mine)} runs",
+            "a single run when federation.devices > 1 (launch one process group per run, e.g. with --shard I/N)",
+        )
     if args.jobs is not None and _is_primary():
         return _run_jobs(args, argv, cfg, runs)
     if not mine:
-        print(f"fl_lightning: --shard {args.shard[0]}/{args.shard[1]} holds no run ({len(runs)} run(s) in all)",
-              file=sys.stderr)
+        print(f"fl_lightning: --shard {args.shard[0]}/{args.shard[1]} holds no run ({len(runs)} run(s) in all)", file=sys.stderr)
         return 0
     return _claim_share(args, argv, locks, cfg=cfg, runs=runs, mine=mine, recorded=recorded)
 
@@ -178,20 +187,21 @@ def _load_config(args: Args) -> tuple[Any, dict | None]:
         overrides = [*overrides, "--output_dir", str(run_dir.parent), "--run_name", run_dir.name]
         config_path = str(run_dir / "config.yaml")
         # a folder written before a key existed resumes under the value it ran with, not today's default
-        overrides = [*added_key_overrides(recorded if recorded is not None else read_yaml(config_path)),
-                     *overrides]
+        overrides = [*added_key_overrides(recorded if recorded is not None else read_yaml(config_path)), *overrides]
     return load_config(config_path, overrides), recorded
 
 
-def _claim_share(args: Args, argv: list[str], locks: list, *, cfg: Any, runs: list, mine: list[int],
-                 recorded: dict | None) -> _Share:
+def _claim_share(
+    args: Args, argv: list[str], locks: list, *, cfg: Any, runs: list, mine: list[int], recorded: dict | None
+) -> _Share:
     """Skip the share's finished runs; on the primary, check every run still to run, then lock and claim each
     folder, and record a comparison's config. Returns the share, ready to run."""
     primary = _is_primary()
     # the same command again: a run that finished under this very config is not run again (every rank
     # sees the same folder, so no rank launches for it); --overwrite and --resume always run
-    finished = {} if args.overwrite or args.resume is not None else {
-        i: s for i in mine if (s := finished_summary(runs[i])) is not None}
+    finished = (
+        {} if args.overwrite or args.resume is not None else {i: s for i in mine if (s := finished_summary(runs[i])) is not None}
+    )
     todo = [i for i in mine if i not in finished]
     resume = {i: args.resume is not None for i in todo}
     held = {}  # a run's lock, released when it has finished (a killed comparison leaves none on those)
@@ -205,8 +215,11 @@ def _claim_share(args: Args, argv: list[str], locks: list, *, cfg: Any, runs: li
     if primary and len(runs) > 1:  # the comparison's own config: which runs it has (experiments/plan.py);
         record_comparison(cfg)  # written even when every run finished already (under a narrower --sweep)
     if finished and primary:
-        print(f"fl_lightning: {len(finished)} of {len(mine)} run(s) finished already with this config, not run "
-              f"again: {', '.join(runs[i].resolved_run_name for i in finished)}", file=sys.stderr)
+        print(
+            f"fl_lightning: {len(finished)} of {len(mine)} run(s) finished already with this config, not run "
+            f"again: {', '.join(runs[i].resolved_run_name for i in finished)}",
+            file=sys.stderr,
+        )
     simulation = None
     if todo:  # imported before the first run: an interruption here is one before the run started
         from fl_lightning.federation.simulation import Simulation as simulation
@@ -226,8 +239,9 @@ def _run_jobs(args: Args, argv: list[str], cfg: object, runs: list) -> int:
     if todo:
         preflight(todo)
     n = min(args.jobs, max(len(todo), 1))
-    child_argv = [a for k, a in enumerate(argv) if a != "--jobs" and not a.startswith("--jobs=")
-                  and not (k > 0 and argv[k - 1] == "--jobs")]
+    child_argv = [
+        a for k, a in enumerate(argv) if a != "--jobs" and not a.startswith("--jobs=") and not (k > 0 and argv[k - 1] == "--jobs")
+    ]
     gpus = _visible_gpus() if cfg.federation.accelerator in ("auto", "gpu", "cuda") else []
     # each job its own cores (its threads and its loader workers: data.num_workers auto counts them), on GPUs too
     shares = core_shares(sorted(os.sched_getaffinity(0)), n) if hasattr(os, "sched_getaffinity") else None
@@ -239,8 +253,13 @@ def _run_jobs(args: Args, argv: list[str], cfg: object, runs: list) -> int:
                 env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
             cores = None if shares is None else shares[i]
             env.setdefault("OMP_NUM_THREADS", str(len(cores) if cores else max(1, (os.cpu_count() or 1) // n)))
-            procs.append(subprocess.Popen([sys.executable, "-m", "fl_lightning.train", *child_argv, "--shard",
-                                           f"{i}/{n}"], env=env, preexec_fn=_pinned_to(cores)))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "fl_lightning.train", *child_argv, "--shard", f"{i}/{n}"],
+                    env=env,
+                    preexec_fn=_pinned_to(cores),
+                )
+            )
         codes = [p.wait() for p in procs]
     except KeyboardInterrupt as err:
         for p in procs:
@@ -248,8 +267,7 @@ def _run_jobs(args: Args, argv: list[str], cfg: object, runs: list) -> int:
                 p.send_signal(signal.SIGTERM)
         for p in procs:
             p.wait()
-        print("fl_lightning: interrupted; the shares keep their checkpoints: run the same command again",
-              file=sys.stderr)
+        print("fl_lightning: interrupted; the shares keep their checkpoints: run the same command again", file=sys.stderr)
         return _exit_status(err)
     if len(runs) > 1:
         finished, missing = collect(runs)
@@ -284,16 +302,19 @@ def _check_resume_folder(run_dir: Path) -> dict | None:
     from fl_lightning.federation.run_folder import RECORD, config_diff, format_diff, read_record
 
     if not (run_dir / "config.yaml").is_file():
-        raise UsageError(f"usage error: --resume {run_dir}: no config.yaml there; pass the folder of an "
-                         f"earlier run (<output_dir>/<run_name>)")
+        raise UsageError(
+            f"usage error: --resume {run_dir}: no config.yaml there; pass the folder of an earlier run (<output_dir>/<run_name>)"
+        )
     record = read_record(run_dir)
     if record is None:
         return None
     edited = config_diff(record["config"], read_yaml(run_dir / "config.yaml"))
     if edited:
-        raise RunFolderError(f"run folder error: {run_dir / 'config.yaml'} was edited after the run started "
-                             f"({format_diff(edited)}); the completed rounds ran under the recorded values "
-                             f"({run_dir / RECORD}): put them back, or start a new run with --config")
+        raise RunFolderError(
+            f"run folder error: {run_dir / 'config.yaml'} was edited after the run started "
+            f"({format_diff(edited)}); the completed rounds ran under the recorded values "
+            f"({run_dir / RECORD}): put them back, or start a new run with --config"
+        )
     # a run recorded under a method's former name resumes under its name now, and without a key added since
     # under the value it ran with
     return recorded_config(record["config"])
@@ -328,35 +349,46 @@ def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list
     current = config_to_dict(cfg)
     if args.resume is not None:
         if recorded is None:  # a folder from before run.json: its config.yaml (resolved) is the record
-            recorded = config_to_dict(load_config(run_dir / "config.yaml",
-                                                  added_key_overrides(read_yaml(run_dir / "config.yaml"))))
+            recorded = config_to_dict(
+                load_config(run_dir / "config.yaml", added_key_overrides(read_yaml(run_dir / "config.yaml")))
+            )
         changed = config_diff(recorded, current)
         if changed:
-            raise RunFolderError(f"run folder error: --resume cannot change {format_diff(changed)}: the completed "
-                                 f"rounds ran under the recorded values; only federation.rounds, "
-                                 f"federation.devices, the failure policy and logging.* may change on resume; "
-                                 f"start a new run (another --run_name) for other settings")
+            raise RunFolderError(
+                f"run folder error: --resume cannot change {format_diff(changed)}: the completed "
+                f"rounds ran under the recorded values; only federation.rounds, "
+                f"federation.devices, the failure policy and logging.* may change on resume; "
+                f"start a new run (another --run_name) for other settings"
+            )
         done = completed_rounds(run_dir)
         if cfg.federation.rounds < done:
-            raise ConfigError("federation.rounds", cfg.federation.rounds,
-                              f"at least the {done} rounds this run has already completed")
+            raise ConfigError(
+                "federation.rounds", cfg.federation.rounds, f"at least the {done} rounds this run has already completed"
+            )
     elif any(p.name != LOCK for p in run_dir.iterdir()):
         if not is_run_folder(run_dir):
-            raise RunFolderError(f"run folder error: '{run_dir}' already holds files that are not a run's; "
-                                 f"choose another --run_name or --output_dir")
+            raise RunFolderError(
+                f"run folder error: '{run_dir}' already holds files that are not a run's; "
+                f"choose another --run_name or --output_dir"
+            )
         if not args.overwrite and not _nothing_ran(run_dir):
             record = read_record(run_dir)
-            before = recorded_config(record["config"] if record else (read_yaml(run_dir / "config.yaml")
-                                                                      if (run_dir / "config.yaml").is_file() else {}))
+            before = recorded_config(
+                record["config"]
+                if record
+                else (read_yaml(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else {})
+            )
             differs = config_diff(before, current, include_resumable=True)
             if not differs:  # the same command after an interruption (a finished run is not claimed at all)
                 write_record(run_dir, current, resumed=True, argv=argv)
                 write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
                 return True
             what = f"a different run ({format_diff(differs)})" if differs else "this run already"
-            hint = (" (continue it with --resume instead)" if not config_diff(before, current) else "")
-            raise RunFolderError(f"run folder error: '{run_dir}' holds {what}; pass --overwrite to delete it and "
-                                 f"start afresh{hint}, or choose another --run_name / --output_dir")
+            hint = " (continue it with --resume instead)" if not config_diff(before, current) else ""
+            raise RunFolderError(
+                f"run folder error: '{run_dir}' holds {what}; pass --overwrite to delete it and "
+                f"start afresh{hint}, or choose another --run_name / --output_dir"
+            )
         clear_run_folder(run_dir)
     write_record(run_dir, current, resumed=args.resume is not None, argv=argv)
     write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
@@ -375,8 +407,7 @@ def _nothing_ran(run_dir: Path) -> bool:
     the LLM are work, even before round 0's records reach disk: the same command continues from them."""
     if any((run_dir / name).exists() for name in _WORK_FILES):
         return False
-    return not any((run_dir / name).is_dir() and any(p.is_file() for p in (run_dir / name).rglob("*"))
-                   for name in _WORK_FOLDERS)
+    return not any((run_dir / name).is_dir() and any(p.is_file() for p in (run_dir / name).rglob("*")) for name in _WORK_FOLDERS)
 
 
 def print_results(summaries: list) -> None:
@@ -389,8 +420,12 @@ def print_results(summaries: list) -> None:
         table.add_column(column)
     for cfg, s in summaries:
         accuracy = s.get("accuracy")
-        table.add_row(cfg.resolved_run_name, cfg.algorithm, "-" if accuracy is None else f"{accuracy:.4f}",
-                      f"{s['bytes_up_per_client']:,.0f}", f"{s['wall_time_s']:.1f}", str(cfg.run_dir))
+        table.add_row(
+            cfg.resolved_run_name,
+            cfg.algorithm,
+            "-" if accuracy is None else f"{accuracy:.4f}",
+            f"{s['bytes_up_per_client']:,.0f}",
+            f"{s['wall_time_s']:.1f}",
+            str(cfg.run_dir),
+        )
     Console(width=max(Console().width, 160)).print(table)
-
-

@@ -147,8 +147,7 @@ class _UtilitiesFirst:
     """
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if not fullname.startswith(_NAME + ".") or fullname.startswith(_NAME + ".utilities") \
-                or fullname == _NAME + ".__about__":
+        if not fullname.startswith(_NAME + ".") or fullname.startswith(_NAME + ".utilities") or fullname == _NAME + ".__about__":
             return None
         if self in sys.meta_path:
             sys.meta_path.remove(self)
@@ -157,8 +156,9 @@ class _UtilitiesFirst:
         done = sys.modules.get(fullname)
         if done is None:  # not imported on the way: the normal finders take it from here
             return None
-        return importlib.util.spec_from_loader(fullname, _Existing(done), origin=getattr(done, "__file__", None),
-                                               is_package=hasattr(done, "__path__"))
+        return importlib.util.spec_from_loader(
+            fullname, _Existing(done), origin=getattr(done, "__file__", None), is_package=hasattr(done, "__path__")
+        )
 
 
 _PLOT = _NAME + ".utilities.plot"

@@ -62,8 +62,7 @@ class WeightedMean:
                 continue
             acc = self._sums[key]
             if tensor.shape != acc.shape:
-                raise ValueError(f"cannot average tensors of shapes {tuple(acc.shape)} and "
-                                 f"{tuple(tensor.shape)} (key {key!r})")
+                raise ValueError(f"cannot average tensors of shapes {tuple(acc.shape)} and {tuple(tensor.shape)} (key {key!r})")
             if tensor.numel() < _SCRATCH_MIN_NUMEL:  # small: the temporaries are cheap, the extra calls are not
                 acc += tensor.detach().to(torch.float64) * w
             else:  # the same float64 product and sum, bit for bit, through one reused buffer: a fresh
@@ -81,7 +80,7 @@ class WeightedMean:
         buffer = self._scratch.get(like.device)
         if buffer is None or buffer.numel() < like.numel():
             buffer = self._scratch[like.device] = torch.empty(like.numel(), dtype=torch.float64, device=like.device)
-        return buffer[:like.numel()].view(like.shape)
+        return buffer[: like.numel()].view(like.shape)
 
     def __len__(self) -> int:
         return len(self._sums)
@@ -117,8 +116,13 @@ def weighted_average(tensors: Sequence[torch.Tensor], weights: Sequence[float]) 
     return fold.result()["t"]
 
 
-def check_whole_layers(global_state: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor], *,
-                       layer_of: Callable[[str], int], name: str = "client state") -> None:
+def check_whole_layers(
+    global_state: Mapping[str, torch.Tensor],
+    state: Mapping[str, torch.Tensor],
+    *,
+    layer_of: Callable[[str], int],
+    name: str = "client state",
+) -> None:
     """A partial state must hold only keys of ``global_state`` and, of each layer it touches, ALL its keys
     (a half-uploaded layer is a bug upstream)."""
     unknown = [k for k in state if k not in global_state]

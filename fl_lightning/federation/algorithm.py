@@ -45,8 +45,19 @@ if TYPE_CHECKING:
     from fl_lightning.data.registry import DatasetSplits
     from fl_lightning.federation.local_training import DPSGD
 
-__all__ = ["Algorithm", "Client", "Environment", "InputSpec", "NoConfig", "RoundHistory", "RoundPlan", "register",
-           "ALGORITHMS", "RENAMED", "State"]
+__all__ = [
+    "Algorithm",
+    "Client",
+    "Environment",
+    "InputSpec",
+    "NoConfig",
+    "RoundHistory",
+    "RoundPlan",
+    "register",
+    "ALGORITHMS",
+    "RENAMED",
+    "State",
+]
 
 State = dict[str, Tensor]  # the server's global state: named tensors only (checkpointable, broadcastable)
 
@@ -77,8 +88,7 @@ class RoundPlan:
 
     @classmethod
     def from_state_dict(cls, state: dict) -> RoundPlan:
-        return cls({int(c): Download.from_state_dict(d) for c, d in state["downloads"].items()},
-                   dict(state["decisions"]))
+        return cls({int(c): Download.from_state_dict(d) for c, d in state["downloads"].items()}, dict(state["decisions"]))
 
 
 @dataclass(frozen=True)
@@ -167,8 +177,9 @@ class Environment:
         counts = np.bincount(targets, minlength=self.num_classes)
         return Client(index, dataset, len(idx), counts, label_map)
 
-    def loader(self, dataset: Dataset, *, shuffle: bool, seed: int = 0, batch_size: int | None = None,
-               dp_sgd: DPSGD | None = None) -> Any:
+    def loader(
+        self, dataset: Dataset, *, shuffle: bool, seed: int = 0, batch_size: int | None = None, dp_sgd: DPSGD | None = None
+    ) -> Any:
         """A DataLoader on this rank; shuffling from its own seeded generator (never the global RNG).
 
         With ``dp_sgd`` (:meth:`dp_sgd`'s settings), DP-SGD's Poisson-sampled lots instead
@@ -198,19 +209,29 @@ class Environment:
         if kept is not None:
             name, indices = kept
             if name not in self._passes:
-                self._passes[name] = ClientPasses(getattr(self.splits, name), num_workers=loading.num_workers,
-                                                  pin_memory=loading.pin_memory,
-                                                  persistent_workers=loading.persistent_workers, collate_fn=collate_fn)
+                self._passes[name] = ClientPasses(
+                    getattr(self.splits, name),
+                    num_workers=loading.num_workers,
+                    pin_memory=loading.pin_memory,
+                    persistent_workers=loading.persistent_workers,
+                    collate_fn=collate_fn,
+                )
             loader = self._passes[name].pass_over(indices, batch_size=batch_size, shuffle=shuffle, seed=seed)
             if rows is not dataset:
                 loader = RelabelledBatches(loader, dataset.label_map)
         else:
             generator = torch.Generator().manual_seed(seed) if shuffle else None
-            loader = DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator,
-                                num_workers=loading.num_workers, pin_memory=loading.pin_memory,
-                                persistent_workers=False, collate_fn=collate_fn)
-        return loader if float_part is None else DeviceFloatPart(loader, device=self.fabric.device,
-                                                                 float_part=float_part)
+            loader = DataLoader(
+                dataset,
+                batch_size=batch_size,
+                shuffle=shuffle,
+                generator=generator,
+                num_workers=loading.num_workers,
+                pin_memory=loading.pin_memory,
+                persistent_workers=False,
+                collate_fn=collate_fn,
+            )
+        return loader if float_part is None else DeviceFloatPart(loader, device=self.fabric.device, float_part=float_part)
 
     def _kept_rows(self, rows: Dataset, shuffle: bool) -> tuple[str, Sequence[int]] | None:
         """Which split's kept loader reads ``rows``, and which of its rows: a client's rows of the training split
@@ -233,13 +254,18 @@ class Environment:
         loading = self.loader_settings()
 
         def lots_loader(lots: list[list[int]]) -> Any:
-            loader = DataLoader(dataset, batch_sampler=lots, num_workers=loading.num_workers,
-                                pin_memory=loading.pin_memory, collate_fn=collate_fn)
-            return loader if float_part is None else DeviceFloatPart(loader, device=self.fabric.device,
-                                                                     float_part=float_part)
+            loader = DataLoader(
+                dataset, batch_sampler=lots, num_workers=loading.num_workers, pin_memory=loading.pin_memory, collate_fn=collate_fn
+            )
+            return loader if float_part is None else DeviceFloatPart(loader, device=self.fabric.device, float_part=float_part)
 
-        return PoissonBatches(len(dataset), rate=dp.sampling_rate, steps_per_epoch=dp.steps_per_epoch,
-                              generator=torch.Generator().manual_seed(dp.sampling_seed), make_loader=lots_loader)
+        return PoissonBatches(
+            len(dataset),
+            rate=dp.sampling_rate,
+            steps_per_epoch=dp.steps_per_epoch,
+            generator=torch.Generator().manual_seed(dp.sampling_seed),
+            make_loader=lots_loader,
+        )
 
     def loader_settings(self) -> LoaderSettings:
         """This rank's DataLoader settings: ``loading``, or ``data.num_workers`` & co. resolved for its device
@@ -252,9 +278,15 @@ class Environment:
         d = self.cfg.data
         cuda = getattr(getattr(self.fabric, "device", None), "type", "cpu") == "cuda"
         cpus = available_cpus()  # under SLURM's one task per rank, that task's own cores: shared by none
-        self.loading = resolve_loader_settings(d.num_workers, d.pin_memory, d.persistent_workers, cuda=cuda,
-                                               normalize_on_device=d.normalize_on_device, cpus=cpus,
-                                               ranks_on_node=ranks_sharing_cores(self.cfg.federation.devices, cpus))
+        self.loading = resolve_loader_settings(
+            d.num_workers,
+            d.pin_memory,
+            d.persistent_workers,
+            cuda=cuda,
+            normalize_on_device=d.normalize_on_device,
+            cpus=cpus,
+            ranks_on_node=ranks_sharing_cores(self.cfg.federation.devices, cpus),
+        )
         return self.loading
 
 
@@ -338,8 +370,9 @@ class Algorithm(ABC):
         return None
 
     @abstractmethod
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
+    def aggregate(
+        self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
+    ) -> State:
         """Server step: runs once (rank 0); the result is broadcast to every rank.
 
         ``uploads`` iterates in client order and may load each upload only when read: fold them one at a
@@ -386,17 +419,19 @@ def register(name: str, *, renamed_from: Sequence[str] = ()) -> Callable[[type[A
             raise TypeError(f"{cls.__name__}.config_class must be a dataclass, got {cls.config_class!r}")
         previous = ALGORITHMS.get(name)
         if previous is not None and previous.__qualname__ != cls.__qualname__:
-            raise ValueError(f"two methods named {name!r}: {previous.__module__}.{previous.__qualname__} and "
-                             f"{cls.__module__}.{cls.__qualname__}")
+            raise ValueError(
+                f"two methods named {name!r}: {previous.__module__}.{previous.__qualname__} and "
+                f"{cls.__module__}.{cls.__qualname__}"
+            )
         if name in RENAMED:
             raise ValueError(f"cannot register a method named {name!r}: it is the former name of {RENAMED[name]!r}")
         for old in renamed_from:
             if old in ALGORITHMS or RENAMED.get(old, name) != name:
                 taken = old if old in ALGORITHMS else RENAMED[old]
-                raise ValueError(f"{cls.__qualname__}: {old!r} cannot be a former name of {name!r}: it names "
-                                 f"{taken!r}")
+                raise ValueError(f"{cls.__qualname__}: {old!r} cannot be a former name of {name!r}: it names {taken!r}")
         RENAMED.update(dict.fromkeys(renamed_from, name))
         cls.name = name
         ALGORITHMS[name] = cls
         return cls
+
     return deco

@@ -54,8 +54,15 @@ def flipped_labels(num_classes: int) -> np.ndarray:
     return np.arange(num_classes - 1, -1, -1, dtype=np.int64)
 
 
-def poison(kind: str, upload: Mapping[str, Tensor], downloaded: Mapping[str, Tensor], *, scale: float, std: float,
-           generator: torch.Generator | None = None) -> dict[str, Tensor]:
+def poison(
+    kind: str,
+    upload: Mapping[str, Tensor],
+    downloaded: Mapping[str, Tensor],
+    *,
+    scale: float,
+    std: float,
+    generator: torch.Generator | None = None,
+) -> dict[str, Tensor]:
     """``upload`` as the attacker ``kind`` sends it (module docstring); tensors without a floating-point
     counterpart in ``downloaded`` are sent as they are."""
     out = dict(upload)
@@ -92,8 +99,7 @@ class ClientAttack:
         if config.kind == "none":
             return None
         scale = config.scale if config.scale is not None else ATTACK_DEFAULT_SCALE.get(config.kind, 1.0)
-        return cls(config.kind, choose_attackers(num_clients, config.fraction, config.seed), scale, config.std,
-                   config.seed)
+        return cls(config.kind, choose_attackers(num_clients, config.fraction, config.seed), scale, config.std, config.seed)
 
     def label_maps(self, num_classes: int) -> dict[int, np.ndarray]:
         """The clients that train on changed labels, each with its (C,) map (none but under ``label_flip``)."""
@@ -107,8 +113,9 @@ class ClientAttack:
         if client not in self.attackers or self.kind == "label_flip":
             return upload
         generator = torch.Generator().manual_seed(derive_seed(self.seed, round_idx, client, _NOISE_TAG))
-        return Upload(poison(self.kind, upload.tensors, downloaded, scale=self.scale, std=self.std,
-                             generator=generator), upload.meta)
+        return Upload(
+            poison(self.kind, upload.tensors, downloaded, scale=self.scale, std=self.std, generator=generator), upload.meta
+        )
 
     def row(self, clients: list[int]) -> dict[str, int]:
         """metrics.csv: how many of the round's clients attacked."""

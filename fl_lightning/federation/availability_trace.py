@@ -52,8 +52,7 @@ def _checked(table: np.ndarray, path: str, num_clients: int) -> np.ndarray:
     if table.ndim != 2 or table.shape[0] == 0:
         raise ConfigError(TRACE_KEY, path, f"{_SHAPE}; it has shape {table.shape}")
     if table.shape[1] != num_clients:
-        raise ConfigError(TRACE_KEY, path, f"{_SHAPE}: {num_clients} columns (partition.num_clients); it has "
-                                           f"{table.shape[1]}")
+        raise ConfigError(TRACE_KEY, path, f"{_SHAPE}: {num_clients} columns (partition.num_clients); it has {table.shape[1]}")
     bad = np.argwhere(~np.isin(table, (0, 1)))
     if len(bad):
         row, column = (int(i) for i in bad[0])
@@ -70,6 +69,8 @@ def check_recorded_trace(recorded: Path, trace: np.ndarray, path: str) -> None:
     """Refuse (one line) a resumed run whose trace (from ``path``) is not the copy the run started with."""
     kept = _read_text(recorded).astype(bool)
     if kept.shape != trace.shape or not np.array_equal(kept, trace):
-        raise UsageError(f"usage error: {TRACE_KEY}={path!r} is not the trace this run started with (its copy: "
-                         f"{recorded}); put that file back or point the key at the copy, or start a new run "
-                         f"(another --run_name)")
+        raise UsageError(
+            f"usage error: {TRACE_KEY}={path!r} is not the trace this run started with (its copy: "
+            f"{recorded}); put that file back or point the key at the copy, or start a new run "
+            f"(another --run_name)"
+        )

@@ -26,16 +26,20 @@ def averaging_gap(cfg: RunConfig, algorithm: type) -> str | None:
     from fl_lightning.config import PrivacyConfig
     from fl_lightning.federation.privacy_coverage import privacy_gap
 
-    as_averaging = dataclasses.replace(cfg, federation=dataclasses.replace(
-        cfg.federation, privacy=PrivacyConfig(mechanism="dp_fedavg", epsilon=1.0)))
+    as_averaging = dataclasses.replace(
+        cfg, federation=dataclasses.replace(cfg.federation, privacy=PrivacyConfig(mechanism="dp_fedavg", epsilon=1.0))
+    )
     return privacy_gap(algorithm, as_averaging)
 
 
 def _settings(cfg: RunConfig) -> list[str]:
     """The averaging-only settings this run asks for, each as ``key=value``."""
     f = cfg.federation
-    asked = [("server_optimizer.name", f.server_optimizer.name, "fedavg"), ("aggregator.name", f.aggregator.name,
-                                                                             "mean"), ("attack.kind", f.attack.kind, "none")]
+    asked = [
+        ("server_optimizer.name", f.server_optimizer.name, "fedavg"),
+        ("aggregator.name", f.aggregator.name, "mean"),
+        ("attack.kind", f.attack.kind, "none"),
+    ]
     empty_rounds = ["federation.min_clients=0"] if f.min_clients == 0 else []  # an empty round keeps the state
     return [f"federation.{key}={value}" for key, value, plain in asked if value != plain] + empty_rounds
 
@@ -48,15 +52,21 @@ def check_averaging_settings(cfg: RunConfig, algorithm: type) -> None:
         return
     gap = averaging_gap(cfg, algorithm)
     if gap is not None:
-        raise UsageError(f"usage error: {asked[0]} needs a method whose state is the mean of its clients' weights "
-                         f"(fedavg, fedprox, fedavg_cnn, fedavg_prompts); {cfg.algorithm} is not: {gap}")
+        raise UsageError(
+            f"usage error: {asked[0]} needs a method whose state is the mean of its clients' weights "
+            f"(fedavg, fedprox, fedavg_cnn, fedavg_prompts); {cfg.algorithm} is not: {gap}"
+        )
     f = cfg.federation
     per_round = clients_per_round(cfg.partition.num_clients, f.client_fraction)
     if f.aggregator.name == "bulyan" and per_round < 4 * f.aggregator.num_malicious + 3:
-        raise UsageError(f"usage error: federation.aggregator.name=bulyan with num_malicious f = "
-                         f"{f.aggregator.num_malicious} needs n >= 4f + 3 = {4 * f.aggregator.num_malicious + 3} "
-                         f"clients a round; this run has {per_round} (partition.num_clients × client_fraction)")
+        raise UsageError(
+            f"usage error: federation.aggregator.name=bulyan with num_malicious f = "
+            f"{f.aggregator.num_malicious} needs n >= 4f + 3 = {4 * f.aggregator.num_malicious + 3} "
+            f"clients a round; this run has {per_round} (partition.num_clients × client_fraction)"
+        )
     if f.aggregator.name != "mean" and f.privacy.mechanism != "off":
-        raise UsageError(f"usage error: federation.aggregator.name={f.aggregator.name} with federation.privacy."
-                         f"mechanism={f.privacy.mechanism}: DP-FedAvg's noise is calibrated to the mean's sensitivity "
-                         f"S/D, not to a {f.aggregator.name}'s; use aggregator mean under privacy")
+        raise UsageError(
+            f"usage error: federation.aggregator.name={f.aggregator.name} with federation.privacy."
+            f"mechanism={f.privacy.mechanism}: DP-FedAvg's noise is calibrated to the mean's sensitivity "
+            f"S/D, not to a {f.aggregator.name}'s; use aggregator mean under privacy"
+        )

@@ -42,8 +42,13 @@ def atomic_save(obj: Any, path: str | Path, *, durable: bool = True, checksum: b
             it (~0.7 ms per 2.4 MB record).
     """
     path = Path(path)
-    place(_write_temp(obj, path, checksum=checksum), path, durable=durable, needed=lambda: _serialized_bytes(obj),
-          needed_is=_SERIALIZED)
+    place(
+        _write_temp(obj, path, checksum=checksum),
+        path,
+        durable=durable,
+        needed=lambda: _serialized_bytes(obj),
+        needed_is=_SERIALIZED,
+    )
 
 
 def _write_temp(obj: Any, path: Path, *, checksum: bool) -> Path:
@@ -53,8 +58,11 @@ def _write_temp(obj: Any, path: Path, *, checksum: bool) -> Path:
     from torch.utils.serialization import config as serialization
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    with written_temp(path, needed=lambda: _serialized_bytes(obj), needed_is=_SERIALIZED) as tmp, \
-            open(tmp, "wb") as f, serialization.patch({"save.compute_crc32": checksum}):
+    with (
+        written_temp(path, needed=lambda: _serialized_bytes(obj), needed_is=_SERIALIZED) as tmp,
+        open(tmp, "wb") as f,
+        serialization.patch({"save.compute_crc32": checksum}),
+    ):
         torch.save(obj, f)
     return tmp
 
@@ -119,8 +127,14 @@ class DurableWriter:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
-    def save(self, obj: Any, path: str | Path, *, first: Sequence[tuple[Any, Path]] = (),
-             remove: Callable[[], list[Path]] | None = None) -> None:
+    def save(
+        self,
+        obj: Any,
+        path: str | Path,
+        *,
+        first: Sequence[tuple[Any, Path]] = (),
+        remove: Callable[[], list[Path]] | None = None,
+    ) -> None:
         """Write ``obj`` to ``path`` durably in the background.
 
         Args:
@@ -147,7 +161,7 @@ class DurableWriter:
             try:
                 place(tmp, path, durable=True, needed_is=_SERIALIZED)  # needed: the temp file's size
             except BaseException as err:  # noqa: BLE001 — re-raised by wait()
-                for later, _ in temps[i + 1:]:
+                for later, _ in temps[i + 1 :]:
                     later.unlink(missing_ok=True)
                 self._error = err
                 return
@@ -196,9 +210,16 @@ def safe_load(path: str | Path) -> Any:
     except FileNotFoundError:
         raise
     except (RuntimeError, EOFError, ValueError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
-        why = "it is empty" if path.is_file() and path.stat().st_size == 0 else (
-            "it holds objects other than tensors and plain values" if isinstance(err, pickle.UnpicklingError)
-            else "it is truncated or not a torch checkpoint")
+        why = (
+            "it is empty"
+            if path.is_file() and path.stat().st_size == 0
+            else (
+                "it holds objects other than tensors and plain values"
+                if isinstance(err, pickle.UnpicklingError)
+                else "it is truncated or not a torch checkpoint"
+            )
+        )
         raise CorruptCheckpointError(
             f"checkpoint '{path}' cannot be read: {why}; delete it to redo that step (a client record or a plan), "
-            f"or start the run afresh in a new folder") from None
+            f"or start the run afresh in a new folder"
+        ) from None

@@ -61,8 +61,18 @@ from fl_lightning.federation.stale_updates import arrival_delay
 if TYPE_CHECKING:
     from fl_lightning.config import ClientBehaviourConfig, RunConfig
 
-__all__ = ["DROPPED", "STRAGGLED", "LATE", "LATE_STALE", "NO_ERROR", "ClientBehaviour", "check_client_behaviour", "client_speeds",
-           "late_mask", "round_times"]
+__all__ = [
+    "DROPPED",
+    "STRAGGLED",
+    "LATE",
+    "LATE_STALE",
+    "NO_ERROR",
+    "ClientBehaviour",
+    "check_client_behaviour",
+    "client_speeds",
+    "late_mask",
+    "round_times",
+]
 
 DROPPED = "dropped out (federation.clients.dropout)"  # a dropped client's failure reason
 STRAGGLED = "missed the round's deadline (federation.clients.drop_stragglers)"  # a dropped straggler's
@@ -87,8 +97,9 @@ def client_speeds(seed: int, num_clients: int, spread: float) -> np.ndarray:
     return np.exp(spread * z)
 
 
-def round_times(batches: np.ndarray | Sequence[int], epochs: np.ndarray | Sequence[int],
-                speeds: np.ndarray | Sequence[float], step_s: float) -> np.ndarray:
+def round_times(
+    batches: np.ndarray | Sequence[int], epochs: np.ndarray | Sequence[int], speeds: np.ndarray | Sequence[float], step_s: float
+) -> np.ndarray:
     """Simulated seconds of the clients' rounds, t_k = batches_k · E_k · step_s / s_k (float64).
 
     Args:
@@ -132,14 +143,28 @@ class ClientBehaviour:
         time: a = 1, no trace, d = 0, s = 0, no deadline). Reads the availability trace, if any (one line when it is
         bad)."""
         path, deadline = config.availability_trace, config.deadline_s
-        if (config.availability >= 1.0 and path is None and config.dropout <= 0.0 and config.stragglers <= 0.0
-                and deadline is None):
+        if (
+            config.availability >= 1.0
+            and path is None
+            and config.dropout <= 0.0
+            and config.stragglers <= 0.0
+            and deadline is None
+        ):
             return None
         trace = None if path is None else read_availability_trace(path, int(num_clients or 0))
-        return cls(float(config.availability), float(config.dropout), int(config.seed), float(config.stragglers),
-                   bool(config.drop_stragglers), trace, float(config.speed_spread), float(config.step_s),
-                   None if deadline is None else float(deadline), str(config.late),
-                   float(config.staleness_exponent))
+        return cls(
+            float(config.availability),
+            float(config.dropout),
+            int(config.seed),
+            float(config.stragglers),
+            bool(config.drop_stragglers),
+            trace,
+            float(config.speed_spread),
+            float(config.step_s),
+            None if deadline is None else float(deadline),
+            str(config.late),
+            float(config.staleness_exponent),
+        )
 
     def with_clients(self, sizes: Sequence[int], batch_size: int) -> ClientBehaviour:
         """This behaviour for clients of ``sizes`` samples n_k and batches of ``batch_size`` B: their speeds and
@@ -153,8 +178,7 @@ class ClientBehaviour:
             return [int(c) for c in np.flatnonzero(self.trace[round_idx % len(self.trace)])]
         return [c for c in range(num_clients) if _uniform(self.seed, round_idx, c, _AVAILABLE_TAG) < self.availability]
 
-    def sample(self, num_clients: int, fraction: float, *, seed: int, round_idx: int,
-               busy: Collection[int] = ()) -> list[int]:
+    def sample(self, num_clients: int, fraction: float, *, seed: int, round_idx: int, busy: Collection[int] = ()) -> list[int]:
         """``max(1, round(fraction·K))`` clients drawn from those online and not ``busy`` (a late update still in
         flight; all of them when fewer are), sorted; the draw from (``seed``, round) as
         :func:`~fl_lightning.federation.placement.sample_clients`'s."""
@@ -195,8 +219,11 @@ class ClientBehaviour:
         uploads."""
         if self.drop_stragglers and self.straggles(round_idx, client):
             return STRAGGLED
-        if self.late == "drop" and self.deadline_s is not None and late_mask(self.round_time(round_idx, client, epochs),
-                                                                          self.deadline_s):
+        if (
+            self.late == "drop"
+            and self.deadline_s is not None
+            and late_mask(self.round_time(round_idx, client, epochs), self.deadline_s)
+        ):
             return LATE
         return None
 
@@ -225,17 +252,26 @@ class ClientBehaviour:
 def check_client_behaviour(cfg: RunConfig) -> None:
     """Refuse (one line, :class:`UsageError`) client behaviour where the run's numbers would no longer hold."""
     c, f = cfg.federation.clients, cfg.federation
-    asked = [f"federation.clients.{k}={v}" for k, v, plain in (("availability", c.availability, 1.0),
-                                                              ("availability_trace", c.availability_trace, None),
-                                                              ("dropout", c.dropout, 0.0),
-                                                              ("drop_stragglers", c.drop_stragglers, False),
-                                                              ("deadline_s", c.deadline_s, None))
-             if v != plain]
+    asked = [
+        f"federation.clients.{k}={v}"
+        for k, v, plain in (
+            ("availability", c.availability, 1.0),
+            ("availability_trace", c.availability_trace, None),
+            ("dropout", c.dropout, 0.0),
+            ("drop_stragglers", c.drop_stragglers, False),
+            ("deadline_s", c.deadline_s, None),
+        )
+        if v != plain
+    ]
     if not asked:
         return
     if f.privacy.mechanism != "off":
-        raise UsageError(f"usage error: {asked[0]} with federation.privacy.mechanism={f.privacy.mechanism}: the "
-                         f"accountant's sampling rate assumes every sampled client takes part; use one or the other")
+        raise UsageError(
+            f"usage error: {asked[0]} with federation.privacy.mechanism={f.privacy.mechanism}: the "
+            f"accountant's sampling rate assumes every sampled client takes part; use one or the other"
+        )
     if f.aggregator.name != "mean":
-        raise UsageError(f"usage error: {asked[0]} with federation.aggregator.name={f.aggregator.name}: its bound on "
-                         f"f malicious of n clients assumes n uploads a round; use aggregator mean")
+        raise UsageError(
+            f"usage error: {asked[0]} with federation.aggregator.name={f.aggregator.name}: its bound on "
+            f"f malicious of n clients assumes n uploads a round; use aggregator mean"
+        )

@@ -71,7 +71,7 @@ class ClientStateStore:
         slot = self._slot(stamps, round_idx)
         if slot is None:
             return np.zeros(self.numel, np.float32)
-        return np.array(np.load(self._values_path, mmap_mode="r")[client, slot, :self.numel])
+        return np.array(np.load(self._values_path, mmap_mode="r")[client, slot, : self.numel])
 
     def write(self, values: dict[int, np.ndarray], round_idx: int) -> None:
         """Round ``round_idx``'s new vectors, ``{client: (P,)}``: each into the slot its committed value is not in,
@@ -100,7 +100,7 @@ class ClientStateStore:
         for client, value in sorted(values.items()):
             keep = self._slot(stamps[client], round_idx)
             slot = 1 - keep if keep is not None else int(np.argmin(stamps[client]))
-            array[client, slot, :self.numel] = np.asarray(value, np.float32).reshape(self.numel)
+            array[client, slot, : self.numel] = np.asarray(value, np.float32).reshape(self.numel)
             array.flush()  # the value before its stamp
             stamps[client, slot] = round_idx
         stamps.flush()

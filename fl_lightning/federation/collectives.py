@@ -72,15 +72,32 @@ from fl_lightning.errors import RemoteTraceback, RunFailure, UsageError
 from fl_lightning.federation.ddp_strategy import object_group
 from fl_lightning.federation.liveness import PeerLost, connection_lost, failing, lost_peer, stand_down
 
-__all__ = ["to_cpu", "from_server", "to_server", "everyone", "gathered", "Ranks", "waiting", "WaitLog",
-           "recording_waits", "RankStopped", "decided", "one_line", "CollectiveTimeout", "RankFailure",
-           "RankUsageError", "exit_status"]
+__all__ = [
+    "to_cpu",
+    "from_server",
+    "to_server",
+    "everyone",
+    "gathered",
+    "Ranks",
+    "waiting",
+    "WaitLog",
+    "recording_waits",
+    "RankStopped",
+    "decided",
+    "one_line",
+    "CollectiveTimeout",
+    "RankFailure",
+    "RankUsageError",
+    "exit_status",
+]
 
 T = TypeVar("T")
 
 # what each timeout key must outlast, for a timed-out wait's line
-_LONGEST = {"federation.collective_timeout_s": "server phase",
-            "federation.compute_timeout_s": "step of one rank that the others wait for (a checkpoint write)"}
+_LONGEST = {
+    "federation.collective_timeout_s": "server phase",
+    "federation.compute_timeout_s": "step of one rank that the others wait for (a checkpoint write)",
+}
 # how long a stopping rank waits for rank 0 on its host (its parent under Fabric's launcher) to exit first, at most
 _LEADER_EXIT_GRACE_S = 30.0
 
@@ -176,8 +193,14 @@ class _Outcome:
 
 def _failed(err: Exception) -> _Outcome:
     """The outcome of a rank's part that raised ``err``: its one line, exit status, process, host and traceback."""
-    return _Outcome(error=one_line(err), status=exit_status(err), pid=os.getpid(), host=socket.gethostname(),
-                    traceback="".join(traceback.format_exception(err)), symptom=_symptom(err))
+    return _Outcome(
+        error=one_line(err),
+        status=exit_status(err),
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        traceback="".join(traceback.format_exception(err)),
+        symptom=_symptom(err),
+    )
 
 
 def _symptom(err: BaseException) -> bool:
@@ -238,7 +261,8 @@ def waiting(what: str, timeout_s: float, rank: int, key: str = "federation.colle
             raise
         raise CollectiveTimeout(
             f"rank {rank} waited more than {key}={timeout_s:g} s for {what}; raise it "
-            f"above the longest {_LONGEST.get(key, 'wait')}") from err
+            f"above the longest {_LONGEST.get(key, 'wait')}"
+        ) from err
     finally:
         if _wait_log:
             _wait_log[-1].add(what, time.monotonic() - start)
@@ -268,8 +292,12 @@ def from_server(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: 
         except Exception as err:  # not an interrupt: a launcher or scheduler signals every rank itself
             if decided(err):  # an inner exchange told every rank already: they have stopped
                 raise
-            failed = _Outcome(error=" ".join(str(err).split()) or type(err).__name__, status=exit_status(err),
-                              pid=os.getpid(), host=socket.gethostname())
+            failed = _Outcome(
+                error=" ".join(str(err).split()) or type(err).__name__,
+                status=exit_status(err),
+                pid=os.getpid(),
+                host=socket.gethostname(),
+            )
             try:
                 fabric.broadcast(failed, src=0)
             except Exception:  # noqa: BLE001 — a rank that is gone already: rank 0's own error is the report
@@ -286,8 +314,9 @@ def from_server(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: 
     return outcome.value
 
 
-def to_server(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: float,
-              check: Callable[[list[T]], None] | None = None) -> list[T]:
+def to_server(
+    fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: float, check: Callable[[list[T]], None] | None = None
+) -> list[T]:
     """Every rank's ``step()``, gathered on rank 0 as outcomes; rank 0's verdict on every rank.
 
     A rank whose ``step()`` raises still takes part in the gather (with its error's line, exit status and
@@ -397,8 +426,9 @@ def gathered(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: flo
     return [value if r == fabric.global_rank else outcome.value for r, outcome in enumerate(parts)]
 
 
-def _exchange_outcomes(fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: float,
-                       carry: bool) -> tuple[T, list[_Outcome]]:
+def _exchange_outcomes(
+    fabric: Fabric, step: Callable[[], T], *, what: str, timeout_s: float, carry: bool
+) -> tuple[T, list[_Outcome]]:
     """This rank's ``step()``, then an all-gather of every rank's outcome (with a CPU copy of its value when
     ``carry``) and the same verdict on every rank (:func:`_verdict`): this rank's value and every outcome."""
     rank = fabric.global_rank

@@ -43,9 +43,11 @@ def check_launcher(devices: int, num_nodes: int, environ: dict[str, str] | None 
         return None
     name, world = found
     if world != devices * num_nodes:
-        raise UsageError(f"usage error: {name} started {world} process(es) but the config asks for "
-                         f"federation.devices × federation.num_nodes = {devices} × {num_nodes} = "
-                         f"{devices * num_nodes}; make them agree (e.g. --federation.devices {world // num_nodes})")
+        raise UsageError(
+            f"usage error: {name} started {world} process(es) but the config asks for "
+            f"federation.devices × federation.num_nodes = {devices} × {num_nodes} = "
+            f"{devices * num_nodes}; make them agree (e.g. --federation.devices {world // num_nodes})"
+        )
     return name
 
 
@@ -53,14 +55,33 @@ def check_launcher(devices: int, num_nodes: int, environ: dict[str, str] | None 
 # lightning/fabric/cli.py, lightning/fabric/utilities/seed.py, Lightning's SLURM / LSF / MPI environments): rank
 # and world layout, rendezvous address, the elastic agent's files, Fabric CLI's settings and the seed Lightning
 # hands to the processes it spawns (each run seeds itself from its config).
-_LAUNCHER_NAMES = frozenset({
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "LT_CLI_USED", "LT_ACCELERATOR", "LT_STRATEGY", "LT_DEVICES", "LT_NUM_NODES", "LT_PRECISION",
-    "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
-})
-_LAUNCHER_PREFIXES = ("TORCHELASTIC_", "TORCH_ELASTIC_", "SLURM_", "OMPI_", "PMI_", "PMIX_", "JSM_NAMESPACE_",
-                      "MV2_COMM_WORLD_")
+_LAUNCHER_NAMES = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_NAME",
+        "ROLE_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "LT_CLI_USED",
+        "LT_ACCELERATOR",
+        "LT_STRATEGY",
+        "LT_DEVICES",
+        "LT_NUM_NODES",
+        "LT_PRECISION",
+        "PL_GLOBAL_SEED",
+        "PL_SEED_WORKERS",
+        "MPI_LOCALRANKID",
+        "MPI_LOCALNRANKS",
+    }
+)
+_LAUNCHER_PREFIXES = ("TORCHELASTIC_", "TORCH_ELASTIC_", "SLURM_", "OMPI_", "PMI_", "PMIX_", "JSM_NAMESPACE_", "MV2_COMM_WORLD_")
 # SLURM variables of the job rather than of this srun step's tasks: kept (the run lock records the job,
 # run_lock.py; a comparison shards by array task). SLURM_NTASKS, SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_* … go.
 _SLURM_JOB_PREFIXES = ("SLURM_JOB_", "SLURM_ARRAY_", "SLURM_SUBMIT_")
@@ -110,7 +131,8 @@ def clean_launcher_env(environ: Mapping[str, str], *, cuda_device: int | None = 
         return env
     entries = [e.strip() for e in visible.split(",") if e.strip()]
     if cuda_device >= len(entries):
-        raise ValueError(f"cuda_device {cuda_device} is not among the {len(entries)} device(s) of "
-                         f"CUDA_VISIBLE_DEVICES={visible!r}")
+        raise ValueError(
+            f"cuda_device {cuda_device} is not among the {len(entries)} device(s) of CUDA_VISIBLE_DEVICES={visible!r}"
+        )
     env["CUDA_VISIBLE_DEVICES"] = entries[cuda_device]
     return env

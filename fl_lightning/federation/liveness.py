@@ -110,9 +110,17 @@ class Liveness:
             read its entry still names rank 0's host, and a frozen rank 0 on this host is still killed.
     """
 
-    def __init__(self, store: dist.Store, *, rank: int, world: int, patience_s: float,
-                 on_lost: Callable[[str | None, int], None] = _exit_now, store_name: str = "the job's store",
-                 leader: tuple[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        store: dist.Store,
+        *,
+        rank: int,
+        world: int,
+        patience_s: float,
+        on_lost: Callable[[str | None, int], None] = _exit_now,
+        store_name: str = "the job's store",
+        leader: tuple[str, int] | None = None,
+    ) -> None:
         self.store, self.rank, self.world, self.patience_s = store, rank, world, float(patience_s)
         self.interval_s = beat_interval(self.patience_s)
         self.on_lost, self.store_name = on_lost, store_name
@@ -235,14 +243,14 @@ class Liveness:
                 self._in_order.add(peer)
                 continue
             if entry is not None and entry.state == FAILED:  # rank 0 printed its own line; another's, rank 0 names
-                self._end([peer], f"rank {peer} on {entry.host} failed: {entry.line}; {_RESUME}", entry.status,
-                          quiet=peer == 0)
+                self._end([peer], f"rank {peer} on {entry.host} failed: {entry.line}; {_RESUME}", entry.status, quiet=peer == 0)
                 return True
             if entry is not None and entry.state == FAILING:  # waiting with its error for peers that are elsewhere
                 if now - self._failing_since.setdefault(peer, (now, entry.status))[0] > self.grace_s:
                     # rank 0 prints its own error: its exchange runs on gloo, which notices these ranks' exits
-                    self._end([peer], f"rank {peer} on {entry.host} failed {entry.line}; {_RESUME}", entry.status,
-                              quiet=peer == 0)
+                    self._end(
+                        [peer], f"rank {peer} on {entry.host} failed {entry.line}; {_RESUME}", entry.status, quiet=peer == 0
+                    )
                     return True
             beat, since, _ = self._seen.get(peer, (None, now, entry))
             if entry is not None and beat != entry.beat:
@@ -257,8 +265,12 @@ class Liveness:
         more = f" (and {len(silent) - 1} more rank{'s' if len(silent) > 2 else ''})" if len(silent) > 1 else ""
         never = "never started its watch" if entry is None else f"no heartbeat for {age:.0f} s"
         self._kill_frozen([e for _, e, _ in silent if e is not None])
-        self._end([p for p, _, _ in silent], f"rank {peer}{host} stopped answering{more}: {never} "
-                  f"(federation.liveness_timeout_s={self.patience_s:g}; killed, frozen or its host lost); {_RESUME}", 1)
+        self._end(
+            [p for p, _, _ in silent],
+            f"rank {peer}{host} stopped answering{more}: {never} "
+            f"(federation.liveness_timeout_s={self.patience_s:g}; killed, frozen or its host lost); {_RESUME}",
+            1,
+        )
         return True
 
     def _own_failure_unanswered(self, now: float) -> bool:
@@ -269,8 +281,7 @@ class Liveness:
         if self._entry[0] != FAILING or now - since <= self.grace_s + 4 * self.interval_s:
             return False
         # rank 0 prints its own line (its peers stay quiet for it), should its exchange not have noticed them go
-        self._end([], f"rank 0 on {self.host} failed {self._entry[2]}; {_RESUME}", self._entry[1],
-                  quiet=self.rank != 0)
+        self._end([], f"rank 0 on {self.host} failed {self._entry[2]}; {_RESUME}", self._entry[1], quiet=self.rank != 0)
         return True
 
     def _store_lost(self) -> None:
@@ -290,8 +301,12 @@ class Liveness:
         host = f" on {leader.host}" if leader is not None else ""
         if leader is not None:
             self._kill_frozen([leader])
-        self._end([0] if self.rank != 0 else [], f"{self.store_name} stopped answering (rank 0{host}, which holds "
-                  f"it under Fabric's launcher and SLURM, or torchrun's agent, has gone or is frozen); {_RESUME}", 1)
+        self._end(
+            [0] if self.rank != 0 else [],
+            f"{self.store_name} stopped answering (rank 0{host}, which holds "
+            f"it under Fabric's launcher and SLURM, or torchrun's agent, has gone or is frozen); {_RESUME}",
+            1,
+        )
 
     def _kill_frozen(self, entries: list[PeerState]) -> None:
         """SIGKILL the silent peers on this host (a frozen rank otherwise holds its GPU until someone notices)."""
@@ -317,11 +332,19 @@ _active: list[Liveness] = []  # the watch of the run this process is in (at most
 
 
 @contextmanager
-def watching(store: dist.Store | None, *, rank: int, world: int, patience_s: float, token: str,
-             exit_status: Callable[[BaseException], int], one_line: Callable[[BaseException], str],
-             decided: Callable[[BaseException], bool],
-             on_lost: Callable[[str | None, int], None] = _exit_now,
-             leader: tuple[str, int] | None = None) -> Iterator[Liveness | None]:
+def watching(
+    store: dist.Store | None,
+    *,
+    rank: int,
+    world: int,
+    patience_s: float,
+    token: str,
+    exit_status: Callable[[BaseException], int],
+    one_line: Callable[[BaseException], str],
+    decided: Callable[[BaseException], bool],
+    on_lost: Callable[[str | None, int], None] = _exit_now,
+    leader: tuple[str, int] | None = None,
+) -> Iterator[Liveness | None]:
     """Keep this rank's heartbeat and watch its peers while the block runs (nothing on one rank).
 
     Args:
@@ -338,9 +361,15 @@ def watching(store: dist.Store | None, *, rank: int, world: int, patience_s: flo
     if world == 1:
         yield None
         return
-    watch = Liveness(dist.PrefixStore(f"fl_lightning/liveness/{token}/", store or _job_store(patience_s)),
-                     rank=rank, world=world, patience_s=patience_s, on_lost=on_lost, store_name=_store_name(),
-                     leader=leader)
+    watch = Liveness(
+        dist.PrefixStore(f"fl_lightning/liveness/{token}/", store or _job_store(patience_s)),
+        rank=rank,
+        world=world,
+        patience_s=patience_s,
+        on_lost=on_lost,
+        store_name=_store_name(),
+        leader=leader,
+    )
     watch.start()
     _active.append(watch)
     try:

@@ -77,7 +77,7 @@ class DPSGD:
 def _rows(batch: object, i: int) -> object:
     """Sample ``i`` of a collated batch as a batch of one (tensors, or a list/tuple of them)."""
     if isinstance(batch, torch.Tensor):
-        return batch[i:i + 1]
+        return batch[i : i + 1]
     return type(batch)(_rows(t, i) for t in batch)
 
 
@@ -85,8 +85,9 @@ def _batch_size(batch: object) -> int:
     return int(batch.shape[0]) if isinstance(batch, torch.Tensor) else _batch_size(batch[0])
 
 
-def _private_backward(fabric: Fabric, module: LightningModule, batch: object | None, batch_idx: int, dp: DPSGD,
-                      generator: torch.Generator) -> torch.Tensor | None:
+def _private_backward(
+    fabric: Fabric, module: LightningModule, batch: object | None, batch_idx: int, dp: DPSGD, generator: torch.Generator
+) -> torch.Tensor | None:
     """DP-SGD's gradient (module docstring) written into ``.grad``; returns the lot's mean loss (None: an empty lot,
     ``batch`` None, whose gradient is the noise alone)."""
     params = [p for p in module.parameters() if p.requires_grad]
@@ -152,8 +153,15 @@ def _epochs_to_run(epochs: int) -> int:
     return epochs_run(epochs, _work_fraction.get())
 
 
-def fit_local(fabric: Fabric, module: LightningModule, loader: DataLoader, *, epochs: int,
-              callbacks: Sequence[object] = (), dp_sgd: DPSGD | None = None) -> LocalFitResult:
+def fit_local(
+    fabric: Fabric,
+    module: LightningModule,
+    loader: DataLoader,
+    *,
+    epochs: int,
+    callbacks: Sequence[object] = (),
+    dp_sgd: DPSGD | None = None,
+) -> LocalFitResult:
     """Train ``module`` for ``epochs`` over ``loader`` on this rank's device.
 
     Args:
@@ -201,19 +209,27 @@ def fit_local(fabric: Fabric, module: LightningModule, loader: DataLoader, *, ep
     return LocalFitResult(steps, float(total) / max(steps, 1), time.monotonic() - start)
 
 
-
-def _fit_private(fabric: Fabric, module: LightningModule, loader: DataLoader, epochs: int,
-                 optimizer: torch.optim.Optimizer, hooks: list, dp: DPSGD, start: float) -> LocalFitResult:
+def _fit_private(
+    fabric: Fabric,
+    module: LightningModule,
+    loader: DataLoader,
+    epochs: int,
+    optimizer: torch.optim.Optimizer,
+    hooks: list,
+    dp: DPSGD,
+    start: float,
+) -> LocalFitResult:
     """:func:`fit_local`'s loop with DP-SGD's gradient over Poisson-sampled lots (full precision: no loss scaler).
     The mean loss is over the steps whose lot was not empty."""
     from fl_lightning.privacy.poisson_sampling import PoissonBatches
 
     if fresh_grad_scaler(fabric) is not None:
         raise ValueError("DP-SGD runs in full precision: use federation.precision 32-true or bf16-mixed")
-    if not (isinstance(loader, PoissonBatches) and loader.rate == dp.sampling_rate
-            and len(loader) == dp.steps_per_epoch):
-        raise ValueError(f"DP-SGD is accounted for Poisson-sampled lots at q = {dp.sampling_rate} over "
-                         f"{dp.steps_per_epoch} steps an epoch: pass Environment.loader(..., dp_sgd=...)'s loader")
+    if not (isinstance(loader, PoissonBatches) and loader.rate == dp.sampling_rate and len(loader) == dp.steps_per_epoch):
+        raise ValueError(
+            f"DP-SGD is accounted for Poisson-sampled lots at q = {dp.sampling_rate} over "
+            f"{dp.steps_per_epoch} steps an epoch: pass Environment.loader(..., dp_sgd=...)'s loader"
+        )
     generator = torch.Generator().manual_seed(dp.seed)
     steps, filled, total = 0, 0, 0.0
     for _ in range(epochs):

@@ -34,15 +34,20 @@ def resolve_num_clients(cfg: RunConfig, _seen: dict | None = None) -> RunConfig:
     if p.num_clients is not None:
         return cfg
     if not (cfg.data.name == "hf" or cfg.data.name.startswith(HF_PREFIX)):  # the same line as partition_for's
-        raise ConfigError("partition.scheme", p.scheme, f"a scheme other than 'natural' for data.name "
-                          f"{cfg.data.name!r} (it has no columns besides its labels; natural needs data.name: hf)")
+        raise ConfigError(
+            "partition.scheme",
+            p.scheme,
+            f"a scheme other than 'natural' for data.name "
+            f"{cfg.data.name!r} (it has no columns besides its labels; natural needs data.name: hf)",
+        )
     key = (repr(cfg.data), cfg.data_seed, p.by)
     if _seen is None or key not in _seen:
         from fl_lightning.data.registry import build_dataset
 
         d = cfg.data
-        splits = build_dataset(d.name, root=d.root, download=d.download, seed=cfg.data_seed,
-                               num_samples=d.num_samples, source=hf_source(d))
+        splits = build_dataset(
+            d.name, root=d.root, download=d.download, seed=cfg.data_seed, num_samples=d.num_samples, source=hf_source(d)
+        )
         count = int(np.unique(splits.train_column(p.by)).size)
         if _seen is not None:
             _seen[key] = count

@@ -31,8 +31,16 @@ if TYPE_CHECKING:
 
     from fl_lightning.config import RunConfig
 
-__all__ = ["HALF_TRUE", "check_precision", "converts_modules", "convert_module", "convert_input", "trunk_dtype",
-           "hold_trunk", "compute_dtype"]
+__all__ = [
+    "HALF_TRUE",
+    "check_precision",
+    "converts_modules",
+    "convert_module",
+    "convert_input",
+    "trunk_dtype",
+    "hold_trunk",
+    "compute_dtype",
+]
 
 HALF_TRUE = ("bf16-true", "16-true")
 _MIXED = {"bf16-mixed": torch.bfloat16, "bf16": torch.bfloat16, "16-mixed": torch.float16, "16": torch.float16}
@@ -52,8 +60,7 @@ def check_precision(cfg: RunConfig, algorithm: type) -> None:
     precision = cfg.federation.precision
     reason = getattr(algorithm, "true_precision", None)
     if converts_modules(precision) and reason:
-        raise ConfigError("federation.precision", precision,
-                          f"32-true, bf16-mixed or 16-mixed for {cfg.algorithm} ({reason})")
+        raise ConfigError("federation.precision", precision, f"32-true, bf16-mixed or 16-mixed for {cfg.algorithm} ({reason})")
 
 
 def convert_module(fabric: Fabric, module: nn.Module) -> nn.Module:

@@ -90,8 +90,10 @@ class FederationPrivacy:
         try:
             import dp_accounting  # noqa: F401
         except ImportError:
-            raise UsageError(f"usage error: {_KEY}.mechanism={p.mechanism} needs dp-accounting (the accountant): "
-                             f"pip install --no-deps 'dp-accounting>=0.6.0' absl-py mpmath") from None
+            raise UsageError(
+                f"usage error: {_KEY}.mechanism={p.mechanism} needs dp-accounting (the accountant): "
+                f"pip install --no-deps 'dp-accounting>=0.6.0' absl-py mpmath"
+            ) from None
         num_records, sgd, denominator = sum(client_sizes), [], 1
         if p.mechanism == "dp_fedavg":
             K = cfg.partition.num_clients
@@ -99,21 +101,34 @@ class FederationPrivacy:
             parts = [(denominator / K, 1)]
         else:
             if not p.delta < 1 / num_records:
-                raise ConfigError(f"{_KEY}.delta", p.delta, f"a float < 1/N = {1 / num_records:g} (record-level DP "
-                                                           f"over N = {num_records} training records)")
+                raise ConfigError(
+                    f"{_KEY}.delta",
+                    p.delta,
+                    f"a float < 1/N = {1 / num_records:g} (record-level DP over N = {num_records} training records)",
+                )
             if math.isinf(p.clip_norm):
                 raise ConfigError(f"{_KEY}.clip_norm", p.clip_norm, "a finite float > 0 (features are clipped)")
             parts = [(1.0, 1)]
             if p.dp_sgd and cfg.train.epochs > 0:
-                q = sgd_sampling_rate(p.sampling_rate, cfg.train.batch_size or cfg.data.batch_size, num_records,
-                                      cfg.partition.num_clients)
+                q = sgd_sampling_rate(
+                    p.sampling_rate, cfg.train.batch_size or cfg.data.batch_size, num_records, cfg.partition.num_clients
+                )
                 sgd = [(q, cfg.train.epochs * math.ceil(1 / q))]
         sigma = p.noise_multiplier if p.noise_multiplier is not None else _calibrated(p, (*parts, *sgd), rounds)
         if sigma > 0 and math.isinf(p.clip_norm):
-            raise ConfigError(f"{_KEY}.clip_norm", p.clip_norm, "a finite float > 0 when there is noise "
-                                                               "(the sensitivity is the clip norm)")
-        return cls(p, cfg.seed, rounds, parts, sigma, sgd, denominator,
-                   lot_size=sgd[0][0] * num_records / cfg.partition.num_clients if sgd else 0.0)
+            raise ConfigError(
+                f"{_KEY}.clip_norm", p.clip_norm, "a finite float > 0 when there is noise (the sensitivity is the clip norm)"
+            )
+        return cls(
+            p,
+            cfg.seed,
+            rounds,
+            parts,
+            sigma,
+            sgd,
+            denominator,
+            lot_size=sgd[0][0] * num_records / cfg.partition.num_clients if sgd else 0.0,
+        )
 
     # -- accounting ---------------------------------------------------------------------------------------
     def epsilon(self, releases: int) -> float:
@@ -125,8 +140,12 @@ class FederationPrivacy:
             return 0.0
         if self.noise_multiplier == 0.0:
             return math.inf
-        return epsilon(self.noise_multiplier, delta=self.config.delta, accountant=self.config.accountant,
-                       parts=[(q, steps * releases) for q, steps in (*self.parts, *self.sgd)])
+        return epsilon(
+            self.noise_multiplier,
+            delta=self.config.delta,
+            accountant=self.config.accountant,
+            parts=[(q, steps * releases) for q, steps in (*self.parts, *self.sgd)],
+        )
 
     def row(self, round_idx: int) -> dict[str, float]:
         """metrics.csv: ε spent so far (after round ``round_idx``)."""
@@ -134,23 +153,39 @@ class FederationPrivacy:
 
     def summary(self, rounds_done: int) -> dict[str, Any]:
         p, spent = self.config, self.epsilon(rounds_done)
-        record = {"mechanism": p.mechanism, "epsilon": spent, "target_epsilon": p.epsilon, "delta": p.delta,
-                  "noise_multiplier": self.noise_multiplier, "clip_norm": p.clip_norm,
-                  "sampling_rate": self.parts[0][0], "accountant": p.accountant, **_guarantee(p.mechanism),
-                  "dp_sgd": None if not self.sgd else {
-                      "grad_clip_norm": p.grad_clip_norm, "sampling_rate": self.sgd[0][0],
-                      "steps_per_round": self.sgd[0][1], "lot_size": self.lot_size,
-                      "sampling": "Poisson: each record in each step's lot independently with probability "
-                                  "sampling_rate (public, the same for every client); the noisy sum divided by "
-                                  "lot_size"},
-                  "noise_source": "reproducible (seeded from the run's seed)" if p.reproducible_noise else
-                  "os entropy (never recorded)"}
+        record = {
+            "mechanism": p.mechanism,
+            "epsilon": spent,
+            "target_epsilon": p.epsilon,
+            "delta": p.delta,
+            "noise_multiplier": self.noise_multiplier,
+            "clip_norm": p.clip_norm,
+            "sampling_rate": self.parts[0][0],
+            "accountant": p.accountant,
+            **_guarantee(p.mechanism),
+            "dp_sgd": None
+            if not self.sgd
+            else {
+                "grad_clip_norm": p.grad_clip_norm,
+                "sampling_rate": self.sgd[0][0],
+                "steps_per_round": self.sgd[0][1],
+                "lot_size": self.lot_size,
+                "sampling": "Poisson: each record in each step's lot independently with probability "
+                "sampling_rate (public, the same for every client); the noisy sum divided by "
+                "lot_size",
+            },
+            "noise_source": "reproducible (seeded from the run's seed)"
+            if p.reproducible_noise
+            else "os entropy (never recorded)",
+        }
         if p.mechanism == "dp_fedavg":
             record["denominator"] = self.denominator
         if p.reproducible_noise:
-            record["warning"] = ("privacy.reproducible_noise is on: the noise is seeded from config.yaml's seed, so "
-                                 "whoever has the seed can regenerate and subtract it; this ε does not hold against "
-                                 "them (for tests and exact resumes only)")
+            record["warning"] = (
+                "privacy.reproducible_noise is on: the noise is seeded from config.yaml's seed, so "
+                "whoever has the seed can regenerate and subtract it; this ε does not hold against "
+                "them (for tests and exact resumes only)"
+            )
         return {"privacy": record, "epsilon": spent, "delta": p.delta, "noise_multiplier": self.noise_multiplier}
 
     # -- the noise ----------------------------------------------------------------------------------------
@@ -169,9 +204,15 @@ class FederationPrivacy:
         if not self.sgd:
             return None
         q = self.sgd[0][0]
-        return DPSGD(self.config.grad_clip_norm, self.noise_multiplier, self._seed(round_idx, client, _NOISE_TAG + 1),
-                     sampling_rate=q, steps_per_epoch=math.ceil(1 / q), denominator=self.lot_size,
-                     sampling_seed=self._seed(round_idx, client, _NOISE_TAG + 2))
+        return DPSGD(
+            self.config.grad_clip_norm,
+            self.noise_multiplier,
+            self._seed(round_idx, client, _NOISE_TAG + 1),
+            sampling_rate=q,
+            steps_per_epoch=math.ceil(1 / q),
+            denominator=self.lot_size,
+            sampling_seed=self._seed(round_idx, client, _NOISE_TAG + 2),
+        )
 
     def _statistics_std(self, tensors: Mapping[str, torch.Tensor]) -> float:
         from fl_lightning.privacy.statistics import sensitivity
@@ -185,12 +226,14 @@ class FederationPrivacy:
 
         if self.config.mechanism != "statistics_local" or "R_upper" not in upload.tensors:
             return upload
-        tensors = noise_statistics(upload.tensors, std=self._statistics_std(upload.tensors),
-                                   generator=self._generator(round_idx, client))
+        tensors = noise_statistics(
+            upload.tensors, std=self._statistics_std(upload.tensors), generator=self._generator(round_idx, client)
+        )
         return Upload(tensors, {"num_samples": 1})
 
-    def server_uploads(self, uploads: Mapping[int, Upload], state: Mapping[str, torch.Tensor],
-                       round_idx: int) -> Mapping[int, Upload]:
+    def server_uploads(
+        self, uploads: Mapping[int, Upload], state: Mapping[str, torch.Tensor], round_idx: int
+    ) -> Mapping[int, Upload]:
         """The uploads as the method's aggregate reads them (checked, clipped, noised; every weight 1)."""
         mechanism = self.config.mechanism
         if mechanism == "dp_fedavg":
@@ -199,8 +242,10 @@ class FederationPrivacy:
         first = next(iter(uploads), None)
         central = mechanism == "statistics_central"
         allowed = _STATISTICS | (frozenset(state) if self.config.dp_sgd else frozenset())  # DP-SGD's keys
-        return _PrivateUploads(uploads, lambda c, u: self._statistics_view(
-            _checked(u, allowed, mechanism, c), round_idx, noise=central and c == first))
+        return _PrivateUploads(
+            uploads,
+            lambda c, u: self._statistics_view(_checked(u, allowed, mechanism, c), round_idx, noise=central and c == first),
+        )
 
     def _clipped(self, state: Mapping[str, torch.Tensor], client: int, upload: Upload) -> Upload:
         from fl_lightning.privacy.dp_fedavg import clip_update, shared_keys
@@ -219,8 +264,9 @@ class FederationPrivacy:
 
         tensors = upload.tensors
         if noise and "R_upper" in tensors:
-            tensors = noise_statistics(tensors, std=self._statistics_std(tensors),
-                                       generator=self._generator(round_idx, 0xFFFFFFFF))
+            tensors = noise_statistics(
+                tensors, std=self._statistics_std(tensors), generator=self._generator(round_idx, 0xFFFFFFFF)
+            )
         return Upload(tensors, {"num_samples": 1})
 
     def noised_state(self, state: dict[str, torch.Tensor], round_idx: int) -> dict[str, torch.Tensor]:
@@ -234,8 +280,15 @@ class FederationPrivacy:
             for key in keys:
                 m[key] = m.get(key, 0) + 1
         previous, self.held, self.previous = self.previous, {}, {}
-        return private_mean(previous, state, m, denominator=self.denominator, noise_multiplier=self.noise_multiplier,
-                            clip_norm=self.config.clip_norm, generator=self._generator(round_idx, 0xFFFFFFFE))
+        return private_mean(
+            previous,
+            state,
+            m,
+            denominator=self.denominator,
+            noise_multiplier=self.noise_multiplier,
+            clip_norm=self.config.clip_norm,
+            generator=self._generator(round_idx, 0xFFFFFFFE),
+        )
 
 
 class _PrivateUploads(Mapping):
@@ -258,21 +311,30 @@ def _checked(upload: Upload, covered: frozenset[str] | set[str], mechanism: str,
     """``upload``, unless it holds a tensor that ``mechanism`` does not cover (:class:`PrivacyLeak`)."""
     leaked = sorted(set(upload.tensors) - set(covered))
     if leaked:
-        raise PrivacyLeak(f"client {client}'s upload holds {', '.join(map(repr, leaked))}, which {_KEY}.mechanism="
-                          f"{mechanism} neither clips nor noises: the method's privacy coverage is wrong")
+        raise PrivacyLeak(
+            f"client {client}'s upload holds {', '.join(map(repr, leaked))}, which {_KEY}.mechanism="
+            f"{mechanism} neither clips nor noises: the method's privacy coverage is wrong"
+        )
     return upload
 
 
 def _guarantee(mechanism: str) -> dict[str, str]:
     """The unit, the neighbouring relation and the trust model of a mechanism's ε (summary.json)."""
     if mechanism == "dp_fedavg":
-        return {"unit": "user", "relation": "add/remove one client's whole data set",
-                "trust": "central: the server sees the clipped updates; the noise protects against everyone who "
-                         "sees the global model"}
-    return {"unit": "record", "relation": "add/remove one training record (image, label)",
-            "trust": "local: the server sees only noised statistics" if mechanism == "statistics_local" else
-            "central: the server sees each client's clipped statistics; the noise on their sum protects against "
-            "everyone who sees the result"}
+        return {
+            "unit": "user",
+            "relation": "add/remove one client's whole data set",
+            "trust": "central: the server sees the clipped updates; the noise protects against everyone who "
+            "sees the global model",
+        }
+    return {
+        "unit": "record",
+        "relation": "add/remove one training record (image, label)",
+        "trust": "local: the server sees only noised statistics"
+        if mechanism == "statistics_local"
+        else "central: the server sees each client's clipped statistics; the noise on their sum protects against "
+        "everyone who sees the result",
+    }
 
 
 def sgd_sampling_rate(rate: float | None, batch_size: int, num_records: int, num_clients: int) -> float:
@@ -286,7 +348,8 @@ def _calibrated(p: PrivacyConfig, composition: _Parts, rounds: int) -> float:
     from fl_lightning.privacy.accountant import noise_multiplier
 
     try:
-        return noise_multiplier(p.epsilon, delta=p.delta, accountant=p.accountant,
-                                parts=[(q, steps * rounds) for q, steps in composition])
+        return noise_multiplier(
+            p.epsilon, delta=p.delta, accountant=p.accountant, parts=[(q, steps * rounds) for q, steps in composition]
+        )
     except ValueError as err:
         raise ConfigError(f"{_KEY}.epsilon", p.epsilon, f"a target some noise reaches ({err})") from None

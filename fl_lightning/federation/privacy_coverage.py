@@ -26,8 +26,7 @@ from fl_lightning.errors import UsageError
 if TYPE_CHECKING:
     from fl_lightning.config import RunConfig
 
-__all__ = ["MECHANISMS", "privacy_gap", "check_privacy_coverage", "coverage_table", "weights_only",
-           "statistics_only"]
+__all__ = ["MECHANISMS", "privacy_gap", "check_privacy_coverage", "coverage_table", "weights_only", "statistics_only"]
 
 MECHANISMS = ("dp_fedavg", "statistics_local", "statistics_central")
 
@@ -44,8 +43,10 @@ def statistics_only(cfg: RunConfig) -> str | None:
     cover them."""
     if cfg.federation.privacy.mechanism.startswith("statistics"):
         return None
-    return ("it uploads the statistics R_k, C_k, not weights of the global state: dp_fedavg would neither clip nor "
-            "noise them (use statistics_local or statistics_central)")
+    return (
+        "it uploads the statistics R_k, C_k, not weights of the global state: dp_fedavg would neither clip nor "
+        "noise them (use statistics_local or statistics_central)"
+    )
 
 
 def privacy_gap(algorithm: type, cfg: RunConfig) -> str | None:
@@ -65,16 +66,17 @@ def check_privacy_coverage(cfg: RunConfig, algorithm: type) -> None:
         return
     gap = privacy_gap(algorithm, cfg)
     if gap is not None:
-        raise UsageError(f"usage error: federation.privacy.mechanism={mechanism} does not protect {cfg.algorithm}: "
-                         f"{gap}; no ε would hold (docs/privacy.md, 'What each method's privacy covers')")
+        raise UsageError(
+            f"usage error: federation.privacy.mechanism={mechanism} does not protect {cfg.algorithm}: "
+            f"{gap}; no ε would hold (docs/privacy.md, 'What each method's privacy covers')"
+        )
 
 
 def coverage_table() -> str:
     """docs/privacy.md's table: every registered method against every mechanism, as :func:`privacy_gap` says."""
     from fl_lightning.algorithms import available_algorithms
 
-    lines = ["| method | " + " | ".join(f"`{m}`" for m in MECHANISMS) + " |",
-             "| --- |" + " --- |" * len(MECHANISMS)]
+    lines = ["| method | " + " | ".join(f"`{m}`" for m in MECHANISMS) + " |", "| --- |" + " --- |" * len(MECHANISMS)]
     for name, algorithm in sorted(available_algorithms().items()):
         if not algorithm.__module__.startswith("fl_lightning."):  # a method a test registered
             continue

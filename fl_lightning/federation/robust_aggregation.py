@@ -47,7 +47,7 @@ def trimmed_mean(rows: Tensor, beta: float) -> Tensor:
     cut = int(beta * n)
     if n - 2 * cut < 1:
         raise ValueError(f"trimming {cut} of {n} values at each end leaves none (trim_fraction {beta} < 0.5)")
-    return rows.sort(dim=0).values[cut:n - cut].mean(dim=0)
+    return rows.sort(dim=0).values[cut : n - cut].mean(dim=0)
 
 
 def krum_scores(rows: Tensor, num_malicious: int) -> Tensor:
@@ -56,7 +56,7 @@ def krum_scores(rows: Tensor, num_malicious: int) -> Tensor:
     distances = torch.cdist(rows.double(), rows.double(), compute_mode="donot_use_mm_for_euclid_dist") ** 2
     m = max(1, n - num_malicious - 2)
     distances.fill_diagonal_(-1.0)  # the row itself sorts first and is skipped
-    return distances.sort(dim=1).values[:, 1:m + 1].sum(dim=1)
+    return distances.sort(dim=1).values[:, 1 : m + 1].sum(dim=1)
 
 
 def krum_pick(rows: Tensor, num_malicious: int, keep: int) -> list[int]:
@@ -126,6 +126,6 @@ class RobustAggregator:
         out, start = {}, 0
         for k in keys:
             size = state[k].numel()
-            out[k] = combined[start:start + size].reshape(state[k].shape).to(state[k].device, state[k].dtype)
+            out[k] = combined[start : start + size].reshape(state[k].shape).to(state[k].device, state[k].dtype)
             start += size
         return out

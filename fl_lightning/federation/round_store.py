@@ -56,13 +56,25 @@ class ClientRecord:
     traceback: str | None = None  # the failure's formatted traceback (its cause, which --debug prints)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"compute_s": self.compute_s, "bytes_down": self.bytes_down, "bytes_up": self.bytes_up,
-                "failure": self.failure, "user_error": self.user_error, "traceback": self.traceback}
+        return {
+            "compute_s": self.compute_s,
+            "bytes_down": self.bytes_down,
+            "bytes_up": self.bytes_up,
+            "failure": self.failure,
+            "user_error": self.user_error,
+            "traceback": self.traceback,
+        }
 
     @classmethod
     def from_state_dict(cls, d: dict[str, Any]) -> ClientRecord:
-        return cls(float(d["compute_s"]), int(d["bytes_down"]), int(d["bytes_up"]), d["failure"],
-                   bool(d.get("user_error", False)), d.get("traceback"))  # records written before tracebacks
+        return cls(
+            float(d["compute_s"]),
+            int(d["bytes_down"]),
+            int(d["bytes_up"]),
+            d["failure"],
+            bool(d.get("user_error", False)),
+            d.get("traceback"),
+        )  # records written before tracebacks
 
 
 @dataclass
@@ -135,8 +147,7 @@ class RoundStore:
         hold_bytes: ... and while the held uploads take at most this many bytes.
     """
 
-    def __init__(self, checkpoint_dir: Path, round_idx: int, *, hold_s: float = 0.0,
-                 hold_bytes: int = HOLD_BYTES) -> None:
+    def __init__(self, checkpoint_dir: Path, round_idx: int, *, hold_s: float = 0.0, hold_bytes: int = HOLD_BYTES) -> None:
         self.folder = Path(checkpoint_dir) / f"round{round_idx:04d}"
         self.hold_s, self.hold_bytes = float(hold_s), int(hold_bytes)
         self._born = time.monotonic()
@@ -154,8 +165,9 @@ class RoundStore:
         return len(self._held)
 
     def _may_hold(self, extra_bytes: int) -> bool:
-        if not self._writing and (time.monotonic() - self._born >= self.hold_s
-                                  or self._held_bytes + extra_bytes > self.hold_bytes):
+        if not self._writing and (
+            time.monotonic() - self._born >= self.hold_s or self._held_bytes + extra_bytes > self.hold_bytes
+        ):
             self.write_held()
         return not self._writing
 
@@ -194,8 +206,12 @@ class RoundStore:
         # no fsync: a killed process loses nothing the OS already holds; only a power cut could, and the
         # client then simply runs again (its record is missing, never half-written). No CRC either: torch.load
         # never checks it, and the record lives only until the round is aggregated
-        atomic_save({"record": record.state_dict(), "upload": upload.state_dict() if upload is not None else None},
-                    self._client_path(client), durable=False, checksum=False)
+        atomic_save(
+            {"record": record.state_dict(), "upload": upload.state_dict() if upload is not None else None},
+            self._client_path(client),
+            durable=False,
+            checksum=False,
+        )
 
     def held_records(self) -> dict[int, tuple[ClientRecord, Upload | None]]:
         """The client records held in memory (another rank's part of the round, for rank 0: :meth:`receive`)."""

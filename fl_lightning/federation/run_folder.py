@@ -37,9 +37,21 @@ from fl_lightning.durable_write import write_text_atomic
 from fl_lightning.errors import RunFolderError
 
 __all__ = [
-    "write_metrics_csv", "read_metrics_csv", "write_summary",
-    "RECORD", "LOCK", "RESUMABLE_KEYS", "flatten", "fingerprint", "config_diff", "format_diff",
-    "read_record", "write_record", "is_run_folder", "completed_rounds", "clear_run_folder",
+    "write_metrics_csv",
+    "read_metrics_csv",
+    "write_summary",
+    "RECORD",
+    "LOCK",
+    "RESUMABLE_KEYS",
+    "flatten",
+    "fingerprint",
+    "config_diff",
+    "format_diff",
+    "read_record",
+    "write_record",
+    "is_run_folder",
+    "completed_rounds",
+    "clear_run_folder",
 ]
 
 RECORD = "run.json"
@@ -55,13 +67,30 @@ LOCK = ".lock"  # the run lock's file (federation/run_lock.py), which --overwrit
 # compute_timeout_s and liveness_timeout_s only how long a rank may wait, and federation.process_group_backend only
 # which library carries the same collectives, and <method>.pretrain_check_every only how often the ranks of a
 # pre-training confirm that none failed. A key ending in "." is a whole section.
-RESUMABLE_KEYS = ("federation.rounds", "federation.devices", "federation.num_nodes", "federation.strategy",
-                  "federation.on_client_error", "federation.min_clients", "output_dir", "run_name", "variants",
-                  "logging.", "data.feature_cache", "data.cache_mb", "data.cache_uint8_mb",
-                  "data.pin_memory", "data.persistent_workers", "data.normalize_on_device", "federation.record_after_s",
-                  "federation.collective_timeout_s", "federation.compute_timeout_s",
-                  "federation.liveness_timeout_s", "federation.process_group_backend",
-                  *(f"{method}.pretrain_check_every" for method in ("fedisyn", "fgl", "gptfl")))
+RESUMABLE_KEYS = (
+    "federation.rounds",
+    "federation.devices",
+    "federation.num_nodes",
+    "federation.strategy",
+    "federation.on_client_error",
+    "federation.min_clients",
+    "output_dir",
+    "run_name",
+    "variants",
+    "logging.",
+    "data.feature_cache",
+    "data.cache_mb",
+    "data.cache_uint8_mb",
+    "data.pin_memory",
+    "data.persistent_workers",
+    "data.normalize_on_device",
+    "federation.record_after_s",
+    "federation.collective_timeout_s",
+    "federation.compute_timeout_s",
+    "federation.liveness_timeout_s",
+    "federation.process_group_backend",
+    *(f"{method}.pretrain_check_every" for method in ("fedisyn", "fgl", "gptfl")),
+)
 # What a run writes; a folder holding any of these is a run folder (and --overwrite may empty it)
 _RUN_FILES = (RECORD, "config.yaml", "summary.json", "metrics.csv", "checkpoints")
 _ABSENT = "<absent>"
@@ -134,8 +163,9 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def config_diff(recorded: dict[str, Any], current: dict[str, Any], *,
-                include_resumable: bool = False) -> list[tuple[str, Any, Any]]:
+def config_diff(
+    recorded: dict[str, Any], current: dict[str, Any], *, include_resumable: bool = False
+) -> list[tuple[str, Any, Any]]:
     """The keys whose values differ, as ``(dotted key, recorded value, current value)``, in key order.
 
     Args:
@@ -156,8 +186,10 @@ def config_diff(recorded: dict[str, Any], current: dict[str, Any], *,
 
 def format_diff(diff: Sequence[tuple[str, Any, Any]], *, limit: int = 4) -> str:
     """``"partition.alpha: 0.5 → 100.0, seed: 0 → 7"`` (at most ``limit`` keys, then how many more)."""
+
     def show(v: Any) -> str:
         return v if v == _ABSENT else repr(v)
+
     text = ", ".join(f"{k}: {show(old)} → {show(new)}" for k, old, new in diff[:limit])
     return text + (f" (and {len(diff) - limit} more)" if len(diff) > limit else "")
 
@@ -178,8 +210,10 @@ def read_record(run_dir: Path) -> dict[str, Any] | None:
         if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
             raise ValueError("no config in it")
     except (ValueError, UnicodeDecodeError) as err:
-        raise RunFolderError(f"run folder error: '{path}' cannot be read ({err}); it records how the run "
-                             f"started: restore it, or start the run afresh with --overwrite") from None
+        raise RunFolderError(
+            f"run folder error: '{path}' cannot be read ({err}); it records how the run "
+            f"started: restore it, or start the run afresh with --overwrite"
+        ) from None
     return record
 
 
@@ -190,8 +224,15 @@ def write_record(run_dir: Path, config: dict[str, Any], *, resumed: bool, argv: 
     run_dir = Path(run_dir)
     previous = read_record(run_dir) if resumed else None
     starts = list(previous.get("starts", [])) if previous else []
-    starts.append({"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(), "host": socket.gethostname(),
-                   "resume": resumed, "argv": list(argv)})
+    starts.append(
+        {
+            "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "resume": resumed,
+            "argv": list(argv),
+        }
+    )
     # the run's identity across its starts (e.g. its W&B run id): new on a fresh start, kept on resume
     run_id = (previous or {}).get("run_id") or uuid.uuid4().hex[:16]
     record = {"fingerprint": fingerprint(config), "run_id": run_id, "config": _jsonable(config), "starts": starts}
@@ -214,8 +255,10 @@ def clear_run_folder(run_dir: Path) -> None:
     """Empty a run folder for ``--overwrite`` (its lock stays). Refuses a folder that is not a run's."""
     run_dir = Path(run_dir)
     if not is_run_folder(run_dir):
-        raise RunFolderError(f"run folder error: '{run_dir}' holds files that are not a run's; --overwrite "
-                             f"empties only run folders: choose another --run_name or --output_dir")
+        raise RunFolderError(
+            f"run folder error: '{run_dir}' holds files that are not a run's; --overwrite "
+            f"empties only run folders: choose another --run_name or --output_dir"
+        )
     for entry in run_dir.iterdir():
         if entry.name == LOCK:
             continue

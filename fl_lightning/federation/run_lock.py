@@ -57,9 +57,25 @@ def _alive(pid: int) -> bool:
 
 
 # SLURM job states (squeue %T) in which the job's processes are gone: it ended, or it waits to run again
-_SLURM_NOT_RUNNING = frozenset({
-    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
-    "TIMEOUT", "SPECIAL_EXIT", "REVOKED", "PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+_SLURM_NOT_RUNNING = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "TIMEOUT",
+        "SPECIAL_EXIT",
+        "REVOKED",
+        "PENDING",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+    }
+)
 
 
 def slurm_job_running(job_id: str, *, timeout_s: float = 10.0) -> bool | None:
@@ -75,8 +91,7 @@ def slurm_job_running(job_id: str, *, timeout_s: float = 10.0) -> bool | None:
     if exe is None:
         return None
     try:
-        out = subprocess.run([exe, "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True,
-                             timeout=timeout_s)
+        out = subprocess.run([exe, "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0:
@@ -118,8 +133,14 @@ class RunLock:
         ...     ...  # run
     """
 
-    def __init__(self, run_dir: Path, *, heartbeat_s: float = HEARTBEAT_S, stale_after_s: float = STALE_AFTER_S,
-                 job_running: Callable[[str], bool | None] = slurm_job_running) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        heartbeat_s: float = HEARTBEAT_S,
+        stale_after_s: float = STALE_AFTER_S,
+        job_running: Callable[[str], bool | None] = slurm_job_running,
+    ) -> None:
         if not 0 < heartbeat_s < stale_after_s:
             raise ValueError(f"RunLock: expected 0 < heartbeat_s < stale_after_s, got {heartbeat_s}, {stale_after_s}")
         self.path = Path(run_dir) / LOCK
@@ -142,12 +163,16 @@ class RunLock:
                 raw, info = self._read()
                 stale, why, rule = self._judge(raw, info)
                 if not stale:
-                    raise RunFolderError(f"run folder error: '{self.path.parent}' is in use by another run "
-                                         f"({why}); {rule}; wait for it to finish, or choose another --run_name / "
-                                         f"--output_dir") from None
+                    raise RunFolderError(
+                        f"run folder error: '{self.path.parent}' is in use by another run "
+                        f"({why}); {rule}; wait for it to finish, or choose another --run_name / "
+                        f"--output_dir"
+                    ) from None
                 if self._remove_if_unchanged(raw) and why:
-                    print(f"fl_lightning: warning: took over the stale lock '{self.path}' ({self._who(info)}): "
-                          f"{why}", file=sys.stderr)
+                    print(
+                        f"fl_lightning: warning: took over the stale lock '{self.path}' ({self._who(info)}): {why}",
+                        file=sys.stderr,
+                    )
                 continue
             self._since = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             try:
@@ -161,19 +186,26 @@ class RunLock:
                 raise
             self.held = True
             self._stop = threading.Event()
-            self._beat = threading.Thread(target=self._heartbeat, args=(self._stop,), name="fl-lock-heartbeat",
-                                          daemon=True)
+            self._beat = threading.Thread(target=self._heartbeat, args=(self._stop,), name="fl-lock-heartbeat", daemon=True)
             self._beat.start()
             return
-        raise RunFolderError(f"run folder error: could not take the lock '{self.path}' (other runs keep "
-                             f"taking it); try again")
+        raise RunFolderError(f"run folder error: could not take the lock '{self.path}' (other runs keep taking it); try again")
 
     def _content(self) -> str:
         pid = os.getpid()
         job, restarts = _slurm_job()
-        return json.dumps({"pid": pid, "start": _process_start(pid), "host": socket.gethostname(),
-                           "since": self._since, "slurm_job_id": job, "slurm_restart_count": restarts,
-                           "heartbeat": round(time.time(), 3), "token": self._token})
+        return json.dumps(
+            {
+                "pid": pid,
+                "start": _process_start(pid),
+                "host": socket.gethostname(),
+                "since": self._since,
+                "slurm_job_id": job,
+                "slurm_restart_count": restarts,
+                "heartbeat": round(time.time(), 3),
+                "token": self._token,
+            }
+        )
 
     def _read(self) -> tuple[bytes | None, dict[str, Any] | None]:
         """The lock file's bytes (None: gone) and its record (None: unreadable)."""
@@ -182,8 +214,10 @@ class RunLock:
         except FileNotFoundError:
             return None, None
         except OSError as err:
-            raise RunFolderError(f"run folder error: the lock '{self.path}' cannot be read ({err.strerror or err}); "
-                                 f"make it readable, or choose another --run_name / --output_dir") from None
+            raise RunFolderError(
+                f"run folder error: the lock '{self.path}' cannot be read ({err.strerror or err}); "
+                f"make it readable, or choose another --run_name / --output_dir"
+            ) from None
         try:
             info = json.loads(raw)
             int(info["pid"]), str(info["host"])
@@ -209,8 +243,11 @@ class RunLock:
             return True, "", ""
         if info is None:  # being written by its creator just now, or garbage left behind
             if time.time() - mtime < _UNREADABLE_LOCK_GRACE_S:
-                return False, f"lock file '{self.path}' is being written", (
-                    f"it counts as stale if still unreadable {_UNREADABLE_LOCK_GRACE_S:.0f} s after it was written")
+                return (
+                    False,
+                    f"lock file '{self.path}' is being written",
+                    (f"it counts as stale if still unreadable {_UNREADABLE_LOCK_GRACE_S:.0f} s after it was written"),
+                )
             return True, f"the lock file is unreadable and older than {_UNREADABLE_LOCK_GRACE_S:.0f} s", ""
         pid, host, since = int(info["pid"]), str(info["host"]), info.get("since", "?")
         if host == socket.gethostname():
@@ -226,8 +263,11 @@ class RunLock:
         if job is not None and job == mine:
             theirs = info.get("slurm_restart_count")
             if isinstance(theirs, int) and theirs < restarts:
-                return True, (f"SLURM requeued job {job} (restart {restarts}; the lock is of restart {theirs}): "
-                              f"that earlier run is gone"), ""
+                return (
+                    True,
+                    (f"SLURM requeued job {job} (restart {restarts}; the lock is of restart {theirs}): that earlier run is gone"),
+                    "",
+                )
         elif job is not None and self._job_running(job) is False:
             return True, f"its SLURM job {job} is no longer running (squeue)", ""
         beat = info.get("heartbeat")
@@ -235,12 +275,20 @@ class RunLock:
         age = max(time.time() - last, 0.0)
         if age > self.stale_after_s:
             return True, f"its heartbeat is {age:.0f} s old (stale after {self.stale_after_s:.0f} s)", ""
-        heard = (f"last heartbeat {age:.0f} s ago" if isinstance(beat, (int, float))
-                 else f"no heartbeat (an older version's lock), written {age:.0f} s ago")
+        heard = (
+            f"last heartbeat {age:.0f} s ago"
+            if isinstance(beat, (int, float))
+            else f"no heartbeat (an older version's lock), written {age:.0f} s ago"
+        )
         ended = " or its SLURM job has ended" if job is not None and job != mine else ""
-        return False, f"pid {pid} on host {host}, SLURM job {job or 'none'}, since {since}, {heard}", (
-            f"it counts as stale once its heartbeat is {self.stale_after_s:.0f} s old{ended}; if no run is active "
-            f"there, delete '{self.path}'")
+        return (
+            False,
+            f"pid {pid} on host {host}, SLURM job {job or 'none'}, since {since}, {heard}",
+            (
+                f"it counts as stale once its heartbeat is {self.stale_after_s:.0f} s old{ended}; if no run is active "
+                f"there, delete '{self.path}'"
+            ),
+        )
 
     def _remove_if_unchanged(self, raw: bytes | None) -> bool:
         """Delete the lock judged stale, unless it changed since (a heartbeat, another run's new lock): then it
@@ -265,9 +313,12 @@ class RunLock:
                     f.truncate()
             except FileNotFoundError:
                 if not stop.is_set():
-                    print(f"fl_lightning: warning: the lock '{self.path}' was taken over by another run (this "
-                          f"run's heartbeat had stopped for over {self.stale_after_s:.0f} s): two runs may now "
-                          f"write this folder", file=sys.stderr)
+                    print(
+                        f"fl_lightning: warning: the lock '{self.path}' was taken over by another run (this "
+                        f"run's heartbeat had stopped for over {self.stale_after_s:.0f} s): two runs may now "
+                        f"write this folder",
+                        file=sys.stderr,
+                    )
                 return
             except (OSError, ValueError):
                 continue  # a hiccup of the file system: beat again next time

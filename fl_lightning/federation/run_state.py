@@ -49,22 +49,35 @@ class RunState:
     def state_dict(self, *, tensors: dict[str, Tensor] | None = None) -> dict[str, Any]:
         """Everything, with ``tensors`` (default: the whole state, on the CPU) as its ``state``."""
         state = {k: v.detach().cpu() for k, v in self.state.items()} if tensors is None else tensors
-        return {"round": self.completed_rounds - 1, "state": state,
-                "rows": self.history.metrics, "client_compute_s": self.history.client_compute_s,
-                "round_s": self.history.round_s,
-                "totals": {"bytes_up": self.bytes_up, "bytes_down": self.bytes_down, "wall_time_s": self.wall_time_s},
-                "failed_clients": self.failed_clients, "per_class_accuracy": self.per_class_accuracy,
-                **({"server_optimizer": {k: v.detach().cpu() for k, v in self.server_optimizer.items()}}
-                   if self.server_optimizer else {}),
-                **({"pending": [p.state_dict() for p in self.pending]} if self.pending else {})}
+        return {
+            "round": self.completed_rounds - 1,
+            "state": state,
+            "rows": self.history.metrics,
+            "client_compute_s": self.history.client_compute_s,
+            "round_s": self.history.round_s,
+            "totals": {"bytes_up": self.bytes_up, "bytes_down": self.bytes_down, "wall_time_s": self.wall_time_s},
+            "failed_clients": self.failed_clients,
+            "per_class_accuracy": self.per_class_accuracy,
+            **(
+                {"server_optimizer": {k: v.detach().cpu() for k, v in self.server_optimizer.items()}}
+                if self.server_optimizer
+                else {}
+            ),
+            **({"pending": [p.state_dict() for p in self.pending]} if self.pending else {}),
+        }
 
     @classmethod
     def from_state_dict(cls, saved: dict[str, Any]) -> RunState:
         totals = saved["totals"]
-        return cls(state=dict(saved["state"]), completed_rounds=int(saved["round"]) + 1,
-                   history=RoundHistory(dict(saved["client_compute_s"]), list(saved["round_s"]), list(saved["rows"])),
-                   bytes_up=int(totals["bytes_up"]), bytes_down=int(totals["bytes_down"]),
-                   wall_time_s=float(totals["wall_time_s"]), failed_clients=dict(saved["failed_clients"]),
-                   per_class_accuracy=saved["per_class_accuracy"],
-                   server_optimizer=dict(saved.get("server_optimizer") or {}),
-                   pending=[PendingUpdate.from_state_dict(p) for p in saved.get("pending") or []])
+        return cls(
+            state=dict(saved["state"]),
+            completed_rounds=int(saved["round"]) + 1,
+            history=RoundHistory(dict(saved["client_compute_s"]), list(saved["round_s"]), list(saved["rows"])),
+            bytes_up=int(totals["bytes_up"]),
+            bytes_down=int(totals["bytes_down"]),
+            wall_time_s=float(totals["wall_time_s"]),
+            failed_clients=dict(saved["failed_clients"]),
+            per_class_accuracy=saved["per_class_accuracy"],
+            server_optimizer=dict(saved.get("server_optimizer") or {}),
+            pending=[PendingUpdate.from_state_dict(p) for p in saved.get("pending") or []],
+        )

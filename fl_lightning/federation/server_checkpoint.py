@@ -30,8 +30,7 @@ from torch import Tensor
 from fl_lightning.federation.checkpoint import CorruptCheckpointError, DurableWriter, safe_load
 from fl_lightning.federation.run_state import RunState, unchanged
 
-__all__ = ["ServerCheckpoint", "load_server_checkpoint", "load_server_state", "tensor_digest", "PART_MIN_BYTES",
-           "SERVER_FILE"]
+__all__ = ["ServerCheckpoint", "load_server_checkpoint", "load_server_state", "tensor_digest", "PART_MIN_BYTES", "SERVER_FILE"]
 
 SERVER_FILE = "server.pt"
 PART_MIN_BYTES = 1 << 20  # 1 MiB: a ViT's weight matrices go to parts, a head, prompts and statistics stay inline
@@ -57,8 +56,10 @@ def load_server_checkpoint(folder: str | Path) -> tuple[dict[str, Any], dict[str
     folder = Path(folder)
     saved = safe_load(folder / SERVER_FILE)
     if not isinstance(saved, dict) or not isinstance(saved.get("state"), dict):
-        raise CorruptCheckpointError(f"checkpoint '{folder / SERVER_FILE}' is not a server checkpoint of fl_lightning "
-                                     f"(no state); restore the run's own file, or start the run afresh in a new folder")
+        raise CorruptCheckpointError(
+            f"checkpoint '{folder / SERVER_FILE}' is not a server checkpoint of fl_lightning "
+            f"(no state); restore the run's own file, or start the run afresh in a new folder"
+        )
     parts: dict[str, str] = dict(saved.pop("state_parts", None) or {})
     digests: dict[str, str] = dict(saved.get("state_digests") or {})  # none in checkpoints written before them
     keys = saved.pop("state_keys", None)
@@ -68,7 +69,8 @@ def load_server_checkpoint(folder: str | Path) -> tuple[dict[str, Any], dict[str
         if not path.is_file():
             raise CorruptCheckpointError(
                 f"checkpoint '{folder / SERVER_FILE}' names '{name}', which is missing; restore that file, or start "
-                f"the run afresh in a new folder")
+                f"the run afresh in a new folder"
+            )
         tensors = safe_load(path)
         named = [k for k, part in parts.items() if part == name]
         _check_part(path, tensors, named, digests)
@@ -82,13 +84,17 @@ def _check_part(path: Path, tensors: Any, named: list[str], digests: dict[str, s
     redo = f"restore the part that '{SERVER_FILE}' was written with, or start the run afresh in a new folder"
     missing = [k for k in named if not isinstance(tensors, dict) or not isinstance(tensors.get(k), Tensor)]
     if missing:
-        raise CorruptCheckpointError(f"checkpoint part '{path}' lacks {len(missing)} tensor(s) '{SERVER_FILE}' names "
-                                     f"in it ('{missing[0]}' …): it is not this run's part; {redo}")
+        raise CorruptCheckpointError(
+            f"checkpoint part '{path}' lacks {len(missing)} tensor(s) '{SERVER_FILE}' names "
+            f"in it ('{missing[0]}' …): it is not this run's part; {redo}"
+        )
     changed = [k for k in named if k in digests and tensor_digest(tensors[k]) != digests[k]]
     if changed:
-        raise CorruptCheckpointError(f"checkpoint part '{path}' does not hold what '{SERVER_FILE}' recorded for "
-                                     f"'{changed[0]}' ({len(changed)} tensor(s) differ: another round's or another "
-                                     f"run's part, or an edited one); {redo}")
+        raise CorruptCheckpointError(
+            f"checkpoint part '{path}' does not hold what '{SERVER_FILE}' recorded for "
+            f"'{changed[0]}' ({len(changed)} tensor(s) differ: another round's or another "
+            f"run's part, or an edited one); {redo}"
+        )
 
 
 def load_server_state(run_dir: str | Path) -> dict[str, Tensor]:
@@ -121,7 +127,8 @@ class ServerCheckpoint:
             raise CorruptCheckpointError(
                 f"checkpoint '{self.folder / SERVER_FILE}' is not a server checkpoint of fl_lightning (its field "
                 f"{str(err).splitlines()[0]} is missing or malformed); restore the run's own file, or start the run "
-                f"afresh in a new folder") from None
+                f"afresh in a new folder"
+            ) from None
         self.adopt(run.state, parts, saved.get("state_digests") or {})
         return run
 
@@ -137,8 +144,11 @@ class ServerCheckpoint:
         """Record that ``state[k]`` is on disk in ``parts[k]`` (as loaded): saving it unchanged writes nothing.
         ``digests``: their :func:`tensor_digest` as ``server.pt`` recorded them (None or missing: computed here)."""
         digests = digests or {}
-        self._written = {k: (state[k], state[k]._version, part, digests.get(k) or tensor_digest(state[k]))
-                         for k, part in parts.items() if k in state}
+        self._written = {
+            k: (state[k], state[k]._version, part, digests.get(k) or tensor_digest(state[k]))
+            for k, part in parts.items()
+            if k in state
+        }
 
     def save(self, run: RunState) -> None:
         """Write ``run``: its new or changed large tensors into this round's part, the rest inline (background)."""
@@ -164,8 +174,7 @@ class ServerCheckpoint:
         def stale() -> list[Path]:
             return [p for p in self.folder.glob(_PART_GLOB) if p.name not in keep]
 
-        self.writer.save(saved, self.folder / SERVER_FILE, first=[(new, self.folder / part)] if new else (),
-                         remove=stale)
+        self.writer.save(saved, self.folder / SERVER_FILE, first=[(new, self.folder / part)] if new else (), remove=stale)
         self._written = {k: (run.state[k], run.state[k]._version, parts[k], digests[k]) for k in parts}
 
     def wait(self) -> None:

@@ -66,8 +66,9 @@ class ServerOptimizer:
     def is_mean(self) -> bool:
         return self.name == "fedavg"
 
-    def step(self, previous: Mapping[str, Tensor], aggregate: Mapping[str, Tensor], moments: Mapping[str, Tensor],
-             round_idx: int) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    def step(
+        self, previous: Mapping[str, Tensor], aggregate: Mapping[str, Tensor], moments: Mapping[str, Tensor], round_idx: int
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """The new state and moments after round ``round_idx`` (0-based) from x_t = ``previous`` and x̄_t =
         ``aggregate`` (module docstring); ``moments`` (``"m/<key>"``, ``"v/<key>"``) are not changed in place."""
         state, new_moments = dict(aggregate), dict(moments)
@@ -83,8 +84,9 @@ class ServerOptimizer:
             new_moments.update(moved)
         return state, new_moments
 
-    def _step_tensor(self, x: Tensor, mean: Tensor, key: str, moments: Mapping[str, Tensor], round_idx: int
-                     ) -> tuple[Tensor, dict[str, Tensor]]:
+    def _step_tensor(
+        self, x: Tensor, mean: Tensor, key: str, moments: Mapping[str, Tensor], round_idx: int
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         m_key, v_key = f"m/{key}", f"v/{key}"
         if self.name == "fedavgm":
             p = x - mean

@@ -50,8 +50,7 @@ def check_shared_run_folder(fabric: Any, run_dir: Path, *, wait_s: float = _SHAR
             write_text_atomic(token, nonce + "\n")
             sent["nonce"] = nonce
         except (OSError, UsageError) as err:  # rank 0 cannot write: every rank stops with its reason
-            sent["error"] = (f"run folder error: '{run_dir}' cannot be written on rank 0 (host {sent['host']}): "
-                             f"{err}")
+            sent["error"] = f"run folder error: '{run_dir}' cannot be written on rank 0 (host {sent['host']}): {err}"
     sent = fabric.broadcast(sent, src=0)
     if sent["error"] is not None:
         raise RunFolderError(sent["error"])
@@ -95,6 +94,8 @@ def _blind_ranks_message(blind: list[dict[str, Any]], sent: dict[str, Any], limi
         named = "" if first["path"] == sent["path"] else f"; it looks in '{first['path']}'"
         parts.append(f"rank{'s' if len(entries) > 1 else ''} {ranks} on host {host} ({first['why']}{named})")
     more = f" and {len(by_host) - limit} more host(s)" if len(by_host) > limit else ""
-    return (f"run folder error: {'; '.join(parts)}{more} cannot see the run folder '{sent['path']}' that rank 0 "
-            f"(host {sent['host']}) writes to: every rank must share one run folder; put output_dir on a "
-            f"filesystem every node shares (not a node-local disk such as /tmp or $TMPDIR)")
+    return (
+        f"run folder error: {'; '.join(parts)}{more} cannot see the run folder '{sent['path']}' that rank 0 "
+        f"(host {sent['host']}) writes to: every rank must share one run folder; put output_dir on a "
+        f"filesystem every node shares (not a node-local disk such as /tmp or $TMPDIR)"
+    )

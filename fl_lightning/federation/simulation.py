@@ -103,8 +103,9 @@ __all__ = ["Simulation", "hf_source", "partition_for", "client_test_split", "che
 _PARTITION_KEYS = ("num_clients", "alpha", "min_samples", "shards_per_client", "shard_size", "classes_per_client")
 
 
-def partition_for(cfg: RunConfig, targets: np.ndarray, column: Callable[[str], np.ndarray] | None = None, *,
-                  row_order: bool = False) -> list[np.ndarray]:
+def partition_for(
+    cfg: RunConfig, targets: np.ndarray, column: Callable[[str], np.ndarray] | None = None, *, row_order: bool = False
+) -> list[np.ndarray]:
     """The clients' sample indices under ``cfg.partition`` (a bad value is a one-line config error), each sorted;
     with ``row_order`` under ``convention: flower``, each in the order Flower's ``load_partition`` returns them.
 
@@ -118,8 +119,12 @@ def partition_for(cfg: RunConfig, targets: np.ndarray, column: Callable[[str], n
     groups = None
     if p.scheme == "natural":
         if column is None:
-            raise ConfigError("partition.scheme", p.scheme, f"a scheme other than 'natural' for data.name "
-                              f"{cfg.data.name!r} (it has no columns besides its labels; natural needs data.name: hf)")
+            raise ConfigError(
+                "partition.scheme",
+                p.scheme,
+                f"a scheme other than 'natural' for data.name "
+                f"{cfg.data.name!r} (it has no columns besides its labels; natural needs data.name: hf)",
+            )
         groups = column(p.by)
     try:
         if p.convention == "flower":
@@ -132,8 +137,7 @@ def partition_for(cfg: RunConfig, targets: np.ndarray, column: Callable[[str], n
             return shard_partition(targets, p.num_clients, p.shards_per_client, seed=p.seed)
         if p.scheme == "pathological":
             return _pathological(cfg, targets)
-        return dirichlet_partition(targets, p.num_clients, p.alpha, seed=p.seed, min_samples=p.min_samples,
-                                   balance=p.balance)
+        return dirichlet_partition(targets, p.num_clients, p.alpha, seed=p.seed, min_samples=p.min_samples, balance=p.balance)
     except PartitionArgumentError as err:
         if err.argument not in _PARTITION_KEYS:
             raise
@@ -145,8 +149,9 @@ def _natural_count(groups: np.ndarray, num_clients: int | None) -> int:
     return int(np.unique(groups).size) if num_clients is None else num_clients
 
 
-def client_test_split(cfg: RunConfig, partition: list[np.ndarray], targets: np.ndarray,
-                      column: Callable[[str], np.ndarray] | None = None) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+def client_test_split(
+    cfg: RunConfig, partition: list[np.ndarray], targets: np.ndarray, column: Callable[[str], np.ndarray] | None = None
+) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
     """The clients' (training rows, own test rows) of ``partition`` (``partition_for``'s, of the training split
     whose labels are ``targets``) under ``partition.client_test_fraction`` (data/client_test.py): ``(partition,
     None)`` at 0. The seed is ``client_test_seed``, or 42 (Flower's tutorials) under convention flower, else
@@ -172,13 +177,18 @@ def check_client_test(cfg: RunConfig, algorithm: type[Algorithm] | Algorithm) ->
     if cfg.partition.client_test_fraction == 0:
         return
     if not algorithm.federated_evaluation:
-        raise ConfigError("partition.client_test_fraction", cfg.partition.client_test_fraction,
-                          f"0 for {cfg.algorithm} (federated evaluation on the clients' test rows: fedavg, fedprox, "
-                          "scaffold, feddyn, fedavg_cnn, fedavg_prompts)")
+        raise ConfigError(
+            "partition.client_test_fraction",
+            cfg.partition.client_test_fraction,
+            f"0 for {cfg.algorithm} (federated evaluation on the clients' test rows: fedavg, fedprox, "
+            "scaffold, feddyn, fedavg_cnn, fedavg_prompts)",
+        )
     if isinstance(algorithm, Algorithm) and algorithm.augment:
-        raise ConfigError("partition.client_test_fraction", cfg.partition.client_test_fraction,
-                          f"0 while {cfg.algorithm} augments its training split (the clients' test rows are read "
-                          "through its transform)")
+        raise ConfigError(
+            "partition.client_test_fraction",
+            cfg.partition.client_test_fraction,
+            f"0 while {cfg.algorithm} augments its training split (the clients' test rows are read through its transform)",
+        )
 
 
 def _pathological(cfg: RunConfig, targets: np.ndarray, row_order: bool = False) -> list[np.ndarray]:
@@ -188,16 +198,18 @@ def _pathological(cfg: RunConfig, targets: np.ndarray, row_order: bool = False) 
 
     p = cfg.partition
     try:
-        return flower_pathological_partition(targets, p.num_clients, p.classes_per_client, seed=p.seed,
-                                             class_assignment=p.class_assignment, row_order=row_order)
+        return flower_pathological_partition(
+            targets, p.num_clients, p.classes_per_client, seed=p.seed, class_assignment=p.class_assignment, row_order=row_order
+        )
     except ValueError as err:
         if isinstance(err, PartitionArgumentError):
             raise
         raise UsageError(f"config error: partition (pathological): {err}") from None
 
 
-def _flower_partition(cfg: RunConfig, targets: np.ndarray, groups: np.ndarray | None,
-                      row_order: bool = False) -> list[np.ndarray]:
+def _flower_partition(
+    cfg: RunConfig, targets: np.ndarray, groups: np.ndarray | None, row_order: bool = False
+) -> list[np.ndarray]:
     """flwr-datasets' partition of the (optionally FederatedDataset-shuffled) training split, in our row indices
     (each sorted; ``row_order``: in Flower's order within each partition)."""
     from fl_lightning.data.flower_partition import (
@@ -218,15 +230,27 @@ def _flower_partition(cfg: RunConfig, targets: np.ndarray, groups: np.ndarray | 
     else:
         try:
             if p.scheme == "shards":
-                parts = flower_shard_partition(shuffled(targets), p.num_clients, p.shards_per_client, seed=p.seed,
-                                               shard_size=p.shard_size, keep_incomplete_shard=p.keep_incomplete_shard,
-                                               row_order=row_order)
+                parts = flower_shard_partition(
+                    shuffled(targets),
+                    p.num_clients,
+                    p.shards_per_client,
+                    seed=p.seed,
+                    shard_size=p.shard_size,
+                    keep_incomplete_shard=p.keep_incomplete_shard,
+                    row_order=row_order,
+                )
             elif p.scheme == "pathological":
                 parts = _pathological(cfg, shuffled(targets), row_order)
             else:
-                parts = flower_dirichlet_partition(shuffled(targets), p.num_clients, p.alpha, seed=p.seed,
-                                                   min_partition_size=p.min_samples, self_balancing=p.balance,
-                                                   row_order=row_order)
+                parts = flower_dirichlet_partition(
+                    shuffled(targets),
+                    p.num_clients,
+                    p.alpha,
+                    seed=p.seed,
+                    min_partition_size=p.min_samples,
+                    self_balancing=p.balance,
+                    row_order=row_order,
+                )
         except ValueError as err:
             if isinstance(err, PartitionArgumentError):
                 raise
@@ -261,16 +285,18 @@ def _strategy(cfg: RunConfig, environ: Mapping[str, str] = os.environ) -> str | 
     cli = environ.get("LT_STRATEGY") if environ.get("LT_CLI_USED") == "1" else None
     if cli:
         if f.strategy not in ("auto", cli):
-            raise ConfigError("federation.strategy", f.strategy, f"'{cli}', the strategy `fabric run --strategy` "
-                              f"names (or auto)")
+            raise ConfigError("federation.strategy", f.strategy, f"'{cli}', the strategy `fabric run --strategy` names (or auto)")
         name = cli
     entry = STRATEGY_REGISTRY[name] if name in STRATEGY_REGISTRY else None  # its .get() would build one
     if entry is None or not issubclass(entry["strategy"], DDPStrategy):
         return name
     backend = {} if f.process_group_backend == "auto" else {"process_group_backend": f.process_group_backend}
     if entry["strategy"] is DDPStrategy:
-        return FederatedDDPStrategy(**{**entry["init_params"], **backend}, timeout=timedelta(seconds=f.compute_timeout_s),
-                                    object_timeout=timedelta(seconds=f.collective_timeout_s))
+        return FederatedDDPStrategy(
+            **{**entry["init_params"], **backend},
+            timeout=timedelta(seconds=f.compute_timeout_s),
+            object_timeout=timedelta(seconds=f.collective_timeout_s),
+        )
     return entry["strategy"](**{**entry["init_params"], **backend}, timeout=timedelta(seconds=f.collective_timeout_s))
 
 
@@ -301,8 +327,9 @@ class Simulation:
         >>> summary = Simulation(cfg=load_config("conf/quickstart.yaml")).run()
     """
 
-    def __init__(self, *, cfg: RunConfig, callbacks: Sequence[object] = (), resume: bool = False,
-                 loggers: Sequence[object] | None = None) -> None:
+    def __init__(
+        self, *, cfg: RunConfig, callbacks: Sequence[object] = (), resume: bool = False, loggers: Sequence[object] | None = None
+    ) -> None:
         from fl_lightning.callbacks import default_callbacks, default_loggers
 
         cfg = resolve_num_clients(cfg)  # natural, num_clients null: one client per value, before anything reads it
@@ -327,10 +354,15 @@ class Simulation:
         loggers = list(loggers) if loggers is not None else default_loggers(cfg)
         strategy = _strategy(cfg)
         with _cli_strategy_taken():
-            self.fabric = Fabric(accelerator=cfg.federation.accelerator, devices=cfg.federation.devices,
-                                 num_nodes=cfg.federation.num_nodes, strategy=strategy,
-                                 precision=cfg.federation.precision,
-                                 callbacks=[*default_callbacks(cfg, loggers), *callbacks], loggers=loggers)
+            self.fabric = Fabric(
+                accelerator=cfg.federation.accelerator,
+                devices=cfg.federation.devices,
+                num_nodes=cfg.federation.num_nodes,
+                strategy=strategy,
+                precision=cfg.federation.precision,
+                callbacks=[*default_callbacks(cfg, loggers), *callbacks],
+                loggers=loggers,
+            )
 
     # ------------------------------------------------------------------------------------ set-up
     def _setup(self) -> tuple[Algorithm, Environment]:
@@ -339,14 +371,19 @@ class Simulation:
         algorithm.fabric = fabric  # the rank's Fabric, given before anything is built (Algorithm.fabric)
         algorithm.build(fabric)  # the shared model, once per rank
         spec = algorithm.input_spec()
-        transform = {"normalization": spec.normalization, "image_size": spec.image_size, "mean": spec.mean,
-                     "std": spec.std}
+        transform = {"normalization": spec.normalization, "image_size": spec.image_size, "mean": spec.mean, "std": spec.std}
         train_transform = build_transform(**transform, train=algorithm.augment, augmentation=spec.augmentation)
         test_transform = build_transform(**transform, train=False)
         splits: DatasetSplits = build_dataset(
-            cfg.data.name, root=cfg.data.root, download=cfg.data.download, seed=cfg.data_seed,
-            num_samples=cfg.data.num_samples, train_transform=train_transform, test_transform=test_transform,
-            source=hf_source(cfg.data))
+            cfg.data.name,
+            root=cfg.data.root,
+            download=cfg.data.download,
+            seed=cfg.data_seed,
+            num_samples=cfg.data.num_samples,
+            train_transform=train_transform,
+            test_transform=test_transform,
+            source=hf_source(cfg.data),
+        )
         # each split its own budgets: the float32 store (cache_mb) and the uint8 one (cache_uint8_mb)
         budgets = {"budget_bytes": cfg.data.cache_mb << 20, "uint8_budget_bytes": cfg.data.cache_uint8_mb << 20}
         if any(budgets.values()) and is_deterministic(train_transform):  # augmentation still runs per item
@@ -357,15 +394,21 @@ class Simulation:
         check_client_test(cfg, algorithm)  # built: its augment is known
         partition, client_test = client_test_split(cfg, partition, splits.train_targets, splits.train_column)
         if cfg.partition.scheme == "natural" and fabric.global_rank == 0:  # never silent: grouped or one client
-            note = natural_grouping_note(splits.train_column(cfg.partition.by), cfg.partition.num_clients,
-                                         cfg.partition.by)
+            note = natural_grouping_note(splits.train_column(cfg.partition.by), cfg.partition.num_clients, cfg.partition.by)
             if note is not None:
                 print(f"fl_lightning: {note}", file=sys.stderr, flush=True)
         privacy = FederationPrivacy.of(cfg, algorithm.num_rounds, [len(p) for p in partition])
-        env = Environment(fabric, cfg, splits, partition, self.run_dir, privacy,
-                          one_train_loader=is_deterministic(train_transform),
-                          label_maps=self._attack.label_maps(len(splits.classes)) if self._attack is not None else {},
-                          client_test=client_test)
+        env = Environment(
+            fabric,
+            cfg,
+            splits,
+            partition,
+            self.run_dir,
+            privacy,
+            one_train_loader=is_deterministic(train_transform),
+            label_maps=self._attack.label_maps(len(splits.classes)) if self._attack is not None else {},
+            client_test=client_test,
+        )
         algorithm.setup(env)
         return algorithm, env
 
@@ -377,8 +420,11 @@ class Simulation:
         if run is None:
             return RunState(state=algorithm.initial_state())
         if run.completed_rounds > algorithm.num_rounds:
-            raise ConfigError("federation.rounds", self.cfg.federation.rounds,
-                              f"at least the {run.completed_rounds} rounds this run has already completed")
+            raise ConfigError(
+                "federation.rounds",
+                self.cfg.federation.rounds,
+                f"at least the {run.completed_rounds} rounds this run has already completed",
+            )
         algorithm.load_state(run.state)
         return run
 
@@ -395,17 +441,33 @@ class Simulation:
     def run(self) -> dict[str, Any]:
         fabric, cfg = self.fabric, self.cfg
         if self.launcher != "fabric run":  # Fabric's CLI has created and set up the processes already
-            with waiting("the other ranks to start", cfg.federation.compute_timeout_s, fabric.global_rank,
-                         key="federation.compute_timeout_s"):
+            with waiting(
+                "the other ranks to start",
+                cfg.federation.compute_timeout_s,
+                fabric.global_rank,
+                key="federation.compute_timeout_s",
+            ):
                 fabric.launch()
         # rank 0 decided (train.py: --resume, or the same command after an interruption); its token names this
         # start's heartbeats in the job's store, its host and pid let a frozen rank 0 be named and killed
         # (federation/liveness.py)
         self.resume, token, leader = self._from_server(
-            lambda: (self.resume, secrets.token_hex(8), (socket.gethostname(), os.getpid())), "the start")
-        with watching(None, rank=fabric.global_rank, world=fabric.world_size,
-                      patience_s=cfg.federation.liveness_timeout_s, token=token, exit_status=exit_status,
-                      one_line=one_line, decided=decided, leader=leader), torch_numerics(cfg.federation):
+            lambda: (self.resume, secrets.token_hex(8), (socket.gethostname(), os.getpid())), "the start"
+        )
+        with (
+            watching(
+                None,
+                rank=fabric.global_rank,
+                world=fabric.world_size,
+                patience_s=cfg.federation.liveness_timeout_s,
+                token=token,
+                exit_status=exit_status,
+                one_line=one_line,
+                decided=decided,
+                leader=leader,
+            ),
+            torch_numerics(cfg.federation),
+        ):
             return self._run()  # under the config's matmul precision and determinism, whoever calls run()
 
     def _run(self) -> dict[str, Any]:
@@ -420,8 +482,9 @@ class Simulation:
         seed_everything(cfg.seed, verbose=False)
         algorithm, env = self._setup()
         if self._behaviour is not None:  # the clients' simulated times: their sizes and the batch size
-            self._behaviour = self._behaviour.with_clients([len(p) for p in env.partition],
-                                                           cfg.train.batch_size or cfg.data.batch_size)
+            self._behaviour = self._behaviour.with_clients(
+                [len(p) for p in env.partition], cfg.train.batch_size or cfg.data.batch_size
+            )
         self._privacy = env.privacy
         rank, world = fabric.global_rank, fabric.world_size
         assignment = assign_clients([len(p) for p in env.partition], world)
@@ -429,8 +492,14 @@ class Simulation:
         run = self._restore(algorithm, checkpoint)
         # the run folder's start, on the server; the other ranks wait for it (and stop if it fails)
         counts = self._from_server(lambda: self._start_run_folder(env, run), "the run folder's start", send=False)
-        fabric.call("on_run_start", cfg=cfg, env=env, run_dir=self.run_dir, rounds=algorithm.num_rounds,
-                    completed_rounds=run.completed_rounds)
+        fabric.call(
+            "on_run_start",
+            cfg=cfg,
+            env=env,
+            run_dir=self.run_dir,
+            rounds=algorithm.num_rounds,
+            completed_rounds=run.completed_rounds,
+        )
         run_start = time.monotonic() - run.wall_time_s
         try:
             self._rounds(algorithm, env, run, assignment, checkpoint, run_start)
@@ -459,18 +528,35 @@ class Simulation:
         counts = client_class_counts(env.splits.train_targets, env.partition, env.num_classes)
         write_partition_report(counts, env.splits.classes, self.run_dir, figure=False)  # figure: after the rounds
         p = cfg.partition
-        meta = {"dataset": cfg.data.name, "scheme": p.scheme, "alpha": p.alpha, "seed": p.seed,
-                "num_samples_subset": cfg.data.num_samples, "data_seed": cfg.data_seed}
-        extra = {"path": cfg.data.path, "by": p.by, "convention": None if p.convention == "fl_lightning" else
-                 p.convention, "flower_shuffle_seed": p.flower_shuffle_seed}
+        meta = {
+            "dataset": cfg.data.name,
+            "scheme": p.scheme,
+            "alpha": p.alpha,
+            "seed": p.seed,
+            "num_samples_subset": cfg.data.num_samples,
+            "data_seed": cfg.data_seed,
+        }
+        extra = {
+            "path": cfg.data.path,
+            "by": p.by,
+            "convention": None if p.convention == "fl_lightning" else p.convention,
+            "flower_shuffle_seed": p.flower_shuffle_seed,
+        }
         meta.update({k: v for k, v in extra.items() if v is not None})  # only what is set: older files unchanged
         if env.client_test is not None:  # the file holds the whole partition; the local split is made again from it
-            meta.update({"client_test_fraction": p.client_test_fraction, **({} if p.client_test_seed is None else
-                         {"client_test_seed": p.client_test_seed})})
-        whole = env.partition if env.client_test is None else [np.union1d(a, b) for a, b in
-                                                                zip(env.partition, env.client_test)]
-        write_partition_json(whole, self.run_dir / "partition.json", meta=meta,  # reusable: scheme file
-                             num_samples=len(env.splits.train_targets))  # Flower's shards may leave rows out
+            meta.update(
+                {
+                    "client_test_fraction": p.client_test_fraction,
+                    **({} if p.client_test_seed is None else {"client_test_seed": p.client_test_seed}),
+                }
+            )
+        whole = env.partition if env.client_test is None else [np.union1d(a, b) for a, b in zip(env.partition, env.client_test)]
+        write_partition_json(
+            whole,
+            self.run_dir / "partition.json",
+            meta=meta,  # reusable: scheme file
+            num_samples=len(env.splits.train_targets),
+        )  # Flower's shards may leave rows out
         return counts
 
     def _record_trace(self) -> None:
@@ -501,11 +587,17 @@ class Simulation:
 
     def _from_server(self, step: Callable[[], Any], what: str, *, send: bool = True) -> Any:
         """``step()`` on rank 0, its outcome on every rank (collectives.py: a failure there ends every rank)."""
-        return from_server(self.fabric, step, what=what, timeout_s=self.cfg.federation.collective_timeout_s,
-                           send=send)
+        return from_server(self.fabric, step, what=what, timeout_s=self.cfg.federation.collective_timeout_s, send=send)
 
-    def _rounds(self, algorithm: Algorithm, env: Environment, run: RunState, assignment: list[list[int]],
-                checkpoint: ServerCheckpoint, run_start: float) -> None:
+    def _rounds(
+        self,
+        algorithm: Algorithm,
+        env: Environment,
+        run: RunState,
+        assignment: list[list[int]],
+        checkpoint: ServerCheckpoint,
+        run_start: float,
+    ) -> None:
         """The federation loop: plan → client updates → transport → aggregate → evaluate → checkpoint.
 
         On several ranks a round takes five collectives, each carrying outcomes (collectives.py), so a failure on
@@ -522,12 +614,23 @@ class Simulation:
             # the gather brings rank 0 (and, on NCCL, its GPU) at most that much at once
             share = HOLD_BYTES if rank == 0 else HOLD_BYTES // fabric.world_size
             store = RoundStore(self.ckpt_dir, round_idx, hold_s=cfg.federation.record_after_s, hold_bytes=share)
-            sample = sample_clients if self._behaviour is None else partial(  # those online, not busy (late: stale)
-                self._behaviour.sample, busy={p.client for p in run.pending})
-            clients = sample(cfg.partition.num_clients, cfg.federation.client_fraction,
-                             seed=cfg.federation.sampling_seed, round_idx=round_idx)
-            start_round = partial(fabric.call, "on_round_start", round_idx=round_idx, clients=clients,
-                                  local_clients=len(set(assignment[rank]).intersection(clients)))
+            sample = (
+                sample_clients
+                if self._behaviour is None
+                else partial(  # those online, not busy (late: stale)
+                    self._behaviour.sample, busy={p.client for p in run.pending}
+                )
+            )
+            clients = sample(
+                cfg.partition.num_clients, cfg.federation.client_fraction, seed=cfg.federation.sampling_seed, round_idx=round_idx
+            )
+            start_round = partial(
+                fabric.call,
+                "on_round_start",
+                round_idx=round_idx,
+                clients=clients,
+                local_clients=len(set(assignment[rank]).intersection(clients)),
+            )
 
             # on_round_start, then the plan: the server decides once (a resumed round keeps its checkpointed plan);
             # every rank receives it
@@ -537,8 +640,9 @@ class Simulation:
             # which decides whether the round goes on (a rank that failed, the client-failure policy)
             sampled = set(plan.downloads)
             try:
-                result = self._client_phase(algorithm, env, store, round_idx,
-                                            [c for c in assignment[rank] if c in sampled], plan, held)
+                result = self._client_phase(
+                    algorithm, env, store, round_idx, [c for c in assignment[rank] if c in sampled], plan, held
+                )
             except BaseException:  # a failure, Ctrl-C, SIGTERM: keep the finished clients for --resume
                 store.write_held()
                 raise
@@ -550,18 +654,32 @@ class Simulation:
                 run.state, row, result = self._shared_serve(algorithm, env, run, store, round_idx, plan, result)
             else:
                 run.state, row, result = self._state_from_server(
-                    partial(self._serve, algorithm, run, store, round_idx, plan, result), run.state,
-                    f"round {round_idx}'s aggregate and evaluation")
+                    partial(self._serve, algorithm, run, store, round_idx, plan, result),
+                    run.state,
+                    f"round {round_idx}'s aggregate and evaluation",
+                )
 
             # the round's end on every rank (totals, callbacks, loggers; the server's files), then one exchange of
             # the outcomes: a failure there, on any rank, ends every rank
-            everyone(self.fabric, partial(self._end_round, algorithm, run, store, checkpoint, round_idx, row, result,
-                                          round_start, run_start),
-                     what=f"round {round_idx}'s end", timeout_s=cfg.federation.collective_timeout_s)
+            everyone(
+                self.fabric,
+                partial(self._end_round, algorithm, run, store, checkpoint, round_idx, row, result, round_start, run_start),
+                what=f"round {round_idx}'s end",
+                timeout_s=cfg.federation.collective_timeout_s,
+            )
 
-    def _end_round(self, algorithm: Algorithm, run: RunState, store: RoundStore, checkpoint: ServerCheckpoint,
-                   round_idx: int, row: dict[str, Any], result: RoundResult, round_start: float,
-                   run_start: float) -> None:
+    def _end_round(
+        self,
+        algorithm: Algorithm,
+        run: RunState,
+        store: RoundStore,
+        checkpoint: ServerCheckpoint,
+        round_idx: int,
+        row: dict[str, Any],
+        result: RoundResult,
+        round_start: float,
+        run_start: float,
+    ) -> None:
         """This rank's end of a round: its totals and history, ``on_round_end``, the loggers; on the server, then,
         the round's files (only when all of that succeeded on it)."""
         fabric = self.fabric
@@ -589,15 +707,17 @@ class Simulation:
         run.pending = kept
         return arrived
 
-    def _serve(self, algorithm: Algorithm, run: RunState, store: RoundStore, round_idx: int, plan: RoundPlan,
-               result: RoundResult) -> tuple[dict, dict[str, Any], RoundResult]:
+    def _serve(
+        self, algorithm: Algorithm, run: RunState, store: RoundStore, round_idx: int, plan: RoundPlan, result: RoundResult
+    ) -> tuple[dict, dict[str, Any], RoundResult]:
         """The server's aggregate (reading the uploads back in client order) and evaluation: the new state, the
         round's metrics row and the round's client records (the small numbers, for every rank's history)."""
         state = self._aggregate(algorithm, run, store, round_idx, plan, result)
         return state, {"round": round_idx, **algorithm.evaluate(state)}, result
 
-    def _aggregate(self, algorithm: Algorithm, run: RunState, store: RoundStore, round_idx: int, plan: RoundPlan,
-                   result: RoundResult) -> dict:
+    def _aggregate(
+        self, algorithm: Algorithm, run: RunState, store: RoundStore, round_idx: int, plan: RoundPlan, result: RoundResult
+    ) -> dict:
         """The method's aggregate of the round's uploads, through the run's privacy and then its server optimizer:
         the one path of every rank count and every serve (DP-FedAvg's clipping, fixed denominator and noise; central
         DP's noise on the sum; the checks that no uncovered tensor and no client's count reaches the aggregate:
@@ -611,8 +731,12 @@ class Simulation:
         if dp is None:
             state = algorithm.aggregate(round_idx, run.state, uploads, result.failures, plan)
         else:
-            state = dp.noised_state(algorithm.aggregate(round_idx, run.state, dp.server_uploads(
-                uploads, run.state, round_idx), result.failures, plan), round_idx)
+            state = dp.noised_state(
+                algorithm.aggregate(
+                    round_idx, run.state, dp.server_uploads(uploads, run.state, round_idx), result.failures, plan
+                ),
+                round_idx,
+            )
         if not self._aggregator.is_mean:  # federation.aggregator: a robust rule over the clients' weights instead
             state = {**state, **self._aggregator.aggregate(state, store.uploads(result.succeeded))}
         if self._server_optimizer.is_mean:
@@ -621,8 +745,16 @@ class Simulation:
         state, run.server_optimizer = self._server_optimizer.step(run.state, state, run.server_optimizer, round_idx)
         return state
 
-    def _shared_serve(self, algorithm: Algorithm, env: Environment, run: RunState, store: RoundStore, round_idx: int,
-                      plan: RoundPlan, result: RoundResult) -> tuple[dict, dict[str, Any], RoundResult]:
+    def _shared_serve(
+        self,
+        algorithm: Algorithm,
+        env: Environment,
+        run: RunState,
+        store: RoundStore,
+        round_idx: int,
+        plan: RoundPlan,
+        result: RoundResult,
+    ) -> tuple[dict, dict[str, Any], RoundResult]:
         """:meth:`_serve` with its aggregate and/or evaluation run on every rank together (``env.shared``).
 
         A shared aggregate: rank 0 first writes the records it holds (every rank then reads the uploads from the
@@ -631,28 +763,48 @@ class Simulation:
         outcomes."""
         fabric, timeout_s = self.fabric, self.cfg.federation.collective_timeout_s
         if algorithm.shared_aggregate(round_idx):
+
             def records() -> RoundResult:
                 store.write_held()
                 return result  # every rank's records (the other ranks hold their own only)
 
             result = self._from_server(records, f"round {round_idx}'s records")
-            state = everyone(fabric, partial(self._shared_aggregate, algorithm, env, run, store, round_idx, plan,
-                                             result), what=f"round {round_idx}'s aggregate", timeout_s=timeout_s)
+            state = everyone(
+                fabric,
+                partial(self._shared_aggregate, algorithm, env, run, store, round_idx, plan, result),
+                what=f"round {round_idx}'s aggregate",
+                timeout_s=timeout_s,
+            )
             state = self._state_from_server(lambda: (state,), run.state, f"round {round_idx}'s state")[0]
             if not algorithm.shared_evaluation:
-                row = self._from_server(lambda: {"round": round_idx, **algorithm.evaluate(state)},
-                                        f"round {round_idx}'s evaluation")
+                row = self._from_server(
+                    lambda: {"round": round_idx, **algorithm.evaluate(state)}, f"round {round_idx}'s evaluation"
+                )
                 return state, row, result
         else:  # (named as the one-broadcast phase: rank 1 waits here for the aggregate, then evaluates)
             state, result = self._state_from_server(
-                lambda: (self._aggregate(algorithm, run, store, round_idx, plan, result), result), run.state,
-                f"round {round_idx}'s aggregate and evaluation")
-        row = everyone(fabric, partial(self._shared_evaluation, algorithm, env, state, round_idx),
-                       what=f"round {round_idx}'s evaluation", timeout_s=timeout_s)
+                lambda: (self._aggregate(algorithm, run, store, round_idx, plan, result), result),
+                run.state,
+                f"round {round_idx}'s aggregate and evaluation",
+            )
+        row = everyone(
+            fabric,
+            partial(self._shared_evaluation, algorithm, env, state, round_idx),
+            what=f"round {round_idx}'s evaluation",
+            timeout_s=timeout_s,
+        )
         return state, row, result
 
-    def _shared_aggregate(self, algorithm: Algorithm, env: Environment, run: RunState, store: RoundStore,
-                          round_idx: int, plan: RoundPlan, result: RoundResult) -> dict:
+    def _shared_aggregate(
+        self,
+        algorithm: Algorithm,
+        env: Environment,
+        run: RunState,
+        store: RoundStore,
+        round_idx: int,
+        plan: RoundPlan,
+        result: RoundResult,
+    ) -> dict:
         """This rank's part of a shared aggregate (the uploads from the round's files; ``env.shared`` set); rank 0's
         state, privacy included, is the one every rank keeps."""
         env.shared = True
@@ -690,8 +842,15 @@ class Simulation:
             write_partition_figure(counts, env.splits.classes, self.run_dir)
 
     # ------------------------------------------------------------------------------------ phases
-    def _plan(self, algorithm: Algorithm, store: RoundStore, round_idx: int, clients: list[int], run: RunState,
-              start_round: Callable[[], None]) -> tuple[RoundPlan, Exception | None]:
+    def _plan(
+        self,
+        algorithm: Algorithm,
+        store: RoundStore,
+        round_idx: int,
+        clients: list[int],
+        run: RunState,
+        start_round: Callable[[], None],
+    ) -> tuple[RoundPlan, Exception | None]:
         """``start_round()`` (the ``on_round_start`` callbacks) on every rank, then the server's plan on every rank.
         On the server ``start_round()`` runs in the plan's step, so its failure is the plan phase's outcome (every
         rank stops); another rank's failure there is held and returned, to be raised in its client phase (it
@@ -713,8 +872,16 @@ class Simulation:
 
         return self._from_server(decide, f"round {round_idx}'s plan"), held
 
-    def _client_phase(self, algorithm: Algorithm, env: Environment, store: RoundStore, round_idx: int,
-                      my_clients: list[int], plan: RoundPlan, held: Exception | None = None) -> RoundResult:
+    def _client_phase(
+        self,
+        algorithm: Algorithm,
+        env: Environment,
+        store: RoundStore,
+        round_idx: int,
+        my_clients: list[int],
+        plan: RoundPlan,
+        held: Exception | None = None,
+    ) -> RoundResult:
         """Run this rank's clients of the round, gather every rank's records (their numbers) to rank 0 and
         let it decide whether the round goes on. A rank that fails in its part (a record it cannot save, a
         callback; ``held``: its ``on_round_start`` failure) reaches rank 0 as an outcome in the same gather
@@ -730,9 +897,13 @@ class Simulation:
             mine = self._run_clients(algorithm, env, store, round_idx, my_clients, plan)
             return mine, (store.held_records() if rank != 0 else {})
 
-        parts = to_server(self.fabric, part, what=f"round {round_idx}'s clients",
-                          timeout_s=self.cfg.federation.collective_timeout_s,
-                          check=lambda parts: self._check_failures(round_idx, _merged([p[0] for p in parts])))
+        parts = to_server(
+            self.fabric,
+            part,
+            what=f"round {round_idx}'s clients",
+            timeout_s=self.cfg.federation.collective_timeout_s,
+            check=lambda parts: self._check_failures(round_idx, _merged([p[0] for p in parts])),
+        )
         if rank == 0:
             for _, handed in parts[1:]:  # other ranks' held uploads, now the server's
                 store.receive(handed)
@@ -740,8 +911,9 @@ class Simulation:
             store.forget_held()
         return _merged([p[0] for p in parts])
 
-    def _run_clients(self, algorithm: Algorithm, env: Environment, store: RoundStore, round_idx: int,
-                     my_clients: list[int], plan: RoundPlan) -> RoundResult:
+    def _run_clients(
+        self, algorithm: Algorithm, env: Environment, store: RoundStore, round_idx: int, my_clients: list[int], plan: RoundPlan
+    ) -> RoundResult:
         """This rank's clients of the round (those without a record yet), each recorded."""
         mine = RoundResult()
         for client_idx in my_clients:
@@ -751,12 +923,18 @@ class Simulation:
             record, upload = self._run_client(algorithm, env, round_idx, client_idx, plan)
             store.save_client(client_idx, record, upload)
             mine.records[client_idx] = record
-            self.fabric.call("on_client_end", round_idx=round_idx, client=client_idx, compute_s=record.compute_s,
-                             failed=record.failure is not None)
+            self.fabric.call(
+                "on_client_end",
+                round_idx=round_idx,
+                client=client_idx,
+                compute_s=record.compute_s,
+                failed=record.failure is not None,
+            )
         return mine
 
-    def _run_client(self, algorithm: Algorithm, env: Environment, round_idx: int, client_idx: int,
-                    plan: RoundPlan) -> tuple[ClientRecord, Upload | None]:
+    def _run_client(
+        self, algorithm: Algorithm, env: Environment, round_idx: int, client_idx: int, plan: RoundPlan
+    ) -> tuple[ClientRecord, Upload | None]:
         fabric, cfg = self.fabric, self.cfg
         download = plan.downloads[client_idx]
         fabric.call("on_client_start", round_idx=round_idx, client=client_idx)
@@ -784,9 +962,14 @@ class Simulation:
         except Exception as err:  # noqa: BLE001 — recorded; the on_client_error policy decides after the gather
             upload, failure, user_error = None, f"{type(err).__name__}: {err}", isinstance(err, UsageError)
             trace = "".join(traceback.format_exception(err))  # the cause, for --debug (the object stays here)
-        record = ClientRecord(compute_s=time.monotonic() - start, bytes_down=download.num_bytes,
-                              bytes_up=upload.num_bytes if upload is not None else 0, failure=failure,
-                              user_error=user_error, traceback=trace)
+        record = ClientRecord(
+            compute_s=time.monotonic() - start,
+            bytes_down=download.num_bytes,
+            bytes_up=upload.num_bytes if upload is not None else 0,
+            failure=failure,
+            user_error=user_error,
+            traceback=trace,
+        )
         return record, upload
 
     def _check_failures(self, round_idx: int, result: RoundResult) -> None:
@@ -804,25 +987,42 @@ class Simulation:
         user = [c for c, r in sorted(records.items()) if r.user_error]
         if user:  # e.g. a corrupt image: the user's to fix, whatever the failure policy (its message names the file)
             c = user[0]
-            return ClientUsageError(f"client {c} in round {round_idx}: {records[c].failure} ({where})", c, round_idx,
-                                    records[c].traceback)
+            return ClientUsageError(
+                f"client {c} in round {round_idx}: {records[c].failure} ({where})", c, round_idx, records[c].traceback
+            )
         errors = {c: m for c, m in failures.items() if m not in NO_ERROR}  # a dropout or late straggler is no error
         if errors and f.on_client_error == "raise":
             c = min(errors)
-            return ClientFailure(f"client {c} failed in round {round_idx}: {failures[c]} ({where}; set "
-                                 f"federation.on_client_error: skip to aggregate the others)", c, round_idx,
-                                 records[c].traceback)
+            return ClientFailure(
+                f"client {c} failed in round {round_idx}: {failures[c]} ({where}; set "
+                f"federation.on_client_error: skip to aggregate the others)",
+                c,
+                round_idx,
+                records[c].traceback,
+            )
         ok = len(result.succeeded)
         if ok < f.min_clients:
             shown = "; ".join(f"client {c}: {m}" for c, m in list(failures.items())[:3])
             more = f" (and {len(failures) - 3} more)" if len(failures) > 3 else ""
-            return TooFewClients(f"round {round_idx}: {ok} of {len(records)} clients succeeded, fewer than "
-                                 f"federation.min_clients={f.min_clients}; {shown}{more} ({where})", round_idx, ok,
-                                 {c: records[c].traceback for c in failures if records[c].traceback})
+            return TooFewClients(
+                f"round {round_idx}: {ok} of {len(records)} clients succeeded, fewer than "
+                f"federation.min_clients={f.min_clients}; {shown}{more} ({where})",
+                round_idx,
+                ok,
+                {c: records[c].traceback for c in failures if records[c].traceback},
+            )
         return None
 
-    def _record_round(self, algorithm: Algorithm, run: RunState, round_idx: int, row: dict[str, Any],
-                      result: RoundResult, round_start: float, run_start: float) -> None:
+    def _record_round(
+        self,
+        algorithm: Algorithm,
+        run: RunState,
+        round_idx: int,
+        row: dict[str, Any],
+        result: RoundResult,
+        round_start: float,
+        run_start: float,
+    ) -> None:
         """Totals, history and the metrics row of a finished round (identical on every rank: ``result`` holds
         every rank's client records)."""
         bytes_up, bytes_down = result.bytes_up, sum(result.bytes_down.values())
@@ -833,28 +1033,45 @@ class Simulation:
         run.history.round_s.append(time.monotonic() - round_start)
         run.wall_time_s = time.monotonic() - run_start
         run.completed_rounds = round_idx + 1
-        row.update({"clients": len(result.records), "failed": len(result.failures), "bytes_up_round": bytes_up,
-                    "bytes_down_round": bytes_down, "bytes_up": run.bytes_up, "bytes_down": run.bytes_down,
-                    "round_time_s": run.history.round_s[-1],
-                    "client_compute_s_max": max(result.compute_s.values(), default=0.0),
-                    **algorithm.round_extras(round_idx, run.state),
-                    **(self._privacy.row(round_idx) if self._privacy is not None else {}),
-                    **(self._attack.row(sorted(result.records)) if self._attack is not None else {}),
-                    **(self._behaviour.row(round_idx, sorted(result.records), result.failures)
-                       if self._behaviour is not None else {})})
+        row.update(
+            {
+                "clients": len(result.records),
+                "failed": len(result.failures),
+                "bytes_up_round": bytes_up,
+                "bytes_down_round": bytes_down,
+                "bytes_up": run.bytes_up,
+                "bytes_down": run.bytes_down,
+                "round_time_s": run.history.round_s[-1],
+                "client_compute_s_max": max(result.compute_s.values(), default=0.0),
+                **algorithm.round_extras(round_idx, run.state),
+                **(self._privacy.row(round_idx) if self._privacy is not None else {}),
+                **(self._attack.row(sorted(result.records)) if self._attack is not None else {}),
+                **(
+                    self._behaviour.row(round_idx, sorted(result.records), result.failures) if self._behaviour is not None else {}
+                ),
+            }
+        )
         run.per_class_accuracy = row.pop("per_class_accuracy", None)
         run.rows.append(row)
 
     def _summary(self, algorithm: Algorithm, run: RunState) -> dict[str, Any]:
         cfg, last = self.cfg, run.rows[-1] if run.rows else {}
         summary = {
-            "algorithm": cfg.algorithm, "dataset": cfg.data.name, "num_clients": cfg.partition.num_clients,
-            "alpha": cfg.partition.alpha, "seed": cfg.seed, "rounds": len(run.rows),
-            "accuracy": last.get("accuracy"), "loss": last.get("loss"),
-            "bytes_up": run.bytes_up, "bytes_down": run.bytes_down,
+            "algorithm": cfg.algorithm,
+            "dataset": cfg.data.name,
+            "num_clients": cfg.partition.num_clients,
+            "alpha": cfg.partition.alpha,
+            "seed": cfg.seed,
+            "rounds": len(run.rows),
+            "accuracy": last.get("accuracy"),
+            "loss": last.get("loss"),
+            "bytes_up": run.bytes_up,
+            "bytes_down": run.bytes_down,
             "bytes_up_per_client": run.bytes_up / max(cfg.partition.num_clients, 1),
-            "wall_time_s": run.wall_time_s, "world_size": self.fabric.world_size,
-            "failed_clients": run.failed_clients, "per_class_accuracy": run.per_class_accuracy,
+            "wall_time_s": run.wall_time_s,
+            "world_size": self.fabric.world_size,
+            "failed_clients": run.failed_clients,
+            "per_class_accuracy": run.per_class_accuracy,
             # partition.client_test_fraction: the last federated evaluation on the clients' own test rows
             **{k: v for k, v in last.items() if k.startswith("fed_test_")},
             **algorithm.summary_extras(run.state),
@@ -879,8 +1096,7 @@ class _StateChanges:
         self.keys, self.tensors = keys, tensors
 
     def to(self, device: Any) -> _StateChanges:  # collectives.to_cpu moves what crosses the wire
-        return _StateChanges(self.keys, {k: v.to(device) if isinstance(v, torch.Tensor) else v
-                                         for k, v in self.tensors.items()})
+        return _StateChanges(self.keys, {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.tensors.items()})
 
     def apply(self, previous: dict) -> dict:
         """The state on a rank holding ``previous`` (rank 0's last broadcast state)."""
@@ -924,4 +1140,3 @@ def _drawn_twin(run_dir: Path) -> Path | None:
             except OSError:  # a sibling being written or removed: draw our own
                 continue
     return None
-

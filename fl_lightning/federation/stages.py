@@ -85,8 +85,9 @@ class Stage(ABC):
         return None
 
     @abstractmethod
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
+    def aggregate(
+        self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
+    ) -> State:
         """Server step of a round of this stage (see :meth:`Algorithm.aggregate`)."""
 
     def summary_extras(self, state: State) -> dict[str, Any]:
@@ -112,8 +113,9 @@ class StagedAlgorithm(Algorithm):
         first = 0
         for stage_class in self.stages_for(self.config):
             if not isinstance(self.config, stage_class.config_class):
-                raise TypeError(f"{type(self).__name__}.config_class must extend {stage_class.__name__}'s "
-                                f"{stage_class.config_class.__name__}")
+                raise TypeError(
+                    f"{type(self).__name__}.config_class must extend {stage_class.__name__}'s {stage_class.config_class.__name__}"
+                )
             self.parts.append(self.make_stage(stage_class, first))
             first += self.parts[-1].rounds()
 
@@ -127,13 +129,17 @@ class StagedAlgorithm(Algorithm):
         from fl_lightning.errors import MissingResourceError
 
         download = cfg.model.download  # one switch for every weight named by hub id (models/hub.py)
-        missing = [m for stage in cls.stages_for(cfg.method)
-                   for m in stage.missing_resources(cfg.method, cls.name, download=download)]
+        missing = [
+            m for stage in cls.stages_for(cfg.method) for m in stage.missing_resources(cfg.method, cls.name, download=download)
+        ]
         missing += cls.missing_resources(cfg.method, cls.name, download=download)
         if missing:
-            raise MissingResourceError(f"{cls.__name__} needs weights that are not on disk: "
-                                       + "; ".join(dict.fromkeys(missing)) + " — copy them there or change the paths "
-                                       "(a hub id is read from the Hugging Face cache; model.download: true fetches)")
+            raise MissingResourceError(
+                f"{cls.__name__} needs weights that are not on disk: "
+                + "; ".join(dict.fromkeys(missing))
+                + " — copy them there or change the paths "
+                "(a hub id is read from the Hugging Face cache; model.download: true fetches)"
+            )
 
     @classmethod
     def missing_resources(cls, config: Any, section: str, *, download: bool = False) -> list[str]:
@@ -171,8 +177,9 @@ class StagedAlgorithm(Algorithm):
     def expected_shapes(self, round_idx: int, download: Download) -> dict[str, tuple[int, ...]] | None:
         return self.stage_of(round_idx).expected_shapes(round_idx, download)
 
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
+    def aggregate(
+        self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
+    ) -> State:
         return self.stage_of(round_idx).aggregate(round_idx, state, uploads, failures, plan)
 
     def shared_aggregate(self, round_idx: int) -> bool:

@@ -107,8 +107,12 @@ def check_stale_updates(cfg: RunConfig, algorithm: type) -> None:
 
     gap = averaging_gap(cfg, algorithm)
     if gap is not None:
-        raise UsageError(f"usage error: federation.clients.late=stale needs a method whose state is the mean of its "
-                         f"clients' weights (fedavg, fedprox, fedavg_cnn, fedavg_prompts); {cfg.algorithm} is not: {gap}")
+        raise UsageError(
+            f"usage error: federation.clients.late=stale needs a method whose state is the mean of its "
+            f"clients' weights (fedavg, fedprox, fedavg_cnn, fedavg_prompts); {cfg.algorithm} is not: {gap}"
+        )
     if getattr(cfg.method, "weighted", True) is False:
-        raise UsageError(f"usage error: federation.clients.late=stale weighs a late update by its sample count; "
-                         f"{cfg.algorithm}.weighted is false (an unweighted mean): set it true or use late: drop")
+        raise UsageError(
+            f"usage error: federation.clients.late=stale weighs a late update by its sample count; "
+            f"{cfg.algorithm}.weighted is false (an unweighted mean): set it true or use late: drop"
+        )

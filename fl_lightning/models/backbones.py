@@ -114,13 +114,21 @@ def build_backbone(
         cache_dir = os.path.expanduser(cache_dir)
     if checkpoint is not None:  # a file, a folder holding one, or a hub id (its cached snapshot: models/hub.py)
         checkpoint = resolve_weights_file(checkpoint, download=download, cache_dir=cache_dir)
-    return adapter.build(name=name, pretrained=pretrained, checkpoint=checkpoint, feature=feature,
-                         image_size=image_size, overrides=dict(overrides or {}), cache_dir=cache_dir,
-                         download=download)
+    return adapter.build(
+        name=name,
+        pretrained=pretrained,
+        checkpoint=checkpoint,
+        feature=feature,
+        image_size=image_size,
+        overrides=dict(overrides or {}),
+        cache_dir=cache_dir,
+        download=download,
+    )
 
 
-def build_feature_backbone(*, library: str, name: str, image_size: int | None = None, overrides: dict | None = None,
-                           **kwargs: Any) -> ViTBackbone | CNNBackbone:
+def build_feature_backbone(
+    *, library: str, name: str, image_size: int | None = None, overrides: dict | None = None, **kwargs: Any
+) -> ViTBackbone | CNNBackbone:
     """The frozen-feature backbone of the statistical methods (AFL, FedCGS, FedPFT, FedAvg of a head):
     :func:`build_backbone`'s ViT, or for a timm model without a ViT layout (``resnet18``, ``resnet50``,
     ``convnext_tiny``…) a :class:`~fl_lightning.models.cnn_backbone.CNNBackbone` of its pooled
@@ -139,16 +147,24 @@ def build_feature_backbone(*, library: str, name: str, image_size: int | None = 
             if kwargs.get(key) is not None:
                 kwargs[key] = os.path.expanduser(kwargs[key])
         if kwargs.get("checkpoint") is not None:
-            kwargs["checkpoint"] = resolve_weights_file(kwargs["checkpoint"], download=bool(kwargs.get("download")),
-                                                        cache_dir=kwargs.get("cache_dir"))
-        return CNNBackbone.build(name=name, image_size=image_size, overrides=dict(overrides or {}),
-                                 pretrained=kwargs.get("pretrained"), checkpoint=kwargs.get("checkpoint"),
-                                 cache_dir=kwargs.get("cache_dir"), download=bool(kwargs.get("download", False)))
+            kwargs["checkpoint"] = resolve_weights_file(
+                kwargs["checkpoint"], download=bool(kwargs.get("download")), cache_dir=kwargs.get("cache_dir")
+            )
+        return CNNBackbone.build(
+            name=name,
+            image_size=image_size,
+            overrides=dict(overrides or {}),
+            pretrained=kwargs.get("pretrained"),
+            checkpoint=kwargs.get("checkpoint"),
+            cache_dir=kwargs.get("cache_dir"),
+            download=bool(kwargs.get("download", False)),
+        )
     return build_backbone(library=library, name=name, image_size=image_size, overrides=overrides, **kwargs)
 
 
-def build_tiny_backbone(library: str, *, image_size: int = 32, seed: int = 0, depth: int = 2,
-                        width: int = 64, overrides: dict | None = None) -> ViTBackbone:
+def build_tiny_backbone(
+    library: str, *, image_size: int = 32, seed: int = 0, depth: int = 2, width: int = 64, overrides: dict | None = None
+) -> ViTBackbone:
     """A tiny random ViT (~0.1 M parameters) for tests; the same ``seed`` gives the same weights.
 
     ``overrides`` are merged on top of the tiny config (e.g. ``{'reg_tokens': 2}`` for timm).

@@ -54,8 +54,14 @@ class CNNBackbone(FrozenTrunk):
 
     library: ClassVar[str] = "timm"
 
-    def __init__(self, *, model: nn.Module, mean: tuple[float, ...] = IMAGENET_MEAN,
-                 std: tuple[float, ...] = IMAGENET_STD, image_size: int = _DEFAULT_IMAGE_SIZE) -> None:
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        mean: tuple[float, ...] = IMAGENET_MEAN,
+        std: tuple[float, ...] = IMAGENET_STD,
+        image_size: int = _DEFAULT_IMAGE_SIZE,
+    ) -> None:
         super().__init__()
         if not (hasattr(model, "forward_features") and hasattr(model, "forward_head")):
             raise TypeError(f"{type(model).__name__} has no forward_features/forward_head (not a timm model)")
@@ -68,20 +74,40 @@ class CNNBackbone(FrozenTrunk):
         self._frozen = False
 
     @classmethod
-    def build(cls, *, name: str, pretrained: str | None, checkpoint: str | None, image_size: int | None,
-              overrides: dict, cache_dir: str | None, download: bool) -> CNNBackbone:
+    def build(
+        cls,
+        *,
+        name: str,
+        pretrained: str | None,
+        checkpoint: str | None,
+        image_size: int | None,
+        overrides: dict,
+        cache_dir: str | None,
+        download: bool,
+    ) -> CNNBackbone:
         """timm's ``name`` with ``num_classes=0`` and its weights (see the module docstring)."""
         from fl_lightning.models.timm_backbone import build_timm_model
 
-        model = build_timm_model(name=name, pretrained=pretrained, checkpoint=checkpoint, image_size=None,
-                                 overrides=overrides, cache_dir=cache_dir, download=download, vit=False)
+        model = build_timm_model(
+            name=name,
+            pretrained=pretrained,
+            checkpoint=checkpoint,
+            image_size=None,
+            overrides=overrides,
+            cache_dir=cache_dir,
+            download=download,
+            vit=False,
+        )
         cfg: dict[str, Any] = dict(getattr(model, "pretrained_cfg", None) or {})
         input_size = cfg.get("input_size") or (3, _DEFAULT_IMAGE_SIZE, _DEFAULT_IMAGE_SIZE)
-        return cls(model=model, mean=tuple(cfg.get("mean", IMAGENET_MEAN)), std=tuple(cfg.get("std", IMAGENET_STD)),
-                   image_size=int(image_size or input_size[-1]))
+        return cls(
+            model=model,
+            mean=tuple(cfg.get("mean", IMAGENET_MEAN)),
+            std=tuple(cfg.get("std", IMAGENET_STD)),
+            image_size=int(image_size or input_size[-1]),
+        )
 
     def forward(self, images: Tensor) -> Tensor:
         """h: (B, 3, H, W) → (B, feature_dim), the pooled last stage before the classifier."""
         m = self.model
         return m.forward_head(m.forward_features(images), pre_logits=True)
-

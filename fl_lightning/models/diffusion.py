@@ -116,8 +116,9 @@ def _require_folder(path: Path) -> None:
         )
 
 
-def load_diffusion(path: str | Path, *, dtype: torch.dtype = torch.float32, download: bool = False,
-                   key: str = "fedisyn.diffusion_path") -> DiffusionComponents:
+def load_diffusion(
+    path: str | Path, *, dtype: torch.dtype = torch.float32, download: bool = False, key: str = "fedisyn.diffusion_path"
+) -> DiffusionComponents:
     """Load a diffusers Stable Diffusion folder: a local path, or a hub id's snapshot in the HF cache.
 
     Args:
@@ -138,8 +139,9 @@ def load_diffusion(path: str | Path, *, dtype: torch.dtype = torch.float32, down
     from fl_lightning.models.hub import looks_like_hub_id, resolve_local_or_hub
 
     if not Path(path).expanduser().exists() and looks_like_hub_id(str(path)):
-        path = resolve_local_or_hub(str(path), download=download, key=key, download_key="model.download",
-                                    what="a diffusers Stable Diffusion folder")
+        path = resolve_local_or_hub(
+            str(path), download=download, key=key, download_key="model.download", what="a diffusers Stable Diffusion folder"
+        )
     path = Path(path).expanduser()
     _require_folder(path)
     from diffusers import AutoencoderKL, PNDMScheduler, UNet2DConditionModel
@@ -154,9 +156,7 @@ def load_diffusion(path: str | Path, *, dtype: torch.dtype = torch.float32, down
         scheduler = PNDMScheduler.from_pretrained(path, subfolder="scheduler", local_files_only=True)
     except OSError as err:  # diffusers/transformers raise OSError for absent configs or weights
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise MissingResourceError(
-            f"could not load Stable Diffusion from {path} ({first}); {_DOWNLOAD_HINT}"
-        ) from err
+        raise MissingResourceError(f"could not load Stable Diffusion from {path} ({first}); {_DOWNLOAD_HINT}") from err
     for module in (vae, unet, text_encoder):
         module.eval().requires_grad_(False)
     return DiffusionComponents(vae=vae, unet=unet, text_encoder=text_encoder, tokenizer=tokenizer, scheduler=scheduler)

@@ -20,12 +20,28 @@ from pathlib import Path
 
 from fl_lightning.errors import MissingResourceError
 
-__all__ = ["WEIGHT_FILES", "hub_cache_dir", "hub_snapshot", "resolve_local_or_hub", "resolve_weights_file",
-           "looks_like_hub_id", "fetch_command", "hub_cached", "missing_weights_phrase", "split_revision"]
+__all__ = [
+    "WEIGHT_FILES",
+    "hub_cache_dir",
+    "hub_snapshot",
+    "resolve_local_or_hub",
+    "resolve_weights_file",
+    "looks_like_hub_id",
+    "fetch_command",
+    "hub_cached",
+    "missing_weights_phrase",
+    "split_revision",
+]
 
 #: The weights file a folder (or a hub snapshot) is read from, best first: timm's, open_clip's, transformers'.
-WEIGHT_FILES = ("model.safetensors", "open_clip_model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin",
-                "model.pth", "model.pt")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "open_clip_model.safetensors",
+    "pytorch_model.bin",
+    "open_clip_pytorch_model.bin",
+    "model.pth",
+    "model.pt",
+)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt")
 
 
@@ -54,8 +70,12 @@ def looks_like_hub_id(value: str) -> bool:
     what the hub could hold."""
     value = split_revision(value)[0]
     parts = value.split("/")
-    return (not value.startswith((".", "/", "~")) and 1 <= len(parts) <= 2 and all(parts)
-            and not any(p.endswith((".parquet", ".arrow", ".pt", ".pth", ".bin", ".safetensors")) for p in parts))
+    return (
+        not value.startswith((".", "/", "~"))
+        and 1 <= len(parts) <= 2
+        and all(parts)
+        and not any(p.endswith((".parquet", ".arrow", ".pt", ".pth", ".bin", ".safetensors")) for p in parts)
+    )
 
 
 def fetch_command(repo_id: str, repo_type: str = "model", revision: str | None = None) -> str:
@@ -72,13 +92,23 @@ def _with_revision(repo_id: str, revision: str | None, key: str) -> tuple[str, s
     if given and revision and given != revision:
         from fl_lightning.errors import UsageError  # a pure layer raises the one line as a usage error
 
-        raise UsageError(f"config error: {key}={repo_id!r} is not allowed; expected one revision: '@{given}' in the id "
-                         f"or the revision key {revision!r}, not both")
+        raise UsageError(
+            f"config error: {key}={repo_id!r} is not allowed; expected one revision: '@{given}' in the id "
+            f"or the revision key {revision!r}, not both"
+        )
     return bare, revision or given
 
 
-def hub_snapshot(repo_id: str, *, repo_type: str = "model", download: bool, key: str, download_key: str,
-                 cache_dir: str | None = None, revision: str | None = None) -> str:
+def hub_snapshot(
+    repo_id: str,
+    *,
+    repo_type: str = "model",
+    download: bool,
+    key: str,
+    download_key: str,
+    cache_dir: str | None = None,
+    revision: str | None = None,
+) -> str:
     """The local snapshot folder of ``repo_id`` in the hub cache (fetched first only when ``download``).
 
     Args:
@@ -103,26 +133,32 @@ def hub_snapshot(repo_id: str, *, repo_type: str = "model", download: bool, key:
     at = f" at revision {revision!r}" if revision else ""
     fetch = fetch_command(repo_id, repo_type, revision)
     try:
-        return snapshot_download(repo_id, repo_type=repo_type, cache_dir=cache, local_files_only=not download,
-                                 revision=revision)
+        return snapshot_download(repo_id, repo_type=repo_type, cache_dir=cache, local_files_only=not download, revision=revision)
     except LocalEntryNotFoundError:
         if download:  # asked to fetch, yet the library found nothing to fetch from
-            raise MissingResourceError(f"{key}={named!r}{at} could not be downloaded into {cache} (no connection to "
-                                       f"the hub?); on a machine with internet run "
-                                       f"`{fetch}` and copy {where} here") from None
-        raise MissingResourceError(f"{key}={named!r}{at} is not in the Hugging Face cache (looked in {where}; "
-                                   f"downloading is off): run `{fetch}` on a machine "
-                                   f"with internet (and copy the cache here), set {download_key}: true, or give a "
-                                   f"local path") from None
+            raise MissingResourceError(
+                f"{key}={named!r}{at} could not be downloaded into {cache} (no connection to "
+                f"the hub?); on a machine with internet run "
+                f"`{fetch}` and copy {where} here"
+            ) from None
+        raise MissingResourceError(
+            f"{key}={named!r}{at} is not in the Hugging Face cache (looked in {where}; "
+            f"downloading is off): run `{fetch}` on a machine "
+            f"with internet (and copy the cache here), set {download_key}: true, or give a "
+            f"local path"
+        ) from None
     except (HfHubHTTPError, OSError, ValueError) as err:  # unknown repo, gated, no network ...
         reason = " ".join(str(err).split())[:200] or type(err).__name__
-        raise MissingResourceError(f"{key}={named!r}{at} could not be fetched into {cache} ({reason}); run "
-                                   f"`{fetch}` on a machine with internet, or give a "
-                                   f"local path") from None
+        raise MissingResourceError(
+            f"{key}={named!r}{at} could not be fetched into {cache} ({reason}); run "
+            f"`{fetch}` on a machine with internet, or give a "
+            f"local path"
+        ) from None
 
 
-def resolve_local_or_hub(value: str, *, download: bool, key: str, download_key: str, what: str,
-                         repo_type: str = "model", cache_dir: str | None = None) -> Path:
+def resolve_local_or_hub(
+    value: str, *, download: bool, key: str, download_key: str, what: str, repo_type: str = "model", cache_dir: str | None = None
+) -> Path:
     """A local folder for ``value``: the path itself when it exists, else the hub id's cached snapshot.
 
     Args:
@@ -138,12 +174,19 @@ def resolve_local_or_hub(value: str, *, download: bool, key: str, download_key: 
         return local
     if not looks_like_hub_id(value):
         raise MissingResourceError(f"{key}={value!r} does not exist; give {what} or a hub id (org/name)")
-    return Path(hub_snapshot(value, repo_type=repo_type, download=download, key=key, download_key=download_key,
-                             cache_dir=cache_dir))
+    return Path(
+        hub_snapshot(value, repo_type=repo_type, download=download, key=key, download_key=download_key, cache_dir=cache_dir)
+    )
 
 
-def resolve_weights_file(value: str, *, download: bool, key: str = "model.checkpoint",
-                         download_key: str = "model.download", cache_dir: str | None = None) -> str:
+def resolve_weights_file(
+    value: str,
+    *,
+    download: bool,
+    key: str = "model.checkpoint",
+    download_key: str = "model.download",
+    cache_dir: str | None = None,
+) -> str:
     """The weights file that ``value`` names: a file as it is; a folder's (or a hub id's snapshot's) weights file.
 
     A folder gives the first of :data:`WEIGHT_FILES` in it, else its only ``.safetensors/.bin/.pth/.pt``
@@ -156,8 +199,14 @@ def resolve_weights_file(value: str, *, download: bool, key: str = "model.checkp
     local = Path(value).expanduser()
     if local.is_file() or (not local.exists() and not looks_like_hub_id(value)):
         return str(local)
-    folder = resolve_local_or_hub(value, download=download, key=key, download_key=download_key, cache_dir=cache_dir,
-                                  what="a weights file (.pt, .pth, .bin, .safetensors) or a folder holding one")
+    folder = resolve_local_or_hub(
+        value,
+        download=download,
+        key=key,
+        download_key=download_key,
+        cache_dir=cache_dir,
+        what="a weights file (.pt, .pth, .bin, .safetensors) or a folder holding one",
+    )
     for name in WEIGHT_FILES:
         if (folder / name).is_file():
             return str(folder / name)
@@ -165,8 +214,9 @@ def resolve_weights_file(value: str, *, download: bool, key: str = "model.checkp
     if len(found) == 1:
         return str(found[0])
     held = f"{len(found)} weights files" if found else "no weights file"
-    raise MissingResourceError(f"{key}={value!r}: the folder {folder} holds {held} (looked for "
-                               f"{', '.join(WEIGHT_FILES)}); name the file itself")
+    raise MissingResourceError(
+        f"{key}={value!r}: the folder {folder} holds {held} (looked for {', '.join(WEIGHT_FILES)}); name the file itself"
+    )
 
 
 def hub_cached(repo_id: str, *, repo_type: str = "model", cache_dir: str | None = None) -> bool:
@@ -177,8 +227,9 @@ def hub_cached(repo_id: str, *, repo_type: str = "model", cache_dir: str | None 
 
     repo_id, revision = split_revision(repo_id)
     try:
-        snapshot_download(repo_id, repo_type=repo_type, cache_dir=hub_cache_dir(cache_dir), local_files_only=True,
-                          revision=revision)
+        snapshot_download(
+            repo_id, repo_type=repo_type, cache_dir=hub_cache_dir(cache_dir), local_files_only=True, revision=revision
+        )
     except (LocalEntryNotFoundError, OSError, ValueError):
         return False
     return True
@@ -205,5 +256,7 @@ def missing_weights_phrase(value: str, *, key: str, what: str, download: bool, f
     if hub_cached(value):
         return None
     where = os.path.join(hub_cache_dir(), f"models--{split_revision(value)[0].replace('/', '--')}")
-    return (f"{key}={value} ({what}; not in the Hugging Face cache, looked in {where}: run `{fetch_command(value)}` "
-            f"on a machine with internet, or set model.download: true)")
+    return (
+        f"{key}={value} ({what}; not in the Hugging Face cache, looked in {where}: run `{fetch_command(value)}` "
+        f"on a machine with internet, or set model.download: true)"
+    )

@@ -118,8 +118,9 @@ def apply_lora(
 
     if layers is not None and len(layers) == 0:
         # peft treats an empty layers_to_transform as "all layers": refuse instead of surprising.
-        raise ValueError(f"layers={list(layers)!r} is not allowed; expected a non-empty list of block indices, "
-                         f"or None for all blocks")
+        raise ValueError(
+            f"layers={list(layers)!r} is not allowed; expected a non-empty list of block indices, or None for all blocks"
+        )
     config = LoraConfig(
         r=spec.rank,
         lora_alpha=spec.alpha,

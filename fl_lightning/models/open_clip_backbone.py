@@ -56,8 +56,7 @@ class OpenCLIPBackbone(ViTBackbone):
     @staticmethod
     def _check_model(model: nn.Module) -> None:
         if not hasattr(model, "conv1") or not hasattr(model, "transformer"):
-            raise BackboneArgumentError("name", type(model).__name__,
-                                        "an open_clip ViT (VisionTransformer visual tower)")
+            raise BackboneArgumentError("name", type(model).__name__, "an open_clip ViT (VisionTransformer visual tower)")
         if getattr(model, "attn_pool", None) is not None:
             raise BackboneArgumentError("name", type(model).__name__, "an open_clip ViT without attentional pooling")
 
@@ -136,9 +135,15 @@ def _cached_tag_weights(name: str, tag: str, cfg: dict, cache_dir: str | None) -
             candidates.insert(0, "open_clip_model.safetensors")
         elif filename.endswith((".bin", ".pth")):
             candidates.insert(0, filename[:-4] + ".safetensors")
-    return find_cached_weights(what=f"open_clip weights {name} pretrained={tag!r}", file=cfg.get("file") or None,
-                               hf_hub_id=repo_id or None, hf_filenames=candidates, url=cfg.get("url") or None,
-                               url_dir=cache_dir or os.path.expanduser("~/.cache/clip"), cache_dir=cache_dir)
+    return find_cached_weights(
+        what=f"open_clip weights {name} pretrained={tag!r}",
+        file=cfg.get("file") or None,
+        hf_hub_id=repo_id or None,
+        hf_filenames=candidates,
+        url=cfg.get("url") or None,
+        url_dir=cache_dir or os.path.expanduser("~/.cache/clip"),
+        cache_dir=cache_dir,
+    )
 
 
 def _load_weights_file(clip: nn.Module, path: str, *, label: str, name: str) -> None:
@@ -150,16 +155,21 @@ def _load_weights_file(clip: nn.Module, path: str, *, label: str, name: str) -> 
     try:
         result = open_clip.load_checkpoint(clip, path, strict=False, weights_only=True)
     except (RuntimeError, KeyError, ValueError) as err:
-        raise MissingResourceError(f"{label} {path} does not fit open_clip {name}: {describe_load_error(err)}; "
-                                   f"expected a full CLIP state dict of this model") from None
+        raise MissingResourceError(
+            f"{label} {path} does not fit open_clip {name}: {describe_load_error(err)}; "
+            f"expected a full CLIP state dict of this model"
+        ) from None
     if result.missing_keys or result.unexpected_keys:
-        raise MissingResourceError(key_mismatch_message(label=label, path=path, model=f"open_clip {name}",
-                                                        missing=result.missing_keys,
-                                                        unexpected=result.unexpected_keys))
+        raise MissingResourceError(
+            key_mismatch_message(
+                label=label, path=path, model=f"open_clip {name}", missing=result.missing_keys, unexpected=result.unexpected_keys
+            )
+        )
 
 
-def _resolve_name(name: str, pretrained: str | None, checkpoint: str | None, cache_dir: str | None,
-                  download: bool) -> tuple[str, str | None, dict]:
+def _resolve_name(
+    name: str, pretrained: str | None, checkpoint: str | None, cache_dir: str | None, download: bool
+) -> tuple[str, str | None, dict]:
     """The model's name as open_clip is to read it, its schema (``local-dir``, ``hf-hub`` or None for a registry
     name) and the pretrained tag's config ({} for none, or a weights file): a registry name and its tag checked
     against open_clip's lists; an ``hf-hub:`` name without downloading, its cached snapshot as a local folder."""
@@ -169,8 +179,9 @@ def _resolve_name(name: str, pretrained: str | None, checkpoint: str | None, cac
     tag_cfg: dict = {}
     if schema is None:
         if open_clip.get_model_config(name) is None:
-            raise BackboneArgumentError("name", name, "an open_clip model name (see open_clip.list_models()), "
-                                        "'local-dir:/path' or 'hf-hub:org/repo'")
+            raise BackboneArgumentError(
+                "name", name, "an open_clip model name (see open_clip.list_models()), 'local-dir:/path' or 'hf-hub:org/repo'"
+            )
         if pretrained:
             tag_cfg = open_clip.get_pretrained_cfg(name, pretrained) or {}
             if not tag_cfg and checkpoint is None and not os.path.isfile(pretrained):
@@ -181,38 +192,62 @@ def _resolve_name(name: str, pretrained: str | None, checkpoint: str | None, cac
         repo_id = name.split(":", 1)[1]
         found = hf_cached_file(repo_id, ["open_clip_config.json"], cache_dir)
         if found is None:
-            raise MissingResourceError(f"open_clip model {name} is not in the local cache "
-                                       f"({hf_cache_dir(cache_dir)}; downloading is off); {NO_WEIGHTS_HINT}")
+            raise MissingResourceError(
+                f"open_clip model {name} is not in the local cache "
+                f"({hf_cache_dir(cache_dir)}; downloading is off); {NO_WEIGHTS_HINT}"
+            )
         name = "local-dir:" + os.path.dirname(found)
     return name, schema, tag_cfg
 
 
-def _weights_source(name: str, pretrained: str | None, checkpoint: str | None, *, schema: str | None, tag_cfg: dict,
-                    cache_dir: str | None, download: bool) -> tuple[str | None, str, str | None]:
+def _weights_source(
+    name: str,
+    pretrained: str | None,
+    checkpoint: str | None,
+    *,
+    schema: str | None,
+    tag_cfg: dict,
+    cache_dir: str | None,
+    download: bool,
+) -> tuple[str | None, str, str | None]:
     """Where the weights come from: a local file we check and load ourselves (its path and the label its errors
     name), or open_clip's own resolution (a local-dir/hf-hub folder, or a tag to download): (file, label, tag)."""
     if checkpoint is not None:
         if not os.path.isfile(checkpoint):
-            raise MissingResourceError(f"model.checkpoint={checkpoint!r} is not a file; give the path of a "
-                                       f"local open_clip weights file (.pt, .bin or .safetensors)")
+            raise MissingResourceError(
+                f"model.checkpoint={checkpoint!r} is not a file; give the path of a "
+                f"local open_clip weights file (.pt, .bin or .safetensors)"
+            )
         return checkpoint, "model.checkpoint", None
     if pretrained and not tag_cfg and schema is None:
         return pretrained, "model.pretrained", None  # a file path (checked by _resolve_name)
     if pretrained and tag_cfg and not download:
-        return (_cached_tag_weights(name, pretrained, tag_cfg, cache_dir),
-                f"cached open_clip weights {name} pretrained={pretrained!r}:", None)
+        return (
+            _cached_tag_weights(name, pretrained, tag_cfg, cache_dir),
+            f"cached open_clip weights {name} pretrained={pretrained!r}:",
+            None,
+        )
     # a tag to download into cache_dir, or a folder's own weights (None: random initialisation)
     return None, "model.checkpoint", pretrained or None
 
 
-def _build_visual(*, name: str, pretrained: str | None, checkpoint: str | None, image_size: int | None,
-                  overrides: dict, cache_dir: str | None, download: bool) -> nn.Module:
+def _build_visual(
+    *,
+    name: str,
+    pretrained: str | None,
+    checkpoint: str | None,
+    image_size: int | None,
+    overrides: dict,
+    cache_dir: str | None,
+    download: bool,
+) -> nn.Module:
     import open_clip
 
     kwargs: dict[str, Any] = dict(overrides)
     name, schema, tag_cfg = _resolve_name(name, pretrained, checkpoint, cache_dir, download)
-    local_file, label, library_weights = _weights_source(name, pretrained, checkpoint, schema=schema, tag_cfg=tag_cfg,
-                                                         cache_dir=cache_dir, download=download)
+    local_file, label, library_weights = _weights_source(
+        name, pretrained, checkpoint, schema=schema, tag_cfg=tag_cfg, cache_dir=cache_dir, download=download
+    )
     # Weights trained with QuickGELU (the 'openai' ViT-B/16) give wrong activations with plain GELU.
     if tag_cfg.get("quick_gelu", False):
         kwargs.setdefault("force_quick_gelu", True)
@@ -225,9 +260,11 @@ def _build_visual(*, name: str, pretrained: str | None, checkpoint: str | None, 
             clip = open_clip.create_model(name, pretrained=library_weights, cache_dir=cache_dir, **kwargs)
     except (OSError, RuntimeError) as err:
         if schema is not None or (download and tag_cfg and checkpoint is None):
-            raise MissingResourceError(f"open_clip could not load {name} pretrained={pretrained!r} "
-                                       f"(cache_dir={cache_dir!r}): {describe_load_error(err)}; "
-                                       f"{NO_WEIGHTS_HINT}") from err
+            raise MissingResourceError(
+                f"open_clip could not load {name} pretrained={pretrained!r} "
+                f"(cache_dir={cache_dir!r}): {describe_load_error(err)}; "
+                f"{NO_WEIGHTS_HINT}"
+            ) from err
         raise
     if local_file is not None:
         _load_weights_file(clip, local_file, label=label, name=name)
@@ -237,8 +274,9 @@ def _build_visual(*, name: str, pretrained: str | None, checkpoint: str | None, 
 # ------------------------------------------------------------------------------------------------
 # Tiny random model for tests and offline demos
 # ------------------------------------------------------------------------------------------------
-def tiny_clip_overrides(image_size: int = 32, *, patch_size: int = 8, width: int = 64, depth: int = 2,
-                        embed_dim: int = 32) -> dict:
+def tiny_clip_overrides(
+    image_size: int = 32, *, patch_size: int = 8, width: int = 64, depth: int = 2, embed_dim: int = 32
+) -> dict:
     """``open_clip.create_model('ViT-B-16', **overrides)`` kwargs for a tiny random CLIP.
 
     The keyword overrides replace whole sub-configs; the text tower is made tiny too because

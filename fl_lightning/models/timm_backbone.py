@@ -130,10 +130,15 @@ def _pretrained_cfg(name: str, full_name: str, tag: str) -> Any:
 def _cached_tag_weights(full_name: str, cfg: Any, cache_dir: str | None) -> str:
     """The file of a timm pretrained tag already on disk, or MissingResourceError."""
     names = [cfg.hf_hub_filename] if cfg.hf_hub_filename else ["model.safetensors", "pytorch_model.bin"]
-    return find_cached_weights(what=f"timm weights {full_name}", file=cfg.file or None,
-                               hf_hub_id=cfg.hf_hub_id or None, hf_filenames=names, url=cfg.url or None,
-                               url_dir=cache_dir or os.path.join(torch.hub.get_dir(), "checkpoints"),
-                               cache_dir=cache_dir)
+    return find_cached_weights(
+        what=f"timm weights {full_name}",
+        file=cfg.file or None,
+        hf_hub_id=cfg.hf_hub_id or None,
+        hf_filenames=names,
+        url=cfg.url or None,
+        url_dir=cache_dir or os.path.join(torch.hub.get_dir(), "checkpoints"),
+        cache_dir=cache_dir,
+    )
 
 
 def _file_keys_as_timm_sees_them(state: dict[str, Tensor], model: nn.Module) -> set[str]:
@@ -166,18 +171,19 @@ def _build_from_file(full_name: str, path: str, *, label: str, check_keys: bool,
     try:
         # Through timm's pretrained loader (not checkpoint_path) so that its checkpoint filter runs and a
         # classifier head in the file is dropped for num_classes=0.
-        vit = timm.create_model(full_name, pretrained=True, num_classes=0,
-                                pretrained_cfg_overlay=dict(file=path), **kwargs)
+        vit = timm.create_model(full_name, pretrained=True, num_classes=0, pretrained_cfg_overlay=dict(file=path), **kwargs)
     except (RuntimeError, KeyError, ValueError) as err:
-        raise MissingResourceError(f"{label} {path} does not fit timm {full_name}: {describe_load_error(err)}; "
-                                   f"expected a state dict of this model") from None
+        raise MissingResourceError(
+            f"{label} {path} does not fit timm {full_name}: {describe_load_error(err)}; expected a state dict of this model"
+        ) from None
     if check_keys:
         expected = set(vit.state_dict())
         got = _file_keys_as_timm_sees_them(state, vit)
         missing, unexpected = sorted(expected - got), sorted(got - expected)
         if missing or unexpected:
-            raise MissingResourceError(key_mismatch_message(label=label, path=path, model=f"timm {full_name}",
-                                                            missing=missing, unexpected=unexpected))
+            raise MissingResourceError(
+                key_mismatch_message(label=label, path=path, model=f"timm {full_name}", missing=missing, unexpected=unexpected)
+            )
     return vit
 
 
@@ -216,19 +222,34 @@ def _probe_timm_vit(name: str, overrides: dict | None) -> bool:
     return hasattr(model, "patch_embed") and hasattr(model, "blocks")
 
 
-def build_timm_model(*, name: str, pretrained: str | None, checkpoint: str | None, image_size: int | None,
-                     overrides: dict, cache_dir: str | None, download: bool, vit: bool = True) -> nn.Module:
+def build_timm_model(
+    *,
+    name: str,
+    pretrained: str | None,
+    checkpoint: str | None,
+    image_size: int | None,
+    overrides: dict,
+    cache_dir: str | None,
+    download: bool,
+    vit: bool = True,
+) -> nn.Module:
     """A timm model without classifier (``num_classes=0``), weights from a local file, the caches or
     (``download``) the hub, with the one-line errors of this module. ``vit``: pass ``image_size`` as
     ``img_size`` (a CNN takes any input size and has no such argument)."""
     import timm
 
     if name.startswith(HF_HUB):
-        return _build_from_hub(name, checkpoint=checkpoint, image_size=image_size, overrides=overrides,
-                               cache_dir=cache_dir, download=download, vit=vit)
+        return _build_from_hub(
+            name,
+            checkpoint=checkpoint,
+            image_size=image_size,
+            overrides=overrides,
+            cache_dir=cache_dir,
+            download=download,
+            vit=vit,
+        )
     if not timm.is_model(name):
-        raise BackboneArgumentError("name", name, "a timm model name (see timm.list_models('vit_*')), or "
-                                    "'hf-hub:org/repo'")
+        raise BackboneArgumentError("name", name, "a timm model name (see timm.list_models('vit_*')), or 'hf-hub:org/repo'")
     kwargs: dict[str, Any] = dict(overrides)
     if image_size is not None and vit:
         kwargs.setdefault("img_size", image_size)
@@ -237,24 +258,25 @@ def build_timm_model(*, name: str, pretrained: str | None, checkpoint: str | Non
     cfg = _pretrained_cfg(name, full_name, pretrained) if pretrained else None
     if checkpoint is not None:
         if not os.path.isfile(checkpoint):
-            raise MissingResourceError(f"model.checkpoint={checkpoint!r} is not a file; give the path of a "
-                                       f"local timm weights file (.pth, .bin or .safetensors)")
+            raise MissingResourceError(
+                f"model.checkpoint={checkpoint!r} is not a file; give the path of a "
+                f"local timm weights file (.pth, .bin or .safetensors)"
+            )
         return _build_from_file(full_name, checkpoint, label="model.checkpoint", check_keys=True, kwargs=kwargs)
     if not pretrained:
         return timm.create_model(name, pretrained=False, num_classes=0, **kwargs)
     if not download:
         file = _cached_tag_weights(full_name, cfg, cache_dir)
         if file.endswith((".npz", ".npy")):  # big_vision weights: timm's custom loader reads them
-            return timm.create_model(full_name, pretrained=True, num_classes=0,
-                                     pretrained_cfg_overlay=dict(file=file), **kwargs)
+            return timm.create_model(full_name, pretrained=True, num_classes=0, pretrained_cfg_overlay=dict(file=file), **kwargs)
         # the published file of this very tag: its keys are the model's, only readability is in doubt
-        return _build_from_file(full_name, file, label=f"cached timm weights {full_name}:", check_keys=False,
-                                kwargs=kwargs)
+        return _build_from_file(full_name, file, label=f"cached timm weights {full_name}:", check_keys=False, kwargs=kwargs)
     try:
         return timm.create_model(full_name, pretrained=True, num_classes=0, cache_dir=cache_dir, **kwargs)
     except (OSError, RuntimeError) as err:
-        raise MissingResourceError(f"timm could not load {full_name} (cache_dir={cache_dir!r}): "
-                                   f"{describe_load_error(err)}; {NO_WEIGHTS_HINT}") from err
+        raise MissingResourceError(
+            f"timm could not load {full_name} (cache_dir={cache_dir!r}): {describe_load_error(err)}; {NO_WEIGHTS_HINT}"
+        ) from err
 
 
 HF_HUB = "hf-hub:"  # timm's prefix of a model published on the Hugging Face hub (config.json + weights)
@@ -271,13 +293,16 @@ def _hub_config(folder: str, name: str) -> tuple[str, dict, dict]:
         config = json.loads(path.read_text(encoding="utf-8"))
         arch = config.get("architecture") or config["model_cfg"]["architecture"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        raise MissingResourceError(f"model.name={name!r}: {path} is missing or holds no timm 'architecture'; the hub "
-                                   f"repository is not a timm model") from None
+        raise MissingResourceError(
+            f"model.name={name!r}: {path} is missing or holds no timm 'architecture'; the hub repository is not a timm model"
+        ) from None
     if not timm.is_model(arch):
-        raise MissingResourceError(f"model.name={name!r}: its config.json names architecture {arch!r}, which this "
-                                   f"timm ({timm.__version__}) does not have")
+        raise MissingResourceError(
+            f"model.name={name!r}: its config.json names architecture {arch!r}, which this "
+            f"timm ({timm.__version__}) does not have"
+        )
     pretrained_cfg = dict(config.get("pretrained_cfg") or {})
-    pretrained_cfg.setdefault("hf_hub_id", name[len(HF_HUB):])
+    pretrained_cfg.setdefault("hf_hub_id", name[len(HF_HUB) :])
     return arch, pretrained_cfg, dict(config.get("model_args") or {})
 
 
@@ -286,14 +311,22 @@ def _cached_hub_config(name: str) -> tuple[str, dict, dict] | None:
     from fl_lightning.models.hub import hub_snapshot
 
     try:
-        folder = hub_snapshot(name[len(HF_HUB):], download=False, key="model.name", download_key="model.download")
+        folder = hub_snapshot(name[len(HF_HUB) :], download=False, key="model.name", download_key="model.download")
         return _hub_config(folder, name)
     except (MissingResourceError, BackboneArgumentError):
         return None
 
 
-def _build_from_hub(name: str, *, checkpoint: str | None, image_size: int | None, overrides: dict,
-                    cache_dir: str | None, download: bool, vit: bool) -> nn.Module:
+def _build_from_hub(
+    name: str,
+    *,
+    checkpoint: str | None,
+    image_size: int | None,
+    overrides: dict,
+    cache_dir: str | None,
+    download: bool,
+    vit: bool,
+) -> nn.Module:
     """``model.name: hf-hub:org/repo`` as timm's ``create_model('hf-hub:...')`` builds it — the architecture,
     ``model_args`` and ``pretrained_cfg`` (mean, std, input size) of the snapshot's ``config.json``, its weights
     through timm's pretrained loader (``num_classes=0`` drops the classifier) — but from the hub cache
@@ -303,36 +336,43 @@ def _build_from_hub(name: str, *, checkpoint: str | None, image_size: int | None
 
     from fl_lightning.models.hub import hub_snapshot
 
-    folder = hub_snapshot(name[len(HF_HUB):], download=download, key="model.name", download_key="model.download",
-                          cache_dir=cache_dir)
+    folder = hub_snapshot(
+        name[len(HF_HUB) :], download=download, key="model.name", download_key="model.download", cache_dir=cache_dir
+    )
     arch, pretrained_cfg, model_args = _hub_config(folder, name)
     kwargs: dict[str, Any] = {**model_args, **dict(overrides)}
     if image_size is not None and vit:
         kwargs.setdefault("img_size", image_size)
     if checkpoint is not None:
         if not os.path.isfile(checkpoint):
-            raise MissingResourceError(f"model.checkpoint={checkpoint!r} is not a file; give the path of a "
-                                       f"local timm weights file (.pth, .bin or .safetensors)")
+            raise MissingResourceError(
+                f"model.checkpoint={checkpoint!r} is not a file; give the path of a "
+                f"local timm weights file (.pth, .bin or .safetensors)"
+            )
         file, label = checkpoint, "model.checkpoint"
     else:
         found = [Path(folder) / f for f in _HUB_WEIGHTS if (Path(folder) / f).is_file()]
         if not found:
-            raise MissingResourceError(f"model.name={name!r}: its snapshot {folder} holds none of "
-                                       f"{', '.join(_HUB_WEIGHTS)}; {NO_WEIGHTS_HINT}")
+            raise MissingResourceError(
+                f"model.name={name!r}: its snapshot {folder} holds none of {', '.join(_HUB_WEIGHTS)}; {NO_WEIGHTS_HINT}"
+            )
         file, label = str(found[0]), f"timm weights {name}:"
     open_state_dict(file, label=label, meta=True)  # readable, a state dict: one line otherwise
     try:
-        return timm.create_model(arch, pretrained=True, num_classes=0, pretrained_cfg=pretrained_cfg,
-                                 pretrained_cfg_overlay=dict(file=file), **kwargs)
+        return timm.create_model(
+            arch, pretrained=True, num_classes=0, pretrained_cfg=pretrained_cfg, pretrained_cfg_overlay=dict(file=file), **kwargs
+        )
     except (RuntimeError, KeyError, ValueError) as err:
-        raise MissingResourceError(f"{label} {file} does not fit timm {arch} ({name}): {describe_load_error(err)}; "
-                                   f"expected a state dict of this model") from None
+        raise MissingResourceError(
+            f"{label} {file} does not fit timm {arch} ({name}): {describe_load_error(err)}; expected a state dict of this model"
+        ) from None
 
 
 # ------------------------------------------------------------------------------------------------
 # Tiny random model for tests and offline demos
 # ------------------------------------------------------------------------------------------------
-def tiny_timm_overrides(image_size: int = 32, *, patch_size: int = 8, width: int = 64, depth: int = 2,
-                        num_heads: int = 2) -> dict:
+def tiny_timm_overrides(
+    image_size: int = 32, *, patch_size: int = 8, width: int = 64, depth: int = 2, num_heads: int = 2
+) -> dict:
     """``timm.create_model('vit_base_patch16_224', **overrides)`` kwargs for a tiny random ViT."""
     return dict(img_size=image_size, patch_size=patch_size, embed_dim=width, depth=depth, num_heads=num_heads)

@@ -56,6 +56,7 @@ class BackboneArgumentError(ValueError):
 
 def normalization_name(mean: tuple[float, ...]) -> str:
     """``'clip'``, ``'imagenet'``, ``'inception'`` or ``'custom'``: the name of an input normalisation."""
+
     def close(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
         return all(abs(x - y) < 1e-4 for x, y in zip(a, b))
 
@@ -115,8 +116,7 @@ class ViTBackbone(FrozenTrunk, ABC):
     feature_dim: int
     num_prefix_tokens: int
 
-    def __init__(self, *, model: nn.Module, feature: str = "proj", mean: tuple[float, ...],
-                 std: tuple[float, ...]) -> None:
+    def __init__(self, *, model: nn.Module, feature: str = "proj", mean: tuple[float, ...], std: tuple[float, ...]) -> None:
         super().__init__()
         if feature not in FEATURES:
             raise BackboneArgumentError("feature", feature, " or ".join(repr(f) for f in FEATURES))
@@ -130,21 +130,50 @@ class ViTBackbone(FrozenTrunk, ABC):
         self.num_blocks = len(self.blocks)
 
     @classmethod
-    def build(cls, *, name: str, pretrained: str | None, checkpoint: str | None, feature: str,
-              image_size: int | None, overrides: dict, cache_dir: str | None, download: bool) -> ViTBackbone:
+    def build(
+        cls,
+        *,
+        name: str,
+        pretrained: str | None,
+        checkpoint: str | None,
+        feature: str,
+        image_size: int | None,
+        overrides: dict,
+        cache_dir: str | None,
+        download: bool,
+    ) -> ViTBackbone:
         """Build the library's model with its own factory and loaders (see ``build_backbone``), with the
         normalisation its weights were trained with (the library's default when they do not say)."""
-        model = cls.build_model(name=name, pretrained=pretrained, checkpoint=checkpoint, image_size=image_size,
-                                overrides=overrides, cache_dir=cache_dir, download=download)
+        model = cls.build_model(
+            name=name,
+            pretrained=pretrained,
+            checkpoint=checkpoint,
+            image_size=image_size,
+            overrides=overrides,
+            cache_dir=cache_dir,
+            download=download,
+        )
         cfg = getattr(model, cls.preprocess_attr, None) or {}
-        return cls(model=model, feature=feature, mean=tuple(cfg.get("mean", cls.default_mean)),
-                   std=tuple(cfg.get("std", cls.default_std)))
+        return cls(
+            model=model,
+            feature=feature,
+            mean=tuple(cfg.get("mean", cls.default_mean)),
+            std=tuple(cfg.get("std", cls.default_std)),
+        )
 
     # -- what each library adapter provides --------------------------------------------------------
     @staticmethod
     @abstractmethod
-    def build_model(*, name: str, pretrained: str | None, checkpoint: str | None, image_size: int | None,
-                    overrides: dict, cache_dir: str | None, download: bool) -> nn.Module:
+    def build_model(
+        *,
+        name: str,
+        pretrained: str | None,
+        checkpoint: str | None,
+        image_size: int | None,
+        overrides: dict,
+        cache_dir: str | None,
+        download: bool,
+    ) -> nn.Module:
         """The library's own model, built by its factory, weights loaded by its loaders."""
 
     @classmethod
@@ -186,4 +215,3 @@ class ViTBackbone(FrozenTrunk, ABC):
     def forward(self, images: Tensor) -> Tensor:
         """h = pool(encode(embed(images))), shape (B, feature_dim)."""
         return self.pool(self.encode(self.embed(images)))
-

@@ -44,11 +44,15 @@ __all__ = [
     "open_state_dict",
 ]
 
-NO_WEIGHTS_HINT = ("set model.checkpoint: /path/to/weights.(pt|bin|safetensors) or a hub id (org/name), "
-                   "or model.download: true on a machine with internet")
+NO_WEIGHTS_HINT = (
+    "set model.checkpoint: /path/to/weights.(pt|bin|safetensors) or a hub id (org/name), "
+    "or model.download: true on a machine with internet"
+)
 WEIGHTS_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors")
-_EXPECTED = ("expected a state dict saved with torch.save(model.state_dict(), path) (.pt, .pth, .bin) "
-             "or safetensors.torch.save_file (.safetensors)")
+_EXPECTED = (
+    "expected a state dict saved with torch.save(model.state_dict(), path) (.pt, .pth, .bin) "
+    "or safetensors.torch.save_file (.safetensors)"
+)
 # Wrappers the libraries unwrap before loading (timm: EMA first; open_clip: 'state_dict').
 _NESTED_KEYS = ("state_dict_ema", "model_ema", "state_dict", "model")
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -115,8 +119,10 @@ def find_cached_weights(
             return target
         looked.append(target)
     fetch = f"run `hf download {hf_hub_id}` on a machine with internet (and copy the cache here), " if hf_hub_id else ""
-    raise MissingResourceError(f"{what} are not on disk (looked for {' and '.join(looked) or 'a weights source'}; "
-                               f"downloading is off); {fetch}{NO_WEIGHTS_HINT}")
+    raise MissingResourceError(
+        f"{what} are not on disk (looked for {' and '.join(looked) or 'a weights source'}; "
+        f"downloading is off); {fetch}{NO_WEIGHTS_HINT}"
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -156,8 +162,11 @@ def _load_torch(path: str, kind: str, label: str) -> Any:
     except pickle.UnpicklingError as err:
         # torch's own text here advises weights_only=False: never pass that on (hence `from None`).
         if "global" in str(err).lower():  # "Unsupported global: GLOBAL argparse.Namespace ..."
-            raise _bad(label, path, "holds Python objects besides tensors, which are refused for safety "
-                       "(weights are loaded with weights_only=True)") from None
+            raise _bad(
+                label,
+                path,
+                "holds Python objects besides tensors, which are refused for safety (weights are loaded with weights_only=True)",
+            ) from None
         raise _bad(label, path, "is truncated or corrupt (its pickled index cannot be read)") from None
     except (RuntimeError, OSError, EOFError, ValueError, zipfile.BadZipFile) as err:
         if "TorchScript" in str(err):
@@ -165,8 +174,7 @@ def _load_torch(path: str, kind: str, label: str) -> Any:
         raise _bad(label, path, "is truncated or corrupt (torch cannot read it)") from err
 
 
-def open_state_dict(path: str | os.PathLike[str], *, label: str = "model.checkpoint",
-                    meta: bool = False) -> dict[str, Tensor]:
+def open_state_dict(path: str | os.PathLike[str], *, label: str = "model.checkpoint", meta: bool = False) -> dict[str, Tensor]:
     """The state dict in a weights file, opened cheaply, after the checks of :func:`check_checkpoint`.
 
     torch archives are memory-mapped (tensors are read from disk when touched); a safetensors
@@ -194,8 +202,11 @@ def open_state_dict(path: str | os.PathLike[str], *, label: str = "model.checkpo
     kind = _sniff(path)
     is_safetensors_name = path.endswith(".safetensors")
     if kind == "safetensors" and not is_safetensors_name:
-        raise _bad(label, path, "is a safetensors file whose name does not end in .safetensors "
-                   "(the loaders choose the format by suffix): rename it")
+        raise _bad(
+            label,
+            path,
+            "is a safetensors file whose name does not end in .safetensors (the loaders choose the format by suffix): rename it",
+        )
     if is_safetensors_name:
         return _open_safetensors(path, label, meta)
     if kind == "unknown":
@@ -205,8 +216,11 @@ def open_state_dict(path: str | os.PathLike[str], *, label: str = "model.checkpo
         raise _bad(label, path, f"holds a {type(state).__name__}, not a state dict (a mapping of names to tensors)")
     not_tensors = [k for k, v in state.items() if not isinstance(k, str) or not isinstance(v, Tensor)]
     if not state or not_tensors:
-        problem = "holds an empty mapping" if not state else (
-            f"is not a state dict: {len(not_tensors)} entries are not named tensors (e.g. {not_tensors[0]!r})")
+        problem = (
+            "holds an empty mapping"
+            if not state
+            else (f"is not a state dict: {len(not_tensors)} entries are not named tensors (e.g. {not_tensors[0]!r})")
+        )
         raise _bad(label, path, problem)
     if meta:
         return {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in state.items()}
@@ -238,8 +252,15 @@ def _open_safetensors(path: str, label: str, meta: bool) -> dict[str, Tensor]:
 
 
 _SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
     "BOOL": torch.bool,
 }
 
@@ -289,12 +310,16 @@ def key_mismatch_message(
             shown = ", ".join(repr(k) for k in list(keys)[:examples])
             more = ", …" if len(keys) > examples else ""
             parts.append(f"{len(keys)} {count_of} (e.g. {shown}{more})")
-    return (f"{label} {path} does not fit {model}: keys {'; '.join(parts)}; expected a state dict of this "
-            f"very model (check model.name and model.overrides against the file)")
+    return (
+        f"{label} {path} does not fit {model}: keys {'; '.join(parts)}; expected a state dict of this "
+        f"very model (check model.name and model.overrides against the file)"
+    )
 
 
-_SIZE_MISMATCH = re.compile(r"size mismatch for ([\w.]+): copying a param with shape torch\.Size\((\[[^\]]*\])\) "
-                            r"from checkpoint, the shape in current model is torch\.Size\((\[[^\]]*\])\)")
+_SIZE_MISMATCH = re.compile(
+    r"size mismatch for ([\w.]+): copying a param with shape torch\.Size\((\[[^\]]*\])\) "
+    r"from checkpoint, the shape in current model is torch\.Size\((\[[^\]]*\])\)"
+)
 
 
 def describe_load_error(err: BaseException, *, examples: int = 2) -> str:

@@ -44,9 +44,21 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = [
-    "Generator", "reset_generator", "BNStatistics", "WeightedEnsemble", "combine_logits", "kd_kl", "adversarial_loss",
-    "hardness_weighted_ce", "ods_perturb", "reweight_ensemble", "random_shift_flip", "pool_padding", "SynthesisSettings",
-    "synthesize", "distill_epoch",
+    "Generator",
+    "reset_generator",
+    "BNStatistics",
+    "WeightedEnsemble",
+    "combine_logits",
+    "kd_kl",
+    "adversarial_loss",
+    "hardness_weighted_ce",
+    "ods_perturb",
+    "reweight_ensemble",
+    "random_shift_flip",
+    "pool_padding",
+    "SynthesisSettings",
+    "synthesize",
+    "distill_epoch",
 ]
 
 
@@ -74,13 +86,17 @@ class Generator(nn.Module):
         if nz < 1 or ngf < 1 or channels < 1:
             raise ValueError(f"nz, ngf and channels must be >= 1, got {nz}, {ngf}, {channels}")
         self.nz, self.init_size, self.channels = nz, image_size // 4, channels
-        self.project = nn.Linear(nz, 2 * ngf * self.init_size ** 2)
+        self.project = nn.Linear(nz, 2 * ngf * self.init_size**2)
         self.blocks = nn.Sequential(
             nn.BatchNorm2d(2 * ngf),
             nn.Upsample(scale_factor=2),
-            nn.Conv2d(2 * ngf, 2 * ngf, 3, padding=1, bias=False), nn.BatchNorm2d(2 * ngf), nn.LeakyReLU(0.2),
+            nn.Conv2d(2 * ngf, 2 * ngf, 3, padding=1, bias=False),
+            nn.BatchNorm2d(2 * ngf),
+            nn.LeakyReLU(0.2),
             nn.Upsample(scale_factor=2),
-            nn.Conv2d(2 * ngf, ngf, 3, padding=1, bias=False), nn.BatchNorm2d(ngf), nn.LeakyReLU(0.2),
+            nn.Conv2d(2 * ngf, ngf, 3, padding=1, bias=False),
+            nn.BatchNorm2d(ngf),
+            nn.LeakyReLU(0.2),
             nn.Conv2d(ngf, channels, 3, padding=1),
             nn.Sigmoid(),
         )
@@ -134,8 +150,10 @@ class BNStatistics:
             x = inputs[0].float()  # (B, C, H, W); float32 under autocast too (its square overflows fp16)
             mean = x.mean(dim=(0, 2, 3))
             var = x.permute(1, 0, 2, 3).flatten(1).var(dim=1, unbiased=False)
-            self._terms[index] = (torch.linalg.vector_norm(module.running_var - var)
-                                  + torch.linalg.vector_norm(module.running_mean - mean))
+            self._terms[index] = torch.linalg.vector_norm(module.running_var - var) + torch.linalg.vector_norm(
+                module.running_mean - mean
+            )
+
         return record
 
     def loss(self) -> Tensor:
@@ -177,15 +195,13 @@ class WeightedEnsemble(nn.Module):
 def combine_logits(logits: Tensor, weights: Tensor) -> Tensor:
     """Σ_k w_k z_k / Σ_k w_k for logits (K, B, C) and weights (K,) → (B, C)."""
     if logits.dim() != 3 or weights.shape != (logits.shape[0],):
-        raise ValueError(f"expected logits (K, B, C) and weights (K,), got {tuple(logits.shape)} and "
-                         f"{tuple(weights.shape)}")
+        raise ValueError(f"expected logits (K, B, C) and weights (K,), got {tuple(logits.shape)} and {tuple(weights.shape)}")
     w = weights.to(logits)
     return torch.einsum("k,kbc->bc", w, logits) / w.sum().clamp_min(1e-12)
 
 
 # ------------------------------------------------------------------------------------------ losses
-def kd_kl(student_logits: Tensor, teacher_logits: Tensor, *, temperature: float = 1.0,
-          reduction: str = "batchmean") -> Tensor:
+def kd_kl(student_logits: Tensor, teacher_logits: Tensor, *, temperature: float = 1.0, reduction: str = "batchmean") -> Tensor:
     """Hinton's distillation loss T²·KL(softmax(t/T) ‖ softmax(s/T)).
 
     ``reduction='none'`` returns the per-sample divergence (B,); ``'batchmean'`` its mean.
@@ -194,7 +210,7 @@ def kd_kl(student_logits: Tensor, teacher_logits: Tensor, *, temperature: float 
         raise ValueError(f"temperature must be > 0, got {temperature}")
     log_q = F.log_softmax(student_logits / temperature, dim=1)
     log_p = F.log_softmax(teacher_logits / temperature, dim=1)
-    per_sample = (log_p.exp() * (log_p - log_q)).sum(dim=1) * temperature ** 2  # (B,)
+    per_sample = (log_p.exp() * (log_p - log_q)).sum(dim=1) * temperature**2  # (B,)
     if reduction == "none":
         return per_sample
     if reduction == "batchmean":
@@ -202,8 +218,7 @@ def kd_kl(student_logits: Tensor, teacher_logits: Tensor, *, temperature: float 
     raise ValueError(f"reduction must be 'none' or 'batchmean', got {reduction!r}")
 
 
-def adversarial_loss(student_logits: Tensor, teacher_logits: Tensor, *, temperature: float,
-                     mask_agreement: bool) -> Tensor:
+def adversarial_loss(student_logits: Tensor, teacher_logits: Tensor, *, temperature: float, mask_agreement: bool) -> Tensor:
     """−mean_i m_i·KL_T(A(x_i) ‖ S(x_i)): the generator maximises the student–ensemble gap.
 
     DENSE (Eq. (5)) keeps m_i = 1[argmax S(x_i) ≠ argmax A(x_i)] so samples the student already
@@ -225,8 +240,9 @@ def hardness_weighted_ce(logits: Tensor, targets: Tensor, *, gamma: float) -> Te
     return ((1.0 - p_y).pow(gamma) * ce).mean()
 
 
-def ods_perturb(images: Tensor, logits_fn: Callable[[Tensor], Tensor], *, eta: float, rng: torch.Generator,
-                temperature: float = 4.0) -> Tensor:
+def ods_perturb(
+    images: Tensor, logits_fn: Callable[[Tensor], Tensor], *, eta: float, rng: torch.Generator, temperature: float = 4.0
+) -> Tensor:
     """Co-Boosting's hard-sample enhancement (Eq. (7)), output diversified sampling (ODS):
     x' = x + η · sign(∇_x Σ_{i,c} r_{ic} softmax(A(x_i)/T)_c), r ~ U(−1, 1)^{B×C}.
 
@@ -250,8 +266,9 @@ def reweight_ensemble(weights: Tensor, grad: Tensor, *, step: float) -> Tensor:
     return (weights - step * grad.sign()).clamp(0.0, 1.0)
 
 
-def random_shift_flip(images: Tensor, *, rng: torch.Generator, padding: int = 4, flip: bool = True,
-                      fill: Tensor | float = 0.0) -> Tensor:
+def random_shift_flip(
+    images: Tensor, *, rng: torch.Generator, padding: int = 4, flip: bool = True, fill: Tensor | float = 0.0
+) -> Tensor:
     """CIFAR's augmentation on a batch: a random crop of the padded image (a shift by up to ``padding``
     pixels) and a random horizontal flip, per sample, differentiable in ``images``.
 
@@ -261,7 +278,7 @@ def random_shift_flip(images: Tensor, *, rng: torch.Generator, padding: int = 4,
     b, c, h, w = images.shape
     fill = torch.as_tensor(fill, dtype=images.dtype, device=images.device).reshape(1, -1, 1, 1)
     padded = fill.expand(b, c, h + 2 * padding, w + 2 * padding).clone()
-    padded[:, :, padding:padding + h, padding:padding + w] = images
+    padded[:, :, padding : padding + h, padding : padding + w] = images
     dy = torch.randint(0, 2 * padding + 1, (b,), generator=rng)
     dx = torch.randint(0, 2 * padding + 1, (b,), generator=rng)
     rows = dy[:, None] + torch.arange(h)  # (B, H): sample i's window starts at dy[i], dx[i]
@@ -271,8 +288,12 @@ def random_shift_flip(images: Tensor, *, rng: torch.Generator, padding: int = 4,
         cols = torch.where(do[:, None], cols.flip(1), cols)
     # every sample's window in one gather (a copy of the padded values, as the per-sample slices were)
     dev = images.device
-    return padded[torch.arange(b, device=dev)[:, None, None, None], torch.arange(c, device=dev)[None, :, None, None],
-                  rows.to(dev)[:, None, :, None], cols.to(dev)[:, None, None, :]]
+    return padded[
+        torch.arange(b, device=dev)[:, None, None, None],
+        torch.arange(c, device=dev)[None, :, None, None],
+        rows.to(dev)[:, None, :, None],
+        cols.to(dev)[:, None, None, :],
+    ]
 
 
 # ------------------------------------------------------------------------------------------ loops
@@ -299,8 +320,14 @@ def pool_padding(image_size: int) -> int:
     return max(1, image_size // 8)
 
 
-def _backward_step(loss: Tensor, optimizer: torch.optim.Optimizer, *, scaler: torch.amp.GradScaler | None,
-                   clip: float | None, params: Callable[[], object]) -> None:
+def _backward_step(
+    loss: Tensor,
+    optimizer: torch.optim.Optimizer,
+    *,
+    scaler: torch.amp.GradScaler | None,
+    clip: float | None,
+    params: Callable[[], object],
+) -> None:
     """``loss.backward()``, the gradient norm of ``params()`` clipped at ``clip``, ``optimizer.step()``; with a
     ``scaler`` the loss is scaled, the gradients unscaled before the clip and a non-finite step skipped."""
     if scaler is None:
@@ -317,10 +344,19 @@ def _backward_step(loss: Tensor, optimizer: torch.optim.Optimizer, *, scaler: to
     scaler.update()
 
 
-def synthesize(generator: Generator, ensemble: WeightedEnsemble, student: nn.Module, *, num_classes: int,
-               settings: SynthesisSettings, normalize: Callable[[Tensor], Tensor], rng: torch.Generator,
-               device: torch.device, autocast: Callable[[], AbstractContextManager] | None = None,
-               scaler: torch.amp.GradScaler | None = None) -> tuple[Tensor | None, Tensor]:
+def synthesize(
+    generator: Generator,
+    ensemble: WeightedEnsemble,
+    student: nn.Module,
+    *,
+    num_classes: int,
+    settings: SynthesisSettings,
+    normalize: Callable[[Tensor], Tensor],
+    rng: torch.Generator,
+    device: torch.device,
+    autocast: Callable[[], AbstractContextManager] | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+) -> tuple[Tensor | None, Tensor]:
     """Train a freshly drawn G (and its inputs z) for ``settings.steps`` Adam steps on L_G and return the
     lowest-loss batch seen, as (normalised images (B, C, S, S), sampled labels (B,)), detached, float32.
     The images are None when no step's L_G was finite (NaN everywhere: e.g. bf16 logits of untrained
@@ -356,18 +392,23 @@ def synthesize(generator: Generator, ensemble: WeightedEnsemble, student: nn.Mod
             with context():
                 images = normalize(generator(z))  # (B, C, S, S)
                 # DENSE shifts a 32-px image by up to 4 px: 1/8 of the side, kept at other sizes
-                view = (random_shift_flip(images, rng=rng, padding=pool_padding(images.shape[-1]), fill=black)
-                        if s.augment else images)
+                view = (
+                    random_shift_flip(images, rng=rng, padding=pool_padding(images.shape[-1]), fill=black)
+                    if s.augment
+                    else images
+                )
                 t_out = ensemble(view).float()  # (B, C)
                 s_out = student(view).float() if s.adv > 0 else None
-            loss_oh = (F.cross_entropy(t_out, targets) if s.hardness is None
-                       else hardness_weighted_ce(t_out, targets, gamma=s.hardness))
+            loss_oh = (
+                F.cross_entropy(t_out, targets) if s.hardness is None else hardness_weighted_ce(t_out, targets, gamma=s.hardness)
+            )
             loss = s.oh * loss_oh
             if s.bn > 0:
                 loss = loss + s.bn * bn_stats.loss() / (k if s.bn_per_model else 1)
             if s_out is not None:
-                loss = loss + s.adv * adversarial_loss(s_out, t_out, temperature=s.adv_temperature,
-                                                       mask_agreement=s.mask_agreement)
+                loss = loss + s.adv * adversarial_loss(
+                    s_out, t_out, temperature=s.adv_temperature, mask_agreement=s.mask_agreement
+                )
             optimizer.zero_grad(set_to_none=True)
             _backward_step(loss, optimizer, scaler=scaler, clip=s.clip_grad, params=generator.parameters)
             if float(loss.detach()) < best_loss:
@@ -377,12 +418,21 @@ def synthesize(generator: Generator, ensemble: WeightedEnsemble, student: nn.Mod
     return best, targets.detach()
 
 
-def distill_epoch(student: nn.Module, teacher: Callable[[Tensor], Tensor], pool: Tensor, *,
-                  optimizer: torch.optim.Optimizer, batch_size: int, temperature: float, rng: torch.Generator,
-                  ods_eta: float | None = None, clip_grad: float | None = None,
-                  augment: Callable[[Tensor, torch.Generator], Tensor] | None = None,
-                  autocast: Callable[[], AbstractContextManager] | None = None,
-                  scaler: torch.amp.GradScaler | None = None) -> float:
+def distill_epoch(
+    student: nn.Module,
+    teacher: Callable[[Tensor], Tensor],
+    pool: Tensor,
+    *,
+    optimizer: torch.optim.Optimizer,
+    batch_size: int,
+    temperature: float,
+    rng: torch.Generator,
+    ods_eta: float | None = None,
+    clip_grad: float | None = None,
+    augment: Callable[[Tensor, torch.Generator], Tensor] | None = None,
+    autocast: Callable[[], AbstractContextManager] | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+) -> float:
     """One pass of L_S = KL_T(A(x) ‖ S(x)) over the synthetic ``pool`` (N, C, S, S), shuffled with ``rng``.
 
     Each batch is first augmented by ``augment(batch, rng)`` (both official codes read the pool through
@@ -403,7 +453,7 @@ def distill_epoch(student: nn.Module, teacher: Callable[[Tensor], Tensor], pool:
     order = torch.randperm(pool.shape[0], generator=rng)
     total, batches = 0.0, 0
     for start in range(0, pool.shape[0], batch_size):
-        images = pool[order[start:start + batch_size]]
+        images = pool[order[start : start + batch_size]]
         if augment is not None:
             images = augment(images, rng)
         if ods_eta:

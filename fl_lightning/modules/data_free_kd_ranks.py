@@ -65,8 +65,13 @@ def _autocast_cast(x: Tensor) -> torch.dtype | None:
     gradient, under an enabled autocast with its cache), else None. On one rank the teachers then share that one
     cast: their input gradients are added in its dtype, teacher K first, and cast to float32 once."""
     device = x.device.type
-    if (x.is_leaf and x.dtype == torch.float32 and not x._is_view() and torch.is_autocast_enabled(device)
-            and torch.is_autocast_cache_enabled()):
+    if (
+        x.is_leaf
+        and x.dtype == torch.float32
+        and not x._is_view()
+        and torch.is_autocast_enabled(device)
+        and torch.is_autocast_cache_enabled()
+    ):
         return torch.get_autocast_dtype(device)
     return None
 
@@ -98,15 +103,23 @@ class SplitEnsemble(nn.Module):
         torch.Size([5, 3])
     """
 
-    def __init__(self, models: Sequence[nn.Module], weights: Tensor | None = None, *, num_members: int,
-                 num_classes: int, timeout_s: float = 900.0) -> None:
+    def __init__(
+        self,
+        models: Sequence[nn.Module],
+        weights: Tensor | None = None,
+        *,
+        num_members: int,
+        num_classes: int,
+        timeout_s: float = 900.0,
+    ) -> None:
         super().__init__()
         self.timeout_s = timeout_s
         self.rank, self.world = _rank_world()
         self.shards = [Deal(r, self.world).blocks(num_members) for r in range(self.world)]  # in teacher order
         if len(models) != len(self.shards[self.rank]):
-            raise ValueError(f"rank {self.rank} holds teachers {self.shards[self.rank]} of {num_members}, "
-                             f"got {len(models)} models")
+            raise ValueError(
+                f"rank {self.rank} holds teachers {self.shards[self.rank]} of {num_members}, got {len(models)} models"
+            )
         self.members = nn.ModuleList(models)
         self.num_members, self.num_classes = num_members, num_classes
         self.weights = torch.ones(num_members) if weights is None else weights
@@ -187,7 +200,7 @@ class SplitEnsemble(nn.Module):
         if self.world == 1:
             return [flat]
         buf = flat.new_zeros(max(sizes))
-        buf[:flat.numel()] = flat
+        buf[: flat.numel()] = flat
         out = [torch.empty_like(buf) for _ in range(self.world)]
         with waiting("the split ensemble's teachers", self.timeout_s, self.rank, key=_KEY):  # the bench counts this wait
             dist.all_gather(out, buf)
@@ -220,33 +233,36 @@ class _Members(torch.autograd.Function):
     """(ensemble, x × K or × 1) → every teacher's logits (K, B, C) and BN terms (T,); the module docstring."""
 
     @staticmethod
-    def forward(ctx: Any, ensemble: SplitEnsemble, grad: bool, cast: torch.dtype | None,
-                *copies: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx: Any, ensemble: SplitEnsemble, grad: bool, cast: torch.dtype | None, *copies: Tensor
+    ) -> tuple[Tensor, Tensor]:
         x = copies[0]
         recording = ensemble._recording
         with torch.enable_grad() if grad else torch.no_grad():
             # one leaf per teacher: its own g_k (in autocast's cached dtype where one rank's teachers share a cast)
-            leaves = [(x.detach() if cast is None else x.detach().to(cast)).requires_grad_(grad)
-                      for _ in ensemble.members]
+            leaves = [(x.detach() if cast is None else x.detach().to(cast)).requires_grad_(grad) for _ in ensemble.members]
             logits = [f(leaf) for f, leaf in zip(ensemble.members, leaves)]  # K_r × (B, C)
             terms = list(recording._terms.values()) if recording is not None else []  # this forward's, in order
         if recording is not None:
             recording._terms.clear()
             if len(terms) != ensemble._bn_layers[ensemble.rank]:
-                raise ValueError(f"{len(terms)} of this rank's {ensemble._bn_layers[ensemble.rank]} BatchNorm layers "
-                                 "saw the forward; every layer must")
+                raise ValueError(
+                    f"{len(terms)} of this rank's {ensemble._bn_layers[ensemble.rank]} BatchNorm layers "
+                    "saw the forward; every layer must"
+                )
         b, c = x.shape[0], ensemble.num_classes
         dtype = logits[0].dtype if logits else torch.float32
         code = torch.tensor([float(_DTYPES.index(dtype) if logits else -1)], device=x.device)
-        flat = torch.cat([code, *(z.detach().float().reshape(-1) for z in logits),
-                          *(t.detach().float().reshape(1) for t in terms)])
+        flat = torch.cat(
+            [code, *(z.detach().float().reshape(-1) for z in logits), *(t.detach().float().reshape(1) for t in terms)]
+        )
         t_of = ensemble._bn_layers if recording is not None else [0] * ensemble.world
         sizes = [1 + len(s) * b * c + t for s, t in zip(ensemble.shards, t_of)]
         parts = ensemble._gather(flat, sizes)
         codes = [int(p[0]) for p in parts if int(p[0]) >= 0]
         out_dtype = _DTYPES[codes[0]] if codes else torch.float32
-        all_logits = torch.cat([p[1:1 + len(s) * b * c] for p, s in zip(parts, ensemble.shards)])
-        all_terms = torch.cat([p[1 + len(s) * b * c:] for p, s in zip(parts, ensemble.shards)])
+        all_logits = torch.cat([p[1 : 1 + len(s) * b * c] for p, s in zip(parts, ensemble.shards)])
+        all_terms = torch.cat([p[1 + len(s) * b * c :] for p, s in zip(parts, ensemble.shards)])
         if grad:
             ctx.ensemble, ctx.leaves, ctx.logits, ctx.terms = ensemble, leaves, logits, terms
             ctx.input_shape, ctx.input_dtype, ctx.cast = x.shape, x.dtype, cast
@@ -260,10 +276,12 @@ class _Members(torch.autograd.Function):
         for k in mine:
             grads.append(torch.zeros_like(ctx.logits[0]) if grad_logits is None else grad_logits[k])
         if ctx.terms:
-            first = sum(ens._bn_layers[:ens.rank])
+            first = sum(ens._bn_layers[: ens.rank])
             outputs += ctx.terms
-            grads += [torch.zeros_like(t) if grad_terms is None else grad_terms[first + i].reshape(t.shape)
-                      for i, t in enumerate(ctx.terms)]
+            grads += [
+                torch.zeros_like(t) if grad_terms is None else grad_terms[first + i].reshape(t.shape)
+                for i, t in enumerate(ctx.terms)
+            ]
         if outputs:
             found = torch.autograd.grad(outputs, ctx.leaves, grads, allow_unused=True)
             local = [torch.zeros_like(leaf) if g is None else g for g, leaf in zip(found, ctx.leaves)]

@@ -42,8 +42,9 @@ class EvalCounts:
 
 
 @torch.inference_mode()
-def eval_counts(logits_fn: Callable[[Tensor], Tensor], batches: Iterable[tuple[Tensor, Tensor]], *,
-                num_classes: int, device: torch.device) -> EvalCounts:
+def eval_counts(
+    logits_fn: Callable[[Tensor], Tensor], batches: Iterable[tuple[Tensor, Tensor]], *, num_classes: int, device: torch.device
+) -> EvalCounts:
     """:class:`EvalCounts` of ``logits_fn`` over ``batches`` (images → logits)."""
     correct = torch.zeros(num_classes, dtype=torch.long, device=device)
     support = torch.zeros(num_classes, dtype=torch.long, device=device)
@@ -73,12 +74,16 @@ def scores(shards: Sequence[EvalCounts]) -> dict[str, Any]:
     loss_sum = sum(loss for s in shards for loss in s.loss_sums)  # 0.0 + l_0 + l_1 + … in batch order
     count = sum(s.count for s in shards)
     accuracy = correct.sum().float() / support.sum().float() if count else torch.tensor(0.0)
-    return {"accuracy": float(accuracy), "loss": loss_sum / max(count, 1),
-            "per_class_accuracy": [round(float(a), 6) for a in per_class_accuracy(correct, support)]}
+    return {
+        "accuracy": float(accuracy),
+        "loss": loss_sum / max(count, 1),
+        "per_class_accuracy": [round(float(a), 6) for a in per_class_accuracy(correct, support)],
+    }
 
 
-def evaluate_classifier(logits_fn: Callable[[Tensor], Tensor], batches: Iterable[tuple[Tensor, Tensor]], *,
-                        num_classes: int, device: torch.device) -> dict[str, Any]:
+def evaluate_classifier(
+    logits_fn: Callable[[Tensor], Tensor], batches: Iterable[tuple[Tensor, Tensor]], *, num_classes: int, device: torch.device
+) -> dict[str, Any]:
     """Run ``logits_fn`` over the test batches.
 
     Returns:

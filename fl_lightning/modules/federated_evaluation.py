@@ -26,8 +26,9 @@ __all__ = ["row_outcomes", "federated_scores"]
 
 
 @torch.inference_mode()
-def row_outcomes(logits_fn: Callable[[Tensor], Tensor], batches: Iterable[tuple[Tensor, Tensor]], *,
-                 device: torch.device) -> tuple[np.ndarray, np.ndarray]:
+def row_outcomes(
+    logits_fn: Callable[[Tensor], Tensor], batches: Iterable[tuple[Tensor, Tensor]], *, device: torch.device
+) -> tuple[np.ndarray, np.ndarray]:
     """Every row's top-1 hit (bool) and cross-entropy (float64) of ``logits_fn`` over ``batches``, in row order."""
     hits, losses = [], []
     for images, labels in batches:
@@ -54,7 +55,10 @@ def federated_scores(hits: np.ndarray, losses: np.ndarray, sizes: Sequence[int])
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     acc = np.add.reduceat(hits.astype(np.float64), starts) / sizes  # acc_k
     loss = np.add.reduceat(np.asarray(losses, dtype=np.float64), starts) / sizes  # loss_k
-    worst = np.sort(acc)[:math.ceil(len(sizes) / 10)]
-    return {"fed_test_acc": float(np.dot(sizes, acc) / sizes.sum()),
-            "fed_test_loss": float(np.dot(sizes, loss) / sizes.sum()),
-            "fed_test_acc_min": float(acc.min()), "fed_test_acc_worst10": float(worst.mean())}
+    worst = np.sort(acc)[: math.ceil(len(sizes) / 10)]
+    return {
+        "fed_test_acc": float(np.dot(sizes, acc) / sizes.sum()),
+        "fed_test_loss": float(np.dot(sizes, loss) / sizes.sum()),
+        "fed_test_acc_min": float(acc.min()),
+        "fed_test_acc_worst10": float(worst.mean()),
+    }

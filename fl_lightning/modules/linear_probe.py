@@ -22,8 +22,17 @@ class LinearProbe(LightningModule):
         optimizer, lr, momentum, weight_decay: the local optimiser.
     """
 
-    def __init__(self, *, backbone: nn.Module, feature_dim: int, num_classes: int, optimizer: str = "sgd",
-                 lr: float = 0.01, momentum: float = 0.9, weight_decay: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        backbone: nn.Module,
+        feature_dim: int,
+        num_classes: int,
+        optimizer: str = "sgd",
+        lr: float = 0.01,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+    ) -> None:
         super().__init__()
         self.backbone = backbone
         self.head = nn.Linear(feature_dim, num_classes)

@@ -108,9 +108,7 @@ class LoRAClassifier(lightning.LightningModule):
         return F.cross_entropy(self(x), y)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(
-            [p for p in self.parameters() if p.requires_grad], lr=self.lr, weight_decay=self.weight_decay
-        )
+        return torch.optim.AdamW([p for p in self.parameters() if p.requires_grad], lr=self.lr, weight_decay=self.weight_decay)
 
     def lora_state(self, *, trained_only: bool = False) -> dict[str, torch.Tensor]:
         """LoRA adapters in the wire format; ``trained_only`` keeps the blocks of the current depth (the upload)."""

@@ -12,8 +12,9 @@ __all__ = ["OPTIMIZERS", "make_optimizer"]
 OPTIMIZERS = ("sgd", "adamw")
 
 
-def make_optimizer(params: Iterable[nn.Parameter], *, name: str, lr: float, momentum: float = 0.9,
-                   weight_decay: float = 0.0) -> torch.optim.Optimizer:
+def make_optimizer(
+    params: Iterable[nn.Parameter], *, name: str, lr: float, momentum: float = 0.9, weight_decay: float = 0.0
+) -> torch.optim.Optimizer:
     """SGD (with momentum) or AdamW over the trainable ``params``."""
     params = [p for p in params if p.requires_grad]
     if name == "sgd":

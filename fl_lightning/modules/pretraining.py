@@ -69,8 +69,15 @@ from fl_lightning.modules.pretraining_ranks import (
     seed_rank_worker,
 )
 
-__all__ = ["ViTClassifier", "PretrainResult", "build_timm_vit", "pretrain_classifier", "load_pretrained_vit",
-           "split_holdout", "EPOCH_STATE"]
+__all__ = [
+    "ViTClassifier",
+    "PretrainResult",
+    "build_timm_vit",
+    "pretrain_classifier",
+    "load_pretrained_vit",
+    "split_holdout",
+    "EPOCH_STATE",
+]
 
 # The end-of-epoch training state in the pre-training folder (present only while a pre-training is unfinished).
 EPOCH_STATE = "epoch_state.ckpt"
@@ -158,9 +165,7 @@ class ViTClassifier(lightning.LightningModule):
                 weight_decay=float(weight_decay),
             )
         )
-        self.model = build_timm_vit(
-            model_name=model_name, num_classes=num_classes, overrides=overrides, checkpoint=checkpoint
-        )
+        self.model = build_timm_vit(model_name=model_name, num_classes=num_classes, overrides=overrides, checkpoint=checkpoint)
         # imported here: torchmetrics.classification imports every functional metric domain (transformers
         # among them), which a run that never pre-trains should not pay for
         from torchmetrics.classification import MulticlassAccuracy
@@ -187,8 +192,12 @@ class ViTClassifier(lightning.LightningModule):
         """A batch whose images arrive as uint8 (a store's, ``synthesis/store.py``) gets ``batch_transform`` (the
         float part: ``ToDtype``, clamp, ``Normalize``) here, on this module's device."""
         transform = self.batch_transform
-        if transform is None or not isinstance(batch, (tuple, list)) or not isinstance(batch[0], torch.Tensor) \
-                or batch[0].dtype != torch.uint8:
+        if (
+            transform is None
+            or not isinstance(batch, (tuple, list))
+            or not isinstance(batch[0], torch.Tensor)
+            or batch[0].dtype != torch.uint8
+        ):
             return batch
         return type(batch)([transform(batch[0]), *batch[1:]])
 
@@ -267,8 +276,9 @@ def split_holdout(dataset: Dataset, fraction: float, seed: int) -> tuple[Subset,
         raise ValueError(f"holdout_fraction={fraction!r} is not allowed; expected a float in (0, 1)")
     n_holdout = int(round(fraction * n))
     if not 0 < n_holdout < n:
-        raise ValueError(f"holdout_fraction={fraction!r} is not allowed; expected a fraction that leaves both parts "
-                         f"non-empty for {n} images")
+        raise ValueError(
+            f"holdout_fraction={fraction!r} is not allowed; expected a fraction that leaves both parts non-empty for {n} images"
+        )
     order = np.random.default_rng(seed).permutation(n)
     return Subset(dataset, order[n_holdout:].tolist()), Subset(dataset, order[:n_holdout].tolist())
 
@@ -277,10 +287,12 @@ def _rng_states() -> dict[str, Any]:
     """The global random states, in types ``torch.load(weights_only=True)`` reads (every checkpoint of the
     Trainer carries them, the best one that :func:`load_pretrained_vit` reads too)."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
-            "numpy": [str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
-            "python": random.getstate()}
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+        "numpy": [str(name), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+        "python": random.getstate(),
+    }
 
 
 def _set_rng_states(states: Mapping[str, Any]) -> None:
@@ -302,8 +314,9 @@ class _EpochState(Checkpoint):
     state and are put back when a resumed fit restores it (after the model was rebuilt, which draws).
     """
 
-    def __init__(self, path: Path, generator: torch.Generator, guard: RankGuard | None = None,
-                 io: GuardedIO | None = None) -> None:
+    def __init__(
+        self, path: Path, generator: torch.Generator, guard: RankGuard | None = None, io: GuardedIO | None = None
+    ) -> None:
         self.path, self.generator, self.guard, self.io = path, generator, guard, io
 
     def on_train_epoch_end(self, trainer: lightning.Trainer, pl_module: lightning.LightningModule) -> None:
@@ -401,13 +414,11 @@ class _Interruption(Callback):
 
     exception: BaseException | None = None
 
-    def on_exception(self, trainer: lightning.Trainer, pl_module: lightning.LightningModule,
-                     exception: BaseException) -> None:
+    def on_exception(self, trainer: lightning.Trainer, pl_module: lightning.LightningModule, exception: BaseException) -> None:
         self.exception = exception
 
 
-def _fit(trainer: lightning.Trainer, module: lightning.LightningModule, interruption: _Interruption,
-         **kwargs: Any) -> None:
+def _fit(trainer: lightning.Trainer, module: lightning.LightningModule, interruption: _Interruption, **kwargs: Any) -> None:
     main = threading.current_thread() is threading.main_thread()
     sigint = signal.getsignal(signal.SIGINT) if main else None
     try:
@@ -494,12 +505,24 @@ def pretrain_classifier(
     _check_lengths(max_epochs=max_epochs, batch_size=batch_size, patience=patience)
     out = Path(out_dir)
     lightning.seed_everything(seed, workers=True, verbose=False)
-    module = ViTClassifier(model_name=model_name, num_classes=num_classes, overrides=overrides, checkpoint=checkpoint,
-                           lr=lr, weight_decay=weight_decay)
+    module = ViTClassifier(
+        model_name=model_name,
+        num_classes=num_classes,
+        overrides=overrides,
+        checkpoint=checkpoint,
+        lr=lr,
+        weight_decay=weight_decay,
+    )
     module.batch_transform = batch_transform
     generator = torch.Generator().manual_seed(seed)
-    data = dict(train_dataset=train_dataset, val_dataset=val_dataset, batch_size=batch_size, num_workers=num_workers,
-                pin_memory=pin_memory, generator=generator)
+    data = dict(
+        train_dataset=train_dataset,
+        val_dataset=val_dataset,
+        batch_size=batch_size,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        generator=generator,
+    )
     if ranks is not None and ranks.world > 1:
         setup = _over_ranks(module, ranks, seed=seed, callbacks=callbacks, check_every=check_every, **data)
     else:
@@ -507,18 +530,29 @@ def pretrain_classifier(
     return _fit_resumable(module, setup, out, generator, precision=precision, max_epochs=max_epochs, patience=patience)
 
 
-def _fit_resumable(module: ViTClassifier, setup: _Setup, out: Path, generator: torch.Generator, *, precision: str,
-                   max_epochs: int, patience: int) -> PretrainResult:
+def _fit_resumable(
+    module: ViTClassifier, setup: _Setup, out: Path, generator: torch.Generator, *, precision: str, max_epochs: int, patience: int
+) -> PretrainResult:
     """:func:`pretrain_classifier`'s fit: from the epoch state when there is one, with early stopping, the best
     checkpoint and the epoch state written each epoch; the epoch state deleted once training has finished."""
     best = _best_checkpoint(out)
     state = out / EPOCH_STATE
     resuming = state.is_file()
     interruption = _Interruption()
-    checkpointing = [EarlyStopping(monitor=_MONITOR, mode="max", patience=patience), best,
-                     _EpochState(state, generator, setup.guard, setup.io), interruption]
-    trainer = _trainer(setup, out=out, precision=precision, max_epochs=max_epochs, callbacks=checkpointing,
-                       epochs_done=_epochs_done(state) if resuming else 0)
+    checkpointing = [
+        EarlyStopping(monitor=_MONITOR, mode="max", patience=patience),
+        best,
+        _EpochState(state, generator, setup.guard, setup.io),
+        interruption,
+    ]
+    trainer = _trainer(
+        setup,
+        out=out,
+        precision=precision,
+        max_epochs=max_epochs,
+        callbacks=checkpointing,
+        epochs_done=_epochs_done(state) if resuming else 0,
+    )
     _fit_from(trainer, module, interruption, setup, state=state if resuming else None)
     if not setup.parallel or trainer.is_global_zero:
         state.unlink(missing_ok=True)
@@ -555,39 +589,75 @@ class _Setup(NamedTuple):
         return self.guard is not None
 
 
-def _one_process(*, train_dataset: Dataset, val_dataset: Dataset, batch_size: int, num_workers: int,
-                 pin_memory: bool, generator: torch.Generator, accelerator: str, devices: int,
-                 callbacks: Sequence[Callback]) -> _Setup:
+def _one_process(
+    *,
+    train_dataset: Dataset,
+    val_dataset: Dataset,
+    batch_size: int,
+    num_workers: int,
+    pin_memory: bool,
+    generator: torch.Generator,
+    accelerator: str,
+    devices: int,
+    callbacks: Sequence[Callback],
+) -> _Setup:
     """One process's pre-training: shuffled training batches in ``generator``'s order, the held-out ones in order."""
     # collate: default_collate, or a stored batch's float part run on the whole batch (synthesis/store.py)
     train_loader = DataLoader(
-        train_dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers, pin_memory=pin_memory,
-        generator=generator, collate_fn=collate)
-    val_loader = DataLoader(val_dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers,
-                            pin_memory=pin_memory, collate_fn=collate)
+        train_dataset,
+        batch_size=batch_size,
+        shuffle=True,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        generator=generator,
+        collate_fn=collate,
+    )
+    val_loader = DataLoader(
+        val_dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers, pin_memory=pin_memory, collate_fn=collate
+    )
     return _Setup(train_loader, val_loader, accelerator, devices, callbacks)
 
 
-def _over_ranks(module: ViTClassifier, ranks: Ranks, *, train_dataset: Dataset, val_dataset: Dataset, batch_size: int,
-                num_workers: int, pin_memory: bool, generator: torch.Generator, seed: int,
-                callbacks: Sequence[Callback], check_every: int = 1) -> _Setup:
+def _over_ranks(
+    module: ViTClassifier,
+    ranks: Ranks,
+    *,
+    train_dataset: Dataset,
+    val_dataset: Dataset,
+    batch_size: int,
+    num_workers: int,
+    pin_memory: bool,
+    generator: torch.Generator,
+    seed: int,
+    callbacks: Sequence[Callback],
+    check_every: int = 1,
+) -> _Setup:
     """The ranks' data-parallel pre-training (``pretraining_ranks.py``): ``module`` shares its steps over ``ranks``,
     each rank loads its shard of every global batch, on its own device, and reseeds per (seed, epoch, rank)."""
     device = torch.device(ranks.fabric.device)
     guard, io = RankGuard(ranks, device, every=check_every), GuardedIO()
     module.share_over_ranks(guard)
     split = dict(rank=ranks.rank, world=ranks.world)
-    workers = dict(num_workers=num_workers, pin_memory=pin_memory,
-                   worker_init_fn=partial(seed_rank_worker, ranks.rank) if num_workers else None)
-    train_loader = DataLoader(RankItems(train_dataset), batch_sampler=RankBatches(
-        len(train_dataset), batch_size, generator=generator, **split),  # type: ignore[arg-type]
-        generator=generator, collate_fn=collate_rank_items, **workers)
-    val_loader = DataLoader(RankItems(val_dataset), batch_sampler=RankBatches(
-        len(val_dataset), batch_size, generator=None, **split),  # type: ignore[arg-type]
-        collate_fn=collate_rank_items, **workers)
+    workers = dict(
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        worker_init_fn=partial(seed_rank_worker, ranks.rank) if num_workers else None,
+    )
+    train_loader = DataLoader(
+        RankItems(train_dataset),
+        batch_sampler=RankBatches(len(train_dataset), batch_size, generator=generator, **split),  # type: ignore[arg-type]
+        generator=generator,
+        collate_fn=collate_rank_items,
+        **workers,
+    )
+    val_loader = DataLoader(
+        RankItems(val_dataset),
+        batch_sampler=RankBatches(len(val_dataset), batch_size, generator=None, **split),  # type: ignore[arg-type]
+        collate_fn=collate_rank_items,
+        **workers,
+    )
     strategy = dict(strategy=JoinedDDP(ranks, device), plugins=[io], use_distributed_sampler=False)
-    return _Setup(train_loader, val_loader, device.type, 1, [*callbacks, RankSeeds(seed, ranks.rank)], guard, io,
-                  strategy)
+    return _Setup(train_loader, val_loader, device.type, 1, [*callbacks, RankSeeds(seed, ranks.rank)], guard, io, strategy)
 
 
 def _best_checkpoint(out: Path) -> ModelCheckpoint:
@@ -595,13 +665,18 @@ def _best_checkpoint(out: Path) -> ModelCheckpoint:
     # the best epoch's weights only (load_pretrained_vit reads them): AdamW's two moments would treble a ViT-L's
     # 1.2 GB at every new best; the optimizer a resume needs is in the epoch state
     return ModelCheckpoint(
-        dirpath=out / "checkpoints", filename="best-{epoch}", monitor=_MONITOR, mode="max", save_top_k=1,
+        dirpath=out / "checkpoints",
+        filename="best-{epoch}",
+        monitor=_MONITOR,
+        mode="max",
+        save_top_k=1,
         save_weights_only=True,
     )
 
 
-def _trainer(setup: _Setup, *, out: Path, precision: str, max_epochs: int, callbacks: Sequence[Callback],
-             epochs_done: int) -> lightning.Trainer:
+def _trainer(
+    setup: _Setup, *, out: Path, precision: str, max_epochs: int, callbacks: Sequence[Callback], epochs_done: int
+) -> lightning.Trainer:
     """The pre-training's Trainer: ``setup``'s callbacks then ``callbacks`` (the checkpointing ones), the CSV log
     continued after ``epochs_done`` epochs; over ranks without Lightning's SIGTERM handler."""
     trainer = lightning.Trainer(
@@ -626,14 +701,27 @@ def _trainer(setup: _Setup, *, out: Path, precision: str, max_epochs: int, callb
     return trainer
 
 
-def _fit_from(trainer: lightning.Trainer, module: lightning.LightningModule, interruption: _Interruption,
-              setup: _Setup, *, state: Path | None) -> None:
+def _fit_from(
+    trainer: lightning.Trainer,
+    module: lightning.LightningModule,
+    interruption: _Interruption,
+    setup: _Setup,
+    *,
+    state: Path | None,
+) -> None:
     """:func:`_fit` on ``setup``'s loaders, continuing from the epoch state ``state`` (None: a fresh pre-training)."""
     with warnings.catch_warnings():
         if state is not None:  # the best checkpoint so far is in there, as it should be
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
-        _fit(trainer, module, interruption, train_dataloaders=setup.train_loader, val_dataloaders=setup.val_loader,
-             ckpt_path=state, weights_only=True)  # plain types only (_rng_states)
+        _fit(
+            trainer,
+            module,
+            interruption,
+            train_dataloaders=setup.train_loader,
+            val_dataloaders=setup.val_loader,
+            ckpt_path=state,
+            weights_only=True,
+        )  # plain types only (_rng_states)
 
 
 def load_pretrained_vit(ckpt_path: str | os.PathLike[str], *, map_location: str | torch.device = "cpu") -> nn.Module:

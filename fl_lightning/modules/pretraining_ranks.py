@@ -46,8 +46,18 @@ from torch.utils.data._utils.collate import default_collate
 from fl_lightning.dealing import Deal
 from fl_lightning.federation.collectives import Ranks, everyone, waiting
 
-__all__ = ["RankBatches", "RankItems", "FailedBatch", "collate_rank_items", "RankGuard", "GuardedIO", "RankSeeds",
-           "JoinedDDP", "shard_rows", "seed_rank_worker"]
+__all__ = [
+    "RankBatches",
+    "RankItems",
+    "FailedBatch",
+    "collate_rank_items",
+    "RankGuard",
+    "GuardedIO",
+    "RankSeeds",
+    "JoinedDDP",
+    "shard_rows",
+    "seed_rank_worker",
+]
 
 
 def shard_rows(batch: Sequence[int], rank: int, world: int) -> list[tuple[int, float, int]]:
@@ -85,7 +95,7 @@ class RankBatches:
             order = torch.randperm(self.n, generator=self.generator).tolist()
             torch.randperm(self.n, generator=self.generator)  # RandomSampler's second (empty-sliced) draw
         for start in range(0, self.n, self.batch_size):
-            yield shard_rows(order[start:start + self.batch_size], self.rank, self.world)
+            yield shard_rows(order[start : start + self.batch_size], self.rank, self.world)
 
 
 class FailedBatch:
@@ -257,8 +267,12 @@ class JoinedDDP(DDPStrategy):
     running statistics; the ranks' weights are equal after every step)."""
 
     def __init__(self, ranks: Ranks, device: torch.device) -> None:
-        super().__init__(cluster_environment=_JoinedEnvironment(ranks), parallel_devices=[device],
-                         process_group_backend=str(dist.get_backend()), forward_sync_buffers=False)
+        super().__init__(
+            cluster_environment=_JoinedEnvironment(ranks),
+            parallel_devices=[device],
+            process_group_backend=str(dist.get_backend()),
+            forward_sync_buffers=False,
+        )
         self._device = device
 
     @property

@@ -92,5 +92,10 @@ class PromptTuningModule(LightningModule):
         return [self.model.prompts, *self.head.parameters()]
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return make_optimizer(self.trainable_parameters(), name=self.optimizer_name, lr=self.lr,
-                              momentum=self.momentum, weight_decay=self.weight_decay)
+        return make_optimizer(
+            self.trainable_parameters(),
+            name=self.optimizer_name,
+            lr=self.lr,
+            momentum=self.momentum,
+            weight_decay=self.weight_decay,
+        )

@@ -47,8 +47,7 @@ def _event(sigma: float, parts: Sequence[tuple[float, int]]):
     import dp_accounting
 
     gaussian = dp_accounting.GaussianDpEvent(sigma)
-    sampled = [(gaussian if q >= 1.0 else dp_accounting.PoissonSampledDpEvent(q, gaussian), steps)
-               for q, steps in parts]
+    sampled = [(gaussian if q >= 1.0 else dp_accounting.PoissonSampledDpEvent(q, gaussian), steps) for q, steps in parts]
     events = [dp_accounting.SelfComposedDpEvent(event, steps) for event, steps in sampled]
     return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)
 
@@ -65,8 +64,15 @@ def _check(parts: Sequence[tuple[float, int]], delta: float) -> None:
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
 
 
-def epsilon(sigma: float, *, q: float = 1.0, steps: int = 1, delta: float,
-            accountant: Literal["rdp", "pld"] = "rdp", parts: Sequence[tuple[float, int]] | None = None) -> float:
+def epsilon(
+    sigma: float,
+    *,
+    q: float = 1.0,
+    steps: int = 1,
+    delta: float,
+    accountant: Literal["rdp", "pld"] = "rdp",
+    parts: Sequence[tuple[float, int]] | None = None,
+) -> float:
     """ε of ``steps`` releases of a Gaussian mechanism with noise multiplier σ (std σ·Δ), sampled at rate q.
 
     Args:
@@ -91,9 +97,16 @@ def epsilon(sigma: float, *, q: float = 1.0, steps: int = 1, delta: float,
     return float(acc.get_epsilon(delta))
 
 
-def noise_multiplier(target_epsilon: float, *, q: float = 1.0, steps: int = 1, delta: float,
-                     accountant: Literal["rdp", "pld"] = "rdp", tol: float = 1e-3,
-                     parts: Sequence[tuple[float, int]] | None = None) -> float:
+def noise_multiplier(
+    target_epsilon: float,
+    *,
+    q: float = 1.0,
+    steps: int = 1,
+    delta: float,
+    accountant: Literal["rdp", "pld"] = "rdp",
+    tol: float = 1e-3,
+    parts: Sequence[tuple[float, int]] | None = None,
+) -> float:
     """The smallest σ (within ``tol``) whose ``steps`` releases at rate q are (target_epsilon, δ)-DP.
 
     Found by ``dp_accounting.mechanism_calibration.calibrate_dp_mechanism`` with the chosen accountant.
@@ -110,8 +123,17 @@ def noise_multiplier(target_epsilon: float, *, q: float = 1.0, steps: int = 1, d
     # reachability by RDP (an upper bound on ε that is cheap at any σ; the PLD grid is slow for huge σ)
     if epsilon(MAX_NOISE_MULTIPLIER, delta=delta, accountant="rdp", parts=parts) > target_epsilon:
         shown = ", ".join(f"{steps} at rate {q:g}" for q, steps in parts)
-        raise ValueError(f"no noise multiplier <= {MAX_NOISE_MULTIPLIER:g} reaches epsilon={target_epsilon:g} at "
-                         f"delta={delta:g} over the releases ({shown})")
-    return float(mc.calibrate_dp_mechanism(
-        lambda: _accountant(accountant), lambda s: _event(s, parts), target_epsilon, delta,
-        mc.LowerEndpointAndGuess(1e-2, 1.0), tol=tol))
+        raise ValueError(
+            f"no noise multiplier <= {MAX_NOISE_MULTIPLIER:g} reaches epsilon={target_epsilon:g} at "
+            f"delta={delta:g} over the releases ({shown})"
+        )
+    return float(
+        mc.calibrate_dp_mechanism(
+            lambda: _accountant(accountant),
+            lambda s: _event(s, parts),
+            target_epsilon,
+            delta,
+            mc.LowerEndpointAndGuess(1e-2, 1.0),
+            tol=tol,
+        )
+    )

@@ -71,8 +71,9 @@ def _counts(scores: ArrayLike, threshold: float) -> tuple[int, int]:
     return int(np.count_nonzero(s > threshold)), int(s.size)
 
 
-def epsilon_lower_bound(scores_d: ArrayLike, scores_d_prime: ArrayLike, threshold: float, delta: float,
-                        confidence: float = 0.95) -> float:
+def epsilon_lower_bound(
+    scores_d: ArrayLike, scores_d_prime: ArrayLike, threshold: float, delta: float, confidence: float = 0.95
+) -> float:
     """The largest ε the draws prove at ``confidence`` for the attack "D when score > threshold".
 
     max(ln((TPR_lo − δ)/FPR_hi), ln((TNR_lo − δ)/FNR_hi), 0), with TPR_lo, FPR_hi the ends of the two-sided
@@ -113,12 +114,12 @@ def gaussian_epsilon(mu: float, delta: float) -> float:
         return 0.0
     log_delta = math.log(delta)
     upper = mu * (mu / 2.0 - float(special.ndtri(delta)))
-    return float(optimize.brentq(lambda e: _log_gaussian_delta(e, mu) - log_delta, 0.0, upper,
-                                 xtol=1e-14, rtol=1e-14))
+    return float(optimize.brentq(lambda e: _log_gaussian_delta(e, mu) - log_delta, 0.0, upper, xtol=1e-14, rtol=1e-14))
 
 
-def best_threshold(scores_d: ArrayLike, scores_d_prime: ArrayLike, delta: float, candidates: Sequence[float],
-                   confidence: float = 0.95) -> float:
+def best_threshold(
+    scores_d: ArrayLike, scores_d_prime: ArrayLike, delta: float, candidates: Sequence[float], confidence: float = 0.95
+) -> float:
     """The candidate threshold with the largest ε bound on these draws (pass a half not used for the audit).
 
     The criterion is :func:`epsilon_lower_bound` itself rather than the plug-in estimate ln((TPR − δ)/FPR),

@@ -30,21 +30,20 @@ __all__ = ["shared_keys", "update_norm", "clip_update", "private_mean"]
 
 def shared_keys(global_state: Mapping[str, Tensor], tensors: Mapping[str, Tensor]) -> list[str]:
     """The floating-point keys of ``tensors`` that the global state holds with the same shape: the update."""
-    return [k for k, t in tensors.items()
-            if t.is_floating_point() and k in global_state and global_state[k].shape == t.shape]
+    return [k for k, t in tensors.items() if t.is_floating_point() and k in global_state and global_state[k].shape == t.shape]
 
 
 def update_norm(global_state: Mapping[str, Tensor], tensors: Mapping[str, Tensor], keys: list[str]) -> float:
     """‖Δ_k‖₂ = sqrt(Σ_key ‖w_k[key] − w_t[key]‖²), in float64."""
     total = 0.0
     for k in keys:
-        total += float((tensors[k].detach().double() - global_state[k].detach().double().to(tensors[k].device))
-                       .pow(2).sum())
+        total += float((tensors[k].detach().double() - global_state[k].detach().double().to(tensors[k].device)).pow(2).sum())
     return math.sqrt(total)
 
 
-def clip_update(global_state: Mapping[str, Tensor], tensors: Mapping[str, Tensor],
-                clip_norm: float) -> tuple[dict[str, Tensor], float]:
+def clip_update(
+    global_state: Mapping[str, Tensor], tensors: Mapping[str, Tensor], clip_norm: float
+) -> tuple[dict[str, Tensor], float]:
     """``w_t + Δ_k · min(1, S/‖Δ_k‖)`` for the shared keys, the other tensors as they are.
 
     Args:
@@ -69,9 +68,16 @@ def clip_update(global_state: Mapping[str, Tensor], tensors: Mapping[str, Tensor
     return out, norm
 
 
-def private_mean(previous: Mapping[str, Tensor], mean: Mapping[str, Tensor], holders: Mapping[str, int], *,
-                 denominator: int, noise_multiplier: float, clip_norm: float,
-                 generator: torch.Generator) -> dict[str, Tensor]:
+def private_mean(
+    previous: Mapping[str, Tensor],
+    mean: Mapping[str, Tensor],
+    holders: Mapping[str, int],
+    *,
+    denominator: int,
+    noise_multiplier: float,
+    clip_norm: float,
+    generator: torch.Generator,
+) -> dict[str, Tensor]:
     """The fixed-denominator estimate with the Gaussian mechanism's noise, from the method's plain mean.
 
     For each averaged key, ``w_t + (m_key / D) (mean − w_t) + N(0, (σ S / D)²)``: the method's mean over its

@@ -29,8 +29,9 @@ from typing import Literal
 __all__ = ["latent_noise_multiplier", "summary_sensitivity", "latent_epsilon"]
 
 
-def summary_sensitivity(clip_norm: float, *, summary: Literal["class_mean", "kmeans"], min_count: int = 1,
-                        num_centroids: int = 0) -> float:
+def summary_sensitivity(
+    clip_norm: float, *, summary: Literal["class_mean", "kmeans"], min_count: int = 1, num_centroids: int = 0
+) -> float:
     """Δ of the uploaded summaries of one class to replacing one record (module docstring)."""
     if not clip_norm > 0 or math.isinf(clip_norm):
         raise ValueError(f"clip norm must be a finite float > 0, got {clip_norm!r}")
@@ -50,13 +51,20 @@ def latent_noise_multiplier(alpha_bar: float, sensitivity: float) -> float:
     return math.sqrt((1.0 - alpha_bar) / alpha_bar) / sensitivity
 
 
-def latent_epsilon(alpha_bar: float, *, clip_norm: float, delta: float,
-                   summary: Literal["class_mean", "kmeans"] = "class_mean", min_count: int = 1,
-                   num_centroids: int = 0, accountant: Literal["rdp", "pld"] = "rdp") -> float:
+def latent_epsilon(
+    alpha_bar: float,
+    *,
+    clip_norm: float,
+    delta: float,
+    summary: Literal["class_mean", "kmeans"] = "class_mean",
+    min_count: int = 1,
+    num_centroids: int = 0,
+    accountant: Literal["rdp", "pld"] = "rdp",
+) -> float:
     """ε of one client's upload (one release per record: classes are disjoint) at ᾱ_s, by the accountant."""
     from fl_lightning.privacy.accountant import epsilon
 
-    sigma = latent_noise_multiplier(alpha_bar, summary_sensitivity(clip_norm, summary=summary,
-                                                                   min_count=min_count,
-                                                                   num_centroids=num_centroids))
+    sigma = latent_noise_multiplier(
+        alpha_bar, summary_sensitivity(clip_norm, summary=summary, min_count=min_count, num_centroids=num_centroids)
+    )
     return epsilon(sigma, q=1.0, steps=1, delta=delta, accountant=accountant)

@@ -23,8 +23,7 @@ def poisson_batches(num_records: int, rate: float, steps: int, generator: torch.
     ``rate`` (lists may be empty), drawn one step at a time from ``generator``."""
     if not 0.0 < rate <= 1.0:
         raise ValueError(f"a sampling rate in (0, 1], got {rate}")
-    return [torch.nonzero(torch.rand(num_records, generator=generator) < rate).flatten().tolist()
-            for _ in range(steps)]
+    return [torch.nonzero(torch.rand(num_records, generator=generator) < rate).flatten().tolist() for _ in range(steps)]
 
 
 class PoissonBatches:
@@ -43,8 +42,15 @@ class PoissonBatches:
         make_loader: builds the iterable of collated batches for a list of non-empty index lists, in order.
     """
 
-    def __init__(self, num_records: int, *, rate: float, steps_per_epoch: int, generator: torch.Generator,
-                 make_loader: Callable[[list[list[int]]], Iterable[Any]]) -> None:
+    def __init__(
+        self,
+        num_records: int,
+        *,
+        rate: float,
+        steps_per_epoch: int,
+        generator: torch.Generator,
+        make_loader: Callable[[list[list[int]]], Iterable[Any]],
+    ) -> None:
         self.num_records, self.rate, self.steps_per_epoch = num_records, rate, steps_per_epoch
         self.generator, self.make_loader = generator, make_loader
 

@@ -40,7 +40,7 @@ def clip_features(h: Tensor, clip_norm: float) -> Tensor:
 
 def sensitivity(clip_norm: float, *, with_counts: bool = False) -> float:
     """The L2 sensitivity Δ = sqrt(c⁴ + c² (+ 1)) of (upper(R), C (, counts)) to one record (module docstring)."""
-    return math.sqrt(clip_norm ** 4 + clip_norm ** 2 + (1.0 if with_counts else 0.0))
+    return math.sqrt(clip_norm**4 + clip_norm**2 + (1.0 if with_counts else 0.0))
 
 
 def _upper_to_symmetric(vec: Tensor) -> Tensor:
@@ -59,8 +59,9 @@ def _diagonal_positions(d: int) -> Tensor:
     return torch.nonzero(i == j).flatten()
 
 
-def noise_statistics(tensors: Mapping[str, Tensor], *, std: float, generator: torch.Generator,
-                     psd_shift: bool = True) -> dict[str, Tensor]:
+def noise_statistics(
+    tensors: Mapping[str, Tensor], *, std: float, generator: torch.Generator, psd_shift: bool = True
+) -> dict[str, Tensor]:
     """``tensors`` (one client's, or the first of a sum) with N(0, std²) on R_upper, C (and ``counts``).
 
     Args:
@@ -81,11 +82,13 @@ def noise_statistics(tensors: Mapping[str, Tensor], *, std: float, generator: to
         z_upper[_diagonal_positions(d)] += shift
     out["R_upper"] = (upper.double() + z_upper.to(upper.device)).to(upper.dtype)
     C = tensors["C"]
-    out["C"] = (C.double() + (torch.randn(C.shape, generator=generator, dtype=torch.float64) * std).to(C.device)
-                ).to(C.dtype)
+    out["C"] = (C.double() + (torch.randn(C.shape, generator=generator, dtype=torch.float64) * std).to(C.device)).to(C.dtype)
     if "counts" in tensors:
         n = tensors["counts"]
         z = torch.randn(n.shape, generator=generator, dtype=torch.float64) * std
-        out["counts"] = (n + torch.round(z).to(n.device).to(n.dtype)) if not n.is_floating_point() else \
-            (n.double() + z.to(n.device)).to(n.dtype)
+        out["counts"] = (
+            (n + torch.round(z).to(n.device).to(n.dtype))
+            if not n.is_floating_point()
+            else (n.double() + z.to(n.device)).to(n.dtype)
+        )
     return out

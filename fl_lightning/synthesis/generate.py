@@ -123,9 +123,7 @@ def _check_rho(rho: float) -> None:
 
 
 def _check_fraction(name: str, value: float, *, upper_open: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and 0.0 <= float(value) and (
-        float(value) < 1.0 if upper_open else float(value) <= 1.0
-    )
+    ok = isinstance(value, (int, float)) and 0.0 <= float(value) and (float(value) < 1.0 if upper_open else float(value) <= 1.0)
     if not ok:
         raise ValueError(f"{name} must be a float in [0, {'1)' if upper_open else '1]'}, got {value!r}")
 
@@ -155,9 +153,7 @@ def top_up_std(alpha_bar: float, noise_fraction: float) -> float:
     return math.sqrt((1.0 - float(alpha_bar)) * (1.0 - float(noise_fraction)))
 
 
-def top_up_latent(
-    mixed: torch.Tensor, noise: torch.Tensor, *, alpha_bar: float, noise_fraction: float
-) -> torch.Tensor:
+def top_up_latent(mixed: torch.Tensor, noise: torch.Tensor, *, alpha_bar: float, noise_fraction: float) -> torch.Tensor:
     """x_s = Ē + sqrt((1 − ᾱ_s)(1 − q)) ξ: a mix of noised latents, topped up to the schedule's noise.
 
     Derivation. The client noises its centroid c_z and class average m at timestep s with the
@@ -190,9 +186,7 @@ def top_up_latent(
     return mixed + top_up_std(alpha_bar, noise_fraction) * noise.to(mixed.dtype)
 
 
-def fresh_timestep(
-    alphas_cumprod: torch.Tensor, timestep: int, noise_fraction: float, min_fresh_fraction: float
-) -> int:
+def fresh_timestep(alphas_cumprod: torch.Tensor, timestep: int, noise_fraction: float, min_fresh_fraction: float) -> int:
     """The first t ≥ s at which at least ``min_fresh_fraction`` of a latent's noise is its own.
 
     After :func:`top_up_latent` a latent at s holds shared noise (variance q σ_s², the same for
@@ -402,8 +396,10 @@ def start_latent(
     xi_top = torch.randn(shape, generator=gen, dtype=torch.float64)
     xi_fwd = torch.randn(shape, generator=gen, dtype=torch.float64)
     x = top_up_latent(
-        request.latent.detach().to("cpu", torch.float64), xi_top,
-        alpha_bar=float(abar[s]), noise_fraction=request.noise_fraction,
+        request.latent.detach().to("cpu", torch.float64),
+        xi_top,
+        alpha_bar=float(abar[s]),
+        noise_fraction=request.noise_fraction,
     )
     if t != s:
         x = diffuse_forward(x, xi_fwd, alpha_bar_s=float(abar[s]), alpha_bar_t=float(abar[t]))
@@ -591,16 +587,12 @@ def _manifest_row(req: GenerationRequest, start_timestep: int) -> dict[str, obje
     }
 
 
-def _batches(
-    requests: Sequence[GenerationRequest], starts: Sequence[int], batch_size: int
-) -> list[list[GenerationRequest]]:
+def _batches(requests: Sequence[GenerationRequest], starts: Sequence[int], batch_size: int) -> list[list[GenerationRequest]]:
     """Batches of requests that share a start timestep (one sampling chain per batch)."""
     by_t: dict[int, list[GenerationRequest]] = defaultdict(list)
     for req, t in zip(requests, starts):
         by_t[t].append(req)
-    return [
-        by_t[t][i : i + batch_size] for t in sorted(by_t) for i in range(0, len(by_t[t]), batch_size)
-    ]
+    return [by_t[t][i : i + batch_size] for t in sorted(by_t) for i in range(0, len(by_t[t]), batch_size)]
 
 
 class _Writer:
@@ -710,9 +702,19 @@ def generate_images(
     pending = _pending_batches(requests, start_t, out_dir, batch_size=batch_size, rank=rank, world=world)
     out_dir.mkdir(parents=True, exist_ok=True)
     if pending:
-        _sample_pending(components, pending, out_dir, abar, batch_size=batch_size,
-                        num_inference_steps=num_inference_steps, guidance_scale=guidance_scale, device=device,
-                        dtype=dtype, progress=progress, min_fresh_fraction=min_fresh_fraction)
+        _sample_pending(
+            components,
+            pending,
+            out_dir,
+            abar,
+            batch_size=batch_size,
+            num_inference_steps=num_inference_steps,
+            guidance_scale=guidance_scale,
+            device=device,
+            dtype=dtype,
+            progress=progress,
+            min_fresh_fraction=min_fresh_fraction,
+        )
     manifest = out_dir / MANIFEST_NAME
     if rank != 0:
         return manifest
@@ -722,8 +724,7 @@ def generate_images(
     return manifest
 
 
-def _start_timesteps(requests: Sequence[GenerationRequest], abar: torch.Tensor,
-                     min_fresh_fraction: float) -> list[int]:
+def _start_timesteps(requests: Sequence[GenerationRequest], abar: torch.Tensor, min_fresh_fraction: float) -> list[int]:
     """Each request's start timestep t (:func:`fresh_timestep` of its s and noise fraction, computed once per pair)."""
     memo: dict[tuple[int, float], int] = {}
     for req in requests:
@@ -733,8 +734,9 @@ def _start_timesteps(requests: Sequence[GenerationRequest], abar: torch.Tensor,
     return [memo[(int(req.timestep), float(req.noise_fraction))] for req in requests]
 
 
-def _pending_batches(requests: Sequence[GenerationRequest], start_t: Sequence[int], out_dir: Path, *,
-                     batch_size: int, rank: int, world: int) -> list[tuple[list[GenerationRequest], list[bool]]]:
+def _pending_batches(
+    requests: Sequence[GenerationRequest], start_t: Sequence[int], out_dir: Path, *, batch_size: int, rank: int, world: int
+) -> list[tuple[list[GenerationRequest], list[bool]]]:
     """This rank's batches with any image missing under ``out_dir``, each with which of its images are missing."""
     # Batches are formed over ALL requests, as an uninterrupted run forms them, and a batch with any image
     # missing is sampled whole: a batch's arithmetic (its UNet and VAE calls) depends on what else is in it at
@@ -745,10 +747,20 @@ def _pending_batches(requests: Sequence[GenerationRequest], start_t: Sequence[in
     return [(batch, todo) for batch, todo in zip(batches, missing) if any(todo)]
 
 
-def _sample_pending(components: DiffusionComponents, pending: Sequence[tuple[list[GenerationRequest], list[bool]]],
-                    out_dir: Path, abar: torch.Tensor, *, batch_size: int, num_inference_steps: int,
-                    guidance_scale: float, device: torch.device | str, dtype: torch.dtype, progress: bool,
-                    min_fresh_fraction: float) -> None:
+def _sample_pending(
+    components: DiffusionComponents,
+    pending: Sequence[tuple[list[GenerationRequest], list[bool]]],
+    out_dir: Path,
+    abar: torch.Tensor,
+    *,
+    batch_size: int,
+    num_inference_steps: int,
+    guidance_scale: float,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    progress: bool,
+    min_fresh_fraction: float,
+) -> None:
     """Sample every batch of ``pending`` whole and write its missing images (``components`` moved to ``device`` /
     ``dtype``); returns once every file is renamed into place, or raises the sampling's or the first write's error."""
     components.to(device, dtype)
@@ -759,9 +771,16 @@ def _sample_pending(components: DiffusionComponents, pending: Sequence[tuple[lis
         with _progress(progress) as bar:
             task = bar.add_task("synthesising", total=sum(sum(todo) for _, todo in pending))
             for batch, todo in pending:
-                images = _sample_batch(components, batch, abar, uncond, num_inference_steps=num_inference_steps,
-                                       guidance_scale=guidance_scale, device=device,
-                                       min_fresh_fraction=min_fresh_fraction)
+                images = _sample_batch(
+                    components,
+                    batch,
+                    abar,
+                    uncond,
+                    num_inference_steps=num_inference_steps,
+                    guidance_scale=guidance_scale,
+                    device=device,
+                    min_fresh_fraction=min_fresh_fraction,
+                )
                 for req, image, write in zip(batch, images, todo):
                     if write:
                         writer.put(image, out_dir / req.relpath)
@@ -772,9 +791,17 @@ def _sample_pending(components: DiffusionComponents, pending: Sequence[tuple[lis
     writer.close()  # every file renamed into place (or the first write's error) before the manifest
 
 
-def _sample_batch(components: DiffusionComponents, batch: Sequence[GenerationRequest], abar: torch.Tensor,
-                  uncond: torch.Tensor, *, num_inference_steps: int, guidance_scale: float, device: torch.device,
-                  min_fresh_fraction: float) -> torch.Tensor:
+def _sample_batch(
+    components: DiffusionComponents,
+    batch: Sequence[GenerationRequest],
+    abar: torch.Tensor,
+    uncond: torch.Tensor,
+    *,
+    num_inference_steps: int,
+    guidance_scale: float,
+    device: torch.device,
+    min_fresh_fraction: float,
+) -> torch.Tensor:
     """One sampling chain: the batch's start latents denoised from their shared start timestep and decoded,
     (B, 3, H, W) in [0, 1]."""
     starts = [start_latent(req, abar, min_fresh_fraction=min_fresh_fraction) for req in batch]

@@ -94,8 +94,14 @@ class ClassLatentUpload:
         return tensors + 4 * SCALAR_BYTES
 
 
-def vae_inputs(images: torch.Tensor, *, mean: Sequence[float], std: Sequence[float], size: int | None = None,
-               device: torch.device | str | None = None) -> torch.Tensor:
+def vae_inputs(
+    images: torch.Tensor,
+    *,
+    mean: Sequence[float],
+    std: Sequence[float],
+    size: int | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
     """A batch of normalised ViT inputs back in [0, 1] on ``device``, resized to ``size`` × ``size``.
 
     The batch is moved first (on a GPU the de-normalisation and the resize then run there), then
@@ -146,8 +152,9 @@ def _posterior_mean(vae: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype) -
 
 
 @torch.no_grad()
-def encode_images(vae: torch.nn.Module, images: torch.Tensor, *, batch_size: int = 16,
-                  dtype: torch.dtype | None = None) -> torch.Tensor:
+def encode_images(
+    vae: torch.nn.Module, images: torch.Tensor, *, batch_size: int = 16, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """VAE-encode images in [0, 1] into scaled latents z = scaling_factor · mean(E(2x − 1)).
 
     The posterior mean (not a sample) is used so a client's latents are deterministic; the noise
@@ -230,9 +237,7 @@ def class_centroids(
     return centroids.to(device=latents.device, dtype=latents.dtype), mean
 
 
-def noise_latents(
-    scheduler, latents: torch.Tensor, timestep: int, generator: torch.Generator | None = None
-) -> torch.Tensor:
+def noise_latents(scheduler, latents: torch.Tensor, timestep: int, generator: torch.Generator | None = None) -> torch.Tensor:
     """Forward-diffuse latents to timestep s: x_s = sqrt(ᾱ_s) x_0 + sqrt(1 − ᾱ_s) ε, ε ~ N(0, I).
 
     Uses the scheduler's own ``add_noise`` (DDPM forward process, Ho et al. 2020, Eq. 4), so the
@@ -312,11 +317,14 @@ def client_latent_uploads(
     """
     total = int(scheduler.config.num_train_timesteps)
     if not 1 <= int(min_timestep) <= int(max_timestep) < total:
-        raise ValueError(f"need 1 <= min_timestep <= max_timestep < {total} (s = 0 uploads an almost clean latent), "
-                         f"got min_timestep={min_timestep!r}, max_timestep={max_timestep!r}")
+        raise ValueError(
+            f"need 1 <= min_timestep <= max_timestep < {total} (s = 0 uploads an almost clean latent), "
+            f"got min_timestep={min_timestep!r}, max_timestep={max_timestep!r}"
+        )
     if timestep is not None and not int(min_timestep) <= int(timestep) < total:
-        raise ValueError(f"timestep must be None or an int in [{int(min_timestep)}, {total - 1}] (s >= min_timestep), "
-                         f"got {timestep!r}")
+        raise ValueError(
+            f"timestep must be None or an int in [{int(min_timestep)}, {total - 1}] (s >= min_timestep), got {timestep!r}"
+        )
     latents_by_class = _group_by_class(vae, images_by_class, batch_size, dtype)
     uploads = []
     for label in sorted(latents_by_class):
@@ -350,8 +358,14 @@ def to_upload(uploads: Iterable[ClassLatentUpload]) -> Upload:
         key = f"class{up.label}"
         out.tensors[f"{key}.centroids"] = up.centroids
         out.tensors[f"{key}.mean"] = up.mean
-        out.meta.update({f"{key}.label": up.label, f"{key}.count": up.count, f"{key}.timestep": up.timestep,
-                         f"{key}.num_centroids": up.num_centroids})
+        out.meta.update(
+            {
+                f"{key}.label": up.label,
+                f"{key}.count": up.count,
+                f"{key}.timestep": up.timestep,
+                f"{key}.num_centroids": up.num_centroids,
+            }
+        )
     return out
 
 
@@ -373,8 +387,6 @@ def from_upload(upload: Upload) -> list[ClassLatentUpload]:
         )
         recorded = upload.meta.get(f"class{label}.num_centroids", up.num_centroids)
         if int(recorded) != up.num_centroids:
-            raise ValueError(
-                f"class {label}: the upload records {int(recorded)} centroids but carries {up.num_centroids}"
-            )
+            raise ValueError(f"class {label}: the upload records {int(recorded)} centroids but carries {up.num_centroids}")
         out.append(up)
     return out

@@ -53,12 +53,30 @@ _TEMPLATES: tuple[str, ...] = (
     "a good photo of the {attr} {label} {scene}, natural colors.",
 )
 _ATTRIBUTES: tuple[str, ...] = (
-    "small", "large", "bright", "dark", "colorful", "old",
-    "clean", "detailed", "shiny", "weathered", "typical", "striking",
+    "small",
+    "large",
+    "bright",
+    "dark",
+    "colorful",
+    "old",
+    "clean",
+    "detailed",
+    "shiny",
+    "weathered",
+    "typical",
+    "striking",
 )
 _SCENES: tuple[str, ...] = (
-    "in the wild", "on a table", "in a city street", "at sunset", "seen from above",
-    "in soft daylight", "indoors", "against a plain background", "in motion", "up close",
+    "in the wild",
+    "on a table",
+    "in a city street",
+    "at sunset",
+    "seen from above",
+    "in soft daylight",
+    "indoors",
+    "against a plain background",
+    "in motion",
+    "up close",
 )
 
 
@@ -183,8 +201,9 @@ class LLMPromptExpander:
             from fl_lightning.models.hub import looks_like_hub_id, resolve_local_or_hub
 
             if looks_like_hub_id(str(model_path)):
-                self.model_path = resolve_local_or_hub(str(model_path), download=False, key="llm_path",
-                                                       download_key="model.download", what="a causal-LM folder")
+                self.model_path = resolve_local_or_hub(
+                    str(model_path), download=False, key="llm_path", download_key="model.download", what="a causal-LM folder"
+                )
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         if not temperature > 0:
@@ -221,9 +240,7 @@ class LLMPromptExpander:
             model = AutoModelForCausalLM.from_pretrained(self.model_path, local_files_only=True, dtype=self.dtype)
         except (OSError, ValueError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise MissingResourceError(
-                f"could not load a language model from {self.model_path} ({first}); {_LLM_HINT}"
-            ) from err
+            raise MissingResourceError(f"could not load a language model from {self.model_path} ({first}); {_LLM_HINT}") from err
         self.tokenizer = tokenizer
         self.model = model.to(self.device).eval().requires_grad_(False)
 
@@ -310,5 +327,6 @@ def expand_with_cache(
         cached.update(expander.expand(missing, per_label))
         cache_path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(  # a crash never leaves half a cache
-            cache_path, json.dumps({"expander": expander.description, "prompts": cached}, indent=1, ensure_ascii=False))
+            cache_path, json.dumps({"expander": expander.description, "prompts": cached}, indent=1, ensure_ascii=False)
+        )
     return {label: cached[label][:per_label] for label in labels}

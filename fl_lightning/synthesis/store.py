@@ -64,8 +64,18 @@ from fl_lightning.synthesis.generate import MANIFEST_NAME
 if TYPE_CHECKING:
     from fl_lightning.federation.collectives import Ranks
 
-__all__ = ["STORE_DIR", "STORE_MODES", "TransformParts", "array_digest", "split_transform", "store_key",
-           "build_stores", "remove_stores", "StoredImages", "stored_splits"]
+__all__ = [
+    "STORE_DIR",
+    "STORE_MODES",
+    "TransformParts",
+    "array_digest",
+    "split_transform",
+    "store_key",
+    "build_stores",
+    "remove_stores",
+    "StoredImages",
+    "stored_splits",
+]
 
 STORE_DIR = ".store"  # under the synthetic folder
 STORE_MODES = ("exact", "input", "off")
@@ -120,8 +130,11 @@ def store_key(folder: Path, head: v2.Compose) -> str:
 
     raw, items = _manifest(folder)
     digest = hashlib.sha256()
-    digest.update(json.dumps({"format": _FORMAT, "head": repr(head), "torchvision": torchvision.__version__,
-                              "pillow": PIL.__version__}).encode())
+    digest.update(
+        json.dumps(
+            {"format": _FORMAT, "head": repr(head), "torchvision": torchvision.__version__, "pillow": PIL.__version__}
+        ).encode()
+    )
     digest.update(hashlib.sha256(raw).digest())
     for path, _ in items:
         st = (folder / path).stat()
@@ -139,7 +152,7 @@ def array_digest(array: np.ndarray) -> str:
     flat = array.reshape(-1).view(np.uint8) if array.flags.c_contiguous else np.ascontiguousarray(array).reshape(-1)
     digest = hashlib.sha256()
     for start in range(0, flat.size, _HASH_CHUNK):
-        digest.update(flat[start:start + _HASH_CHUNK])
+        digest.update(flat[start : start + _HASH_CHUNK])
     return digest.hexdigest()
 
 
@@ -229,8 +242,9 @@ def build_stores(folder: str | os.PathLike[str], heads: Sequence[v2.Compose], ra
     return paths
 
 
-def _reserve(folder: Path, items: list[tuple[str, int]], heads: dict[str, v2.Compose], paths: dict[str, Path]
-             ) -> tuple[dict[str, tuple[Path, tuple[int, ...]]], str | None]:
+def _reserve(
+    folder: Path, items: list[tuple[str, int]], heads: dict[str, v2.Compose], paths: dict[str, Path]
+) -> tuple[dict[str, tuple[Path, tuple[int, ...]]], str | None]:
     """Rank 0: the stores to build, each reserved under a temporary name with the first image's shape (removing the
     unfit ones); or why the images cannot be stored."""
     fit = _checked_stores(list(paths.values()), len(items))
@@ -255,9 +269,13 @@ def _reserve(folder: Path, items: list[tuple[str, int]], heads: dict[str, v2.Com
     return todo, None
 
 
-def _fill(folder: Path, items: list[tuple[str, int]], heads: dict[str, v2.Compose],
-          todo: dict[str, tuple[Path, tuple[int, ...]]], rows: range
-          ) -> tuple[str | None, dict[str, str], tuple[int, int]]:
+def _fill(
+    folder: Path,
+    items: list[tuple[str, int]],
+    heads: dict[str, v2.Compose],
+    todo: dict[str, tuple[Path, tuple[int, ...]]],
+    rows: range,
+) -> tuple[str | None, dict[str, str], tuple[int, int]]:
     """This rank's block of rows of every reserved store, decoded once for all heads: (a problem or None, the
     SHA-256 of each store's block as written, the block's first row and the row after its last)."""
     arrays = {key: np.load(tmp, mmap_mode="r+") for key, (tmp, _) in todo.items()}
@@ -269,29 +287,41 @@ def _fill(folder: Path, items: list[tuple[str, int]], heads: dict[str, v2.Compos
                 x = head(image)
                 if not (isinstance(x, torch.Tensor) and x.dtype == torch.uint8 and tuple(x.shape) == todo[key][1]):
                     shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-                    return (f"{rel}: the store's head makes {shape}, the first image {todo[key][1]} (images of one "
-                            f"size are stored)"), {}, (rows.start, rows.stop)
+                    return (
+                        (
+                            f"{rel}: the store's head makes {shape}, the first image {todo[key][1]} (images of one "
+                            f"size are stored)"
+                        ),
+                        {},
+                        (rows.start, rows.stop),
+                    )
                 arrays[key][i] = x.as_subclass(torch.Tensor).numpy()
         for array in arrays.values():
             array.flush()
-        return None, {key: array_digest(array[rows.start:rows.stop]) for key, array in arrays.items()}, (rows.start,
-                                                                                                         rows.stop)
+        return None, {key: array_digest(array[rows.start : rows.stop]) for key, array in arrays.items()}, (rows.start, rows.stop)
     finally:
         arrays.clear()
 
 
-def _commit(folder: Path, todo: dict[str, tuple[Path, tuple[int, ...]]], paths: dict[str, Path],
-            blocks: list[tuple[str | None, dict[str, str], tuple[int, int]]], kept_paths: list[Path]) -> None:
+def _commit(
+    folder: Path,
+    todo: dict[str, tuple[Path, tuple[int, ...]]],
+    paths: dict[str, Path],
+    blocks: list[tuple[str | None, dict[str, str], tuple[int, int]]],
+    kept_paths: list[Path],
+) -> None:
     """Rank 0: each new store checked block by block against what its rank wrote, its record written, then the store
     renamed into place (a store in place always has its record); other keys' stores and leftovers removed."""
     for key, (tmp, _) in todo.items():
         array = np.load(tmp, mmap_mode="r")  # opened again: what every rank's writes left in the file
         for rank, (_, digests, (first, end)) in enumerate(blocks):
             if array_digest(array[first:end]) != digests[key]:
-                raise RuntimeError(f"the synthetic image store '{tmp}': rows {first}–{end - 1} are not what "
-                                   f"rank {rank} wrote (a file system that does not keep concurrent writers' "
-                                   f"pages); nothing was kept: run the pre-training on one node, or put the run "
-                                   f"folder on a file system that does")
+                raise RuntimeError(
+                    f"the synthetic image store '{tmp}': rows {first}–{end - 1} are not what "
+                    f"rank {rank} wrote (a file system that does not keep concurrent writers' "
+                    f"pages); nothing was kept: run the pre-training on one node, or put the run "
+                    f"folder on a file system that does"
+                )
         record = {"shape": list(array.shape), "sha256": array_digest(array)}
         del array
         path = paths[key]
@@ -337,8 +367,15 @@ class StoredImages(Dataset):
     uint8 and the float part is left to the reader (``deferred``): the pre-training runs it on its device.
     """
 
-    def __init__(self, path: str | os.PathLike[str], labels: Sequence[int], middle: Callable[[Any], Any],
-                 finish: Callable[[torch.Tensor], torch.Tensor], *, defer: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        labels: Sequence[int],
+        middle: Callable[[Any], Any],
+        finish: Callable[[torch.Tensor], torch.Tensor],
+        *,
+        defer: bool = False,
+    ) -> None:
         self.path = Path(path)
         self._images: np.ndarray | None = None
         if len(self.images) != len(labels):
@@ -374,9 +411,15 @@ class StoredImages(Dataset):
         return StoredBatch(inputs, [self.labels[int(i)] for i in indices], self.finish)
 
 
-def stored_splits(folder: str | os.PathLike[str], train_transform: v2.Compose, val_transform: v2.Compose, *,
-                  mode: str = "exact", ranks: Ranks | None = None,
-                  defer: bool = False) -> tuple[StoredImages, StoredImages] | None:
+def stored_splits(
+    folder: str | os.PathLike[str],
+    train_transform: v2.Compose,
+    val_transform: v2.Compose,
+    *,
+    mode: str = "exact",
+    ranks: Ranks | None = None,
+    defer: bool = False,
+) -> tuple[StoredImages, StoredImages] | None:
     """The whole folder read through a store with each split's transform, or None (``mode="off"``, a transform this
     cannot cut, or a folder it cannot store — no image, or images of more than one size where the store keeps the
     generated size: the caller reads the PNGs).
@@ -405,8 +448,13 @@ def stored_splits(folder: str | os.PathLike[str], train_transform: v2.Compose, v
         return None
     labels = [label for _, label in _manifest(folder)[1]]
     train_path, val_path = paths[0], paths[-1]
-    defer = defer and repr(train.finish) == repr(val.finish) and len(train.finish.transforms) > 0 \
+    defer = (
+        defer
+        and repr(train.finish) == repr(val.finish)
+        and len(train.finish.transforms) > 0
         and type(train.finish.transforms[0]) is v2.ToDtype
-    return (StoredImages(train_path, labels, train.middle, train.finish, defer=defer),
-            StoredImages(val_path, labels, val.middle, val.finish, defer=defer))
-
+    )
+    return (
+        StoredImages(train_path, labels, train.middle, train.finish, defer=defer),
+        StoredImages(val_path, labels, val.middle, val.finish, defer=defer),
+    )

@@ -66,14 +66,14 @@ class Backbone:
         """Multiply-accumulates of one image's forward pass (what timm's table calls GFLOPs)."""
         N, D, r = self.tokens, self.embed_dim, self.mlp_ratio
         block = N * (4 * D * D + 2 * r * D * D) + 2 * N * N * D
-        patch = 3 * self.patch_size ** 2 * D * (N - 1)
+        patch = 3 * self.patch_size**2 * D * (N - 1)
         return float(self.depth * block + patch)
 
     def params(self, num_classes: int) -> int:
         """Parameters with a ``num_classes`` head (weights and biases, norms, embeddings)."""
         D, L, hidden = self.embed_dim, self.depth, int(self.mlp_ratio * self.embed_dim)
         block = (D * 3 * D + 3 * D) + (D * D + D) + (D * hidden + hidden) + (hidden * D + D) + 4 * D  # + 2 LayerNorms
-        embed = 3 * self.patch_size ** 2 * D + D + D + self.tokens * D  # patch conv + bias, cls, pos
+        embed = 3 * self.patch_size**2 * D + D + D + self.tokens * D  # patch conv + bias, cls, pos
         return int(L * block + embed + 2 * D + head_params(D, num_classes))
 
     def activation_bytes_per_block(self) -> float:

@@ -67,9 +67,19 @@ class PaperFigures:
     batch_size: int = 32
     lora_rank: int = 8
     time_to_target_s: tuple[tuple[str, float], ...] = (
-        ("fedisyn", 17_584.0), ("caff", 31_905.0), ("sflf", 41_885.0), ("fgl", 44_783.0), ("gptfl", 45_383.0))
+        ("fedisyn", 17_584.0),
+        ("caff", 31_905.0),
+        ("sflf", 41_885.0),
+        ("fgl", 44_783.0),
+        ("gptfl", 45_383.0),
+    )
     traffic_mb: tuple[tuple[str, float], ...] = (
-        ("fedisyn", 7.4), ("caff", 262.1), ("sflf", 399.5), ("fgl", 12_002.8), ("gptfl", 13_676.3))
+        ("fedisyn", 7.4),
+        ("caff", 262.1),
+        ("sflf", 399.5),
+        ("fgl", 12_002.8),
+        ("gptfl", 13_676.3),
+    )
     fedisyn_generation_s: float = 10_100.0  # at λ*, on the RTX 4090
     # the config defaults the model charges
     num_centroids: int = 4  # Z
@@ -118,8 +128,13 @@ def _text_only_image_s(server: ServerProfile, p: PaperFigures) -> float:
     return float(generation_steps(999, p.num_inference_steps) * server.unet_step_s + server.decode_s)
 
 
-def paper_consistency(*, reference_loss_db: float, paper: PaperFigures = FOOD101,
-                      server: ServerProfile = RTX_4090, channel: ChannelConfig | None = None) -> dict[str, Any]:
+def paper_consistency(
+    *,
+    reference_loss_db: float,
+    paper: PaperFigures = FOOD101,
+    server: ServerProfile = RTX_4090,
+    channel: ChannelConfig | None = None,
+) -> dict[str, Any]:
     """Each method's model time to the paper's target against the paper's, and the worst ratio.
 
     Args:
@@ -153,8 +168,18 @@ def paper_consistency(*, reference_loss_db: float, paper: PaperFigures = FOOD101
     lam_star = images / paper.train_images
 
     def rounds_of(policy: str, allocation: str, extra_bits: float, full: bool) -> tuple[np.ndarray, float, float]:
-        x = policy_depths(policy, num_layers=L, **timing, **memory, contributions=contributions, num_samples=D,
-                          layer_bits=tau, spectral_efficiency=e, total_bandwidth_hz=B, allocation=allocation).depths
+        x = policy_depths(
+            policy,
+            num_layers=L,
+            **timing,
+            **memory,
+            contributions=contributions,
+            num_samples=D,
+            layer_bits=tau,
+            spectral_efficiency=e,
+            total_bandwidth_hz=B,
+            allocation=allocation,
+        ).depths
         x = np.full(N, L) if full else np.asarray(x)
         payload = np.full(N, model_bits) if full else tau * x + extra_bits
         compute = D * (arrays["forward_time_s"] + x * arrays["backward_time_per_layer_s"])
@@ -185,16 +210,30 @@ def paper_consistency(*, reference_loss_db: float, paper: PaperFigures = FOOD101
     for method, (policy, allocation, extra, full, server_s, synth_s) in setting.items():
         x, round_bytes, T = rounds_of(policy, allocation, extra, full)
         R = max(traffic[method] * _MB / round_bytes, 1.0)  # at least the one round that sends anything
-        checks[method] = MethodCheck(method, server_s + synth_s + R * T, paper_time[method], R, T, server_s, synth_s,
-                                     [int(v) for v in x])
+        checks[method] = MethodCheck(
+            method, server_s + synth_s + R * T, paper_time[method], R, T, server_s, synth_s, [int(v) for v in x]
+        )
     worst = max(checks.values(), key=lambda c: c.ratio)
-    return {"checks": checks, "worst": max(worst.ratio, lam_star / paper.max_lambda), "worst_method": worst.method,
-            "lambda_star": lam_star, "lambda_ratio": lam_star / paper.max_lambda, "synthetic_images": images,
-            "pretraining_s": pretrain_s, "spectral_efficiency": e.tolist()}
+    return {
+        "checks": checks,
+        "worst": max(worst.ratio, lam_star / paper.max_lambda),
+        "worst_method": worst.method,
+        "lambda_star": lam_star,
+        "lambda_ratio": lam_star / paper.max_lambda,
+        "synthetic_images": images,
+        "pretraining_s": pretrain_s,
+        "spectral_efficiency": e.tolist(),
+    }
 
 
-def fit_reference_loss(*, paper: PaperFigures = FOOD101, server: ServerProfile = RTX_4090,
-                       low_db: float = 0.0, high_db: float = 100.0, step_db: float = 0.5) -> float:
+def fit_reference_loss(
+    *,
+    paper: PaperFigures = FOOD101,
+    server: ServerProfile = RTX_4090,
+    low_db: float = 0.0,
+    high_db: float = 100.0,
+    step_db: float = 0.5,
+) -> float:
     """PL0: the largest loss on a ``step_db`` grid in [low, high] at which every ratio is ≤ 1.
 
     A larger loss only slows every upload, so the worst ratio rises with PL0 and the grid is bisected.
@@ -202,14 +241,17 @@ def fit_reference_loss(*, paper: PaperFigures = FOOD101, server: ServerProfile =
     Raises:
         ValueError: not even ``low_db`` satisfies the checks (the devices or the server alone are too slow).
     """
+
     def ok(k: int) -> bool:
         loss = low_db + k * step_db
         return paper_consistency(reference_loss_db=loss, paper=paper, server=server)["worst"] <= 1.0
 
     lo, hi = 0, int(round((high_db - low_db) / step_db))
     if not ok(lo):
-        raise ValueError("no reference loss in range makes the model as fast as the paper: the compute or server "
-                         "model alone exceeds a reported time")
+        raise ValueError(
+            "no reference loss in range makes the model as fast as the paper: the compute or server "
+            "model alone exceeds a reported time"
+        )
     if ok(hi):
         return float(high_db)
     while hi - lo > 1:  # invariant: ok(lo), not ok(hi)

@@ -94,8 +94,7 @@ class ChannelConfig:
     reference_loss_db: float = REFERENCE_LOSS_DB
 
     def __post_init__(self) -> None:
-        for key in ("radius_m", "d0_m", "path_loss_exponent", "noise_power_w",
-                    "total_bandwidth_hz"):
+        for key in ("radius_m", "d0_m", "path_loss_exponent", "noise_power_w", "total_bandwidth_hz"):
             value = getattr(self, key)
             if not (isinstance(value, numbers.Real) and math.isfinite(value) and value > 0):
                 raise ValueError(f"ChannelConfig.{key} must be a finite float > 0, got {value!r}")
@@ -107,8 +106,9 @@ class ChannelConfig:
             raise ValueError(f"ChannelConfig.center_m must be a pair of finite floats (x, y), got {center!r}")
         if math.hypot(*center) <= self.radius_m:
             # A device could land on the server (d = 0, infinite gain).
-            raise ValueError(f"ChannelConfig.center_m={center!r} must lie farther than radius_m="
-                             f"{self.radius_m} from the server at (0, 0)")
+            raise ValueError(
+                f"ChannelConfig.center_m={center!r} must lie farther than radius_m={self.radius_m} from the server at (0, 0)"
+            )
 
 
 def place_devices(
@@ -140,8 +140,9 @@ def place_devices(
     return offsets + np.asarray(center_m, dtype=np.float64)
 
 
-def path_gain(distance_m: float | np.ndarray, *, d0_m: float = 10.0, exponent: float = 3.5,
-              reference_loss_db: float = REFERENCE_LOSS_DB) -> np.ndarray:
+def path_gain(
+    distance_m: float | np.ndarray, *, d0_m: float = 10.0, exponent: float = 3.5, reference_loss_db: float = REFERENCE_LOSS_DB
+) -> np.ndarray:
     """Large-scale fading gain g = 10^(−PL0/10) · (d / d0)^(−α) (linear, not dB).
 
     In dB: PL(d) = PL0 + 10 α log10(d / d0), the log-distance model with PL0 the loss at d0.
@@ -152,33 +153,36 @@ def path_gain(distance_m: float | np.ndarray, *, d0_m: float = 10.0, exponent: f
     return 10.0 ** (-reference_loss_db / 10.0) * (d / d0_m) ** (-exponent)
 
 
-def spectral_efficiency(transmit_power_w: float | np.ndarray, gain: float | np.ndarray,
-                        noise_power_w: float) -> np.ndarray:
+def spectral_efficiency(transmit_power_w: float | np.ndarray, gain: float | np.ndarray, noise_power_w: float) -> np.ndarray:
     """Spectral efficiency e = log2(1 + p g / σ²) in bit/s/Hz (independent of the bandwidth)."""
     snr = np.asarray(transmit_power_w, dtype=np.float64) * np.asarray(gain, dtype=np.float64)
     return np.log2(1.0 + snr / noise_power_w)
 
 
-def upload_time(payload_bits: float | np.ndarray, bandwidth_hz: float | np.ndarray,
-                spectral_efficiency: float | np.ndarray) -> np.ndarray:
+def upload_time(
+    payload_bits: float | np.ndarray, bandwidth_hz: float | np.ndarray, spectral_efficiency: float | np.ndarray
+) -> np.ndarray:
     """Upload time S / (B_i · e_i) in seconds; 0 for an empty payload, inf for no bandwidth."""
     S = np.asarray(payload_bits, dtype=np.float64)
-    rate = np.asarray(bandwidth_hz, dtype=np.float64) * np.asarray(spectral_efficiency,
-                                                                    dtype=np.float64)
+    rate = np.asarray(bandwidth_hz, dtype=np.float64) * np.asarray(spectral_efficiency, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         t = S / rate
     return np.where(S == 0, 0.0, t)
 
 
-def device_spectral_efficiency(transmit_power_w: np.ndarray, *, config: ChannelConfig,
-                               seed: int) -> tuple[np.ndarray, np.ndarray]:
+def device_spectral_efficiency(
+    transmit_power_w: np.ndarray, *, config: ChannelConfig, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Drop one device per transmit power and return (positions (N, 2), efficiencies (N,)).
 
     Convenience for the planner: place → distance to the server → gain → spectral efficiency.
     """
     p = np.asarray(transmit_power_w, dtype=np.float64)  # (N,)
-    positions = place_devices(p.shape[0], radius_m=config.radius_m, center_m=config.center_m,
-                              seed=seed)
-    gain = path_gain(np.linalg.norm(positions, axis=1), d0_m=config.d0_m,
-                     exponent=config.path_loss_exponent, reference_loss_db=config.reference_loss_db)
+    positions = place_devices(p.shape[0], radius_m=config.radius_m, center_m=config.center_m, seed=seed)
+    gain = path_gain(
+        np.linalg.norm(positions, axis=1),
+        d0_m=config.d0_m,
+        exponent=config.path_loss_exponent,
+        reference_loss_db=config.reference_loss_db,
+    )
     return positions, spectral_efficiency(p, gain, config.noise_power_w)

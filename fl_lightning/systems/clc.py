@@ -48,8 +48,11 @@ DEPTH_POLICIES: tuple[str, ...] = ("clc", "capacity", "full", "fixed")
 
 
 def memory_depth_limits(
-    *, fixed_memory_gb: np.ndarray, memory_per_layer_gb: np.ndarray,
-    memory_budget_gb: np.ndarray, num_layers: int,
+    *,
+    fixed_memory_gb: np.ndarray,
+    memory_per_layer_gb: np.ndarray,
+    memory_budget_gb: np.ndarray,
+    num_layers: int,
 ) -> np.ndarray:
     """Per-device largest depth with m̄_i + x m_i ≤ M_i, capped at L (vectorised ``max_depth``).
 
@@ -65,8 +68,10 @@ def memory_depth_limits(
     limits = np.minimum(np.floor((M - m_bar) / m + 1e-9), num_layers).astype(np.int64)
     if np.any(limits < 1):
         bad = np.flatnonzero(limits < 1).tolist()
-        raise ValueError(f"devices {bad} cannot hold one LoRA block: memory_budget_gb {M[bad].tolist()} is "
-                         "below fixed_memory_gb + memory_per_layer_gb")
+        raise ValueError(
+            f"devices {bad} cannot hold one LoRA block: memory_budget_gb {M[bad].tolist()} is "
+            "below fixed_memory_gb + memory_per_layer_gb"
+        )
     return limits
 
 
@@ -81,9 +86,15 @@ def depth_contribution(contributions: np.ndarray, depths: np.ndarray) -> np.ndar
 
 
 def depth_round_time(
-    depths: np.ndarray, *, num_samples: np.ndarray, forward_time_s: np.ndarray,
-    backward_time_per_layer_s: np.ndarray, layer_bits: float, spectral_efficiency: np.ndarray,
-    total_bandwidth_hz: float, allocation: str = "wfba",
+    depths: np.ndarray,
+    *,
+    num_samples: np.ndarray,
+    forward_time_s: np.ndarray,
+    backward_time_per_layer_s: np.ndarray,
+    layer_bits: float,
+    spectral_efficiency: np.ndarray,
+    total_bandwidth_hz: float,
+    allocation: str = "wfba",
 ) -> tuple[np.ndarray, float]:
     """Bandwidths and round time T(x) of depths x, by water-filling (default) or the equal split.
 
@@ -96,8 +107,7 @@ def depth_round_time(
     allocate = _allocator(allocation)
     x = np.asarray(depths, dtype=np.float64)
     H = np.asarray(num_samples, dtype=np.float64) * (
-        np.asarray(forward_time_s, dtype=np.float64)
-        + x * np.asarray(backward_time_per_layer_s, dtype=np.float64)
+        np.asarray(forward_time_s, dtype=np.float64) + x * np.asarray(backward_time_per_layer_s, dtype=np.float64)
     )
     return allocate(H, layer_bits * x, spectral_efficiency, total_bandwidth_hz)
 
@@ -147,9 +157,9 @@ def contribution_aware_depths(
     if not np.all(np.isfinite(C)):
         raise ValueError("contributions must be finite")
     _allocator(allocation)  # fail on a bad name before the greedy starts
-    limits = memory_depth_limits(fixed_memory_gb=fixed_memory_gb,
-                                 memory_per_layer_gb=memory_per_layer_gb,
-                                 memory_budget_gb=memory_budget_gb, num_layers=L)
+    limits = memory_depth_limits(
+        fixed_memory_gb=fixed_memory_gb, memory_per_layer_gb=memory_per_layer_gb, memory_budget_gb=memory_budget_gb, num_layers=L
+    )
     if limits.shape != (N,):
         raise ValueError(f"memory arrays must hold one value per device ({N}), got shape {limits.shape}")
     if not layer_bits > 0:
@@ -157,10 +167,15 @@ def contribution_aware_depths(
 
     def utility(x: np.ndarray) -> float:
         _, T = depth_round_time(
-            x, num_samples=num_samples, forward_time_s=forward_time_s,
-            backward_time_per_layer_s=backward_time_per_layer_s, layer_bits=layer_bits,
-            spectral_efficiency=spectral_efficiency, total_bandwidth_hz=total_bandwidth_hz,
-            allocation=allocation)
+            x,
+            num_samples=num_samples,
+            forward_time_s=forward_time_s,
+            backward_time_per_layer_s=backward_time_per_layer_s,
+            layer_bits=layer_bits,
+            spectral_efficiency=spectral_efficiency,
+            total_bandwidth_hz=total_bandwidth_hz,
+            allocation=allocation,
+        )
         return float(depth_contribution(C, x).sum()) / T  # U(x) = Σ c_i(x_i) / T(x)
 
     x = np.ones(N, dtype=np.int64)
@@ -193,20 +208,21 @@ def capacity_depths(
     Capability is the inverse of a sample's full-depth compute time, 1 / (h̄_i + L h_i); the most
     capable device gets all L blocks and device i gets round(L · cap_i / max cap).
     """
-    limits = memory_depth_limits(fixed_memory_gb=fixed_memory_gb,
-                                 memory_per_layer_gb=memory_per_layer_gb,
-                                 memory_budget_gb=memory_budget_gb, num_layers=num_layers)
+    limits = memory_depth_limits(
+        fixed_memory_gb=fixed_memory_gb,
+        memory_per_layer_gb=memory_per_layer_gb,
+        memory_budget_gb=memory_budget_gb,
+        num_layers=num_layers,
+    )
     return np.minimum(_capacity_request(forward_time_s, backward_time_per_layer_s, num_layers), limits)
 
 
-def _capacity_request(forward_time_s: np.ndarray, backward_time_per_layer_s: np.ndarray,
-                      num_layers: int) -> np.ndarray:
+def _capacity_request(forward_time_s: np.ndarray, backward_time_per_layer_s: np.ndarray, num_layers: int) -> np.ndarray:
     """CAFF's depths before memory: round(L · cap_i / max cap), at least 1."""
     h_bar = np.asarray(forward_time_s, dtype=np.float64)
     h = np.asarray(backward_time_per_layer_s, dtype=np.float64)
     if np.any(h_bar <= 0) or np.any(h <= 0):
-        raise ValueError("forward_time_s and backward_time_per_layer_s must be > 0 s, got "
-                         f"{h_bar.tolist()} and {h.tolist()}")
+        raise ValueError(f"forward_time_s and backward_time_per_layer_s must be > 0 s, got {h_bar.tolist()} and {h.tolist()}")
     capability = 1.0 / (h_bar + num_layers * h)
     # Round half up, with slack so 4.5 computed as 4.4999999 still rounds to 5.
     depths = np.floor(num_layers * capability / capability.max() + 0.5 + 1e-9).astype(np.int64)
@@ -216,8 +232,7 @@ def _capacity_request(forward_time_s: np.ndarray, backward_time_per_layer_s: np.
 def full_depths(num_devices: int, num_layers: int) -> np.ndarray:
     """Every device trains all L blocks (memory permitting is the caller's concern)."""
     if num_devices < 0 or num_layers < 1:
-        raise ValueError(f"full_depths needs num_devices >= 0 and num_layers >= 1, got {num_devices!r} and "
-                         f"{num_layers!r}")
+        raise ValueError(f"full_depths needs num_devices >= 0 and num_layers >= 1, got {num_devices!r} and {num_layers!r}")
     return np.full(num_devices, num_layers, dtype=np.int64)
 
 
@@ -279,34 +294,52 @@ def policy_depths(
         A :class:`DepthDecision`. CLC searches within memory, so it never asks for more; ``full`` and
         ``fixed`` (and ``capacity``) may, and ``over_memory`` says where.
     """
-    limits = memory_depth_limits(fixed_memory_gb=fixed_memory_gb, memory_per_layer_gb=memory_per_layer_gb,
-                                 memory_budget_gb=memory_budget_gb, num_layers=num_layers)
+    limits = memory_depth_limits(
+        fixed_memory_gb=fixed_memory_gb,
+        memory_per_layer_gb=memory_per_layer_gb,
+        memory_budget_gb=memory_budget_gb,
+        num_layers=num_layers,
+    )
     n = limits.shape[0]
     if policy == "clc":
-        missing = [k for k, v in dict(contributions=contributions, num_samples=num_samples, layer_bits=layer_bits,
-                                      spectral_efficiency=spectral_efficiency,
-                                      total_bandwidth_hz=total_bandwidth_hz).items() if v is None]
+        missing = [
+            k
+            for k, v in dict(
+                contributions=contributions,
+                num_samples=num_samples,
+                layer_bits=layer_bits,
+                spectral_efficiency=spectral_efficiency,
+                total_bandwidth_hz=total_bandwidth_hz,
+            ).items()
+            if v is None
+        ]
         if missing:
             raise TypeError(f"policy_depths('clc') needs {missing}")
         C = np.asarray(contributions, dtype=np.float64)
         if C.ndim != 2 or C.shape != (n, num_layers):
             raise ValueError(f"contributions must have shape (N, L) = ({n}, {num_layers}), got {C.shape}")
         requested = contribution_aware_depths(
-            contributions=C, num_samples=num_samples, forward_time_s=forward_time_s,
-            backward_time_per_layer_s=backward_time_per_layer_s, fixed_memory_gb=fixed_memory_gb,
-            memory_per_layer_gb=memory_per_layer_gb, memory_budget_gb=memory_budget_gb, layer_bits=layer_bits,
-            spectral_efficiency=spectral_efficiency, total_bandwidth_hz=total_bandwidth_hz, allocation=allocation)
+            contributions=C,
+            num_samples=num_samples,
+            forward_time_s=forward_time_s,
+            backward_time_per_layer_s=backward_time_per_layer_s,
+            fixed_memory_gb=fixed_memory_gb,
+            memory_per_layer_gb=memory_per_layer_gb,
+            memory_budget_gb=memory_budget_gb,
+            layer_bits=layer_bits,
+            spectral_efficiency=spectral_efficiency,
+            total_bandwidth_hz=total_bandwidth_hz,
+            allocation=allocation,
+        )
     elif policy == "capacity":
         requested = _capacity_request(forward_time_s, backward_time_per_layer_s, num_layers)
     elif policy == "full":
         requested = full_depths(n, num_layers)
     elif policy == "fixed":
         if not 1 <= fixed_depth <= num_layers:
-            raise ValueError(f"fixed_depth must be an int in [1, {num_layers}] (the model's blocks), got "
-                             f"{fixed_depth!r}")
+            raise ValueError(f"fixed_depth must be an int in [1, {num_layers}] (the model's blocks), got {fixed_depth!r}")
         requested = fixed_depths(n, fixed_depth)
     else:
         raise ValueError(f"unknown depth policy {policy!r}; expected one of {list(DEPTH_POLICIES)}")
     requested = np.asarray(requested, dtype=np.int64)
-    return DepthDecision(requested=requested, limits=limits, depths=np.minimum(requested, limits),
-                         over_memory=requested > limits)
+    return DepthDecision(requested=requested, limits=limits, depths=np.minimum(requested, limits), over_memory=requested > limits)

@@ -73,8 +73,9 @@ def estimate_contributions(values: np.ndarray, measured_round: np.ndarray) -> np
     values = np.asarray(values, dtype=np.float64)
     measured_round = np.asarray(measured_round)
     if values.ndim != 2 or measured_round.shape != values.shape:
-        raise ValueError(f"values and measured_round must be (N, L) arrays of one shape, got {values.shape} and "
-                         f"{measured_round.shape}")
+        raise ValueError(
+            f"values and measured_round must be (N, L) arrays of one shape, got {values.shape} and {measured_round.shape}"
+        )
     N, L = values.shape
     seen = measured_round >= 0
     prior = float(values[seen].mean()) if seen.any() else 1.0

@@ -102,13 +102,11 @@ class DeviceProfile:
     transmit_power_w: float
 
     def __post_init__(self) -> None:
-        for key in ("forward_time_s", "backward_time_per_layer_s", "memory_per_layer_gb",
-                    "memory_budget_gb", "transmit_power_w"):
+        for key in ("forward_time_s", "backward_time_per_layer_s", "memory_per_layer_gb", "memory_budget_gb", "transmit_power_w"):
             _check_positive(f"DeviceProfile {self.name!r}: {key}", getattr(self, key))
         value = self.fixed_memory_gb
         if not (_is_real(value) and math.isfinite(value) and value >= 0):
-            raise ValueError(f"DeviceProfile {self.name!r}: fixed_memory_gb must be a finite float >= 0, "
-                             f"got {value!r}")
+            raise ValueError(f"DeviceProfile {self.name!r}: fixed_memory_gb must be a finite float >= 0, got {value!r}")
 
 
 def _is_real(value: object) -> bool:
@@ -181,8 +179,7 @@ PROFILES: dict[str, DeviceProfile] = board_profiles(BACKBONES["vit_base_patch16_
 
 # 1 Xavier, 5 Orin NX, 3 AGX Orin, 1 Thor: the paper's 10-device testbed.
 PAPER_TESTBED: tuple[str, ...] = (
-    ("jetson_agx_xavier",) + ("jetson_orin_nx",) * 5 + ("jetson_agx_orin",) * 3
-    + ("jetson_agx_thor",)
+    ("jetson_agx_xavier",) + ("jetson_orin_nx",) * 5 + ("jetson_agx_orin",) * 3 + ("jetson_agx_thor",)
 )
 
 
@@ -203,8 +200,14 @@ def profile_arrays(profiles: Sequence[DeviceProfile]) -> dict[str, np.ndarray]:
     The returned keys match the keyword arguments of :func:`fl_lightning.systems.clc.
     contribution_aware_depths` (plus ``transmit_power_w``).
     """
-    keys = ("forward_time_s", "backward_time_per_layer_s", "fixed_memory_gb",
-            "memory_per_layer_gb", "memory_budget_gb", "transmit_power_w")
+    keys = (
+        "forward_time_s",
+        "backward_time_per_layer_s",
+        "fixed_memory_gb",
+        "memory_per_layer_gb",
+        "memory_budget_gb",
+        "transmit_power_w",
+    )
     return {key: np.array([getattr(p, key) for p in profiles], dtype=np.float64) for key in keys}
 
 
@@ -229,8 +232,10 @@ def compute_time(
     if isinstance(profile_or_arrays, DeviceProfile):
         forward = np.float64(profile_or_arrays.forward_time_s)
         backward = np.float64(profile_or_arrays.backward_time_per_layer_s)
-    elif isinstance(profile_or_arrays, tuple) and len(profile_or_arrays) == 2 and not any(
-        isinstance(p, DeviceProfile) for p in profile_or_arrays
+    elif (
+        isinstance(profile_or_arrays, tuple)
+        and len(profile_or_arrays) == 2
+        and not any(isinstance(p, DeviceProfile) for p in profile_or_arrays)
     ):
         forward = np.asarray(profile_or_arrays[0], dtype=np.float64)
         backward = np.asarray(profile_or_arrays[1], dtype=np.float64)
@@ -295,10 +300,7 @@ def measured_profiles(
         replace(
             p,
             forward_time_s=host_forward_s * p.forward_time_s / ref.forward_time_s,
-            backward_time_per_layer_s=(
-                host_backward_per_layer_s * p.backward_time_per_layer_s
-                / ref.backward_time_per_layer_s
-            ),
+            backward_time_per_layer_s=(host_backward_per_layer_s * p.backward_time_per_layer_s / ref.backward_time_per_layer_s),
         )
         for p in base
     ]

@@ -42,30 +42,33 @@ class ScalingLawParams:
     kappa4: float
 
 
-def total_time(lam: float | np.ndarray, acc: float | np.ndarray, *, h0: float,
-               params: ScalingLawParams) -> np.ndarray:
+def total_time(lam: float | np.ndarray, acc: float | np.ndarray, *, h0: float, params: ScalingLawParams) -> np.ndarray:
     """H(λ, Acc) = h0 λ + e^{κ3 Acc} / (κ1 λ^{κ2}) + κ4, in seconds."""
     lam = np.asarray(lam, dtype=np.float64)
     acc = np.asarray(acc, dtype=np.float64)
     p = params
-    return h0 * lam + np.exp(p.kappa3 * acc) / (p.kappa1 * lam ** p.kappa2) + p.kappa4
+    return h0 * lam + np.exp(p.kappa3 * acc) / (p.kappa1 * lam**p.kappa2) + p.kappa4
 
 
-def synthesis_cost_per_unit_lambda(gen_time_per_image: float, pretrain_time_per_image_epoch: float,
-                                   pretrain_epochs: int, num_real_samples: int) -> float:
+def synthesis_cost_per_unit_lambda(
+    gen_time_per_image: float, pretrain_time_per_image_epoch: float, pretrain_epochs: int, num_real_samples: int
+) -> float:
     """h0 = (ĥ + h̃ · T̂) · D: seconds spent on synthesis and pre-training per unit of λ."""
-    values = {"gen_time_per_image": gen_time_per_image,
-              "pretrain_time_per_image_epoch": pretrain_time_per_image_epoch,
-              "pretrain_epochs": pretrain_epochs, "num_real_samples": num_real_samples}
+    values = {
+        "gen_time_per_image": gen_time_per_image,
+        "pretrain_time_per_image_epoch": pretrain_time_per_image_epoch,
+        "pretrain_epochs": pretrain_epochs,
+        "num_real_samples": num_real_samples,
+    }
     for key, value in values.items():
         if not (math.isfinite(float(value)) and float(value) >= 0):
             raise ValueError(f"{key} must be a finite number >= 0, got {value!r}")
-    return float((gen_time_per_image + pretrain_time_per_image_epoch * pretrain_epochs)
-                 * num_real_samples)
+    return float((gen_time_per_image + pretrain_time_per_image_epoch * pretrain_epochs) * num_real_samples)
 
 
-def fit_scaling_law(lam: np.ndarray, acc: np.ndarray, observed_time: np.ndarray, *, h0: float,
-                    initial: ScalingLawParams | None = None) -> ScalingLawParams:
+def fit_scaling_law(
+    lam: np.ndarray, acc: np.ndarray, observed_time: np.ndarray, *, h0: float, initial: ScalingLawParams | None = None
+) -> ScalingLawParams:
     """Fit κ1..κ4 to pilot runs by Levenberg–Marquardt (least squares on H).
 
     κ1 is fitted through log κ1 so it stays positive. Without ``initial``, the start comes from a
@@ -81,8 +84,9 @@ def fit_scaling_law(lam: np.ndarray, acc: np.ndarray, observed_time: np.ndarray,
     """
     lam, acc, y = (np.asarray(v, dtype=np.float64) for v in (lam, acc, observed_time))
     if lam.ndim != 1 or acc.shape != lam.shape or y.shape != lam.shape:
-        raise ValueError("pilot lambda, accuracy and time must be arrays of one shape (n,), got "
-                         f"{lam.shape}, {acc.shape} and {y.shape}")
+        raise ValueError(
+            f"pilot lambda, accuracy and time must be arrays of one shape (n,), got {lam.shape}, {acc.shape} and {y.shape}"
+        )
     if lam.size < 4:
         raise ValueError(f"the scaling law needs at least 4 pilot runs for its 4 parameters, got {lam.size}")
     if not (np.all(np.isfinite(lam)) and np.all(lam > 0)):
@@ -105,15 +109,12 @@ def fit_scaling_law(lam: np.ndarray, acc: np.ndarray, observed_time: np.ndarray,
     else:
         if not initial.kappa1 > 0:
             raise ValueError(f"initial.kappa1 must be > 0, got {initial.kappa1!r}")
-        start = np.array([math.log(initial.kappa1), initial.kappa2, initial.kappa3,
-                          initial.kappa4])
+        start = np.array([math.log(initial.kappa1), initial.kappa2, initial.kappa3, initial.kappa4])
     from scipy.optimize import least_squares  # here: SciPy's import costs every run's start, few runs fit
 
-    fit = least_squares(residuals, start, method="lm", xtol=1e-14, ftol=1e-14, gtol=1e-14,
-                        max_nfev=20000)
+    fit = least_squares(residuals, start, method="lm", xtol=1e-14, ftol=1e-14, gtol=1e-14, max_nfev=20000)
     log_k1, k2, k3, k4 = fit.x
-    return ScalingLawParams(kappa1=float(math.exp(log_k1)), kappa2=float(k2), kappa3=float(k3),
-                            kappa4=float(k4))
+    return ScalingLawParams(kappa1=float(math.exp(log_k1)), kappa2=float(k2), kappa3=float(k3), kappa4=float(k4))
 
 
 def _grid_start(lam: np.ndarray, acc: np.ndarray, rest: np.ndarray) -> np.ndarray:
@@ -145,7 +146,9 @@ def optimal_lambda(acc: float, *, h0: float, params: ScalingLawParams) -> float:
     """λ* = (κ2 e^{κ3 Acc} / (h0 κ1))^{1/(κ2+1)}, the minimiser of H(·, Acc)."""
     p = params
     if not (h0 > 0 and p.kappa1 > 0 and p.kappa2 > 0):
-        raise ValueError(f"optimal_lambda needs h0 > 0, kappa1 > 0 and kappa2 > 0 (otherwise H has no minimum "
-                         f"in λ), got h0={h0!r}, kappa1={p.kappa1!r}, kappa2={p.kappa2!r}")
+        raise ValueError(
+            f"optimal_lambda needs h0 > 0, kappa1 > 0 and kappa2 > 0 (otherwise H has no minimum "
+            f"in λ), got h0={h0!r}, kappa1={p.kappa1!r}, kappa2={p.kappa2!r}"
+        )
     log_lam = (math.log(p.kappa2) + p.kappa3 * acc - math.log(h0 * p.kappa1)) / (p.kappa2 + 1.0)
     return float(math.exp(log_lam))

@@ -126,8 +126,9 @@ def equal_bandwidth(
     return bandwidth, finish_time(H, S, e, bandwidth)
 
 
-def finish_time(compute_time: np.ndarray, payload_bits: np.ndarray, spectral_efficiency: np.ndarray,
-                bandwidth: np.ndarray) -> float:
+def finish_time(
+    compute_time: np.ndarray, payload_bits: np.ndarray, spectral_efficiency: np.ndarray, bandwidth: np.ndarray
+) -> float:
     """Round time of any allocation: max_i (H_i + S_i / (B_i e_i)); 0 for no device.
 
     A device with an empty payload finishes at H_i; one with a payload and no bandwidth never does
@@ -137,8 +138,10 @@ def finish_time(compute_time: np.ndarray, payload_bits: np.ndarray, spectral_eff
     S = np.asarray(payload_bits, dtype=np.float64)
     rate = np.asarray(bandwidth, dtype=np.float64) * np.asarray(spectral_efficiency, dtype=np.float64)
     if H.shape != S.shape or rate.shape != H.shape or H.ndim != 1:
-        raise ValueError("finish_time: compute_time, payload_bits, spectral_efficiency and bandwidth must be "
-                         f"arrays of one shape (N,), got {H.shape}, {S.shape} and {rate.shape}")
+        raise ValueError(
+            "finish_time: compute_time, payload_bits, spectral_efficiency and bandwidth must be "
+            f"arrays of one shape (N,), got {H.shape}, {S.shape} and {rate.shape}"
+        )
     if H.size == 0:
         return 0.0
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -148,22 +151,25 @@ def finish_time(compute_time: np.ndarray, payload_bits: np.ndarray, spectral_eff
 
 
 def _check_inputs(
-    compute_time: np.ndarray, payload_bits: np.ndarray, spectral_efficiency: np.ndarray,
+    compute_time: np.ndarray,
+    payload_bits: np.ndarray,
+    spectral_efficiency: np.ndarray,
     total_bandwidth: float,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     H = np.asarray(compute_time, dtype=np.float64)
     S = np.asarray(payload_bits, dtype=np.float64)
     e = np.asarray(spectral_efficiency, dtype=np.float64)
     if H.ndim != 1 or S.shape != H.shape or e.shape != H.shape:
-        raise ValueError("compute_time, payload_bits and spectral_efficiency must be arrays of one shape (N,), "
-                         f"got {H.shape}, {S.shape} and {e.shape}")
+        raise ValueError(
+            "compute_time, payload_bits and spectral_efficiency must be arrays of one shape (N,), "
+            f"got {H.shape}, {S.shape} and {e.shape}"
+        )
     if not np.all(np.isfinite(H) & (H >= 0)):
         raise ValueError(f"compute_time must be finite times >= 0 s, got {H.tolist()}")
     if not np.all(np.isfinite(S) & (S >= 0)):
         raise ValueError(f"payload_bits must be finite sizes >= 0 bits, got {S.tolist()}")
     if not np.all(np.isfinite(e[S > 0]) & (e[S > 0] > 0)):
-        raise ValueError("spectral_efficiency must be finite and > 0 bit/s/Hz for every device with a payload, "
-                         f"got {e.tolist()}")
+        raise ValueError(f"spectral_efficiency must be finite and > 0 bit/s/Hz for every device with a payload, got {e.tolist()}")
     if not (math.isfinite(float(total_bandwidth)) and float(total_bandwidth) > 0):
         raise ValueError(f"total_bandwidth must be a finite float > 0 Hz, got {total_bandwidth!r}")
     return H, S, e

@@ -13,8 +13,10 @@ from tests.conftest import CONF, run_cli
 def least_squares(n=5, d=4, m=12, seed=0):
     """Clients i with f_i(w) = ½‖A_i w − b_i‖²/m, each its own A_i and b_i (heterogeneous optima)."""
     g = torch.Generator().manual_seed(seed)
-    problems = [(torch.randn(m, d, generator=g, dtype=torch.float64) * (1 + i),
-                 torch.randn(m, generator=g, dtype=torch.float64) + 3 * i) for i in range(n)]
+    problems = [
+        (torch.randn(m, d, generator=g, dtype=torch.float64) * (1 + i), torch.randn(m, generator=g, dtype=torch.float64) + 3 * i)
+        for i in range(n)
+    ]
     a = sum(A.T @ A for A, _ in problems) / m
     b = sum(A.T @ y for A, y in problems) / m
     return problems, torch.linalg.solve(a, b)  # the minimiser of Σ f_i
@@ -33,12 +35,32 @@ class StopAtRoundEnd:
 
 def one_and_two_processes(tmp_path, algorithm: str, *extra: str) -> tuple[dict, dict]:
     """The final server state of ``algorithm``'s tiny digits run with half the clients a round, on 1 and 2 processes."""
+
     def run(label: str, *more: str) -> dict:
         out = tmp_path / label
-        done = run_cli("--config", str(CONF / "fedavg_digits_tiny.yaml"), "--output_dir", str(out), "--run_name", "r",
-                       "--algorithm", algorithm, "--logging.progress", "false", "--federation.rounds", "3",
-                       "--partition.num_clients", "4", "--data.num_samples", "400", "--federation.client_fraction",
-                       "0.5", *extra, *more, env={"OMP_NUM_THREADS": "1"})
+        done = run_cli(
+            "--config",
+            str(CONF / "fedavg_digits_tiny.yaml"),
+            "--output_dir",
+            str(out),
+            "--run_name",
+            "r",
+            "--algorithm",
+            algorithm,
+            "--logging.progress",
+            "false",
+            "--federation.rounds",
+            "3",
+            "--partition.num_clients",
+            "4",
+            "--data.num_samples",
+            "400",
+            "--federation.client_fraction",
+            "0.5",
+            *extra,
+            *more,
+            env={"OMP_NUM_THREADS": "1"},
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         return safe_load(out / "r" / "checkpoints" / "server.pt")["state"]
 

@@ -23,8 +23,9 @@ def _W(cfg):
 
 @pytest.mark.parametrize("clients, alpha", [(1, "0.1"), (4, "0.1"), (7, "inf"), (5, "0.01")])
 def test_afl_equals_centralized_ridge(tmp_path, clients, alpha):
-    cfg = _cfg(tmp_path, "--algorithm", "afl", "--partition.num_clients", str(clients), "--partition.alpha", alpha,
-               "--afl.lam", "0.1")
+    cfg = _cfg(
+        tmp_path, "--algorithm", "afl", "--partition.num_clients", str(clients), "--partition.alpha", alpha, "--afl.lam", "0.1"
+    )
     summary = Simulation(cfg=cfg, loggers=[]).run()
     W = _W(cfg)
     h, y = _centralized_features(cfg)
@@ -45,10 +46,12 @@ def test_afl_on_a_frozen_cnn_equals_centralized_ridge(tmp_path):
     """model.name: resnet18 (a tiny random timm ResNet): the pooled pre-logit features of the frozen CNN,
     summed over 3 clients, solve to the centralized ridge on the same features (float64)."""
     conf = tmp_path / "afl_cnn.yaml"
-    conf.write_text("algorithm: afl\ndata: {name: digits, image_size: 32, batch_size: 64}\n"
-                    "partition: {num_clients: 3, alpha: 0.1}\nafl: {lam: 0.1}\nlogging: {progress: false}\n"
-                    "model: {library: timm, name: resnet18, pretrained: null,\n"
-                    "        overrides: {layers: [1, 1, 1, 1], channels: [8, 16, 32, 64]}}\n")
+    conf.write_text(
+        "algorithm: afl\ndata: {name: digits, image_size: 32, batch_size: 64}\n"
+        "partition: {num_clients: 3, alpha: 0.1}\nafl: {lam: 0.1}\nlogging: {progress: false}\n"
+        "model: {library: timm, name: resnet18, pretrained: null,\n"
+        "        overrides: {layers: [1, 1, 1, 1], channels: [8, 16, 32, 64]}}\n"
+    )
     cfg = load_config(conf, ["--output_dir", str(tmp_path)])
     summary = Simulation(cfg=cfg, loggers=[]).run()
     W = _W(cfg)
@@ -56,13 +59,12 @@ def test_afl_on_a_frozen_cnn_equals_centralized_ridge(tmp_path):
     backbone = frozen_backbone(cfg)
     assert type(backbone).__name__ == "CNNBackbone" and summary["feature_dim"] == 64
     spec = InputSpec.of_backbone(backbone, cfg.data.image_size)
-    t = build_transform(normalization=spec.normalization, image_size=spec.image_size, train=False,
-                        mean=spec.mean, std=spec.std)
+    t = build_transform(normalization=spec.normalization, image_size=spec.image_size, train=False, mean=spec.mean, std=spec.std)
     splits = build_dataset(cfg.data.name, root=cfg.data.root, train_transform=t, test_transform=t, seed=cfg.seed)
     hs, ys = [], []
     for part in partition_for(cfg, splits.train_targets):
         for start in range(0, len(part), cfg.data.batch_size):
-            idx = part[start:start + cfg.data.batch_size]
+            idx = part[start : start + cfg.data.batch_size]
             with torch.inference_mode():
                 hs.append(backbone(torch.stack([splits.train[int(i)][0] for i in idx])).double().numpy())
             ys.append(np.eye(len(splits.classes))[splits.train_targets[idx]])
@@ -74,8 +76,17 @@ def test_afl_on_a_frozen_cnn_equals_centralized_ridge(tmp_path):
 def test_removed_regularization_is_the_least_squares_solution(tmp_path):
     """``remove_regularization``: the clients' γI is taken back out, so W fits the centralized least squares
     (the fitted values h W agree with numpy's lstsq in float64)."""
-    cfg = _cfg(tmp_path, "--algorithm", "afl", "--afl.lam", "0.5", "--afl.regularization", "per_client",
-               "--afl.remove_regularization", "true")
+    cfg = _cfg(
+        tmp_path,
+        "--algorithm",
+        "afl",
+        "--afl.lam",
+        "0.5",
+        "--afl.regularization",
+        "per_client",
+        "--afl.remove_regularization",
+        "true",
+    )
     Simulation(cfg=cfg, loggers=[]).run()
     h, y = _centralized_features(cfg)
     reference, *_ = np.linalg.lstsq(h, y, rcond=None)
@@ -86,8 +97,17 @@ def test_the_number_of_clients_does_not_change_w(tmp_path):
     """The statistics are sums: 2 or 6 clients, Dirichlet 0.1 or IID, solve to the same W."""
     ws = []
     for clients, alpha in ((2, "0.1"), (6, "inf")):
-        cfg = _cfg(tmp_path / f"k{clients}", "--algorithm", "afl", "--partition.num_clients", str(clients),
-                   "--partition.alpha", alpha, "--afl.lam", "0.1")
+        cfg = _cfg(
+            tmp_path / f"k{clients}",
+            "--algorithm",
+            "afl",
+            "--partition.num_clients",
+            str(clients),
+            "--partition.alpha",
+            alpha,
+            "--afl.lam",
+            "0.1",
+        )
         Simulation(cfg=cfg, loggers=[]).run()
         ws.append(_W(cfg))
     np.testing.assert_allclose(ws[0], ws[1], rtol=1e-7, atol=1e-10)  # float64 sums in another order

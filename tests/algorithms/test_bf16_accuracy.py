@@ -28,10 +28,21 @@ from tests.conftest import CONF
 def _accuracy(tmp_path, precision: str, epochs: int) -> float:
     from fl_lightning.federation.simulation import Simulation
 
-    cfg = load_config(CONF / "fedopal_digits_tiny.yaml",
-                      ["--output_dir", str(tmp_path / precision), "--logging.progress", "false",
-                       "--federation.accelerator", "cpu", "--federation.precision", precision,
-                       "--train.epochs", str(epochs)])
+    cfg = load_config(
+        CONF / "fedopal_digits_tiny.yaml",
+        [
+            "--output_dir",
+            str(tmp_path / precision),
+            "--logging.progress",
+            "false",
+            "--federation.accelerator",
+            "cpu",
+            "--federation.precision",
+            precision,
+            "--train.epochs",
+            str(epochs),
+        ],
+    )
     return float(Simulation(cfg=cfg, loggers=[]).run()["accuracy"])
 
 

@@ -22,8 +22,10 @@ def test_caff_depths_are_capacity_proportional_by_hand(tmp_path, one_thread):
     boards = [table[PAPER_TESTBED[i % len(PAPER_TESTBED)]] for i in range(4)]
     cap = [1 / (b.forward_time_s + L * b.backward_time_per_layer_s) for b in boards]
     requested = [max(1, math.floor(L * c / max(cap) + 0.5)) for c in cap]  # round half up, at least 1
-    memory = [(2.5, 1.5, 5.5) if b.name == "jetson_orin_nx" else (b.fixed_memory_gb, b.memory_per_layer_gb,
-              b.memory_budget_gb) for b in boards]  # the config's override
+    memory = [
+        (2.5, 1.5, 5.5) if b.name == "jetson_orin_nx" else (b.fixed_memory_gb, b.memory_per_layer_gb, b.memory_budget_gb)
+        for b in boards
+    ]  # the config's override
     limits = [min(L, math.floor((M - m_bar) / m + 1e-9)) for m_bar, m, M in memory]
     assert summary["requested_depths"] == requested and summary["memory_limits"] == limits
     assert summary["final_depths"] == [min(r, m) for r, m in zip(requested, limits)]

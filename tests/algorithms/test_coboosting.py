@@ -14,8 +14,7 @@ from tests.algorithms.test_dense import (
 )
 from tests.outcomes import expect
 
-TINY = ["--coboosting.epochs", "3", "--coboosting.g_steps", "3", "--coboosting.synthesis_batch_size", "32",
-        "--train.epochs", "1"]
+TINY = ["--coboosting.epochs", "3", "--coboosting.g_steps", "3", "--coboosting.synthesis_batch_size", "32", "--train.epochs", "1"]
 
 
 def test_coboosting_server_sees_only_models_and_reweights_the_ensemble(tmp_path):
@@ -26,7 +25,7 @@ def test_coboosting_server_sees_only_models_and_reweights_the_ensemble(tmp_path)
     # epoch 1 (32 images, 1 batch of 64), epoch 2 (64 images, 1 batch); epoch 0 keeps w_0
     assert len(w) == 5 and all(0.0 <= v <= 1.0 for v in w)
     assert w != [0.2] * 5
-    assert all(abs(v - 0.2) <= 0.05 * (0.99 + 0.99 ** 2) + 1e-6 for v in w)
+    assert all(abs(v - 0.2) <= 0.05 * (0.99 + 0.99**2) + 1e-6 for v in w)
 
 
 def test_no_reweighting_keeps_the_plain_mean(tmp_path):
@@ -54,8 +53,9 @@ def test_the_server_and_the_reweighting_run_under_the_runs_precision(tmp_path):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(CoBoosting, "reweight", recording)
-        summary, log = run_server_under_bf16(CoBoosting, "coboosting_digits_tiny.yaml", tmp_path, *TINY,
-                                             "--coboosting.mu", "0.05")
+        summary, log = run_server_under_bf16(
+            CoBoosting, "coboosting_digits_tiny.yaml", tmp_path, *TINY, "--coboosting.mu", "0.05"
+        )
     check_server_ran_under_the_precision(summary, log, epochs=3)
     assert seen and set(seen) == {(True, torch.bfloat16)}
     assert all(0.0 <= w <= 1.0 for w in summary["ensemble_weights"])
@@ -105,8 +105,18 @@ def test_reweighting_runs_before_the_new_batch_joins_on_the_augmented_pool(tmp_p
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(CoBoosting, "reweight", recording)
-        run(CoBoosting, "coboosting_digits_tiny.yaml", tmp_path, *TINY, "--coboosting.mu", "0.05",
-            "--coboosting.pool_augment", "true", "--coboosting.batch_size", "16")
+        run(
+            CoBoosting,
+            "coboosting_digits_tiny.yaml",
+            tmp_path,
+            *TINY,
+            "--coboosting.mu",
+            "0.05",
+            "--coboosting.pool_augment",
+            "true",
+            "--coboosting.batch_size",
+            "16",
+        )
     assert [(e, n) for e, n, _, _ in seen] == [(1, 32), (2, 64)]  # epochs 1, 2: the pool before their batch
     for _, n, inputs, pool in seen:
         assert sum(x.shape[0] for x in inputs) == n  # every pool image, once per wa_step

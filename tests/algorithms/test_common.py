@@ -59,12 +59,20 @@ def _data():
 
 def _env(fabric, cache_dir):
     dataset, y, _ = _data()
-    cfg = SimpleNamespace(data=SimpleNamespace(batch_size=BATCH, num_workers=0, pin_memory="auto",
-                                               persistent_workers="auto", normalize_on_device="auto",
-                                               feature_cache=cache_dir),
-                          federation=SimpleNamespace(collective_timeout_s=60.0, devices=1))
-    splits = SimpleNamespace(train=dataset, test=dataset, test_targets=y.numpy(), train_targets=y.numpy(),
-                             classes=[str(c) for c in range(CLASSES)])
+    cfg = SimpleNamespace(
+        data=SimpleNamespace(
+            batch_size=BATCH,
+            num_workers=0,
+            pin_memory="auto",
+            persistent_workers="auto",
+            normalize_on_device="auto",
+            feature_cache=cache_dir,
+        ),
+        federation=SimpleNamespace(collective_timeout_s=60.0, devices=1),
+    )
+    splits = SimpleNamespace(
+        train=dataset, test=dataset, test_targets=y.numpy(), train_targets=y.numpy(), classes=[str(c) for c in range(CLASSES)]
+    )
     return Environment(fabric, cfg, splits, [], Path("."), shared=True)
 
 
@@ -113,8 +121,10 @@ def _worker(rank, world, port, out, case):
                     raise ValueError("bad head")
                 return evaluate_on_test(env, lambda x: _head(model(x)))
 
-            for name, call in (("inside", lambda: evaluate_on_test(env, logits)),
-                               ("before", lambda: everyone(fabric, step, what="the evaluation", timeout_s=60.0))):
+            for name, call in (
+                ("inside", lambda: evaluate_on_test(env, logits)),
+                ("before", lambda: everyone(fabric, step, what="the evaluation", timeout_s=60.0)),
+            ):
                 try:
                     call()
                 except (RankFailure, RankStopped) as err:
@@ -141,8 +151,12 @@ def test_two_ranks_tabulate_and_evaluate_as_one(tmp_path):
     torch.set_num_threads(1)
     dataset, y, model = _data()
     whole = split_features(model, dataset, batch_size=BATCH, device="cpu")
-    expected = evaluate_classifier(lambda x: _head(model(x)), torch.utils.data.DataLoader(dataset, batch_size=BATCH),
-                                   num_classes=CLASSES, device=torch.device("cpu"))
+    expected = evaluate_classifier(
+        lambda x: _head(model(x)),
+        torch.utils.data.DataLoader(dataset, batch_size=BATCH),
+        num_classes=CLASSES,
+        device=torch.device("cpu"),
+    )
     for result in _run(tmp_path, "shared"):
         assert "error" not in result, result
         for name in ("plain", "cached"):

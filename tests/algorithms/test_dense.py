@@ -65,8 +65,10 @@ def run_server_under_bf16(algorithm: type, config: str, tmp_path, *extra: str) -
     log: dict = {"forwards": [], "g_scalers": [], "s_scalers": []}
 
     def hooked(modules, fn):
-        handles = [m.register_forward_hook(lambda mod, i, out: log["forwards"].append(
-            (torch.is_autocast_enabled("cpu"), out.dtype))) for m in modules]
+        handles = [
+            m.register_forward_hook(lambda mod, i, out: log["forwards"].append((torch.is_autocast_enabled("cpu"), out.dtype)))
+            for m in modules
+        ]
         try:
             return fn()
         finally:
@@ -87,8 +89,18 @@ def run_server_under_bf16(algorithm: type, config: str, tmp_path, *extra: str) -
         mp.setattr(local_training, "fresh_grad_scaler", lambda fabric: torch.amp.GradScaler(device="cpu"))
         mp.setattr(kd, "synthesize", synthesize_spy)
         mp.setattr(kd, "distill_epoch", distill_spy)
-        summary, _, _ = run(algorithm, config, tmp_path, "--federation.precision", "bf16-mixed",
-                            "--federation.accelerator", "cpu", *extra, "--train.epochs", "0")
+        summary, _, _ = run(
+            algorithm,
+            config,
+            tmp_path,
+            "--federation.precision",
+            "bf16-mixed",
+            "--federation.accelerator",
+            "cpu",
+            *extra,
+            "--train.epochs",
+            "0",
+        )
     return summary, log
 
 
@@ -184,11 +196,12 @@ def test_student_starts_fresh_as_the_official_code(tmp_path, init):
 def test_pool_is_read_through_crop_and_flip(tmp_path, pool_augment):
     """dense.pool_augment: distillation reads each pool batch as a crop of the image padded with black (in the
     normalised space: normalize(0)) by S/8, or its mirror; off: as stored."""
-    cfg = load_config(CONF / "dense_digits_tiny.yaml", ["--output_dir", str(tmp_path), "--data.image_size", "16",
-                                                        "--dense.pool_augment", str(pool_augment).lower()])
+    cfg = load_config(
+        CONF / "dense_digits_tiny.yaml",
+        ["--output_dir", str(tmp_path), "--data.image_size", "16", "--dense.pool_augment", str(pool_augment).lower()],
+    )
     black = torch.tensor([-1.0, -2.0, -3.0]).view(1, 3, 1, 1)
-    view = DENSE(cfg=cfg).pool_view(16, lambda x: x - torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1),
-                                    torch.device("cpu"))
+    view = DENSE(cfg=cfg).pool_view(16, lambda x: x - torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1), torch.device("cpu"))
     pool = torch.rand(6, 3, 16, 16)
     out = view(pool, torch.Generator().manual_seed(0))
     if not pool_augment:
@@ -197,15 +210,14 @@ def test_pool_is_read_through_crop_and_flip(tmp_path, pool_augment):
     padded = black.expand(6, 3, 20, 20).clone()
     padded[:, :, 2:18, 2:18] = pool
     for i in range(6):
-        crops = [padded[i, :, a:a + 16, b:b + 16] for a in range(5) for b in range(5)]
+        crops = [padded[i, :, a : a + 16, b : b + 16] for a in range(5) for b in range(5)]
         assert any(torch.equal(out[i], c) or torch.equal(out[i], c.flip(-1)) for c in crops)
     assert not torch.equal(out, pool)
 
 
 def comparable(summary: dict) -> dict:
     """summary.json less what depends on the clock or the process count."""
-    return {k: v for k, v in summary.items()
-            if k not in ("wall_time_s", "world_size", "server_distill_s", "client_train_s")}
+    return {k: v for k, v in summary.items() if k not in ("wall_time_s", "world_size", "server_distill_s", "client_train_s")}
 
 
 def one_vs_two_processes(config: str, method: str, tmp_path) -> None:
@@ -216,9 +228,24 @@ def one_vs_two_processes(config: str, method: str, tmp_path) -> None:
     from fl_lightning.federation.checkpoint import safe_load
     from tests.conftest import run_cli
 
-    base = ["--config", str(CONF / config), "--partition.num_clients", "3", "--train.epochs", "1",
-            "--logging.progress", "false", f"--{method}.epochs", "3", f"--{method}.g_steps", "5",
-            f"--{method}.pool_augment", "true", f"--{method}.synthesis_augment", "true"]
+    base = [
+        "--config",
+        str(CONF / config),
+        "--partition.num_clients",
+        "3",
+        "--train.epochs",
+        "1",
+        "--logging.progress",
+        "false",
+        f"--{method}.epochs",
+        "3",
+        f"--{method}.g_steps",
+        "5",
+        f"--{method}.pool_augment",
+        "true",
+        f"--{method}.synthesis_augment",
+        "true",
+    ]
     threads = {"OMP_NUM_THREADS": "1"}
     one = run_cli(*base, "--output_dir", str(tmp_path / "one"), env=threads)
     two = run_cli(*base, "--output_dir", str(tmp_path / "two"), "--federation.devices", "2", env=threads)
@@ -252,14 +279,40 @@ def test_replicas_that_drift_take_rank0s_decisions(tmp_path):
 
     from tests.conftest import REPO, run_cli
 
-    base = ["--config", str(CONF / "dense_digits_tiny.yaml"), "--partition.num_clients", "3", "--train.epochs", "1",
-            "--logging.progress", "false", "--dense.epochs", "3", "--dense.g_steps", "5",
-            "--federation.collective_timeout_s", "60"]
+    base = [
+        "--config",
+        str(CONF / "dense_digits_tiny.yaml"),
+        "--partition.num_clients",
+        "3",
+        "--train.epochs",
+        "1",
+        "--logging.progress",
+        "false",
+        "--dense.epochs",
+        "3",
+        "--dense.g_steps",
+        "5",
+        "--federation.collective_timeout_s",
+        "60",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     one = run_cli(*base, "--output_dir", str(tmp_path / "one"), env={"OMP_NUM_THREADS": "1"})
-    two = subprocess.run([sys.executable, str(Path(__file__).with_name("drifting_replicas_job.py")), *base,
-                          "--output_dir", str(tmp_path / "two"), "--federation.devices", "2"],
-                         capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    two = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("drifting_replicas_job.py")),
+            *base,
+            "--output_dir",
+            str(tmp_path / "two"),
+            "--federation.devices",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=300,
+    )
     assert one.returncode == 0, one.stderr[-2000:]
     assert two.returncode == 0, two.stderr[-2000:]
     (run1,), (run2,) = (tmp_path / "one").iterdir(), (tmp_path / "two").iterdir()

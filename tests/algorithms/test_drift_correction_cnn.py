@@ -27,10 +27,26 @@ from tests.run_records import server_state
 
 
 def _cfg(tmp_path, algorithm, *extra):
-    return load_config(CONF / "fedavg_cnn_digits_tiny.yaml",
-                       ["--output_dir", str(tmp_path), "--algorithm", algorithm, "--logging.progress", "false",
-                        "--partition.num_clients", "3", "--data.num_samples", "240", "--train.momentum", "0",
-                        "--federation.rounds", "1", *extra])
+    return load_config(
+        CONF / "fedavg_cnn_digits_tiny.yaml",
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--algorithm",
+            algorithm,
+            "--logging.progress",
+            "false",
+            "--partition.num_clients",
+            "3",
+            "--data.num_samples",
+            "240",
+            "--train.momentum",
+            "0",
+            "--federation.rounds",
+            "1",
+            *extra,
+        ],
+    )
 
 
 def _algorithm(cfg):
@@ -73,8 +89,9 @@ def _reference_fit(cfg, env, weights, correction, round_idx=1, client=0):
     model = build_timm_classifier(cfg, env.num_classes, seed=cfg.seed)
     model.load_state_dict(weights)
     model.train()
-    loader = env.loader(env.client(client).dataset, shuffle=True, batch_size=cfg.train.batch_size,
-                        seed=client_seed(cfg.seed, round_idx, client))
+    loader = env.loader(
+        env.client(client).dataset, shuffle=True, batch_size=cfg.train.batch_size, seed=client_seed(cfg.seed, round_idx, client)
+    )
     steps = 0
     for _ in range(cfg.train.epochs):
         for images, labels in loader:
@@ -172,14 +189,19 @@ def test_the_scaffold_cnn_server_step_is_the_pure_function_and_buffers_are_fedav
     state.update({"control." + k: v for k, v in _random_like(state, keys, 1.0, 5).items()})
     uploads = _uploads(algorithm, state, ("delta_control.",))
     new = algorithm.aggregate(0, state, uploads, {}, RoundPlan({}))
-    x, c = scaffold.server_step(_flat(state, keys), _flat(state, keys, "control."),
-                                [_flat(u.tensors, keys) for u in uploads.values()],
-                                [_flat(u.tensors, keys, "delta_control.") for u in uploads.values()], 3, 0.7,
-                                [30.0, 50.0] if weighted else None)
+    x, c = scaffold.server_step(
+        _flat(state, keys),
+        _flat(state, keys, "control."),
+        [_flat(u.tensors, keys) for u in uploads.values()],
+        [_flat(u.tensors, keys, "delta_control.") for u in uploads.values()],
+        3,
+        0.7,
+        [30.0, 50.0] if weighted else None,
+    )
     assert torch.equal(_flat(new, keys), x) and torch.equal(_flat(new, keys, "control."), c)
     for k, v in _fedavg_buffers(algorithm, uploads, weighted).items():
         torch.testing.assert_close(new[k], v, rtol=1e-6, atol=0, msg=k)
-    assert list(new)[:len(algorithm._initial)] == list(algorithm._initial)  # the model's key order
+    assert list(new)[: len(algorithm._initial)] == list(algorithm._initial)  # the model's key order
     for i, u in uploads.items():  # c_i⁺ = c_i + Δc_i kept for each client of the round
         kept = algorithm.client_state.read(i, 1)
         assert np.allclose(kept, _flat(u.tensors, keys, "delta_control.").numpy())
@@ -196,8 +218,9 @@ def test_the_feddyn_cnn_server_step_is_the_pure_function_and_buffers_are_fedavgs
     uploads = _uploads(algorithm, state, ())
     new = algorithm.aggregate(0, state, uploads, {}, RoundPlan({}))
     cloud = _flat(state, keys, "cloud.")
-    avg, total, new_cloud = feddyn.server_step(cloud, _flat(state, keys, "drift_sum."),
-                                               [_flat(u.tensors, keys) for u in uploads.values()], 3)
+    avg, total, new_cloud = feddyn.server_step(
+        cloud, _flat(state, keys, "drift_sum."), [_flat(u.tensors, keys) for u in uploads.values()], 3
+    )
     assert torch.equal(_flat(new, keys), avg) and torch.equal(_flat(new, keys, "drift_sum."), total)
     assert torch.equal(_flat(new, keys, "cloud."), new_cloud)
     for k, v in _fedavg_buffers(algorithm, uploads, weighted=True).items():
@@ -227,12 +250,14 @@ def test_a_run_killed_after_the_clients_state_was_written_resumes_to_the_uninter
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize(("algorithm", "extra", "words"), [
-    ("scaffold_cnn", ["--train.optimizer", "adamw"], "scaffold_cnn needs train.optimizer: sgd"),
-    ("scaffold_cnn", ["--federation.server_optimizer.name", "fedadam"], "needs a method whose state is the mean"),
-    ("feddyn_cnn", ["--federation.privacy.mechanism", "dp_fedavg", "--federation.privacy.epsilon", "4"],
-     "accumulated drift"),
-])
+@pytest.mark.parametrize(
+    ("algorithm", "extra", "words"),
+    [
+        ("scaffold_cnn", ["--train.optimizer", "adamw"], "scaffold_cnn needs train.optimizer: sgd"),
+        ("scaffold_cnn", ["--federation.server_optimizer.name", "fedadam"], "needs a method whose state is the mean"),
+        ("feddyn_cnn", ["--federation.privacy.mechanism", "dp_fedavg", "--federation.privacy.epsilon", "4"], "accumulated drift"),
+    ],
+)
 def test_what_they_cannot_run_is_one_line(tmp_path, algorithm, extra, words):
     with pytest.raises(UsageError) as err:
         Simulation(cfg=_cfg(tmp_path, algorithm, *extra), loggers=[]).run()
@@ -243,8 +268,20 @@ def test_what_they_cannot_run_is_one_line(tmp_path, algorithm, extra, words):
 def test_the_tiny_whole_model_comparison_runs_each_method(tmp_path, capsys):
     from fl_lightning import train
 
-    rc = train.main(["--config", str(CONF / "client_drift_cnn_tiny.yaml"), "--output_dir", str(tmp_path),
-                     "--federation.rounds", "2", "--data.num_samples", "200", "--train.epochs", "1"])
+    rc = train.main(
+        [
+            "--config",
+            str(CONF / "client_drift_cnn_tiny.yaml"),
+            "--output_dir",
+            str(tmp_path),
+            "--federation.rounds",
+            "2",
+            "--data.num_samples",
+            "200",
+            "--train.epochs",
+            "1",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     states = {p.parent.parent.name: safe_load(p)["state"] for p in tmp_path.glob("*/checkpoints/server.pt")}
     assert set(states) == {"fedavg_cnn", "scaffold_cnn", "feddyn_cnn"}

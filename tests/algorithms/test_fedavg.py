@@ -19,8 +19,7 @@ _KEYS = ("head.weight", "head.bias")
 
 
 def _cfg(tmp_path, *extra):
-    return load_config(CONF / "fedavg_digits_tiny.yaml",
-                       ["--output_dir", str(tmp_path), "--logging.progress", "false", *extra])
+    return load_config(CONF / "fedavg_digits_tiny.yaml", ["--output_dir", str(tmp_path), "--logging.progress", "false", *extra])
 
 
 @pytest.mark.parametrize("weighted", [True, False])
@@ -29,8 +28,10 @@ def test_the_server_head_is_the_weighted_mean_of_the_client_heads(tmp_path, weig
     rng = np.random.default_rng(0)
     heads = {c: {"head.weight": rng.normal(size=(10, 8)), "head.bias": rng.normal(size=10)} for c in range(3)}
     sizes = {0: 5, 1: 40, 2: 155}
-    uploads = {c: Upload({k: torch.tensor(v, dtype=torch.float32) for k, v in heads[c].items()},
-                         {"num_samples": sizes[c]}) for c in heads}
+    uploads = {
+        c: Upload({k: torch.tensor(v, dtype=torch.float32) for k, v in heads[c].items()}, {"num_samples": sizes[c]})
+        for c in heads
+    }
     state = method.aggregate(0, {}, uploads, {}, None)
     w = np.array([sizes[c] if weighted else 1.0 for c in heads])
     for k in _KEYS:
@@ -43,9 +44,25 @@ def test_the_server_head_is_the_weighted_mean_of_the_client_heads(tmp_path, weig
 @pytest.mark.parametrize("clients, alpha", [(4, "inf"), (5, "0.1")])
 def test_one_full_batch_step_per_client_is_one_centralized_gradient_step(tmp_path, clients, alpha):
     lr = 0.5
-    cfg = _cfg(tmp_path, "--federation.rounds", "1", "--train.epochs", "1", "--train.batch_size", "100000",
-               "--train.optimizer", "sgd", "--train.lr", str(lr), "--train.momentum", "0",
-               "--partition.num_clients", str(clients), "--partition.alpha", alpha)
+    cfg = _cfg(
+        tmp_path,
+        "--federation.rounds",
+        "1",
+        "--train.epochs",
+        "1",
+        "--train.batch_size",
+        "100000",
+        "--train.optimizer",
+        "sgd",
+        "--train.lr",
+        str(lr),
+        "--train.momentum",
+        "0",
+        "--partition.num_clients",
+        str(clients),
+        "--partition.alpha",
+        alpha,
+    )
     Simulation(cfg=cfg, loggers=[]).run()
     state = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
     h, y = _centralized_features(cfg)  # the pooled features (N × d) and one-hot labels, float64

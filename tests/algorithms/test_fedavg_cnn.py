@@ -17,8 +17,9 @@ from tests.outcomes import expect, outcome_seed
 
 
 def _cfg(tmp_path, *extra):
-    return load_config(CONF / "fedavg_cnn_digits_tiny.yaml",
-                       ["--output_dir", str(tmp_path), "--logging.progress", "false", *extra])
+    return load_config(
+        CONF / "fedavg_cnn_digits_tiny.yaml", ["--output_dir", str(tmp_path), "--logging.progress", "false", *extra]
+    )
 
 
 def test_one_client_one_round_is_centralized_training(tmp_path):
@@ -28,12 +29,15 @@ def test_one_client_one_round_is_centralized_training(tmp_path):
 
     # the reference: plain torch SGD on the whole training split, same initial model and batch order
     t = build_transform(normalization="imagenet", image_size=cfg.data.image_size, train=False)
-    splits = build_dataset("digits", root="data", train_transform=t, test_transform=t, seed=cfg.seed,
-                           num_samples=256)
+    splits = build_dataset("digits", root="data", train_transform=t, test_transform=t, seed=cfg.seed, num_samples=256)
     model = build_timm_classifier(cfg, len(splits.classes), seed=cfg.seed)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.train.lr, momentum=cfg.train.momentum)
-    loader = torch.utils.data.DataLoader(splits.train, batch_size=cfg.data.batch_size, shuffle=True,
-                                         generator=torch.Generator().manual_seed(client_seed(cfg.seed, 0, 0)))
+    loader = torch.utils.data.DataLoader(
+        splits.train,
+        batch_size=cfg.data.batch_size,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(client_seed(cfg.seed, 0, 0)),
+    )
     model.train()
     for images, labels in loader:
         opt.zero_grad()
@@ -50,8 +54,19 @@ def test_one_client_one_round_is_centralized_training(tmp_path):
 @pytest.mark.outcome
 def test_weighted_average_of_three_clients_and_accuracy_improves(tmp_path):
     s = str(outcome_seed())
-    cfg = _cfg(tmp_path, "--federation.rounds", "3", "--partition.alpha", "inf", "--seed", s, "--partition.seed", s,
-               "--federation.sampling_seed", s)
+    cfg = _cfg(
+        tmp_path,
+        "--federation.rounds",
+        "3",
+        "--partition.alpha",
+        "inf",
+        "--seed",
+        s,
+        "--partition.seed",
+        s,
+        "--federation.sampling_seed",
+        s,
+    )
     summary = Simulation(cfg=cfg, loggers=[]).run()
     rows = (cfg.run_dir / "metrics.csv").read_text().splitlines()[1:]
     acc = [float(r.split(",")[1]) for r in rows]

@@ -16,8 +16,9 @@ from tests.conftest import CONF
 
 
 def _cfg(tmp_path, *extra):
-    return load_config(CONF / "fedavg_prompts_digits_tiny.yaml",
-                       ["--output_dir", str(tmp_path), "--logging.progress", "false", *extra])
+    return load_config(
+        CONF / "fedavg_prompts_digits_tiny.yaml", ["--output_dir", str(tmp_path), "--logging.progress", "false", *extra]
+    )
 
 
 def test_one_client_one_round_is_centralized_prompt_tuning(tmp_path):
@@ -29,17 +30,19 @@ def test_one_client_one_round_is_centralized_prompt_tuning(tmp_path):
     torch.manual_seed(cfg.seed)
     backbone = frozen_backbone(cfg)
     spec = InputSpec.of_backbone(backbone, cfg.data.image_size)
-    t = build_transform(normalization=spec.normalization, image_size=spec.image_size, train=False, mean=spec.mean,
-                        std=spec.std)
-    splits = build_dataset("digits", root="data", train_transform=t, test_transform=t, seed=cfg.seed,
-                           num_samples=192)
+    t = build_transform(normalization=spec.normalization, image_size=spec.image_size, train=False, mean=spec.mean, std=spec.std)
+    splits = build_dataset("digits", root="data", train_transform=t, test_transform=t, seed=cfg.seed, num_samples=192)
     model = PromptedViT(backbone, num_prompts=4, seed=0)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         head = torch.nn.Linear(model.feature_dim, 10)
     opt = torch.optim.SGD([model.prompts, *head.parameters()], lr=cfg.train.lr, momentum=cfg.train.momentum)
-    loader = torch.utils.data.DataLoader(splits.train, batch_size=cfg.data.batch_size, shuffle=True,
-                                         generator=torch.Generator().manual_seed(client_seed(cfg.seed, 0, 0)))
+    loader = torch.utils.data.DataLoader(
+        splits.train,
+        batch_size=cfg.data.batch_size,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(client_seed(cfg.seed, 0, 0)),
+    )
     for images, labels in loader:
         opt.zero_grad()
         F.cross_entropy(head(model(images)), labels).backward()

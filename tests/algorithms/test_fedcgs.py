@@ -23,8 +23,9 @@ CONFIG = CONF / "fedcgs_digits_tiny.yaml"
 
 
 def _cfg(tmp_path, *extra):
-    return load_config(CONFIG, ["--output_dir", str(tmp_path), "--logging.progress", "false",
-                                "--partition.num_clients", "4", *extra])
+    return load_config(
+        CONFIG, ["--output_dir", str(tmp_path), "--logging.progress", "false", "--partition.num_clients", "4", *extra]
+    )
 
 
 def _split_batch_features(cfg) -> tuple[np.ndarray, np.ndarray]:
@@ -34,8 +35,7 @@ def _split_batch_features(cfg) -> tuple[np.ndarray, np.ndarray]:
     seed_everything(cfg.seed, verbose=False)
     backbone = frozen_backbone(cfg)
     spec = InputSpec.of_backbone(backbone, cfg.data.image_size)
-    t = build_transform(normalization=spec.normalization, image_size=spec.image_size, train=False,
-                        mean=spec.mean, std=spec.std)
+    t = build_transform(normalization=spec.normalization, image_size=spec.image_size, train=False, mean=spec.mean, std=spec.std)
     splits = build_dataset(cfg.data.name, root=cfg.data.root, train_transform=t, test_transform=t, seed=cfg.seed)
     hs, ys = [], []
     for start in range(0, len(splits.train_targets), cfg.data.batch_size):
@@ -84,8 +84,12 @@ def test_cli_result_does_not_depend_on_alpha_and_reports_upload_size(tmp_path):
     out = run_cli("--config", str(CONFIG), "--output_dir", str(tmp_path), "--logging.progress", "false")
     assert out.returncode == 0, out.stderr[-2000:]
     name = "fedcgs_digits_a0.1_s0"  # the config's 10 clients, α = 0.1
-    runs = {"0.1": (json.loads((tmp_path / name / "summary.json").read_text()),
-                    safe_load(tmp_path / name / "checkpoints" / "server.pt")["state"])}
+    runs = {
+        "0.1": (
+            json.loads((tmp_path / name / "summary.json").read_text()),
+            safe_load(tmp_path / name / "checkpoints" / "server.pt")["state"],
+        )
+    }
     cfg = _cfg(tmp_path, "--partition.alpha", "inf", "--partition.num_clients", "3")  # in-process: faster
     runs["inf"] = (Simulation(cfg=cfg, loggers=[]).run(), safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"])
     (s1, w1), (s2, w2) = runs["0.1"], runs["inf"]

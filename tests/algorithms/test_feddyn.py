@@ -58,10 +58,27 @@ def test_the_server_step_is_the_authors_update():
 
 def _cfg(tmp_path, algorithm="feddyn", *extra):
     alpha = ["--feddyn.alpha", "0.1"] if algorithm == "feddyn" else []
-    return load_config(CONF / "fedavg_digits_tiny.yaml",
-                       ["--output_dir", str(tmp_path), "--algorithm", algorithm, "--federation.rounds", "3",
-                        "--partition.num_clients", "4", "--logging.progress", "false", "--train.momentum", "0",
-                        "--train.lr", "0.5", *alpha, *extra])
+    return load_config(
+        CONF / "fedavg_digits_tiny.yaml",
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--algorithm",
+            algorithm,
+            "--federation.rounds",
+            "3",
+            "--partition.num_clients",
+            "4",
+            "--logging.progress",
+            "false",
+            "--train.momentum",
+            "0",
+            "--train.lr",
+            "0.5",
+            *alpha,
+            *extra,
+        ],
+    )
 
 
 def test_the_drift_sum_is_the_clients_kept_drifts_and_the_traffic_is_fedavgs(tmp_path):
@@ -91,11 +108,14 @@ def test_a_run_killed_after_the_clients_state_was_written_resumes_to_the_uninter
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize(("extra", "words"), [
-    (["--federation.aggregator.name", "median"], "federation.aggregator.name=median needs a method"),
-    (["--federation.privacy.mechanism", "dp_fedavg", "--federation.privacy.epsilon", "4"], "accumulated drift"),
-    (["--feddyn.alpha", "0"], "feddyn.alpha"),
-])
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--federation.aggregator.name", "median"], "federation.aggregator.name=median needs a method"),
+        (["--federation.privacy.mechanism", "dp_fedavg", "--federation.privacy.epsilon", "4"], "accumulated drift"),
+        (["--feddyn.alpha", "0"], "feddyn.alpha"),
+    ],
+)
 def test_what_feddyn_cannot_run_is_one_line(tmp_path, extra, words):
     with pytest.raises(UsageError) as err:
         Simulation(cfg=_cfg(tmp_path, "feddyn", *extra), loggers=[]).run()

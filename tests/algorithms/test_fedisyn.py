@@ -32,8 +32,14 @@ def test_tiny_config_end_to_end_through_the_cli(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     cfg = load_config(TINY, ["--output_dir", str(tmp_path)])
     run = cfg.run_dir
-    for name in ("config.yaml", "summary.json", "metrics.csv", "checkpoints/server.pt", "prompts.json",
-                 "synthetic/manifest.jsonl"):
+    for name in (
+        "config.yaml",
+        "summary.json",
+        "metrics.csv",
+        "checkpoints/server.pt",
+        "prompts.json",
+        "synthetic/manifest.jsonl",
+    ):
         assert (run / name).exists(), name
     assert list((run / "pretrain" / "checkpoints").glob("best-*.ckpt"))
     summary = json.loads((run / "summary.json").read_text())
@@ -53,8 +59,11 @@ def test_tiny_config_end_to_end_through_the_cli(tmp_path):
     assert summary["simulated_time_s"] == pytest.approx(sim[-1])
     # H_gene + H_pre from the config's ĥ, h̃: ĥ · images + h̃ · train images · epochs run (≤ T̂)
     assert summary["simulated_generation_s"] == pytest.approx(cfg.method.generation_time_per_image_s * sum(expected))
-    assert 0 < summary["simulated_pretraining_s"] <= (cfg.method.pretrain_time_per_image_epoch_s * sum(expected)
-                                                      * cfg.method.pretrain_epochs)
+    assert (
+        0
+        < summary["simulated_pretraining_s"]
+        <= (cfg.method.pretrain_time_per_image_epoch_s * sum(expected) * cfg.method.pretrain_epochs)
+    )
 
     # round 0 uploads = the noised latents: per class Z' <= Z centroids (clusters of >= 2 samples) + the mean of
     # (4, 8, 8) float32 — the mean only for a class with <= Z samples (privacy) — + 4 scalars (label, count, timestep, Z')
@@ -71,8 +80,9 @@ def test_tiny_config_end_to_end_through_the_cli(tmp_path):
     assert summary["bytes_up_finetune"] == summary["bytes_up"] - up0 > 0 and float(rows[0]["bytes_up_finetune"]) == 0
     # ... and the latents are on the channel clock: the synthesis round's time includes their upload
     assert summary["simulated_synthesis_upload_s"] > 0
-    assert sim[0] == pytest.approx(summary["simulated_generation_s"] + summary["simulated_pretraining_s"]
-                                   + summary["simulated_synthesis_upload_s"])
+    assert sim[0] == pytest.approx(
+        summary["simulated_generation_s"] + summary["simulated_pretraining_s"] + summary["simulated_synthesis_upload_s"]
+    )
     # the pre-trained model travels once (round 1); later downloads carry LoRA + head only
     assert int(rows[1]["bytes_down_round"]) > 5 * int(rows[2]["bytes_down_round"]) > 0
 
@@ -84,23 +94,38 @@ def test_tiny_config_end_to_end_through_the_cli(tmp_path):
     # two CPU processes (ddp over gloo): the same images bitwise; the server pre-training is data-parallel over both
     # (modules/pretraining_ranks.py: the same global batches, not the same floats), so what follows it is one
     # rank's within round-off: measured on this config, the same accuracies, the test loss 2.3189 vs 2.3163
-    two = run_cli("--config", str(TINY), "--output_dir", str(tmp_path / "two"), "--federation.devices", "2",
-                  env=ONE_THREAD, timeout=240)
+    two = run_cli(
+        "--config", str(TINY), "--output_dir", str(tmp_path / "two"), "--federation.devices", "2", env=ONE_THREAD, timeout=240
+    )
     assert two.returncode == 0, two.stderr[-2000:]
     run2 = tmp_path / "two" / run.name
     summary2 = json.loads((run2 / "summary.json").read_text())
     assert summary2["world_size"] == 2
-    assert all((run2 / "synthetic" / str(k) / p.name).read_bytes() == p.read_bytes()
-               for k in range(10) for p in (run / "synthetic" / str(k)).glob("*.png"))
-    held_out = [[float(r["val_acc"]) for r in read_metrics_csv(folder / "pretrain" / "pretrain" / "version_0"
-                                                                / "metrics.csv") if r.get("val_acc")]
-                for folder in (run, run2)]
+    assert all(
+        (run2 / "synthetic" / str(k) / p.name).read_bytes() == p.read_bytes()
+        for k in range(10)
+        for p in (run / "synthetic" / str(k)).glob("*.png")
+    )
+    held_out = [
+        [
+            float(r["val_acc"])
+            for r in read_metrics_csv(folder / "pretrain" / "pretrain" / "version_0" / "metrics.csv")
+            if r.get("val_acc")
+        ]
+        for folder in (run, run2)
+    ]
     assert len(held_out[0]) == len(held_out[1]) == cfg.method.pretrain_epochs
     assert max(abs(a - b) for a, b in zip(*held_out)) <= 1 / 12 + 1e-6, held_out  # 12 held-out images: one
     assert summary2["accuracy"] == pytest.approx(summary["accuracy"], abs=0.02)
     assert summary2["loss"] == pytest.approx(summary["loss"], rel=0.01)
-    skip = ("wall_time_s", "world_size", "host_generation_s", "host_pretraining_s",  # wall clocks
-            "loss", "accuracy")
+    skip = (
+        "wall_time_s",
+        "world_size",
+        "host_generation_s",
+        "host_pretraining_s",  # wall clocks
+        "loss",
+        "accuracy",
+    )
     assert {k: v for k, v in summary2.items() if k not in skip} == {k: v for k, v in summary.items() if k not in skip}
 
 
@@ -108,22 +133,29 @@ def _hand_state():
     g = torch.Generator().manual_seed(0)
     state = {f"lora.blocks.{l}.attn.qkv.lora_A.weight": torch.randn(2, 3, generator=g) for l in range(3)}
     state.update({"head.weight": torch.randn(2, 2, generator=g), "head.bias": torch.randn(2, generator=g)})
-    state.update({"sys.clock": torch.tensor([1.0, 2.0, 0.0, 0.0], dtype=torch.float64),
-                  "sys.bytes_up": torch.zeros(2, dtype=torch.float64),
-                  "sys.contrib": torch.zeros(3, 3, dtype=torch.float64),
-                  "sys.contrib_round": torch.full((3, 3), -1, dtype=torch.int64),
-                  "sys.depths": torch.zeros(3, dtype=torch.int64),
-                  "sys.requested": torch.zeros(3, dtype=torch.int64),
-                  "sys.limits": torch.zeros(3, dtype=torch.int64),
-                  "sys.over_memory_rounds": torch.zeros(3, dtype=torch.int64),
-                  "sys.round_time": torch.tensor(0.0, dtype=torch.float64)})
+    state.update(
+        {
+            "sys.clock": torch.tensor([1.0, 2.0, 0.0, 0.0], dtype=torch.float64),
+            "sys.bytes_up": torch.zeros(2, dtype=torch.float64),
+            "sys.contrib": torch.zeros(3, 3, dtype=torch.float64),
+            "sys.contrib_round": torch.full((3, 3), -1, dtype=torch.int64),
+            "sys.depths": torch.zeros(3, dtype=torch.int64),
+            "sys.requested": torch.zeros(3, dtype=torch.int64),
+            "sys.limits": torch.zeros(3, dtype=torch.int64),
+            "sys.over_memory_rounds": torch.zeros(3, dtype=torch.int64),
+            "sys.round_time": torch.tensor(0.0, dtype=torch.float64),
+        }
+    )
     return state
 
 
 def _client_upload(state, depth, n, seed):
     g = torch.Generator().manual_seed(seed)
-    tensors = {k: torch.randn(v.shape, generator=g) for k, v in state.items()
-               if k.startswith("head.") or k.startswith("lora.") and int(k.split(".")[2]) >= 3 - depth}
+    tensors = {
+        k: torch.randn(v.shape, generator=g)
+        for k, v in state.items()
+        if k.startswith("head.") or k.startswith("lora.") and int(k.split(".")[2]) >= 3 - depth
+    }
     tensors["contribution"] = torch.arange(1, depth + 1, dtype=torch.float32) * seed
     return Upload(tensors, {"num_samples": n})
 
@@ -148,11 +180,10 @@ def test_lora_aggregation_is_per_block_over_the_devices_that_trained_it():
     # block 0: only client 1 (depth 3); block 1: clients 1, 2; block 2: all three — data-size weights
     np.testing.assert_allclose(new[key(0)].numpy(), f64[1][key(0)], rtol=1e-6)
     np.testing.assert_allclose(new[key(1)].numpy(), (2 * f64[1][key(1)] + 3 * f64[2][key(1)]) / 5, rtol=1e-6)
-    np.testing.assert_allclose(new[key(2)].numpy(), (f64[0][key(2)] + 2 * f64[1][key(2)] + 3 * f64[2][key(2)]) / 6,
-                               rtol=1e-6)
-    np.testing.assert_allclose(new["head.weight"].numpy(),
-                               (f64[0]["head.weight"] + 2 * f64[1]["head.weight"] + 3 * f64[2]["head.weight"]) / 6,
-                               rtol=1e-6)
+    np.testing.assert_allclose(new[key(2)].numpy(), (f64[0][key(2)] + 2 * f64[1][key(2)] + 3 * f64[2][key(2)]) / 6, rtol=1e-6)
+    np.testing.assert_allclose(
+        new["head.weight"].numpy(), (f64[0]["head.weight"] + 2 * f64[1]["head.weight"] + 3 * f64[2]["head.weight"]) / 6, rtol=1e-6
+    )
     # contributions land in each device's last blocks, stamped with the round; clock and depths advance
     assert new["sys.contrib"][1].tolist() == [2.0, 4.0, 6.0] and new["sys.contrib"][0].tolist() == [0.0, 0.0, 1.0]
     assert new["sys.contrib_round"][2].tolist() == [-1, 1, 1]
@@ -166,8 +197,10 @@ def test_blocks_nobody_trained_keep_their_global_value():
     for block in (0, 1):
         key = f"lora.blocks.{block}.attn.qkv.lora_A.weight"
         assert torch.equal(new[key], state[key])
-    assert torch.allclose(new["lora.blocks.2.attn.qkv.lora_A.weight"], _client_upload(state, 1, 4, 1).tensors[
-        "lora.blocks.2.attn.qkv.lora_A.weight"])
+    assert torch.allclose(
+        new["lora.blocks.2.attn.qkv.lora_A.weight"],
+        _client_upload(state, 1, 4, 1).tensors["lora.blocks.2.attn.qkv.lora_A.weight"],
+    )
 
 
 def test_resume_in_a_lora_round_gives_the_same_summary(tmp_path, one_thread):
@@ -237,25 +270,32 @@ def test_food101_config_fails_offline_with_one_line(tmp_path):
     assert not (tmp_path / "fedisyn_food101_a0.3_s0" / "synthetic").exists()
 
 
-@pytest.mark.parametrize("override, key", [
-    (["--fedisyn.synthetic_lambda", "null"], "fedisyn.scaling_kappa"),
-    (["--fedisyn.scaling_kappa", "[1, 2]"], "fedisyn.scaling_kappa"),
-    (["--fedisyn.systems.boards", "[jetson_nano]"], "fedisyn.systems.boards"),
-    (["--fedisyn.systems.profiles", "{jetson_orin_nx: {speed: 2}}"], "fedisyn.systems.profiles.jetson_orin_nx"),
-    (["--fedisyn.lora.alpha", "0"], "fedisyn.lora.alpha"),
-    (["--fedisyn.systems.profiles", "{jetson_orin_nx: {forward_time_s: -1}}"],
-     "fedisyn.systems.profiles.jetson_orin_nx.forward_time_s"),
-    (["--fedisyn.systems.profiles", "{jetson_orin_nx: {memory_budget_gb: 2.0}}"],  # 2.19 + 0.33 > 2: not one block
-     "fedisyn.systems.profiles.jetson_orin_nx.memory_budget_gb"),
-    (["--fedisyn.systems.reference_loss_db", ".nan"], "fedisyn.systems.reference_loss_db"),
-    (["--fedisyn.systems.bandwidth_allocation", "fair"], "fedisyn.systems.bandwidth_allocation"),
-    (["--fedisyn.synthetic_lambda", "null", "--fedisyn.scaling_kappa", "[1, -0.5, 2, 0]"], "fedisyn.scaling_kappa"),
-    (["--fedisyn.scaling_kappa", "[1, .inf, 2, 0]"], "fedisyn.scaling_kappa"),
-    (["--fedisyn.min_fresh_fraction", "1.0"], "fedisyn.min_fresh_fraction"),
-    (["--fedisyn.min_timestep", "0"], "fedisyn.min_timestep"),  # privacy: s >= 1
-    (["--fedisyn.timestep", "0"], "fedisyn.timestep"),
-    (["--fedisyn.systems.backbone", "resnet50"], "fedisyn.systems.backbone"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        (["--fedisyn.synthetic_lambda", "null"], "fedisyn.scaling_kappa"),
+        (["--fedisyn.scaling_kappa", "[1, 2]"], "fedisyn.scaling_kappa"),
+        (["--fedisyn.systems.boards", "[jetson_nano]"], "fedisyn.systems.boards"),
+        (["--fedisyn.systems.profiles", "{jetson_orin_nx: {speed: 2}}"], "fedisyn.systems.profiles.jetson_orin_nx"),
+        (["--fedisyn.lora.alpha", "0"], "fedisyn.lora.alpha"),
+        (
+            ["--fedisyn.systems.profiles", "{jetson_orin_nx: {forward_time_s: -1}}"],
+            "fedisyn.systems.profiles.jetson_orin_nx.forward_time_s",
+        ),
+        (
+            ["--fedisyn.systems.profiles", "{jetson_orin_nx: {memory_budget_gb: 2.0}}"],  # 2.19 + 0.33 > 2: not one block
+            "fedisyn.systems.profiles.jetson_orin_nx.memory_budget_gb",
+        ),
+        (["--fedisyn.systems.reference_loss_db", ".nan"], "fedisyn.systems.reference_loss_db"),
+        (["--fedisyn.systems.bandwidth_allocation", "fair"], "fedisyn.systems.bandwidth_allocation"),
+        (["--fedisyn.synthetic_lambda", "null", "--fedisyn.scaling_kappa", "[1, -0.5, 2, 0]"], "fedisyn.scaling_kappa"),
+        (["--fedisyn.scaling_kappa", "[1, .inf, 2, 0]"], "fedisyn.scaling_kappa"),
+        (["--fedisyn.min_fresh_fraction", "1.0"], "fedisyn.min_fresh_fraction"),
+        (["--fedisyn.min_timestep", "0"], "fedisyn.min_timestep"),  # privacy: s >= 1
+        (["--fedisyn.timestep", "0"], "fedisyn.timestep"),
+        (["--fedisyn.systems.backbone", "resnet50"], "fedisyn.systems.backbone"),
+    ],
+)
 def test_bad_fedisyn_settings_name_their_key(override, key):
     with pytest.raises(ConfigError) as err:
         load_config(TINY, override)
@@ -265,8 +305,19 @@ def test_bad_fedisyn_settings_name_their_key(override, key):
 def test_lambda_from_the_scaling_law(tmp_path, one_thread):
     """synthetic_lambda: null → λ* = (κ2 e^{κ3 Acc} / (h0 κ1))^{1/(κ2+1)}, h0 = (ĥ + h̃ T̂) D."""
     kappa = [0.5, 0.8, 2.0, 1.0]
-    cfg = load_config(TINY, ["--output_dir", str(tmp_path), "--federation.rounds", "1",
-                             "--fedisyn.synthetic_lambda", "null", "--fedisyn.scaling_kappa", str(kappa)])
+    cfg = load_config(
+        TINY,
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--federation.rounds",
+            "1",
+            "--fedisyn.synthetic_lambda",
+            "null",
+            "--fedisyn.scaling_kappa",
+            str(kappa),
+        ],
+    )
     summary = Simulation(cfg=cfg, loggers=[]).run()
     f = cfg.method
     h0 = (f.generation_time_per_image_s + f.pretrain_time_per_image_epoch_s * f.pretrain_epochs) * summary["real_samples"]
@@ -288,8 +339,7 @@ def test_a_lambda_star_that_overflows_names_the_kappas(tmp_path):
 
 def test_without_feature_guidance_clients_upload_counts_and_images_start_from_noise(tmp_path, one_thread):
     """w/o FG (generation: text_only): round 0 carries C int64 counts per client, no latent; then FeDiSyn's LoRA."""
-    cfg = load_config(TINY, ["--output_dir", str(tmp_path), "--federation.rounds", "1",
-                             "--fedisyn.generation", "text_only"])
+    cfg = load_config(TINY, ["--output_dir", str(tmp_path), "--federation.rounds", "1", "--fedisyn.generation", "text_only"])
     summary = Simulation(cfg=cfg, loggers=[]).run()
     rows = _rows(cfg.run_dir)
     assert int(rows[0]["bytes_up_round"]) == cfg.partition.num_clients * 10 * 8
@@ -316,9 +366,9 @@ def test_former_key_systems_devices_still_names_the_boards():
 def test_variants_that_differ_in_fine_tuning_share_one_round_0(tmp_path, one_thread):
     """w/o CLC differs from FeDiSyn after round 0 only: in one output folder it reuses FeDiSyn's images and
     pre-trained ViT (hard links, the content key under round0/), with the numbers of a run that made its own."""
+
     def cfg(folder, name, *extra):
-        return load_config(TINY, ["--output_dir", str(tmp_path / folder), "--run_name", name,
-                                  "--federation.rounds", "1", *extra])
+        return load_config(TINY, ["--output_dir", str(tmp_path / folder), "--run_name", name, "--federation.rounds", "1", *extra])
 
     wo_clc = ("--fedisyn.systems.depth_policy", "capacity")
     Simulation(cfg=cfg("cmp", "fedisyn"), loggers=[]).run()

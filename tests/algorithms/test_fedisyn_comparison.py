@@ -25,8 +25,16 @@ def test_curves_command_line_rejects_a_folder_without_metrics(tmp_path, capsys):
 
 @pytest.mark.slow  # five tiny runs in one CLI call: ~1-2 min on 2 idle cores
 def test_tiny_comparison_runs_every_method_and_draws_the_curves(tmp_path):
-    proc = run_cli("--config", str(CONF / "fedisyn_compare_tiny.yaml"), "--output_dir", str(tmp_path),
-                   "--federation.rounds", "1", env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, timeout=600)
+    proc = run_cli(
+        "--config",
+        str(CONF / "fedisyn_compare_tiny.yaml"),
+        "--output_dir",
+        str(tmp_path),
+        "--federation.rounds",
+        "1",
+        env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with (tmp_path / "comparison.csv").open(newline="") as f:
         table = list(csv.DictReader(f))

@@ -22,32 +22,81 @@ from tests.conftest import CONF, REPO, run_cli
 from tests.federation.test_launchers import _launcher
 
 TORCHRUN_RANK = {  # what torchrun's agent sets for rank 1 of 2 (local_elastic_agent.py), plus Fabric's seed
-    "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0",
-    "GROUP_WORLD_SIZE": "1", "ROLE_RANK": "1", "ROLE_NAME": "default", "ROLE_WORLD_SIZE": "2",
-    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "0",
-    "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_USE_AGENT_STORE": "True",
-    "TORCHELASTIC_ERROR_FILE": "/tmp/err.json", "TORCH_ELASTIC_WORKER_IDENTICAL": "1",
-    "PL_GLOBAL_SEED": "0", "PL_SEED_WORKERS": "0",
+    "RANK": "1",
+    "LOCAL_RANK": "1",
+    "WORLD_SIZE": "2",
+    "LOCAL_WORLD_SIZE": "2",
+    "GROUP_RANK": "0",
+    "GROUP_WORLD_SIZE": "1",
+    "ROLE_RANK": "1",
+    "ROLE_NAME": "default",
+    "ROLE_WORLD_SIZE": "2",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29500",
+    "TORCHELASTIC_RESTART_COUNT": "0",
+    "TORCHELASTIC_MAX_RESTARTS": "0",
+    "TORCHELASTIC_RUN_ID": "none",
+    "TORCHELASTIC_USE_AGENT_STORE": "True",
+    "TORCHELASTIC_ERROR_FILE": "/tmp/err.json",
+    "TORCH_ELASTIC_WORKER_IDENTICAL": "1",
+    "PL_GLOBAL_SEED": "0",
+    "PL_SEED_WORKERS": "0",
 }
-FABRIC_RUN = {"LT_CLI_USED": "1", "LT_ACCELERATOR": "cuda", "LT_DEVICES": "4", "LT_NUM_NODES": "2",
-              "LT_STRATEGY": "ddp", "LT_PRECISION": "16-mixed", "NODE_RANK": "1"}
+FABRIC_RUN = {
+    "LT_CLI_USED": "1",
+    "LT_ACCELERATOR": "cuda",
+    "LT_DEVICES": "4",
+    "LT_NUM_NODES": "2",
+    "LT_STRATEGY": "ddp",
+    "LT_PRECISION": "16-mixed",
+    "NODE_RANK": "1",
+}
 SLURM_TASK = {  # srun --ntasks 8 --ntasks-per-node 4, task 5 on the second node
-    "SLURM_NTASKS": "8", "SLURM_NPROCS": "8", "SLURM_NTASKS_PER_NODE": "4", "SLURM_TASKS_PER_NODE": "4(x2)",
-    "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_STEP_ID": "0",
-    "SLURM_STEP_NUM_TASKS": "8", "SLURM_STEP_NODELIST": "gpu[01-02]", "SLURM_NODELIST": "gpu[01-02]",
-    "SLURM_NNODES": "2", "SLURM_SRUN_COMM_PORT": "40000", "SLURM_CPU_BIND": "quiet,mask_cpu:0x0F",
-    "OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "PMI_RANK": "5", "PMIX_RANK": "5",
+    "SLURM_NTASKS": "8",
+    "SLURM_NPROCS": "8",
+    "SLURM_NTASKS_PER_NODE": "4",
+    "SLURM_TASKS_PER_NODE": "4(x2)",
+    "SLURM_PROCID": "5",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEP_NUM_TASKS": "8",
+    "SLURM_STEP_NODELIST": "gpu[01-02]",
+    "SLURM_NODELIST": "gpu[01-02]",
+    "SLURM_NNODES": "2",
+    "SLURM_SRUN_COMM_PORT": "40000",
+    "SLURM_CPU_BIND": "quiet,mask_cpu:0x0F",
+    "OMPI_COMM_WORLD_RANK": "5",
+    "OMPI_COMM_WORLD_SIZE": "8",
+    "PMI_RANK": "5",
+    "PMIX_RANK": "5",
 }
-SLURM_JOB = {"SLURM_JOB_ID": "4242", "SLURM_JOBID": "4242", "SLURM_JOB_NAME": "fedisyn",
-             "SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_RESTART_COUNT": "1",
-             "SLURM_SUBMIT_DIR": "/home/u"}
-USER = {"HOME": "/home/u", "PATH": "/usr/bin", "PYTHONPATH": "/src", "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+SLURM_JOB = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOBID": "4242",
+    "SLURM_JOB_NAME": "fedisyn",
+    "SLURM_ARRAY_TASK_ID": "3",
+    "SLURM_ARRAY_TASK_COUNT": "4",
+    "SLURM_RESTART_COUNT": "1",
+    "SLURM_SUBMIT_DIR": "/home/u",
+}
+USER = {
+    "HOME": "/home/u",
+    "PATH": "/usr/bin",
+    "PYTHONPATH": "/src",
+    "OMP_NUM_THREADS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "WANDB_MODE": "offline",
+    "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+}
 
 
-@pytest.mark.parametrize("launcher", [TORCHRUN_RANK, {**TORCHRUN_RANK, **FABRIC_RUN}, {**SLURM_TASK, **SLURM_JOB}],
-                         ids=["torchrun", "fabric run", "srun"])
+@pytest.mark.parametrize(
+    "launcher",
+    [TORCHRUN_RANK, {**TORCHRUN_RANK, **FABRIC_RUN}, {**SLURM_TASK, **SLURM_JOB}],
+    ids=["torchrun", "fabric run", "srun"],
+)
 def test_clean_env_drops_the_launchers_variables_and_keeps_the_rest(launcher: dict[str, str]) -> None:
     parent = {**USER, **launcher}
     assert external_launcher(parent) is not None  # the parent is a launched rank ...
@@ -58,13 +107,16 @@ def test_clean_env_drops_the_launchers_variables_and_keeps_the_rest(launcher: di
     assert parent == {**USER, **launcher}  # not modified
 
 
-@pytest.mark.parametrize("visible, device, expected", [
-    (None, 0, "0"),  # no restriction: torch's index is the driver's
-    (None, 3, "3"),
-    ("4,5,6,7", 1, "5"),  # torchrun on a node whose job owns GPUs 4-7, rank on cuda:1
-    ("GPU-aa,GPU-bb", 1, "GPU-bb"),  # UUIDs (and MIG names) are kept as they are
-    ("2", 0, "2"),  # srun --gpus-per-task 1: the task sees its one device already
-])
+@pytest.mark.parametrize(
+    "visible, device, expected",
+    [
+        (None, 0, "0"),  # no restriction: torch's index is the driver's
+        (None, 3, "3"),
+        ("4,5,6,7", 1, "5"),  # torchrun on a node whose job owns GPUs 4-7, rank on cuda:1
+        ("GPU-aa,GPU-bb", 1, "GPU-bb"),  # UUIDs (and MIG names) are kept as they are
+        ("2", 0, "2"),  # srun --gpus-per-task 1: the task sees its one device already
+    ],
+)
 def test_clean_env_restricts_cuda_to_this_ranks_device(visible: str | None, device: int, expected: str) -> None:
     parent = {**USER, **TORCHRUN_RANK, **({} if visible is None else {"CUDA_VISIBLE_DEVICES": visible})}
     env = clean_launcher_env(parent, cuda_device=device)
@@ -104,9 +156,24 @@ def test_pilots_get_the_clean_environment(tmp_path, monkeypatch: pytest.MonkeyPa
 
 
 # -- end to end: synthetic_lambda auto under torchrun and fabric run ---------------------------------------
-AUTO = ["--config", str(CONF / "fedisyn_tiny.yaml"), "--fedisyn.synthetic_lambda", "auto",
-        "--fedisyn.pilot_lambdas", "[0.1, 0.4]", "--fedisyn.pilot_rounds", "1", "--fedisyn.target_accuracy", "0.12",
-        "--federation.rounds", "1", "--federation.accelerator", "cpu", "--logging.wandb", "false"]
+AUTO = [
+    "--config",
+    str(CONF / "fedisyn_tiny.yaml"),
+    "--fedisyn.synthetic_lambda",
+    "auto",
+    "--fedisyn.pilot_lambdas",
+    "[0.1, 0.4]",
+    "--fedisyn.pilot_rounds",
+    "1",
+    "--fedisyn.target_accuracy",
+    "0.12",
+    "--federation.rounds",
+    "1",
+    "--federation.accelerator",
+    "cpu",
+    "--logging.wandb",
+    "false",
+]
 RUN = "fedisyn_tiny"
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}  # one intra-op thread: the pilots' arithmetic matches
 
@@ -131,13 +198,20 @@ def one_process(tmp_path_factory):
 
 
 @pytest.mark.slow  # on 2 cores: ~1.5 min for the one-process run (once), then ~2 min per launcher
-@pytest.mark.parametrize("launcher, its_own_launch", [("torchrun", "torchrun started"),
-                                                      ("fabric run", "processes have already been created")],
-                         ids=["torchrun", "fabric run"])
-def test_auto_lambda_under_a_launcher_equals_one_process(launcher: str, its_own_launch: str, one_process,
-                                                         tmp_path) -> None:
-    proc = subprocess.run(_two_processes(launcher.split()[0], tmp_path / "two"), capture_output=True, text=True,
-                          cwd=REPO, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO), **ONE_THREAD})
+@pytest.mark.parametrize(
+    "launcher, its_own_launch",
+    [("torchrun", "torchrun started"), ("fabric run", "processes have already been created")],
+    ids=["torchrun", "fabric run"],
+)
+def test_auto_lambda_under_a_launcher_equals_one_process(launcher: str, its_own_launch: str, one_process, tmp_path) -> None:
+    proc = subprocess.run(
+        _two_processes(launcher.split()[0], tmp_path / "two"),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO), **ONE_THREAD},
+    )
     # both launchers exit 0 only when both ranks did (fabric run is torchrun underneath); rank 1 waited through
     # rank 0's pilots
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -165,9 +239,20 @@ def test_pilots_read_round0_from_their_run_and_equal_a_pilot_that_computes_it(on
     assert sorted(p.name for p in inputs.glob("client*.pt")) == [f"client{k}.pt" for k in range(4)]
     pilot = one_process / "pilots" / "pilot_lam0.1"
     assert yaml.safe_load((pilot / "config.yaml").read_text())["fedisyn"]["round0_inputs"] == str(inputs)
-    proc = run_cli("--config", str(one_process / "config.yaml"), "--fedisyn.synthetic_lambda", "0.1",
-                   "--federation.rounds", "1", "--output_dir", str(tmp_path), "--run_name", "alone",
-                   env=ONE_THREAD, timeout=600)
+    proc = run_cli(
+        "--config",
+        str(one_process / "config.yaml"),
+        "--fedisyn.synthetic_lambda",
+        "0.1",
+        "--federation.rounds",
+        "1",
+        "--output_dir",
+        str(tmp_path),
+        "--run_name",
+        "alone",
+        env=ONE_THREAD,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     alone = json.loads((tmp_path / "alone" / "summary.json").read_text())
     reused = json.loads((pilot / "summary.json").read_text())
@@ -181,8 +266,12 @@ def test_round0_inputs_of_another_config_are_refused_in_one_line(tmp_path) -> No
     from fl_lightning.federation.transport import Upload
 
     config = {"seed": 0, "fedisyn": {"synthetic_lambda": "auto", "rho": 0.7}, "federation": {"rounds": 5}}
-    pilot = {"seed": 0, "fedisyn": {"synthetic_lambda": 0.1, "rho": 0.7, "round0_inputs": "x"},
-             "federation": {"rounds": 1}, "output_dir": "elsewhere"}
+    pilot = {
+        "seed": 0,
+        "fedisyn": {"synthetic_lambda": 0.1, "rho": 0.7, "round0_inputs": "x"},
+        "federation": {"rounds": 1},
+        "output_dir": "elsewhere",
+    }
     assert inputs_key(config, "fedisyn") == inputs_key(pilot, "fedisyn")  # what a pilot changes is not in the key
     write_round0_inputs(tmp_path, inputs_key(config, "fedisyn"), {2: Upload({"z": torch.ones(3)}, {"n": 4})})
     got = stored_upload(tmp_path, inputs_key(pilot, "fedisyn"), 2)
@@ -199,8 +288,7 @@ def test_a_round0_input_swapped_edited_or_planted_is_refused_in_one_line(tmp_pat
     from fl_lightning.errors import UsageError
     from fl_lightning.federation.transport import Upload
 
-    write_round0_inputs(tmp_path, "k", {2: Upload({"z": torch.ones(3)}, {"n": 4}),
-                                        5: Upload({"z": torch.zeros(3)}, {"n": 9})})
+    write_round0_inputs(tmp_path, "k", {2: Upload({"z": torch.ones(3)}, {"n": 4}), 5: Upload({"z": torch.zeros(3)}, {"n": 9})})
     (tmp_path / "client2.pt").write_bytes((tmp_path / "client5.pt").read_bytes())  # client 5's upload as client 2's
     (tmp_path / "client7.pt").write_bytes((tmp_path / "client5.pt").read_bytes())  # one the parent never wrote
     for client, why in ((2, "is not the upload its parent wrote"), (7, "is not listed in key.json")):
@@ -269,9 +357,19 @@ def test_pilots_start_after_the_parent_parked_its_networks(monkeypatch: pytest.M
     comps = Components()
     with pytest.raises(RuntimeError, match="stop after the pilots"):
         synthesis_step.synthesise_and_pretrain(
-            Cfg, components=comps, uploads_by_client={}, class_counts={0: 10}, class_names=["a"], spec=None,
-            run_dir=tmp_path, seed=0, device=torch.device("cpu"), precision="32-true", progress=False,
-            prompts_by_class={"a": ["a photo of a"]})
+            Cfg,
+            components=comps,
+            uploads_by_client={},
+            class_counts={0: 10},
+            class_names=["a"],
+            spec=None,
+            run_dir=tmp_path,
+            seed=0,
+            device=torch.device("cpu"),
+            precision="32-true",
+            progress=False,
+            prompts_by_class={"a": ["a photo of a"]},
+        )
     assert order == [("release", (comps,)), ("pilots", torch.device("cpu"))]
 
 
@@ -286,8 +384,7 @@ def _mixed_module() -> torch.nn.Module:
 
 
 def _where(module: torch.nn.Module) -> list[tuple[str, torch.device, torch.dtype, bool]]:
-    return [(name, t.device, t.dtype, t.requires_grad)
-            for name, t in [*module.named_parameters(), *module.named_buffers()]]
+    return [(name, t.device, t.dtype, t.requires_grad) for name, t in [*module.named_parameters(), *module.named_buffers()]]
 
 
 def _meta_to_cpu_as_zeros(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -326,8 +423,9 @@ def test_parked_on_cpu_moves_and_brings_back_exactly(monkeypatch: pytest.MonkeyP
 
 
 @pytest.mark.parametrize("pilots_fail", [True, False], ids=["a pilot fails", "pilots succeed"])
-def test_the_fine_tuning_vit_waits_on_the_cpu_through_the_pilots(pilots_fail: bool, monkeypatch: pytest.MonkeyPatch,
-                                                                 tmp_path) -> None:
+def test_the_fine_tuning_vit_waits_on_the_cpu_through_the_pilots(
+    pilots_fail: bool, monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
     """FeDiSyn's round-0 server step with synthetic_lambda auto, through the synthesis step to a fake pilot
     runner: while the pilots run, the ViT that setup put on the (stand-in) accelerator is on the CPU; when the
     step ends — a failing pilot or a later stop — it is back, dtypes and frozen weights as they were."""
@@ -338,8 +436,7 @@ def test_the_fine_tuning_vit_waits_on_the_cpu_through_the_pilots(pilots_fail: bo
     from fl_lightning.config.loading import load_config
     from fl_lightning.errors import ConfigError
 
-    cfg = load_config(CONF / "fedisyn_tiny.yaml", ["--fedisyn.synthetic_lambda", "auto",
-                                                   "--fedisyn.pilot_lambdas", "[0.1, 0.4]"])
+    cfg = load_config(CONF / "fedisyn_tiny.yaml", ["--fedisyn.synthetic_lambda", "auto", "--fedisyn.pilot_lambdas", "[0.1, 0.4]"])
     method = FeDiSyn(cfg=cfg)
     method.fabric = SimpleNamespace(to_device=lambda module: module.to("meta"))  # the stand-in accelerator
     method.setup(SimpleNamespace(num_classes=10))  # the real fine-tuning ViT with LoRA, frozen backbone
@@ -383,9 +480,19 @@ def test_the_fine_tuning_vit_waits_on_the_cpu_through_the_pilots(pilots_fail: bo
     def synthesise(uploads):  # the stage's own call, minus the clients' uploads
         seen["before"] = devices()
         return synthesis_step.synthesise_and_pretrain(
-            method.config, components=components, uploads_by_client={}, class_counts={0: 120, 1: 120},
-            class_names=["a", "b"], spec=None, run_dir=tmp_path, seed=0, device=torch.device("cpu"),
-            precision="32-true", progress=False, prompts_by_class={"a": ["a"], "b": ["b"]}), 240
+            method.config,
+            components=components,
+            uploads_by_client={},
+            class_counts={0: 120, 1: 120},
+            class_names=["a", "b"],
+            spec=None,
+            run_dir=tmp_path,
+            seed=0,
+            device=torch.device("cpu"),
+            precision="32-true",
+            progress=False,
+            prompts_by_class={"a": ["a"], "b": ["b"]},
+        ), 240
 
     monkeypatch.setattr(stage, "synthesise", synthesise)
     with pytest.raises(ConfigError if pilots_fail else KeyboardInterrupt) as raised:
@@ -407,7 +514,10 @@ def test_other_rounds_and_a_fixed_lambda_leave_the_vit_in_place(monkeypatch: pyt
         method = FeDiSyn(cfg=load_config(CONF / "fedisyn_tiny.yaml", extra))
         method.module = _mixed_module().to("meta")
         seen = []
-        monkeypatch.setattr(method.stage_of(round_idx), "aggregate",
-                            lambda *args: seen.append({t.device.type for t in method.module.parameters()}) or {})
+        monkeypatch.setattr(
+            method.stage_of(round_idx),
+            "aggregate",
+            lambda *args: seen.append({t.device.type for t in method.module.parameters()}) or {},
+        )
         assert method.aggregate(round_idx, {}, {}, {}, None) == {}
         assert seen == [{"meta"}]

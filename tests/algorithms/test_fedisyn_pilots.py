@@ -21,12 +21,10 @@ def _write_pilots(path: Path, noise: float = 0.002) -> None:
     path.write_text("lambda,accuracy,time_s\n" + rows)
 
 
-def test_cli_prints_kappas_and_lambda_star_and_writes_the_plot(tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture) -> None:
+def test_cli_prints_kappas_and_lambda_star_and_writes_the_plot(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     pilots, png = tmp_path / "pilots.csv", tmp_path / "h.png"
     _write_pilots(pilots)
-    code = main(["--pilots", str(pilots), "--target-accuracy", "0.8", "--h0", str(H0),
-                 "--plot", str(png)])
+    code = main(["--pilots", str(pilots), "--target-accuracy", "0.8", "--h0", str(H0), "--plot", str(png)])
     out = capsys.readouterr().out
     assert code == 0
     assert all(f"kappa{k}=" in out for k in range(1, 5))
@@ -38,23 +36,41 @@ def test_cli_prints_kappas_and_lambda_star_and_writes_the_plot(tmp_path: Path,
 def test_cli_as_a_module(tmp_path: Path) -> None:
     pilots = tmp_path / "pilots.csv"
     _write_pilots(pilots)
-    proc = subprocess.run([sys.executable, "-m", "fl_lightning.algorithms.fedisyn.pilots", "--pilots",
-                           str(pilots), "--target-accuracy", "0.8", "--h0", str(H0)],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fl_lightning.algorithms.fedisyn.pilots",
+            "--pilots",
+            str(pilots),
+            "--target-accuracy",
+            "0.8",
+            "--h0",
+            str(H0),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "lambda*=" in proc.stdout
     assert proc.stderr == ""  # no runpy warning from the package importing the module early
 
 
-@pytest.mark.parametrize("content, args", [
-    (None, []),  # missing file
-    ("lambda,acc,time_s\n0.1,0.5,10\n", []),  # wrong header
-    ("lambda,accuracy,time_s\n0.1,high,10\n", []),  # not a number
-    ("lambda,accuracy,time_s\n0.1,0.5,10\n0.2,0.5,9\n", []),  # too few pilots
-    ("lambda,accuracy,time_s\n", ["--h0", "abc"]),  # bad flag value
-])
-def test_cli_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture,
-                                              content: str | None, args: list[str]) -> None:
+@pytest.mark.parametrize(
+    "content, args",
+    [
+        (None, []),  # missing file
+        ("lambda,acc,time_s\n0.1,0.5,10\n", []),  # wrong header
+        ("lambda,accuracy,time_s\n0.1,high,10\n", []),  # not a number
+        ("lambda,accuracy,time_s\n0.1,0.5,10\n0.2,0.5,9\n", []),  # too few pilots
+        ("lambda,accuracy,time_s\n", ["--h0", "abc"]),  # bad flag value
+    ],
+)
+def test_cli_bad_input_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture, content: str | None, args: list[str]
+) -> None:
     pilots = tmp_path / "pilots.csv"
     if content is not None:
         pilots.write_text(content)
@@ -79,9 +95,13 @@ def _fake_pilot_runs(root: Path, h0: float) -> list[Path]:
         run.mkdir(parents=True)
         images = round(lam * D)
         # charge h0 = (ĥ + h̃ T̂) D with ĥ = h̃ T̂ = h0 / (2 D)
-        summary = {"lambda": lam, "synthetic_images": images, "real_samples": D,
-                   "simulated_generation_s": h0 / (2 * D) * images,
-                   "simulated_pretraining_s": h0 / (2 * D) * images}
+        summary = {
+            "lambda": lam,
+            "synthetic_images": images,
+            "real_samples": D,
+            "simulated_generation_s": h0 / (2 * D) * images,
+            "simulated_pretraining_s": h0 / (2 * D) * images,
+        }
         (run / "summary.json").write_text(json.dumps(summary))
         rows = ["round,accuracy,simulated_time_s"]
         for r, acc in enumerate((0.55, 0.65, 0.75, 0.85)):
@@ -105,8 +125,10 @@ def test_auto_lambda_picks_the_minimiser_of_a_known_eq13(tmp_path: Path, monkeyp
     from fl_lightning.systems.scaling_law import total_time
     from tests.conftest import CONF
 
-    cfg = load_config(CONF / "fedisyn_tiny.yaml", ["--fedisyn.synthetic_lambda", "auto", "--fedisyn.pretrain_epochs", "2",
-                                                   "--fedisyn.target_accuracy", "0.8"])
+    cfg = load_config(
+        CONF / "fedisyn_tiny.yaml",
+        ["--fedisyn.synthetic_lambda", "auto", "--fedisyn.pretrain_epochs", "2", "--fedisyn.target_accuracy", "0.8"],
+    )
     assert cfg.method.synthetic_lambda == "auto"
     asked = []
 
@@ -117,8 +139,12 @@ def test_auto_lambda_picks_the_minimiser_of_a_known_eq13(tmp_path: Path, monkeyp
     monkeypatch.setattr(pilots, "run_pilot_processes", fake_runs)
     lam, fit = synthesis_step._auto_lambda(cfg.method, run_dir=tmp_path, section="fedisyn")
     assert asked == [("fedisyn", cfg.method.pilot_lambdas, cfg.method.pilot_rounds, None)]  # no CUDA here
-    best = minimize_scalar(lambda u: float(total_time(math.exp(u), 0.8, h0=H0, params=TRUE)), bounds=(-8.0, 4.0),
-                           method="bounded", options={"xatol": 1e-10})
+    best = minimize_scalar(
+        lambda u: float(total_time(math.exp(u), 0.8, h0=H0, params=TRUE)),
+        bounds=(-8.0, 4.0),
+        method="bounded",
+        options={"xatol": 1e-10},
+    )
     assert lam == pytest.approx(math.exp(best.x), rel=1e-4)
     assert lam == pytest.approx(optimal_lambda(0.8, h0=H0, params=TRUE), rel=1e-6)
     assert fit.h0 == pytest.approx(H0) and fit.params.kappa2 == pytest.approx(TRUE.kappa2, rel=1e-4)

@@ -24,8 +24,15 @@ def test_plan_respects_memory_and_finishes_everyone_together(policy):
     cfg = SystemsConfig(depth_policy=policy, fixed_depth=3)
     profiles = client_profiles(cfg, 10)
     rng = np.random.default_rng(0)
-    plan = plan_round(cfg, clients=range(10), profiles=profiles, samples=rng.integers(50, 500, 10).astype(float),
-                      contributions=rng.uniform(0.1, 1.0, (10, 12)), layer_bits=8 * 32 * 768 * 2 * 4, num_layers=12)
+    plan = plan_round(
+        cfg,
+        clients=range(10),
+        profiles=profiles,
+        samples=rng.integers(50, 500, 10).astype(float),
+        contributions=rng.uniform(0.1, 1.0, (10, 12)),
+        layer_bits=8 * 32 * 768 * 2 * 4,
+        num_layers=12,
+    )
     for x, p in zip(plan.depths, profiles):
         assert 1 <= x <= 12 and p.fixed_memory_gb + x * p.memory_per_layer_gb <= p.memory_budget_gb + 1e-12
     assert plan.bandwidth_hz.sum() == pytest.approx(cfg.total_bandwidth_hz, rel=1e-9)
@@ -44,8 +51,7 @@ def _channel_by_hand(cfg: SystemsConfig, profiles) -> np.ndarray:
 
 
 def _hand_round(cfg, profiles, samples, depths, payload_bits):
-    H = np.array([s * (p.forward_time_s + x * p.backward_time_per_layer_s)
-                  for s, p, x in zip(samples, profiles, depths)])
+    H = np.array([s * (p.forward_time_s + x * p.backward_time_per_layer_s) for s, p, x in zip(samples, profiles, depths)])
     e = _channel_by_hand(cfg, profiles)
     return H, e, np.max(H + payload_bits / (cfg.total_bandwidth_hz / len(H) * e))  # the equal split's finish
 
@@ -57,8 +63,16 @@ def test_equal_split_round_time_matches_the_channel_by_hand_and_counts_the_head(
     profiles = client_profiles(cfg, 6)
     samples = np.linspace(100, 600, 6)
     tau = 8 * 32 * 768 * 2 * 4
-    plan = plan_round(cfg, clients=range(6), profiles=profiles, samples=samples, contributions=np.ones((6, 12)),
-                      layer_bits=tau, num_layers=12, extra_bits=extra_bits)
+    plan = plan_round(
+        cfg,
+        clients=range(6),
+        profiles=profiles,
+        samples=samples,
+        contributions=np.ones((6, 12)),
+        layer_bits=tau,
+        num_layers=12,
+        extra_bits=extra_bits,
+    )
     payload = tau * plan.depths + extra_bits
     _, _, T = _hand_round(cfg, profiles, samples, plan.depths, payload)
     np.testing.assert_allclose(plan.bandwidth_hz, cfg.total_bandwidth_hz / 6)
@@ -69,8 +83,14 @@ def test_equal_split_round_time_matches_the_channel_by_hand_and_counts_the_head(
 def test_wfba_is_never_slower_than_the_equal_split_on_the_same_depths():
     profiles = client_profiles(SystemsConfig(), 10)
     samples = np.full(10, 5000.0)
-    kw = dict(clients=range(10), profiles=profiles, samples=samples, contributions=np.ones((10, 12)),
-              layer_bits=1_179_648.0, num_layers=12)
+    kw = dict(
+        clients=range(10),
+        profiles=profiles,
+        samples=samples,
+        contributions=np.ones((10, 12)),
+        layer_bits=1_179_648.0,
+        num_layers=12,
+    )
     wfba = plan_round(SystemsConfig(depth_policy="capacity"), **kw)
     equal = plan_round(SystemsConfig(depth_policy="capacity", bandwidth_allocation="equal"), **kw)
     np.testing.assert_array_equal(wfba.depths, equal.depths)
@@ -84,10 +104,18 @@ def test_a_policy_that_asks_for_more_than_memory_is_reported_not_silently_capped
     cfg = SystemsConfig(depth_policy="full")
     # the paper testbed with ViT-L/16 at batch 32 (Food-101): Orin NX boards hold 20 of 24 blocks
     profiles = client_profiles(cfg, 10, backbone=backbone("vit_large_patch16_224"), batch_size=32)
-    plan = plan_round(cfg, clients=range(10), profiles=profiles, samples=np.full(10, 100.0),
-                      contributions=np.ones((10, 24)), layer_bits=1e6, num_layers=24)
-    limits = np.array([min(int(np.floor((p.memory_budget_gb - p.fixed_memory_gb) / p.memory_per_layer_gb + 1e-9)), 24)
-                       for p in profiles])
+    plan = plan_round(
+        cfg,
+        clients=range(10),
+        profiles=profiles,
+        samples=np.full(10, 100.0),
+        contributions=np.ones((10, 24)),
+        layer_bits=1e6,
+        num_layers=24,
+    )
+    limits = np.array(
+        [min(int(np.floor((p.memory_budget_gb - p.fixed_memory_gb) / p.memory_per_layer_gb + 1e-9)), 24) for p in profiles]
+    )
     np.testing.assert_array_equal(plan.requested, 24)
     np.testing.assert_array_equal(plan.limits, limits)
     np.testing.assert_array_equal(plan.depths, np.minimum(24, limits))
@@ -102,8 +130,16 @@ def test_full_parameter_fedavg_uploads_the_whole_model_at_full_depth():
     cfg = SystemsConfig(bandwidth_allocation="equal")
     profiles = client_profiles(cfg, 4)
     model_bits = 32.0 * 5_000_000
-    plan = plan_round(cfg, clients=range(4), profiles=profiles, samples=np.full(4, 50.0),
-                      contributions=np.ones((4, 12)), layer_bits=1e6, num_layers=12, full_model_bits=model_bits)
+    plan = plan_round(
+        cfg,
+        clients=range(4),
+        profiles=profiles,
+        samples=np.full(4, 50.0),
+        contributions=np.ones((4, 12)),
+        layer_bits=1e6,
+        num_layers=12,
+        full_model_bits=model_bits,
+    )
     np.testing.assert_array_equal(plan.depths, 12)  # every weight trains, whatever memory LoRA would allow
     np.testing.assert_allclose(plan.payload_bits, model_bits)
     _, _, T = _hand_round(cfg, profiles, np.full(4, 50.0), plan.depths, plan.payload_bits)
@@ -121,7 +157,8 @@ def test_the_synthesis_upload_is_timed_on_the_channel_by_hand(allocation):
     bits = {0: 8e6, 1: 2.4e7, 2: 1.6e6, 3: 4e6}
     e = _channel_by_hand(cfg, profiles)
     S = np.array([bits[c] for c in range(4)])
-    expected = (np.max(S * 4 / (cfg.total_bandwidth_hz * e)) if allocation == "equal"
-                else float((S / e).sum() / cfg.total_bandwidth_hz))
+    expected = (
+        np.max(S * 4 / (cfg.total_bandwidth_hz * e)) if allocation == "equal" else float((S / e).sum() / cfg.total_bandwidth_hz)
+    )
     assert upload_time_s(cfg, profiles, bits) == pytest.approx(expected, rel=1e-9)
     assert upload_time_s(cfg, profiles, {}) == 0.0

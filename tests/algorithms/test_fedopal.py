@@ -21,9 +21,20 @@ from tests.outcomes import expect, outcome_seed
 
 
 def _cfg(tmp_path, *extra):
-    return load_config(CONF / "fedopal_digits_tiny.yaml",
-                       ["--output_dir", str(tmp_path), "--logging.progress", "false", "--train.epochs", "1",
-                        "--partition.num_clients", "4", *extra])
+    return load_config(
+        CONF / "fedopal_digits_tiny.yaml",
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--logging.progress",
+            "false",
+            "--train.epochs",
+            "1",
+            "--partition.num_clients",
+            "4",
+            *extra,
+        ],
+    )
 
 
 def _centralized_features(cfg, prompts=None):
@@ -31,8 +42,7 @@ def _centralized_features(cfg, prompts=None):
     seed_everything(cfg.seed, verbose=False)
     backbone = frozen_backbone(cfg)
     spec = InputSpec.of_backbone(backbone, cfg.data.image_size)
-    t = build_transform(normalization=spec.normalization, image_size=spec.image_size, train=False,
-                        mean=spec.mean, std=spec.std)
+    t = build_transform(normalization=spec.normalization, image_size=spec.image_size, train=False, mean=spec.mean, std=spec.std)
     splits = build_dataset(cfg.data.name, root=cfg.data.root, train_transform=t, test_transform=t, seed=cfg.seed)
     model = PromptedViT(backbone, num_prompts=0 if prompts is None else prompts.shape[0])
     if prompts is not None:
@@ -44,7 +54,7 @@ def _centralized_features(cfg, prompts=None):
     hs, ys = [], []
     for part in parts:
         for start in range(0, len(part), cfg.data.batch_size):
-            idx = part[start:start + cfg.data.batch_size]
+            idx = part[start : start + cfg.data.batch_size]
             x = torch.stack([splits.train[int(i)][0] for i in idx])
             with torch.inference_mode():
                 hs.append(model(x).double().numpy())
@@ -69,8 +79,23 @@ def test_no_training_fedopal_statistics_equal_afl_with_p_init(tmp_path):
 def test_growing_mu_pulls_prompts_to_p_init(tmp_path):
     drift, s = [], str(outcome_seed())
     for mu in ("0", "10", "90"):  # lr·mu < 1 keeps plain SGD stable
-        cfg = _cfg(tmp_path / mu, "--fedopal.mu", mu, "--train.momentum", "0", "--train.lr", "0.01",
-                   "--train.epochs", "2", "--seed", s, "--partition.seed", s, "--fedopal.prompt_seed", s)
+        cfg = _cfg(
+            tmp_path / mu,
+            "--fedopal.mu",
+            mu,
+            "--train.momentum",
+            "0",
+            "--train.lr",
+            "0.01",
+            "--train.epochs",
+            "2",
+            "--seed",
+            s,
+            "--partition.seed",
+            s,
+            "--fedopal.prompt_seed",
+            s,
+        )
         Simulation(cfg=cfg, loggers=[]).run()
         state = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
         p_init = PromptedViT(frozen_backbone(cfg), num_prompts=10, seed=cfg.method.prompt_seed).get_prompts()
@@ -92,8 +117,16 @@ def test_restat_global_solves_on_the_inference_features(tmp_path):
 
 
 def test_fedopal_one_vs_two_processes_same_w(tmp_path):
-    base = ["--config", str(CONF / "fedopal_digits_tiny.yaml"), "--partition.num_clients", "5",
-            "--train.epochs", "1", "--logging.progress", "false"]
+    base = [
+        "--config",
+        str(CONF / "fedopal_digits_tiny.yaml"),
+        "--partition.num_clients",
+        "5",
+        "--train.epochs",
+        "1",
+        "--logging.progress",
+        "false",
+    ]
     env = {"OMP_NUM_THREADS": "1"}
     one = run_cli(*base, "--output_dir", str(tmp_path / "one"), env=env)
     two = run_cli(*base, "--output_dir", str(tmp_path / "two"), "--federation.devices", "2", env=env)
@@ -163,8 +196,9 @@ def test_a_prompt_stage_works_only_with_the_collaborators_it_is_given():
     p_global = torch.zeros(2, 3)
     config = FedOPALPlusConfig(prompt_aggregation="weighted", val_fraction=0.0)
     uploads = {}
-    for k, (n, p_k, counts) in enumerate([(1, torch.ones(2, 3), [1, 0]), (3, torch.full((2, 3), 5.0), [1, 2]),
-                                          (2, torch.full((2, 3), 9.0), [1, 1])]):
+    for k, (n, p_k, counts) in enumerate(
+        [(1, torch.ones(2, 3), [1, 0]), (3, torch.full((2, 3), 5.0), [1, 2]), (2, torch.full((2, 3), 9.0), [1, 1])]
+    ):
         trainer = _FakeTrainer(p_k)
         stage = CoveringPrompts(0, config=config, trainer=trainer, head=None)
         uploads[k] = stage.client_update(0, Client(k, None, n, np.array(counts)), Download({"prompts": p_global}))

@@ -49,8 +49,9 @@ def test_aggregate_prompts_without_voters_is_p_init():
     assert torch.equal(out, p_init) and out is not p_init
 
 
-@pytest.mark.parametrize("prompts, weights", [([torch.zeros(2, 4)], [0.0]), ([torch.zeros(2, 4)], []),
-                                              ([torch.zeros(3, 4)], [1.0])])
+@pytest.mark.parametrize(
+    "prompts, weights", [([torch.zeros(2, 4)], [0.0]), ([torch.zeros(2, 4)], []), ([torch.zeros(3, 4)], [1.0])]
+)
 def test_aggregate_prompts_rejects_bad_input(prompts, weights):
     with pytest.raises(ValueError):
         aggregate_prompts(prompts, weights, torch.zeros(2, 4))
@@ -58,10 +59,23 @@ def test_aggregate_prompts_rejects_bad_input(prompts, weights):
 
 # -- end to end through the CLI (tiny random ViT of conf/fedopal_digits_tiny.yaml) ----------------
 
+
 def _run(tmp_path, *extra):
-    args = ["--config", str(CONF / "fedopal_digits_tiny.yaml"), "--algorithm", "fedopal_plus",
-            "--output_dir", str(tmp_path), "--logging.progress", "false", "--train.epochs", "1",
-            "--partition.num_clients", "4", *extra]
+    args = [
+        "--config",
+        str(CONF / "fedopal_digits_tiny.yaml"),
+        "--algorithm",
+        "fedopal_plus",
+        "--output_dir",
+        str(tmp_path),
+        "--logging.progress",
+        "false",
+        "--train.epochs",
+        "1",
+        "--partition.num_clients",
+        "4",
+        *extra,
+    ]
     proc = run_cli(*args, env={"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     run_dir = next(p for p in tmp_path.iterdir() if (p / "summary.json").exists())
@@ -81,8 +95,19 @@ def test_two_rounds_solve_exactly_on_the_inference_features(tmp_path):
     from tests.algorithms.test_fedopal import _centralized_features, _ridge
 
     seed = str(outcome_seed())
-    run_dir, summary = _run(tmp_path, "--partition.alpha", "1.0", "--fedopal_plus.lam", "0.1", "--seed", seed,
-                            "--partition.seed", seed, "--fedopal_plus.val_fraction", "0")
+    run_dir, summary = _run(
+        tmp_path,
+        "--partition.alpha",
+        "1.0",
+        "--fedopal_plus.lam",
+        "0.1",
+        "--seed",
+        seed,
+        "--partition.seed",
+        seed,
+        "--fedopal_plus.val_fraction",
+        "0",
+    )
     assert summary["rounds"] == 2
     expect("test accuracy", summary["accuracy"], ">", 0.5)
     state = safe_load(run_dir / "checkpoints" / "server.pt")["state"]
@@ -111,6 +136,7 @@ def test_single_class_clients_keep_p_init(tmp_path):
 
 
 # -- departure 4: the validated choice between AFL's head and the prompted one --------------------
+
 
 def _client_uploads(good: str, seed: int = 0, clients: int = 3):
     """Synthetic round-1 uploads: the ``good`` feature map separates the labels, the other is noise."""
@@ -147,13 +173,13 @@ def test_server_returns_afls_head_exactly_when_the_prompted_one_is_worse_on_vali
     uploads, full = _client_uploads(good="afl")
     stage = _server_stage(lam=0.5, lam_grid=[1e-3], regularization=regularization_)
     state = stage.aggregate(1, {"prompts": torch.zeros(2, 4)}, uploads, {}, None)
-    assert int(state["head"]) == 0 and float(state["lam_chosen"]) in {regularization(v, num_clients=3,
-                                                                      convention=regularization_) for v in (0.5, 1e-3)}
+    assert int(state["head"]) == 0 and float(state["lam_chosen"]) in {
+        regularization(v, num_clients=3, convention=regularization_) for v in (0.5, 1e-3)
+    }
     # AFL's own solve (afl.py: Σ R_k, C_k folded in client order, λ by the convention) gives the same bits
     lam = float(state["lam_chosen"])
     assert torch.equal(state["W"], solve_classifier(full["afl"].R, full["afl"].C, lam=lam))
-    assert state["val_losses"].shape == (2, 2) and int(state["val_samples"]) == sum(u.meta["num_val"]
-                                                                                   for u in uploads.values())
+    assert state["val_losses"].shape == (2, 2) and int(state["val_samples"]) == sum(u.meta["num_val"] for u in uploads.values())
 
 
 def test_server_takes_the_prompted_head_when_it_is_better_on_validation():
@@ -175,8 +201,16 @@ def test_without_validation_samples_the_server_keeps_afls_head():
     assert torch.equal(state["W"], solve_classifier(full["afl"].R, full["afl"].C, lam=0.5))
 
 
-@pytest.mark.parametrize("config", [{"val_fraction": 1.0}, {"val_fraction": -0.1}, {"restat": "local"},
-                                    {"val_fraction": 0.0, "lam_grid": [1.0]}, {"lam_grid": ["a"]}])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"val_fraction": 1.0},
+        {"val_fraction": -0.1},
+        {"restat": "local"},
+        {"val_fraction": 0.0, "lam_grid": [1.0]},
+        {"lam_grid": ["a"]},
+    ],
+)
 def test_config_rejects_what_cannot_run(config):
     with pytest.raises(UsageError):
         FedOPALPlusConfig(**config)
@@ -186,9 +220,24 @@ def _simulation(tmp_path, *extra):
     from fl_lightning.config.loading import load_config
     from fl_lightning.federation.simulation import Simulation
 
-    cfg = load_config(CONF / "fedopal_digits_tiny.yaml",
-                      ["--algorithm", "fedopal_plus", "--output_dir", str(tmp_path), "--logging.progress", "false",
-                       "--train.epochs", "1", "--partition.num_clients", "3", "--data.num_samples", "300", *extra])
+    cfg = load_config(
+        CONF / "fedopal_digits_tiny.yaml",
+        [
+            "--algorithm",
+            "fedopal_plus",
+            "--output_dir",
+            str(tmp_path),
+            "--logging.progress",
+            "false",
+            "--train.epochs",
+            "1",
+            "--partition.num_clients",
+            "3",
+            "--data.num_samples",
+            "300",
+            *extra,
+        ],
+    )
     return Simulation(cfg=cfg, loggers=[])
 
 
@@ -209,12 +258,22 @@ def test_validation_share_is_carved_from_the_clients_data_and_never_trained_on(t
     client = env.client(0)
     held_out = validation_positions(client, val_fraction, seed)
     stats = dual_statistics(algo.trainer, client, held_out, algo.head.dtype)
-    afl = collect_statistics(algo.backbone, env.loader(client.dataset, shuffle=False), num_classes=env.num_classes,
-                             device="cpu", feature_dim=algo.backbone.feature_dim)
+    afl = collect_statistics(
+        algo.backbone,
+        env.loader(client.dataset, shuffle=False),
+        num_classes=env.num_classes,
+        device="cpu",
+        feature_dim=algo.backbone.feature_dim,
+    )
     assert torch.equal(stats[0].R, afl.R) and torch.equal(stats[0].C, afl.C)
     val = torch.utils.data.Subset(client.dataset, held_out.tolist())
-    afl_val = collect_statistics(algo.backbone, env.loader(val, shuffle=False), num_classes=env.num_classes,
-                                 device="cpu", feature_dim=algo.backbone.feature_dim)
+    afl_val = collect_statistics(
+        algo.backbone,
+        env.loader(val, shuffle=False),
+        num_classes=env.num_classes,
+        device="cpu",
+        feature_dim=algo.backbone.feature_dim,
+    )
     assert stats[2].N == len(val)
     torch.testing.assert_close(stats[2].R, afl_val.R, rtol=1e-5, atol=1e-6)  # other batches: float32 rounding
 

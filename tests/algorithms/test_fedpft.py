@@ -33,8 +33,7 @@ def _features(cfg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tens
     seed_everything(cfg.seed, verbose=False)
     backbone = frozen_backbone(cfg)
     spec = InputSpec.of_backbone(backbone, cfg.data.image_size)
-    t = build_transform(normalization=spec.normalization, image_size=spec.image_size, train=False,
-                        mean=spec.mean, std=spec.std)
+    t = build_transform(normalization=spec.normalization, image_size=spec.image_size, train=False, mean=spec.mean, std=spec.std)
     splits = build_dataset(cfg.data.name, root=cfg.data.root, train_transform=t, test_transform=t, seed=cfg.seed)
 
     def run(ds):
@@ -48,8 +47,18 @@ def _features(cfg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tens
 @pytest.mark.outcome
 def test_cli_run_uploads_only_mixture_parameters(tmp_path):
     seed = str(outcome_seed())
-    out = run_cli("--config", str(CONFIG), "--output_dir", str(tmp_path), "--logging.progress", "false",
-                  "--seed", seed, "--partition.seed", seed)
+    out = run_cli(
+        "--config",
+        str(CONFIG),
+        "--output_dir",
+        str(tmp_path),
+        "--logging.progress",
+        "false",
+        "--seed",
+        seed,
+        "--partition.seed",
+        seed,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     s = json.loads((tmp_path / f"fedpft_digits_a0.1_s{seed}" / "summary.json").read_text())
     d, K = s["feature_dim"], 2
@@ -66,8 +75,19 @@ def test_cli_run_uploads_only_mixture_parameters(tmp_path):
 
 @pytest.mark.parametrize("covariance_type, n_components, cov_numbers", [("spherical", 3, 1), ("full", 1, 64 * 65 // 2)])
 def test_upload_grows_with_components_times_classes(tmp_path, covariance_type, n_components, cov_numbers):
-    cfg = _cfg(tmp_path, "--partition.alpha", "inf", "--partition.num_clients", "2", "--fedpft.covariance_type",
-               covariance_type, "--fedpft.n_components", str(n_components), "--fedpft.head_epochs", "1")
+    cfg = _cfg(
+        tmp_path,
+        "--partition.alpha",
+        "inf",
+        "--partition.num_clients",
+        "2",
+        "--fedpft.covariance_type",
+        covariance_type,
+        "--fedpft.n_components",
+        str(n_components),
+        "--fedpft.head_epochs",
+        "1",
+    )
     s = Simulation(cfg=cfg, loggers=[]).run()
     assert s["class_mixtures_uploaded"] == 2 * 10  # α = inf: every client holds every class
     per_mixture = n_components * (64 + 1 + cov_numbers) * 2 + 16
@@ -79,14 +99,22 @@ def test_upload_grows_with_components_times_classes(tmp_path, covariance_type, n
 def test_head_on_synthetic_features_is_close_to_head_on_real_features(tmp_path):
     """One client, full covariances: the server's head, trained only on features sampled from the
     uploaded mixtures, is within 0.05 test accuracy of the same head trained on the real features."""
-    cfg = _cfg(tmp_path, "--partition.num_clients", "1", "--fedpft.covariance_type", "full",
-               "--seed", str(outcome_seed()))
+    cfg = _cfg(tmp_path, "--partition.num_clients", "1", "--fedpft.covariance_type", "full", "--seed", str(outcome_seed()))
     s = Simulation(cfg=cfg, loggers=[]).run()
     state = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
     Xtr, ytr, Xte, yte = _features(cfg)
     c = cfg.method
-    w, b = train_linear_head(Xtr, ytr, num_classes=10, epochs=c.head_epochs, batch_size=c.head_batch_size,
-                             optimizer=c.head_optimizer, lr=c.head_lr, momentum=c.head_momentum, seed=cfg.seed)
+    w, b = train_linear_head(
+        Xtr,
+        ytr,
+        num_classes=10,
+        epochs=c.head_epochs,
+        batch_size=c.head_batch_size,
+        optimizer=c.head_optimizer,
+        lr=c.head_lr,
+        momentum=c.head_momentum,
+        seed=cfg.seed,
+    )
     real = float(((Xte @ w.T + b).argmax(1) == yte).float().mean())
     synthetic = float(((Xte @ state["weight"].T + state["bias"]).argmax(1) == yte).float().mean())
     assert synthetic == pytest.approx(s["accuracy"], abs=1e-6)  # the engine evaluated that head
@@ -95,8 +123,9 @@ def test_head_on_synthetic_features_is_close_to_head_on_real_features(tmp_path):
     assert int(state["synthetic_features"]) == len(ytr)  # n_j draws per class, as the client's counts
 
 
-@pytest.mark.parametrize("key, value", [("n_components", "0"), ("covariance_type", "tied"), ("head_lr", "0"),
-                                        ("wire_dtype", "int8"), ("lam", "1")])
+@pytest.mark.parametrize(
+    "key, value", [("n_components", "0"), ("covariance_type", "tied"), ("head_lr", "0"), ("wire_dtype", "int8"), ("lam", "1")]
+)
 def test_bad_section_keys_are_usage_errors_naming_the_key(tmp_path, key, value):
     with pytest.raises(UsageError, match=f"fedpft.{key}"):
         _cfg(tmp_path, f"--fedpft.{key}", value)

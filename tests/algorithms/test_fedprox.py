@@ -14,10 +14,28 @@ from tests.conftest import CONF
 
 
 def _state(tmp_path, algorithm: str, *extra: str) -> dict[str, torch.Tensor]:
-    cfg = load_config(CONF / "fedavg_digits_tiny.yaml",
-                      ["--output_dir", str(tmp_path), "--algorithm", algorithm, "--federation.rounds", "1",
-                       "--partition.num_clients", "4", "--logging.progress", "false", "--train.epochs", "3",
-                       "--train.lr", "0.5", "--train.momentum", "0", *extra])
+    cfg = load_config(
+        CONF / "fedavg_digits_tiny.yaml",
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--algorithm",
+            algorithm,
+            "--federation.rounds",
+            "1",
+            "--partition.num_clients",
+            "4",
+            "--logging.progress",
+            "false",
+            "--train.epochs",
+            "3",
+            "--train.lr",
+            "0.5",
+            "--train.momentum",
+            "0",
+            *extra,
+        ],
+    )
     Simulation(cfg=cfg, loggers=[]).run()
     return safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
 
@@ -29,8 +47,10 @@ def test_mu_zero_is_fedavg_bit_for_bit(tmp_path):
 
 def test_the_proximal_term_shrinks_the_round_move_as_mu_grows(tmp_path):
     start = _state(tmp_path / "start", "fedavg", "--train.epochs", "0")  # the initial head, no training
-    moves = [float((_state(tmp_path / f"mu{mu}", "fedprox", "--fedprox.mu", str(mu))["head.weight"]
-                    - start["head.weight"]).norm()) for mu in (0.0, 0.3, 1.0)]  # lr·(μ + λ_max) < 2: stable steps
+    moves = [
+        float((_state(tmp_path / f"mu{mu}", "fedprox", "--fedprox.mu", str(mu))["head.weight"] - start["head.weight"]).norm())
+        for mu in (0.0, 0.3, 1.0)
+    ]  # lr·(μ + λ_max) < 2: stable steps
     assert moves[0] > moves[1] > moves[2] > 0, moves
 
 

@@ -40,7 +40,8 @@ def test_a_device_uploads_its_captions_by_class_and_the_server_prompts_with_them
     labels = torch.tensor([2, 0, 2, 2, 1])
     stage.method = SimpleNamespace(
         config=SimpleNamespace(caption_batch_size=2),
-        client_images=lambda client, batch_size: iter([(images[:2], labels[:2]), (images[2:], labels[2:])]))
+        client_images=lambda client, batch_size: iter([(images[:2], labels[:2]), (images[2:], labels[2:])]),
+    )
     client = SimpleNamespace(class_counts=np.bincount(labels.numpy(), minlength=3))
     upload = stage.client_update(0, client, Download())
     captions = _Captioner().caption(images)

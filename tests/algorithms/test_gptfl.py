@@ -30,8 +30,9 @@ def test_gptfl_tiny_one_round(tmp_path, one_thread):
     manifest = [json.loads(line) for line in (run / "synthetic" / "manifest.jsonl").read_text().splitlines()]
     assert {m["start_timestep"] for m in manifest} == {999} and {m["client"] for m in manifest} == {-1}
     assert len({m["seed"] for m in manifest}) == len(manifest)
-    D = np.bincount(build_dataset("digits", root="data", seed=cfg.seed,
-                                  num_samples=cfg.data.num_samples).train_targets, minlength=10)
+    D = np.bincount(
+        build_dataset("digits", root="data", seed=cfg.seed, num_samples=cfg.data.num_samples).train_targets, minlength=10
+    )
     per_class = np.bincount([m["label"] for m in manifest], minlength=10)
     assert per_class.tolist() == [math.floor(cfg.method.synthetic_lambda * d + 0.5) for d in D]
     # full-parameter FedAvg: every client uploads every weight of the ViT (float32) + its sample count
@@ -48,8 +49,10 @@ def test_full_parameter_fedavg_is_the_data_weighted_mean():
     stage = FullFedAvg.__new__(FullFedAvg)  # the aggregation needs no model
     g = torch.Generator().manual_seed(0)
     state = {"backbone.w": torch.zeros(3, 2), "head.b": torch.zeros(2), "lora.x": torch.ones(1)}
-    ups = {c: Upload({"backbone.w": torch.randn(3, 2, generator=g), "head.b": torch.randn(2, generator=g)},
-                     {"num_samples": n}) for c, n in ((0, 5), (2, 1), (3, 14))}
+    ups = {
+        c: Upload({"backbone.w": torch.randn(3, 2, generator=g), "head.b": torch.randn(2, generator=g)}, {"num_samples": n})
+        for c, n in ((0, 5), (2, 1), (3, 14))
+    }
     new = stage.fold(1, state, ups)
     n = np.array([5.0, 1.0, 14.0])
     for key in ("backbone.w", "head.b"):

@@ -23,8 +23,10 @@ from tests.run_records import GlooFabric
 
 pytestmark = pytest.mark.slow  # two spawned processes per case: in CI's every-file pass, not the plain suite
 
-_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of "
-        "79.10 GiB of which 1.06 GiB is free")
+_OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of "
+    "79.10 GiB of which 1.06 GiB is free"
+)
 _LAMBDAS = [0.1, 0.2, 0.4]
 
 
@@ -50,9 +52,14 @@ def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
     result: dict = {}
     start = time.monotonic()
     try:
-        lam, fit = synthesis_step._auto_lambda_on_ranks(cfg, Ranks(GlooFabric(rank, world), 60.0), components=torch.nn.Identity(),
-                                                        run_dir=Path(out), section="fedisyn",
-                                                        device=torch.device("cpu"))
+        lam, fit = synthesis_step._auto_lambda_on_ranks(
+            cfg,
+            Ranks(GlooFabric(rank, world), 60.0),
+            components=torch.nn.Identity(),
+            run_dir=Path(out),
+            section="fedisyn",
+            device=torch.device("cpu"),
+        )
         result["fit"] = (lam, fit.points)
     except (Exception, RankStopped) as err:  # noqa: BLE001 — what each rank ends with is the result
         result["error"] = (type(err).__name__, str(getattr(err, "message", err)))

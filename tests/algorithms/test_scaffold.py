@@ -76,10 +76,26 @@ def test_the_server_step_is_algorithm_1():
 
 
 def _cfg(tmp_path, algorithm="scaffold", *extra):
-    return load_config(CONF / "fedavg_digits_tiny.yaml",
-                       ["--output_dir", str(tmp_path), "--algorithm", algorithm, "--federation.rounds", "3",
-                        "--partition.num_clients", "4", "--logging.progress", "false", "--train.momentum", "0",
-                        "--train.lr", "0.5", *extra])
+    return load_config(
+        CONF / "fedavg_digits_tiny.yaml",
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--algorithm",
+            algorithm,
+            "--federation.rounds",
+            "3",
+            "--partition.num_clients",
+            "4",
+            "--logging.progress",
+            "false",
+            "--train.momentum",
+            "0",
+            "--train.lr",
+            "0.5",
+            *extra,
+        ],
+    )
 
 
 def test_round_zero_is_fedavgs_unweighted_mean_and_c_stays_the_mean_of_the_clients(tmp_path):
@@ -125,11 +141,14 @@ def test_scaffold_uploads_twice_fedavgs_bytes(tmp_path):
     assert s["bytes_up"] == 2 * f["bytes_up"] and s["bytes_down"] == 2 * f["bytes_down"]
 
 
-@pytest.mark.parametrize(("extra", "words"), [
-    (["--train.optimizer", "adamw"], "scaffold needs train.optimizer: sgd"),
-    (["--federation.server_optimizer.name", "fedadam"], "federation.server_optimizer.name=fedadam needs a method"),
-    (["--federation.privacy.mechanism", "dp_fedavg", "--federation.privacy.epsilon", "4"], "control-variate"),
-])
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--train.optimizer", "adamw"], "scaffold needs train.optimizer: sgd"),
+        (["--federation.server_optimizer.name", "fedadam"], "federation.server_optimizer.name=fedadam needs a method"),
+        (["--federation.privacy.mechanism", "dp_fedavg", "--federation.privacy.epsilon", "4"], "control-variate"),
+    ],
+)
 def test_what_scaffold_cannot_run_is_one_line(tmp_path, extra, words):
     with pytest.raises(UsageError) as err:
         Simulation(cfg=_cfg(tmp_path, "scaffold", *extra), loggers=[]).run()
@@ -146,8 +165,18 @@ def test_scaffold_is_the_same_on_one_and_two_processes(tmp_path):
 def test_the_tiny_client_drift_comparison_runs_each_method(tmp_path, capsys):
     from fl_lightning import train
 
-    rc = train.main(["--config", str(CONF / "client_drift_tiny.yaml"), "--output_dir", str(tmp_path),
-                     "--federation.rounds", "2", "--data.num_samples", "300"])
+    rc = train.main(
+        [
+            "--config",
+            str(CONF / "client_drift_tiny.yaml"),
+            "--output_dir",
+            str(tmp_path),
+            "--federation.rounds",
+            "2",
+            "--data.num_samples",
+            "300",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     states = {p.parent.parent.name: safe_load(p) for p in tmp_path.glob("*/checkpoints/server.pt")}
     assert set(states) == {"fedavg", "fedprox", "scaffold", "feddyn"}

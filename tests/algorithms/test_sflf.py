@@ -1,6 +1,5 @@
 """SFLF: ImageNet-initialised (a local weights file), every device asks for all blocks, B/N channel time."""
 
-
 import numpy as np
 import pytest
 import torch
@@ -32,8 +31,9 @@ def test_sflf_starts_from_the_weights_file_reports_memory_and_times_the_upload_b
     source = timm.create_model(f.pretrain_model, pretrained=False, num_classes=1000, **f.pretrain_overrides)
     weights = tmp_path / "imagenet.safetensors"
     save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(weights))
-    cfg = load_config(TINY, ["--output_dir", str(tmp_path), "--federation.rounds", "1",
-                             "--sflf.pretrain_checkpoint", str(weights)])
+    cfg = load_config(
+        TINY, ["--output_dir", str(tmp_path), "--federation.rounds", "1", "--sflf.pretrain_checkpoint", str(weights)]
+    )
     summary = Simulation(cfg=cfg, loggers=[]).run()
     run = cfg.run_dir
     assert not (run / "synthetic").exists() and summary["synthetic_images"] == 0
@@ -64,15 +64,17 @@ def test_sflf_starts_from_the_weights_file_reports_memory_and_times_the_upload_b
     names = [PAPER_TESTBED[i % len(PAPER_TESTBED)] for i in range(4)]
     table = board_profiles(backbone(f.pretrain_model), cfg.train.batch_size)  # priced for the named ViT
     boards = [table[n] for n in names]
-    boards = [b if n != "jetson_orin_nx" else type(b)(**{**b.__dict__, "fixed_memory_gb": 2.5,
-                                                         "memory_per_layer_gb": 1.5, "memory_budget_gb": 5.5})
-              for b, n in zip(boards, names)]
+    boards = [
+        b
+        if n != "jetson_orin_nx"
+        else type(b)(**{**b.__dict__, "fixed_memory_gb": 2.5, "memory_per_layer_gb": 1.5, "memory_budget_gb": 5.5})
+        for b, n in zip(boards, names)
+    ]
     pos = place_devices(4, radius_m=s.radius_m, center_m=(s.center_x_m, 0.0), seed=s.placement_seed)
     g = 10 ** (-s.reference_loss_db / 10) * (np.hypot(*pos.T) / s.d0_m) ** (-s.path_loss_exponent)
     e = np.log2(1 + np.array([b.transmit_power_w for b in boards]) * g / s.noise_power_w)
     sizes = np.array([len(p) for p in _partition(cfg)])
-    H = sizes * cfg.train.epochs * np.array([b.forward_time_s + x * b.backward_time_per_layer_s
-                                             for b, x in zip(boards, depths)])
+    H = sizes * cfg.train.epochs * np.array([b.forward_time_s + x * b.backward_time_per_layer_s for b, x in zip(boards, depths)])
     bits = 32 * (lora_per_block * depths + head)
     T = np.max(H + bits / (s.total_bandwidth_hz / 4 * e))
     assert summary["simulated_time_s"] == pytest.approx(T, rel=1e-9)
@@ -108,8 +110,14 @@ def test_sflfs_fresh_head_receives_gradients_under_train_head_auto(tmp_path, one
     assert summary["train_head"] is True and summary["train_head_setting"] == "auto"
 
 
-@pytest.mark.parametrize("key, hint", [("rho", "did you mean 'sflf.lora'?"), ("vae_image_size", "allowed here"),
-                                       ("pretrain_epochs", "did you mean 'sflf.pretrain_model'?")])
+@pytest.mark.parametrize(
+    "key, hint",
+    [
+        ("rho", "did you mean 'sflf.lora'?"),
+        ("vae_image_size", "allowed here"),
+        ("pretrain_epochs", "did you mean 'sflf.pretrain_model'?"),
+    ],
+)
 def test_a_key_no_stage_of_sflf_reads_is_an_unknown_key(key, hint):
     """SFLF = ImageNet init → LoRA: its section is composed of those stages' keys, so a synthesis or
     pre-training key is refused with a did-you-mean, on the command line and in the YAML."""
@@ -127,8 +135,11 @@ def test_a_comparison_carries_over_only_the_keys_sflf_reads():
 
     runs = {r.run_name: r for r in expand_variants(load_config(CONF / "fedisyn_compare_tiny.yaml"))}
     sflf, fedisyn = runs["sflf"].method, runs["fedisyn"].method
-    assert (sflf.lora, sflf.finetune_lr, sflf.pretrain_overrides) == (fedisyn.lora, fedisyn.finetune_lr,
-                                                                      fedisyn.pretrain_overrides)
+    assert (sflf.lora, sflf.finetune_lr, sflf.pretrain_overrides) == (
+        fedisyn.lora,
+        fedisyn.finetune_lr,
+        fedisyn.pretrain_overrides,
+    )
     assert not hasattr(sflf, "rho") and not hasattr(sflf, "vae_image_size")
     assert sflf.systems.depth_policy == "full" and sflf.systems.profiles == fedisyn.systems.profiles
 
@@ -138,9 +149,25 @@ def test_sflf_learns_above_chance_once_its_fresh_head_trains(tmp_path, one_threa
     """A FeDiSyn-family run that learns: SFLF on IID digits (10 classes, chance 0.1) with its fresh head training
     (train_head: auto). Seeds 0, 1 and 1000 reach 0.19-0.23 on this CPU; the bound sits well below."""
     seed = outcome_seed(0)
-    cfg = load_config(TINY, ["--output_dir", str(tmp_path), "--seed", str(seed), "--partition.seed", str(seed),
-                             "--data.num_samples", "400", "--federation.rounds", "3", "--sflf.finetune_lr", "3e-3",
-                             "--partition.alpha", "inf"])
+    cfg = load_config(
+        TINY,
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--seed",
+            str(seed),
+            "--partition.seed",
+            str(seed),
+            "--data.num_samples",
+            "400",
+            "--federation.rounds",
+            "3",
+            "--sflf.finetune_lr",
+            "3e-3",
+            "--partition.alpha",
+            "inf",
+        ],
+    )
     summary = Simulation(cfg=cfg, loggers=[]).run()
     assert summary["train_head"] is True
     expect("SFLF tiny accuracy (chance 0.1)", summary["accuracy"], ">", 0.14)

@@ -33,8 +33,12 @@ def _published(tmp_path, key="k1"):
 def test_published_images_are_linked_into_the_next_run_with_their_hashes_recorded(tmp_path):
     shared = _published(tmp_path)
     record = shared.recorded("generation")
-    assert record["key"] == "k1" and set(record["files"]) == {"images/c0/00000.png", "images/c1/00001.png",
-                                                               "images/c0/00002.png", "images/manifest.jsonl"}
+    assert record["key"] == "k1" and set(record["files"]) == {
+        "images/c0/00000.png",
+        "images/c1/00001.png",
+        "images/c0/00002.png",
+        "images/manifest.jsonl",
+    }
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         assert shared.images_into(tmp_path / "run_b" / "synthetic")
@@ -56,9 +60,14 @@ def _old_record(part):
     (part / "record.json").write_text(json.dumps(record))
 
 
-@pytest.mark.parametrize(("damage", "why"), [(_edit, "'images/c1/00001.png' is not the file it published"),
-                                             (_drop, "'images/c0/00002.png' is missing"),
-                                             (_old_record, "names no file hashes")])
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        (_edit, "'images/c1/00001.png' is not the file it published"),
+        (_drop, "'images/c0/00002.png' is missing"),
+        (_old_record, "names no file hashes"),
+    ],
+)
 def test_a_damaged_part_is_removed_with_one_warning_and_published_again(tmp_path, damage, why):
     shared = _published(tmp_path)
     damage(shared.folder / "generation")

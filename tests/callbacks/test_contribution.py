@@ -19,8 +19,14 @@ from fl_lightning.modules.lora_classifier import LoRAClassifier
 def make() -> LoRAClassifier:
     torch.manual_seed(0)
     vit = timm.create_model(
-        "vit_tiny_patch16_224", pretrained=False, num_classes=3,
-        img_size=16, patch_size=8, embed_dim=32, depth=3, num_heads=2,
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        num_classes=3,
+        img_size=16,
+        patch_size=8,
+        embed_dim=32,
+        depth=3,
+        num_heads=2,
     )
     module = LoRAClassifier(backbone=vit, spec=LoraSpec(rank=2, alpha=4), lr=1e-2)
     g = torch.Generator().manual_seed(1)

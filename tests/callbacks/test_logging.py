@@ -20,9 +20,23 @@ def test_wandb_offline_and_tensorboard(tmp_path, monkeypatch):
     from tests.logger_records import tensorboard_run, wandb_run
 
     monkeypatch.setenv("WANDB_MODE", "offline")
-    cfg = load_config(CONF / "fedavg_digits_tiny.yaml",
-                      ["--output_dir", str(tmp_path), "--federation.rounds", "2", "--partition.num_clients", "3",
-                       "--logging.wandb", "true", "--logging.tensorboard", "true", "--logging.progress", "false"])
+    cfg = load_config(
+        CONF / "fedavg_digits_tiny.yaml",
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--federation.rounds",
+            "2",
+            "--partition.num_clients",
+            "3",
+            "--logging.wandb",
+            "true",
+            "--logging.tensorboard",
+            "true",
+            "--logging.progress",
+            "false",
+        ],
+    )
     summary = Simulation(cfg=cfg).run()
     import wandb
 
@@ -73,8 +87,14 @@ def test_the_partition_reaches_wandb_as_pixels_in_a_process_that_never_imported_
         "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot was imported'\n"
         "print(img.image.size)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env={**__import__("os").environ, "PYTHONPATH": str(CONF.parent)})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**__import__("os").environ, "PYTHONPATH": str(CONF.parent)},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().startswith("(")
 
@@ -90,10 +110,20 @@ def test_a_comparison_leaves_one_wandb_run_per_run_each_with_its_own_data(tmp_pa
     from tests.logger_records import wandb_run
 
     monkeypatch.setenv("WANDB_MODE", "offline")
-    rc = train.main(["--config", str(CONF / "fedopal_table2_tiny.yaml"), "--variants",
-                     "[{algorithm: afl, label: AFL}, {algorithm: fedcgs, label: FedCGS, fedcgs: {shrinkage: 1.0e-6}}]",
-                     "--sweep", '{partition.alpha: [0.1], "seed,partition.seed": [[0, 0]]}',
-                     "--logging.wandb", "true", "--output_dir", str(tmp_path / "cmp")])
+    rc = train.main(
+        [
+            "--config",
+            str(CONF / "fedopal_table2_tiny.yaml"),
+            "--variants",
+            "[{algorithm: afl, label: AFL}, {algorithm: fedcgs, label: FedCGS, fedcgs: {shrinkage: 1.0e-6}}]",
+            "--sweep",
+            '{partition.alpha: [0.1], "seed,partition.seed": [[0, 0]]}',
+            "--logging.wandb",
+            "true",
+            "--output_dir",
+            str(tmp_path / "cmp"),
+        ]
+    )
     assert rc == 0, capsys.readouterr().err[-3000:]
     import wandb
 
@@ -122,10 +152,8 @@ def test_a_comparison_leaves_one_wandb_run_per_run_each_with_its_own_data(tmp_pa
         rec = wandb_run(_wandb_files(out / name)[0])
         assert len(rec["runs"]) == 1 and rec["exit"]
         run = rec["runs"][0]
-        assert (run.run_id, run.run_group, run.job_type, run.display_name) == (ids[method].decode(), "cmp", method,
-                                                                               name)
-        assert rec["config"]["algorithm"] == method and rec["config"]["label"] == ("AFL" if method == "afl" else
-                                                                                   "FedCGS")
+        assert (run.run_id, run.run_group, run.job_type, run.display_name) == (ids[method].decode(), "cmp", method, name)
+        assert rec["config"]["algorithm"] == method and rec["config"]["label"] == ("AFL" if method == "afl" else "FedCGS")
         assert len([row for row in rec["history"] if "accuracy" in row]) == 1  # one round
         assert {"accuracy", "bytes_up_per_client", "rounds"} <= set(rec["summary"])
     table = _wandb_files(out)  # the comparison's own W&B run
@@ -141,8 +169,9 @@ def test_wandb_mode_from_the_environment_wins_and_resume_keeps_the_id(tmp_path, 
     from fl_lightning.config.loading import config_to_dict
     from fl_lightning.federation.run_folder import write_record
 
-    cfg = load_config(CONF / "fedavg_digits_tiny.yaml", ["--output_dir", str(tmp_path), "--logging.wandb", "true",
-                                                           "--logging.mode", "online"])
+    cfg = load_config(
+        CONF / "fedavg_digits_tiny.yaml", ["--output_dir", str(tmp_path), "--logging.wandb", "true", "--logging.mode", "online"]
+    )
     monkeypatch.delenv("WANDB_MODE", raising=False)
     assert wandb_init_args(cfg)["mode"] == "online"
     monkeypatch.setenv("WANDB_MODE", "disabled")

@@ -12,8 +12,10 @@ from fl_lightning.callbacks.progress import ProgressCallback, eta_s, format_dura
 from tests.conftest import CONF, run_cli
 
 
-@pytest.mark.parametrize("elapsed, done, total, expected", [
-    (10.0, 0, 5, None), (10.0, 1, 5, 40.0), (10.0, 2, 5, 15.0), (9.0, 3, 3, 0.0), (1.0, 4, 3, 0.0)])
+@pytest.mark.parametrize(
+    "elapsed, done, total, expected",
+    [(10.0, 0, 5, None), (10.0, 1, 5, 40.0), (10.0, 2, 5, 15.0), (9.0, 3, 3, 0.0), (1.0, 4, 3, 0.0)],
+)
 def test_eta_is_the_mean_step_time_times_the_steps_left(elapsed, done, total, expected):
     assert eta_s(elapsed, done, total) == (None if expected is None else pytest.approx(expected))
 
@@ -25,8 +27,7 @@ def test_durations_read_as_a_person_writes_them(seconds, text):
 
 def _drive(callback, rounds=3, first=0):
     env = SimpleNamespace(fabric=SimpleNamespace(global_rank=0))
-    callback.on_run_start(cfg=SimpleNamespace(resolved_run_name="afl_x"), env=env, rounds=rounds,
-                          completed_rounds=first)
+    callback.on_run_start(cfg=SimpleNamespace(resolved_run_name="afl_x"), env=env, rounds=rounds, completed_rounds=first)
     for r in range(first, rounds):
         callback.on_round_start(round_idx=r, clients=[0, 1], local_clients=2)
         callback.on_client_end()
@@ -54,13 +55,25 @@ def test_progress_false_is_silent():
 def test_a_comparison_in_a_log_file_says_where_it_is(tmp_path):
     """The CLI with stdout a pipe (as under SLURM or nohup): a line per run of the comparison, per round, per
     finished run."""
-    out = run_cli("--config", str(CONF / "fedavg_digits_tiny.yaml"), "--partition.num_clients", "3",
-                  "--federation.rounds", "2", "--logging.progress", "true", "--sweep", "{seed: [0, 1]}",
-                  "--output_dir", str(tmp_path))
+    out = run_cli(
+        "--config",
+        str(CONF / "fedavg_digits_tiny.yaml"),
+        "--partition.num_clients",
+        "3",
+        "--federation.rounds",
+        "2",
+        "--logging.progress",
+        "true",
+        "--sweep",
+        "{seed: [0, 1]}",
+        "--output_dir",
+        str(tmp_path),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [line for line in out.stdout.splitlines() if "round" in line or "run " in line or "finished" in line]
     assert lines[0].startswith("fl_lightning: run 1/2 (0 of 2 done): fedavg_digits_a0.5_s0, ETA of the rest ?")
     assert any(line.startswith("fedavg_digits_a0.5_s0: round 2/2, accuracy ") for line in lines), lines
-    assert any(line.startswith("fl_lightning: run 2/2 (1 of 2 done): fedavg_digits_a0.5_s1, ETA of the rest ")
-               for line in lines), lines
+    assert any(
+        line.startswith("fl_lightning: run 2/2 (1 of 2 done): fedavg_digits_a0.5_s1, ETA of the rest ") for line in lines
+    ), lines
     assert sum(": finished, accuracy " in line for line in lines) == 2, lines

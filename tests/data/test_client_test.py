@@ -30,8 +30,9 @@ def _hf_rows(rows: np.ndarray, t: float, seed: int) -> tuple[list[int], list[int
     return sorted(out["train"]["i"][:]), sorted(out["test"]["i"][:])
 
 
-@pytest.mark.parametrize(("n", "t", "seed"), [(100, 0.07, 42), (7, 0.2, 0), (101, 0.33, 5), (2, 0.5, 42), (10, 0.3, 42),
-                                              (1000, 0.25, 123)])
+@pytest.mark.parametrize(
+    ("n", "t", "seed"), [(100, 0.07, 42), (7, 0.2, 0), (101, 0.33, 5), (2, 0.5, 42), (10, 0.3, 42), (1000, 0.25, 123)]
+)
 def test_the_split_is_the_installed_datasets_train_test_split(n, t, seed):
     rows = np.random.default_rng(n).choice(10 * n, size=n, replace=False)  # a partition's ids, in its own order
     train, test = hf_train_test_split(rows, t, seed)
@@ -88,15 +89,25 @@ def test_the_config_key_cuts_the_partition_with_its_seed():
     assert [t.tolist() for t in test] == [hf_train_test_split(p, 0.2, cfg.partition.seed)[1].tolist() for p in whole]
     assert all(np.array_equal(np.union1d(a, b), p) for a, b, p in zip(train, test, whole))
     assert client_test_split(_cfg(), whole, targets) == (whole, None)  # 0: the partition as it is
-    flower = _cfg("--partition.client_test_fraction", "0.2", "--partition.convention", "flower",
-                  "--partition.flower_shuffle_seed", "42", "--partition.alpha", "0.5")
+    flower = _cfg(
+        "--partition.client_test_fraction",
+        "0.2",
+        "--partition.convention",
+        "flower",
+        "--partition.flower_shuffle_seed",
+        "42",
+        "--partition.alpha",
+        "0.5",
+    )
     parts = partition_for(flower, targets)
     ordered = partition_for(flower, targets, row_order=True)  # Flower's rows in Flower's order
     assert [np.sort(p).tolist() for p in ordered] == [p.tolist() for p in parts]
     assert [t.tolist() for t in client_test_split(flower, parts, targets)[1]] == [
-        hf_train_test_split(p, 0.2, 42)[1].tolist() for p in ordered]  # seed 42 by default under flower
+        hf_train_test_split(p, 0.2, 42)[1].tolist() for p in ordered
+    ]  # seed 42 by default under flower
     assert [t.tolist() for t in client_test_split(flower, parts, targets)[1]] != [
-        hf_train_test_split(p, 0.2, 42)[1].tolist() for p in parts]  # the order matters
+        hf_train_test_split(p, 0.2, 42)[1].tolist() for p in parts
+    ]  # the order matters
 
 
 def test_config_errors_of_client_test_sets():

@@ -93,8 +93,12 @@ def test_split_features_are_the_split_in_order_in_fixed_batches():
 
 
 # -- the methods ------------------------------------------------------------------------------------
-_TINY = {"afl": "fedopal_digits_tiny.yaml", "fedcgs": "fedcgs_digits_tiny.yaml",
-         "fedpft": "fedpft_digits_tiny.yaml", "fedavg": "fedavg_digits_tiny.yaml"}
+_TINY = {
+    "afl": "fedopal_digits_tiny.yaml",
+    "fedcgs": "fedcgs_digits_tiny.yaml",
+    "fedpft": "fedpft_digits_tiny.yaml",
+    "fedavg": "fedavg_digits_tiny.yaml",
+}
 
 
 class _Forwards:
@@ -115,9 +119,24 @@ class _Forwards:
 
 
 def _run(out, method, *extra):
-    cfg = load_config(CONF / _TINY[method], ["--algorithm", method, "--output_dir", str(out), "--logging.progress",
-                                             "false", "--partition.num_clients", "3", "--data.num_samples", "300",
-                                             "--federation.rounds", "1", *extra])
+    cfg = load_config(
+        CONF / _TINY[method],
+        [
+            "--algorithm",
+            method,
+            "--output_dir",
+            str(out),
+            "--logging.progress",
+            "false",
+            "--partition.num_clients",
+            "3",
+            "--data.num_samples",
+            "300",
+            "--federation.rounds",
+            "1",
+            *extra,
+        ],
+    )
     with _Forwards() as forwards:
         summary = Simulation(cfg=cfg, loggers=[]).run()
     return summary, safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"], forwards.images
@@ -147,9 +166,11 @@ def test_a_run_with_another_key_computes_its_own_features(tmp_path):
     assert len(tables) == 2
     other_alpha = _run(tmp_path, "fedcgs", "--data.split_seed", "0", "--partition.alpha", "10", "--seed", "0")
     assert other_alpha[2] == 0  # the same images and weights: shared
-    for extra in (["--seed", "1"],  # other random weights (the same split: data.split_seed)
-                  ["--data.image_size", "24", "--model.overrides.img_size", "24"],  # another transform
-                  ["--data.num_samples", "250"]):  # another subset
+    for extra in (
+        ["--seed", "1"],  # other random weights (the same split: data.split_seed)
+        ["--data.image_size", "24", "--model.overrides.img_size", "24"],  # another transform
+        ["--data.num_samples", "250"],
+    ):  # another subset
         assert _run(tmp_path, "fedcgs", "--data.split_seed", "0", *extra)[2] > 0, extra
     tables[0].write_bytes(b"not a table")
     rerun = _run(tmp_path, "fedcgs", "--data.split_seed", "0", "--run_name", "rerun")
@@ -158,9 +179,21 @@ def test_a_run_with_another_key_computes_its_own_features(tmp_path):
 
 
 def test_prompt_methods_do_not_use_the_cache(tmp_path):
-    cfg = load_config(CONF / "fedopal_digits_tiny.yaml", ["--output_dir", str(tmp_path), "--logging.progress", "false",
-                                                         "--partition.num_clients", "2", "--data.num_samples", "100",
-                                                         "--train.epochs", "0"])
+    cfg = load_config(
+        CONF / "fedopal_digits_tiny.yaml",
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--logging.progress",
+            "false",
+            "--partition.num_clients",
+            "2",
+            "--data.num_samples",
+            "100",
+            "--train.epochs",
+            "0",
+        ],
+    )
     Simulation(cfg=cfg, loggers=[]).run()
     assert not (tmp_path / "feature_cache").exists()
 

@@ -33,9 +33,19 @@ CASES = FIXTURE["cases"]
 
 
 def _case_id(case: dict) -> str:
-    keys = ("num_partitions", "alpha", "min_partition_size", "self_balancing", "num_shards_per_partition",
-            "shard_size", "keep_incomplete_shard", "num_classes_per_partition", "class_assignment_mode", "seed",
-            "shuffle_seed")
+    keys = (
+        "num_partitions",
+        "alpha",
+        "min_partition_size",
+        "self_balancing",
+        "num_shards_per_partition",
+        "shard_size",
+        "keep_incomplete_shard",
+        "num_classes_per_partition",
+        "class_assignment_mode",
+        "seed",
+        "shuffle_seed",
+    )
     return "-".join([case["partitioner"], case["data"]] + [f"{k}={case[k]}" for k in keys if k in case])
 
 
@@ -46,42 +56,76 @@ def _column(case: dict, name: str) -> np.ndarray:
 def _overrides(case: dict) -> list[str]:
     """The config that says what the case's Flower code says (docs/data_and_weights.md, the table)."""
     shuffle = case["shuffle_seed"]
-    out = ["--partition.convention", "flower",
-           "--partition.flower_shuffle_seed", "null" if shuffle is None else str(shuffle)]
+    out = ["--partition.convention", "flower", "--partition.flower_shuffle_seed", "null" if shuffle is None else str(shuffle)]
     if case["partitioner"] == "dirichlet":
-        return out + ["--partition.scheme", "dirichlet", "--partition.num_clients", str(case["num_partitions"]),
-                      "--partition.alpha", str(case["alpha"]), "--partition.min_samples", str(case["min_partition_size"]),
-                      "--partition.balance", str(case["self_balancing"]).lower(), "--partition.seed", str(case["seed"])]
+        return out + [
+            "--partition.scheme",
+            "dirichlet",
+            "--partition.num_clients",
+            str(case["num_partitions"]),
+            "--partition.alpha",
+            str(case["alpha"]),
+            "--partition.min_samples",
+            str(case["min_partition_size"]),
+            "--partition.balance",
+            str(case["self_balancing"]).lower(),
+            "--partition.seed",
+            str(case["seed"]),
+        ]
     if case["partitioner"] == "iid":
         return out + ["--partition.scheme", "iid", "--partition.num_clients", str(case["num_partitions"])]
     if case["partitioner"] == "shard":
         s, size = case["num_shards_per_partition"], case["shard_size"]
-        return out + ["--partition.scheme", "shards", "--partition.num_clients", str(case["num_partitions"]),
-                      "--partition.shards_per_client", "null" if s is None else str(s),
-                      "--partition.shard_size", "null" if size is None else str(size),
-                      "--partition.keep_incomplete_shard", str(case["keep_incomplete_shard"]).lower(),
-                      "--partition.seed", str(case["seed"])]
+        return out + [
+            "--partition.scheme",
+            "shards",
+            "--partition.num_clients",
+            str(case["num_partitions"]),
+            "--partition.shards_per_client",
+            "null" if s is None else str(s),
+            "--partition.shard_size",
+            "null" if size is None else str(size),
+            "--partition.keep_incomplete_shard",
+            str(case["keep_incomplete_shard"]).lower(),
+            "--partition.seed",
+            str(case["seed"]),
+        ]
     if case["partitioner"] == "pathological":
-        return out + ["--partition.scheme", "pathological", "--partition.num_clients", str(case["num_partitions"]),
-                      "--partition.classes_per_client", str(case["num_classes_per_partition"]),
-                      "--partition.class_assignment", case["class_assignment_mode"],
-                      "--partition.seed", str(case["seed"])]
+        return out + [
+            "--partition.scheme",
+            "pathological",
+            "--partition.num_clients",
+            str(case["num_partitions"]),
+            "--partition.classes_per_client",
+            str(case["num_classes_per_partition"]),
+            "--partition.class_assignment",
+            case["class_assignment_mode"],
+            "--partition.seed",
+            str(case["seed"]),
+        ]
     values = np.unique(_column(case, case["partition_by"])).size  # NaturalIdPartitioner: one partition per value
-    return out + ["--partition.scheme", "natural", "--partition.by", case["partition_by"],
-                  "--partition.num_clients", str(values)]
+    return out + ["--partition.scheme", "natural", "--partition.by", case["partition_by"], "--partition.num_clients", str(values)]
 
 
 def test_the_fixture_was_made_by_flwr_datasets_and_covers_every_partitioner():
     assert FIXTURE["versions"]["flwr_datasets"] == "0.6.1"
-    kinds = {(c["partitioner"], c.get("self_balancing"), c["shuffle_seed"] is None, "redraws" in c, "error" in c)
-             for c in CASES}
-    for needed in [("dirichlet", False, True, False, False), ("dirichlet", True, True, False, False),
-                   ("dirichlet", False, False, True, False), ("dirichlet", True, True, True, False),
-                   ("dirichlet", False, True, False, True), ("iid", None, True, False, False),
-                   ("iid", None, False, False, False), ("natural_id", None, False, False, False),
-                   ("shard", None, True, False, False), ("shard", None, False, False, False),
-                   ("shard", None, True, False, True), ("pathological", None, True, False, False),
-                   ("pathological", None, False, False, False), ("pathological", None, True, False, True)]:
+    kinds = {(c["partitioner"], c.get("self_balancing"), c["shuffle_seed"] is None, "redraws" in c, "error" in c) for c in CASES}
+    for needed in [
+        ("dirichlet", False, True, False, False),
+        ("dirichlet", True, True, False, False),
+        ("dirichlet", False, False, True, False),
+        ("dirichlet", True, True, True, False),
+        ("dirichlet", False, True, False, True),
+        ("iid", None, True, False, False),
+        ("iid", None, False, False, False),
+        ("natural_id", None, False, False, False),
+        ("shard", None, True, False, False),
+        ("shard", None, False, False, False),
+        ("shard", None, True, False, True),
+        ("pathological", None, True, False, False),
+        ("pathological", None, False, False, False),
+        ("pathological", None, True, False, True),
+    ]:
         assert needed in kinds, needed
     modes = {c["class_assignment_mode"] for c in CASES if c["partitioner"] == "pathological"}
     assert modes == {"random", "deterministic", "first-deterministic"}
@@ -96,8 +140,11 @@ def test_config_convention_flower_equals_flwr_datasets(case):
     cfg = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), _overrides(case))
     labels = _column(case, "label")
     if "error" in case:  # Flower refuses (dirichlet: "The max number of attempts (10) was reached.")
-        words = {"dirichlet": "after 10 re-draws", "shard": r"only 6 shards of 100 rows for 10 clients",
-                 "pathological": "8 classes per client, but the column has 7 distinct values"}
+        words = {
+            "dirichlet": "after 10 re-draws",
+            "shard": r"only 6 shards of 100 rows for 10 clients",
+            "pathological": "8 classes per client, but the column has 7 distinct values",
+        }
         with pytest.raises(UsageError, match=words[case["partitioner"]]):
             partition_for(cfg, labels, lambda name: _column(case, name))
         return
@@ -114,20 +161,34 @@ def test_the_functions_equal_flwr_datasets_partitioners(case):
     """Without FederatedDataset's shuffle each function alone is the partitioner (partition k is Flower's k)."""
     theirs = [sorted(p) for p in case["partitions"]]
     if case["partitioner"] == "dirichlet":
-        ours = flower_dirichlet_partition(_column(case, "label"), case["num_partitions"], case["alpha"],
-                                          seed=case["seed"], min_partition_size=case["min_partition_size"],
-                                          self_balancing=case["self_balancing"])
+        ours = flower_dirichlet_partition(
+            _column(case, "label"),
+            case["num_partitions"],
+            case["alpha"],
+            seed=case["seed"],
+            min_partition_size=case["min_partition_size"],
+            self_balancing=case["self_balancing"],
+        )
     elif case["partitioner"] == "iid":
         ours = flower_iid_partition(len(_column(case, "label")), case["num_partitions"])
         assert case["partitions"] == theirs  # IidPartitioner keeps the rows' order: contiguous blocks
     elif case["partitioner"] == "shard":
-        ours = flower_shard_partition(_column(case, "label"), case["num_partitions"], case["num_shards_per_partition"],
-                                      seed=case["seed"], shard_size=case["shard_size"],
-                                      keep_incomplete_shard=case["keep_incomplete_shard"])
+        ours = flower_shard_partition(
+            _column(case, "label"),
+            case["num_partitions"],
+            case["num_shards_per_partition"],
+            seed=case["seed"],
+            shard_size=case["shard_size"],
+            keep_incomplete_shard=case["keep_incomplete_shard"],
+        )
     elif case["partitioner"] == "pathological":
-        ours = flower_pathological_partition(_column(case, "label"), case["num_partitions"],
-                                             case["num_classes_per_partition"], seed=case["seed"],
-                                             class_assignment=case["class_assignment_mode"])
+        ours = flower_pathological_partition(
+            _column(case, "label"),
+            case["num_partitions"],
+            case["num_classes_per_partition"],
+            seed=case["seed"],
+            class_assignment=case["class_assignment_mode"],
+        )
     else:
         writers = _column(case, case["partition_by"])
         ours = natural_partition(writers, np.unique(writers).size)
@@ -146,28 +207,33 @@ def test_iid_and_preshuffle_match_the_installed_datasets():
     datasets = pytest.importorskip("datasets")
     table = datasets.Dataset.from_dict({"i": list(range(103))})
     assert [p.tolist() for p in flower_iid_partition(103, 10)] == [
-        table.shard(num_shards=10, index=k, contiguous=True)["i"][:] for k in range(10)]
+        table.shard(num_shards=10, index=k, contiguous=True)["i"][:] for k in range(10)
+    ]
     np.testing.assert_array_equal(flower_preshuffle(103, 42), table.shuffle(seed=42)["i"][:])
 
 
 def test_config_errors_of_the_flower_convention():
     with pytest.raises(ConfigError, match="partition.convention='flower'"):
-        load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--partition.convention", "flower",
-                                                            "--partition.scheme", "file", "--partition.path", "p.json"])
+        load_config(
+            str(CONF / "fedcgs_digits_tiny.yaml"),
+            ["--partition.convention", "flower", "--partition.scheme", "file", "--partition.path", "p.json"],
+        )
     with pytest.raises(ConfigError, match=r"partition.shard_size=30 is not allowed.*unless partition.convention is"):
-        load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--partition.scheme", "shards", "--partition.shard_size",
-                                                            "30"])
+        load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--partition.scheme", "shards", "--partition.shard_size", "30"])
     with pytest.raises(ConfigError, match=r"partition.shards_per_client=None is not allowed"):
-        load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--partition.convention", "flower", "--partition.scheme",
-                                                            "shards", "--partition.shards_per_client", "null"])
+        load_config(
+            str(CONF / "fedcgs_digits_tiny.yaml"),
+            ["--partition.convention", "flower", "--partition.scheme", "shards", "--partition.shards_per_client", "null"],
+        )
     with pytest.raises(ConfigError, match="partition.flower_shuffle_seed=1"):
         load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--partition.flower_shuffle_seed", "1"])
     with pytest.raises(ConfigError, match=r"data.num_samples=200.*Flower partitions the whole training split"):
-        load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--partition.convention", "flower",
-                                                            "--data.num_samples", "200"])
+        load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--partition.convention", "flower", "--data.num_samples", "200"])
     with pytest.raises(ConfigError, match=r"data.test_split=None.*carves a test set out of the training split"):
-        load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--partition.convention", "flower", "--data.name", "hf",
-                                                            "--data.path", "some/set", "--data.test_split", "null"])
+        load_config(
+            str(CONF / "fedcgs_digits_tiny.yaml"),
+            ["--partition.convention", "flower", "--data.name", "hf", "--data.path", "some/set", "--data.test_split", "null"],
+        )
 
 
 def test_a_flower_partition_json_is_read_back(tmp_path):
@@ -183,27 +249,62 @@ def test_a_flower_partition_json_is_read_back(tmp_path):
 
 
 @pytest.mark.slow  # two runs each, ~15 s
-@pytest.mark.parametrize("extra", [
-    ["--partition.convention", "flower", "--partition.scheme", "shards", "--partition.num_clients", "7",
-     "--partition.shards_per_client", "3", "--partition.seed", "42", "--partition.flower_shuffle_seed", "42"],
-    ["--partition.scheme", "pathological", "--partition.num_clients", "4", "--partition.classes_per_client", "1"],
-], ids=["flower shards", "pathological"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [
+            "--partition.convention",
+            "flower",
+            "--partition.scheme",
+            "shards",
+            "--partition.num_clients",
+            "7",
+            "--partition.shards_per_client",
+            "3",
+            "--partition.seed",
+            "42",
+            "--partition.flower_shuffle_seed",
+            "42",
+        ],
+        ["--partition.scheme", "pathological", "--partition.num_clients", "4", "--partition.classes_per_client", "1"],
+    ],
+    ids=["flower shards", "pathological"],
+)
 def test_a_run_on_a_partition_that_leaves_rows_out(extra, tmp_path):
     """A run whose clients hold part of the training split (as Flower's would): it trains on their union, and its
     partition.json records the rows left out and serves as a scheme-file partition."""
     from tests.conftest import run_cli
 
-    proc = run_cli("--config", str(CONF / "fedcgs_digits_tiny.yaml"), "--output_dir", str(tmp_path / "runs"),
-                   "--logging.progress", "false", *extra)
+    proc = run_cli(
+        "--config",
+        str(CONF / "fedcgs_digits_tiny.yaml"),
+        "--output_dir",
+        str(tmp_path / "runs"),
+        "--logging.progress",
+        "false",
+        *extra,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = (d.parent for d in (tmp_path / "runs").glob("*/summary.json"))
     doc = json.loads((run / "partition.json").read_text())
     held = sum(map(len, doc["clients"]))
     assert doc["unassigned"] > 0 and held + doc["unassigned"] == doc["num_samples"]
-    again = run_cli("--config", str(CONF / "fedcgs_digits_tiny.yaml"), "--output_dir", str(tmp_path / "again"),
-                    "--logging.progress", "false", "--partition.scheme", "file", "--partition.path",
-                    str(run / "partition.json"), "--partition.num_clients", str(len(doc["clients"])))
+    again = run_cli(
+        "--config",
+        str(CONF / "fedcgs_digits_tiny.yaml"),
+        "--output_dir",
+        str(tmp_path / "again"),
+        "--logging.progress",
+        "false",
+        "--partition.scheme",
+        "file",
+        "--partition.path",
+        str(run / "partition.json"),
+        "--partition.num_clients",
+        str(len(doc["clients"])),
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     (rerun,) = (d.parent for d in (tmp_path / "again").glob("*/summary.json"))
-    assert json.loads((rerun / "summary.json").read_text())["accuracy"] == json.loads(
-        (run / "summary.json").read_text())["accuracy"]
+    assert (
+        json.loads((rerun / "summary.json").read_text())["accuracy"] == json.loads((run / "summary.json").read_text())["accuracy"]
+    )

@@ -28,13 +28,16 @@ def _tables():
     from PIL import Image
 
     rng = np.random.default_rng(0)
-    features = datasets.Features({"img": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b", "c"]),
-                                  "writer": datasets.Value("string")})
+    features = datasets.Features(
+        {"img": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b", "c"]), "writer": datasets.Value("string")}
+    )
 
     def table(n: int):
         images = [Image.fromarray(rng.integers(0, 255, (10, 12, 3), dtype=np.uint8)) for _ in range(n)]
-        return datasets.Dataset.from_dict({"img": images, "label": [i % 3 for i in range(n)],
-                                           "writer": [f"w{(7 * i) % WRITERS}" for i in range(n)]}, features=features)
+        return datasets.Dataset.from_dict(
+            {"img": images, "label": [i % 3 for i in range(n)], "writer": [f"w{(7 * i) % WRITERS}" for i in range(n)]},
+            features=features,
+        )
 
     return datasets.DatasetDict(train=table(N_TRAIN), test=table(N_TEST))
 
@@ -52,11 +55,17 @@ def saved(tmp_path_factory) -> dict[str, Path]:
     (snapshot / "data").mkdir(parents=True)
     for split in data:
         (snapshot / "data" / f"{split}-00000-of-00001.parquet").write_bytes(
-            (root / "parquet" / f"{split}-00000-of-00001.parquet").read_bytes())
+            (root / "parquet" / f"{split}-00000-of-00001.parquet").read_bytes()
+        )
     (root / "hub" / "datasets--lab--tiny-writers" / "refs").mkdir()
     (root / "hub" / "datasets--lab--tiny-writers" / "refs" / "main").write_text("a" * 40)
-    return {"disk": root / "disk", "parquet": root / "parquet", "hub": root / "hub", "root": root,
-            "file": root / "parquet" / "train-00000-of-00001.parquet"}
+    return {
+        "disk": root / "disk",
+        "parquet": root / "parquet",
+        "hub": root / "hub",
+        "root": root,
+        "file": root / "parquet" / "train-00000-of-00001.parquet",
+    }
 
 
 @pytest.fixture
@@ -106,18 +115,22 @@ def test_one_file_and_a_seeded_4_to_1_split(saved, hf_cache):
 def test_num_samples_subset_keeps_the_column_aligned(saved, hf_cache):
     full = _build(saved["disk"])
     t = build_transform(normalization="imagenet", image_size=8, train=False)
-    sub = build_dataset("hf", root=".", source=HFSource(path=str(saved["disk"])), train_transform=t,
-                        test_transform=t, num_samples=10, seed=3)
+    sub = build_dataset(
+        "hf", root=".", source=HFSource(path=str(saved["disk"])), train_transform=t, test_transform=t, num_samples=10, seed=3
+    )
     assert len(sub.train) == 10 and len(sub.train_column("writer")) == 10
     keep = sub.train.indices
     np.testing.assert_array_equal(sub.train_column("writer"), full.train_column("writer")[keep])
 
 
-@pytest.mark.parametrize("kw, words", [
-    ({"image_column": "photo"}, ["data.image_column='photo'", "img (Image)", "label (ClassLabel)", "writer (Value)"]),
-    ({"label_column": "writer2"}, ["data.label_column='writer2'", "writer (Value)"]),
-    ({"test_split": "validation"}, ["data.test_split='validation'", "['test', 'train']"]),
-])
+@pytest.mark.parametrize(
+    "kw, words",
+    [
+        ({"image_column": "photo"}, ["data.image_column='photo'", "img (Image)", "label (ClassLabel)", "writer (Value)"]),
+        ({"label_column": "writer2"}, ["data.label_column='writer2'", "writer (Value)"]),
+        ({"test_split": "validation"}, ["data.test_split='validation'", "['test', 'train']"]),
+    ],
+)
 def test_bad_columns_and_splits_are_one_line(saved, hf_cache, kw, words):
     with pytest.raises(UsageError) as info:
         _build(saved["disk"], **kw)
@@ -131,20 +144,29 @@ def test_a_split_slice_gives_the_rows_load_dataset_gives(saved, hf_cache, spec, 
     import datasets
 
     splits = _build(saved[form], train_split=spec)
-    theirs = (datasets.load_dataset(str(saved["parquet"]), split=spec) if form == "parquet" else
-              datasets.concatenate_datasets([datasets.load_from_disk(str(saved["disk"]))[p.splitname].select(
-                  range(p.from_, p.to)) for p in datasets.ReadInstruction.from_spec(spec).to_absolute(
-                  {"train": N_TRAIN, "test": N_TEST})]))
+    theirs = (
+        datasets.load_dataset(str(saved["parquet"]), split=spec)
+        if form == "parquet"
+        else datasets.concatenate_datasets(
+            [
+                datasets.load_from_disk(str(saved["disk"]))[p.splitname].select(range(p.from_, p.to))
+                for p in datasets.ReadInstruction.from_spec(spec).to_absolute({"train": N_TRAIN, "test": N_TEST})
+            ]
+        )
+    )
     assert len(splits.train) == len(theirs)
     np.testing.assert_array_equal(splits.train_targets, np.asarray(theirs["label"]))
     assert list(splits.train_column("writer")) == theirs["writer"]
 
 
-@pytest.mark.parametrize("spec, words", [
-    ("train[:x]", "Unrecognized instruction format"),
-    ("validation[:10%]", "Unknown split"),
-    ("train[5:5]", "a slice that holds rows"),
-])
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("train[:x]", "Unrecognized instruction format"),
+        ("validation[:10%]", "Unknown split"),
+        ("train[5:5]", "a slice that holds rows"),
+    ],
+)
 def test_a_bad_split_slice_is_one_line(saved, hf_cache, spec, words):
     with pytest.raises(UsageError) as info:
         _build(saved["disk"], train_split=spec)
@@ -153,8 +175,19 @@ def test_a_bad_split_slice_is_one_line(saved, hf_cache, spec, words):
 
 def test_a_split_slice_beside_the_flower_convention_is_refused():
     with pytest.raises(ConfigError, match=r"data.train_split='train\[:10%\]' is not allowed; expected a whole split's"):
-        load_config(CONF / "fedcgs_digits_tiny.yaml", ["--data.name", "hf", "--data.path", "lab/x", "--data.train_split",
-                                                       "train[:10%]", "--partition.convention", "flower"])
+        load_config(
+            CONF / "fedcgs_digits_tiny.yaml",
+            [
+                "--data.name",
+                "hf",
+                "--data.path",
+                "lab/x",
+                "--data.train_split",
+                "train[:10%]",
+                "--partition.convention",
+                "flower",
+            ],
+        )
 
 
 def test_data_cache_dir_holds_the_hub_snapshot_and_the_arrow_tables(saved, monkeypatch, tmp_path):
@@ -175,12 +208,16 @@ def test_data_cache_dir_holds_the_hub_snapshot_and_the_arrow_tables(saved, monke
     assert len(splits.train) == N_TRAIN and len(splits.test) == N_TEST
     assert (cache / "datasets").is_dir() and any((cache / "datasets").iterdir())
     assert not (tmp_path / "home" / "datasets").exists()
-    cfg = load_config(CONF / "fedcgs_digits_tiny.yaml", ["--data.name", "hf", "--data.path", "lab/tiny-writers",
-                                                         "--data.cache_dir", str(cache)])
+    cfg = load_config(
+        CONF / "fedcgs_digits_tiny.yaml", ["--data.name", "hf", "--data.path", "lab/tiny-writers", "--data.cache_dir", str(cache)]
+    )
     assert hf_source(cfg.data).cache_dir == str(cache)
     check_data(cfg)  # finds the snapshot in data.cache_dir
-    with pytest.raises(ConfigError, match=r"data.cache_dir=.* is not allowed; expected null, or a folder for data.name "
-                                          r"hf's"):
+    with pytest.raises(
+        ConfigError,
+        match=r"data.cache_dir=.* is not allowed; expected null, or a folder for data.name "
+        r"hf's",
+    ):
         load_config(CONF / "fedcgs_digits_tiny.yaml", ["--data.cache_dir", str(cache)])
 
 
@@ -188,8 +225,11 @@ def test_undetectable_image_column_lists_the_columns(tmp_path, hf_cache):
     import datasets
 
     datasets.Dataset.from_dict({"pixels": [[0, 1]] * 4, "y": [0, 1, 0, 1]}).save_to_disk(str(tmp_path / "t"))
-    with pytest.raises(UsageError, match=r"^cannot tell which column holds the images; set data.image_column to "
-                                         r"one of the data set's columns: pixels \(List\), y \(Value\)$"):
+    with pytest.raises(
+        UsageError,
+        match=r"^cannot tell which column holds the images; set data.image_column to "
+        r"one of the data set's columns: pixels \(List\), y \(Value\)$",
+    ):
         _build(tmp_path / "t", test_split=None)
 
 
@@ -203,17 +243,45 @@ def test_hub_id_not_in_the_cache_is_one_line_with_the_fetch_command(hf_cache):
 
 @pytest.mark.parametrize("form", ["disk", "parquet"])
 def test_config_keys_and_natural_partition(saved, hf_cache, form):
-    cfg = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), [
-        "--data.name", "hf", "--data.path", str(saved[form]), "--partition.scheme", "natural",
-        "--partition.by", "writer", "--partition.num_clients", "3"])
+    cfg = load_config(
+        str(CONF / "fedcgs_digits_tiny.yaml"),
+        [
+            "--data.name",
+            "hf",
+            "--data.path",
+            str(saved[form]),
+            "--partition.scheme",
+            "natural",
+            "--partition.by",
+            "writer",
+            "--partition.num_clients",
+            "3",
+        ],
+    )
     splits = build_dataset("hf", root=".", source=hf_source(cfg.data))
     parts = partition_for(cfg, splits.train_targets, splits.train_column)
     writers = splits.train_column("writer")
     assert [sorted(set(writers[p])) for p in parts] == [["w0", "w1"], ["w2", "w3"], ["w4"]]
     with pytest.raises(ConfigError, match=r"partition.num_clients=6 .* at most the 5 distinct values"):
-        partition_for(load_config(str(CONF / "fedcgs_digits_tiny.yaml"), [
-            "--data.name", "hf", "--data.path", str(saved["disk"]), "--partition.scheme", "natural",
-            "--partition.by", "writer", "--partition.num_clients", "6"]), splits.train_targets, splits.train_column)
+        partition_for(
+            load_config(
+                str(CONF / "fedcgs_digits_tiny.yaml"),
+                [
+                    "--data.name",
+                    "hf",
+                    "--data.path",
+                    str(saved["disk"]),
+                    "--partition.scheme",
+                    "natural",
+                    "--partition.by",
+                    "writer",
+                    "--partition.num_clients",
+                    "6",
+                ],
+            ),
+            splits.train_targets,
+            splits.train_column,
+        )
     with pytest.raises(UsageError, match=r"partition.by='author' is not a column .* writer \(Value\)"):
         splits.train_column("author")
 
@@ -225,14 +293,27 @@ def test_a_natural_partition_that_groups_values_or_centralises_says_so(saved, hf
     assert "groups the 3 values of 'w' into 2 clients" in natural_grouping_note(groups, 2, "w")
     assert "--partition.num_clients 3" in natural_grouping_note(groups, 2, "w")
     assert "one client holds all the training data" in natural_grouping_note(np.array(["a", "a"]), 1, "w")
-    cfg = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), [
-        "--data.name", "hf", "--data.path", str(saved["disk"]), "--partition.scheme", "natural",
-        "--partition.by", "writer", "--partition.num_clients", "3", "--output_dir", str(tmp_path)])
+    cfg = load_config(
+        str(CONF / "fedcgs_digits_tiny.yaml"),
+        [
+            "--data.name",
+            "hf",
+            "--data.path",
+            str(saved["disk"]),
+            "--partition.scheme",
+            "natural",
+            "--partition.by",
+            "writer",
+            "--partition.num_clients",
+            "3",
+            "--output_dir",
+            str(tmp_path),
+        ],
+    )
     sim = Simulation(cfg=cfg, loggers=[])
     sim.fabric.launch()
     sim._setup()
-    assert "fl_lightning: partition.scheme natural groups the 5 values of 'writer' into 3 clients" in \
-        capsys.readouterr().err
+    assert "fl_lightning: partition.scheme natural groups the 5 values of 'writer' into 3 clients" in capsys.readouterr().err
 
 
 def test_natural_clients_default_to_one_per_value_resolved_before_the_run(saved, hf_cache, tmp_path):
@@ -240,8 +321,19 @@ def test_natural_clients_default_to_one_per_value_resolved_before_the_run(saved,
     privacy's δ < 1/K checked against V); a number keeps its grouping; other schemes' null is 10 as before."""
     from fl_lightning.federation.num_clients import resolve_num_clients, resolve_runs
 
-    natural = ["--data.name", "hf", "--data.path", str(saved["disk"]), "--partition.scheme", "natural",
-               "--partition.by", "writer", "--output_dir", str(tmp_path), "--partition.num_clients"]
+    natural = [
+        "--data.name",
+        "hf",
+        "--data.path",
+        str(saved["disk"]),
+        "--partition.scheme",
+        "natural",
+        "--partition.by",
+        "writer",
+        "--output_dir",
+        str(tmp_path),
+        "--partition.num_clients",
+    ]
     cfg = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), [*natural, "null"])
     assert cfg.partition.num_clients is None
     resolved = resolve_num_clients(cfg)
@@ -257,9 +349,21 @@ def test_natural_clients_default_to_one_per_value_resolved_before_the_run(saved,
     assert len(env.partition) == WRITERS
     assert [sorted(set(env.splits.train_column("writer")[p])) for p in env.partition] == [[f"w{i}"] for i in range(5)]
     with pytest.raises(ConfigError, match=r"federation.privacy.delta.*1/num_clients = 0.2"):
-        resolve_num_clients(load_config(str(CONF / "fedcgs_digits_tiny.yaml"), [
-            *natural, "null", "--federation.privacy.mechanism", "dp_fedavg", "--federation.privacy.delta", "0.3",
-            "--federation.privacy.noise_multiplier", "1.0"]))
+        resolve_num_clients(
+            load_config(
+                str(CONF / "fedcgs_digits_tiny.yaml"),
+                [
+                    *natural,
+                    "null",
+                    "--federation.privacy.mechanism",
+                    "dp_fedavg",
+                    "--federation.privacy.delta",
+                    "0.3",
+                    "--federation.privacy.noise_multiplier",
+                    "1.0",
+                ],
+            )
+        )
 
 
 def test_natural_needs_a_column_source():
@@ -281,11 +385,27 @@ def test_natural_partition_one_client_per_value_and_grouped():
 @pytest.mark.slow  # ~20 s on 2 cores: a whole CLI run (pytest -m slow, .ci/run)
 def test_cli_run_on_a_parquet_folder_with_natural_clients(saved, tmp_path):
     """The whole path as a user runs it: the CLI, a parquet folder, natural clients, the partition report."""
-    out = run_cli("--config", str(CONF / "fedcgs_digits_tiny.yaml"), "--data.name", "hf", "--data.path",
-                  str(saved["parquet"]), "--partition.scheme", "natural", "--partition.by", "writer",
-                  "--partition.num_clients", "null", "--output_dir", str(tmp_path / "runs"),  # null: one per writer
-                  "--run_name", "hf", "--logging.progress", "false",
-                  env={"HF_HOME": str(tmp_path / "home"), "HF_HUB_CACHE": str(saved["hub"])})
+    out = run_cli(
+        "--config",
+        str(CONF / "fedcgs_digits_tiny.yaml"),
+        "--data.name",
+        "hf",
+        "--data.path",
+        str(saved["parquet"]),
+        "--partition.scheme",
+        "natural",
+        "--partition.by",
+        "writer",
+        "--partition.num_clients",
+        "null",
+        "--output_dir",
+        str(tmp_path / "runs"),  # null: one per writer
+        "--run_name",
+        "hf",
+        "--logging.progress",
+        "false",
+        env={"HF_HOME": str(tmp_path / "home"), "HF_HUB_CACHE": str(saved["hub"])},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     run = tmp_path / "runs" / "hf"
     meta = json.loads((run / "partition.json").read_text().split('"clients"')[0].rstrip(", ") + "}")["meta"]
@@ -302,8 +422,13 @@ def test_the_package_imports_datasets_only_inside_functions():
     top = []
     for path in sorted((REPO / "fl_lightning").rglob("*.py")):
         for node in ast.parse(path.read_text()).body:
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             top += [f"{path.name}: {n}" for n in names if n.split(".")[0] in ("datasets", "flwr_datasets")]
     assert not top, top
 
@@ -314,8 +439,9 @@ def test_the_preflight_stops_a_missing_hub_id_before_anything_starts(hf_cache):
     cfg = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", "hf", "--data.path", "lab/absent"])
     with pytest.raises(MissingResourceError, match=r"^data.path='lab/absent' is not in the Hugging Face cache"):
         check_data(cfg)
-    check_data(load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", "hf", "--data.path",
-                                                                   "lab/tiny-writers"]))  # cached: passes
+    check_data(
+        load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", "hf", "--data.path", "lab/tiny-writers"])
+    )  # cached: passes
 
 
 @pytest.mark.parametrize("form", ["hub", "disk"])
@@ -347,23 +473,28 @@ def test_hf_colon_with_nothing_after_it_is_one_line(saved, hf_cache):
     for name in ("hf:", "hf:  "):
         with pytest.raises(ConfigError) as info:
             load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", name])
-        assert str(info.value) == (f"config error: data.name={name!r} is not allowed; expected hf:<hub id or local "
-                                   "path> (e.g. hf:uoft-cs/cifar10), or name: hf with data.path")
-    with pytest.raises(ConfigError, match=r"^config error: data.path='lab/other' is not allowed; expected null or "
-                                          r"'lab/tiny-writers': data.name 'hf:lab/tiny-writers' names the data set$"):
-        load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", "hf:lab/tiny-writers",
-                                                            "--data.path", "lab/other"])
+        assert str(info.value) == (
+            f"config error: data.name={name!r} is not allowed; expected hf:<hub id or local "
+            "path> (e.g. hf:uoft-cs/cifar10), or name: hf with data.path"
+        )
+    with pytest.raises(
+        ConfigError,
+        match=r"^config error: data.path='lab/other' is not allowed; expected null or "
+        r"'lab/tiny-writers': data.name 'hf:lab/tiny-writers' names the data set$",
+    ):
+        load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", "hf:lab/tiny-writers", "--data.path", "lab/other"])
     with pytest.raises(ConfigError, match=r"^config error: data.name='hf:' is not allowed"):
         build_dataset("hf:", root=".")
 
 
 def test_the_cli_says_hf_colon_alone_in_one_line_and_exits_2(tmp_path):
-    out = run_cli("--config", str(CONF / "fedcgs_digits_tiny.yaml"), "--data.name", "hf:",
-                  "--output_dir", str(tmp_path))
+    out = run_cli("--config", str(CONF / "fedcgs_digits_tiny.yaml"), "--data.name", "hf:", "--output_dir", str(tmp_path))
     assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == ["fl_lightning: config error: data.name='hf:' is not allowed; expected "
-                                               "hf:<hub id or local path> (e.g. hf:uoft-cs/cifar10), or name: hf "
-                                               "with data.path"], out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "fl_lightning: config error: data.name='hf:' is not allowed; expected "
+        "hf:<hub id or local path> (e.g. hf:uoft-cs/cifar10), or name: hf "
+        "with data.path"
+    ], out.stderr
 
 
 @pytest.fixture
@@ -402,8 +533,11 @@ def test_a_revision_without_its_snapshot_and_a_revision_of_a_local_path_are_one_
     text = str(info.value)
     assert "\n" not in text and text.startswith("data.path='lab/versioned' at revision 'v9' is not in the Hugging Face")
     assert "`hf download lab/versioned --repo-type dataset --revision v9`" in text
-    with pytest.raises(ConfigError, match=r"^config error: data.revision='v2' is not allowed; expected null for the "
-                                          r"local path '.*disk' \(a revision picks a snapshot of a hub id"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^config error: data.revision='v2' is not allowed; expected null for the "
+        r"local path '.*disk' \(a revision picks a snapshot of a hub id",
+    ):
         _build(saved["disk"], revision="v2")
     with pytest.raises(UsageError, match=r"^config error: .*one revision: '@v2' in the id or the revision key 'v3'"):
         _build(f"{versioned}@v2", revision="v3")
@@ -420,7 +554,8 @@ def test_data_revision_in_the_config_and_the_preflight(saved, versioned):
     with pytest.raises(MissingResourceError, match=r"^data.path='lab/versioned' at revision 'v9' is not in"):
         check_data(cfg("--data.revision", "v9"))
     with pytest.raises(ConfigError, match=r"data.revision='v2' is not allowed; expected null for the local path"):
-        check_data(load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", f"hf:{saved['disk']}",
-                                                                       "--data.revision", "v2"]))
+        check_data(
+            load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.name", f"hf:{saved['disk']}", "--data.revision", "v2"])
+        )
     with pytest.raises(ConfigError, match=r"data.revision='v2' is not allowed; expected null, or a branch"):
         load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--data.revision", "v2"])  # digits has no revisions

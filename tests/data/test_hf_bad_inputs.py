@@ -32,8 +32,10 @@ def _saved(folder: Path, **columns) -> Path:
 
     rng = np.random.default_rng(0)
     features = {"img": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"])}
-    values = {"img": [Image.fromarray(rng.integers(0, 255, (4, 4, 3), dtype=np.uint8)) for _ in range(N)],
-              "label": [i % 2 for i in range(N)]}
+    values = {
+        "img": [Image.fromarray(rng.integers(0, 255, (4, 4, 3), dtype=np.uint8)) for _ in range(N)],
+        "label": [i % 2 for i in range(N)],
+    }
     for name, (feature, column) in columns.items():
         features.pop(name, None), values.pop(name, None)  # re-added last: a column given again moves to the end
         if feature is not None:
@@ -65,8 +67,9 @@ def hf_cache(monkeypatch, tmp_path):
 
 def _build(path, *, download: bool = False, **kw):
     t = build_transform(normalization="imagenet", image_size=4, train=False)
-    return build_dataset("hf", root=".", download=download, source=HFSource(path=str(path), **kw),
-                         train_transform=t, test_transform=t)
+    return build_dataset(
+        "hf", root=".", download=download, source=HFSource(path=str(path), **kw), train_transform=t, test_transform=t
+    )
 
 
 def _one_line(info: pytest.ExceptionInfo) -> str:
@@ -81,6 +84,7 @@ def _truncate(file: Path) -> None:
 
 
 # 1. a truncated or garbage parquet file
+
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
 @pytest.mark.parametrize("layout", ["file", "folder"])
@@ -101,6 +105,7 @@ def test_a_damaged_parquet_file_is_one_line_naming_it(tmp_path, damage, layout):
 
 # 2. a truncated .arrow file in a save_to_disk folder
 
+
 def test_a_truncated_arrow_file_of_a_save_to_disk_folder_is_one_line_naming_the_folder(tmp_path):
     bad = next((_saved(tmp_path / "disk") / "test").glob("*.arrow"))
     _truncate(bad)
@@ -113,6 +118,7 @@ def test_a_truncated_arrow_file_of_a_save_to_disk_folder_is_one_line_naming_the_
 
 # 3. a column of strings named image
 
+
 @pytest.mark.parametrize("given", [None, "image"])
 def test_a_string_column_named_image_is_one_line(tmp_path, given):
     _saved(tmp_path / "t", img=(None, None), image=_string([f"photos/{i}.png" for i in range(N)]))
@@ -124,25 +130,49 @@ def test_a_string_column_named_image_is_one_line(tmp_path, given):
 
 # 4. natural ids with nulls, or of images
 
+
 def _natural(path: Path, by: str, num_clients: int) -> list[np.ndarray]:
-    cfg = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), [
-        "--data.name", "hf", "--data.path", str(path), "--partition.scheme", "natural", "--partition.by", by,
-        "--partition.num_clients", str(num_clients)])
+    cfg = load_config(
+        str(CONF / "fedcgs_digits_tiny.yaml"),
+        [
+            "--data.name",
+            "hf",
+            "--data.path",
+            str(path),
+            "--partition.scheme",
+            "natural",
+            "--partition.by",
+            by,
+            "--partition.num_clients",
+            str(num_clients),
+        ],
+    )
     splits = _build(path)
     return partition_for(cfg, splits.train_targets, splits.train_column)
 
 
-@pytest.mark.parametrize("by, words", [
-    ("writer", ["partition.by='writer' has no value (null) in 2 of the 8 training rows (the first: row 1)",
-                "fill or drop those rows"]),
-    ("user", ["partition.by='user' has no value (null) in 1 of the 8 training rows (the first: row 0)"]),
-    ("img", ["partition.by='img' is a column of Image values, not of ids", "integers or strings"]),
-])
+@pytest.mark.parametrize(
+    "by, words",
+    [
+        (
+            "writer",
+            [
+                "partition.by='writer' has no value (null) in 2 of the 8 training rows (the first: row 1)",
+                "fill or drop those rows",
+            ],
+        ),
+        ("user", ["partition.by='user' has no value (null) in 1 of the 8 training rows (the first: row 0)"]),
+        ("img", ["partition.by='img' is a column of Image values, not of ids", "integers or strings"]),
+    ],
+)
 def test_natural_ids_with_nulls_or_of_images_are_one_line(tmp_path, by, words):
     import datasets
 
-    _saved(tmp_path / "t", writer=_string([None if i in (1, 5) else f"w{i % 3}" for i in range(N)]),
-           user=(datasets.Value("int64"), [None, *range(1, N)]))
+    _saved(
+        tmp_path / "t",
+        writer=_string([None if i in (1, 5) else f"w{i % 3}" for i in range(N)]),
+        user=(datasets.Value("int64"), [None, *range(1, N)]),
+    )
     with pytest.raises(UsageError) as info:
         _natural(tmp_path / "t", by, 2)
     text = _one_line(info)
@@ -150,6 +180,7 @@ def test_natural_ids_with_nulls_or_of_images_are_one_line(tmp_path, by, words):
 
 
 # 5. the label column, when data.label_column is null
+
 
 def test_several_class_label_columns_take_the_one_named_label_and_record_it(tmp_path):
     _saved(tmp_path / "t", domain=_class_label(["photo", "sketch", "art"]), label=_class_label(["a", "b"]))
@@ -163,8 +194,7 @@ def test_several_class_label_columns_take_the_one_named_label_and_record_it(tmp_
 def test_a_class_label_domain_beside_an_integer_label_takes_the_label(tmp_path):
     import datasets
 
-    _saved(tmp_path / "t", domain=_class_label(["x", "y", "z"]),
-           label=(datasets.Value("int64"), [i % 2 for i in range(N)]))
+    _saved(tmp_path / "t", domain=_class_label(["x", "y", "z"]), label=(datasets.Value("int64"), [i % 2 for i in range(N)]))
     assert _build(tmp_path / "t").classes == ["0", "1"]
 
 
@@ -172,11 +202,14 @@ def test_several_class_label_columns_and_no_label_is_one_line_listing_them(tmp_p
     _saved(tmp_path / "t", label=(None, None), fine=_class_label(["a", "b"]), coarse=_class_label(["p", "q", "r"]))
     with pytest.raises(UsageError) as info:
         _build(tmp_path / "t")
-    assert _one_line(info) == ("cannot tell which column holds the labels: 2 columns could (fine (ClassLabel), "
-                               "coarse (ClassLabel)); set data.label_column to one of them")
+    assert _one_line(info) == (
+        "cannot tell which column holds the labels: 2 columns could (fine (ClassLabel), "
+        "coarse (ClassLabel)); set data.label_column to one of them"
+    )
 
 
 # 6. a natural partition with one distinct id
+
 
 def test_a_natural_partition_of_one_id_warns_that_it_trains_centrally(tmp_path):
     _saved(tmp_path / "one", writer=_string(["w0"] * N))
@@ -190,6 +223,7 @@ def test_a_natural_partition_of_one_id_warns_that_it_trains_centrally(tmp_path):
 
 
 # 7. a mistyped path, and offline mode
+
 
 def test_a_mistyped_relative_path_says_no_such_local_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

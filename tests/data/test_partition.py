@@ -101,10 +101,7 @@ def test_dirichlet_shares_match_the_dirichlet_moments() -> None:
     E[q] = 1/K and Var[q] = (1/K)(1 - 1/K) / (K alpha + 1) (float64 reference)."""
     k, alpha, n, draws = 4, 0.5, 20000, 400
     labels = np.zeros(n, dtype=np.int64)
-    shares = np.array(
-        [len(dirichlet_partition(labels, k, alpha, seed=s, min_samples=0)[0]) / n
-         for s in range(draws)]
-    )
+    shares = np.array([len(dirichlet_partition(labels, k, alpha, seed=s, min_samples=0)[0]) / n for s in range(draws)])
     mean_ref = 1.0 / k
     var_ref = (1.0 / k) * (1.0 - 1.0 / k) / (k * alpha + 1.0)
     assert abs(shares.mean() - mean_ref) < 4 * math.sqrt(var_ref / draws)
@@ -125,8 +122,7 @@ def test_balance_evens_client_sizes() -> None:
     def spread(balance: bool) -> float:
         cvs = []
         for seed in range(5):
-            sizes = [len(p) for p in dirichlet_partition(
-                labels, 10, 0.1, seed=seed, min_samples=0, balance=balance)]
+            sizes = [len(p) for p in dirichlet_partition(labels, 10, 0.1, seed=seed, min_samples=0, balance=balance)]
             cvs.append(np.std(sizes) / np.mean(sizes))
         return float(np.mean(cvs))
 
@@ -149,8 +145,14 @@ def test_impossible_minimum_fails_fast_with_advice(min_samples: int, draws: int,
     assert len(calls) == draws
     message = str(info.value)
     assert "\n" not in message
-    for token in ("500 clients", f">= {min_samples}", "alpha=0.3", "partition.min_samples",
-                  "raise partition.alpha", "fewer clients (partition.num_clients)"):
+    for token in (
+        "500 clients",
+        f">= {min_samples}",
+        "alpha=0.3",
+        "partition.min_samples",
+        "raise partition.alpha",
+        "fewer clients (partition.num_clients)",
+    ):
         assert token in message
 
 
@@ -289,9 +291,7 @@ def test_underflowing_class_gets_all_its_mass_on_one_client() -> None:
     np.testing.assert_array_equal(rows[2], reference.dirichlet(np.full(8, 0.5)))
 
 
-@pytest.mark.parametrize(
-    "scheme", ["dirichlet-0.1", "dirichlet-inf", "dirichlet-balance", "iid", "shards"]
-)
+@pytest.mark.parametrize("scheme", ["dirichlet-0.1", "dirichlet-inf", "dirichlet-balance", "iid", "shards"])
 def test_ten_thousand_clients_build_and_cover(scheme: str) -> None:
     """K=10,000 clients of N=50,000 samples (5 per client on average) build and cover exactly."""
     n, k = 50_000, 10_000
@@ -303,8 +303,7 @@ def test_ten_thousand_clients_build_and_cover(scheme: str) -> None:
     elif scheme == "dirichlet-inf":
         parts = dirichlet_partition(labels, k, math.inf, seed=0)
     else:  # at alpha=0.1 some of 10,000 clients get nothing: min_samples=1 is out of reach
-        parts = dirichlet_partition(labels, k, 0.1, seed=0, min_samples=0,
-                                    balance=scheme.endswith("balance"))
+        parts = dirichlet_partition(labels, k, 0.1, seed=0, min_samples=0, balance=scheme.endswith("balance"))
     assert len(parts) == k
     _assert_exact_cover(parts, n)
     counts = client_class_counts(labels, parts, 10)
@@ -359,8 +358,11 @@ def test_a_partition_that_leaves_rows_out_records_how_many_and_reads_back(tmp_pa
         read_partition_json(path, 11)
     doc = json.loads(path.read_text())
     path.write_text(json.dumps({**doc, "unassigned": 4}))  # one row more missing than it says
-    with pytest.raises(ValueError, match=r"5 of the 10 training samples are assigned to no client, but it records 4 "
-                                         r"unassigned"):
+    with pytest.raises(
+        ValueError,
+        match=r"5 of the 10 training samples are assigned to no client, but it records 4 "
+        r"unassigned",
+    ):
         read_partition_json(path, 10)
     path.write_text(json.dumps({**doc, "unassigned": -1}))
     with pytest.raises(ValueError, match=r"'unassigned' is -1; expected a count of rows"):
@@ -405,7 +407,7 @@ def _corrupt(tmp_path, clients, *, num_samples=None, raw: str | None = None) -> 
         ([[0, 1, 2, 3, 4, 5, 6, 7, 8], []], "index 9 is assigned to no client"),
         ([[0, 1, 2.0, 3, 4], [5, 6, 7, 8, 9]], "client 0 holds 2.0, which is not an integer"),
         ([[0, 1, 2, 3, 4], [5, 6, 7, 8, True]], "client 1 holds true, which is not an integer"),
-        ([[0, 1, 2, 3, 4], [5, 6, 7, 8, "9"]], "client 1 holds \"9\", which is not an integer"),
+        ([[0, 1, 2, 3, 4], [5, 6, 7, 8, "9"]], 'client 1 holds "9", which is not an integer'),
         ([[0, 1, 2, 3, 4], [5, 6, 7, 8, 2**70]], f"index {2**70} (client 1) is out of range"),
         ([[0, 1, 2, 3, 4], 5], "client 1 is int, not a list"),
         ([], "holds no clients"),

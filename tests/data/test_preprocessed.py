@@ -25,13 +25,16 @@ class _CountingTransform:
         return self.inner(x)
 
 
-@pytest.mark.parametrize("normalization, size, train, expected", [
-    ("imagenet", 16, False, True),
-    ("imagenet", 16, True, True),  # below 32 px the training pipeline does not augment
-    ("imagenet", 32, True, False),  # RandomResizedCrop + flip
-    ("clip", 32, True, True),
-    ("none", 32, False, True),
-])
+@pytest.mark.parametrize(
+    "normalization, size, train, expected",
+    [
+        ("imagenet", 16, False, True),
+        ("imagenet", 16, True, True),  # below 32 px the training pipeline does not augment
+        ("imagenet", 32, True, False),  # RandomResizedCrop + flip
+        ("clip", 32, True, True),
+        ("none", 32, False, True),
+    ],
+)
 def test_is_deterministic_follows_the_pipeline(normalization, size, train, expected):
     assert is_deterministic(build_transform(normalization=normalization, image_size=size, train=train)) is expected
 
@@ -63,8 +66,7 @@ def test_a_loader_over_a_client_subset_gives_the_same_batches():
     batches = []
     for data in (splits.train, PreprocessedSplit(splits.train, budget_bytes=1 << 30)):
         g = torch.Generator().manual_seed(3)
-        batches.append([b for _ in range(2) for b in DataLoader(Subset(data, idx), batch_size=8, shuffle=True,
-                                                                generator=g)])
+        batches.append([b for _ in range(2) for b in DataLoader(Subset(data, idx), batch_size=8, shuffle=True, generator=g)])
     for (xa, ya), (xb, yb) in zip(*batches):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
 
@@ -143,10 +145,12 @@ def test_collate_hands_on_the_gathered_batch_equal_to_the_default_one():
     splits, _ = _splits()
     cached = PreprocessedSplit(splits.train, budget_bytes=1 << 30)
     part = Subset(cached, list(range(3, 200, 5)))
-    ours = list(DataLoader(part, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(1),
-                           collate_fn=collate))
-    theirs = list(DataLoader(Subset(splits.train, list(range(3, 200, 5))), batch_size=8, shuffle=True,
-                             generator=torch.Generator().manual_seed(1)))
+    ours = list(DataLoader(part, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(1), collate_fn=collate))
+    theirs = list(
+        DataLoader(
+            Subset(splits.train, list(range(3, 200, 5))), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(1)
+        )
+    )
     assert len(ours) == len(theirs)
     for (xa, ya), (xb, yb) in zip(ours, theirs):
         assert torch.equal(xa, xb) and torch.equal(ya, yb) and ya.dtype == yb.dtype == torch.int64
@@ -175,9 +179,19 @@ class _Decodes(torch.utils.data.Dataset):
 def _epochs(dataset, epochs: int, context: str | None = None) -> list:
     from fl_lightning.data.preprocessed import collate
 
-    return [b for e in range(epochs) for b in DataLoader(  # a fresh loader and workers each time, as evaluation's
-        dataset, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(e), num_workers=2,
-        collate_fn=collate, multiprocessing_context=context)]
+    return [
+        b
+        for e in range(epochs)
+        for b in DataLoader(  # a fresh loader and workers each time, as evaluation's
+            dataset,
+            batch_size=8,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(e),
+            num_workers=2,
+            collate_fn=collate,
+            multiprocessing_context=context,
+        )
+    ]
 
 
 @pytest.mark.parametrize("context", [None, pytest.param("spawn", marks=pytest.mark.slow)])

@@ -29,19 +29,16 @@ def _check_aligned(dataset, targets: np.ndarray, shape: tuple[int, ...], picks=(
 
 
 def test_registry_lists_the_data_sets() -> None:
-    assert {"cifar10", "cifar100", "svhn", "dtd", "food101", "caltech101", "imagefolder",
-            "digits", "synthetic"} <= set(DATASETS)
+    assert {"cifar10", "cifar100", "svhn", "dtd", "food101", "caltech101", "imagefolder", "digits", "synthetic"} <= set(DATASETS)
 
 
 def test_synthetic_shapes_targets_and_determinism() -> None:
-    s = build_dataset("synthetic", root="unused", train_transform=_tf(16, True),
-                      test_transform=_tf(16), seed=3)
+    s = build_dataset("synthetic", root="unused", train_transform=_tf(16, True), test_transform=_tf(16), seed=3)
     assert (len(s.train), len(s.test), s.num_classes) == (512, 128, 10)
     _check_aligned(s.train, s.train_targets, (3, 16, 16))
     _check_aligned(s.test, s.test_targets, (3, 16, 16))
     assert np.bincount(s.train_targets).min() >= 51  # balanced
-    raw = build_dataset("synthetic", root="unused", train_transform=None, test_transform=None,
-                        seed=3, num_samples=40)
+    raw = build_dataset("synthetic", root="unused", train_transform=None, test_transform=None, seed=3, num_samples=40)
     assert (len(raw.train), len(raw.test)) == (40, 10)
     image, _ = raw.train[0]
     assert image.dtype == torch.uint8 and image.shape == (3, 32, 32)
@@ -64,8 +61,7 @@ def test_synthetic_is_learnable() -> None:
 def test_digits_is_the_bundled_sklearn_set_split_80_20() -> None:
     from sklearn.datasets import load_digits
 
-    s = build_dataset("digits", root="unused", train_transform=_tf(32, True),
-                      test_transform=_tf(32), seed=0)
+    s = build_dataset("digits", root="unused", train_transform=_tf(32, True), test_transform=_tf(32), seed=0)
     assert (len(s.train), len(s.test), s.classes) == (1437, 360, [str(d) for d in range(10)])
     _check_aligned(s.train, s.train_targets, (3, 32, 32))
     _check_aligned(s.test, s.test_targets, (3, 32, 32))
@@ -98,8 +94,7 @@ def test_imagefolder_with_train_and_test(tmp_path: Path) -> None:
         _write_png(tmp_path / "train" / "ant" / f"{i}.png", rng)
         _write_png(tmp_path / "train" / "bee" / f"{i}.png", rng, gray=True)
     _write_png(tmp_path / "test" / "bee" / "0.png", rng, gray=True)  # test/ lacks "ant"
-    s = build_dataset("imagefolder", root=tmp_path, train_transform=_tf(12, True),
-                      test_transform=_tf(12))
+    s = build_dataset("imagefolder", root=tmp_path, train_transform=_tf(12, True), test_transform=_tf(12))
     assert s.classes == ["ant", "bee"]
     np.testing.assert_array_equal(s.train_targets, [0, 0, 0, 1, 1, 1])
     np.testing.assert_array_equal(s.test_targets, [1])  # same label mapping as train/
@@ -113,8 +108,7 @@ def test_imagefolder_without_splits_is_split_4_to_1(tmp_path: Path) -> None:
     for c in ("a", "b"):
         for i in range(10):
             _write_png(tmp_path / c / f"{i}.png", rng)
-    s = build_dataset("imagefolder", root=tmp_path, train_transform=_tf(8),
-                      test_transform=_tf(8), seed=0)
+    s = build_dataset("imagefolder", root=tmp_path, train_transform=_tf(8), test_transform=_tf(8), seed=0)
     assert (len(s.train), len(s.test)) == (16, 4)
     np.testing.assert_array_equal(np.bincount(s.test_targets), [2, 2])
     _check_aligned(s.train, s.train_targets, (3, 8, 8), picks=range(16))
@@ -273,8 +267,10 @@ def test_one_class_folder_names_the_folder_not_a_key(tmp_path: Path, classes: li
             with pytest.raises(UsageError) as info:
                 build_dataset("imagefolder", root=root)
             message = str(info.value)
-            assert message == (f"imagefolder at '{folder}' has 1 class folder ('only'); a "
-                               f"classification run needs at least 2 (one sub-folder of images per class)")
+            assert message == (
+                f"imagefolder at '{folder}' has 1 class folder ('only'); a "
+                f"classification run needs at least 2 (one sub-folder of images per class)"
+            )
             assert "num_classes" not in message
     else:
         (tmp_path / "train").mkdir()
@@ -301,8 +297,7 @@ def test_empty_test_split_is_reported(tmp_path: Path) -> None:
         ("cifar10", ["cifar-10-batches-py/.keep"]),  # the folder alone: incomplete
     ],
 )
-def test_corrupt_torchvision_folder_is_not_reported_as_missing(tmp_path: Path, name: str,
-                                                               files: list[str]) -> None:
+def test_corrupt_torchvision_folder_is_not_reported_as_missing(tmp_path: Path, name: str, files: list[str]) -> None:
     for f in files:
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / f).write_bytes(b"garbage " * 64)

@@ -38,7 +38,7 @@ def test_items_and_batches_keep_their_inputs_and_map_their_labels():
     for i, row in enumerate(rows):
         x, y = flipped[i]
         assert torch.equal(x, base.x[row]) and y == 3 - base.y[row] and type(y) is int
-    (xs, ys), = DataLoader(flipped, batch_size=4)
+    ((xs, ys),) = DataLoader(flipped, batch_size=4)
     assert torch.equal(xs, base.x[rows]) and ys.tolist() == [3 - base.y[r] for r in rows]
 
 

@@ -42,8 +42,7 @@ def test_output_is_a_3_by_s_by_s_float_tensor(normalization: str, train: bool, s
 
 @pytest.mark.parametrize(
     "normalization, mean, std",
-    [("clip", CLIP_MEAN, CLIP_STD), ("imagenet", IMAGENET_MEAN, IMAGENET_STD),
-     ("none", (0.0,) * 3, (1.0,) * 3)],
+    [("clip", CLIP_MEAN, CLIP_STD), ("imagenet", IMAGENET_MEAN, IMAGENET_STD), ("none", (0.0,) * 3, (1.0,) * 3)],
 )
 def test_constant_image_is_normalised_per_channel(normalization, mean, std) -> None:
     value = np.array([200, 100, 30], dtype=np.uint8)
@@ -78,9 +77,11 @@ def test_augmentation_only_for_training_at_32_or_more() -> None:
 
 @pytest.mark.parametrize(
     "kwargs, argument",
-    [(dict(normalization="zca", image_size=32), "normalization='zca'"),
-     (dict(normalization="clip", image_size=0), "image_size=0"),
-     (dict(normalization="clip", image_size=True), "image_size=True")],
+    [
+        (dict(normalization="zca", image_size=32), "normalization='zca'"),
+        (dict(normalization="clip", image_size=0), "image_size=0"),
+        (dict(normalization="clip", image_size=True), "image_size=True"),
+    ],
 )
 def test_bad_arguments_raise_value_error(kwargs: dict, argument: str) -> None:
     """A pure function: ValueError naming the argument, never the config layer's ConfigError."""
@@ -98,7 +99,7 @@ def test_crop_flip_is_cifars_pad_crop_and_flip() -> None:
     plain = build_transform(normalization="none", image_size=32, train=False)(image)
     augment = build_transform(normalization="none", image_size=32, train=True, augmentation="crop_flip")
     padded = torch.nn.functional.pad(plain, (4, 4, 4, 4))
-    crops = [padded[:, a:a + 32, b:b + 32] for a in range(9) for b in range(9)]
+    crops = [padded[:, a : a + 32, b : b + 32] for a in range(9) for b in range(9)]
     crops += [c.flip(-1) for c in crops]
     views = [augment(image) for _ in range(8)]
     assert all(any(torch.equal(v, c) for c in crops) for v in views)

@@ -26,8 +26,10 @@ class _Photos(Dataset):
 
     def __init__(self, n: int, transform) -> None:
         rng = np.random.default_rng(0)
-        self.images = [Image.fromarray(rng.integers(0, 256, (int(rng.integers(200, 320)), int(rng.integers(200, 320)),
-                                                             3), dtype=np.uint8)) for _ in range(n)]
+        self.images = [
+            Image.fromarray(rng.integers(0, 256, (int(rng.integers(200, 320)), int(rng.integers(200, 320)), 3), dtype=np.uint8))
+            for _ in range(n)
+        ]
         self.transform = transform
 
     def __len__(self) -> int:
@@ -45,8 +47,9 @@ def test_the_registry_pipelines_split_at_their_uint8_image(name):
     assert len(image.transforms) + len(floats.transforms) == len(t.transforms)
     augmented = uint8_stage(build_transform(**PIPELINES[name], image_size=224, train=True))
     assert (augmented is not None) is (name == "clip")  # CLIP's training view is not augmented; the others are
-    assert uint8_stage(v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.RandomHorizontalFlip()])) \
-        is None  # a random step after the conversion
+    assert (
+        uint8_stage(v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.RandomHorizontalFlip()])) is None
+    )  # a random step after the conversion
     assert uint8_stage(None) is None
 
 
@@ -85,8 +88,9 @@ def test_uint8_store_fills_an_in_memory_split_at_once():
 
 
 def test_no_uint8_stage_keeps_the_float32_store():
-    t = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Resize(32, antialias=True),
-                    v2.ToPureTensor()])  # resized as floats: no uint8 image to keep
+    t = v2.Compose(
+        [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Resize(32, antialias=True), v2.ToPureTensor()]
+    )  # resized as floats: no uint8 image to keep
     split = _Photos(4, t)
     cached = PreprocessedSplit(split, budget_bytes=1 << 30, uint8_budget_bytes=1 << 30)
     assert torch.equal(cached[1][0], split[1][0]) and cached.stored_dtype == torch.float32
@@ -126,9 +130,15 @@ def test_the_float_part_on_the_device_gives_the_loaders_batches(workers):
 
     def env(on_device: bool) -> Environment:
         train = PreprocessedSplit(_Photos(11, t), budget_bytes=0, uint8_budget_bytes=1 << 30)
-        return Environment(SimpleNamespace(device=torch.device("cpu")), cfg, SimpleNamespace(train=train, test=train),
-                           [], Path("."), loading=LoaderSettings(workers, False, workers > 0, on_device),
-                           one_train_loader=True)
+        return Environment(
+            SimpleNamespace(device=torch.device("cpu")),
+            cfg,
+            SimpleNamespace(train=train, test=train),
+            [],
+            Path("."),
+            loading=LoaderSettings(workers, False, workers > 0, on_device),
+            one_train_loader=True,
+        )
 
     plain, device = env(False), env(True)
     rows = [4, 0, 9, 2, 7, 10, 1]
@@ -137,12 +147,16 @@ def test_the_float_part_on_the_device_gives_the_loaders_batches(workers):
         loader = device.loader(Subset(device.splits.train, rows), shuffle=True, seed=seed)
         assert isinstance(loader, DeviceFloatPart) and len(loader) == 3
         b = list(loader)
-        assert all(torch.equal(x[0], y[0]) and x[0].dtype == y[0].dtype == torch.float32 and torch.equal(x[1], y[1])
-                   for x, y in zip(a, b, strict=True))
+        assert all(
+            torch.equal(x[0], y[0]) and x[0].dtype == y[0].dtype == torch.float32 and torch.equal(x[1], y[1])
+            for x, y in zip(a, b, strict=True)
+        )
     if workers == 0:  # the store is this process's: what leaves the loader is uint8, the bytes a GPU copy moves
         inner = device.loader(Subset(device.splits.train, rows), shuffle=False).loader
         assert next(iter(inner))[0].dtype == torch.uint8
         assert not isinstance(plain.loader(plain.splits.test, shuffle=False), DeviceFloatPart)
     flat = torch.nn.Flatten()
-    assert torch.equal(split_features(flat, device.splits.test, batch_size=4, device="cpu", normalize_on_device=True),
-                       split_features(flat, plain.splits.test, batch_size=4, device="cpu"))
+    assert torch.equal(
+        split_features(flat, device.splits.test, batch_size=4, device="cpu", normalize_on_device=True),
+        split_features(flat, plain.splits.test, batch_size=4, device="cpu"),
+    )

@@ -6,8 +6,9 @@ import pytest
 from fl_lightning.data.validation import validation_split
 
 
-@pytest.mark.parametrize("n, fraction, seed", [(0, 0.2, 0), (1, 0.5, 1), (7, 0.2, (3, 4)), (100, 0.2, 5),
-                                               (143, 0.0, 6), (50, 0.99, 7)])
+@pytest.mark.parametrize(
+    "n, fraction, seed", [(0, 0.2, 0), (1, 0.5, 1), (7, 0.2, (3, 4)), (100, 0.2, 5), (143, 0.0, 6), (50, 0.99, 7)]
+)
 def test_shares_are_disjoint_sorted_and_cover_the_client(n, fraction, seed):
     fit, val = validation_split(n, fraction, seed)
     assert len(val) == int(np.floor(fraction * n)) and len(fit) >= min(n, 1)

@@ -15,9 +15,14 @@ from fl_lightning.experiments.plan import select_shard
 from tests.conftest import CONF, REPO
 
 # AFL and FedCGS (training-free, a second each) × 3 seeds at one α: 6 runs
-_ARGS = ["--config", str(CONF / "fedopal_table2_tiny.yaml"), "--variants",
-         "[{algorithm: afl, label: AFL}, {algorithm: fedcgs, label: FedCGS, fedcgs: {shrinkage: 1.0e-6}}]",
-         "--sweep", '{partition.alpha: [0.1], "seed,partition.seed": [[0, 0], [1, 1], [2, 2]]}']
+_ARGS = [
+    "--config",
+    str(CONF / "fedopal_table2_tiny.yaml"),
+    "--variants",
+    "[{algorithm: afl, label: AFL}, {algorithm: fedcgs, label: FedCGS, fedcgs: {shrinkage: 1.0e-6}}]",
+    "--sweep",
+    '{partition.alpha: [0.1], "seed,partition.seed": [[0, 0], [1, 1], [2, 2]]}',
+]
 _NAMES = [f"{m}_digits_a0.1_s{s}" for m in ("afl", "fedcgs") for s in range(3)]
 
 
@@ -47,8 +52,7 @@ def test_list_runs_prints_the_runs_in_a_fixed_order(tmp_path, capsys):
     rc, out, _ = _main([*_ARGS, "--output_dir", str(tmp_path), "--list-runs"], capsys)
     assert rc == 0
     lines = [line.split("\t") for line in out.strip().splitlines()]
-    assert [(int(i), name, state) for i, name, state, _ in lines] == [(i, n, "not started") for i, n in
-                                                                      enumerate(_NAMES)]
+    assert [(int(i), name, state) for i, name, state, _ in lines] == [(i, n, "not started") for i, n in enumerate(_NAMES)]
     shares = []
     for i in range(4):
         rc, out, _ = _main([*_ARGS, "--output_dir", str(tmp_path), "--list-runs", "--shard", f"{i}/4"], capsys)
@@ -66,8 +70,10 @@ def test_a_bad_shard_is_one_line_and_exit_2(value, capsys):
 
 
 def test_shard_twice_or_with_resume_is_one_line(tmp_path, capsys):
-    for argv, needle in (([*_ARGS, "--shard", "0/2", "--shard", "1/2"], "--shard given twice"),
-                         (["--resume", str(tmp_path), "--shard", "0/2"], "--shard and --resume together")):
+    for argv, needle in (
+        ([*_ARGS, "--shard", "0/2", "--shard", "1/2"], "--shard given twice"),
+        (["--resume", str(tmp_path), "--shard", "0/2"], "--shard and --resume together"),
+    ):
         rc, _, err = _main(argv, capsys)
         assert rc == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
 
@@ -79,9 +85,17 @@ def test_shards_run_at_once_and_the_table_builder_sees_them_all(tmp_path, capsys
 
     # two shares at once (as two GPUs or two jobs of an array would): no run twice, every run done
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    procs = [subprocess.Popen([sys.executable, "-m", "fl_lightning.train", *_ARGS, "--output_dir", str(out),
-                               "--shard", f"{i}/2"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "fl_lightning.train", *_ARGS, "--output_dir", str(out), "--shard", f"{i}/2"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     results = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in results]
     assert sorted(p.name for p in out.iterdir() if p.is_dir() and p.name != "feature_cache") == sorted(_NAMES)
@@ -103,17 +117,23 @@ def test_shards_run_at_once_and_the_table_builder_sees_them_all(tmp_path, capsys
     assert f"the table holds 2 of 6 runs; not finished yet: {', '.join(missing)}" in err, err
     assert comparison.main([str(part)]) == 0
     assert f"not finished yet: {', '.join(missing)}" in capsys.readouterr().err
-    assert f"Not finished yet (4 run(s), not in the table): {', '.join(missing)}." in (
-        part / "comparison.md").read_text()
+    assert f"Not finished yet (4 run(s), not in the table): {', '.join(missing)}." in (part / "comparison.md").read_text()
     rows = _table(part / "comparison.csv")
     assert [(r["method"], r["runs"]) for r in rows] == [("AFL", "1"), ("FedCGS", "1")]
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["{tmp}"], "no run folder with a summary.json"), (["{tmp}/nowhere"], "'{tmp}/nowhere' is not a folder"),
-    ([], "the following arguments are required: DIR"), (["{tmp}", "{tmp}"], "unrecognized arguments: {tmp}"),
-    (["{tmp}", "--bogus"], "unrecognized arguments: --bogus"), (["--bogus"], "unrecognized arguments: --bogus"),
-    (["--he"], "unrecognized arguments: --he")])  # no abbreviated --help
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["{tmp}"], "no run folder with a summary.json"),
+        (["{tmp}/nowhere"], "'{tmp}/nowhere' is not a folder"),
+        ([], "the following arguments are required: DIR"),
+        (["{tmp}", "{tmp}"], "unrecognized arguments: {tmp}"),
+        (["{tmp}", "--bogus"], "unrecognized arguments: --bogus"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--he"], "unrecognized arguments: --he"),
+    ],
+)  # no abbreviated --help
 def test_a_bad_command_line_or_a_folder_without_finished_runs_is_one_line(argv, needle, tmp_path, capsys):
     assert comparison.main([a.format(tmp=tmp_path) for a in argv]) == 2
     out = capsys.readouterr()
@@ -135,8 +155,9 @@ def test_the_real_commands_help_and_refuse_an_unknown_flag_in_one_line(command):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
 
     def run(*argv):
-        return subprocess.run([sys.executable, "-m", command[0], *argv], cwd=REPO, env=env, capture_output=True,
-                              text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", command[0], *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        )
 
     helped = run("--help")
     assert helped.returncode == 0 and helped.stderr == "" and "example:" in helped.stdout, helped
@@ -149,13 +170,20 @@ def test_jobs_runs_the_shares_as_local_processes_and_builds_the_table(tmp_path, 
     ref, out = tmp_path / "ref", tmp_path / "jobs"
     rc, _, err = _main([*_ARGS, "--output_dir", str(ref)], capsys)
     assert rc == 0, err[-3000:]
-    proc = subprocess.run([sys.executable, "-m", "fl_lightning.train", *_ARGS, "--output_dir", str(out), "--jobs", "2"],
-                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fl_lightning.train", *_ARGS, "--output_dir", str(out), "--jobs", "2"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _table(out / "comparison.csv") == _table(ref / "comparison.csv")
     assert sorted(p.name for p in out.iterdir() if p.is_dir() and p.name != "feature_cache") == sorted(_NAMES)
-    for argv, needle in (([*_ARGS, "--jobs", "0"], "--jobs '0'"), ([*_ARGS, "--jobs", "2", "--shard", "0/2"],
-                                                                    "--jobs with --shard")):
+    for argv, needle in (
+        ([*_ARGS, "--jobs", "0"], "--jobs '0'"),
+        ([*_ARGS, "--jobs", "2", "--shard", "0/2"], "--jobs with --shard"),
+    ):
         rc, _, err = _main(argv, capsys)
         assert rc == 2 and len(err.strip().splitlines()) == 1 and needle in err, err

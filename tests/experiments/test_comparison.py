@@ -41,20 +41,26 @@ def test_a_single_run_cell_has_no_plus_minus_and_every_cell_its_count(tmp_path):
     with (tmp_path / "comparison.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [(r["method"], r["alpha"], r["runs"], r["accuracy_std"] == "") for r in rows] == [
-        ("A", "0.1", "2", False), ("A", "1.0", "1", True), ("B", "0.1", "1", True)]
+        ("A", "0.1", "2", False),
+        ("A", "1.0", "1", True),
+        ("B", "0.1", "1", True),
+    ]
 
 
 def test_the_tiny_table_from_one_command(tmp_path, capsys):
     """The shipped tiny comparison, cut to its two training-free methods: AFL and FedCGS are exact
     (federated = centralized), so their mean and spread over the seeds are the same at every α."""
     variants = "[{algorithm: afl, label: AFL}, {algorithm: fedcgs, label: FedCGS, fedcgs: {shrinkage: 1.0e-6}}]"
-    rc = train.main(["--config", str(CONF / "fedopal_table2_tiny.yaml"), "--variants", variants,
-                     "--output_dir", str(tmp_path)])
+    rc = train.main(["--config", str(CONF / "fedopal_table2_tiny.yaml"), "--variants", variants, "--output_dir", str(tmp_path)])
     assert rc == 0, capsys.readouterr().err
     with (tmp_path / "comparison.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [(r["method"], r["alpha"], r["runs"]) for r in rows] == [
-        ("AFL", "0.1", "2"), ("AFL", "inf", "2"), ("FedCGS", "0.1", "2"), ("FedCGS", "inf", "2")]
+        ("AFL", "0.1", "2"),
+        ("AFL", "inf", "2"),
+        ("FedCGS", "0.1", "2"),
+        ("FedCGS", "inf", "2"),
+    ]
     for method in ("AFL", "FedCGS"):
         cells = {(r["accuracy_mean"], r["accuracy_std"]) for r in rows if r["method"] == method}
         assert len(cells) == 1, cells

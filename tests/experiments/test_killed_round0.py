@@ -16,8 +16,17 @@ RUN = "fedisyn_tiny"
 
 
 def _run(out):
-    done = run_cli("--config", str(CONF / "fedisyn_tiny.yaml"), "--output_dir", str(out), "--federation.rounds", "1",
-                   "--logging.progress", "false", env={"OMP_NUM_THREADS": "1"})
+    done = run_cli(
+        "--config",
+        str(CONF / "fedisyn_tiny.yaml"),
+        "--output_dir",
+        str(out),
+        "--federation.rounds",
+        "1",
+        "--logging.progress",
+        "false",
+        env={"OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((out / RUN / "summary.json").read_text())
 
@@ -40,11 +49,18 @@ def test_the_same_command_continues_a_run_killed_after_generation(tmp_path):
     assert {k: v for k, v in again.items() if k not in clocks} == {k: v for k, v in full.items() if k not in clocks}
 
 
-@pytest.mark.parametrize(("made", "ran"), [
-    ({}, False), ({"checkpoints/round0000/plan.pt": b"x"}, True), ({"synthetic/0/00000.png": b"x"}, True),
-    ({"pretrain/checkpoints/best-epoch=0.ckpt": b"x"}, True), ({"prompts.json": b"{}"}, True),
-    ({"pilots/round0_inputs/client0.pt": b"x"}, True), ({"probe/0.png": b"x", "synthetic/.keep/": None}, False),
-])
+@pytest.mark.parametrize(
+    ("made", "ran"),
+    [
+        ({}, False),
+        ({"checkpoints/round0000/plan.pt": b"x"}, True),
+        ({"synthetic/0/00000.png": b"x"}, True),
+        ({"pretrain/checkpoints/best-epoch=0.ckpt": b"x"}, True),
+        ({"prompts.json": b"{}"}, True),
+        ({"pilots/round0_inputs/client0.pt": b"x"}, True),
+        ({"probe/0.png": b"x", "synthetic/.keep/": None}, False),
+    ],
+)
 def test_what_counts_as_work_already_done(tmp_path, made, ran):
     for name, data in {"config.yaml": b"a: 1", "run.json": b"{}", "partition.csv": b"", **made}.items():
         path = tmp_path / name

@@ -81,15 +81,17 @@ def test_matplotlib_waits_for_the_first_plot_which_draws_as_torchmetrics_does():
 
     out = {}
     for mode, env in (("deferred", {"DEFER": "1"}), ("eager", {})):
-        proc = subprocess.run([sys.executable, "-c", _PLOT_CODE], capture_output=True, text=True, cwd=REPO,
-                              timeout=300, env={**os.environ, **env})
+        proc = subprocess.run(
+            [sys.executable, "-c", _PLOT_CODE], capture_output=True, text=True, cwd=REPO, timeout=300, env={**os.environ, **env}
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["deferred"]["matplotlib_at_import"] is False and out["eager"]["matplotlib_at_import"] is True
     assert out["deferred"]["facecolor"] == [1.0, 1.0, 1.0, 1.0]
     assert out["deferred"]["bad_ax"] == "refused"
-    assert {k: v for k, v in out["deferred"].items() if k != "matplotlib_at_import"} == \
-        {k: v for k, v in out["eager"].items() if k != "matplotlib_at_import"}
+    assert {k: v for k, v in out["deferred"].items() if k != "matplotlib_at_import"} == {
+        k: v for k, v in out["eager"].items() if k != "matplotlib_at_import"
+    }
 
 
 def test_the_installed_torchmetrics_is_a_pinned_release_and_others_are_imported_normally():
@@ -98,5 +100,6 @@ def test_the_installed_torchmetrics_is_a_pinned_release_and_others_are_imported_
     from fl_lightning.experiments.torchmetrics_deferral import supported
 
     assert supported(importlib.metadata.version("torchmetrics")), (
-        "torchmetrics is not a release the deferral was checked on: check it and add it to PINNED")
+        "torchmetrics is not a release the deferral was checked on: check it and add it to PINNED"
+    )
     assert not supported("2.0.0") and not supported("1.4.0") and not supported("dev")

@@ -61,8 +61,9 @@ class _FailingServer(FedAvg):
 def _cannot_save(self, client, record, upload):
     (OUT / "raised").write_text(repr(time.time()))
     if os.environ["FL_TEST_RECORD_ERROR"] == "disk":
-        raise DiskFullError(f"no space left for client {client}'s record in /full/disk (needs 1 MB, 0 B free)",
-                            "/full/disk", 1 << 20, 0)
+        raise DiskFullError(
+            f"no space left for client {client}'s record in /full/disk (needs 1 MB, 0 B free)", "/full/disk", 1 << 20, 0
+        )
     raise OSError(5, "Input/output error", f"/flaky/mount/client{client}.pt")
 
 
@@ -107,13 +108,14 @@ if os.environ.get("FL_TEST_SIGNAL_HOOK"):
     _hook, _rank, _name = os.environ["FL_TEST_SIGNAL_HOOK"].split(":")
     _defaults_s = fl_lightning.callbacks.default_callbacks
     fl_lightning.callbacks.default_callbacks = lambda cfg, loggers: [
-        *_defaults_s(cfg, loggers), _SignalHook(_hook, int(_rank), getattr(signal, _name))]
+        *_defaults_s(cfg, loggers),
+        _SignalHook(_hook, int(_rank), getattr(signal, _name)),
+    ]
 
 if os.environ.get("FL_TEST_FAILING_HOOK"):
     _hook, _rank = os.environ["FL_TEST_FAILING_HOOK"].split(":")
     _defaults = fl_lightning.callbacks.default_callbacks  # Simulation looks it up when it is built
-    fl_lightning.callbacks.default_callbacks = lambda cfg, loggers: [*_defaults(cfg, loggers),
-                                                                     _FailingHook(_hook, int(_rank))]
+    fl_lightning.callbacks.default_callbacks = lambda cfg, loggers: [*_defaults(cfg, loggers), _FailingHook(_hook, int(_rank))]
 
 
 if __name__ == "__main__":

@@ -85,9 +85,17 @@ def test_weighted_mean_fold_is_bit_identical_to_the_plain_float64_idiom():
     # non-contiguous input
     gen = torch.Generator().manual_seed(0)
     shapes = {"small": (3,), "big": (130, 131), "mid": (5, 7, 2), "bigger": (150, 150), "count": ()}
-    uploads = [{k: (torch.randint(0, 50, s, generator=gen) if k == "count"
-                    else torch.randn(s, generator=gen, dtype=torch.float32) * 10) for k, s in shapes.items()}
-               for _ in range(6)]
+    uploads = [
+        {
+            k: (
+                torch.randint(0, 50, s, generator=gen)
+                if k == "count"
+                else torch.randn(s, generator=gen, dtype=torch.float32) * 10
+            )
+            for k, s in shapes.items()
+        }
+        for _ in range(6)
+    ]
     uploads[2]["big"] = torch.randn(131, 130, generator=gen).t()  # a transposed view
     weights = [17.0, 3.0, 0.1, 250.0, 1.0, 9.5]
     fold, expected = WeightedMean(), {}
@@ -154,9 +162,7 @@ def test_layerwise_average_matches_brute_force():
     g = {f"blocks.{l}.{p}": torch.tensor(rng.normal(size=(2, 3))) for l in range(num_layers) for p in ("A", "B")}
     depths = rng.integers(0, num_layers + 1, size=num_clients)  # x_i, including 0 and L
     n = rng.integers(1, 50, size=num_clients).astype(float)
-    clients = [
-        {k: torch.tensor(rng.normal(size=(2, 3))) for k in g if layer_of(k) >= num_layers - x} for x in depths
-    ]
+    clients = [{k: torch.tensor(rng.normal(size=(2, 3))) for k in g if layer_of(k) >= num_layers - x} for x in depths]
     out = layerwise_average(g, clients, n.tolist(), layer_of=layer_of)
     for key, value in g.items():
         l = layer_of(key)

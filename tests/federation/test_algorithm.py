@@ -26,8 +26,7 @@ class _Named:
 
 def test_a_former_name_is_unique_and_never_a_current_one(monkeypatch):
     available_algorithms()  # the package's methods are registered
-    with pytest.raises(ValueError, match="'fedavg_clip' cannot be a former name of 'another': it names "
-                                         "'fedavg_prompts'"):
+    with pytest.raises(ValueError, match="'fedavg_clip' cannot be a former name of 'another': it names 'fedavg_prompts'"):
         register("another", renamed_from=("fedavg_clip",))(type("Another", (_Named,), {}))
     with pytest.raises(ValueError, match="'fedavg' cannot be a former name of 'another': it names 'fedavg'"):
         register("another", renamed_from=("fedavg",))(type("Another", (_Named,), {}))

@@ -25,9 +25,14 @@ def _pair() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     return x, u
 
 
-@pytest.mark.parametrize("kind, scale, expected", [("sign_flip", 1.0, lambda x, u: 2 * x - u),
-                                                   ("sign_flip", 3.0, lambda x, u: x - 3 * (u - x)),
-                                                   ("scale", 10.0, lambda x, u: x + 10 * (u - x))])
+@pytest.mark.parametrize(
+    "kind, scale, expected",
+    [
+        ("sign_flip", 1.0, lambda x, u: 2 * x - u),
+        ("sign_flip", 3.0, lambda x, u: x - 3 * (u - x)),
+        ("scale", 10.0, lambda x, u: x + 10 * (u - x)),
+    ],
+)
 def test_the_update_is_reversed_or_boosted_and_other_tensors_pass(kind, scale, expected):
     x, u = _pair()
     sent = poison(kind, u, x, scale=scale, std=1.0)
@@ -37,8 +42,9 @@ def test_the_update_is_reversed_or_boosted_and_other_tensors_pass(kind, scale, e
 
 def test_gaussian_weights_centre_on_the_global_ones_with_std_sigma():
     x = {"w": torch.full((200, 100), 3.0)}
-    sent = poison("gaussian", {"w": torch.zeros(200, 100)}, x, scale=1.0, std=0.5,
-                  generator=torch.Generator().manual_seed(1))["w"]
+    sent = poison("gaussian", {"w": torch.zeros(200, 100)}, x, scale=1.0, std=0.5, generator=torch.Generator().manual_seed(1))[
+        "w"
+    ]
     assert abs(float(sent.mean()) - 3.0) < 0.01 and abs(float(sent.std()) - 0.5) < 0.01
 
 
@@ -54,8 +60,14 @@ def test_attackers_are_a_seeded_fraction_drawn_once():
     assert attack.row(list(range(10))) == {"attackers": 3}
 
 
-@pytest.mark.parametrize("settings, key", [({"kind": "scale", "fraction": -0.1}, "fraction"), ({"fraction": 1.0}, "fraction"),
-                                           ({"kind": "gaussian", "fraction": 0.2, "scale": 2.0}, "scale")])
+@pytest.mark.parametrize(
+    "settings, key",
+    [
+        ({"kind": "scale", "fraction": -0.1}, "fraction"),
+        ({"fraction": 1.0}, "fraction"),
+        ({"kind": "gaussian", "fraction": 0.2, "scale": 2.0}, "scale"),
+    ],
+)
 def test_bad_attack_settings_name_their_key(settings, key):
     with pytest.raises(ConfigError) as err:
         AttackConfig(**settings)
@@ -63,16 +75,34 @@ def test_bad_attack_settings_name_their_key(settings, key):
 
 
 def _cfg(tmp_path, *extra: str):
-    return load_config(CONF / "fedavg_digits_tiny.yaml",
-                       ["--output_dir", str(tmp_path), "--federation.rounds", "2", "--partition.num_clients", "4",
-                        "--logging.progress", "false", *extra])
+    return load_config(
+        CONF / "fedavg_digits_tiny.yaml",
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--federation.rounds",
+            "2",
+            "--partition.num_clients",
+            "4",
+            "--logging.progress",
+            "false",
+            *extra,
+        ],
+    )
 
 
 def test_sign_flipping_clients_move_fedavg_and_are_counted_each_round(tmp_path):
     clean = _cfg(tmp_path / "clean")
     Simulation(cfg=clean, loggers=[]).run()
-    attacked = _cfg(tmp_path / "attacked", "--federation.attack.kind", "sign_flip", "--federation.attack.fraction",
-                    "0.5", "--federation.attack.scale", "4")
+    attacked = _cfg(
+        tmp_path / "attacked",
+        "--federation.attack.kind",
+        "sign_flip",
+        "--federation.attack.fraction",
+        "0.5",
+        "--federation.attack.scale",
+        "4",
+    )
     Simulation(cfg=attacked, loggers=[]).run()
     with (attacked.run_dir / "metrics.csv").open() as f:
         assert [row["attackers"] for row in csv.DictReader(f)] == ["2", "2"]
@@ -81,8 +111,10 @@ def test_sign_flipping_clients_move_fedavg_and_are_counted_each_round(tmp_path):
 
 
 def test_an_attack_on_a_method_that_does_not_average_weights_is_refused_in_one_line(tmp_path):
-    cfg = load_config(CONF / "fedcgs_digits_tiny.yaml", ["--output_dir", str(tmp_path), "--federation.attack.kind",
-                                                         "gaussian", "--federation.attack.fraction", "0.2"])
+    cfg = load_config(
+        CONF / "fedcgs_digits_tiny.yaml",
+        ["--output_dir", str(tmp_path), "--federation.attack.kind", "gaussian", "--federation.attack.fraction", "0.2"],
+    )
     with pytest.raises(UsageError) as err:
         Simulation(cfg=cfg, loggers=[])
     assert "federation.attack.kind=gaussian" in str(err.value) and "\n" not in str(err.value)
@@ -106,15 +138,31 @@ def test_a_label_flipper_uploads_what_its_data_with_reversed_labels_trains(tmp_p
 
     from fl_lightning.federation.algorithm import Client
 
-    cfg = load_config(CONF / config, ["--output_dir", str(tmp_path), "--partition.num_clients", "4",
-                                      "--data.num_samples", "300", "--federation.attack.kind", "label_flip",
-                                      "--federation.attack.fraction", "0.5", "--logging.progress", "false"])
+    cfg = load_config(
+        CONF / config,
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--partition.num_clients",
+            "4",
+            "--data.num_samples",
+            "300",
+            "--federation.attack.kind",
+            "label_flip",
+            "--federation.attack.fraction",
+            "0.5",
+            "--logging.progress",
+            "false",
+        ],
+    )
     sim = Simulation(cfg=cfg, loggers=[])
     sim.fabric.launch()
     algorithm, env = sim._setup()
     attacker = min(sim._attack.attackers)
-    assert sorted(env.label_maps) == sorted(sim._attack.attackers) and sim._attack.apply(
-        Upload({"w": torch.ones(1)}, {}), {"w": torch.zeros(1)}, 0, attacker).tensors["w"].item() == 1.0
+    assert (
+        sorted(env.label_maps) == sorted(sim._attack.attackers)
+        and sim._attack.apply(Upload({"w": torch.ones(1)}, {}), {"w": torch.zeros(1)}, 0, attacker).tensors["w"].item() == 1.0
+    )
     flipper = env.client(attacker)
     rows, classes = env.partition[attacker], env.num_classes
     true = env.splits.train_targets[rows]
@@ -138,10 +186,28 @@ def test_a_label_flipper_uploads_what_its_data_with_reversed_labels_trains(tmp_p
 
 def test_label_flippers_lower_the_accuracy_and_are_counted_each_round(tmp_path):
     """Half the clients of a small CNN's FedAvg training on reversed labels: 0.87 top-1 clean, 0.40 attacked."""
-    runs = [load_config(CONF / "fedavg_cnn_digits_tiny.yaml",
-                        ["--output_dir", str(tmp_path / kind), "--federation.rounds", "3", "--train.epochs", "2",
-                         "--partition.num_clients", "4", "--logging.progress", "false", "--federation.attack.kind",
-                         kind, "--federation.attack.fraction", "0.5"]) for kind in ("none", "label_flip")]
+    runs = [
+        load_config(
+            CONF / "fedavg_cnn_digits_tiny.yaml",
+            [
+                "--output_dir",
+                str(tmp_path / kind),
+                "--federation.rounds",
+                "3",
+                "--train.epochs",
+                "2",
+                "--partition.num_clients",
+                "4",
+                "--logging.progress",
+                "false",
+                "--federation.attack.kind",
+                kind,
+                "--federation.attack.fraction",
+                "0.5",
+            ],
+        )
+        for kind in ("none", "label_flip")
+    ]
     accuracy = [Simulation(cfg=c, loggers=[]).run()["accuracy"] for c in runs]
     with (runs[1].run_dir / "metrics.csv").open() as f:
         assert [row["attackers"] for row in csv.DictReader(f)] == ["2", "2", "2"]

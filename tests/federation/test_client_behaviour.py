@@ -44,14 +44,32 @@ def test_the_rounds_clients_are_sampled_from_those_online():
 
 
 def _cfg(tmp_path, *extra):
-    return load_config(CONF / "fedavg_digits_tiny.yaml",
-                       ["--output_dir", str(tmp_path), "--federation.rounds", "4", "--partition.num_clients", "8",
-                        "--logging.progress", "false", *extra])
+    return load_config(
+        CONF / "fedavg_digits_tiny.yaml",
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--federation.rounds",
+            "4",
+            "--partition.num_clients",
+            "8",
+            "--logging.progress",
+            "false",
+            *extra,
+        ],
+    )
 
 
 def test_a_dropout_downloads_uploads_nothing_and_is_no_error(tmp_path):
-    cfg = _cfg(tmp_path, "--federation.clients.dropout", "0.4", "--federation.clients.availability", "0.8",
-               "--federation.client_fraction", "0.5")
+    cfg = _cfg(
+        tmp_path,
+        "--federation.clients.dropout",
+        "0.4",
+        "--federation.clients.availability",
+        "0.8",
+        "--federation.client_fraction",
+        "0.5",
+    )
     summary = Simulation(cfg=cfg, loggers=[]).run()  # on_client_error: raise (the default), yet it runs through
     b = ClientBehaviour.of(cfg.federation.clients)
     per_upload = per_download = None
@@ -78,9 +96,19 @@ def test_too_few_clients_left_stops_the_run_in_one_line(tmp_path):
 
 def test_with_min_clients_0_a_round_that_no_update_reached_keeps_the_state_and_the_run_goes_on(tmp_path):
     # FedAdam's moments would move the head on an empty round if the server stepped (Δ = 0, m ≠ 0): it must not
-    cfg = _cfg(tmp_path / "run", "--federation.clients.dropout", "0.7", "--federation.client_fraction", "0.25",
-               "--federation.min_clients", "0", "--federation.rounds", "6", "--federation.server_optimizer.name",
-               "fedadam")
+    cfg = _cfg(
+        tmp_path / "run",
+        "--federation.clients.dropout",
+        "0.7",
+        "--federation.client_fraction",
+        "0.25",
+        "--federation.min_clients",
+        "0",
+        "--federation.rounds",
+        "6",
+        "--federation.server_optimizer.name",
+        "fedadam",
+    )
     Simulation(cfg=cfg, loggers=[]).run()
     rows = metrics_rows(cfg)
     empty = [r for r, row in enumerate(rows) if row["failed"] == row["clients"]]
@@ -90,22 +118,37 @@ def test_with_min_clients_0_a_round_that_no_update_reached_keeps_the_state_and_t
             assert (rows[r]["accuracy"], rows[r]["loss"]) == (rows[r - 1]["accuracy"], rows[r - 1]["loss"])
     assert any(rows[r]["accuracy"] != rows[r - 1]["accuracy"] for r in range(1, 6) if r not in empty)
     with pytest.raises(UsageError, match="federation.min_clients=0 needs a method whose state is the mean"):
-        Simulation(cfg=load_config(CONF / "fedcgs_digits_tiny.yaml", ["--output_dir", str(tmp_path / "cgs"),
-                                                                        "--federation.min_clients", "0"]), loggers=[])
+        Simulation(
+            cfg=load_config(
+                CONF / "fedcgs_digits_tiny.yaml", ["--output_dir", str(tmp_path / "cgs"), "--federation.min_clients", "0"]
+            ),
+            loggers=[],
+        )
 
 
 def test_a_resumed_run_drops_the_same_clients_and_the_same_late_ones(tmp_path):
-    extra = ("--federation.clients.dropout", "0.3", "--federation.clients.availability", "0.7",
-             "--federation.clients.speed_spread", "0.5", "--federation.clients.deadline_s", "4")
+    extra = (
+        "--federation.clients.dropout",
+        "0.3",
+        "--federation.clients.availability",
+        "0.7",
+        "--federation.clients.speed_spread",
+        "0.5",
+        "--federation.clients.deadline_s",
+        "4",
+    )
     full = _cfg(tmp_path / "full", *extra)
     Simulation(cfg=full, loggers=[]).run()
     cut = _cfg(tmp_path / "cut", *extra)
     with pytest.raises(KeyboardInterrupt):
         Simulation(cfg=cut, loggers=[], callbacks=[StopAfterClients(9)]).run()
     Simulation(cfg=cut, loggers=[], resume=True).run()
+
     def counts(cfg):  # the clocks (…_s, straggler_ratio) differ from run to run
-        return [{k: v for k, v in r.items() if not (k.endswith("_s") or "_s_" in k or k == "straggler_ratio")}
-                for r in metrics_rows(cfg)]
+        return [
+            {k: v for k, v in r.items() if not (k.endswith("_s") or "_s_" in k or k == "straggler_ratio")}
+            for r in metrics_rows(cfg)
+        ]
 
     assert counts(full) == counts(cut) and sum(int(r["dropped"]) for r in metrics_rows(full)) > 0
     assert sum(int(r["late"]) for r in metrics_rows(full)) > 0
@@ -113,10 +156,13 @@ def test_a_resumed_run_drops_the_same_clients_and_the_same_late_ones(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize(("extra", "words"), [
-    (["--federation.privacy.mechanism", "dp_fedavg", "--federation.privacy.epsilon", "4"], "accountant's sampling"),
-    (["--federation.aggregator.name", "median"], "assumes n uploads a round"),
-])
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--federation.privacy.mechanism", "dp_fedavg", "--federation.privacy.epsilon", "4"], "accountant's sampling"),
+        (["--federation.aggregator.name", "median"], "assumes n uploads a round"),
+    ],
+)
 def test_beside_privacy_or_a_robust_aggregator_it_is_refused_in_one_line(tmp_path, extra, words):
     with pytest.raises(UsageError) as err:
         Simulation(cfg=_cfg(tmp_path, "--federation.clients.dropout", "0.1", *extra), loggers=[])
@@ -129,13 +175,38 @@ def test_beside_privacy_or_a_robust_aggregator_it_is_refused_in_one_line(tmp_pat
 def test_availability_dropout_stragglers_and_deadline_are_the_same_on_one_and_two_processes(tmp_path, late):
     def run(label, *extra):
         out = tmp_path / label
-        done = run_cli("--config", str(CONF / "fedavg_digits_tiny.yaml"), "--output_dir", str(out), "--run_name", "r",
-                       "--logging.progress", "false", "--federation.rounds", "3", "--partition.num_clients", "6",
-                       "--data.num_samples", "400", "--federation.clients.availability", "0.7",
-                       "--federation.clients.dropout", "0.3", "--federation.clients.stragglers", "0.5",
-                       "--train.epochs", "3", "--federation.clients.speed_spread", "0.5",
-                       "--federation.clients.deadline_s", "4", "--federation.clients.late", late, *extra,
-                       env={"OMP_NUM_THREADS": "1"})
+        done = run_cli(
+            "--config",
+            str(CONF / "fedavg_digits_tiny.yaml"),
+            "--output_dir",
+            str(out),
+            "--run_name",
+            "r",
+            "--logging.progress",
+            "false",
+            "--federation.rounds",
+            "3",
+            "--partition.num_clients",
+            "6",
+            "--data.num_samples",
+            "400",
+            "--federation.clients.availability",
+            "0.7",
+            "--federation.clients.dropout",
+            "0.3",
+            "--federation.clients.stragglers",
+            "0.5",
+            "--train.epochs",
+            "3",
+            "--federation.clients.speed_spread",
+            "0.5",
+            "--federation.clients.deadline_s",
+            "4",
+            "--federation.clients.late",
+            late,
+            *extra,
+            env={"OMP_NUM_THREADS": "1"},
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         return safe_load(out / "r" / "checkpoints" / "server.pt")
 
@@ -215,23 +286,27 @@ def test_stragglers_in_the_engine(drop, tmp_path):
 def test_dropped_stragglers_beside_privacy_are_refused_partial_ones_are_not(tmp_path):
     dp = ["--federation.privacy.mechanism", "dp_fedavg", "--federation.privacy.epsilon", "4"]
     with pytest.raises(UsageError, match=r"federation.clients.drop_stragglers=True with federation.privacy"):
-        Simulation(cfg=_cfg(tmp_path, "--federation.clients.stragglers", "0.2", "--federation.clients.drop_stragglers",
-                            "true", *dp), loggers=[])
+        Simulation(
+            cfg=_cfg(tmp_path, "--federation.clients.stragglers", "0.2", "--federation.clients.drop_stragglers", "true", *dp),
+            loggers=[],
+        )
     Simulation(cfg=_cfg(tmp_path, "--federation.clients.stragglers", "0.2", *dp), loggers=[])  # accepted
-    with pytest.raises(ConfigError, match=r"drop_stragglers=True is not allowed.*only with federation.clients."
-                                          r"stragglers > 0"):
+    with pytest.raises(
+        ConfigError,
+        match=r"drop_stragglers=True is not allowed.*only with federation.clients."
+        r"stragglers > 0",
+    ):
         _cfg(tmp_path, "--federation.clients.drop_stragglers", "true")
 
 
 # ------------------------------------------------------------------------------------------- availability traces
-_TRACE = np.array([[1, 0, 1, 0, 1, 1, 0, 0],
-                   [0, 1, 0, 1, 0, 0, 1, 1],
-                   [1, 1, 1, 1, 0, 0, 0, 0]], dtype=bool)
+_TRACE = np.array([[1, 0, 1, 0, 1, 1, 0, 0], [0, 1, 0, 1, 0, 0, 1, 1], [1, 1, 1, 1, 0, 0, 0, 0]], dtype=bool)
 
 
 def _write_trace(path, trace=_TRACE):
-    path.write_text("# round 0, 1, 2; one column per client\n" + "".join(",".join(str(int(v)) for v in row) + "\n"
-                                                                          for row in trace))
+    path.write_text(
+        "# round 0, 1, 2; one column per client\n" + "".join(",".join(str(int(v)) for v in row) + "\n" for row in trace)
+    )
     return path
 
 
@@ -251,18 +326,20 @@ def test_a_trace_is_read_as_text_or_npy_and_repeats_over_the_rounds(tmp_path):
     for file in (_write_trace(tmp_path / "t.csv"), tmp_path / "t.npy", tmp_path / "t.txt"):
         assert np.array_equal(read_availability_trace(file, 8), _TRACE)
     b = ClientBehaviour.of(ClientBehaviourConfig(availability_trace=str(tmp_path / "t.csv")), 8)
-    assert [b.online(8, r) for r in (0, 1, 2, 3, 5)] == [[0, 2, 4, 5], [1, 3, 6, 7], [0, 1, 2, 3], [0, 2, 4, 5],
-                                                           [0, 1, 2, 3]]
+    assert [b.online(8, r) for r in (0, 1, 2, 3, 5)] == [[0, 2, 4, 5], [1, 3, 6, 7], [0, 1, 2, 3], [0, 2, 4, 5], [0, 1, 2, 3]]
     assert set(b.sample(8, 0.25, seed=0, round_idx=1)) <= {1, 3, 6, 7}
 
 
-@pytest.mark.parametrize(("content", "words"), [
-    (None, "there is no file at that path"),
-    ("1,0,1\n0,1,1\n", "8 columns (partition.num_clients); it has 3"),
-    ("1,0,1,0,1,1,0,0\n1,0,0.5,0,1,1,0,0\n", "row 2, column 3 holds"),
-    ("1,0,1,0,1,1,0,0\n1,0\n", "it could not be read"),
-    ("# nothing\n", "it has shape"),
-])
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (None, "there is no file at that path"),
+        ("1,0,1\n0,1,1\n", "8 columns (partition.num_clients); it has 3"),
+        ("1,0,1,0,1,1,0,0\n1,0,0.5,0,1,1,0,0\n", "row 2, column 3 holds"),
+        ("1,0,1,0,1,1,0,0\n1,0\n", "it could not be read"),
+        ("# nothing\n", "it has shape"),
+    ],
+)
 def test_a_bad_trace_is_one_line_naming_its_key_before_anything_runs(tmp_path, content, words):
     trace = tmp_path / "trace.csv"
     if content is not None:
@@ -308,10 +385,28 @@ def test_a_trace_is_the_same_on_one_and_two_processes(tmp_path):
 
     def run(label, *extra):
         out = tmp_path / label
-        done = run_cli("--config", str(CONF / "fedavg_digits_tiny.yaml"), "--output_dir", str(out), "--run_name", "r",
-                       "--logging.progress", "false", "--federation.rounds", "3", "--partition.num_clients", "6",
-                       "--data.num_samples", "400", "--federation.clients.availability_trace", str(trace),
-                       "--federation.client_fraction", "0.5", *extra, env={"OMP_NUM_THREADS": "1"})
+        done = run_cli(
+            "--config",
+            str(CONF / "fedavg_digits_tiny.yaml"),
+            "--output_dir",
+            str(out),
+            "--run_name",
+            "r",
+            "--logging.progress",
+            "false",
+            "--federation.rounds",
+            "3",
+            "--partition.num_clients",
+            "6",
+            "--data.num_samples",
+            "400",
+            "--federation.clients.availability_trace",
+            str(trace),
+            "--federation.client_fraction",
+            "0.5",
+            *extra,
+            env={"OMP_NUM_THREADS": "1"},
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         return safe_load(out / "r" / "checkpoints" / "server.pt")
 

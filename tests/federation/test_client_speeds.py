@@ -68,9 +68,20 @@ def test_times_and_the_late_set_are_those_computed_by_hand():
 
 
 def _cfg(tmp_path, *extra):
-    return load_config(CONF / "fedavg_digits_tiny.yaml",
-                       ["--output_dir", str(tmp_path), "--federation.rounds", "2", "--partition.num_clients", "8",
-                        "--logging.progress", "false", *extra])
+    return load_config(
+        CONF / "fedavg_digits_tiny.yaml",
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--federation.rounds",
+            "2",
+            "--partition.num_clients",
+            "8",
+            "--logging.progress",
+            "false",
+            *extra,
+        ],
+    )
 
 
 class _Sizes:
@@ -81,8 +92,15 @@ class _Sizes:
 def test_late_clients_are_dropped_and_the_aggregate_is_that_of_the_others(tmp_path):
     """A deadline drops the late clients (on_client_error: raise, yet the run goes on), and the server's state is
     bit for bit that of a run whose round has only the clients on time (an availability trace of them)."""
-    slow = _cfg(tmp_path / "deadline", "--federation.clients.speed_spread", "0.5", "--federation.clients.deadline_s",
-                "4", "--federation.clients.seed", "0")
+    slow = _cfg(
+        tmp_path / "deadline",
+        "--federation.clients.speed_spread",
+        "0.5",
+        "--federation.clients.deadline_s",
+        "4",
+        "--federation.clients.seed",
+        "0",
+    )
     seen = _Sizes()
     summary = Simulation(cfg=slow, loggers=[], callbacks=[seen]).run()
     t = [math.ceil(n / 64) * 1 * 1.0 / v for n, v in zip(seen.sizes, client_speeds(0, 8, 0.5))]  # E = 1, step 1 s
@@ -113,25 +131,31 @@ def test_a_deadline_no_one_misses_is_the_run_without_one(tmp_path):
     assert [r["late"] for r in metrics_rows(loose)] == ["0", "0"] and "late" not in metrics_rows(plain)[0]
 
 
-@pytest.mark.parametrize(("key", "value", "words"), [
-    ("speed_spread", "-0.1", "a finite float >= 0"),
-    ("speed_spread", "0.5", "> 0 only with federation.clients.deadline_s"),
-    ("deadline_s", "-1", "a finite number of seconds > 0, or null"),
-    ("deadline_s", "0", "a finite number of seconds > 0, or null"),
-    ("deadline_s", "inf", "a finite number of seconds > 0, or null"),
-    ("step_s", "0", "a finite number of seconds > 0"),
-    ("staleness_exponent", "-1", "a finite float >= 0"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "words"),
+    [
+        ("speed_spread", "-0.1", "a finite float >= 0"),
+        ("speed_spread", "0.5", "> 0 only with federation.clients.deadline_s"),
+        ("deadline_s", "-1", "a finite number of seconds > 0, or null"),
+        ("deadline_s", "0", "a finite number of seconds > 0, or null"),
+        ("deadline_s", "inf", "a finite number of seconds > 0, or null"),
+        ("step_s", "0", "a finite number of seconds > 0"),
+        ("staleness_exponent", "-1", "a finite float >= 0"),
+    ],
+)
 def test_bad_values_are_one_line_naming_the_key(tmp_path, key, value, words):
     with pytest.raises(ConfigError) as err:
         _cfg(tmp_path, f"--federation.clients.{key}", value)
     assert err.value.key == f"federation.clients.{key}" and words in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize(("extra", "words"), [
-    (["--federation.privacy.mechanism", "dp_fedavg", "--federation.privacy.epsilon", "4"], "accountant's sampling"),
-    (["--federation.aggregator.name", "median"], "assumes n uploads a round"),
-])
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--federation.privacy.mechanism", "dp_fedavg", "--federation.privacy.epsilon", "4"], "accountant's sampling"),
+        (["--federation.aggregator.name", "median"], "assumes n uploads a round"),
+    ],
+)
 def test_a_deadline_beside_privacy_or_a_robust_aggregator_is_refused_in_one_line(tmp_path, extra, words):
     with pytest.raises(UsageError) as err:
         Simulation(cfg=_cfg(tmp_path, "--federation.clients.deadline_s", "5", *extra), loggers=[])
@@ -142,21 +166,29 @@ def test_a_deadline_beside_privacy_or_a_robust_aggregator_is_refused_in_one_line
 # ------------------------------------------------------------------------------------------- late: stale
 def test_the_delay_and_the_staleness_weight_by_hand():
     assert [arrival_delay(t, 2.0) for t in (0.0, 1.9, 2.0, 2.0000001, 4.0, 4.1, 9.0)] == [0, 0, 0, 1, 1, 2, 4]
-    assert arrival_delay(1.0 + 2 ** -52, 1.0) == 1  # late (t > D) is at least one round late
+    assert arrival_delay(1.0 + 2**-52, 1.0) == 1  # late (t > D) is at least one round late
     assert staleness_weight(0, 0.5) == 1.0 and staleness_weight(3, 0.5) == 0.5 and staleness_weight(1, 0.0) == 1.0
-    assert staleness_weight(2, 1.5) == pytest.approx(3 ** -1.5, rel=1e-15)
+    assert staleness_weight(2, 1.5) == pytest.approx(3**-1.5, rel=1e-15)
     fresh = {1: Upload({"w": torch.ones(2)}, {"num_samples": 10}), 4: Upload({"w": torch.zeros(2)}, {"num_samples": 3})}
     late = PendingUpdate(2, 5, 8, Upload({"w": torch.full((2,), 7.0)}, {"num_samples": 6}))
     both = ArrivedUploads(fresh, [late], 0.5)
-    assert list(both) == [1, 2, 4] and both[1] is fresh[1] and both[2].meta["num_samples"] == 6 * 4 ** -0.5
+    assert list(both) == [1, 2, 4] and both[1] is fresh[1] and both[2].meta["num_samples"] == 6 * 4**-0.5
     assert torch.equal(both[2].tensors["w"], late.upload.tensors["w"])
     with pytest.raises(RuntimeError, match="client 1 has a fresh upload and one in flight"):
         ArrivedUploads(fresh, [PendingUpdate(1, 0, 1, late.upload)], 0.5)
 
 
 def _stale(tmp_path, *extra):
-    return _cfg(tmp_path, "--federation.clients.speed_spread", "0.5", "--federation.clients.deadline_s", "2.5",
-                "--federation.clients.late", "stale", *extra)
+    return _cfg(
+        tmp_path,
+        "--federation.clients.speed_spread",
+        "0.5",
+        "--federation.clients.deadline_s",
+        "2.5",
+        "--federation.clients.late",
+        "stale",
+        *extra,
+    )
 
 
 def test_a_stale_update_is_its_weighted_share_of_the_round_it_arrives_in(tmp_path, monkeypatch):
@@ -166,8 +198,9 @@ def test_a_stale_update_is_its_weighted_share_of_the_round_it_arrives_in(tmp_pat
 
     def spy(store, client, record, upload):
         if upload is not None:
-            uploads[(int(store.folder.name[5:]), client)] = Upload({k: v.detach().clone() for k, v in upload.tensors.items()},
-                                                                   dict(upload.meta))
+            uploads[(int(store.folder.name[5:]), client)] = Upload(
+                {k: v.detach().clone() for k, v in upload.tensors.items()}, dict(upload.meta)
+            )
         save(store, client, record, upload)
 
     monkeypatch.setattr(RoundStore, "save_client", spy)
@@ -178,10 +211,12 @@ def test_a_stale_update_is_its_weighted_share_of_the_round_it_arrives_in(tmp_pat
     assert 0 < len(late) < 8 and all(2.5 < t[c] <= 5.0 for c in late)  # τ = 1 for each: they arrive in round 1
     rows = metrics_rows(cfg)
     assert [(int(r["late"]), int(r["arrived"]), int(r["clients"]), int(r["dropped"])) for r in rows] == [
-        (len(late), 0, 8, 0), (0, len(late), 8 - len(late), 0)]  # round 1: only the clients not busy
+        (len(late), 0, 8, 0),
+        (0, len(late), 8 - len(late), 0),
+    ]  # round 1: only the clients not busy
     assert all(reason.endswith(LATE_STALE) for reason in summary["failed_clients"].values())
     weights = {c: (float(uploads[(1, c)].meta["num_samples"]), uploads[(1, c)]) for c in range(8) if c not in late}
-    weights.update({c: (float(uploads[(0, c)].meta["num_samples"]) * 2 ** -0.7, uploads[(0, c)]) for c in late})
+    weights.update({c: (float(uploads[(0, c)].meta["num_samples"]) * 2**-0.7, uploads[(0, c)]) for c in late})
     state = server_state(cfg)
     for key, value in state.items():
         acc, total = None, 0.0
@@ -205,10 +240,13 @@ def test_a_resumed_run_carries_its_late_updates_as_the_uninterrupted_one(tmp_pat
     assert arrived == [r["arrived"] for r in metrics_rows(cut)] and int(arrived[1])
 
 
-@pytest.mark.parametrize(("extra", "words"), [
-    (["--algorithm", "afl"], "federation.clients.late=stale needs a method whose state is the mean"),
-    (["--fedavg.weighted", "false"], "fedavg.weighted is false (an unweighted mean)"),
-])
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--algorithm", "afl"], "federation.clients.late=stale needs a method whose state is the mean"),
+        (["--fedavg.weighted", "false"], "fedavg.weighted is false (an unweighted mean)"),
+    ],
+)
 def test_stale_updates_where_no_weighted_mean_is_are_refused_in_one_line(tmp_path, extra, words):
     with pytest.raises(UsageError) as err:
         Simulation(cfg=_stale(tmp_path, *extra), loggers=[])
@@ -227,16 +265,36 @@ def test_a_sigkilled_run_resumes_its_late_updates_to_the_uninterrupted_result(tm
 
     from tests.conftest import REPO
 
-    extra = ("--federation.rounds", "6", "--federation.clients.speed_spread", "0.5", "--federation.clients.deadline_s",
-             "2.5", "--federation.clients.late", "stale")
+    extra = (
+        "--federation.rounds",
+        "6",
+        "--federation.clients.speed_spread",
+        "0.5",
+        "--federation.clients.deadline_s",
+        "2.5",
+        "--federation.clients.late",
+        "stale",
+    )
     full = _cfg(tmp_path / "full", *extra)
     Simulation(cfg=full, loggers=[]).run()
     cut = _cfg(tmp_path / "cut", *extra)
-    argv = [sys.executable, "-m", "fl_lightning.train", "--config", str(CONF / "fedavg_digits_tiny.yaml"),
-            "--output_dir", str(tmp_path / "cut"), "--partition.num_clients", "8", "--logging.progress", "false",
-            *extra]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    argv = [
+        sys.executable,
+        "-m",
+        "fl_lightning.train",
+        "--config",
+        str(CONF / "fedavg_digits_tiny.yaml"),
+        "--output_dir",
+        str(tmp_path / "cut"),
+        "--partition.num_clients",
+        "8",
+        "--logging.progress",
+        "false",
+        *extra,
+    ]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
     kill_after_round_0(proc, cut)  # round 0 is done, its late updates in server.pt: the kill lands in a later round
     assert not (cut.run_dir / "summary.json").exists()  # killed before the end
     Simulation(cfg=cut, loggers=[], resume=True).run()

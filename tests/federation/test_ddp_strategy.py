@@ -37,8 +37,9 @@ def _cfg(*extra: str):
 def test_the_ddp_strategy_carries_a_short_compute_and_a_long_object_timeout():
     cfg = _cfg("--federation.devices", "2")
     assert cfg.federation.compute_timeout_s == 900 and cfg.federation.collective_timeout_s == 86400
-    strategy = _strategy(_cfg("--federation.devices", "2", "--federation.compute_timeout_s", "60",
-                              "--federation.collective_timeout_s", "7200"))
+    strategy = _strategy(
+        _cfg("--federation.devices", "2", "--federation.compute_timeout_s", "60", "--federation.collective_timeout_s", "7200")
+    )
     assert isinstance(strategy, FederatedDDPStrategy)
     assert strategy._timeout == timedelta(seconds=60) and strategy.object_timeout == timedelta(seconds=7200)
     assert strategy.object_group is None  # made in setup_environment, by every rank
@@ -47,8 +48,9 @@ def test_the_ddp_strategy_carries_a_short_compute_and_a_long_object_timeout():
 def test_the_compute_groups_backend_is_fabrics_pick_unless_the_config_names_one():
     assert _strategy(_cfg("--federation.devices", "2"))._process_group_backend is None  # auto: Fabric's pick
     for name in ("ddp", "ddp_spawn"):
-        strategy = _strategy(_cfg("--federation.devices", "2", "--federation.strategy", name,
-                                  "--federation.process_group_backend", "gloo"))
+        strategy = _strategy(
+            _cfg("--federation.devices", "2", "--federation.strategy", name, "--federation.process_group_backend", "gloo")
+        )
         assert strategy._process_group_backend == "gloo"  # two ranks may share one GPU
     with pytest.raises(ConfigError, match="process_group_backend.*nccl runs only on CUDA GPUs"):
         _cfg("--federation.accelerator", "cpu", "--federation.process_group_backend", "nccl")
@@ -81,10 +83,26 @@ def test_a_bad_compute_timeout_is_one_config_error(value):
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     from lightning.fabric import Fabric
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", TORCHELASTIC_RUN_ID="t")
-    cfg = _cfg("--federation.accelerator", "cpu", "--federation.devices", str(world),
-               "--federation.compute_timeout_s", str(_COMPUTE_S), "--federation.collective_timeout_s", "600")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        GROUP_RANK="0",
+        TORCHELASTIC_RUN_ID="t",
+    )
+    cfg = _cfg(
+        "--federation.accelerator",
+        "cpu",
+        "--federation.devices",
+        str(world),
+        "--federation.compute_timeout_s",
+        str(_COMPUTE_S),
+        "--federation.collective_timeout_s",
+        "600",
+    )
     fabric = Fabric(accelerator="cpu", devices=world, strategy=_strategy(cfg))
     fabric.launch()
     result: dict = {"groups": (dist.get_backend(), dist.get_backend(object_group(fabric)))}
@@ -121,6 +139,8 @@ def test_long_object_waits_complete_and_a_stuck_compute_collective_ends_after_it
     assert rank0["to_server"] == [0, 10] and rank1["to_server"] == [10]
     assert rank1["object_wait_s"] > 3 * 2 * _COMPUTE_S * 0.9  # three waits of 2× the compute timeout each
     line, seconds = rank1["compute"]
-    assert line == ("rank 1 waited more than federation.compute_timeout_s=2 s for a stuck all-reduce; raise it above "
-                    "the longest step of one rank that the others wait for (a checkpoint write)")
+    assert line == (
+        "rank 1 waited more than federation.compute_timeout_s=2 s for a stuck all-reduce; raise it above "
+        "the longest step of one rank that the others wait for (a checkpoint write)"
+    )
     assert _COMPUTE_S * 0.9 <= seconds < _COMPUTE_S + 5

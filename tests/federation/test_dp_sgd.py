@@ -40,9 +40,13 @@ def _dp(C: float, sigma: float, seed: int = 0, *, q: float = 1.0, L: float = 8.0
 
 def _lots(x: torch.Tensor, y: torch.Tensor, dp: DPSGD) -> PoissonBatches:
     """Poisson lots over (x, y), collated by indexing."""
-    return PoissonBatches(len(y), rate=dp.sampling_rate, steps_per_epoch=dp.steps_per_epoch,
-                          generator=torch.Generator().manual_seed(dp.sampling_seed),
-                          make_loader=lambda lots: ([x[lot], y[lot]] for lot in lots))
+    return PoissonBatches(
+        len(y),
+        rate=dp.sampling_rate,
+        steps_per_epoch=dp.steps_per_epoch,
+        generator=torch.Generator().manual_seed(dp.sampling_seed),
+        make_loader=lambda lots: ([x[lot], y[lot]] for lot in lots),
+    )
 
 
 def _fabric() -> Fabric:
@@ -53,7 +57,7 @@ def _per_sample(module: _Linear, batch) -> list[torch.Tensor]:
     out = []
     for i in range(len(batch[1])):
         module.zero_grad()
-        module.training_step([batch[0][i:i + 1], batch[1][i:i + 1]], 0).backward()
+        module.training_step([batch[0][i : i + 1], batch[1][i : i + 1]], 0).backward()
         out.append(torch.cat([p.grad.flatten() for p in module.parameters()]).double())
     return out
 

@@ -87,8 +87,9 @@ class _FullAfter:
 
 
 @pytest.mark.parametrize("how", ["DurableWriter", "atomic_save"])
-@pytest.mark.parametrize("code, says", [(errno.ENOSPC, "free there"), (errno.EDQUOT, "the disk quota there is used up")],
-                         ids=["ENOSPC", "EDQUOT"])
+@pytest.mark.parametrize(
+    "code, says", [(errno.ENOSPC, "free there"), (errno.EDQUOT, "the disk quota there is used up")], ids=["ENOSPC", "EDQUOT"]
+)
 def test_no_space_while_writing_is_one_line(old, monkeypatch, how, code, says):
     path, before = old
     monkeypatch.setattr(checkpoint, "open", lambda *a, **k: _FullAfter(builtins.open(*a, **k), 1000, code), raising=False)
@@ -105,7 +106,7 @@ def test_no_space_while_writing_is_one_line(old, monkeypatch, how, code, says):
     _assert_kept(path, before)
 
 
-@pytest.mark.parametrize("free, full", [(1000, True), (10 ** 12, False)], ids=["disk-full", "room-left"])
+@pytest.mark.parametrize("free, full", [(1000, True), (10**12, False)], ids=["disk-full", "room-left"])
 def test_torchs_own_error_is_a_full_disk_only_when_the_space_is_short(old, monkeypatch, free, full):
     """torch's writer error with no OSError under it: a full disk when less than the checkpoint's size is free."""
     path, before = old
@@ -118,7 +119,7 @@ def test_torchs_own_error_is_a_full_disk_only_when_the_space_is_short(old, monke
         return real(obj, f, *args, **kwargs)
 
     monkeypatch.setattr(checkpoint.torch, "save", save)
-    monkeypatch.setattr(durable_write.shutil, "disk_usage", lambda p: _Usage(10 ** 12, 10 ** 12 - free, free))
+    monkeypatch.setattr(durable_write.shutil, "disk_usage", lambda p: _Usage(10**12, 10**12 - free, free))
     if full:
         with pytest.raises(DiskFullError, match=r"it needs 1\.1 MiB \(its serialized size\), 1000 bytes free there"):
             _save("DurableWriter", _state(300_000), path)
@@ -136,9 +137,12 @@ def test_without_its_size_the_previous_checkpoint_is_the_estimate(old, monkeypat
         raise RuntimeError(_TORCH_FULL)
 
     monkeypatch.setattr(checkpoint.torch, "save", save)
-    monkeypatch.setattr(durable_write.shutil, "disk_usage", lambda p: _Usage(10 ** 9, 10 ** 9 - 100, 100))
-    with pytest.raises(DiskFullError, match=r"it needs 1\.5 KiB \(the size of its previous version, an estimate\), "
-                                            r"100 bytes free there") as caught:
+    monkeypatch.setattr(durable_write.shutil, "disk_usage", lambda p: _Usage(10**9, 10**9 - 100, 100))
+    with pytest.raises(
+        DiskFullError,
+        match=r"it needs 1\.5 KiB \(the size of its previous version, an estimate\), "
+        r"100 bytes free there",
+    ) as caught:
         atomic_save(_state(300_000), path)
     assert caught.value.needed == len(before)
     _assert_kept(path, before)
@@ -167,8 +171,11 @@ def test_no_space_for_a_text_file_of_the_run_folder_is_one_line(tmp_path, monkey
     real = Path.open
     monkeypatch.setattr(Path, "open", lambda self, *a, **k: _FullAfter(real(self, *a, **k), 2, errno.ENOSPC))
     rows = [{"round": r, "accuracy": 0.5} for r in range(3)]
-    with pytest.raises(DiskFullError, match=rf"disk full: '{path}' could not be written: it needs 37 bytes \(its "
-                                            rf"size\), .* free there"):  # "round,accuracy\r\n" + 3 * "0,0.5\r\n"
+    with pytest.raises(
+        DiskFullError,
+        match=rf"disk full: '{path}' could not be written: it needs 37 bytes \(its "
+        rf"size\), .* free there",
+    ):  # "round,accuracy\r\n" + 3 * "0,0.5\r\n"
         write_metrics_csv(path, rows)
     with pytest.raises(DiskFullError, match="it needs 3 bytes"):
         write_text_atomic(path, "abc")
@@ -177,6 +184,7 @@ def test_no_space_for_a_text_file_of_the_run_folder_is_one_line(tmp_path, monkey
 
 
 # ----------------------------------------------------------------------------- a real 600 KiB disk
+
 
 def test_a_real_full_disk(tiny_disk):
     path = tiny_disk / "checkpoints" / "server.pt"
@@ -200,8 +208,18 @@ def test_a_real_full_disk(tiny_disk):
 def test_a_run_into_a_full_disk_stops_with_one_line(tiny_disk):
     """The CLI into a 600 KiB disk with 150 KiB free: the frozen features' cache (180 KiB) does not fit."""
     (tiny_disk / "filler").write_bytes(bytes(450_000))
-    out = run_cli("--config", str(CONF / "fedavg_digits_tiny.yaml"), "--partition.num_clients", "3",
-                  "--federation.rounds", "1", "--logging.progress", "false", "--output_dir", str(tiny_disk / "runs"))
+    out = run_cli(
+        "--config",
+        str(CONF / "fedavg_digits_tiny.yaml"),
+        "--partition.num_clients",
+        "3",
+        "--federation.rounds",
+        "1",
+        "--logging.progress",
+        "false",
+        "--output_dir",
+        str(tiny_disk / "runs"),
+    )
     assert out.returncode == 2, out.stderr[-3000:]
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fl_lightning: disk full: "), out.stderr[-3000:]

@@ -31,8 +31,12 @@ JOB = {
     "algorithm": "afl",
     "data": {"name": "digits", "image_size": 32, "batch_size": 64},
     "partition": {"num_clients": 5, "alpha": 0.5},
-    "model": {"library": "timm", "name": "vit_base_patch16_224", "pretrained": None,
-              "overrides": {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2}},
+    "model": {
+        "library": "timm",
+        "name": "vit_base_patch16_224",
+        "pretrained": None,
+        "overrides": {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2},
+    },
     "federation": {"accelerator": "cpu"},
     "logging": {"progress": False},
 }
@@ -89,24 +93,65 @@ def _assert_same_result(one, two) -> None:
 
 def test_fabric_run_two_cpu_processes_equal_one(config, one_process, tmp_path):
     fabric, port = _launcher("fabric")
-    proc = _launch([*fabric, "--accelerator", "cpu", "--devices", "2", "--main-port", port,
-                    "fl_lightning/train.py", "--config", str(config), "--output_dir", str(tmp_path),
-                    "--federation.devices", "2"])
+    proc = _launch(
+        [
+            *fabric,
+            "--accelerator",
+            "cpu",
+            "--devices",
+            "2",
+            "--main-port",
+            port,
+            "fl_lightning/train.py",
+            "--config",
+            str(config),
+            "--output_dir",
+            str(tmp_path),
+            "--federation.devices",
+            "2",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "processes have already been created" not in proc.stderr
     _assert_same_result(one_process, tmp_path / RUN)
 
 
 def test_torchrun_two_cpu_processes_equal_one(config, one_process, tmp_path):
-    proc = _launch([*_launcher("torchrun")[0], "--nproc-per-node", "2", "-m", "fl_lightning.train",
-                    "--config", str(config), "--output_dir", str(tmp_path), "--federation.devices", "2"])
+    proc = _launch(
+        [
+            *_launcher("torchrun")[0],
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "fl_lightning.train",
+            "--config",
+            str(config),
+            "--output_dir",
+            str(tmp_path),
+            "--federation.devices",
+            "2",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     _assert_same_result(one_process, tmp_path / RUN)
 
 
 def test_torchrun_world_size_disagreeing_with_the_config_stops_in_one_line(config, tmp_path):
-    proc = _launch([*_launcher("torchrun")[0], "--nproc-per-node", "2", "-m", "fl_lightning.train",
-                    "--config", str(config), "--output_dir", str(tmp_path), "--federation.devices", "1"])
+    proc = _launch(
+        [
+            *_launcher("torchrun")[0],
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "fl_lightning.train",
+            "--config",
+            str(config),
+            "--output_dir",
+            str(tmp_path),
+            "--federation.devices",
+            "1",
+        ]
+    )
     # each rank exits 2 with our one line; torchrun then exits 1 and prints its own failure report. The
     # first rank to exit makes torchrun SIGTERM the other if that one has not exited yet: a race. The
     # other then dies of the signal (-15) or, once our handler is installed, says so and exits 143.
@@ -126,12 +171,39 @@ def _two_nodes(config, out0, out1, timeout: float = 300) -> list[subprocess.Comp
     each, as a two-node job starts them (each node names its own ``output_dir``)."""
     base, port = _launcher("torchrun")
     base = [a for a in base if a not in ("--master-port", port)]
-    procs = [subprocess.Popen([*base, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
-                               "--master-addr", "127.0.0.1", "--master-port", port, "-m", "fl_lightning.train",
-                               "--config", str(config), "--output_dir", str(out),
-                               "--federation.num_nodes", "2", "--federation.devices", "1"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=ENV)
-             for node, out in enumerate((out0, out1))]
+    procs = [
+        subprocess.Popen(
+            [
+                *base,
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(node),
+                "--nproc-per-node",
+                "1",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                port,
+                "-m",
+                "fl_lightning.train",
+                "--config",
+                str(config),
+                "--output_dir",
+                str(out),
+                "--federation.num_nodes",
+                "2",
+                "--federation.devices",
+                "1",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=ENV,
+        )
+        for node, out in enumerate((out0, out1))
+    ]
     done = []
     for proc in procs:
         stdout, stderr = proc.communicate(timeout=timeout)

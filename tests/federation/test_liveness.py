@@ -72,11 +72,14 @@ def test_a_silent_rank_is_reported_by_the_lowest_live_rank_within_its_patience()
     frozen = time.monotonic()
     _freeze(w1)
     assert v0.event.wait(PATIENCE + 3 * w0.interval_s + 2 * SLACK) and v2.event.wait(5.0)
-    (line, status, at), = v0.calls
+    ((line, status, at),) = v0.calls
     assert status == 1 and PATIENCE - 2 * w0.interval_s <= at - frozen <= PATIENCE + 3 * w0.interval_s + SLACK
-    assert re.fullmatch(rf"rank 1 on {re.escape(HOST)} stopped answering: no heartbeat for \d+ s "
-                        r"\(federation.liveness_timeout_s=2.4; killed, frozen or its host lost\); every rank stops; "
-                        r"the same command resumes from the last completed round", line), line
+    assert re.fullmatch(
+        rf"rank 1 on {re.escape(HOST)} stopped answering: no heartbeat for \d+ s "
+        r"\(federation.liveness_timeout_s=2.4; killed, frozen or its host lost\); every rank stops; "
+        r"the same command resumes from the last completed round",
+        line,
+    ), line
     assert v2.calls[0][:2] == (None, 1)  # every other rank exits quietly with the same status
     assert v1.calls == []
     w0.stop(), w2.stop()
@@ -99,13 +102,15 @@ def test_a_rank_that_failed_outside_an_exchange_ends_the_others_at_once_with_its
     watches[failing].stop(FAILED, status=2, line="data.path: no such folder\n/data/x")
     other = 1 - failing
     assert verdicts[other].event.wait(5.0)
-    (line, status, at), = verdicts[other].calls
+    ((line, status, at),) = verdicts[other].calls
     assert status == 2 and at - start < 3 * watches[other].interval_s + SLACK
     if printer is None:
         assert line is None
     else:
-        assert line == (f"rank 1 on {HOST} failed: data.path: no such folder /data/x; every rank stops; the same "
-                        f"command resumes from the last completed round")
+        assert line == (
+            f"rank 1 on {HOST} failed: data.path: no such folder /data/x; every rank stops; the same "
+            f"command resumes from the last completed round"
+        )
     watches[other].stop()
 
 
@@ -118,12 +123,14 @@ def test_a_rank_waiting_with_its_error_for_peers_that_never_come_ends_the_job_af
     start = time.monotonic()
     watches[failing].failing(2, "round 0's server phase", "DiskFullError: no space left\non /full")
     assert verdicts[other].event.wait(watches[other].grace_s + 3 * watches[other].interval_s + SLACK)
-    (line, status, at), = verdicts[other].calls
+    ((line, status, at),) = verdicts[other].calls
     assert status == 2 and at - start >= watches[other].grace_s
-    expected = (f"rank {failing} on {HOST} failed in round 0's server phase: DiskFullError: no space left on /full; "
-                f"every rank stops; the same command resumes from the last completed round")
+    expected = (
+        f"rank {failing} on {HOST} failed in round 0's server phase: DiskFullError: no space left on /full; "
+        f"every rank stops; the same command resumes from the last completed round"
+    )
     assert verdicts[failing].event.wait(watches[failing].grace_s + 5 * watches[failing].interval_s + SLACK)
-    (own_line, own_status, own_at), = verdicts[failing].calls
+    ((own_line, own_status, own_at),) = verdicts[failing].calls
     assert own_status == 2 and own_at > at  # after the other: a launcher cannot cut the printer short
     if failing == 1:  # rank 0 names it; rank 1 ends quietly
         assert line == expected and own_line is None
@@ -164,6 +171,7 @@ class _DyingStore:
                     threading.Event().wait()
                 raise dist.DistNetworkError("Connection reset by peer")
             return getattr(self.store, name)(*args)
+
         return call
 
 
@@ -175,10 +183,12 @@ def test_a_store_that_stops_answering_ends_every_rank_and_rank_1_names_rank_0(fr
     gone = time.monotonic()
     store.dead.set()  # rank 0's process (which holds it under Fabric's launcher) has gone, or is frozen
     assert v1.event.wait(PATIENCE + 3 * w1.interval_s + 2 * SLACK)
-    (line, status, at), = v1.calls
+    ((line, status, at),) = v1.calls
     assert status == 1 and at - gone <= (PATIENCE + 2 * w1.interval_s if frozen else 2 * w1.interval_s + 1.0) + SLACK
-    assert line.startswith(f"the job's store stopped answering (rank 0 on {HOST}, which holds it under Fabric's "
-                           "launcher and SLURM, or torchrun's agent, has gone or is frozen)"), line
+    assert line.startswith(
+        f"the job's store stopped answering (rank 0 on {HOST}, which holds it under Fabric's "
+        "launcher and SLURM, or torchrun's agent, has gone or is frozen)"
+    ), line
     w0.stop(), w1.stop()
 
 
@@ -222,7 +232,7 @@ def test_a_store_frozen_with_rank_0_before_rank_1_read_it_still_names_and_kills_
         w1.start()  # its first entry written
         store.dead.set()  # frozen before rank 1's first beat: no later call returns, rank 0's entry never read
         assert verdicts.event.wait(PATIENCE + 3 * w1.interval_s + 2 * SLACK)
-        (line, status, _), = verdicts.calls
+        ((line, status, _),) = verdicts.calls
         assert status == 1 and line.startswith(f"the job's store stopped answering (rank 0 on {HOST}, which holds")
         assert frozen.wait(timeout=10) == -signal.SIGKILL
     finally:
@@ -230,12 +240,17 @@ def test_a_store_frozen_with_rank_0_before_rank_1_read_it_still_names_and_kills_
 
 
 def test_a_broken_collective_without_a_watch_is_one_line():
-    err = liveness.lost_peer(0, "round 3's clients", RuntimeError(
-        "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:41234\nmore"))
+    err = liveness.lost_peer(
+        0,
+        "round 3's clients",
+        RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:41234\nmore"),
+    )
     assert isinstance(err, PeerLost) and "\n" not in str(err)
-    assert str(err) == ("rank 0 lost its connection to another rank during round 3's clients ([../third_party/gloo/"
-                        "gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:41234); every rank "
-                        "stops; the same command resumes from the last completed round")
+    assert str(err) == (
+        "rank 0 lost its connection to another rank during round 3's clients ([../third_party/gloo/"
+        "gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:41234); every rank "
+        "stops; the same command resumes from the last completed round"
+    )
     assert liveness.connection_lost(dist.DistNetworkError("x")) and not liveness.connection_lost(ValueError("y"))
 
 
@@ -244,14 +259,18 @@ def test_a_bad_liveness_timeout_is_a_config_error(value):
     from fl_lightning.config.loading import load_config
     from fl_lightning.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"federation.liveness_timeout_s=.* is not allowed; expected a float in "
-                                          r"\[5, 1e9\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"federation.liveness_timeout_s=.* is not allowed; expected a float in "
+        r"\[5, 1e9\]",
+    ):
         load_config(CONF / "fedavg_digits_tiny.yaml", ["--federation.liveness_timeout_s", value])
 
 
 def test_one_rank_keeps_no_watch():
-    with liveness.watching(None, rank=0, world=1, patience_s=60, token="t", exit_status=lambda e: 1,
-                           one_line=str, decided=lambda e: False) as watch:
+    with liveness.watching(
+        None, rank=0, world=1, patience_s=60, token="t", exit_status=lambda e: 1, one_line=str, decided=lambda e: False
+    ) as watch:
         assert watch is None
 
 
@@ -261,14 +280,27 @@ _LIVENESS_S = 8.0
 
 
 def _env(hook: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-            "FL_TEST_SIGNAL_HOOK": hook}
+    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "FL_TEST_SIGNAL_HOOK": hook}
 
 
 def _cli(tmp_path: Path, *extra: str) -> list[str]:
-    return ["--config", str(CONF / "fedavg_digits_tiny.yaml"), "--output_dir", str(tmp_path / "runs"),
-            "--federation.rounds", "1", "--federation.accelerator", "cpu", "--logging.progress", "false",
-            "--federation.collective_timeout_s", "600", "--federation.liveness_timeout_s", str(_LIVENESS_S), *extra]
+    return [
+        "--config",
+        str(CONF / "fedavg_digits_tiny.yaml"),
+        "--output_dir",
+        str(tmp_path / "runs"),
+        "--federation.rounds",
+        "1",
+        "--federation.accelerator",
+        "cpu",
+        "--logging.progress",
+        "false",
+        "--federation.collective_timeout_s",
+        "600",
+        "--federation.liveness_timeout_s",
+        str(_LIVENESS_S),
+        *extra,
+    ]
 
 
 def _free_port() -> str:
@@ -293,13 +325,34 @@ def test_a_rank_frozen_or_killed_on_another_node_ends_the_job_with_one_line(sign
     the collective's 600 s), no traceback; node 1's frozen rank is killed by rank 0's watch (the same host here),
     so both nodes' launchers end."""
     out, port = tmp_path / "ranks", _free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
-                               str(node), "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port",
-                               port, str(JOB), str(out), *_cli(tmp_path, "--federation.num_nodes", "2",
-                                                                 "--federation.devices", "1")],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                              env=_env(f"on_round_start:1:{signum}"))
-             for node in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(node),
+                "--nproc-per-node",
+                "1",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                port,
+                str(JOB),
+                str(out),
+                *_cli(tmp_path, "--federation.num_nodes", "2", "--federation.devices", "1"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=_env(f"on_round_start:1:{signum}"),
+        )
+        for node in (0, 1)
+    ]
     try:
         results = [p.communicate(timeout=300) for p in procs]
     finally:
@@ -311,9 +364,12 @@ def test_a_rank_frozen_or_killed_on_another_node_ends_the_job_with_one_line(sign
     assert procs[0].returncode != 0 and procs[1].returncode != 0, results
     ours = [line for line in rank0.splitlines() if line.startswith("fl_lightning:")]
     assert len(ours) == 1, rank0[-3000:]
-    assert re.fullmatch(rf"fl_lightning: rank 1 on {re.escape(HOST)} stopped answering: no heartbeat for \d+ s "
-                        rf"\(federation.liveness_timeout_s={_LIVENESS_S:g}; killed, frozen or its host lost\); every "
-                        r"rank stops; the same command resumes from the last completed round", ours[0]), ours
+    assert re.fullmatch(
+        rf"fl_lightning: rank 1 on {re.escape(HOST)} stopped answering: no heartbeat for \d+ s "
+        rf"\(federation.liveness_timeout_s={_LIVENESS_S:g}; killed, frozen or its host lost\); every "
+        r"rank stops; the same command resumes from the last completed round",
+        ours[0],
+    ), ours
     assert "Traceback" not in rank0
     ended = (out / "rank0.err").stat().st_mtime
     assert ended - raised < _LIVENESS_S + 15, ended - raised  # the watch, not the collective's 600 s
@@ -326,15 +382,23 @@ def test_rank0_frozen_under_fabrics_launcher_ends_its_children_and_itself(tmp_pa
     same host: no GPU stays held) and exits 1 — within the liveness timeout, not the collective's 600 s."""
     out = tmp_path / "ranks"
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, str(JOB), str(out), *_cli(tmp_path, "--federation.devices", "2")],
-                          capture_output=True, text=True, cwd=REPO, env={**_env("on_round_start:0:SIGSTOP"),
-                                                                         "MASTER_PORT": _free_port()}, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(JOB), str(out), *_cli(tmp_path, "--federation.devices", "2")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**_env("on_round_start:0:SIGSTOP"), "MASTER_PORT": _free_port()},
+        timeout=300,
+    )
     _kill_leftovers(out)
     rank1 = (out / "rank1.err").read_text()
     assert proc.returncode == -signal.SIGKILL, (proc.returncode, rank1[-3000:])
     ours = [line for line in rank1.splitlines() if line.startswith("fl_lightning:")]
-    assert len(ours) == 1 and ours[0].startswith("fl_lightning: the job's store at 127.0.0.1:") and (
-        f"stopped answering (rank 0 on {HOST}, which holds it" in ours[0]), rank1[-3000:]
+    assert (
+        len(ours) == 1
+        and ours[0].startswith("fl_lightning: the job's store at 127.0.0.1:")
+        and (f"stopped answering (rank 0 on {HOST}, which holds it" in ours[0])
+    ), rank1[-3000:]
     assert time.monotonic() - start < 180
     raised = float((out / "raised").read_text())
     assert (out / "rank1.err").stat().st_mtime - raised < 2 * _LIVENESS_S + 15

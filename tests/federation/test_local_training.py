@@ -69,10 +69,8 @@ def test_32_true_is_the_plain_loop_bit_for_bit():
 def test_16_mixed_hooks_see_unscaled_gradients_and_match_fp32_closely():
     spy16, spy32 = _GradSpy(), _GradSpy()
     m16, m32 = _Linear(), _Linear()
-    fit_local(_fp16_mixed(), m16, _batches(), epochs=1,
-              callbacks=[spy16])
-    fit_local(Fabric(accelerator="cpu", devices=1, precision="32-true"), m32, _batches(), epochs=1,
-              callbacks=[spy32])
+    fit_local(_fp16_mixed(), m16, _batches(), epochs=1, callbacks=[spy16])
+    fit_local(Fabric(accelerator="cpu", devices=1, precision="32-true"), m32, _batches(), epochs=1, callbacks=[spy32])
     # a scaled gradient would be ~65536x larger; unscaled, fp16 autocast stays within fp16's precision
     assert spy16.norms == pytest.approx(spy32.norms, rel=2e-2)
     for a, b in zip(m16.state_dict().values(), m32.state_dict().values()):

@@ -23,15 +23,36 @@ from tests.conftest import CONF
 
 
 def _cfg(tmp_path, config: str, precision: str, *extra: str):
-    return load_config(CONF / config, ["--output_dir", str(tmp_path), "--logging.progress", "false",
-                                       "--federation.accelerator", "cpu", "--federation.precision", precision,
-                                       *extra])
+    return load_config(
+        CONF / config,
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--logging.progress",
+            "false",
+            "--federation.accelerator",
+            "cpu",
+            "--federation.precision",
+            precision,
+            *extra,
+        ],
+    )
 
 
 @pytest.mark.parametrize("precision", ["bf16-true", "16-true"])
 def test_a_method_that_cannot_run_in_half_precision_refuses_it_in_one_line(precision, tmp_path, capsys):
-    rc = train.main(["--config", str(CONF / "fedopal_digits_tiny.yaml"), "--output_dir", str(tmp_path),
-                     "--federation.accelerator", "cpu", "--federation.precision", precision])
+    rc = train.main(
+        [
+            "--config",
+            str(CONF / "fedopal_digits_tiny.yaml"),
+            "--output_dir",
+            str(tmp_path),
+            "--federation.accelerator",
+            "cpu",
+            "--federation.precision",
+            precision,
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1, err
     assert f"federation.precision='{precision}'" in err and "float64" in err, err
@@ -60,8 +81,10 @@ def test_fedavg_cnn_under_bf16_true_holds_evaluates_and_uploads_its_model_in_bf1
     rates (docs/gpu.md); the local loop in bf16 is the next test's."""
     from fl_lightning.federation.simulation import Simulation
 
-    sim = Simulation(cfg=_cfg(tmp_path, "fedavg_cnn_digits_tiny.yaml", "bf16-true", "--train.epochs", "0",
-                              "--federation.rounds", "1"), loggers=[])
+    sim = Simulation(
+        cfg=_cfg(tmp_path, "fedavg_cnn_digits_tiny.yaml", "bf16-true", "--train.epochs", "0", "--federation.rounds", "1"),
+        loggers=[],
+    )
     seen: list[torch.dtype] = []
     algorithms = []
     real_setup = sim._setup
@@ -135,13 +158,22 @@ class _Trunk(nn.Module):
         self.prompt = nn.Parameter(torch.zeros(4), requires_grad=trainable)
 
 
-@pytest.mark.parametrize(("precision", "device", "trainable", "expected"), [
-    ("bf16-mixed", "cuda", False, torch.bfloat16), ("bf16", "cuda", False, torch.bfloat16),
-    ("16-mixed", "cuda", False, torch.float16), ("16", "cuda:1", False, torch.float16),
-    ("bf16-mixed", "cpu", False, None), ("16-mixed", "cpu", False, None), ("bf16-mixed", "mps", False, None),
-    ("bf16-mixed", "cuda", True, None),  # a trainable parameter inside (prompts, LoRA): float32 master weights
-    ("32-true", "cuda", False, None), ("bf16-true", "cuda", False, None), ("64-true", "cuda", False, None),
-])
+@pytest.mark.parametrize(
+    ("precision", "device", "trainable", "expected"),
+    [
+        ("bf16-mixed", "cuda", False, torch.bfloat16),
+        ("bf16", "cuda", False, torch.bfloat16),
+        ("16-mixed", "cuda", False, torch.float16),
+        ("16", "cuda:1", False, torch.float16),
+        ("bf16-mixed", "cpu", False, None),
+        ("16-mixed", "cpu", False, None),
+        ("bf16-mixed", "mps", False, None),
+        ("bf16-mixed", "cuda", True, None),  # a trainable parameter inside (prompts, LoRA): float32 master weights
+        ("32-true", "cuda", False, None),
+        ("bf16-true", "cuda", False, None),
+        ("64-true", "cuda", False, None),
+    ],
+)
 def test_trunk_dtype_on_its_inputs(precision, device, trainable, expected):
     assert P.trunk_dtype(precision, device, _Trunk(trainable)) is expected
 
@@ -150,8 +182,7 @@ def test_hold_trunk_on_the_cpu_leaves_the_trunk_as_it_is():
     trunk = _Trunk(False)
     before = {k: v.clone() for k, v in trunk.state_dict().items()}
     held = P.hold_trunk(Fabric(accelerator="cpu", devices=1, precision="bf16-mixed"), trunk)
-    assert held is trunk and all(torch.equal(before[k], v) and v.dtype == torch.float32
-                                 for k, v in held.state_dict().items())
+    assert held is trunk and all(torch.equal(before[k], v) and v.dtype == torch.float32 for k, v in held.state_dict().items())
 
 
 def test_fedopal_with_its_trunk_held_in_bf16_runs_under_autocast_and_keeps_float64_statistics(tmp_path, monkeypatch):
@@ -170,8 +201,10 @@ def test_fedopal_with_its_trunk_held_in_bf16_runs_under_autocast_and_keeps_float
         return real_upload(s, *a, **kw)
 
     monkeypatch.setattr(afl.AnalyticHead, "upload", staticmethod(spy))
-    sim = Simulation(cfg=_cfg(tmp_path, "fedopal_digits_tiny.yaml", "bf16-mixed", "--train.epochs", "1",
-                              "--partition.num_clients", "3"), loggers=[])
+    sim = Simulation(
+        cfg=_cfg(tmp_path, "fedopal_digits_tiny.yaml", "bf16-mixed", "--train.epochs", "1", "--partition.num_clients", "3"),
+        loggers=[],
+    )
     algorithms = []
     real_setup = sim._setup
     sim._setup = lambda: (lambda a_e: (algorithms.append(a_e[0]), a_e)[1])(real_setup())

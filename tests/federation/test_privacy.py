@@ -32,17 +32,37 @@ def _run(config, tmp_path, name, *extra) -> tuple[dict, dict]:
 
 def test_dp_fedavg_without_noise_or_clipping_is_unweighted_fedavg_bit_for_bit(tmp_path):
     plain, off = _run(FEDAVG, tmp_path, "plain", "--fedavg.weighted", "false")
-    summary, dp = _run(FEDAVG, tmp_path, "dp", "--federation.privacy.mechanism", "dp_fedavg",
-                       "--federation.privacy.noise_multiplier", "0", "--federation.privacy.clip_norm", ".inf",
-                       "--federation.privacy.delta", "0.01")
+    summary, dp = _run(
+        FEDAVG,
+        tmp_path,
+        "dp",
+        "--federation.privacy.mechanism",
+        "dp_fedavg",
+        "--federation.privacy.noise_multiplier",
+        "0",
+        "--federation.privacy.clip_norm",
+        ".inf",
+        "--federation.privacy.delta",
+        "0.01",
+    )
     assert off.keys() == dp.keys() and all(torch.equal(off[k], dp[k]) for k in off)
     assert summary["privacy"]["epsilon"] == float("inf") and "privacy" not in plain and "epsilon" not in plain
 
 
 def test_dp_fedavg_reaches_the_target_and_reports_epsilon_per_round(tmp_path):
-    summary, _ = _run(FEDAVG, tmp_path, "eps", "--federation.privacy.mechanism", "dp_fedavg",
-                      "--federation.privacy.epsilon", "8", "--federation.privacy.delta", "0.01",
-                      "--federation.privacy.clip_norm", "0.5")
+    summary, _ = _run(
+        FEDAVG,
+        tmp_path,
+        "eps",
+        "--federation.privacy.mechanism",
+        "dp_fedavg",
+        "--federation.privacy.epsilon",
+        "8",
+        "--federation.privacy.delta",
+        "0.01",
+        "--federation.privacy.clip_norm",
+        "0.5",
+    )
     p = summary["privacy"]
     assert 8 * 0.99 <= p["epsilon"] <= 8 and p["noise_multiplier"] > 0 and p["unit"] == "user"
     saved = json.loads((tmp_path / "eps" / "summary.json").read_text())
@@ -54,25 +74,46 @@ def test_dp_fedavg_reaches_the_target_and_reports_epsilon_per_round(tmp_path):
 
 def test_statistics_without_noise_and_a_loose_clip_are_the_statistics_themselves(tmp_path):
     _, off = _run(FEDCGS, tmp_path, "plain")
-    summary, dp = _run(FEDCGS, tmp_path, "central", "--federation.privacy.mechanism", "statistics_central",
-                       "--federation.privacy.noise_multiplier", "0", "--federation.privacy.clip_norm", "1e6",
-                       "--federation.privacy.delta", "1e-6")
+    summary, dp = _run(
+        FEDCGS,
+        tmp_path,
+        "central",
+        "--federation.privacy.mechanism",
+        "statistics_central",
+        "--federation.privacy.noise_multiplier",
+        "0",
+        "--federation.privacy.clip_norm",
+        "1e6",
+        "--federation.privacy.delta",
+        "1e-6",
+    )
     assert all(torch.equal(off[k], dp[k]) for k in off)
     assert summary["privacy"]["unit"] == "record"
-    noisy, state = _run(FEDCGS, tmp_path, "local", "--federation.privacy.mechanism", "statistics_local",
-                        "--federation.privacy.epsilon", "4", "--federation.privacy.delta", "1e-6")
+    noisy, state = _run(
+        FEDCGS,
+        tmp_path,
+        "local",
+        "--federation.privacy.mechanism",
+        "statistics_local",
+        "--federation.privacy.epsilon",
+        "4",
+        "--federation.privacy.delta",
+        "1e-6",
+    )
     assert not torch.equal(state["W"], off["W"]) and 0 <= noisy["accuracy"] <= 1
     assert noisy["epsilon"] == pytest.approx(4, rel=0.01)
 
 
-@pytest.mark.parametrize("override, key", [
-    (["--federation.privacy.epsilon", "0"], "federation.privacy.epsilon"),
-    (["--federation.privacy.epsilon", "1", "--federation.privacy.clip_norm", "0"], "federation.privacy.clip_norm"),
-    (["--federation.privacy.epsilon", "1", "--federation.privacy.delta", "0.25"], "federation.privacy.delta"),
-    (["--federation.privacy.mechanism", "dp_fedavg"], "federation.privacy.epsilon"),
-    (["--federation.privacy.epsilon", "1", "--federation.privacy.sampling_rate", "1.5"],
-     "federation.privacy.sampling_rate"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        (["--federation.privacy.epsilon", "0"], "federation.privacy.epsilon"),
+        (["--federation.privacy.epsilon", "1", "--federation.privacy.clip_norm", "0"], "federation.privacy.clip_norm"),
+        (["--federation.privacy.epsilon", "1", "--federation.privacy.delta", "0.25"], "federation.privacy.delta"),
+        (["--federation.privacy.mechanism", "dp_fedavg"], "federation.privacy.epsilon"),
+        (["--federation.privacy.epsilon", "1", "--federation.privacy.sampling_rate", "1.5"], "federation.privacy.sampling_rate"),
+    ],
+)
 def test_bad_settings_name_their_key(override, key):
     args = ["--federation.privacy.mechanism", "dp_fedavg", "--partition.num_clients", "4", *override]
     with pytest.raises(ConfigError) as err:
@@ -81,8 +122,20 @@ def test_bad_settings_name_their_key(override, key):
 
 
 def test_a_target_no_noise_reaches_is_one_line(tmp_path):
-    cfg = load_config(FEDAVG, ["--output_dir", str(tmp_path), *_FAST, "--federation.privacy.mechanism", "dp_fedavg",
-                               "--federation.privacy.epsilon", "1e-6", "--federation.privacy.delta", "1e-5"])
+    cfg = load_config(
+        FEDAVG,
+        [
+            "--output_dir",
+            str(tmp_path),
+            *_FAST,
+            "--federation.privacy.mechanism",
+            "dp_fedavg",
+            "--federation.privacy.epsilon",
+            "1e-6",
+            "--federation.privacy.delta",
+            "1e-5",
+        ],
+    )
     with pytest.raises(ConfigError) as err:
         Simulation(cfg=cfg, loggers=[]).run()
     assert err.value.key == "federation.privacy.epsilon" and "no noise multiplier" in str(err.value)
@@ -90,18 +143,42 @@ def test_a_target_no_noise_reaches_is_one_line(tmp_path):
 
 
 def test_a_bad_delta_is_one_line_and_exit_2(tmp_path):
-    proc = run_cli("--config", str(FEDAVG), "--output_dir", str(tmp_path), *_FAST,
-                   "--federation.privacy.mechanism", "dp_fedavg", "--federation.privacy.epsilon", "1",
-                   "--federation.privacy.delta", "0.3")
+    proc = run_cli(
+        "--config",
+        str(FEDAVG),
+        "--output_dir",
+        str(tmp_path),
+        *_FAST,
+        "--federation.privacy.mechanism",
+        "dp_fedavg",
+        "--federation.privacy.epsilon",
+        "1",
+        "--federation.privacy.delta",
+        "0.3",
+    )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "federation.privacy.delta=0.3" in lines[0] and "1/num_clients" in lines[0]
 
 
 def test_fedopal_composes_dp_sgd_of_its_prompts_with_its_statistics(tmp_path):
-    summary, state = _run(FEDOPAL, tmp_path, "fedopal", "--train.epochs", "1", "--data.num_samples", "120",
-                          "--federation.privacy.mechanism", "statistics_central", "--federation.privacy.epsilon", "8",
-                          "--federation.privacy.delta", "1e-3", "--federation.privacy.dp_sgd", "true")
+    summary, state = _run(
+        FEDOPAL,
+        tmp_path,
+        "fedopal",
+        "--train.epochs",
+        "1",
+        "--data.num_samples",
+        "120",
+        "--federation.privacy.mechanism",
+        "statistics_central",
+        "--federation.privacy.epsilon",
+        "8",
+        "--federation.privacy.delta",
+        "1e-3",
+        "--federation.privacy.dp_sgd",
+        "true",
+    )
     p = summary["privacy"]
     assert 8 * 0.99 <= p["epsilon"] <= 8
     from fl_lightning.privacy.accountant import epsilon
@@ -116,7 +193,8 @@ def test_fedopal_composes_dp_sgd_of_its_prompts_with_its_statistics(tmp_path):
     assert p["dp_sgd"]["sampling_rate"] == q and p["dp_sgd"]["steps_per_round"] == math.ceil(1 / q)
     assert p["dp_sgd"]["lot_size"] == pytest.approx(q * N / K) and "Poisson" in p["dp_sgd"]["sampling"]
     assert epsilon(p["noise_multiplier"], delta=1e-3, parts=[(1.0, 1), (q, math.ceil(1 / q))]) == pytest.approx(
-        p["epsilon"], rel=1e-9)
+        p["epsilon"], rel=1e-9
+    )
     assert torch.isfinite(state["W"]).all() and 0 <= summary["accuracy"] <= 1
 
 
@@ -124,9 +202,23 @@ def test_dp_sgd_is_calibrated_from_public_quantities_only():
     """σ, q, the steps and the lot size depend on N, K, B and the epochs, never on how the records are split."""
     from fl_lightning.federation.privacy import FederationPrivacy
 
-    cfg = load_config(FEDOPAL, ["--federation.privacy.mechanism", "statistics_local", "--federation.privacy.epsilon",
-                                "4", "--federation.privacy.delta", "1e-4", "--federation.privacy.dp_sgd", "true",
-                                "--train.epochs", "2", "--partition.num_clients", "3"])
+    cfg = load_config(
+        FEDOPAL,
+        [
+            "--federation.privacy.mechanism",
+            "statistics_local",
+            "--federation.privacy.epsilon",
+            "4",
+            "--federation.privacy.delta",
+            "1e-4",
+            "--federation.privacy.dp_sgd",
+            "true",
+            "--train.epochs",
+            "2",
+            "--partition.num_clients",
+            "3",
+        ],
+    )
     even, skewed = (FederationPrivacy.of(cfg, 1, sizes) for sizes in ([110, 110, 110], [1, 64, 265]))
     assert (even.noise_multiplier, even.sgd, even.lot_size) == (skewed.noise_multiplier, skewed.sgd, skewed.lot_size)
     assert even.epsilon(1) == skewed.epsilon(1) <= 4
@@ -134,9 +226,21 @@ def test_dp_sgd_is_calibrated_from_public_quantities_only():
     assert even.sgd == [(q, 2 * math.ceil(1 / q))] and even.lot_size == pytest.approx(q * 110)
     dp = even.dp_sgd(0, 2)
     assert (dp.sampling_rate, dp.steps_per_epoch, dp.denominator) == (q, math.ceil(1 / q), even.lot_size)
-    fixed = load_config(FEDOPAL, ["--federation.privacy.mechanism", "statistics_local", "--federation.privacy.epsilon",
-                                  "4", "--federation.privacy.delta", "1e-4", "--federation.privacy.dp_sgd", "true",
-                                  "--federation.privacy.sampling_rate", "0.05"])
+    fixed = load_config(
+        FEDOPAL,
+        [
+            "--federation.privacy.mechanism",
+            "statistics_local",
+            "--federation.privacy.epsilon",
+            "4",
+            "--federation.privacy.delta",
+            "1e-4",
+            "--federation.privacy.dp_sgd",
+            "true",
+            "--federation.privacy.sampling_rate",
+            "0.05",
+        ],
+    )
     assert FederationPrivacy.of(fixed, 1, [110, 110, 110]).sgd == [(0.05, fixed.train.epochs * 20)]
 
 
@@ -145,13 +249,20 @@ def test_dp_fedavg_divides_by_the_planned_clients_and_refuses_what_it_does_not_c
     from fl_lightning.federation.privacy import FederationPrivacy, PrivacyLeak
     from fl_lightning.federation.transport import Upload
 
-    dp = FederationPrivacy(PrivacyConfig(mechanism="dp_fedavg", noise_multiplier=1.0, delta=0.01,
-                                         reproducible_noise=True), seed=0, rounds=1, parts=[(1.0, 1)],
-                           noise_multiplier=1.0, denominator=3)
+    dp = FederationPrivacy(
+        PrivacyConfig(mechanism="dp_fedavg", noise_multiplier=1.0, delta=0.01, reproducible_noise=True),
+        seed=0,
+        rounds=1,
+        parts=[(1.0, 1)],
+        noise_multiplier=1.0,
+        denominator=3,
+    )
     zeros = torch.zeros(4000)
     state = {"a": zeros, "b": zeros, "steps": torch.tensor(4)}
-    uploads = {0: Upload({"a": zeros + 1e-3, "b": zeros + 1e-3, "steps": torch.tensor(9)}, {"num_samples": 5}),
-               1: Upload({"a": zeros + 2e-3}, {"num_samples": 9, "secret": 3})}
+    uploads = {
+        0: Upload({"a": zeros + 1e-3, "b": zeros + 1e-3, "steps": torch.tensor(9)}, {"num_samples": 5}),
+        1: Upload({"a": zeros + 2e-3}, {"num_samples": 9, "secret": 3}),
+    }
     view = dp.server_uploads(uploads, state, round_idx=0)
     assert view[0].meta == {"num_samples": 1} and view[1].meta == {"num_samples": 1}  # no client's number
     assert uploads[0].meta["num_samples"] == 5 and int(view[0].tensors["steps"]) == 4  # the server's own buffer
@@ -170,9 +281,13 @@ def test_the_noise_comes_from_os_entropy_unless_asked_to_be_reproducible():
     from fl_lightning.federation.privacy import FederationPrivacy
 
     def draw(reproducible: bool) -> torch.Tensor:
-        dp = FederationPrivacy(PrivacyConfig(mechanism="dp_fedavg", noise_multiplier=1.0, delta=0.01,
-                                             reproducible_noise=reproducible), seed=0, rounds=1, parts=[(1.0, 1)],
-                               noise_multiplier=1.0)
+        dp = FederationPrivacy(
+            PrivacyConfig(mechanism="dp_fedavg", noise_multiplier=1.0, delta=0.01, reproducible_noise=reproducible),
+            seed=0,
+            rounds=1,
+            parts=[(1.0, 1)],
+            noise_multiplier=1.0,
+        )
         return torch.randn(8, generator=dp._generator(0, 0))
 
     assert torch.equal(draw(True), draw(True)) and not torch.equal(draw(False), draw(False))

@@ -16,32 +16,71 @@ from fl_lightning.federation.checkpoint import safe_load
 from tests.conftest import CONF, run_cli
 
 _CASES = {
-    "statistics_central": (CONF / "fedcgs_digits_tiny.yaml", "fedcgs", ["--federation.privacy.noise_multiplier", "3",
-                                                                        "--federation.privacy.delta", "1e-4"]),
-    "statistics_local": (CONF / "fedcgs_digits_tiny.yaml", "fedcgs", ["--federation.privacy.noise_multiplier", "3",
-                                                                      "--federation.privacy.delta", "1e-4"]),
-    "dp_fedavg": (CONF / "fedavg_digits_tiny.yaml", "fedavg", ["--federation.privacy.noise_multiplier", "1",
-                                                               "--federation.privacy.delta", "0.1",
-                                                               "--federation.privacy.clip_norm", "0.1"]),
+    "statistics_central": (
+        CONF / "fedcgs_digits_tiny.yaml",
+        "fedcgs",
+        ["--federation.privacy.noise_multiplier", "3", "--federation.privacy.delta", "1e-4"],
+    ),
+    "statistics_local": (
+        CONF / "fedcgs_digits_tiny.yaml",
+        "fedcgs",
+        ["--federation.privacy.noise_multiplier", "3", "--federation.privacy.delta", "1e-4"],
+    ),
+    "dp_fedavg": (
+        CONF / "fedavg_digits_tiny.yaml",
+        "fedavg",
+        [
+            "--federation.privacy.noise_multiplier",
+            "1",
+            "--federation.privacy.delta",
+            "0.1",
+            "--federation.privacy.clip_norm",
+            "0.1",
+        ],
+    ),
 }
 
 
 def _run(tmp_path, label: str, mechanism: str, *extra: str) -> tuple[dict, dict]:
     config, algorithm, settings = _CASES[mechanism]
     out = tmp_path / label
-    done = run_cli("--config", str(config), "--output_dir", str(out), "--run_name", "run", "--logging.progress",
-                   "false", "--federation.rounds", "2", "--partition.num_clients", "4", "--data.num_samples", "400",
-                   "--federation.privacy.mechanism", mechanism, "--federation.privacy.reproducible_noise", "true",
-                   *settings, *extra, env={"OMP_NUM_THREADS": "1"})
+    done = run_cli(
+        "--config",
+        str(config),
+        "--output_dir",
+        str(out),
+        "--run_name",
+        "run",
+        "--logging.progress",
+        "false",
+        "--federation.rounds",
+        "2",
+        "--partition.num_clients",
+        "4",
+        "--data.num_samples",
+        "400",
+        "--federation.privacy.mechanism",
+        mechanism,
+        "--federation.privacy.reproducible_noise",
+        "true",
+        *settings,
+        *extra,
+        env={"OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads((out / "run" / "summary.json").read_text())
     return summary, safe_load(out / "run" / "checkpoints" / "server.pt")["state"]
 
 
-@pytest.mark.parametrize("mechanism", [
-    "dp_fedavg", "statistics_central",
-    # local noise is drawn on the client, wherever it runs: the server's path is the central case's
-    pytest.param("statistics_local", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "mechanism",
+    [
+        "dp_fedavg",
+        "statistics_central",
+        # local noise is drawn on the client, wherever it runs: the server's path is the central case's
+        pytest.param("statistics_local", marks=pytest.mark.slow),
+    ],
+)
 def test_each_mechanism_noises_the_same_state_on_one_and_two_processes(tmp_path, mechanism):
     one, state1 = _run(tmp_path, "one", mechanism)
     two, state2 = _run(tmp_path, "two", mechanism, "--federation.devices", "2")

@@ -80,15 +80,22 @@ def _tensors(obj):
 
 def _broadcast_objects(device: str):
     """The state + row, a plan, a round result and an outcome as the engine broadcasts them."""
-    def t(*shape, dtype=torch.float32):
-        return torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape)), dtype=torch.float64
-                           ).to(dtype).to(device)
 
-    state = {"head.weight": t(10, 32), "head.bias": t(10, dtype=torch.bfloat16), "sys.clock": t(3, dtype=torch.float64),
-             "count": torch.arange(5).to(device), "view": t(6, 4)[:, 1]}  # a non-contiguous view
+    def t(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape)), dtype=torch.float64).to(dtype).to(device)
+
+    state = {
+        "head.weight": t(10, 32),
+        "head.bias": t(10, dtype=torch.bfloat16),
+        "sys.clock": t(3, dtype=torch.float64),
+        "count": torch.arange(5).to(device),
+        "view": t(6, 4)[:, 1],
+    }  # a non-contiguous view
     row = {"round": 0, "accuracy": 0.5, "per_class_accuracy": [0.1, 0.9]}
-    plan = RoundPlan({0: Download({"w": t(4, 4)}, {"n": 3}), 1: Download({"w": t(4, 4)})},
-                     {"depths": t(2), "round_time_s": 1.5, "names": ["a", "b"]})
+    plan = RoundPlan(
+        {0: Download({"w": t(4, 4)}, {"n": 3}), 1: Download({"w": t(4, 4)})},
+        {"depths": t(2), "round_time_s": 1.5, "names": ["a", "b"]},
+    )
     result = RoundResult({0: ClientRecord(compute_s=0.1, bytes_down=64), 1: ClientRecord(0.2, 64, failure="boom")})
     return [(state, row), plan, result, _Outcome(value=(state, row))]
 
@@ -156,11 +163,14 @@ def test_rank0_keeps_its_objects_and_sends_cpu_ones():
     assert outcome.error is None and torch.equal(outcome.value["w"], state["w"])
 
 
-@pytest.mark.parametrize("error, status", [
-    (MissingResourceError("weights not on disk: /w.pt"), 2),  # a usage error: exit 2
-    (TooFewClients("round 0: 1 of 4 clients succeeded", 0, 1), 1),  # a run failure: exit 1
-    (ValueError("a bug\nover two lines"), 1),  # a bug: exit 1 (rank 0 prints the traceback)
-])
+@pytest.mark.parametrize(
+    "error, status",
+    [
+        (MissingResourceError("weights not on disk: /w.pt"), 2),  # a usage error: exit 2
+        (TooFewClients("round 0: 1 of 4 clients succeeded", 0, 1), 1),  # a run failure: exit 1
+        (ValueError("a bug\nover two lines"), 1),  # a bug: exit 1 (rank 0 prints the traceback)
+    ],
+)
 def test_a_failing_step_raises_on_rank0_and_stops_the_others_with_its_status(error, status):
     leader = _FakeFabric()
 
@@ -183,13 +193,19 @@ def test_a_failing_step_raises_on_rank0_and_stops_the_others_with_its_status(err
 def test_a_timed_out_wait_is_one_line_naming_the_key():
     gloo = RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation")
     follower = _FakeFabric(global_rank=1, incoming=gloo)
-    with pytest.raises(CollectiveTimeout, match=r"rank 1 waited more than federation.collective_timeout_s=3 s "
-                                                r"for round 2's plan") as info:
+    with pytest.raises(
+        CollectiveTimeout,
+        match=r"rank 1 waited more than federation.collective_timeout_s=3 s "
+        r"for round 2's plan",
+    ) as info:
         from_server(follower, dict, what="round 2's plan", timeout_s=3.0)
     assert isinstance(info.value, RunFailure) and info.value.__cause__ is gloo
     other = RuntimeError("Connection closed by peer")  # a peer gone (gloo): one line too (federation/liveness.py)
-    with pytest.raises(PeerLost, match=r"rank 1 lost its connection to another rank during x \(Connection closed by "
-                                       r"peer\); every rank stops"):
+    with pytest.raises(
+        PeerLost,
+        match=r"rank 1 lost its connection to another rank during x \(Connection closed by "
+        r"peer\); every rank stops",
+    ):
         from_server(_FakeFabric(global_rank=1, incoming=other), dict, what="x", timeout_s=3.0)
     bug = RuntimeError("a bug in a collective's caller")  # neither: the backend's own error, as it is
     with pytest.raises(RuntimeError, match="a bug"):
@@ -205,8 +221,9 @@ def test_a_stopping_rank_lets_rank0_on_its_host_exit_first(host):
     leader = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)"])
     threading.Thread(target=leader.wait, daemon=True).start()
     start = time.monotonic()
-    collectives._let_leader_exit_first(_Outcome(error="x", status=2, pid=leader.pid,
-                                                host=socket.gethostname() if host == "here" else "no-such-host"))
+    collectives._let_leader_exit_first(
+        _Outcome(error="x", status=2, pid=leader.pid, host=socket.gethostname() if host == "here" else "no-such-host")
+    )
     waited = time.monotonic() - start
     leader.wait()
     assert (0.5 < waited < 20) if host == "here" else waited < 0.5
@@ -222,6 +239,7 @@ def _gather_of(parts_on_rank0: list, sent: list):
         sent.append(obj)
         if object_gather_list is not None:
             object_gather_list[:] = [pickle.loads(pickle.dumps(obj)), *parts_on_rank0[1:]]
+
     return gather_object
 
 
@@ -255,12 +273,18 @@ def test_every_rank_succeeding_gives_rank0_every_value_and_its_check(monkeypatch
     assert sent[-1].error is None and sent[-1].value == {1: "r1"}
 
 
-@pytest.mark.parametrize("error, error_class, status", [
-    (DiskFullError("no space left for client 3's record in /full (needs 1 MB, 0 B free)", "/full", 1 << 20, 0),
-     RankUsageError, 2),  # a usage error on rank 1: exit 2 on every rank
-    (OSError(5, "Input/output error", "/flaky/client3.pt"), RankFailure, 1),  # not ours: exit 1
-    (TooFewClients("round 0: 1 of 4 clients succeeded", 0, 1), RankFailure, 1),
-])
+@pytest.mark.parametrize(
+    "error, error_class, status",
+    [
+        (
+            DiskFullError("no space left for client 3's record in /full (needs 1 MB, 0 B free)", "/full", 1 << 20, 0),
+            RankUsageError,
+            2,
+        ),  # a usage error on rank 1: exit 2 on every rank
+        (OSError(5, "Input/output error", "/flaky/client3.pt"), RankFailure, 1),  # not ours: exit 1
+        (TooFewClients("round 0: 1 of 4 clients succeeded", 0, 1), RankFailure, 1),
+    ],
+)
 def test_a_rank_that_fails_reaches_rank0_as_one_error_naming_it(error, error_class, status, monkeypatch):
     failed = _rank_outcome(error)
     assert failed.status == status and "\n" not in failed.error and failed.host == socket.gethostname()
@@ -292,8 +316,7 @@ def test_a_rank_that_fails_reaches_rank0_as_one_error_naming_it(error, error_cla
 
 def test_rank0_failing_in_its_own_part_still_releases_the_others(monkeypatch):
     sent = []
-    monkeypatch.setattr(collectives.dist, "gather_object",
-                        _gather_of([None, _rank_outcome(ValueError("rank 1 too"))], sent))
+    monkeypatch.setattr(collectives.dist, "gather_object", _gather_of([None, _rank_outcome(ValueError("rank 1 too"))], sent))
     own = MissingResourceError("rank 0's own record folder is gone: /gone")
     leader = _FakeFabric()
 
@@ -307,8 +330,13 @@ def test_rank0_failing_in_its_own_part_still_releases_the_others(monkeypatch):
 
 
 def test_several_failing_ranks_name_the_first(monkeypatch):
-    outcomes = [None, _rank_outcome(ValueError("one")), _Outcome(value={}), _rank_outcome(KeyError("three")),
-                _rank_outcome(DiskFullError("full", "/f"))]
+    outcomes = [
+        None,
+        _rank_outcome(ValueError("one")),
+        _Outcome(value={}),
+        _rank_outcome(KeyError("three")),
+        _rank_outcome(DiskFullError("full", "/f")),
+    ]
     monkeypatch.setattr(collectives.dist, "gather_object", _gather_of(outcomes, []))
     with pytest.raises(RankFailure, match=r"^rank 1 on .* failed in x \(and 2 more ranks\): ValueError: one$"):
         to_server(_FakeFabric(world_size=5), dict, what="x", timeout_s=1)
@@ -324,22 +352,39 @@ def _all_gather_of(rank: int, others: dict[int, _Outcome], sent: list):
         sent.append(obj)
         object_list[:] = [others.get(r, _Outcome()) for r in range(len(object_list))]
         object_list[rank] = pickle.loads(pickle.dumps(obj))
+
     return all_gather_object
 
 
-@pytest.mark.parametrize("failing, status, first", [
-    ({1: ValueError("a callback on rank 1")}, 1, "rank 1 on {host} failed in round 0's end: ValueError: a callback "
-                                                 "on rank 1"),
-    ({1: DiskFullError("full", "/f"), 2: ValueError("x")}, 2, "rank 1 on {host} failed in round 0's end (and 1 "
-                                                              "more rank): full"),
-    ({0: MissingResourceError("rank 0's file: /gone")}, 2, "rank 0's file: /gone"),  # rank 0's own error
-    # rank 0 timed out in a compute collective that rank 1, failing elsewhere, never joined: rank 1's error is the cause
-    ({0: RuntimeError("[gloo] Timed out waiting 900000ms for recv"), 2: DiskFullError("full", "/f")}, 2,
-     "rank 2 on {host} failed in round 0's end: full"),
-    ({0: RuntimeError("[gloo] Timed out waiting 900000ms for recv")}, 1,  # a symptom only: rank 0's own, as it is
-     "RuntimeError: [gloo] Timed out waiting 900000ms for recv"),
-    ({}, 0, None),  # every rank succeeded
-], ids=["rank 1", "ranks 1 and 2", "rank 0", "rank 0 timed out, rank 2 the cause", "rank 0 timed out", "none"])
+@pytest.mark.parametrize(
+    "failing, status, first",
+    [
+        (
+            {1: ValueError("a callback on rank 1")},
+            1,
+            "rank 1 on {host} failed in round 0's end: ValueError: a callback on rank 1",
+        ),
+        (
+            {1: DiskFullError("full", "/f"), 2: ValueError("x")},
+            2,
+            "rank 1 on {host} failed in round 0's end (and 1 more rank): full",
+        ),
+        ({0: MissingResourceError("rank 0's file: /gone")}, 2, "rank 0's file: /gone"),  # rank 0's own error
+        # rank 0 timed out in a compute collective that rank 1, failing elsewhere, never joined: rank 1's error is the cause
+        (
+            {0: RuntimeError("[gloo] Timed out waiting 900000ms for recv"), 2: DiskFullError("full", "/f")},
+            2,
+            "rank 2 on {host} failed in round 0's end: full",
+        ),
+        (
+            {0: RuntimeError("[gloo] Timed out waiting 900000ms for recv")},
+            1,  # a symptom only: rank 0's own, as it is
+            "RuntimeError: [gloo] Timed out waiting 900000ms for recv",
+        ),
+        ({}, 0, None),  # every rank succeeded
+    ],
+    ids=["rank 1", "ranks 1 and 2", "rank 0", "rank 0 timed out, rank 2 the cause", "rank 0 timed out", "none"],
+)
 def test_the_end_of_a_round_exchange_gives_every_rank_the_same_verdict(failing, status, first, monkeypatch):
     """Every rank runs its part, then one all-gather of the outcomes (no broadcast, no values): rank 0 raises its
     own error or one naming the first failing rank; every other rank — the failing ones included — stops quietly
@@ -361,8 +406,7 @@ def test_the_end_of_a_round_exchange_gives_every_rank_the_same_verdict(failing, 
             assert everyone(fabric, step, what="round 0's end", timeout_s=1) == {"rank": rank}
         elif rank == 0:
             rank0_own = 0 in failing and len(failing) == 1 or isinstance(failing.get(0), MissingResourceError)
-            with pytest.raises(type(failing[0]) if rank0_own else RankUsageError if status == 2 else RankFailure
-                               ) as raised:
+            with pytest.raises(type(failing[0]) if rank0_own else RankUsageError if status == 2 else RankFailure) as raised:
                 everyone(fabric, step, what="round 0's end", timeout_s=1)
             assert collectives.one_line(raised.value) == line and (rank0_own or raised.value.rank == min(failing.keys() - {0}))
         else:
@@ -391,8 +435,11 @@ def test_an_error_decided_in_an_inner_exchange_is_never_gathered_again(outer, mo
         return collectives.gathered(leader, lambda: 1, what="the test split's shards", timeout_s=1)
 
     call = {"everyone": everyone, "gathered": collectives.gathered, "to_server": to_server}[outer]
-    with pytest.raises(RankFailure, match=r"rank 1 on .* failed in the test split's shards: ValueError: rank 1's "
-                                          r"shard") as raised:
+    with pytest.raises(
+        RankFailure,
+        match=r"rank 1 on .* failed in the test split's shards: ValueError: rank 1's "
+        r"shard",
+    ) as raised:
         call(leader, inner, what="round 0's end", timeout_s=1)
     assert collectives.decided(raised.value)
     assert len(sent) == 1 and leader.sent == []  # the inner exchange only: no outer gather, no broadcast
@@ -404,6 +451,7 @@ def test_an_error_decided_in_an_inner_exchange_is_never_gathered_again(outer, mo
     def failing_inner():
         def shard():
             raise ValueError("rank 1's shard")
+
         return collectives.gathered(follower, shard, what="the test split's shards", timeout_s=1)
 
     with pytest.raises(RankStopped):
@@ -428,6 +476,7 @@ def _stays_after_stopping(rank: int, world: int, port: int, out: str, outer: str
             if rank == 1:
                 raise ValueError("rank 1's shard")
             return rank
+
         return c.gathered(fabric, shard, what="the test split's shards", timeout_s=20)
 
     call = {"everyone": c.everyone, "to_server": c.to_server}[outer]
@@ -477,11 +526,14 @@ def _cfg(*extra):
     return load_config(CONF / "fedavg_digits_tiny.yaml", list(extra))
 
 
-@pytest.mark.parametrize("extra, start_method", [
-    (("--federation.devices", "2"), "popen"),  # auto on 2 ranks
-    (("--federation.strategy", "ddp"), "popen"),
-    (("--federation.strategy", "ddp_spawn"), "spawn"),
-])
+@pytest.mark.parametrize(
+    "extra, start_method",
+    [
+        (("--federation.devices", "2"), "popen"),  # auto on 2 ranks
+        (("--federation.strategy", "ddp"), "popen"),
+        (("--federation.strategy", "ddp_spawn"), "spawn"),
+    ],
+)
 def test_a_ddp_strategy_carries_the_collective_timeout(extra, start_method):
     assert _cfg().federation.collective_timeout_s == 86400  # a day: longer than FeDiSyn's round 0 on the server
     strategy = _strategy(_cfg(*extra, "--federation.collective_timeout_s", "7.5", "--federation.compute_timeout_s", "3"))
@@ -490,8 +542,9 @@ def test_a_ddp_strategy_carries_the_collective_timeout(extra, start_method):
     assert strategy._timeout == timedelta(seconds=3)  # the default (compute) group's
 
 
-@pytest.mark.parametrize("extra, name", [((), "auto"), (("--federation.strategy", "fsdp"), "fsdp"),
-                                         (("--federation.strategy", "dp"), "dp")])
+@pytest.mark.parametrize(
+    "extra, name", [((), "auto"), (("--federation.strategy", "fsdp"), "fsdp"), (("--federation.strategy", "dp"), "dp")]
+)
 def test_other_strategies_stay_names(extra, name):
     assert _strategy(_cfg(*extra)) == name
 
@@ -509,22 +562,54 @@ def _free_port() -> str:
         return str(s.getsockname()[1])
 
 
-def _job(tmp_path: Path, algorithm: str, *extra: str, torchrun: bool, sleep_s: float = 0.0,
-         timeout: float = 240, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float, Path]:
+def _job(
+    tmp_path: Path,
+    algorithm: str,
+    *extra: str,
+    torchrun: bool,
+    sleep_s: float = 0.0,
+    timeout: float = 240,
+    env: dict[str, str] | None = None,
+) -> tuple[subprocess.CompletedProcess, float, Path]:
     """The job on 2 CPU ranks: under torchrun (the ranks start together) or the CLI's own Fabric launcher
     (rank 0 starts rank 1). Returns the launcher's process, its seconds and the folder of the ranks' files."""
     out = tmp_path / "ranks"
-    cli = ["--config", str(CONF / "fedavg_digits_tiny.yaml"), "--output_dir", str(tmp_path / "runs"),
-           "--algorithm", algorithm, "--federation.rounds", "1", "--federation.devices", "2",
-           "--federation.accelerator", "cpu", "--logging.progress", "false", *extra]
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                 _free_port()] if torchrun else [sys.executable])
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "FL_TEST_SERVER_SLEEP_S": str(sleep_s), "MASTER_PORT": _free_port(), **(env or {})}
+    cli = [
+        "--config",
+        str(CONF / "fedavg_digits_tiny.yaml"),
+        "--output_dir",
+        str(tmp_path / "runs"),
+        "--algorithm",
+        algorithm,
+        "--federation.rounds",
+        "1",
+        "--federation.devices",
+        "2",
+        "--federation.accelerator",
+        "cpu",
+        "--logging.progress",
+        "false",
+        *extra,
+    ]
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", _free_port()]
+        if torchrun
+        else [sys.executable]
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "FL_TEST_SERVER_SLEEP_S": str(sleep_s),
+        "MASTER_PORT": _free_port(),
+        **(env or {}),
+    }
     start = time.monotonic()
     try:
-        proc = subprocess.run([*launcher, str(JOB), str(out), *cli], capture_output=True, text=True, cwd=REPO,
-                              env=env, timeout=timeout)
+        proc = subprocess.run(
+            [*launcher, str(JOB), str(out), *cli], capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout
+        )
     finally:
         _wait_for_ranks(out)
     return proc, time.monotonic() - start, out
@@ -556,12 +641,15 @@ _SHORT_S, _SLEEP_S = 5.0, 9.0  # a server phase of 9 s against a key of 5 s
 def test_a_server_phase_longer_than_the_key_stops_within_seconds_with_one_line(tmp_path):
     """torchrun: the ranks start together, so a short key covers their rendezvous. Rank 1 waits in round 0's
     aggregate broadcast, times out after 5 s and stops with one line (exit 1); torchrun then stops rank 0."""
-    proc, seconds, out = _job(tmp_path, "test_slow_server", "--federation.collective_timeout_s", str(_SHORT_S),
-                              torchrun=True, sleep_s=_SLEEP_S)
+    proc, seconds, out = _job(
+        tmp_path, "test_slow_server", "--federation.collective_timeout_s", str(_SHORT_S), torchrun=True, sleep_s=_SLEEP_S
+    )
     rank1 = _read(out, "rank1.err")
     assert proc.returncode != 0, proc.stderr[-3000:]
-    assert (f"fl_lightning: rank 1 waited more than federation.collective_timeout_s={_SHORT_S:g} s for round 0's "
-            f"aggregate and evaluation") in rank1, rank1[-3000:] + _read(out, "rank0.err")[-3000:]
+    assert (
+        f"fl_lightning: rank 1 waited more than federation.collective_timeout_s={_SHORT_S:g} s for round 0's "
+        f"aggregate and evaluation"
+    ) in rank1, rank1[-3000:] + _read(out, "rank0.err")[-3000:]
     assert "Traceback" not in rank1 and _read(out, "rank1.rc") == "1"
     assert not (tmp_path / "runs" / "fedavg_digits_a0.5_s0" / "summary.json").exists()
     assert seconds < 120
@@ -569,8 +657,9 @@ def test_a_server_phase_longer_than_the_key_stops_within_seconds_with_one_line(t
 
 @pytest.mark.slow
 def test_the_same_phase_under_a_long_enough_key_completes(tmp_path):
-    proc, _, out = _job(tmp_path, "test_slow_server", "--federation.collective_timeout_s", str(4 * _SLEEP_S),
-                        torchrun=True, sleep_s=_SLEEP_S)
+    proc, _, out = _job(
+        tmp_path, "test_slow_server", "--federation.collective_timeout_s", str(4 * _SLEEP_S), torchrun=True, sleep_s=_SLEEP_S
+    )
     assert proc.returncode == 0, _read(out, "rank0.err")[-3000:] + _read(out, "rank1.err")[-3000:]
     assert _read(out, "rank0.rc") == _read(out, "rank1.rc") == "0"
     runs = list((tmp_path / "runs").glob("*/summary.json"))
@@ -596,10 +685,14 @@ def test_a_server_that_raises_ends_every_rank_at_once(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind, torchrun, status, message", [
-    ("disk", False, 2, r"no space left for client \d+'s record in /full/disk \(needs 1 MB, 0 B free\)"),
-    ("io", True, 1, r"OSError: \[Errno 5\] Input/output error: '/flaky/mount/client\d+\.pt'"),
-], ids=["usage error, Fabric's launcher", "other error, torchrun"])
+@pytest.mark.parametrize(
+    "kind, torchrun, status, message",
+    [
+        ("disk", False, 2, r"no space left for client \d+'s record in /full/disk \(needs 1 MB, 0 B free\)"),
+        ("io", True, 1, r"OSError: \[Errno 5\] Input/output error: '/flaky/mount/client\d+\.pt'"),
+    ],
+    ids=["usage error, Fabric's launcher", "other error, torchrun"],
+)
 def test_a_rank_failing_in_its_record_step_ends_every_rank_with_one_line(kind, torchrun, status, message, tmp_path):
     """Rank 1 raises while saving its first client's record: it contributes the error to the records gather,
     rank 0 prints one line naming rank 1 and exits with the error's status; rank 1 stops quietly with it."""
@@ -619,14 +712,25 @@ def test_a_rank_failing_in_its_record_step_ends_every_rank_with_one_line(kind, t
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("hook, rank, torchrun, status, line", [
-    ("on_round_end", 1, False, 1, "rank 1 on {host} failed in round 0's end: ValueError: the test callback failed on "
-                                  "rank 1"),
-    ("on_round_end", 0, False, 2, "the test callback's file is not on disk on rank 0: /nowhere/cb.json"),
-    ("on_round_start", 1, True, 1, "rank 1 on {host} failed in round 0's clients: ValueError: the test callback "
-                                   "failed on rank 1"),
-], ids=["on_round_end on rank 1, Fabric's launcher", "on_round_end on rank 0, Fabric's launcher",
-        "on_round_start on rank 1, torchrun"])
+@pytest.mark.parametrize(
+    "hook, rank, torchrun, status, line",
+    [
+        ("on_round_end", 1, False, 1, "rank 1 on {host} failed in round 0's end: ValueError: the test callback failed on rank 1"),
+        ("on_round_end", 0, False, 2, "the test callback's file is not on disk on rank 0: /nowhere/cb.json"),
+        (
+            "on_round_start",
+            1,
+            True,
+            1,
+            "rank 1 on {host} failed in round 0's clients: ValueError: the test callback failed on rank 1",
+        ),
+    ],
+    ids=[
+        "on_round_end on rank 1, Fabric's launcher",
+        "on_round_end on rank 0, Fabric's launcher",
+        "on_round_start on rank 1, torchrun",
+    ],
+)
 def test_a_callback_failing_on_any_rank_ends_every_rank_with_one_line(hook, rank, torchrun, status, line, tmp_path):
     """A callback raises outside the server's phases and the records gather: the round's end exchange (or, for
     on_round_start, the records gather) carries it; rank 0 prints one line, the other rank stops quietly, both
@@ -654,11 +758,27 @@ def test_fabric_run_with_strategy_ddp_sets_up_ddp_with_the_collective_timeout(cl
 
     seen = []
     monkeypatch.setattr(DDPStrategy, "setup_environment", lambda self: seen.append(self))  # no process group
-    for key, value in {"LT_CLI_USED": "1", "LT_STRATEGY": cli, "LT_ACCELERATOR": "cpu", "LT_DEVICES": "2",
-                       "LT_NUM_NODES": "1", "WORLD_SIZE": "2"}.items():
+    for key, value in {
+        "LT_CLI_USED": "1",
+        "LT_STRATEGY": cli,
+        "LT_ACCELERATOR": "cpu",
+        "LT_DEVICES": "2",
+        "LT_NUM_NODES": "1",
+        "WORLD_SIZE": "2",
+    }.items():
         monkeypatch.setenv(key, value)
-    cfg = _cfg("--output_dir", str(tmp_path), "--federation.accelerator", "cpu", "--federation.devices", "2",
-               "--federation.collective_timeout_s", "7.5", "--federation.compute_timeout_s", "3")
+    cfg = _cfg(
+        "--output_dir",
+        str(tmp_path),
+        "--federation.accelerator",
+        "cpu",
+        "--federation.devices",
+        "2",
+        "--federation.collective_timeout_s",
+        "7.5",
+        "--federation.compute_timeout_s",
+        "3",
+    )
     strategy = Simulation(cfg=cfg, loggers=[]).fabric.strategy
     assert seen == [strategy] and strategy._timeout == timedelta(seconds=3)
     assert strategy.object_timeout == timedelta(seconds=7.5)
@@ -672,7 +792,15 @@ def test_fabric_run_strategy_disagreeing_with_the_config_stops_in_one_line(tmp_p
     monkeypatch.setenv("LT_CLI_USED", "1")
     monkeypatch.setenv("LT_STRATEGY", "ddp")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    cfg = _cfg("--output_dir", str(tmp_path), "--federation.accelerator", "cpu", "--federation.devices", "2",
-               "--federation.strategy", "ddp_spawn")
+    cfg = _cfg(
+        "--output_dir",
+        str(tmp_path),
+        "--federation.accelerator",
+        "cpu",
+        "--federation.devices",
+        "2",
+        "--federation.strategy",
+        "ddp_spawn",
+    )
     with pytest.raises(ConfigError, match=r"federation.strategy.*'ddp', the strategy `fabric run --strategy`"):
         Simulation(cfg=cfg, loggers=[])

@@ -33,15 +33,14 @@ def test_the_median_is_numpys(n):
 @pytest.mark.parametrize("n, beta", [(8, 0.2), (11, 0.25), (10, 0.0), (5, 0.45)])
 def test_the_trimmed_mean_is_scipys(n, beta):
     rows = _rows(n)
-    np.testing.assert_allclose(trimmed_mean(rows, beta).numpy(), stats.trim_mean(rows.numpy(), beta, axis=0),
-                               rtol=1e-12)
+    np.testing.assert_allclose(trimmed_mean(rows, beta).numpy(), stats.trim_mean(rows.numpy(), beta, axis=0), rtol=1e-12)
 
 
 def test_krum_scores_are_the_definition():
     rows, f = _rows(8), 2
     for i in range(8):
         others = sorted(float(((rows[i] - rows[j]) ** 2).sum()) for j in range(8) if j != i)
-        assert float(krum_scores(rows, f)[i]) == pytest.approx(sum(others[:8 - f - 2]), rel=1e-10)
+        assert float(krum_scores(rows, f)[i]) == pytest.approx(sum(others[: 8 - f - 2]), rel=1e-10)
 
 
 def test_bulyan_and_the_rules_ignore_f_outliers_far_away():
@@ -63,9 +62,20 @@ def test_bulyan_is_invariant_to_the_order_of_the_clients():
 
 
 def _cfg(tmp_path, *extra: str):
-    return load_config(CONF / "fedavg_digits_tiny.yaml",
-                       ["--output_dir", str(tmp_path), "--federation.rounds", "2", "--partition.num_clients", "7",
-                        "--logging.progress", "false", *extra])
+    return load_config(
+        CONF / "fedavg_digits_tiny.yaml",
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--federation.rounds",
+            "2",
+            "--partition.num_clients",
+            "7",
+            "--logging.progress",
+            "false",
+            *extra,
+        ],
+    )
 
 
 def _head(cfg) -> torch.Tensor:
@@ -73,12 +83,15 @@ def _head(cfg) -> torch.Tensor:
 
 
 def test_under_a_scaling_attack_the_median_stays_near_the_clean_run_and_the_mean_does_not(tmp_path):
-    attack = ("--federation.attack.kind", "scale", "--federation.attack.fraction", "0.3",
-              "--federation.attack.scale", "50")
-    runs = {"clean": _cfg(tmp_path / "clean"), "mean": _cfg(tmp_path / "mean", *attack),
-            "median": _cfg(tmp_path / "median", *attack, "--federation.aggregator.name", "median"),
-            "krum": _cfg(tmp_path / "krum", *attack, "--federation.aggregator.name", "krum",
-                         "--federation.aggregator.num_malicious", "2")}
+    attack = ("--federation.attack.kind", "scale", "--federation.attack.fraction", "0.3", "--federation.attack.scale", "50")
+    runs = {
+        "clean": _cfg(tmp_path / "clean"),
+        "mean": _cfg(tmp_path / "mean", *attack),
+        "median": _cfg(tmp_path / "median", *attack, "--federation.aggregator.name", "median"),
+        "krum": _cfg(
+            tmp_path / "krum", *attack, "--federation.aggregator.name", "krum", "--federation.aggregator.num_malicious", "2"
+        ),
+    }
     for cfg in runs.values():
         Simulation(cfg=cfg, loggers=[]).run()
     clean = _head(runs["clean"])
@@ -93,11 +106,25 @@ def test_mean_is_the_methods_own_aggregate_bit_for_bit(tmp_path):
     assert torch.equal(_head(plain), _head(named))
 
 
-@pytest.mark.parametrize("extra, words", [
-    (("--federation.aggregator.name", "bulyan", "--federation.aggregator.num_malicious", "2"), "n >= 4f + 3 = 11"),
-    (("--federation.aggregator.name", "median", "--federation.privacy.mechanism", "dp_fedavg",
-      "--federation.privacy.epsilon", "10", "--federation.privacy.delta", "0.1"), "mean's sensitivity"),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (("--federation.aggregator.name", "bulyan", "--federation.aggregator.num_malicious", "2"), "n >= 4f + 3 = 11"),
+        (
+            (
+                "--federation.aggregator.name",
+                "median",
+                "--federation.privacy.mechanism",
+                "dp_fedavg",
+                "--federation.privacy.epsilon",
+                "10",
+                "--federation.privacy.delta",
+                "0.1",
+            ),
+            "mean's sensitivity",
+        ),
+    ],
+)
 def test_clashing_settings_are_one_line(tmp_path, extra, words):
     with pytest.raises(UsageError) as err:
         Simulation(cfg=_cfg(tmp_path, *extra), loggers=[])
@@ -111,12 +138,36 @@ def test_krum_under_attackers_with_fedavgm_is_the_same_on_one_and_two_processes(
     states = []
     for label, extra in (("one", ()), ("two", ("--federation.devices", "2"))):
         out = tmp_path / label
-        done = run_cli("--config", str(CONF / "fedavg_digits_tiny.yaml"), "--output_dir", str(out), "--run_name",
-                       "run", "--logging.progress", "false", "--federation.rounds", "2", "--partition.num_clients",
-                       "6", "--data.num_samples", "300", "--federation.aggregator.name", "multi_krum",
-                       "--federation.aggregator.num_malicious", "1", "--federation.attack.kind", attack,
-                       "--federation.attack.fraction", "0.2", "--federation.server_optimizer.name", "fedavgm",
-                       "--federation.server_optimizer.momentum", "0.5", *extra, env={"OMP_NUM_THREADS": "1"})
+        done = run_cli(
+            "--config",
+            str(CONF / "fedavg_digits_tiny.yaml"),
+            "--output_dir",
+            str(out),
+            "--run_name",
+            "run",
+            "--logging.progress",
+            "false",
+            "--federation.rounds",
+            "2",
+            "--partition.num_clients",
+            "6",
+            "--data.num_samples",
+            "300",
+            "--federation.aggregator.name",
+            "multi_krum",
+            "--federation.aggregator.num_malicious",
+            "1",
+            "--federation.attack.kind",
+            attack,
+            "--federation.attack.fraction",
+            "0.2",
+            "--federation.server_optimizer.name",
+            "fedavgm",
+            "--federation.server_optimizer.momentum",
+            "0.5",
+            *extra,
+            env={"OMP_NUM_THREADS": "1"},
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         states.append(safe_load(out / "run" / "checkpoints" / "server.pt"))
     for part in ("state", "server_optimizer"):
@@ -131,16 +182,28 @@ def test_the_tiny_comparison_runs_and_the_attack_curve_reads_it(tmp_path, capsys
     from fl_lightning import train
     from tests.conftest import REPO
 
-    rc = train.main(["--config", str(CONF / "robust_aggregation_tiny.yaml"), "--output_dir", str(tmp_path),
-                     "--federation.rounds", "1", "--data.num_samples", "300"])
+    rc = train.main(
+        [
+            "--config",
+            str(CONF / "robust_aggregation_tiny.yaml"),
+            "--output_dir",
+            str(tmp_path),
+            "--federation.rounds",
+            "1",
+            "--data.num_samples",
+            "300",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     spec = importlib.util.spec_from_file_location("attack_curve", REPO / "scripts" / "attack_curve.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     rows = module.write_curve(tmp_path)
     assert {(r["label"], r["fraction"]) for r in rows} == {
-        (label, f) for label in ("mean", "median", "trimmed mean (β=0.2)", "Krum (f=3)", "Multi-Krum (f=3)")
-        for f in (0.0, 0.1, 0.3)}
+        (label, f)
+        for label in ("mean", "median", "trimmed mean (β=0.2)", "Krum (f=3)", "Multi-Krum (f=3)")
+        for f in (0.0, 0.1, 0.3)
+    }
     table = (tmp_path / "attack_curve.md").read_text().splitlines()
     assert table[0] == "| aggregator | 0 % attackers | 10 % attackers | 30 % attackers |" and len(table) == 7
     assert (tmp_path / "attack_curve.png").stat().st_size > 1000

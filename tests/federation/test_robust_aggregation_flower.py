@@ -25,8 +25,9 @@ def _aggregator(case: dict) -> RobustAggregator:
     if strategy == "FedMedian":
         return RobustAggregator.of(AggregatorConfig(name="median"))
     if strategy == "FedTrimmedAvg":
-        return RobustAggregator.of(AggregatorConfig(name="trimmed_mean", **({"trim_fraction": kw["beta"]}
-                                                                            if "beta" in kw else {})))
+        return RobustAggregator.of(
+            AggregatorConfig(name="trimmed_mean", **({"trim_fraction": kw["beta"]} if "beta" in kw else {}))
+        )
     f = kw.get("num_malicious_clients", 0)
     if strategy == "Bulyan":
         return RobustAggregator.of(AggregatorConfig(name="bulyan", num_malicious=f))
@@ -44,13 +45,20 @@ def _tensors(arrays: list) -> dict[str, torch.Tensor]:
 def test_each_round_equals_flowers_strategy(case):
     aggregator = _aggregator(case)
     for played in case["rounds"]:
-        uploads = {c: Upload(_tensors(client["parameters"]), {"num_samples": client["num_examples"]})
-                   for c, client in enumerate(played["clients"])}
+        uploads = {
+            c: Upload(_tensors(client["parameters"]), {"num_samples": client["num_examples"]})
+            for c, client in enumerate(played["clients"])
+        }
         state = {k: torch.zeros_like(t) for k, t in uploads[0].tensors.items()}  # Flower's rules ignore it
         ours = aggregator.aggregate(state, uploads)
         for key, flower in _tensors(played["global_parameters"]).items():
-            torch.testing.assert_close(ours[key], flower, rtol=1e-5, atol=1e-6,
-                                       msg=lambda m, k=key, r=played["server_round"]: f"round {r}, array {k}: {m}")
+            torch.testing.assert_close(
+                ours[key],
+                flower,
+                rtol=1e-5,
+                atol=1e-6,
+                msg=lambda m, k=key, r=played["server_round"]: f"round {r}, array {k}: {m}",
+            )
 
 
 def test_flowers_defaults_are_ours():

@@ -32,10 +32,19 @@ from fl_lightning.federation.run_folder import (
 from fl_lightning.federation.run_lock import RunLock
 from tests.conftest import REPO
 
-CONFIG = {"algorithm": "fedavg", "seed": 0, "output_dir": "runs", "run_name": None, "variants": [],
-          "partition": {"alpha": 0.5, "balance": False}, "federation": {"rounds": 2, "devices": 1},
-          "train": {"lr": 0.1}, "logging": {"progress": True}, "model": {"overrides": {}},
-          "fedavg": {}}
+CONFIG = {
+    "algorithm": "fedavg",
+    "seed": 0,
+    "output_dir": "runs",
+    "run_name": None,
+    "variants": [],
+    "partition": {"alpha": 0.5, "balance": False},
+    "federation": {"rounds": 2, "devices": 1},
+    "train": {"lr": 0.1},
+    "logging": {"progress": True},
+    "model": {"overrides": {}},
+    "fedavg": {},
+}
 
 
 def _with(config: dict, dotted: str, value: object) -> dict:
@@ -49,8 +58,7 @@ def _with(config: dict, dotted: str, value: object) -> dict:
 
 
 def test_summary_writes_nan_as_null_with_a_note(tmp_path):
-    write_summary(tmp_path / "summary.json", {"accuracy": 0.5, "alpha": math.inf,
-                                              "per_class_accuracy": [1.0, math.nan]})
+    write_summary(tmp_path / "summary.json", {"accuracy": 0.5, "alpha": math.inf, "per_class_accuracy": [1.0, math.nan]})
     text = (tmp_path / "summary.json").read_text()
     assert "NaN" not in text and "nan" not in text
     summary = json.loads(text)  # strict JSON
@@ -76,17 +84,26 @@ def test_flatten_and_diff_name_dotted_keys_with_both_values():
     assert config_diff(CONFIG, nested) == [("model.overrides.vision_cfg.width", "<absent>", 64)]
 
 
-@pytest.mark.parametrize("key, value", [("federation.rounds", 5), ("federation.devices", 2),
-                                        ("logging.progress", False), ("output_dir", "elsewhere"),
-                                        ("run_name", "moved")])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("federation.rounds", 5),
+        ("federation.devices", 2),
+        ("logging.progress", False),
+        ("output_dir", "elsewhere"),
+        ("run_name", "moved"),
+    ],
+)
 def test_resumable_keys_keep_the_fingerprint(key, value):
     changed = _with(CONFIG, key, value)
     assert fingerprint(changed) == fingerprint(CONFIG)
     assert config_diff(CONFIG, changed) == []
 
 
-@pytest.mark.parametrize("key, value", [("partition.alpha", 100.0), ("seed", 7), ("algorithm", "fedopal"),
-                                        ("train.lr", 0.5), ("model.overrides", {"embed_dim": 8})])
+@pytest.mark.parametrize(
+    "key, value",
+    [("partition.alpha", 100.0), ("seed", 7), ("algorithm", "fedopal"), ("train.lr", 0.5), ("model.overrides", {"embed_dim": 8})],
+)
 def test_other_keys_change_the_fingerprint(key, value):
     assert fingerprint(_with(CONFIG, key, value)) != fingerprint(CONFIG)
 
@@ -127,6 +144,7 @@ def test_completed_rounds_and_clear(tmp_path):
 
 
 # ----------------------------------------------------------------------------- the lock
+
 
 def _lock_info(path):
     return json.loads((path / LOCK).read_text())
@@ -179,10 +197,17 @@ def test_lock_of_another_host_says_how_to_clear_it(tmp_path):
 
 def test_lock_across_two_processes(tmp_path):
     """A second process holds the lock: acquiring fails naming it; after it is killed, the lock is stale."""
-    code = ("import sys, time; from pathlib import Path; from fl_lightning.federation.run_lock import RunLock\n"
-            "lock = RunLock(Path(sys.argv[1])); lock.acquire(); print('locked', flush=True); time.sleep(600)")
-    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                              cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    code = (
+        "import sys, time; from pathlib import Path; from fl_lightning.federation.run_lock import RunLock\n"
+        "lock = RunLock(Path(sys.argv[1])); lock.acquire(); print('locked', flush=True); time.sleep(600)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(RunFolderError, match=f"in use by another run \\(pid {holder.pid},"):

@@ -24,8 +24,7 @@ def _other_host_lock(run_dir, *, job="111", restarts=0, heartbeat_age=0.0, old_f
     """A lock as a run on host "node-b" wrote it, its heartbeat (and the file's mtime) ``heartbeat_age`` s old."""
     info = {"pid": 4242, "start": "123", "host": "node-b", "since": "2026-12-01T10:00:00+0000"}
     if not old_format:
-        info.update(slurm_job_id=job, slurm_restart_count=restarts, heartbeat=time.time() - heartbeat_age,
-                    token="theirs")
+        info.update(slurm_job_id=job, slurm_restart_count=restarts, heartbeat=time.time() - heartbeat_age, token="theirs")
     path = run_dir / LOCK
     path.write_text(json.dumps(info))
     then = time.time() - heartbeat_age
@@ -90,8 +89,11 @@ def test_the_later_of_heartbeat_and_mtime_counts(tmp_path, in_job):
     path = _other_host_lock(tmp_path, job=None, heartbeat_age=5)
     now = time.time()
     os.utime(path, (now, now))
-    with pytest.raises(RunFolderError, match=r"SLURM job none, .*last heartbeat 0 s ago\); it counts as stale once "
-                                             r"its heartbeat is 2 s old; if no run"):
+    with pytest.raises(
+        RunFolderError,
+        match=r"SLURM job none, .*last heartbeat 0 s ago\); it counts as stale once "
+        r"its heartbeat is 2 s old; if no run",
+    ):
         RunLock(tmp_path, heartbeat_s=0.5, stale_after_s=2.0, job_running=_never_asked).acquire()
 
 
@@ -158,21 +160,26 @@ def test_a_heartbeat_thread_whose_lock_was_taken_over_stops(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------- squeue, as a fake script on PATH
 
-@pytest.mark.parametrize("stdout, stderr, code, expected", [
-    ("RUNNING\n", "", 0, True),
-    ("COMPLETING\n", "", 0, True),
-    ("SUSPENDED\n", "", 0, True),
-    ("TIMEOUT\n", "", 0, False),
-    ("PREEMPTED\n", "", 0, False),
-    ("PENDING\n", "", 0, False),  # requeued, waiting: its processes are gone
-    ("", "", 0, False),  # not listed: ended
-    ("", "slurm_load_jobs error: Invalid job id specified", 1, False),  # forgotten after MinJobAge
-    ("", "slurm_load_jobs error: Unable to contact slurm controller", 1, None),
-])
+
+@pytest.mark.parametrize(
+    "stdout, stderr, code, expected",
+    [
+        ("RUNNING\n", "", 0, True),
+        ("COMPLETING\n", "", 0, True),
+        ("SUSPENDED\n", "", 0, True),
+        ("TIMEOUT\n", "", 0, False),
+        ("PREEMPTED\n", "", 0, False),
+        ("PENDING\n", "", 0, False),  # requeued, waiting: its processes are gone
+        ("", "", 0, False),  # not listed: ended
+        ("", "slurm_load_jobs error: Invalid job id specified", 1, False),  # forgotten after MinJobAge
+        ("", "slurm_load_jobs error: Unable to contact slurm controller", 1, None),
+    ],
+)
 def test_slurm_job_running_reads_squeue(tmp_path, monkeypatch, stdout, stderr, code, expected):
     script = tmp_path / "squeue"
-    script.write_text(f"#!/bin/sh\n[ \"$*\" = '-h -j 111 -o %T' ] || exit 9\nprintf '{stdout}'\n"
-                      f"printf '{stderr}' >&2\nexit {code}\n")
+    script.write_text(
+        f"#!/bin/sh\n[ \"$*\" = '-h -j 111 -o %T' ] || exit 9\nprintf '{stdout}'\nprintf '{stderr}' >&2\nexit {code}\n"
+    )
     script.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
     assert slurm_job_running("111") is expected

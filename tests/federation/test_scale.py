@@ -24,16 +24,24 @@ UPLOAD_BYTES = (D * (D + 1) // 2 + D * 10) * 8 + 8
 
 
 def _cfg(tmp_path, k: int):
-    return build_config({
-        "algorithm": "afl", "output_dir": str(tmp_path), "run_name": f"k{k}",
-        "data": {"name": "synthetic", "image_size": 32, "batch_size": 64, "num_samples": 96},
-        "partition": {"scheme": "iid", "num_clients": k},
-        "model": {"library": "timm", "name": "vit_base_patch16_224", "pretrained": None,
-                  "overrides": {"img_size": 32, "patch_size": 8, "embed_dim": D, "depth": 1, "num_heads": 2}},
-        # the record path: every record on disk at once (the default holds a short round's records in memory)
-        "federation": {"accelerator": "cpu", "record_after_s": 0},
-        "logging": {"progress": False},
-    })
+    return build_config(
+        {
+            "algorithm": "afl",
+            "output_dir": str(tmp_path),
+            "run_name": f"k{k}",
+            "data": {"name": "synthetic", "image_size": 32, "batch_size": 64, "num_samples": 96},
+            "partition": {"scheme": "iid", "num_clients": k},
+            "model": {
+                "library": "timm",
+                "name": "vit_base_patch16_224",
+                "pretrained": None,
+                "overrides": {"img_size": 32, "patch_size": 8, "embed_dim": D, "depth": 1, "num_heads": 2},
+            },
+            # the record path: every record on disk at once (the default holds a short round's records in memory)
+            "federation": {"accelerator": "cpu", "record_after_s": 0},
+            "logging": {"progress": False},
+        }
+    )
 
 
 def _wchar() -> int:

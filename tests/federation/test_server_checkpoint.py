@@ -100,8 +100,11 @@ def test_a_part_swapped_for_another_rounds_is_one_line_not_mixed_weights(tmp_pat
     folder = tmp_path / "checkpoints"
     _two_rounds(folder)
     shutil.copy(tmp_path / "round0-part.pt", folder / "state-0001.pt")  # the right name, round 0's content
-    with pytest.raises(CorruptCheckpointError, match=r"part '.*state-0001.pt' does not hold what 'server.pt' "
-                                                     r"recorded for 'backbone'") as err:
+    with pytest.raises(
+        CorruptCheckpointError,
+        match=r"part '.*state-0001.pt' does not hold what 'server.pt' "
+        r"recorded for 'backbone'",
+    ) as err:
         ServerCheckpoint(folder, min_bytes=1024).load()
     assert "\n" not in str(err.value) and "another round's" in str(err.value)
 
@@ -153,10 +156,21 @@ def test_a_run_writes_its_frozen_tensor_once_and_resumes_to_the_same_state(tmp_p
     monkeypatch.setattr(server_checkpoint, "PART_MIN_BYTES", 1024)  # the head (1.3 KB) and the table in parts
 
     def cfg(name, rounds):
-        return load_config(CONF / "fedavg_digits_tiny.yaml",
-                           ["--output_dir", str(tmp_path / name), "--federation.rounds", str(rounds),
-                            "--partition.num_clients", "4", "--logging.progress", "false",
-                            "--algorithm", "test_frozen_table"])
+        return load_config(
+            CONF / "fedavg_digits_tiny.yaml",
+            [
+                "--output_dir",
+                str(tmp_path / name),
+                "--federation.rounds",
+                str(rounds),
+                "--partition.num_clients",
+                "4",
+                "--logging.progress",
+                "false",
+                "--algorithm",
+                "test_frozen_table",
+            ],
+        )
 
     full = Simulation(cfg=cfg("full", 3), loggers=[]).run()
     folder = cfg("full", 3).run_dir / "checkpoints"
@@ -175,10 +189,21 @@ def test_a_resumed_run_sweeps_killed_writes_and_refuses_a_swapped_part(tmp_path,
     monkeypatch.setattr(server_checkpoint, "PART_MIN_BYTES", 1024)
 
     def cfg(rounds):
-        return load_config(CONF / "fedavg_digits_tiny.yaml",
-                           ["--output_dir", str(tmp_path), "--federation.rounds", str(rounds),
-                            "--partition.num_clients", "4", "--logging.progress", "false",
-                            "--algorithm", "test_frozen_table"])
+        return load_config(
+            CONF / "fedavg_digits_tiny.yaml",
+            [
+                "--output_dir",
+                str(tmp_path),
+                "--federation.rounds",
+                str(rounds),
+                "--partition.num_clients",
+                "4",
+                "--logging.progress",
+                "false",
+                "--algorithm",
+                "test_frozen_table",
+            ],
+        )
 
     Simulation(cfg=cfg(2), loggers=[]).run()
     folder = cfg(2).run_dir / "checkpoints"

@@ -23,8 +23,10 @@ ROUNDS = 5
 def _aggregates(seed: int = 0) -> list[dict[str, torch.Tensor]]:
     """A sequence of round aggregates near a drifting point (what clients' means look like)."""
     g = torch.Generator().manual_seed(seed)
-    return [{"w": torch.randn(3, 4, generator=g) * 0.3 + t * 0.1, "b": torch.randn(4, generator=g),
-             "count": torch.tensor(t)} for t in range(ROUNDS)]
+    return [
+        {"w": torch.randn(3, 4, generator=g) * 0.3 + t * 0.1, "b": torch.randn(4, generator=g), "count": torch.tensor(t)}
+        for t in range(ROUNDS)
+    ]
 
 
 def _replay(optimizer: ServerOptimizer, start: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
@@ -105,17 +107,41 @@ def test_the_moments_travel_with_the_run_state():
 
 
 def _cfg(tmp_path, *extra: str):
-    return load_config(CONF / "fedavg_digits_tiny.yaml",
-                       ["--output_dir", str(tmp_path), "--federation.rounds", "3", "--partition.num_clients", "4",
-                        "--logging.progress", "false", "--federation.server_optimizer.name", "fedadam",
-                        "--federation.server_optimizer.lr", "0.05", *extra])
+    return load_config(
+        CONF / "fedavg_digits_tiny.yaml",
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--federation.rounds",
+            "3",
+            "--partition.num_clients",
+            "4",
+            "--logging.progress",
+            "false",
+            "--federation.server_optimizer.name",
+            "fedadam",
+            "--federation.server_optimizer.lr",
+            "0.05",
+            *extra,
+        ],
+    )
 
 
 def test_fedadam_on_fedavg_resumes_mid_round_to_the_uninterrupted_result(tmp_path):
     full = Simulation(cfg=_cfg(tmp_path / "full"), loggers=[]).run()
-    plain = load_config(CONF / "fedavg_digits_tiny.yaml", ["--output_dir", str(tmp_path / "plain"),
-                                                           "--federation.rounds", "3", "--partition.num_clients", "4",
-                                                           "--logging.progress", "false"])
+    plain = load_config(
+        CONF / "fedavg_digits_tiny.yaml",
+        [
+            "--output_dir",
+            str(tmp_path / "plain"),
+            "--federation.rounds",
+            "3",
+            "--partition.num_clients",
+            "4",
+            "--logging.progress",
+            "false",
+        ],
+    )
     Simulation(cfg=plain, loggers=[]).run()
     cfg = _cfg(tmp_path / "cut")
     with pytest.raises(KeyboardInterrupt):
@@ -125,8 +151,7 @@ def test_fedadam_on_fedavg_resumes_mid_round_to_the_uninterrupted_result(tmp_pat
     resumed = Simulation(cfg=cfg, loggers=[], resume=True).run()
     drop = ("wall_time_s", "world_size")
     assert {k: v for k, v in resumed.items() if k not in drop} == {k: v for k, v in full.items() if k not in drop}
-    ours, reference = (safe_load(c.run_dir / "checkpoints" / "server.pt")
-                       for c in (cfg, _cfg(tmp_path / "full")))
+    ours, reference = (safe_load(c.run_dir / "checkpoints" / "server.pt") for c in (cfg, _cfg(tmp_path / "full")))
     for k in reference["state"]:
         assert torch.equal(ours["state"][k], reference["state"][k]), k
     for k in reference["server_optimizer"]:
@@ -136,8 +161,9 @@ def test_fedadam_on_fedavg_resumes_mid_round_to_the_uninterrupted_result(tmp_pat
 
 
 def test_a_method_whose_state_is_not_a_mean_is_refused_in_one_line(tmp_path):
-    cfg = load_config(CONF / "fedcgs_digits_tiny.yaml", ["--output_dir", str(tmp_path),
-                                                         "--federation.server_optimizer.name", "fedyogi"])
+    cfg = load_config(
+        CONF / "fedcgs_digits_tiny.yaml", ["--output_dir", str(tmp_path), "--federation.server_optimizer.name", "fedyogi"]
+    )
     with pytest.raises(UsageError) as err:
         Simulation(cfg=cfg, loggers=[])
     message = str(err.value)
@@ -146,13 +172,40 @@ def test_a_method_whose_state_is_not_a_mean_is_refused_in_one_line(tmp_path):
 
 def _cli_run(tmp_path, label: str, *extra: str) -> dict:
     out = tmp_path / label
-    done = run_cli("--config", str(CONF / "fedavg_digits_tiny.yaml"), "--output_dir", str(out), "--run_name", "run",
-                   "--logging.progress", "false", "--federation.rounds", "3", "--partition.num_clients", "4",
-                   "--data.num_samples", "400", "--federation.client_fraction", "0.5",
-                   "--federation.server_optimizer.name", "fedyogi", "--federation.server_optimizer.lr", "0.05",
-                   "--federation.privacy.mechanism", "dp_fedavg", "--federation.privacy.noise_multiplier", "0.5",
-                   "--federation.privacy.delta", "0.1", "--federation.privacy.clip_norm", "0.5",
-                   "--federation.privacy.reproducible_noise", "true", *extra, env={"OMP_NUM_THREADS": "1"})
+    done = run_cli(
+        "--config",
+        str(CONF / "fedavg_digits_tiny.yaml"),
+        "--output_dir",
+        str(out),
+        "--run_name",
+        "run",
+        "--logging.progress",
+        "false",
+        "--federation.rounds",
+        "3",
+        "--partition.num_clients",
+        "4",
+        "--data.num_samples",
+        "400",
+        "--federation.client_fraction",
+        "0.5",
+        "--federation.server_optimizer.name",
+        "fedyogi",
+        "--federation.server_optimizer.lr",
+        "0.05",
+        "--federation.privacy.mechanism",
+        "dp_fedavg",
+        "--federation.privacy.noise_multiplier",
+        "0.5",
+        "--federation.privacy.delta",
+        "0.1",
+        "--federation.privacy.clip_norm",
+        "0.5",
+        "--federation.privacy.reproducible_noise",
+        "true",
+        *extra,
+        env={"OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return safe_load(out / "run" / "checkpoints" / "server.pt")
 
@@ -169,12 +222,23 @@ def test_fedyogi_with_dp_fedavg_and_client_sampling_is_the_same_on_one_and_two_p
 def test_the_tiny_comparison_runs_every_optimizer(tmp_path, capsys):
     from fl_lightning import train
 
-    rc = train.main(["--config", str(CONF / "server_optimizers_tiny.yaml"), "--output_dir", str(tmp_path),
-                     "--federation.rounds", "2", "--data.num_samples", "300"])
+    rc = train.main(
+        [
+            "--config",
+            str(CONF / "server_optimizers_tiny.yaml"),
+            "--output_dir",
+            str(tmp_path),
+            "--federation.rounds",
+            "2",
+            "--data.num_samples",
+            "300",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     states = {p.parent.parent.name: safe_load(p) for p in tmp_path.glob("*/checkpoints/server.pt")}
     assert set(states) == {"fedavg", "fedavgm", "fedadagrad", "fedadam", "fedyogi"}
     assert "server_optimizer" not in states["fedavg"]
     for name in ("fedavgm", "fedadagrad", "fedadam", "fedyogi"):
-        assert states[name]["server_optimizer"] and not torch.equal(states[name]["state"]["head.weight"],
-                                                                    states["fedavg"]["state"]["head.weight"]), name
+        assert states[name]["server_optimizer"] and not torch.equal(
+            states[name]["state"]["head.weight"], states["fedavg"]["state"]["head.weight"]
+        ), name

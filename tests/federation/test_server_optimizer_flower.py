@@ -20,10 +20,15 @@ from fl_lightning.federation.server_optimizer import ServerOptimizer
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "flower_server_optimizers.json").read_text())
 # Flower's name → ours, and its keyword → our federation.server_optimizer key
-_NAMES = {"FedAvg": "fedavg", "FedAvgM": "fedavgm", "FedAdagrad": "fedadagrad", "FedAdam": "fedadam",
-          "FedYogi": "fedyogi"}
-_KEYS = {"eta": "lr", "server_learning_rate": "lr", "server_momentum": "momentum", "beta_1": "beta_1",
-         "beta_2": "beta_2", "tau": "tau"}
+_NAMES = {"FedAvg": "fedavg", "FedAvgM": "fedavgm", "FedAdagrad": "fedadagrad", "FedAdam": "fedadam", "FedYogi": "fedyogi"}
+_KEYS = {
+    "eta": "lr",
+    "server_learning_rate": "lr",
+    "server_momentum": "momentum",
+    "beta_1": "beta_1",
+    "beta_2": "beta_2",
+    "tau": "tau",
+}
 
 
 def _optimizer(case: dict) -> ServerOptimizer:
@@ -46,8 +51,9 @@ def test_each_round_equals_flowers_strategy(case):
             mean.add(_tensors(client["parameters"]), client["num_examples"])
         state, moments = optimizer.step(state, mean.result(), moments, round_idx)
         for key, flower in _tensors(played["global_parameters"]).items():
-            torch.testing.assert_close(state[key], flower, rtol=1e-5, atol=1e-6,
-                                       msg=lambda m, k=key, r=round_idx: f"round {r}, array {k}: {m}")
+            torch.testing.assert_close(
+                state[key], flower, rtol=1e-5, atol=1e-6, msg=lambda m, k=key, r=round_idx: f"round {r}, array {k}: {m}"
+            )
 
 
 def test_the_defaults_are_flowers():

@@ -101,9 +101,11 @@ def _check_split(root: Path, ranks: list[dict]) -> None:
     assert messages[0] is not None and messages[0] == messages[1]  # the same line on both: neither waits
     assert "\n" not in messages[0]
     host = socket.gethostname()
-    assert messages[0].startswith(f"run folder error: rank 1 on host {host} (the token is not there; it looks in "
-                                  f"'{root / 'node-local'}') cannot see the run folder '{root / 'shared'}' that "
-                                  f"rank 0 (host {host}) writes to")
+    assert messages[0].startswith(
+        f"run folder error: rank 1 on host {host} (the token is not there; it looks in "
+        f"'{root / 'node-local'}') cannot see the run folder '{root / 'shared'}' that "
+        f"rank 0 (host {host}) writes to"
+    )
     assert "put output_dir on a filesystem every node shares" in messages[0]
 
 

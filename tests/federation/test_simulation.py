@@ -19,9 +19,20 @@ from tests.run_records import kill_after_round_0, server_state
 
 
 def _cfg(tmp_path, *extra):
-    return load_config(CONF / "fedavg_digits_tiny.yaml",
-                       ["--output_dir", str(tmp_path), "--federation.rounds", "2", "--partition.num_clients", "4",
-                        "--logging.progress", "false", *extra])
+    return load_config(
+        CONF / "fedavg_digits_tiny.yaml",
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--federation.rounds",
+            "2",
+            "--partition.num_clients",
+            "4",
+            "--logging.progress",
+            "false",
+            *extra,
+        ],
+    )
 
 
 def _comparable(summary):
@@ -38,8 +49,18 @@ def test_run_folder_contract_and_determinism(tmp_path):
     for name in ("config.yaml", "summary.json", "metrics.csv", "partition.csv", "partition.png", "checkpoints/server.pt"):
         assert (run / name).exists(), name
     summary = json.loads((run / "summary.json").read_text())
-    for key in ("algorithm", "dataset", "num_clients", "alpha", "seed", "rounds", "accuracy", "bytes_up",
-                "bytes_down", "wall_time_s"):
+    for key in (
+        "algorithm",
+        "dataset",
+        "num_clients",
+        "alpha",
+        "seed",
+        "rounds",
+        "accuracy",
+        "bytes_up",
+        "bytes_down",
+        "wall_time_s",
+    ):
         assert key in summary
     assert 0.0 <= summary["accuracy"] <= 1.0 and summary["rounds"] == 2
     # 4 clients x 2 rounds x (head 10x32 + 10 float32, + 1 scalar)
@@ -127,10 +148,12 @@ def test_a_failed_client_keeps_its_traceback_in_its_record_and_in_the_failure(tm
 
 
 def test_too_few_clients_is_a_run_failure_with_the_tracebacks(tmp_path):
-    cfg = _cfg(tmp_path, "--algorithm", "test_faulty", "--federation.on_client_error", "skip",
-               "--federation.min_clients", "3")
-    with pytest.raises(TooFewClients, match=r"round 0: 2 of 4 clients succeeded, fewer than "
-                                            r"federation.min_clients=3") as info:
+    cfg = _cfg(tmp_path, "--algorithm", "test_faulty", "--federation.on_client_error", "skip", "--federation.min_clients", "3")
+    with pytest.raises(
+        TooFewClients,
+        match=r"round 0: 2 of 4 clients succeeded, fewer than "
+        r"federation.min_clients=3",
+    ) as info:
         Simulation(cfg=cfg, loggers=[]).run()
     assert sorted(info.value.client_tracebacks) == [1, 2] and info.value.succeeded == 2
     assert 'raise RuntimeError("boom")' in info.value.__cause__.text  # the first failed client's
@@ -148,8 +171,16 @@ def test_client_error_skip_records_failures_and_aggregates_rest(tmp_path):
 def _two_fedavg_runs(tmp_path, first: list[str], second: list[str]) -> tuple[dict, dict]:
     """The tiny FedAvg config run twice (one CPU thread a process) with ``first`` and ``second`` appended; asserts
     the two runs' server tensors are equal and returns their summaries."""
-    base = ["--config", str(CONF / "fedavg_digits_tiny.yaml"), "--federation.rounds", "2",
-            "--partition.num_clients", "5", "--logging.progress", "false"]
+    base = [
+        "--config",
+        str(CONF / "fedavg_digits_tiny.yaml"),
+        "--federation.rounds",
+        "2",
+        "--partition.num_clients",
+        "5",
+        "--logging.progress",
+        "false",
+    ]
     name, summaries, states = "fedavg_digits_a0.5_s0", [], []
     for label, extra in (("first", first), ("second", second)):
         done = run_cli(*base, "--output_dir", str(tmp_path / label), *extra, env={"OMP_NUM_THREADS": "1"})
@@ -175,8 +206,11 @@ def test_two_cpu_processes_equal_one(tmp_path):
 def test_two_cpu_processes_equal_one_with_the_clients_test_sets(tmp_path):
     """partition.client_test_fraction: the federated evaluation of a shared evaluation (each rank all the clients'
     test rows) gives rank 0 the numbers of one process, bit for bit."""
-    s1, s2 = _two_fedavg_runs(tmp_path, ["--partition.client_test_fraction", "0.25"],
-                              ["--partition.client_test_fraction", "0.25", "--federation.devices", "2"])
+    s1, s2 = _two_fedavg_runs(
+        tmp_path,
+        ["--partition.client_test_fraction", "0.25"],
+        ["--partition.client_test_fraction", "0.25", "--federation.devices", "2"],
+    )
     assert s2["world_size"] == 2 and 0 <= s1["fed_test_acc"] <= 1
     assert _comparable(s1) == _comparable(s2)
 
@@ -185,8 +219,9 @@ def test_two_cpu_processes_equal_one_with_the_clients_test_sets(tmp_path):
 def test_two_ranks_hand_their_records_over_the_backend_as_they_write_them(tmp_path):
     """Rank 1's clients of a short round reach rank 0 in the records gather (held, record_after_s default) or
     through the round folder (record_after_s 0: every record written): the same numbers and tensors."""
-    s1, s2 = _two_fedavg_runs(tmp_path, ["--federation.devices", "2"],
-                              ["--federation.devices", "2", "--federation.record_after_s", "0"])
+    s1, s2 = _two_fedavg_runs(
+        tmp_path, ["--federation.devices", "2"], ["--federation.devices", "2", "--federation.record_after_s", "0"]
+    )
     assert _comparable(s1) == _comparable(s2)
 
 
@@ -195,8 +230,7 @@ def test_a_partition_written_by_one_run_reproduces_it_in_another(tmp_path):
     file overrides), gives bit-identical results."""
     a = Simulation(cfg=_cfg(tmp_path / "a", "--partition.alpha", "0.3"), loggers=[]).run()
     written = _cfg(tmp_path / "a", "--partition.alpha", "0.3").run_dir / "partition.json"
-    cfg = _cfg(tmp_path / "b", "--partition.scheme", "file", "--partition.path", str(written),
-               "--partition.seed", "7")
+    cfg = _cfg(tmp_path / "b", "--partition.scheme", "file", "--partition.path", str(written), "--partition.seed", "7")
     b = Simulation(cfg=cfg, loggers=[]).run()
     assert _comparable(a) == {**_comparable(b), "alpha": 0.3}
     for k, v in server_state(_cfg(tmp_path / "a", "--partition.alpha", "0.3")).items():
@@ -207,13 +241,16 @@ def test_a_partition_file_for_another_client_count_is_one_line(tmp_path):
     Simulation(cfg=_cfg(tmp_path / "a"), loggers=[]).run()
     written = _cfg(tmp_path / "a").run_dir / "partition.json"
     with pytest.raises(UsageError, match=r"partition.num_clients=5 is not allowed; expected 4, the number of clients"):
-        Simulation(cfg=_cfg(tmp_path / "b", "--partition.scheme", "file", "--partition.path", str(written),
-                            "--partition.num_clients", "5"), loggers=[]).run()
+        Simulation(
+            cfg=_cfg(
+                tmp_path / "b", "--partition.scheme", "file", "--partition.path", str(written), "--partition.num_clients", "5"
+            ),
+            loggers=[],
+        ).run()
     bad = tmp_path / "bad.json"
     bad.write_text('{"clients": [[0, 1], [1]]}')
     with pytest.raises(UsageError, match="partition.path: partition file .*bad.json"):
-        Simulation(cfg=_cfg(tmp_path / "c", "--partition.scheme", "file", "--partition.path", str(bad)),
-                   loggers=[]).run()
+        Simulation(cfg=_cfg(tmp_path / "c", "--partition.scheme", "file", "--partition.path", str(bad)), loggers=[]).run()
 
 
 def test_sigkill_in_a_short_round_resumes_to_the_uninterrupted_result(tmp_path):
@@ -228,11 +265,23 @@ def test_sigkill_in_a_short_round_resumes_to_the_uninterrupted_result(tmp_path):
     extra = ("--federation.rounds", "4")
     full = Simulation(cfg=_cfg(tmp_path / "full", *extra), loggers=[]).run()
     cfg = _cfg(tmp_path / "cut", *extra)
-    argv = [sys.executable, "-m", "fl_lightning.train", "--config", str(CONF / "fedavg_digits_tiny.yaml"),
-            "--output_dir", str(tmp_path / "cut"), "--partition.num_clients", "4", "--logging.progress", "false",
-            *extra]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    argv = [
+        sys.executable,
+        "-m",
+        "fl_lightning.train",
+        "--config",
+        str(CONF / "fedavg_digits_tiny.yaml"),
+        "--output_dir",
+        str(tmp_path / "cut"),
+        "--partition.num_clients",
+        "4",
+        "--logging.progress",
+        "false",
+        *extra,
+    ]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
     kill_after_round_0(proc, cfg)
     assert not (cfg.run_dir / "summary.json").exists()  # killed before the end
     assert not list((cfg.run_dir / "checkpoints").glob("round*/*.pt"))  # the round's records were in memory
@@ -253,16 +302,20 @@ def test_a_timm_fedavg_run_imports_no_library_it_does_not_use():
 
     from tests.conftest import REPO
 
-    heavy = ("'diffusers', 'open_clip', 'peft', 'tensorboard', 'sklearn'", "'transformers', 'scipy', 'matplotlib', "
-             "'torchmetrics.functional'")
+    heavy = (
+        "'diffusers', 'open_clip', 'peft', 'tensorboard', 'sklearn'",
+        "'transformers', 'scipy', 'matplotlib', 'torchmetrics.functional'",
+    )
     for fast, names in ((False, heavy[0]), (True, f"{heavy[0]}, {heavy[1]}")):
-        code = ("import sys; from fl_lightning.experiments.startup import fast_start; "
-                f"{'fast_start(); ' if fast else ''}"
-                "from fl_lightning.config.loading import load_config; "
-                f"load_config({str(CONF / 'fedavg_cnn_digits_tiny.yaml')!r}); "
-                "import fl_lightning.federation.simulation, fl_lightning.algorithms.fedavg_cnn, fl_lightning.train; "
-                "from fl_lightning.algorithms import available_algorithms; available_algorithms(); "
-                f"print(' '.join(sorted(m for m in ({names}) if m in sys.modules)))")
+        code = (
+            "import sys; from fl_lightning.experiments.startup import fast_start; "
+            f"{'fast_start(); ' if fast else ''}"
+            "from fl_lightning.config.loading import load_config; "
+            f"load_config({str(CONF / 'fedavg_cnn_digits_tiny.yaml')!r}); "
+            "import fl_lightning.federation.simulation, fl_lightning.algorithms.fedavg_cnn, fl_lightning.train; "
+            "from fl_lightning.algorithms import available_algorithms; available_algorithms(); "
+            f"print(' '.join(sorted(m for m in ({names}) if m in sys.modules)))"
+        )
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert proc.stdout.strip() == "", (fast, proc.stdout)

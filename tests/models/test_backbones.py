@@ -79,8 +79,9 @@ def test_open_clip_pre_proj_equals_visual_without_projection():
     assert backbone.feature_dim == backbone.width == 64
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"global_pool": "avg"}, {"reg_tokens": 2}],
-                         ids=["token", "avg-with-fc_norm", "registers"])
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"global_pool": "avg"}, {"reg_tokens": 2}], ids=["token", "avg-with-fc_norm", "registers"]
+)
 def test_timm_forward_equals_forward_head_with_token_pool(kwargs):
     vit = _tiny_timm(num_classes=0, **kwargs)
     backbone = TimmBackbone(model=vit, mean=(0.5,) * 3, std=(0.5,) * 3).eval()
@@ -99,7 +100,12 @@ def test_attributes_and_shapes(library):
     assert tokens.shape == (3, backbone.num_prefix_tokens + (32 // 8) ** 2, 64)  # (B, 1 + L, D)
     assert backbone.encode(tokens).shape == tokens.shape
     assert (backbone.library, backbone.image_size, backbone.patch_size, backbone.width, backbone.num_blocks) == (
-        library, 32, 8, 64, 2)
+        library,
+        32,
+        8,
+        64,
+        2,
+    )
     assert backbone.normalization == ("clip" if library == "open_clip" else "inception")
     assert len(backbone.mean) == len(backbone.std) == 3
 
@@ -143,8 +149,9 @@ def test_open_clip_checkpoint_file_round_trip(tmp_path):
     clip = _tiny_clip(seed=7)
     path = tmp_path / "tiny_clip.pt"
     torch.save(clip.state_dict(), path)
-    backbone = build_backbone(library="open_clip", name="ViT-B-16", checkpoint=str(path),
-                              overrides=tiny_clip_overrides(32)).eval()
+    backbone = build_backbone(
+        library="open_clip", name="ViT-B-16", checkpoint=str(path), overrides=tiny_clip_overrides(32)
+    ).eval()
     with torch.no_grad():
         torch.testing.assert_close(backbone(IMAGES), clip.encode_image(IMAGES), rtol=0, atol=1e-6)
 
@@ -153,8 +160,9 @@ def test_timm_checkpoint_with_classifier_head_loads_without_it(tmp_path):
     vit = _tiny_timm(seed=7, num_classes=5)
     path = tmp_path / "tiny_vit.safetensors"
     save_file(vit.state_dict(), str(path))
-    backbone = build_backbone(library="timm", name="vit_base_patch16_224", checkpoint=str(path),
-                              overrides=tiny_timm_overrides(32)).eval()
+    backbone = build_backbone(
+        library="timm", name="vit_base_patch16_224", checkpoint=str(path), overrides=tiny_timm_overrides(32)
+    ).eval()
     with torch.no_grad():
         expected = vit.forward_head(vit.forward_features(IMAGES), pre_logits=True)
         torch.testing.assert_close(backbone(IMAGES), expected, rtol=0, atol=1e-6)
@@ -162,10 +170,10 @@ def test_timm_checkpoint_with_classifier_head_loads_without_it(tmp_path):
 
 def test_open_clip_openai_tag_from_local_cache_uses_quick_gelu(tmp_path):
     clip = _tiny_clip(seed=5, force_quick_gelu=True)
-    _fake_hf_cache(tmp_path, "timm/vit_base_patch16_clip_224.openai", "open_clip_model.safetensors",
-                   clip.state_dict())
-    backbone = build_backbone(library="open_clip", name="ViT-B-16", pretrained="openai", cache_dir=str(tmp_path),
-                              overrides=tiny_clip_overrides(32)).eval()
+    _fake_hf_cache(tmp_path, "timm/vit_base_patch16_clip_224.openai", "open_clip_model.safetensors", clip.state_dict())
+    backbone = build_backbone(
+        library="open_clip", name="ViT-B-16", pretrained="openai", cache_dir=str(tmp_path), overrides=tiny_clip_overrides(32)
+    ).eval()
     assert any(type(m).__name__ == "QuickGELU" for m in backbone.modules())
     with torch.no_grad():
         torch.testing.assert_close(backbone(IMAGES), clip.encode_image(IMAGES), rtol=0, atol=1e-6)
@@ -174,17 +182,25 @@ def test_open_clip_openai_tag_from_local_cache_uses_quick_gelu(tmp_path):
 def test_timm_tag_from_local_cache(tmp_path):
     vit = _tiny_timm(seed=5, num_classes=1000)
     _fake_hf_cache(tmp_path, "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k", "model.safetensors", vit.state_dict())
-    backbone = build_backbone(library="timm", name="vit_base_patch16_224", pretrained="augreg2_in21k_ft_in1k",
-                              cache_dir=str(tmp_path), overrides=tiny_timm_overrides(32)).eval()
+    backbone = build_backbone(
+        library="timm",
+        name="vit_base_patch16_224",
+        pretrained="augreg2_in21k_ft_in1k",
+        cache_dir=str(tmp_path),
+        overrides=tiny_timm_overrides(32),
+    ).eval()
     with torch.no_grad():
         expected = vit.forward_head(vit.forward_features(IMAGES), pre_logits=True)
         torch.testing.assert_close(backbone(IMAGES), expected, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("library,name,tag", [
-    ("open_clip", "ViT-B-16", "openai"),
-    ("timm", "vit_base_patch16_224", "augreg2_in21k_ft_in1k"),
-])
+@pytest.mark.parametrize(
+    "library,name,tag",
+    [
+        ("open_clip", "ViT-B-16", "openai"),
+        ("timm", "vit_base_patch16_224", "augreg2_in21k_ft_in1k"),
+    ],
+)
 def test_missing_weights_fail_fast_with_one_clear_line(tmp_path, library, name, tag, monkeypatch):
     import open_clip
     import timm
@@ -208,15 +224,18 @@ def test_missing_checkpoint_file(tmp_path):
         build_backbone(library="timm", name="vit_base_patch16_224", checkpoint=str(tmp_path / "nope.pth"))
 
 
-@pytest.mark.parametrize("kwargs,argument", [
-    (dict(library="jax", name="ViT-B-16"), "library"),
-    (dict(library="open_clip", name="ViT-Z-99"), "name"),
-    (dict(library="timm", name="not_a_model"), "name"),
-    (dict(library="open_clip", name="ViT-B-16", pretrained="no-such-tag"), "pretrained"),
-    (dict(library="timm", name="vit_base_patch16_224", pretrained="no-such-tag"), "pretrained"),
-    (dict(library="open_clip", name="ViT-B-16", feature="mean"), "feature"),
-    (dict(library="timm", name="vit_base_patch16_224", feature="mean"), "feature"),
-])
+@pytest.mark.parametrize(
+    "kwargs,argument",
+    [
+        (dict(library="jax", name="ViT-B-16"), "library"),
+        (dict(library="open_clip", name="ViT-Z-99"), "name"),
+        (dict(library="timm", name="not_a_model"), "name"),
+        (dict(library="open_clip", name="ViT-B-16", pretrained="no-such-tag"), "pretrained"),
+        (dict(library="timm", name="vit_base_patch16_224", pretrained="no-such-tag"), "pretrained"),
+        (dict(library="open_clip", name="ViT-B-16", feature="mean"), "feature"),
+        (dict(library="timm", name="vit_base_patch16_224", feature="mean"), "feature"),
+    ],
+)
 def test_bad_arguments_are_value_errors_naming_the_argument(kwargs, argument):
     # models/ is pure: a ValueError carrying the argument; the config layer names its key (model.<argument>)
     if kwargs.get("feature"):
@@ -299,8 +318,17 @@ def _write_case(case: str, library: str, tmp_path: Path) -> Path:
     return path
 
 
-_FORMAT_CASES = ["text", "text.safetensors", "empty", "empty.safetensors", "truncated.pt", "truncated.safetensors",
-                 "list", "python-objects", "safetensors-named-pt"]
+_FORMAT_CASES = [
+    "text",
+    "text.safetensors",
+    "empty",
+    "empty.safetensors",
+    "truncated.pt",
+    "truncated.safetensors",
+    "list",
+    "python-objects",
+    "safetensors-named-pt",
+]
 _FIT_CASES = ["wrong-keys", "missing-keys", "wrong-shapes"]
 
 
@@ -355,9 +383,11 @@ def test_checkpoint_in_a_training_checkpoint_wrapper_loads(tmp_path, library):
 def test_a_timm_backbone_never_imports_open_clip():
     # one subprocess (imports cost seconds): importing backbones imports no library, a timm build no open_clip.
     # (The other direction cannot hold: open_clip itself imports timm at import time, open_clip/timm_model.py.)
-    code = ("import sys; from fl_lightning.models.backbones import build_tiny_backbone; "
-            "assert not {'open_clip', 'timm'} & set(sys.modules), 'a library was imported with backbones'; "
-            "build_tiny_backbone('timm'); assert 'open_clip' not in sys.modules, 'open_clip imported'")
+    code = (
+        "import sys; from fl_lightning.models.backbones import build_tiny_backbone; "
+        "assert not {'open_clip', 'timm'} & set(sys.modules), 'a library was imported with backbones'; "
+        "build_tiny_backbone('timm'); assert 'open_clip' not in sys.modules, 'open_clip imported'"
+    )
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -383,9 +413,18 @@ def test_timm_hf_hub_name_builds_the_published_model_from_the_cache(tmp_path, mo
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     vit = _tiny_timm(seed=3, num_classes=5)
-    cfg = {"architecture": "vit_base_patch16_224", "num_classes": 5, "model_args": tiny_timm_overrides(32),
-           "pretrained_cfg": {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25], "input_size": [3, 32, 32],
-                              "num_classes": 5, "classifier": "head"}}
+    cfg = {
+        "architecture": "vit_base_patch16_224",
+        "num_classes": 5,
+        "model_args": tiny_timm_overrides(32),
+        "pretrained_cfg": {
+            "mean": [0.5, 0.5, 0.5],
+            "std": [0.25, 0.25, 0.25],
+            "input_size": [3, 32, 32],
+            "num_classes": 5,
+            "classifier": "head",
+        },
+    }
     _timm_hub_repo(tmp_path, "lab/tiny-vit", vit, cfg)
     backbone = build_backbone(library="timm", name="hf-hub:lab/tiny-vit", cache_dir=str(tmp_path)).eval()
     with torch.no_grad():
@@ -395,15 +434,20 @@ def test_timm_hf_hub_name_builds_the_published_model_from_the_cache(tmp_path, mo
     assert is_timm_vit("hf-hub:lab/tiny-vit")
 
     resnet = timm.create_model("resnet18", pretrained=False, num_classes=3).eval()  # a CNN: the CNN path
-    _timm_hub_repo(tmp_path, "lab/tiny-resnet", resnet, {"architecture": "resnet18", "num_classes": 3,
-                                                         "pretrained_cfg": {"num_classes": 3, "classifier": "fc"}})
+    _timm_hub_repo(
+        tmp_path,
+        "lab/tiny-resnet",
+        resnet,
+        {"architecture": "resnet18", "num_classes": 3, "pretrained_cfg": {"num_classes": 3, "classifier": "fc"}},
+    )
     assert not is_timm_vit("hf-hub:lab/tiny-resnet")
     from fl_lightning.models.backbones import build_feature_backbone
 
     cnn = build_feature_backbone(library="timm", name="hf-hub:lab/tiny-resnet", cache_dir=str(tmp_path)).eval()
     with torch.no_grad():
-        torch.testing.assert_close(cnn(IMAGES), resnet.forward_head(resnet.forward_features(IMAGES), pre_logits=True),
-                                   rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            cnn(IMAGES), resnet.forward_head(resnet.forward_features(IMAGES), pre_logits=True), rtol=0, atol=1e-6
+        )
 
     with pytest.raises(MissingResourceError) as missing:  # not in the cache, downloading off
         build_backbone(library="timm", name="hf-hub:lab/absent", cache_dir=str(tmp_path))

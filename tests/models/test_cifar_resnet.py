@@ -18,8 +18,7 @@ def test_resnet18_has_the_official_parameter_count_and_shapes():
     x = torch.zeros(2, 3, 32, 32)
     sizes = []
     model.eval()
-    hooks = [getattr(model, f"layer{i}").register_forward_hook(lambda m, i, o: sizes.append(o.shape[-1]))
-             for i in range(1, 5)]
+    hooks = [getattr(model, f"layer{i}").register_forward_hook(lambda m, i, o: sizes.append(o.shape[-1])) for i in range(1, 5)]
     with torch.no_grad():
         assert model(x).shape == (2, 10)
     for h in hooks:

@@ -37,9 +37,12 @@ def test_freeze_keeps_batchnorm_running_statistics_and_no_gradients():
 def test_vit_or_cnn_is_decided_by_the_model_not_a_name_list():
     assert is_timm_vit("vit_small_patch14_dinov2") and is_timm_vit("vit_base_patch16_224")
     assert not is_timm_vit("resnet18") and not is_timm_vit("convnext_tiny")
-    vit = build_feature_backbone(library="timm", name="vit_base_patch16_224", pretrained=None,
-                                 overrides={"img_size": 32, "patch_size": 8, "embed_dim": 64, "depth": 1,
-                                            "num_heads": 2})
+    vit = build_feature_backbone(
+        library="timm",
+        name="vit_base_patch16_224",
+        pretrained=None,
+        overrides={"img_size": 32, "patch_size": 8, "embed_dim": 64, "depth": 1, "num_heads": 2},
+    )
     assert not isinstance(vit, CNNBackbone)
 
 
@@ -49,8 +52,7 @@ def test_torchvision_resnet_file_loads_as_imagenet_weights(tmp_path):
     tv = torchvision.models.resnet.ResNet(torchvision.models.resnet.BasicBlock, [1, 1, 1, 1])
     path = tmp_path / "resnet_tv.pth"
     torch.save(tv.state_dict(), path)
-    cnn = build_feature_backbone(library="timm", name="resnet18", pretrained=None, overrides=TINY,
-                                 checkpoint=str(path))
+    cnn = build_feature_backbone(library="timm", name="resnet18", pretrained=None, overrides=TINY, checkpoint=str(path))
     torch.testing.assert_close(cnn.model.layer3[0].conv1.weight, tv.layer3[0].conv1.weight)
     tv.fc = torch.nn.Identity()
     x = torch.randn(2, 3, 32, 32)

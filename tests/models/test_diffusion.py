@@ -67,7 +67,7 @@ def test_tokenizer_matches_open_clip_ids():
         ids = tok(text).input_ids
         ref = open_clip.tokenize([text])[0]
         assert ids == ref[: len(ids)].tolist()
-        assert ref[len(ids):].eq(0).all()  # open_clip pads with 0 after <|endoftext|>
+        assert ref[len(ids) :].eq(0).all()  # open_clip pads with 0 after <|endoftext|>
     assert tok.model_max_length == 77 and len(tok) == 49408
 
 

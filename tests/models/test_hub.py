@@ -51,10 +51,22 @@ def test_the_cache_follows_the_environment_per_call(cache, monkeypatch, tmp_path
     assert hub_cache_dir("~/x").endswith("/x") and not hub_cache_dir("~/x").startswith("~")
 
 
-@pytest.mark.parametrize("value, hub", [("org/name", True), ("name", True), ("/abs/dir", False), ("./rel", False),
-                                        ("~/w.pt", False), ("w.safetensors", False), ("a/b/c", False),
-                                        ("org/name@v2", True), (f"org/name@{COMMIT}", True), ("org/name@", True),
-                                        ("/abs/dir@v2", False)])
+@pytest.mark.parametrize(
+    "value, hub",
+    [
+        ("org/name", True),
+        ("name", True),
+        ("/abs/dir", False),
+        ("./rel", False),
+        ("~/w.pt", False),
+        ("w.safetensors", False),
+        ("a/b/c", False),
+        ("org/name@v2", True),
+        (f"org/name@{COMMIT}", True),
+        ("org/name@", True),
+        ("/abs/dir@v2", False),
+    ],
+)
 def test_what_counts_as_a_hub_id(value, hub):
     assert looks_like_hub_id(value) is hub
 
@@ -64,8 +76,9 @@ def test_tiny_timm_vit_found_by_hub_id(cache):
     from safetensors.torch import save_file
 
     save_file(vit.model.state_dict(), str(_snapshot(cache, "lab/tiny-vit") / "model.safetensors"))
-    by_id = build_backbone(library="timm", name="vit_base_patch16_224", pretrained=None, checkpoint="lab/tiny-vit",
-                           overrides=tiny_timm_overrides(32))
+    by_id = build_backbone(
+        library="timm", name="vit_base_patch16_224", pretrained=None, checkpoint="lab/tiny-vit", overrides=tiny_timm_overrides(32)
+    )
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(by_id.eval()(x), vit.eval()(x))
@@ -108,8 +121,9 @@ def test_a_folder_without_weights_and_a_missing_path(cache, tmp_path):
         resolve_weights_file(str(tmp_path / "empty"), download=False)
     assert resolve_weights_file(str(tmp_path / "none.pt"), download=False) == str(tmp_path / "none.pt")
     with pytest.raises(MissingResourceError, match=r"llm_path='/no/where' does not exist; give a causal-LM folder"):
-        resolve_local_or_hub("/no/where", download=False, key="llm_path", download_key="model.download",
-                             what="a causal-LM folder")
+        resolve_local_or_hub(
+            "/no/where", download=False, key="llm_path", download_key="model.download", what="a causal-LM folder"
+        )
 
 
 def test_preflight_phrases(cache, tmp_path):
@@ -120,8 +134,7 @@ def test_preflight_phrases(cache, tmp_path):
     assert phrase.startswith("fedisyn.llm_path=lab/other (causal LM; not in the Hugging Face cache")
     assert "`hf download lab/other`" in phrase
     (tmp_path / "f.txt").write_text("x")
-    assert "it is a file, not a folder" in missing_weights_phrase(str(tmp_path / "f.txt"), key="k", what="w",
-                                                                  download=False)
+    assert "it is a file, not a folder" in missing_weights_phrase(str(tmp_path / "f.txt"), key="k", what="w", download=False)
 
 
 def test_download_without_a_network_is_one_line(cache, monkeypatch):
@@ -139,8 +152,10 @@ def test_paper_configs_name_the_hub_ids_the_papers_used():
     assert not [p.name for p in CONF.glob("*.yaml") if "weights/" in p.read_text()]
     fedisyn = load_config(str(CONF / "fedisyn_food101.yaml")).method
     assert (fedisyn.diffusion_path, fedisyn.llm_path, fedisyn.pretrain_checkpoint) == (
-        "stable-diffusion-v1-5/stable-diffusion-v1-5", "huggyllama/llama-7b",
-        "timm/vit_large_patch16_224.augreg_in21k_ft_in1k")
+        "stable-diffusion-v1-5/stable-diffusion-v1-5",
+        "huggyllama/llama-7b",
+        "timm/vit_large_patch16_224.augreg_in21k_ft_in1k",
+    )
 
 
 def test_a_revision_in_the_id_picks_that_snapshot(cache):
@@ -150,19 +165,23 @@ def test_a_revision_in_the_id_picks_that_snapshot(cache):
     other = "fedcba9876543210fedcba9876543210fedcba98"
     models = {seed: build_tiny_backbone("timm", seed=seed) for seed in (3, 4)}
     save_file(models[3].model.state_dict(), str(_snapshot(cache, "lab/tiny-vit") / "model.safetensors"))
-    save_file(models[4].model.state_dict(), str(_snapshot(cache, "lab/tiny-vit", commit=other, ref="v2")
-                                                / "model.safetensors"))
+    save_file(models[4].model.state_dict(), str(_snapshot(cache, "lab/tiny-vit", commit=other, ref="v2") / "model.safetensors"))
     x = torch.randn(2, 3, 32, 32)
-    for value, seed in [("lab/tiny-vit", 3), ("lab/tiny-vit@main", 3), ("lab/tiny-vit@v2", 4), (f"lab/tiny-vit@{other}", 4),
-                        (f"lab/tiny-vit@{COMMIT}", 3)]:
-        by_id = build_backbone(library="timm", name="vit_base_patch16_224", pretrained=None, checkpoint=value,
-                               overrides=tiny_timm_overrides(32))
+    for value, seed in [
+        ("lab/tiny-vit", 3),
+        ("lab/tiny-vit@main", 3),
+        ("lab/tiny-vit@v2", 4),
+        (f"lab/tiny-vit@{other}", 4),
+        (f"lab/tiny-vit@{COMMIT}", 3),
+    ]:
+        by_id = build_backbone(
+            library="timm", name="vit_base_patch16_224", pretrained=None, checkpoint=value, overrides=tiny_timm_overrides(32)
+        )
         with torch.no_grad():
             torch.testing.assert_close(by_id.eval()(x), models[seed].eval()(x), msg=value)
     assert resolve_weights_file("lab/tiny-vit@v2", download=False).endswith(f"snapshots/{other}/model.safetensors")
     assert missing_weights_phrase("lab/tiny-vit@v2", key="k", what="w", download=False) is None
-    assert "(w; not in the Hugging Face cache" in missing_weights_phrase("lab/tiny-vit@v3", key="k", what="w",
-                                                                         download=False)
+    assert "(w; not in the Hugging Face cache" in missing_weights_phrase("lab/tiny-vit@v3", key="k", what="w", download=False)
     with pytest.raises(MissingResourceError) as info:
         resolve_weights_file("lab/tiny-vit@v3", download=False)
     text = str(info.value)
@@ -181,8 +200,9 @@ def test_a_tiny_timm_cnn_found_by_hub_id(cache):
     reference = build_feature_backbone(library="timm", name="resnet18", pretrained=None, overrides=tiny)
     save_file(reference.model.state_dict(), str(_snapshot(cache, "timm/resnet18.tv_in1k") / "model.safetensors"))
     torch.manual_seed(1)
-    by_id = build_feature_backbone(library="timm", name="resnet18", pretrained=None, checkpoint="timm/resnet18.tv_in1k",
-                                   overrides=tiny)
+    by_id = build_feature_backbone(
+        library="timm", name="resnet18", pretrained=None, checkpoint="timm/resnet18.tv_in1k", overrides=tiny
+    )
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(by_id.eval()(x), reference.eval()(x))

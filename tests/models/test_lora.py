@@ -30,8 +30,14 @@ SPEC = LoraSpec(rank=RANK, alpha=4)
 def tiny_vit(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     return timm.create_model(
-        "vit_tiny_patch16_224", pretrained=False, num_classes=3,
-        img_size=16, patch_size=8, embed_dim=DIM, depth=DEPTH, num_heads=2,
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        num_classes=3,
+        img_size=16,
+        patch_size=8,
+        embed_dim=DIM,
+        depth=DEPTH,
+        num_heads=2,
     )
 
 

@@ -22,8 +22,11 @@ def test_zero_prompts_give_exactly_the_backbone_features(library):
         assert torch.equal(model(IMAGES), backbone(IMAGES))
 
 
-@pytest.mark.parametrize("library,overrides", [("open_clip", None), ("timm", None), ("timm", {"reg_tokens": 2})],
-                         ids=["open_clip", "timm", "timm-registers"])
+@pytest.mark.parametrize(
+    "library,overrides",
+    [("open_clip", None), ("timm", None), ("timm", {"reg_tokens": 2})],
+    ids=["open_clip", "timm", "timm-registers"],
+)
 def test_prompts_sit_right_after_the_prefix_tokens(library, overrides):
     backbone = build_tiny_backbone(library, overrides=overrides)
     model = PromptedViT(backbone, num_prompts=3, seed=2)
@@ -42,8 +45,8 @@ def test_prompts_sit_right_after_the_prefix_tokens(library, overrides):
     assert tokens.shape == (2, n + M + 16, 64)  # (B, n + M + L, D)
     assert torch.equal(tokens[:, :n], embedded[:, :n])
     for b in range(2):
-        assert torch.equal(tokens[b, n:n + M], model.prompts.detach())
-    assert torch.equal(tokens[:, n + M:], embedded[:, n:])
+        assert torch.equal(tokens[b, n : n + M], model.prompts.detach())
+    assert torch.equal(tokens[:, n + M :], embedded[:, n:])
 
 
 @pytest.mark.parametrize("library", LIBRARIES)
@@ -77,7 +80,7 @@ def test_prompt_init_is_the_vpt_xavier_uniform_and_seeded():
     big = init_prompts(num_prompts=100, patch_size=8, width=40, seed=3).double().numpy()
     vb = prompt_init_bound(patch_size=8, width=40)
     assert abs(big.mean()) < 0.05 * vb
-    assert np.var(big) == pytest.approx(vb ** 2 / 3, rel=0.1)
+    assert np.var(big) == pytest.approx(vb**2 / 3, rel=0.1)
 
 
 def test_set_and_get_prompts():

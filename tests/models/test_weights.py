@@ -31,7 +31,8 @@ def test_open_state_dict_round_trip_and_meta(tmp_path, suffix):
     assert got.keys() == STATE.keys() and all(torch.equal(got[k], STATE[k]) for k in STATE)
     meta = open_state_dict(path, meta=True)
     assert {k: (v.shape, v.dtype, v.device.type) for k, v in meta.items()} == {
-        k: (v.shape, v.dtype, "meta") for k, v in STATE.items()}
+        k: (v.shape, v.dtype, "meta") for k, v in STATE.items()
+    }
 
 
 @pytest.mark.parametrize("wrapper", ["state_dict", "model", "state_dict_ema"])
@@ -41,11 +42,14 @@ def test_training_checkpoints_are_unwrapped(tmp_path, wrapper):
     assert set(open_state_dict(path)) == set(STATE)
 
 
-@pytest.mark.parametrize("content,problem", [
-    (b"", "is empty"),
-    (b"model: vit\n", "neither a torch archive nor a safetensors file"),
-    (b"PK\x03\x04garbage", "truncated or corrupt"),
-])
+@pytest.mark.parametrize(
+    "content,problem",
+    [
+        (b"", "is empty"),
+        (b"model: vit\n", "neither a torch archive nor a safetensors file"),
+        (b"PK\x03\x04garbage", "truncated or corrupt"),
+    ],
+)
 def test_check_checkpoint_problems(tmp_path, content, problem):
     path = tmp_path / "w.bin"
     path.write_bytes(content)
@@ -76,8 +80,14 @@ def test_find_cached_weights_order_and_message(tmp_path):
     (url_dir / "vit.pth").write_bytes(b"x")
     assert find_cached_weights(what="w", url="https://host/x/vit.pth", url_dir=str(url_dir)) == str(url_dir / "vit.pth")
     with pytest.raises(MissingResourceError) as info:
-        find_cached_weights(what="timm weights vit_x", hf_hub_id="timm/vit_x", hf_filenames=["model.safetensors"],
-                            url="https://host/other.pth", url_dir=str(url_dir), cache_dir=str(tmp_path / "hf"))
+        find_cached_weights(
+            what="timm weights vit_x",
+            hf_hub_id="timm/vit_x",
+            hf_filenames=["model.safetensors"],
+            url="https://host/other.pth",
+            url_dir=str(url_dir),
+            cache_dir=str(tmp_path / "hf"),
+        )
     message = str(info.value)
     assert "\n" not in message and message.startswith("timm weights vit_x are not on disk")
     assert "hf://timm/vit_x/model.safetensors in " + str(tmp_path / "hf") in message
@@ -90,8 +100,9 @@ def test_find_cached_weights_reads_the_hf_cache_layout(tmp_path):
     (tmp_path / "models--org--repo" / "refs").mkdir()
     (tmp_path / "models--org--repo" / "refs" / "main").write_text("0" * 40)
     (snapshot / "b.bin").write_bytes(b"x")
-    found = find_cached_weights(what="w", hf_hub_id="org/repo", hf_filenames=["a.safetensors", "b.bin"],
-                                url_dir=str(tmp_path), cache_dir=str(tmp_path))
+    found = find_cached_weights(
+        what="w", hf_hub_id="org/repo", hf_filenames=["a.safetensors", "b.bin"], url_dir=str(tmp_path), cache_dir=str(tmp_path)
+    )
     assert Path(found) == snapshot / "b.bin"
 
 
@@ -107,8 +118,13 @@ def test_describe_load_error_counts_shape_mismatches_and_hides_weights_only_advi
 
 
 def test_key_mismatch_message_counts_and_examples():
-    message = key_mismatch_message(label="model.checkpoint", path="/w.pt", model="timm vit",
-                                   missing=[f"blocks.{i}.w" for i in range(5)], unexpected=["head.x"])
+    message = key_mismatch_message(
+        label="model.checkpoint",
+        path="/w.pt",
+        model="timm vit",
+        missing=[f"blocks.{i}.w" for i in range(5)],
+        unexpected=["head.x"],
+    )
     assert "\n" not in message and "/w.pt" in message
     assert "5 missing (e.g. 'blocks.0.w', 'blocks.1.w', 'blocks.2.w', …)" in message
     assert "1 unexpected (e.g. 'head.x')" in message

@@ -52,8 +52,7 @@ def test_adversarial_loss_masks_agreeing_samples(mask):
     kl = kd_kl(s, t, temperature=3.0, reduction="none").numpy()
     m = (s.argmax(1) != t.argmax(1)).numpy() if mask else np.ones(len(kl))
     assert 0 < m.sum() < len(m) or not mask  # the case exercises both kinds of sample
-    np.testing.assert_allclose(float(adversarial_loss(s, t, temperature=3.0, mask_agreement=mask)),
-                               -(kl * m).mean(), rtol=1e-10)
+    np.testing.assert_allclose(float(adversarial_loss(s, t, temperature=3.0, mask_agreement=mask)), -(kl * m).mean(), rtol=1e-10)
 
 
 @pytest.mark.parametrize("gamma", [0.0, 1.0, 2.5])
@@ -156,7 +155,7 @@ def test_random_shift_flip_is_a_crop_of_the_padded_image():
     out = random_shift_flip(x, rng=torch.Generator().manual_seed(3), padding=1, flip=True)
     padded = F.pad(x, (1, 1, 1, 1))
     for i in range(2):
-        views = [padded[i, :, a:a + 4, b:b + 4] for a in range(3) for b in range(3)]
+        views = [padded[i, :, a : a + 4, b : b + 4] for a in range(3) for b in range(3)]
         views += [v.flip(2) for v in views]
         assert any(torch.equal(out[i], v) for v in views)
 
@@ -166,18 +165,17 @@ def _shift_flip_per_sample(images, *, rng, padding, flip, fill):
     b, c, h, w = images.shape
     fill = torch.as_tensor(fill, dtype=images.dtype).reshape(1, -1, 1, 1)
     padded = fill.expand(b, c, h + 2 * padding, w + 2 * padding).clone()
-    padded[:, :, padding:padding + h, padding:padding + w] = images
+    padded[:, :, padding : padding + h, padding : padding + w] = images
     dy = torch.randint(0, 2 * padding + 1, (b,), generator=rng).tolist()
     dx = torch.randint(0, 2 * padding + 1, (b,), generator=rng).tolist()
-    out = torch.stack([padded[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(b)])
+    out = torch.stack([padded[i, :, dy[i] : dy[i] + h, dx[i] : dx[i] + w] for i in range(b)])
     if flip:
         do = torch.rand(b, generator=rng) < 0.5
         out = torch.where(do[:, None, None, None], out.flip(3), out)
     return out
 
 
-@pytest.mark.parametrize("padding, flip, fill", [(4, True, 0.0), (2, False, 0.0), (1, True, (-1.0, 0.5, 2.0)),
-                                                 (0, True, 0.0)])
+@pytest.mark.parametrize("padding, flip, fill", [(4, True, 0.0), (2, False, 0.0), (1, True, (-1.0, 0.5, 2.0)), (0, True, 0.0)])
 def test_random_shift_flip_is_the_per_sample_loop_bit_for_bit(padding, flip, fill):
     images = torch.randn(9, 3, 12, 10, generator=torch.Generator().manual_seed(1), requires_grad=True)
     rng_a, rng_b = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
@@ -195,25 +193,46 @@ class _TinyCNN(nn.Module):
     def __init__(self, seed: int, classes: int = 5) -> None:
         super().__init__()
         torch.manual_seed(seed)
-        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-                                  nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(32, classes))
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(2),
+            nn.Flatten(),
+            nn.Linear(32, classes),
+        )
 
     def forward(self, x):
         return self.body(x)
 
 
 def _settings(**kw):
-    base = dict(steps=40, batch_size=40, lr=0.05, oh=1.0, bn=0.0, adv=0.0, adv_temperature=1.0, mask_agreement=True,
-                hardness=None, bn_per_model=False, augment=False, clip_grad=None)
+    base = dict(
+        steps=40,
+        batch_size=40,
+        lr=0.05,
+        oh=1.0,
+        bn=0.0,
+        adv=0.0,
+        adv_temperature=1.0,
+        mask_agreement=True,
+        hardness=None,
+        bn_per_model=False,
+        augment=False,
+        clip_grad=None,
+    )
     return SynthesisSettings(**{**base, **kw})
 
 
 @pytest.mark.outcome
-@pytest.mark.parametrize("size, kw", [
-    (8, {}),  # CE only
-    (16, {"bn": 0.1, "adv": 1.0, "augment": True}),  # DENSE's losses; its ±4 px shift needs a larger image
-    (8, {"hardness": 1.0, "bn": 0.1, "bn_per_model": True, "clip_grad": 10.0, "adv": 1.0, "mask_agreement": False}),
-])
+@pytest.mark.parametrize(
+    "size, kw",
+    [
+        (8, {}),  # CE only
+        (16, {"bn": 0.1, "adv": 1.0, "augment": True}),  # DENSE's losses; its ±4 px shift needs a larger image
+        (8, {"hardness": 1.0, "bn": 0.1, "bn_per_model": True, "clip_grad": 10.0, "adv": 1.0, "mask_agreement": False}),
+    ],
+)
 def test_synthesized_samples_drive_the_ensemble_to_the_sampled_labels(size, kw):
     """Synthesis makes images the ensemble labels as sampled, for 3 sets of random teachers.
 
@@ -230,8 +249,16 @@ def test_synthesized_samples_drive_the_ensemble_to_the_sampled_labels(size, kw):
         rng = torch.Generator().manual_seed(outcome_seed(10 * k))
         with torch.no_grad():  # before: an untrained G's images give (nearly) one prediction for all
             before = ensemble(Generator(nz=16, ngf=8, image_size=size)(torch.randn(40, 16)))
-        images, labels = synthesize(gen, ensemble, student, num_classes=5, settings=_settings(**kw),
-                                    normalize=lambda x: (x - 0.5) / 0.25, rng=rng, device=torch.device("cpu"))
+        images, labels = synthesize(
+            gen,
+            ensemble,
+            student,
+            num_classes=5,
+            settings=_settings(**kw),
+            normalize=lambda x: (x - 0.5) / 0.25,
+            rng=rng,
+            device=torch.device("cpu"),
+        )
         with torch.no_grad():
             after = ensemble(images)
         assert images.shape == (40, 3, size, size) and labels.shape == (40,)
@@ -257,8 +284,9 @@ def test_distill_epoch_brings_the_student_to_the_teacher():
 
     first = gap()
     for _ in range(30):
-        distill_epoch(student, teacher, pool, optimizer=opt, batch_size=16, temperature=4.0, rng=rng,
-                      ods_eta=0.01, clip_grad=10.0)
+        distill_epoch(
+            student, teacher, pool, optimizer=opt, batch_size=16, temperature=4.0, rng=rng, ods_eta=0.01, clip_grad=10.0
+        )
     expect("KL(teacher || student) after / before", gap() / first, "<", 0.3)
 
 
@@ -271,9 +299,18 @@ def _synthesis(autocast=None, scaler=None):
     ensemble = WeightedEnsemble([_TinyCNN(1).eval(), _TinyCNN(2).eval()]).requires_grad_(False)
     student = _TinyCNN(3).eval()
     gen = Generator(nz=8, ngf=4, image_size=16)
-    images, labels = synthesize(gen, ensemble, student, num_classes=5, settings=_settings(**_FULL),
-                                normalize=lambda x: (x - 0.5) / 0.25, rng=torch.Generator().manual_seed(0),
-                                device=torch.device("cpu"), autocast=autocast, scaler=scaler)
+    images, labels = synthesize(
+        gen,
+        ensemble,
+        student,
+        num_classes=5,
+        settings=_settings(**_FULL),
+        normalize=lambda x: (x - 0.5) / 0.25,
+        rng=torch.Generator().manual_seed(0),
+        device=torch.device("cpu"),
+        autocast=autocast,
+        scaler=scaler,
+    )
     return images, labels, ensemble, student
 
 
@@ -283,8 +320,22 @@ def _distillation(pool, autocast=None, scaler=None, epochs=2):
     student = _TinyCNN(3)
     opt = torch.optim.SGD(student.parameters(), lr=0.1, momentum=0.9)
     rng = torch.Generator().manual_seed(0)
-    losses = [distill_epoch(student, teacher, pool, optimizer=opt, batch_size=8, temperature=4.0, rng=rng,
-                            ods_eta=0.01, clip_grad=1.0, autocast=autocast, scaler=scaler) for _ in range(epochs)]
+    losses = [
+        distill_epoch(
+            student,
+            teacher,
+            pool,
+            optimizer=opt,
+            batch_size=8,
+            temperature=4.0,
+            rng=rng,
+            ods_eta=0.01,
+            clip_grad=1.0,
+            autocast=autocast,
+            scaler=scaler,
+        )
+        for _ in range(epochs)
+    ]
     return student, teacher, losses
 
 
@@ -316,15 +367,32 @@ def test_under_bf16_autocast_every_forward_is_bf16_and_the_results_float32():
     ensemble = WeightedEnsemble([_TinyCNN(1).eval(), _TinyCNN(2).eval()]).requires_grad_(False)
     student, gen = _TinyCNN(3).eval(), Generator(nz=8, ngf=4, image_size=16)
     seen = _autocast_log(*ensemble.members, student, gen.blocks[2])  # a conv of G
-    images, _ = synthesize(gen, ensemble, student, num_classes=5, settings=_settings(**_FULL),
-                           normalize=lambda x: (x - 0.5) / 0.25, rng=torch.Generator().manual_seed(0),
-                           device=torch.device("cpu"), autocast=autocast)
+    images, _ = synthesize(
+        gen,
+        ensemble,
+        student,
+        num_classes=5,
+        settings=_settings(**_FULL),
+        normalize=lambda x: (x - 0.5) / 0.25,
+        rng=torch.Generator().manual_seed(0),
+        device=torch.device("cpu"),
+        autocast=autocast,
+    )
     assert seen and set(seen) == {(True, torch.bfloat16)}
     assert images.dtype == torch.float32 and torch.isfinite(images).all()
     student, teacher, losses = _distillation(_pool(), autocast=autocast)
     seen = _autocast_log(*teacher.members, student)
-    distill_epoch(student, teacher, _pool(), optimizer=torch.optim.SGD(student.parameters(), lr=0.1), batch_size=8,
-                  temperature=4.0, rng=torch.Generator().manual_seed(0), ods_eta=0.01, autocast=autocast)
+    distill_epoch(
+        student,
+        teacher,
+        _pool(),
+        optimizer=torch.optim.SGD(student.parameters(), lr=0.1),
+        batch_size=8,
+        temperature=4.0,
+        rng=torch.Generator().manual_seed(0),
+        ods_eta=0.01,
+        autocast=autocast,
+    )
     assert seen and set(seen) == {(True, torch.bfloat16)}
     assert all(np.isfinite(losses)) and all(p.dtype == torch.float32 for p in student.parameters())
 
@@ -343,6 +411,7 @@ def test_bn_statistics_are_computed_in_float32_under_autocast():
 def test_a_grad_scaler_unscales_before_the_clip_and_skips_non_finite_steps():
     """In float32 a power-of-two loss scale is exact: scaled, unscaled before the clip, the steps are the plain
     ones bit for bit (a clip on scaled gradients would differ). A batch with a non-finite gradient is skipped."""
+
     def scaler():
         return torch.amp.GradScaler(device="cpu")
 
@@ -356,8 +425,16 @@ def test_a_grad_scaler_unscales_before_the_clip_and_skips_non_finite_steps():
     teacher = WeightedEnsemble([_TinyCNN(1).eval()]).requires_grad_(False)
     for with_scaler in (False, True):
         student = _TinyCNN(3)
-        distill_epoch(student, teacher, bad, optimizer=torch.optim.SGD(student.parameters(), lr=0.1), batch_size=8,
-                      temperature=4.0, rng=torch.Generator().manual_seed(0), scaler=scaler() if with_scaler else None)
+        distill_epoch(
+            student,
+            teacher,
+            bad,
+            optimizer=torch.optim.SGD(student.parameters(), lr=0.1),
+            batch_size=8,
+            temperature=4.0,
+            rng=torch.Generator().manual_seed(0),
+            scaler=scaler() if with_scaler else None,
+        )
         weights = [p.detach() for p in student.parameters()]
         if with_scaler:  # the step was skipped: the initial weights
             assert all(torch.equal(w, p.detach()) for w, p in zip(weights, _TinyCNN(3).parameters()))

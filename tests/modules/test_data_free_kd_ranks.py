@@ -33,9 +33,17 @@ class _TinyCNN(nn.Module):
     def __init__(self, seed: int) -> None:
         super().__init__()
         g = torch.Generator().manual_seed(seed)
-        self.body = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU(),
-                                  nn.Conv2d(6, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU(),
-                                  nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(24, CLASSES))
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 6, 3, padding=1),
+            nn.BatchNorm2d(6),
+            nn.ReLU(),
+            nn.Conv2d(6, 6, 3, padding=1),
+            nn.BatchNorm2d(6),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(2),
+            nn.Flatten(),
+            nn.Linear(24, CLASSES),
+        )
         with torch.no_grad():
             for p in self.parameters():
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5)
@@ -53,8 +61,20 @@ def _teachers(shard) -> list[nn.Module]:
 
 
 def _settings(**kw) -> SynthesisSettings:
-    base = dict(steps=4, batch_size=10, lr=0.05, oh=1.0, bn=0.1, adv=1.0, adv_temperature=1.0, mask_agreement=True,
-                hardness=None, bn_per_model=False, augment=True, clip_grad=None)
+    base = dict(
+        steps=4,
+        batch_size=10,
+        lr=0.05,
+        oh=1.0,
+        bn=0.1,
+        adv=1.0,
+        adv_temperature=1.0,
+        mask_agreement=True,
+        hardness=None,
+        bn_per_model=False,
+        augment=True,
+        clip_grad=None,
+    )
     return SynthesisSettings(**{**base, **kw})
 
 
@@ -62,8 +82,7 @@ def _scenario(make_ensemble, precision: str) -> dict[str, torch.Tensor]:
     """The ensemble's logits and input gradient, a DENSE synthesis and distillation, a Co-Boosting one (weighted
     ensemble, hardness, L_BN / K, clipping, ODS, a re-weighting's logits); every value that could differ."""
     torch.manual_seed(0)
-    autocast = ((lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16"
-                else contextlib.nullcontext)
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" else contextlib.nullcontext
     out: dict[str, torch.Tensor] = {}
     normalize = lambda x: (x - 0.5) / 0.25  # noqa: E731
     rng = torch.Generator().manual_seed(1)
@@ -84,23 +103,49 @@ def _scenario(make_ensemble, precision: str) -> dict[str, torch.Tensor]:
         with torch.no_grad(), autocast():
             out[name + "_members"] = ensemble.member_logits(leaf).detach()
     for name, weights, settings, ods in (
-            ("dense", None, _settings(), None),
-            ("coboosting", w, _settings(bn_per_model=True, hardness=1.0, mask_agreement=False, augment=False,
-                                        clip_grad=1.0, adv_temperature=3.0), 8 / 255)):
+        ("dense", None, _settings(), None),
+        (
+            "coboosting",
+            w,
+            _settings(bn_per_model=True, hardness=1.0, mask_agreement=False, augment=False, clip_grad=1.0, adv_temperature=3.0),
+            8 / 255,
+        ),
+    ):
         ensemble = make_ensemble(weights)
         student = _TinyCNN(7).eval()
         generator = Generator(nz=8, ngf=4, image_size=SIZE)
         rng = torch.Generator().manual_seed(3)
-        images, labels = synthesize(generator, ensemble, student, num_classes=CLASSES, settings=settings,
-                                    normalize=normalize, rng=rng, device=torch.device("cpu"), autocast=autocast)
+        images, labels = synthesize(
+            generator,
+            ensemble,
+            student,
+            num_classes=CLASSES,
+            settings=settings,
+            normalize=normalize,
+            rng=rng,
+            device=torch.device("cpu"),
+            autocast=autocast,
+        )
         out[name + "_images"], out[name + "_labels"] = images, labels
         out.update({f"{name}_G.{k}": v.detach().clone() for k, v in generator.state_dict().items()})
         optimizer = torch.optim.SGD(student.parameters(), lr=0.05, momentum=0.9)
         view = lambda b, r: random_shift_flip(b, rng=r, padding=1)  # noqa: E731
         for epoch in range(2):
-            out[f"{name}_loss{epoch}"] = torch.tensor(distill_epoch(
-                student, ensemble, images, optimizer=optimizer, batch_size=4, temperature=4.0, rng=rng, ods_eta=ods,
-                clip_grad=settings.clip_grad, augment=view, autocast=autocast))
+            out[f"{name}_loss{epoch}"] = torch.tensor(
+                distill_epoch(
+                    student,
+                    ensemble,
+                    images,
+                    optimizer=optimizer,
+                    batch_size=4,
+                    temperature=4.0,
+                    rng=rng,
+                    ods_eta=ods,
+                    clip_grad=settings.clip_grad,
+                    augment=view,
+                    autocast=autocast,
+                )
+            )
         out.update({f"{name}_S.{k}": v.detach().clone() for k, v in student.state_dict().items()})
     return out
 
@@ -111,8 +156,10 @@ def _one(precision: str) -> dict[str, torch.Tensor]:
 
 def _split(precision: str) -> dict[str, torch.Tensor]:
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    return _scenario(lambda weights: SplitEnsemble(_teachers(Deal(rank, world).blocks(K)), weights, num_members=K,
-                                                   num_classes=CLASSES), precision)
+    return _scenario(
+        lambda weights: SplitEnsemble(_teachers(Deal(rank, world).blocks(K)), weights, num_members=K, num_classes=CLASSES),
+        precision,
+    )
 
 
 def _assert_equal(a: dict, b: dict) -> None:
@@ -157,8 +204,9 @@ def _failing_worker(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
-    fabric = SimpleNamespace(global_rank=rank, world_size=world,
-                             strategy=SimpleNamespace(object_group=dist.new_group(backend="gloo")))
+    fabric = SimpleNamespace(
+        global_rank=rank, world_size=world, strategy=SimpleNamespace(object_group=dist.new_group(backend="gloo"))
+    )
     result: dict = {}
 
     def distillation() -> None:
@@ -170,8 +218,17 @@ def _failing_worker(rank: int, world: int, port: int, out: str) -> None:
             raise RuntimeError("CUDA out of memory in the student's step (injected)")
         ensemble(x)  # rank 0: a gather rank 1 never joins
 
-    with watching(None, rank=rank, world=world, patience_s=3.0, token="t", exit_status=collectives.exit_status,
-                  one_line=collectives.one_line, decided=collectives.decided, on_lost=verdict_to(out, rank, result)):
+    with watching(
+        None,
+        rank=rank,
+        world=world,
+        patience_s=3.0,
+        token="t",
+        exit_status=collectives.exit_status,
+        one_line=collectives.one_line,
+        decided=collectives.decided,
+        on_lost=verdict_to(out, rank, result),
+    ):
         collectives.everyone(fabric, distillation, what="the server's distillation", timeout_s=600)
     report(out, rank, result)  # not reached: the watch ends both ranks
 
@@ -183,21 +240,31 @@ def test_a_rank_failing_between_the_split_ensembles_gathers_ends_every_rank_with
     after two beats (patience 3 s); both end with its status, rank 1 quietly after rank 0."""
     zero, one = run_ranks(_failing_worker, 2, tmp_path)
     line, status, at = zero["verdict"]
-    assert line == (f"rank 1 on {socket.gethostname()} failed in the server's distillation: RuntimeError: CUDA out of "
-                    "memory in the student's step (injected); every rank stops; the same command resumes from the "
-                    "last completed round")
+    assert line == (
+        f"rank 1 on {socket.gethostname()} failed in the server's distillation: RuntimeError: CUDA out of "
+        "memory in the student's step (injected); every rank stops; the same command resumes from the "
+        "last completed round"
+    )
     assert status == 1 and at - one["failed_at"] < 20  # not the 120 s of the collective
     assert one["verdict"][:2] == (None, 1) and one["verdict"][2] >= at
 
 
 def test_synthesize_keeps_no_batch_when_every_loss_is_nan():
     """All of L_G non-finite (e.g. bf16 logits of untrained clients): no batch to keep, None (the caller skips)."""
+
     class _NaN(nn.Module):
         def forward(self, x):
             return _TinyCNN(0)(x) * float("nan")
 
     ensemble = WeightedEnsemble([_NaN().eval()])
-    images, labels = synthesize(Generator(nz=8, ngf=4, image_size=SIZE), ensemble, _TinyCNN(1).eval(),
-                                num_classes=CLASSES, settings=_settings(bn=0.0), normalize=lambda x: x,
-                                rng=torch.Generator().manual_seed(0), device=torch.device("cpu"))
+    images, labels = synthesize(
+        Generator(nz=8, ngf=4, image_size=SIZE),
+        ensemble,
+        _TinyCNN(1).eval(),
+        num_classes=CLASSES,
+        settings=_settings(bn=0.0),
+        normalize=lambda x: x,
+        rng=torch.Generator().manual_seed(0),
+        device=torch.device("cpu"),
+    )
     assert images is None and labels.shape == (10,)

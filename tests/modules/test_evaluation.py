@@ -13,7 +13,7 @@ from fl_lightning.modules.evaluation import evaluate_classifier, per_class_accur
 
 def _batches(logits: torch.Tensor, labels: torch.Tensor, size: int):
     # The "images" are the logits themselves; logits_fn is the identity.
-    return [(logits[i:i + size], labels[i:i + size]) for i in range(0, len(labels), size)]
+    return [(logits[i : i + size], labels[i : i + size]) for i in range(0, len(labels), size)]
 
 
 def test_matches_a_numpy_reference_and_absent_classes_are_nan() -> None:
@@ -24,8 +24,7 @@ def test_matches_a_numpy_reference_and_absent_classes_are_nan() -> None:
     logits[torch.arange(n)[:60], labels[:60]] += 3.0  # most right, some wrong; class 5 is predicted
     logits[60:70, 5] += 10.0
 
-    out = evaluate_classifier(lambda x: x, _batches(logits, labels, 16), num_classes=num_classes,
-                              device=torch.device("cpu"))
+    out = evaluate_classifier(lambda x: x, _batches(logits, labels, 16), num_classes=num_classes, device=torch.device("cpu"))
 
     z, y = logits.double().numpy(), labels.numpy()
     pred = z.argmax(axis=1)
@@ -63,8 +62,7 @@ def test_accuracy_is_torchmetrics_micro_accuracy_to_the_bit() -> None:
         labels = torch.randint(0, num_classes, (n,), generator=gen)
         logits = torch.randn(n, num_classes, generator=gen)
         logits[torch.arange(n)[: n // 3], labels[: n // 3]] += 2.0
-        out = evaluate_classifier(lambda x: x, _batches(logits, labels, 32), num_classes=num_classes,
-                                  device=torch.device("cpu"))
+        out = evaluate_classifier(lambda x: x, _batches(logits, labels, 32), num_classes=num_classes, device=torch.device("cpu"))
         reference = MulticlassAccuracy(num_classes=num_classes, average="micro")
         reference.update(logits, labels)
         assert out["accuracy"] == float(reference.compute())

@@ -34,8 +34,8 @@ def test_federated_scores_are_flowers_weighted_means_and_the_worst_clients():
     hits, losses = rng.random(sum(sizes)) < 0.6, rng.random(sum(sizes)) * 3
     out = federated_scores(hits, losses, sizes)
     ends = np.cumsum(sizes)
-    acc = [float(hits[e - n:e].mean()) for n, e in zip(sizes, ends)]
-    loss = [float(losses[e - n:e].mean()) for n, e in zip(sizes, ends)]
+    acc = [float(hits[e - n : e].mean()) for n, e in zip(sizes, ends)]
+    loss = [float(losses[e - n : e].mean()) for n, e in zip(sizes, ends)]
     assert out["fed_test_acc"] == pytest.approx(_flower_weighted(list(zip(sizes, acc))), abs=1e-12)
     assert out["fed_test_acc"] == pytest.approx(hits.mean(), abs=1e-12)  # = the pooled accuracy
     assert out["fed_test_loss"] == pytest.approx(_flower_weighted(list(zip(sizes, loss))), abs=1e-12)
@@ -59,12 +59,15 @@ def _env(client_test):
     g = torch.Generator().manual_seed(1)
     train_x, test_x = torch.randn(30, 3, generator=g), torch.randn(8, 3, generator=g)
     train_y, test_y = torch.randint(0, 3, (30,), generator=g), torch.randint(0, 3, (8,), generator=g)
-    splits = SimpleNamespace(train=torch.utils.data.TensorDataset(train_x, train_y),
-                             test=torch.utils.data.TensorDataset(test_x, test_y), classes=["a", "b", "c"],
-                             train_targets=train_y.numpy(), test_targets=test_y.numpy())
+    splits = SimpleNamespace(
+        train=torch.utils.data.TensorDataset(train_x, train_y),
+        test=torch.utils.data.TensorDataset(test_x, test_y),
+        classes=["a", "b", "c"],
+        train_targets=train_y.numpy(),
+        test_targets=test_y.numpy(),
+    )
     fabric = SimpleNamespace(device=torch.device("cpu"), world_size=1, autocast=torch.autocast("cpu", enabled=False))
-    env = Environment(fabric, cfg, splits, [], Path("."), loading=LoaderSettings(0, False, False),
-                      client_test=client_test)
+    env = Environment(fabric, cfg, splits, [], Path("."), loading=LoaderSettings(0, False, False), client_test=client_test)
     return env, train_x, train_y
 
 
@@ -85,8 +88,10 @@ def test_the_shared_evaluations_add_the_clients_test_rows():
 
 
 def test_a_fedavg_run_logs_federated_evaluation_and_keeps_the_whole_partition(tmp_path):
-    cfg = load_config(str(CONF / "fedavg_digits_tiny.yaml"), ["--output_dir", str(tmp_path), "--federation.rounds", "1",
-                                                             "--partition.client_test_fraction", "0.2"])
+    cfg = load_config(
+        str(CONF / "fedavg_digits_tiny.yaml"),
+        ["--output_dir", str(tmp_path), "--federation.rounds", "1", "--partition.client_test_fraction", "0.2"],
+    )
     summary = Simulation(cfg=cfg, loggers=[]).run()
     rows = list(csv.DictReader((cfg.run_dir / "metrics.csv").open()))
     acc, worst, low = (float(rows[-1][k]) for k in ("fed_test_acc", "fed_test_acc_worst10", "fed_test_acc_min"))
@@ -101,8 +106,9 @@ def test_methods_without_federated_evaluation_refuse_the_key_in_one_line():
     cfg = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--partition.client_test_fraction", "0.2"])
     with pytest.raises(ConfigError, match="partition.client_test_fraction.*0 for fedcgs"):
         Simulation(cfg=cfg, loggers=[])
-    cfg = load_config(str(CONF / "fedavg_cnn_digits_tiny.yaml"), ["--partition.client_test_fraction", "0.2",
-                                                                 "--fedavg_cnn.augment", "true"])
+    cfg = load_config(
+        str(CONF / "fedavg_cnn_digits_tiny.yaml"), ["--partition.client_test_fraction", "0.2", "--fedavg_cnn.augment", "true"]
+    )
     with pytest.raises(ConfigError, match="augments its training split"):
         check_client_test(cfg, FedAvgCNN(cfg=cfg))
     cfg = load_config(str(CONF / "dense_digits_tiny.yaml"), ["--partition.client_test_fraction", "0.2"])

@@ -21,8 +21,14 @@ DEPTH = 3
 def make(seed: int = 0, **kwargs) -> LoRAClassifier:
     torch.manual_seed(seed)
     vit = timm.create_model(
-        "vit_tiny_patch16_224", pretrained=False, num_classes=4,
-        img_size=16, patch_size=8, embed_dim=32, depth=DEPTH, num_heads=2,
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        num_classes=4,
+        img_size=16,
+        patch_size=8,
+        embed_dim=32,
+        depth=DEPTH,
+        num_heads=2,
     )
     return LoRAClassifier(backbone=vit, spec=LoraSpec(rank=2, alpha=4), **kwargs)
 
@@ -140,7 +146,8 @@ def test_lora_adapters_alone_fit_a_small_task():
     x = torch.randn(32, 3, 16, 16, generator=g) + (y.float() - 1.5).view(-1, 1, 1, 1)
     optimizer = module.configure_optimizers()
     assert {id(p) for group in optimizer.param_groups for p in group["params"]} == {
-        id(p) for n, p in module.named_parameters() if ".lora_" in n}
+        id(p) for n, p in module.named_parameters() if ".lora_" in n
+    }
     with torch.no_grad():
         first = float(module.training_step((x, y), 0))
     for step in range(40):

@@ -74,9 +74,21 @@ def test_training_step_returns_finite_loss():
 def test_pretrain_and_reload(tmp_path):
     train, val = split_holdout(tiny_dataset(48), 0.25, seed=0)
     ckpt, epochs = pretrain_classifier(
-        model_name=NAME, overrides=TINY, checkpoint=None, num_classes=3,
-        train_dataset=train, val_dataset=val, out_dir=tmp_path, max_epochs=2, batch_size=16,
-        lr=3e-3, accelerator="cpu", devices=1, precision="32-true", seed=0, patience=2,
+        model_name=NAME,
+        overrides=TINY,
+        checkpoint=None,
+        num_classes=3,
+        train_dataset=train,
+        val_dataset=val,
+        out_dir=tmp_path,
+        max_epochs=2,
+        batch_size=16,
+        lr=3e-3,
+        accelerator="cpu",
+        devices=1,
+        precision="32-true",
+        seed=0,
+        patience=2,
     )
     assert ckpt.is_file() and ckpt.parent == tmp_path / "checkpoints"
     assert epochs == 2  # patience 2 cannot stop a 2-epoch run early
@@ -106,9 +118,22 @@ def test_pretraining_learns_a_held_out_task(tmp_path):
     0.96-1.0; an untrained model scores 0.33-0.5 on such splits. Bound: > 0.75."""
     train, val = split_holdout(tiny_dataset(96, seed=outcome_seed()), 0.25, seed=outcome_seed())
     ckpt, _ = pretrain_classifier(
-        model_name=NAME, overrides=TINY, checkpoint=None, num_classes=3, train_dataset=train, val_dataset=val,
-        out_dir=tmp_path, max_epochs=3, batch_size=16, lr=3e-3, accelerator="cpu", devices=1, precision="32-true",
-        seed=outcome_seed(), patience=3)
+        model_name=NAME,
+        overrides=TINY,
+        checkpoint=None,
+        num_classes=3,
+        train_dataset=train,
+        val_dataset=val,
+        out_dir=tmp_path,
+        max_epochs=3,
+        batch_size=16,
+        lr=3e-3,
+        accelerator="cpu",
+        devices=1,
+        precision="32-true",
+        seed=outcome_seed(),
+        patience=3,
+    )
     model = load_pretrained_vit(ckpt).eval()
     x, y = val[:]
     with torch.no_grad():
@@ -122,8 +147,20 @@ def test_pretrain_reports_the_epochs_early_stopping_ran(tmp_path):
 
     train, val = split_holdout(tiny_dataset(24), 0.25, seed=0)
     _, epochs = pretrain_classifier(
-        model_name=NAME, overrides=TINY, checkpoint=None, num_classes=3, train_dataset=train, val_dataset=val,
-        out_dir=tmp_path, max_epochs=8, batch_size=32, lr=1e-9, accelerator="cpu", seed=0, patience=1)
+        model_name=NAME,
+        overrides=TINY,
+        checkpoint=None,
+        num_classes=3,
+        train_dataset=train,
+        val_dataset=val,
+        out_dir=tmp_path,
+        max_epochs=8,
+        batch_size=32,
+        lr=1e-9,
+        accelerator="cpu",
+        seed=0,
+        patience=1,
+    )
     with next((tmp_path / "pretrain").rglob("metrics.csv")).open(newline="") as f:
         logged = {int(float(r["epoch"])) for r in csv.DictReader(f) if r.get("epoch")}
     assert epochs == len(logged) and epochs < 8  # lr 1e-9: held-out accuracy cannot improve, patience 1 stops it

@@ -74,8 +74,11 @@ class SigtermHandler(lightning.Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         handler = signal.getsignal(signal.SIGTERM)
-        self.name = type(handler).__name__ if not callable(handler) or hasattr(handler, "signal_handlers") else \
-            getattr(handler, "__qualname__", type(handler).__name__)
+        self.name = (
+            type(handler).__name__
+            if not callable(handler) or hasattr(handler, "signal_handlers")
+            else getattr(handler, "__qualname__", type(handler).__name__)
+        )
 
 
 class Interrupted(RuntimeError):
@@ -111,10 +114,23 @@ class FailInBackward(lightning.Callback):
 
 
 def _pretrain(out: Path, ranks=None, bad=None, callbacks=(), check_every=1):
-    return pretrain_classifier(model_name=NAME, overrides=TINY, num_classes=3, train_dataset=Images(45, 1, bad),
-                               val_dataset=_val(), out_dir=out, max_epochs=3, batch_size=8, lr=1e-3,
-                               accelerator="cpu", seed=3, patience=5, callbacks=callbacks, ranks=ranks,
-                               check_every=check_every)
+    return pretrain_classifier(
+        model_name=NAME,
+        overrides=TINY,
+        num_classes=3,
+        train_dataset=Images(45, 1, bad),
+        val_dataset=_val(),
+        out_dir=out,
+        max_epochs=3,
+        batch_size=8,
+        lr=1e-3,
+        accelerator="cpu",
+        seed=3,
+        patience=5,
+        callbacks=callbacks,
+        ranks=ranks,
+        check_every=check_every,
+    )
 
 
 def _val_acc(out: Path) -> list[float]:
@@ -128,8 +144,7 @@ def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
-    fabric = SimpleNamespace(global_rank=rank, world_size=world, local_rank=rank, node_rank=0,
-                             device=torch.device("cpu"))
+    fabric = SimpleNamespace(global_rank=rank, world_size=world, local_rank=rank, node_rank=0, device=torch.device("cpu"))
     ranks = Ranks(fabric, 60.0)
     result: dict = {}
     if case == "resume":  # uninterrupted, then interrupted in epoch 2 of 3 and called again
@@ -148,10 +163,18 @@ def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
         fabric.strategy = SimpleNamespace(object_group=dist.new_group(backend="gloo"))
         result["failed_at"] = time.time()
         # backward: rank 1 raises inside DDP's backward; unchecked: a bad image on rank 1 between two checks
-        run = dict(callbacks=[FailInBackward(1)]) if case == "backward" else \
-            dict(bad=44 if rank == 1 else None, check_every=1000)
-        with watching(None, rank=rank, world=world, patience_s=3.0, token="t", exit_status=collectives.exit_status,
-                      one_line=collectives.one_line, decided=collectives.decided, on_lost=verdict_to(out, rank, result)):
+        run = dict(callbacks=[FailInBackward(1)]) if case == "backward" else dict(bad=44 if rank == 1 else None, check_every=1000)
+        with watching(
+            None,
+            rank=rank,
+            world=world,
+            patience_s=3.0,
+            token="t",
+            exit_status=collectives.exit_status,
+            one_line=collectives.one_line,
+            decided=collectives.decided,
+            on_lost=verdict_to(out, rank, result),
+        ):
             everyone(fabric, lambda: _pretrain(Path(out) / "run", ranks, **run), what="the pre-training", timeout_s=600)
         report(out, rank, result)  # not reached: the watch ends both ranks
         return
@@ -159,8 +182,9 @@ def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
         if case == "fails":
             collectives._LEADER_EXIT_GRACE_S = 0.0
         weights, handler = Weights(), SigtermHandler()
-        ckpt, epochs = _pretrain(Path(out) / "run", ranks, bad=44 if case == "fails" and rank == 1 else None,
-                                 callbacks=[weights, handler])
+        ckpt, epochs = _pretrain(
+            Path(out) / "run", ranks, bad=44 if case == "fails" and rank == 1 else None, callbacks=[weights, handler]
+        )
         result.update(ckpt=str(ckpt), epochs=epochs, weights=weights.state, sigterm=handler.name)
     except (RankFailure, RankStopped) as err:
         result["error"] = (type(err).__name__, str(getattr(err, "message", err)))
@@ -182,8 +206,12 @@ def test_the_ranks_split_every_one_rank_batch_of_every_epoch(n, batch, world):
     epoch after epoch; the weights N/|b| sum to N over the ranks; a rank without a row gets one at weight 0."""
     one = DataLoader(list(range(n)), batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(5))
     gens = [torch.Generator().manual_seed(5) for _ in range(world)]
-    loaders = [DataLoader(_Keys(), batch_sampler=RankBatches(n, batch, r, world, gens[r]), generator=gens[r],
-                          collate_fn=lambda items: items) for r in range(world)]
+    loaders = [
+        DataLoader(
+            _Keys(), batch_sampler=RankBatches(n, batch, r, world, gens[r]), generator=gens[r], collate_fn=lambda items: items
+        )
+        for r in range(world)
+    ]
     for _ in range(3):
         parts = [list(loader) for loader in loaders]
         expected = [b.tolist() for b in one]
@@ -264,8 +292,10 @@ def test_a_rank_failing_inside_ddps_backward_ends_every_rank_within_seconds(tmp_
     with its status, rank 0 printing the line, rank 1 quietly after it."""
     zero, one = _run(tmp_path, "backward")
     line, status, at = zero["verdict"]
-    assert status == 1 and line.startswith(f"rank 1 on {socket.gethostname()} failed in the pre-training: "
-                                           "RuntimeError: CUDA out of memory in rank 1's backward (injected)")
+    assert status == 1 and line.startswith(
+        f"rank 1 on {socket.gethostname()} failed in the pre-training: "
+        "RuntimeError: CUDA out of memory in rank 1's backward (injected)"
+    )
     assert line.endswith("every rank stops; the same command resumes from the last completed round")
     assert at - zero["failed_at"] < 60  # the pre-training's start included; far below the 120 s timeout
     assert one["verdict"][:2] == (None, 1) and one["verdict"][2] >= at

@@ -62,9 +62,21 @@ class StopInEpoch(lightning.Callback):
 
 def _pretrain(out: Path, **kw):
     val = TensorDataset(torch.randn(6, 3, 16, 16, generator=torch.Generator().manual_seed(9)), torch.arange(6) % 3)
-    return pretrain_classifier(model_name=NAME, overrides=TINY, num_classes=3, train_dataset=NoisyImages(40, 1),
-                               val_dataset=val, out_dir=out, max_epochs=2, batch_size=8, lr=1e-3, accelerator="cpu",
-                               seed=3, patience=5, **kw)
+    return pretrain_classifier(
+        model_name=NAME,
+        overrides=TINY,
+        num_classes=3,
+        train_dataset=NoisyImages(40, 1),
+        val_dataset=val,
+        out_dir=out,
+        max_epochs=2,
+        batch_size=8,
+        lr=1e-3,
+        accelerator="cpu",
+        seed=3,
+        patience=5,
+        **kw,
+    )
 
 
 def _weights(ckpt: Path) -> dict[str, torch.Tensor]:

@@ -29,9 +29,10 @@ def test_training_step_is_the_head_cross_entropy(library):
     module = _module(library)
     loss = module.training_step((IMAGES, LABELS), 0)
     with torch.no_grad():
-        h = module.model.backbone.pool(module.model.backbone.encode(module.model.insert_prompts(
-            module.model.backbone.embed(IMAGES))))
-        z = (h.double() @ module.head.weight.double().T + module.head.bias.double())
+        h = module.model.backbone.pool(
+            module.model.backbone.encode(module.model.insert_prompts(module.model.backbone.embed(IMAGES)))
+        )
+        z = h.double() @ module.head.weight.double().T + module.head.bias.double()
         expected = -(z.log_softmax(dim=1)[torch.arange(8), LABELS]).mean()
     assert loss.ndim == 0 and loss.requires_grad
     torch.testing.assert_close(loss.double(), expected, rtol=1e-5, atol=1e-6)
@@ -58,8 +59,15 @@ def test_trainer_fit_moves_prompts_and_head_but_not_the_backbone():
     backbone_before = {k: v.clone() for k, v in module.model.backbone.state_dict().items()}
     prompts_before = module.model.get_prompts()
     head_before = module.head.weight.detach().clone()
-    trainer = lightning.Trainer(max_steps=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                                enable_progress_bar=False, enable_model_summary=False)
+    trainer = lightning.Trainer(
+        max_steps=3,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, DataLoader(TensorDataset(IMAGES, LABELS), batch_size=4))
     after = module.model.backbone.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in backbone_before.items())
@@ -72,9 +80,13 @@ def test_trainer_fit_moves_prompts_and_head_but_not_the_backbone():
 def test_manual_loop_with_proximal_callback_reduces_loss_and_pulls_to_reference():
     gen = torch.Generator().manual_seed(outcome_seed())
     images, labels = torch.randn(8, 3, 32, 32, generator=gen), torch.randint(0, 4, (8,), generator=gen)
-    module = PromptTuningModule(model=PromptedViT(build_tiny_backbone("timm", seed=outcome_seed()), num_prompts=4,
-                                                  seed=outcome_seed()),
-                                num_classes=4, lr=0.05, momentum=0.0, head_seed=outcome_seed())
+    module = PromptTuningModule(
+        model=PromptedViT(build_tiny_backbone("timm", seed=outcome_seed()), num_prompts=4, seed=outcome_seed()),
+        num_classes=4,
+        lr=0.05,
+        momentum=0.0,
+        head_seed=outcome_seed(),
+    )
     optimizer = module.configure_optimizers()
     p_init = module.model.get_prompts()
     callback = ProximalCallback(mu=1.0, reference={PromptTuningModule.prompt_parameter_name: p_init})
@@ -102,12 +114,15 @@ def test_head_init_is_seeded_and_leaves_global_rng():
     assert not torch.equal(a.head.weight, _module(head_seed=2).head.weight)
 
 
-@pytest.mark.parametrize("kwargs,key", [
-    (dict(optimizer="adam"), "optimizer"),
-    (dict(lr=0.0), "lr"),
-    (dict(weight_decay=-1.0), "weight_decay"),
-    (dict(momentum=1.0), "momentum"),
-])
+@pytest.mark.parametrize(
+    "kwargs,key",
+    [
+        (dict(optimizer="adam"), "optimizer"),
+        (dict(lr=0.0), "lr"),
+        (dict(weight_decay=-1.0), "weight_decay"),
+        (dict(momentum=1.0), "momentum"),
+    ],
+)
 def test_bad_arguments_are_value_errors_naming_the_argument(kwargs, key):
     with pytest.raises(ValueError, match=key):
         _module(**kwargs)
@@ -118,5 +133,4 @@ def test_forward_gives_logits_and_features():
     with torch.no_grad():
         assert module(IMAGES).shape == (8, 4)
         assert module.features(IMAGES).shape == (8, module.model.feature_dim)
-        torch.testing.assert_close(module(IMAGES), F.linear(module.features(IMAGES), module.head.weight,
-                                                            module.head.bias))
+        torch.testing.assert_close(module(IMAGES), F.linear(module.features(IMAGES), module.head.weight, module.head.bias))

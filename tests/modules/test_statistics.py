@@ -20,7 +20,7 @@ LABELS = torch.randint(0, 5, (22,), generator=_gen)
 
 def _batches(images: torch.Tensor, labels: torch.Tensor, size: int):
     for start in range(0, len(images), size):  # a one-pass generator, like a DataLoader iterator
-        yield images[start:start + size], labels[start:start + size]
+        yield images[start : start + size], labels[start : start + size]
 
 
 @pytest.mark.parametrize("library", LIBRARIES)
@@ -71,8 +71,13 @@ def test_autocast_factory_wraps_the_forward():
         calls.append(torch.is_autocast_enabled("cpu"))
         return torch.nn.functional.linear(x.flatten(1)[:, :8], torch.eye(8))
 
-    stats = collect_statistics(feature_fn, _batches(IMAGES, LABELS, 11), num_classes=5, device="cpu",
-                               autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    stats = collect_statistics(
+        feature_fn,
+        _batches(IMAGES, LABELS, 11),
+        num_classes=5,
+        device="cpu",
+        autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+    )
     assert calls == [True, True]
     assert stats.R.dtype == torch.float64  # bf16 features are accumulated in float64
 

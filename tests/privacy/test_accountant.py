@@ -21,8 +21,12 @@ def test_calibrated_noise_reaches_the_target_and_a_second_accountant_agrees():
     # tighter PRV ε is below the target, and not by much (RDP's slack at these settings is ~10-20%)
     from prv_accountant import PoissonSubsampledGaussianMechanism, PRVAccountant
 
-    prv = PRVAccountant(prvs=PoissonSubsampledGaussianMechanism(noise_multiplier=sigma, sampling_probability=q),
-                        max_self_compositions=steps, eps_error=0.01, delta_error=1e-10)
+    prv = PRVAccountant(
+        prvs=PoissonSubsampledGaussianMechanism(noise_multiplier=sigma, sampling_probability=q),
+        max_self_compositions=steps,
+        eps_error=0.01,
+        delta_error=1e-10,
+    )
     low, est, up = prv.compute_epsilon(delta=delta, num_self_compositions=steps)
     assert 0.75 * target < est <= target
     # dp-accounting's PLD accountant is tight as well: it matches PRV within their stated errors
@@ -37,12 +41,15 @@ def test_more_rounds_or_a_higher_sampling_rate_cost_more():
     assert epsilon(math.inf, q=1.0, steps=5, delta=1e-5) == 0.0
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"target_epsilon": 0.0}, "target epsilon"),
-    ({"target_epsilon": 1e-6, "steps": 1000}, "no noise multiplier"),
-    ({"target_epsilon": 1.0, "delta": 1.0}, "delta"),
-    ({"target_epsilon": 1.0, "q": 0.0}, "sampling rate"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"target_epsilon": 0.0}, "target epsilon"),
+        ({"target_epsilon": 1e-6, "steps": 1000}, "no noise multiplier"),
+        ({"target_epsilon": 1.0, "delta": 1.0}, "delta"),
+        ({"target_epsilon": 1.0, "q": 0.0}, "sampling rate"),
+    ],
+)
 def test_bad_settings_are_refused(kwargs, match):
     args = {"q": 1.0, "steps": 1, "delta": 1e-5, **kwargs}
     with pytest.raises(ValueError, match=match):

@@ -28,16 +28,14 @@ DELTA = 1e-3
 
 
 def _privacy(mechanism: str, sigma: float, clip_norm: float, **extra) -> FederationPrivacy:
-    config = PrivacyConfig(mechanism=mechanism, noise_multiplier=sigma, delta=DELTA, clip_norm=clip_norm,
-                           accountant="pld")
+    config = PrivacyConfig(mechanism=mechanism, noise_multiplier=sigma, delta=DELTA, clip_norm=clip_norm, accountant="pld")
     return FederationPrivacy(config, seed=0, rounds=1, parts=[(1.0, 1)], noise_multiplier=sigma, **extra)
 
 
 def _fedavg_release(dp: FederationPrivacy, updates: list[float]) -> float:
     """One round of DP-FedAvg as the engine runs it (Simulation._aggregate) with FedAvg's own weighted mean."""
     state = {"w": torch.zeros(1, dtype=torch.float64)}
-    uploads = {c: Upload({"w": torch.tensor([u], dtype=torch.float64)}, {"num_samples": 10 + c})
-               for c, u in enumerate(updates)}
+    uploads = {c: Upload({"w": torch.tensor([u], dtype=torch.float64)}, {"num_samples": 10 + c}) for c, u in enumerate(updates)}
     mean = WeightedMean()
     for upload in dp.server_uploads(uploads, state, round_idx=0).values():
         mean.add(upload.tensors, upload.meta["num_samples"])
@@ -95,7 +93,7 @@ def test_the_statistics_hold_their_reported_epsilon_under_add_remove_of_a_record
     reported = dp.epsilon(1)
     proved = epsilon_lower_bound(scores["with"], scores["without"], threshold=middle + 1.5 * std, delta=DELTA)
     assert proved < reported, (proved, reported)
-    assert abs(float(scores["without"].mean()) - read(wire["without"])) < 5 * std / DRAWS ** 0.5  # the noise's mean 0
+    assert abs(float(scores["without"].mean()) - read(wire["without"])) < 5 * std / DRAWS**0.5  # the noise's mean 0
 
 
 class _Canary(LightningModule):
@@ -134,16 +132,27 @@ def test_dp_sgd_holds_its_reported_epsilon_under_add_remove_of_a_record():
     from fl_lightning.privacy.poisson_sampling import PoissonBatches
 
     sigma, C, q = 1.0, 1.0, 0.5
-    config = PrivacyConfig(mechanism="statistics_local", noise_multiplier=sigma, delta=DELTA, dp_sgd=True,
-                           grad_clip_norm=C, sampling_rate=q, accountant="pld")
+    config = PrivacyConfig(
+        mechanism="statistics_local",
+        noise_multiplier=sigma,
+        delta=DELTA,
+        dp_sgd=True,
+        grad_clip_norm=C,
+        sampling_rate=q,
+        accountant="pld",
+    )
     dp = FederationPrivacy(config, seed=0, rounds=1, parts=[], noise_multiplier=sigma, sgd=[(q, 2)], lot_size=1.0)
     fabric, reported = Fabric(accelerator="cpu", devices=1), dp.epsilon(1)
 
     def release(records: torch.Tensor) -> float:
         settings, seen = dp.dp_sgd(round_idx=0, client=0), _SeenGradients()  # fresh OS-entropy seeds each draw
-        lots = PoissonBatches(len(records), rate=settings.sampling_rate, steps_per_epoch=settings.steps_per_epoch,
-                              generator=torch.Generator().manual_seed(settings.sampling_seed),
-                              make_loader=lambda chosen: ([records[lot]] for lot in chosen))
+        lots = PoissonBatches(
+            len(records),
+            rate=settings.sampling_rate,
+            steps_per_epoch=settings.steps_per_epoch,
+            generator=torch.Generator().manual_seed(settings.sampling_seed),
+            make_loader=lambda chosen: ([records[lot]] for lot in chosen),
+        )
         fit_local(fabric, _Canary(), lots, epochs=1, callbacks=[seen], dp_sgd=settings)
         assert len(seen.seen) == 2
         return max(seen.seen)
@@ -154,6 +163,7 @@ def test_dp_sgd_holds_its_reported_epsilon_under_add_remove_of_a_record():
     proved = epsilon_lower_bound(with_canary, without, threshold=1.75 * C, delta=DELTA)
     assert 0 < proved < reported, (proved, reported)
     rng, many = np.random.default_rng(0), 10 * DRAWS
-    half = [((rng.random((many, 2)) < q) * C * present + rng.standard_normal((many, 2)) * sigma * C / 2).max(1)
-            for present in (1, 0)]
+    half = [
+        ((rng.random((many, 2)) < q) * C * present + rng.standard_normal((many, 2)) * sigma * C / 2).max(1) for present in (1, 0)
+    ]
     assert epsilon_lower_bound(*half, threshold=1.75 * C, delta=DELTA) > reported

@@ -32,8 +32,9 @@ def test_every_variant_loads_with_its_privacy(name):
 
 
 def test_the_tiny_dp_fedavg_sweep_runs_and_the_curve_reads_it(tmp_path, capsys):
-    rc = train.main(["--config", str(CONF / "privacy_fedavg_tiny.yaml"), "--output_dir", str(tmp_path),
-                     "--federation.rounds", "1"])
+    rc = train.main(
+        ["--config", str(CONF / "privacy_fedavg_tiny.yaml"), "--output_dir", str(tmp_path), "--federation.rounds", "1"]
+    )
     assert rc == 0, capsys.readouterr().err
     sigmas = {p.parent.name: json.loads(p.read_text()).get("noise_multiplier") for p in tmp_path.glob("*/summary.json")}
     assert sigmas["fedavg_off"] is None and sigmas["fedavg_eps10"] > sigmas["fedavg_eps50"] > 0

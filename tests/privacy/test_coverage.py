@@ -18,9 +18,16 @@ from fl_lightning.federation.privacy_coverage import (
 )
 from tests.conftest import CONF, REPO, run_cli
 
-COVERED = {("fedavg", "dp_fedavg"), ("fedprox", "dp_fedavg"), ("fedavg_cnn", "dp_fedavg"), ("fedavg_prompts", "dp_fedavg"),
-           ("afl", "statistics_local"), ("afl", "statistics_central"),
-           ("fedcgs", "statistics_local"), ("fedcgs", "statistics_central")}
+COVERED = {
+    ("fedavg", "dp_fedavg"),
+    ("fedprox", "dp_fedavg"),
+    ("fedavg_cnn", "dp_fedavg"),
+    ("fedavg_prompts", "dp_fedavg"),
+    ("afl", "statistics_local"),
+    ("afl", "statistics_central"),
+    ("fedcgs", "statistics_local"),
+    ("fedcgs", "statistics_central"),
+}
 
 
 def test_docs_privacy_holds_the_coverage_table_the_code_gives():
@@ -69,9 +76,18 @@ def test_coverage_is_never_inherited():
 
 
 def test_the_cli_refuses_an_uncovered_pair_before_anything_runs(tmp_path):
-    proc = run_cli("--config", str(CONF / "fedpft_digits_tiny.yaml"), "--output_dir", str(tmp_path),
-                   "--federation.privacy.mechanism", "statistics_central", "--federation.privacy.epsilon", "4",
-                   "--federation.privacy.delta", "1e-5")
+    proc = run_cli(
+        "--config",
+        str(CONF / "fedpft_digits_tiny.yaml"),
+        "--output_dir",
+        str(tmp_path),
+        "--federation.privacy.mechanism",
+        "statistics_central",
+        "--federation.privacy.epsilon",
+        "4",
+        "--federation.privacy.delta",
+        "1e-5",
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "does not protect fedpft: it uploads Gaussian mixtures" in lines[0]

@@ -25,14 +25,15 @@ def test_each_record_is_in_each_lot_independently_with_probability_q():
     empty = int((sizes == 0).sum())
     assert stats.binomtest(empty, steps, (1 - q) ** n).pvalue > 1e-3 and sizes.std() > 1
     # two records' memberships are uncorrelated
-    assert abs(float(torch.corrcoef(membership[:, :2].T)[0, 1])) < 4 / steps ** 0.5
+    assert abs(float(torch.corrcoef(membership[:, :2].T)[0, 1])) < 4 / steps**0.5
 
 
 def test_the_same_generator_state_draws_the_same_lots_and_a_new_epoch_draws_new_ones():
     a = poisson_batches(20, 0.3, 5, torch.Generator().manual_seed(4))
     assert a == poisson_batches(20, 0.3, 5, torch.Generator().manual_seed(4))
-    batches = PoissonBatches(20, rate=0.3, steps_per_epoch=5, generator=torch.Generator().manual_seed(4),
-                             make_loader=lambda lots: iter(lots))
+    batches = PoissonBatches(
+        20, rate=0.3, steps_per_epoch=5, generator=torch.Generator().manual_seed(4), make_loader=lambda lots: iter(lots)
+    )
     first, second = list(batches), list(batches)
     assert [lot or None for lot in a] == first and first != second and len(batches) == 5
 

@@ -108,9 +108,18 @@ def test_vae_inputs_are_the_cpu_path_of_before_bit_for_bit():
     assert torch.equal(vae_inputs(images, mean=mean, std=std, size=16, device="cpu"), old)
 
 
-@pytest.mark.parametrize(("precision", "device", "dtype"), [
-    ("32-true", "cpu", torch.float32), ("bf16-mixed", "cpu", torch.float32), ("16-mixed", "cpu", torch.float32),
-    ("32-true", "cuda", torch.float32), ("bf16-mixed", "cuda", torch.bfloat16), ("16-mixed", "cuda", torch.float16),
-    ("bf16-true", "cuda", torch.bfloat16), ("64-true", "cuda", torch.float32)])
+@pytest.mark.parametrize(
+    ("precision", "device", "dtype"),
+    [
+        ("32-true", "cpu", torch.float32),
+        ("bf16-mixed", "cpu", torch.float32),
+        ("16-mixed", "cpu", torch.float32),
+        ("32-true", "cuda", torch.float32),
+        ("bf16-mixed", "cuda", torch.bfloat16),
+        ("16-mixed", "cuda", torch.float16),
+        ("bf16-true", "cuda", torch.bfloat16),
+        ("64-true", "cuda", torch.float32),
+    ],
+)
 def test_compute_dtype(precision, device, dtype):
     assert compute_dtype(precision, device) == dtype

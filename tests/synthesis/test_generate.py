@@ -98,9 +98,7 @@ def test_oracle_chain_lands_on_the_ddim_path(s):
     """SD's PNDM ends at ᾱ_0: the chain output must be sqrt(ᾱ_0) x0 + sqrt(1 − ᾱ_0) ε exactly."""
     sched = sd15_scheduler()
     x_s, eps = _noised(X0, s, seed=s)
-    out = denoise_latents(
-        OracleUNet(X0), sched, x_s, timestep=s, num_inference_steps=50, text_embeddings=TEXT, predict_x0=False
-    )
+    out = denoise_latents(OracleUNet(X0), sched, x_s, timestep=s, num_inference_steps=50, text_embeddings=TEXT, predict_x0=False)
     a0 = _abar64()[0]
     assert (out - (a0.sqrt() * X0 + (1 - a0).sqrt() * eps)).abs().max() < 1e-5
     recovered = denoise_latents(OracleUNet(X0), sched, x_s, timestep=s, num_inference_steps=50, text_embeddings=TEXT)
@@ -122,9 +120,7 @@ def test_naive_slicing_fails_the_same_check():
 def test_oracle_chain_recovers_x0_when_final_alpha_is_one(s):
     sched = PNDMScheduler.from_config(sd15_scheduler().config, set_alpha_to_one=True)
     x_s, _ = _noised(X0, s, seed=s)
-    out = denoise_latents(
-        OracleUNet(X0), sched, x_s, timestep=s, num_inference_steps=20, text_embeddings=TEXT, predict_x0=False
-    )
+    out = denoise_latents(OracleUNet(X0), sched, x_s, timestep=s, num_inference_steps=20, text_embeddings=TEXT, predict_x0=False)
     assert (out - X0).abs().max() < 1e-5
 
 
@@ -137,9 +133,7 @@ def test_classifier_free_guidance_combines_eps():
     uncond = torch.zeros(1, 3, 8, dtype=torch.float64)
     unet = OracleUNet(X0, bias=1.0)
     kw = dict(timestep=s, num_inference_steps=25, predict_x0=False)
-    guided = denoise_latents(
-        unet, sd15_scheduler(), x_s, text_embeddings=text, uncond_embeddings=uncond, guidance_scale=g, **kw
-    )
+    guided = denoise_latents(unet, sd15_scheduler(), x_s, text_embeddings=text, uncond_embeddings=uncond, guidance_scale=g, **kw)
     ref = denoise_latents(unet, sd15_scheduler(), x_s, text_embeddings=g * text, **kw)
     assert torch.allclose(guided, ref, atol=1e-9)
     plain = denoise_latents(unet, sd15_scheduler(), x_s, text_embeddings=text, **kw)
@@ -153,9 +147,7 @@ def test_denoise_rejects_other_schedulers_and_bad_timesteps():
     with pytest.raises(ValueError):
         denoise_latents(OracleUNet(X0), prk, X0, timestep=10, num_inference_steps=10, text_embeddings=TEXT)
     with pytest.raises(ValueError):
-        denoise_latents(
-            OracleUNet(X0), sd15_scheduler(), X0, timestep=1000, num_inference_steps=10, text_embeddings=TEXT
-        )
+        denoise_latents(OracleUNet(X0), sd15_scheduler(), X0, timestep=1000, num_inference_steps=10, text_embeddings=TEXT)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -244,8 +236,10 @@ def _fresh_reference(abar, s, q, floor):
     return len(abar) - 1
 
 
-@pytest.mark.parametrize("s,q,floor", [(400, 1.0, 0.25), (0, 1.0, 0.25), (400, 0.58, 0.25), (700, 0.82, 0.3),
-                                       (50, 1.0, 0.9), (999, 1.0, 0.25), (400, 1.0, 0.0)])
+@pytest.mark.parametrize(
+    "s,q,floor",
+    [(400, 1.0, 0.25), (0, 1.0, 0.25), (400, 0.58, 0.25), (700, 0.82, 0.3), (50, 1.0, 0.9), (999, 1.0, 0.25), (400, 1.0, 0.0)],
+)
 def test_fresh_timestep_matches_brute_force(s, q, floor):
     abar = _abar64()
     t = fresh_timestep(abar, s, q, floor)
@@ -292,9 +286,7 @@ def test_mean_only_start_is_diffused_to_a_fresh_timestep():
     assert expected / (1 - float(abar[t_ref])) >= floor
 
 
-@pytest.mark.parametrize(
-    "total,weights", [(7, [5, 2]), (10, [1, 1, 1]), (0, [3, 4]), (13, [9, 0, 4, 4]), (100, [1, 2, 3])]
-)
+@pytest.mark.parametrize("total,weights", [(7, [5, 2]), (10, [1, 1, 1]), (0, [3, 4]), (13, [9, 0, 4, 4]), (100, [1, 2, 3])])
 def test_largest_remainder_is_proportional(total, weights):
     shares = _largest_remainder(total, weights)
     assert sum(shares) == total
@@ -309,8 +301,13 @@ def _up(label, count, z, t, seed):
 
 
 def test_volumes_and_plan():
-    mean_only = ClassLatentUpload(label=1, count=1, timestep=100, centroids=torch.empty(0, 4, 2, 2),
-                                  mean=torch.randn(4, 2, 2, generator=torch.Generator().manual_seed(9)))
+    mean_only = ClassLatentUpload(
+        label=1,
+        count=1,
+        timestep=100,
+        centroids=torch.empty(0, 4, 2, 2),
+        mean=torch.randn(4, 2, 2, generator=torch.Generator().manual_seed(9)),
+    )
     uploads = {0: [_up(0, 6, 3, 100, 0), mean_only], 1: [_up(0, 2, 2, 50, 2)], 2: [_up(1, 3, 2, 70, 3)]}
     totals = class_totals(uploads)
     assert totals == {0: 8, 1: 4}
@@ -392,9 +389,15 @@ def test_whole_chain_writes_an_imagefolder_resumably(tiny_sd, tmp_path):
     for row, req in zip(rows, reqs):
         assert (tmp_path / "a" / row["path"]).is_file()
         assert row == {
-            "path": req.relpath, "class": req.class_name, "label": req.label, "client": req.client,
-            "centroid_index": req.centroid_index, "prompt": req.prompt, "timestep": req.timestep,
-            "start_timestep": row["start_timestep"], "seed": req.seed,
+            "path": req.relpath,
+            "class": req.class_name,
+            "label": req.label,
+            "client": req.client,
+            "centroid_index": req.centroid_index,
+            "prompt": req.prompt,
+            "timestep": req.timestep,
+            "start_timestep": row["start_timestep"],
+            "seed": req.seed,
         }
         assert row["start_timestep"] >= req.timestep
     assert {row["client"] for row in rows} == {0, 1}
@@ -470,13 +473,13 @@ def test_every_image_is_its_own_sample_and_reproducible(tiny_sd, tmp_path):
     distinct (centroid, prompt) inputs, and small classes that upload their mean only. ≥ 95% of the
     images have no near-duplicate (mean |Δpixel| < 2/255) among all others; the same seed gives
     bit-identical files; another seed gives other images from the same uploads."""
+
     def imgs(n, seed):
         return torch.rand(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
 
     data = {0: {0: imgs(9, 0), 1: imgs(2, 1)}, 1: {0: imgs(3, 2), 1: imgs(8, 3)}}
     uploads = {
-        c: client_latent_uploads(tiny_sd.vae, tiny_sd.scheduler, d, num_centroids=2, timestep=400,
-                                 max_timestep=999, seed=20 + c)
+        c: client_latent_uploads(tiny_sd.vae, tiny_sd.scheduler, d, num_centroids=2, timestep=400, max_timestep=999, seed=20 + c)
         for c, d in data.items()
     }
     assert [u.mean_only for u in uploads[0]] == [False, True]  # client 0, class 1: 2 ≤ Z samples
@@ -510,8 +513,12 @@ def test_every_image_is_its_own_sample_and_reproducible(tiny_sd, tmp_path):
 def test_ranks_dealt_the_batches_write_the_images_of_one_process(tiny_sd, tmp_path):
     """Three ranks (run here one after the other) write the very files one process writes, and one manifest."""
     names = ["apple_pie", "dog"]
-    uploads = {c: client_latent_uploads(tiny_sd.vae, tiny_sd.scheduler, data, num_centroids=2, timestep=None,
-                                        max_timestep=600, seed=10 + c) for c, data in _clients().items()}
+    uploads = {
+        c: client_latent_uploads(
+            tiny_sd.vae, tiny_sd.scheduler, data, num_centroids=2, timestep=None, max_timestep=600, seed=10 + c
+        )
+        for c, data in _clients().items()
+    }
     prompts = TemplatePromptExpander(seed=0).expand(names, 3)
     reqs = plan_generation(uploads, names, prompts, volume_per_class={0: 4, 1: 5}, rho=0.8, seed=1)
     kw = dict(batch_size=2, num_inference_steps=4, guidance_scale=2.0, device="cpu", progress=False)

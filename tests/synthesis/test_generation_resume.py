@@ -37,8 +37,10 @@ def requests(tiny_sd):
         return torch.rand(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
 
     data = {0: {0: imgs(5, 0), 1: imgs(3, 1)}, 1: {0: imgs(2, 2), 1: imgs(6, 3)}}
-    uploads = {c: client_latent_uploads(tiny_sd.vae, tiny_sd.scheduler, d, num_centroids=2, timestep=300,
-                                        max_timestep=600, seed=10 + c) for c, d in data.items()}
+    uploads = {
+        c: client_latent_uploads(tiny_sd.vae, tiny_sd.scheduler, d, num_centroids=2, timestep=300, max_timestep=600, seed=10 + c)
+        for c, d in data.items()
+    }
     volume = synthetic_volume(class_totals(uploads), 0.7)  # {0: 5, 1: 6}: 11 images, batches of 3
     prompts = TemplatePromptExpander(seed=0).expand(["apple_pie", "dog"], 3)
     return plan_generation(uploads, ["apple_pie", "dog"], prompts, volume_per_class=volume, rho=0.8, seed=1)

@@ -79,10 +79,10 @@ def test_timestep_zero_is_refused_s_is_at_least_one(tiny_sd):
     imgs = torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     for kw in (dict(timestep=0), dict(timestep=None, min_timestep=0), dict(timestep=5, min_timestep=10)):
         with pytest.raises(ValueError, match="min_timestep|timestep"):
-            client_latent_uploads(tiny_sd.vae, tiny_sd.scheduler, {0: imgs}, num_centroids=2, max_timestep=600,
-                                  seed=0, **kw)
-    ups = client_latent_uploads(tiny_sd.vae, tiny_sd.scheduler, {c: imgs for c in range(20)}, num_centroids=2,
-                                timestep=None, max_timestep=3, seed=0)
+            client_latent_uploads(tiny_sd.vae, tiny_sd.scheduler, {0: imgs}, num_centroids=2, max_timestep=600, seed=0, **kw)
+    ups = client_latent_uploads(
+        tiny_sd.vae, tiny_sd.scheduler, {c: imgs for c in range(20)}, num_centroids=2, timestep=None, max_timestep=3, seed=0
+    )
     assert {u.timestep for u in ups} <= {1, 2, 3}
 
 
@@ -120,9 +120,7 @@ def _client_data():
 
 def test_upload_holds_only_noised_summaries(tiny_sd):
     data = _client_data()
-    uploads = client_latent_uploads(
-        tiny_sd.vae, tiny_sd.scheduler, data, num_centroids=3, timestep=400, max_timestep=999, seed=5
-    )
+    uploads = client_latent_uploads(tiny_sd.vae, tiny_sd.scheduler, data, num_centroids=3, timestep=400, max_timestep=999, seed=5)
     names = {f.name for f in dataclasses.fields(ClassLatentUpload)}
     assert names == {"label", "count", "timestep", "centroids", "mean"}
     abar = float(tiny_sd.scheduler.alphas_cumprod[400])
@@ -161,9 +159,7 @@ def test_small_class_upload_never_holds_a_per_sample_latent(tiny_sd):
     """A class with ≤ Z samples sends one tensor, the noised mean: no sent tensor is closer to a
     sample's noised latent than noise allows, and the packed upload says it is mean-only."""
     imgs = torch.stack([torch.full((3, 32, 32), v) for v in (0.0, 0.5, 1.0)])  # far-apart samples
-    ups = client_latent_uploads(
-        tiny_sd.vae, tiny_sd.scheduler, {4: imgs}, num_centroids=3, timestep=1, max_timestep=999, seed=1
-    )
+    ups = client_latent_uploads(tiny_sd.vae, tiny_sd.scheduler, {4: imgs}, num_centroids=3, timestep=1, max_timestep=999, seed=1)
     (up,) = ups
     assert up.mean_only and up.count == 3 and up.centroids.numel() == 0
     clean = encode_images(tiny_sd.vae, imgs)
@@ -214,6 +210,4 @@ def test_random_timestep_is_seeded_and_in_range(tiny_sd):
         draws += [u.timestep for u in ups]
     assert all(0 <= t <= 50 for t in draws) and len(set(draws)) > 3
     with pytest.raises(ValueError):
-        client_latent_uploads(
-            tiny_sd.vae, tiny_sd.scheduler, data, num_centroids=2, timestep=None, max_timestep=1000, seed=0
-        )
+        client_latent_uploads(tiny_sd.vae, tiny_sd.scheduler, data, num_centroids=2, timestep=None, max_timestep=1000, seed=0)

@@ -60,9 +60,7 @@ def _tiny_llm(path):
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="[EOS]", pad_token="[PAD]")
     fast.save_pretrained(path)
-    cfg = GPT2Config(
-        vocab_size=len(vocab), n_embd=16, n_layer=1, n_head=2, n_positions=64, eos_token_id=1, bos_token_id=1
-    )
+    cfg = GPT2Config(vocab_size=len(vocab), n_embd=16, n_layer=1, n_head=2, n_positions=64, eos_token_id=1, bos_token_id=1)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         GPT2LMHeadModel(cfg).save_pretrained(path)
@@ -156,14 +154,30 @@ def test_fedisyn_round_0_with_a_complete_cache_does_not_load_the_llm(tiny_llm, l
 
     labels = ["zebra", "yak"]
     cache = tmp_path / "prompts.json"  # as the first attempt's expansion left it (the expander's own description)
-    cache.write_text(json.dumps({"expander": LLMPromptExpander(tiny_llm, seed=0).description,
-                                 "prompts": {label: [f"a {label}.", f"one {label}.", f"the {label}."]
-                                             for label in labels}}), encoding="utf-8")
+    cache.write_text(
+        json.dumps(
+            {
+                "expander": LLMPromptExpander(tiny_llm, seed=0).description,
+                "prompts": {label: [f"a {label}.", f"one {label}.", f"the {label}."] for label in labels},
+            }
+        ),
+        encoding="utf-8",
+    )
     written = cache.read_bytes()
     with pytest.raises(ValueError, match="latent uploads"):
-        synthesise_and_pretrain(Cfg, components=None, uploads_by_client=None, class_counts={0: 5, 1: 5},
-                                class_names=labels, spec=None, run_dir=tmp_path, seed=0,
-                                device=torch.device("cpu"), precision="32-true", progress=False)
+        synthesise_and_pretrain(
+            Cfg,
+            components=None,
+            uploads_by_client=None,
+            class_counts={0: 5, 1: 5},
+            class_names=labels,
+            spec=None,
+            run_dir=tmp_path,
+            seed=0,
+            device=torch.device("cpu"),
+            precision="32-true",
+            progress=False,
+        )
     assert llm_loads == [] and cache.read_bytes() == written
 
 

@@ -76,8 +76,10 @@ def test_store_batches_equal_the_png_batches_through_the_loader(tmp_path):
     stored = stored_splits(folder, train_tf, val_tf)
     for png, store in zip((SyntheticFolder(folder, train_tf), SyntheticFolder(folder, val_tf)), stored):
         sides = [split_holdout(d, 0.25, 0)[0] for d in (png, store)]
-        loaders = [DataLoader(s, batch_size=6, shuffle=True, generator=torch.Generator().manual_seed(3),
-                              collate_fn=collate) for s in sides]
+        loaders = [
+            DataLoader(s, batch_size=6, shuffle=True, generator=torch.Generator().manual_seed(3), collate_fn=collate)
+            for s in sides
+        ]
         torch.manual_seed(11)
         a = [b for b in loaders[0]]
         torch.manual_seed(11)
@@ -137,8 +139,11 @@ def _damage_record(store):
     store.with_suffix(".json").unlink()  # a store from before the record, or a kill between the two files
 
 
-@pytest.mark.parametrize("damage", [_damage_truncate, _damage_pixels, _damage_shape, _damage_record],
-                         ids=["truncated", "other-pixels", "other-shape", "no-record"])
+@pytest.mark.parametrize(
+    "damage",
+    [_damage_truncate, _damage_pixels, _damage_shape, _damage_record],
+    ids=["truncated", "other-pixels", "other-shape", "no-record"],
+)
 def test_a_store_unfit_for_reuse_is_built_again_with_one_warning(tmp_path, damage):
     folder = _folder(tmp_path)
     head = split_transform(_transforms(16)[1]).head
@@ -249,14 +254,27 @@ def test_pretraining_on_the_store_gives_the_png_weights(tmp_path, defer):
     train_tf, val_tf = _transforms(32)  # the training split's RandomResizedCrop and flip draw as on the PNGs
     tiny = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
     weights = []
-    for name, (train_all, val_all) in {"png": (SyntheticFolder(folder, train_tf), SyntheticFolder(folder, val_tf)),
-                                       "store": stored_splits(folder, train_tf, val_tf, defer=defer)}.items():
+    for name, (train_all, val_all) in {
+        "png": (SyntheticFolder(folder, train_tf), SyntheticFolder(folder, val_tf)),
+        "store": stored_splits(folder, train_tf, val_tf, defer=defer),
+    }.items():
         train, _ = split_holdout(train_all, 0.25, 0)
         _, val = split_holdout(val_all, 0.25, 0)
-        ckpt, _ = pretrain_classifier(model_name="vit_tiny_patch16_224", overrides=tiny, num_classes=3,
-                                      train_dataset=train, val_dataset=val, out_dir=tmp_path / name, max_epochs=2,
-                                      batch_size=8, lr=3e-3, accelerator="cpu", seed=0, patience=2,
-                                      batch_transform=train_all.deferred if name == "store" else None)
+        ckpt, _ = pretrain_classifier(
+            model_name="vit_tiny_patch16_224",
+            overrides=tiny,
+            num_classes=3,
+            train_dataset=train,
+            val_dataset=val,
+            out_dir=tmp_path / name,
+            max_epochs=2,
+            batch_size=8,
+            lr=3e-3,
+            accelerator="cpu",
+            seed=0,
+            patience=2,
+            batch_transform=train_all.deferred if name == "store" else None,
+        )
         weights.append(torch.load(ckpt, weights_only=True)["state_dict"])
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

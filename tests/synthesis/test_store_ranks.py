@@ -43,6 +43,7 @@ def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
         real_fill = store._fill
         store._fill = lambda *a: (lambda p, d, r: (p, {k: "0" * 64 for k in d}, r))(*real_fill(*a))
     if case == "full" and rank == 0:  # no room for the store rank 0 reserves
+
         def no_room(fd, offset, length):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
@@ -73,8 +74,7 @@ def test_two_ranks_build_the_one_rank_store_each_decoding_its_block_once(tmp_pat
     alone = build_stores(folder, _heads())
     assert [str(p) for p in alone] == results[0]["paths"]
     for path in alone:
-        assert np.array_equal(np.load(path), together[str(path)]) and path.with_suffix(".json").read_text() == \
-            records[str(path)]
+        assert np.array_equal(np.load(path), together[str(path)]) and path.with_suffix(".json").read_text() == records[str(path)]
     assert not _leftovers(folder)
 
 

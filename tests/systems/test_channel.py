@@ -68,7 +68,7 @@ def test_spectral_efficiency_is_shannon_in_bits() -> None:
     # Calibrated channel: 0.1 W (20 dBm) at 300 m, 99.2 dB of loss, noise −80 dBm: SNR +0.8 dB
     # ≈ 1.2, i.e. ~1.15 bit/s/Hz: ~1.15 Mbit/s on a 1 MHz share (module docstring).
     e = float(spectral_efficiency(0.1, path_gain(300.0), 1e-11))
-    snr = 0.1 * 10 ** (-4.75) * 30.0 ** -3.5 / 1e-11
+    snr = 0.1 * 10 ** (-4.75) * 30.0**-3.5 / 1e-11
     assert e == pytest.approx(math.log2(1 + snr), rel=1e-12) and 1.1 < e < 1.2
 
 
@@ -83,18 +83,24 @@ def test_device_spectral_efficiency_composes_the_pieces() -> None:
     cfg = ChannelConfig()
     power = np.array([0.1, 0.15, 0.2])
     pos, eff = device_spectral_efficiency(power, config=cfg, seed=11)
-    np.testing.assert_array_equal(pos, place_devices(3, radius_m=50.0, center_m=(300.0, 0.0),
-                                                     seed=11))
-    d = np.sqrt((pos ** 2).sum(1))
-    expected = np.log2(1 + power * 10 ** -4.75 * (d / 10.0) ** -3.5 / 1e-11)  # PL0 = 47.5 dB
+    np.testing.assert_array_equal(pos, place_devices(3, radius_m=50.0, center_m=(300.0, 0.0), seed=11))
+    d = np.sqrt((pos**2).sum(1))
+    expected = np.log2(1 + power * 10**-4.75 * (d / 10.0) ** -3.5 / 1e-11)  # PL0 = 47.5 dB
     np.testing.assert_allclose(eff, expected, rtol=1e-12)
     _, bare = device_spectral_efficiency(power, config=ChannelConfig(reference_loss_db=0.0), seed=11)
     np.testing.assert_allclose(bare, np.log2(1 + power * (d / 10.0) ** -3.5 / 1e-11), rtol=1e-12)
 
 
-@pytest.mark.parametrize("overrides", [dict(radius_m=-1.0), dict(noise_power_w=0.0),
-                                       dict(center_m=(30.0, 0.0)), dict(total_bandwidth_hz=math.inf),
-                                       dict(reference_loss_db=math.nan)])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(radius_m=-1.0),
+        dict(noise_power_w=0.0),
+        dict(center_m=(30.0, 0.0)),
+        dict(total_bandwidth_hz=math.inf),
+        dict(reference_loss_db=math.nan),
+    ],
+)
 def test_channel_config_validation(overrides: dict) -> None:
     with pytest.raises(ValueError, match="ChannelConfig"):
         ChannelConfig(**overrides)

@@ -48,7 +48,7 @@ def _ref_utility(case: dict, x: tuple[int, ...]) -> float:
     """Σ_i c_i(x_i) / T(x), with T from scipy's brentq (or B/N by hand) and contributions summed by hand."""
     C = case["contributions"]
     L = C.shape[1]
-    contribution = sum(C[i, L - xi:].sum() for i, xi in enumerate(x))
+    contribution = sum(C[i, L - xi :].sum() for i, xi in enumerate(x))
     xs = np.array(x, dtype=float)
     H = case["num_samples"] * (case["forward_time_s"] + xs * case["backward_time_per_layer_s"])
     a = case["layer_bits"] * xs / case["spectral_efficiency"]
@@ -64,13 +64,14 @@ def _ref_utility(case: dict, x: tuple[int, ...]) -> float:
 def _ref_greedy(case: dict) -> tuple[int, ...]:
     """Alg. 1 replayed on the brute-force table of U over every depth vector within memory."""
     n, L = case["contributions"].shape
-    limits = [int(min(L, (M - mb) // m)) for M, mb, m in zip(
-        case["memory_budget_gb"], case["fixed_memory_gb"], case["memory_per_layer_gb"])]
-    table = {x: _ref_utility(case, x)
-             for x in itertools.product(*(range(1, lim + 1) for lim in limits))}
+    limits = [
+        int(min(L, (M - mb) // m))
+        for M, mb, m in zip(case["memory_budget_gb"], case["fixed_memory_gb"], case["memory_per_layer_gb"])
+    ]
+    table = {x: _ref_utility(case, x) for x in itertools.product(*(range(1, lim + 1) for lim in limits))}
     x = (1,) * n
     while True:
-        moves = [x[:i] + (x[i] + 1,) + x[i + 1:] for i in range(n) if x[i] < limits[i]]
+        moves = [x[:i] + (x[i] + 1,) + x[i + 1 :] for i in range(n) if x[i] < limits[i]]
         if not moves:
             return x
         best = max(moves, key=lambda y: table[y])  # max keeps the first (lowest index) on ties
@@ -85,18 +86,23 @@ def test_hand_computed_two_device_case() -> None:
     # first; then U(2,2) = (4+b)/3 beats 4/3 only if b > 0.
     def depths(b: float) -> list[int]:
         return contribution_aware_depths(
-            contributions=np.array([[2.0, 1.0], [b, 1.0]]), num_samples=np.ones(2),
-            forward_time_s=np.ones(2), backward_time_per_layer_s=np.ones(2),
-            fixed_memory_gb=np.zeros(2), memory_per_layer_gb=np.ones(2),
-            memory_budget_gb=np.full(2, 10.0), layer_bits=1.0, spectral_efficiency=np.ones(2),
-            total_bandwidth_hz=1e9).tolist()
+            contributions=np.array([[2.0, 1.0], [b, 1.0]]),
+            num_samples=np.ones(2),
+            forward_time_s=np.ones(2),
+            backward_time_per_layer_s=np.ones(2),
+            fixed_memory_gb=np.zeros(2),
+            memory_per_layer_gb=np.ones(2),
+            memory_budget_gb=np.full(2, 10.0),
+            layer_bits=1.0,
+            spectral_efficiency=np.ones(2),
+            total_bandwidth_hz=1e9,
+        ).tolist()
 
     assert depths(0.5) == [2, 2]
     assert depths(0.0) == [2, 1]
 
 
-@pytest.mark.parametrize("seed, n, L", [(0, 2, 3), (1, 2, 4), (2, 3, 3), (3, 3, 4), (4, 3, 4),
-                                        (5, 2, 5), (6, 3, 3), (7, 3, 4)])
+@pytest.mark.parametrize("seed, n, L", [(0, 2, 3), (1, 2, 4), (2, 3, 3), (3, 3, 4), (4, 3, 4), (5, 2, 5), (6, 3, 3), (7, 3, 4)])
 @pytest.mark.parametrize("allocation", ["wfba", "equal"])
 def test_greedy_follows_the_brute_force_path(seed: int, n: int, L: int, allocation: str) -> None:
     case = dict(_case(seed, n, L), allocation=allocation)
@@ -109,9 +115,12 @@ def test_brute_force_cases_are_not_trivial() -> None:
     interior = 0
     for seed, n, L in [(0, 2, 3), (1, 2, 4), (2, 3, 3), (3, 3, 4), (4, 3, 4), (5, 2, 5)]:
         case = _case(seed, n, L)
-        limits = memory_depth_limits(fixed_memory_gb=case["fixed_memory_gb"],
-                                     memory_per_layer_gb=case["memory_per_layer_gb"],
-                                     memory_budget_gb=case["memory_budget_gb"], num_layers=L)
+        limits = memory_depth_limits(
+            fixed_memory_gb=case["fixed_memory_gb"],
+            memory_per_layer_gb=case["memory_per_layer_gb"],
+            memory_budget_gb=case["memory_budget_gb"],
+            num_layers=L,
+        )
         x = contribution_aware_depths(**case)
         interior += int(np.any((x > 1) & (x < limits)))  # stopped by U, not by memory
     assert interior >= 2
@@ -120,9 +129,12 @@ def test_brute_force_cases_are_not_trivial() -> None:
 def test_result_is_a_local_optimum_within_memory() -> None:
     case = _case(11, 4, 6)
     x = contribution_aware_depths(**case)
-    limits = memory_depth_limits(fixed_memory_gb=case["fixed_memory_gb"],
-                                 memory_per_layer_gb=case["memory_per_layer_gb"],
-                                 memory_budget_gb=case["memory_budget_gb"], num_layers=6)
+    limits = memory_depth_limits(
+        fixed_memory_gb=case["fixed_memory_gb"],
+        memory_per_layer_gb=case["memory_per_layer_gb"],
+        memory_budget_gb=case["memory_budget_gb"],
+        num_layers=6,
+    )
     assert np.all(x >= 1) and np.all(x <= limits)
     u = _ref_utility(case, tuple(x))
     for i in np.flatnonzero(x < limits):
@@ -133,12 +145,14 @@ def test_result_is_a_local_optimum_within_memory() -> None:
 
 def test_free_layers_fill_memory_and_useless_layers_stay_at_one() -> None:
     case = _case(12, 4, 6)
-    limits = memory_depth_limits(fixed_memory_gb=case["fixed_memory_gb"],
-                                 memory_per_layer_gb=case["memory_per_layer_gb"],
-                                 memory_budget_gb=case["memory_budget_gb"], num_layers=6)
+    limits = memory_depth_limits(
+        fixed_memory_gb=case["fixed_memory_gb"],
+        memory_per_layer_gb=case["memory_per_layer_gb"],
+        memory_budget_gb=case["memory_budget_gb"],
+        num_layers=6,
+    )
     # Nearly free depth (no backward cost, negligible upload): every block adds contribution.
-    free = dict(case, backward_time_per_layer_s=np.zeros(4), layer_bits=1e-3,
-                contributions=case["contributions"] + 0.1)
+    free = dict(case, backward_time_per_layer_s=np.zeros(4), layer_bits=1e-3, contributions=case["contributions"] + 0.1)
     np.testing.assert_array_equal(contribution_aware_depths(**free), limits)
     # Only the last block contributes: deeper costs time for nothing.
     useless = dict(case, contributions=np.pad(np.ones((4, 1)), ((0, 0), (5, 0))))
@@ -151,19 +165,28 @@ def test_invariant_to_contribution_scale_and_time_units() -> None:
     scaled = dict(case, contributions=7.0 * case["contributions"])
     np.testing.assert_array_equal(contribution_aware_depths(**scaled), x)
     # Twice as slow compute and half the bandwidth: every time doubles, U halves uniformly.
-    slower = dict(case, forward_time_s=2 * case["forward_time_s"],
-                  backward_time_per_layer_s=2 * case["backward_time_per_layer_s"],
-                  total_bandwidth_hz=case["total_bandwidth_hz"] / 2)
+    slower = dict(
+        case,
+        forward_time_s=2 * case["forward_time_s"],
+        backward_time_per_layer_s=2 * case["backward_time_per_layer_s"],
+        total_bandwidth_hz=case["total_bandwidth_hz"] / 2,
+    )
     np.testing.assert_array_equal(contribution_aware_depths(**slower), x)
 
 
 def test_more_valuable_device_goes_at_least_as_deep() -> None:
     # Two identical devices except that device 1's contributions are larger in every block.
     base = dict(
-        num_samples=np.full(2, 100.0), forward_time_s=np.full(2, 0.01),
-        backward_time_per_layer_s=np.full(2, 0.005), fixed_memory_gb=np.zeros(2),
-        memory_per_layer_gb=np.ones(2), memory_budget_gb=np.full(2, 8.0), layer_bits=1e6,
-        spectral_efficiency=np.full(2, 5.0), total_bandwidth_hz=1e6)
+        num_samples=np.full(2, 100.0),
+        forward_time_s=np.full(2, 0.01),
+        backward_time_per_layer_s=np.full(2, 0.005),
+        fixed_memory_gb=np.zeros(2),
+        memory_per_layer_gb=np.ones(2),
+        memory_budget_gb=np.full(2, 8.0),
+        layer_bits=1e6,
+        spectral_efficiency=np.full(2, 5.0),
+        total_bandwidth_hz=1e6,
+    )
     C = np.linspace(0.2, 1.0, 8)
     x = contribution_aware_depths(contributions=np.stack([C, 3 * C]), **base)
     assert x[1] >= x[0]
@@ -174,34 +197,40 @@ def test_paper_testbed_runs_and_respects_memory() -> None:
     arrays = profile_arrays(profiles)
     arrays.pop("transmit_power_w")
     rng = np.random.default_rng(0)
-    x = contribution_aware_depths(contributions=rng.uniform(0, 1, (10, 12)),
-                                  num_samples=np.full(10, 500.0), layer_bits=3e6,
-                                  spectral_efficiency=rng.uniform(15, 18, 10),
-                                  total_bandwidth_hz=10e6, **arrays)
+    x = contribution_aware_depths(
+        contributions=rng.uniform(0, 1, (10, 12)),
+        num_samples=np.full(10, 500.0),
+        layer_bits=3e6,
+        spectral_efficiency=rng.uniform(15, 18, 10),
+        total_bandwidth_hz=10e6,
+        **arrays,
+    )
     assert np.all(x <= [max_depth(p, 12) for p in profiles]) and np.all(x >= 1)
 
 
 def test_depth_contribution_sums_the_last_blocks() -> None:
     C = np.arange(12.0).reshape(3, 4)
-    np.testing.assert_array_equal(depth_contribution(C, np.array([1, 4, 2])),
-                                  [3.0, 4 + 5 + 6 + 7, 10 + 11])
+    np.testing.assert_array_equal(depth_contribution(C, np.array([1, 4, 2])), [3.0, 4 + 5 + 6 + 7, 10 + 11])
 
 
 def test_memory_limits_match_max_depth_and_raise_when_nothing_fits() -> None:
     arrays = profile_arrays(paper_testbed())
-    limits = memory_depth_limits(fixed_memory_gb=arrays["fixed_memory_gb"],
-                                 memory_per_layer_gb=arrays["memory_per_layer_gb"],
-                                 memory_budget_gb=arrays["memory_budget_gb"], num_layers=12)
+    limits = memory_depth_limits(
+        fixed_memory_gb=arrays["fixed_memory_gb"],
+        memory_per_layer_gb=arrays["memory_per_layer_gb"],
+        memory_budget_gb=arrays["memory_budget_gb"],
+        num_layers=12,
+    )
     assert limits.tolist() == [max_depth(p, 12) for p in paper_testbed()]
     with pytest.raises(ValueError):
-        memory_depth_limits(fixed_memory_gb=np.array([4.0]), memory_per_layer_gb=np.array([1.0]),
-                            memory_budget_gb=np.array([4.5]), num_layers=12)
+        memory_depth_limits(
+            fixed_memory_gb=np.array([4.0]), memory_per_layer_gb=np.array([1.0]), memory_budget_gb=np.array([4.5]), num_layers=12
+        )
 
 
 def test_capacity_depths_are_proportional_to_speed() -> None:
     arrays = profile_arrays(paper_testbed())
-    kw = {k: arrays[k] for k in ("forward_time_s", "backward_time_per_layer_s", "fixed_memory_gb",
-                                 "memory_per_layer_gb")}
+    kw = {k: arrays[k] for k in ("forward_time_s", "backward_time_per_layer_s", "fixed_memory_gb", "memory_per_layer_gb")}
     big_memory = np.full(10, 1e3)
     x = capacity_depths(memory_budget_gb=big_memory, num_layers=12, **kw)
     # Relative speeds 1, 1.5, 3, 8 (Thor fastest): 12 · speed / 8, rounded.
@@ -212,10 +241,14 @@ def test_capacity_depths_are_proportional_to_speed() -> None:
 
 
 def test_capacity_depths_give_slow_devices_at_least_one_block() -> None:
-    x = capacity_depths(forward_time_s=np.array([1.0, 100.0]),
-                        backward_time_per_layer_s=np.array([0.1, 10.0]),
-                        fixed_memory_gb=np.zeros(2), memory_per_layer_gb=np.ones(2),
-                        memory_budget_gb=np.full(2, 12.0), num_layers=12)
+    x = capacity_depths(
+        forward_time_s=np.array([1.0, 100.0]),
+        backward_time_per_layer_s=np.array([0.1, 10.0]),
+        fixed_memory_gb=np.zeros(2),
+        memory_per_layer_gb=np.ones(2),
+        memory_budget_gb=np.full(2, 12.0),
+        num_layers=12,
+    )
     assert x.tolist() == [12, 1]
 
 
@@ -231,16 +264,23 @@ def test_full_and_fixed_depths() -> None:
 # -- policies by name ---------------------------------------------------------------------------------
 def _testbed_kw() -> dict:
     arrays = profile_arrays(_tight_testbed())
-    return {k: arrays[k] for k in ("forward_time_s", "backward_time_per_layer_s", "fixed_memory_gb",
-                                   "memory_per_layer_gb", "memory_budget_gb")}
+    return {
+        k: arrays[k]
+        for k in ("forward_time_s", "backward_time_per_layer_s", "fixed_memory_gb", "memory_per_layer_gb", "memory_budget_gb")
+    }
 
 
 def test_policy_depths_matches_each_policy_function() -> None:
     kw = _testbed_kw()
     limits = [max_depth(p, 12) for p in _tight_testbed()]
     rng = np.random.default_rng(3)
-    clc_kw = dict(contributions=rng.uniform(0, 1, (10, 12)), num_samples=np.full(10, 500.0), layer_bits=1.2e6,
-                  spectral_efficiency=rng.uniform(0.01, 0.03, 10), total_bandwidth_hz=10e6)
+    clc_kw = dict(
+        contributions=rng.uniform(0, 1, (10, 12)),
+        num_samples=np.full(10, 500.0),
+        layer_bits=1.2e6,
+        spectral_efficiency=rng.uniform(0.01, 0.03, 10),
+        total_bandwidth_hz=10e6,
+    )
     for policy in DEPTH_POLICIES:
         d = policy_depths(policy, num_layers=12, fixed_depth=9, **kw, **clc_kw)
         expected_request = {
@@ -253,8 +293,7 @@ def test_policy_depths_matches_each_policy_function() -> None:
         np.testing.assert_array_equal(d.limits, limits)
         np.testing.assert_array_equal(d.depths, np.minimum(expected_request, limits))
         np.testing.assert_array_equal(d.over_memory, expected_request > np.array(limits))
-    np.testing.assert_array_equal(policy_depths("capacity", num_layers=12, **kw).depths, capacity_depths(
-        num_layers=12, **kw))
+    np.testing.assert_array_equal(policy_depths("capacity", num_layers=12, **kw).depths, capacity_depths(num_layers=12, **kw))
     # SFLF asks for all 12 blocks; the boards whose memory holds fewer are named, not hidden.
     full = policy_depths("full", num_layers=12, **kw)
     assert full.over_memory.tolist() == [lim < 12 for lim in limits] and full.over_memory.any()

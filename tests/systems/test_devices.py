@@ -21,23 +21,32 @@ from fl_lightning.systems.devices import (
 
 
 def _profile(**overrides: float) -> DeviceProfile:
-    fields = dict(name="toy", forward_time_s=0.02, backward_time_per_layer_s=0.004,
-                  fixed_memory_gb=2.0, memory_per_layer_gb=1.5, memory_budget_gb=11.0,
-                  transmit_power_w=0.1)
+    fields = dict(
+        name="toy",
+        forward_time_s=0.02,
+        backward_time_per_layer_s=0.004,
+        fixed_memory_gb=2.0,
+        memory_per_layer_gb=1.5,
+        memory_budget_gb=11.0,
+        transmit_power_w=0.1,
+    )
     fields.update(overrides)
     return DeviceProfile(**fields)
 
 
 def test_paper_testbed_is_the_ten_boards_in_order() -> None:
     names = [p.name for p in paper_testbed()]
-    assert names == (["jetson_agx_xavier"] + ["jetson_orin_nx"] * 5 + ["jetson_agx_orin"] * 3
-                     + ["jetson_agx_thor"])
+    assert names == (["jetson_agx_xavier"] + ["jetson_orin_nx"] * 5 + ["jetson_agx_orin"] * 3 + ["jetson_agx_thor"])
 
 
 def test_calibrated_profiles_follow_the_stated_relative_speeds_and_budgets() -> None:
     xavier = PROFILES["jetson_agx_xavier"]
-    for name, speed, board_gb in [("jetson_agx_xavier", 1.0, 32), ("jetson_orin_nx", 1.5, 16),
-                                  ("jetson_agx_orin", 3.0, 64), ("jetson_agx_thor", 8.0, 128)]:
+    for name, speed, board_gb in [
+        ("jetson_agx_xavier", 1.0, 32),
+        ("jetson_orin_nx", 1.5, 16),
+        ("jetson_agx_orin", 3.0, 64),
+        ("jetson_agx_thor", 8.0, 128),
+    ]:
         p = PROFILES[name]
         assert xavier.forward_time_s / p.forward_time_s == pytest.approx(speed)
         assert xavier.backward_time_per_layer_s / p.backward_time_per_layer_s == pytest.approx(speed)
@@ -48,12 +57,12 @@ def test_calibrated_profiles_follow_the_stated_relative_speeds_and_budgets() -> 
 @pytest.mark.parametrize("shape", ["profile", "list", "arrays"])
 def test_compute_time_matches_the_formula_per_device(shape: str) -> None:
     rng = np.random.default_rng(0)
-    profiles = [_profile(forward_time_s=float(f), backward_time_per_layer_s=float(b))
-                for f, b in rng.uniform(0.001, 0.05, size=(4, 2))]
+    profiles = [
+        _profile(forward_time_s=float(f), backward_time_per_layer_s=float(b)) for f, b in rng.uniform(0.001, 0.05, size=(4, 2))
+    ]
     D = np.array([10, 250, 0, 77])
     x = np.array([1, 12, 3, 5])
-    expected = [D[i] * profiles[i].forward_time_s + D[i] * x[i] * profiles[i].backward_time_per_layer_s
-                for i in range(4)]
+    expected = [D[i] * profiles[i].forward_time_s + D[i] * x[i] * profiles[i].backward_time_per_layer_s for i in range(4)]
     if shape == "profile":
         got = [float(compute_time(D[i], profiles[i], x[i])) for i in range(4)]
     elif shape == "list":
@@ -79,8 +88,7 @@ def test_max_depth_is_the_largest_depth_that_fits(budget: float) -> None:
 def test_max_depth_keeps_an_exact_fit() -> None:
     # 2.0 + 6 × 1.5 = 11.0 exactly: depth 6 fits even though (11 − 2) / 1.5 may round below 6.
     assert max_depth(_profile(memory_budget_gb=11.0), num_layers=12) == 6
-    assert max_depth(_profile(memory_budget_gb=1.1 + 3 * 0.1, fixed_memory_gb=1.1,
-                              memory_per_layer_gb=0.1), num_layers=12) == 3
+    assert max_depth(_profile(memory_budget_gb=1.1 + 3 * 0.1, fixed_memory_gb=1.1, memory_per_layer_gb=0.1), num_layers=12) == 3
 
 
 def test_max_depth_raises_when_one_block_does_not_fit() -> None:
@@ -119,12 +127,11 @@ def test_measured_profiles_anchor_the_host_to_the_slowest_and_keep_ratios() -> N
     assert out[0].forward_time_s == pytest.approx(0.5)  # the Xavier is the slowest
     assert out[0].backward_time_per_layer_s == pytest.approx(0.07)
     for old, new in zip(base, out):
-        assert new.forward_time_s / out[0].forward_time_s == pytest.approx(
-            old.forward_time_s / base[0].forward_time_s)
+        assert new.forward_time_s / out[0].forward_time_s == pytest.approx(old.forward_time_s / base[0].forward_time_s)
         assert new.backward_time_per_layer_s / out[0].backward_time_per_layer_s == pytest.approx(
-            old.backward_time_per_layer_s / base[0].backward_time_per_layer_s)
-        assert (new.memory_budget_gb, new.transmit_power_w) == (old.memory_budget_gb,
-                                                                old.transmit_power_w)
+            old.backward_time_per_layer_s / base[0].backward_time_per_layer_s
+        )
+        assert (new.memory_budget_gb, new.transmit_power_w) == (old.memory_budget_gb, old.transmit_power_w)
 
 
 def test_measured_profiles_with_an_explicit_reference() -> None:

@@ -24,8 +24,7 @@ H0 = 2000.0
 
 def _pilots(noise: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Pilot runs at small λ reaching several accuracies, with multiplicative noise."""
-    lam, acc = (g.ravel() for g in np.meshgrid(np.geomspace(0.02, 0.5, 6),
-                                               [0.55, 0.65, 0.75, 0.85]))
+    lam, acc = (g.ravel() for g in np.meshgrid(np.geomspace(0.02, 0.5, 6), [0.55, 0.65, 0.75, 0.85]))
     rng = np.random.default_rng(seed)
     H = total_time(lam, acc, h0=H0, params=TRUE) * (1 + noise * rng.standard_normal(lam.size))
     return lam, acc, H
@@ -58,8 +57,7 @@ def test_fit_recovers_known_parameters_from_noisy_pilots(seed: int) -> None:
     assert fit.kappa3 == pytest.approx(TRUE.kappa3, rel=0.03)
     assert fit.kappa4 == pytest.approx(TRUE.kappa4, rel=0.03)
     # What matters downstream: λ* at the target accuracy.
-    assert optimal_lambda(0.9, h0=H0, params=fit) == pytest.approx(
-        optimal_lambda(0.9, h0=H0, params=TRUE), rel=0.03)
+    assert optimal_lambda(0.9, h0=H0, params=fit) == pytest.approx(optimal_lambda(0.9, h0=H0, params=TRUE), rel=0.03)
 
 
 def test_fit_from_an_explicit_initial_guess() -> None:
@@ -70,9 +68,12 @@ def test_fit_from_an_explicit_initial_guess() -> None:
 
 @pytest.mark.parametrize("acc", [0.6, 0.8, 0.95])
 def test_optimal_lambda_minimises_total_time(acc: float) -> None:
-    ref = minimize_scalar(lambda lam: float(total_time(lam, acc, h0=H0, params=TRUE)),
-                          bounds=(1e-6, 1e3), method="bounded",
-                          options={"xatol": 1e-10, "maxiter": 2000})
+    ref = minimize_scalar(
+        lambda lam: float(total_time(lam, acc, h0=H0, params=TRUE)),
+        bounds=(1e-6, 1e3),
+        method="bounded",
+        options={"xatol": 1e-10, "maxiter": 2000},
+    )
     assert optimal_lambda(acc, h0=H0, params=TRUE) == pytest.approx(ref.x, rel=1e-4)
 
 

@@ -91,13 +91,11 @@ def test_zero_payload_devices_get_no_bandwidth() -> None:
     assert bw[1] == 0.0
     assert bw.sum() == pytest.approx(1e6, rel=1e-9)
     active = S > 0
-    np.testing.assert_allclose(_finish_times(H[active], S[active], e[active], bw[active]), T,
-                               rtol=1e-9)
+    np.testing.assert_allclose(_finish_times(H[active], S[active], e[active], bw[active]), T, rtol=1e-9)
 
 
 def test_a_slow_device_without_payload_sets_the_round_time() -> None:
-    bw, T = allocate_bandwidth(np.array([1.0, 50.0]), np.array([1e6, 0.0]), np.array([5.0, 5.0]),
-                               1e6)
+    bw, T = allocate_bandwidth(np.array([1.0, 50.0]), np.array([1e6, 0.0]), np.array([5.0, 5.0]), 1e6)
     assert T == 50.0
     assert bw.tolist() == [1e6, 0.0]
 
@@ -120,13 +118,16 @@ def test_tiny_uploads_after_long_compute_keep_precision() -> None:
     assert T == pytest.approx(H.max() + finish.mean(), rel=1e-15)
 
 
-@pytest.mark.parametrize("args", [
-    (np.array([1.0, -1.0]), np.ones(2), np.ones(2), 1.0),
-    (np.ones(2), np.array([1.0, math.nan]), np.ones(2), 1.0),
-    (np.ones(2), np.ones(2), np.array([1.0, 0.0]), 1.0),
-    (np.ones(2), np.ones(3), np.ones(2), 1.0),
-    (np.ones(2), np.ones(2), np.ones(2), 0.0),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        (np.array([1.0, -1.0]), np.ones(2), np.ones(2), 1.0),
+        (np.ones(2), np.array([1.0, math.nan]), np.ones(2), 1.0),
+        (np.ones(2), np.ones(2), np.array([1.0, 0.0]), 1.0),
+        (np.ones(2), np.ones(3), np.ones(2), 1.0),
+        (np.ones(2), np.ones(2), np.ones(2), 0.0),
+    ],
+)
 def test_bad_inputs_raise(args: tuple) -> None:
     with pytest.raises(ValueError):
         allocate_bandwidth(*args)

@@ -48,9 +48,12 @@ class FeDiSyn(FeDiSynFamily):
     @classmethod
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
         """federation.privacy: not covered."""
-        return ("its synthesis round uploads class latents, counts and the number of centroids whose ε holds only "
-                "under assumptions (docs/privacy.md, 'FeDiSyn's latents'), and its LoRA uploads carry per-block "
-                "gradient contributions in the clear")
+        return (
+            "its synthesis round uploads class latents, counts and the number of centroids whose ε holds only "
+            "under assumptions (docs/privacy.md, 'FeDiSyn's latents'), and its LoRA uploads carry per-block "
+            "gradient contributions in the clear"
+        )
+
     _synthesis = {"feature_guided": FeatureGuidedSynthesis, "text_only": TextOnlySynthesis}  # by `generation`
 
     @classmethod

@@ -31,15 +31,28 @@ from fl_lightning.systems.scaling_law import ScalingLawParams, fit_scaling_law, 
 __all__ = ["run_pilots", "main"]
 
 
-def run_pilots(config: str | Path, lambdas: Sequence[float], *, output_dir: str | Path,
-               overrides: Sequence[str] = ()) -> list[Path]:
+def run_pilots(
+    config: str | Path, lambdas: Sequence[float], *, output_dir: str | Path, overrides: Sequence[str] = ()
+) -> list[Path]:
     """Run ``config`` once per λ (in this process, W&B off); returns the run folders."""
     from fl_lightning.federation.simulation import Simulation
 
     runs = []
     for lam in lambdas:
-        cfg = load_config(config, [*overrides, "--output_dir", str(output_dir), "--run_name", f"pilot_lam{lam:g}",
-                                   "--fedisyn.synthetic_lambda", repr(float(lam)), "--logging.wandb", "false"])
+        cfg = load_config(
+            config,
+            [
+                *overrides,
+                "--output_dir",
+                str(output_dir),
+                "--run_name",
+                f"pilot_lam{lam:g}",
+                "--fedisyn.synthetic_lambda",
+                repr(float(lam)),
+                "--logging.wandb",
+                "false",
+            ],
+        )
         Simulation(cfg=cfg, loggers=[]).run()
         runs.append(cfg.run_dir)
     return runs
@@ -47,19 +60,17 @@ def run_pilots(config: str | Path, lambdas: Sequence[float], *, output_dir: str 
 
 # --- command line -------------------------------------------------------------------------------------
 
+
 def _read_pilots(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if not path.is_file():
-        raise UsageError(f"pilot file not found: {path} "
-                         "(give a CSV with columns lambda,accuracy,time_s)")
+        raise UsageError(f"pilot file not found: {path} (give a CSV with columns lambda,accuracy,time_s)")
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
         missing = {"lambda", "accuracy", "time_s"} - set(reader.fieldnames or [])
         if missing:
-            raise UsageError(f"{path}: missing column(s) {sorted(missing)}; "
-                             "expected the header lambda,accuracy,time_s")
+            raise UsageError(f"{path}: missing column(s) {sorted(missing)}; expected the header lambda,accuracy,time_s")
         try:
-            rows = [(float(r["lambda"]), float(r["accuracy"]), float(r["time_s"]))
-                    for r in reader]
+            rows = [(float(r["lambda"]), float(r["accuracy"]), float(r["time_s"])) for r in reader]
         except (TypeError, ValueError) as err:
             raise UsageError(f"{path}: a value is not a number ({err})") from None
     if not rows:
@@ -68,8 +79,9 @@ def _read_pilots(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return lam, acc, t
 
 
-def _plot(path: Path, lam: np.ndarray, observed: np.ndarray, *, acc: float, h0: float,
-          params: ScalingLawParams, lam_star: float) -> None:
+def _plot(
+    path: Path, lam: np.ndarray, observed: np.ndarray, *, acc: float, h0: float, params: ScalingLawParams, lam_star: float
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -102,13 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Fit the scaling law to pilot runs, print κ1..κ4 and λ*, optionally plot H(λ)."""
     parser = _Parser(
         prog="python -m fl_lightning.algorithms.fedisyn.pilots",
-        description="Fit FeDiSyn's synthetic-data scaling law and print the optimal λ.")
-    parser.add_argument("--pilots", type=Path, required=True,
-                        help="CSV with columns lambda,accuracy,time_s (>= 4 rows)")
-    parser.add_argument("--target-accuracy", type=float, required=True,
-                        help="accuracy the federation must reach")
-    parser.add_argument("--h0", type=float, required=True,
-                        help="synthesis + pre-training seconds per unit λ, (ĥ + h̃ T̂) D")
+        description="Fit FeDiSyn's synthetic-data scaling law and print the optimal λ.",
+    )
+    parser.add_argument("--pilots", type=Path, required=True, help="CSV with columns lambda,accuracy,time_s (>= 4 rows)")
+    parser.add_argument("--target-accuracy", type=float, required=True, help="accuracy the federation must reach")
+    parser.add_argument("--h0", type=float, required=True, help="synthesis + pre-training seconds per unit λ, (ĥ + h̃ T̂) D")
     parser.add_argument("--plot", type=Path, default=None, help="save H against λ to this PNG")
     try:
         args = parser.parse_args(argv)
@@ -120,14 +130,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ValueError) as err:  # bad command line or pilots the law cannot fit
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"kappa1={params.kappa1:.6g} kappa2={params.kappa2:.6g} "
-          f"kappa3={params.kappa3:.6g} kappa4={params.kappa4:.6g}")
+    print(f"kappa1={params.kappa1:.6g} kappa2={params.kappa2:.6g} kappa3={params.kappa3:.6g} kappa4={params.kappa4:.6g}")
     h_star = float(total_time(lam_star, args.target_accuracy, h0=args.h0, params=params))
     print(f"lambda*={lam_star:.6g} (H={h_star:.6g} s at accuracy {args.target_accuracy:g})")
     if args.plot is not None:
         try:
-            _plot(args.plot, lam, observed, acc=args.target_accuracy, h0=args.h0, params=params,
-                  lam_star=lam_star)
+            _plot(args.plot, lam, observed, acc=args.target_accuracy, h0=args.h0, params=params, lam_star=lam_star)
         except OSError as err:
             print(f"error: cannot write the plot to {args.plot}: {err}", file=sys.stderr)
             return 2

@@ -41,12 +41,22 @@ class LoraConfig:
         check(self.rank >= 1, "rank", self.rank, "an int >= 1")
         check(self.alpha > 0, "alpha", self.alpha, "a float > 0")
         check(0 <= self.dropout < 1, "dropout", self.dropout, "a float in [0, 1)")
-        check(len(self.target_modules) > 0 and all(isinstance(m, str) for m in self.target_modules),
-               "target_modules", self.target_modules, "a non-empty list of dotted module names")
+        check(
+            len(self.target_modules) > 0 and all(isinstance(m, str) for m in self.target_modules),
+            "target_modules",
+            self.target_modules,
+            "a non-empty list of dotted module names",
+        )
 
 
-_PROFILE_FIELDS = ("forward_time_s", "backward_time_per_layer_s", "fixed_memory_gb", "memory_per_layer_gb",
-                   "memory_budget_gb", "transmit_power_w")
+_PROFILE_FIELDS = (
+    "forward_time_s",
+    "backward_time_per_layer_s",
+    "fixed_memory_gb",
+    "memory_per_layer_gb",
+    "memory_budget_gb",
+    "transmit_power_w",
+)
 
 
 @dataclass
@@ -76,40 +86,60 @@ class SystemsConfig:
         from fl_lightning.systems.devices import PROFILES
 
         if self.devices is not None:  # `devices` means ranks in `federation`; here the boards are `boards`
-            check(self.boards == "paper_testbed", "devices", self.devices,
-                  "null when `boards` is given (`devices` is the former name of `boards`)")
-            warnings.warn("fedisyn.systems.devices is now called fedisyn.systems.boards; the former name still "
-                          "works", FutureWarning, stacklevel=2)
+            check(
+                self.boards == "paper_testbed",
+                "devices",
+                self.devices,
+                "null when `boards` is given (`devices` is the former name of `boards`)",
+            )
+            warnings.warn(
+                "fedisyn.systems.devices is now called fedisyn.systems.boards; the former name still works",
+                FutureWarning,
+                stacklevel=2,
+            )
             self.boards, self.devices = self.devices, None
         if isinstance(self.boards, str):
-            check(self.boards == "paper_testbed", "boards", self.boards,
-                  "'paper_testbed' or a list of profile names")
+            check(self.boards == "paper_testbed", "boards", self.boards, "'paper_testbed' or a list of profile names")
         else:
             names = sorted(PROFILES) + sorted(set(self.profiles) - set(PROFILES))
             bad = [d for d in self.boards if d not in names]
-            check(len(self.boards) > 0 and not bad, "boards", self.boards,
-                  f"a non-empty list of profile names from {names}")
+            check(len(self.boards) > 0 and not bad, "boards", self.boards, f"a non-empty list of profile names from {names}")
         for name, fields in self.profiles.items():
-            check(isinstance(fields, dict) and set(fields) <= set(_PROFILE_FIELDS), f"profiles.{name}", fields,
-                   f"a mapping with keys among {list(_PROFILE_FIELDS)}")
-            check(name in PROFILES or set(fields) == set(_PROFILE_FIELDS), f"profiles.{name}", fields,
-                   f"all of {list(_PROFILE_FIELDS)} for a new profile (known: {sorted(PROFILES)})")
+            check(
+                isinstance(fields, dict) and set(fields) <= set(_PROFILE_FIELDS),
+                f"profiles.{name}",
+                fields,
+                f"a mapping with keys among {list(_PROFILE_FIELDS)}",
+            )
+            check(
+                name in PROFILES or set(fields) == set(_PROFILE_FIELDS),
+                f"profiles.{name}",
+                fields,
+                f"all of {list(_PROFILE_FIELDS)} for a new profile (known: {sorted(PROFILES)})",
+            )
             for key, value in fields.items():
                 floor = 0.0 if key == "fixed_memory_gb" else math.ulp(0.0)  # m̄ may be 0; the others are > 0
-                check(_is_number(value) and math.isfinite(value) and value >= floor, f"profiles.{name}.{key}", value,
-                       "a finite float >= 0" if key == "fixed_memory_gb" else "a finite float > 0")
+                check(
+                    _is_number(value) and math.isfinite(value) and value >= floor,
+                    f"profiles.{name}.{key}",
+                    value,
+                    "a finite float >= 0" if key == "fixed_memory_gb" else "a finite float > 0",
+                )
             board = replace(PROFILES[name], **fields) if name in PROFILES else None
             if board is not None or set(fields) == set(_PROFILE_FIELDS):
                 m_bar = board.fixed_memory_gb if board else fields["fixed_memory_gb"]
                 m = board.memory_per_layer_gb if board else fields["memory_per_layer_gb"]
                 budget = board.memory_budget_gb if board else fields["memory_budget_gb"]
-                check(m_bar + m <= budget, f"profiles.{name}.memory_budget_gb", budget,
-                       f"a budget that holds one LoRA block: >= fixed_memory_gb + memory_per_layer_gb = {m_bar + m:g}")
+                check(
+                    m_bar + m <= budget,
+                    f"profiles.{name}.memory_budget_gb",
+                    budget,
+                    f"a budget that holds one LoRA block: >= fixed_memory_gb + memory_per_layer_gb = {m_bar + m:g}",
+                )
         if self.backbone is not None:
             from fl_lightning.systems.backbones import BACKBONES
 
-            check(self.backbone.split(".")[0] in BACKBONES, "backbone", self.backbone,
-                  f"null or one of {sorted(BACKBONES)}")
+            check(self.backbone.split(".")[0] in BACKBONES, "backbone", self.backbone, f"null or one of {sorted(BACKBONES)}")
         check(self.fixed_depth >= 1, "fixed_depth", self.fixed_depth, "an int >= 1")
         check(self.radius_m > 0, "radius_m", self.radius_m, "a float > 0")
         check(self.center_x_m > self.radius_m, "center_x_m", self.center_x_m, "a float > radius_m (server outside the disc)")
@@ -117,8 +147,12 @@ class SystemsConfig:
         check(self.d0_m > 0, "d0_m", self.d0_m, "a float > 0")
         check(self.noise_power_w > 0, "noise_power_w", self.noise_power_w, "a float > 0")
         check(self.total_bandwidth_hz > 0, "total_bandwidth_hz", self.total_bandwidth_hz, "a float > 0")
-        check(_is_number(self.reference_loss_db) and math.isfinite(self.reference_loss_db), "reference_loss_db",
-               self.reference_loss_db, "a finite float (dB of path loss at d0_m)")
+        check(
+            _is_number(self.reference_loss_db) and math.isfinite(self.reference_loss_db),
+            "reference_loss_db",
+            self.reference_loss_db,
+            "a finite float (dB of path loss at d0_m)",
+        )
 
 
 def _is_number(value: object) -> bool:

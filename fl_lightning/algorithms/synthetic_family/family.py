@@ -43,9 +43,9 @@ _TRAFFIC = ("synthesis", "finetune")  # the order of sys.bytes_up: what the pape
 
 class FeDiSynFamily(StagedAlgorithm):
     """The ViT, devices, evaluation and State shared by FeDiSyn and its baselines; the last stage fine-tunes."""
+
     shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
-    true_precision = ("LoRA and the server's pre-training keep float32 master weights, the diffusion synthesis "
-                      "its own dtype")
+    true_precision = "LoRA and the server's pre-training keep float32 master weights, the diffusion synthesis its own dtype"
 
     @classmethod
     def missing_resources(cls, config: Any, section: str, *, download: bool = False) -> list[str]:
@@ -79,16 +79,17 @@ class FeDiSynFamily(StagedAlgorithm):
 
         super().setup(env)
         f, lora = self.config, self.config.lora
-        vit = timm.create_model(f.pretrain_model, pretrained=False, num_classes=env.num_classes,
-                                **f.pretrain_overrides)
-        spec = LoraSpec(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
-                        target_modules=tuple(lora.target_modules))
+        vit = timm.create_model(f.pretrain_model, pretrained=False, num_classes=env.num_classes, **f.pretrain_overrides)
+        spec = LoraSpec(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, target_modules=tuple(lora.target_modules))
         self.module = self.fabric.to_device(LoRAClassifier(backbone=vit, spec=spec, lr=f.finetune_lr))
         self.num_blocks = self.module.num_blocks
         systems = self.config.systems
         if systems.depth_policy == "fixed" and systems.fixed_depth > self.num_blocks:
-            raise ConfigError(f"{self.name}.systems.fixed_depth", systems.fixed_depth,
-                              f"an int in [1, {self.num_blocks}] (the blocks of {f.pretrain_model})")
+            raise ConfigError(
+                f"{self.name}.systems.fixed_depth",
+                systems.fixed_depth,
+                f"an int in [1, {self.num_blocks}] (the blocks of {f.pretrain_model})",
+            )
         self.profiles = self.device_profiles()
         self.contribution = GradientContribution()
         self.backbone_loaded = False
@@ -103,25 +104,38 @@ class FeDiSynFamily(StagedAlgorithm):
         try:
             vit = backbone(name)
         except ValueError as err:
-            raise ConfigError(key, name, f"a backbone the system model prices ({err}); or set "
-                              f"{self.name}.systems.backbone to the one it stands for") from None
-        profiles = client_profiles(systems, self.cfg.partition.num_clients, backbone=vit,
-                                   batch_size=self.cfg.train.batch_size, lora_rank=self.config.lora.rank)
+            raise ConfigError(
+                key,
+                name,
+                f"a backbone the system model prices ({err}); or set {self.name}.systems.backbone to the one it stands for",
+            ) from None
+        profiles = client_profiles(
+            systems,
+            self.cfg.partition.num_clients,
+            backbone=vit,
+            batch_size=self.cfg.train.batch_size,
+            lora_rank=self.config.lora.rank,
+        )
         for p in profiles:
             if p.fixed_memory_gb + p.memory_per_layer_gb > p.memory_budget_gb:
-                raise ConfigError(f"{self.name}.systems.profiles.{p.name}.memory_budget_gb", p.memory_budget_gb,
-                                  f"a budget that holds one LoRA block of {vit.name} at batch "
-                                  f"{self.cfg.train.batch_size}: >= {p.fixed_memory_gb + p.memory_per_layer_gb:.3g} GB")
+                raise ConfigError(
+                    f"{self.name}.systems.profiles.{p.name}.memory_budget_gb",
+                    p.memory_budget_gb,
+                    f"a budget that holds one LoRA block of {vit.name} at batch "
+                    f"{self.cfg.train.batch_size}: >= {p.fixed_memory_gb + p.memory_per_layer_gb:.3g} GB",
+                )
         return profiles
 
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
+    def aggregate(
+        self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
+    ) -> State:
         """The stage's server step. With ``synthetic_lambda: auto`` the synthesis round starts the pilots,
         processes of their own on this rank's accelerator: the fine-tuning ViT (frozen backbone, LoRA and head,
         unused until the first fine-tuning round) waits on the CPU through the step — pilots, generation,
         pre-training — and is back, exactly, before evaluation (the synthesis step parks its own networks)."""
-        if not (isinstance(self.stage_of(round_idx), SynthesisStage)
-                and getattr(self.config, "synthetic_lambda", None) == "auto"):
+        if not (
+            isinstance(self.stage_of(round_idx), SynthesisStage) and getattr(self.config, "synthetic_lambda", None) == "auto"
+        ):
             return super().aggregate(round_idx, state, uploads, failures, plan)
         with parked_on_cpu(self.module):
             return super().aggregate(round_idx, state, uploads, failures, plan)
@@ -147,14 +161,13 @@ class FeDiSynFamily(StagedAlgorithm):
         model_state = model.state_dict()
         head = self.module.head_name + "."
         new = with_prefix(BACKBONE, {k: v for k, v in model_state.items() if not k.startswith(head)})
-        new.update(with_prefix(HEAD, {k[len(head):]: v for k, v in model_state.items() if k.startswith(head)}))
+        new.update(with_prefix(HEAD, {k[len(head) :]: v for k, v in model_state.items() if k.startswith(head)}))
         self.load_backbone(new)
         self.module.load_head_state(with_prefix(HEAD, strip(HEAD, new)))
         new.update(with_prefix(LORA, self.module.lora_state()))
         return new
 
-    def client_images(self, client: Client, *, batch_size: int, size: int | None = None,
-                      device: torch.device | None = None):
+    def client_images(self, client: Client, *, batch_size: int, size: int | None = None, device: torch.device | None = None):
         """A client's own images back in [0, 1] (the ViT normalisation undone), resized to ``size``, with labels; the
         batch is moved to ``device`` first (None: the CPU), where the de-normalisation and resize run
         (``synthesis.latents.vae_inputs``)."""
@@ -166,8 +179,11 @@ class FeDiSynFamily(StagedAlgorithm):
     # -- state, evaluation, reports ---------------------------------------------------------------
     def initial_state(self) -> State:
         """The simulated clock (H_gene, H_pre, Σ H^t: one timeline for all stages), then each stage's own state."""
-        return {"sys.clock": torch.zeros(len(_CLOCK), dtype=torch.float64),
-                "sys.bytes_up": torch.zeros(len(_TRAFFIC), dtype=torch.float64), **super().initial_state()}
+        return {
+            "sys.clock": torch.zeros(len(_CLOCK), dtype=torch.float64),
+            "sys.bytes_up": torch.zeros(len(_TRAFFIC), dtype=torch.float64),
+            **super().initial_state(),
+        }
 
     def evaluate(self, state: State) -> dict[str, Any]:
         self.tuning.load_global(state)
@@ -175,8 +191,7 @@ class FeDiSynFamily(StagedAlgorithm):
         return evaluate_on_test(self.env, self.module)
 
     def round_extras(self, round_idx: int, state: State) -> dict[str, float]:
-        return {"simulated_time_s": float(state["sys.clock"].sum()), **self._traffic(state),
-                **self.tuning.round_extras(state)}
+        return {"simulated_time_s": float(state["sys.clock"].sum()), **self._traffic(state), **self.tuning.round_extras(state)}
 
     @staticmethod
     def _traffic(state: State) -> dict[str, float]:
@@ -185,9 +200,13 @@ class FeDiSynFamily(StagedAlgorithm):
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         clock = state["sys.clock"].tolist()
-        return {"simulated_time_s": float(sum(clock)),
-                **{f"simulated_{name}_s": float(v) for name, v in zip(_CLOCK, clock)}, **self._traffic(state),
-                # what the paper's traffic figures (and the curves' traffic axis) count: fine-tuning uploads
-                "traffic_counted": "bytes_up_finetune",
-                **super().summary_extras(state), "stages": [type(stage).__name__ for stage in self.parts],
-                "num_blocks": int(self.num_blocks)}
+        return {
+            "simulated_time_s": float(sum(clock)),
+            **{f"simulated_{name}_s": float(v) for name, v in zip(_CLOCK, clock)},
+            **self._traffic(state),
+            # what the paper's traffic figures (and the curves' traffic axis) count: fine-tuning uploads
+            "traffic_counted": "bytes_up_finetune",
+            **super().summary_extras(state),
+            "stages": [type(stage).__name__ for stage in self.parts],
+            "num_blocks": int(self.num_blocks),
+        }

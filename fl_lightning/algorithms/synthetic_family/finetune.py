@@ -49,8 +49,15 @@ from fl_lightning.models.lora import lora_bits_per_layer, lora_layer_index
 from fl_lightning.systems.contributions import estimate_contributions
 from fl_lightning.systems.devices import measured_profiles
 
-__all__ = ["FineTuningConfig", "LoRAFineTuningConfig", "ImageNetInitConfig", "FineTuningState", "FineTuningStage",
-           "LoRAFineTuning", "ImageNetInit"]
+__all__ = [
+    "FineTuningConfig",
+    "LoRAFineTuningConfig",
+    "ImageNetInitConfig",
+    "FineTuningState",
+    "FineTuningStage",
+    "LoRAFineTuning",
+    "ImageNetInit",
+]
 
 
 @dataclass
@@ -92,16 +99,29 @@ class FineTuningState:
     over_memory_rounds: torch.Tensor  # (N,) int64: rounds in which it could not hold what was asked
     round_time: torch.Tensor  # () float64: H^t of the last round
 
-    _KEYS = {"contrib": "sys.contrib", "contrib_round": "sys.contrib_round", "depths": "sys.depths",
-             "requested": "sys.requested", "limits": "sys.limits", "over_memory_rounds": "sys.over_memory_rounds",
-             "round_time": "sys.round_time"}
+    _KEYS = {
+        "contrib": "sys.contrib",
+        "contrib_round": "sys.contrib_round",
+        "depths": "sys.depths",
+        "requested": "sys.requested",
+        "limits": "sys.limits",
+        "over_memory_rounds": "sys.over_memory_rounds",
+        "round_time": "sys.round_time",
+    }
 
     @classmethod
     def zeros(cls, num_clients: int, num_blocks: int) -> FineTuningState:
         N, L = num_clients, num_blocks
         depths, requested, limits, over = (torch.zeros(N, dtype=torch.int64) for _ in range(4))
-        return cls(torch.zeros(N, L, dtype=torch.float64), torch.full((N, L), -1, dtype=torch.int64), depths,
-                   requested, limits, over, torch.tensor(0.0, dtype=torch.float64))
+        return cls(
+            torch.zeros(N, L, dtype=torch.float64),
+            torch.full((N, L), -1, dtype=torch.int64),
+            depths,
+            requested,
+            limits,
+            over,
+            torch.tensor(0.0, dtype=torch.float64),
+        )
 
     def state_dict(self) -> State:
         return {key: getattr(self, name) for name, key in self._KEYS.items()}
@@ -126,15 +146,20 @@ class ImageNetInit(Stage):
         f, m = self.method.config, self.method
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(m.cfg.seed)
-            model = build_timm_vit(model_name=f.pretrain_model, num_classes=m.env.num_classes,
-                                   overrides=f.pretrain_overrides, checkpoint=f.pretrain_checkpoint)
+            model = build_timm_vit(
+                model_name=f.pretrain_model,
+                num_classes=m.env.num_classes,
+                overrides=f.pretrain_overrides,
+                checkpoint=f.pretrain_checkpoint,
+            )
         return m.model_state(model)
 
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
         raise RuntimeError("ImageNetInit owns no rounds")
 
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
+    def aggregate(
+        self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
+    ) -> State:
         raise RuntimeError("ImageNetInit owns no rounds")
 
     def summary_extras(self, state: State) -> dict[str, Any]:
@@ -192,22 +217,29 @@ class FineTuningStage(Stage):
             fit = fit_host_times(history.client_compute_s, {c: sizes[c] * E for c in depths}, depths)
             if fit is not None:
                 profiles = measured_profiles(m.profiles, *fit)
-        plan = plan_round(m.config.systems, clients=clients, profiles=profiles, samples=sizes * E,
-                          contributions=estimate_contributions(own.contrib.numpy(), own.contrib_round.numpy()),
-                          num_layers=m.num_blocks, **self.payload_bits(state))
+        plan = plan_round(
+            m.config.systems,
+            clients=clients,
+            profiles=profiles,
+            samples=sizes * E,
+            contributions=estimate_contributions(own.contrib.numpy(), own.contrib_round.numpy()),
+            num_layers=m.num_blocks,
+            **self.payload_bits(state),
+        )
         model = {k: v for k, v in state.items() if self.sends(k, round_idx)}
-        return RoundPlan({c: Download(model, {"depth": int(x)}) for c, x in zip(plan.clients, plan.depths)},
-                         plan.as_decisions())
+        return RoundPlan({c: Download(model, {"depth": int(x)}) for c, x in zip(plan.clients, plan.depths)}, plan.as_decisions())
 
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
         m = self.method
         self.load_global(download.tensors)
-        loader = m.env.loader(client.dataset, shuffle=True, seed=client_seed(m.cfg.seed, round_idx, client.index),
-                              batch_size=m.cfg.train.batch_size)
+        loader = m.env.loader(
+            client.dataset, shuffle=True, seed=client_seed(m.cfg.seed, round_idx, client.index), batch_size=m.cfg.train.batch_size
+        )
         return Upload(self.train(client, download, loader), {"num_samples": client.num_samples})
 
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  round_plan: RoundPlan) -> State:
+    def aggregate(
+        self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], round_plan: RoundPlan
+    ) -> State:
         plan = SystemPlan.from_decisions(round_plan.decisions)
         new = dict(state)
         new.update(self.fold(round_idx, state, uploads))
@@ -218,8 +250,11 @@ class FineTuningStage(Stage):
             out[clients] = torch.as_tensor(plan_values if plan_values is not None else plan.depths, dtype=torch.int64)
             return out
 
-        own.depths, own.requested, own.limits = (column(own.depths, plan.depths), column(own.requested, plan.requested),
-                                                 column(own.limits, plan.limits))
+        own.depths, own.requested, own.limits = (
+            column(own.depths, plan.depths),
+            column(own.requested, plan.requested),
+            column(own.limits, plan.limits),
+        )
         own.over_memory_rounds = own.over_memory_rounds.clone()
         own.over_memory_rounds[clients] += torch.as_tensor(plan.over_memory, dtype=torch.int64)
         own.round_time = torch.tensor(plan.round_time_s, dtype=torch.float64)
@@ -234,19 +269,24 @@ class FineTuningStage(Stage):
         own = FineTuningState.from_state(state)
         active = own.depths > 0
         tuning = bool(active.any())  # no depths before the first fine-tuning round
-        return {"simulated_round_s": float(own.round_time) if tuning else 0.0,
-                "mean_depth": float(own.depths[active].float().mean()) if tuning else 0.0,
-                "mean_requested_depth": float(own.requested[active].float().mean()) if tuning else 0.0,
-                # devices (of those that last took part) whose memory holds fewer blocks than requested
-                "over_memory_devices": float((own.requested[active] > own.limits[active]).sum()) if tuning else 0.0}
+        return {
+            "simulated_round_s": float(own.round_time) if tuning else 0.0,
+            "mean_depth": float(own.depths[active].float().mean()) if tuning else 0.0,
+            "mean_requested_depth": float(own.requested[active].float().mean()) if tuning else 0.0,
+            # devices (of those that last took part) whose memory holds fewer blocks than requested
+            "over_memory_devices": float((own.requested[active] > own.limits[active]).sum()) if tuning else 0.0,
+        }
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         own, systems = FineTuningState.from_state(state), self.method.config.systems
-        return {"bandwidth_allocation": systems.bandwidth_allocation, "timing": systems.timing,
-                "final_depths": [int(x) for x in own.depths.tolist()],
-                "requested_depths": [int(x) for x in own.requested.tolist()],
-                "memory_limits": [int(x) for x in own.limits.tolist()],
-                "over_memory_clients": [int(c) for c in torch.nonzero(own.over_memory_rounds > 0).flatten().tolist()]}
+        return {
+            "bandwidth_allocation": systems.bandwidth_allocation,
+            "timing": systems.timing,
+            "final_depths": [int(x) for x in own.depths.tolist()],
+            "requested_depths": [int(x) for x in own.requested.tolist()],
+            "memory_limits": [int(x) for x in own.limits.tolist()],
+            "over_memory_clients": [int(c) for c in torch.nonzero(own.over_memory_rounds > 0).flatten().tolist()],
+        }
 
 
 class LoRAFineTuning(FineTuningStage):
@@ -268,8 +308,7 @@ class LoRAFineTuning(FineTuningStage):
 
     def payload_bits(self, state: State) -> dict[str, float]:
         head = bits(strip(HEAD, state))
-        return {"layer_bits": float(lora_bits_per_layer(strip(LORA, state))),
-                "extra_bits": head if self.trains_head else 0.0}
+        return {"layer_bits": float(lora_bits_per_layer(strip(LORA, state))), "extra_bits": head if self.trains_head else 0.0}
 
     def sends(self, key: str, round_idx: int) -> bool:
         return key.startswith((LORA, HEAD)) or key.startswith(BACKBONE) and round_idx == self.first_round
@@ -281,8 +320,10 @@ class LoRAFineTuning(FineTuningStage):
         m.contribution.reset()
         fit_local(m.fabric, m.module, loader, epochs=m.cfg.train.epochs, callbacks=[m.contribution])
         per_layer = m.contribution.per_layer()
-        tensors = {**with_prefix(LORA, m.module.lora_state(trained_only=True)),
-                   "contribution": torch.tensor([per_layer.get(l, 0.0) for l in trained], dtype=torch.float32)}
+        tensors = {
+            **with_prefix(LORA, m.module.lora_state(trained_only=True)),
+            "contribution": torch.tensor([per_layer.get(l, 0.0) for l in trained], dtype=torch.float32),
+        }
         if self.trains_head:
             tensors.update(with_prefix(HEAD, strip(HEAD, m.module.head_state())))
         return tensors
@@ -294,8 +335,7 @@ class LoRAFineTuning(FineTuningStage):
         own = FineTuningState.from_state(state)
         contrib, measured = own.contrib.clone(), own.contrib_round.clone()
         for c, u in uploads.items():
-            check_whole_layers(lora_global, strip(LORA, u.tensors), layer_of=lora_layer_index,
-                               name=f"client {c}'s LoRA")
+            check_whole_layers(lora_global, strip(LORA, u.tensors), layer_of=lora_layer_index, name=f"client {c}'s LoRA")
             mean.add({k: v for k, v in u.tensors.items() if k.startswith((LORA, HEAD))}, u.meta["num_samples"])
             g = u.tensors["contribution"].to(torch.float64)
             blocks = list(range(L - g.numel(), L))
@@ -306,5 +346,9 @@ class LoRAFineTuning(FineTuningStage):
         return {**mean.result(), **own.state_dict()}
 
     def summary_extras(self, state: State) -> dict[str, Any]:
-        return {**super().summary_extras(state), "depth_policy": self.method.config.systems.depth_policy,
-                "train_head": self.trains_head, "train_head_setting": self.method.config.train_head}
+        return {
+            **super().summary_extras(state),
+            "depth_policy": self.method.config.systems.depth_policy,
+            "train_head": self.trains_head,
+            "train_head_setting": self.method.config.train_head,
+        }

@@ -12,8 +12,7 @@ import torch
 
 from fl_lightning.modules.lora_classifier import LoRAClassifier
 
-__all__ = ["LORA", "HEAD", "BACKBONE", "BITS_PER_PARAM", "strip", "with_prefix", "bits", "backbone_keys",
-           "backbone_state"]
+__all__ = ["LORA", "HEAD", "BACKBONE", "BITS_PER_PARAM", "strip", "with_prefix", "bits", "backbone_keys", "backbone_state"]
 
 LORA, HEAD, BACKBONE = "lora.", "head.", "backbone."
 BITS_PER_PARAM = 32  # float32 on the wire
@@ -21,7 +20,7 @@ BITS_PER_PARAM = 32  # float32 on the wire
 
 def strip(prefix: str, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The tensors under ``prefix``, with it removed from their keys."""
-    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
 def with_prefix(prefix: str, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -37,8 +36,11 @@ def bits(tensors: Mapping[str, torch.Tensor]) -> float:
 def backbone_keys(module: LoRAClassifier) -> dict[str, str]:
     """Plain timm key → key in the LoRA-wrapped model, for every non-LoRA, non-head weight."""
     inner = module.model.base_model.model
-    return {k.replace(".base_layer", ""): k for k in inner.state_dict()
-            if ".lora_" not in k and not k.startswith(module.head_name + ".")}
+    return {
+        k.replace(".base_layer", ""): k
+        for k in inner.state_dict()
+        if ".lora_" not in k and not k.startswith(module.head_name + ".")
+    }
 
 
 def backbone_state(module: LoRAClassifier) -> dict[str, torch.Tensor]:

@@ -91,17 +91,28 @@ def auto_lambda(points: PilotPoints, target_accuracy: float) -> Calibration:
     try:
         cal = calibrate(points, target_accuracy)
     except OverflowError:  # e^{κ3 Acc} or λ* beyond float range: the pilots do not pin the law down
-        raise ValueError("the pilots' fit puts λ* beyond float range: run pilots that reach different accuracies, "
-                         "or give synthetic_lambda as a number") from None
+        raise ValueError(
+            "the pilots' fit puts λ* beyond float range: run pilots that reach different accuracies, "
+            "or give synthetic_lambda as a number"
+        ) from None
     if cal.lam_star is None or not (math.isfinite(cal.lam_star) and cal.lam_star > 0):
         p = cal.params
-        raise ValueError(f"the pilots' fit has no minimum in λ (κ1={p.kappa1:.3g}, κ2={p.kappa2:.3g}, h0={points.h0:.3g}): "
-                         "run pilots that reach different accuracies, or give synthetic_lambda as a number")
+        raise ValueError(
+            f"the pilots' fit has no minimum in λ (κ1={p.kappa1:.3g}, κ2={p.kappa2:.3g}, h0={points.h0:.3g}): "
+            "run pilots that reach different accuracies, or give synthetic_lambda as a number"
+        )
     return cal
 
 
-def run_pilot_processes(run_dir: Path, section: str, lambdas: Sequence[float], *, rounds: int,
-                        timeout_s: float | None = None, cuda_device: int | None = None) -> list[Path]:
+def run_pilot_processes(
+    run_dir: Path,
+    section: str,
+    lambdas: Sequence[float],
+    *,
+    rounds: int,
+    timeout_s: float | None = None,
+    cuda_device: int | None = None,
+) -> list[Path]:
     """The pilots of ``synthetic_lambda: auto``: the run's own ``config.yaml`` at each pilot λ, for ``rounds``
     fine-tuning rounds, each in a fresh single-process ``python -m fl_lightning.train`` (one device, one node: a
     pilot never shares the ranks of the run that asked for it), into ``<run_dir>/pilots/pilot_lam<λ>/``.
@@ -128,14 +139,31 @@ def run_pilot_processes(run_dir: Path, section: str, lambdas: Sequence[float], *
     env = clean_launcher_env(os.environ, cuda_device=cuda_device)
     out, runs = Path(run_dir) / "pilots", []
     inputs = out / FOLDER  # round 0's uploads and prompts, when the run wrote them (round0_inputs.py)
-    reuse = ["--" + f"{section}.round0_inputs", str(inputs)] if hand_prompts(inputs, Path(run_dir) / "prompts.json") \
-        else []
+    reuse = ["--" + f"{section}.round0_inputs", str(inputs)] if hand_prompts(inputs, Path(run_dir) / "prompts.json") else []
     for lam in lambdas:
         name = f"pilot_lam{lam:g}"
-        argv = [sys.executable, "-m", "fl_lightning.train", "--config", str(Path(run_dir) / "config.yaml"),
-                "--output_dir", str(out), "--run_name", name, f"--{section}.synthetic_lambda", repr(float(lam)),
-                "--federation.rounds", str(int(rounds)), "--federation.devices", "1", "--federation.num_nodes", "1",
-                "--logging.wandb", "false", *reuse]
+        argv = [
+            sys.executable,
+            "-m",
+            "fl_lightning.train",
+            "--config",
+            str(Path(run_dir) / "config.yaml"),
+            "--output_dir",
+            str(out),
+            "--run_name",
+            name,
+            f"--{section}.synthetic_lambda",
+            repr(float(lam)),
+            "--federation.rounds",
+            str(int(rounds)),
+            "--federation.devices",
+            "1",
+            "--federation.num_nodes",
+            "1",
+            "--logging.wandb",
+            "false",
+            *reuse,
+        ]
         if (out / name / "summary.json").is_file():  # a resumed run keeps its finished pilots
             runs.append(out / name)
             continue

@@ -70,26 +70,39 @@ class SystemPlan:
 
     def as_decisions(self) -> dict[str, object]:
         """Checkpointable form (tensors and plain values) for ``RoundPlan.decisions``."""
+
         def ints(a):
             return torch.as_tensor(self.depths if a is None else a, dtype=torch.int64)
 
-        return {"clients": list(self.clients), "depths": ints(self.depths),
-                "bandwidth_hz": torch.as_tensor(self.bandwidth_hz, dtype=torch.float64),
-                "round_time_s": float(self.round_time_s),
-                "compute_time_s": torch.as_tensor(self.compute_time_s, dtype=torch.float64),
-                "requested": ints(self.requested), "limits": ints(self.limits),
-                "payload_bits": torch.as_tensor(np.zeros(len(self.clients)) if self.payload_bits is None
-                                                else self.payload_bits, dtype=torch.float64)}
+        return {
+            "clients": list(self.clients),
+            "depths": ints(self.depths),
+            "bandwidth_hz": torch.as_tensor(self.bandwidth_hz, dtype=torch.float64),
+            "round_time_s": float(self.round_time_s),
+            "compute_time_s": torch.as_tensor(self.compute_time_s, dtype=torch.float64),
+            "requested": ints(self.requested),
+            "limits": ints(self.limits),
+            "payload_bits": torch.as_tensor(
+                np.zeros(len(self.clients)) if self.payload_bits is None else self.payload_bits, dtype=torch.float64
+            ),
+        }
 
     @classmethod
     def from_decisions(cls, d: dict) -> SystemPlan:
         optional = {k: d[k].numpy() for k in ("requested", "limits", "payload_bits") if k in d}
-        return cls([int(c) for c in d["clients"]], d["depths"].numpy(), d["bandwidth_hz"].numpy(),
-                   float(d["round_time_s"]), d["compute_time_s"].numpy(), **optional)
+        return cls(
+            [int(c) for c in d["clients"]],
+            d["depths"].numpy(),
+            d["bandwidth_hz"].numpy(),
+            float(d["round_time_s"]),
+            d["compute_time_s"].numpy(),
+            **optional,
+        )
 
 
-def client_profiles(cfg: SystemsConfig, num_clients: int, *, backbone: Backbone | None = None, batch_size: int = 32,
-                    lora_rank: int = 8) -> list[DeviceProfile]:
+def client_profiles(
+    cfg: SystemsConfig, num_clients: int, *, backbone: Backbone | None = None, batch_size: int = 32, lora_rank: int = 8
+) -> list[DeviceProfile]:
     """Client i's device profile: ``systems.boards`` cycled over the clients, with ``systems.profiles`` overrides.
 
     Args:
@@ -104,8 +117,9 @@ def client_profiles(cfg: SystemsConfig, num_clients: int, *, backbone: Backbone 
     return [table[names[i % len(names)]] for i in range(num_clients)]
 
 
-def fit_host_times(compute_s: Mapping[int, float], samples: Mapping[int, float],
-                   depths: Mapping[int, int]) -> tuple[float, float] | None:
+def fit_host_times(
+    compute_s: Mapping[int, float], samples: Mapping[int, float], depths: Mapping[int, int]
+) -> tuple[float, float] | None:
     """Per-sample forward time h̄ and per-block backward time h of this host, from measured client times.
 
     Least squares with h̄, h ≥ 0 on compute_c = S_c h̄ + S_c x_c h (S_c samples processed, x_c depth).
@@ -126,9 +140,15 @@ def fit_host_times(compute_s: Mapping[int, float], samples: Mapping[int, float],
 
 def client_efficiency(cfg: SystemsConfig, profiles: Sequence[DeviceProfile]) -> np.ndarray:
     """e_i of every client (bit/s/Hz): fixed positions, seeded over ALL clients so sampling moves no device."""
-    channel = ChannelConfig(radius_m=cfg.radius_m, center_m=(cfg.center_x_m, 0.0), d0_m=cfg.d0_m,
-                            path_loss_exponent=cfg.path_loss_exponent, noise_power_w=cfg.noise_power_w,
-                            total_bandwidth_hz=cfg.total_bandwidth_hz, reference_loss_db=cfg.reference_loss_db)
+    channel = ChannelConfig(
+        radius_m=cfg.radius_m,
+        center_m=(cfg.center_x_m, 0.0),
+        d0_m=cfg.d0_m,
+        path_loss_exponent=cfg.path_loss_exponent,
+        noise_power_w=cfg.noise_power_w,
+        total_bandwidth_hz=cfg.total_bandwidth_hz,
+        reference_loss_db=cfg.reference_loss_db,
+    )
     power = profile_arrays(list(profiles))["transmit_power_w"]
     return device_spectral_efficiency(power, config=channel, seed=cfg.placement_seed)[1]
 
@@ -144,9 +164,18 @@ def upload_time_s(cfg: SystemsConfig, profiles: Sequence[DeviceProfile], payload
     return float(allocate(np.zeros(len(idx)), S, client_efficiency(cfg, profiles)[idx], cfg.total_bandwidth_hz)[1])
 
 
-def plan_round(cfg: SystemsConfig, *, clients: Sequence[int], profiles: Sequence[DeviceProfile],
-               samples: np.ndarray, contributions: np.ndarray, layer_bits: float, num_layers: int,
-               extra_bits: float = 0.0, full_model_bits: float | None = None) -> SystemPlan:
+def plan_round(
+    cfg: SystemsConfig,
+    *,
+    clients: Sequence[int],
+    profiles: Sequence[DeviceProfile],
+    samples: np.ndarray,
+    contributions: np.ndarray,
+    layer_bits: float,
+    num_layers: int,
+    extra_bits: float = 0.0,
+    full_model_bits: float | None = None,
+) -> SystemPlan:
     """Depths, bandwidths and the round time H^t of one fine-tuning round.
 
     Args:
@@ -168,13 +197,25 @@ def plan_round(cfg: SystemsConfig, *, clients: Sequence[int], profiles: Sequence
     e = client_efficiency(cfg, profiles)[idx]
     D = np.asarray(samples, dtype=np.float64)[idx]
     timing = dict(forward_time_s=arrays["forward_time_s"], backward_time_per_layer_s=arrays["backward_time_per_layer_s"])
-    memory = dict(fixed_memory_gb=arrays["fixed_memory_gb"], memory_per_layer_gb=arrays["memory_per_layer_gb"],
-                  memory_budget_gb=arrays["memory_budget_gb"])
+    memory = dict(
+        fixed_memory_gb=arrays["fixed_memory_gb"],
+        memory_per_layer_gb=arrays["memory_per_layer_gb"],
+        memory_budget_gb=arrays["memory_budget_gb"],
+    )
     policy = "full" if full_model_bits is not None else cfg.depth_policy
-    decision = policy_depths(policy, num_layers=num_layers, **timing, **memory,
-                             contributions=np.asarray(contributions, dtype=np.float64)[idx], num_samples=D,
-                             layer_bits=layer_bits, spectral_efficiency=e, total_bandwidth_hz=cfg.total_bandwidth_hz,
-                             fixed_depth=cfg.fixed_depth, allocation=cfg.bandwidth_allocation)
+    decision = policy_depths(
+        policy,
+        num_layers=num_layers,
+        **timing,
+        **memory,
+        contributions=np.asarray(contributions, dtype=np.float64)[idx],
+        num_samples=D,
+        layer_bits=layer_bits,
+        spectral_efficiency=e,
+        total_bandwidth_hz=cfg.total_bandwidth_hz,
+        fixed_depth=cfg.fixed_depth,
+        allocation=cfg.bandwidth_allocation,
+    )
     if full_model_bits is not None:  # full-parameter training: nothing to cap, the whole model moves
         depths = np.asarray(decision.requested, dtype=np.int64)
         payload = np.full(len(idx), float(full_model_bits))
@@ -184,6 +225,13 @@ def plan_round(cfg: SystemsConfig, *, clients: Sequence[int], profiles: Sequence
     compute = D * (arrays["forward_time_s"] + depths * arrays["backward_time_per_layer_s"])
     allocate = allocate_bandwidth if cfg.bandwidth_allocation == "wfba" else equal_bandwidth
     bandwidth, round_time = allocate(compute, payload, e, cfg.total_bandwidth_hz)
-    return SystemPlan([int(i) for i in idx], depths, bandwidth, float(round_time), compute,
-                      requested=np.asarray(decision.requested, dtype=np.int64),
-                      limits=np.asarray(decision.limits, dtype=np.int64), payload_bits=payload)
+    return SystemPlan(
+        [int(i) for i in idx],
+        depths,
+        bandwidth,
+        float(round_time),
+        compute,
+        requested=np.asarray(decision.requested, dtype=np.int64),
+        limits=np.asarray(decision.limits, dtype=np.int64),
+        payload_bits=payload,
+    )

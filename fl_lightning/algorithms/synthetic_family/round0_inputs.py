@@ -93,8 +93,10 @@ def _record(folder: str | Path, key: str) -> tuple[Path, dict[str, str]]:
         found, files = None, {}
     if found != key:
         why = "holds no finished key.json" if found is None else "was written for another config"
-        raise UsageError(f"round0_inputs: '{folder}' {why}; it is written by a run with synthetic_lambda: auto for "
-                         f"its own pilots (set round0_inputs to null to compute round 0 here)")
+        raise UsageError(
+            f"round0_inputs: '{folder}' {why}; it is written by a run with synthetic_lambda: auto for "
+            f"its own pilots (set round0_inputs to null to compute round 0 here)"
+        )
     return folder, files
 
 
@@ -112,8 +114,10 @@ def stored_upload(folder: str | Path, key: str, client: int) -> Upload | None:
         return None
     if files.get(path.name) != file_sha256(path):
         why = "is not listed in key.json" if path.name not in files else "is not the upload its parent wrote"
-        raise UsageError(f"round0_inputs: '{path}' {why} (swapped or edited); rerun the parent, or set round0_inputs "
-                         f"to null to compute round 0 here")
+        raise UsageError(
+            f"round0_inputs: '{path}' {why} (swapped or edited); rerun the parent, or set round0_inputs "
+            f"to null to compute round 0 here"
+        )
     return Upload.from_state_dict(safe_load(path))
 
 

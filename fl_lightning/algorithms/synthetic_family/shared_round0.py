@@ -39,8 +39,9 @@ def file_sha256(path: Path) -> str:
 
 def _files(folder: Path) -> dict[str, str]:
     """``{relative path: sha256}`` of every file under ``folder`` but ``record.json``."""
-    return {str(p.relative_to(folder)): file_sha256(p) for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != "record.json"}
+    return {
+        str(p.relative_to(folder)): file_sha256(p) for p in sorted(folder.rglob("*")) if p.is_file() and p.name != "record.json"
+    }
 
 
 class SharedRound0:
@@ -91,8 +92,7 @@ class SharedRound0:
         return False
 
     def _reject(self, part: str, why: str) -> None:
-        warnings.warn(f"the shared round 0 '{self.folder / part}' is not reused and is made again: {why}",
-                      stacklevel=3)
+        warnings.warn(f"the shared round 0 '{self.folder / part}' is not reused and is made again: {why}", stacklevel=3)
         shutil.rmtree(self.folder / part, ignore_errors=True)
 
     def images_into(self, folder: Path) -> bool:
@@ -116,8 +116,10 @@ class SharedRound0:
         try:
             model = load_pretrained_vit(source / "checkpoints" / record["best"], map_location="cpu")
         except Exception as err:  # noqa: BLE001 — any checkpoint that does not load is remade, never trusted
-            self._reject("pretraining", f"its checkpoint does not load ({type(err).__name__}: "
-                                        f"{str(err).splitlines()[0] if str(err) else ''})")
+            self._reject(
+                "pretraining",
+                f"its checkpoint does not load ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})",
+            )
             return None
         best = out / "checkpoints" / record["best"]
         _link_tree(source / "checkpoints", out / "checkpoints")
@@ -128,8 +130,7 @@ class SharedRound0:
             (tmp / "checkpoints").mkdir(parents=True)
             _link(Path(best), tmp / "checkpoints" / Path(best).name)
 
-        self._publish("pretraining", {"best": Path(best).name, "pretraining_s": pretraining_s, "host_s": host_s},
-                      fill)
+        self._publish("pretraining", {"best": Path(best).name, "pretraining_s": pretraining_s, "host_s": host_s}, fill)
 
     def _publish(self, part: str, record: dict[str, Any], fill: Any) -> None:
         final = self.folder / part

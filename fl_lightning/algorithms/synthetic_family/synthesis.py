@@ -51,9 +51,19 @@ if TYPE_CHECKING:
     from fl_lightning.federation.algorithm import Client, RoundPlan
     from fl_lightning.federation.transport import Download
 
-__all__ = ["PretrainingConfig", "DiffusionConfig", "PromptConfig", "TextOnlyConfig", "FeatureGuidedConfig",
-           "SynthesisState", "GenerationInputs", "SynthesisStage", "DiffusionSynthesis", "TextOnlySynthesis",
-           "FeatureGuidedSynthesis"]
+__all__ = [
+    "PretrainingConfig",
+    "DiffusionConfig",
+    "PromptConfig",
+    "TextOnlyConfig",
+    "FeatureGuidedConfig",
+    "SynthesisState",
+    "GenerationInputs",
+    "SynthesisStage",
+    "DiffusionSynthesis",
+    "TextOnlySynthesis",
+    "FeatureGuidedSynthesis",
+]
 
 _COUNTS = "class_counts"  # the text-only upload: D_i^k per class (int64, C)
 
@@ -93,21 +103,50 @@ class PretrainingConfig(ViTConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(self.synthetic_lambda in (None, "auto") or self.synthetic_lambda > 0, "synthetic_lambda",
-              self.synthetic_lambda, "a float > 0, auto or null")
-        check(len(self.pilot_lambdas) >= 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                   and math.isfinite(v) and v > 0 for v in self.pilot_lambdas),
-              "pilot_lambdas", self.pilot_lambdas, "a list of at least 2 floats > 0")
-        check(self.pilot_rounds >= 1 and len(self.pilot_lambdas) * (self.pilot_rounds + 1) >= 4, "pilot_rounds",
-              self.pilot_rounds, "an int >= 1 giving >= 4 pilot observations (len(pilot_lambdas) x (rounds + 1))")
-        check(self.scaling_kappa is None or len(self.scaling_kappa) == 4 and all(
-            isinstance(k, (int, float)) and not isinstance(k, bool) for k in self.scaling_kappa),
-              "scaling_kappa", self.scaling_kappa, "null or a list of 4 numbers [κ1, κ2, κ3, κ4]")
-        check(self.scaling_kappa is None or all(math.isfinite(k) for k in self.scaling_kappa)
-              and self.scaling_kappa[0] > 0 and self.scaling_kappa[1] > 0, "scaling_kappa", self.scaling_kappa,
-              "finite [κ1, κ2, κ3, κ4] with κ1 > 0 and κ2 > 0 (otherwise H(λ) has no minimum: no λ*)")
-        check(self.synthetic_lambda is not None or self.scaling_kappa is not None, "scaling_kappa",
-              self.scaling_kappa, "[κ1, κ2, κ3, κ4] when synthetic_lambda is null (λ* needs the fitted law)")
+        check(
+            self.synthetic_lambda in (None, "auto") or self.synthetic_lambda > 0,
+            "synthetic_lambda",
+            self.synthetic_lambda,
+            "a float > 0, auto or null",
+        )
+        check(
+            len(self.pilot_lambdas) >= 2
+            and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in self.pilot_lambdas
+            ),
+            "pilot_lambdas",
+            self.pilot_lambdas,
+            "a list of at least 2 floats > 0",
+        )
+        check(
+            self.pilot_rounds >= 1 and len(self.pilot_lambdas) * (self.pilot_rounds + 1) >= 4,
+            "pilot_rounds",
+            self.pilot_rounds,
+            "an int >= 1 giving >= 4 pilot observations (len(pilot_lambdas) x (rounds + 1))",
+        )
+        check(
+            self.scaling_kappa is None
+            or len(self.scaling_kappa) == 4
+            and all(isinstance(k, (int, float)) and not isinstance(k, bool) for k in self.scaling_kappa),
+            "scaling_kappa",
+            self.scaling_kappa,
+            "null or a list of 4 numbers [κ1, κ2, κ3, κ4]",
+        )
+        check(
+            self.scaling_kappa is None
+            or all(math.isfinite(k) for k in self.scaling_kappa)
+            and self.scaling_kappa[0] > 0
+            and self.scaling_kappa[1] > 0,
+            "scaling_kappa",
+            self.scaling_kappa,
+            "finite [κ1, κ2, κ3, κ4] with κ1 > 0 and κ2 > 0 (otherwise H(λ) has no minimum: no λ*)",
+        )
+        check(
+            self.synthetic_lambda is not None or self.scaling_kappa is not None,
+            "scaling_kappa",
+            self.scaling_kappa,
+            "[κ1, κ2, κ3, κ4] when synthetic_lambda is null (λ* needs the fitted law)",
+        )
         check(0 < self.target_accuracy <= 1, "target_accuracy", self.target_accuracy, "a float in (0, 1]")
         for key in ("generation_time_per_image_s", "pretrain_time_per_image_epoch_s"):
             value = getattr(self, key)
@@ -136,11 +175,14 @@ class DiffusionConfig(PretrainingConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(self.vae_image_size >= 8 and self.vae_image_size % 8 == 0, "vae_image_size", self.vae_image_size,
-              "a multiple of 8 (>= 8)")
+        check(
+            self.vae_image_size >= 8 and self.vae_image_size % 8 == 0,
+            "vae_image_size",
+            self.vae_image_size,
+            "a multiple of 8 (>= 8)",
+        )
         check(self.guidance_scale >= 0, "guidance_scale", self.guidance_scale, "a float >= 0")
-        check(1 <= self.num_inference_steps <= 1000, "num_inference_steps", self.num_inference_steps,
-              "an int in [1, 1000]")
+        check(1 <= self.num_inference_steps <= 1000, "num_inference_steps", self.num_inference_steps, "an int in [1, 1000]")
         check(self.generation_batch_size >= 1, "generation_batch_size", self.generation_batch_size, "an int >= 1")
         check(0 <= self.min_fresh_fraction < 1, "min_fresh_fraction", self.min_fresh_fraction, "a float in [0, 1)")
 
@@ -179,12 +221,24 @@ class FeatureGuidedConfig(TextOnlyConfig):
         super().__post_init__()
         check(self.encode_batch_size >= 1, "encode_batch_size", self.encode_batch_size, "an int >= 1")
         check(self.num_centroids >= 1, "num_centroids", self.num_centroids, "an int >= 1")
-        check(1 <= self.min_timestep <= 999, "min_timestep", self.min_timestep,
-              "an int in [1, 999] (s = 0 would upload an almost clean latent)")
-        check(self.min_timestep <= self.max_timestep < 1000, "max_timestep", self.max_timestep,
-              f"an int in [min_timestep={self.min_timestep}, 999]")
-        check(self.timestep is None or self.min_timestep <= self.timestep < 1000, "timestep", self.timestep,
-              f"null or an int in [min_timestep={self.min_timestep}, 999] (s >= 1: s = 0 uploads an almost clean latent)")
+        check(
+            1 <= self.min_timestep <= 999,
+            "min_timestep",
+            self.min_timestep,
+            "an int in [1, 999] (s = 0 would upload an almost clean latent)",
+        )
+        check(
+            self.min_timestep <= self.max_timestep < 1000,
+            "max_timestep",
+            self.max_timestep,
+            f"an int in [min_timestep={self.min_timestep}, 999]",
+        )
+        check(
+            self.timestep is None or self.min_timestep <= self.timestep < 1000,
+            "timestep",
+            self.timestep,
+            f"null or an int in [min_timestep={self.min_timestep}, 999] (s >= 1: s = 0 uploads an almost clean latent)",
+        )
         check(0 <= self.rho <= 1, "rho", self.rho, "a float in [0, 1]")
 
 
@@ -200,8 +254,7 @@ class SynthesisState:
 
     @classmethod
     def zeros(cls) -> SynthesisState:
-        return cls(torch.tensor(0.0, dtype=torch.float64), torch.tensor(0, dtype=torch.int64),
-                   torch.tensor(0, dtype=torch.int64))
+        return cls(torch.tensor(0.0, dtype=torch.float64), torch.tensor(0, dtype=torch.int64), torch.tensor(0, dtype=torch.int64))
 
     def state_dict(self) -> State:
         return {key: getattr(self, name) for name, key in self._KEYS.items()}
@@ -227,16 +280,20 @@ class SynthesisStage(Stage):
 
     def initial_state(self) -> State:
         # this host's wall times of generation and pre-training, reported beside the charged ones (not on the clock)
-        return {**SynthesisState.zeros().state_dict(), "sys.host_times": torch.zeros(2, dtype=torch.float64),
-                "sys.lambda_fit": torch.zeros(6, dtype=torch.float64)}  # λ* = 0: no fit
+        return {
+            **SynthesisState.zeros().state_dict(),
+            "sys.host_times": torch.zeros(2, dtype=torch.float64),
+            "sys.lambda_fit": torch.zeros(6, dtype=torch.float64),
+        }  # λ* = 0: no fit
 
     @abstractmethod
     def synthesise(self, uploads: Mapping[int, Upload]) -> tuple[SynthesisResult | None, int]:
         """(the pre-trained model with λ, volumes and times; D = the real samples) from round 0's uploads; in a
         shared aggregate (``shared_aggregate``) None on the ranks other than 0."""
 
-    def aggregate(self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str],
-                  plan: RoundPlan) -> State:
+    def aggregate(
+        self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
+    ) -> State:
         sent = {int(c): float(u.num_bytes) for c, u in uploads.items()}  # latents, captions or counts
         result, real_samples = self.synthesise(uploads)
         if result is None:  # another rank of a shared aggregate: its images are written; rank 0's state is the round's
@@ -251,25 +308,55 @@ class SynthesisStage(Stage):
         traffic = state["sys.bytes_up"].clone()
         traffic[0] += sum(sent.values())
         host = torch.tensor([result.host_generation_s, result.host_pretraining_s], dtype=torch.float64)
-        own = SynthesisState(torch.tensor(result.lam, dtype=torch.float64),
-                             torch.tensor(sum(result.images_per_class.values())), torch.tensor(real_samples))
+        own = SynthesisState(
+            torch.tensor(result.lam, dtype=torch.float64),
+            torch.tensor(sum(result.images_per_class.values())),
+            torch.tensor(real_samples),
+        )
         fit = result.lambda_fit  # synthetic_lambda: auto — κ1..κ4, λ*, h0 of the pilots' fit
-        lambda_fit = torch.zeros(6, dtype=torch.float64) if fit is None else torch.tensor(
-            [fit.params.kappa1, fit.params.kappa2, fit.params.kappa3, fit.params.kappa4, fit.lam_star,
-             fit.h0], dtype=torch.float64)
-        new.update({"sys.clock": clock, "sys.bytes_up": traffic, **own.state_dict(),
-                    "sys.host_times": host, "sys.lambda_fit": lambda_fit})
+        lambda_fit = (
+            torch.zeros(6, dtype=torch.float64)
+            if fit is None
+            else torch.tensor(
+                [fit.params.kappa1, fit.params.kappa2, fit.params.kappa3, fit.params.kappa4, fit.lam_star, fit.h0],
+                dtype=torch.float64,
+            )
+        )
+        new.update(
+            {
+                "sys.clock": clock,
+                "sys.bytes_up": traffic,
+                **own.state_dict(),
+                "sys.host_times": host,
+                "sys.lambda_fit": lambda_fit,
+            }
+        )
         return new
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         own = SynthesisState.from_state(state)
         host, fit = state["sys.host_times"].tolist(), state["sys.lambda_fit"].tolist()
-        lambda_fit = None if fit[4] == 0 else {
-            "kappa": fit[:4], "lambda_star": fit[4], "h0": fit[5], "target_accuracy": self.method.config.target_accuracy,
-            "pilots": str(self.method.env.run_dir / "pilots")}
-        return {"generation": self.method.config.generation, "synthetic_images": int(own.synthetic_images),
-                "real_samples": int(own.real_samples), "lambda": float(own.lam), "server": self.method.config.server,
-                "host_generation_s": float(host[0]), "host_pretraining_s": float(host[1]), "lambda_fit": lambda_fit}
+        lambda_fit = (
+            None
+            if fit[4] == 0
+            else {
+                "kappa": fit[:4],
+                "lambda_star": fit[4],
+                "h0": fit[5],
+                "target_accuracy": self.method.config.target_accuracy,
+                "pilots": str(self.method.env.run_dir / "pilots"),
+            }
+        )
+        return {
+            "generation": self.method.config.generation,
+            "synthetic_images": int(own.synthetic_images),
+            "real_samples": int(own.real_samples),
+            "lambda": float(own.lam),
+            "server": self.method.config.server,
+            "host_generation_s": float(host[0]),
+            "host_pretraining_s": float(host[1]),
+            "lambda_fit": lambda_fit,
+        }
 
 
 class DiffusionSynthesis(SynthesisStage):
@@ -283,9 +370,13 @@ class DiffusionSynthesis(SynthesisStage):
         from fl_lightning.models.hub import missing_weights_phrase
 
         path = config.diffusion_path
-        phrase = None if path is None else missing_weights_phrase(
-            path, key=f"{section}.diffusion_path", what="Stable Diffusion v1-5 diffusers folder or hub id",
-            download=download)
+        phrase = (
+            None
+            if path is None
+            else missing_weights_phrase(
+                path, key=f"{section}.diffusion_path", what="Stable Diffusion v1-5 diffusers folder or hub id", download=download
+            )
+        )
         return [phrase] if phrase else []
 
     def build(self, fabric: Fabric) -> None:
@@ -293,9 +384,11 @@ class DiffusionSynthesis(SynthesisStage):
 
         f = self.method.config
         download = self.method.cfg.model.download
-        self.components = (load_diffusion(f.diffusion_path, download=download, key=f"{self.method.name}.diffusion_path")
-                           if f.diffusion_path is not None
-                           else tiny_diffusion_components(seed=self.method.cfg.seed, image_size=f.vae_image_size))
+        self.components = (
+            load_diffusion(f.diffusion_path, download=download, key=f"{self.method.name}.diffusion_path")
+            if f.diffusion_path is not None
+            else tiny_diffusion_components(seed=self.method.cfg.seed, image_size=f.vae_image_size)
+        )
         self.components.vae.to(fabric.device)  # clients need only the VAE; the server moves the rest
 
     def round0_description(self) -> dict[str, Any]:
@@ -304,9 +397,15 @@ class DiffusionSynthesis(SynthesisStage):
         augmentations' random streams) — the content key of ``synthesis_step.SharedRound0``."""
         m = self.method
         keys = {f.name: getattr(m.config, f.name) for f in dataclasses.fields(self.config_class)}
-        return {"stage": type(self).__name__, "keys": keys, "seed": m.cfg.seed,
-                "precision": m.cfg.federation.precision, "classes": list(m.env.splits.classes),
-                "spec": dataclasses.asdict(m.spec), "pretrain_workers": m.env.loader_settings().num_workers}
+        return {
+            "stage": type(self).__name__,
+            "keys": keys,
+            "seed": m.cfg.seed,
+            "precision": m.cfg.federation.precision,
+            "classes": list(m.env.splits.classes),
+            "spec": dataclasses.asdict(m.spec),
+            "pretrain_workers": m.env.loader_settings().num_workers,
+        }
 
     @abstractmethod
     def generation_inputs(self, uploads: Mapping[int, Upload]) -> GenerationInputs:
@@ -327,8 +426,7 @@ class DiffusionSynthesis(SynthesisStage):
         if m.config.round0_inputs is not None:
             round0_inputs.seed_prompt_cache(m.config.round0_inputs, self.inputs_key(), m.env.run_dir / "prompts.json")
         elif m.config.synthetic_lambda == "auto" and m.fabric.global_rank == 0:
-            round0_inputs.write_round0_inputs(m.env.run_dir / "pilots" / round0_inputs.FOLDER, self.inputs_key(),
-                                              uploads)
+            round0_inputs.write_round0_inputs(m.env.run_dir / "pilots" / round0_inputs.FOLDER, self.inputs_key(), uploads)
 
     def synthesise(self, uploads: Mapping[int, Upload]) -> tuple[SynthesisResult | None, int]:
         m = self.method
@@ -337,12 +435,24 @@ class DiffusionSynthesis(SynthesisStage):
         self._hand_round0_to_pilots(uploads)
         inputs = self.generation_inputs(uploads)
         result = synthesise_and_pretrain(
-            m.config, components=self.components, uploads_by_client=inputs.latents_by_client,
-            class_counts=inputs.class_counts, class_names=m.env.splits.classes, spec=m.spec, run_dir=m.env.run_dir,
-            seed=m.cfg.seed, device=m.fabric.device, precision=m.cfg.federation.precision,
-            progress=m.cfg.logging.progress, prompts_by_class=inputs.prompts_by_class, section=m.name,
-            text_only=inputs.latents_by_client is None, ranks=ranks, share=self.round0_description(),
-            loading=m.env.loader_settings())
+            m.config,
+            components=self.components,
+            uploads_by_client=inputs.latents_by_client,
+            class_counts=inputs.class_counts,
+            class_names=m.env.splits.classes,
+            spec=m.spec,
+            run_dir=m.env.run_dir,
+            seed=m.cfg.seed,
+            device=m.fabric.device,
+            precision=m.cfg.federation.precision,
+            progress=m.cfg.logging.progress,
+            prompts_by_class=inputs.prompts_by_class,
+            section=m.name,
+            text_only=inputs.latents_by_client is None,
+            ranks=ranks,
+            share=self.round0_description(),
+            loading=m.env.loader_settings(),
+        )
         self.components.vae.to(m.fabric.device)
         return result, sum(inputs.class_counts.values())
 
@@ -357,9 +467,16 @@ class TextOnlySynthesis(DiffusionSynthesis):
         from fl_lightning.models.hub import missing_weights_phrase
 
         missing = super().missing_resources(config, section, download=download)
-        phrase = None if config.llm_path is None else missing_weights_phrase(
-            config.llm_path, key=f"{section}.llm_path", download=download,
-            what="causal-LM folder or hub id, e.g. LLaMA-7B; null: template prompts")
+        phrase = (
+            None
+            if config.llm_path is None
+            else missing_weights_phrase(
+                config.llm_path,
+                key=f"{section}.llm_path",
+                download=download,
+                what="causal-LM folder or hub id, e.g. LLaMA-7B; null: template prompts",
+            )
+        )
         return missing + ([phrase] if phrase else [])
 
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
@@ -387,12 +504,18 @@ class FeatureGuidedSynthesis(TextOnlySynthesis):
                 return stored
         vae = self.components.vae  # batches go to its device, are resized there and encoded in the compute dtype
         batches = m.client_images(client, batch_size=f.encode_batch_size, size=f.vae_image_size, device=vae.device)
-        uploads = client_latent_uploads(vae, self.components.scheduler, batches,
-                                        num_centroids=f.num_centroids, timestep=f.timestep,
-                                        max_timestep=f.max_timestep, min_timestep=f.min_timestep,
-                                        seed=client_seed(m.cfg.seed, round_idx, client.index),
-                                        batch_size=f.encode_batch_size,
-                                        dtype=compute_dtype(m.cfg.federation.precision, vae.device))
+        uploads = client_latent_uploads(
+            vae,
+            self.components.scheduler,
+            batches,
+            num_centroids=f.num_centroids,
+            timestep=f.timestep,
+            max_timestep=f.max_timestep,
+            min_timestep=f.min_timestep,
+            seed=client_seed(m.cfg.seed, round_idx, client.index),
+            batch_size=f.encode_batch_size,
+            dtype=compute_dtype(m.cfg.federation.precision, vae.device),
+        )
         return to_upload(uploads)
 
     def generation_inputs(self, uploads: Mapping[int, Upload]) -> GenerationInputs:

@@ -69,9 +69,18 @@ from fl_lightning.systems.backbones import backbone
 from fl_lightning.systems.scaling_law import ScalingLawParams, optimal_lambda, synthesis_cost_per_unit_lambda
 from fl_lightning.systems.server import SERVERS, ServerProfile, generation_time, pretrain_time_per_image_epoch
 
-__all__ = ["SynthesisResult", "SyntheticFolder", "SharedRound0", "round0_key", "choose_lambda", "text_only_requests",
-           "synthesise_and_pretrain",
-           "pretrain_on_synthetic", "release_accelerator_memory", "parked_on_cpu"]
+__all__ = [
+    "SynthesisResult",
+    "SyntheticFolder",
+    "SharedRound0",
+    "round0_key",
+    "choose_lambda",
+    "text_only_requests",
+    "synthesise_and_pretrain",
+    "pretrain_on_synthetic",
+    "release_accelerator_memory",
+    "parked_on_cpu",
+]
 
 
 @dataclass
@@ -107,8 +116,9 @@ class SyntheticFolder(Dataset):
         return (self.transform(image) if self.transform else image), label
 
 
-def choose_lambda(cfg: Any, *, gen_time_per_image: float, pretrain_time_per_image_epoch: float,
-                  num_real_samples: int, section: str = "fedisyn") -> float:
+def choose_lambda(
+    cfg: Any, *, gen_time_per_image: float, pretrain_time_per_image_epoch: float, num_real_samples: int, section: str = "fedisyn"
+) -> float:
     """λ from the config, or λ* of the scaling law with h0 = (ĥ + h̃ T̂) D.
 
     Raises:
@@ -117,19 +127,20 @@ def choose_lambda(cfg: Any, *, gen_time_per_image: float, pretrain_time_per_imag
     """
     if cfg.synthetic_lambda is not None:
         return float(cfg.synthetic_lambda)
-    h0 = synthesis_cost_per_unit_lambda(gen_time_per_image, pretrain_time_per_image_epoch, cfg.pretrain_epochs,
-                                        num_real_samples)
+    h0 = synthesis_cost_per_unit_lambda(gen_time_per_image, pretrain_time_per_image_epoch, cfg.pretrain_epochs, num_real_samples)
     k1, k2, k3, k4 = (float(k) for k in cfg.scaling_kappa or ())
     try:
-        lam = optimal_lambda(cfg.target_accuracy, h0=h0,
-                             params=ScalingLawParams(kappa1=k1, kappa2=k2, kappa3=k3, kappa4=k4))
+        lam = optimal_lambda(cfg.target_accuracy, h0=h0, params=ScalingLawParams(kappa1=k1, kappa2=k2, kappa3=k3, kappa4=k4))
     except (ValueError, OverflowError) as err:
-        raise ConfigError(f"{section}.scaling_kappa", cfg.scaling_kappa,
-                          f"κ that give a finite λ* > 0 at target_accuracy {cfg.target_accuracy} with h0 = {h0:g} s "
-                          f"({err})") from None
+        raise ConfigError(
+            f"{section}.scaling_kappa",
+            cfg.scaling_kappa,
+            f"κ that give a finite λ* > 0 at target_accuracy {cfg.target_accuracy} with h0 = {h0:g} s ({err})",
+        ) from None
     if not (math.isfinite(lam) and lam > 0):
-        raise ConfigError(f"{section}.scaling_kappa", cfg.scaling_kappa,
-                          f"κ that give a finite λ* > 0 (got λ* = {lam!r} with h0 = {h0:g} s)")
+        raise ConfigError(
+            f"{section}.scaling_kappa", cfg.scaling_kappa, f"κ that give a finite λ* > 0 (got λ* = {lam!r} with h0 = {h0:g} s)"
+        )
     return lam
 
 
@@ -189,16 +200,18 @@ def _auto_lambda(cfg: Any, *, run_dir: Path, section: str, device: torch.device 
     if device is not None and device.type == "cuda":
         cuda_device = torch.cuda.current_device() if device.index is None else int(device.index)
     try:
-        runs = run_pilot_processes(run_dir, section, [float(v) for v in cfg.pilot_lambdas], rounds=cfg.pilot_rounds,
-                                   cuda_device=cuda_device)
+        runs = run_pilot_processes(
+            run_dir, section, [float(v) for v in cfg.pilot_lambdas], rounds=cfg.pilot_rounds, cuda_device=cuda_device
+        )
         fit = auto_lambda(pilot_points(runs, pretrain_epochs=cfg.pretrain_epochs), cfg.target_accuracy)
     except (RuntimeError, ValueError) as err:
         raise ConfigError(f"{section}.synthetic_lambda", "auto", f"pilots whose fit gives λ* ({err})") from None
     return float(fit.lam_star), fit
 
 
-def _auto_lambda_on_ranks(cfg: Any, ranks: Ranks, *, components: DiffusionComponents, run_dir: Path, section: str,
-                          device: torch.device) -> tuple[float, Any]:
+def _auto_lambda_on_ranks(
+    cfg: Any, ranks: Ranks, *, components: DiffusionComponents, run_dir: Path, section: str, device: torch.device
+) -> tuple[float, Any]:
     """:func:`_auto_lambda` on several ranks: rank r runs the pilots λ_i with i ≡ r (mod N) (``Deal.strided``), each a
     single-process run on its own device, and rank 0 fits Eq. (13) to all of them in ``pilot_lambdas`` order (the fit
     of one rank).
@@ -216,8 +229,13 @@ def _auto_lambda_on_ranks(cfg: Any, ranks: Ranks, *, components: DiffusionCompon
 
     def mine() -> list[Path]:
         try:
-            return run_pilot_processes(run_dir, section, [lambdas[i] for i in ranks.deal.strided(len(lambdas))],
-                                       rounds=cfg.pilot_rounds, cuda_device=cuda_device)
+            return run_pilot_processes(
+                run_dir,
+                section,
+                [lambdas[i] for i in ranks.deal.strided(len(lambdas))],
+                rounds=cfg.pilot_rounds,
+                cuda_device=cuda_device,
+            )
         except RuntimeError as err:
             raise ConfigError(f"{section}.synthetic_lambda", "auto", f"pilots whose fit gives λ* ({err})") from None
 
@@ -233,9 +251,15 @@ def _auto_lambda_on_ranks(cfg: Any, ranks: Ranks, *, components: DiffusionCompon
     return ranks.on_server(fit, "the pilots' fit")
 
 
-def text_only_requests(class_names: Sequence[str], prompts_by_class: Mapping[str, Sequence[str]], *,
-                       volume_per_class: Mapping[int, int], latent_shape: tuple[int, ...], timestep: int,
-                       seed: int) -> list[GenerationRequest]:
+def text_only_requests(
+    class_names: Sequence[str],
+    prompts_by_class: Mapping[str, Sequence[str]],
+    *,
+    volume_per_class: Mapping[int, int],
+    latent_shape: tuple[int, ...],
+    timestep: int,
+    seed: int,
+) -> list[GenerationRequest]:
     """Requests that start from pure noise at ``timestep`` (T − 1), conditioned on prompts only.
 
     Each request carries a zero latent with ``noise_fraction = 0``: ``start_latent`` then draws the
@@ -250,18 +274,29 @@ def text_only_requests(class_names: Sequence[str], prompts_by_class: Mapping[str
             raise ValueError(f"no prompts for class {class_names[label]!r}")
         for index in range(int(volume_per_class[label])):
             image_seed = derive_seed(seed, label, index, 1)
-            requests.append(GenerationRequest(class_name=class_names[label], label=int(label), client=-1,
-                                              centroid_index=-1, latent=zero, timestep=int(timestep),
-                                              prompt=prompts[index % len(prompts)], seed=image_seed, index=index,
-                                              noise_fraction=0.0))
+            requests.append(
+                GenerationRequest(
+                    class_name=class_names[label],
+                    label=int(label),
+                    client=-1,
+                    centroid_index=-1,
+                    latent=zero,
+                    timestep=int(timestep),
+                    prompt=prompts[index % len(prompts)],
+                    seed=image_seed,
+                    index=index,
+                    noise_fraction=0.0,
+                )
+            )
     return requests
 
 
 def _expander(cfg: Any, *, seed: int, device: torch.device):
     if cfg.llm_path is None:
         return TemplatePromptExpander(seed=seed)
-    return LLMPromptExpander(cfg.llm_path, device=device, seed=seed,
-                             dtype=torch.float16 if device.type == "cuda" else torch.float32)
+    return LLMPromptExpander(
+        cfg.llm_path, device=device, seed=seed, dtype=torch.float16 if device.type == "cuda" else torch.float32
+    )
 
 
 def _dtype(cfg: Any, device: torch.device) -> torch.dtype:
@@ -283,15 +318,22 @@ def _server_pretrain_s(cfg: Any, server: ServerProfile, section: str) -> float:
         raise ConfigError(f"{section}.server", cfg.server, f"'host' for a ViT the server profile cannot price ({err})") from None
 
 
-def _probe_generation(cfg: Any, components: DiffusionComponents, requests, folder: Path,
-                      device: torch.device) -> float:
+def _probe_generation(cfg: Any, components: DiffusionComponents, requests, folder: Path, device: torch.device) -> float:
     """ĥ on this host: time one batch of real requests into a scratch folder (discarded)."""
     batch = list(requests[: cfg.generation_batch_size])
     start = time.monotonic()
-    generate_images(components, batch, folder, batch_size=cfg.generation_batch_size,
-                    num_inference_steps=cfg.num_inference_steps, guidance_scale=cfg.guidance_scale,
-                    device=device, dtype=_dtype(cfg, device), progress=False,
-                    min_fresh_fraction=cfg.min_fresh_fraction)
+    generate_images(
+        components,
+        batch,
+        folder,
+        batch_size=cfg.generation_batch_size,
+        num_inference_steps=cfg.num_inference_steps,
+        guidance_scale=cfg.guidance_scale,
+        device=device,
+        dtype=_dtype(cfg, device),
+        progress=False,
+        min_fresh_fraction=cfg.min_fresh_fraction,
+    )
     shutil.rmtree(folder, ignore_errors=True)
     return (time.monotonic() - start) / max(len(batch), 1)
 
@@ -304,12 +346,24 @@ def _latent_shape(components: DiffusionComponents, image_size: int) -> tuple[int
 
 
 def synthesise_and_pretrain(
-    cfg: Any, *, components: DiffusionComponents,
-    uploads_by_client: Mapping[int, Sequence[ClassLatentUpload]] | None, class_counts: Mapping[int, int],
-    class_names: Sequence[str], spec: InputSpec, run_dir: Path, seed: int, device: torch.device,
-    precision: str, progress: bool, prompts_by_class: Mapping[str, Sequence[str]] | None = None,
-    section: str = "fedisyn", text_only: bool = False, ranks: Ranks | None = None,
-    share: Mapping[str, Any] | None = None, loading: LoaderSettings | None = None,
+    cfg: Any,
+    *,
+    components: DiffusionComponents,
+    uploads_by_client: Mapping[int, Sequence[ClassLatentUpload]] | None,
+    class_counts: Mapping[int, int],
+    class_names: Sequence[str],
+    spec: InputSpec,
+    run_dir: Path,
+    seed: int,
+    device: torch.device,
+    precision: str,
+    progress: bool,
+    prompts_by_class: Mapping[str, Sequence[str]] | None = None,
+    section: str = "fedisyn",
+    text_only: bool = False,
+    ranks: Ranks | None = None,
+    share: Mapping[str, Any] | None = None,
+    loading: LoaderSettings | None = None,
 ) -> SynthesisResult | None:
     """Steps 1 (server side) and 2 of FeDiSyn; resumable (prompts cached, images skipped when present).
 
@@ -338,84 +392,158 @@ def synthesise_and_pretrain(
         raise ValueError("feature-guided generation needs the clients' latent uploads")
     server = _server(cfg)
     lam, fit, h_pre, volume, requests = _synthesis_plan(
-        cfg, components=components, uploads_by_client=uploads_by_client, class_counts=class_counts,
-        class_names=class_names, prompts_by_class=prompts_by_class, server=server, run_dir=run_dir, seed=seed,
-        device=device, section=section, text_only=text_only, ranks=ranks)
+        cfg,
+        components=components,
+        uploads_by_client=uploads_by_client,
+        class_counts=class_counts,
+        class_names=class_names,
+        prompts_by_class=prompts_by_class,
+        server=server,
+        run_dir=run_dir,
+        seed=seed,
+        device=device,
+        section=section,
+        text_only=text_only,
+        ranks=ranks,
+    )
     folder = run_dir / "synthetic"
     rank, world = (0, 1) if ranks is None else (ranks.rank, ranks.world)
     shared, reused = _shared_images(share, requests, device, run_dir=run_dir, folder=folder, ranks=ranks)
-    host_generation_s = _generate_on_ranks(cfg, components, requests, folder, device=device, progress=progress,
-                                           ranks=ranks)
+    host_generation_s = _generate_on_ranks(cfg, components, requests, folder, device=device, progress=progress, ranks=ranks)
     components.to(device="cpu")  # free the accelerator for pre-training and fine-tuning
     if ranks is not None and world == 1:
         ranks = None
     if rank != 0 and ranks is None:  # not reached (several ranks share the phase): the others pre-train with rank 0
         return None
-    published = _published_on_rank0(partial(_publish_or_reuse, shared, reused=reused, folder=folder, run_dir=run_dir,
-                                            host_s=host_generation_s), ranks, host_s=host_generation_s)
+    published = _published_on_rank0(
+        partial(_publish_or_reuse, shared, reused=reused, folder=folder, run_dir=run_dir, host_s=host_generation_s),
+        ranks,
+        host_s=host_generation_s,
+    )
     if published is None:  # another rank, and rank 0 found a published ViT: rank 0 holds the round's result
         return None
     host_generation_s, pretrained = published
     generation_s = _charged_generation_s(cfg, server, requests, host_s=host_generation_s)
     if pretrained is None:  # several ranks: every one trains its shard of each batch (modules/pretraining_ranks.py)
         pretrained = _pretrain_and_publish(
-            cfg, folder, shared, num_classes=len(class_names), spec=spec, run_dir=run_dir, seed=seed, device=device,
-            precision=precision, per_image_epoch_s=h_pre if cfg.pretrain_time_per_image_epoch_s is not None
-            or server is not None else None, ranks=ranks, loading=loading)
+            cfg,
+            folder,
+            shared,
+            num_classes=len(class_names),
+            spec=spec,
+            run_dir=run_dir,
+            seed=seed,
+            device=device,
+            precision=precision,
+            per_image_epoch_s=h_pre if cfg.pretrain_time_per_image_epoch_s is not None or server is not None else None,
+            ranks=ranks,
+            loading=loading,
+        )
         if pretrained is None:  # another rank: rank 0 holds the result, and its state is the round's
             return None
     model, pretraining_s, best, host_pretraining_s = pretrained
     per_class = {label: int(v) for label, v in volume.items()}
-    return SynthesisResult(model, lam, per_class, generation_s, pretraining_s, best, host_generation_s,
-                           host_pretraining_s, fit)
+    return SynthesisResult(model, lam, per_class, generation_s, pretraining_s, best, host_generation_s, host_pretraining_s, fit)
 
 
-def _shared_images(share: Mapping[str, Any] | None, requests: list, device: torch.device, *, run_dir: Path,
-                   folder: Path, ranks: Ranks | None) -> tuple[SharedRound0 | None, bool]:
+def _shared_images(
+    share: Mapping[str, Any] | None, requests: list, device: torch.device, *, run_dir: Path, folder: Path, ranks: Ranks | None
+) -> tuple[SharedRound0 | None, bool]:
     """Round 0's shared folder for this content key (None without ``share``) and whether its published images were
     linked into ``folder`` (rank 0 looks; every rank gets its answer)."""
     world = 1 if ranks is None else ranks.world
     if share is None:
         return None, False
     shared = SharedRound0(run_dir.parent / "round0", round0_key(share, requests, device, world=world))
-    reused = shared.images_into(folder) if ranks is None else ranks.on_server(
-        partial(shared.images_into, folder), "round 0's shared images")
+    reused = (
+        shared.images_into(folder)
+        if ranks is None
+        else ranks.on_server(partial(shared.images_into, folder), "round 0's shared images")
+    )
     return shared, bool(reused)
 
 
-def _synthesis_plan(cfg: Any, *, components: DiffusionComponents,
-                    uploads_by_client: Mapping[int, Sequence[ClassLatentUpload]] | None, class_counts: Mapping[int, int],
-                    class_names: Sequence[str], prompts_by_class: Mapping[str, Sequence[str]] | None, server: Any,
-                    run_dir: Path, seed: int, device: torch.device, section: str, text_only: bool,
-                    ranks: Ranks | None) -> tuple[float, Any, float, dict[int, int], list]:
+def _synthesis_plan(
+    cfg: Any,
+    *,
+    components: DiffusionComponents,
+    uploads_by_client: Mapping[int, Sequence[ClassLatentUpload]] | None,
+    class_counts: Mapping[int, int],
+    class_names: Sequence[str],
+    prompts_by_class: Mapping[str, Sequence[str]] | None,
+    server: Any,
+    run_dir: Path,
+    seed: int,
+    device: torch.device,
+    section: str,
+    text_only: bool,
+    ranks: Ranks | None,
+) -> tuple[float, Any, float, dict[int, int], list]:
     """The server's plan before generation, the same on every rank: the prompts and λ (rank 0's decision,
     :func:`_plan_once`), the synthetic images per class and the generation requests. Returns (λ, the pilots' fit or
     None, h̃, the images per class, the requests)."""
     totals = {int(k): int(v) for k, v in class_counts.items() if v > 0}
-    requests_for = partial(_requests_for, cfg, components=components, uploads_by_client=uploads_by_client,
-                           class_names=class_names, seed=seed, text_only=text_only,
-                           last_t=int(components.scheduler.config.num_train_timesteps) - 1)
-    decide = partial(_decide_lambda, cfg, components=components, totals=totals, class_names=class_names,
-                     requests_for=requests_for, prompts_by_class=prompts_by_class, server=server, run_dir=run_dir,
-                     seed=seed, device=device, section=section)
-    prompts_by_class, lam, fit, _, h_pre = _plan_once(cfg, decide, ranks, components=components, run_dir=run_dir,
-                                                      section=section, device=device)
+    requests_for = partial(
+        _requests_for,
+        cfg,
+        components=components,
+        uploads_by_client=uploads_by_client,
+        class_names=class_names,
+        seed=seed,
+        text_only=text_only,
+        last_t=int(components.scheduler.config.num_train_timesteps) - 1,
+    )
+    decide = partial(
+        _decide_lambda,
+        cfg,
+        components=components,
+        totals=totals,
+        class_names=class_names,
+        requests_for=requests_for,
+        prompts_by_class=prompts_by_class,
+        server=server,
+        run_dir=run_dir,
+        seed=seed,
+        device=device,
+        section=section,
+    )
+    prompts_by_class, lam, fit, _, h_pre = _plan_once(
+        cfg, decide, ranks, components=components, run_dir=run_dir, section=section, device=device
+    )
     volume = synthetic_volume(totals, lam)
     if sum(volume.values()) < 2:
-        raise ConfigError(f"{section}.synthetic_lambda", lam,
-                          f"a λ that gives at least 2 synthetic images (D = {sum(totals.values())} real samples)")
+        raise ConfigError(
+            f"{section}.synthetic_lambda",
+            lam,
+            f"a λ that gives at least 2 synthetic images (D = {sum(totals.values())} real samples)",
+        )
     requests = requests_for(volume, prompts_by_class)  # a pure function of the uploads: the same on every rank
     return lam, fit, h_pre, volume, requests
 
 
-def _requests_for(cfg: Any, volume: Mapping[int, int], prompts: Mapping[str, Sequence[str]], *,
-                  components: DiffusionComponents, uploads_by_client: Mapping[int, Sequence[ClassLatentUpload]] | None,
-                  class_names: Sequence[str], seed: int, text_only: bool, last_t: int) -> list[GenerationRequest]:
+def _requests_for(
+    cfg: Any,
+    volume: Mapping[int, int],
+    prompts: Mapping[str, Sequence[str]],
+    *,
+    components: DiffusionComponents,
+    uploads_by_client: Mapping[int, Sequence[ClassLatentUpload]] | None,
+    class_names: Sequence[str],
+    seed: int,
+    text_only: bool,
+    last_t: int,
+) -> list[GenerationRequest]:
     """The generation requests for ``volume`` images per class: from pure noise at ``last_t`` (``text_only``) or from
     the clients' uploads (:func:`~fl_lightning.synthesis.generate.plan_generation`)."""
     if text_only:
-        return text_only_requests(class_names, prompts, volume_per_class=volume, seed=seed,
-                                  latent_shape=_latent_shape(components, cfg.vae_image_size), timestep=last_t)
+        return text_only_requests(
+            class_names,
+            prompts,
+            volume_per_class=volume,
+            seed=seed,
+            latent_shape=_latent_shape(components, cfg.vae_image_size),
+            timestep=last_t,
+        )
     return plan_generation(uploads_by_client, class_names, prompts, volume_per_class=volume, rho=cfg.rho, seed=seed)
 
 
@@ -423,30 +551,58 @@ def _requests_for(cfg: Any, volume: Mapping[int, int], prompts: Mapping[str, Seq
 _Plan = tuple[Mapping[str, Sequence[str]], float | None, Any, float | None, float | None]
 
 
-def _plan_once(cfg: Any, decide: Callable[..., _Plan], ranks: Ranks | None, *, components: DiffusionComponents,
-               run_dir: Path, section: str, device: torch.device) -> _Plan:
+def _plan_once(
+    cfg: Any,
+    decide: Callable[..., _Plan],
+    ranks: Ranks | None,
+    *,
+    components: DiffusionComponents,
+    run_dir: Path,
+    section: str,
+    device: torch.device,
+) -> _Plan:
     """The prompts, the probe or the pilots and λ (``decide``, :func:`_decide_lambda`): the server's decision, made
     once (on rank 0 when shared); over several ranks ``synthetic_lambda: auto`` gives each rank its share of the
     pilots, on its own device, and rank 0 fits them all."""
     parallel_pilots = ranks is not None and ranks.world > 1 and cfg.synthetic_lambda == "auto"
-    prompts_by_class, lam, fit, h_gen, h_pre = decide() if ranks is None else ranks.on_server(
-        partial(decide, pilots=not parallel_pilots), "the synthesis plan (prompts, λ)")
+    prompts_by_class, lam, fit, h_gen, h_pre = (
+        decide()
+        if ranks is None
+        else ranks.on_server(partial(decide, pilots=not parallel_pilots), "the synthesis plan (prompts, λ)")
+    )
     if parallel_pilots:
-        lam, fit = _auto_lambda_on_ranks(cfg, ranks, components=components, run_dir=run_dir, section=section,
-                                         device=device)
+        lam, fit = _auto_lambda_on_ranks(cfg, ranks, components=components, run_dir=run_dir, section=section, device=device)
     return prompts_by_class, lam, fit, h_gen, h_pre
 
 
-def _generate_on_ranks(cfg: Any, components: DiffusionComponents, requests: Sequence[GenerationRequest], folder: Path,
-                       *, device: torch.device, progress: bool, ranks: Ranks | None) -> float:
+def _generate_on_ranks(
+    cfg: Any,
+    components: DiffusionComponents,
+    requests: Sequence[GenerationRequest],
+    folder: Path,
+    *,
+    device: torch.device,
+    progress: bool,
+    ranks: Ranks | None,
+) -> float:
     """Round 0's images into ``folder``, each rank the batches dealt to it; returns this host's wall time, taken once
     every rank's images are in the folder (before anyone reads it)."""
     rank, world = (0, 1) if ranks is None else (ranks.rank, ranks.world)
     start = time.monotonic()
-    generate_images(components, requests, folder, batch_size=cfg.generation_batch_size,
-                    num_inference_steps=cfg.num_inference_steps, guidance_scale=cfg.guidance_scale,
-                    device=device, dtype=_dtype(cfg, device), progress=progress and rank == 0,
-                    min_fresh_fraction=cfg.min_fresh_fraction, rank=rank, world=world)
+    generate_images(
+        components,
+        requests,
+        folder,
+        batch_size=cfg.generation_batch_size,
+        num_inference_steps=cfg.num_inference_steps,
+        guidance_scale=cfg.guidance_scale,
+        device=device,
+        dtype=_dtype(cfg, device),
+        progress=progress and rank == 0,
+        min_fresh_fraction=cfg.min_fresh_fraction,
+        rank=rank,
+        world=world,
+    )
     if ranks is not None:  # every rank's images are in the folder before anyone reads it
         ranks.gather(lambda: None, "the synthetic images")
     return time.monotonic() - start
@@ -455,8 +611,9 @@ def _generate_on_ranks(cfg: Any, components: DiffusionComponents, requests: Sequ
 _Pretrained = tuple[nn.Module, float, Path, float]  # the ViT, H_pre charged, its checkpoint, the host's wall time
 
 
-def _publish_or_reuse(shared: SharedRound0 | None, *, reused: bool, folder: Path, run_dir: Path,
-                      host_s: float) -> tuple[float, _Pretrained | None]:
+def _publish_or_reuse(
+    shared: SharedRound0 | None, *, reused: bool, folder: Path, run_dir: Path, host_s: float
+) -> tuple[float, _Pretrained | None]:
     """Rank 0: round 0's images published (or their recorded host time, when reused) and the published ViT, if any."""
     if shared is None:
         return host_s, None
@@ -467,22 +624,23 @@ def _publish_or_reuse(shared: SharedRound0 | None, *, reused: bool, folder: Path
     return host_s, shared.pretrained_into(run_dir / "pretrain")
 
 
-def _published_on_rank0(publish: Callable[[], tuple[float, _Pretrained | None]], ranks: Ranks | None, *,
-                        host_s: float) -> tuple[float, _Pretrained | None] | None:
+def _published_on_rank0(
+    publish: Callable[[], tuple[float, _Pretrained | None]], ranks: Ranks | None, *, host_s: float
+) -> tuple[float, _Pretrained | None] | None:
     """``publish`` run on rank 0 alone: (the host's generation time, the published ViT or None). Over ranks every rank
     learns whether rank 0 found a published ViT: then the others are done (None), else they pre-train with it."""
     if ranks is None:
         return publish()
     on_zero: dict[str, Any] = {}
-    found = ranks.on_server(lambda: on_zero.setdefault("r", publish())[1] is not None,
-                            "round 0's published pre-training")
+    found = ranks.on_server(lambda: on_zero.setdefault("r", publish())[1] is not None, "round 0's published pre-training")
     if ranks.rank != 0 and found:
         return None
     return on_zero.get("r", (host_s, None))
 
 
-def _charged_generation_s(cfg: Any, server: ServerProfile | None, requests: Sequence[GenerationRequest], *,
-                          host_s: float) -> float:
+def _charged_generation_s(
+    cfg: Any, server: ServerProfile | None, requests: Sequence[GenerationRequest], *, host_s: float
+) -> float:
     """H_gene charged on the simulated clock: the config's ĥ per image, the server profile's time, or ``host_s``."""
     if cfg.generation_time_per_image_s is not None:
         return cfg.generation_time_per_image_s * len(requests)
@@ -501,8 +659,7 @@ def _pretrain_and_publish(cfg: Any, folder: Path, shared: SharedRound0 | None, *
     return trained
 
 
-def round0_key(share: Mapping[str, Any], requests: Sequence[GenerationRequest], device: torch.device,
-               world: int = 1) -> str:
+def round0_key(share: Mapping[str, Any], requests: Sequence[GenerationRequest], device: torch.device, world: int = 1) -> str:
     """sha256 of what round 0's images and pre-trained ViT depend on: ``share`` (the stage's keys, the precision,
     the classes, the input spec), every request (its latent's bytes, prompt, seed, timestep, noise fraction and
     file), the device type and torch version (float round-off) and, above one, the ranks the pre-training is
@@ -514,24 +671,38 @@ def round0_key(share: Mapping[str, Any], requests: Sequence[GenerationRequest], 
 
     code = [Path(m.__file__).read_bytes() for m in (generation_code, pretraining_code)] + [Path(__file__).read_bytes()]
     ranks = {"pretrain_ranks": int(world)} if world > 1 else {}  # one rank: the key of before
-    digest = hashlib.sha256(json.dumps({**share, "device": device.type, "torch": torch.__version__, **ranks},
-                                       sort_keys=True, default=str).encode())
+    digest = hashlib.sha256(
+        json.dumps({**share, "device": device.type, "torch": torch.__version__, **ranks}, sort_keys=True, default=str).encode()
+    )
     for text in code:  # the code that makes them: a changed sampler or trainer never reuses older images
         digest.update(hashlib.sha256(text).digest())
     for r in requests:
-        digest.update(json.dumps([r.relpath, r.label, r.client, r.centroid_index, r.prompt, r.seed, r.timestep,
-                                  float(r.noise_fraction)]).encode())
+        digest.update(
+            json.dumps(
+                [r.relpath, r.label, r.client, r.centroid_index, r.prompt, r.seed, r.timestep, float(r.noise_fraction)]
+            ).encode()
+        )
         latent = r.latent.detach().to("cpu").contiguous()
         digest.update(str((latent.dtype, tuple(latent.shape))).encode())
         digest.update(latent.reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:32]
 
 
-def _decide_lambda(cfg: Any, *, components: DiffusionComponents, totals: Mapping[int, int], class_names: Sequence[str],
-                   requests_for: Any, prompts_by_class: Mapping[str, Sequence[str]] | None,
-                   server: ServerProfile | None, run_dir: Path, seed: int, device: torch.device,
-                   section: str, pilots: bool = True
-                   ) -> tuple[Mapping[str, Sequence[str]], float | None, Any, float | None, float | None]:
+def _decide_lambda(
+    cfg: Any,
+    *,
+    components: DiffusionComponents,
+    totals: Mapping[int, int],
+    class_names: Sequence[str],
+    requests_for: Any,
+    prompts_by_class: Mapping[str, Sequence[str]] | None,
+    server: ServerProfile | None,
+    run_dir: Path,
+    seed: int,
+    device: torch.device,
+    section: str,
+    pilots: bool = True,
+) -> tuple[Mapping[str, Sequence[str]], float | None, Any, float | None, float | None]:
     """The server's decisions before generation: the prompts (expanded and cached unless given), ĥ and h̃ (the
     probe, the server profile or the config) and λ (the config, the time budget or the pilots' fit).
 
@@ -544,8 +715,7 @@ def _decide_lambda(cfg: Any, *, components: DiffusionComponents, totals: Mapping
     """
     if prompts_by_class is None:
         expander = _expander(cfg, seed=seed, device=device)
-        prompts_by_class = expand_with_cache(expander, list(class_names), cfg.prompts_per_label,
-                                             run_dir / "prompts.json")
+        prompts_by_class = expand_with_cache(expander, list(class_names), cfg.prompts_per_label, run_dir / "prompts.json")
         expander.release()  # the LLM is not needed again: its weights go (their memory with the next collection)
         del expander
     D = sum(totals.values())
@@ -557,8 +727,7 @@ def _decide_lambda(cfg: Any, *, components: DiffusionComponents, totals: Mapping
             probe = requests_for(totals, prompts_by_class)
             h_gen = generation_time(server, [r.timestep for r in probe], cfg.num_inference_steps) / max(len(probe), 1)
         else:
-            h_gen = _probe_generation(cfg, components, requests_for(totals, prompts_by_class), run_dir / "probe",
-                                      device)
+            h_gen = _probe_generation(cfg, components, requests_for(totals, prompts_by_class), run_dir / "probe", device)
     if cfg.synthetic_lambda is None and h_pre is None:
         # server: host and no h̃ yet: a first-order stand-in until pre-training is measured (a ViT step ~ a UNet step)
         h_pre = h_gen / max(cfg.num_inference_steps, 1)
@@ -570,15 +739,26 @@ def _decide_lambda(cfg: Any, *, components: DiffusionComponents, totals: Mapping
         release_accelerator_memory(components)
         lam, fit = _auto_lambda(cfg, run_dir=run_dir, section=section, device=device)
     else:
-        lam = choose_lambda(cfg, gen_time_per_image=h_gen or 0.0, pretrain_time_per_image_epoch=h_pre or 0.0,
-                            num_real_samples=D, section=section)
+        lam = choose_lambda(
+            cfg, gen_time_per_image=h_gen or 0.0, pretrain_time_per_image_epoch=h_pre or 0.0, num_real_samples=D, section=section
+        )
     return prompts_by_class, lam, fit, h_gen, h_pre
 
 
-def pretrain_on_synthetic(cfg: Any, folder: Path, *, num_classes: int, spec: InputSpec, run_dir: Path, seed: int,
-                          device: torch.device, precision: str, per_image_epoch_s: float | None = None,
-                          ranks: Ranks | None = None,
-                          loading: LoaderSettings | None = None) -> tuple[nn.Module, float, Path, float] | None:
+def pretrain_on_synthetic(
+    cfg: Any,
+    folder: Path,
+    *,
+    num_classes: int,
+    spec: InputSpec,
+    run_dir: Path,
+    seed: int,
+    device: torch.device,
+    precision: str,
+    per_image_epoch_s: float | None = None,
+    ranks: Ranks | None = None,
+    loading: LoaderSettings | None = None,
+) -> tuple[nn.Module, float, Path, float] | None:
     """Step 2: pre-train the timm ViT on the images of ``folder`` (a :class:`SyntheticFolder`, whatever made it).
 
     Args:
@@ -609,13 +789,27 @@ def pretrain_on_synthetic(cfg: Any, folder: Path, *, num_classes: int, spec: Inp
     else:  # rank 0 alone, before any rank looks for the epoch state
         ranks.on_server(clean, "the pre-training folder", send=False)
     best, epochs_run = pretrain_classifier(
-        model_name=cfg.pretrain_model, overrides=cfg.pretrain_overrides, checkpoint=cfg.pretrain_checkpoint,
-        num_classes=num_classes, train_dataset=train_set, val_dataset=val_set, out_dir=out,
-        max_epochs=cfg.pretrain_epochs, batch_size=cfg.pretrain_batch_size, lr=cfg.pretrain_lr,
-        accelerator=device.type, devices=1, precision=precision, seed=seed, patience=cfg.pretrain_patience,
-        ranks=ranks, batch_transform=stored[0].deferred if stored else None,  # a store's float part: on the device
-        num_workers=loading.num_workers if loading else 0, pin_memory=bool(loading and loading.pin_memory),
-        check_every=cfg.pretrain_check_every)
+        model_name=cfg.pretrain_model,
+        overrides=cfg.pretrain_overrides,
+        checkpoint=cfg.pretrain_checkpoint,
+        num_classes=num_classes,
+        train_dataset=train_set,
+        val_dataset=val_set,
+        out_dir=out,
+        max_epochs=cfg.pretrain_epochs,
+        batch_size=cfg.pretrain_batch_size,
+        lr=cfg.pretrain_lr,
+        accelerator=device.type,
+        devices=1,
+        precision=precision,
+        seed=seed,
+        patience=cfg.pretrain_patience,
+        ranks=ranks,
+        batch_transform=stored[0].deferred if stored else None,  # a store's float part: on the device
+        num_workers=loading.num_workers if loading else 0,
+        pin_memory=bool(loading and loading.pin_memory),
+        check_every=cfg.pretrain_check_every,
+    )
     host_s = pretraining_s = time.monotonic() - start
     if ranks is not None and ranks.rank != 0:
         return None
