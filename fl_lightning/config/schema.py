@@ -167,7 +167,8 @@ class PartitionConfig:
     # convention: data/flower_partition.py)
     scheme: Literal["dirichlet", "iid", "shards", "file", "natural", "pathological"] = "dirichlet"
     # null: for scheme natural one client per distinct value of partition.by (read from the data before the run
-    # starts: the resolved number is what config.yaml records), for any other scheme 10
+    # starts: the resolved number is what config.yaml records), for scheme file the file's clients, for any other
+    # scheme 10
     num_clients: int | None = None
     alpha: float = 0.1  # Dirichlet concentration; inf means IID
     min_samples: int = 1  # every client gets at least this many training samples
@@ -218,13 +219,13 @@ class PartitionConfig:
                 self.flower_shuffle_seed,
                 "null unless partition.convention is 'flower'",
             )
-        if self.num_clients is None and self.scheme != "natural":
+        if self.num_clients is None and self.scheme not in ("natural", "file"):
             self.num_clients = 10  # every other scheme's default
         check(
             self.num_clients is None or self.num_clients >= 1,
             "num_clients",
             self.num_clients,
-            "an int >= 1 (null: one client per value of partition.by under scheme natural, else 10)",
+            "an int >= 1 (null: one client per value of partition.by under scheme natural, the file's under file, else 10)",
         )
         _check_seed("seed", self.seed)
         check(

@@ -546,6 +546,17 @@ def write_partition_json(
     return path
 
 
+def partition_file_clients(path: str | Path) -> int:
+    """How many clients the partition file ``path`` holds (its client lists; :func:`read_partition_json` checks the
+    rest against the data). Raises ValueError, in one line, for a file that cannot be read or holds no lists."""
+    where = f"partition file '{path}'"
+    data = _read_json(Path(path).expanduser(), where)
+    clients = data.get("clients") if isinstance(data, dict) else data
+    if not isinstance(clients, list):
+        raise ValueError(f"{where} holds no list of clients (expected a JSON list of index lists, or write_partition_json's)")
+    return len(clients)
+
+
 def _read_json(path: Path, where: str) -> Any:
     """The JSON value in ``path``; one line naming ``where`` when it cannot be read or is not JSON."""
     try:

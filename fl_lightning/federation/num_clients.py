@@ -1,4 +1,5 @@
-"""``partition.num_clients: null`` under ``partition.scheme: natural``: one client per value of ``partition.by``.
+"""``partition.num_clients: null`` under ``partition.scheme: natural``: one client per value of ``partition.by``
+(under ``scheme: file``: the file's clients).
 
 The number of clients is read in many places before the data is (the privacy's δ < 1/K, the robust aggregators'
 clients per round, the attack's and the availability trace's clients, the preflight's ``min_clients``, the synthetic
@@ -19,7 +20,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fl_lightning.data.hf import HF_PREFIX, hf_source
-from fl_lightning.errors import ConfigError
+from fl_lightning.data.partition import partition_file_clients
+from fl_lightning.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
     from fl_lightning.config import RunConfig
@@ -29,10 +31,17 @@ __all__ = ["resolve_num_clients", "resolve_runs"]
 
 def resolve_num_clients(cfg: RunConfig, _seen: dict | None = None) -> RunConfig:
     """``cfg`` with ``partition.num_clients`` the number of distinct values of ``partition.by`` when it is null
-    (scheme natural); ``cfg`` itself otherwise. ``_seen``: counts already read, by data set and column."""
+    (scheme natural; scheme file: the file's clients); ``cfg`` itself otherwise. ``_seen``: counts already read,
+    by data set and column."""
     p = cfg.partition
     if p.num_clients is not None:
         return cfg
+    if p.scheme == "file":  # the file's clients
+        try:
+            count = partition_file_clients(p.path)
+        except ValueError as err:
+            raise UsageError(f"config error: partition.path: {err}") from None
+        return dataclasses.replace(cfg, partition=dataclasses.replace(p, num_clients=count))
     if not (cfg.data.name == "hf" or cfg.data.name.startswith(HF_PREFIX)):  # the same line as partition_for's
         raise ConfigError(
             "partition.scheme",

@@ -237,6 +237,21 @@ def test_a_partition_written_by_one_run_reproduces_it_in_another(tmp_path):
         assert torch.equal(v, server_state(cfg)[k])
 
 
+def test_a_partition_file_without_num_clients_gives_the_files_clients(tmp_path):
+    Simulation(cfg=_cfg(tmp_path / "a"), loggers=[]).run()
+    written = _cfg(tmp_path / "a").run_dir / "partition.json"
+    file = ("--partition.scheme", "file", "--partition.path", str(written), "--partition.num_clients", "null")
+    cfg = _cfg(tmp_path / "b", *file)
+    assert cfg.partition.num_clients is None  # resolved from the file by the run, before anything reads it
+    summary = Simulation(cfg=cfg, loggers=[]).run()
+    assert summary["num_clients"] == 4 and "num_clients: 4" in (cfg.run_dir / "config.yaml").read_text()
+    for k, v in server_state(_cfg(tmp_path / "a")).items():
+        assert torch.equal(v, server_state(cfg)[k])
+    (tmp_path / "bad.json").write_text('{"clients": 3}')
+    with pytest.raises(UsageError, match=r"^config error: partition.path: partition file .*bad.json' holds no list"):
+        Simulation(cfg=_cfg(tmp_path / "c", *file[:3], str(tmp_path / "bad.json"), *file[4:]), loggers=[])
+
+
 def test_a_partition_file_for_another_client_count_is_one_line(tmp_path):
     Simulation(cfg=_cfg(tmp_path / "a"), loggers=[]).run()
     written = _cfg(tmp_path / "a").run_dir / "partition.json"
