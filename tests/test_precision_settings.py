@@ -42,6 +42,7 @@ class _Env:
         y = torch.arange(100) % 5  # every class has test images: no NaN in per_class_accuracy
         self.fabric, self.num_classes = fabric, 5
         self.shared = False  # the engine's flag for a phase every rank is in; one process here
+        self.client_test = None  # no clients' own test rows (partition.client_test_fraction 0)
         self.splits = SimpleNamespace(test=TensorDataset(x, y))
 
     def loader(self, dataset, *, shuffle: bool, seed: int = 0, batch_size: int | None = None) -> DataLoader:

@@ -66,7 +66,8 @@ LOCK = ".lock"  # the run lock's file (federation/run_lock.py), which --overwrit
 # federation.record_after_s only speed and what a crash costs, never a value; federation.collective_timeout_s,
 # compute_timeout_s and liveness_timeout_s only how long a rank may wait, and federation.process_group_backend only
 # which library carries the same collectives, and <method>.pretrain_check_every only how often the ranks of a
-# pre-training confirm that none failed. A key ending in "." is a whole section.
+# pre-training confirm that none failed, <method>.round0_dir only where a content-keyed round 0 is shared. A key
+# ending in "." is a whole section.
 RESUMABLE_KEYS = (
     "federation.rounds",
     "federation.devices",
@@ -89,7 +90,7 @@ RESUMABLE_KEYS = (
     "federation.compute_timeout_s",
     "federation.liveness_timeout_s",
     "federation.process_group_backend",
-    *(f"{method}.pretrain_check_every" for method in ("fedisyn", "fgl", "gptfl")),
+    *(f"{method}.{key}" for method in ("fedisyn", "fgl", "gptfl") for key in ("pretrain_check_every", "round0_dir")),
 )
 # What a run writes; a folder holding any of these is a run folder (and --overwrite may empty it)
 _RUN_FILES = (RECORD, "config.yaml", "summary.json", "metrics.csv", "checkpoints")

@@ -32,6 +32,7 @@ Weights are never downloaded: the backbone starts from random initialisation or 
 from __future__ import annotations
 
 import csv
+import math
 import os
 import random
 import signal
@@ -462,6 +463,8 @@ def pretrain_classifier(
     ranks: Ranks | None = None,
     batch_transform: Any = None,
     check_every: int = 1,
+    batch_per_rank: bool = False,
+    lr_scaling: str = "sqrt",
 ) -> PretrainResult:
     """Pre-train a timm ViT on synthetic images; return the best checkpoint and the epochs run.
 
@@ -495,6 +498,8 @@ def pretrain_classifier(
             failure on any rank ends every rank. None or one rank: one process's training.
         batch_transform: run on the device on a batch whose images arrive as uint8 (a store's float part,
             ``synthesis/store.py``: elementwise, so the values are those of running it in the loader).
+        batch_per_rank, lr_scaling: over several ranks, ``batch_size`` rows per rank (global batch N·B) and the peak
+            rate scaled by ``lr_scaling`` (:func:`per_rank_batch_and_lr`); false: ``batch_size`` is the global batch.
         check_every: over several ranks, the steps between two checks that every rank's step went well (each an
             all-reduce and a host sync; between them a failing rank is ended by the liveness watch:
             :class:`~fl_lightning.modules.pretraining_ranks.RankGuard`). The weights do not depend on it.
@@ -503,6 +508,8 @@ def pretrain_classifier(
         path of the best checkpoint, to be read with :func:`load_pretrained_vit`.
     """
     _check_lengths(max_epochs=max_epochs, batch_size=batch_size, patience=patience)
+    world = 1 if ranks is None else ranks.world
+    batch_size, lr = per_rank_batch_and_lr(batch_size, lr, world=world, per_rank=batch_per_rank, rule=lr_scaling)
     out = Path(out_dir)
     lightning.seed_everything(seed, workers=True, verbose=False)
     module = ViTClassifier(
@@ -560,6 +567,23 @@ def _fit_resumable(
         raise RuntimeError(f"pre-training wrote no checkpoint under {out / 'checkpoints'} (did validation run?)")
     # current_epoch counts the epochs completed (early stopping ends the loop after its epoch finished)
     return PretrainResult(Path(best.best_model_path), max(int(trainer.current_epoch), 1))
+
+
+def per_rank_batch_and_lr(batch_size: int, lr: float, *, world: int, per_rank: bool, rule: str) -> tuple[int, float]:
+    """The global batch and the peak learning rate of a pre-training over ``world`` ranks.
+
+    ``per_rank`` false: ``batch_size`` is the global batch, split over the ranks (the one-rank training, ``lr`` as
+    given). True: every rank loads ``batch_size`` rows, the global batch is N·B (N = ``world``: N times fewer steps an
+    epoch) and the rate follows ``rule``: ``sqrt`` η·√N, the square-root rule for Adam-type optimizers (Malladi et al.,
+    "On the SDEs and Scaling Rules for Adaptive Gradient Algorithms", NeurIPS 2022; pre-training's AdamW), ``linear``
+    η·N (Goyal et al., "Accurate, Large Minibatch SGD", 2017: SGD's rule, without its warm-up), ``none`` η.
+    """
+    if not per_rank or world == 1:
+        return batch_size, lr
+    factors = {"sqrt": math.sqrt(world), "linear": float(world), "none": 1.0}
+    if rule not in factors:
+        raise ValueError(f"lr_scaling={rule!r} is not allowed; expected one of {', '.join(factors)}")
+    return batch_size * world, lr * factors[rule]
 
 
 def _check_lengths(*, max_epochs: int, batch_size: int, patience: int) -> None:

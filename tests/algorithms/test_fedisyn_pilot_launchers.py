@@ -228,6 +228,33 @@ def test_auto_lambda_under_a_launcher_equals_one_process(launcher: str, its_own_
         assert pilot["world_size"] == 1
 
 
+@pytest.mark.slow  # the one-process run (shared with the launcher tests), then a variant's: ~1.5 min on 2 cores
+def test_a_variant_that_differs_after_round_0_reuses_the_pilots_round_0(one_process, tmp_path) -> None:
+    """Two variants of one output folder that differ in their fine-tuning only (w/o CLC): the second's pilots share
+    the first's round 0 at each pilot λ (``<output_dir>/round0``, by content key) — their pre-trained ViTs are the
+    first's files (hard links), nothing generated or pre-trained again — while their fine-tuning is their own."""
+    out = one_process.parent
+    proc = run_cli(
+        *AUTO,
+        "--output_dir",
+        str(out),
+        "--run_name",
+        "wo_clc",
+        "--fedisyn.systems.depth_policy",
+        "capacity",
+        env=ONE_THREAD,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for lam in ("0.1", "0.4"):
+        first, second = (out / run / "pilots" / f"pilot_lam{lam}" / "pretrain" / "checkpoints" for run in (RUN, "wo_clc"))
+        (a,), (b,) = list(first.glob("best-*.ckpt")), list(second.glob("best-*.ckpt"))
+        assert a.stat().st_ino == b.stat().st_ino, lam  # the second variant's pilot pre-trained nothing
+        host = [json.loads((p.parents[2] / "summary.json").read_text())["host_generation_s"] for p in (a, b)]
+        assert host[0] == host[1]  # the recorded generation of the run that made it
+    assert not (out / RUN / "pilots" / "round0").exists()  # the pilots share the output folder's round 0
+
+
 @pytest.mark.slow  # the one-process run (shared with the launcher tests), then one pilot again on its own: ~30 s
 def test_pilots_read_round0_from_their_run_and_equal_a_pilot_that_computes_it(one_process, tmp_path) -> None:
     """The pilots get the run's round-0 uploads and prompt cache (round0_inputs.py) and come out as a run at that λ

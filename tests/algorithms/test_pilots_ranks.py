@@ -35,7 +35,8 @@ def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
     ran: list[float] = []
 
-    def run_pilot_processes(run_dir, section, lambdas, *, rounds, cuda_device=None, timeout_s=None):
+    def run_pilot_processes(run_dir, section, lambdas, *, rounds, cuda_device=None, timeout_s=None, round0_root=None):
+        assert round0_root == Path(out).parent / "round0"  # the run's own shared folder (<output_dir>/round0)
         ran.extend(lambdas)
         if case == "oom" and rank == 1:
             raise RuntimeError(f"pilot at λ={lambdas[0]:g} failed: {_OOM}")

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from fl_lightning.federation import collectives
 from fl_lightning.federation.collectives import RankFailure, Ranks, RankStopped, everyone
 from fl_lightning.federation.liveness import watching
-from fl_lightning.modules.pretraining import EPOCH_STATE, pretrain_classifier
+from fl_lightning.modules.pretraining import EPOCH_STATE, per_rank_batch_and_lr, pretrain_classifier
 from fl_lightning.modules.pretraining_ranks import RankBatches, shard_rows
 from tests.gloo_ranks import report, run_ranks, verdict_to
 
@@ -113,7 +113,7 @@ class FailInBackward(lightning.Callback):
             weight.register_hook(fail)
 
 
-def _pretrain(out: Path, ranks=None, bad=None, callbacks=(), check_every=1):
+def _pretrain(out: Path, ranks=None, bad=None, callbacks=(), check_every=1, **batch):
     return pretrain_classifier(
         model_name=NAME,
         overrides=TINY,
@@ -122,14 +122,13 @@ def _pretrain(out: Path, ranks=None, bad=None, callbacks=(), check_every=1):
         val_dataset=_val(),
         out_dir=out,
         max_epochs=3,
-        batch_size=8,
-        lr=1e-3,
         accelerator="cpu",
         seed=3,
         patience=5,
         callbacks=callbacks,
         ranks=ranks,
         check_every=check_every,
+        **{"batch_size": 8, "lr": 1e-3, **batch},
     )
 
 
@@ -182,8 +181,13 @@ def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
         if case == "fails":
             collectives._LEADER_EXIT_GRACE_S = 0.0
         weights, handler = Weights(), SigtermHandler()
+        per_rank = dict(batch_size=4, batch_per_rank=True) if case == "per_rank" else {}  # 2 ranks × 4 rows
         ckpt, epochs = _pretrain(
-            Path(out) / "run", ranks, bad=44 if case == "fails" and rank == 1 else None, callbacks=[weights, handler]
+            Path(out) / "run",
+            ranks,
+            bad=44 if case == "fails" and rank == 1 else None,
+            callbacks=[weights, handler],
+            **per_rank,
         )
         result.update(ckpt=str(ckpt), epochs=epochs, weights=weights.state, sigterm=handler.name)
     except (RankFailure, RankStopped) as err:
@@ -223,6 +227,35 @@ def test_the_ranks_split_every_one_rank_batch_of_every_epoch(n, batch, world):
             assert sum(w for s in shards for _, w, _ in s) == pytest.approx(world)
             assert [i for i, w, _ in shards[0] if w > 0] == rows[0::world]
     assert shard_rows([4], 1, 2) == [(4, 0.0, 1)]
+
+
+def test_per_rank_batches_multiply_the_global_batch_and_scale_the_rate_by_their_rule():
+    assert per_rank_batch_and_lr(8, 1e-3, world=4, per_rank=False, rule="sqrt") == (8, 1e-3)  # the global batch
+    assert per_rank_batch_and_lr(8, 1e-3, world=1, per_rank=True, rule="linear") == (8, 1e-3)  # one rank: as given
+    assert per_rank_batch_and_lr(8, 1e-3, world=4, per_rank=True, rule="sqrt") == (32, 2e-3)
+    assert per_rank_batch_and_lr(8, 1e-3, world=4, per_rank=True, rule="linear") == (32, 4e-3)
+    assert per_rank_batch_and_lr(8, 1e-3, world=4, per_rank=True, rule="none") == (32, 1e-3)
+    with pytest.raises(ValueError, match="lr_scaling='cubic' is not allowed"):
+        per_rank_batch_and_lr(8, 1e-3, world=2, per_rank=True, rule="cubic")
+
+
+@pytest.mark.slow  # ~50 s on 2 busy cores: a one-rank pre-training at batch 8, a two-rank one at 4 rows per rank
+def test_per_rank_batches_on_two_ranks_are_one_ranks_training_at_the_doubled_batch_and_scaled_rate(tmp_path):
+    """``batch_per_rank``: 2 ranks of 4 rows train as one rank of batch 8 at η·√2 (the same steps, within round-off
+    and each rank's augmentation draws, as the global-batch test below measures)."""
+    torch.set_num_threads(1)
+    one, _ = _pretrain(tmp_path / "one", batch_size=8, lr=1e-3 * 2**0.5)
+    zero, other = _run(tmp_path, "per_rank")
+    assert "error" not in zero and "error" not in other, (zero, other)
+    assert all(torch.equal(zero["weights"][k], other["weights"][k]) for k in zero["weights"])
+    accuracies_one, accuracies_two = _val_acc(tmp_path / "one"), _val_acc(tmp_path / "run")
+    assert len(accuracies_one) == len(accuracies_two) == 3
+    assert max(abs(a - b) for a, b in zip(accuracies_one, accuracies_two)) <= 1 / 30 + 1e-6
+    ref = torch.load(one, weights_only=True)["state_dict"]
+    two = torch.load(zero["ckpt"], weights_only=True)["state_dict"]
+    assert max(float((ref[k] - two[k]).abs().max()) for k in ref if k.startswith("model.")) < 1e-2
+    hparams = torch.load(zero["ckpt"], weights_only=True)["hyper_parameters"]
+    assert hparams["lr"] == pytest.approx(1e-3 * 2**0.5)  # the rate the ranks trained at
 
 
 @pytest.mark.slow  # ~50 s on 2 busy cores: one-rank and two-rank pre-trainings of a tiny ViT

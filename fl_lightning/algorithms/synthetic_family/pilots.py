@@ -112,6 +112,7 @@ def run_pilot_processes(
     rounds: int,
     timeout_s: float | None = None,
     cuda_device: int | None = None,
+    round0_root: Path | None = None,
 ) -> list[Path]:
     """The pilots of ``synthetic_lambda: auto``: the run's own ``config.yaml`` at each pilot λ, for ``rounds``
     fine-tuning rounds, each in a fresh single-process ``python -m fl_lightning.train`` (one device, one node: a
@@ -124,8 +125,14 @@ def run_pilot_processes(
     (``<run_dir>/pilots/round0_inputs``, ``round0_inputs.py``), every pilot reads them and the run's prompt cache
     (``--<section>.round0_inputs``) instead of encoding the clients and expanding the prompts again.
 
+    Each pilot's round 0 (its images and pre-trained ViT at its λ) is shared under ``round0_root`` (the run's own
+    shared folder, ``<output_dir>/round0``) by content key: a comparison's variants that differ only after round 0
+    (their fine-tuning) run each pilot's generation and pre-training once, the later ones reusing it.
+
     Args:
         cuda_device: the CUDA device this rank computes on (None off CUDA): each pilot sees that device only.
+        round0_root: the folder the pilots share round 0 in (``--<section>.round0_dir``); None: their own
+            (``<run_dir>/pilots/round0``).
 
     Raises:
         RuntimeError: a pilot failed (its last stderr line is in the message).
@@ -163,6 +170,7 @@ def run_pilot_processes(
             "--logging.wandb",
             "false",
             *reuse,
+            *([f"--{section}.round0_dir", str(round0_root)] if round0_root is not None else []),
         ]
         if (out / name / "summary.json").is_file():  # a resumed run keeps its finished pilots
             runs.append(out / name)

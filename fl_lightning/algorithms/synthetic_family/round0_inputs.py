@@ -39,14 +39,14 @@ __all__ = ["inputs_key", "write_round0_inputs", "hand_prompts", "stored_upload",
 FOLDER = "round0_inputs"
 _KEY_FILE, _PROMPTS = "key.json", "prompts.json"
 # what a pilot changes in its parent's config (pilots.run_pilot_processes), and where it writes: not in the key
-_PILOT_KEYS = ("synthetic_lambda", "round0_inputs")
+_PILOT_KEYS = ("synthetic_lambda", "round0_inputs", "round0_dir")
 _RUN_KEYS = ("output_dir", "run_name", "logging", "variants", "sweep", "label")
 _FEDERATION_KEYS = ("rounds", "devices", "num_nodes")
 
 
 def inputs_key(config: Mapping[str, Any], section: str) -> str:
     """sha256 of the run's config as a mapping (``dataclasses.asdict`` of the RunConfig, whose method section is
-    ``section``) without what a pilot changes: ``<section>.synthetic_lambda`` and ``.round0_inputs``,
+    ``section``) without what a pilot changes: ``<section>.synthetic_lambda``, ``.round0_inputs`` and ``.round0_dir``,
     ``federation.rounds`` / ``devices`` / ``num_nodes``, the output folder, run name, logging, variants, sweep and
     label. Everything else decides round 0's uploads and prompts."""
     kept = {k: v for k, v in config.items() if k not in _RUN_KEYS}

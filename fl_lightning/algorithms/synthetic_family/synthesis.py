@@ -66,6 +66,9 @@ __all__ = [
 ]
 
 _COUNTS = "class_counts"  # the text-only upload: D_i^k per class (int64, C)
+# a stage's keys that say where round 0's inputs and results are kept or how often pre-training's ranks check in,
+# never what round 0 makes: left out of its content key (round0_description)
+_NOT_CONTENT = frozenset({"round0_inputs", "round0_dir", "pretrain_check_every"})
 
 
 @dataclass
@@ -81,6 +84,10 @@ class PretrainingConfig(ViTConfig):
     # a folder of round 0's client uploads and prompt cache to read instead of computing them again: what the pilots
     # of synthetic_lambda: auto get from their run (<run_dir>/pilots/round0_inputs, round0_inputs.py); null: compute
     round0_inputs: str | None = None
+    # where round 0's images and pre-trained ViT are shared by content key (synthesis_step.SharedRound0; null:
+    # <output_dir>/round0). The pilots of synthetic_lambda: auto get their run's, so a comparison's variants that
+    # differ only after round 0 make each pilot's round 0 once
+    round0_dir: str | None = None
     target_accuracy: float = 0.8  # Acc of λ* = (κ2 e^{κ3 Acc} / (h0 κ1))^{1/(κ2+1)}
     # the server the clock charges generation and pre-training on (systems/server.py): the paper's RTX 4090, or
     # host = this machine's wall clock. The host's wall times are reported beside the charged ones either way
@@ -97,6 +104,11 @@ class PretrainingConfig(ViTConfig):
     # sync each, modules/pretraining_ranks.py RankGuard); between checks a failing rank is ended by the ranks'
     # liveness watch (federation.liveness_timeout_s). 1: every step. The weights do not depend on it
     pretrain_check_every: int = 25
+    # over several ranks: global = pretrain_batch_size is the global batch, split over the ranks (the one-rank
+    # training); per_rank = every rank loads pretrain_batch_size rows (global batch N·B, N times fewer steps) and the
+    # peak rate is scaled by pretrain_lr_scaling: sqrt (η·√N, Adam's square-root rule), linear (η·N) or none
+    pretrain_batch: Literal["global", "per_rank"] = "global"
+    pretrain_lr_scaling: Literal["sqrt", "linear", "none"] = "sqrt"
     # how pre-training reads the images (synthesis/store.py): exact = a uint8 store decoded once, the same items bit
     # for bit; input = one store at the ViT's input size, training crops taken from it (not bit-identical); off = PNGs
     pretrain_store: Literal["exact", "input", "off"] = "exact"
@@ -396,7 +408,7 @@ class DiffusionSynthesis(SynthesisStage):
         precision, the classes, the ViT's input spec and the pre-training's loader workers (their number picks the
         augmentations' random streams) — the content key of ``synthesis_step.SharedRound0``."""
         m = self.method
-        keys = {f.name: getattr(m.config, f.name) for f in dataclasses.fields(self.config_class)}
+        keys = {f.name: getattr(m.config, f.name) for f in dataclasses.fields(self.config_class) if f.name not in _NOT_CONTENT}
         return {
             "stage": type(self).__name__,
             "keys": keys,

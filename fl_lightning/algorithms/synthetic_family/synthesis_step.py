@@ -201,7 +201,12 @@ def _auto_lambda(cfg: Any, *, run_dir: Path, section: str, device: torch.device 
         cuda_device = torch.cuda.current_device() if device.index is None else int(device.index)
     try:
         runs = run_pilot_processes(
-            run_dir, section, [float(v) for v in cfg.pilot_lambdas], rounds=cfg.pilot_rounds, cuda_device=cuda_device
+            run_dir,
+            section,
+            [float(v) for v in cfg.pilot_lambdas],
+            rounds=cfg.pilot_rounds,
+            cuda_device=cuda_device,
+            round0_root=shared_round0_root(cfg, run_dir),
         )
         fit = auto_lambda(pilot_points(runs, pretrain_epochs=cfg.pretrain_epochs), cfg.target_accuracy)
     except (RuntimeError, ValueError) as err:
@@ -235,6 +240,7 @@ def _auto_lambda_on_ranks(
                 [lambdas[i] for i in ranks.deal.strided(len(lambdas))],
                 rounds=cfg.pilot_rounds,
                 cuda_device=cuda_device,
+                round0_root=shared_round0_root(cfg, run_dir),
             )
         except RuntimeError as err:
             raise ConfigError(f"{section}.synthetic_lambda", "auto", f"pilots whose fit gives λ* ({err})") from None
@@ -408,7 +414,7 @@ def synthesise_and_pretrain(
     )
     folder = run_dir / "synthetic"
     rank, world = (0, 1) if ranks is None else (ranks.rank, ranks.world)
-    shared, reused = _shared_images(share, requests, device, run_dir=run_dir, folder=folder, ranks=ranks)
+    shared, reused = _shared_images(cfg, share, requests, device, run_dir=run_dir, folder=folder, ranks=ranks)
     host_generation_s = _generate_on_ranks(cfg, components, requests, folder, device=device, progress=progress, ranks=ranks)
     components.to(device="cpu")  # free the accelerator for pre-training and fine-tuning
     if ranks is not None and world == 1:
@@ -447,20 +453,33 @@ def synthesise_and_pretrain(
 
 
 def _shared_images(
-    share: Mapping[str, Any] | None, requests: list, device: torch.device, *, run_dir: Path, folder: Path, ranks: Ranks | None
+    cfg: Any,
+    share: Mapping[str, Any] | None,
+    requests: list,
+    device: torch.device,
+    *,
+    run_dir: Path,
+    folder: Path,
+    ranks: Ranks | None,
 ) -> tuple[SharedRound0 | None, bool]:
     """Round 0's shared folder for this content key (None without ``share``) and whether its published images were
     linked into ``folder`` (rank 0 looks; every rank gets its answer)."""
     world = 1 if ranks is None else ranks.world
     if share is None:
         return None, False
-    shared = SharedRound0(run_dir.parent / "round0", round0_key(share, requests, device, world=world))
+    shared = SharedRound0(shared_round0_root(cfg, run_dir), round0_key(share, requests, device, world=world))
     reused = (
         shared.images_into(folder)
         if ranks is None
         else ranks.on_server(partial(shared.images_into, folder), "round 0's shared images")
     )
     return shared, bool(reused)
+
+
+def shared_round0_root(cfg: Any, run_dir: Path) -> Path:
+    """Where round 0 is shared: the section's ``round0_dir``, else ``<output_dir>/round0`` (``run_dir``'s parent)."""
+    where = getattr(cfg, "round0_dir", None)
+    return Path(where).expanduser() if where else run_dir.parent / "round0"
 
 
 def _synthesis_plan(
@@ -809,6 +828,8 @@ def pretrain_on_synthetic(
         num_workers=loading.num_workers if loading else 0,
         pin_memory=bool(loading and loading.pin_memory),
         check_every=cfg.pretrain_check_every,
+        batch_per_rank=cfg.pretrain_batch == "per_rank",
+        lr_scaling=cfg.pretrain_lr_scaling,
     )
     host_s = pretraining_s = time.monotonic() - start
     if ranks is not None and ranks.rank != 0:
