@@ -476,7 +476,7 @@ def test_the_fine_tuning_vit_waits_on_the_cpu_through_the_pilots(
     def devices() -> set[str]:
         return {t.device.type for t in method.module.parameters()}
 
-    def fake_pilots(run_dir, section, lambdas, *, rounds, cuda_device=None):
+    def fake_pilots(run_dir, section, lambdas, *, rounds, cuda_device=None, round0_root=None):
         seen["pilots"] = devices()
         if pilots_fail:
             raise RuntimeError("pilot λ=0.1 exited with status 1")

@@ -132,7 +132,7 @@ def test_auto_lambda_picks_the_minimiser_of_a_known_eq13(tmp_path: Path, monkeyp
     assert cfg.method.synthetic_lambda == "auto"
     asked = []
 
-    def fake_runs(run_dir, section, lambdas, *, rounds, cuda_device=None):
+    def fake_runs(run_dir, section, lambdas, *, rounds, cuda_device=None, round0_root=None):
         asked.append((section, list(lambdas), rounds, cuda_device))
         return _fake_pilot_runs(Path(run_dir) / "pilots", H0)
 
@@ -150,7 +150,7 @@ def test_auto_lambda_picks_the_minimiser_of_a_known_eq13(tmp_path: Path, monkeyp
     assert fit.h0 == pytest.approx(H0) and fit.params.kappa2 == pytest.approx(TRUE.kappa2, rel=1e-4)
 
     # pilots whose fit has no minimum (time grows with λ only) are one clear ConfigError, not a silent λ
-    def flat_runs(run_dir, section, lambdas, *, rounds, cuda_device=None):
+    def flat_runs(run_dir, section, lambdas, *, rounds, cuda_device=None, round0_root=None):
         runs = _fake_pilot_runs(Path(run_dir) / "flat", H0)
         for run in runs:
             lines = (run / "metrics.csv").read_text().splitlines()
