@@ -123,7 +123,7 @@ def test_a_scaffold_cnn_client_is_k_corrected_sgd_steps(tmp_path):
     y, steps = _reference_fit(cfg, env, weights, lambda name, p: c[name] - c_i[name])
     assert upload.meta["local_steps"] == steps > 0
     for k, v in y.items():  # parameters and BatchNorm buffers
-        torch.testing.assert_close(upload.tensors[k], v, rtol=1e-5, atol=1e-6, msg=k)
+        torch.testing.assert_close(upload.tensors[k], v, rtol=1e-4, atol=5e-5, msg=k)
     for k in params:  # option II by hand: Δc_i = c_i⁺ − c_i = −c + (x − y)/(K η_l)
         delta = -c[k] + (x[k] - y[k]) / (steps * cfg.train.lr)
         torch.testing.assert_close(upload.tensors["delta_control." + k], delta, rtol=1e-4, atol=1e-4, msg=k)
@@ -146,7 +146,7 @@ def test_a_feddyn_cnn_client_is_k_regularised_sgd_steps(tmp_path):
     y, steps = _reference_fit(cfg, env, download, lambda name, p: alpha * (p - cloud[name] + h[name]))
     assert steps > 0
     for k, v in y.items():
-        torch.testing.assert_close(upload.tensors[k], v, rtol=1e-5, atol=1e-6, msg=k)
+        torch.testing.assert_close(upload.tensors[k], v, rtol=1e-4, atol=5e-5, msg=k)
     assert set(upload.tensors) == set(algorithm._initial)  # FedAvg's upload
 
 
