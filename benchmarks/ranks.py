@@ -48,20 +48,34 @@ METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
 
 
 class _RankReport:
-    """A callback writing this rank's wall time and waits (from the installed :class:`WaitLog`) at the run's end."""
+    """A callback writing this rank's wall time, waits (from the installed :class:`WaitLog`) and phase times (from
+    the installed :class:`PhaseLog`, with each client's seconds of every round) at the run's end."""
 
-    def __init__(self, out: Path, log: Any) -> None:
-        self.out, self.log, self.start, self.before = out, log, 0.0, {}
+    def __init__(self, out: Path, log: Any, phases: Any) -> None:
+        self.out, self.log, self.phases, self.start, self.before = out, log, phases, 0.0, {}
+        self.phases_before: dict[str, float] = {}
+        self.clients: list[list[float]] = []
 
     def on_run_start(self, **_: Any) -> None:
         self.start, self.before = time.monotonic(), dict(self.log.seconds)  # the start-up's waits are not counted
+        self.phases_before = dict(self.phases.seconds)
+
+    def on_round_end(self, *, results: Any, **_: Any) -> None:
+        self.clients.append([results.compute_s[c] for c in sorted(results.compute_s)])  # every rank's clients
 
     def on_run_end(self, **_: Any) -> None:
         import torch.distributed as dist
 
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         waits = {k: v - self.before.get(k, 0.0) for k, v in self.log.seconds.items()}
-        report = {"wall_s": time.monotonic() - self.start, "waits": {k: v for k, v in waits.items() if v > 0}}
+        phases = {k: v - self.phases_before.get(k, 0.0) for k, v in self.phases.seconds.items()}
+        report = {
+            "wall_s": time.monotonic() - self.start,
+            "waits": {k: v for k, v in waits.items() if v > 0},
+            "phases": {k: v for k, v in phases.items() if v > 0},
+            "items": {**self.phases.items, "clients": self.clients},
+            "facts": dict(self.phases.facts),
+        }
         (self.out / f"rank{rank}.json").write_text(json.dumps(report), encoding="utf-8")
 
 
@@ -69,9 +83,11 @@ def _worker(config: str, overrides: Sequence[str], out: Path) -> None:
     from fl_lightning.config.loading import load_config
     from fl_lightning.federation.collectives import recording_waits
     from fl_lightning.federation.simulation import Simulation
+    from fl_lightning.phase_times import recording_phases
 
-    with recording_waits() as log:
-        Simulation(cfg=load_config(config, list(overrides)), loggers=[], callbacks=[_RankReport(out, log)]).run()
+    with recording_waits() as log, recording_phases() as phases:
+        cfg = load_config(config, list(overrides))
+        Simulation(cfg=cfg, loggers=[], callbacks=[_RankReport(out, log, phases)]).run()
 
 
 def _point(work: Path, method: str, processes: int) -> dict[str, Any]:

@@ -97,6 +97,7 @@ from fl_lightning.federation.server_optimizer import ServerOptimizer
 from fl_lightning.federation.shared_folder import check_shared_run_folder
 from fl_lightning.federation.stale_updates import ArrivedUploads, PendingUpdate, check_stale_updates
 from fl_lightning.federation.transport import Upload, check_upload
+from fl_lightning.phase_times import timed
 
 __all__ = ["Simulation", "hf_source", "partition_for", "client_test_split", "check_client_test"]
 
@@ -713,9 +714,23 @@ class Simulation:
         """The server's aggregate (reading the uploads back in client order) and evaluation: the new state, the
         round's metrics row and the round's client records (the small numbers, for every rank's history)."""
         state = self._aggregate(algorithm, run, store, round_idx, plan, result)
-        return state, {"round": round_idx, **algorithm.evaluate(state)}, result
+        return state, self._evaluated(algorithm, state, round_idx), result
+
+    @staticmethod
+    def _evaluated(algorithm: Algorithm, state: dict, round_idx: int) -> dict[str, Any]:
+        """The round's metrics row: the method's evaluation of ``state`` (a timed phase, docs/ranks.md)."""
+        with timed("evaluation"):
+            return {"round": round_idx, **algorithm.evaluate(state)}
 
     def _aggregate(
+        self, algorithm: Algorithm, run: RunState, store: RoundStore, round_idx: int, plan: RoundPlan, result: RoundResult
+    ) -> dict:
+        """:meth:`_aggregated`, a timed phase (its own seconds: round 0's pilots, generation, store and pre-training
+        are phases of their own)."""
+        with timed("aggregate"):
+            return self._aggregated(algorithm, run, store, round_idx, plan, result)
+
+    def _aggregated(
         self, algorithm: Algorithm, run: RunState, store: RoundStore, round_idx: int, plan: RoundPlan, result: RoundResult
     ) -> dict:
         """The method's aggregate of the round's uploads, through the run's privacy and then its server optimizer:
@@ -777,9 +792,7 @@ class Simulation:
             )
             state = self._state_from_server(lambda: (state,), run.state, f"round {round_idx}'s state")[0]
             if not algorithm.shared_evaluation:
-                row = self._from_server(
-                    lambda: {"round": round_idx, **algorithm.evaluate(state)}, f"round {round_idx}'s evaluation"
-                )
+                row = self._from_server(lambda: self._evaluated(algorithm, state, round_idx), f"round {round_idx}'s evaluation")
                 return state, row, result
         else:  # (named as the one-broadcast phase: rank 1 waits here for the aggregate, then evaluates)
             state, result = self._state_from_server(
@@ -819,7 +832,7 @@ class Simulation:
         test split, the counts gathered, so every rank holds one rank's numbers)."""
         env.shared = True
         try:
-            return {"round": round_idx, **algorithm.evaluate(state)}
+            return Simulation._evaluated(algorithm, state, round_idx)
         finally:
             env.shared = False
 
@@ -894,7 +907,8 @@ class Simulation:
         def part() -> tuple[RoundResult, dict]:
             if held is not None:
                 raise held
-            mine = self._run_clients(algorithm, env, store, round_idx, my_clients, plan)
+            with timed("clients"):
+                mine = self._run_clients(algorithm, env, store, round_idx, my_clients, plan)
             return mine, (store.held_records() if rank != 0 else {})
 
         parts = to_server(

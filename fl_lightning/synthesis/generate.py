@@ -52,6 +52,7 @@ from fl_lightning.dealing import Deal
 from fl_lightning.durable_write import atomic_path
 from fl_lightning.federation.placement import derive_seed
 from fl_lightning.models.diffusion import DiffusionComponents
+from fl_lightning.phase_times import note
 from fl_lightning.synthesis.latents import ClassLatentUpload
 
 if TYPE_CHECKING:
@@ -742,6 +743,7 @@ def _pending_batches(
     # missing is sampled whole: a batch's arithmetic (its UNet and VAE calls) depends on what else is in it at
     # float round-off, so regrouping the missing images would change their bytes. Only missing files are written.
     batches = _batches(requests, start_t, batch_size)
+    note("generation batches", len(batches), within="generation")  # what the ranks deal (benchmarks/rank_model.py)
     batches = [batches[b] for b in Deal(rank, world).strided(len(batches))]
     missing = [[not (out_dir / req.relpath).is_file() for req in batch] for batch in batches]
     return [(batch, todo) for batch, todo in zip(batches, missing) if any(todo)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from fl_lightning.federation.run_folder import read_metrics_csv
+from fl_lightning.phase_times import item
 from fl_lightning.systems.scaling_law import (
     ScalingLawParams,
     fit_scaling_law,
@@ -175,7 +177,9 @@ def run_pilot_processes(
         if (out / name / "summary.json").is_file():  # a resumed run keeps its finished pilots
             runs.append(out / name)
             continue
+        start = time.monotonic()
         proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s)
+        item("pilot", time.monotonic() - start)  # one pilot's seconds, for the ranks' model (benchmarks/rank_model.py)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise RuntimeError(f"pilot at λ={lam:g} failed: {last}")

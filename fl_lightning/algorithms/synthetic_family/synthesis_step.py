@@ -55,6 +55,7 @@ from fl_lightning.federation.collectives import Ranks
 from fl_lightning.federation.placement import derive_seed
 from fl_lightning.models.diffusion import DiffusionComponents
 from fl_lightning.modules.pretraining import EPOCH_STATE, load_pretrained_vit, pretrain_classifier, split_holdout
+from fl_lightning.phase_times import note, timed
 from fl_lightning.synthesis.generate import (
     MANIFEST_NAME,
     GenerationRequest,
@@ -200,14 +201,15 @@ def _auto_lambda(cfg: Any, *, run_dir: Path, section: str, device: torch.device 
     if device is not None and device.type == "cuda":
         cuda_device = torch.cuda.current_device() if device.index is None else int(device.index)
     try:
-        runs = run_pilot_processes(
-            run_dir,
-            section,
-            [float(v) for v in cfg.pilot_lambdas],
-            rounds=cfg.pilot_rounds,
-            cuda_device=cuda_device,
-            round0_root=shared_round0_root(cfg, run_dir),
-        )
+        with timed("pilots"):
+            runs = run_pilot_processes(
+                run_dir,
+                section,
+                [float(v) for v in cfg.pilot_lambdas],
+                rounds=cfg.pilot_rounds,
+                cuda_device=cuda_device,
+                round0_root=shared_round0_root(cfg, run_dir),
+            )
         fit = auto_lambda(pilot_points(runs, pretrain_epochs=cfg.pretrain_epochs), cfg.target_accuracy)
     except (RuntimeError, ValueError) as err:
         raise ConfigError(f"{section}.synthetic_lambda", "auto", f"pilots whose fit gives λ* ({err})") from None
@@ -234,14 +236,15 @@ def _auto_lambda_on_ranks(
 
     def mine() -> list[Path]:
         try:
-            return run_pilot_processes(
-                run_dir,
-                section,
-                [lambdas[i] for i in ranks.deal.strided(len(lambdas))],
-                rounds=cfg.pilot_rounds,
-                cuda_device=cuda_device,
-                round0_root=shared_round0_root(cfg, run_dir),
-            )
+            with timed("pilots"):
+                return run_pilot_processes(
+                    run_dir,
+                    section,
+                    [lambdas[i] for i in ranks.deal.strided(len(lambdas))],
+                    rounds=cfg.pilot_rounds,
+                    cuda_device=cuda_device,
+                    round0_root=shared_round0_root(cfg, run_dir),
+                )
         except RuntimeError as err:
             raise ConfigError(f"{section}.synthetic_lambda", "auto", f"pilots whose fit gives λ* ({err})") from None
 
@@ -328,18 +331,19 @@ def _probe_generation(cfg: Any, components: DiffusionComponents, requests, folde
     """ĥ on this host: time one batch of real requests into a scratch folder (discarded)."""
     batch = list(requests[: cfg.generation_batch_size])
     start = time.monotonic()
-    generate_images(
-        components,
-        batch,
-        folder,
-        batch_size=cfg.generation_batch_size,
-        num_inference_steps=cfg.num_inference_steps,
-        guidance_scale=cfg.guidance_scale,
-        device=device,
-        dtype=_dtype(cfg, device),
-        progress=False,
-        min_fresh_fraction=cfg.min_fresh_fraction,
-    )
+    with timed("generation"):
+        generate_images(
+            components,
+            batch,
+            folder,
+            batch_size=cfg.generation_batch_size,
+            num_inference_steps=cfg.num_inference_steps,
+            guidance_scale=cfg.guidance_scale,
+            device=device,
+            dtype=_dtype(cfg, device),
+            progress=False,
+            min_fresh_fraction=cfg.min_fresh_fraction,
+        )
     shutil.rmtree(folder, ignore_errors=True)
     return (time.monotonic() - start) / max(len(batch), 1)
 
@@ -608,20 +612,21 @@ def _generate_on_ranks(
     every rank's images are in the folder (before anyone reads it)."""
     rank, world = (0, 1) if ranks is None else (ranks.rank, ranks.world)
     start = time.monotonic()
-    generate_images(
-        components,
-        requests,
-        folder,
-        batch_size=cfg.generation_batch_size,
-        num_inference_steps=cfg.num_inference_steps,
-        guidance_scale=cfg.guidance_scale,
-        device=device,
-        dtype=_dtype(cfg, device),
-        progress=progress and rank == 0,
-        min_fresh_fraction=cfg.min_fresh_fraction,
-        rank=rank,
-        world=world,
-    )
+    with timed("generation"):
+        generate_images(
+            components,
+            requests,
+            folder,
+            batch_size=cfg.generation_batch_size,
+            num_inference_steps=cfg.num_inference_steps,
+            guidance_scale=cfg.guidance_scale,
+            device=device,
+            dtype=_dtype(cfg, device),
+            progress=progress and rank == 0,
+            min_fresh_fraction=cfg.min_fresh_fraction,
+            rank=rank,
+            world=world,
+        )
     if ranks is not None:  # every rank's images are in the folder before anyone reads it
         ranks.gather(lambda: None, "the synthetic images")
     return time.monotonic() - start
@@ -793,7 +798,8 @@ def pretrain_on_synthetic(
     transform = dict(normalization=spec.normalization, image_size=spec.image_size, mean=spec.mean, std=spec.std)
     train_tf, val_tf = build_transform(**transform, train=True), build_transform(**transform, train=False)
     start = time.monotonic()  # the host's pre-training time counts the store's build (the PNGs' one decode)
-    stored = stored_splits(folder, train_tf, val_tf, mode=cfg.pretrain_store, defer=True, ranks=ranks)  # every rank
+    with timed("store"):
+        stored = stored_splits(folder, train_tf, val_tf, mode=cfg.pretrain_store, defer=True, ranks=ranks)  # every rank
     train_all, val_all = stored or (SyntheticFolder(folder, train_tf), SyntheticFolder(folder, val_tf))
     train_set, _ = split_holdout(train_all, cfg.pretrain_holdout, seed)
     _, val_set = split_holdout(val_all, cfg.pretrain_holdout, seed)
@@ -807,30 +813,33 @@ def pretrain_on_synthetic(
         clean()
     else:  # rank 0 alone, before any rank looks for the epoch state
         ranks.on_server(clean, "the pre-training folder", send=False)
-    best, epochs_run = pretrain_classifier(
-        model_name=cfg.pretrain_model,
-        overrides=cfg.pretrain_overrides,
-        checkpoint=cfg.pretrain_checkpoint,
-        num_classes=num_classes,
-        train_dataset=train_set,
-        val_dataset=val_set,
-        out_dir=out,
-        max_epochs=cfg.pretrain_epochs,
-        batch_size=cfg.pretrain_batch_size,
-        lr=cfg.pretrain_lr,
-        accelerator=device.type,
-        devices=1,
-        precision=precision,
-        seed=seed,
-        patience=cfg.pretrain_patience,
-        ranks=ranks,
-        batch_transform=stored[0].deferred if stored else None,  # a store's float part: on the device
-        num_workers=loading.num_workers if loading else 0,
-        pin_memory=bool(loading and loading.pin_memory),
-        check_every=cfg.pretrain_check_every,
-        batch_per_rank=cfg.pretrain_batch == "per_rank",
-        lr_scaling=cfg.pretrain_lr_scaling,
-    )
+    with timed("pretraining"):
+        best, epochs_run = pretrain_classifier(
+            model_name=cfg.pretrain_model,
+            overrides=cfg.pretrain_overrides,
+            checkpoint=cfg.pretrain_checkpoint,
+            num_classes=num_classes,
+            train_dataset=train_set,
+            val_dataset=val_set,
+            out_dir=out,
+            max_epochs=cfg.pretrain_epochs,
+            batch_size=cfg.pretrain_batch_size,
+            lr=cfg.pretrain_lr,
+            accelerator=device.type,
+            devices=1,
+            precision=precision,
+            seed=seed,
+            patience=cfg.pretrain_patience,
+            ranks=ranks,
+            batch_transform=stored[0].deferred if stored else None,  # a store's float part: on the device
+            num_workers=loading.num_workers if loading else 0,
+            pin_memory=bool(loading and loading.pin_memory),
+            check_every=cfg.pretrain_check_every,
+            batch_per_rank=cfg.pretrain_batch == "per_rank",
+            lr_scaling=cfg.pretrain_lr_scaling,
+        )
+    # the one-rank steps (pretrain_batch: global) and the fp32 gradient each step all-reduces (benchmarks/rank_model.py)
+    note("pretraining steps", epochs_run * math.ceil(len(train_set) / cfg.pretrain_batch_size))
     host_s = pretraining_s = time.monotonic() - start
     if ranks is not None and ranks.rank != 0:
         return None
@@ -838,4 +847,6 @@ def pretrain_on_synthetic(
         remove_stores(folder)  # a cache of the PNGs: round 0's pre-training is done
     if per_image_epoch_s is not None:
         pretraining_s = per_image_epoch_s * len(train_set) * epochs_run
-    return load_pretrained_vit(best, map_location="cpu"), pretraining_s, best, host_s
+    model = load_pretrained_vit(best, map_location="cpu")
+    note("pretraining gradient bytes", 4 * sum(p.numel() for p in model.parameters() if p.requires_grad))
+    return model, pretraining_s, best, host_s
