@@ -61,9 +61,11 @@ class _RankReport:
         self.phases_before = dict(self.phases.seconds)
 
     def on_round_end(self, *, results: Any, **_: Any) -> None:
-        self.clients.append([results.compute_s[c] for c in sorted(results.compute_s)])  # every rank's clients
+        self.clients.append({str(c): s for c, s in sorted(results.compute_s.items())})  # every rank's clients
 
-    def on_run_end(self, **_: Any) -> None:
+    def on_run_end(self, *, run_dir: Path, **_: Any) -> None:
+        import csv
+
         import torch.distributed as dist
 
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
@@ -75,7 +77,10 @@ class _RankReport:
             "phases": {k: v for k, v in phases.items() if v > 0},
             "items": {**self.phases.items, "clients": self.clients},
             "facts": dict(self.phases.facts),
+            "calls": dict(self.phases.calls),
         }
+        with (Path(run_dir) / "partition.csv").open(encoding="utf-8") as f:  # the data sizes clients are placed by
+            report["client_sizes"] = [int(row["total"]) for row in csv.DictReader(f)]
         (self.out / f"rank{rank}.json").write_text(json.dumps(report), encoding="utf-8")
 
 

@@ -19,6 +19,7 @@ from fl_lightning.models.backbones import BackboneArgumentError, ViTBackbone, bu
 from fl_lightning.models.cnn_backbone import CNNBackbone
 from fl_lightning.modules.evaluation import eval_counts, evaluate_classifier, scores
 from fl_lightning.modules.federated_evaluation import federated_scores, row_outcomes
+from fl_lightning.phase_times import note
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -100,6 +101,8 @@ def evaluate_on_test(
             shared over the ranks, or a rank's own model of a set dealt over them).
     """
     fn = _under_autocast(env.fabric, logits_fn) if autocast else logits_fn
+    if split:  # the test batches a shared evaluation deals in blocks (benchmarks/rank_model.py)
+        note("evaluation batches", -(-len(env.splits.test) // env.cfg.data.batch_size), within="evaluation")
     if split and splits_work(env):  # each rank its block of the test batches; the counts gathered (the numbers of one rank)
 
         def mine() -> Any:
@@ -329,6 +332,7 @@ def evaluate_on_test_features(
     with ``env.client_test``, also on the clients' test rows of ``train_features`` (the training split's table)."""
     dataset = TensorDataset(features, torch.as_tensor(env.splits.test_targets, dtype=torch.int64))
     batch_size = env.cfg.data.batch_size
+    note("evaluation batches", -(-len(dataset) // batch_size), within="evaluation")  # dealt in blocks when shared
     if splits_work(env):  # each rank its block of the batches, the counts gathered (as evaluate_on_test)
 
         def mine() -> Any:
