@@ -74,10 +74,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=3,
         help="engine: fresh runs of each job, bare and framework alternating (best taken; default 3)",
     )
+    parser.add_argument(
+        "--model-from",
+        type=Path,
+        default=None,
+        help="ranks: print the per-phase model's estimate for 1, 2, 4, 8 ranks from this JSON of one GPU's phase times "
+        "(e.g. benchmarks/data/fedisyn_food101_h100.json) and run nothing",
+    )
     args = parser.parse_args(argv)
     options = {
         "scale": {"clients": args.clients, "processes": args.processes or [1, 2], "extras": not args.engine_only},
-        "ranks": {"processes": args.processes or [1, 2, 4]},
+        "ranks": {"processes": args.processes or [1, 2, 4], "model_from": args.model_from},
         "engine": {
             "threads": args.threads,
             "model": args.model,

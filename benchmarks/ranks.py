@@ -12,7 +12,13 @@
   the time rank 0 worked alone on it; ``the test split's evaluation`` is a phase every rank shares).
 
 On a machine without the cores (two shared here) the wall times of 2 and 4 processes say little; the waiting
-shares and the per-phase split do not need the cores. Each run is a fresh process:
+shares and the per-phase split do not need the cores.
+
+Each run also records its phases' own wall seconds (``fl_lightning/phase_times.py``). From the 1-process run, the
+per-phase model (``benchmarks/rank_model.py``) estimates each phase on 2 and 4 processes; the estimate is printed
+next to what those runs measured (the busiest rank's seconds in each phase), the model checked against measurement.
+``--model-from FILE.json`` (one GPU's phase times with their assumptions, e.g. ``benchmarks/data/
+fedisyn_food101_h100.json``) prints the estimate for 1, 2, 4 and 8 ranks and runs nothing. Each run is a fresh process:
 ``python -m benchmarks.ranks --worker --config ... --out ...``.
 """
 
@@ -33,8 +39,9 @@ from typing import Any
 import torch
 
 from benchmarks._timing import figure
+from benchmarks.rank_model import NVLINK_BYTES_PER_S, Phase, estimate, format_estimate, phases_from_json
 
-__all__ = ["run", "METHODS"]
+__all__ = ["run", "METHODS", "measured_phases", "model_from"]
 
 _REPO = Path(__file__).resolve().parents[1]
 _CONF = _REPO / "conf"
@@ -45,6 +52,56 @@ METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
     "dense": ("dense_digits_tiny.yaml", ("--dense.epochs", "5")),  # the server's distillation: 5 of its 30 epochs
     "fedavg": ("fedavg_digits_tiny.yaml", ("--federation.rounds", "3", "--partition.num_clients", "8")),
 }
+
+
+# how each recorded phase is dealt over the ranks (docs/ranks.md "Phases"); DENSE's server is not modelled (its split
+# ensemble: rank0, an upper bound) and its evaluation is not shared
+_RULES: dict[str, dict[str, str]] = {
+    "fedisyn": {"aggregate": "rank0", "evaluation": "blocks"},
+    "dense": {"aggregate": "rank0", "evaluation": "rank0"},
+    "fedavg": {"aggregate": "rank0", "evaluation": "blocks"},
+}
+GLOO_BYTES_PER_S = 1e9  # the CPU processes' all-reduce bandwidth the model assumes (gloo over loopback; an assumption)
+
+
+def measured_phases(report: dict[str, Any], method: str) -> list[Phase]:
+    """The :class:`Phase` list of one rank's report (``rank0.json`` of a 1-process run), each with its rule."""
+    phases, facts, calls = [], report["facts"], report["calls"]
+    for name, seconds in report["phases"].items():
+        if name == "clients":
+            rounds = tuple({int(c): s for c, s in r.items()} for r in report["items"]["clients"])
+            phases.append(Phase(name, seconds, "clients", rounds=rounds, client_sizes=tuple(report["client_sizes"])))
+        elif name == "pilots":
+            pilots = report["items"].get("pilot", [])
+            phases.append(Phase(name, seconds, "pilots", items=max(len(pilots), 1), rounds=(dict(enumerate(pilots)),)))
+        elif name == "generation":
+            phases.append(Phase(name, seconds, "strided", items=int(facts.get("generation batches", 1))))
+        elif name == "store":
+            phases.append(Phase(name, seconds, "blocks", items=int(facts.get("store rows", 1))))
+        elif name == "pretraining":
+            steps, grad = int(facts.get("pretraining steps", 0)), facts.get("pretraining gradient bytes", 0.0)
+            phases.append(Phase(name, seconds, "data_parallel", steps=steps, gradient_bytes=grad))
+        else:
+            rule = _RULES[method].get(name, "rank0")
+            n = round(facts.get(f"{name} batches", 0) / max(calls.get(name, 1), 1)) if rule == "blocks" else 1
+            phases.append(Phase(name, seconds, rule, items=max(n, 1)))
+    return phases
+
+
+def _model_lines(method: str, one: dict[str, Any], points: dict[str, Any], counts: Sequence[int]) -> dict[str, Any]:
+    """The model's estimate of each process count from the 1-process run, next to the measured phases."""
+    phases = measured_phases(one, method)
+    out: dict[str, Any] = {}
+    for p in counts:
+        est = estimate(phases, p, bandwidth=GLOO_BYTES_PER_S)
+        ranks = points[f"{method}_p{p}"]["ranks"]
+        measured = {ph.name: max(r["phases"].get(ph.name, 0.0) for r in ranks) for ph in est.phases}
+        rows = {ph.name: {"model_s": round(ph.seconds, 3), "measured_s": round(measured[ph.name], 3)} for ph in est.phases}
+        out[p] = {"model_total_s": est.total_s, "measured_total_s": sum(measured.values()), "phases": rows}
+        print(f"ranks {method} processes={p}: model vs measured (busiest rank) per phase:", file=sys.stderr)
+        for name, row in rows.items():
+            print(f"  {name:<12} model {row['model_s']:>8.3f} s   measured {row['measured_s']:>8.3f} s", file=sys.stderr)
+    return out
 
 
 class _RankReport:
@@ -134,6 +191,7 @@ def _point(work: Path, method: str, processes: int) -> dict[str, Any]:
         "wait_share": shares,
         "wait_share_max": max(shares),
         "waits": [{k: round(v, 3) for k, v in sorted(r["waits"].items())} for r in ranks],
+        "ranks": ranks,
     }
 
 
@@ -144,6 +202,7 @@ def run(
     processes: Sequence[int] = (1, 2, 4),
     methods: Sequence[str] = tuple(METHODS),
     work_dir: Path | None = None,
+    model_from: Path | None = None,
 ) -> dict[str, Any]:
     """Every figure of the suite (see the module docstring); CPU processes whatever ``device``.
 
@@ -153,7 +212,11 @@ def run(
         processes: the process counts.
         methods: a subset of :data:`METHODS`.
         work_dir: where the runs go (default: a temporary folder, removed afterwards).
+        model_from: a JSON of one GPU's phase times: print the model's estimate for 1, 2, 4 and 8 ranks
+            (:func:`model_from`) and run nothing.
     """
+    if model_from is not None:
+        return model_from_file(model_from)
     counts = [p for p in processes if not quick or p <= 2]
     work = Path(tempfile.mkdtemp(prefix="fl_bench_ranks_", dir=work_dir))
     results: dict[str, Any] = {}
@@ -162,7 +225,8 @@ def run(
         for method in methods:
             for p in counts:
                 points[f"{method}_p{p}"] = point = _point(work, method, p)
-                print(f"ranks {method} processes={p}: {json.dumps(point)}", file=sys.stderr, flush=True)
+                shown = {k: v for k, v in point.items() if k != "ranks"}
+                print(f"ranks {method} processes={p}: {json.dumps(shown)}", file=sys.stderr, flush=True)
                 results[f"{method}_p{p}_wall_s"] = figure(point["wall_s"], "s", note="rank 0, the rounds")
                 if p > 1:
                     results[f"{method}_p{p}_wait_share_max"] = figure(
@@ -173,9 +237,72 @@ def run(
                         note="the most any rank waited in collectives",
                         details=point,
                     )
+        if 1 in counts and len(counts) > 1:
+            _add_model(results, points, methods, [p for p in counts if p > 1])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     results["sizes"] = {"methods": list(methods), "processes": counts, "points": points}
+    return results
+
+
+def _add_model(results: dict[str, Any], points: dict[str, Any], methods: Sequence[str], counts: Sequence[int]) -> None:
+    """The model's estimate of each process count from each method's 1-process run, as figures (information)."""
+    print(
+        "the per-phase model against CPU processes (gloo all-reduce assumed at "
+        f"{GLOO_BYTES_PER_S / 1e9:g} GB/s); on 2 shared cores the wall times of 2 and 4 processes say little",
+        file=sys.stderr,
+    )
+    for method in methods:
+        one = points[f"{method}_p1"]["ranks"][0]
+        for p, row in _model_lines(method, one, points, counts).items():
+            results[f"{method}_p{p}_model_s"] = figure(
+                row["model_total_s"],
+                "s",
+                note=f"the model from 1 process; measured {row['measured_total_s']:.3g} s (the phases' busiest ranks)",
+                details=row,
+            )
+
+
+def model_from(data: dict[str, Any], ranks: Sequence[int] = (1, 2, 4, 8)) -> tuple[list[str], dict[str, Any]]:
+    """The model's estimate for ``ranks`` from one GPU's phase times (``data``: the JSON of ``--model-from``):
+    the printed lines (its assumptions, each phase's source, each estimate) and the figures."""
+    bandwidth = float(data.get("assumptions", {}).get("allreduce_bytes_per_s", {}).get("value", NVLINK_BYTES_PER_S))
+    lines = [str(data.get("name", "phases")), str(data.get("note", "")), "assumptions:"]
+    for key, entry in data.get("assumptions", {}).items():
+        lines.append(f"  {key} = {entry['value']} ({entry.get('kind', '?')}: {entry.get('source', 'no source')})")
+    lines.append("phases (one GPU):")
+    for p in data["phases"]:
+        lines.append(f"  {p['name']} = {p['seconds']} s, {p['rule']} ({p.get('kind', '?')}: {p.get('source', 'no source')})")
+    phases = phases_from_json(data)
+    results: dict[str, Any] = {}
+    for n in ranks:
+        est = estimate(phases, n, bandwidth=bandwidth)
+        lines += format_estimate(est)
+        per_phase = {p.name: {"one_rank_s": p.one_rank_s, "seconds": p.seconds} for p in est.phases}
+        details = {"phases": per_phase, "wait_share": list(est.wait_share), "total_s": est.total_s}
+        goal = {"op": ">=", "bound": 5.5} if n == 8 else {}  # the goal: FeDiSyn Food-101 >= 5.5x on 8 GPUs
+        note = f"{n} rank(s), the per-phase model"
+        results[f"model_n{n}_speedup"] = figure(est.speedup, "x", note=note, details=details, **goal)
+        results[f"model_n{n}_wait_share_max"] = figure(100 * max(est.wait_share), "%", op="<=", bound=20.0)
+    if len(phases) > 1:  # what the longest phase costs: the same estimate without it
+        n = max(ranks)
+        longest = max(estimate(phases, n, bandwidth=bandwidth).phases, key=lambda p: p.seconds).name
+        rest = estimate([p for p in phases if p.name != longest], n, bandwidth=bandwidth)
+        lines.append(f"without {longest} on {n} ranks: {rest.one_rank_s:.4g} s -> {rest.total_s:.4g} s, {rest.speedup:.2f}x")
+    return lines, results
+
+
+def model_from_file(path: Path) -> dict[str, Any]:
+    """:func:`model_from` of a JSON file, its lines printed; a missing or malformed file is one line (exit 2)."""
+    from fl_lightning.errors import UsageError
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        lines, results = model_from(data)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UsageError(f"--model-from {path}: {type(err).__name__}: {err}") from None
+    print("\n".join(lines), flush=True)
+    results["sizes"] = {"model_from": str(path)}
     return results
 
 

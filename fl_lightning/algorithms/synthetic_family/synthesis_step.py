@@ -801,6 +801,7 @@ def pretrain_on_synthetic(
     with timed("store"):
         stored = stored_splits(folder, train_tf, val_tf, mode=cfg.pretrain_store, defer=True, ranks=ranks)  # every rank
     train_all, val_all = stored or (SyntheticFolder(folder, train_tf), SyntheticFolder(folder, val_tf))
+    note("store rows", len(train_all))  # what the ranks deal in blocks (benchmarks/rank_model.py)
     train_set, _ = split_holdout(train_all, cfg.pretrain_holdout, seed)
     _, val_set = split_holdout(val_all, cfg.pretrain_holdout, seed)
     out = run_dir / "pretrain"
