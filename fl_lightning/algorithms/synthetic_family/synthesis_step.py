@@ -331,7 +331,7 @@ def _probe_generation(cfg: Any, components: DiffusionComponents, requests, folde
     """ĥ on this host: time one batch of real requests into a scratch folder (discarded)."""
     batch = list(requests[: cfg.generation_batch_size])
     start = time.monotonic()
-    with timed("generation"):
+    with timed("probe"):
         generate_images(
             components,
             batch,
