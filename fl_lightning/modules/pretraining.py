@@ -15,7 +15,9 @@ fine-tuning starts. This file holds that step:
 Resuming: every epoch ends with the whole training state in ``<out_dir>/epoch_state.ckpt`` (weights, the
 optimizer's moments — only trainable parameters have any —, schedule, loop counters, early stopping, the best
 checkpoint's record, and the random states: torch / CUDA / numpy / Python and the data order's generator),
-written whole then renamed. An interrupted pre-training called again with the same arguments continues from
+taken at the epoch's end and copied to host memory, then written whole and renamed by a background thread while
+the next epoch trains (``background_write.py``; the next epoch's end and the fit's end wait for it and raise its
+error). An interrupted pre-training called again with the same arguments continues from
 it and reaches the weights of an uninterrupted one; the file is deleted when training finishes. The CSV log
 (``<out_dir>/pretrain/version_0/metrics.csv``) is continued too: it keeps the rows of the epochs the state had
 completed, drops those of the interrupted epoch (which runs again) and appends the new ones, so it reads as the
@@ -632,7 +634,7 @@ class _Setup(NamedTuple):
     devices: int
     callbacks: Sequence[Callback]
     guard: RankGuard | None = None  # over ranks: every step and epoch state agreed on by every rank
-    io: GuardedIO | None = None  # over ranks: rank 0's checkpoint writes, their errors kept for the guard
+    io: GuardedIO | None = None  # over ranks: rank 0's best-checkpoint writes, their errors kept for the guard
     strategy: Mapping[str, Any] | None = None  # over ranks: the Trainer's strategy, plugins and sampler switch
 
     @property
