@@ -158,3 +158,63 @@ def test_a_finished_pretraining_leaves_no_state_and_no_thread(tmp_path: Path, on
     result = _pretrain(tmp_path, max_epochs=2)
     assert result.epochs == 2 and result.checkpoint.is_file()
     assert not (tmp_path / EPOCH_STATE).exists() and not _writers()
+
+
+_KILLED_MID_WRITE = """
+import io, os, sys, time
+from pathlib import Path
+import torch
+torch.set_num_threads(1)
+from fl_lightning.modules import pretraining
+from tests.modules.test_pretraining_epoch_state import _pretrain
+
+out, real = Path(sys.argv[1]), pretraining.write_checkpoint
+
+def write(checkpoint, path):
+    if checkpoint["epoch"] == 0:
+        return real(checkpoint, path)
+    buffer = io.BytesIO()
+    torch.save(checkpoint, buffer)
+    with open(path.with_name(path.name + ".tmp"), "wb") as f:  # half of epoch 1's file, then killed
+        f.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+    (out / "killing").touch()
+    time.sleep(120)
+
+pretraining.write_checkpoint = write
+_pretrain(out, max_epochs=2)
+"""
+
+
+@pytest.mark.slow  # ~20 s on 2 busy cores: a pre-training in a fresh process, killed, then two in this one
+def test_a_kill_mid_write_leaves_the_previous_epoch_s_whole_file_and_resumes_exactly(tmp_path: Path, one_thread) -> None:
+    """SIGKILL while epoch 1's state is half written: the file is epoch 0's, whole, and the pre-training called again
+    reaches the uninterrupted run's weights bit for bit (the half-written temp file is replaced by the next write)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    out = tmp_path / "killed"
+    out.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_MID_WRITE, str(out)], cwd=REPO, env=env, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "killing").exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (out / "killing").exists(), child.stderr.read().decode()[-2000:] if child.poll() is not None else "timed out"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        child.stderr.close()
+    assert (out / f"{EPOCH_STATE}.tmp").is_file()  # the half-written file
+    assert torch.load(out / EPOCH_STATE, map_location="cpu", weights_only=True)["epoch"] == 0
+    resumed = _pretrain(out, max_epochs=2)
+    straight = _pretrain(tmp_path / "straight", max_epochs=2)
+    assert resumed.checkpoint.name == straight.checkpoint.name
+    a = torch.load(straight.checkpoint, weights_only=True)["state_dict"]
+    b = torch.load(resumed.checkpoint, weights_only=True)["state_dict"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not (out / EPOCH_STATE).exists() and not (out / f"{EPOCH_STATE}.tmp").exists()
