@@ -334,7 +334,8 @@ class _EpochState(Checkpoint):
     def on_train_epoch_end(self, trainer: lightning.Trainer, pl_module: lightning.LightningModule) -> None:
         own = self._written()  # the previous epoch's write, and over ranks this epoch's best checkpoint
         if own is None or self.guard is not None:
-            # the state the Trainer's save_checkpoint writes, taken on every rank as it does; rank 0 writes it
+            # the state Trainer.save_checkpoint writes (its first half, lightning 2.6: the second is the write and a
+            # barrier, which the guard's all-reduce replaces), taken on every rank as it does; rank 0 writes it
             checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
             if own is None and trainer.is_global_zero:
                 self.writer.submit(write_checkpoint, host_copy(checkpoint), self.path)
