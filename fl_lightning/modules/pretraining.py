@@ -15,7 +15,9 @@ fine-tuning starts. This file holds that step:
 Resuming: every epoch ends with the whole training state in ``<out_dir>/epoch_state.ckpt`` (weights, the
 optimizer's moments — only trainable parameters have any —, schedule, loop counters, early stopping, the best
 checkpoint's record, and the random states: torch / CUDA / numpy / Python and the data order's generator),
-written whole then renamed. An interrupted pre-training called again with the same arguments continues from
+taken at the epoch's end and copied to host memory, then written whole and renamed by a background thread while
+the next epoch trains (``background_write.py``; the next epoch's end and the fit's end wait for it and raise its
+error). An interrupted pre-training called again with the same arguments continues from
 it and reaches the weights of an uninterrupted one; the file is deleted when training finishes. The CSV log
 (``<out_dir>/pretrain/version_0/metrics.csv``) is continued too: it keeps the rows of the epochs the state had
 completed, drops those of the interrupted epoch (which runs again) and appends the new ones, so it reads as the
@@ -56,9 +58,10 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from fl_lightning.data.preprocessed import collate
-from fl_lightning.durable_write import atomic_path, place
+from fl_lightning.durable_write import atomic_path
 from fl_lightning.errors import MissingResourceError
 from fl_lightning.federation.collectives import Ranks
+from fl_lightning.modules.background_write import BackgroundWriter, host_copy, write_checkpoint
 from fl_lightning.modules.pretraining_ranks import (
     GuardedIO,
     JoinedDDP,
@@ -313,31 +316,53 @@ class _EpochState(Checkpoint):
     stopping and the best-checkpoint callback have recorded this epoch already, and what is saved is the state
     the next epoch starts from. The random states and the data order's ``generator`` go into this callback's own
     state and are put back when a resumed fit restores it (after the model was rebuilt, which draws).
+
+    The write runs in the background (``background_write.py``): the checkpoint is taken at the epoch's end, its
+    tensors copied to host memory (pinned, from a GPU), and one thread serializes, fsyncs and renames it while the
+    next epoch trains. At most one write is in flight: the next epoch's end, and the fit's end (:meth:`on_train_end`,
+    early stopping's included), wait for it first and raise its error there (over ranks, rank 0 passes it to the
+    guard, which ends every rank); an interrupted fit waits for it in :meth:`close`. So the file on disk is always
+    one epoch's whole state, and the weights do not depend on when it is written.
     """
 
     def __init__(
         self, path: Path, generator: torch.Generator, guard: RankGuard | None = None, io: GuardedIO | None = None
     ) -> None:
         self.path, self.generator, self.guard, self.io = path, generator, guard, io
+        self.writer = BackgroundWriter("epoch-state")
 
     def on_train_epoch_end(self, trainer: lightning.Trainer, pl_module: lightning.LightningModule) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        trainer.save_checkpoint(tmp)
-        if self.guard is None:
-            self._publish(tmp)
-            return
-        # data-parallel: rank 0 wrote the file (and the epoch's best checkpoint); any error of theirs ends every rank
-        assert self.io is not None
-        own = self.io.pop_error()
-        if own is None and trainer.is_global_zero:
-            try:
-                self._publish(tmp)
-            except Exception as err:  # noqa: BLE001 — reported to every rank
-                own = err
-        self.guard.agree(own, "pre-training's epoch state")
+        own = self._written()  # the previous epoch's write, and over ranks this epoch's best checkpoint
+        if own is None or self.guard is not None:
+            # the state Trainer.save_checkpoint writes (its first half, lightning 2.6: the second is the write and a
+            # barrier, which the guard's all-reduce replaces), taken on every rank as it does; rank 0 writes it
+            checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+            if own is None and trainer.is_global_zero:
+                self.writer.submit(write_checkpoint, host_copy(checkpoint), self.path)
+        self._agree(own)
 
-    def _publish(self, tmp: Path) -> None:
-        place(tmp, self.path, durable=True)  # on disk before the rename: a crash leaves the previous epoch's whole file
+    def on_train_end(self, trainer: lightning.Trainer, pl_module: lightning.LightningModule) -> None:
+        self._agree(self._written())  # the last epoch's write is on disk before the fit returns
+
+    def close(self) -> BaseException | None:
+        """Wait for the write in flight and end the writer's thread (every fit's end, an interrupted one's too);
+        the write's error, or None."""
+        return self.writer.close()
+
+    def _written(self) -> BaseException | None:
+        """The error of the write in flight (waited for), else over ranks a checkpoint write's kept by ``io``."""
+        own = self.writer.wait()
+        if self.io is not None:
+            own = own or self.io.pop_error()
+        return own
+
+    def _agree(self, own: BaseException | None) -> None:
+        """One process: raise ``own``. Over ranks: every rank learns whether rank 0's writes failed, and stops."""
+        if self.guard is None:
+            if own is not None:
+                raise own
+            return
+        self.guard.agree(own, "pre-training's epoch state")  # type: ignore[arg-type]
 
     def state_dict(self) -> dict[str, Any]:
         return {"rng": _rng_states(), "data_order": self.generator.get_state()}
@@ -541,17 +566,14 @@ def _fit_resumable(
     module: ViTClassifier, setup: _Setup, out: Path, generator: torch.Generator, *, precision: str, max_epochs: int, patience: int
 ) -> PretrainResult:
     """:func:`pretrain_classifier`'s fit: from the epoch state when there is one, with early stopping, the best
-    checkpoint and the epoch state written each epoch; the epoch state deleted once training has finished."""
+    checkpoint and the epoch state written each epoch (in the background: :class:`_EpochState`, whose last write
+    every end of the fit waits for); the epoch state deleted once training has finished."""
     best = _best_checkpoint(out)
     state = out / EPOCH_STATE
     resuming = state.is_file()
     interruption = _Interruption()
-    checkpointing = [
-        EarlyStopping(monitor=_MONITOR, mode="max", patience=patience),
-        best,
-        _EpochState(state, generator, setup.guard, setup.io),
-        interruption,
-    ]
+    epoch_state = _EpochState(state, generator, setup.guard, setup.io)
+    checkpointing = [EarlyStopping(monitor=_MONITOR, mode="max", patience=patience), best, epoch_state, interruption]
     trainer = _trainer(
         setup,
         out=out,
@@ -560,7 +582,16 @@ def _fit_resumable(
         callbacks=checkpointing,
         epochs_done=_epochs_done(state) if resuming else 0,
     )
-    _fit_from(trainer, module, interruption, setup, state=state if resuming else None)
+    try:
+        _fit_from(trainer, module, interruption, setup, state=state if resuming else None)
+    except BaseException as err:
+        late = epoch_state.close()  # the file on disk is an epoch's whole state, the one a resume starts from
+        if late is not None and late is not err:
+            err.add_note(f"and the epoch state's last write failed: {type(late).__name__}: {late}")
+        raise
+    late = epoch_state.close()  # nothing in flight: the fit's end waited for the last write
+    if late is not None:
+        raise late
     if not setup.parallel or trainer.is_global_zero:
         state.unlink(missing_ok=True)
     if not best.best_model_path:
@@ -604,7 +635,7 @@ class _Setup(NamedTuple):
     devices: int
     callbacks: Sequence[Callback]
     guard: RankGuard | None = None  # over ranks: every step and epoch state agreed on by every rank
-    io: GuardedIO | None = None  # over ranks: rank 0's checkpoint writes, their errors kept for the guard
+    io: GuardedIO | None = None  # over ranks: rank 0's best-checkpoint writes, their errors kept for the guard
     strategy: Mapping[str, Any] | None = None  # over ranks: the Trainer's strategy, plugins and sampler switch
 
     @property

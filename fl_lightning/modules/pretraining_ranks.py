@@ -18,7 +18,8 @@ torchrun or the Fabric launcher alike) and all-reduces the gradients (DDP).
 * **A failure on any rank ends every rank** (:class:`RankGuard`): a step's error (a bad image, the forward) is
   caught before the backward's all-reduce, every step all-reduces one flag, and when it is set every rank joins one
   exchange of outcomes (``collectives.everyone``): rank 0 raises the error (or one naming the failing rank), the
-  others stop quietly. Rank 0's checkpoint writes are checked the same way at each epoch's end (:class:`GuardedIO`).
+  others stop quietly. Rank 0's checkpoint writes are checked the same way at each epoch's end (:class:`GuardedIO`;
+  the epoch state, written in the background, at the next epoch's end or the fit's: ``pretraining._EpochState``).
   A failure inside the backward itself (out of memory there) leaves the others in DDP's all-reduce: the failing
   rank takes its error to the next exchange of outcomes, says so in its heartbeat, and the others' liveness watch
   ends the job two beats later with its line (federation/liveness.py), well inside the compute group's timeout
@@ -136,8 +137,9 @@ def collate_rank_items(items: list[Any]) -> Any:
 
 
 class GuardedIO(TorchCheckpointIO):
-    """Rank 0's checkpoint writes, whose error is kept (not raised, which would leave the other ranks in the
-    Trainer's barrier) until :meth:`RankGuard.agree` reports it to every rank at the epoch's end."""
+    """Rank 0's checkpoint writes through the Trainer (the best checkpoint's), whose error is kept (not raised, which
+    would leave the other ranks in the Trainer's barrier) until :meth:`RankGuard.agree` reports it to every rank at
+    the epoch's end."""
 
     error: Exception | None = None
 

@@ -96,6 +96,16 @@ class StopInEpoch(lightning.Callback):
             raise Interrupted(f"stopped in epoch {self.epoch}")
 
 
+class Epochs(lightning.Callback):
+    """The epochs whose training started."""
+
+    def __init__(self) -> None:
+        self.started: list[int] = []
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self.started.append(trainer.current_epoch)
+
+
 class FailInBackward(lightning.Callback):
     """Rank ``rank``'s second step raises inside its backward, from the gradient hook of the first block's attention
     weights: DDP has all-reduced the later layers' buckets by then, the other rank waits for the rest."""
@@ -177,21 +187,30 @@ def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
             everyone(fabric, lambda: _pretrain(Path(out) / "run", ranks, **run), what="the pre-training", timeout_s=600)
         report(out, rank, result)  # not reached: the watch ends both ranks
         return
+    epochs = Epochs()
     try:
-        if case == "fails":
+        if case in ("fails", "write_fails"):
             collectives._LEADER_EXIT_GRACE_S = 0.0
+        if case == "write_fails" and rank == 0:  # epoch 0's epoch state finds the disk full, in the background
+            from fl_lightning.modules import pretraining
+
+            def full(checkpoint, path) -> None:
+                raise OSError(28, "No space left on device", str(path))
+
+            pretraining.write_checkpoint = full
         weights, handler = Weights(), SigtermHandler()
         per_rank = dict(batch_size=4, batch_per_rank=True) if case == "per_rank" else {}  # 2 ranks × 4 rows
-        ckpt, epochs = _pretrain(
+        ckpt, done = _pretrain(
             Path(out) / "run",
             ranks,
             bad=44 if case == "fails" and rank == 1 else None,
-            callbacks=[weights, handler],
+            callbacks=[weights, handler, epochs],
             **per_rank,
         )
-        result.update(ckpt=str(ckpt), epochs=epochs, weights=weights.state, sigterm=handler.name)
-    except (RankFailure, RankStopped) as err:
+        result.update(ckpt=str(ckpt), epochs=done, weights=weights.state, sigterm=handler.name)
+    except (RankFailure, RankStopped, OSError) as err:
         result["error"] = (type(err).__name__, str(getattr(err, "message", err)))
+    result["started"] = epochs.started
     report(out, rank, result)
 
 
@@ -288,6 +307,17 @@ def test_a_rank_failing_in_pretraining_ends_every_rank(tmp_path):
     zero, one = _run(tmp_path, "fails")
     assert zero["error"][0] == "RankFailure" and "rank 1" in zero["error"][1] and "truncated" in zero["error"][1]
     assert one["error"][0] == "RankStopped" and "rank 1" in one["error"][1]
+
+
+@pytest.mark.slow  # ~30 s on 2 busy cores (spawning included): rank 0's epoch state finds the disk full
+def test_rank_0_s_failed_epoch_state_write_ends_every_rank_at_the_next_epoch_s_end(tmp_path):
+    """Rank 0 writes epoch 0's state in the background while epoch 1 trains; at epoch 1's end it takes the write's
+    error to the guard: rank 0 raises it, rank 1 stops, and neither starts epoch 2."""
+    zero, one = _run(tmp_path, "write_fails")
+    assert zero["error"] == ("OSError", f"[Errno 28] No space left on device: '{tmp_path / 'run' / EPOCH_STATE}'")
+    assert one["error"] == ("RankStopped", f"OSError: {zero['error'][1]}")  # rank 0's line
+    assert zero["started"] == one["started"] == [0, 1]
+    assert not (tmp_path / "run" / EPOCH_STATE).exists()  # never written
 
 
 @pytest.mark.slow  # ~30 s on 2 busy cores: a two-rank pre-training checked every 1000 steps, a bad image on rank 1
