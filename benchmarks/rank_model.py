@@ -13,6 +13,9 @@ ranks meet (a collective), so a phase lasts as long as its busiest rank:
   its busiest rank (the round's records are gathered).
 * ``pilots`` — the λ pilots strided (pilot i on rank i mod N), each pilot its measured seconds (scaled to T as the
   clients are); one gather at the end.
+* ``pilots_all`` — the λ pilots under ``pilot_ranks: all``: one after another, each over all N ranks. A pilot is a
+  smaller run of the same phases, so each pilot is taken to speed up as the run's other phases do together:
+  T · Σ_other T_N / Σ_other T_1 (an assumption, printed), rank r busy T · Σ_other busy_r / Σ_other T_1.
 * ``data_parallel`` — round 0's pre-training: T/N of compute on every rank plus, per step, a ring all-reduce of the
   gradients, 2(N−1)/N · bytes / bandwidth (the bandwidth an assumption, printed).
 
@@ -36,7 +39,7 @@ from fl_lightning.federation.placement import assign_clients
 
 __all__ = ["RULES", "Phase", "PhaseEstimate", "Estimate", "estimate", "phases_from_json", "format_estimate"]
 
-RULES: tuple[str, ...] = ("rank0", "blocks", "strided", "clients", "pilots", "data_parallel")
+RULES: tuple[str, ...] = ("rank0", "blocks", "strided", "clients", "pilots", "pilots_all", "data_parallel")
 NVLINK_BYTES_PER_S = 150e9  # the default all-reduce bandwidth (an assumption: an H100 NVLink ring, per direction)
 
 
@@ -179,7 +182,17 @@ def estimate(phases: Sequence[Phase], ranks: int, *, bandwidth: float = NVLINK_B
     """
     if ranks < 1 or bandwidth <= 0:
         raise ValueError(f"need ranks >= 1 and bandwidth > 0, got {ranks} and {bandwidth}")
-    return Estimate(ranks, tuple(_phase_on(p, ranks, bandwidth) for p in phases), bandwidth)
+    own = {i: _phase_on(p, ranks, bandwidth) for i, p in enumerate(phases) if p.rule != "pilots_all"}
+    others = [e for e in own.values() if e.rule != "pilots"]  # what a pilot is a smaller run of
+    one = sum(e.one_rank_s for e in others)
+    ratio = sum(e.seconds for e in others) / one if one > 0 else 1.0
+    busy = [sum(e.busy[r] for e in others) / one if one > 0 else 1.0 for r in range(ranks)]
+    out = []
+    for i, p in enumerate(phases):
+        if p.rule == "pilots_all":  # every pilot over all the ranks, sped up as the run's other phases are
+            own[i] = PhaseEstimate(p.name, p.rule, p.seconds, p.seconds * ratio, tuple(p.seconds * b for b in busy))
+        out.append(own[i])
+    return Estimate(ranks, tuple(out), bandwidth)
 
 
 def phases_from_json(data: Mapping[str, Any]) -> list[Phase]:

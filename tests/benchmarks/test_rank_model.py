@@ -84,3 +84,20 @@ def test_the_shipped_h100_file_reads_and_every_number_has_a_source():
     assert estimate(phases, 1).total_s == pytest.approx(sum(p["seconds"] for p in data["phases"]))
     lines = format_estimate(estimate(phases, 8))
     assert lines[0].startswith("N = 8") and any("speed-up" in line for line in lines)
+
+
+def test_pilots_over_all_ranks_speed_up_as_the_other_phases_together_by_hand():
+    run = [
+        Phase("pilots", 100.0, "pilots_all"),
+        Phase("generation", 40.0, "strided", items=4),
+        Phase("evaluation", 10.0, "rank0"),
+    ]
+    two = estimate(run, 2)
+    pilots = two.phases[0]
+    # the other phases: 50 s on one rank, 20 + 10 = 30 s on two (ratio 0.6); rank 0 busy 30 of 50, rank 1 20 of 50
+    assert pilots.seconds == pytest.approx(60.0) and pilots.busy == pytest.approx((60.0, 40.0))
+    assert two.total_s == pytest.approx(90.0) and two.speedup == pytest.approx(150.0 / 90.0)
+    assert estimate(run, 1).phases[0].seconds == 100.0  # one rank: the input
+    # one pilot per rank (the default) on the same input: the pilots' round lasts its busiest rank
+    one_each = estimate([Phase("pilots", 100.0, "pilots", rounds=({0: 70.0, 1: 30.0},)), *run[1:]], 2)
+    assert one_each.phases[0].seconds == pytest.approx(70.0)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fl_lightning.algorithms.synthetic_family.pilot_launch import PilotLaunch
 from fl_lightning.federation.run_folder import read_metrics_csv
 from fl_lightning.phase_times import item
 from fl_lightning.systems.scaling_law import (
@@ -115,6 +116,7 @@ def run_pilot_processes(
     timeout_s: float | None = None,
     cuda_device: int | None = None,
     round0_root: Path | None = None,
+    launch: PilotLaunch | None = None,
 ) -> list[Path]:
     """The pilots of ``synthetic_lambda: auto``: the run's own ``config.yaml`` at each pilot λ, for ``rounds``
     fine-tuning rounds, each in a fresh single-process ``python -m fl_lightning.train`` (one device, one node: a
@@ -135,6 +137,9 @@ def run_pilot_processes(
         cuda_device: the CUDA device this rank computes on (None off CUDA): each pilot sees that device only.
         round0_root: the folder the pilots share round 0 in (``--<section>.round0_dir``); None: their own
             (``<run_dir>/pilots/round0``).
+        launch: this rank's place in pilots run over all the run's ranks (``pilot_ranks: all``,
+            ``pilot_launch.py``): the process started is that rank of each pilot, in the run's layout, and sees the
+            devices this rank sees (``cuda_device`` is not used); None: each pilot is a one-process run.
 
     Raises:
         RuntimeError: a pilot failed (its last stderr line is in the message).
@@ -145,7 +150,13 @@ def run_pilot_processes(
     from fl_lightning.algorithms.synthetic_family.round0_inputs import FOLDER, hand_prompts
     from fl_lightning.federation.launch import clean_launcher_env
 
-    env = clean_launcher_env(os.environ, cuda_device=cuda_device)
+    if launch is None:
+        env, layout = (
+            clean_launcher_env(os.environ, cuda_device=cuda_device),
+            ["--federation.devices", "1", "--federation.num_nodes", "1"],
+        )
+    else:  # this rank of every pilot: torchrun's variables for it, the run's devices per node and nodes
+        env, layout = launch.environ(clean_launcher_env(os.environ)), launch.layout_args()
     out, runs = Path(run_dir) / "pilots", []
     inputs = out / FOLDER  # round 0's uploads and prompts, when the run wrote them (round0_inputs.py)
     reuse = ["--" + f"{section}.round0_inputs", str(inputs)] if hand_prompts(inputs, Path(run_dir) / "prompts.json") else []
@@ -165,10 +176,7 @@ def run_pilot_processes(
             repr(float(lam)),
             "--federation.rounds",
             str(int(rounds)),
-            "--federation.devices",
-            "1",
-            "--federation.num_nodes",
-            "1",
+            *layout,
             "--logging.wandb",
             "false",
             *reuse,

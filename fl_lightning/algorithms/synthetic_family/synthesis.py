@@ -81,6 +81,10 @@ class PretrainingConfig(ViTConfig):
     scaling_kappa: list | None = None  # κ1..κ4 fitted on pilot runs (notebooks/fedisyn_scaling_law.ipynb)
     pilot_lambdas: list = field(default_factory=lambda: [0.05, 0.1, 0.2, 0.4])  # small λ: cheap pilots
     pilot_rounds: int = 3  # fine-tuning rounds of each pilot (every round is one (λ, Acc, H) observation)
+    # over several ranks: one = each rank runs its share of the pilots, each a one-process run (the fit of one rank);
+    # all = the pilots one after another, each over all the ranks as the run's round 0 is (pilot_launch.py: faster
+    # with fewer pilots than ranks; its pre-training, hence λ*, within round-off of one rank's, not bit for bit)
+    pilot_ranks: Literal["one", "all"] = "one"
     # a folder of round 0's client uploads and prompt cache to read instead of computing them again: what the pilots
     # of synthetic_lambda: auto get from their run (<run_dir>/pilots/round0_inputs, round0_inputs.py); null: compute
     round0_inputs: str | None = None

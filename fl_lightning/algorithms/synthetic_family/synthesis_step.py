@@ -219,20 +219,42 @@ def _auto_lambda(cfg: Any, *, run_dir: Path, section: str, device: torch.device 
 def _auto_lambda_on_ranks(
     cfg: Any, ranks: Ranks, *, components: DiffusionComponents, run_dir: Path, section: str, device: torch.device
 ) -> tuple[float, Any]:
-    """:func:`_auto_lambda` on several ranks: rank r runs the pilots λ_i with i ≡ r (mod N) (``Deal.strided``), each a
-    single-process run on its own device, and rank 0 fits Eq. (13) to all of them in ``pilot_lambdas`` order (the fit
-    of one rank).
+    """:func:`_auto_lambda` on several ranks: under ``pilot_ranks: one`` rank r runs the pilots λ_i with i ≡ r (mod N)
+    (``Deal.strided``), each a single-process run on its own device (the fit of one rank); under ``all`` every pilot
+    runs over all the ranks, one after another (``pilot_launch.py``). Rank 0 fits Eq. (13) to all of them in
+    ``pilot_lambdas`` order.
 
     Raises:
         ConfigError: a pilot failed on any rank, or the fit has no minimiser (named ``<section>.synthetic_lambda``).
     """
-    from fl_lightning.algorithms.synthetic_family.pilots import auto_lambda, pilot_points, run_pilot_processes
+    from fl_lightning.algorithms.synthetic_family.pilots import auto_lambda, pilot_points
 
     lambdas = [float(v) for v in cfg.pilot_lambdas]
     cuda_device = None
     if device.type == "cuda":
         cuda_device = torch.cuda.current_device() if device.index is None else int(device.index)
     release_accelerator_memory(components)  # the pilots are processes of their own: hand them the accelerator
+    if cfg.pilot_ranks == "all":
+        runs = _pilots_over_all_ranks(cfg, ranks, lambdas, run_dir=run_dir, section=section)
+    else:
+        runs = _pilots_one_per_rank(cfg, ranks, lambdas, run_dir=run_dir, section=section, cuda_device=cuda_device)
+
+    def fit() -> tuple[float, Any]:
+        try:
+            result = auto_lambda(pilot_points(runs, pretrain_epochs=cfg.pretrain_epochs), cfg.target_accuracy)
+        except (RuntimeError, ValueError) as err:
+            raise ConfigError(f"{section}.synthetic_lambda", "auto", f"pilots whose fit gives λ* ({err})") from None
+        return float(result.lam_star), result
+
+    return ranks.on_server(fit, "the pilots' fit")
+
+
+def _pilots_one_per_rank(
+    cfg: Any, ranks: Ranks, lambdas: list[float], *, run_dir: Path, section: str, cuda_device: int | None
+) -> list[Path]:
+    """``pilot_ranks: one``: rank r runs the pilots λ_i with i ≡ r (mod N), each a one-process run on its device;
+    the runs' folders in ``pilot_lambdas`` order on every rank."""
+    from fl_lightning.algorithms.synthetic_family.pilots import run_pilot_processes
 
     def mine() -> list[Path]:
         try:
@@ -248,16 +270,57 @@ def _auto_lambda_on_ranks(
         except RuntimeError as err:
             raise ConfigError(f"{section}.synthetic_lambda", "auto", f"pilots whose fit gives λ* ({err})") from None
 
-    runs = Deal.unstride(ranks.gather(mine, "the pilots"))  # back in pilot_lambdas order
+    return Deal.unstride(ranks.gather(mine, "the pilots"))  # back in pilot_lambdas order
 
-    def fit() -> tuple[float, Any]:
-        try:
-            result = auto_lambda(pilot_points(runs, pretrain_epochs=cfg.pretrain_epochs), cfg.target_accuracy)
-        except (RuntimeError, ValueError) as err:
-            raise ConfigError(f"{section}.synthetic_lambda", "auto", f"pilots whose fit gives λ* ({err})") from None
-        return float(result.lam_star), result
 
-    return ranks.on_server(fit, "the pilots' fit")
+def _pilots_over_all_ranks(cfg: Any, ranks: Ranks, lambdas: list[float], *, run_dir: Path, section: str) -> list[Path]:
+    """``pilot_ranks: all``: the pilots one after another, each over all the ranks (``pilot_launch.py``): every rank
+    starts its rank of the pilot in the run's layout, on a rendezvous rank 0 names; each pilot's outcome is agreed
+    before the next starts, so a pilot failing on any rank ends every rank with one line."""
+    from fl_lightning.algorithms.synthetic_family.pilot_launch import PilotLaunch, free_port, rendezvous_host
+    from fl_lightning.algorithms.synthetic_family.pilots import run_pilot_processes
+
+    devices, num_nodes = _rank_layout(ranks, section)
+    runs = []
+    for lam in lambdas:
+        name = f"pilot_lam{lam:g}"
+        host, port = ranks.on_server(lambda: (rendezvous_host(), free_port()), f"the rendezvous of the pilot at λ={lam:g}")
+        launch = PilotLaunch(ranks.rank, ranks.world, devices, num_nodes, host, port, run_id=f"{name}-{port}")
+
+        def mine(lam: float = lam, launch: PilotLaunch = launch) -> list[Path]:
+            try:
+                with timed("pilots"):
+                    return run_pilot_processes(
+                        run_dir,
+                        section,
+                        [lam],
+                        rounds=cfg.pilot_rounds,
+                        round0_root=shared_round0_root(cfg, run_dir),
+                        launch=launch,
+                    )
+            except RuntimeError as err:
+                raise ConfigError(f"{section}.synthetic_lambda", "auto", f"pilots whose fit gives λ* ({err})") from None
+
+        runs.extend(ranks.gather(mine, f"the pilot at λ={lam:g}")[0])
+    return runs
+
+
+def _rank_layout(ranks: Ranks, section: str) -> tuple[int, int]:
+    """(ranks per node, nodes) of the run, from every rank's (node rank, local rank) as Lightning numbers them
+    (global rank = node rank · devices + local rank); a layout that is not that grid is one line."""
+    fabric = ranks.fabric
+    places = ranks.gather(
+        lambda: (int(getattr(fabric, "node_rank", 0)), int(getattr(fabric, "local_rank", ranks.rank))), "the ranks' layout"
+    )
+    num_nodes = 1 + max(node for node, _ in places)
+    devices = ranks.world // num_nodes
+    if devices * num_nodes != ranks.world or any(node * devices + local != r for r, (node, local) in enumerate(places)):
+        raise ConfigError(
+            f"{section}.pilot_ranks",
+            "all",
+            f"ranks laid out as node rank · devices + local rank (found (node, local) = {places}); use pilot_ranks: one",
+        )
+    return devices, num_nodes
 
 
 def text_only_requests(
