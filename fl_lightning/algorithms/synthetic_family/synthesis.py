@@ -66,9 +66,10 @@ __all__ = [
 ]
 
 _COUNTS = "class_counts"  # the text-only upload: D_i^k per class (int64, C)
-# a stage's keys that say where round 0's inputs and results are kept or how often pre-training's ranks check in,
-# never what round 0 makes: left out of its content key (round0_description)
-_NOT_CONTENT = frozenset({"round0_inputs", "round0_dir", "pretrain_check_every"})
+# a stage's keys that say where round 0's inputs and results are kept, how often pre-training's ranks check in or
+# where the pilots run, never what round 0 makes (the λ the pilots give is in its requests): left out of its content
+# key (round0_description)
+_NOT_CONTENT = frozenset({"round0_inputs", "round0_dir", "pretrain_check_every", "pilot_ranks"})
 
 
 @dataclass
