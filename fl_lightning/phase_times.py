@@ -15,13 +15,38 @@ Pure bookkeeping: no torch and no import of the package, so ``modules/``, ``synt
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
-__all__ = ["PhaseLog", "recording_phases", "timed", "note", "item"]
+__all__ = ["SecondsTally", "PhaseLog", "installed", "recording_phases", "timed", "note", "item"]
+
+T = TypeVar("T")
 
 
-class PhaseLog:
+class SecondsTally:
+    """Seconds and calls by name, summed: what a benchmark's process records of its phases or its waits."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+
+@contextmanager
+def installed(stack: list[T], log: T) -> Iterator[T]:
+    """``log`` on top of ``stack`` (a module's installed logs, at most one in use) while the block runs."""
+    stack.append(log)
+    try:
+        yield log
+    finally:
+        stack.remove(log)
+
+
+class PhaseLog(SecondsTally):
     """What :func:`recording_phases` collects in this process.
 
     Attributes:
@@ -33,15 +58,10 @@ class PhaseLog:
     """
 
     def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self.calls: dict[str, int] = {}
+        super().__init__()
         self.items: dict[str, list[float]] = {}
         self.facts: dict[str, float] = {}
         self._open: list[list] = []  # the open phases: [name, seconds of the phases timed inside it]
-
-    def add(self, phase: str, seconds: float) -> None:
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
-        self.calls[phase] = self.calls.get(phase, 0) + 1
 
 
 _phase_log: list[PhaseLog] = []  # the installed log (at most one), for the benchmark's processes only
@@ -50,12 +70,8 @@ _phase_log: list[PhaseLog] = []  # the installed log (at most one), for the benc
 @contextmanager
 def recording_phases() -> Iterator[PhaseLog]:
     """Record every :func:`timed` phase of this process into a fresh :class:`PhaseLog` while the block runs."""
-    log = PhaseLog()
-    _phase_log.append(log)
-    try:
+    with installed(_phase_log, PhaseLog()) as log:
         yield log
-    finally:
-        _phase_log.remove(log)
 
 
 @contextmanager
@@ -76,12 +92,13 @@ def timed(phase: str) -> Iterator[None]:
             log._open[-1][1] += total
 
 
-def note(fact: str, value: float, *, within: str | None = None) -> None:
+def note(fact: str, value: float | Callable[[], float], *, within: str | None = None) -> None:
     """Add ``value`` to a size of a phase (``generation batches``: the batches dealt over the ranks), when recording;
-    with ``within``, only while a phase of that name is open (the generation's batches, not a probe's)."""
+    with ``within``, only while a phase of that name is open (the generation's batches, not a probe's). A callable
+    ``value`` is called only then: nothing is computed in a run that does not record."""
     if _phase_log and (within is None or any(name == within for name, _ in _phase_log[-1]._open)):
         facts = _phase_log[-1].facts
-        facts[fact] = facts.get(fact, 0.0) + float(value)
+        facts[fact] = facts.get(fact, 0.0) + float(value() if callable(value) else value)
 
 
 def item(phase: str, seconds: float) -> None:

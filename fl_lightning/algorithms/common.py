@@ -102,7 +102,7 @@ def evaluate_on_test(
     """
     fn = _under_autocast(env.fabric, logits_fn) if autocast else logits_fn
     if split:  # the test batches a shared evaluation deals in blocks (benchmarks/rank_model.py)
-        note("evaluation batches", -(-len(env.splits.test) // env.cfg.data.batch_size), within="evaluation")
+        note("evaluation batches", lambda: -(-len(env.splits.test) // env.cfg.data.batch_size), within="evaluation")
     if split and splits_work(env):  # each rank its block of the test batches; the counts gathered (the numbers of one rank)
 
         def mine() -> Any:

@@ -71,6 +71,7 @@ from fl_lightning.dealing import Deal
 from fl_lightning.errors import RemoteTraceback, RunFailure, UsageError
 from fl_lightning.federation.ddp_strategy import object_group
 from fl_lightning.federation.liveness import PeerLost, connection_lost, failing, lost_peer, stand_down
+from fl_lightning.phase_times import SecondsTally, installed
 
 __all__ = [
     "to_cpu",
@@ -217,19 +218,13 @@ def one_line(err: BaseException) -> str:
     return " ".join(text.split()) or type(err).__name__
 
 
-class WaitLog:
+class WaitLog(SecondsTally):
     """Seconds this process spent in the collectives of :func:`waiting`, by phase (``round 3's plan`` is counted as
     ``round's plan``): what ``python -m fl_lightning.bench ranks`` reports. Off unless :func:`recording_waits`
     installs one (the bench's own processes); then each wait costs two ``time.monotonic()`` calls."""
 
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self.calls: dict[str, int] = {}
-
-    def add(self, what: str, seconds: float) -> None:
-        phase = re.sub(r"round \d+'s", "round's", what)
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
-        self.calls[phase] = self.calls.get(phase, 0) + 1
+    def add(self, name: str, seconds: float) -> None:
+        super().add(re.sub(r"round \d+'s", "round's", name), seconds)
 
 
 _wait_log: list[WaitLog] = []  # the installed log (at most one), for the bench's processes only
@@ -238,12 +233,8 @@ _wait_log: list[WaitLog] = []  # the installed log (at most one), for the bench'
 @contextmanager
 def recording_waits() -> Iterator[WaitLog]:
     """Record every wait of this process in :func:`waiting` into a fresh :class:`WaitLog` while the block runs."""
-    log = WaitLog()
-    _wait_log.append(log)
-    try:
+    with installed(_wait_log, WaitLog()) as log:
         yield log
-    finally:
-        _wait_log.remove(log)
 
 
 @contextmanager

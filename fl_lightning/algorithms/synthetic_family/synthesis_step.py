@@ -377,6 +377,18 @@ def _dtype(cfg: Any, device: torch.device) -> torch.dtype:
     return getattr(torch, cfg.diffusion_precision)
 
 
+def _sampler_args(cfg: Any, device: torch.device) -> dict[str, Any]:
+    """The stage's sampler settings as ``generate_images`` takes them (the probe of ĥ times the same sampler)."""
+    return dict(
+        batch_size=cfg.generation_batch_size,
+        num_inference_steps=cfg.num_inference_steps,
+        guidance_scale=cfg.guidance_scale,
+        device=device,
+        dtype=_dtype(cfg, device),
+        min_fresh_fraction=cfg.min_fresh_fraction,
+    )
+
+
 def _server(cfg: Any) -> ServerProfile | None:
     """The server profile the clock charges (None: ``server: host``, this host's wall time)."""
     return None if cfg.server == "host" else SERVERS[cfg.server]
@@ -395,18 +407,7 @@ def _probe_generation(cfg: Any, components: DiffusionComponents, requests, folde
     batch = list(requests[: cfg.generation_batch_size])
     start = time.monotonic()
     with timed("probe"):
-        generate_images(
-            components,
-            batch,
-            folder,
-            batch_size=cfg.generation_batch_size,
-            num_inference_steps=cfg.num_inference_steps,
-            guidance_scale=cfg.guidance_scale,
-            device=device,
-            dtype=_dtype(cfg, device),
-            progress=False,
-            min_fresh_fraction=cfg.min_fresh_fraction,
-        )
+        generate_images(components, batch, folder, **_sampler_args(cfg, device), progress=False)
     shutil.rmtree(folder, ignore_errors=True)
     return (time.monotonic() - start) / max(len(batch), 1)
 
@@ -677,18 +678,7 @@ def _generate_on_ranks(
     start = time.monotonic()
     with timed("generation"):
         generate_images(
-            components,
-            requests,
-            folder,
-            batch_size=cfg.generation_batch_size,
-            num_inference_steps=cfg.num_inference_steps,
-            guidance_scale=cfg.guidance_scale,
-            device=device,
-            dtype=_dtype(cfg, device),
-            progress=progress and rank == 0,
-            min_fresh_fraction=cfg.min_fresh_fraction,
-            rank=rank,
-            world=world,
+            components, requests, folder, **_sampler_args(cfg, device), progress=progress and rank == 0, rank=rank, world=world
         )
     if ranks is not None:  # every rank's images are in the folder before anyone reads it
         ranks.gather(lambda: None, "the synthetic images")
@@ -912,5 +902,5 @@ def pretrain_on_synthetic(
     if per_image_epoch_s is not None:
         pretraining_s = per_image_epoch_s * len(train_set) * epochs_run
     model = load_pretrained_vit(best, map_location="cpu")
-    note("pretraining gradient bytes", 4 * sum(p.numel() for p in model.parameters() if p.requires_grad))
+    note("pretraining gradient bytes", lambda: 4 * sum(p.numel() for p in model.parameters() if p.requires_grad))
     return model, pretraining_s, best, host_s
