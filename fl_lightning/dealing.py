@@ -25,7 +25,8 @@ parts back; the gather itself is done by whoever holds the process group (``fede
 of the package, so ``modules/``, ``synthesis/``, ``federation/`` and ``experiments/`` may all import it.
 
 Not here, because they are scheduling policies rather than deals: ``federation/placement.py``
-``assign_clients`` (clients to ranks by data size, longest first) and ``cores.py`` ``core_shares`` (CPU cores to
+``assign_clients`` (clients to ranks by data size, longest first), ``deal_in_order`` (contiguous blocks in client
+order, for uploads folded on the ranks) and ``cores.py`` ``core_shares`` (CPU cores to
 ``--jobs`` children, wrapping around when there are fewer cores than jobs).
 """
 

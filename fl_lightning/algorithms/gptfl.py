@@ -9,10 +9,12 @@ prompts (``llm_path``: a local causal LM, the paper's LLaMA-7B; null: templates)
 images per class from pure noise and the prompts only and pre-trains the ViT on them, as FeDiSyn does.
 Rounds 1..T (:class:`FullFedAvg`): every device trains ALL weights of the ViT (backbone and head) for
 E epochs and uploads them; the server averages them weighted by data size, and the next download is
-the whole model again. Its traffic counts in ``bytes_up``/``bytes_down``, and the channel model times
-each device's upload of the whole model (32 bits per parameter) under the equal split B/N — the
-baselines have no allocation of their own (``systems/calibration.py``). Round 0's counts are charged
-on the channel clock like any upload, and generation and pre-training on the server profile.
+the whole model again. The ranks fold the uploads where they are trained, in client order (the server's
+fold, bit for bit: federation/summed_uploads.py), so no upload is written to the run folder. Its traffic
+counts in ``bytes_up``/``bytes_down``, and the channel model times each device's upload of the whole
+model (32 bits per parameter) under the equal split B/N — the baselines have no allocation of their own
+(``systems/calibration.py``). Round 0's counts are charged on the channel clock like any upload, and
+generation and pre-training on the server profile.
 
 Departures (said here, not hidden): the volume per class is FeDiSyn's λ·D^k, so that the comparison
 changes the generation and the fine-tuning only (GPT-FL fixes a number of images per class; knowing
@@ -47,9 +49,9 @@ from fl_lightning.algorithms.synthetic_family.model import (
     with_prefix,
 )
 from fl_lightning.algorithms.synthetic_family.synthesis import TextOnlyConfig, TextOnlySynthesis
-from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Client, State, register
 from fl_lightning.federation.local_training import fit_local
+from fl_lightning.federation.summed_uploads import UploadSum, summed_mean
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.models.lora import is_lora_param, lora_bits_per_layer
 
@@ -97,12 +99,14 @@ class FullFedAvg(FineTuningStage):
         fit_local(m.fabric, m.module, loader, epochs=m.cfg.train.epochs)
         return {**with_prefix(BACKBONE, backbone_state(m.module)), **with_prefix(HEAD, strip(HEAD, m.module.head_state()))}
 
+    def summed_uploads(self, round_idx: int) -> UploadSum:
+        """The whole model, weighted by n_k: the ranks fold it where it is trained (federation/summed_uploads.py)."""
+        return UploadSum((BACKBONE, HEAD))
+
     def fold(self, round_idx: int, state: State, uploads: Mapping[int, Upload]) -> State:
-        """Folded in client order (server memory: one model's running sum, flat in K)."""
-        mean = WeightedMean()
-        for _, upload in uploads.items():
-            mean.add({k: v for k, v in upload.tensors.items() if k.startswith((BACKBONE, HEAD))}, upload.meta["num_samples"])
-        return mean.result() if mean.total_weight > 0 else {}
+        """Folded in client order (memory: one model's running sum, flat in K), on the host."""
+        mean = summed_mean(uploads, self.summed_uploads(round_idx))
+        return {k: v.cpu() for k, v in mean.result().items()} if mean.total_weight > 0 else {}
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         return {**super().summary_extras(state), "depth_policy": "full (full-parameter FedAvg)", "train_head": True}

@@ -555,6 +555,8 @@ class FederationConfig:
     # crash safety that pays for itself (federation/round_store.py): the server's finished clients stay in
     # memory until their round has run this many seconds, then every record is written to disk; a crash
     # (SIGKILL) earlier costs at most this much work, re-run to the same result. 0: write each record at once
+    # (also in rounds whose whole-model uploads are otherwise folded where they are trained, never recorded:
+    # federation/summed_uploads.py)
     record_after_s: float = 10.0
     # the longest a rank waits in one collective (the start-up's rendezvous included) before it stops with one
     # line (exit 1). The longest wait is the server's phase: ranks 1..N-1 wait while rank 0 plans, aggregates and

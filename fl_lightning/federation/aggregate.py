@@ -85,6 +85,27 @@ class WeightedMean:
     def __len__(self) -> int:
         return len(self._sums)
 
+    def parts(self) -> tuple[dict[str, tuple[tuple[int, ...], float, torch.dtype]], dict[str, torch.Tensor], float]:
+        """The fold so far, to be carried on elsewhere (:meth:`carried`): ``({key: (shape, Σ n_k, incoming dtype)},
+        {key: the float64 sum Σ n_k w_k}, Σ n_k over every add)``."""
+        header = {key: (tuple(acc.shape), self._weights[key], self._dtypes[key]) for key, acc in self._sums.items()}
+        return header, dict(self._sums), self.total_weight
+
+    @classmethod
+    def carried(
+        cls,
+        header: Mapping[str, tuple[tuple[int, ...], float, torch.dtype]],
+        sums: Mapping[str, torch.Tensor],
+        total_weight: float,
+    ) -> WeightedMean:
+        """The fold :meth:`parts` described, ready for the next :meth:`add`: adding on from it gives the floats of
+        one fold that never stopped (the float64 sums travel exactly)."""
+        fold = cls()
+        for key, (_, weight, dtype) in header.items():
+            fold._sums[key], fold._weights[key], fold._dtypes[key] = sums[key], float(weight), dtype
+        fold.total_weight = float(total_weight)
+        return fold
+
     def result(self) -> dict[str, torch.Tensor]:
         """``{key: Σ n_k w_k / Σ n_k}`` in each key's incoming dtype (integers rounded to nearest)."""
         out = {}

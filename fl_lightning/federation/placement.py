@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-__all__ = ["assign_clients", "sample_clients", "clients_per_round", "derive_seed", "client_seed", "seed_torch"]
+__all__ = ["assign_clients", "deal_in_order", "sample_clients", "clients_per_round", "derive_seed", "client_seed", "seed_torch"]
 
 
 def assign_clients(sizes: Sequence[int], world_size: int) -> list[list[int]]:
@@ -28,6 +28,46 @@ def assign_clients(sizes: Sequence[int], world_size: int) -> list[list[int]]:
         ranks[r].append(client)
         loads[r] += sizes[client]
     return [sorted(r) for r in ranks]
+
+
+def deal_in_order(clients: Sequence[int], sizes: Sequence[int], world_size: int) -> list[list[int]]:
+    """Deal ``clients`` to ranks in contiguous blocks, in their order, the largest block's data as small as it can be.
+
+    The linear partition problem: the smallest bound B on a block's data (``Σ sizes[c]`` over its clients) for which
+    filling each block in order up to B needs at most ``world_size`` blocks (a binary search over B: filling up to B
+    needs the fewest blocks any partition under B needs), then each block filled up to it. Rank r gets block r, so
+    rank 0 holds the first clients and rank r's clients all come after rank r−1's — what lets the ranks fold their
+    clients' uploads in client order, each on the sum the rank before it carries (federation/summed_uploads.py).
+    Ranks past the last block get none. Deterministic.
+
+    Returns:
+        ``world_size`` lists whose concatenation is ``list(clients)``.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    loads = [int(sizes[c]) for c in clients]
+    lo, hi = max(loads, default=0), sum(loads)
+    while lo < hi:
+        bound = (lo + hi) // 2
+        if len(_filled(loads, bound)) <= world_size:
+            hi = bound
+        else:
+            lo = bound + 1
+    blocks = [[clients[i] for i in block] for block in _filled(loads, lo)]
+    return blocks + [[] for _ in range(world_size - len(blocks))]
+
+
+def _filled(loads: Sequence[int], bound: int) -> list[list[int]]:
+    """Positions 0..len(loads)−1 in blocks filled in order, a new block whenever the next load would pass ``bound``."""
+    blocks: list[list[int]] = []
+    total = 0
+    for i, load in enumerate(loads):
+        if not blocks or total + load > bound:
+            blocks.append([])
+            total = 0
+        blocks[-1].append(i)
+        total += load
+    return blocks
 
 
 def clients_per_round(num_clients: int, fraction: float) -> int:

@@ -26,6 +26,11 @@ The server reads uploads back one at a time, in client order, through :class:`St
 sum-type aggregate (AFL, FedOPAL's statistics) then holds one upload in memory at a time, and the
 order — hence every float — is the same for any number of ranks. Multi-node runs need the run
 folder on a file system all nodes share (as resuming does).
+
+A store with a fold (``fold``: a round whose aggregate only sums the uploads' large tensors, GPT-FL's whole models)
+folds each client's summed tensors as it saves the client (federation/summed_uploads.py) and keeps the rest of the
+upload and the record in memory, never on disk — whatever ``hold_s`` and ``hold_bytes``: without its folded tensors a
+record could not stand for its client on resume, so a killed round re-runs every client of it.
 """
 
 from __future__ import annotations
@@ -35,11 +40,15 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fl_lightning.federation.algorithm import RoundPlan
 from fl_lightning.federation.checkpoint import atomic_save, safe_load
+from fl_lightning.federation.summed_uploads import FoldedUploads
 from fl_lightning.federation.transport import Upload
+
+if TYPE_CHECKING:
+    from fl_lightning.federation.summed_uploads import UploadFold
 
 __all__ = ["HOLD_BYTES", "ClientRecord", "RoundResult", "RoundStore", "StoredUploads"]
 
@@ -145,10 +154,20 @@ class RoundStore:
         hold_s: hold the plan and the records in memory until the store is this many seconds old (0: write
             each at once).
         hold_bytes: ... and while the held uploads take at most this many bytes.
+        fold: this rank's fold of the uploads' summed tensors (see the module docstring); None: whole uploads.
     """
 
-    def __init__(self, checkpoint_dir: Path, round_idx: int, *, hold_s: float = 0.0, hold_bytes: int = HOLD_BYTES) -> None:
+    def __init__(
+        self,
+        checkpoint_dir: Path,
+        round_idx: int,
+        *,
+        hold_s: float = 0.0,
+        hold_bytes: int = HOLD_BYTES,
+        fold: UploadFold | None = None,
+    ) -> None:
         self.folder = Path(checkpoint_dir) / f"round{round_idx:04d}"
+        self.fold = fold
         self.hold_s, self.hold_bytes = float(hold_s), int(hold_bytes)
         self._born = time.monotonic()
         self._plan: RoundPlan | None = None  # held, not yet written
@@ -177,6 +196,8 @@ class RoundStore:
         if self._plan is not None:
             atomic_save(self._plan.state_dict(), self.folder / "plan.pt")
             self._plan = None
+        if self.fold is not None:  # a folded client's record holds no upload to resume from: it runs again
+            return
         for client, (record, upload) in sorted(self._held.items()):
             self._write_client(client, record, upload)
         self._held.clear()
@@ -195,6 +216,9 @@ class RoundStore:
 
     # -- clients --------------------------------------------------------------------------------
     def save_client(self, client: int, record: ClientRecord, upload: Upload | None) -> None:
+        if self.fold is not None:
+            self._held[client] = (record, None if upload is None else self.fold.add(upload))
+            return
         num_bytes = upload.num_bytes if upload is not None else 0
         if self._may_hold(num_bytes):
             self._held[client] = (record, _snapshot(upload))
@@ -225,7 +249,10 @@ class RoundStore:
     def receive(self, records: Mapping[int, tuple[ClientRecord, Upload | None]]) -> None:
         """Take another rank's held records as if this store had saved them (held while it may hold, else written)."""
         for client, (record, upload) in sorted(records.items()):
-            self.save_client(client, record, upload)
+            if self.fold is not None:  # folded where they were made
+                self._held[client] = (record, upload)
+            else:
+                self.save_client(client, record, upload)
 
     def has_client(self, client: int) -> bool:
         return client in self._held or self._client_path(client).is_file()
@@ -237,7 +264,12 @@ class RoundStore:
         upload = Upload.from_state_dict(saved["upload"]) if saved["upload"] is not None else None
         return ClientRecord.from_state_dict(saved["record"]), upload
 
-    def uploads(self, clients: list[int]) -> StoredUploads:
+    def uploads(self, clients: list[int]) -> Mapping[int, Upload]:
+        """The clients' uploads in client order (a fold's store: what is left of them, with the round's whole fold)."""
+        if self.fold is not None:
+            if self.fold.total is None:
+                raise RuntimeError("the round's fold has not been carried to this rank (summed_uploads.carry_fold)")
+            return FoldedUploads({c: self._held[c][1] for c in clients}, self.fold.total)
         return StoredUploads(self, clients)
 
     def clear(self) -> None:

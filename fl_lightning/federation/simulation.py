@@ -84,7 +84,7 @@ from fl_lightning.federation.liveness import watching
 from fl_lightning.federation.local_training import local_work
 from fl_lightning.federation.num_clients import resolve_num_clients
 from fl_lightning.federation.numerics import torch_numerics
-from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients, seed_torch
+from fl_lightning.federation.placement import assign_clients, client_seed, deal_in_order, sample_clients, seed_torch
 from fl_lightning.federation.precision import check_precision
 from fl_lightning.federation.privacy import FederationPrivacy
 from fl_lightning.federation.privacy_coverage import check_privacy_coverage
@@ -96,6 +96,7 @@ from fl_lightning.federation.server_checkpoint import ServerCheckpoint
 from fl_lightning.federation.server_optimizer import ServerOptimizer
 from fl_lightning.federation.shared_folder import check_shared_run_folder
 from fl_lightning.federation.stale_updates import ArrivedUploads, PendingUpdate, check_stale_updates
+from fl_lightning.federation.summed_uploads import UploadFold, UploadSum, carry_fold
 from fl_lightning.federation.transport import Upload, check_upload
 from fl_lightning.phase_times import timed
 
@@ -608,13 +609,9 @@ class Simulation:
         rank's totals, ``on_round_end``, loggers; rank 0's files). One process: none, the same calls in order."""
         fabric, cfg = self.fabric, self.cfg
         rank = fabric.global_rank
+        sizes = [len(p) for p in env.partition]
         for round_idx in range(run.completed_rounds, algorithm.num_rounds):
             round_start = time.monotonic()
-            # every rank holds its clients' records in memory while the round is short; the others hand theirs to
-            # the server in the gather of the records (round_store.py), each at most its share of HOLD_BYTES, so
-            # the gather brings rank 0 (and, on NCCL, its GPU) at most that much at once
-            share = HOLD_BYTES if rank == 0 else HOLD_BYTES // fabric.world_size
-            store = RoundStore(self.ckpt_dir, round_idx, hold_s=cfg.federation.record_after_s, hold_bytes=share)
             sample = (
                 sample_clients
                 if self._behaviour is None
@@ -625,12 +622,22 @@ class Simulation:
             clients = sample(
                 cfg.partition.num_clients, cfg.federation.client_fraction, seed=cfg.federation.sampling_seed, round_idx=round_idx
             )
+            # every rank holds its clients' records in memory while the round is short; the others hand theirs to
+            # the server in the gather of the records (round_store.py), each at most its share of HOLD_BYTES, so
+            # the gather brings rank 0 (and, on NCCL, its GPU) at most that much at once. Uploads the aggregate only
+            # sums are folded instead, by ranks that each run a block of the clients in order (summed_uploads.py)
+            summed = self._summed(algorithm, round_idx)
+            blocks = None if summed is None else deal_in_order(sorted(clients), sizes, fabric.world_size)
+            mine = assignment[rank] if blocks is None else blocks[rank]
+            share = HOLD_BYTES if rank == 0 else HOLD_BYTES // fabric.world_size
+            fold = None if summed is None else UploadFold(summed, fabric.device, starts=rank == 0)
+            store = RoundStore(self.ckpt_dir, round_idx, hold_s=cfg.federation.record_after_s, hold_bytes=share, fold=fold)
             start_round = partial(
                 fabric.call,
                 "on_round_start",
                 round_idx=round_idx,
                 clients=clients,
-                local_clients=len(set(assignment[rank]).intersection(clients)),
+                local_clients=len(set(mine).intersection(clients)),
             )
 
             # on_round_start, then the plan: the server decides once (a resumed round keeps its checkpointed plan);
@@ -641,9 +648,9 @@ class Simulation:
             # which decides whether the round goes on (a rank that failed, the client-failure policy)
             sampled = set(plan.downloads)
             try:
-                result = self._client_phase(
-                    algorithm, env, store, round_idx, [c for c in assignment[rank] if c in sampled], plan, held
-                )
+                result = self._client_phase(algorithm, env, store, round_idx, [c for c in mine if c in sampled], plan, held)
+                if blocks is not None:  # the sums, in client order over the ranks with clients, to rank 0
+                    self._carry_fold(store, round_idx, [0, *(r for r, b in enumerate(blocks) if r and sampled.intersection(b))])
             except BaseException:  # a failure, Ctrl-C, SIGTERM: keep the finished clients for --resume
                 store.write_held()
                 raise
@@ -667,6 +674,32 @@ class Simulation:
                 partial(self._end_round, algorithm, run, store, checkpoint, round_idx, row, result, round_start, run_start),
                 what=f"round {round_idx}'s end",
                 timeout_s=cfg.federation.collective_timeout_s,
+            )
+
+    def _summed(self, algorithm: Algorithm, round_idx: int) -> UploadSum | None:
+        """What of the round's uploads the ranks fold where they are made (federation/summed_uploads.py): the method's
+        summed tensors, unless something needs each upload whole on the server — privacy (clipping, the checks of
+        what reaches the aggregate), a robust aggregator, late updates carried to a later round, an aggregate every
+        rank runs from the round's files — or ``federation.record_after_s: 0`` asks for every client's record on
+        disk (a resumed round then re-runs only its unfinished clients)."""
+        f = self.cfg.federation
+        if self._privacy is not None or not self._aggregator.is_mean or f.record_after_s <= 0:
+            return None
+        if (self._behaviour is not None and self._behaviour.late == "stale") or algorithm.shared_aggregate(round_idx):
+            return None
+        return algorithm.summed_uploads(round_idx)
+
+    def _carry_fold(self, store: RoundStore, round_idx: int, path: list[int]) -> None:
+        """The round's fold carried along ``path`` to rank 0 (:func:`summed_uploads.carry_fold`; a failure on any rank
+        ends every rank), a timed part of the aggregate."""
+        assert store.fold is not None
+        what, timeout_s = f"round {round_idx}'s summed uploads", self.cfg.federation.collective_timeout_s
+        with timed("aggregate"):
+            store.fold.total = everyone(
+                self.fabric,
+                partial(carry_fold, self.fabric, store.fold, path, what=what, timeout_s=timeout_s),
+                what=what,
+                timeout_s=timeout_s,
             )
 
     def _end_round(
@@ -932,7 +965,10 @@ class Simulation:
         mine = RoundResult()
         for client_idx in my_clients:
             if self.resume and store.has_client(client_idx):  # finished before the interruption
-                mine.records[client_idx] = store.load_client(client_idx)[0]
+                record, upload = store.load_client(client_idx)
+                if store.fold is not None:  # written by a run that kept every record: folded now
+                    store.save_client(client_idx, record, upload)
+                mine.records[client_idx] = record
                 continue
             record, upload = self._run_client(algorithm, env, round_idx, client_idx, plan)
             store.save_client(client_idx, record, upload)

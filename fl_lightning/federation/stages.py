@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from lightning.fabric import Fabric
 
     from fl_lightning.config import RunConfig
+    from fl_lightning.federation.summed_uploads import UploadSum
 
 __all__ = ["Stage", "StageConfig", "StagedAlgorithm"]
 
@@ -89,6 +90,10 @@ class Stage(ABC):
         self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
     ) -> State:
         """Server step of a round of this stage (see :meth:`Algorithm.aggregate`)."""
+
+    def summed_uploads(self, round_idx: int) -> UploadSum | None:
+        """See :meth:`Algorithm.summed_uploads`."""
+        return None
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         return {}
@@ -184,6 +189,9 @@ class StagedAlgorithm(Algorithm):
 
     def shared_aggregate(self, round_idx: int) -> bool:
         return self.stage_of(round_idx).shared_aggregate
+
+    def summed_uploads(self, round_idx: int) -> UploadSum | None:
+        return self.stage_of(round_idx).summed_uploads(round_idx)
 
     def summary_extras(self, state: State) -> dict[str, Any]:
         out: dict[str, Any] = dict(super().summary_extras(state))
