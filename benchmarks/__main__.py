@@ -6,7 +6,8 @@ runs by name: ``--clients 10,100``, ``--processes 1`` and ``--engine-only`` narr
 ``--clients 1000`` choose the point, ``--repeats`` how many fresh runs of each side (best taken).
 ``features`` (a comparison of AFL, FedCGS and FedPFT against one AFL run, on the DINOv2 ViT-S/14
 checkpoint) runs by name. ``ranks`` (a tiny FeDiSyn, DENSE and FedAvg on 1, 2 and 4 CPU processes: wall time and
-each rank's share of time waiting in collectives) runs by name; ``--processes`` chooses the counts. ``gpu_check``
+each rank's share of time waiting in collectives) runs by name; ``--processes`` chooses the counts, ``--methods``
+the methods (``gptfl,gptfl_records``: GPT-FL's whole-model uploads folded on the ranks against a record per client). ``gpu_check``
 (scripts/gpu_check.sh's checks: ViT-B/16 bf16 throughput, 1 = 2 GPUs, 16-mixed learns) runs by name. ``loader`` (the
 data path alone: images/s of the paper configs' CLIP 224-px pipeline per worker count, float32 vs the uint8 cache,
 against what a ViT-B/16 or ViT-L/16 bf16 step needs on an H100) runs by name."""
@@ -81,10 +82,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="ranks: print the per-phase model's estimate for 1, 2, 4, 8 ranks from this JSON of one GPU's phase times "
         "(e.g. benchmarks/data/fedisyn_food101_h100.json) and run nothing",
     )
+    parser.add_argument(
+        "--methods",
+        type=lambda text: [m for m in text.split(",") if m],
+        default=None,
+        help="ranks: the methods, comma-separated (default fedisyn,dense,fedavg; also gptfl and gptfl_records: GPT-FL's "
+        "uploads folded on the ranks, and through a record per client)",
+    )
     args = parser.parse_args(argv)
     options = {
         "scale": {"clients": args.clients, "processes": args.processes or [1, 2], "extras": not args.engine_only},
-        "ranks": {"processes": args.processes or [1, 2, 4], "model_from": args.model_from},
+        "ranks": {
+            "processes": args.processes or [1, 2, 4],
+            "model_from": args.model_from,
+            **({"methods": args.methods} if args.methods else {}),
+        },
         "engine": {
             "threads": args.threads,
             "model": args.model,

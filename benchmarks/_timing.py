@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "bytes_written",
     "Timing",
     "figure",
     "pick_device",
@@ -163,6 +164,18 @@ class CudaPeak:
     def __exit__(self, *exc: object) -> None:
         synchronize(self.device)
         self.bytes = int(torch.cuda.max_memory_allocated(self.device))
+
+
+def bytes_written() -> int:
+    """This process's bytes passed to write(2) so far (``wchar`` of /proc/self/io; 0 where absent)."""
+    try:
+        with open("/proc/self/io", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("wchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def reset_peak_rss() -> bool:

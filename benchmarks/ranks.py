@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from benchmarks._timing import figure
+from benchmarks._timing import bytes_written, figure
 from benchmarks.rank_model import NVLINK_BYTES_PER_S, Phase, estimate, format_estimate, phases_from_json
 
 __all__ = ["run", "METHODS", "measured_phases", "model_from"]
@@ -47,12 +47,27 @@ __all__ = ["run", "METHODS", "measured_phases", "model_from"]
 _REPO = Path(__file__).resolve().parents[1]
 _CONF = _REPO / "conf"
 # the tiny configs of the three methods the issue names, with the overrides that keep each run to seconds
+_GPTFL = (
+    "--gptfl.pretrain_overrides",
+    "{img_size: 32, patch_size: 8, embed_dim: 384, depth: 6, num_heads: 6, global_pool: avg}",
+    "--gptfl.pretrain_epochs",
+    "1",
+    "--federation.rounds",
+    "2",
+    "--train.epochs",
+    "1",
+)
 METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
     # 60 images: batches of 8 (8 of them) so that generation has batches to deal, as a real run's ~19k images do
     "fedisyn": ("fedisyn_tiny.yaml", ("--fedisyn.generation_batch_size", "8")),
     "dense": ("dense_digits_tiny.yaml", ("--dense.epochs", "5")),  # the server's distillation: 5 of its 30 epochs
     "fedavg": ("fedavg_digits_tiny.yaml", ("--federation.rounds", "3", "--partition.num_clients", "8")),
+    # GPT-FL fine-tuning a 10.7 M-parameter ViT (43 MB a client's upload), its uploads folded on the ranks that train
+    # them (federation/summed_uploads.py) and, as before, a record per client that rank 0 reads back and folds
+    "gptfl": ("gptfl_tiny.yaml", (*_GPTFL, "--partition.num_clients", "8")),
+    "gptfl_records": ("gptfl_tiny.yaml", (*_GPTFL, "--partition.num_clients", "8", "--federation.record_after_s", "0")),
 }
+DEFAULT_METHODS = ("fedisyn", "dense", "fedavg")  # ``--methods`` adds the others
 
 
 # how each recorded phase is dealt over the ranks (docs/ranks.md "Phases"); DENSE's server is not modelled (its split
@@ -61,6 +76,8 @@ _RULES: dict[str, dict[str, str]] = {
     "fedisyn": {"aggregate": "rank0", "evaluation": "blocks"},
     "dense": {"aggregate": "rank0", "evaluation": "rank0"},
     "fedavg": {"aggregate": "rank0", "evaluation": "blocks"},
+    "gptfl": {"aggregate": "rank0", "evaluation": "blocks"},
+    "gptfl_records": {"aggregate": "rank0", "evaluation": "blocks"},
 }
 GLOO_BYTES_PER_S = 1e9  # the CPU processes' all-reduce bandwidth the model assumes (gloo over loopback; an assumption)
 
@@ -116,6 +133,7 @@ class _RankReport:
 
     def on_run_start(self, **_: Any) -> None:
         self.start, self.before = time.monotonic(), dict(self.log.seconds)  # the start-up's waits are not counted
+        self.written = bytes_written()
         self.phases_before = dict(self.phases.seconds)
 
     def on_round_end(self, *, results: Any, **_: Any) -> None:
@@ -131,6 +149,7 @@ class _RankReport:
         phases = {k: v - self.phases_before.get(k, 0.0) for k, v in self.phases.seconds.items()}
         report = {
             "wall_s": time.monotonic() - self.start,
+            "bytes_written": bytes_written() - self.written,  # files (records, server.pt…) and sockets (gloo)
             "waits": {k: v for k, v in waits.items() if v > 0},
             "phases": {k: v for k, v in phases.items() if v > 0},
             "items": {**self.phases.items, "clients": self.clients},
@@ -191,6 +210,7 @@ def _point(work: Path, method: str, processes: int) -> dict[str, Any]:
         "wall_s": wall,
         "wait_share": shares,
         "wait_share_max": max(shares),
+        "bytes_written": sum(r["bytes_written"] for r in ranks),
         "waits": [{k: round(v, 3) for k, v in sorted(r["waits"].items())} for r in ranks],
         "ranks": ranks,
     }
@@ -201,7 +221,7 @@ def run(
     quick: bool,
     device: torch.device | None = None,
     processes: Sequence[int] = (1, 2, 4),
-    methods: Sequence[str] = tuple(METHODS),
+    methods: Sequence[str] = DEFAULT_METHODS,
     work_dir: Path | None = None,
     model_from: Path | None = None,
 ) -> dict[str, Any]:
@@ -211,13 +231,18 @@ def run(
         quick: 1 and 2 processes only.
         device: ignored (gloo CPU processes); accepted for the common runner signature.
         processes: the process counts.
-        methods: a subset of :data:`METHODS`.
+        methods: keys of :data:`METHODS` (default :data:`DEFAULT_METHODS`).
         work_dir: where the runs go (default: a temporary folder, removed afterwards).
         model_from: a JSON of one GPU's phase times: print the model's estimate for 1, 2, 4 and 8 ranks
             (:func:`model_from`) and run nothing.
     """
     if model_from is not None:
         return model_from_file(model_from)
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        from fl_lightning.errors import UsageError
+
+        raise UsageError(f"ranks: no method {unknown[0]!r}; choose from {', '.join(METHODS)}")
     counts = [p for p in processes if not quick or p <= 2]
     work = Path(tempfile.mkdtemp(prefix="fl_bench_ranks_", dir=work_dir))
     results: dict[str, Any] = {}
@@ -229,6 +254,11 @@ def run(
                 shown = {k: v for k, v in point.items() if k != "ranks"}
                 print(f"ranks {method} processes={p}: {json.dumps(shown)}", file=sys.stderr, flush=True)
                 results[f"{method}_p{p}_wall_s"] = figure(point["wall_s"], "s", note="rank 0, the rounds")
+                results[f"{method}_p{p}_bytes_written"] = figure(
+                    point["bytes_written"] / 1e6,
+                    "MB",
+                    note="write(2) bytes of every rank through the rounds: files, and gloo's sockets on several processes",
+                )
                 if p > 1:
                     results[f"{method}_p{p}_wait_share_max"] = figure(
                         100.0 * point["wait_share_max"],

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from benchmarks._timing import figure, peak_rss_bytes, reset_peak_rss
+from benchmarks._timing import bytes_written, figure, peak_rss_bytes, reset_peak_rss
 
 __all__ = ["run", "scale_config", "peer_config", "SIZES"]
 
@@ -169,18 +169,6 @@ def _python(args: list[str], *, timeout: float = 3600) -> tuple[float, subproces
 
 
 # -- measuring inside a worker ---------------------------------------------------------------------------
-def _bytes_written() -> int:
-    """This process's bytes passed to write(2) so far (``wchar`` of /proc/self/io; 0 where absent)."""
-    try:
-        with open("/proc/self/io", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("wchar:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def _folder_bytes(folder: Path) -> tuple[int, int]:
     """(total bytes, number of files) under ``folder``. Read it on the rank that clears it (rank 0 clears the
     round folder after its own ``on_round_end``); on another rank the files may go while it is read."""
@@ -200,12 +188,12 @@ class _Probe:
         self.rank, self.ckpt_dir = env.fabric.global_rank, Path(run_dir) / "checkpoints"
         self.result["peak_rss_setup_bytes"] = peak_rss_bytes()
         self.result["peak_rss_reset"] = reset_peak_rss()
-        self.start, self.cpu, self.written = time.perf_counter(), time.process_time(), _bytes_written()
+        self.start, self.cpu, self.written = time.perf_counter(), time.process_time(), bytes_written()
 
     def on_round_end(self, *, round_idx: int, **_: Any) -> None:
         # bytes written through the round (plan, client records): what grows with K; the run's constant
         # files (server.pt, metrics.csv, partition.png, summary.json) come after this call
-        self.result["bytes_written"] = _bytes_written() - self.written
+        self.result["bytes_written"] = bytes_written() - self.written
         if self.rank == 0:  # only the server reads the round folder: it clears it once this call returns
             total, files = _folder_bytes(self.ckpt_dir / f"round{round_idx:04d}")
             self.result.update(round_folder_bytes=total, round_folder_files=files)

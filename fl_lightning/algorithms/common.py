@@ -118,15 +118,32 @@ def evaluate_on_test(
     if env.client_test is None or not split:  # split=False: not the global model (a client's, of a set dealt out)
         return metrics
     rows = Subset(env.splits.train, np.concatenate(env.client_test).tolist())  # read as the clients' rows are
-    return metrics | federated_test(env, fn, env.loader(rows, shuffle=False))
+    return metrics | federated_test(env, fn, rows, lambda dataset: env.loader(dataset, shuffle=False))
 
 
-def federated_test(env: Environment, fn: Callable[[Tensor], Tensor], batches: Iterable[tuple[Tensor, Tensor]]) -> dict:
-    """Flower's federated evaluation of ``fn`` on every client's own test rows (``env.client_test``), ``batches``
-    reading them client after client: ``fed_test_acc`` & co. (:func:`~fl_lightning.modules.federated_evaluation.
-    federated_scores`). On several ranks in a shared phase each rank evaluates them all (rank 0's row is kept)."""
-    hits, losses = row_outcomes(fn, batches, device=env.fabric.device)
-    return federated_scores(hits, losses, [len(rows) for rows in env.client_test])
+def federated_test(
+    env: Environment,
+    fn: Callable[[Tensor], Tensor],
+    rows: Dataset,
+    batches: Callable[[Dataset], Iterable[tuple[Tensor, Tensor]]],
+) -> dict:
+    """Flower's federated evaluation of ``fn`` on every client's own test rows (``env.client_test``): ``rows`` holds
+    them client after client, ``batches(dataset)`` reads a dataset in ``data.batch_size`` batches, in order.
+    ``fed_test_acc`` & co. (:func:`~fl_lightning.modules.federated_evaluation.federated_scores`). On several ranks in
+    a shared phase each rank evaluates its block of whole batches (:func:`rank_rows`, as the test split) and the
+    rows' outcomes are gathered in rank order — the same batches, hence the numbers of one rank."""
+    device = env.fabric.device
+    if splits_work(env):
+        parts = gathered(
+            env.fabric,
+            lambda: row_outcomes(fn, batches(_my_rows(env, rows, env.cfg.data.batch_size)), device=device),
+            what="the clients' test rows",
+            timeout_s=env.cfg.federation.collective_timeout_s,
+        )
+        hits, losses = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    else:
+        hits, losses = row_outcomes(fn, batches(rows), device=device)
+    return federated_scores(hits, losses, [len(client) for client in env.client_test])
 
 
 def splits_work(env: Environment) -> bool:
@@ -351,4 +368,6 @@ def evaluate_on_test_features(
         raise RuntimeError("the clients' test rows need the training split's feature table")
     rows = torch.as_tensor(np.concatenate(env.client_test), dtype=torch.int64)
     targets = torch.as_tensor(env.splits.train_targets, dtype=torch.int64)[rows]
-    return metrics | federated_test(env, head_fn, zip(train_features[rows].split(batch_size), targets.split(batch_size)))
+    return metrics | federated_test(
+        env, head_fn, TensorDataset(train_features[rows], targets), lambda d: DataLoader(d, batch_size=batch_size, shuffle=False)
+    )

@@ -7,11 +7,12 @@ import socket
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.utils.data import TensorDataset
+from torch.utils.data import Subset, TensorDataset
 
 from fl_lightning.algorithms.common import FrozenFeatures, evaluate_on_test, evaluate_on_test_features, rank_rows
 from fl_lightning.data.feature_cache import FeatureCache, split_features
@@ -19,6 +20,7 @@ from fl_lightning.federation import collectives
 from fl_lightning.federation.algorithm import Environment
 from fl_lightning.federation.collectives import RankFailure, RankStopped, everyone
 from fl_lightning.modules.evaluation import evaluate_classifier
+from fl_lightning.modules.federated_evaluation import federated_scores, row_outcomes
 
 ROWS, BATCH, CLASSES, DIM = 37, 8, 5, 6  # 5 batches, the last one short: blocks of 2 and 3 batches on 2 ranks
 
@@ -57,7 +59,10 @@ def _data():
     return TensorDataset(x, y), y, model.eval()
 
 
-def _env(fabric, cache_dir):
+CLIENT_TEST = [list(range(0, 9)), list(range(9, 30)), list(range(30, 37))]  # three clients' own test rows (of train)
+
+
+def _env(fabric, cache_dir, client_test=None):
     dataset, y, _ = _data()
     cfg = SimpleNamespace(
         data=SimpleNamespace(
@@ -73,7 +78,9 @@ def _env(fabric, cache_dir):
     splits = SimpleNamespace(
         train=dataset, test=dataset, test_targets=y.numpy(), train_targets=y.numpy(), classes=[str(c) for c in range(CLASSES)]
     )
-    return Environment(fabric, cfg, splits, [], Path("."), shared=True)
+    env = Environment(fabric, cfg, splits, [], Path("."), shared=True)
+    env.client_test = None if client_test is None else [np.asarray(rows) for rows in client_test]
+    return env
 
 
 class _Tables(FrozenFeatures):
@@ -107,6 +114,11 @@ def _worker(rank, world, port, out, case):
                 result[name, "test"] = table.table("test", all_ranks=False)  # env.shared: every rank together
                 result[name, "eval"] = evaluate_on_test(env, lambda x: _head(model(x)))
                 result[name, "eval_features"] = evaluate_on_test_features(env, result[name, "test"], _head)
+            env = _env(fabric, None, CLIENT_TEST)  # the clients' test rows: each rank its block of their batches
+            seen = []
+            result["fed"] = evaluate_on_test(env, lambda x: (seen.append(len(x)), _head(model(x)))[1])
+            result["rows_seen"] = sum(seen)
+            result["fed_features"] = evaluate_on_test_features(env, result["plain", "test"], _head, result["plain", "train"])
         else:  # "fails": rank 1 fails inside the shared helper, then outside it (before the round's end exchange)
             collectives._LEADER_EXIT_GRACE_S = 0.0  # rank 0 goes on to the next case: rank 1 need not wait for it
             env = _env(fabric, None)
@@ -157,13 +169,24 @@ def test_two_ranks_tabulate_and_evaluate_as_one(tmp_path):
         num_classes=CLASSES,
         device=torch.device("cpu"),
     )
-    for result in _run(tmp_path, "shared"):
+    rows = [r for client in CLIENT_TEST for r in client]
+    hits, losses = row_outcomes(
+        lambda x: _head(model(x)),
+        torch.utils.data.DataLoader(Subset(dataset, rows), batch_size=BATCH),
+        device=torch.device("cpu"),
+    )
+    fed = federated_scores(hits, losses, [len(c) for c in CLIENT_TEST])
+    results = _run(tmp_path, "shared")
+    for result in results:
         assert "error" not in result, result
         for name in ("plain", "cached"):
             for key in ("train", "again", "test"):
                 assert torch.equal(result[name, key], whole), (name, key)
             assert result[name, "eval"] == expected  # the same floats: loss, accuracy, per-class accuracy
             assert result[name, "eval_features"] == expected
+        for key in ("fed", "fed_features"):  # the clients' test rows too: the floats of one process
+            assert result[key] == {**expected, **fed}, key
+    assert sum(r["rows_seen"] for r in results) == 2 * ROWS  # each test row and each client's row once over the ranks
     assert torch.equal(FeatureCache(tmp_path / "cache").load("k-train", rows=ROWS), whole)
 
 

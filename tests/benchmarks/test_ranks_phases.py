@@ -79,5 +79,6 @@ def test_model_from_prints_the_assumptions_and_every_source(capsys):
 
 def test_a_missing_model_file_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["ranks", "--model-from", str(tmp_path / "none.json")]) == 2
+    assert main(["ranks", "--methods", "gptfl,nope"]) == 2  # one line naming it, before any run
     err = capsys.readouterr().err
     assert "--model-from" in err and "none.json" in err and "Traceback" not in err

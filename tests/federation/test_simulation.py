@@ -204,8 +204,8 @@ def test_two_cpu_processes_equal_one(tmp_path):
 
 @pytest.mark.slow  # two CLI runs of 2 + 1 processes
 def test_two_cpu_processes_equal_one_with_the_clients_test_sets(tmp_path):
-    """partition.client_test_fraction: the federated evaluation of a shared evaluation (each rank all the clients'
-    test rows) gives rank 0 the numbers of one process, bit for bit."""
+    """partition.client_test_fraction: the federated evaluation of a shared evaluation (each rank its block of the
+    clients' test rows, the outcomes gathered) gives rank 0 the numbers of one process, bit for bit."""
     s1, s2 = _two_fedavg_runs(
         tmp_path,
         ["--partition.client_test_fraction", "0.25"],
