@@ -146,7 +146,7 @@ def _plan(args: Args, argv: list[str], locks: list) -> _Share | int:
 
     cfg, recorded = _load_config(args)
     if args.print_config:
-        print(dump_config(cfg), end="")
+        print(dump_config(_printable(cfg)), end="")
         return 0
     runs = plan_runs(cfg)
 
@@ -170,6 +170,20 @@ def _plan(args: Args, argv: list[str], locks: list) -> _Share | int:
         print(f"fl_lightning: --shard {args.shard[0]}/{args.shard[1]} holds no run ({len(runs)} run(s) in all)", file=sys.stderr)
         return 0
     return _claim_share(args, argv, locks, cfg=cfg, runs=runs, mine=mine, recorded=recorded)
+
+
+def _printable(cfg: Any) -> Any:
+    """``cfg`` as a run resolves it: a natural partition's ``num_clients: null`` read from the data (one client per
+    value of ``partition.by``) where the data can be read, else left null with a line on stderr saying so."""
+    if cfg.partition.num_clients is None:
+        from fl_lightning.errors import UsageError
+        from fl_lightning.federation.num_clients import resolve_num_clients
+
+        try:
+            return resolve_num_clients(cfg)
+        except UsageError as err:
+            print(f"fl_lightning: partition.num_clients stays null here (a run reads it from the data): {err}", file=sys.stderr)
+    return cfg
 
 
 def _load_config(args: Args) -> tuple[Any, dict | None]:

@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("datasets")
 
+from fl_lightning import train  # noqa: E402
 from fl_lightning.config.loading import load_config  # noqa: E402
 from fl_lightning.data.hf import HFSource  # noqa: E402
 from fl_lightning.data.partition import natural_grouping_note, natural_partition  # noqa: E402
@@ -316,7 +317,7 @@ def test_a_natural_partition_that_groups_values_or_centralises_says_so(saved, hf
     assert "fl_lightning: partition.scheme natural groups the 5 values of 'writer' into 3 clients" in capsys.readouterr().err
 
 
-def test_natural_clients_default_to_one_per_value_resolved_before_the_run(saved, hf_cache, tmp_path):
+def test_natural_clients_default_to_one_per_value_resolved_before_the_run(saved, hf_cache, tmp_path, capsys):
     """num_clients null: V = the column's distinct values, written into the config every reader sees (and the
     privacy's δ < 1/K checked against V); a number keeps its grouping; other schemes' null is 10 as before."""
     from fl_lightning.federation.num_clients import resolve_num_clients, resolve_runs
@@ -342,6 +343,13 @@ def test_natural_clients_default_to_one_per_value_resolved_before_the_run(saved,
     three = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), [*natural, "3"])
     assert resolve_num_clients(three) is three
     assert load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--partition.num_clients", "null"]).partition.num_clients == 10
+    # --print-config shows the config a run resolves; where the data cannot be read, null and one line saying why
+    assert train.main(["--config", str(CONF / "fedcgs_digits_tiny.yaml"), *natural, "null", "--print-config"]) == 0
+    assert f"  num_clients: {WRITERS}\n" in capsys.readouterr().out
+    missing = [*natural[:3], str(tmp_path / "none"), *natural[4:], "null", "--print-config"]
+    assert train.main(["--config", str(CONF / "fedcgs_digits_tiny.yaml"), *missing]) == 0
+    out, err = capsys.readouterr()
+    assert "  num_clients: null\n" in out and "partition.num_clients stays null here" in err and len(err.splitlines()) == 1
     sim = Simulation(cfg=cfg, loggers=[])
     assert sim.cfg.partition.num_clients == WRITERS  # before the attack, the availability and the checks read it
     sim.fabric.launch()
