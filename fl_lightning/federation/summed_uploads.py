@@ -168,6 +168,7 @@ def carry_fold(fabric: Fabric, fold: UploadFold, path: Sequence[int], *, what: s
             _send(fabric, None, successor)
             raise
     _send(fabric, carried, successor)
+    fold.mean = carried = None  # sent (the backend keeps what it still reads): its memory, 2× the model, is free
     if at == 0:
         return _received(fabric, path[-1], fold.device, what=what, timeout_s=timeout_s)
     return None
