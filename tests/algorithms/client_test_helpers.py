@@ -25,7 +25,14 @@ def read_splits(cfg, prompts: torch.Tensor | None = None):
     backbone = frozen_backbone(cfg)
     spec = InputSpec.of_backbone(backbone, cfg.data.image_size)
     t = build_transform(normalization=spec.normalization, image_size=spec.image_size, train=False, mean=spec.mean, std=spec.std)
-    splits = build_dataset(cfg.data.name, root=cfg.data.root, train_transform=t, test_transform=t, seed=cfg.seed)
+    splits = build_dataset(
+        cfg.data.name,
+        root=cfg.data.root,
+        train_transform=t,
+        test_transform=t,
+        seed=cfg.data_seed,
+        num_samples=cfg.data.num_samples,
+    )
     model = backbone
     if prompts is not None:
         model = PromptedViT(backbone, num_prompts=prompts.shape[0])
