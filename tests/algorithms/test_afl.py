@@ -137,3 +137,25 @@ def test_afl_evaluates_the_clients_test_rows_with_w_solved_without_them(tmp_path
         h_test,
         torch.as_tensor(np.asarray(splits.test_targets)),
     )
+
+
+@pytest.mark.slow  # two CLI runs of 1 + 2 processes per method
+@pytest.mark.parametrize("algorithm", ["afl", "fedopal"])
+def test_the_clients_test_rows_give_two_processes_the_numbers_of_one(tmp_path, algorithm):
+    """partition.client_test_fraction on 2 ranks: each evaluates its block of the clients' test rows (the feature
+    table's for AFL, the images through P_global for FedOPAL), the outcomes gathered: one process's numbers."""
+    import json
+
+    from tests.conftest import CONF, run_cli
+
+    base = ["--config", str(CONF / "fedopal_digits_tiny.yaml"), "--algorithm", algorithm, "--partition.num_clients", "5"]
+    base += ["--train.epochs", "1", "--logging.progress", "false", "--partition.client_test_fraction", "0.25"]
+    summaries = []
+    for name, extra in (("one", []), ("two", ["--federation.devices", "2"])):
+        proc = run_cli(*base, "--output_dir", str(tmp_path / name), *extra, env={"OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, proc.stderr[-1500:]
+        summaries.append(json.loads(next((tmp_path / name).glob("*/summary.json")).read_text()))
+    one, two = summaries
+    assert two["world_size"] == 2 and 0 < one["fed_test_acc"] <= 1
+    for key in ("accuracy", "loss", "fed_test_acc", "fed_test_loss", "fed_test_acc_min", "fed_test_acc_worst10"):
+        assert one[key] == two[key], key
