@@ -164,6 +164,7 @@ class AFL(OneShotFeatureMethod):
     :class:`AnalyticHead`)."""
 
     config_class = AFLConfig
+    federated_evaluation = True  # the global head through FrozenFeatures.evaluate: the clients' test rows of the train table
 
     @classmethod
     def privacy_gap(cls, cfg: RunConfig) -> str | None:

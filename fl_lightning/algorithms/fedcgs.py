@@ -80,6 +80,7 @@ class FedCGS(OneShotFeatureMethod):
     (:class:`~fl_lightning.algorithms.feature_table.OneShotFeatureMethod`)."""
 
     config_class = FedCGSConfig
+    federated_evaluation = True  # the global head through FrozenFeatures.evaluate: the clients' test rows of the train table
     true_precision = AnalyticHead.true_precision
 
     @classmethod

@@ -240,6 +240,7 @@ class FedOPAL(StagedAlgorithm):
     schedules = {"local": (PromptsWithStatistics,), "global": (PromptsWithStatistics, Statistics)}  # by restat
     true_precision = AnalyticHead.true_precision
     shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard
+    federated_evaluation = True  # P_global and W* through evaluate_on_test: the clients' test rows read by the prompted ViT
 
     @classmethod
     def privacy_gap(cls, cfg: RunConfig) -> str | None:

@@ -99,6 +99,7 @@ class FedPFTConfig:
 class FedPFT(OneShotFeatureMethod):
     true_precision = "its class Gaussians are fitted and sampled in float64, not half precision"
     config_class = FedPFTConfig
+    federated_evaluation = True  # the global head through FrozenFeatures.evaluate: the clients' test rows of the train table
 
     @classmethod
     def privacy_gap(cls, cfg: RunConfig) -> str | None:

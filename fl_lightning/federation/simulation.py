@@ -183,7 +183,7 @@ def check_client_test(cfg: RunConfig, algorithm: type[Algorithm] | Algorithm) ->
             "partition.client_test_fraction",
             cfg.partition.client_test_fraction,
             f"0 for {cfg.algorithm} (federated evaluation on the clients' test rows: fedavg, fedprox, "
-            "scaffold, feddyn, fedavg_cnn, fedavg_prompts)",
+            "scaffold, feddyn, fedavg_cnn, fedavg_prompts, afl, fedcgs, fedpft, fedopal, fedopal_plus)",
         )
     if isinstance(algorithm, Algorithm) and algorithm.augment:
         raise ConfigError(

@@ -14,6 +14,7 @@ from fl_lightning.data.transforms import build_transform
 from fl_lightning.federation.algorithm import InputSpec
 from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.simulation import Simulation, partition_for
+from tests.algorithms.client_test_helpers import check_scores, clients_rows, features, read_splits
 from tests.algorithms.test_fedopal import _centralized_features, _cfg, _ridge
 
 
@@ -111,3 +112,50 @@ def test_the_number_of_clients_does_not_change_w(tmp_path):
         Simulation(cfg=cfg, loggers=[]).run()
         ws.append(_W(cfg))
     np.testing.assert_allclose(ws[0], ws[1], rtol=1e-7, atol=1e-10)  # float64 sums in another order
+
+
+def test_afl_evaluates_the_clients_test_rows_with_w_solved_without_them(tmp_path):
+    """partition.client_test_fraction 0.25: W* is the ridge solution on the clients' training rows alone (their
+    test rows are in no R_k, C_k), and fed_test_acc & co. are W*'s on the test rows, weighted as Flower's server."""
+    cfg = _cfg(tmp_path, "--algorithm", "afl", "--afl.lam", "0.1", "--partition.client_test_fraction", "0.25")
+    summary = Simulation(cfg=cfg, loggers=[]).run()
+    W = torch.as_tensor(_W(cfg))
+    model, splits = read_splits(cfg)
+    targets = np.asarray(splits.train_targets)
+    h = features(model, splits.train, np.arange(len(targets)), cfg.data.batch_size)  # the run's table, its batches
+    fit, held = clients_rows(cfg, targets)
+    rows, train = np.concatenate(held), np.concatenate(fit)
+    y = np.eye(len(splits.classes))[targets]
+    np.testing.assert_allclose(W.numpy(), _ridge(h[train].double().numpy(), y[train], 0.1), rtol=1e-8, atol=1e-10)
+    h_test = features(model, splits.test, np.arange(len(splits.test_targets)), cfg.data.batch_size)
+    check_scores(
+        summary,
+        lambda v: v.double() @ W,
+        h[rows],
+        torch.as_tensor(targets[rows]),
+        [len(r) for r in held],
+        h_test,
+        torch.as_tensor(np.asarray(splits.test_targets)),
+    )
+
+
+@pytest.mark.slow  # two CLI runs of 1 + 2 processes per method
+@pytest.mark.parametrize("algorithm", ["afl", "fedopal"])
+def test_the_clients_test_rows_give_two_processes_the_numbers_of_one(tmp_path, algorithm):
+    """partition.client_test_fraction on 2 ranks: each evaluates its block of the clients' test rows (the feature
+    table's for AFL, the images through P_global for FedOPAL), the outcomes gathered: one process's numbers."""
+    import json
+
+    from tests.conftest import CONF, run_cli
+
+    base = ["--config", str(CONF / "fedopal_digits_tiny.yaml"), "--algorithm", algorithm, "--partition.num_clients", "5"]
+    base += ["--train.epochs", "1", "--logging.progress", "false", "--partition.client_test_fraction", "0.25"]
+    summaries = []
+    for name, extra in (("one", []), ("two", ["--federation.devices", "2"])):
+        proc = run_cli(*base, "--output_dir", str(tmp_path / name), *extra, env={"OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, proc.stderr[-1500:]
+        summaries.append(json.loads(next((tmp_path / name).glob("*/summary.json")).read_text()))
+    one, two = summaries
+    assert two["world_size"] == 2 and 0 < one["fed_test_acc"] <= 1
+    for key in ("accuracy", "loss", "fed_test_acc", "fed_test_loss", "fed_test_acc_min", "fed_test_acc_worst10"):
+        assert one[key] == two[key], key

@@ -17,6 +17,7 @@ from fl_lightning.errors import UsageError
 from fl_lightning.federation.algorithm import InputSpec
 from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.simulation import Simulation
+from tests.algorithms.client_test_helpers import check_scores, clients_rows, features, read_splits
 from tests.conftest import CONF, run_cli
 
 CONFIG = CONF / "fedcgs_digits_tiny.yaml"
@@ -107,3 +108,29 @@ def test_cli_result_does_not_depend_on_alpha_and_reports_upload_size(tmp_path):
 def test_bad_section_keys_are_usage_errors_naming_the_key(tmp_path, key, value):
     with pytest.raises(UsageError, match=f"fedcgs.{key}"):  # lam is AFL's, not FedCGS's
         _cfg(tmp_path, f"--fedcgs.{key}", value)
+
+
+def test_fedcgs_evaluates_the_clients_test_rows_with_its_head_fitted_without_them(tmp_path):
+    """partition.client_test_fraction 0.25: the class counts folded are those of the clients' training rows alone,
+    and fed_test_acc & co. are the Gaussian head's on their own test rows, weighted as Flower's server."""
+    cfg = _cfg(tmp_path, "--partition.client_test_fraction", "0.25")
+    summary = Simulation(cfg=cfg, loggers=[]).run()
+    state = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
+    model, splits = read_splits(cfg)
+    targets = np.asarray(splits.train_targets)
+    fit, held = clients_rows(cfg, targets)
+    rows = np.concatenate(held)
+    counts = np.bincount(targets[np.concatenate(fit)], minlength=10)
+    assert state["counts"].tolist() == counts.tolist() != np.bincount(targets, minlength=10).tolist()
+    h = features(model, splits.train, np.arange(len(targets)), cfg.data.batch_size)  # the run's table, its batches
+    h_test = features(model, splits.test, np.arange(len(splits.test_targets)), cfg.data.batch_size)
+    W, b = state["W"], state["b"]
+    check_scores(
+        summary,
+        lambda v: v.to(W.dtype) @ W + b,
+        h[rows],
+        torch.as_tensor(targets[rows]),
+        [len(r) for r in held],
+        h_test,
+        torch.as_tensor(np.asarray(splits.test_targets)),
+    )

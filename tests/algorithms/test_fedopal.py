@@ -16,6 +16,7 @@ from fl_lightning.federation.algorithm import InputSpec
 from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.simulation import Simulation, partition_for
 from fl_lightning.models.vpt import PromptedViT
+from tests.algorithms.client_test_helpers import check_scores, clients_rows, features, read_splits
 from tests.conftest import CONF, run_cli
 from tests.outcomes import expect, outcome_seed
 
@@ -209,3 +210,30 @@ def test_a_prompt_stage_works_only_with_the_collaborators_it_is_given():
     state = stage.aggregate(0, {"prompts": p_global}, uploads, {}, None)
     assert torch.equal(state["prompts"], torch.full((2, 3), (3 * 5.0 + 2 * 9.0) / 5)) and int(state["prompt_voters"]) == 2
     assert "W" not in state
+
+
+def test_fedopal_evaluates_the_clients_test_rows_through_the_global_prompts(tmp_path):
+    """partition.client_test_fraction 0.25 (restat global: W* of the clients' training rows under P_global): the
+    clients' test rows are in no R_k, C_k, and fed_test_acc & co. are W*'s on their features under P_global (the
+    rows read through the training split's transform, in the run's batches), weighted as Flower's server."""
+    cfg = _cfg(tmp_path, "--fedopal.restat", "global", "--partition.client_test_fraction", "0.25")
+    summary = Simulation(cfg=cfg, loggers=[]).run()
+    state = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
+    model, splits = read_splits(cfg, prompts=state["prompts"])
+    targets = np.asarray(splits.train_targets)
+    fit, held = clients_rows(cfg, targets)
+    b = cfg.data.batch_size
+    h = torch.cat([features(model, splits.train, part, b) for part in fit]).double().numpy()  # each client's batches
+    y = np.eye(len(splits.classes))[targets[np.concatenate(fit)]]
+    np.testing.assert_allclose(state["W"].numpy(), _ridge(h, y, cfg.method.lam), rtol=1e-6, atol=1e-8)
+    rows = np.concatenate(held)
+    W = state["W"]
+    check_scores(
+        summary,
+        lambda v: v.to(W.dtype) @ W,
+        features(model, splits.train, rows, b),
+        torch.as_tensor(targets[rows]),
+        [len(r) for r in held],
+        features(model, splits.test, np.arange(len(splits.test_targets)), b),
+        torch.as_tensor(np.asarray(splits.test_targets)),
+    )

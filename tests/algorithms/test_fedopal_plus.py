@@ -312,3 +312,53 @@ def test_the_test_split_cannot_change_the_choice(tmp_path, monkeypatch):
     assert wrong_summary["accuracy"] != clean_summary["accuracy"]
     for key in ("head", "lam_chosen", "val_losses", "W", "prompts"):
         assert torch.equal(clean[key], wrong[key]), key
+
+
+def test_fedopal_plus_evaluates_the_clients_test_rows_with_the_head_it_chose(tmp_path):
+    """partition.client_test_fraction 0.25: the validation share is carved from the clients' training rows (never
+    their test rows), and fed_test_acc & co. are the chosen head's (AFL's on the prompt-free backbone, or W* under
+    P_global) on the clients' own test rows, weighted as Flower's server."""
+    from fl_lightning.config.loading import load_config
+    from fl_lightning.federation.checkpoint import safe_load
+    from fl_lightning.federation.simulation import Simulation
+    from tests.algorithms.client_test_helpers import check_scores, clients_rows, features, read_splits
+
+    cfg = load_config(
+        CONF / "fedopal_digits_tiny.yaml",
+        [
+            "--algorithm",
+            "fedopal_plus",
+            "--output_dir",
+            str(tmp_path),
+            "--logging.progress",
+            "false",
+            "--train.epochs",
+            "1",
+            "--partition.num_clients",
+            "4",
+            "--partition.client_test_fraction",
+            "0.25",
+        ],
+    )
+    sim = Simulation(cfg=cfg, loggers=[])
+    summary = sim.run()
+    state = safe_load(sim.run_dir / "checkpoints" / "server.pt")["state"]
+    model, splits = read_splits(cfg, prompts=state["prompts"] if int(state["head"]) == 1 else None)
+    targets = np.asarray(splits.train_targets)
+    fit, held = clients_rows(cfg, targets)
+    algo, env = Simulation(cfg=cfg, loggers=[])._setup()
+    for k, (rows, own) in enumerate(zip(fit, held)):
+        client = env.client(k)
+        assert np.array_equal(np.asarray(client.dataset.indices), rows) and np.array_equal(env.client_test[k], own)
+        val = np.asarray(client.dataset.indices)[validation_positions(client, algo.config.val_fraction, cfg.seed)]
+        assert len(val) > 0 and np.intersect1d(val, own).size == 0
+    rows, W, b = np.concatenate(held), state["W"], cfg.data.batch_size
+    check_scores(
+        summary,
+        lambda v: v.to(W.dtype) @ W,
+        features(model, splits.train, rows, b),
+        torch.as_tensor(targets[rows]),
+        [len(r) for r in held],
+        features(model, splits.test, np.arange(len(splits.test_targets)), b),
+        torch.as_tensor(np.asarray(splits.test_targets)),
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from lightning.fabric import seed_everything
@@ -18,6 +19,7 @@ from fl_lightning.feature_gaussians import train_linear_head
 from fl_lightning.federation.algorithm import InputSpec
 from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.simulation import Simulation
+from tests.algorithms.client_test_helpers import check_scores, clients_rows, features, read_splits
 from tests.conftest import CONF, run_cli
 from tests.outcomes import expect, outcome_seed
 
@@ -129,3 +131,35 @@ def test_head_on_synthetic_features_is_close_to_head_on_real_features(tmp_path):
 def test_bad_section_keys_are_usage_errors_naming_the_key(tmp_path, key, value):
     with pytest.raises(UsageError, match=f"fedpft.{key}"):
         _cfg(tmp_path, f"--fedpft.{key}", value)
+
+
+def test_fedpft_evaluates_the_clients_test_rows_with_its_head_fitted_without_them(tmp_path):
+    """partition.client_test_fraction 0.25: the mixtures are fitted on the clients' training rows alone (the
+    synthetic features drawn are their class counts above K), and fed_test_acc & co. are the trained head's on
+    the clients' own test rows, weighted as Flower's server."""
+    cfg = _cfg(tmp_path, "--partition.num_clients", "4", "--fedpft.head_epochs", "2", "--partition.client_test_fraction", "0.25")
+    summary = Simulation(cfg=cfg, loggers=[]).run()
+    state = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
+    model, splits = read_splits(cfg)
+    targets = np.asarray(splits.train_targets)
+    fit, held = clients_rows(cfg, targets)
+
+    def drawn(parts):  # a class of more than K rows on a client: a mixture, as many draws as its rows
+        counts = [np.bincount(targets[p], minlength=10) for p in parts]
+        return sum(int(c[c > cfg.method.n_components].sum()) for c in counts)
+
+    whole = [np.union1d(a, b) for a, b in zip(fit, held)]
+    assert int(state["synthetic_features"]) == drawn(fit) != drawn(whole)
+    rows = np.concatenate(held)
+    h = features(model, splits.train, np.arange(len(targets)), cfg.data.batch_size)  # the run's table, its batches
+    h_test = features(model, splits.test, np.arange(len(splits.test_targets)), cfg.data.batch_size)
+    weight, bias = state["weight"], state["bias"]
+    check_scores(
+        summary,
+        lambda v: v.float() @ weight.T + bias,
+        h[rows],
+        torch.as_tensor(targets[rows]),
+        [len(r) for r in held],
+        h_test,
+        torch.as_tensor(np.asarray(splits.test_targets)),
+    )

@@ -106,8 +106,8 @@ def test_a_fedavg_run_logs_federated_evaluation_and_keeps_the_whole_partition(tm
 
 
 def test_methods_without_federated_evaluation_refuse_the_key_in_one_line():
-    cfg = load_config(str(CONF / "fedcgs_digits_tiny.yaml"), ["--partition.client_test_fraction", "0.2"])
-    with pytest.raises(ConfigError, match="partition.client_test_fraction.*0 for fedcgs"):
+    cfg = load_config(str(CONF / "coboosting_digits_tiny.yaml"), ["--partition.client_test_fraction", "0.2"])
+    with pytest.raises(ConfigError, match="partition.client_test_fraction.*0 for coboosting"):
         Simulation(cfg=cfg, loggers=[])
     cfg = load_config(
         str(CONF / "fedavg_cnn_digits_tiny.yaml"), ["--partition.client_test_fraction", "0.2", "--fedavg_cnn.augment", "true"]
