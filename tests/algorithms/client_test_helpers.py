@@ -76,3 +76,18 @@ def check_scores(summary: dict, head: Callable[[torch.Tensor], torch.Tensor], h_
     test_loss = torch.nn.functional.cross_entropy(test_logits, y_test)
     assert summary["accuracy"] == pytest.approx(float((test_logits.argmax(1) == y_test).double().mean()), abs=1e-6)  # float32
     assert summary["loss"] == pytest.approx(float(test_loss), rel=1e-5)
+
+
+def check_head_on_images(summary: dict, W: torch.Tensor, model, splits, held: list[np.ndarray], batch_size: int) -> None:
+    """:func:`check_scores` of the analytic head ``W`` on ``model``'s features of the clients' test rows (of the
+    training split) and of the test split, read in the run's batches."""
+    targets, rows = np.asarray(splits.train_targets), np.concatenate(held)
+    check_scores(
+        summary,
+        lambda v: v.to(W.dtype) @ W,
+        features(model, splits.train, rows, batch_size),
+        torch.as_tensor(targets[rows]),
+        [len(r) for r in held],
+        features(model, splits.test, np.arange(len(splits.test_targets)), batch_size),
+        torch.as_tensor(np.asarray(splits.test_targets)),
+    )

@@ -16,7 +16,7 @@ from fl_lightning.federation.algorithm import InputSpec
 from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.simulation import Simulation, partition_for
 from fl_lightning.models.vpt import PromptedViT
-from tests.algorithms.client_test_helpers import check_scores, clients_rows, features, read_splits
+from tests.algorithms.client_test_helpers import check_head_on_images, clients_rows, features, read_splits
 from tests.conftest import CONF, run_cli
 from tests.outcomes import expect, outcome_seed
 
@@ -226,14 +226,4 @@ def test_fedopal_evaluates_the_clients_test_rows_through_the_global_prompts(tmp_
     h = torch.cat([features(model, splits.train, part, b) for part in fit]).double().numpy()  # each client's batches
     y = np.eye(len(splits.classes))[targets[np.concatenate(fit)]]
     np.testing.assert_allclose(state["W"].numpy(), _ridge(h, y, cfg.method.lam), rtol=1e-6, atol=1e-8)
-    rows = np.concatenate(held)
-    W = state["W"]
-    check_scores(
-        summary,
-        lambda v: v.to(W.dtype) @ W,
-        features(model, splits.train, rows, b),
-        torch.as_tensor(targets[rows]),
-        [len(r) for r in held],
-        features(model, splits.test, np.arange(len(splits.test_targets)), b),
-        torch.as_tensor(np.asarray(splits.test_targets)),
-    )
+    check_head_on_images(summary, state["W"], model, splits, held, cfg.data.batch_size)

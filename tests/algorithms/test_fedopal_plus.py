@@ -318,29 +318,12 @@ def test_fedopal_plus_evaluates_the_clients_test_rows_with_the_head_it_chose(tmp
     """partition.client_test_fraction 0.25: the validation share is carved from the clients' training rows (never
     their test rows), and fed_test_acc & co. are the chosen head's (AFL's on the prompt-free backbone, or W* under
     P_global) on the clients' own test rows, weighted as Flower's server."""
-    from fl_lightning.config.loading import load_config
     from fl_lightning.federation.checkpoint import safe_load
     from fl_lightning.federation.simulation import Simulation
-    from tests.algorithms.client_test_helpers import check_scores, clients_rows, features, read_splits
+    from tests.algorithms.client_test_helpers import check_head_on_images, clients_rows, read_splits
 
-    cfg = load_config(
-        CONF / "fedopal_digits_tiny.yaml",
-        [
-            "--algorithm",
-            "fedopal_plus",
-            "--output_dir",
-            str(tmp_path),
-            "--logging.progress",
-            "false",
-            "--train.epochs",
-            "1",
-            "--partition.num_clients",
-            "4",
-            "--partition.client_test_fraction",
-            "0.25",
-        ],
-    )
-    sim = Simulation(cfg=cfg, loggers=[])
+    sim = _simulation(tmp_path, "--partition.num_clients", "4", "--partition.client_test_fraction", "0.25")
+    cfg = sim.cfg
     summary = sim.run()
     state = safe_load(sim.run_dir / "checkpoints" / "server.pt")["state"]
     model, splits = read_splits(cfg, prompts=state["prompts"] if int(state["head"]) == 1 else None)
@@ -352,13 +335,4 @@ def test_fedopal_plus_evaluates_the_clients_test_rows_with_the_head_it_chose(tmp
         assert np.array_equal(np.asarray(client.dataset.indices), rows) and np.array_equal(env.client_test[k], own)
         val = np.asarray(client.dataset.indices)[validation_positions(client, algo.config.val_fraction, cfg.seed)]
         assert len(val) > 0 and np.intersect1d(val, own).size == 0
-    rows, W, b = np.concatenate(held), state["W"], cfg.data.batch_size
-    check_scores(
-        summary,
-        lambda v: v.to(W.dtype) @ W,
-        features(model, splits.train, rows, b),
-        torch.as_tensor(targets[rows]),
-        [len(r) for r in held],
-        features(model, splits.test, np.arange(len(splits.test_targets)), b),
-        torch.as_tensor(np.asarray(splits.test_targets)),
-    )
+    check_head_on_images(summary, state["W"], model, splits, held, cfg.data.batch_size)
