@@ -91,11 +91,12 @@ from fl_lightning.federation.privacy_coverage import check_privacy_coverage
 from fl_lightning.federation.robust_aggregation import RobustAggregator
 from fl_lightning.federation.round_store import HOLD_BYTES, ClientRecord, RoundResult, RoundStore
 from fl_lightning.federation.run_folder import write_metrics_csv, write_summary
-from fl_lightning.federation.run_state import RunState, unchanged
+from fl_lightning.federation.run_state import RunState
 from fl_lightning.federation.server_checkpoint import ServerCheckpoint
 from fl_lightning.federation.server_optimizer import ServerOptimizer
 from fl_lightning.federation.shared_folder import check_shared_run_folder
 from fl_lightning.federation.stale_updates import ArrivedUploads, PendingUpdate, check_stale_updates
+from fl_lightning.federation.state_broadcast import SentState, received_large, send_large
 from fl_lightning.federation.summed_uploads import UploadFold, UploadSum, carry_fold
 from fl_lightning.federation.transport import Upload, check_upload
 from fl_lightning.phase_times import timed
@@ -344,7 +345,7 @@ class Simulation:
         ALGORITHMS[cfg.algorithm].preflight(cfg)  # fail in seconds, before Fabric prints or launches anything
         self.launcher = check_launcher(cfg.federation.devices, cfg.federation.num_nodes)
         self.cfg, self.resume = cfg, resume
-        self._sent = _SentState()  # rank 0: what of the state it last broadcast (only what changes goes again)
+        self._sent = SentState()  # rank 0: what of the state it last broadcast (only what changes goes again)
         self.run_dir = cfg.run_dir
         self._privacy: FederationPrivacy | None = None  # federation.privacy, built with the data (privacy.py)
         self._server_optimizer = ServerOptimizer.of(cfg.federation.server_optimizer)  # fedavg: the aggregate as is
@@ -574,8 +575,9 @@ class Simulation:
 
     def _state_from_server(self, step: Callable[[], tuple], previous: dict, what: str) -> tuple:
         """``step()`` — the state first, then anything else — on rank 0, its outcome on every rank, the state sent
-        as what changed since rank 0's last broadcast (:class:`_SentState`): the other ranks keep their copy of
-        every tensor rank 0 left as it was (the frozen backbone of FeDiSyn's rounds: 1.2 GB for a ViT-L)."""
+        as what changed since rank 0's last broadcast (federation/state_broadcast.py): the other ranks keep their copy
+        of every tensor rank 0 left as it was (the frozen backbone of FeDiSyn's rounds: 1.2 GB for a ViT-L), and the
+        large changed ones follow the outcome over the backend (GPT-FL's whole model: NCCL on GPUs)."""
         kept: dict[str, Any] = {}
 
         def server() -> tuple:
@@ -584,8 +586,14 @@ class Simulation:
             return (self._sent.changes(state), *rest)
 
         changes, *rest = self._from_server(server, what)
-        state = kept["state"] if self.fabric.global_rank == 0 else changes.apply(previous)
-        return (state, *rest)
+        if self.fabric.world_size == 1:
+            return (kept["state"], *rest)
+        timeout_s = self.cfg.federation.compute_timeout_s
+        if self.fabric.global_rank == 0:
+            send_large(self.fabric, changes, kept["state"], what=f"{what}: the state's tensors", timeout_s=timeout_s)
+            return (kept["state"], *rest)
+        large = received_large(self.fabric, changes, what=f"{what}: the state's tensors", timeout_s=timeout_s)
+        return (changes.apply(previous, large), *rest)
 
     def _from_server(self, step: Callable[[], Any], what: str, *, send: bool = True) -> Any:
         """``step()`` on rank 0, its outcome on every rank (collectives.py: a failure there ends every rank)."""
@@ -1132,39 +1140,6 @@ class Simulation:
         if self.fabric.global_rank == 0:
             write_summary(self.run_dir / "summary.json", summary)
         return summary
-
-
-class _StateChanges:
-    """A state as rank 0 broadcasts it: its keys in order, and the tensors that changed since its last broadcast.
-
-    Args:
-        keys: every key of the state, in its order.
-        tensors: the entries to send (new keys, new objects, tensors edited in place).
-    """
-
-    def __init__(self, keys: list[str], tensors: dict[str, Any]) -> None:
-        self.keys, self.tensors = keys, tensors
-
-    def to(self, device: Any) -> _StateChanges:  # collectives.to_cpu moves what crosses the wire
-        return _StateChanges(self.keys, {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.tensors.items()})
-
-    def apply(self, previous: dict) -> dict:
-        """The state on a rank holding ``previous`` (rank 0's last broadcast state)."""
-        return {k: self.tensors[k] if k in self.tensors else previous[k] for k in self.keys}
-
-
-class _SentState:
-    """Rank 0's record of the state it last broadcast: each tensor object and its in-place version
-    (``Tensor._version``, which every in-place op bumps). A key whose tensor is the same object at the same version
-    is unchanged, and the other ranks keep theirs; the first broadcast of a process sends everything."""
-
-    def __init__(self) -> None:
-        self._sent: dict[str, tuple[Any, int]] = {}
-
-    def changes(self, state: dict) -> _StateChanges:
-        tensors = {k: v for k, v in state.items() if not unchanged(self._sent.get(k), v)}
-        self._sent = {k: (v, v._version) for k, v in state.items() if isinstance(v, torch.Tensor)}
-        return _StateChanges(list(state), tensors)
 
 
 def _merged(parts: list[RoundResult]) -> RoundResult:
