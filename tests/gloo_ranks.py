@@ -8,10 +8,28 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+
+class GlooFabric:
+    """What the engine's collectives read of a Fabric (rank, world, CPU device, ``broadcast``), over an initialised gloo
+    group (no object group of its own: the collectives then use the default group)."""
+
+    device = torch.device("cpu")
+    strategy = SimpleNamespace()
+
+    def __init__(self, rank: int, world: int) -> None:
+        self.global_rank, self.world_size = rank, world
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
 
 
 def free_port() -> int:

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from fl_lightning.federation.collectives import from_server, to_cpu
 from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.state_broadcast import SentState
-from tests.gloo_ranks import run_ranks
+from tests.gloo_ranks import GlooFabric, run_ranks
 
 
 def test_the_state_broadcast_sends_only_the_tensors_that_changed():
@@ -46,19 +46,6 @@ def test_large_changed_tensors_leave_the_pickled_outcome():
     assert sent.changes(state).tensors == {}  # nothing changed: nothing at all goes
 
 
-class _Fabric:
-    device = torch.device("cpu")
-    strategy = SimpleNamespace()
-
-    def __init__(self, rank: int, world: int) -> None:
-        self.global_rank, self.world_size = rank, world
-
-    def broadcast(self, obj, src=0):
-        box = [obj]
-        dist.broadcast_object_list(box, src=src)
-        return box[0]
-
-
 def _steps() -> list[Callable[[], dict]]:
     """Rank 0's aggregates: every tensor new (the big ones past 1 MiB: float32, int64, bf16); the big one replaced;
     the ids edited in place (a bumped version: sent again)."""
@@ -85,7 +72,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    fabric = _Fabric(rank, world)
+    fabric = GlooFabric(rank, world)
     engine = SimpleNamespace(
         fabric=fabric,
         cfg=SimpleNamespace(federation=SimpleNamespace(compute_timeout_s=60.0)),

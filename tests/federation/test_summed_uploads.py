@@ -7,7 +7,6 @@ import itertools
 import os
 import pickle
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ from fl_lightning.federation.collectives import RankFailure, RankStopped, everyo
 from fl_lightning.federation.placement import deal_in_order
 from fl_lightning.federation.summed_uploads import FoldedUploads, UploadFold, UploadSum, carry_fold, summed_mean
 from fl_lightning.federation.transport import Upload
-from tests.gloo_ranks import run_ranks
+from tests.gloo_ranks import GlooFabric, run_ranks
 
 SUM = UploadSum(("backbone.", "head."))
 
@@ -104,27 +103,12 @@ def test_a_rank_that_holds_its_uploads_copies_them_off_the_module():
 
 
 # -- over gloo ranks -----------------------------------------------------------------------------------------------
-class _Fabric:
-    """What carry_fold and the collectives read of a Fabric, over an initialised gloo group."""
-
-    device = torch.device("cpu")
-    strategy = SimpleNamespace()
-
-    def __init__(self, rank: int, world: int) -> None:
-        self.global_rank, self.world_size = rank, world
-
-    def broadcast(self, obj, src=0):
-        box = [obj]
-        dist.broadcast_object_list(box, src=src)
-        return box[0]
-
-
 def _worker(rank: int, world: int, port: int, out: str, blocks: list[list[int]], failing: int | None) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     collectives._LEADER_EXIT_GRACE_S = 0.0
-    fabric, ups, result = _Fabric(rank, world), _uploads(7), {}
+    fabric, ups, result = GlooFabric(rank, world), _uploads(7), {}
     fold = UploadFold(SUM, fabric.device, starts=rank == 0)
     for c in blocks[rank]:
         fold.add(ups[c])
