@@ -402,12 +402,10 @@ def preflight_run(cfg: RunConfig) -> None:
     from fl_lightning.federation.precision import check_precision
 
     check_precision(cfg, available_algorithms()[cfg.algorithm])
-    from fl_lightning.federation.privacy_coverage import check_privacy_coverage
+    from fl_lightning.federation.policies.order import check_policies
 
-    check_privacy_coverage(cfg, available_algorithms()[cfg.algorithm])  # a mechanism that would not cover it
-    from fl_lightning.federation.averaging import check_averaging_settings
-
-    check_averaging_settings(cfg, available_algorithms()[cfg.algorithm])  # FedAdam, Krum, attacks: averaging only
+    # privacy that would not cover the method; FedAdam, Krum, attacks, late updates where no mean is aggregated
+    check_policies(cfg, available_algorithms()[cfg.algorithm])
     available_algorithms()[cfg.algorithm].preflight(cfg)
 
 

@@ -78,6 +78,7 @@ class FedAvgConfig:
 
 @register("fedavg")
 class FedAvg(FeatureTableMethod):
+    averages_weights = True  # aggregate(): the weighted mean of its uploads (federation/policies/order.py)
     config_class = FedAvgConfig
 
     @classmethod

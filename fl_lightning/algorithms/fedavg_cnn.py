@@ -119,6 +119,7 @@ def _cpu_state(model: nn.Module) -> State:
 
 @register("fedavg_cnn", renamed_from=("fedavg_resnet",))  # any timm CNN, not ResNet only
 class FedAvgCNN(Algorithm):
+    averages_weights = True  # aggregate(): the weighted mean of its uploads (federation/policies/order.py)
     config_class = FedAvgCNNConfig
 
     @classmethod

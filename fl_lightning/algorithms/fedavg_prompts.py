@@ -53,6 +53,7 @@ class FedAvgPromptsConfig:
 
 @register("fedavg_prompts", renamed_from=("fedavg_clip",))  # any ViT, not CLIP only
 class FedAvgPrompts(Algorithm):
+    averages_weights = True  # aggregate(): the weighted mean of its uploads (federation/policies/order.py)
     config_class = FedAvgPromptsConfig
 
     @classmethod

@@ -38,6 +38,7 @@ class FedProxConfig(FedAvgConfig):
 
 @register("fedprox")
 class FedProx(FedAvg):
+    averages_weights = True  # aggregate(): the weighted mean of its uploads (federation/policies/order.py)
     config_class = FedProxConfig
 
     @classmethod

@@ -363,63 +363,55 @@ class PrivacyConfig:
         )
 
 
-SERVER_OPTIMIZERS = ("fedavg", "fedavgm", "fedadagrad", "fedadam", "fedyogi")
-
-
 @dataclass
 class ServerOptimizerConfig:
     """The server's step from the round's aggregate (docs/server_optimizers.md; federation/server_optimizer.py).
 
-    ``fedavg``: the aggregate is the new state (today's behaviour, bit for bit); ``fedavgm``, ``fedadagrad``,
-    ``fedadam``, ``fedyogi``: Flower's strategies of those names (Reddi et al., ICLR 2021), for the methods whose
-    state is the mean of their clients' weights. A null value takes Flower's default for the chosen optimizer.
+    ``name``: a registered server optimizer — ``fedavg`` (the aggregate is the new state, today's behaviour bit for
+    bit), ``fedavgm``, ``fedadagrad``, ``fedadam``, ``fedyogi`` (Flower's strategies of those names, Reddi et al.,
+    ICLR 2021), or one registered outside the package (docs/adding_a_method.md), for the methods whose state is the
+    mean of their clients' weights. Each optimizer reads the keys below it states; a null value takes its default
+    (Flower's), a value it does not read is one line.
     """
 
-    name: Literal[SERVER_OPTIMIZERS] = "fedavg"  # type: ignore[valid-type]
+    name: str = "fedavg"
     lr: float | None = None  # η, the server learning rate (Flower: eta / server_learning_rate)
     momentum: float | None = None  # fedavgm's μ (Flower: server_momentum; default 0)
     beta_1: float | None = None  # first-moment decay (fedadagrad default 0, fedadam / fedyogi 0.9)
     beta_2: float | None = None  # second-moment decay (fedadam / fedyogi: 0.99)
     tau: float | None = None  # adaptivity τ (fedadagrad / fedadam: 1e-9, fedyogi: 1e-3)
+    weight_decay: float | None = None  # λ of a decoupled weight decay (none of Flower's optimizers has one)
 
     def __post_init__(self) -> None:
+        check(isinstance(self.name, str) and self.name.isidentifier(), "name", self.name, "a server optimizer's name")
         check(self.lr is None or 0 < self.lr < math.inf, "lr", self.lr, "a finite float > 0 or null")
         for key in ("momentum", "beta_1", "beta_2"):
             value = getattr(self, key)
             check(value is None or 0 <= value < 1, key, value, "a float in [0, 1) or null")
         check(self.tau is None or 0 <= self.tau < math.inf, "tau", self.tau, "a finite float >= 0 or null")
-        used = {
-            "fedavg": (),
-            "fedavgm": ("lr", "momentum"),
-            "fedadagrad": ("lr", "beta_1", "tau"),
-            "fedadam": ("lr", "beta_1", "beta_2", "tau"),
-            "fedyogi": ("lr", "beta_1", "beta_2", "tau"),
-        }[self.name]
-        for key in ("lr", "momentum", "beta_1", "beta_2", "tau"):
-            check(
-                getattr(self, key) is None or key in used,
-                key,
-                getattr(self, key),
-                f"null: {self.name} has no {key} (it uses {', '.join(used) or 'none'})",
-            )
-
-
-AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "bulyan")
+        check(
+            self.weight_decay is None or 0 <= self.weight_decay < math.inf,
+            "weight_decay",
+            self.weight_decay,
+            "a finite float >= 0 or null",
+        )
 
 
 @dataclass
 class AggregatorConfig:
     """How the server combines the clients' weights (docs/robust_aggregation.md; federation/robust_aggregation.py):
     ``mean`` — the method's own (weighted) mean, today's behaviour bit for bit; ``median``, ``trimmed_mean``,
-    ``krum``, ``multi_krum``, ``bulyan`` — Flower's FedMedian, FedTrimmedAvg, Krum / Multi-Krum and Bulyan. For the
-    methods whose state is the mean of their clients' weights."""
+    ``krum``, ``multi_krum``, ``bulyan`` — Flower's FedMedian, FedTrimmedAvg, Krum / Multi-Krum and Bulyan — or a
+    rule registered outside the package (docs/adding_a_method.md). For the methods whose state is the mean of their
+    clients' weights."""
 
-    name: Literal[AGGREGATORS] = "mean"  # type: ignore[valid-type]
+    name: str = "mean"
     trim_fraction: float = 0.2  # trimmed_mean's β: ⌊β·n⌋ values cut at each end (Flower's default 0.2)
     num_malicious: int = 0  # f, for krum / multi_krum / bulyan (bulyan needs n >= 4f + 3 uploads)
     num_to_keep: int | None = None  # multi_krum's q (null: n − f)
 
     def __post_init__(self) -> None:
+        check(isinstance(self.name, str) and self.name.isidentifier(), "name", self.name, "an aggregator's name")
         check(0 <= self.trim_fraction < 0.5, "trim_fraction", self.trim_fraction, "a float in [0, 0.5)")
         check(self.num_malicious >= 0, "num_malicious", self.num_malicious, "an int >= 0")
         check(

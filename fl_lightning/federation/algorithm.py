@@ -313,6 +313,12 @@ class Algorithm(ABC):
     # trains to half precision as Fabric does (convert_module, convert_input); else why it cannot, the reason a
     # run with one of them is refused with (one line, exit status 2)
     true_precision: str | None = "its modules are not converted to half precision"
+    # True: aggregate() returns the weighted mean (by meta["num_samples"]) of the uploads' floating-point tensors of
+    # the state, and nothing else — FedAvg's kind. Only then do the update policies that read or replace a mean
+    # compose with the method: a server optimizer, a robust aggregator, an attack on weights, late (stale) updates
+    # (federation/policies/order.py). Declared by the method's own class, never inherited (averages_weights()): a
+    # subclass whose server does more than average (DENSE distils from each model) says nothing and is refused.
+    averages_weights: bool = False
 
     def shared_aggregate(self, round_idx: int) -> bool:
         """Whether every rank runs round ``round_idx``'s :meth:`aggregate` together (``env.shared`` set; the uploads
@@ -398,6 +404,12 @@ class Algorithm(ABC):
     def summary_extras(self, state: State) -> dict[str, Any]:
         """Extra keys for summary.json."""
         return {}
+
+
+def averages_weights(algorithm: type) -> bool:
+    """Whether ``algorithm``'s own class declares ``averages_weights = True`` (an inherited value does not count:
+    :attr:`Algorithm.averages_weights`)."""
+    return algorithm.__dict__.get("averages_weights", False) is True
 
 
 ALGORITHMS: dict[str, type[Algorithm]] = {}

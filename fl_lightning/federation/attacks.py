@@ -32,10 +32,11 @@ import torch
 from torch import Tensor
 
 from fl_lightning.federation.placement import derive_seed
+from fl_lightning.federation.policies.policy import UpdatePolicy, register_policy
 from fl_lightning.federation.transport import Upload
 
 if TYPE_CHECKING:
-    from fl_lightning.config import AttackConfig
+    from fl_lightning.config import AttackConfig, RunConfig
 
 __all__ = ["ATTACK_DEFAULT_SCALE", "ClientAttack", "choose_attackers", "flipped_labels", "poison"]
 
@@ -83,9 +84,14 @@ def poison(
     return out
 
 
+@register_policy("attack", "sign_flip")
+@register_policy("attack", "scale")
+@register_policy("attack", "gaussian")
+@register_policy("attack", "label_flip")
 @dataclass(frozen=True)
-class ClientAttack:
-    """The run's attack: its kind, strength and attacking clients."""
+class ClientAttack(UpdatePolicy):
+    """The run's attack: its kind, strength and attacking clients (an update policy on the client's way up, the
+    first: federation/policies/order.py)."""
 
     kind: str
     attackers: frozenset[int]
@@ -100,6 +106,13 @@ class ClientAttack:
             return None
         scale = config.scale if config.scale is not None else ATTACK_DEFAULT_SCALE.get(config.kind, 1.0)
         return cls(config.kind, choose_attackers(num_clients, config.fraction, config.seed), scale, config.std, config.seed)
+
+    @classmethod
+    def build(cls, cfg: RunConfig, setup: object) -> ClientAttack | None:
+        return cls.of(cfg.federation.attack, cfg.partition.num_clients)
+
+    def on_upload(self, upload: Upload, downloaded: Mapping[str, Tensor], round_idx: int, client: int) -> Upload:
+        return self.apply(upload, downloaded, round_idx, client)
 
     def label_maps(self, num_classes: int) -> dict[int, np.ndarray]:
         """The clients that train on changed labels, each with its (C,) map (none but under ``label_flip``)."""
@@ -117,6 +130,6 @@ class ClientAttack:
             poison(self.kind, upload.tensors, downloaded, scale=self.scale, std=self.std, generator=generator), upload.meta
         )
 
-    def row(self, clients: list[int]) -> dict[str, int]:
+    def row(self, round_idx: int, clients: list[int]) -> dict[str, int]:
         """metrics.csv: how many of the round's clients attacked."""
         return {"attackers": sum(c in self.attackers for c in clients)}

@@ -46,6 +46,8 @@ import torch
 from fl_lightning.errors import ConfigError, UsageError
 from fl_lightning.federation.local_training import DPSGD
 from fl_lightning.federation.placement import clients_per_round, derive_seed
+from fl_lightning.federation.policies.policy import PolicySetup, RoundContext, UpdatePolicy, register_policy
+from fl_lightning.federation.privacy_coverage import coverage_refusal
 from fl_lightning.federation.transport import Upload
 
 if TYPE_CHECKING:
@@ -64,9 +66,17 @@ class PrivacyLeak(RuntimeError):
     that is not): the run stops before the aggregate reads it."""
 
 
+@register_policy("privacy", "dp_fedavg")
+@register_policy("privacy", "statistics_local")
+@register_policy("privacy", "statistics_central")
 @dataclass
-class FederationPrivacy:
-    """The run's mechanism, its calibrated noise multiplier σ and its accounting (see the module docstring)."""
+class FederationPrivacy(UpdatePolicy):
+    """The run's mechanism, its calibrated noise multiplier σ and its accounting (see the module docstring).
+
+    As an update policy (federation/policies/order.py): the client's upload (local DP), the uploads as the method
+    reads them (clipped, checked, weight 1) and the method's aggregate (DP-FedAvg's noise on the mean)."""
+
+    reads_each_upload = True
 
     config: PrivacyConfig
     seed: int
@@ -131,6 +141,25 @@ class FederationPrivacy:
         )
 
     # -- accounting ---------------------------------------------------------------------------------------
+    @classmethod
+    def build(cls, cfg: RunConfig, setup: PolicySetup) -> FederationPrivacy | None:
+        return cls.of(cfg, setup.num_rounds, setup.client_sizes)
+
+    @classmethod
+    def refusal(cls, cfg: RunConfig, algorithm: type) -> str | None:
+        return coverage_refusal(cfg, algorithm)
+
+    def on_upload(self, upload: Upload, downloaded: Mapping[str, torch.Tensor], round_idx: int, client: int) -> Upload:
+        return self.client_upload(upload, round_idx, client)
+
+    def on_uploads(self, uploads: Mapping[int, Upload], ctx: RoundContext) -> Mapping[int, Upload]:
+        return self.server_uploads(uploads, ctx.previous, ctx.round_idx)
+
+    def on_aggregate(
+        self, aggregate: dict[str, torch.Tensor], ctx: RoundContext, state: Mapping[str, torch.Tensor]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        return self.noised_state(aggregate, ctx.round_idx), dict(state)
+
     def epsilon(self, releases: int) -> float:
         """ε spent after ``releases`` rounds by every unit (each client's DP-SGD has the same public q and steps; inf
         without noise)."""
@@ -147,7 +176,7 @@ class FederationPrivacy:
             parts=[(q, steps * releases) for q, steps in (*self.parts, *self.sgd)],
         )
 
-    def row(self, round_idx: int) -> dict[str, float]:
+    def row(self, round_idx: int, clients: list[int] | None = None) -> dict[str, float]:
         """metrics.csv: ε spent so far (after round ``round_idx``)."""
         return {"epsilon": self.epsilon(round_idx + 1)}
 

@@ -26,7 +26,7 @@ from fl_lightning.errors import UsageError
 if TYPE_CHECKING:
     from fl_lightning.config import RunConfig
 
-__all__ = ["MECHANISMS", "privacy_gap", "check_privacy_coverage", "coverage_table", "weights_only", "statistics_only"]
+__all__ = ["MECHANISMS", "privacy_gap", "coverage_refusal", "check_privacy_coverage", "coverage_table", "weights_only", "statistics_only"]
 
 MECHANISMS = ("dp_fedavg", "statistics_local", "statistics_central")
 
@@ -59,17 +59,25 @@ def privacy_gap(algorithm: type, cfg: RunConfig) -> str | None:
     return own.__get__(None, algorithm)(cfg)
 
 
-def check_privacy_coverage(cfg: RunConfig, algorithm: type) -> None:
-    """Refuse, in one line (:class:`UsageError`, exit 2), a run whose method the mechanism does not cover."""
+def coverage_refusal(cfg: RunConfig, algorithm: type) -> str | None:
+    """Why the run's mechanism does not cover ``algorithm``, in one line (None: it does, or privacy is off)."""
     mechanism = cfg.federation.privacy.mechanism
     if mechanism == "off":
-        return
+        return None
     gap = privacy_gap(algorithm, cfg)
-    if gap is not None:
-        raise UsageError(
-            f"usage error: federation.privacy.mechanism={mechanism} does not protect {cfg.algorithm}: "
-            f"{gap}; no ε would hold (docs/privacy.md, 'What each method's privacy covers')"
-        )
+    if gap is None:
+        return None
+    return (
+        f"federation.privacy.mechanism={mechanism} does not protect {cfg.algorithm}: "
+        f"{gap}; no ε would hold (docs/privacy.md, 'What each method's privacy covers')"
+    )
+
+
+def check_privacy_coverage(cfg: RunConfig, algorithm: type) -> None:
+    """Refuse, in one line (:class:`UsageError`, exit 2), a run whose method the mechanism does not cover."""
+    refusal = coverage_refusal(cfg, algorithm)
+    if refusal is not None:
+        raise UsageError(f"usage error: {refusal}")
 
 
 def coverage_table() -> str:

@@ -16,23 +16,42 @@ returns the new weights:
                     β = θ − 2f values closest to the picked clients' median averaged, unweighted (El Mhamdi et al.
                     2018; Flower's ``Bulyan``; needs n ≥ 4f + 3).
 
-f is ``num_malicious``. The rules are pure functions on a (n, d) tensor, tested against Flower's outputs.
+f is ``num_malicious``. The rules are pure functions on a (n, d) tensor, tested against Flower's outputs; each is a
+small subclass of :class:`RobustAggregator` registered by name (its :meth:`~RobustAggregator.combine`), applied by the
+engine to the method's aggregate after privacy and before the server optimizer
+(:mod:`fl_lightning.federation.policies.order`). A new rule is one such class in one file, anywhere:
+docs/adding_a_method.md, "A new robust aggregator".
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from fl_lightning.errors import UsageError, did_you_mean
+from fl_lightning.federation.placement import clients_per_round
+from fl_lightning.federation.policies.policy import RoundContext, UpdatePolicy, register_policy, registered
+
 if TYPE_CHECKING:
-    from fl_lightning.config import AggregatorConfig
     from fl_lightning.federation.transport import Upload
 
-__all__ = ["RobustAggregator", "coordinate_median", "trimmed_mean", "krum_scores", "krum_pick", "bulyan"]
+__all__ = [
+    "RobustAggregator",
+    "Median",
+    "TrimmedMean",
+    "Krum",
+    "MultiKrum",
+    "Bulyan",
+    "coordinate_median",
+    "trimmed_mean",
+    "krum_scores",
+    "krum_pick",
+    "bulyan",
+]
 
 
 def coordinate_median(rows: Tensor) -> Tensor:
@@ -82,35 +101,72 @@ def bulyan(rows: Tensor, num_malicious: int) -> Tensor:
 
 
 @dataclass(frozen=True)
-class RobustAggregator:
-    """``federation.aggregator``: a rule of the module docstring with its settings."""
+class RobustAggregator(UpdatePolicy):
+    """``federation.aggregator``: ``mean`` (the method's own aggregate, as it is), the base of every rule.
 
-    name: str = "mean"
+    A rule reads the round's n client weight vectors (module docstring) and returns the new weights
+    (:meth:`combine`); they replace the method's mean of those tensors, so it composes only with a method whose
+    aggregate *is* that weighted mean (``Algorithm.averages_weights``) and with no privacy mechanism (its noise is
+    calibrated to the mean's sensitivity): anything else is refused in one line (:meth:`refusal`)."""
+
     trim_fraction: float = 0.2
     num_malicious: int = 0
     num_to_keep: int | None = None
 
     @classmethod
-    def of(cls, config: AggregatorConfig) -> RobustAggregator:
-        return cls(config.name, config.trim_fraction, config.num_malicious, config.num_to_keep)
+    def of(cls, config: Any) -> RobustAggregator:
+        """The rule named ``config.name`` with its settings; a name nobody registered is one line."""
+        chosen = registered("aggregator").get(config.name)
+        if chosen is None:
+            names = sorted(registered("aggregator"))
+            raise UsageError(
+                f"usage error: federation.aggregator.name={config.name!r}: one of "
+                f"{', '.join(repr(n) for n in names)}{did_you_mean(str(config.name), names)}"
+            )
+        return chosen(config.trim_fraction, config.num_malicious, config.num_to_keep)
+
+    @classmethod
+    def build(cls, cfg: Any, setup: Any) -> RobustAggregator:
+        return cls.of(cfg.federation.aggregator)
+
+    @classmethod
+    def refusal(cls, cfg: Any, algorithm: type) -> str | None:
+        if cls is RobustAggregator:
+            return None
+        f = cfg.federation
+        if f.privacy.mechanism != "off":
+            return (
+                f"federation.aggregator.name={f.aggregator.name} with federation.privacy.mechanism={f.privacy.mechanism}: "
+                f"DP-FedAvg's noise is calibrated to the mean's sensitivity S/D, not to a {f.aggregator.name}'s; use "
+                f"aggregator mean under privacy"
+            )
+        return cls.too_few_clients(f.aggregator.num_malicious, clients_per_round(cfg.partition.num_clients, f.client_fraction))
+
+    @classmethod
+    def too_few_clients(cls, num_malicious: int, per_round: int) -> str | None:
+        """Why ``per_round`` uploads are too few for the rule with f = ``num_malicious`` (None: enough)."""
+        return None
+
+    @property
+    def name(self) -> str:
+        return next(n for n, c in registered("aggregator").items() if c is type(self))
 
     @property
     def is_mean(self) -> bool:
-        return self.name == "mean"
+        return type(self).combine is RobustAggregator.combine
 
     def combine(self, rows: Tensor, weights: Sequence[float]) -> Tensor:
-        """The rule on ``rows`` (n, d) with the clients' example counts ``weights`` (used by Multi-Krum only)."""
-        if self.name == "median":
-            return coordinate_median(rows)
-        if self.name == "trimmed_mean":
-            return trimmed_mean(rows, self.trim_fraction)
-        if self.name == "bulyan":
-            return bulyan(rows, self.num_malicious)
-        n = rows.shape[0]
-        keep = 1 if self.name == "krum" else (self.num_to_keep or n - self.num_malicious)
-        picked = krum_pick(rows, self.num_malicious, min(keep, n))
-        w = torch.tensor([float(weights[i]) for i in picked], dtype=torch.float64)
-        return ((rows[picked].double() * w[:, None]).sum(dim=0) / w.sum()).to(rows.dtype)
+        """The rule on ``rows`` (n, d) with the clients' example counts ``weights``; the base: their weighted mean."""
+        w = torch.tensor([float(x) for x in weights], dtype=torch.float64)
+        return ((rows.double() * w[:, None]).sum(dim=0) / w.sum()).to(rows.dtype)
+
+    def on_aggregate(
+        self, aggregate: dict[str, Tensor], ctx: RoundContext, state: Mapping[str, Tensor]
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """The method's aggregate with the tensors the rule combines replaced by the rule's (``mean``: as it is)."""
+        if self.is_mean:
+            return aggregate, dict(state)
+        return {**aggregate, **self.aggregate(aggregate, ctx.uploads)}, dict(state)
 
     def aggregate(self, state: Mapping[str, Tensor], uploads: Mapping[int, Upload]) -> dict[str, Tensor]:
         """The new values of ``state``'s floating-point tensors that every upload holds, by the rule over the
@@ -129,3 +185,72 @@ class RobustAggregator:
             out[k] = combined[start : start + size].reshape(state[k].shape).to(state[k].device, state[k].dtype)
             start += size
         return out
+
+
+register_policy("aggregator", "mean")(RobustAggregator)
+
+
+@register_policy("aggregator", "median")
+@dataclass(frozen=True)
+class Median(RobustAggregator):
+    """The coordinate-wise median, unweighted (Flower's ``FedMedian``)."""
+
+    reads_each_upload = True
+
+    def combine(self, rows: Tensor, weights: Sequence[float]) -> Tensor:
+        return coordinate_median(rows)
+
+
+@register_policy("aggregator", "trimmed_mean")
+@dataclass(frozen=True)
+class TrimmedMean(RobustAggregator):
+    """The β-trimmed mean per coordinate, unweighted (Flower's ``FedTrimmedAvg``, β = ``trim_fraction``)."""
+
+    reads_each_upload = True
+
+    def combine(self, rows: Tensor, weights: Sequence[float]) -> Tensor:
+        return trimmed_mean(rows, self.trim_fraction)
+
+
+@register_policy("aggregator", "multi_krum")
+@dataclass(frozen=True)
+class MultiKrum(RobustAggregator):
+    """The q lowest-scored clients averaged by their example counts (q = ``num_to_keep``, null: n − f)."""
+
+    reads_each_upload = True
+
+    def keep(self, n: int) -> int:
+        return self.num_to_keep or n - self.num_malicious
+
+    def combine(self, rows: Tensor, weights: Sequence[float]) -> Tensor:
+        picked = krum_pick(rows, self.num_malicious, min(self.keep(rows.shape[0]), rows.shape[0]))
+        return super().combine(rows[picked], [weights[i] for i in picked])
+
+
+@register_policy("aggregator", "krum")
+@dataclass(frozen=True)
+class Krum(MultiKrum):
+    """The one client of lowest Krum score (Flower's ``Krum``)."""
+
+    def keep(self, n: int) -> int:
+        return 1
+
+
+@register_policy("aggregator", "bulyan")
+@dataclass(frozen=True)
+class Bulyan(RobustAggregator):
+    """Bulyan (El Mhamdi et al. 2018; Flower's ``Bulyan``): needs n ≥ 4f + 3 uploads a round."""
+
+    reads_each_upload = True
+
+    @classmethod
+    def too_few_clients(cls, num_malicious: int, per_round: int) -> str | None:
+        if per_round >= 4 * num_malicious + 3:
+            return None
+        return (
+            f"federation.aggregator.name=bulyan with num_malicious f = {num_malicious} needs n >= 4f + 3 = "
+            f"{4 * num_malicious + 3} clients a round; this run has {per_round} (partition.num_clients × client_fraction)"
+        )
+
+    def combine(self, rows: Tensor, weights: Sequence[float]) -> Tensor:
+        return bulyan(rows, self.num_malicious)

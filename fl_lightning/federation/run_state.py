@@ -14,6 +14,7 @@ from typing import Any
 from torch import Tensor
 
 from fl_lightning.federation.algorithm import RoundHistory
+from fl_lightning.federation.policies.policy import KINDS
 from fl_lightning.federation.stale_updates import PendingUpdate
 
 __all__ = ["RunState", "unchanged"]
@@ -37,8 +38,9 @@ class RunState:
     wall_time_s: float = 0.0
     failed_clients: dict[str, str] = field(default_factory=dict)  # "client" → "round t: why"
     per_class_accuracy: list[float] | None = None  # of the last evaluated round
-    # federation.server_optimizer's moments ("m/<key>", "v/<key>"; empty for fedavg): federation/server_optimizer.py
-    server_optimizer: dict[str, Tensor] = field(default_factory=dict)
+    # the update policies' states by kind (federation/policies/order.py), e.g. "server_optimizer": its moments
+    # ("m/<key>", "v/<key>"; none for fedavg); each saved in server.pt under its kind, only when it has one
+    policies: dict[str, dict[str, Tensor]] = field(default_factory=dict)
     # late updates in flight (federation.clients.late: stale), their uploads on the server: federation/stale_updates.py
     pending: list[PendingUpdate] = field(default_factory=list)
 
@@ -58,11 +60,7 @@ class RunState:
             "totals": {"bytes_up": self.bytes_up, "bytes_down": self.bytes_down, "wall_time_s": self.wall_time_s},
             "failed_clients": self.failed_clients,
             "per_class_accuracy": self.per_class_accuracy,
-            **(
-                {"server_optimizer": {k: v.detach().cpu() for k, v in self.server_optimizer.items()}}
-                if self.server_optimizer
-                else {}
-            ),
+            **{kind: {k: v.detach().cpu() for k, v in held.items()} for kind, held in self.policies.items() if held},
             **({"pending": [p.state_dict() for p in self.pending]} if self.pending else {}),
         }
 
@@ -78,6 +76,6 @@ class RunState:
             wall_time_s=float(totals["wall_time_s"]),
             failed_clients=dict(saved["failed_clients"]),
             per_class_accuracy=saved["per_class_accuracy"],
-            server_optimizer=dict(saved.get("server_optimizer") or {}),
+            policies={kind: dict(saved[kind]) for kind in KINDS if saved.get(kind)},
             pending=[PendingUpdate.from_state_dict(p) for p in saved.get("pending") or []],
         )

@@ -58,9 +58,7 @@ from fl_lightning.data.transforms import build_transform
 from fl_lightning.durable_write import leftover_temps, write_text_atomic
 from fl_lightning.errors import ClientFailure, ClientUsageError, ConfigError, RunFailure, TooFewClients, UsageError
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundPlan
-from fl_lightning.federation.attacks import ClientAttack
 from fl_lightning.federation.availability_trace import TRACE_COPY, check_recorded_trace, trace_text
-from fl_lightning.federation.averaging import check_averaging_settings
 from fl_lightning.federation.client_behaviour import (
     DROPPED,
     LATE_STALE,
@@ -87,15 +85,14 @@ from fl_lightning.federation.numerics import torch_numerics
 from fl_lightning.federation.placement import assign_clients, client_seed, deal_in_order, sample_clients, seed_torch
 from fl_lightning.federation.precision import check_precision
 from fl_lightning.federation.privacy import FederationPrivacy
-from fl_lightning.federation.privacy_coverage import check_privacy_coverage
-from fl_lightning.federation.robust_aggregation import RobustAggregator
+from fl_lightning.federation.policies.order import PolicyChain, check_policies
+from fl_lightning.federation.policies.policy import PolicySetup, RoundContext
 from fl_lightning.federation.round_store import HOLD_BYTES, ClientRecord, RoundResult, RoundStore
 from fl_lightning.federation.run_folder import write_metrics_csv, write_summary
 from fl_lightning.federation.run_state import RunState
 from fl_lightning.federation.server_checkpoint import ServerCheckpoint
-from fl_lightning.federation.server_optimizer import ServerOptimizer
 from fl_lightning.federation.shared_folder import check_shared_run_folder
-from fl_lightning.federation.stale_updates import ArrivedUploads, PendingUpdate, check_stale_updates
+from fl_lightning.federation.stale_updates import PendingUpdate
 from fl_lightning.federation.state_broadcast import SentState, received_large, send_large
 from fl_lightning.federation.summed_uploads import UploadFold, UploadSum, carry_fold
 from fl_lightning.federation.transport import Upload, check_upload
@@ -337,10 +334,9 @@ class Simulation:
 
         cfg = resolve_num_clients(cfg)  # natural, num_clients null: one client per value, before anything reads it
         check_precision(cfg, ALGORITHMS[cfg.algorithm])  # a *-true precision the method cannot run in
-        check_privacy_coverage(cfg, ALGORITHMS[cfg.algorithm])  # no ε for what the mechanism would not protect
-        check_averaging_settings(cfg, ALGORITHMS[cfg.algorithm])  # FedAdam, Krum, attacks: where the state is a mean
+        # privacy, attacks, late updates, robust aggregators, server optimizers: composable in the one order, or one line
+        check_policies(cfg, ALGORITHMS[cfg.algorithm])
         check_client_behaviour(cfg)  # availability / dropout: not beside privacy or a robust aggregator
-        check_stale_updates(cfg, ALGORITHMS[cfg.algorithm])  # late: stale only where the state is a weighted mean
         check_client_test(cfg, ALGORITHMS[cfg.algorithm])  # federated evaluation: the methods that have it
         ALGORITHMS[cfg.algorithm].preflight(cfg)  # fail in seconds, before Fabric prints or launches anything
         self.launcher = check_launcher(cfg.federation.devices, cfg.federation.num_nodes)
@@ -348,9 +344,7 @@ class Simulation:
         self._sent = SentState()  # rank 0: what of the state it last broadcast (only what changes goes again)
         self.run_dir = cfg.run_dir
         self._privacy: FederationPrivacy | None = None  # federation.privacy, built with the data (privacy.py)
-        self._server_optimizer = ServerOptimizer.of(cfg.federation.server_optimizer)  # fedavg: the aggregate as is
-        self._aggregator = RobustAggregator.of(cfg.federation.aggregator)  # mean: the method's own aggregate
-        self._attack = ClientAttack.of(cfg.federation.attack, cfg.partition.num_clients)  # None: no attack
+        self._policies = PolicyChain({})  # the update policies, built with the data (federation/policies/order.py)
         # None: every client always there; its trace (a file) read here, on every process: one line before launch
         self._behaviour = ClientBehaviour.of(cfg.federation.clients, cfg.partition.num_clients)
         self.ckpt_dir = self.run_dir / "checkpoints"
@@ -400,7 +394,8 @@ class Simulation:
             note = natural_grouping_note(splits.train_column(cfg.partition.by), cfg.partition.num_clients, cfg.partition.by)
             if note is not None:
                 print(f"fl_lightning: {note}", file=sys.stderr, flush=True)
-        privacy = FederationPrivacy.of(cfg, algorithm.num_rounds, [len(p) for p in partition])
+        self._policies = PolicyChain.build(cfg, PolicySetup(algorithm.num_rounds, [len(p) for p in partition]))
+        privacy, attack = self._policies.get("privacy"), self._policies.get("attack")
         env = Environment(
             fabric,
             cfg,
@@ -409,7 +404,7 @@ class Simulation:
             self.run_dir,
             privacy,
             one_train_loader=is_deterministic(train_transform),
-            label_maps=self._attack.label_maps(len(splits.classes)) if self._attack is not None else {},
+            label_maps=attack.label_maps(len(splits.classes)) if attack is not None else {},
             client_test=client_test,
         )
         algorithm.setup(env)
@@ -691,9 +686,7 @@ class Simulation:
         rank runs from the round's files — or ``federation.record_after_s: 0`` asks for every client's record on
         disk (a resumed round then re-runs only its unfinished clients)."""
         f = self.cfg.federation
-        if self._privacy is not None or not self._aggregator.is_mean or f.record_after_s <= 0:
-            return None
-        if (self._behaviour is not None and self._behaviour.late == "stale") or algorithm.shared_aggregate(round_idx):
+        if self._policies.reads_each_upload or f.record_after_s <= 0 or algorithm.shared_aggregate(round_idx):
             return None
         return algorithm.summed_uploads(round_idx)
 
@@ -774,31 +767,17 @@ class Simulation:
     def _aggregated(
         self, algorithm: Algorithm, run: RunState, store: RoundStore, round_idx: int, plan: RoundPlan, result: RoundResult
     ) -> dict:
-        """The method's aggregate of the round's uploads, through the run's privacy and then its server optimizer:
-        the one path of every rank count and every serve (DP-FedAvg's clipping, fixed denominator and noise; central
-        DP's noise on the sum; the checks that no uncovered tensor and no client's count reaches the aggregate:
-        federation/privacy.py; FedAdam & co.: federation/server_optimizer.py)."""
-        uploads, dp = store.uploads(result.succeeded), self._privacy
+        """The method's aggregate of the round's uploads, through the run's update policies in their one order
+        (federation/policies/order.py: late updates and privacy's clipping before it; privacy's noise, a robust rule
+        and the server optimizer after it, their states in ``run.policies``): the one path of every rank count and
+        every serve."""
+        uploads = store.uploads(result.succeeded)
         arrived = [p for p in run.pending if p.arrival == round_idx]  # late updates due now (late: stale)
         if not result.succeeded and not arrived:  # no update arrived (federation.min_clients: 0): the state stands
             return run.state
-        if arrived:
-            uploads = ArrivedUploads(uploads, arrived, self.cfg.federation.clients.staleness_exponent)
-        if dp is None:
-            state = algorithm.aggregate(round_idx, run.state, uploads, result.failures, plan)
-        else:
-            state = dp.noised_state(
-                algorithm.aggregate(
-                    round_idx, run.state, dp.server_uploads(uploads, run.state, round_idx), result.failures, plan
-                ),
-                round_idx,
-            )
-        if not self._aggregator.is_mean:  # federation.aggregator: a robust rule over the clients' weights instead
-            state = {**state, **self._aggregator.aggregate(state, store.uploads(result.succeeded))}
-        if self._server_optimizer.is_mean:
-            return state
-        # the server's step (post-processing of what privacy released); its moments travel with the run's state
-        state, run.server_optimizer = self._server_optimizer.step(run.state, state, run.server_optimizer, round_idx)
+        ctx = RoundContext(round_idx, run.state, uploads, arrived)
+        state = algorithm.aggregate(round_idx, run.state, self._policies.on_uploads(uploads, ctx), result.failures, plan)
+        state, run.policies = self._policies.on_aggregate(state, ctx, run.policies)
         return state
 
     def _shared_serve(
@@ -1010,10 +989,8 @@ class Simulation:
         try:
             with local_work(work):
                 upload = algorithm.client_update(round_idx, env.client(client_idx), download.to(fabric.device))
-            if self._attack is not None:  # federation.attack: an attacker's poisoned upload, before privacy sees it
-                upload = self._attack.apply(upload, download.tensors, round_idx, client_idx)
-            if self._privacy is not None:  # local DP: the client noises its upload before it leaves
-                upload = self._privacy.client_upload(upload, round_idx, client_idx)
+            # an attacker's poisoned upload, then local DP: the upload as it leaves the client (policies/order.py)
+            upload = self._policies.on_upload(upload, download.tensors, round_idx, client_idx)
             check_upload(upload, algorithm.expected_shapes(round_idx, download))
             if behaviour is not None and behaviour.stale_delay(round_idx, client_idx, cfg.train.epochs) is not None:
                 failure = LATE_STALE  # late: its upload kept, for the round it arrives in (federation/stale_updates.py)
@@ -1102,8 +1079,7 @@ class Simulation:
                 "round_time_s": run.history.round_s[-1],
                 "client_compute_s_max": max(result.compute_s.values(), default=0.0),
                 **algorithm.round_extras(round_idx, run.state),
-                **(self._privacy.row(round_idx) if self._privacy is not None else {}),
-                **(self._attack.row(sorted(result.records)) if self._attack is not None else {}),
+                **self._policies.row(round_idx, sorted(result.records)),
                 **(
                     self._behaviour.row(round_idx, sorted(result.records), result.failures) if self._behaviour is not None else {}
                 ),
@@ -1133,7 +1109,7 @@ class Simulation:
             # partition.client_test_fraction: the last federated evaluation on the clients' own test rows
             **{k: v for k, v in last.items() if k.startswith("fed_test_")},
             **algorithm.summary_extras(run.state),
-            **(self._privacy.summary(len(run.rows)) if self._privacy is not None else {}),
+            **self._policies.summary(len(run.rows)),
         }
         if self.fabric.device.type == "cuda":  # this rank's peak since its process started (the GPU check's table)
             summary["peak_gpu_memory_bytes"] = int(torch.cuda.max_memory_allocated(self.fabric.device))

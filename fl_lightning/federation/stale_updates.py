@@ -20,7 +20,9 @@ Departures from FedAsync: the server stays synchronous (a round's mean, not a mi
 weight multiplies the client's sample count in the mean, so a stale update's share is renormalised with the round's
 others; an update due after the last round is never aggregated. The weight rides on the upload's
 ``meta["num_samples"]``, the weight every averaging method reads (as DP-FedAvg's weight 1 does): methods that
-average unweighted are refused (``check_stale_updates``).
+average unweighted are refused (:meth:`StaleUpdates.refusal`). As an update policy (federation/policies/order.py),
+:class:`StaleUpdates` joins the updates due in a round to its fresh uploads before anything else on the server
+reads them.
 """
 
 from __future__ import annotations
@@ -30,13 +32,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fl_lightning.errors import UsageError
+from fl_lightning.federation.policies.policy import RoundContext, UpdatePolicy, register_policy
 from fl_lightning.federation.transport import Upload
 
 if TYPE_CHECKING:
     from fl_lightning.config import RunConfig
 
-__all__ = ["ArrivedUploads", "PendingUpdate", "arrival_delay", "check_stale_updates", "staleness_weight"]
+__all__ = ["ArrivedUploads", "PendingUpdate", "StaleUpdates", "arrival_delay", "staleness_weight"]
 
 
 def arrival_delay(time_s: float, deadline_s: float) -> int:
@@ -99,20 +101,29 @@ class ArrivedUploads(Mapping[int, Upload]):
         return len(self._clients)
 
 
-def check_stale_updates(cfg: RunConfig, algorithm: type) -> None:
-    """Refuse (one line) ``late: stale`` on a method whose state is no weighted mean of its clients' weights."""
-    if cfg.federation.clients.late != "stale":
-        return
-    from fl_lightning.federation.averaging import averaging_gap
+@register_policy("staleness", "stale")
+@dataclass(frozen=True)
+class StaleUpdates(UpdatePolicy):
+    """``federation.clients.late: stale``: the updates due in a round (``ctx.arrived``) join its fresh uploads at
+    weight w(τ)·n_k (:class:`ArrivedUploads`)."""
 
-    gap = averaging_gap(cfg, algorithm)
-    if gap is not None:
-        raise UsageError(
-            f"usage error: federation.clients.late=stale needs a method whose state is the mean of its "
-            f"clients' weights (fedavg, fedprox, fedavg_cnn, fedavg_prompts); {cfg.algorithm} is not: {gap}"
-        )
-    if getattr(cfg.method, "weighted", True) is False:
-        raise UsageError(
-            f"usage error: federation.clients.late=stale weighs a late update by its sample count; "
-            f"{cfg.algorithm}.weighted is false (an unweighted mean): set it true or use late: drop"
-        )
+    reads_each_upload = True
+
+    exponent: float = 0.5
+
+    @classmethod
+    def build(cls, cfg: RunConfig, setup: Any) -> StaleUpdates:
+        return cls(cfg.federation.clients.staleness_exponent)
+
+    @classmethod
+    def refusal(cls, cfg: RunConfig, algorithm: type) -> str | None:
+        """A method that averages unweighted (its ``weighted`` false): the staleness weight rides on n_k."""
+        if getattr(cfg.method, "weighted", True) is False:
+            return (
+                f"federation.clients.late=stale weighs a late update by its sample count; "
+                f"{cfg.algorithm}.weighted is false (an unweighted mean): set it true or use late: drop"
+            )
+        return None
+
+    def on_uploads(self, uploads: Mapping[int, Upload], ctx: RoundContext) -> Mapping[int, Upload]:
+        return ArrivedUploads(uploads, list(ctx.arrived), self.exponent) if ctx.arrived else uploads

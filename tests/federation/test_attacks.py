@@ -57,7 +57,7 @@ def test_attackers_are_a_seeded_fraction_drawn_once():
     x, u = _pair()
     honest = next(c for c in range(10) if c not in chosen)
     assert attack.apply(Upload(u, {"num_samples": 3}), x, 0, honest).tensors is u
-    assert attack.row(list(range(10))) == {"attackers": 3}
+    assert attack.row(0, list(range(10))) == {"attackers": 3}
 
 
 @pytest.mark.parametrize(
@@ -158,10 +158,10 @@ def test_a_label_flipper_uploads_what_its_data_with_reversed_labels_trains(tmp_p
     sim = Simulation(cfg=cfg, loggers=[])
     sim.fabric.launch()
     algorithm, env = sim._setup()
-    attacker = min(sim._attack.attackers)
+    attacker = min(sim._policies.get("attack").attackers)
     assert (
-        sorted(env.label_maps) == sorted(sim._attack.attackers)
-        and sim._attack.apply(Upload({"w": torch.ones(1)}, {}), {"w": torch.zeros(1)}, 0, attacker).tensors["w"].item() == 1.0
+        sorted(env.label_maps) == sorted(sim._policies.get("attack").attackers)
+        and sim._policies.get("attack").apply(Upload({"w": torch.ones(1)}, {}), {"w": torch.zeros(1)}, 0, attacker).tensors["w"].item() == 1.0
     )
     flipper = env.client(attacker)
     rows, classes = env.partition[attacker], env.num_classes

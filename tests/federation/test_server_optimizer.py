@@ -13,7 +13,7 @@ from fl_lightning.config.loading import load_config
 from fl_lightning.errors import ConfigError, UsageError
 from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.run_state import RunState
-from fl_lightning.federation.server_optimizer import ServerOptimizer
+from fl_lightning.federation.server_optimizer import FedAdagrad, FedAvgM, ServerOptimizer
 from fl_lightning.federation.simulation import Simulation
 from tests.conftest import CONF, StopAfterClients, run_cli
 
@@ -55,7 +55,7 @@ def _start() -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("lr, momentum", [(1.0, 0.0), (0.5, 0.9), (2.0, 0.3)])
 def test_fedavgm_is_sgd_with_momentum_on_the_pseudo_gradient(lr, momentum):
-    ours = _replay(ServerOptimizer("fedavgm", lr=lr, momentum=momentum), _start())
+    ours = _replay(FedAvgM(lr=lr, momentum=momentum), _start())
     reference = _with_torch(lambda p: torch.optim.SGD(p, lr=lr, momentum=momentum), _start())
     for a, b in zip(ours, reference):
         for k in b:
@@ -63,7 +63,7 @@ def test_fedavgm_is_sgd_with_momentum_on_the_pseudo_gradient(lr, momentum):
 
 
 def test_fedadagrad_without_first_moment_is_adagrad_on_the_pseudo_gradient():
-    ours = _replay(ServerOptimizer("fedadagrad", lr=0.1, beta_1=0.0, tau=1e-9), _start())
+    ours = _replay(FedAdagrad(lr=0.1, beta_1=0.0, tau=1e-9), _start())
     reference = _with_torch(lambda p: torch.optim.Adagrad(p, lr=0.1, eps=1e-9), _start())
     for a, b in zip(ours, reference):
         for k in b:
@@ -80,7 +80,7 @@ def test_fedavg_is_the_aggregate_itself_and_non_float_tensors_are_the_aggregates
 
 def test_fedavgm_with_lr_one_and_no_momentum_is_the_aggregate():
     mean = _aggregates()[2]
-    state, _ = ServerOptimizer("fedavgm", lr=1.0, momentum=0.0).step(_start(), mean, {}, 0)
+    state, _ = FedAvgM(lr=1.0, momentum=0.0).step(_start(), mean, {}, 0)
     for k in ("w", "b"):
         torch.testing.assert_close(state[k], mean[k], rtol=0, atol=1e-6)
 
@@ -90,8 +90,11 @@ def test_unset_values_take_flowers_defaults_and_values_an_optimizer_lacks_are_re
     assert (adam.lr, adam.beta_1, adam.beta_2, adam.tau) == (0.1, 0.9, 0.99, 1e-9)
     yogi = ServerOptimizer.of(ServerOptimizerConfig(name="fedyogi", lr=0.05))
     assert (yogi.lr, yogi.beta_1, yogi.beta_2, yogi.tau) == (0.05, 0.9, 0.99, 1e-3)
-    with pytest.raises(ConfigError, match="fedavgm has no beta_2"):
-        ServerOptimizerConfig(name="fedavgm", beta_2=0.9)
+    with pytest.raises(UsageError, match="fedavgm has no beta_2") as unused:  # each optimizer states its keys
+        ServerOptimizer.of(ServerOptimizerConfig(name="fedavgm", beta_2=0.9))
+    assert "federation.server_optimizer.beta_2=0.9" in str(unused.value) and "\n" not in str(unused.value)
+    with pytest.raises(UsageError, match="did you mean 'fedadam'"):
+        ServerOptimizer.of(ServerOptimizerConfig(name="fedadamm"))
     with pytest.raises(ConfigError) as err:
         ServerOptimizerConfig(name="fedadam", beta_1=1.0)
     assert err.value.key == "beta_1"
@@ -99,10 +102,10 @@ def test_unset_values_take_flowers_defaults_and_values_an_optimizer_lacks_are_re
 
 def test_the_moments_travel_with_the_run_state():
     _, moments = ServerOptimizer.of(ServerOptimizerConfig(name="fedyogi")).step(_start(), _aggregates()[0], {}, 0)
-    run = RunState(state=_start(), completed_rounds=1, server_optimizer=moments)
+    run = RunState(state=_start(), completed_rounds=1, policies={"server_optimizer": moments})
     back = RunState.from_state_dict(run.state_dict())
-    assert back.server_optimizer.keys() == moments.keys()
-    assert all(torch.equal(back.server_optimizer[k], moments[k]) for k in moments)
+    assert back.policies["server_optimizer"].keys() == moments.keys()
+    assert all(torch.equal(back.policies["server_optimizer"][k], moments[k]) for k in moments)
     assert "server_optimizer" not in RunState(state=_start()).state_dict()  # fedavg's checkpoints as before
 
 
