@@ -21,44 +21,129 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ("--partition.num_clients", "7", "--federation.rounds", "3", "--data.num_samples", "400", "--logging.progress", "false")
-STALE = ("--federation.clients.speed_spread", "0.5", "--federation.clients.deadline_s", "2.5", "--federation.clients.late", "stale")
-DP = ("--federation.privacy.mechanism", "dp_fedavg", "--federation.privacy.noise_multiplier", "0.5",
-      "--federation.privacy.delta", "0.01", "--federation.privacy.clip_norm", "0.5",
-      "--federation.privacy.reproducible_noise", "true")  # the noise seeded: the same on every run
+STALE = (
+    "--federation.clients.speed_spread",
+    "0.5",
+    "--federation.clients.deadline_s",
+    "2.5",
+    "--federation.clients.late",
+    "stale",
+)
+DP = (
+    "--federation.privacy.mechanism",
+    "dp_fedavg",
+    "--federation.privacy.noise_multiplier",
+    "0.5",
+    "--federation.privacy.delta",
+    "0.01",
+    "--federation.privacy.clip_norm",
+    "0.5",
+    "--federation.privacy.reproducible_noise",
+    "true",
+)  # the noise seeded: the same on every run
 RUNS: dict[str, tuple[str, ...]] = {
     "dp_fedavg+fedadam": ("fedavg_digits_tiny", *DP, "--federation.server_optimizer.name", "fedadam"),
-    "krum+sign_flip": ("fedavg_digits_tiny", "--federation.aggregator.name", "krum", "--federation.aggregator.num_malicious",
-                       "2", "--federation.attack.kind", "sign_flip", "--federation.attack.fraction", "0.3"),
+    "krum+sign_flip": (
+        "fedavg_digits_tiny",
+        "--federation.aggregator.name",
+        "krum",
+        "--federation.aggregator.num_malicious",
+        "2",
+        "--federation.attack.kind",
+        "sign_flip",
+        "--federation.attack.fraction",
+        "0.3",
+    ),
     "stale+fedyogi": ("fedavg_digits_tiny", *STALE, "--federation.server_optimizer.name", "fedyogi"),
     # dropout (and availability) beside a robust aggregator is refused (its f-of-n bound); stragglers are not
-    "stragglers+median": ("fedavg_digits_tiny", "--federation.clients.stragglers", "0.5", "--federation.aggregator.name", "median"),
-    "dropout+fedavgm": ("fedavg_digits_tiny", "--federation.clients.dropout", "0.3", "--federation.server_optimizer.name",
-                        "fedavgm", "--federation.server_optimizer.momentum", "0.9"),
-    "scaffold+availability": ("fedavg_digits_tiny", "--algorithm", "scaffold", "--federation.clients.availability", "0.6",
-                              "--train.epochs", "1"),
-    "trimmed_mean+scale+fedadagrad": ("fedavg_digits_tiny", "--federation.aggregator.name", "trimmed_mean",
-                                      "--federation.attack.kind", "scale", "--federation.attack.fraction", "0.2",
-                                      "--federation.server_optimizer.name", "fedadagrad"),
-    "multi_krum+gaussian+fedavgm, 2 processes": ("fedavg_digits_tiny", "--federation.aggregator.name", "multi_krum",
-                                                 "--federation.aggregator.num_malicious", "1", "--federation.attack.kind",
-                                                 "gaussian", "--federation.attack.fraction", "0.2",
-                                                 "--federation.server_optimizer.name", "fedavgm",
-                                                 "--federation.server_optimizer.momentum", "0.5", "--federation.devices", "2"),
+    "stragglers+median": (
+        "fedavg_digits_tiny",
+        "--federation.clients.stragglers",
+        "0.5",
+        "--federation.aggregator.name",
+        "median",
+    ),
+    "dropout+fedavgm": (
+        "fedavg_digits_tiny",
+        "--federation.clients.dropout",
+        "0.3",
+        "--federation.server_optimizer.name",
+        "fedavgm",
+        "--federation.server_optimizer.momentum",
+        "0.9",
+    ),
+    "scaffold+availability": (
+        "fedavg_digits_tiny",
+        "--algorithm",
+        "scaffold",
+        "--federation.clients.availability",
+        "0.6",
+        "--train.epochs",
+        "1",
+    ),
+    "trimmed_mean+scale+fedadagrad": (
+        "fedavg_digits_tiny",
+        "--federation.aggregator.name",
+        "trimmed_mean",
+        "--federation.attack.kind",
+        "scale",
+        "--federation.attack.fraction",
+        "0.2",
+        "--federation.server_optimizer.name",
+        "fedadagrad",
+    ),
+    "multi_krum+gaussian+fedavgm, 2 processes": (
+        "fedavg_digits_tiny",
+        "--federation.aggregator.name",
+        "multi_krum",
+        "--federation.aggregator.num_malicious",
+        "1",
+        "--federation.attack.kind",
+        "gaussian",
+        "--federation.attack.fraction",
+        "0.2",
+        "--federation.server_optimizer.name",
+        "fedavgm",
+        "--federation.server_optimizer.momentum",
+        "0.5",
+        "--federation.devices",
+        "2",
+    ),
 }
 
 
 def final_state(name: str, folder: Path) -> dict[str, dict[str, torch.Tensor]]:
     """``server.pt``'s tensors of run ``name`` (a fresh process, as a user runs it)."""
     config, *extra = RUNS[name]
-    cmd = [sys.executable, "-m", "fl_lightning.train", "--config", str(REPO / "conf" / f"{config}.yaml"),
-           "--output_dir", str(folder), "--run_name", "run", *TINY, *extra]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}, timeout=600)
+    cmd = [
+        sys.executable,
+        "-m",
+        "fl_lightning.train",
+        "--config",
+        str(REPO / "conf" / f"{config}.yaml"),
+        "--output_dir",
+        str(folder),
+        "--run_name",
+        "run",
+        *TINY,
+        *extra,
+    ]
+    done = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+        timeout=600,
+    )
     if done.returncode != 0:
         raise SystemExit(f"{name}: exit {done.returncode}\n{done.stderr[-3000:]}")
     saved = torch.load(folder / "run" / "checkpoints" / "server.pt", map_location="cpu", weights_only=False)
-    return {part: {k: v for k, v in value.items() if isinstance(v, torch.Tensor)}
-            for part, value in saved.items() if isinstance(value, dict) and part in ("state", "server_optimizer", "policies")}
+    return {
+        part: {k: v for k, v in value.items() if isinstance(v, torch.Tensor)}
+        for part, value in saved.items()
+        if isinstance(value, dict) and part in ("state", "server_optimizer", "policies")
+    }
 
 
 def main(argv: list[str]) -> int:

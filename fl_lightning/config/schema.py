@@ -374,7 +374,7 @@ class ServerOptimizerConfig:
     (Flower's), a value it does not read is one line.
     """
 
-    name: str = "fedavg"
+    name: str = "fedavg"  # a registered server optimizer (fedavg: the aggregate as is; docs/policies.md)
     lr: float | None = None  # η, the server learning rate (Flower: eta / server_learning_rate)
     momentum: float | None = None  # fedavgm's μ (Flower: server_momentum; default 0)
     beta_1: float | None = None  # first-moment decay (fedadagrad default 0, fedadam / fedyogi 0.9)
@@ -405,7 +405,7 @@ class AggregatorConfig:
     rule registered outside the package (docs/adding_a_method.md). For the methods whose state is the mean of their
     clients' weights."""
 
-    name: str = "mean"
+    name: str = "mean"  # a registered robust aggregator (mean: the method's own aggregate; docs/policies.md)
     trim_fraction: float = 0.2  # trimmed_mean's β: ⌊β·n⌋ values cut at each end (Flower's default 0.2)
     num_malicious: int = 0  # f, for krum / multi_krum / bulyan (bulyan needs n >= 4f + 3 uploads)
     num_to_keep: int | None = None  # multi_krum's q (null: n − f)

@@ -26,7 +26,15 @@ from fl_lightning.errors import UsageError
 if TYPE_CHECKING:
     from fl_lightning.config import RunConfig
 
-__all__ = ["MECHANISMS", "privacy_gap", "coverage_refusal", "check_privacy_coverage", "coverage_table", "weights_only", "statistics_only"]
+__all__ = [
+    "MECHANISMS",
+    "privacy_gap",
+    "coverage_refusal",
+    "check_privacy_coverage",
+    "coverage_table",
+    "weights_only",
+    "statistics_only",
+]
 
 MECHANISMS = ("dp_fedavg", "statistics_local", "statistics_central")
 

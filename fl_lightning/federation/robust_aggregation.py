@@ -32,9 +32,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from fl_lightning.errors import UsageError, did_you_mean
 from fl_lightning.federation.placement import clients_per_round
-from fl_lightning.federation.policies.policy import RoundContext, UpdatePolicy, register_policy, registered
+from fl_lightning.federation.policies.policy import RoundContext, UpdatePolicy, named, register_policy, registered
 
 if TYPE_CHECKING:
     from fl_lightning.federation.transport import Upload
@@ -116,13 +115,7 @@ class RobustAggregator(UpdatePolicy):
     @classmethod
     def of(cls, config: Any) -> RobustAggregator:
         """The rule named ``config.name`` with its settings; a name nobody registered is one line."""
-        chosen = registered("aggregator").get(config.name)
-        if chosen is None:
-            names = sorted(registered("aggregator"))
-            raise UsageError(
-                f"usage error: federation.aggregator.name={config.name!r}: one of "
-                f"{', '.join(repr(n) for n in names)}{did_you_mean(str(config.name), names)}"
-            )
+        chosen = named("aggregator", config.name, "federation.aggregator.name")
         return chosen(config.trim_fraction, config.num_malicious, config.num_to_keep)
 
     @classmethod

@@ -36,8 +36,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from fl_lightning.errors import UsageError, did_you_mean
-from fl_lightning.federation.policies.policy import RoundContext, UpdatePolicy, register_policy, registered
+from fl_lightning.errors import UsageError
+from fl_lightning.federation.policies.policy import RoundContext, UpdatePolicy, named, register_policy, registered
 
 __all__ = ["HYPER_PARAMETERS", "ServerOptimizer", "FedAvgM", "FedAdagrad", "FedAdam", "FedYogi"]
 
@@ -62,21 +62,28 @@ class ServerOptimizer(UpdatePolicy):
     def of(cls, config: Any) -> ServerOptimizer:
         """``federation.server_optimizer``: the optimizer named ``config.name``, each unset (null) value its
         default; a value it does not read, or a name nobody registered, is one line (:class:`UsageError`)."""
-        chosen = registered("server_optimizer").get(config.name)
-        if chosen is None:
-            names = sorted(registered("server_optimizer"))
-            raise UsageError(
-                f"usage error: federation.server_optimizer.name={config.name!r}: one of "
-                f"{', '.join(repr(n) for n in names)}{did_you_mean(str(config.name), names)}"
-            )
+        chosen = named("server_optimizer", config.name, "federation.server_optimizer.name")
+        unused = chosen.unused_setting(config)
+        if unused is not None:
+            raise UsageError(f"usage error: {unused}")
         given = {k: getattr(config, k) for k in HYPER_PARAMETERS if getattr(config, k, None) is not None}
-        for key in given:
-            if key not in chosen.defaults:
-                raise UsageError(
-                    f"usage error: federation.server_optimizer.{key}={given[key]}: null: {config.name} has no {key} "
-                    f"(it uses {', '.join(chosen.defaults) or 'none'})"
-                )
         return chosen(**{**chosen.defaults, **given})
+
+    @classmethod
+    def unused_setting(cls, config: Any) -> str | None:
+        """The first value of ``config`` this optimizer does not read, as one line (None: there is none)."""
+        for key in HYPER_PARAMETERS:
+            value = getattr(config, key, None)
+            if value is not None and key not in cls.defaults:
+                return (
+                    f"federation.server_optimizer.{key}={value}: null: {config.name} has no {key} "
+                    f"(it uses {', '.join(cls.defaults) or 'none'})"
+                )
+        return None
+
+    @classmethod
+    def refusal(cls, cfg: Any, algorithm: type) -> str | None:
+        return cls.unused_setting(cfg.federation.server_optimizer)
 
     @classmethod
     def build(cls, cfg: Any, setup: Any) -> ServerOptimizer:

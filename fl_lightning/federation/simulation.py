@@ -83,10 +83,10 @@ from fl_lightning.federation.local_training import local_work
 from fl_lightning.federation.num_clients import resolve_num_clients
 from fl_lightning.federation.numerics import torch_numerics
 from fl_lightning.federation.placement import assign_clients, client_seed, deal_in_order, sample_clients, seed_torch
-from fl_lightning.federation.precision import check_precision
-from fl_lightning.federation.privacy import FederationPrivacy
 from fl_lightning.federation.policies.order import PolicyChain, check_policies
 from fl_lightning.federation.policies.policy import PolicySetup, RoundContext
+from fl_lightning.federation.precision import check_precision
+from fl_lightning.federation.privacy import FederationPrivacy
 from fl_lightning.federation.round_store import HOLD_BYTES, ClientRecord, RoundResult, RoundStore
 from fl_lightning.federation.run_folder import write_metrics_csv, write_summary
 from fl_lightning.federation.run_state import RunState

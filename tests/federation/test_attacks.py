@@ -161,7 +161,11 @@ def test_a_label_flipper_uploads_what_its_data_with_reversed_labels_trains(tmp_p
     attacker = min(sim._policies.get("attack").attackers)
     assert (
         sorted(env.label_maps) == sorted(sim._policies.get("attack").attackers)
-        and sim._policies.get("attack").apply(Upload({"w": torch.ones(1)}, {}), {"w": torch.zeros(1)}, 0, attacker).tensors["w"].item() == 1.0
+        and sim._policies.get("attack")
+        .apply(Upload({"w": torch.ones(1)}, {}), {"w": torch.zeros(1)}, 0, attacker)
+        .tensors["w"]
+        .item()
+        == 1.0
     )
     flipper = env.client(attacker)
     rows, classes = env.partition[attacker], env.num_classes

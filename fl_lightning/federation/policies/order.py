@@ -39,7 +39,7 @@ from torch import Tensor
 # the package's own policies register themselves on import
 from fl_lightning.federation import attacks, privacy, robust_aggregation, server_optimizer, stale_updates  # noqa: F401
 from fl_lightning.federation.algorithm import ALGORITHMS, averages_weights
-from fl_lightning.federation.policies.policy import KINDS, PolicySetup, RoundContext, UpdatePolicy, registered
+from fl_lightning.federation.policies.policy import KINDS, PolicySetup, RoundContext, UpdatePolicy, named, registered
 
 if TYPE_CHECKING:
     from fl_lightning.config import RunConfig
@@ -72,20 +72,11 @@ def policy_names(kind: str) -> tuple[str, ...]:
 def chosen(cfg: RunConfig) -> dict[str, tuple[str, type[UpdatePolicy]]]:
     """The run's policy of each kind that is not off: ``kind → (its setting as key=value, its class)``; a name
     nobody registered is one line (:class:`UsageError`)."""
-    from fl_lightning.errors import UsageError, did_you_mean
-
     out = {}
     for kind, (key, read) in SELECTED.items():
         name = read(cfg.federation)
-        if name == KINDS[kind]:
-            continue
-        cls = registered(kind).get(name)
-        if cls is None:
-            names = list(policy_names(kind))
-            raise UsageError(
-                f"usage error: {key}={name!r}: one of {', '.join(repr(n) for n in names)}{did_you_mean(str(name), names)}"
-            )
-        out[kind] = (f"{key}={name}", cls)
+        if name != KINDS[kind]:
+            out[kind] = (f"{key}={name}", named(kind, name, key))
     return out
 
 
@@ -103,7 +94,7 @@ def check_policies(cfg: RunConfig, algorithm: type) -> None:
             f"usage error: {asked[0]} needs a method whose state is the mean of its clients' weights "
             f"({', '.join(averaging_methods())}); {cfg.algorithm} does not declare averages_weights (docs/policies.md)"
         )
-    for kind, (_, cls) in policies.items():
+    for _, cls in policies.values():
         why = cls.refusal(cfg, algorithm)
         if why is not None:
             raise UsageError(f"usage error: {why}")

@@ -29,7 +29,7 @@ from torch import Tensor
 if TYPE_CHECKING:
     from fl_lightning.federation.transport import Upload
 
-__all__ = ["KINDS", "PolicySetup", "RoundContext", "UpdatePolicy", "register_policy", "registered"]
+__all__ = ["KINDS", "PolicySetup", "RoundContext", "UpdatePolicy", "named", "register_policy", "registered"]
 
 # every kind of policy, with the section of the config it is read from (federation.<kind>) and its "off" name
 KINDS: dict[str, str] = {
@@ -133,6 +133,20 @@ def register_policy(kind: str, name: str) -> Callable[[P], P]:
         return cls
 
     return deco
+
+
+def named(kind: str, name: str, key: str) -> type[UpdatePolicy]:
+    """The policy registered as ``name`` for ``kind``; else one line (:class:`UsageError`) naming the config ``key``,
+    the registered names and the closest."""
+    from fl_lightning.errors import UsageError, did_you_mean
+
+    found = _REGISTRY[kind].get(name)
+    if found is None:
+        names = [KINDS[kind], *sorted(n for n in _REGISTRY[kind] if n != KINDS[kind])]
+        raise UsageError(
+            f"usage error: {key}={name!r}: one of {', '.join(repr(n) for n in names)}{did_you_mean(str(name), names)}"
+        )
+    return found
 
 
 def registered(kind: str) -> dict[str, type[UpdatePolicy]]:
