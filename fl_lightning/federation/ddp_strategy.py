@@ -26,13 +26,21 @@ the host name; where that address is not reachable from the other nodes set ``GL
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch.distributed as dist
-from lightning.fabric.strategies import DDPStrategy
+from lightning.fabric.strategies import STRATEGY_REGISTRY, DDPStrategy, Strategy
 
-__all__ = ["FederatedDDPStrategy", "object_group"]
+from fl_lightning.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fl_lightning.config import RunConfig
+
+__all__ = ["FederatedDDPStrategy", "cli_strategy_taken", "fabric_strategy", "object_group"]
 
 T = TypeVar("T")
 
@@ -77,3 +85,46 @@ def object_group(fabric: Any) -> dist.ProcessGroup | None:
     """The process group for ``fabric``'s object collectives: its strategy's gloo group, or None (the default group)
     for a strategy without one."""
     return getattr(getattr(fabric, "strategy", None), "object_group", None)
+
+
+def fabric_strategy(cfg: RunConfig, environ: Mapping[str, str] = os.environ) -> str | Strategy:
+    """Fabric's strategy: ``auto`` is DDP on more than one rank; under ``fabric run --strategy NAME`` it is NAME, as
+    Fabric itself would take it (a different ``federation.strategy`` stops in one line). A DDP strategy (``ddp`` or
+    one of its registered variants, ``ddp_spawn`` …) is built here as a
+    :class:`FederatedDDPStrategy`: its compute group under
+    ``federation.compute_timeout_s``, its object group under ``federation.collective_timeout_s`` (by name, Fabric
+    would use torch's default timeout, 10 min for NCCL, for both). A strategy class registered by someone else (a
+    subclass of DDPStrategy) is built with the long timeout for its one group. ``federation.process_group_backend``
+    other than auto is the DDP strategy's ``process_group_backend`` (gloo: several ranks on one GPU)."""
+    f = cfg.federation
+    name = f.strategy if f.strategy != "auto" else "ddp" if f.devices * f.num_nodes > 1 else "auto"
+    cli = environ.get("LT_STRATEGY") if environ.get("LT_CLI_USED") == "1" else None
+    if cli:
+        if f.strategy not in ("auto", cli):
+            raise ConfigError("federation.strategy", f.strategy, f"'{cli}', the strategy `fabric run --strategy` names (or auto)")
+        name = cli
+    entry = STRATEGY_REGISTRY[name] if name in STRATEGY_REGISTRY else None  # its .get() would build one
+    if entry is None or not issubclass(entry["strategy"], DDPStrategy):
+        return name
+    backend = {} if f.process_group_backend == "auto" else {"process_group_backend": f.process_group_backend}
+    if entry["strategy"] is DDPStrategy:
+        return FederatedDDPStrategy(
+            **{**entry["init_params"], **backend},
+            timeout=timedelta(seconds=f.compute_timeout_s),
+            object_timeout=timedelta(seconds=f.collective_timeout_s),
+        )
+    return entry["strategy"](**{**entry["init_params"], **backend}, timeout=timedelta(seconds=f.collective_timeout_s))
+
+
+@contextmanager
+def cli_strategy_taken() -> Iterator[None]:
+    """``LT_STRATEGY`` out of the environment while ``Fabric(...)`` is built: :func:`fabric_strategy` has taken the
+    name ``fabric run --strategy`` set, and Fabric refuses any strategy object beside that variable ("conflicts
+    with the value --strategy=ddp set through the CLI"), the one that carries the timeout included. Put back
+    at once: nothing reads it later."""
+    cli = os.environ.pop("LT_STRATEGY", None) if os.environ.get("LT_CLI_USED") == "1" else None
+    try:
+        yield
+    finally:
+        if cli is not None:
+            os.environ["LT_STRATEGY"] = cli

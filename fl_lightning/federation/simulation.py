@@ -17,7 +17,6 @@ progress.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import secrets
 import shutil
@@ -25,30 +24,20 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from datetime import timedelta
+from collections.abc import Callable, Sequence
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from lightning.fabric import Fabric, seed_everything
-from lightning.fabric.strategies import STRATEGY_REGISTRY, DDPStrategy, Strategy
 
 from fl_lightning.config import RunConfig
 from fl_lightning.config.loading import dump_config
 from fl_lightning.data.hf import hf_source
 from fl_lightning.data.partition import (
-    PartitionArgumentError,
     client_class_counts,
-    dirichlet_partition,
-    iid_partition,
     natural_grouping_note,
-    natural_partition,
-    read_partition_json,
-    shard_partition,
     write_partition_json,
 )
 from fl_lightning.data.preprocessed import PreprocessedSplit, is_deterministic
@@ -76,7 +65,7 @@ from fl_lightning.federation.collectives import (
     to_server,
     waiting,
 )
-from fl_lightning.federation.ddp_strategy import FederatedDDPStrategy
+from fl_lightning.federation.ddp_strategy import cli_strategy_taken, fabric_strategy
 from fl_lightning.federation.launch import check_launcher
 from fl_lightning.federation.liveness import watching
 from fl_lightning.federation.local_training import local_work
@@ -88,6 +77,7 @@ from fl_lightning.federation.policies.policy import PolicySetup, RoundContext
 from fl_lightning.federation.precision import check_precision
 from fl_lightning.federation.privacy import FederationPrivacy
 from fl_lightning.federation.round_store import HOLD_BYTES, ClientRecord, RoundResult, RoundStore
+from fl_lightning.federation.run_data import check_client_test, client_test_split, drawn_twin, partition_for
 from fl_lightning.federation.run_folder import write_metrics_csv, write_summary
 from fl_lightning.federation.run_state import RunState
 from fl_lightning.federation.server_checkpoint import ServerCheckpoint
@@ -98,220 +88,7 @@ from fl_lightning.federation.summed_uploads import UploadFold, UploadSum, carry_
 from fl_lightning.federation.transport import Upload, check_upload
 from fl_lightning.phase_times import timed
 
-__all__ = ["Simulation", "hf_source", "partition_for", "client_test_split", "check_client_test"]
-
-_PARTITION_KEYS = ("num_clients", "alpha", "min_samples", "shards_per_client", "shard_size", "classes_per_client")
-
-
-def partition_for(
-    cfg: RunConfig, targets: np.ndarray, column: Callable[[str], np.ndarray] | None = None, *, row_order: bool = False
-) -> list[np.ndarray]:
-    """The clients' sample indices under ``cfg.partition`` (a bad value is a one-line config error), each sorted;
-    with ``row_order`` under ``convention: flower``, each in the order Flower's ``load_partition`` returns them.
-
-    ``column`` reads a training-split column by name (``DatasetSplits.train_column``): the natural scheme's
-    ``partition.by``. ``convention: flower`` makes dirichlet / iid / natural as flwr-datasets does
-    (``data/flower_partition.py``), after ``FederatedDataset``'s shuffle when ``flower_shuffle_seed`` is set.
-    """
-    p = cfg.partition
-    if p.scheme == "file":
-        return _partition_from_file(Path(p.path).expanduser(), len(targets), p.num_clients)
-    groups = None
-    if p.scheme == "natural":
-        if column is None:
-            raise ConfigError(
-                "partition.scheme",
-                p.scheme,
-                f"a scheme other than 'natural' for data.name "
-                f"{cfg.data.name!r} (it has no columns besides its labels; natural needs data.name: hf)",
-            )
-        groups = column(p.by)
-    try:
-        if p.convention == "flower":
-            return _flower_partition(cfg, targets, groups, row_order)
-        if p.scheme == "natural":
-            return natural_partition(groups, _natural_count(groups, p.num_clients))
-        if p.scheme == "iid" or math.isinf(p.alpha) and p.scheme == "dirichlet":
-            return iid_partition(len(targets), p.num_clients, seed=p.seed)
-        if p.scheme == "shards":
-            return shard_partition(targets, p.num_clients, p.shards_per_client, seed=p.seed)
-        if p.scheme == "pathological":
-            return _pathological(cfg, targets)
-        return dirichlet_partition(targets, p.num_clients, p.alpha, seed=p.seed, min_samples=p.min_samples, balance=p.balance)
-    except PartitionArgumentError as err:
-        if err.argument not in _PARTITION_KEYS:
-            raise
-        raise ConfigError(f"partition.{err.argument}", err.value, err.allowed) from None
-
-
-def _natural_count(groups: np.ndarray, num_clients: int | None) -> int:
-    """A natural partition's K: ``num_clients``, or one client per value when null (an unresolved config)."""
-    return int(np.unique(groups).size) if num_clients is None else num_clients
-
-
-def client_test_split(
-    cfg: RunConfig, partition: list[np.ndarray], targets: np.ndarray, column: Callable[[str], np.ndarray] | None = None
-) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
-    """The clients' (training rows, own test rows) of ``partition`` (``partition_for``'s, of the training split
-    whose labels are ``targets``) under ``partition.client_test_fraction`` (data/client_test.py): ``(partition,
-    None)`` at 0. The seed is ``client_test_seed``, or 42 (Flower's tutorials) under convention flower, else
-    ``partition.seed``. Under convention flower each partition is cut in the row order Flower's ``load_partition``
-    gives it (``partition_for(row_order=True)``, computed again here); else in ascending row order."""
-    from fl_lightning.data.client_test import split_clients
-
-    p = cfg.partition
-    if p.client_test_fraction == 0:
-        return partition, None
-    seed = p.client_test_seed if p.client_test_seed is not None else 42 if p.convention == "flower" else p.seed
-    ordered = partition_for(cfg, targets, column, row_order=True) if p.convention == "flower" else partition
-    try:
-        return split_clients(ordered, p.client_test_fraction, seed)
-    except ValueError as err:
-        raise UsageError(f"config error: partition.client_test_fraction: {err}") from None
-
-
-def check_client_test(cfg: RunConfig, algorithm: type[Algorithm] | Algorithm) -> None:
-    """``partition.client_test_fraction`` > 0 only for a method whose evaluation goes through the shared helpers
-    with the global model (``Algorithm.federated_evaluation``) and reads the training split unaugmented (the
-    clients' test rows are read through the training split's transform); one line otherwise."""
-    if cfg.partition.client_test_fraction == 0:
-        return
-    if not algorithm.federated_evaluation:
-        raise ConfigError(
-            "partition.client_test_fraction",
-            cfg.partition.client_test_fraction,
-            f"0 for {cfg.algorithm} (federated evaluation on the clients' test rows: fedavg, fedprox, "
-            "scaffold, feddyn, fedavg_cnn, fedavg_prompts, afl, fedcgs, fedpft, fedopal, fedopal_plus)",
-        )
-    if isinstance(algorithm, Algorithm) and algorithm.augment:
-        raise ConfigError(
-            "partition.client_test_fraction",
-            cfg.partition.client_test_fraction,
-            f"0 while {cfg.algorithm} augments its training split (the clients' test rows are read through its transform)",
-        )
-
-
-def _pathological(cfg: RunConfig, targets: np.ndarray, row_order: bool = False) -> list[np.ndarray]:
-    """``partition.scheme: pathological``: flwr-datasets' PathologicalPartitioner by the labels (either convention);
-    its refusals are one line."""
-    from fl_lightning.data.flower_partition import flower_pathological_partition
-
-    p = cfg.partition
-    try:
-        return flower_pathological_partition(
-            targets, p.num_clients, p.classes_per_client, seed=p.seed, class_assignment=p.class_assignment, row_order=row_order
-        )
-    except ValueError as err:
-        if isinstance(err, PartitionArgumentError):
-            raise
-        raise UsageError(f"config error: partition (pathological): {err}") from None
-
-
-def _flower_partition(
-    cfg: RunConfig, targets: np.ndarray, groups: np.ndarray | None, row_order: bool = False
-) -> list[np.ndarray]:
-    """flwr-datasets' partition of the (optionally FederatedDataset-shuffled) training split, in our row indices
-    (each sorted; ``row_order``: in Flower's order within each partition)."""
-    from fl_lightning.data.flower_partition import (
-        flower_dirichlet_partition,
-        flower_iid_partition,
-        flower_preshuffle,
-        flower_shard_partition,
-    )
-
-    p = cfg.partition
-    n = len(targets)
-    order = None if p.flower_shuffle_seed is None else flower_preshuffle(n, p.flower_shuffle_seed)
-    shuffled = (lambda values: values) if order is None else (lambda values: values[order])  # noqa: E731
-    if p.scheme == "natural":
-        parts = natural_partition(shuffled(groups), _natural_count(groups, p.num_clients))
-    elif p.scheme == "iid":
-        parts = flower_iid_partition(n, p.num_clients)
-    else:
-        try:
-            if p.scheme == "shards":
-                parts = flower_shard_partition(
-                    shuffled(targets),
-                    p.num_clients,
-                    p.shards_per_client,
-                    seed=p.seed,
-                    shard_size=p.shard_size,
-                    keep_incomplete_shard=p.keep_incomplete_shard,
-                    row_order=row_order,
-                )
-            elif p.scheme == "pathological":
-                parts = _pathological(cfg, shuffled(targets), row_order)
-            else:
-                parts = flower_dirichlet_partition(
-                    shuffled(targets),
-                    p.num_clients,
-                    p.alpha,
-                    seed=p.seed,
-                    min_partition_size=p.min_samples,
-                    self_balancing=p.balance,
-                    row_order=row_order,
-                )
-        except ValueError as err:
-            if isinstance(err, PartitionArgumentError):
-                raise
-            raise UsageError(f"config error: partition (convention flower): {err}") from None
-    if order is None:
-        return parts
-    return [order[part] if row_order else np.sort(order[part]) for part in parts]
-
-
-def _partition_from_file(path: Path, num_samples: int, num_clients: int) -> list[np.ndarray]:
-    """``partition.scheme: file``: the exact assignment another run (or framework) used."""
-    try:
-        parts = read_partition_json(path, num_samples)
-    except (ValueError, OSError) as err:
-        raise UsageError(f"config error: partition.path: {err}") from None
-    if len(parts) != num_clients:
-        raise ConfigError("partition.num_clients", num_clients, f"{len(parts)}, the number of clients in '{path}'")
-    return parts
-
-
-def _strategy(cfg: RunConfig, environ: Mapping[str, str] = os.environ) -> str | Strategy:
-    """Fabric's strategy: ``auto`` is DDP on more than one rank; under ``fabric run --strategy NAME`` it is NAME, as
-    Fabric itself would take it (a different ``federation.strategy`` stops in one line). A DDP strategy (``ddp`` or
-    one of its registered variants, ``ddp_spawn`` …) is built here as a
-    :class:`~fl_lightning.federation.ddp_strategy.FederatedDDPStrategy`: its compute group under
-    ``federation.compute_timeout_s``, its object group under ``federation.collective_timeout_s`` (by name, Fabric
-    would use torch's default timeout, 10 min for NCCL, for both). A strategy class registered by someone else (a
-    subclass of DDPStrategy) is built with the long timeout for its one group. ``federation.process_group_backend``
-    other than auto is the DDP strategy's ``process_group_backend`` (gloo: several ranks on one GPU)."""
-    f = cfg.federation
-    name = f.strategy if f.strategy != "auto" else "ddp" if f.devices * f.num_nodes > 1 else "auto"
-    cli = environ.get("LT_STRATEGY") if environ.get("LT_CLI_USED") == "1" else None
-    if cli:
-        if f.strategy not in ("auto", cli):
-            raise ConfigError("federation.strategy", f.strategy, f"'{cli}', the strategy `fabric run --strategy` names (or auto)")
-        name = cli
-    entry = STRATEGY_REGISTRY[name] if name in STRATEGY_REGISTRY else None  # its .get() would build one
-    if entry is None or not issubclass(entry["strategy"], DDPStrategy):
-        return name
-    backend = {} if f.process_group_backend == "auto" else {"process_group_backend": f.process_group_backend}
-    if entry["strategy"] is DDPStrategy:
-        return FederatedDDPStrategy(
-            **{**entry["init_params"], **backend},
-            timeout=timedelta(seconds=f.compute_timeout_s),
-            object_timeout=timedelta(seconds=f.collective_timeout_s),
-        )
-    return entry["strategy"](**{**entry["init_params"], **backend}, timeout=timedelta(seconds=f.collective_timeout_s))
-
-
-@contextmanager
-def _cli_strategy_taken() -> Iterator[None]:
-    """``LT_STRATEGY`` out of the environment while ``Fabric(...)`` is built: :func:`_strategy` has taken the
-    name ``fabric run --strategy`` set, and Fabric refuses any strategy object beside that variable ("conflicts
-    with the value --strategy=ddp set through the CLI"), the one that carries the timeout included. Put back
-    at once: nothing reads it later."""
-    cli = os.environ.pop("LT_STRATEGY", None) if os.environ.get("LT_CLI_USED") == "1" else None
-    try:
-        yield
-    finally:
-        if cli is not None:
-            os.environ["LT_STRATEGY"] = cli
+__all__ = ["Simulation"]
 
 
 class Simulation:
@@ -349,8 +126,8 @@ class Simulation:
         self._behaviour = ClientBehaviour.of(cfg.federation.clients, cfg.partition.num_clients)
         self.ckpt_dir = self.run_dir / "checkpoints"
         loggers = list(loggers) if loggers is not None else default_loggers(cfg)
-        strategy = _strategy(cfg)
-        with _cli_strategy_taken():
+        strategy = fabric_strategy(cfg)
+        with cli_strategy_taken():
             self.fabric = Fabric(
                 accelerator=cfg.federation.accelerator,
                 devices=cfg.federation.devices,
@@ -868,7 +645,7 @@ class Simulation:
         round (partition.csv and partition.json, written at the start, hold the same numbers)."""
         if (self.run_dir / "partition.png").exists():
             return
-        twin = _drawn_twin(self.run_dir)
+        twin = drawn_twin(self.run_dir)
         if twin is not None:  # a comparison's runs on one partition share one drawing (the same figure)
             shutil.copyfile(twin, self.run_dir / "partition.png")
         else:
@@ -1123,21 +900,3 @@ def _merged(parts: list[RoundResult]) -> RoundResult:
     if len(parts) == 1:
         return parts[0]
     return RoundResult({c: r for part in parts for c, r in part.records.items()})
-
-
-def _drawn_twin(run_dir: Path) -> Path | None:
-    """A sibling run folder's ``partition.png`` drawn from a byte-identical ``partition.csv`` (the same
-    clients, counts and class names, so the same figure): a comparison draws each partition once."""
-    mine = run_dir / "partition.csv"
-    if not mine.is_file():
-        return None
-    data = mine.read_bytes()
-    for csv_path in sorted(run_dir.parent.glob("*/partition.csv")):
-        png = csv_path.with_name("partition.png")
-        if csv_path.parent != run_dir and png.is_file():
-            try:
-                if csv_path.stat().st_size == len(data) and csv_path.read_bytes() == data:
-                    return png
-            except OSError:  # a sibling being written or removed: draw our own
-                continue
-    return None

@@ -15,7 +15,7 @@ from fl_lightning.algorithms.common import frozen_backbone
 from fl_lightning.data.registry import build_dataset
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.federation.algorithm import InputSpec
-from fl_lightning.federation.simulation import client_test_split, partition_for
+from fl_lightning.federation.run_data import client_test_split, partition_for
 from fl_lightning.models.vpt import PromptedViT
 
 

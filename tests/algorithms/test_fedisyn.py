@@ -13,8 +13,9 @@ from fl_lightning.config.loading import load_config
 from fl_lightning.data.registry import build_dataset
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.algorithm import RoundPlan
+from fl_lightning.federation.run_data import partition_for
 from fl_lightning.federation.run_folder import read_metrics_csv
-from fl_lightning.federation.simulation import Simulation, partition_for
+from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.transport import SCALAR_BYTES, Download, Upload
 from tests.conftest import CONF, StopAfterClients, run_cli
 

@@ -82,7 +82,7 @@ def test_sflf_starts_from_the_weights_file_reports_memory_and_times_the_upload_b
 
 def _partition(cfg):
     from fl_lightning.data.registry import build_dataset
-    from fl_lightning.federation.simulation import partition_for
+    from fl_lightning.federation.run_data import partition_for
 
     splits = build_dataset(cfg.data.name, root=cfg.data.root, seed=cfg.seed, num_samples=cfg.data.num_samples)
     return partition_for(cfg, splits.train_targets)

@@ -16,7 +16,7 @@ import pytest
 from fl_lightning.config.loading import load_config
 from fl_lightning.data.client_test import hf_test_size, hf_train_test_split, split_clients
 from fl_lightning.errors import ConfigError, UsageError
-from fl_lightning.federation.simulation import client_test_split, partition_for
+from fl_lightning.federation.run_data import client_test_split, partition_for
 from tests.conftest import CONF
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "flower_partitions.json").read_text())

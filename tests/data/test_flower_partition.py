@@ -25,7 +25,7 @@ from fl_lightning.data.flower_partition import (
 )
 from fl_lightning.data.partition import natural_partition, read_partition_json, write_partition_json
 from fl_lightning.errors import ConfigError, UsageError
-from fl_lightning.federation.simulation import partition_for
+from fl_lightning.federation.run_data import partition_for
 from tests.conftest import CONF, REPO
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "flower_partitions.json").read_text())

@@ -13,12 +13,16 @@ pytest.importorskip("datasets")
 
 from fl_lightning import train  # noqa: E402
 from fl_lightning.config.loading import load_config  # noqa: E402
-from fl_lightning.data.hf import HFSource  # noqa: E402
+from fl_lightning.data.hf import (
+    HFSource,  # noqa: E402
+    hf_source,
+)
 from fl_lightning.data.partition import natural_grouping_note, natural_partition  # noqa: E402
 from fl_lightning.data.registry import build_dataset  # noqa: E402
 from fl_lightning.data.transforms import build_transform  # noqa: E402
 from fl_lightning.errors import ConfigError, MissingResourceError, UsageError  # noqa: E402
-from fl_lightning.federation.simulation import Simulation, hf_source, partition_for  # noqa: E402
+from fl_lightning.federation.run_data import partition_for
+from fl_lightning.federation.simulation import Simulation  # noqa: E402
 from tests.conftest import CONF, REPO, run_cli  # noqa: E402
 
 N_TRAIN, N_TEST, WRITERS = 40, 12, 5

@@ -18,7 +18,7 @@ from fl_lightning.data.hf import HFSource  # noqa: E402
 from fl_lightning.data.registry import build_dataset  # noqa: E402
 from fl_lightning.data.transforms import build_transform  # noqa: E402
 from fl_lightning.errors import MissingResourceError, UsageError  # noqa: E402
-from fl_lightning.federation.simulation import partition_for  # noqa: E402
+from fl_lightning.federation.run_data import partition_for  # noqa: E402
 from tests.conftest import CONF  # noqa: E402
 
 N = 8  # rows of every tiny split; labels 0, 1, 0, 1, …

@@ -80,7 +80,7 @@ def test_ten_thousand_clients_keep_every_row_in_the_csv_and_a_sample_in_the_figu
 def test_a_comparison_draws_each_partition_once(tmp_path: Path) -> None:
     """A run whose partition.csv is byte-identical to a sibling run's (a comparison's methods on one
     partition) is given that run's drawing; another partition, or an undrawn sibling, is not a twin."""
-    from fl_lightning.federation.simulation import _drawn_twin
+    from fl_lightning.federation.run_data import drawn_twin as _drawn_twin
 
     counts = np.random.default_rng(0).integers(0, 50, (4, 3))
     names = ["a", "b", "c"]

@@ -23,7 +23,7 @@ from fl_lightning.config.loading import load_config
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.collectives import CollectiveTimeout, gathered, to_server, waiting
 from fl_lightning.federation.ddp_strategy import FederatedDDPStrategy, object_group
-from fl_lightning.federation.simulation import _strategy
+from fl_lightning.federation.ddp_strategy import fabric_strategy as _strategy
 from tests.conftest import CONF
 from tests.gloo_ranks import report, run_ranks
 

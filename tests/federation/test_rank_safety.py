@@ -53,9 +53,9 @@ from fl_lightning.federation.collectives import (
     to_cpu,
     to_server,
 )
+from fl_lightning.federation.ddp_strategy import fabric_strategy as _strategy
 from fl_lightning.federation.liveness import PeerLost
 from fl_lightning.federation.round_store import ClientRecord, RoundResult
-from fl_lightning.federation.simulation import _strategy
 from fl_lightning.federation.transport import Download
 from tests.conftest import CONF, REPO
 

@@ -18,7 +18,8 @@ from fl_lightning.data.loader import LoaderSettings
 from fl_lightning.data.partition import read_partition_json
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.algorithm import ALGORITHMS, Environment
-from fl_lightning.federation.simulation import Simulation, check_client_test
+from fl_lightning.federation.run_data import check_client_test
+from fl_lightning.federation.simulation import Simulation
 from fl_lightning.modules.federated_evaluation import federated_scores, row_outcomes
 from tests.conftest import CONF
 
