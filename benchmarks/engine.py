@@ -195,7 +195,7 @@ def _bare_worker(config: Path, out: Path) -> None:
     from torchvision.transforms import v2
 
     from fl_lightning.data.partition import dirichlet_partition, shard_partition
-    from fl_lightning.federation.placement import client_seed, sample_clients
+    from fl_lightning.federation.ranks.placement import client_seed, sample_clients
 
     values = yaml.safe_load(config.read_text(encoding="utf-8"))
     seed, data, part, fed, train = (values["seed"], values["data"], values["partition"], values["federation"], values["train"])

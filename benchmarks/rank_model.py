@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fl_lightning.dealing import Deal
-from fl_lightning.federation.placement import assign_clients
+from fl_lightning.federation.ranks.placement import assign_clients
 
 __all__ = ["RULES", "Phase", "PhaseEstimate", "Estimate", "estimate", "phases_from_json", "format_estimate"]
 

@@ -63,7 +63,7 @@ METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
     "dense": ("dense_digits_tiny.yaml", ("--dense.epochs", "5")),  # the server's distillation: 5 of its 30 epochs
     "fedavg": ("fedavg_digits_tiny.yaml", ("--federation.rounds", "3", "--partition.num_clients", "8")),
     # GPT-FL fine-tuning a 10.7 M-parameter ViT (43 MB a client's upload), its uploads folded on the ranks that train
-    # them (federation/summed_uploads.py) and, as before, a record per client that rank 0 reads back and folds
+    # them (federation/ranks/summed_uploads.py) and, as before, a record per client that rank 0 reads back and folds
     "gptfl": ("gptfl_tiny.yaml", (*_GPTFL, "--partition.num_clients", "8")),
     "gptfl_records": ("gptfl_tiny.yaml", (*_GPTFL, "--partition.num_clients", "8", "--federation.record_after_s", "0")),
 }
@@ -163,7 +163,7 @@ class _RankReport:
 
 def _worker(config: str, overrides: Sequence[str], out: Path) -> None:
     from fl_lightning.config.loading import load_config
-    from fl_lightning.federation.collectives import recording_waits
+    from fl_lightning.federation.ranks.collectives import recording_waits
     from fl_lightning.federation.simulation import Simulation
     from fl_lightning.phase_times import recording_phases
 

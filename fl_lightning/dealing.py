@@ -24,7 +24,7 @@ parts back; the gather itself is done by whoever holds the process group (``fede
 ``gathered``, the split ensemble's all-gather). Pure index arithmetic: no torch, no process group, and no import
 of the package, so ``modules/``, ``synthesis/``, ``federation/`` and ``experiments/`` may all import it.
 
-Not here, because they are scheduling policies rather than deals: ``federation/placement.py``
+Not here, because they are scheduling policies rather than deals: ``federation/ranks/placement.py``
 ``assign_clients`` (clients to ranks by data size, longest first), ``deal_in_order`` (contiguous blocks in client
 order, for uploads folded on the ranks) and ``cores.py`` ``core_shares`` (CPU cores to
 ``--jobs`` children, wrapping around when there are fewer cores than jobs).

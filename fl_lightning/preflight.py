@@ -371,7 +371,7 @@ def check_federation(cfg: RunConfig) -> None:
     Raises:
         ConfigError: one line naming ``federation.min_clients``.
     """
-    from fl_lightning.federation.placement import clients_per_round
+    from fl_lightning.federation.ranks.placement import clients_per_round
 
     f, k = cfg.federation, cfg.partition.num_clients
     sampled = clients_per_round(k, f.client_fraction)
@@ -387,7 +387,7 @@ def check_federation(cfg: RunConfig) -> None:
 def preflight_run(cfg: RunConfig) -> None:
     """Every check of one run (see the module docstring), cheapest first."""
     from fl_lightning.algorithms import available_algorithms
-    from fl_lightning.federation.launch import check_launcher
+    from fl_lightning.federation.ranks.launch import check_launcher
 
     check_values(cfg)
     check_federation(cfg)

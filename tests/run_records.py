@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fl_lightning.federation.checkpoint import safe_load
+from fl_lightning.federation.storage.checkpoint import safe_load
 
 
 def _run_dir(run: Any) -> Path:

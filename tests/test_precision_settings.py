@@ -312,7 +312,7 @@ def test_the_cli_sets_both_before_the_simulation_is_built_and_restores_them(tmp_
 def test_on_the_cpu_a_deterministic_run_is_the_same_run_bit_for_bit(tmp_path, torch_settings):
     """The real CLI, in this process: deterministic true raises nothing on the CPU, gives the same server state
     and leaves the process's flags as they were."""
-    from fl_lightning.federation.checkpoint import safe_load
+    from fl_lightning.federation.storage.checkpoint import safe_load
 
     states = {}
     for deterministic in ("false", "true"):

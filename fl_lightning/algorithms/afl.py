@@ -44,7 +44,7 @@ from fl_lightning.algorithms.feature_table import OneShotFeatureMethod
 from fl_lightning.analytic import AnalyticStatistics, StatisticsSum, logits, regularization, solve_classifier
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, register
-from fl_lightning.federation.privacy_coverage import statistics_only
+from fl_lightning.federation.policies.privacy_coverage import statistics_only
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.modules.statistics import collect_statistics
 
@@ -168,7 +168,8 @@ class AFL(OneShotFeatureMethod):
 
     @classmethod
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
-        """federation.privacy: the statistics mechanisms cover R_k, C_k, each feature clipped (federation/privacy_coverage.py)."""
+        """federation.privacy: the statistics mechanisms cover R_k, C_k, each feature clipped
+        (federation/policies/privacy_coverage.py)."""
         return statistics_only(cfg)
 
     true_precision = AnalyticHead.true_precision

@@ -13,8 +13,8 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from fl_lightning.dealing import Deal
 from fl_lightning.errors import ConfigError
-from fl_lightning.federation.collectives import from_server, gathered
 from fl_lightning.federation.precision import convert_input, hold_trunk
+from fl_lightning.federation.ranks.collectives import from_server, gathered
 from fl_lightning.models.backbones import BackboneArgumentError, ViTBackbone, build_feature_backbone
 from fl_lightning.models.cnn_backbone import CNNBackbone
 from fl_lightning.modules.evaluation import eval_counts, evaluate_classifier, scores

@@ -80,7 +80,7 @@ from fl_lightning.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from fl_lightning.dealing import Deal
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, RoundHistory, RoundPlan, State, register
-from fl_lightning.federation.collectives import gathered
+from fl_lightning.federation.ranks.collectives import gathered
 from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:

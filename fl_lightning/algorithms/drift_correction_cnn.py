@@ -15,7 +15,7 @@ The math is the head versions', not a copy: :func:`~fl_lightning.algorithms.scaf
 flat float32 vector of the CNN's trainable parameters (``flat_named``, state-dict order), the gradient hooks
 :class:`~fl_lightning.algorithms.scaffold.GradientCorrection` and
 :class:`~fl_lightning.algorithms.feddyn.DynamicRegulariser` on the module's parameters, and the per-client store
-:class:`~fl_lightning.federation.client_state.ClientStateStore` (c_i or h_k on disk, P = the trainable parameters:
+:class:`~fl_lightning.federation.storage.client_state.ClientStateStore` (c_i or h_k on disk, P = the trainable parameters:
 ``checkpoints/client_state/scaffold_cnn`` or ``feddyn_cnn``). The server's c, or θ_cloud and H, are in the run's
 state (``control.<name>``; ``cloud.<name>``, ``drift_sum.<name>``), so a resume is exact. Each module docstring's
 departures hold here too (SCAFFOLD: SGD only, momentum read as the mean update direction, per-client K, c_i from
@@ -58,7 +58,7 @@ from fl_lightning.algorithms.scaffold import (
 from fl_lightning.algorithms.scaffold import server_step as scaffold_server_step
 from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, register
-from fl_lightning.federation.client_state import CLIENT_STATE_DIR, ClientStateStore
+from fl_lightning.federation.storage.client_state import CLIENT_STATE_DIR, ClientStateStore
 from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:

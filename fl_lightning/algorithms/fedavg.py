@@ -30,8 +30,8 @@ from fl_lightning.data.loader import TensorBatches
 from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local
-from fl_lightning.federation.placement import client_seed
-from fl_lightning.federation.privacy_coverage import weights_only
+from fl_lightning.federation.policies.privacy_coverage import weights_only
+from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.modules.linear_probe import LinearProbe
 
@@ -83,7 +83,8 @@ class FedAvg(FeatureTableMethod):
 
     @classmethod
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
-        """federation.privacy: DP-FedAvg covers the head, the one thing a client uploads (federation/privacy_coverage.py)."""
+        """federation.privacy: DP-FedAvg covers the head, the one thing a client uploads
+        (federation/policies/privacy_coverage.py)."""
         return weights_only(cfg)
 
     true_precision = "its head trains on the frozen backbone's float32 feature table"

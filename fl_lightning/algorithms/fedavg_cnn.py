@@ -40,9 +40,9 @@ from fl_lightning.errors import ConfigError, MissingResourceError
 from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local
-from fl_lightning.federation.placement import client_seed
+from fl_lightning.federation.policies.privacy_coverage import weights_only
 from fl_lightning.federation.precision import convert_module
-from fl_lightning.federation.privacy_coverage import weights_only
+from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.modules.optim import make_optimizer
 
@@ -125,7 +125,7 @@ class FedAvgCNN(Algorithm):
     @classmethod
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
         """federation.privacy: DP-FedAvg covers the weights and float buffers
-        (a client's integer buffers stay with it; federation/privacy_coverage.py)."""
+        (a client's integer buffers stay with it; federation/policies/privacy_coverage.py)."""
         return weights_only(cfg)
 
     # bf16-true / 16-true: the whole CNN (BatchNorm's running statistics too) in half precision, as fabric.setup

@@ -27,8 +27,8 @@ from fl_lightning.errors import check
 from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local
-from fl_lightning.federation.placement import client_seed
-from fl_lightning.federation.privacy_coverage import weights_only
+from fl_lightning.federation.policies.privacy_coverage import weights_only
+from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:
@@ -58,7 +58,8 @@ class FedAvgPrompts(Algorithm):
 
     @classmethod
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
-        """federation.privacy: DP-FedAvg covers the prompts and head a client uploads (federation/privacy_coverage.py)."""
+        """federation.privacy: DP-FedAvg covers the prompts and head a client uploads
+        (federation/policies/privacy_coverage.py)."""
         return weights_only(cfg)
 
     true_precision = "its prompts and head keep float32 master weights (prompt tuning in bf16-mixed)"

@@ -50,7 +50,7 @@ from fl_lightning.analytic import logits
 from fl_lightning.errors import check
 from fl_lightning.feature_gaussians import COVARIANCES, gaussian_head
 from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, register
-from fl_lightning.federation.privacy_coverage import statistics_only
+from fl_lightning.federation.policies.privacy_coverage import statistics_only
 from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ class FedCGS(OneShotFeatureMethod):
     @classmethod
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
         """federation.privacy: the statistics mechanisms cover R_k, C_k and the class counts (the counts are
-        in the sensitivity; federation/privacy_coverage.py)."""
+        in the sensitivity; federation/policies/privacy_coverage.py)."""
         return statistics_only(cfg)
 
     def __init__(self, *, cfg: RunConfig) -> None:

@@ -5,7 +5,7 @@ agree with the global one.
 Algorithm 1 of the paper, in the form of the authors' code (``alpemreacar/FedDyn``, ``train_FedDyn``), on FedAvg's
 head (``fedavg.py``: the same feature tables, batches, sampling and evaluation). Each client k keeps
 h_k = Σ (θ_k − θ_cloud) over the rounds it took part in — ``−∇L_k(θ_k)/α`` in the paper's notation — across rounds
-(:class:`~fl_lightning.federation.client_state.ClientStateStore`, on disk, exact after a kill). A sampled client
+(:class:`~fl_lightning.federation.storage.client_state.ClientStateStore`, on disk, exact after a kill). A sampled client
 downloads the cloud model θ_cloud and minimises, by ``train.epochs`` of local steps,
 
     L_k(θ) + α_k ⟨θ, h_k − θ_cloud⟩ + α_k/2 ‖θ‖²       (gradient: ∇L_k(θ) + α_k (θ − θ_cloud + h_k), Eq. (1))
@@ -44,7 +44,7 @@ from fl_lightning.algorithms.fedavg import flat_head as _flat
 from fl_lightning.algorithms.fedavg import unflat_head as _unflat
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, register
-from fl_lightning.federation.client_state import CLIENT_STATE_DIR, ClientStateStore
+from fl_lightning.federation.storage.client_state import CLIENT_STATE_DIR, ClientStateStore
 from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:

@@ -49,7 +49,7 @@ from fl_lightning.errors import check
 from fl_lightning.federation.aggregate import weighted_average
 from fl_lightning.federation.algorithm import Client, Environment, InputSpec, RoundHistory, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local
-from fl_lightning.federation.placement import client_seed
+from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.stages import Stage, StagedAlgorithm
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.models.backbones import ViTBackbone
@@ -245,7 +245,7 @@ class FedOPAL(StagedAlgorithm):
     @classmethod
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
         """federation.privacy: the statistics mechanisms cover P_k by DP-SGD (``dp_sgd: true``) and R_k, C_k
-        under them (adaptive composition, one σ); a prompt weight is never a client's count (federation/privacy.py)."""
+        under them (adaptive composition, one σ); a prompt weight is never a client's count (federation/policies/privacy.py)."""
         p = cfg.federation.privacy
         if p.mechanism == "dp_fedavg":
             return "it uploads R_k, C_k beside its prompts, which dp_fedavg neither clips nor noises"

@@ -55,7 +55,7 @@ from fl_lightning.feature_gaussians import (
     train_linear_head,
 )
 from fl_lightning.federation.algorithm import Client, RoundPlan, State, register
-from fl_lightning.federation.placement import client_seed
+from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:

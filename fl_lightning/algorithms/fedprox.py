@@ -19,7 +19,7 @@ from fl_lightning.algorithms.fedavg import FedAvg, FedAvgConfig
 from fl_lightning.callbacks.proximal import ProximalCallback
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import register
-from fl_lightning.federation.privacy_coverage import weights_only
+from fl_lightning.federation.policies.privacy_coverage import weights_only
 from fl_lightning.federation.transport import Download
 
 if TYPE_CHECKING:

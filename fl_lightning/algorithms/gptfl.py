@@ -10,7 +10,7 @@ images per class from pure noise and the prompts only and pre-trains the ViT on 
 Rounds 1..T (:class:`FullFedAvg`): every device trains ALL weights of the ViT (backbone and head) for
 E epochs and uploads them; the server averages them weighted by data size, and the next download is
 the whole model again. The ranks fold the uploads where they are trained, in client order (the server's
-fold, bit for bit: federation/summed_uploads.py), so no upload is written to the run folder. Its traffic
+fold, bit for bit: federation/ranks/summed_uploads.py), so no upload is written to the run folder. Its traffic
 counts in ``bytes_up``/``bytes_down``, and the channel model times each device's upload of the whole
 model (32 bits per parameter) under the equal split B/N — the baselines have no allocation of their own
 (``systems/calibration.py``). Round 0's counts are charged on the channel clock like any upload, and
@@ -51,7 +51,7 @@ from fl_lightning.algorithms.synthetic_family.model import (
 from fl_lightning.algorithms.synthetic_family.synthesis import TextOnlyConfig, TextOnlySynthesis
 from fl_lightning.federation.algorithm import Client, State, register
 from fl_lightning.federation.local_training import fit_local
-from fl_lightning.federation.summed_uploads import UploadSum, summed_mean
+from fl_lightning.federation.ranks.summed_uploads import UploadSum, summed_mean
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.models.lora import is_lora_param, lora_bits_per_layer
 
@@ -100,7 +100,7 @@ class FullFedAvg(FineTuningStage):
         return {**with_prefix(BACKBONE, backbone_state(m.module)), **with_prefix(HEAD, strip(HEAD, m.module.head_state()))}
 
     def summed_uploads(self, round_idx: int) -> UploadSum:
-        """The whole model, weighted by n_k: the ranks fold it where it is trained (federation/summed_uploads.py)."""
+        """The whole model, weighted by n_k: the ranks fold it where it is trained (federation/ranks/summed_uploads.py)."""
         return UploadSum((BACKBONE, HEAD))
 
     def fold(self, round_idx: int, state: State, uploads: Mapping[int, Upload]) -> State:

@@ -3,7 +3,7 @@ linear head on a frozen backbone's features: FedAvg whose clients correct their 
 
 Algorithm 1 of the paper, option II, on FedAvg's head (``fedavg.py``: the same feature tables, batches, sampling and
 evaluation). The server keeps the head x and its control variate c; each client i keeps its own c_i across rounds
-(:class:`~fl_lightning.federation.client_state.ClientStateStore`, on disk: flat per-client cost and bounded memory at
+(:class:`~fl_lightning.federation.storage.client_state.ClientStateStore`, on disk: flat per-client cost and bounded memory at
 any number of clients, exact after a kill). A sampled client downloads (x, c) and runs K local steps of
 
     y ← y − η_l (g_i(y) + c − c_i)                                         (the correction, added to every gradient)
@@ -43,7 +43,7 @@ from fl_lightning.algorithms.fedavg import flat_head as _flat
 from fl_lightning.algorithms.fedavg import unflat_head as _unflat
 from fl_lightning.errors import UsageError, check
 from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, register
-from fl_lightning.federation.client_state import CLIENT_STATE_DIR, ClientStateStore
+from fl_lightning.federation.storage.client_state import CLIENT_STATE_DIR, ClientStateStore
 from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:

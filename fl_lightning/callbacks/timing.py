@@ -12,7 +12,7 @@ import statistics
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fl_lightning.federation.round_store import RoundResult
+    from fl_lightning.federation.storage.round_store import RoundResult
 
 __all__ = ["RoundTimingCallback"]
 

@@ -50,7 +50,7 @@ def comparison_group(cfg: Any) -> str | None:
 def wandb_run_id(run_dir: Path) -> str | None:
     """The run's id in its ``run.json`` (``run_id``: the same across ``--resume``, new after ``--overwrite``),
     or None (W&B draws one) for a folder without a record."""
-    from fl_lightning.federation.run_folder import read_record
+    from fl_lightning.federation.storage.run_folder import read_record
 
     record = read_record(Path(run_dir))
     return (record or {}).get("run_id")

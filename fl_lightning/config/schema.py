@@ -365,7 +365,7 @@ class PrivacyConfig:
 
 @dataclass
 class ServerOptimizerConfig:
-    """The server's step from the round's aggregate (docs/server_optimizers.md; federation/server_optimizer.py).
+    """The server's step from the round's aggregate (docs/server_optimizers.md; federation/policies/server_optimizer.py).
 
     ``name``: a registered server optimizer — ``fedavg`` (the aggregate is the new state, today's behaviour bit for
     bit), ``fedavgm``, ``fedadagrad``, ``fedadam``, ``fedyogi`` (Flower's strategies of those names, Reddi et al.,
@@ -399,7 +399,7 @@ class ServerOptimizerConfig:
 
 @dataclass
 class AggregatorConfig:
-    """How the server combines the clients' weights (docs/robust_aggregation.md; federation/robust_aggregation.py):
+    """How the server combines the clients' weights (docs/robust_aggregation.md; federation/policies/robust_aggregation.py):
     ``mean`` — the method's own (weighted) mean, today's behaviour bit for bit; ``median``, ``trimmed_mean``,
     ``krum``, ``multi_krum``, ``bulyan`` — Flower's FedMedian, FedTrimmedAvg, Krum / Multi-Krum and Bulyan — or a
     rule registered outside the package (docs/adding_a_method.md). For the methods whose state is the mean of their
@@ -427,7 +427,7 @@ ATTACKS = ("none", "sign_flip", "scale", "gaussian", "label_flip")
 
 @dataclass
 class AttackConfig:
-    """Model-poisoning clients (docs/robust_aggregation.md; federation/attacks.py): a seeded ``fraction`` of the
+    """Model-poisoning clients (docs/robust_aggregation.md; federation/policies/attacks.py): a seeded ``fraction`` of the
     clients send x_t − s·Δ (``sign_flip``), x_t + s·Δ (``scale``) or x_t + N(0, std²) (``gaussian``) instead of
     their trained weights, or train on their data with every label l read as C − 1 − l (``label_flip``). For the
     methods whose state is the mean of their clients' weights."""
@@ -535,7 +535,7 @@ class FederationConfig:
     # ensemble's gathers): auto is Fabric's pick (nccl with CUDA, gloo on the CPU); gloo on GPUs lets several ranks
     # share one GPU (NCCL refuses two ranks on one device) — the GPU check's 2-process runs on one GPU — or runs
     # where NCCL is unavailable, at gloo's speed (CUDA tensors cross through host memory). The object collectives
-    # run on their own gloo group whatever this says (federation/ddp_strategy.py)
+    # run on their own gloo group whatever this says (federation/ranks/ddp_strategy.py)
     process_group_backend: Literal["auto", "nccl", "gloo"] = "auto"
     precision: Literal[PRECISIONS] = "32-true"  # type: ignore[valid-type] # e.g. "bf16-mixed" on GPUs
     on_client_error: Literal["raise", "skip"] = "raise"
@@ -544,25 +544,25 @@ class FederationConfig:
     # arrived — every client offline, dropped, late or failed under on_client_error: skip — keeps the global state
     # and the run goes on, as Flower's server does when aggregate_fit has no results
     min_clients: int = 1
-    # crash safety that pays for itself (federation/round_store.py): the server's finished clients stay in
+    # crash safety that pays for itself (federation/storage/round_store.py): the server's finished clients stay in
     # memory until their round has run this many seconds, then every record is written to disk; a crash
     # (SIGKILL) earlier costs at most this much work, re-run to the same result. 0: write each record at once
     # (also in rounds whose whole-model uploads are otherwise folded where they are trained, never recorded:
-    # federation/summed_uploads.py)
+    # federation/ranks/summed_uploads.py)
     record_after_s: float = 10.0
     # the longest a rank waits in one collective (the start-up's rendezvous included) before it stops with one
     # line (exit 1). The longest wait is the server's phase: ranks 1..N-1 wait while rank 0 plans, aggregates and
     # evaluates — hours in FeDiSyn's round 0 (the synthesis on the server), where torch's default (30 min for
     # NCCL) lets the watchdog abort them. 24 h covers that phase; a failure on rank 0 still ends every rank at
-    # once (federation/collectives.py), so the long default never makes a failed run wait
+    # once (federation/ranks/collectives.py), so the long default never makes a failed run wait
     collective_timeout_s: float = 86400.0
     # the longest a rank waits in one *compute* collective on several ranks (DDP's gradient all-reduce in the joined
     # pre-training, its failure flag, the split ensemble's gathers; the start-up's rendezvous): these run in
     # lockstep, so a rank that has not arrived after minutes is stuck (a mismatched collective), and NCCL's
     # watchdog ends it after this long instead of a day. The waits for rank 0's server phases run on a separate
-    # gloo group under collective_timeout_s (federation/ddp_strategy.py)
+    # gloo group under collective_timeout_s (federation/ranks/ddp_strategy.py)
     compute_timeout_s: float = 900.0
-    # on several ranks, each keeps a heartbeat in the launcher's store and watches its peers' (federation/liveness.py):
+    # on several ranks, each keeps a heartbeat in the launcher's store and watches its peers' (federation/ranks/liveness.py):
     # a rank silent this long (killed, frozen by SIGSTOP or a hung file system, its host lost), a rank that failed
     # outside an exchange, or a store that stopped answering ends every rank with one line (exit 1), however long
     # the legitimate wait it interrupts — NCCL notices none of these itself. A beat every sixth of it (at most 10 s)

@@ -168,7 +168,7 @@ class FeatureCache:
         if self.folder is None:
             return None
         from fl_lightning.errors import UsageError
-        from fl_lightning.federation.checkpoint import safe_load
+        from fl_lightning.federation.storage.checkpoint import safe_load
 
         path = self.path(key)
         if not path.is_file():
@@ -191,7 +191,7 @@ class FeatureCache:
 
     def store(self, key: str, features: Tensor) -> None:
         """Write the table of ``key`` atomically (a killed writer never leaves a torn ``<key>.pt``)."""
-        from fl_lightning.federation.checkpoint import atomic_save
+        from fl_lightning.federation.storage.checkpoint import atomic_save
 
         features = features.detach().cpu().contiguous()
         atomic_save(

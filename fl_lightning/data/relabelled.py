@@ -1,5 +1,5 @@
 """A data set read with its labels changed: what a label-flipping client trains on (``federation.attack.kind:
-label_flip``, :mod:`fl_lightning.federation.attacks`).
+label_flip``, :mod:`fl_lightning.federation.policies.attacks`).
 
 The images, their order and the batched reads stay the dataset's own (a store's :class:`StoredBatch` stays one
 gathered tensor, so the collate's fast path still applies); only each integer target ``y`` becomes

@@ -36,7 +36,7 @@ import yaml
 
 from fl_lightning.errors import UsageError
 from fl_lightning.experiments.command import CommandParser, run_command
-from fl_lightning.federation.run_folder import read_metrics_csv
+from fl_lightning.federation.storage.run_folder import read_metrics_csv
 
 __all__ = ["Curve", "read_curve", "first_reaching", "write_curves", "main"]
 

@@ -34,7 +34,7 @@ def finished_summary(cfg: Any) -> dict[str, Any] | None:
     from fl_lightning.config.history import recorded_config
     from fl_lightning.config.loading import config_to_dict
     from fl_lightning.federation.algorithm import ALGORITHMS
-    from fl_lightning.federation.run_folder import completed_rounds, config_diff, read_record
+    from fl_lightning.federation.storage.run_folder import completed_rounds, config_diff, read_record
 
     run_dir = Path(cfg.run_dir)
     if not (run_dir / "summary.json").is_file():
@@ -84,7 +84,7 @@ def select_shard(items: Sequence[Any], index: int, count: int) -> list[Any]:
 
 def list_runs(runs: Sequence[Any], mine: Sequence[int]) -> None:
     """One line per run (of this share): its place in the fixed order, its name, whether it has finished."""
-    from fl_lightning.federation.run_folder import is_run_folder
+    from fl_lightning.federation.storage.run_folder import is_run_folder
 
     for i in mine:
         run = runs[i]

@@ -313,7 +313,7 @@ def _check_resume_folder(run_dir: Path) -> dict | None:
     from fl_lightning.config.history import recorded_config
     from fl_lightning.config.yaml_io import read_yaml
     from fl_lightning.errors import RunFolderError, UsageError
-    from fl_lightning.federation.run_folder import RECORD, config_diff, format_diff, read_record
+    from fl_lightning.federation.storage.run_folder import RECORD, config_diff, format_diff, read_record
 
     if not (run_dir / "config.yaml").is_file():
         raise UsageError(
@@ -344,7 +344,7 @@ def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list
     from fl_lightning.config.yaml_io import read_yaml
     from fl_lightning.durable_write import write_text_atomic
     from fl_lightning.errors import ConfigError, RunFolderError
-    from fl_lightning.federation.run_folder import (
+    from fl_lightning.federation.storage.run_folder import (
         LOCK,
         clear_run_folder,
         completed_rounds,
@@ -354,7 +354,7 @@ def _claim_run_folder(cfg: object, args: Args, recorded: dict | None, argv: list
         read_record,
         write_record,
     )
-    from fl_lightning.federation.run_lock import RunLock
+    from fl_lightning.federation.storage.run_lock import RunLock
 
     run_dir: Path = cfg.run_dir
     lock = RunLock(run_dir)

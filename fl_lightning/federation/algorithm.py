@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from fl_lightning.data.loader import LoaderSettings
     from fl_lightning.data.registry import DatasetSplits
     from fl_lightning.federation.local_training import DPSGD
-    from fl_lightning.federation.summed_uploads import UploadSum
+    from fl_lightning.federation.ranks.summed_uploads import UploadSum
 
 __all__ = [
     "Algorithm",
@@ -323,14 +323,14 @@ class Algorithm(ABC):
     def shared_aggregate(self, round_idx: int) -> bool:
         """Whether every rank runs round ``round_idx``'s :meth:`aggregate` together (``env.shared`` set; the uploads
         read back from the round's files on every rank), sharing its work through
-        :class:`~fl_lightning.federation.collectives.Ranks`; rank 0's returned state is the round's. False: rank 0
+        :class:`~fl_lightning.federation.ranks.collectives.Ranks`; rank 0's returned state is the round's. False: rank 0
         aggregates alone (the default)."""
         return False
 
     def summed_uploads(self, round_idx: int) -> UploadSum | None:
         """What of round ``round_idx``'s uploads :meth:`aggregate` only sums, weighted by a meta count, when that is all
         it reads of them besides their meta and other tensors: the engine may then fold them on the ranks that made
-        them, in client order (federation/summed_uploads.py; :meth:`aggregate` gets the fold through
+        them, in client order (federation/ranks/summed_uploads.py; :meth:`aggregate` gets the fold through
         ``summed_uploads.summed_mean``). None: the aggregate reads every upload itself (the default)."""
         return None
 

@@ -30,7 +30,7 @@ mid-round, the two system behaviours FLGo simulates for every algorithm (its ``a
   at speed 1. With ``deadline_s`` D, a client with t_k > D is late (:func:`late_mask`) and dropped as a dropped
   straggler is: its download counted, no upload, a failure that is no error (reason :data:`LATE`); ``late`` in
   metrics.csv counts the round's late clients. With ``late: stale`` a late client trains instead, and its update
-  is aggregated τ = ceil(t_k / D) − 1 rounds later at FedAsync's staleness weight (federation/stale_updates.py;
+  is aggregated τ = ceil(t_k / D) − 1 rounds later at FedAsync's staleness weight (federation/policies/stale_updates.py;
   reason :data:`LATE_STALE`, ``arrived`` in metrics.csv); until then it is busy, never sampled. Departures: t_k is
   the configured local work, not what a method's loop runs (a method's own batch size, a last partial batch
   dropped, work that is no training loop are not timed), and there is no network time.
@@ -55,8 +55,8 @@ import numpy as np
 from fl_lightning.errors import UsageError
 from fl_lightning.federation.availability_trace import read_availability_trace
 from fl_lightning.federation.local_training import epochs_run
-from fl_lightning.federation.placement import clients_per_round, derive_seed
-from fl_lightning.federation.stale_updates import arrival_delay
+from fl_lightning.federation.policies.stale_updates import arrival_delay
+from fl_lightning.federation.ranks.placement import clients_per_round, derive_seed
 
 if TYPE_CHECKING:
     from fl_lightning.config import ClientBehaviourConfig, RunConfig
@@ -181,7 +181,7 @@ class ClientBehaviour:
     def sample(self, num_clients: int, fraction: float, *, seed: int, round_idx: int, busy: Collection[int] = ()) -> list[int]:
         """``max(1, round(fraction·K))`` clients drawn from those online and not ``busy`` (a late update still in
         flight; all of them when fewer are), sorted; the draw from (``seed``, round) as
-        :func:`~fl_lightning.federation.placement.sample_clients`'s."""
+        :func:`~fl_lightning.federation.ranks.placement.sample_clients`'s."""
         online = [c for c in self.online(num_clients, round_idx) if c not in busy]
         m = clients_per_round(num_clients, fraction)
         if m >= len(online):
@@ -229,7 +229,7 @@ class ClientBehaviour:
 
     def stale_delay(self, round_idx: int, client: int, epochs: int) -> int | None:
         """With ``late: stale``, how many rounds after ``round_idx`` a late ``client``'s update arrives (τ >= 1,
-        :func:`~fl_lightning.federation.stale_updates.arrival_delay`); None: on time, or late updates dropped."""
+        :func:`~fl_lightning.federation.policies.stale_updates.arrival_delay`); None: on time, or late updates dropped."""
         if self.late != "stale" or self.deadline_s is None:
             return None
         tau = arrival_delay(self.round_time(round_idx, client, epochs), self.deadline_s)  # 0 exactly when not late

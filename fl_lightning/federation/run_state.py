@@ -15,7 +15,7 @@ from torch import Tensor
 
 from fl_lightning.federation.algorithm import RoundHistory
 from fl_lightning.federation.policies.policy import KINDS
-from fl_lightning.federation.stale_updates import PendingUpdate
+from fl_lightning.federation.policies.stale_updates import PendingUpdate
 
 __all__ = ["RunState", "unchanged"]
 
@@ -41,7 +41,7 @@ class RunState:
     # the update policies' states by kind (federation/policies/order.py), e.g. "server_optimizer": its moments
     # ("m/<key>", "v/<key>"; none for fedavg); each saved in server.pt under its kind, only when it has one
     policies: dict[str, dict[str, Tensor]] = field(default_factory=dict)
-    # late updates in flight (federation.clients.late: stale), their uploads on the server: federation/stale_updates.py
+    # late updates in flight (federation.clients.late: stale), their uploads on the server: federation/policies/stale_updates.py
     pending: list[PendingUpdate] = field(default_factory=list)
 
     @property

@@ -6,7 +6,7 @@
 Fabric launches the ranks (or an external launcher did: ``fabric run``, torchrun, SLURM); clients
 are dealt to ranks balanced by data size; each rank builds the algorithm's shared model ONCE and
 swaps only per-client state. Every finished client leaves one record on disk (its upload and a few
-numbers, :mod:`~fl_lightning.federation.round_store`); only those small numbers are gathered to
+numbers, :mod:`~fl_lightning.federation.storage.round_store`); only those small numbers are gathered to
 rank 0, which reads the uploads back in client order while it aggregates — so ``devices: 1`` and
 ``devices: 2`` give identical results, a client costs O(its upload), and a sum-type aggregate holds
 one upload at a time. The server's :class:`~fl_lightning.federation.run_state.RunState` is
@@ -55,8 +55,15 @@ from fl_lightning.federation.client_behaviour import (
     ClientBehaviour,
     check_client_behaviour,
 )
-from fl_lightning.federation.client_state import CLIENT_STATE_DIR
-from fl_lightning.federation.collectives import (
+from fl_lightning.federation.local_training import local_work
+from fl_lightning.federation.num_clients import resolve_num_clients
+from fl_lightning.federation.numerics import torch_numerics
+from fl_lightning.federation.policies.order import PolicyChain, check_policies
+from fl_lightning.federation.policies.policy import PolicySetup, RoundContext
+from fl_lightning.federation.policies.privacy import FederationPrivacy
+from fl_lightning.federation.policies.stale_updates import PendingUpdate
+from fl_lightning.federation.precision import check_precision
+from fl_lightning.federation.ranks.collectives import (
     decided,
     everyone,
     exit_status,
@@ -65,26 +72,19 @@ from fl_lightning.federation.collectives import (
     to_server,
     waiting,
 )
-from fl_lightning.federation.ddp_strategy import cli_strategy_taken, fabric_strategy
-from fl_lightning.federation.launch import check_launcher
-from fl_lightning.federation.liveness import watching
-from fl_lightning.federation.local_training import local_work
-from fl_lightning.federation.num_clients import resolve_num_clients
-from fl_lightning.federation.numerics import torch_numerics
-from fl_lightning.federation.placement import assign_clients, client_seed, deal_in_order, sample_clients, seed_torch
-from fl_lightning.federation.policies.order import PolicyChain, check_policies
-from fl_lightning.federation.policies.policy import PolicySetup, RoundContext
-from fl_lightning.federation.precision import check_precision
-from fl_lightning.federation.privacy import FederationPrivacy
-from fl_lightning.federation.round_store import HOLD_BYTES, ClientRecord, RoundResult, RoundStore
+from fl_lightning.federation.ranks.ddp_strategy import cli_strategy_taken, fabric_strategy
+from fl_lightning.federation.ranks.launch import check_launcher
+from fl_lightning.federation.ranks.liveness import watching
+from fl_lightning.federation.ranks.placement import assign_clients, client_seed, deal_in_order, sample_clients, seed_torch
+from fl_lightning.federation.ranks.state_broadcast import SentState, received_large, send_large
+from fl_lightning.federation.ranks.summed_uploads import UploadFold, UploadSum, carry_fold
 from fl_lightning.federation.run_data import check_client_test, client_test_split, drawn_twin, partition_for
-from fl_lightning.federation.run_folder import write_metrics_csv, write_summary
 from fl_lightning.federation.run_state import RunState
-from fl_lightning.federation.server_checkpoint import ServerCheckpoint
-from fl_lightning.federation.shared_folder import check_shared_run_folder
-from fl_lightning.federation.stale_updates import PendingUpdate
-from fl_lightning.federation.state_broadcast import SentState, received_large, send_large
-from fl_lightning.federation.summed_uploads import UploadFold, UploadSum, carry_fold
+from fl_lightning.federation.storage.client_state import CLIENT_STATE_DIR
+from fl_lightning.federation.storage.round_store import HOLD_BYTES, ClientRecord, RoundResult, RoundStore
+from fl_lightning.federation.storage.run_folder import write_metrics_csv, write_summary
+from fl_lightning.federation.storage.server_checkpoint import ServerCheckpoint
+from fl_lightning.federation.storage.shared_folder import check_shared_run_folder
 from fl_lightning.federation.transport import Upload, check_upload
 from fl_lightning.phase_times import timed
 
@@ -205,7 +205,7 @@ class Simulation:
 
     def _drop_stale_rounds(self, next_round: int) -> None:
         """Records of any round other than the one to run next are from an abandoned start: remove them (and, on a
-        fresh start, ``next_round`` −1, the clients' kept state: federation/client_state.py)."""
+        fresh start, ``next_round`` −1, the clients' kept state: federation/storage/client_state.py)."""
         for folder in self.ckpt_dir.glob("round*"):
             if folder.is_dir() and folder.name != f"round{next_round:04d}":
                 RoundStore(self.ckpt_dir, int(folder.name[5:])).clear()
@@ -225,7 +225,7 @@ class Simulation:
                 fabric.launch()
         # rank 0 decided (train.py: --resume, or the same command after an interruption); its token names this
         # start's heartbeats in the job's store, its host and pid let a frozen rank 0 be named and killed
-        # (federation/liveness.py)
+        # (federation/ranks/liveness.py)
         self.resume, token, leader = self._from_server(
             lambda: (self.resume, secrets.token_hex(8), (socket.gethostname(), os.getpid())), "the start"
         )
@@ -347,7 +347,7 @@ class Simulation:
 
     def _state_from_server(self, step: Callable[[], tuple], previous: dict, what: str) -> tuple:
         """``step()`` — the state first, then anything else — on rank 0, its outcome on every rank, the state sent
-        as what changed since rank 0's last broadcast (federation/state_broadcast.py): the other ranks keep their copy
+        as what changed since rank 0's last broadcast (federation/ranks/state_broadcast.py): the other ranks keep their copy
         of every tensor rank 0 left as it was (the frozen backbone of FeDiSyn's rounds: 1.2 GB for a ViT-L), and the
         large changed ones follow the outcome over the backend (GPT-FL's whole model: NCCL on GPUs)."""
         kept: dict[str, Any] = {}
@@ -457,7 +457,7 @@ class Simulation:
             )
 
     def _summed(self, algorithm: Algorithm, round_idx: int) -> UploadSum | None:
-        """What of the round's uploads the ranks fold where they are made (federation/summed_uploads.py): the method's
+        """What of the round's uploads the ranks fold where they are made (federation/ranks/summed_uploads.py): the method's
         summed tensors, unless something needs each upload whole on the server — privacy (clipping, the checks of
         what reaches the aggregate), a robust aggregator, late updates carried to a later round, an aggregate every
         rank runs from the round's files — or ``federation.record_after_s: 0`` asks for every client's record on
@@ -770,7 +770,7 @@ class Simulation:
             upload = self._policies.on_upload(upload, download.tensors, round_idx, client_idx)
             check_upload(upload, algorithm.expected_shapes(round_idx, download))
             if behaviour is not None and behaviour.stale_delay(round_idx, client_idx, cfg.train.epochs) is not None:
-                failure = LATE_STALE  # late: its upload kept, for the round it arrives in (federation/stale_updates.py)
+                failure = LATE_STALE  # late: its upload kept, for the round it arrives in (federation/policies/stale_updates.py)
         except Exception as err:  # noqa: BLE001 — recorded; the on_client_error policy decides after the gather
             upload, failure, user_error = None, f"{type(err).__name__}: {err}", isinstance(err, UsageError)
             trace = "".join(traceback.format_exception(err))  # the cause, for --debug (the object stays here)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from lightning.fabric import Fabric
 
     from fl_lightning.config import RunConfig
-    from fl_lightning.federation.summed_uploads import UploadSum
+    from fl_lightning.federation.ranks.summed_uploads import UploadSum
 
 __all__ = ["Stage", "StageConfig", "StagedAlgorithm"]
 

@@ -51,7 +51,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from fl_lightning.dealing import Deal
-from fl_lightning.federation.collectives import waiting
+from fl_lightning.federation.ranks.collectives import waiting
 from fl_lightning.modules.data_free_kd import BNStatistics, combine_logits
 
 __all__ = ["SplitEnsemble"]

@@ -60,7 +60,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from fl_lightning.data.preprocessed import collate
 from fl_lightning.durable_write import atomic_path
 from fl_lightning.errors import MissingResourceError
-from fl_lightning.federation.collectives import Ranks
+from fl_lightning.federation.ranks.collectives import Ranks
 from fl_lightning.modules.background_write import BackgroundWriter, host_copy, write_checkpoint
 from fl_lightning.modules.pretraining_ranks import (
     GuardedIO,

@@ -22,8 +22,8 @@ torchrun or the Fabric launcher alike) and all-reduces the gradients (DDP).
   the epoch state, written in the background, at the next epoch's end or the fit's: ``pretraining._EpochState``).
   A failure inside the backward itself (out of memory there) leaves the others in DDP's all-reduce: the failing
   rank takes its error to the next exchange of outcomes, says so in its heartbeat, and the others' liveness watch
-  ends the job two beats later with its line (federation/liveness.py), well inside the compute group's timeout
-  (``federation.compute_timeout_s``: federation/ddp_strategy.py).
+  ends the job two beats later with its line (federation/ranks/liveness.py), well inside the compute group's timeout
+  (``federation.compute_timeout_s``: federation/ranks/ddp_strategy.py).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from torch.utils.data import Dataset
 from torch.utils.data._utils.collate import default_collate
 
 from fl_lightning.dealing import Deal
-from fl_lightning.federation.collectives import Ranks, everyone, waiting
+from fl_lightning.federation.ranks.collectives import Ranks, everyone, waiting
 
 __all__ = [
     "RankBatches",
@@ -161,7 +161,7 @@ class RankGuard:
     Each check costs an all-reduce and a host sync (``flag.item()``: the CPU waits for the GPU's queue to drain).
     Between checks a rank that fails raises at once (:meth:`due`): it enters the engine's exchange of outcomes with
     its error, saying so in its heartbeat, while the others wait in the step's next compute collective (DDP's
-    gradient all-reduce) — the ranks' liveness watch ends every rank two beats later (``federation/liveness.py``),
+    gradient all-reduce) — the ranks' liveness watch ends every rank two beats later (``federation/ranks/liveness.py``),
     as for an error inside DDP's backward. ``every = 1`` checks every step: the failing rank's own line within the
     step, at a sync a step.
     """

@@ -50,7 +50,7 @@ from PIL import Image
 
 from fl_lightning.dealing import Deal
 from fl_lightning.durable_write import atomic_path
-from fl_lightning.federation.placement import derive_seed
+from fl_lightning.federation.ranks.placement import derive_seed
 from fl_lightning.models.diffusion import DiffusionComponents
 from fl_lightning.phase_times import note
 from fl_lightning.synthesis.latents import ClassLatentUpload

@@ -58,11 +58,11 @@ from torchvision.transforms import v2
 
 from fl_lightning.data.preprocessed import StoredBatch
 from fl_lightning.dealing import Deal
-from fl_lightning.federation.checkpoint import reserved_memmap
+from fl_lightning.federation.storage.checkpoint import reserved_memmap
 from fl_lightning.synthesis.generate import MANIFEST_NAME
 
 if TYPE_CHECKING:
-    from fl_lightning.federation.collectives import Ranks
+    from fl_lightning.federation.ranks.collectives import Ranks
 
 __all__ = [
     "STORE_DIR",

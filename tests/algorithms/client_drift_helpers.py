@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from fl_lightning.federation.checkpoint import safe_load
+from fl_lightning.federation.storage.checkpoint import safe_load
 from tests.conftest import CONF, run_cli
 
 

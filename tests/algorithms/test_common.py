@@ -16,9 +16,9 @@ from torch.utils.data import Subset, TensorDataset
 
 from fl_lightning.algorithms.common import FrozenFeatures, evaluate_on_test, evaluate_on_test_features, rank_rows
 from fl_lightning.data.feature_cache import FeatureCache, split_features
-from fl_lightning.federation import collectives
 from fl_lightning.federation.algorithm import Environment
-from fl_lightning.federation.collectives import RankFailure, RankStopped, everyone
+from fl_lightning.federation.ranks import collectives
+from fl_lightning.federation.ranks.collectives import RankFailure, RankStopped, everyone
 from fl_lightning.modules.evaluation import evaluate_classifier
 from fl_lightning.modules.federated_evaluation import federated_scores, row_outcomes
 

@@ -225,7 +225,7 @@ def one_vs_two_processes(config: str, method: str, tmp_path) -> None:
     summary.json numbers and server.pt tensors bit for bit (the server's distillation split over the ranks)."""
     import json
 
-    from fl_lightning.federation.checkpoint import safe_load
+    from fl_lightning.federation.storage.checkpoint import safe_load
     from tests.conftest import run_cli
 
     base = [

@@ -16,10 +16,10 @@ from fl_lightning.algorithms.fedavg_cnn import build_timm_classifier
 from fl_lightning.config.loading import load_config
 from fl_lightning.errors import UsageError
 from fl_lightning.federation.algorithm import RoundPlan
-from fl_lightning.federation.checkpoint import safe_load
-from fl_lightning.federation.client_state import ClientStateStore
-from fl_lightning.federation.placement import client_seed
+from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.storage.checkpoint import safe_load
+from fl_lightning.federation.storage.client_state import ClientStateStore
 from fl_lightning.federation.transport import Download, Upload
 from tests.algorithms.client_drift_helpers import StopAtRoundEnd
 from tests.conftest import CONF

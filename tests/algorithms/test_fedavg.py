@@ -9,8 +9,8 @@ from torch import nn
 
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.config.loading import load_config
-from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.storage.checkpoint import safe_load
 from fl_lightning.federation.transport import Upload
 from tests.algorithms.test_fedopal import _centralized_features
 from tests.conftest import CONF

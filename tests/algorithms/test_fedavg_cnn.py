@@ -9,9 +9,9 @@ from fl_lightning.algorithms.fedavg_cnn import build_timm_classifier
 from fl_lightning.config.loading import load_config
 from fl_lightning.data.registry import build_dataset
 from fl_lightning.data.transforms import build_transform
-from fl_lightning.federation.checkpoint import safe_load
-from fl_lightning.federation.placement import client_seed
+from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.storage.checkpoint import safe_load
 from tests.conftest import CONF
 from tests.outcomes import expect, outcome_seed
 

@@ -8,9 +8,9 @@ from fl_lightning.config.loading import load_config
 from fl_lightning.data.registry import build_dataset
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.federation.algorithm import InputSpec
-from fl_lightning.federation.checkpoint import safe_load
-from fl_lightning.federation.placement import client_seed
+from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.storage.checkpoint import safe_load
 from fl_lightning.models.vpt import PromptedViT
 from tests.conftest import CONF
 

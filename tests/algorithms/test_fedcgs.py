@@ -15,8 +15,8 @@ from fl_lightning.data.registry import build_dataset
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.errors import UsageError
 from fl_lightning.federation.algorithm import InputSpec
-from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.storage.checkpoint import safe_load
 from tests.algorithms.client_test_helpers import check_scores, clients_rows, features, read_splits
 from tests.conftest import CONF, run_cli
 

@@ -12,8 +12,8 @@ import torch
 from fl_lightning.algorithms.feddyn import server_step
 from fl_lightning.config.loading import load_config
 from fl_lightning.errors import UsageError
-from fl_lightning.federation.client_state import ClientStateStore
 from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.storage.client_state import ClientStateStore
 from tests.algorithms.client_drift_helpers import StopAtRoundEnd, least_squares, one_and_two_processes
 from tests.conftest import CONF
 from tests.run_records import server_state

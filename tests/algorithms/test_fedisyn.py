@@ -14,8 +14,8 @@ from fl_lightning.data.registry import build_dataset
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.algorithm import RoundPlan
 from fl_lightning.federation.run_data import partition_for
-from fl_lightning.federation.run_folder import read_metrics_csv
 from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.storage.run_folder import read_metrics_csv
 from fl_lightning.federation.transport import SCALAR_BYTES, Download, Upload
 from tests.conftest import CONF, StopAfterClients, run_cli
 
@@ -224,7 +224,7 @@ def test_resume_in_round_0_pretraining_continues_and_gives_the_same_summary(tmp_
     import lightning
 
     from fl_lightning.algorithms.synthetic_family import synthesis_step
-    from fl_lightning.federation.checkpoint import safe_load
+    from fl_lightning.federation.storage.checkpoint import safe_load
     from fl_lightning.modules.pretraining import EPOCH_STATE
 
     class StopInEpoch2(lightning.Callback):

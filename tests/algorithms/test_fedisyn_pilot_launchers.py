@@ -18,7 +18,7 @@ import subprocess
 import pytest
 import torch
 
-from fl_lightning.federation.launch import clean_launcher_env, external_launcher
+from fl_lightning.federation.ranks.launch import clean_launcher_env, external_launcher
 from tests.conftest import CONF, REPO, run_cli
 from tests.federation.test_launchers import _launcher
 
@@ -585,7 +585,7 @@ def test_a_pilot_over_all_ranks_is_torchrun_s_rank_in_the_run_s_layout() -> None
     """``pilot_ranks: all``: rank 3 of a run on 2 nodes × 2 devices starts rank 3 of the pilot as torchrun would,
     on the pilot's own rendezvous, with none of the run's launcher variables (here SLURM's) left."""
     from fl_lightning.algorithms.synthetic_family.pilot_launch import PilotLaunch, free_port
-    from fl_lightning.federation.launch import check_launcher
+    from fl_lightning.federation.ranks.launch import check_launcher
 
     parent = {"SLURM_NTASKS": "4", "SLURM_PROCID": "3", "SLURM_JOB_ID": "7", "MASTER_PORT": "1234", "HOME": "/h"}
     launch = PilotLaunch(3, 4, devices=2, num_nodes=2, master_addr="10.0.0.1", master_port=29600, run_id="pilot_lam0.1-29600")

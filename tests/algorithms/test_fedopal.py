@@ -13,9 +13,9 @@ from fl_lightning.config.loading import load_config
 from fl_lightning.data.registry import build_dataset
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.federation.algorithm import InputSpec
-from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.run_data import partition_for
 from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.storage.checkpoint import safe_load
 from fl_lightning.models.vpt import PromptedViT
 from tests.algorithms.client_test_helpers import check_head_on_images, clients_rows, features, read_splits
 from tests.conftest import CONF, run_cli

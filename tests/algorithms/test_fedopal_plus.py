@@ -91,7 +91,7 @@ def test_two_rounds_solve_exactly_on_the_inference_features(tmp_path):
     seed 0 (AVX-512 and AVX2 alike); bound 0.5. (AFL on the same partition reaches 0.77 here: this tiny
     setting does not show FedOPAL+'s advantage, and the test does not claim it.)"""
     from fl_lightning.config.loading import load_config
-    from fl_lightning.federation.checkpoint import safe_load
+    from fl_lightning.federation.storage.checkpoint import safe_load
     from tests.algorithms.test_fedopal import _centralized_features, _ridge
 
     seed = str(outcome_seed())
@@ -124,7 +124,7 @@ def test_single_class_clients_keep_p_init(tmp_path):
     """min_classes larger than the number of classes: nobody trains, P_global = P_init exactly."""
     from fl_lightning.algorithms.common import frozen_backbone
     from fl_lightning.config.loading import load_config
-    from fl_lightning.federation.checkpoint import safe_load
+    from fl_lightning.federation.storage.checkpoint import safe_load
     from fl_lightning.models.vpt import PromptedViT
 
     run_dir, summary = _run(tmp_path, "--fedopal_plus.min_classes", "11")
@@ -281,7 +281,7 @@ def test_validation_share_is_carved_from_the_clients_data_and_never_trained_on(t
 def test_the_test_split_cannot_change_the_choice(tmp_path, monkeypatch):
     """Wrong labels on every test image change the accuracy, never the head, λ, W or the validation losses."""
     from fl_lightning.federation import simulation
-    from fl_lightning.federation.checkpoint import safe_load
+    from fl_lightning.federation.storage.checkpoint import safe_load
 
     def states(folder):
         sim = _simulation(tmp_path / folder, "--fedopal_plus.lam_grid", "[0.01, 1.0]")
@@ -318,8 +318,8 @@ def test_fedopal_plus_evaluates_the_clients_test_rows_with_the_head_it_chose(tmp
     """partition.client_test_fraction 0.25: the validation share is carved from the clients' training rows (never
     their test rows), and fed_test_acc & co. are the chosen head's (AFL's on the prompt-free backbone, or W* under
     P_global) on the clients' own test rows, weighted as Flower's server."""
-    from fl_lightning.federation.checkpoint import safe_load
     from fl_lightning.federation.simulation import Simulation
+    from fl_lightning.federation.storage.checkpoint import safe_load
     from tests.algorithms.client_test_helpers import check_head_on_images, clients_rows, read_splits
 
     sim = _simulation(tmp_path, "--partition.num_clients", "4", "--partition.client_test_fraction", "0.25")

@@ -8,8 +8,8 @@ import torch
 
 from fl_lightning.config.loading import load_config
 from fl_lightning.errors import ConfigError
-from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.storage.checkpoint import safe_load
 from tests.conftest import CONF
 
 

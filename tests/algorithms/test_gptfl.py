@@ -11,10 +11,10 @@ from fl_lightning.algorithms.gptfl import FullFedAvg
 from fl_lightning.config.loading import load_config
 from fl_lightning.data.registry import build_dataset
 from fl_lightning.errors import ConfigError
-from fl_lightning.federation.checkpoint import safe_load
-from fl_lightning.federation.round_store import RoundStore
-from fl_lightning.federation.run_folder import read_metrics_csv
 from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.storage.checkpoint import safe_load
+from fl_lightning.federation.storage.round_store import RoundStore
+from fl_lightning.federation.storage.run_folder import read_metrics_csv
 from fl_lightning.federation.transport import SCALAR_BYTES, Upload
 from tests.conftest import CONF, run_cli
 

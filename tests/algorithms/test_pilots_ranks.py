@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from fl_lightning.algorithms.synthetic_family import pilots, synthesis_step
-from fl_lightning.federation.collectives import Ranks, RankStopped
+from fl_lightning.federation.ranks.collectives import Ranks, RankStopped
 from tests.gloo_ranks import report, run_ranks
 from tests.run_records import GlooFabric
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from fl_lightning.config.loading import load_config
-from fl_lightning.federation.run_folder import read_metrics_csv
 from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.storage.run_folder import read_metrics_csv
 from fl_lightning.federation.transport import SCALAR_BYTES
 from fl_lightning.systems.backbones import backbone
 from fl_lightning.systems.channel import place_devices

@@ -167,7 +167,7 @@ def test_a_comparison_leaves_one_wandb_run_per_run_each_with_its_own_data(tmp_pa
 def test_wandb_mode_from_the_environment_wins_and_resume_keeps_the_id(tmp_path, monkeypatch):
     from fl_lightning.callbacks.wandb_logging import wandb_init_args
     from fl_lightning.config.loading import config_to_dict
-    from fl_lightning.federation.run_folder import write_record
+    from fl_lightning.federation.storage.run_folder import write_record
 
     cfg = load_config(
         CONF / "fedavg_digits_tiny.yaml", ["--output_dir", str(tmp_path), "--logging.wandb", "true", "--logging.mode", "online"]

@@ -10,8 +10,8 @@ from torch.utils.data import TensorDataset
 from fl_lightning.config.loading import load_config
 from fl_lightning.data.feature_cache import FeatureCache, accelerator_name, cache_key, split_features, state_dict_digest
 from fl_lightning.errors import ConfigError
-from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.storage.checkpoint import safe_load
 from fl_lightning.models.backbones import ViTBackbone
 from tests.conftest import CONF
 

@@ -16,7 +16,7 @@ from fl_lightning.data.preprocessed import PreprocessedSplit, collate
 from fl_lightning.data.relabelled import Relabelled
 from fl_lightning.errors import ConfigError, ResourceError
 from fl_lightning.federation.algorithm import Environment
-from fl_lightning.federation.run_folder import config_diff
+from fl_lightning.federation.storage.run_folder import config_diff
 from fl_lightning.preflight import check_devices
 
 

@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from fl_lightning.data.preprocessed import PreprocessedSplit, StoredBatch, collate
 from fl_lightning.data.relabelled import Relabelled
-from fl_lightning.federation.attacks import flipped_labels
+from fl_lightning.federation.policies.attacks import flipped_labels
 
 
 class _Pairs(torch.utils.data.Dataset):

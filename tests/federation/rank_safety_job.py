@@ -40,7 +40,7 @@ import fl_lightning.callbacks  # noqa: E402 — imported before torchrun's ranks
 from fl_lightning.algorithms.fedavg import FedAvg  # noqa: E402
 from fl_lightning.errors import DiskFullError, MissingResourceError  # noqa: E402
 from fl_lightning.federation.algorithm import register  # noqa: E402
-from fl_lightning.federation.round_store import RoundStore  # noqa: E402
+from fl_lightning.federation.storage.round_store import RoundStore  # noqa: E402
 from fl_lightning.train import main  # noqa: E402
 
 

@@ -11,9 +11,9 @@ import torch
 from fl_lightning.config import AttackConfig
 from fl_lightning.config.loading import load_config
 from fl_lightning.errors import ConfigError, UsageError
-from fl_lightning.federation.attacks import ClientAttack, choose_attackers, poison
-from fl_lightning.federation.checkpoint import safe_load
+from fl_lightning.federation.policies.attacks import ClientAttack, choose_attackers, poison
 from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.storage.checkpoint import safe_load
 from fl_lightning.federation.transport import Upload
 from tests.conftest import CONF
 
@@ -122,7 +122,7 @@ def test_an_attack_on_a_method_that_does_not_average_weights_is_refused_in_one_l
 
 def _client_upload(sim: Simulation, algorithm, env, client):
     """``client``'s round-0 upload from the initial state, seeded as the engine seeds it."""
-    from fl_lightning.federation.placement import client_seed, seed_torch
+    from fl_lightning.federation.ranks.placement import client_seed, seed_torch
     from fl_lightning.federation.transport import Download
 
     seed_torch(client_seed(sim.cfg.seed, 0, client.index), sim.fabric.device)

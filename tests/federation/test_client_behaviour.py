@@ -13,10 +13,10 @@ import torch
 from fl_lightning.config import ClientBehaviourConfig
 from fl_lightning.config.loading import load_config
 from fl_lightning.errors import ConfigError, TooFewClients, UsageError
-from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.client_behaviour import ClientBehaviour
-from fl_lightning.federation.placement import clients_per_round
+from fl_lightning.federation.ranks.placement import clients_per_round
 from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.storage.checkpoint import safe_load
 from tests.conftest import CONF, StopAfterClients, run_cli
 from tests.run_records import metrics_rows
 

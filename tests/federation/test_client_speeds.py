@@ -3,7 +3,7 @@ seeded per client and fixed for the run; a client's simulated time t_k = ceil(n_
 late set t_k > D, against a hand computation; in the engine a late client is dropped as a dropout is (download
 counted, no upload, no error, the ``late`` column), the aggregate being that of a run without the late clients; a
 deadline no one misses is the run without one; bad values and deadlines beside privacy are one line. ``late:
-stale`` (fl_lightning/federation/stale_updates.py): τ and w(τ) by hand, a late update aggregated in the round it
+stale`` (fl_lightning/federation/policies/stale_updates.py): τ and w(τ) by hand, a late update aggregated in the round it
 arrives bit for bit at its staleness weight, its client busy until then, a resumed run (interrupted or SIGKILLed)
 the uninterrupted one."""
 
@@ -26,9 +26,9 @@ from fl_lightning.federation.client_behaviour import (
     late_mask,
     round_times,
 )
-from fl_lightning.federation.round_store import RoundStore
+from fl_lightning.federation.policies.stale_updates import ArrivedUploads, PendingUpdate, arrival_delay, staleness_weight
 from fl_lightning.federation.simulation import Simulation
-from fl_lightning.federation.stale_updates import ArrivedUploads, PendingUpdate, arrival_delay, staleness_weight
+from fl_lightning.federation.storage.round_store import RoundStore
 from fl_lightning.federation.transport import Upload
 from tests.conftest import CONF, StopAfterClients
 from tests.run_records import kill_after_round_0, metrics_rows, server_state

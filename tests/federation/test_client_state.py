@@ -1,4 +1,4 @@
-"""Per-client state on disk (fl_lightning/federation/client_state.py): a value written in round r is read from round
+"""Per-client state on disk (fl_lightning/federation/storage/client_state.py): a value written in round r is read from round
 r + 1 on, never in round r itself, so a round redone after a kill reads what the committed rounds left; checked
 against a dictionary model of committed values over random schedules with aborted rounds."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fl_lightning.federation.client_state import ClientStateStore
+from fl_lightning.federation.storage.client_state import ClientStateStore
 
 
 def test_a_value_is_read_from_the_round_after_the_one_that_wrote_it(tmp_path):

@@ -1,4 +1,4 @@
-"""Two process groups (federation/ddp_strategy.py): the compute collectives under a short timeout, the server's
+"""Two process groups (federation/ranks/ddp_strategy.py): the compute collectives under a short timeout, the server's
 object collectives on a gloo group under the long one.
 
 Unit: the strategy that ``federation.strategy`` builds carries both timeouts, and pickles (``ddp_spawn``) without its
@@ -21,9 +21,9 @@ import torch.distributed as dist
 
 from fl_lightning.config.loading import load_config
 from fl_lightning.errors import ConfigError
-from fl_lightning.federation.collectives import CollectiveTimeout, gathered, to_server, waiting
-from fl_lightning.federation.ddp_strategy import FederatedDDPStrategy, object_group
-from fl_lightning.federation.ddp_strategy import fabric_strategy as _strategy
+from fl_lightning.federation.ranks.collectives import CollectiveTimeout, gathered, to_server, waiting
+from fl_lightning.federation.ranks.ddp_strategy import FederatedDDPStrategy, object_group
+from fl_lightning.federation.ranks.ddp_strategy import fabric_strategy as _strategy
 from tests.conftest import CONF
 from tests.gloo_ranks import report, run_ranks
 

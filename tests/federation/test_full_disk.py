@@ -21,9 +21,9 @@ import torch
 from fl_lightning import durable_write
 from fl_lightning.durable_write import write_text_atomic
 from fl_lightning.errors import DiskFullError, UsageError
-from fl_lightning.federation import checkpoint
-from fl_lightning.federation.checkpoint import DurableWriter, atomic_save, safe_load
-from fl_lightning.federation.run_folder import write_metrics_csv
+from fl_lightning.federation.storage import checkpoint
+from fl_lightning.federation.storage.checkpoint import DurableWriter, atomic_save, safe_load
+from fl_lightning.federation.storage.run_folder import write_metrics_csv
 from tests.conftest import CONF, run_cli
 
 _TORCH_FULL = "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"  # what torch says

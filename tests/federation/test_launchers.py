@@ -21,7 +21,7 @@ import pytest
 import torch
 import yaml
 
-from fl_lightning.federation.checkpoint import safe_load
+from fl_lightning.federation.storage.checkpoint import safe_load
 from tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""A rank that is dead or frozen ends every rank in minutes (federation/liveness.py), as NCCL would need it: NCCL
+"""A rank that is dead or frozen ends every rank in minutes (federation/ranks/liveness.py), as NCCL would need it: NCCL
 notices neither a killed peer nor a frozen one, so these tests stop a rank (SIGSTOP) as well as kill it.
 
 Unit tests: two watches over one in-process store (a short patience), their verdicts collected instead of exiting.
@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from fl_lightning.federation import liveness
-from fl_lightning.federation.liveness import DONE, FAILED, STOPPED, Liveness, PeerLost, PeerState
+from fl_lightning.federation.ranks import liveness
+from fl_lightning.federation.ranks.liveness import DONE, FAILED, STOPPED, Liveness, PeerLost, PeerState
 from tests.conftest import CONF, REPO
 
 HOST = socket.gethostname()

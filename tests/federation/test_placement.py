@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from fl_lightning.federation.placement import assign_clients, client_seed, sample_clients
+from fl_lightning.federation.ranks.placement import assign_clients, client_seed, sample_clients
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 8])
@@ -38,7 +38,7 @@ def test_client_seed_distinct():
 
 
 def test_seed_torch_draws_what_torch_manual_seed_draws_on_cpu():
-    from fl_lightning.federation.placement import seed_torch
+    from fl_lightning.federation.ranks.placement import seed_torch
 
     torch.manual_seed(1234)
     expected = (torch.rand(5), torch.randn(3, 2), torch.randint(0, 10, (4,)))

@@ -17,11 +17,11 @@ from fl_lightning.algorithms.fedavg import FedAvg, FedAvgConfig
 from fl_lightning.config.loading import load_config
 from fl_lightning.errors import UsageError
 from fl_lightning.federation.algorithm import register
-from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.policies.policy import register_policy
-from fl_lightning.federation.robust_aggregation import RobustAggregator
-from fl_lightning.federation.server_optimizer import ServerOptimizer
+from fl_lightning.federation.policies.robust_aggregation import RobustAggregator
+from fl_lightning.federation.policies.server_optimizer import ServerOptimizer
 from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.storage.checkpoint import safe_load
 from fl_lightning.federation.transport import Upload
 from tests.conftest import CONF
 

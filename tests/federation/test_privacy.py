@@ -14,8 +14,8 @@ import torch
 
 from fl_lightning.config.loading import load_config
 from fl_lightning.errors import ConfigError
-from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.storage.checkpoint import safe_load
 from tests.conftest import CONF, run_cli
 
 FEDAVG = CONF / "fedavg_digits_tiny.yaml"
@@ -200,7 +200,7 @@ def test_fedopal_composes_dp_sgd_of_its_prompts_with_its_statistics(tmp_path):
 
 def test_dp_sgd_is_calibrated_from_public_quantities_only():
     """σ, q, the steps and the lot size depend on N, K, B and the epochs, never on how the records are split."""
-    from fl_lightning.federation.privacy import FederationPrivacy
+    from fl_lightning.federation.policies.privacy import FederationPrivacy
 
     cfg = load_config(
         FEDOPAL,
@@ -246,7 +246,7 @@ def test_dp_sgd_is_calibrated_from_public_quantities_only():
 
 def test_dp_fedavg_divides_by_the_planned_clients_and_refuses_what_it_does_not_cover():
     from fl_lightning.config import PrivacyConfig
-    from fl_lightning.federation.privacy import FederationPrivacy, PrivacyLeak
+    from fl_lightning.federation.policies.privacy import FederationPrivacy, PrivacyLeak
     from fl_lightning.federation.transport import Upload
 
     dp = FederationPrivacy(
@@ -278,7 +278,7 @@ def test_dp_fedavg_divides_by_the_planned_clients_and_refuses_what_it_does_not_c
 
 def test_the_noise_comes_from_os_entropy_unless_asked_to_be_reproducible():
     from fl_lightning.config import PrivacyConfig
-    from fl_lightning.federation.privacy import FederationPrivacy
+    from fl_lightning.federation.policies.privacy import FederationPrivacy
 
     def draw(reproducible: bool) -> torch.Tensor:
         dp = FederationPrivacy(

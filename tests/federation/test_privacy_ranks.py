@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("dp_accounting")  # the 'privacy' extra
 import torch
 
-from fl_lightning.federation.checkpoint import safe_load
+from fl_lightning.federation.storage.checkpoint import safe_load
 from tests.conftest import CONF, run_cli
 
 _CASES = {

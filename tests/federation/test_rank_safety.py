@@ -1,4 +1,4 @@
-"""No rank dies waiting and no failure hangs the others (federation/collectives.py).
+"""No rank dies waiting and no failure hangs the others (federation/ranks/collectives.py).
 
 Unit tests (a fake Fabric): the helper that moves what crosses the wire to the CPU, the outcome that rank 0
 broadcasts, the strategy built with ``federation.collective_timeout_s``. Then 2 CPU processes (gloo) running
@@ -40,9 +40,9 @@ from fl_lightning.errors import (
     TooFewClients,
     UsageError,
 )
-from fl_lightning.federation import collectives
 from fl_lightning.federation.algorithm import RoundPlan
-from fl_lightning.federation.collectives import (
+from fl_lightning.federation.ranks import collectives
+from fl_lightning.federation.ranks.collectives import (
     CollectiveTimeout,
     RankFailure,
     RankStopped,
@@ -53,9 +53,9 @@ from fl_lightning.federation.collectives import (
     to_cpu,
     to_server,
 )
-from fl_lightning.federation.ddp_strategy import fabric_strategy as _strategy
-from fl_lightning.federation.liveness import PeerLost
-from fl_lightning.federation.round_store import ClientRecord, RoundResult
+from fl_lightning.federation.ranks.ddp_strategy import fabric_strategy as _strategy
+from fl_lightning.federation.ranks.liveness import PeerLost
+from fl_lightning.federation.storage.round_store import ClientRecord, RoundResult
 from fl_lightning.federation.transport import Download
 from tests.conftest import CONF, REPO
 
@@ -200,7 +200,7 @@ def test_a_timed_out_wait_is_one_line_naming_the_key():
     ) as info:
         from_server(follower, dict, what="round 2's plan", timeout_s=3.0)
     assert isinstance(info.value, RunFailure) and info.value.__cause__ is gloo
-    other = RuntimeError("Connection closed by peer")  # a peer gone (gloo): one line too (federation/liveness.py)
+    other = RuntimeError("Connection closed by peer")  # a peer gone (gloo): one line too (federation/ranks/liveness.py)
     with pytest.raises(
         PeerLost,
         match=r"rank 1 lost its connection to another rank during x \(Connection closed by "
@@ -464,7 +464,7 @@ def _stays_after_stopping(rank: int, world: int, port: int, out: str, outer: str
     cannot tell from a slow one), so rank 0 ends only if it never gathers again."""
     import torch.distributed as dist
 
-    from fl_lightning.federation import collectives as c
+    from fl_lightning.federation.ranks import collectives as c
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=20))
@@ -538,7 +538,7 @@ def test_a_ddp_strategy_carries_the_collective_timeout(extra, start_method):
     assert _cfg().federation.collective_timeout_s == 86400  # a day: longer than FeDiSyn's round 0 on the server
     strategy = _strategy(_cfg(*extra, "--federation.collective_timeout_s", "7.5", "--federation.compute_timeout_s", "3"))
     assert isinstance(strategy, DDPStrategy) and strategy._start_method == start_method
-    assert strategy.object_timeout == timedelta(seconds=7.5)  # the object group's (federation/ddp_strategy.py)
+    assert strategy.object_timeout == timedelta(seconds=7.5)  # the object group's (federation/ranks/ddp_strategy.py)
     assert strategy._timeout == timedelta(seconds=3)  # the default (compute) group's
 
 

@@ -14,9 +14,9 @@ from scipy import stats
 
 from fl_lightning.config.loading import load_config
 from fl_lightning.errors import UsageError
-from fl_lightning.federation.checkpoint import safe_load
-from fl_lightning.federation.robust_aggregation import bulyan, coordinate_median, krum_scores, trimmed_mean
+from fl_lightning.federation.policies.robust_aggregation import bulyan, coordinate_median, krum_scores, trimmed_mean
 from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.storage.checkpoint import safe_load
 from tests.conftest import CONF
 
 

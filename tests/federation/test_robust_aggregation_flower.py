@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fl_lightning.config import AggregatorConfig
-from fl_lightning.federation.robust_aggregation import RobustAggregator
+from fl_lightning.federation.policies.robust_aggregation import RobustAggregator
 from fl_lightning.federation.transport import Upload
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "flower_robust_aggregators.json").read_text())

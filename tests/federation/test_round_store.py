@@ -7,7 +7,7 @@ import time
 import torch
 
 from fl_lightning.federation.algorithm import RoundPlan
-from fl_lightning.federation.round_store import ClientRecord, RoundStore
+from fl_lightning.federation.storage.round_store import ClientRecord, RoundStore
 from fl_lightning.federation.transport import Download, Upload
 
 

@@ -1,4 +1,4 @@
-"""The run folder's record, fingerprint and lock (fl_lightning/federation/run_folder.py), in process.
+"""The run folder's record, fingerprint and lock (fl_lightning/federation/storage/run_folder.py), in process.
 
 The lock is also tested across processes: a second process holding it makes the acquire fail with
 one line naming its PID; once that process is gone, the lock is stale and taken over.
@@ -16,7 +16,7 @@ import time
 import pytest
 
 from fl_lightning.errors import RunFolderError
-from fl_lightning.federation.run_folder import (
+from fl_lightning.federation.storage.run_folder import (
     LOCK,
     clear_run_folder,
     completed_rounds,
@@ -29,7 +29,7 @@ from fl_lightning.federation.run_folder import (
     write_record,
     write_summary,
 )
-from fl_lightning.federation.run_lock import RunLock
+from fl_lightning.federation.storage.run_lock import RunLock
 from tests.conftest import REPO
 
 CONFIG = {
@@ -198,7 +198,7 @@ def test_lock_of_another_host_says_how_to_clear_it(tmp_path):
 def test_lock_across_two_processes(tmp_path):
     """A second process holds the lock: acquiring fails naming it; after it is killed, the lock is stale."""
     code = (
-        "import sys, time; from pathlib import Path; from fl_lightning.federation.run_lock import RunLock\n"
+        "import sys, time; from pathlib import Path; from fl_lightning.federation.storage.run_lock import RunLock\n"
         "lock = RunLock(Path(sys.argv[1])); lock.acquire(); print('locked', flush=True); time.sleep(600)"
     )
     holder = subprocess.Popen(

@@ -1,4 +1,4 @@
-"""The run lock across hosts (fl_lightning/federation/run_lock.py, RunLock): a lock left by a run on another
+"""The run lock across hosts (fl_lightning/federation/storage/run_lock.py, RunLock): a lock left by a run on another
 host is taken over once its holder is provably gone (its SLURM job has ended, SLURM requeued our own job, its
 heartbeat is too old), refused with one line naming the holder otherwise; the holder's heartbeat thread.
 
@@ -16,8 +16,8 @@ import time
 import pytest
 
 from fl_lightning.errors import RunFolderError
-from fl_lightning.federation.run_folder import LOCK
-from fl_lightning.federation.run_lock import STALE_AFTER_S, RunLock, slurm_job_running
+from fl_lightning.federation.storage.run_folder import LOCK
+from fl_lightning.federation.storage.run_lock import STALE_AFTER_S, RunLock, slurm_job_running
 
 
 def _other_host_lock(run_dir, *, job="111", restarts=0, heartbeat_age=0.0, old_format=False):

@@ -15,8 +15,8 @@ import weakref
 import pytest
 
 from fl_lightning.config.loading import build_config
-from fl_lightning.federation.checkpoint import safe_load
 from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.storage.checkpoint import safe_load
 from fl_lightning.federation.transport import Upload
 
 D = 32  # feature dimension: an upload is R's upper triangle (float64) and C (d x 10, float64) + N

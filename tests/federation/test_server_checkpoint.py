@@ -11,17 +11,17 @@ import torch
 
 from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.config.loading import load_config
-from fl_lightning.federation import server_checkpoint
 from fl_lightning.federation.algorithm import register
-from fl_lightning.federation.checkpoint import CorruptCheckpointError, atomic_save, safe_load
 from fl_lightning.federation.run_state import RunState
-from fl_lightning.federation.server_checkpoint import (
+from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.storage import server_checkpoint
+from fl_lightning.federation.storage.checkpoint import CorruptCheckpointError, atomic_save, safe_load
+from fl_lightning.federation.storage.server_checkpoint import (
     ServerCheckpoint,
     load_server_checkpoint,
     load_server_state,
     tensor_digest,
 )
-from fl_lightning.federation.simulation import Simulation
 from tests.conftest import CONF
 
 
@@ -226,7 +226,7 @@ def test_waiting_on_a_save_whose_thread_start_a_signal_interrupted():
     import threading
     import time
 
-    from fl_lightning.federation.checkpoint import _join
+    from fl_lightning.federation.storage.checkpoint import _join
 
     done = []
     late = threading.Thread(target=lambda: done.append(1))

@@ -11,10 +11,10 @@ import torch
 from fl_lightning.config import ServerOptimizerConfig
 from fl_lightning.config.loading import load_config
 from fl_lightning.errors import ConfigError, UsageError
-from fl_lightning.federation.checkpoint import safe_load
+from fl_lightning.federation.policies.server_optimizer import FedAdagrad, FedAvgM, ServerOptimizer
 from fl_lightning.federation.run_state import RunState
-from fl_lightning.federation.server_optimizer import FedAdagrad, FedAvgM, ServerOptimizer
 from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.storage.checkpoint import safe_load
 from tests.conftest import CONF, StopAfterClients, run_cli
 
 ROUNDS = 5

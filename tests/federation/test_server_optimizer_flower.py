@@ -16,7 +16,7 @@ import torch
 
 from fl_lightning.config import ServerOptimizerConfig
 from fl_lightning.federation.aggregate import WeightedMean
-from fl_lightning.federation.server_optimizer import ServerOptimizer
+from fl_lightning.federation.policies.server_optimizer import ServerOptimizer
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "flower_server_optimizers.json").read_text())
 # Flower's name → ours, and its keyword → our federation.server_optimizer key

@@ -1,4 +1,4 @@
-"""check_shared_run_folder (fl_lightning/federation/shared_folder.py) on 2 CPU processes over gloo: every rank sees
+"""check_shared_run_folder (fl_lightning/federation/storage/shared_folder.py) on 2 CPU processes over gloo: every rank sees
 the run folder rank 0 writes to, or every rank stops with one line naming the ranks and hosts that cannot.
 
 One launch runs every case; a rank given its own folder stands for a node-local ``output_dir``. The quick
@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from fl_lightning.errors import RunFolderError
-from fl_lightning.federation.shared_folder import SHARED_CHECK, check_shared_run_folder
+from fl_lightning.federation.storage.shared_folder import SHARED_CHECK, check_shared_run_folder
 
 WAIT_S = 1.0  # the default, 5 s, covers NFS's directory caching; a local folder needs no wait
 

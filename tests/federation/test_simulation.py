@@ -10,9 +10,9 @@ from fl_lightning.algorithms.fedavg import FedAvg
 from fl_lightning.config.loading import load_config
 from fl_lightning.errors import ClientFailure, RemoteTraceback, RunFailure, TooFewClients, UsageError
 from fl_lightning.federation.algorithm import register
-from fl_lightning.federation.checkpoint import safe_load
-from fl_lightning.federation.round_store import RoundStore
 from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.storage.checkpoint import safe_load
+from fl_lightning.federation.storage.round_store import RoundStore
 from fl_lightning.federation.transport import Upload
 from tests.conftest import CONF, StopAfterClients, run_cli
 from tests.run_records import kill_after_round_0, server_state

@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fl_lightning.federation.collectives import from_server, to_cpu
+from fl_lightning.federation.ranks.collectives import from_server, to_cpu
+from fl_lightning.federation.ranks.state_broadcast import SentState
 from fl_lightning.federation.simulation import Simulation
-from fl_lightning.federation.state_broadcast import SentState
 from tests.gloo_ranks import GlooFabric, run_ranks
 
 

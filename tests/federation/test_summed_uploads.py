@@ -13,11 +13,11 @@ import torch
 import torch.distributed as dist
 
 from fl_lightning.algorithms.gptfl import FullFedAvg
-from fl_lightning.federation import collectives
 from fl_lightning.federation.aggregate import WeightedMean
-from fl_lightning.federation.collectives import RankFailure, RankStopped, everyone
-from fl_lightning.federation.placement import deal_in_order
-from fl_lightning.federation.summed_uploads import FoldedUploads, UploadFold, UploadSum, carry_fold, summed_mean
+from fl_lightning.federation.ranks import collectives
+from fl_lightning.federation.ranks.collectives import RankFailure, RankStopped, everyone
+from fl_lightning.federation.ranks.placement import deal_in_order
+from fl_lightning.federation.ranks.summed_uploads import FoldedUploads, UploadFold, UploadSum, carry_fold, summed_mean
 from fl_lightning.federation.transport import Upload
 from tests.gloo_ranks import GlooFabric, run_ranks
 

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from fl_lightning.federation.checkpoint import atomic_save, safe_load
+from fl_lightning.federation.storage.checkpoint import atomic_save, safe_load
 from fl_lightning.federation.transport import SCALAR_BYTES, Upload, UploadRejected, check_upload
 
 

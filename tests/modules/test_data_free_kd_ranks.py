@@ -13,8 +13,8 @@ import torch.distributed as dist
 from torch import nn
 
 from fl_lightning.dealing import Deal
-from fl_lightning.federation import collectives
-from fl_lightning.federation.liveness import watching
+from fl_lightning.federation.ranks import collectives
+from fl_lightning.federation.ranks.liveness import watching
 from fl_lightning.modules.data_free_kd import (
     Generator,
     SynthesisSettings,

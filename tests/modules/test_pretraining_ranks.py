@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from fl_lightning.federation import collectives
-from fl_lightning.federation.collectives import RankFailure, Ranks, RankStopped, everyone
-from fl_lightning.federation.liveness import watching
+from fl_lightning.federation.ranks import collectives
+from fl_lightning.federation.ranks.collectives import RankFailure, Ranks, RankStopped, everyone
+from fl_lightning.federation.ranks.liveness import watching
 from fl_lightning.modules.pretraining import EPOCH_STATE, per_rank_batch_and_lr, pretrain_classifier
 from fl_lightning.modules.pretraining_ranks import RankBatches, shard_rows
 from tests.gloo_ranks import report, run_ranks, verdict_to

@@ -18,7 +18,7 @@ from lightning import LightningModule
 
 from fl_lightning.config import PrivacyConfig
 from fl_lightning.federation.aggregate import WeightedMean
-from fl_lightning.federation.privacy import FederationPrivacy
+from fl_lightning.federation.policies.privacy import FederationPrivacy
 from fl_lightning.federation.transport import Upload
 from fl_lightning.privacy.audit import epsilon_lower_bound
 from fl_lightning.privacy.statistics import sensitivity

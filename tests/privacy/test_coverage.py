@@ -10,7 +10,7 @@ import pytest
 from fl_lightning.algorithms import available_algorithms
 from fl_lightning.errors import UsageError
 from fl_lightning.federation.algorithm import Algorithm
-from fl_lightning.federation.privacy_coverage import (
+from fl_lightning.federation.policies.privacy_coverage import (
     MECHANISMS,
     check_privacy_coverage,
     coverage_table,
@@ -61,7 +61,7 @@ def test_every_refused_pair_is_one_line_naming_the_leak(mechanism):
 
 
 def _config(name: str, mechanism: str):
-    from fl_lightning.federation.privacy_coverage import _config
+    from fl_lightning.federation.policies.privacy_coverage import _config
 
     return _config(name, available_algorithms()[name], mechanism, dp_sgd=False)
 

@@ -17,7 +17,7 @@ from fl_lightning.algorithms.synthetic_family.synthesis_step import SyntheticFol
 from fl_lightning.data.preprocessed import collate
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.errors import DiskFullError
-from fl_lightning.federation import checkpoint as checkpoint_module
+from fl_lightning.federation.storage import checkpoint as checkpoint_module
 from fl_lightning.modules.pretraining import pretrain_classifier, split_holdout
 from fl_lightning.synthesis.generate import MANIFEST_NAME
 from fl_lightning.synthesis.store import (

@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fl_lightning.federation import checkpoint
-from fl_lightning.federation.collectives import Ranks, RankStopped
+from fl_lightning.federation.ranks.collectives import Ranks, RankStopped
+from fl_lightning.federation.storage import checkpoint
 from fl_lightning.synthesis import store
 from fl_lightning.synthesis.store import STORE_DIR, build_stores, split_transform
 from tests.gloo_ranks import report, run_ranks

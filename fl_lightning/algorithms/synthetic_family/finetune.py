@@ -42,7 +42,7 @@ from fl_lightning.errors import check
 from fl_lightning.federation.aggregate import WeightedMean, check_whole_layers
 from fl_lightning.federation.algorithm import Client, RoundHistory, RoundPlan, State
 from fl_lightning.federation.local_training import fit_local
-from fl_lightning.federation.placement import client_seed
+from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.stages import Stage
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.models.lora import lora_bits_per_layer, lora_layer_index

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from fl_lightning.algorithms.synthetic_family.pilot_launch import PilotLaunch
-from fl_lightning.federation.run_folder import read_metrics_csv
+from fl_lightning.federation.storage.run_folder import read_metrics_csv
 from fl_lightning.phase_times import item
 from fl_lightning.systems.scaling_law import (
     ScalingLawParams,
@@ -123,7 +123,7 @@ def run_pilot_processes(
     pilot never shares the ranks of the run that asked for it), into ``<run_dir>/pilots/pilot_lam<λ>/``.
 
     A pilot gets this process's environment without what a launcher set for its ranks
-    (:func:`~fl_lightning.federation.launch.clean_launcher_env`): started from a rank of torchrun, ``fabric run``
+    (:func:`~fl_lightning.federation.ranks.launch.clean_launcher_env`): started from a rank of torchrun, ``fabric run``
     or srun, it would otherwise take itself for one of that launcher's processes (and stop: the launcher's
     world size is not its ``--federation.devices 1``). When the run wrote its round 0's uploads
     (``<run_dir>/pilots/round0_inputs``, ``round0_inputs.py``), every pilot reads them and the run's prompt cache
@@ -148,7 +148,7 @@ def run_pilot_processes(
     import subprocess
 
     from fl_lightning.algorithms.synthetic_family.round0_inputs import FOLDER, hand_prompts
-    from fl_lightning.federation.launch import clean_launcher_env
+    from fl_lightning.federation.ranks.launch import clean_launcher_env
 
     if launch is None:
         env, layout = (

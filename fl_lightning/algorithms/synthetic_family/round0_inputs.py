@@ -31,7 +31,7 @@ from typing import Any
 
 from fl_lightning.algorithms.synthetic_family.shared_round0 import file_sha256
 from fl_lightning.durable_write import atomic_path, write_text_atomic
-from fl_lightning.federation.checkpoint import atomic_save, safe_load
+from fl_lightning.federation.storage.checkpoint import atomic_save, safe_load
 from fl_lightning.federation.transport import Upload
 
 __all__ = ["inputs_key", "write_round0_inputs", "hand_prompts", "stored_upload", "seed_prompt_cache", "FOLDER"]

@@ -38,9 +38,9 @@ from fl_lightning.algorithms.synthetic_family.planning import upload_time_s
 from fl_lightning.algorithms.synthetic_family.synthesis_step import SynthesisResult, synthesise_and_pretrain
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import State
-from fl_lightning.federation.collectives import Ranks
-from fl_lightning.federation.placement import client_seed
 from fl_lightning.federation.precision import compute_dtype
+from fl_lightning.federation.ranks.collectives import Ranks
+from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.stages import Stage, StageConfig
 from fl_lightning.federation.transport import Upload
 from fl_lightning.synthesis.latents import ClassLatentUpload, client_latent_uploads, from_upload, to_upload

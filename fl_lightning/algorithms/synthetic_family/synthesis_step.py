@@ -51,8 +51,8 @@ from fl_lightning.data.transforms import build_transform
 from fl_lightning.dealing import Deal
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.algorithm import InputSpec
-from fl_lightning.federation.collectives import Ranks
-from fl_lightning.federation.placement import derive_seed
+from fl_lightning.federation.ranks.collectives import Ranks
+from fl_lightning.federation.ranks.placement import derive_seed
 from fl_lightning.models.diffusion import DiffusionComponents
 from fl_lightning.modules.pretraining import EPOCH_STATE, load_pretrained_vit, pretrain_classifier, split_holdout
 from fl_lightning.phase_times import note, timed

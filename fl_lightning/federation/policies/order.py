@@ -2,23 +2,23 @@
 
 On a client's way up (:meth:`PolicyChain.on_upload`), after the method's own client step:
 
-1. ``attack``            an attacker's poisoned upload (federation/attacks.py) — what its client computed, changed
+1. ``attack``            an attacker's poisoned upload (federation/policies/attacks.py) — what its client computed, changed
                          before anything else sees it;
-2. ``privacy``           local DP: the client's statistics noised before they leave it (federation/privacy.py).
+2. ``privacy``           local DP: the client's statistics noised before they leave it (federation/policies/privacy.py).
 
 On the server, before the method aggregates (:meth:`PolicyChain.on_uploads`):
 
 3. ``staleness``         late updates due this round join the fresh ones at weight (1 + τ)^−a · n_k
-                         (federation/stale_updates.py);
+                         (federation/policies/stale_updates.py);
 4. ``privacy``           DP-FedAvg's clipping of each update to S (weight 1), the checks that nothing uncovered
                          reaches the aggregate.
 
 Then the method's own ``aggregate``, and after it (:meth:`PolicyChain.on_aggregate`):
 
 5. ``privacy``           DP-FedAvg's noise on the mean (fixed denominator D), central DP's on the sum;
-6. ``aggregator``        a robust rule over the clients' weights replaces the mean (federation/robust_aggregation.py);
+6. ``aggregator``        a robust rule over the clients' weights replaces the mean (federation/policies/robust_aggregation.py);
 7. ``server_optimizer``  the server's step from x_t to x_{t+1} — post-processing of what was released
-                         (federation/server_optimizer.py).
+                         (federation/policies/server_optimizer.py).
 
 Each kind is at most one policy, chosen by its config key (:data:`SELECTED`). What cannot be composed in this order is
 refused before the run, in one line (:func:`check_policies`): a policy that reads or replaces a mean
@@ -36,9 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-# the package's own policies register themselves on import
-from fl_lightning.federation import attacks, privacy, robust_aggregation, server_optimizer, stale_updates  # noqa: F401
 from fl_lightning.federation.algorithm import ALGORITHMS, averages_weights
+
+# the package's own policies register themselves on import
+from fl_lightning.federation.policies import attacks, privacy, robust_aggregation, server_optimizer, stale_updates  # noqa: F401
 from fl_lightning.federation.policies.policy import KINDS, PolicySetup, RoundContext, UpdatePolicy, named, registered
 
 if TYPE_CHECKING:

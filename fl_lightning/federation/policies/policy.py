@@ -71,7 +71,7 @@ class UpdatePolicy:
 
     policy_kind: ClassVar[str] = ""  # one of KINDS, set by register_policy
     # True: it reads every client's upload whole on the server (privacy's clipping, a robust rule, late updates), so
-    # the ranks may not fold the uploads into sums where they are made (federation/summed_uploads.py)
+    # the ranks may not fold the uploads into sums where they are made (federation/ranks/summed_uploads.py)
     reads_each_upload: ClassVar[bool] = False
 
     @classmethod

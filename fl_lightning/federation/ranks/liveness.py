@@ -14,7 +14,7 @@ server phase may legitimately last hours). So every rank of a multi-process run 
 
   - failed outside an exchange of outcomes (its entry says so: e.g. a setup error on one node): at once, with that
     rank's exit status;
-  - has waited with its own error in an exchange of outcomes (federation/collectives.py) for two beats while the
+  - has waited with its own error in an exchange of outcomes (federation/ranks/collectives.py) for two beats while the
     others have not come: they are elsewhere — in a compute collective the failing rank will never join (an error
     inside DDP's backward, between the split ensemble's gathers), or a long phase of their own — so the exchange
     would only meet after the compute timeout or the phase: with that rank's line and exit status;
@@ -28,7 +28,7 @@ collective that will never return. Nothing is lost that a kill would not lose: e
 atomic, and a resume starts from the last completed round.
 
 A rank's entry says done or stopped when it ends in order (a finished run; an error decided in an exchange of
-outcomes, federation/collectives.py, where every rank stops together), so its peers never take its exit for a
+outcomes, federation/ranks/collectives.py, where every rank stops together), so its peers never take its exit for a
 death. What the watch costs: one small write and one read per beat per rank (64 ranks, 10 s: about 13 store
 operations a second in all), no collective, no GPU.
 """
@@ -353,7 +353,7 @@ def watching(
         rank, world: this rank and the number of ranks.
         patience_s: ``federation.liveness_timeout_s``.
         token: this run's start (rank 0's, broadcast): the keys of an earlier start in the same store are ignored.
-        exit_status, one_line, decided: how the block's error reads (federation/collectives.py): an error every rank
+        exit_status, one_line, decided: how the block's error reads (federation/ranks/collectives.py): an error every rank
             has been told of leaves the entry ``stopped``; any other one ``failed``, with its status and line.
         on_lost: what ends the job (:class:`Liveness`; the default prints the line and exits at once).
         leader: rank 0's (host, pid), from the start's broadcast (:class:`Liveness`).

@@ -9,7 +9,7 @@ test the state broadcast uses (:func:`~fl_lightning.federation.run_state.unchang
 for each such key, the part holding it (``state_parts``) and the state's key order (``state_keys``). A tensor
 saved before and unchanged is not written again: its key keeps naming the earlier part.
 
-Durability (through :class:`~fl_lightning.federation.checkpoint.DurableWriter`, in the background): the new part
+Durability (through :class:`~fl_lightning.federation.storage.checkpoint.DurableWriter`, in the background): the new part
 is fsync'ed and renamed into place before ``server.pt``; a part no ``server.pt`` names any more is deleted only
 once the new ``server.pt`` is in place. A crash at any point leaves the last ``server.pt`` and every part it
 names, so a resumed run reads the state it had, bit for bit. Small tensors stay inline in ``server.pt`` (the tiny
@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fl_lightning.federation.checkpoint import CorruptCheckpointError, DurableWriter, safe_load
 from fl_lightning.federation.run_state import RunState, unchanged
+from fl_lightning.federation.storage.checkpoint import CorruptCheckpointError, DurableWriter, safe_load
 
 __all__ = ["ServerCheckpoint", "load_server_checkpoint", "load_server_state", "tensor_digest", "PART_MIN_BYTES", "SERVER_FILE"]
 

@@ -34,8 +34,8 @@ import torch
 import torch.distributed as dist
 
 from fl_lightning.federation.aggregate import WeightedMean
-from fl_lightning.federation.collectives import waiting
-from fl_lightning.federation.ddp_strategy import object_group
+from fl_lightning.federation.ranks.collectives import waiting
+from fl_lightning.federation.ranks.ddp_strategy import object_group
 from fl_lightning.federation.transport import Upload
 
 if TYPE_CHECKING:

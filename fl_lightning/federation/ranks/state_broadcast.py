@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from fl_lightning.federation.collectives import waiting
+from fl_lightning.federation.ranks.collectives import waiting
 from fl_lightning.federation.run_state import unchanged
 
 if TYPE_CHECKING:

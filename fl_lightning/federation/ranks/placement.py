@@ -37,7 +37,7 @@ def deal_in_order(clients: Sequence[int], sizes: Sequence[int], world_size: int)
     filling each block in order up to B needs at most ``world_size`` blocks (a binary search over B: filling up to B
     needs the fewest blocks any partition under B needs), then each block filled up to it. Rank r gets block r, so
     rank 0 holds the first clients and rank r's clients all come after rank r−1's — what lets the ranks fold their
-    clients' uploads in client order, each on the sum the rank before it carries (federation/summed_uploads.py).
+    clients' uploads in client order, each on the sum the rank before it carries (federation/ranks/summed_uploads.py).
     Ranks past the last block get none. Deterministic.
 
     Returns:

@@ -2,7 +2,7 @@
 
 Built once per run from ``federation.privacy`` (None when it is ``off``, so a run without DP takes none of
 these paths). A method runs under a mechanism only when it declares the pair covered
-(:mod:`~fl_lightning.federation.privacy_coverage`, checked before the run starts). The simulation calls it at
+(:mod:`~fl_lightning.federation.policies.privacy_coverage`, checked before the run starts). The simulation calls it at
 these points, none of which needs a method's own code, and on any number of ranks the server's steps run
 wherever the aggregate runs (``Simulation._aggregate``):
 
@@ -45,9 +45,9 @@ import torch
 
 from fl_lightning.errors import ConfigError, UsageError
 from fl_lightning.federation.local_training import DPSGD
-from fl_lightning.federation.placement import clients_per_round, derive_seed
 from fl_lightning.federation.policies.policy import PolicySetup, RoundContext, UpdatePolicy, register_policy
-from fl_lightning.federation.privacy_coverage import coverage_refusal
+from fl_lightning.federation.policies.privacy_coverage import coverage_refusal
+from fl_lightning.federation.ranks.placement import clients_per_round, derive_seed
 from fl_lightning.federation.transport import Upload
 
 if TYPE_CHECKING:

@@ -44,7 +44,7 @@ stopped (:class:`RankStopped`), so the error rank 0 raises from it is marked dec
 outer exchange lets it through without another collective. Gathering it again would leave rank 0 alone in that
 collective: gloo notices that the peers have exited, NCCL does not (until its timeout).
 
-Every exchange here runs on the strategy's gloo object group (federation/ddp_strategy.py) under
+Every exchange here runs on the strategy's gloo object group (federation/ranks/ddp_strategy.py) under
 ``federation.collective_timeout_s``: pickled CPU bytes, apart from the compute collectives' short timeout.
 
 One process: no broadcast or gather, the phase's function is simply called.
@@ -69,8 +69,8 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from fl_lightning.dealing import Deal
 from fl_lightning.errors import RemoteTraceback, RunFailure, UsageError
-from fl_lightning.federation.ddp_strategy import object_group
-from fl_lightning.federation.liveness import PeerLost, connection_lost, failing, lost_peer, stand_down
+from fl_lightning.federation.ranks.ddp_strategy import object_group
+from fl_lightning.federation.ranks.liveness import PeerLost, connection_lost, failing, lost_peer, stand_down
 from fl_lightning.phase_times import SecondsTally, installed
 
 __all__ = [
@@ -133,7 +133,7 @@ _DECIDED = "_fl_lightning_decided"  # the attribute that marks an error every ra
 
 def _decide(err: BaseException) -> BaseException:
     """``err``, marked as decided on every rank (:func:`decided`): no later exchange of outcomes carries it again, and
-    this rank stops watching its peers (they are stopping: federation/liveness.py)."""
+    this rank stops watching its peers (they are stopping: federation/ranks/liveness.py)."""
     setattr(err, _DECIDED, True)
     stand_down()
     return err

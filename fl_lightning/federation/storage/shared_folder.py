@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from fl_lightning.durable_write import write_text_atomic
 from fl_lightning.errors import RunFolderError, UsageError
-from fl_lightning.federation.ddp_strategy import object_group
+from fl_lightning.federation.ranks.ddp_strategy import object_group
 
 __all__ = ["SHARED_CHECK", "check_shared_run_folder"]
 

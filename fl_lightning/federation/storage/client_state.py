@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_lightning.federation.checkpoint import reserved_memmap
+from fl_lightning.federation.storage.checkpoint import reserved_memmap
 
 __all__ = ["CLIENT_STATE_DIR", "ClientStateStore"]
 

@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fl_lightning.federation.placement import derive_seed
 from fl_lightning.federation.policies.policy import UpdatePolicy, register_policy
+from fl_lightning.federation.ranks.placement import derive_seed
 from fl_lightning.federation.transport import Upload
 
 if TYPE_CHECKING:

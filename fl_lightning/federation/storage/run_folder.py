@@ -11,8 +11,8 @@ A run folder is a record that is never silently changed:
   run, and ``logging.*``. Anything else stops with one line naming the keys and both values.
 * A fresh start into a folder that already holds a run stops with one line, unless ``--overwrite``
   is given (which empties the folder first).
-* ``.lock``: one run at a time in a folder (federation/run_lock.py); every rank must see the one folder
-  (federation/shared_folder.py).
+* ``.lock``: one run at a time in a folder (federation/storage/run_lock.py); every rank must see the one folder
+  (federation/storage/shared_folder.py).
 * Every file is written whole or not at all (:mod:`fl_lightning.durable_write`); a write that fails for lack of
   space stops with one line (:class:`~fl_lightning.errors.DiskFullError`); the file it would have replaced is intact.
 """
@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 RECORD = "run.json"
-LOCK = ".lock"  # the run lock's file (federation/run_lock.py), which --overwrite keeps
+LOCK = ".lock"  # the run lock's file (federation/storage/run_lock.py), which --overwrite keeps
 # Keys that may differ on --resume: they cannot change what already ran. The loop's results do not
 # depend on the number of ranks (1-vs-2-rank equality is tested); the failure policy only decides
 # whether the rounds still to come go on; output_dir/run_name are where the folder is; logging.* is

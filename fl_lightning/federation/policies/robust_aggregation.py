@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from fl_lightning.federation.placement import clients_per_round
 from fl_lightning.federation.policies.policy import RoundContext, UpdatePolicy, named, register_policy, registered
+from fl_lightning.federation.ranks.placement import clients_per_round
 
 if TYPE_CHECKING:
     from fl_lightning.federation.transport import Upload

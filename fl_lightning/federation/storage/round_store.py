@@ -28,7 +28,7 @@ order — hence every float — is the same for any number of ranks. Multi-node 
 folder on a file system all nodes share (as resuming does).
 
 A store with a fold (``fold``: a round whose aggregate only sums the uploads' large tensors, GPT-FL's whole models)
-folds each client's summed tensors as it saves the client (federation/summed_uploads.py) and keeps the rest of the
+folds each client's summed tensors as it saves the client (federation/ranks/summed_uploads.py) and keeps the rest of the
 upload and the record in memory, never on disk — whatever ``hold_s`` and ``hold_bytes``: without its folded tensors a
 record could not stand for its client on resume, so a killed round re-runs every client of it.
 """
@@ -43,12 +43,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fl_lightning.federation.algorithm import RoundPlan
-from fl_lightning.federation.checkpoint import atomic_save, safe_load
-from fl_lightning.federation.summed_uploads import FoldedUploads
+from fl_lightning.federation.ranks.summed_uploads import FoldedUploads
+from fl_lightning.federation.storage.checkpoint import atomic_save, safe_load
 from fl_lightning.federation.transport import Upload
 
 if TYPE_CHECKING:
-    from fl_lightning.federation.summed_uploads import UploadFold
+    from fl_lightning.federation.ranks.summed_uploads import UploadFold
 
 __all__ = ["HOLD_BYTES", "ClientRecord", "RoundResult", "RoundStore", "StoredUploads"]
 

@@ -7,7 +7,7 @@ class must declare it itself — it is never inherited (DENSE is a FedAvgCNN, bu
 client's model, which DP-FedAvg's noise on a mean does not cover), so a method that says nothing is refused.
 
 The pairs are checked before a run starts (:func:`check_privacy_coverage`, one line and exit 2), and checked
-again on every upload as the aggregate reads it (``federation/privacy.py``: an uncovered tensor stops the run).
+again on every upload as the aggregate reads it (``federation/policies/privacy.py``: an uncovered tensor stops the run).
 :func:`coverage_table` is the table of docs/privacy.md (``tests/privacy/test_coverage.py`` checks the page).
 
 Example::

@@ -16,10 +16,10 @@ hours: the other ranks wait while rank 0 plans, synthesises or evaluates alone.
   and from the device, no NCCL kernel spinning on a waiting GPU), and a long wait never meets the short timeout.
 
 A rank that dies or freezes is noticed by neither timeout but by its peers' liveness watch
-(``federation/liveness.py``) within ``federation.liveness_timeout_s``.
+(``federation/ranks/liveness.py``) within ``federation.liveness_timeout_s``.
 
 ``fabric.broadcast`` runs on the object group; :func:`object_group` gives it to the collectives that call
-``torch.distributed`` directly (``federation/collectives.py``). Across nodes gloo picks its network interface from
+``torch.distributed`` directly (``federation/ranks/collectives.py``). Across nodes gloo picks its network interface from
 the host name; where that address is not reachable from the other nodes set ``GLOO_SOCKET_IFNAME`` (as
 ``NCCL_SOCKET_IFNAME`` for NCCL).
 """

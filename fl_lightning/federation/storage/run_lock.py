@@ -25,7 +25,7 @@ from typing import Any
 
 from fl_lightning.durable_write import disk_full_error
 from fl_lightning.errors import RunFolderError
-from fl_lightning.federation.run_folder import LOCK
+from fl_lightning.federation.storage.run_folder import LOCK
 
 __all__ = ["LOCK", "HEARTBEAT_S", "STALE_AFTER_S", "RunLock", "slurm_job_running"]
 

@@ -1,0 +1,1 @@
+"""Update policies: what happens to an update between client and server (docs/policies.md)."""

@@ -1,0 +1,1 @@
+"""Ranks and collectives: who works and who waits, what crosses a collective, liveness, launchers."""
