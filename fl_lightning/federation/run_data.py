@@ -21,10 +21,10 @@ from fl_lightning.data.partition import (
     shard_partition,
 )
 from fl_lightning.errors import ConfigError, UsageError
+from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm
 
 if TYPE_CHECKING:
     from fl_lightning.config import RunConfig
-    from fl_lightning.federation.algorithm import Algorithm
 
 __all__ = ["partition_for", "client_test_split", "check_client_test", "drawn_twin"]
 
@@ -108,8 +108,8 @@ def check_client_test(cfg: RunConfig, algorithm: type[Algorithm] | Algorithm) ->
         raise ConfigError(
             "partition.client_test_fraction",
             cfg.partition.client_test_fraction,
-            f"0 for {cfg.algorithm} (federated evaluation on the clients' test rows: fedavg, fedprox, "
-            "scaffold, feddyn, fedavg_cnn, fedavg_prompts, afl, fedcgs, fedpft, fedopal, fedopal_plus)",
+            f"0 for {cfg.algorithm} (federated evaluation on the clients' test rows: "
+            f"{', '.join(sorted(n for n, a in ALGORITHMS.items() if a.federated_evaluation))})",
         )
     if isinstance(algorithm, Algorithm) and algorithm.augment:
         raise ConfigError(

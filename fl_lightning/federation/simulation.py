@@ -19,35 +19,19 @@ from __future__ import annotations
 import dataclasses
 import os
 import secrets
-import shutil
 import socket
-import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-import numpy as np
 import torch
 from lightning.fabric import Fabric, seed_everything
 
 from fl_lightning.config import RunConfig
-from fl_lightning.config.loading import dump_config
-from fl_lightning.data.hf import hf_source
-from fl_lightning.data.partition import (
-    client_class_counts,
-    natural_grouping_note,
-    write_partition_json,
-)
-from fl_lightning.data.preprocessed import PreprocessedSplit, is_deterministic
-from fl_lightning.data.registry import DatasetSplits, build_dataset
-from fl_lightning.data.report import write_partition_figure, write_partition_report
-from fl_lightning.data.transforms import build_transform
-from fl_lightning.durable_write import leftover_temps, write_text_atomic
-from fl_lightning.errors import ClientFailure, ClientUsageError, ConfigError, RunFailure, TooFewClients, UsageError
+from fl_lightning.errors import ClientFailure, ClientUsageError, RunFailure, TooFewClients, UsageError
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundPlan
-from fl_lightning.federation.availability_trace import TRACE_COPY, check_recorded_trace, trace_text
 from fl_lightning.federation.client_behaviour import (
     DROPPED,
     LATE_STALE,
@@ -59,7 +43,7 @@ from fl_lightning.federation.local_training import local_work
 from fl_lightning.federation.num_clients import resolve_num_clients
 from fl_lightning.federation.numerics import torch_numerics
 from fl_lightning.federation.policies.order import PolicyChain, check_policies
-from fl_lightning.federation.policies.policy import PolicySetup, RoundContext
+from fl_lightning.federation.policies.policy import RoundContext
 from fl_lightning.federation.policies.privacy import FederationPrivacy
 from fl_lightning.federation.policies.stale_updates import PendingUpdate
 from fl_lightning.federation.precision import check_precision
@@ -78,11 +62,13 @@ from fl_lightning.federation.ranks.liveness import watching
 from fl_lightning.federation.ranks.placement import assign_clients, client_seed, deal_in_order, sample_clients, seed_torch
 from fl_lightning.federation.ranks.state_broadcast import SentState, received_large, send_large
 from fl_lightning.federation.ranks.summed_uploads import UploadFold, UploadSum, carry_fold
-from fl_lightning.federation.run_data import check_client_test, client_test_split, drawn_twin, partition_for
+from fl_lightning.federation.round_records import record_round, run_summary
+from fl_lightning.federation.run_data import check_client_test
+from fl_lightning.federation.run_setup import set_up_run
 from fl_lightning.federation.run_state import RunState
-from fl_lightning.federation.storage.client_state import CLIENT_STATE_DIR
 from fl_lightning.federation.storage.round_store import HOLD_BYTES, ClientRecord, RoundResult, RoundStore
 from fl_lightning.federation.storage.run_folder import write_metrics_csv, write_summary
+from fl_lightning.federation.storage.run_start import draw_partition, restore_run, start_run_folder
 from fl_lightning.federation.storage.server_checkpoint import ServerCheckpoint
 from fl_lightning.federation.storage.shared_folder import check_shared_run_folder
 from fl_lightning.federation.transport import Upload, check_upload
@@ -140,77 +126,9 @@ class Simulation:
 
     # ------------------------------------------------------------------------------------ set-up
     def _setup(self) -> tuple[Algorithm, Environment]:
-        cfg, fabric = self.cfg, self.fabric
-        algorithm = ALGORITHMS[cfg.algorithm](cfg=cfg)
-        algorithm.fabric = fabric  # the rank's Fabric, given before anything is built (Algorithm.fabric)
-        algorithm.build(fabric)  # the shared model, once per rank
-        spec = algorithm.input_spec()
-        transform = {"normalization": spec.normalization, "image_size": spec.image_size, "mean": spec.mean, "std": spec.std}
-        train_transform = build_transform(**transform, train=algorithm.augment, augmentation=spec.augmentation)
-        test_transform = build_transform(**transform, train=False)
-        splits: DatasetSplits = build_dataset(
-            cfg.data.name,
-            root=cfg.data.root,
-            download=cfg.data.download,
-            seed=cfg.data_seed,
-            num_samples=cfg.data.num_samples,
-            train_transform=train_transform,
-            test_transform=test_transform,
-            source=hf_source(cfg.data),
-        )
-        # each split its own budgets: the float32 store (cache_mb) and the uint8 one (cache_uint8_mb)
-        budgets = {"budget_bytes": cfg.data.cache_mb << 20, "uint8_budget_bytes": cfg.data.cache_uint8_mb << 20}
-        if any(budgets.values()) and is_deterministic(train_transform):  # augmentation still runs per item
-            splits.train = PreprocessedSplit(splits.train, **budgets)
-        if any(budgets.values()) and is_deterministic(test_transform):
-            splits.test = PreprocessedSplit(splits.test, **budgets)
-        partition = partition_for(cfg, splits.train_targets, splits.train_column)
-        check_client_test(cfg, algorithm)  # built: its augment is known
-        partition, client_test = client_test_split(cfg, partition, splits.train_targets, splits.train_column)
-        if cfg.partition.scheme == "natural" and fabric.global_rank == 0:  # never silent: grouped or one client
-            note = natural_grouping_note(splits.train_column(cfg.partition.by), cfg.partition.num_clients, cfg.partition.by)
-            if note is not None:
-                print(f"fl_lightning: {note}", file=sys.stderr, flush=True)
-        self._policies = PolicyChain.build(cfg, PolicySetup(algorithm.num_rounds, [len(p) for p in partition]))
-        privacy, attack = self._policies.get("privacy"), self._policies.get("attack")
-        env = Environment(
-            fabric,
-            cfg,
-            splits,
-            partition,
-            self.run_dir,
-            privacy,
-            one_train_loader=is_deterministic(train_transform),
-            label_maps=attack.label_maps(len(splits.classes)) if attack is not None else {},
-            client_test=client_test,
-        )
-        algorithm.setup(env)
+        """This rank's method and environment (federation/run_setup.py); the run's update policies kept."""
+        algorithm, env, self._policies = set_up_run(self.cfg, self.fabric)
         return algorithm, env
-
-    def _restore(self, algorithm: Algorithm, checkpoint: ServerCheckpoint) -> RunState:
-        """The run so far: fresh, or the checkpointed RunState when resuming (restored on every rank)."""
-        if self.resume and self.fabric.global_rank == 0:
-            checkpoint.sweep()  # temp files of a write a kill interrupted: no rename ever comes for them
-        run = checkpoint.load() if self.resume else None
-        if run is None:
-            return RunState(state=algorithm.initial_state())
-        if run.completed_rounds > algorithm.num_rounds:
-            raise ConfigError(
-                "federation.rounds",
-                self.cfg.federation.rounds,
-                f"at least the {run.completed_rounds} rounds this run has already completed",
-            )
-        algorithm.load_state(run.state)
-        return run
-
-    def _drop_stale_rounds(self, next_round: int) -> None:
-        """Records of any round other than the one to run next are from an abandoned start: remove them (and, on a
-        fresh start, ``next_round`` −1, the clients' kept state: federation/storage/client_state.py)."""
-        for folder in self.ckpt_dir.glob("round*"):
-            if folder.is_dir() and folder.name != f"round{next_round:04d}":
-                RoundStore(self.ckpt_dir, int(folder.name[5:])).clear()
-        if next_round < 0:  # a fresh start: no client keeps state from an earlier run in this folder
-            shutil.rmtree(self.ckpt_dir / CLIENT_STATE_DIR, ignore_errors=True)
 
     # -------------------------------------------------------------------------------------- run
     def run(self) -> dict[str, Any]:
@@ -264,9 +182,12 @@ class Simulation:
         rank, world = fabric.global_rank, fabric.world_size
         assignment = assign_clients([len(p) for p in env.partition], world)
         checkpoint = ServerCheckpoint(self.ckpt_dir)  # server.pt and its parts (written on the server only)
-        run = self._restore(algorithm, checkpoint)
+        run = restore_run(algorithm, checkpoint, resume=self.resume, rank=fabric.global_rank, rounds=cfg.federation.rounds)
         # the run folder's start, on the server; the other ranks wait for it (and stop if it fails)
-        counts = self._from_server(lambda: self._start_run_folder(env, run), "the run folder's start", send=False)
+        trace = None if self._behaviour is None else self._behaviour.trace
+        counts = self._from_server(
+            lambda: start_run_folder(cfg, env, run, resume=self.resume, trace=trace), "the run folder's start", send=False
+        )
         fabric.call(
             "on_run_start",
             cfg=cfg,
@@ -284,66 +205,12 @@ class Simulation:
         fabric.call("on_rounds_end", completed_rounds=run.completed_rounds, run_dir=self.run_dir)
 
         if rank == 0:
-            self._draw_partition(env, counts)  # a one-off report: after the rounds, never inside one
+            draw_partition(self.run_dir, env.splits.classes, counts)  # a one-off report: after the rounds, never inside one
         summary = self._summary(algorithm, run)
         fabric.call("on_run_end", summary=summary, run_dir=self.run_dir)
         for logger in fabric.loggers:  # flush W&B / TensorBoard now, not at interpreter exit
             logger.finalize("success")
         return summary
-
-    def _start_run_folder(self, env: Environment, run: RunState) -> np.ndarray:
-        """config.yaml, partition.csv and partition.json of the run (rank 0); the clients' class counts."""
-        cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._drop_stale_rounds(run.completed_rounds if self.resume else -1)
-        for tmp in leftover_temps(self.run_dir):  # a write a kill interrupted (config.yaml, metrics.csv, …)
-            tmp.unlink(missing_ok=True)
-        write_text_atomic(self.run_dir / "config.yaml", dump_config(cfg))
-        self._record_trace()
-        counts = client_class_counts(env.splits.train_targets, env.partition, env.num_classes)
-        write_partition_report(counts, env.splits.classes, self.run_dir, figure=False)  # figure: after the rounds
-        p = cfg.partition
-        meta = {
-            "dataset": cfg.data.name,
-            "scheme": p.scheme,
-            "alpha": p.alpha,
-            "seed": p.seed,
-            "num_samples_subset": cfg.data.num_samples,
-            "data_seed": cfg.data_seed,
-        }
-        extra = {
-            "path": cfg.data.path,
-            "by": p.by,
-            "convention": None if p.convention == "fl_lightning" else p.convention,
-            "flower_shuffle_seed": p.flower_shuffle_seed,
-        }
-        meta.update({k: v for k, v in extra.items() if v is not None})  # only what is set: older files unchanged
-        if env.client_test is not None:  # the file holds the whole partition; the local split is made again from it
-            meta.update(
-                {
-                    "client_test_fraction": p.client_test_fraction,
-                    **({} if p.client_test_seed is None else {"client_test_seed": p.client_test_seed}),
-                }
-            )
-        whole = env.partition if env.client_test is None else [np.union1d(a, b) for a, b in zip(env.partition, env.client_test)]
-        write_partition_json(
-            whole,
-            self.run_dir / "partition.json",
-            meta=meta,  # reusable: scheme file
-            num_samples=len(env.splits.train_targets),
-        )  # Flower's shards may leave rows out
-        return counts
-
-    def _record_trace(self) -> None:
-        """The availability trace's copy in the run folder: written at the start, checked on resume (rank 0)."""
-        trace = None if self._behaviour is None else self._behaviour.trace
-        if trace is None:
-            return
-        copy = self.run_dir / TRACE_COPY
-        if self.resume and copy.is_file():
-            check_recorded_trace(copy, trace, self.cfg.federation.clients.availability_trace)
-        else:
-            write_text_atomic(copy, trace_text(trace))
 
     def _state_from_server(self, step: Callable[[], tuple], previous: dict, what: str) -> tuple:
         """``step()`` — the state first, then anything else — on rank 0, its outcome on every rank, the state sent
@@ -639,18 +506,6 @@ class Simulation:
         checkpoint.save(run)  # server.pt (and a part of new large tensors): fsync + rename in the background
         store.clear()
 
-    def _draw_partition(self, env: Environment, counts: np.ndarray) -> None:
-        """partition.png, unless drawn already. matplotlib is the slowest part of the partition report (~0.8 s
-        on a CPU), so the figure is drawn once the rounds are done: it delays neither the first client nor a
-        round (partition.csv and partition.json, written at the start, hold the same numbers)."""
-        if (self.run_dir / "partition.png").exists():
-            return
-        twin = drawn_twin(self.run_dir)
-        if twin is not None:  # a comparison's runs on one partition share one drawing (the same figure)
-            shutil.copyfile(twin, self.run_dir / "partition.png")
-        else:
-            write_partition_figure(counts, env.splits.classes, self.run_dir)
-
     # ------------------------------------------------------------------------------------ phases
     def _plan(
         self,
@@ -835,59 +690,19 @@ class Simulation:
         round_start: float,
         run_start: float,
     ) -> None:
-        """Totals, history and the metrics row of a finished round (identical on every rank: ``result`` holds
-        every rank's client records)."""
-        bytes_up, bytes_down = result.bytes_up, sum(result.bytes_down.values())
-        run.bytes_up += bytes_up
-        run.bytes_down += bytes_down
-        run.failed_clients.update({str(c): f"round {round_idx}: {m}" for c, m in result.failures.items()})
-        run.history.client_compute_s.update(result.compute_s)
-        run.history.round_s.append(time.monotonic() - round_start)
-        run.wall_time_s = time.monotonic() - run_start
-        run.completed_rounds = round_idx + 1
-        row.update(
-            {
-                "clients": len(result.records),
-                "failed": len(result.failures),
-                "bytes_up_round": bytes_up,
-                "bytes_down_round": bytes_down,
-                "bytes_up": run.bytes_up,
-                "bytes_down": run.bytes_down,
-                "round_time_s": run.history.round_s[-1],
-                "client_compute_s_max": max(result.compute_s.values(), default=0.0),
-                **algorithm.round_extras(round_idx, run.state),
-                **self._policies.row(round_idx, sorted(result.records)),
-                **(
-                    self._behaviour.row(round_idx, sorted(result.records), result.failures) if self._behaviour is not None else {}
-                ),
-            }
-        )
-        run.per_class_accuracy = row.pop("per_class_accuracy", None)
-        run.rows.append(row)
+        """The round's totals, history and metrics row (federation/round_records.py), with what the method, the
+        update policies and the clients' behaviour report."""
+        clients, behaviour = sorted(result.records), self._behaviour
+        extras = {
+            **self._policies.row(round_idx, clients),
+            **(behaviour.row(round_idx, clients, result.failures) if behaviour is not None else {}),
+        }
+        record_round(run, round_idx, row, result, round_start=round_start, run_start=run_start)  # round_extras reads them
+        row.update({**algorithm.round_extras(round_idx, run.state), **extras})
 
     def _summary(self, algorithm: Algorithm, run: RunState) -> dict[str, Any]:
-        cfg, last = self.cfg, run.rows[-1] if run.rows else {}
-        summary = {
-            "algorithm": cfg.algorithm,
-            "dataset": cfg.data.name,
-            "num_clients": cfg.partition.num_clients,
-            "alpha": cfg.partition.alpha,
-            "seed": cfg.seed,
-            "rounds": len(run.rows),
-            "accuracy": last.get("accuracy"),
-            "loss": last.get("loss"),
-            "bytes_up": run.bytes_up,
-            "bytes_down": run.bytes_down,
-            "bytes_up_per_client": run.bytes_up / max(cfg.partition.num_clients, 1),
-            "wall_time_s": run.wall_time_s,
-            "world_size": self.fabric.world_size,
-            "failed_clients": run.failed_clients,
-            "per_class_accuracy": run.per_class_accuracy,
-            # partition.client_test_fraction: the last federated evaluation on the clients' own test rows
-            **{k: v for k, v in last.items() if k.startswith("fed_test_")},
-            **algorithm.summary_extras(run.state),
-            **self._policies.summary(len(run.rows)),
-        }
+        extras = {**algorithm.summary_extras(run.state), **self._policies.summary(len(run.rows))}
+        summary = run_summary(self.cfg, run, world_size=self.fabric.world_size, extras=extras)
         if self.fabric.device.type == "cuda":  # this rank's peak since its process started (the GPU check's table)
             summary["peak_gpu_memory_bytes"] = int(torch.cuda.max_memory_allocated(self.fabric.device))
         if self.fabric.global_rank == 0:

@@ -280,7 +280,7 @@ def test_validation_share_is_carved_from_the_clients_data_and_never_trained_on(t
 
 def test_the_test_split_cannot_change_the_choice(tmp_path, monkeypatch):
     """Wrong labels on every test image change the accuracy, never the head, λ, W or the validation losses."""
-    from fl_lightning.federation import simulation
+    from fl_lightning.federation import run_setup
     from fl_lightning.federation.storage.checkpoint import safe_load
 
     def states(folder):
@@ -289,7 +289,7 @@ def test_the_test_split_cannot_change_the_choice(tmp_path, monkeypatch):
         return summary, safe_load(sim.run_dir / "checkpoints" / "server.pt")["state"]
 
     clean_summary, clean = states("clean")
-    build = simulation.build_dataset
+    build = run_setup.build_dataset
 
     class WrongLabels(torch.utils.data.Dataset):
         def __init__(self, base, c):
@@ -307,7 +307,7 @@ def test_the_test_split_cannot_change_the_choice(tmp_path, monkeypatch):
         splits.test = WrongLabels(splits.test, len(splits.classes))
         return splits
 
-    monkeypatch.setattr(simulation, "build_dataset", wrong_test_labels)
+    monkeypatch.setattr(run_setup, "build_dataset", wrong_test_labels)
     wrong_summary, wrong = states("wrong")
     assert wrong_summary["accuracy"] != clean_summary["accuracy"]
     for key in ("head", "lam_chosen", "val_losses", "W", "prompts"):
