@@ -21,7 +21,6 @@ import os
 import secrets
 import socket
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -30,16 +29,13 @@ import torch
 from lightning.fabric import Fabric, seed_everything
 
 from fl_lightning.config import RunConfig
-from fl_lightning.errors import ClientFailure, ClientUsageError, RunFailure, TooFewClients, UsageError
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundPlan
 from fl_lightning.federation.client_behaviour import (
-    DROPPED,
     LATE_STALE,
-    NO_ERROR,
     ClientBehaviour,
     check_client_behaviour,
 )
-from fl_lightning.federation.local_training import local_work
+from fl_lightning.federation.client_phase import merged, round_failure, run_client
 from fl_lightning.federation.num_clients import resolve_num_clients
 from fl_lightning.federation.numerics import torch_numerics
 from fl_lightning.federation.policies.order import PolicyChain, check_policies
@@ -59,19 +55,18 @@ from fl_lightning.federation.ranks.collectives import (
 from fl_lightning.federation.ranks.ddp_strategy import cli_strategy_taken, fabric_strategy
 from fl_lightning.federation.ranks.launch import check_launcher
 from fl_lightning.federation.ranks.liveness import watching
-from fl_lightning.federation.ranks.placement import assign_clients, client_seed, deal_in_order, sample_clients, seed_torch
+from fl_lightning.federation.ranks.placement import assign_clients, deal_in_order, sample_clients
 from fl_lightning.federation.ranks.state_broadcast import SentState, received_large, send_large
 from fl_lightning.federation.ranks.summed_uploads import UploadFold, UploadSum, carry_fold
 from fl_lightning.federation.round_records import record_round, run_summary
 from fl_lightning.federation.run_data import check_client_test
 from fl_lightning.federation.run_setup import set_up_run
 from fl_lightning.federation.run_state import RunState
-from fl_lightning.federation.storage.round_store import HOLD_BYTES, ClientRecord, RoundResult, RoundStore
+from fl_lightning.federation.storage.round_store import HOLD_BYTES, RoundResult, RoundStore
 from fl_lightning.federation.storage.run_folder import write_metrics_csv, write_summary
 from fl_lightning.federation.storage.run_start import draw_partition, restore_run, start_run_folder
 from fl_lightning.federation.storage.server_checkpoint import ServerCheckpoint
 from fl_lightning.federation.storage.shared_folder import check_shared_run_folder
-from fl_lightning.federation.transport import Upload, check_upload
 from fl_lightning.phase_times import timed
 
 __all__ = ["Simulation"]
@@ -568,14 +563,14 @@ class Simulation:
             part,
             what=f"round {round_idx}'s clients",
             timeout_s=self.cfg.federation.collective_timeout_s,
-            check=lambda parts: self._check_failures(round_idx, _merged([p[0] for p in parts])),
+            check=lambda parts: self._check_failures(round_idx, merged([p[0] for p in parts])),
         )
         if rank == 0:
             for _, handed in parts[1:]:  # other ranks' held uploads, now the server's
                 store.receive(handed)
         else:
             store.forget_held()
-        return _merged([p[0] for p in parts])
+        return merged([p[0] for p in parts])
 
     def _run_clients(
         self, algorithm: Algorithm, env: Environment, store: RoundStore, round_idx: int, my_clients: list[int], plan: RoundPlan
@@ -589,7 +584,9 @@ class Simulation:
                     store.save_client(client_idx, record, upload)
                 mine.records[client_idx] = record
                 continue
-            record, upload = self._run_client(algorithm, env, round_idx, client_idx, plan)
+            record, upload = run_client(
+                algorithm, env, round_idx, client_idx, plan, policies=self._policies, behaviour=self._behaviour
+            )
             store.save_client(client_idx, record, upload)
             mine.records[client_idx] = record
             self.fabric.call(
@@ -601,84 +598,13 @@ class Simulation:
             )
         return mine
 
-    def _run_client(
-        self, algorithm: Algorithm, env: Environment, round_idx: int, client_idx: int, plan: RoundPlan
-    ) -> tuple[ClientRecord, Upload | None]:
-        fabric, cfg = self.fabric, self.cfg
-        download = plan.downloads[client_idx]
-        fabric.call("on_client_start", round_idx=round_idx, client=client_idx)
-        behaviour, work = self._behaviour, None
-        if behaviour is not None and behaviour.drops(round_idx, client_idx):  # gone after its download
-            return ClientRecord(compute_s=0.0, bytes_down=download.num_bytes, failure=DROPPED), None
-        if behaviour is not None:  # a straggler: a share of its local work; past the deadline: dropped, as a dropout
-            work = behaviour.local_work(round_idx, client_idx, cfg.train.epochs)
-            missed = behaviour.missed_deadline(round_idx, client_idx, cfg.train.epochs)
-            if missed is not None:
-                return ClientRecord(compute_s=0.0, bytes_down=download.num_bytes, failure=missed), None
-        seed_torch(client_seed(cfg.seed, round_idx, client_idx), fabric.device)
-        start = time.monotonic()
-        upload, failure, trace, user_error = None, None, None, False
-        try:
-            with local_work(work):
-                upload = algorithm.client_update(round_idx, env.client(client_idx), download.to(fabric.device))
-            # an attacker's poisoned upload, then local DP: the upload as it leaves the client (policies/order.py)
-            upload = self._policies.on_upload(upload, download.tensors, round_idx, client_idx)
-            check_upload(upload, algorithm.expected_shapes(round_idx, download))
-            if behaviour is not None and behaviour.stale_delay(round_idx, client_idx, cfg.train.epochs) is not None:
-                failure = LATE_STALE  # late: its upload kept, for the round it arrives in (federation/policies/stale_updates.py)
-        except Exception as err:  # noqa: BLE001 — recorded; the on_client_error policy decides after the gather
-            upload, failure, user_error = None, f"{type(err).__name__}: {err}", isinstance(err, UsageError)
-            trace = "".join(traceback.format_exception(err))  # the cause, for --debug (the object stays here)
-        record = ClientRecord(
-            compute_s=time.monotonic() - start,
-            bytes_down=download.num_bytes,
-            bytes_up=upload.num_bytes if upload is not None else 0,
-            failure=failure,
-            user_error=user_error,
-            traceback=trace,
-        )
-        return record, upload
-
     def _check_failures(self, round_idx: int, result: RoundResult) -> None:
         """Stop the run (checkpoint kept) when a client failed under ``on_client_error: raise``, or fewer than
         ``federation.min_clients`` succeeded; decided and raised on the server (in the client phase's verdict:
         the other ranks stop with it)."""
-        failure = self._failure(round_idx, result)
+        failure = round_failure(self.cfg, round_idx, result)
         if failure is not None:
             raise failure
-
-    def _failure(self, round_idx: int, result: RoundResult) -> UsageError | RunFailure | None:
-        """The error that ends the run after this round's client phase, or None when the round goes on."""
-        failures, records, f = result.failures, result.records, self.cfg.federation
-        where = f"checkpoint kept in {self.ckpt_dir}"
-        user = [c for c, r in sorted(records.items()) if r.user_error]
-        if user:  # e.g. a corrupt image: the user's to fix, whatever the failure policy (its message names the file)
-            c = user[0]
-            return ClientUsageError(
-                f"client {c} in round {round_idx}: {records[c].failure} ({where})", c, round_idx, records[c].traceback
-            )
-        errors = {c: m for c, m in failures.items() if m not in NO_ERROR}  # a dropout or late straggler is no error
-        if errors and f.on_client_error == "raise":
-            c = min(errors)
-            return ClientFailure(
-                f"client {c} failed in round {round_idx}: {failures[c]} ({where}; set "
-                f"federation.on_client_error: skip to aggregate the others)",
-                c,
-                round_idx,
-                records[c].traceback,
-            )
-        ok = len(result.succeeded)
-        if ok < f.min_clients:
-            shown = "; ".join(f"client {c}: {m}" for c, m in list(failures.items())[:3])
-            more = f" (and {len(failures) - 3} more)" if len(failures) > 3 else ""
-            return TooFewClients(
-                f"round {round_idx}: {ok} of {len(records)} clients succeeded, fewer than "
-                f"federation.min_clients={f.min_clients}; {shown}{more} ({where})",
-                round_idx,
-                ok,
-                {c: records[c].traceback for c in failures if records[c].traceback},
-            )
-        return None
 
     def _record_round(
         self,
@@ -708,10 +634,3 @@ class Simulation:
         if self.fabric.global_rank == 0:
             write_summary(self.run_dir / "summary.json", summary)
         return summary
-
-
-def _merged(parts: list[RoundResult]) -> RoundResult:
-    """The records of every rank's part as one result (one part: that part itself)."""
-    if len(parts) == 1:
-        return parts[0]
-    return RoundResult({c: r for part in parts for c, r in part.records.items()})
