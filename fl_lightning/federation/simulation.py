@@ -39,7 +39,6 @@ from fl_lightning.federation.client_phase import merged, round_failure, run_clie
 from fl_lightning.federation.num_clients import resolve_num_clients
 from fl_lightning.federation.numerics import torch_numerics
 from fl_lightning.federation.policies.order import PolicyChain, check_policies
-from fl_lightning.federation.policies.policy import RoundContext
 from fl_lightning.federation.policies.privacy import FederationPrivacy
 from fl_lightning.federation.policies.stale_updates import PendingUpdate
 from fl_lightning.federation.precision import check_precision
@@ -47,7 +46,6 @@ from fl_lightning.federation.ranks.collectives import (
     decided,
     everyone,
     exit_status,
-    from_server,
     one_line,
     to_server,
     waiting,
@@ -56,12 +54,12 @@ from fl_lightning.federation.ranks.ddp_strategy import cli_strategy_taken, fabri
 from fl_lightning.federation.ranks.launch import check_launcher
 from fl_lightning.federation.ranks.liveness import watching
 from fl_lightning.federation.ranks.placement import assign_clients, deal_in_order, sample_clients
-from fl_lightning.federation.ranks.state_broadcast import SentState, received_large, send_large
 from fl_lightning.federation.ranks.summed_uploads import UploadFold, UploadSum, carry_fold
 from fl_lightning.federation.round_records import record_round, run_summary
 from fl_lightning.federation.run_data import check_client_test
 from fl_lightning.federation.run_setup import set_up_run
 from fl_lightning.federation.run_state import RunState
+from fl_lightning.federation.serve import RoundServer
 from fl_lightning.federation.storage.round_store import HOLD_BYTES, RoundResult, RoundStore
 from fl_lightning.federation.storage.run_folder import write_metrics_csv, write_summary
 from fl_lightning.federation.storage.run_start import draw_partition, restore_run, start_run_folder
@@ -99,7 +97,6 @@ class Simulation:
         ALGORITHMS[cfg.algorithm].preflight(cfg)  # fail in seconds, before Fabric prints or launches anything
         self.launcher = check_launcher(cfg.federation.devices, cfg.federation.num_nodes)
         self.cfg, self.resume = cfg, resume
-        self._sent = SentState()  # rank 0: what of the state it last broadcast (only what changes goes again)
         self.run_dir = cfg.run_dir
         self._privacy: FederationPrivacy | None = None  # federation.privacy, built with the data (privacy.py)
         self._policies = PolicyChain({})  # the update policies, built with the data (federation/policies/order.py)
@@ -118,11 +115,13 @@ class Simulation:
                 callbacks=[*default_callbacks(cfg, loggers), *callbacks],
                 loggers=loggers,
             )
+        self._server = RoundServer(self.fabric, cfg)  # rank 0's side of each round, as every rank sees it (serve.py)
 
     # ------------------------------------------------------------------------------------ set-up
     def _setup(self) -> tuple[Algorithm, Environment]:
         """This rank's method and environment (federation/run_setup.py); the run's update policies kept."""
         algorithm, env, self._policies = set_up_run(self.cfg, self.fabric)
+        self._server.policies = self._policies
         return algorithm, env
 
     # -------------------------------------------------------------------------------------- run
@@ -207,31 +206,9 @@ class Simulation:
             logger.finalize("success")
         return summary
 
-    def _state_from_server(self, step: Callable[[], tuple], previous: dict, what: str) -> tuple:
-        """``step()`` — the state first, then anything else — on rank 0, its outcome on every rank, the state sent
-        as what changed since rank 0's last broadcast (federation/ranks/state_broadcast.py): the other ranks keep their copy
-        of every tensor rank 0 left as it was (the frozen backbone of FeDiSyn's rounds: 1.2 GB for a ViT-L), and the
-        large changed ones follow the outcome over the backend (GPT-FL's whole model: NCCL on GPUs)."""
-        kept: dict[str, Any] = {}
-
-        def server() -> tuple:
-            state, *rest = step()
-            kept["state"] = state
-            return (self._sent.changes(state), *rest)
-
-        changes, *rest = self._from_server(server, what)
-        if self.fabric.world_size == 1:
-            return (kept["state"], *rest)
-        timeout_s = self.cfg.federation.compute_timeout_s
-        if self.fabric.global_rank == 0:
-            send_large(self.fabric, changes, kept["state"], what=f"{what}: the state's tensors", timeout_s=timeout_s)
-            return (kept["state"], *rest)
-        large = received_large(self.fabric, changes, what=f"{what}: the state's tensors", timeout_s=timeout_s)
-        return (changes.apply(previous, large), *rest)
-
     def _from_server(self, step: Callable[[], Any], what: str, *, send: bool = True) -> Any:
-        """``step()`` on rank 0, its outcome on every rank (collectives.py: a failure there ends every rank)."""
-        return from_server(self.fabric, step, what=what, timeout_s=self.cfg.federation.collective_timeout_s, send=send)
+        """``step()`` on rank 0, its outcome on every rank (:meth:`RoundServer.from_server`)."""
+        return self._server.from_server(step, what, send=send)
 
     def _rounds(
         self,
@@ -300,14 +277,7 @@ class Simulation:
             # aggregate + evaluate: once, on the server, reading the uploads in client order; the new state, the
             # row and every rank's client records reach every rank. A method whose aggregate or evaluation every rank
             # can share runs it on every rank (docs/ranks.md); the state and the numbers are still one rank's
-            if fabric.world_size > 1 and (algorithm.shared_evaluation or algorithm.shared_aggregate(round_idx)):
-                run.state, row, result = self._shared_serve(algorithm, env, run, store, round_idx, plan, result)
-            else:
-                run.state, row, result = self._state_from_server(
-                    partial(self._serve, algorithm, run, store, round_idx, plan, result),
-                    run.state,
-                    f"round {round_idx}'s aggregate and evaluation",
-                )
+            run.state, row, result = self._server.serve(algorithm, env, run, store, round_idx, plan, result)
 
             # the round's end on every rank (totals, callbacks, loggers; the server's files), then one exchange of
             # the outcomes: a failure there, on any rank, ends every rank
@@ -380,120 +350,6 @@ class Simulation:
                 kept.append(PendingUpdate(c, round_idx, round_idx + tau, store.load_client(c)[1] if rank == 0 else None))
         run.pending = kept
         return arrived
-
-    def _serve(
-        self, algorithm: Algorithm, run: RunState, store: RoundStore, round_idx: int, plan: RoundPlan, result: RoundResult
-    ) -> tuple[dict, dict[str, Any], RoundResult]:
-        """The server's aggregate (reading the uploads back in client order) and evaluation: the new state, the
-        round's metrics row and the round's client records (the small numbers, for every rank's history)."""
-        state = self._aggregate(algorithm, run, store, round_idx, plan, result)
-        return state, self._evaluated(algorithm, state, round_idx), result
-
-    @staticmethod
-    def _evaluated(algorithm: Algorithm, state: dict, round_idx: int) -> dict[str, Any]:
-        """The round's metrics row: the method's evaluation of ``state`` (a timed phase, docs/ranks.md)."""
-        with timed("evaluation"):
-            return {"round": round_idx, **algorithm.evaluate(state)}
-
-    def _aggregate(
-        self, algorithm: Algorithm, run: RunState, store: RoundStore, round_idx: int, plan: RoundPlan, result: RoundResult
-    ) -> dict:
-        """:meth:`_aggregated`, a timed phase (its own seconds: round 0's pilots, generation, store and pre-training
-        are phases of their own)."""
-        with timed("aggregate"):
-            return self._aggregated(algorithm, run, store, round_idx, plan, result)
-
-    def _aggregated(
-        self, algorithm: Algorithm, run: RunState, store: RoundStore, round_idx: int, plan: RoundPlan, result: RoundResult
-    ) -> dict:
-        """The method's aggregate of the round's uploads, through the run's update policies in their one order
-        (federation/policies/order.py: late updates and privacy's clipping before it; privacy's noise, a robust rule
-        and the server optimizer after it, their states in ``run.policies``): the one path of every rank count and
-        every serve."""
-        uploads = store.uploads(result.succeeded)
-        arrived = [p for p in run.pending if p.arrival == round_idx]  # late updates due now (late: stale)
-        if not result.succeeded and not arrived:  # no update arrived (federation.min_clients: 0): the state stands
-            return run.state
-        ctx = RoundContext(round_idx, run.state, uploads, arrived)
-        state = algorithm.aggregate(round_idx, run.state, self._policies.on_uploads(uploads, ctx), result.failures, plan)
-        state, run.policies = self._policies.on_aggregate(state, ctx, run.policies)
-        return state
-
-    def _shared_serve(
-        self,
-        algorithm: Algorithm,
-        env: Environment,
-        run: RunState,
-        store: RoundStore,
-        round_idx: int,
-        plan: RoundPlan,
-        result: RoundResult,
-    ) -> tuple[dict, dict[str, Any], RoundResult]:
-        """:meth:`_serve` with its aggregate and/or evaluation run on every rank together (``env.shared``).
-
-        A shared aggregate: rank 0 first writes the records it holds (every rank then reads the uploads from the
-        round's files), every rank aggregates, and rank 0's state reaches every rank. A shared evaluation: every
-        rank evaluates the state, each its shard of the test split (algorithms/common.py), in one exchange of
-        outcomes."""
-        fabric, timeout_s = self.fabric, self.cfg.federation.collective_timeout_s
-        if algorithm.shared_aggregate(round_idx):
-
-            def records() -> RoundResult:
-                store.write_held()
-                return result  # every rank's records (the other ranks hold their own only)
-
-            result = self._from_server(records, f"round {round_idx}'s records")
-            state = everyone(
-                fabric,
-                partial(self._shared_aggregate, algorithm, env, run, store, round_idx, plan, result),
-                what=f"round {round_idx}'s aggregate",
-                timeout_s=timeout_s,
-            )
-            state = self._state_from_server(lambda: (state,), run.state, f"round {round_idx}'s state")[0]
-            if not algorithm.shared_evaluation:
-                row = self._from_server(lambda: self._evaluated(algorithm, state, round_idx), f"round {round_idx}'s evaluation")
-                return state, row, result
-        else:  # (named as the one-broadcast phase: rank 1 waits here for the aggregate, then evaluates)
-            state, result = self._state_from_server(
-                lambda: (self._aggregate(algorithm, run, store, round_idx, plan, result), result),
-                run.state,
-                f"round {round_idx}'s aggregate and evaluation",
-            )
-        row = everyone(
-            fabric,
-            partial(self._shared_evaluation, algorithm, env, state, round_idx),
-            what=f"round {round_idx}'s evaluation",
-            timeout_s=timeout_s,
-        )
-        return state, row, result
-
-    def _shared_aggregate(
-        self,
-        algorithm: Algorithm,
-        env: Environment,
-        run: RunState,
-        store: RoundStore,
-        round_idx: int,
-        plan: RoundPlan,
-        result: RoundResult,
-    ) -> dict:
-        """This rank's part of a shared aggregate (the uploads from the round's files; ``env.shared`` set); rank 0's
-        state, privacy included, is the one every rank keeps."""
-        env.shared = True
-        try:
-            return self._aggregate(algorithm, run, store, round_idx, plan, result)
-        finally:
-            env.shared = False
-
-    @staticmethod
-    def _shared_evaluation(algorithm: Algorithm, env: Environment, state: dict, round_idx: int) -> dict[str, Any]:
-        """The round's metrics row, evaluated on every rank together (``env.shared``: each rank its shard of the
-        test split, the counts gathered, so every rank holds one rank's numbers)."""
-        env.shared = True
-        try:
-            return Simulation._evaluated(algorithm, state, round_idx)
-        finally:
-            env.shared = False
 
     def _save_round(self, run: RunState, store: RoundStore, checkpoint: ServerCheckpoint) -> None:
         """The server's files of a finished round: metrics.csv, server.pt; then its records go."""

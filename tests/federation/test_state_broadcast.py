@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fl_lightning.federation.ranks.collectives import from_server, to_cpu
+from fl_lightning.federation.ranks.collectives import to_cpu
 from fl_lightning.federation.ranks.state_broadcast import SentState
-from fl_lightning.federation.simulation import Simulation
+from fl_lightning.federation.serve import RoundServer
 from tests.gloo_ranks import GlooFabric, run_ranks
 
 
@@ -73,17 +73,12 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     fabric = GlooFabric(rank, world)
-    engine = SimpleNamespace(
-        fabric=fabric,
-        cfg=SimpleNamespace(federation=SimpleNamespace(compute_timeout_s=60.0)),
-        _sent=SentState(),
-        _from_server=lambda step, what, send=True: from_server(fabric, step, what=what, timeout_s=60.0),
-    )
+    engine = RoundServer(fabric, SimpleNamespace(federation=SimpleNamespace(compute_timeout_s=60.0, collective_timeout_s=60.0)))
     wanted = [{k: v.clone() for k, v in step().items()} for step in _steps()]  # rank 0's states, made here again
     held, got = {}, []
     for i, step in enumerate(_steps()):  # run by rank 0 only
         before = dict(held)
-        held, tag = Simulation._state_from_server(engine, lambda s=step, i=i: (s(), f"round {i}"), held, "the state")
+        held, tag = engine.state_from_server(lambda s=step, i=i: (s(), f"round {i}"), held, "the state")
         got.append(
             {
                 "tag": tag,

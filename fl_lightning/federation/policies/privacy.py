@@ -4,7 +4,7 @@ Built once per run from ``federation.privacy`` (None when it is ``off``, so a ru
 these paths). A method runs under a mechanism only when it declares the pair covered
 (:mod:`~fl_lightning.federation.policies.privacy_coverage`, checked before the run starts). The simulation calls it at
 these points, none of which needs a method's own code, and on any number of ranks the server's steps run
-wherever the aggregate runs (``Simulation._aggregate``):
+wherever the aggregate runs (``RoundServer.aggregate``, federation/serve.py):
 
 * ``client_upload`` — on the client, after ``client_update`` (local DP of the statistics: each client
   noises its own R_k, C_k before they leave it, and reports no record count);
