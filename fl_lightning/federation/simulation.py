@@ -40,7 +40,7 @@ from fl_lightning.federation.num_clients import resolve_num_clients
 from fl_lightning.federation.numerics import torch_numerics
 from fl_lightning.federation.policies.order import PolicyChain, check_policies
 from fl_lightning.federation.policies.privacy import FederationPrivacy
-from fl_lightning.federation.policies.stale_updates import PendingUpdate
+from fl_lightning.federation.policies.stale_updates import carry_late_updates
 from fl_lightning.federation.precision import check_precision
 from fl_lightning.federation.ranks.collectives import (
     decided,
@@ -54,7 +54,7 @@ from fl_lightning.federation.ranks.ddp_strategy import cli_strategy_taken, fabri
 from fl_lightning.federation.ranks.launch import check_launcher
 from fl_lightning.federation.ranks.liveness import watching
 from fl_lightning.federation.ranks.placement import assign_clients, deal_in_order, sample_clients
-from fl_lightning.federation.ranks.summed_uploads import UploadFold, UploadSum, carry_fold
+from fl_lightning.federation.ranks.summed_uploads import UploadFold, carry_round_fold, summed_uploads_of
 from fl_lightning.federation.round_records import record_round, run_summary
 from fl_lightning.federation.run_data import check_client_test
 from fl_lightning.federation.run_setup import set_up_run
@@ -245,7 +245,7 @@ class Simulation:
             # the server in the gather of the records (round_store.py), each at most its share of HOLD_BYTES, so
             # the gather brings rank 0 (and, on NCCL, its GPU) at most that much at once. Uploads the aggregate only
             # sums are folded instead, by ranks that each run a block of the clients in order (summed_uploads.py)
-            summed = self._summed(algorithm, round_idx)
+            summed = summed_uploads_of(algorithm, round_idx, self._policies, cfg.federation.record_after_s)
             blocks = None if summed is None else deal_in_order(sorted(clients), sizes, fabric.world_size)
             mine = assignment[rank] if blocks is None else blocks[rank]
             share = HOLD_BYTES if rank == 0 else HOLD_BYTES // fabric.world_size
@@ -269,7 +269,8 @@ class Simulation:
             try:
                 result = self._client_phase(algorithm, env, store, round_idx, [c for c in mine if c in sampled], plan, held)
                 if blocks is not None:  # the sums, in client order over the ranks with clients, to rank 0
-                    self._carry_fold(store, round_idx, [0, *(r for r, b in enumerate(blocks) if r and sampled.intersection(b))])
+                    path = [0, *(r for r, b in enumerate(blocks) if r and sampled.intersection(b))]
+                    carry_round_fold(fabric, store.fold, path, f"round {round_idx}", cfg.federation.collective_timeout_s)
             except BaseException:  # a failure, Ctrl-C, SIGTERM: keep the finished clients for --resume
                 store.write_held()
                 raise
@@ -288,30 +289,6 @@ class Simulation:
                 timeout_s=cfg.federation.collective_timeout_s,
             )
 
-    def _summed(self, algorithm: Algorithm, round_idx: int) -> UploadSum | None:
-        """What of the round's uploads the ranks fold where they are made (federation/ranks/summed_uploads.py): the method's
-        summed tensors, unless something needs each upload whole on the server — privacy (clipping, the checks of
-        what reaches the aggregate), a robust aggregator, late updates carried to a later round, an aggregate every
-        rank runs from the round's files — or ``federation.record_after_s: 0`` asks for every client's record on
-        disk (a resumed round then re-runs only its unfinished clients)."""
-        f = self.cfg.federation
-        if self._policies.reads_each_upload or f.record_after_s <= 0 or algorithm.shared_aggregate(round_idx):
-            return None
-        return algorithm.summed_uploads(round_idx)
-
-    def _carry_fold(self, store: RoundStore, round_idx: int, path: list[int]) -> None:
-        """The round's fold carried along ``path`` to rank 0 (:func:`summed_uploads.carry_fold`; a failure on any rank
-        ends every rank), a timed part of the aggregate."""
-        assert store.fold is not None
-        what, timeout_s = f"round {round_idx}'s summed uploads", self.cfg.federation.collective_timeout_s
-        with timed("aggregate"):
-            store.fold.total = everyone(
-                self.fabric,
-                partial(carry_fold, self.fabric, store.fold, path, what=what, timeout_s=timeout_s),
-                what=what,
-                timeout_s=timeout_s,
-            )
-
     def _end_round(
         self,
         algorithm: Algorithm,
@@ -328,28 +305,15 @@ class Simulation:
         the round's files (only when all of that succeeded on it)."""
         fabric = self.fabric
         if self._behaviour is not None and self._behaviour.late == "stale":
-            row["arrived"] = self._carry_late_updates(run, store, round_idx, result)
+            late = [c for c, reason in result.failures.items() if reason == LATE_STALE]
+            delays = {c: self._behaviour.stale_delay(round_idx, c, self.cfg.train.epochs) for c in late}
+            held = (lambda c: store.load_client(c)[1]) if fabric.global_rank == 0 else (lambda c: None)
+            run.pending, row["arrived"] = carry_late_updates(run.pending, round_idx, delays, held)
         self._record_round(algorithm, run, round_idx, row, result, round_start, run_start)
         fabric.call("on_round_end", round_idx=round_idx, metrics=row, results=result, history=run.history)
         fabric.log_dict({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=round_idx)
         if fabric.global_rank == 0:
             self._save_round(run, store, checkpoint)
-
-    def _carry_late_updates(self, run: RunState, store: RoundStore, round_idx: int, result: RoundResult) -> int:
-        """``run.pending`` after ``round_idx``: the updates that arrived in it gone, its late clients' updates added
-        with their arrival round (their uploads on the server, read from the round's records); on every rank. Returns
-        how many arrived."""
-        behaviour, epochs, rank = self._behaviour, self.cfg.train.epochs, self.fabric.global_rank
-        assert behaviour is not None
-        arrived = sum(p.arrival == round_idx for p in run.pending)
-        kept = [p for p in run.pending if p.arrival > round_idx]
-        for c, reason in result.failures.items():
-            if reason == LATE_STALE:
-                tau = behaviour.stale_delay(round_idx, c, epochs)
-                assert tau is not None
-                kept.append(PendingUpdate(c, round_idx, round_idx + tau, store.load_client(c)[1] if rank == 0 else None))
-        run.pending = kept
-        return arrived
 
     def _save_round(self, run: RunState, store: RoundStore, checkpoint: ServerCheckpoint) -> None:
         """The server's files of a finished round: metrics.csv, server.pt; then its records go."""

@@ -33,7 +33,8 @@ def _privacy(mechanism: str, sigma: float, clip_norm: float, **extra) -> Federat
 
 
 def _fedavg_release(dp: FederationPrivacy, updates: list[float]) -> float:
-    """One round of DP-FedAvg as the engine runs it (RoundServer.aggregate, federation/serve.py) with FedAvg's own weighted mean."""
+    """One round of DP-FedAvg as the engine runs it (RoundServer.aggregate, federation/serve.py) with FedAvg's own
+    weighted mean."""
     state = {"w": torch.zeros(1, dtype=torch.float64)}
     uploads = {c: Upload({"w": torch.tensor([u], dtype=torch.float64)}, {"num_samples": 10 + c}) for c, u in enumerate(updates)}
     mean = WeightedMean()

@@ -28,7 +28,7 @@ reads them.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +38,7 @@ from fl_lightning.federation.transport import Upload
 if TYPE_CHECKING:
     from fl_lightning.config import RunConfig
 
-__all__ = ["ArrivedUploads", "PendingUpdate", "StaleUpdates", "arrival_delay", "staleness_weight"]
+__all__ = ["ArrivedUploads", "PendingUpdate", "StaleUpdates", "arrival_delay", "carry_late_updates", "staleness_weight"]
 
 
 def arrival_delay(time_s: float, deadline_s: float) -> int:
@@ -127,3 +127,21 @@ class StaleUpdates(UpdatePolicy):
 
     def on_uploads(self, uploads: Mapping[int, Upload], ctx: RoundContext) -> Mapping[int, Upload]:
         return ArrivedUploads(uploads, list(ctx.arrived), self.exponent) if ctx.arrived else uploads
+
+
+def carry_late_updates(
+    pending: list[PendingUpdate],
+    round_idx: int,
+    delays: Mapping[int, int | None],
+    upload_of: Callable[[int], Upload | None],
+) -> tuple[list[PendingUpdate], int]:
+    """The updates in flight after round ``round_idx`` and how many arrived in it: those that arrived gone, the
+    round's late clients (``delays``: client → τ) added with their arrival round r + τ and their upload
+    (``upload_of(client)``: the server's copy, read from the round's records; None on the other ranks)."""
+    arrived = sum(p.arrival == round_idx for p in pending)
+    kept = [p for p in pending if p.arrival > round_idx]
+    for client, tau in delays.items():
+        if tau is None:
+            raise RuntimeError(f"client {client} was late in round {round_idx} but has no delay")
+        kept.append(PendingUpdate(client, round_idx, round_idx + tau, upload_of(client)))
+    return kept, arrived

@@ -28,15 +28,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from fl_lightning.federation.aggregate import WeightedMean
-from fl_lightning.federation.ranks.collectives import waiting
+from fl_lightning.federation.ranks.collectives import everyone, waiting
 from fl_lightning.federation.ranks.ddp_strategy import object_group
 from fl_lightning.federation.transport import Upload
+from fl_lightning.phase_times import timed
 
 if TYPE_CHECKING:
     from lightning.fabric import Fabric
@@ -197,3 +199,25 @@ def _received(fabric: Fabric, src: int, device: torch.device, *, what: str, time
         sums[key] = torch.empty(shape, dtype=torch.float64, device=device)
         dist.recv(sums[key], src)
     return WeightedMean.carried(header, sums, total)
+
+
+def summed_uploads_of(algorithm: Any, round_idx: int, policies: Any, record_after_s: float) -> UploadSum | None:
+    """What of round ``round_idx``'s uploads the ranks fold where they are made: the method's summed tensors, unless
+    something needs each upload whole on the server — an update policy that reads each one (privacy's clipping, a
+    robust aggregator, late updates carried to a later round), an aggregate every rank runs from the round's files
+    — or ``federation.record_after_s: 0`` asks for every client's record on disk (a resumed round then re-runs only
+    its unfinished clients)."""
+    if policies.reads_each_upload or record_after_s <= 0 or algorithm.shared_aggregate(round_idx):
+        return None
+    return algorithm.summed_uploads(round_idx)
+
+
+def carry_round_fold(fabric: Any, fold: UploadFold | None, path: list[int], what: str, timeout_s: float) -> None:
+    """The round's fold carried along ``path`` to rank 0 (:func:`carry_fold`; a failure on any rank ends every
+    rank), a timed part of the aggregate; ``what``: the round, for the lines that name a failure."""
+    assert fold is not None
+    what = f"{what}'s summed uploads"
+    with timed("aggregate"):
+        fold.total = everyone(
+            fabric, partial(carry_fold, fabric, fold, path, what=what, timeout_s=timeout_s), what=what, timeout_s=timeout_s
+        )
