@@ -1,6 +1,6 @@
-"""A round's client side on one rank, as pure steps the engine's client phase calls: one client's work from its
-download to its record (:func:`run_client`), the rank parts' records as one (:func:`merged`) and the server's verdict
-on them (:func:`round_failure`)."""
+"""A round's client phase: this rank's clients run (:func:`run_clients`; one client's work from its download to its
+record: :func:`run_client`), every rank's records gathered to rank 0, which decides whether the round goes on
+(:func:`round_failure`), in one collective (:func:`client_phase`)."""
 
 from __future__ import annotations
 
@@ -11,18 +11,110 @@ from typing import TYPE_CHECKING
 from fl_lightning.errors import ClientFailure, ClientUsageError, RunFailure, TooFewClients, UsageError
 from fl_lightning.federation.client_behaviour import DROPPED, LATE_STALE, NO_ERROR
 from fl_lightning.federation.local_training import local_work
+from fl_lightning.federation.ranks.collectives import to_server
 from fl_lightning.federation.ranks.placement import client_seed, seed_torch
 from fl_lightning.federation.storage.round_store import ClientRecord, RoundResult
 from fl_lightning.federation.transport import check_upload
+from fl_lightning.phase_times import timed
 
 if TYPE_CHECKING:
     from fl_lightning.config import RunConfig
     from fl_lightning.federation.algorithm import Algorithm, Environment, RoundPlan
     from fl_lightning.federation.client_behaviour import ClientBehaviour
     from fl_lightning.federation.policies.order import PolicyChain
+    from fl_lightning.federation.storage.round_store import RoundStore
     from fl_lightning.federation.transport import Upload
 
-__all__ = ["run_client", "round_failure", "merged"]
+__all__ = ["client_phase", "run_clients", "run_client", "check_failures", "round_failure", "merged"]
+
+
+def client_phase(
+    algorithm: Algorithm,
+    env: Environment,
+    store: RoundStore,
+    round_idx: int,
+    my_clients: list[int],
+    plan: RoundPlan,
+    held: Exception | None = None,
+    *,
+    resume: bool,
+    policies: PolicyChain,
+    behaviour: ClientBehaviour | None,
+) -> RoundResult:
+    """Run this rank's clients of the round, gather every rank's records (their numbers) to rank 0 and
+    let it decide whether the round goes on. A rank that fails in its part (a record it cannot save, a
+    callback; ``held``: its ``on_round_start`` failure) reaches rank 0 as an outcome in the same gather
+    (collectives.to_server): rank 0 raises one error naming it, the others — the failing one included — stop
+    quietly. Other ranks return their own records. The records (and uploads) another rank still holds in memory
+    travel to rank 0 in the same gather, which keeps them as its own (round_store.py); a rank writes its held
+    records instead when the round stops (the caller's ``write_held``)."""
+    fabric, rank = env.fabric, env.fabric.global_rank
+
+    clients = {"resume": resume, "policies": policies, "behaviour": behaviour}
+
+    def part() -> tuple[RoundResult, dict]:
+        if held is not None:
+            raise held
+        with timed("clients"):
+            mine = run_clients(algorithm, env, store, round_idx, my_clients, plan, **clients)
+        return mine, (store.held_records() if rank != 0 else {})
+
+    parts = to_server(
+        fabric,
+        part,
+        what=f"round {round_idx}'s clients",
+        timeout_s=env.cfg.federation.collective_timeout_s,
+        check=lambda parts: check_failures(env.cfg, round_idx, merged([p[0] for p in parts])),
+    )
+    if rank == 0:
+        for _, handed in parts[1:]:  # other ranks' held uploads, now the server's
+            store.receive(handed)
+    else:
+        store.forget_held()
+    return merged([p[0] for p in parts])
+
+
+def run_clients(
+    algorithm: Algorithm,
+    env: Environment,
+    store: RoundStore,
+    round_idx: int,
+    my_clients: list[int],
+    plan: RoundPlan,
+    *,
+    resume: bool,
+    policies: PolicyChain,
+    behaviour: ClientBehaviour | None,
+) -> RoundResult:
+    """This rank's clients of the round (those without a record yet), each recorded."""
+    mine = RoundResult()
+    for client_idx in my_clients:
+        if resume and store.has_client(client_idx):  # finished before the interruption
+            record, upload = store.load_client(client_idx)
+            if store.fold is not None:  # written by a run that kept every record: folded now
+                store.save_client(client_idx, record, upload)
+            mine.records[client_idx] = record
+            continue
+        record, upload = run_client(algorithm, env, round_idx, client_idx, plan, policies=policies, behaviour=behaviour)
+        store.save_client(client_idx, record, upload)
+        mine.records[client_idx] = record
+        env.fabric.call(
+            "on_client_end",
+            round_idx=round_idx,
+            client=client_idx,
+            compute_s=record.compute_s,
+            failed=record.failure is not None,
+        )
+    return mine
+
+
+def check_failures(cfg: RunConfig, round_idx: int, result: RoundResult) -> None:
+    """Stop the run (checkpoint kept) when a client failed under ``on_client_error: raise``, or fewer than
+    ``federation.min_clients`` succeeded; decided and raised on the server (in the client phase's verdict:
+    the other ranks stop with it)."""
+    failure = round_failure(cfg, round_idx, result)
+    if failure is not None:
+        raise failure
 
 
 def run_client(

@@ -57,6 +57,38 @@ class RoundServer:
             f"round {round_idx}'s aggregate and evaluation",
         )
 
+    def plan(
+        self,
+        algorithm: Algorithm,
+        store: RoundStore,
+        round_idx: int,
+        clients: list[int],
+        run: RunState,
+        start_round: Callable[[], None],
+        *,
+        resume: bool,
+    ) -> tuple[RoundPlan, Exception | None]:
+        """``start_round()`` (the ``on_round_start`` callbacks) on every rank, then the server's plan on every rank.
+        On the server ``start_round()`` runs in the plan's step, so its failure is the plan phase's outcome (every
+        rank stops); another rank's failure there is held and returned, to be raised in its client phase (it
+        reaches the server in the records gather)."""
+        held: Exception | None = None
+        if self.fabric.global_rank != 0:
+            try:
+                start_round()
+            except Exception as err:  # not an interrupt: a launcher signals every rank itself
+                held = err
+
+        def decide() -> RoundPlan:
+            start_round()
+            plan = store.load_plan() if resume else None
+            if plan is None:
+                plan = algorithm.plan(round_idx, clients, run.state, run.history)
+                store.save_plan(plan)
+            return plan
+
+        return self.from_server(decide, f"round {round_idx}'s plan"), held
+
     def state_from_server(self, step: Callable[[], tuple], previous: dict, what: str) -> tuple:
         """``step()`` — the state first, then anything else — on rank 0, its outcome on every rank, the state sent
         as what changed since rank 0's last broadcast (federation/ranks/state_broadcast.py): the other ranks keep their copy

@@ -29,13 +29,13 @@ import torch
 from lightning.fabric import Fabric, seed_everything
 
 from fl_lightning.config import RunConfig
-from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment, RoundPlan
+from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, Environment
 from fl_lightning.federation.client_behaviour import (
     LATE_STALE,
     ClientBehaviour,
     check_client_behaviour,
 )
-from fl_lightning.federation.client_phase import merged, round_failure, run_client
+from fl_lightning.federation.client_phase import client_phase
 from fl_lightning.federation.num_clients import resolve_num_clients
 from fl_lightning.federation.numerics import torch_numerics
 from fl_lightning.federation.policies.order import PolicyChain, check_policies
@@ -47,7 +47,6 @@ from fl_lightning.federation.ranks.collectives import (
     everyone,
     exit_status,
     one_line,
-    to_server,
     waiting,
 )
 from fl_lightning.federation.ranks.ddp_strategy import cli_strategy_taken, fabric_strategy
@@ -65,7 +64,6 @@ from fl_lightning.federation.storage.run_folder import write_metrics_csv, write_
 from fl_lightning.federation.storage.run_start import draw_partition, restore_run, start_run_folder
 from fl_lightning.federation.storage.server_checkpoint import ServerCheckpoint
 from fl_lightning.federation.storage.shared_folder import check_shared_run_folder
-from fl_lightning.phase_times import timed
 
 __all__ = ["Simulation"]
 
@@ -261,13 +259,15 @@ class Simulation:
 
             # on_round_start, then the plan: the server decides once (a resumed round keeps its checkpointed plan);
             # every rank receives it
-            plan, held = self._plan(algorithm, store, round_idx, clients, run, start_round)
+            plan, held = self._server.plan(algorithm, store, round_idx, clients, run, start_round, resume=self.resume)
 
             # client updates on this rank (each leaves a record), then transport: the records reach the server,
             # which decides whether the round goes on (a rank that failed, the client-failure policy)
             sampled = set(plan.downloads)
             try:
-                result = self._client_phase(algorithm, env, store, round_idx, [c for c in mine if c in sampled], plan, held)
+                clients_of = {"resume": self.resume, "policies": self._policies, "behaviour": self._behaviour}
+                mine_now = [c for c in mine if c in sampled]
+                result = client_phase(algorithm, env, store, round_idx, mine_now, plan, held, **clients_of)
                 if blocks is not None:  # the sums, in client order over the ranks with clients, to rank 0
                     path = [0, *(r for r, b in enumerate(blocks) if r and sampled.intersection(b))]
                     carry_round_fold(fabric, store.fold, path, f"round {round_idx}", cfg.federation.collective_timeout_s)
@@ -322,110 +322,6 @@ class Simulation:
         store.clear()
 
     # ------------------------------------------------------------------------------------ phases
-    def _plan(
-        self,
-        algorithm: Algorithm,
-        store: RoundStore,
-        round_idx: int,
-        clients: list[int],
-        run: RunState,
-        start_round: Callable[[], None],
-    ) -> tuple[RoundPlan, Exception | None]:
-        """``start_round()`` (the ``on_round_start`` callbacks) on every rank, then the server's plan on every rank.
-        On the server ``start_round()`` runs in the plan's step, so its failure is the plan phase's outcome (every
-        rank stops); another rank's failure there is held and returned, to be raised in its client phase (it
-        reaches the server in the records gather)."""
-        held: Exception | None = None
-        if self.fabric.global_rank != 0:
-            try:
-                start_round()
-            except Exception as err:  # not an interrupt: a launcher signals every rank itself
-                held = err
-
-        def decide() -> RoundPlan:
-            start_round()
-            plan = store.load_plan() if self.resume else None
-            if plan is None:
-                plan = algorithm.plan(round_idx, clients, run.state, run.history)
-                store.save_plan(plan)
-            return plan
-
-        return self._from_server(decide, f"round {round_idx}'s plan"), held
-
-    def _client_phase(
-        self,
-        algorithm: Algorithm,
-        env: Environment,
-        store: RoundStore,
-        round_idx: int,
-        my_clients: list[int],
-        plan: RoundPlan,
-        held: Exception | None = None,
-    ) -> RoundResult:
-        """Run this rank's clients of the round, gather every rank's records (their numbers) to rank 0 and
-        let it decide whether the round goes on. A rank that fails in its part (a record it cannot save, a
-        callback; ``held``: its ``on_round_start`` failure) reaches rank 0 as an outcome in the same gather
-        (collectives.to_server): rank 0 raises one error naming it, the others — the failing one included — stop
-        quietly. Other ranks return their own records. The records (and uploads) another rank still holds in memory
-        travel to rank 0 in the same gather, which keeps them as its own (round_store.py); a rank writes its held
-        records instead when the round stops (the caller's ``write_held``)."""
-        rank = self.fabric.global_rank
-
-        def part() -> tuple[RoundResult, dict]:
-            if held is not None:
-                raise held
-            with timed("clients"):
-                mine = self._run_clients(algorithm, env, store, round_idx, my_clients, plan)
-            return mine, (store.held_records() if rank != 0 else {})
-
-        parts = to_server(
-            self.fabric,
-            part,
-            what=f"round {round_idx}'s clients",
-            timeout_s=self.cfg.federation.collective_timeout_s,
-            check=lambda parts: self._check_failures(round_idx, merged([p[0] for p in parts])),
-        )
-        if rank == 0:
-            for _, handed in parts[1:]:  # other ranks' held uploads, now the server's
-                store.receive(handed)
-        else:
-            store.forget_held()
-        return merged([p[0] for p in parts])
-
-    def _run_clients(
-        self, algorithm: Algorithm, env: Environment, store: RoundStore, round_idx: int, my_clients: list[int], plan: RoundPlan
-    ) -> RoundResult:
-        """This rank's clients of the round (those without a record yet), each recorded."""
-        mine = RoundResult()
-        for client_idx in my_clients:
-            if self.resume and store.has_client(client_idx):  # finished before the interruption
-                record, upload = store.load_client(client_idx)
-                if store.fold is not None:  # written by a run that kept every record: folded now
-                    store.save_client(client_idx, record, upload)
-                mine.records[client_idx] = record
-                continue
-            record, upload = run_client(
-                algorithm, env, round_idx, client_idx, plan, policies=self._policies, behaviour=self._behaviour
-            )
-            store.save_client(client_idx, record, upload)
-            mine.records[client_idx] = record
-            self.fabric.call(
-                "on_client_end",
-                round_idx=round_idx,
-                client=client_idx,
-                compute_s=record.compute_s,
-                failed=record.failure is not None,
-            )
-        return mine
-
-    def _check_failures(self, round_idx: int, result: RoundResult) -> None:
-        """Stop the run (checkpoint kept) when a client failed under ``on_client_error: raise``, or fewer than
-        ``federation.min_clients`` succeeded; decided and raised on the server (in the client phase's verdict:
-        the other ranks stop with it)."""
-        failure = round_failure(self.cfg, round_idx, result)
-        if failure is not None:
-            raise failure
-
     def _record_round(
         self,
         algorithm: Algorithm,
