@@ -39,7 +39,6 @@ from fl_lightning.federation.client_phase import client_phase
 from fl_lightning.federation.num_clients import resolve_num_clients
 from fl_lightning.federation.numerics import torch_numerics
 from fl_lightning.federation.policies.order import PolicyChain, check_policies
-from fl_lightning.federation.policies.privacy import FederationPrivacy
 from fl_lightning.federation.policies.stale_updates import carry_late_updates
 from fl_lightning.federation.precision import check_precision
 from fl_lightning.federation.ranks.collectives import (
@@ -96,7 +95,6 @@ class Simulation:
         self.launcher = check_launcher(cfg.federation.devices, cfg.federation.num_nodes)
         self.cfg, self.resume = cfg, resume
         self.run_dir = cfg.run_dir
-        self._privacy: FederationPrivacy | None = None  # federation.privacy, built with the data (privacy.py)
         self._policies = PolicyChain({})  # the update policies, built with the data (federation/policies/order.py)
         # None: every client always there; its trace (a file) read here, on every process: one line before launch
         self._behaviour = ClientBehaviour.of(cfg.federation.clients, cfg.partition.num_clients)
@@ -170,7 +168,6 @@ class Simulation:
             self._behaviour = self._behaviour.with_clients(
                 [len(p) for p in env.partition], cfg.train.batch_size or cfg.data.batch_size
             )
-        self._privacy = env.privacy
         rank, world = fabric.global_rank, fabric.world_size
         assignment = assign_clients([len(p) for p in env.partition], world)
         checkpoint = ServerCheckpoint(self.ckpt_dir)  # server.pt and its parts (written on the server only)
