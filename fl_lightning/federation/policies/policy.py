@@ -9,7 +9,8 @@ A policy is one implementation of one *kind* — ``attack``, ``privacy``, ``stal
 :mod:`fl_lightning.federation.policies.order`. A policy holds no state of its own between rounds: its state is a
 mapping of tensors it reads and returns (:meth:`UpdatePolicy.on_aggregate`), which the run keeps in
 ``server.pt``'s ``policies/<kind>`` and a resumed run hands back, so a resume takes the same steps bit for bit.
-Its byte accounting is :meth:`UpdatePolicy.upload_bytes` (what a client sends, after the policy).
+Its byte accounting is the transport's: a client's bytes up are those of the tensors its upload holds after the
+client-side policies (a compressing policy returns the compressed tensors, so they are counted as sent).
 
 Example — a server-side policy defined outside the package is picked up by name::
 
@@ -98,10 +99,6 @@ class UpdatePolicy:
     ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """The method's aggregate after it aggregated (and this policy's ``state``): the new aggregate and state."""
         return aggregate, dict(state)
-
-    def upload_bytes(self, upload: Upload) -> int:
-        """The bytes ``upload`` costs on the wire after this policy (default: its tensors as they are)."""
-        return upload.num_bytes
 
     def row(self, round_idx: int, clients: list[int]) -> dict[str, Any]:
         """This policy's columns of the round's metrics row."""
