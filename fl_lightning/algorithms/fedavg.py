@@ -81,6 +81,10 @@ class FedAvg(FeatureTableMethod):
     averages_weights = True  # aggregate(): the weighted mean of its uploads (federation/policies/order.py)
     config_class = FedAvgConfig
 
+    def averaged_keys(self, state: State) -> frozenset[str]:
+        """Every key of the state (the head): :meth:`aggregate` folds each by the uploads' weighted mean."""
+        return frozenset(state)
+
     @classmethod
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
         """federation.privacy: DP-FedAvg covers the head, the one thing a client uploads

@@ -122,6 +122,10 @@ class FedAvgCNN(Algorithm):
     averages_weights = True  # aggregate(): the weighted mean of its uploads (federation/policies/order.py)
     config_class = FedAvgCNNConfig
 
+    def averaged_keys(self, state: State) -> frozenset[str]:
+        """Every key of the state (weights, buffers): :meth:`aggregate` folds each by the uploads' weighted mean."""
+        return frozenset(state)
+
     @classmethod
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
         """federation.privacy: DP-FedAvg covers the weights and float buffers

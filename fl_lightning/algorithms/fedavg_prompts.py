@@ -56,6 +56,10 @@ class FedAvgPrompts(Algorithm):
     averages_weights = True  # aggregate(): the weighted mean of its uploads (federation/policies/order.py)
     config_class = FedAvgPromptsConfig
 
+    def averaged_keys(self, state: State) -> frozenset[str]:
+        """Every key of the state (the prompts and the head): :meth:`aggregate` folds each by the uploads' weighted mean."""
+        return frozenset(state)
+
     @classmethod
     def privacy_gap(cls, cfg: RunConfig) -> str | None:
         """federation.privacy: DP-FedAvg covers the prompts and head a client uploads

@@ -320,6 +320,13 @@ class Algorithm(ABC):
     # subclass whose server does more than average (DENSE distils from each model) says nothing and is refused.
     averages_weights: bool = False
 
+    def averaged_keys(self, state: State) -> frozenset[str]:
+        """The keys of ``state`` whose new value :meth:`aggregate` makes the weighted mean of the uploads' — declared by
+        a method with ``averages_weights``: what the update policies that read or replace a mean may touch (an
+        attack, late updates, a robust rule, a server optimizer; of these keys, the floating-point tensors: a count
+        stays the method's). The default: none."""
+        return frozenset()
+
     def shared_aggregate(self, round_idx: int) -> bool:
         """Whether every rank runs round ``round_idx``'s :meth:`aggregate` together (``env.shared`` set; the uploads
         read back from the round's files on every rank), sharing its work through

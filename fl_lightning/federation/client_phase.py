@@ -148,7 +148,8 @@ def run_client(
         with local_work(work):
             upload = algorithm.client_update(round_idx, env.client(client_idx), download.to(fabric.device))
         # an attacker's poisoned upload, then local DP: the upload as it leaves the client (policies/order.py)
-        upload = policies.on_upload(upload, download.tensors, round_idx, client_idx)
+        averaged = algorithm.averaged_keys(download.tensors)  # what an attack on weights may change
+        upload = policies.on_upload(upload, {k: v for k, v in download.tensors.items() if k in averaged}, round_idx, client_idx)
         check_upload(upload, algorithm.expected_shapes(round_idx, download))
         if behaviour is not None and behaviour.stale_delay(round_idx, client_idx, cfg.train.epochs) is not None:
             failure = LATE_STALE  # late: its upload kept, for the round it arrives in (federation/policies/stale_updates.py)

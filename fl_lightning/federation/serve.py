@@ -148,7 +148,7 @@ class RoundServer:
         arrived = [p for p in run.pending if p.arrival == round_idx]  # late updates due now (late: stale)
         if not result.succeeded and not arrived:  # no update arrived (federation.min_clients: 0): the state stands
             return run.state
-        ctx = RoundContext(round_idx, run.state, uploads, arrived)
+        ctx = RoundContext(round_idx, run.state, uploads, arrived, algorithm.averaged_keys(run.state))
         state = algorithm.aggregate(round_idx, run.state, self.policies.on_uploads(uploads, ctx), result.failures, plan)
         state, run.policies = self.policies.on_aggregate(state, ctx, run.policies)
         return state

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from fl_lightning.federation.algorithm import ALGORITHMS, averages_weights
+from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, averages_weights
 
 # the package's own policies register themselves on import
 from fl_lightning.federation.policies import attacks, privacy, robust_aggregation, server_optimizer, stale_updates  # noqa: F401
@@ -94,6 +94,11 @@ def check_policies(cfg: RunConfig, algorithm: type) -> None:
         raise UsageError(
             f"usage error: {asked[0]} needs a method whose state is the mean of its clients' weights "
             f"({', '.join(averaging_methods())}); {cfg.algorithm} does not declare averages_weights (docs/policies.md)"
+        )
+    if asked and algorithm.averaged_keys is Algorithm.averaged_keys:
+        raise UsageError(
+            f"usage error: {asked[0]} reads the keys a method averages; {cfg.algorithm} declares averages_weights "
+            "but not averaged_keys(state) (docs/policies.md)"
         )
     for _, cls in policies.values():
         why = cls.refusal(cfg, algorithm)

@@ -62,6 +62,13 @@ class RoundContext:
     previous: Mapping[str, Tensor]
     uploads: Mapping[int, Upload]
     arrived: Sequence[Any] = ()  # the late updates due in this round (federation/stale_updates.PendingUpdate)
+    # the keys the method averages (Algorithm.averaged_keys): all a policy that reads or replaces a mean may touch;
+    # None: every key of the state (a policy called outside a run)
+    averaged: frozenset[str] | None = None
+
+    def averages(self, key: str) -> bool:
+        """Whether the method's aggregate is the weighted mean of the uploads at ``key``."""
+        return self.averaged is None or key in self.averaged
 
 
 class UpdatePolicy:

@@ -159,7 +159,8 @@ class RobustAggregator(UpdatePolicy):
         """The method's aggregate with the tensors the rule combines replaced by the rule's (``mean``: as it is)."""
         if self.is_mean:
             return aggregate, dict(state)
-        return {**aggregate, **self.aggregate(aggregate, ctx.uploads)}, dict(state)
+        averaged = {k: t for k, t in aggregate.items() if ctx.averages(k)}
+        return {**aggregate, **self.aggregate(averaged, ctx.uploads)}, dict(state)
 
     def aggregate(self, state: Mapping[str, Tensor], uploads: Mapping[int, Upload]) -> dict[str, Tensor]:
         """The new values of ``state``'s floating-point tensors that every upload holds, by the rule over the

@@ -100,8 +100,11 @@ class ServerOptimizer(UpdatePolicy):
     def on_aggregate(
         self, aggregate: dict[str, Tensor], ctx: RoundContext, state: Mapping[str, Tensor]
     ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """The server's step from x_t = ``ctx.previous`` to x_{t+1}; its moments are this policy's state."""
-        return self.step(ctx.previous, aggregate, state, ctx.round_idx)
+        """The server's step from x_t = ``ctx.previous`` to x_{t+1} on the keys the method averages; its moments are
+        this policy's state."""
+        averaged = {k: t for k, t in aggregate.items() if ctx.averages(k)}
+        stepped, moments = self.step(ctx.previous, averaged, state, ctx.round_idx)
+        return {**aggregate, **stepped}, moments
 
     def step(
         self, previous: Mapping[str, Tensor], aggregate: Mapping[str, Tensor], moments: Mapping[str, Tensor], round_idx: int
