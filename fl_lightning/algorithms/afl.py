@@ -44,7 +44,7 @@ from fl_lightning.algorithms.feature_table import OneShotFeatureMethod
 from fl_lightning.analytic import AnalyticStatistics, StatisticsSum, logits, regularization, solve_classifier
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, register
-from fl_lightning.federation.policies.privacy_coverage import statistics_only
+from fl_lightning.federation.policies.privacy_coverage import gap_by, statistics_only
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.modules.statistics import collect_statistics
 
@@ -166,11 +166,9 @@ class AFL(OneShotFeatureMethod):
     config_class = AFLConfig
     federated_evaluation = True  # the global head through FrozenFeatures.evaluate: the clients' test rows of the train table
 
-    @classmethod
-    def privacy_gap(cls, cfg: RunConfig) -> str | None:
-        """federation.privacy: the statistics mechanisms cover R_k, C_k, each feature clipped
-        (federation/policies/privacy_coverage.py)."""
-        return statistics_only(cfg)
+    # federation.privacy: the statistics mechanisms cover R_k, C_k, each feature clipped
+    # (federation/policies/privacy_coverage.py).
+    privacy_gap = gap_by(statistics_only)
 
     true_precision = AnalyticHead.true_precision
 

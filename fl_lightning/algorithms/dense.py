@@ -80,11 +80,12 @@ from fl_lightning.data.transforms import IMAGENET_MEAN, IMAGENET_STD
 from fl_lightning.dealing import Deal
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, RoundHistory, RoundPlan, State, register
+from fl_lightning.federation.policies.privacy_coverage import never_covered
 from fl_lightning.federation.ranks.collectives import gathered
 from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:
-    from fl_lightning.config import RunConfig
+    pass
 
 __all__ = ["ClipGradNorm", "DENSE", "DENSEConfig"]
 
@@ -151,13 +152,11 @@ class DENSEConfig:
 class DENSE(FedAvgCNN):
     config_class = DENSEConfig
 
-    @classmethod
-    def privacy_gap(cls, cfg: RunConfig) -> str | None:
-        """federation.privacy: not covered (a FedAvgCNN whose server reads each model)."""
-        return (
-            "the server distils from every client's uploaded model, not from their mean: dp_fedavg's noise on a "
-            "mean does not cover it"
-        )
+    # federation.privacy: not covered (a FedAvgCNN whose server reads each model).
+    privacy_gap = never_covered(
+        "the server distils from every client's uploaded model, not from their mean: dp_fedavg's noise on a "
+        "mean does not cover it"
+    )
 
     true_precision = "its generator, BatchNorm-statistics loss and distillation need float32 master weights"
     federated_evaluation = False  # partition.client_test_fraction: not covered (one-shot distillation; untested)

@@ -58,11 +58,11 @@ from fl_lightning.algorithms.scaffold import (
 from fl_lightning.algorithms.scaffold import server_step as scaffold_server_step
 from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, register
+from fl_lightning.federation.policies.privacy_coverage import gap_by
 from fl_lightning.federation.storage.client_state import CLIENT_STATE_DIR, ClientStateStore
 from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:
-    from fl_lightning.config import RunConfig
     from fl_lightning.federation.algorithm import RoundHistory
 
 __all__ = ["FedDynCNN", "FedDynCNNConfig", "ScaffoldCNN", "ScaffoldCNNConfig"]
@@ -137,10 +137,8 @@ class _CorrectedCNN(FedAvgCNN):
 class ScaffoldCNN(_CorrectedCNN):
     config_class = ScaffoldCNNConfig
 
-    @classmethod
-    def privacy_gap(cls, cfg: RunConfig) -> str | None:
-        """Not covered, as ``scaffold``: its clients upload Δc_i beside their weights."""
-        return Scaffold.privacy_gap(cfg)
+    # federation.privacy: not covered, as ``scaffold``: its clients upload Δc_i beside their weights.
+    privacy_gap = gap_by(Scaffold.privacy_gap)
 
     def setup(self, env: Environment) -> None:
         require_sgd(self.name, self.cfg.train.optimizer)
@@ -194,10 +192,8 @@ class ScaffoldCNN(_CorrectedCNN):
 class FedDynCNN(_CorrectedCNN):
     config_class = FedDynCNNConfig
 
-    @classmethod
-    def privacy_gap(cls, cfg: RunConfig) -> str | None:
-        """Not covered, as ``feddyn``: the cloud model adds the clients' accumulated drift to the mean."""
-        return FedDyn.privacy_gap(cfg)
+    # federation.privacy: not covered, as ``feddyn``: the cloud model adds the clients' accumulated drift to the mean.
+    privacy_gap = gap_by(FedDyn.privacy_gap)
 
     def setup(self, env: Environment) -> None:
         super().setup(env)

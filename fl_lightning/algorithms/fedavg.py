@@ -30,13 +30,13 @@ from fl_lightning.data.loader import TensorBatches
 from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local
-from fl_lightning.federation.policies.privacy_coverage import weights_only
+from fl_lightning.federation.policies.privacy_coverage import gap_by, weights_only
 from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.modules.linear_probe import LinearProbe
 
 if TYPE_CHECKING:
-    from fl_lightning.config import RunConfig
+    pass
 
 __all__ = ["FedAvg", "FedAvgConfig", "HEAD_KEYS", "flat_head", "flat_named", "unflat_head", "unflat_named"]
 
@@ -85,11 +85,9 @@ class FedAvg(FeatureTableMethod):
         """Every key of the state (the head): :meth:`aggregate` folds each by the uploads' weighted mean."""
         return frozenset(state)
 
-    @classmethod
-    def privacy_gap(cls, cfg: RunConfig) -> str | None:
-        """federation.privacy: DP-FedAvg covers the head, the one thing a client uploads
-        (federation/policies/privacy_coverage.py)."""
-        return weights_only(cfg)
+    # federation.privacy: DP-FedAvg covers the head, the one thing a client uploads
+    # (federation/policies/privacy_coverage.py).
+    privacy_gap = gap_by(weights_only)
 
     true_precision = "its head trains on the frozen backbone's float32 feature table"
     federated_evaluation = True  # the global model through common.py: the clients' test rows too

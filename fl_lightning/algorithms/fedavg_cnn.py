@@ -40,7 +40,7 @@ from fl_lightning.errors import ConfigError, MissingResourceError
 from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local
-from fl_lightning.federation.policies.privacy_coverage import weights_only
+from fl_lightning.federation.policies.privacy_coverage import gap_by, weights_only
 from fl_lightning.federation.precision import convert_module
 from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
@@ -126,11 +126,9 @@ class FedAvgCNN(Algorithm):
         """Every key of the state (weights, buffers): :meth:`aggregate` folds each by the uploads' weighted mean."""
         return frozenset(state)
 
-    @classmethod
-    def privacy_gap(cls, cfg: RunConfig) -> str | None:
-        """federation.privacy: DP-FedAvg covers the weights and float buffers
-        (a client's integer buffers stay with it; federation/policies/privacy_coverage.py)."""
-        return weights_only(cfg)
+    # federation.privacy: DP-FedAvg covers the weights and float buffers (a client's integer buffers stay with it;
+    # federation/policies/privacy_coverage.py).
+    privacy_gap = gap_by(weights_only)
 
     # bf16-true / 16-true: the whole CNN (BatchNorm's running statistics too) in half precision, as fabric.setup
     # converts it; the uploads, the average and the evaluation in that dtype (docs/gpu.md)

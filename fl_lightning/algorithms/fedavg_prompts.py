@@ -27,14 +27,13 @@ from fl_lightning.errors import check
 from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local
-from fl_lightning.federation.policies.privacy_coverage import weights_only
+from fl_lightning.federation.policies.privacy_coverage import gap_by, weights_only
 from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:
     from lightning.fabric import Fabric
 
-    from fl_lightning.config import RunConfig
 
 __all__ = ["FedAvgPrompts", "FedAvgPromptsConfig"]
 
@@ -60,11 +59,9 @@ class FedAvgPrompts(Algorithm):
         """Every key of the state (the prompts and the head): :meth:`aggregate` folds each by the uploads' weighted mean."""
         return frozenset(state)
 
-    @classmethod
-    def privacy_gap(cls, cfg: RunConfig) -> str | None:
-        """federation.privacy: DP-FedAvg covers the prompts and head a client uploads
-        (federation/policies/privacy_coverage.py)."""
-        return weights_only(cfg)
+    # federation.privacy: DP-FedAvg covers the prompts and head a client uploads
+    # (federation/policies/privacy_coverage.py).
+    privacy_gap = gap_by(weights_only)
 
     true_precision = "its prompts and head keep float32 master weights (prompt tuning in bf16-mixed)"
     shared_evaluation = True  # evaluate(state) is the test split through common.py: every rank its shard

@@ -50,7 +50,7 @@ from fl_lightning.analytic import logits
 from fl_lightning.errors import check
 from fl_lightning.feature_gaussians import COVARIANCES, gaussian_head
 from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, register
-from fl_lightning.federation.policies.privacy_coverage import statistics_only
+from fl_lightning.federation.policies.privacy_coverage import gap_by, statistics_only
 from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:
@@ -83,11 +83,9 @@ class FedCGS(OneShotFeatureMethod):
     federated_evaluation = True  # the global head through FrozenFeatures.evaluate: the clients' test rows of the train table
     true_precision = AnalyticHead.true_precision
 
-    @classmethod
-    def privacy_gap(cls, cfg: RunConfig) -> str | None:
-        """federation.privacy: the statistics mechanisms cover R_k, C_k and the class counts (the counts are
-        in the sensitivity; federation/policies/privacy_coverage.py)."""
-        return statistics_only(cfg)
+    # federation.privacy: the statistics mechanisms cover R_k, C_k and the class counts (the counts are in the
+    # sensitivity; federation/policies/privacy_coverage.py).
+    privacy_gap = gap_by(statistics_only)
 
     def __init__(self, *, cfg: RunConfig) -> None:
         super().__init__(cfg=cfg)

@@ -44,11 +44,11 @@ from fl_lightning.algorithms.fedavg import flat_head as _flat
 from fl_lightning.algorithms.fedavg import unflat_head as _unflat
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, register
+from fl_lightning.federation.policies.privacy_coverage import never_covered
 from fl_lightning.federation.storage.client_state import CLIENT_STATE_DIR, ClientStateStore
 from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:
-    from fl_lightning.config import RunConfig
     from fl_lightning.federation.algorithm import RoundHistory
 
 __all__ = ["DynamicRegulariser", "FedDyn", "FedDynConfig", "client_alphas", "server_step"]
@@ -105,14 +105,12 @@ class DynamicRegulariser:
 class FedDyn(FedAvg):
     config_class = FedDynConfig
 
-    @classmethod
-    def privacy_gap(cls, cfg: RunConfig) -> str | None:
-        """Not covered: the cloud model adds every client's accumulated drift H/N to the mean of the round's
-        weights, so DP-FedAvg's bound on the mean's sensitivity does not bound what the server publishes."""
-        return (
-            "its cloud model adds the clients' accumulated drift to the mean of their weights, which DP-FedAvg's "
-            "sensitivity bound (the mean's) does not cover"
-        )
+    # federation.privacy: not covered: the cloud model adds every client's accumulated drift H/N to the mean of the
+    # round's weights, so DP-FedAvg's bound on the mean's sensitivity does not bound what the server publishes.
+    privacy_gap = never_covered(
+        "its cloud model adds the clients' accumulated drift to the mean of their weights, which DP-FedAvg's "
+        "sensitivity bound (the mean's) does not cover"
+    )
 
     def setup(self, env: Environment) -> None:
         super().setup(env)

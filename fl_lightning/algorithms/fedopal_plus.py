@@ -80,11 +80,12 @@ from fl_lightning.analytic import AnalyticStatistics, StatisticsSum, choose_ridg
 from fl_lightning.data.validation import validation_split
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, register
+from fl_lightning.federation.policies.privacy_coverage import never_covered
 from fl_lightning.federation.stages import Stage
 from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:
-    from fl_lightning.config import RunConfig
+    pass
 
 __all__ = [
     "FedOPALPlus",
@@ -299,13 +300,10 @@ class FedOPALPlus(FedOPAL):
 
     config_class = FedOPALPlusConfig
 
-    @classmethod
-    def privacy_gap(cls, cfg: RunConfig) -> str | None:
-        """federation.privacy: not covered (its dual statistics are not clipped)."""
-        return (
-            "its second stage uploads statistics under the held-out covering split (afl.*, *_val) that no "
-            "mechanism clips or noises"
-        )
+    # federation.privacy: not covered (its dual statistics are not clipped).
+    privacy_gap = never_covered(
+        "its second stage uploads statistics under the held-out covering split (afl.*, *_val) that no mechanism clips or noises"
+    )
 
     @classmethod
     def stages_for(cls, config: FedOPALPlusConfig) -> tuple[type[Stage], ...]:

@@ -55,11 +55,12 @@ from fl_lightning.feature_gaussians import (
     train_linear_head,
 )
 from fl_lightning.federation.algorithm import Client, RoundPlan, State, register
+from fl_lightning.federation.policies.privacy_coverage import never_covered
 from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:
-    from fl_lightning.config import RunConfig
+    pass
 
 __all__ = ["FedPFT", "FedPFTConfig"]
 
@@ -101,10 +102,7 @@ class FedPFT(OneShotFeatureMethod):
     config_class = FedPFTConfig
     federated_evaluation = True  # the global head through FrozenFeatures.evaluate: the clients' test rows of the train table
 
-    @classmethod
-    def privacy_gap(cls, cfg: RunConfig) -> str | None:
-        """federation.privacy: not covered."""
-        return "it uploads Gaussian mixtures of its clients' features, which no mechanism clips or noises"
+    privacy_gap = never_covered("it uploads Gaussian mixtures of its clients' features, which no mechanism clips or noises")
 
     # -- client ----------------------------------------------------------------------------------
     def _features(self, client: Client) -> tuple[Tensor, Tensor]:

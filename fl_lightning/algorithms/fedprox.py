@@ -19,11 +19,11 @@ from fl_lightning.algorithms.fedavg import FedAvg, FedAvgConfig
 from fl_lightning.callbacks.proximal import ProximalCallback
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import register
-from fl_lightning.federation.policies.privacy_coverage import weights_only
+from fl_lightning.federation.policies.privacy_coverage import gap_by, weights_only
 from fl_lightning.federation.transport import Download
 
 if TYPE_CHECKING:
-    from fl_lightning.config import RunConfig
+    pass
 
 __all__ = ["FedProx", "FedProxConfig"]
 
@@ -41,11 +41,9 @@ class FedProx(FedAvg):
     averages_weights = True  # aggregate(): the weighted mean of its uploads (federation/policies/order.py)
     config_class = FedProxConfig
 
-    @classmethod
-    def privacy_gap(cls, cfg: RunConfig) -> str | None:
-        """federation.privacy: DP-FedAvg covers the head, the one thing a client uploads (the proximal term reads
-        only the global head)."""
-        return weights_only(cfg)
+    # federation.privacy: DP-FedAvg covers the head, the one thing a client uploads (the proximal term reads only the
+    # global head).
+    privacy_gap = gap_by(weights_only)
 
     def local_callbacks(self, download: Download) -> list[object]:
         """The proximal term towards the downloaded global head w_t."""

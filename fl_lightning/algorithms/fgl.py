@@ -37,10 +37,11 @@ from fl_lightning.algorithms.synthetic_family.family import FeDiSynFamily
 from fl_lightning.algorithms.synthetic_family.synthesis import DiffusionConfig, DiffusionSynthesis, GenerationInputs
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, register
+from fl_lightning.federation.policies.privacy_coverage import never_covered
 from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:
-    from fl_lightning.config import RunConfig
+    pass
 
 __all__ = ["FGL", "FGLConfig", "CaptionConfig", "CaptionSynthesis", "pack_captions", "unpack_captions"]
 
@@ -155,9 +156,6 @@ class FGL(FeDiSynFamily):
 
     config_class = FGLConfig
 
-    @classmethod
-    def privacy_gap(cls, cfg: RunConfig) -> str | None:
-        """federation.privacy: not covered."""
-        return "its synthesis round uploads captions of each client's images in the clear"
+    privacy_gap = never_covered("its synthesis round uploads captions of each client's images in the clear")
 
     stages = (CaptionSynthesis, FullFedAvg)

@@ -51,12 +51,13 @@ from fl_lightning.algorithms.synthetic_family.model import (
 from fl_lightning.algorithms.synthetic_family.synthesis import TextOnlyConfig, TextOnlySynthesis
 from fl_lightning.federation.algorithm import Client, State, register
 from fl_lightning.federation.local_training import fit_local
+from fl_lightning.federation.policies.privacy_coverage import never_covered
 from fl_lightning.federation.ranks.summed_uploads import UploadSum, summed_mean
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.models.lora import is_lora_param, lora_bits_per_layer
 
 if TYPE_CHECKING:
-    from fl_lightning.config import RunConfig
+    pass
 
 __all__ = ["GPTFL", "GPTFLConfig", "FullFedAvg", "FullFedAvgConfig", "FullFedAvgSystemsConfig"]
 
@@ -123,9 +124,6 @@ class GPTFL(FeDiSynFamily):
 
     config_class = GPTFLConfig
 
-    @classmethod
-    def privacy_gap(cls, cfg: RunConfig) -> str | None:
-        """federation.privacy: not covered."""
-        return "its synthesis round uploads each client's class counts D_i^k in the clear"
+    privacy_gap = never_covered("its synthesis round uploads each client's class counts D_i^k in the clear")
 
     stages = (TextOnlySynthesis, FullFedAvg)

@@ -43,11 +43,12 @@ from fl_lightning.algorithms.fedavg import flat_head as _flat
 from fl_lightning.algorithms.fedavg import unflat_head as _unflat
 from fl_lightning.errors import UsageError, check
 from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, register
+from fl_lightning.federation.policies.privacy_coverage import never_covered
 from fl_lightning.federation.storage.client_state import CLIENT_STATE_DIR, ClientStateStore
 from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:
-    from fl_lightning.config import RunConfig
+    pass
 
 __all__ = ["GradientCorrection", "Scaffold", "ScaffoldConfig", "StepCounter", "client_control", "require_sgd", "server_step"]
 
@@ -124,13 +125,10 @@ class GradientCorrection:
 class Scaffold(FedAvg):
     config_class = ScaffoldConfig
 
-    @classmethod
-    def privacy_gap(cls, cfg: RunConfig) -> str | None:
-        """Not covered: its clients upload Δc_i beside their weights, and no mechanism here clips or noises it."""
-        return (
-            "it uploads control-variate updates Δc_i beside its weights, which no mechanism here clips or noises "
-            "(DP-FedAvg covers weights only)"
-        )
+    privacy_gap = never_covered(
+        "it uploads control-variate updates Δc_i beside its weights, which no mechanism here clips or noises "
+        "(DP-FedAvg covers weights only)"
+    )
 
     def setup(self, env: Environment) -> None:
         require_sgd(self.name, self.cfg.train.optimizer)

@@ -33,9 +33,10 @@ from fl_lightning.algorithms.synthetic_family.finetune import (
     LoRAFineTuningConfig,
 )
 from fl_lightning.federation.algorithm import register
+from fl_lightning.federation.policies.privacy_coverage import never_covered
 
 if TYPE_CHECKING:
-    from fl_lightning.config import RunConfig
+    pass
 
 __all__ = ["SFLF", "SFLFConfig", "SFLFSystemsConfig"]
 
@@ -59,12 +60,9 @@ class SFLF(FeDiSynFamily):
 
     config_class = SFLFConfig
 
-    @classmethod
-    def privacy_gap(cls, cfg: RunConfig) -> str | None:
-        """federation.privacy: not covered."""
-        return (
-            "its LoRA uploads carry each device's per-block gradient contributions in the clear, and the server "
-            "plans the next depths from them"
-        )
+    privacy_gap = never_covered(
+        "its LoRA uploads carry each device's per-block gradient contributions in the clear, and the server "
+        "plans the next depths from them"
+    )
 
     stages = (ImageNetInit, LoRAFineTuning)

@@ -26,10 +26,11 @@ from fl_lightning.algorithms.synthetic_family.synthesis import (
     TextOnlySynthesis,
 )
 from fl_lightning.federation.algorithm import register
+from fl_lightning.federation.policies.privacy_coverage import never_covered
 from fl_lightning.federation.stages import Stage
 
 if TYPE_CHECKING:
-    from fl_lightning.config import RunConfig
+    pass
 
 __all__ = ["FeDiSyn", "FeDiSynConfig"]
 
@@ -45,14 +46,11 @@ class FeDiSyn(FeDiSynFamily):
 
     config_class = FeDiSynConfig
 
-    @classmethod
-    def privacy_gap(cls, cfg: RunConfig) -> str | None:
-        """federation.privacy: not covered."""
-        return (
-            "its synthesis round uploads class latents, counts and the number of centroids whose ε holds only "
-            "under assumptions (docs/privacy.md, 'FeDiSyn's latents'), and its LoRA uploads carry per-block "
-            "gradient contributions in the clear"
-        )
+    privacy_gap = never_covered(
+        "its synthesis round uploads class latents, counts and the number of centroids whose ε holds only "
+        "under assumptions (docs/privacy.md, 'FeDiSyn's latents'), and its LoRA uploads carry per-block "
+        "gradient contributions in the clear"
+    )
 
     _synthesis = {"feature_guided": FeatureGuidedSynthesis, "text_only": TextOnlySynthesis}  # by `generation`
 

@@ -2,7 +2,8 @@
 
 A pair is covered when every upload that reaches the server is clipped and noised by the mechanism, or is
 data-independent; the run's ε is then a bound that holds. A method states its own coverage in its own file, as
-a classmethod ``privacy_gap(cfg) -> str | None`` (None: covered; else what would leak, in words). The method's
+a classmethod ``privacy_gap(cfg) -> str | None`` (None: covered; else what would leak, in words) — written
+``privacy_gap = gap_by(weights_only)`` or ``never_covered("...")`` where the rule is a shared one. The method's
 class must declare it itself — it is never inherited (DENSE is a FedAvgCNN, but the server distils from each
 client's model, which DP-FedAvg's noise on a mean does not cover), so a method that says nothing is refused.
 
@@ -19,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fl_lightning.errors import UsageError
@@ -34,6 +36,8 @@ __all__ = [
     "coverage_table",
     "weights_only",
     "statistics_only",
+    "never_covered",
+    "gap_by",
 ]
 
 MECHANISMS = ("dp_fedavg", "statistics_local", "statistics_central")
@@ -55,6 +59,21 @@ def statistics_only(cfg: RunConfig) -> str | None:
         "it uploads the statistics R_k, C_k, not weights of the global state: dp_fedavg would neither clip nor "
         "noise them (use statistics_local or statistics_central)"
     )
+
+
+def never_covered(reason: str) -> classmethod:
+    """A method's ``privacy_gap`` when no mechanism covers it, whatever the run: what would leak, in words.
+
+    Example:
+        >>> privacy_gap = never_covered("its synthesis round uploads captions of each client's images in the clear")
+    """
+    return classmethod(lambda cls, cfg: reason)
+
+
+def gap_by(rule: Callable[[RunConfig], str | None]) -> classmethod:
+    """A method's ``privacy_gap`` that is ``rule``'s: :func:`weights_only`, :func:`statistics_only`, or another
+    method's (``gap_by(Scaffold.privacy_gap)``: covered as Scaffold is)."""
+    return classmethod(lambda cls, cfg: rule(cfg))
 
 
 def privacy_gap(algorithm: type, cfg: RunConfig) -> str | None:
