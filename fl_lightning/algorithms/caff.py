@@ -18,11 +18,12 @@ Config: the ``caff:`` section holds the keys of its two stages (``pretrain_model
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from fl_lightning.algorithms.synthetic_family.config import SystemsConfig
+from fl_lightning.algorithms.synthetic_family.config import BaselineSystemsConfig
 from fl_lightning.algorithms.synthetic_family.family import FeDiSynFamily
 from fl_lightning.algorithms.synthetic_family.finetune import (
+    LORA_UPLOADS_GAP,
     ImageNetInit,
     ImageNetInitConfig,
     LoRAFineTuning,
@@ -31,18 +32,14 @@ from fl_lightning.algorithms.synthetic_family.finetune import (
 from fl_lightning.federation.algorithm import register
 from fl_lightning.federation.policies.privacy_coverage import never_covered
 
-if TYPE_CHECKING:
-    pass
-
 __all__ = ["CAFF", "CAFFConfig", "CAFFSystemsConfig"]
 
 
 @dataclass
-class CAFFSystemsConfig(SystemsConfig):
-    """``caff.systems``: FeDiSyn's system model with this baseline's defaults."""
+class CAFFSystemsConfig(BaselineSystemsConfig):
+    """``caff.systems``: FeDiSyn's system model with this baseline's defaults (equal bandwidth)."""
 
     depth_policy: Literal["clc", "capacity", "full", "fixed"] = "capacity"
-    bandwidth_allocation: Literal["wfba", "equal"] = "equal"  # the baselines have no allocation of their own
 
 
 @dataclass
@@ -56,9 +53,6 @@ class CAFF(FeDiSynFamily):
 
     config_class = CAFFConfig
 
-    privacy_gap = never_covered(
-        "its LoRA uploads carry each device's per-block gradient contributions in the clear, and the server "
-        "plans the next depths from them"
-    )
+    privacy_gap = never_covered(LORA_UPLOADS_GAP)
 
     stages = (ImageNetInit, LoRAFineTuning)

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -53,9 +53,6 @@ from fl_lightning.algorithms.dense import DENSE, DENSEConfig
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import register
 from fl_lightning.federation.policies.privacy_coverage import gap_by
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["CoBoosting", "CoBoostingConfig"]
 

@@ -69,7 +69,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -83,9 +83,6 @@ from fl_lightning.federation.algorithm import Client, RoundHistory, RoundPlan, S
 from fl_lightning.federation.policies.privacy_coverage import never_covered
 from fl_lightning.federation.ranks.collectives import gathered
 from fl_lightning.federation.transport import Download, Upload
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["ClipGradNorm", "DENSE", "DENSEConfig"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,15 +28,12 @@ from torch import nn
 from fl_lightning.algorithms.feature_table import FeatureTableMethod
 from fl_lightning.data.loader import TensorBatches
 from fl_lightning.federation.aggregate import WeightedMean
-from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, register
+from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, every_key, register
 from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.policies.privacy_coverage import gap_by, weights_only
 from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.modules.linear_probe import LinearProbe
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["FedAvg", "FedAvgConfig", "HEAD_KEYS", "flat_head", "flat_named", "unflat_head", "unflat_named"]
 
@@ -80,10 +77,7 @@ class FedAvgConfig:
 class FedAvg(FeatureTableMethod):
     averages_weights = True  # aggregate(): the weighted mean of its uploads (federation/policies/order.py)
     config_class = FedAvgConfig
-
-    def averaged_keys(self, state: State) -> frozenset[str]:
-        """Every key of the state (the head): :meth:`aggregate` folds each by the uploads' weighted mean."""
-        return frozenset(state)
+    averaged_keys = every_key  # every key of the state (the head) is the uploads' weighted mean
 
     # federation.privacy: DP-FedAvg covers the head, the one thing a client uploads
     # (federation/policies/privacy_coverage.py).

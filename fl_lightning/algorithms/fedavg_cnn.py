@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from fl_lightning.algorithms.common import evaluate_on_test
 from fl_lightning.errors import ConfigError, MissingResourceError
 from fl_lightning.federation.aggregate import WeightedMean
-from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
+from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, every_key, register
 from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.policies.privacy_coverage import gap_by, weights_only
 from fl_lightning.federation.precision import convert_module
@@ -121,10 +121,7 @@ def _cpu_state(model: nn.Module) -> State:
 class FedAvgCNN(Algorithm):
     averages_weights = True  # aggregate(): the weighted mean of its uploads (federation/policies/order.py)
     config_class = FedAvgCNNConfig
-
-    def averaged_keys(self, state: State) -> frozenset[str]:
-        """Every key of the state (weights, buffers): :meth:`aggregate` folds each by the uploads' weighted mean."""
-        return frozenset(state)
+    averaged_keys = every_key  # every key of the state (weights, buffers) is the uploads' weighted mean
 
     # federation.privacy: DP-FedAvg covers the weights and float buffers (a client's integer buffers stay with it;
     # federation/policies/privacy_coverage.py).

@@ -25,7 +25,7 @@ from torch import Tensor
 from fl_lightning.algorithms.common import evaluate_on_test, held_backbone, require_vit
 from fl_lightning.errors import check
 from fl_lightning.federation.aggregate import WeightedMean
-from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, register
+from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, every_key, register
 from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.policies.privacy_coverage import gap_by, weights_only
 from fl_lightning.federation.ranks.placement import client_seed
@@ -54,10 +54,7 @@ class FedAvgPromptsConfig:
 class FedAvgPrompts(Algorithm):
     averages_weights = True  # aggregate(): the weighted mean of its uploads (federation/policies/order.py)
     config_class = FedAvgPromptsConfig
-
-    def averaged_keys(self, state: State) -> frozenset[str]:
-        """Every key of the state (the prompts and the head): :meth:`aggregate` folds each by the uploads' weighted mean."""
-        return frozenset(state)
+    averaged_keys = every_key  # every key of the state (the prompts and the head) is the uploads' weighted mean
 
     # federation.privacy: DP-FedAvg covers the prompts and head a client uploads
     # (federation/policies/privacy_coverage.py).

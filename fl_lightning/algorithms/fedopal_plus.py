@@ -60,7 +60,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -83,9 +83,6 @@ from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, St
 from fl_lightning.federation.policies.privacy_coverage import never_covered
 from fl_lightning.federation.stages import Stage
 from fl_lightning.federation.transport import Download, Upload
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "FedOPALPlus",

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -58,9 +58,6 @@ from fl_lightning.federation.algorithm import Client, RoundPlan, State, register
 from fl_lightning.federation.policies.privacy_coverage import never_covered
 from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["FedPFT", "FedPFTConfig"]
 

@@ -13,7 +13,6 @@ Config section ``fedprox``: ``mu`` and FedAvg's ``weighted``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from fl_lightning.algorithms.fedavg import FedAvg, FedAvgConfig
 from fl_lightning.callbacks.proximal import ProximalCallback
@@ -21,9 +20,6 @@ from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import register
 from fl_lightning.federation.policies.privacy_coverage import gap_by, weights_only
 from fl_lightning.federation.transport import Download
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["FedProx", "FedProxConfig"]
 

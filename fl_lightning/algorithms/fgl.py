@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,9 +39,6 @@ from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, register
 from fl_lightning.federation.policies.privacy_coverage import never_covered
 from fl_lightning.federation.transport import Download, Upload
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["FGL", "FGLConfig", "CaptionConfig", "CaptionSynthesis", "pack_captions", "unpack_captions"]
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 
@@ -55,9 +55,6 @@ from fl_lightning.federation.policies.privacy_coverage import never_covered
 from fl_lightning.federation.ranks.summed_uploads import UploadSum, summed_mean
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.models.lora import is_lora_param, lora_bits_per_layer
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["GPTFL", "GPTFLConfig", "FullFedAvg", "FullFedAvgConfig", "FullFedAvgSystemsConfig"]
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -46,9 +45,6 @@ from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, St
 from fl_lightning.federation.policies.privacy_coverage import never_covered
 from fl_lightning.federation.storage.client_state import CLIENT_STATE_DIR, ClientStateStore
 from fl_lightning.federation.transport import Download, Upload
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["GradientCorrection", "Scaffold", "ScaffoldConfig", "StepCounter", "client_control", "require_sgd", "server_step"]
 

@@ -22,11 +22,12 @@ Config: the ``sflf:`` section holds the keys of its two stages (``pretrain_model
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from fl_lightning.algorithms.synthetic_family.config import SystemsConfig
+from fl_lightning.algorithms.synthetic_family.config import BaselineSystemsConfig
 from fl_lightning.algorithms.synthetic_family.family import FeDiSynFamily
 from fl_lightning.algorithms.synthetic_family.finetune import (
+    LORA_UPLOADS_GAP,
     ImageNetInit,
     ImageNetInitConfig,
     LoRAFineTuning,
@@ -35,18 +36,14 @@ from fl_lightning.algorithms.synthetic_family.finetune import (
 from fl_lightning.federation.algorithm import register
 from fl_lightning.federation.policies.privacy_coverage import never_covered
 
-if TYPE_CHECKING:
-    pass
-
 __all__ = ["SFLF", "SFLFConfig", "SFLFSystemsConfig"]
 
 
 @dataclass
-class SFLFSystemsConfig(SystemsConfig):
-    """``sflf.systems``: FeDiSyn's system model with this baseline's defaults."""
+class SFLFSystemsConfig(BaselineSystemsConfig):
+    """``sflf.systems``: FeDiSyn's system model with this baseline's defaults (equal bandwidth)."""
 
     depth_policy: Literal["clc", "capacity", "full", "fixed"] = "full"
-    bandwidth_allocation: Literal["wfba", "equal"] = "equal"  # the baselines have no allocation of their own
 
 
 @dataclass
@@ -60,9 +57,6 @@ class SFLF(FeDiSynFamily):
 
     config_class = SFLFConfig
 
-    privacy_gap = never_covered(
-        "its LoRA uploads carry each device's per-block gradient contributions in the clear, and the server "
-        "plans the next depths from them"
-    )
+    privacy_gap = never_covered(LORA_UPLOADS_GAP)
 
     stages = (ImageNetInit, LoRAFineTuning)

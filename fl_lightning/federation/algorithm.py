@@ -58,6 +58,7 @@ __all__ = [
     "ALGORITHMS",
     "RENAMED",
     "State",
+    "every_key",
 ]
 
 State = dict[str, Tensor]  # the server's global state: named tensors only (checkpointable, broadcastable)
@@ -411,6 +412,12 @@ class Algorithm(ABC):
     def summary_extras(self, state: State) -> dict[str, Any]:
         """Extra keys for summary.json."""
         return {}
+
+
+def every_key(self: Algorithm, state: State) -> frozenset[str]:
+    """:meth:`Algorithm.averaged_keys` of a method whose aggregate folds every key of its state by the uploads'
+    weighted mean (FedAvg's kind): ``averaged_keys = every_key``."""
+    return frozenset(state)
 
 
 def averages_weights(algorithm: type) -> bool:

@@ -16,7 +16,6 @@ CAFF, GPT-FL and FGL); this file declares FeDiSyn's section and its two stages.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from fl_lightning.algorithms.synthetic_family.family import FeDiSynFamily
 from fl_lightning.algorithms.synthetic_family.finetune import LoRAFineTuning, LoRAFineTuningConfig
@@ -28,9 +27,6 @@ from fl_lightning.algorithms.synthetic_family.synthesis import (
 from fl_lightning.federation.algorithm import register
 from fl_lightning.federation.policies.privacy_coverage import never_covered
 from fl_lightning.federation.stages import Stage
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["FeDiSyn", "FeDiSynConfig"]
 

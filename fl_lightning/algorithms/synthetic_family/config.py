@@ -26,7 +26,7 @@ from fl_lightning.errors import check
 from fl_lightning.federation.stages import StageConfig
 from fl_lightning.systems.channel import REFERENCE_LOSS_DB
 
-__all__ = ["ViTConfig", "LoraConfig", "SystemsConfig"]
+__all__ = ["ViTConfig", "LoraConfig", "SystemsConfig", "BaselineSystemsConfig"]
 
 
 @dataclass
@@ -153,6 +153,14 @@ class SystemsConfig:
             self.reference_loss_db,
             "a finite float (dB of path loss at d0_m)",
         )
+
+
+@dataclass
+class BaselineSystemsConfig(SystemsConfig):
+    """The system model of a LoRA baseline with no bandwidth allocation of its own (SFLF, CAFF): equal shares B/N;
+    each baseline sets its ``depth_policy``."""
+
+    bandwidth_allocation: Literal["wfba", "equal"] = "equal"  # the baselines have no allocation of their own
 
 
 def _is_number(value: object) -> bool:

@@ -57,7 +57,14 @@ __all__ = [
     "FineTuningStage",
     "LoRAFineTuning",
     "ImageNetInit",
+    "LORA_UPLOADS_GAP",
 ]
+
+# what a LoRA fine-tuning round's uploads leave unprotected, in a baseline's privacy_gap (federation.privacy)
+LORA_UPLOADS_GAP = (
+    "its LoRA uploads carry each device's per-block gradient contributions in the clear, and the server "
+    "plans the next depths from them"
+)
 
 
 @dataclass
