@@ -139,6 +139,11 @@ class AnalyticHead:
             raise RuntimeError(f"round {round_idx}: no client uploaded statistics; nothing to solve")
         return fold.total(), fold.count
 
+    def solved(self, state: State, round_idx: int, uploads: Mapping[int, Upload]) -> State:
+        """The server's new state: ``state`` with W the closed-form solve (Eq. (9)) of the fold of ``uploads``."""
+        total, count = self.fold(round_idx, uploads)
+        return {**state, "W": self.solve(total, count)}
+
     def solve(self, total: AnalyticStatistics, num_clients: int) -> Tensor:
         """Eq. (9): W* = (Σ R_k + λI)⁻¹ Σ C_k in ``afl.dtype`` (λ by the configured convention)."""
         c = self.config
@@ -191,8 +196,7 @@ class AFL(OneShotFeatureMethod):
     def aggregate(
         self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
     ) -> State:
-        total, count = self.head.fold(round_idx, uploads)
-        return {**state, "W": self.head.solve(total, count)}
+        return self.head.solved(state, round_idx, uploads)
 
     def _head(self, h: Tensor) -> Tensor:  # Eq. (10)
         return logits(h, self._W).float()

@@ -26,9 +26,11 @@ if TYPE_CHECKING:
 
     from fl_lightning.config import RunConfig
     from fl_lightning.federation.algorithm import Algorithm, Environment
+    from fl_lightning.modules.prompt_tuning import PromptTuningModule
 
 __all__ = [
     "FrozenFeatures",
+    "prompt_tuning_module",
     "frozen_backbone",
     "held_backbone",
     "evaluate_on_test",
@@ -68,6 +70,23 @@ def held_backbone(cfg: RunConfig, fabric: Any) -> ViTBackbone | CNNBackbone:
     (:func:`~fl_lightning.federation.precision.hold_trunk`: cast once, not at every autocast forward); on the CPU
     as built (float32)."""
     return hold_trunk(fabric, frozen_backbone(cfg))
+
+
+def prompt_tuning_module(model: nn.Module, num_classes: int, cfg: RunConfig) -> PromptTuningModule:
+    """The Lightning module that tunes ``model``'s prompts under a fresh head seeded by the run's seed, its optimiser
+    as ``train.*`` sets it (FedAvg of prompts; FedOPAL's Eq. (6))."""
+    from fl_lightning.modules.prompt_tuning import PromptTuningModule
+
+    t = cfg.train
+    return PromptTuningModule(
+        model=model,
+        num_classes=num_classes,
+        optimizer=t.optimizer,
+        lr=t.lr,
+        weight_decay=t.weight_decay,
+        momentum=t.momentum,
+        head_seed=cfg.seed,
+    )
 
 
 def require_vit(cfg: RunConfig, backbone: ViTBackbone | CNNBackbone) -> ViTBackbone:

@@ -27,7 +27,7 @@ from torch import nn
 
 from fl_lightning.algorithms.feature_table import FeatureTableMethod
 from fl_lightning.data.loader import TensorBatches
-from fl_lightning.federation.aggregate import WeightedMean
+from fl_lightning.federation.aggregate import mean_of_uploads
 from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, every_key, register
 from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.policies.privacy_coverage import gap_by, weights_only
@@ -137,10 +137,7 @@ class FedAvg(FeatureTableMethod):
     def aggregate(
         self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
     ) -> State:
-        fold = WeightedMean()
-        for upload in uploads.values():
-            fold.add({k: upload.tensors[k] for k in _KEYS}, upload.meta["num_samples"] if self.config.weighted else 1.0)
-        return fold.result() if fold.total_weight > 0 else state
+        return mean_of_uploads(state, uploads, weighted=self.config.weighted, keys=_KEYS)
 
     def evaluate(self, state: State) -> dict[str, Any]:
         self.module.load_state_dict({k: v.to(self.fabric.device) for k, v in state.items()}, strict=False)

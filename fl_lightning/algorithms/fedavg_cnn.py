@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from fl_lightning.algorithms.common import evaluate_on_test
 from fl_lightning.errors import ConfigError, MissingResourceError
-from fl_lightning.federation.aggregate import WeightedMean
+from fl_lightning.federation.aggregate import mean_of_uploads
 from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, every_key, register
 from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.policies.privacy_coverage import gap_by, weights_only
@@ -198,10 +198,7 @@ class FedAvgCNN(Algorithm):
     def aggregate(
         self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
     ) -> State:
-        fold = WeightedMean()
-        for upload in uploads.values():  # one client model in memory at a time
-            fold.add({k: upload.tensors[k] for k in state}, float(upload.meta["num_samples"]) if self.config.weighted else 1.0)
-        return fold.result() if fold.total_weight > 0 else state
+        return mean_of_uploads(state, uploads, weighted=self.config.weighted)
 
     def evaluate(self, state: State) -> dict[str, Any]:
         model = self.module.model

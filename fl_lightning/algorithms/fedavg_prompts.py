@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from fl_lightning.algorithms.common import evaluate_on_test, held_backbone, require_vit
+from fl_lightning.algorithms.common import evaluate_on_test, held_backbone, prompt_tuning_module, require_vit
 from fl_lightning.errors import check
-from fl_lightning.federation.aggregate import WeightedMean
+from fl_lightning.federation.aggregate import mean_of_uploads
 from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, every_key, register
 from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.policies.privacy_coverage import gap_by, weights_only
@@ -74,20 +74,8 @@ class FedAvgPrompts(Algorithm):
         return InputSpec.of_backbone(self.backbone, self.cfg.data.image_size)
 
     def setup(self, env: Environment) -> None:
-        from fl_lightning.modules.prompt_tuning import PromptTuningModule
-
         super().setup(env)
-        t = self.cfg.train
-        module = PromptTuningModule(
-            model=self.model,
-            num_classes=env.num_classes,
-            optimizer=t.optimizer,
-            lr=t.lr,
-            weight_decay=t.weight_decay,
-            momentum=t.momentum,
-            head_seed=self.cfg.seed,
-        )
-        self.module = self.fabric.to_device(module)
+        self.module = self.fabric.to_device(prompt_tuning_module(self.model, env.num_classes, self.cfg))
         self._initial = self._trainable()
 
     def _trainable(self) -> State:
@@ -120,10 +108,7 @@ class FedAvgPrompts(Algorithm):
     def aggregate(
         self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
     ) -> State:
-        fold = WeightedMean()
-        for upload in uploads.values():  # prompts and a head per client
-            fold.add({k: upload.tensors[k] for k in state}, float(upload.meta["num_samples"]) if self.config.weighted else 1.0)
-        return fold.result() if fold.total_weight > 0 else state
+        return mean_of_uploads(state, uploads, weighted=self.config.weighted)
 
     def evaluate(self, state: State) -> dict[str, Any]:
         self._load(state)

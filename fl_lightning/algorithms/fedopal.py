@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from torch import Tensor
 
 from fl_lightning.algorithms.afl import AFLConfig, AnalyticHead
-from fl_lightning.algorithms.common import held_backbone, require_vit
+from fl_lightning.algorithms.common import held_backbone, prompt_tuning_module, require_vit
 from fl_lightning.analytic import AnalyticStatistics
 from fl_lightning.callbacks.proximal import ProximalCallback
 from fl_lightning.errors import check
@@ -118,17 +118,8 @@ class PromptTrainer:
         self.cfg, self.config, self.head = cfg, config, head
 
     def setup(self, fabric: Fabric, env: Environment, backbone: ViTBackbone, model: PromptedViT) -> None:
-        t = self.cfg.train
         self.fabric, self.env, self.backbone, self.model = fabric, env, backbone, model
-        self.module = PromptTuningModule(
-            model=model,
-            num_classes=env.num_classes,
-            optimizer=t.optimizer,
-            lr=t.lr,
-            weight_decay=t.weight_decay,
-            momentum=t.momentum,
-            head_seed=self.cfg.seed,
-        )
+        self.module = prompt_tuning_module(model, env.num_classes, self.cfg)
         self.module = fabric.to_device(self.module)
         self._head_init = {k: v.detach().clone() for k, v in self.module.head.state_dict().items()}
 
@@ -227,8 +218,7 @@ class Statistics(AnalyticStage):
     def aggregate(
         self, round_idx: int, state: State, uploads: Mapping[int, Upload], failures: dict[int, str], plan: RoundPlan
     ) -> State:
-        total, count = self.head.fold(round_idx, uploads)
-        return {**state, "W": self.head.solve(total, count)}
+        return self.head.solved(state, round_idx, uploads)
 
 
 @register("fedopal")

@@ -23,10 +23,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
-__all__ = ["WeightedMean", "weighted_average", "layerwise_average", "check_whole_layers"]
+if TYPE_CHECKING:
+    from fl_lightning.federation.transport import Upload
+
+__all__ = ["WeightedMean", "mean_of_uploads", "weighted_average", "layerwise_average", "check_whole_layers"]
 
 
 _SCRATCH_MIN_NUMEL = 1 << 14  # from this size a key folds through the reused scratch buffer (WeightedMean._term)
@@ -116,6 +120,22 @@ class WeightedMean:
             dtype = self._dtypes[key]
             out[key] = (mean if dtype.is_floating_point or dtype.is_complex else mean.round()).to(dtype)
         return out
+
+
+def mean_of_uploads(
+    state: dict[str, torch.Tensor],
+    uploads: Mapping[int, Upload],
+    *,
+    weighted: bool = True,
+    keys: Sequence[str] | None = None,
+) -> dict[str, torch.Tensor]:
+    """FedAvg's server step (McMahan et al. 2017, Alg. 1, w_{t+1} = Σ_k (n_k / n) w_k): each key of ``state`` as the
+    uploads' mean, weighted by their ``meta["num_samples"]`` (equally with ``weighted`` false), folded one upload at a
+    time in client order; ``state`` itself when no upload arrived. ``keys``: those averaged (default: the state's)."""
+    fold, keys = WeightedMean(), list(state) if keys is None else keys
+    for upload in uploads.values():
+        fold.add({k: upload.tensors[k] for k in keys}, float(upload.meta["num_samples"]) if weighted else 1.0)
+    return fold.result() if fold.total_weight > 0 else state
 
 
 def weighted_average(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:

@@ -6,7 +6,7 @@ shares them, on every rank together (docs/ranks.md)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +24,21 @@ if TYPE_CHECKING:
     from fl_lightning.federation.run_state import RunState
     from fl_lightning.federation.storage.round_store import RoundResult, RoundStore
 
-__all__ = ["RoundServer"]
+__all__ = ["RoundServer", "ServedRound"]
+
+
+@dataclass(frozen=True)
+class ServedRound:
+    """What serving one round reads: the method and this rank's environment, the run, the round's store of uploads,
+    its index and plan, and the client phase's records (rank 0's, every rank's, in a shared aggregate)."""
+
+    algorithm: Algorithm
+    env: Environment
+    run: RunState
+    store: RoundStore
+    round_idx: int
+    plan: RoundPlan
+    result: RoundResult
 
 
 @dataclass
@@ -37,24 +51,13 @@ class RoundServer:
     policies: PolicyChain = field(default_factory=lambda: PolicyChain({}))
     sent: SentState = field(default_factory=SentState)
 
-    def serve(
-        self,
-        algorithm: Algorithm,
-        env: Environment,
-        run: RunState,
-        store: RoundStore,
-        round_idx: int,
-        plan: RoundPlan,
-        result: RoundResult,
-    ) -> tuple[dict, dict[str, Any], RoundResult]:
+    def serve(self, r: ServedRound) -> tuple[dict, dict[str, Any], RoundResult]:
         """The round's new state, metrics row and client records on every rank: aggregated and evaluated on rank 0
         and sent, or, where the method shares its aggregate or evaluation, on every rank together."""
-        if self.fabric.world_size > 1 and (algorithm.shared_evaluation or algorithm.shared_aggregate(round_idx)):
-            return self.shared_serve(algorithm, env, run, store, round_idx, plan, result)
+        if self.fabric.world_size > 1 and (r.algorithm.shared_evaluation or r.algorithm.shared_aggregate(r.round_idx)):
+            return self.shared_serve(r)
         return self.state_from_server(
-            partial(self.serve_alone, algorithm, run, store, round_idx, plan, result),
-            run.state,
-            f"round {round_idx}'s aggregate and evaluation",
+            partial(self.serve_alone, r), r.run.state, f"round {r.round_idx}'s aggregate and evaluation"
         )
 
     def plan(
@@ -115,13 +118,11 @@ class RoundServer:
         """``step()`` on rank 0, its outcome on every rank (collectives.py: a failure there ends every rank)."""
         return from_server(self.fabric, step, what=what, timeout_s=self.cfg.federation.collective_timeout_s, send=send)
 
-    def serve_alone(
-        self, algorithm: Algorithm, run: RunState, store: RoundStore, round_idx: int, plan: RoundPlan, result: RoundResult
-    ) -> tuple[dict, dict[str, Any], RoundResult]:
+    def serve_alone(self, r: ServedRound) -> tuple[dict, dict[str, Any], RoundResult]:
         """The server's aggregate (reading the uploads back in client order) and evaluation: the new state, the
         round's metrics row and the round's client records (the small numbers, for every rank's history)."""
-        state = self.aggregate(algorithm, run, store, round_idx, plan, result)
-        return state, self.evaluated(algorithm, state, round_idx), result
+        state = self.aggregate(r)
+        return state, self.evaluated(r.algorithm, state, r.round_idx), r.result
 
     @staticmethod
     def evaluated(algorithm: Algorithm, state: dict, round_idx: int) -> dict[str, Any]:
@@ -129,95 +130,70 @@ class RoundServer:
         with timed("evaluation"):
             return {"round": round_idx, **algorithm.evaluate(state)}
 
-    def aggregate(
-        self, algorithm: Algorithm, run: RunState, store: RoundStore, round_idx: int, plan: RoundPlan, result: RoundResult
-    ) -> dict:
+    def aggregate(self, r: ServedRound) -> dict:
         """:meth:`aggregated`, a timed phase (its own seconds: round 0's pilots, generation, store and pre-training
         are phases of their own)."""
         with timed("aggregate"):
-            return self.aggregated(algorithm, run, store, round_idx, plan, result)
+            return self.aggregated(r)
 
-    def aggregated(
-        self, algorithm: Algorithm, run: RunState, store: RoundStore, round_idx: int, plan: RoundPlan, result: RoundResult
-    ) -> dict:
+    def aggregated(self, r: ServedRound) -> dict:
         """The method's aggregate of the round's uploads, through the run's update policies in their one order
         (federation/policies/order.py: late updates and privacy's clipping before it; privacy's noise, a robust rule
         and the server optimizer after it, their states in ``run.policies``): the one path of every rank count and
         every serve."""
-        uploads = store.uploads(result.succeeded)
+        run, round_idx, result = r.run, r.round_idx, r.result
+        uploads = r.store.uploads(result.succeeded)
         arrived = [p for p in run.pending if p.arrival == round_idx]  # late updates due now (late: stale)
         if not result.succeeded and not arrived:  # no update arrived (federation.min_clients: 0): the state stands
             return run.state
-        ctx = RoundContext(round_idx, run.state, uploads, arrived, algorithm.averaged_keys(run.state))
-        state = algorithm.aggregate(round_idx, run.state, self.policies.on_uploads(uploads, ctx), result.failures, plan)
+        ctx = RoundContext(round_idx, run.state, uploads, arrived, r.algorithm.averaged_keys(run.state))
+        state = r.algorithm.aggregate(round_idx, run.state, self.policies.on_uploads(uploads, ctx), result.failures, r.plan)
         state, run.policies = self.policies.on_aggregate(state, ctx, run.policies)
         return state
 
-    def shared_serve(
-        self,
-        algorithm: Algorithm,
-        env: Environment,
-        run: RunState,
-        store: RoundStore,
-        round_idx: int,
-        plan: RoundPlan,
-        result: RoundResult,
-    ) -> tuple[dict, dict[str, Any], RoundResult]:
+    def shared_serve(self, r: ServedRound) -> tuple[dict, dict[str, Any], RoundResult]:
         """:meth:`serve_alone` with its aggregate and/or evaluation run on every rank together (``env.shared``).
 
         A shared aggregate: rank 0 first writes the records it holds (every rank then reads the uploads from the
         round's files), every rank aggregates, and rank 0's state reaches every rank. A shared evaluation: every
         rank evaluates the state, each its shard of the test split (algorithms/common.py), in one exchange of
         outcomes."""
-        fabric, timeout_s = self.fabric, self.cfg.federation.collective_timeout_s
-        if algorithm.shared_aggregate(round_idx):
+        fabric, timeout_s, round_idx = self.fabric, self.cfg.federation.collective_timeout_s, r.round_idx
+        if r.algorithm.shared_aggregate(round_idx):
 
             def records() -> RoundResult:
-                store.write_held()
-                return result  # every rank's records (the other ranks hold their own only)
+                r.store.write_held()
+                return r.result  # every rank's records (the other ranks hold their own only)
 
-            result = self.from_server(records, f"round {round_idx}'s records")
+            r = replace(r, result=self.from_server(records, f"round {round_idx}'s records"))
             state = everyone(
-                fabric,
-                partial(self.shared_aggregate, algorithm, env, run, store, round_idx, plan, result),
-                what=f"round {round_idx}'s aggregate",
-                timeout_s=timeout_s,
+                fabric, partial(self.shared_aggregate, r), what=f"round {round_idx}'s aggregate", timeout_s=timeout_s
             )
-            state = self.state_from_server(lambda: (state,), run.state, f"round {round_idx}'s state")[0]
-            if not algorithm.shared_evaluation:
-                row = self.from_server(lambda: self.evaluated(algorithm, state, round_idx), f"round {round_idx}'s evaluation")
-                return state, row, result
+            state = self.state_from_server(lambda: (state,), r.run.state, f"round {round_idx}'s state")[0]
+            if not r.algorithm.shared_evaluation:
+                row = self.from_server(lambda: self.evaluated(r.algorithm, state, round_idx), f"round {round_idx}'s evaluation")
+                return state, row, r.result
+            result = r.result
         else:  # (named as the one-broadcast phase: rank 1 waits here for the aggregate, then evaluates)
             state, result = self.state_from_server(
-                lambda: (self.aggregate(algorithm, run, store, round_idx, plan, result), result),
-                run.state,
-                f"round {round_idx}'s aggregate and evaluation",
+                lambda: (self.aggregate(r), r.result), r.run.state, f"round {round_idx}'s aggregate and evaluation"
             )
         row = everyone(
             fabric,
-            partial(self.shared_evaluation, algorithm, env, state, round_idx),
+            partial(self.shared_evaluation, r.algorithm, r.env, state, round_idx),
             what=f"round {round_idx}'s evaluation",
             timeout_s=timeout_s,
         )
         return state, row, result
 
-    def shared_aggregate(
-        self,
-        algorithm: Algorithm,
-        env: Environment,
-        run: RunState,
-        store: RoundStore,
-        round_idx: int,
-        plan: RoundPlan,
-        result: RoundResult,
-    ) -> dict:
+    def shared_aggregate(self, r: ServedRound) -> dict:
         """This rank's part of a shared aggregate (the uploads from the round's files; ``env.shared`` set); rank 0's
         state, privacy included, is the one every rank keeps."""
-        env.shared = True
+        r.env.shared = True
         try:
-            return self.aggregate(algorithm, run, store, round_idx, plan, result)
+            return self.aggregate(r)
         finally:
-            env.shared = False
+            r.env.shared = False
 
     @staticmethod
     def shared_evaluation(algorithm: Algorithm, env: Environment, state: dict, round_idx: int) -> dict[str, Any]:

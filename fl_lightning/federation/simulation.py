@@ -22,6 +22,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -57,8 +58,8 @@ from fl_lightning.federation.round_records import record_round, run_summary
 from fl_lightning.federation.run_data import check_client_test
 from fl_lightning.federation.run_setup import set_up_run
 from fl_lightning.federation.run_state import RunState
-from fl_lightning.federation.serve import RoundServer
-from fl_lightning.federation.storage.round_store import HOLD_BYTES, RoundResult, RoundStore
+from fl_lightning.federation.serve import RoundServer, ServedRound
+from fl_lightning.federation.storage.round_store import HOLD_BYTES, RoundStore
 from fl_lightning.federation.storage.run_folder import write_metrics_csv, write_summary
 from fl_lightning.federation.storage.run_start import draw_partition, restore_run, start_run_folder
 from fl_lightning.federation.storage.server_checkpoint import ServerCheckpoint
@@ -222,30 +223,10 @@ class Simulation:
         aggregate's broadcast (the state, the row, every rank's records) and the round's end exchange (each
         rank's totals, ``on_round_end``, loggers; rank 0's files). One process: none, the same calls in order."""
         fabric, cfg = self.fabric, self.cfg
-        rank = fabric.global_rank
-        sizes = [len(p) for p in env.partition]
         for round_idx in range(run.completed_rounds, algorithm.num_rounds):
             round_start = time.monotonic()
-            sample = (
-                sample_clients
-                if self._behaviour is None
-                else partial(  # those online, not busy (late: stale)
-                    self._behaviour.sample, busy={p.client for p in run.pending}
-                )
-            )
-            clients = sample(
-                cfg.partition.num_clients, cfg.federation.client_fraction, seed=cfg.federation.sampling_seed, round_idx=round_idx
-            )
-            # every rank holds its clients' records in memory while the round is short; the others hand theirs to
-            # the server in the gather of the records (round_store.py), each at most its share of HOLD_BYTES, so
-            # the gather brings rank 0 (and, on NCCL, its GPU) at most that much at once. Uploads the aggregate only
-            # sums are folded instead, by ranks that each run a block of the clients in order (summed_uploads.py)
-            summed = summed_uploads_of(algorithm, round_idx, self._policies, cfg.federation.record_after_s)
-            blocks = None if summed is None else deal_in_order(sorted(clients), sizes, fabric.world_size)
-            mine = assignment[rank] if blocks is None else blocks[rank]
-            share = HOLD_BYTES if rank == 0 else HOLD_BYTES // fabric.world_size
-            fold = None if summed is None else UploadFold(summed, fabric.device, starts=rank == 0)
-            store = RoundStore(self.ckpt_dir, round_idx, hold_s=cfg.federation.record_after_s, hold_bytes=share, fold=fold)
+            clients = self._sampled(run, round_idx)
+            store, mine, blocks = self._round_store(algorithm, env, round_idx, clients, assignment)
             start_round = partial(
                 fabric.call,
                 "on_round_start",
@@ -275,38 +256,57 @@ class Simulation:
             # aggregate + evaluate: once, on the server, reading the uploads in client order; the new state, the
             # row and every rank's client records reach every rank. A method whose aggregate or evaluation every rank
             # can share runs it on every rank (docs/ranks.md); the state and the numbers are still one rank's
-            run.state, row, result = self._server.serve(algorithm, env, run, store, round_idx, plan, result)
+            served = ServedRound(algorithm, env, run, store, round_idx, plan, result)
+            run.state, row, result = self._server.serve(served)
 
             # the round's end on every rank (totals, callbacks, loggers; the server's files), then one exchange of
             # the outcomes: a failure there, on any rank, ends every rank
             everyone(
                 self.fabric,
-                partial(self._end_round, algorithm, run, store, checkpoint, round_idx, row, result, round_start, run_start),
+                partial(self._end_round, replace(served, result=result), row, checkpoint, round_start, run_start),
                 what=f"round {round_idx}'s end",
                 timeout_s=cfg.federation.collective_timeout_s,
             )
 
+    def _sampled(self, run: RunState, round_idx: int) -> list[int]:
+        """The round's clients: ``federation.client_fraction`` of them, drawn from those online and not busy with a
+        late update (federation.clients), seeded by ``federation.sampling_seed`` and the round."""
+        cfg, behaviour = self.cfg, self._behaviour
+        sample = sample_clients if behaviour is None else partial(behaviour.sample, busy={p.client for p in run.pending})
+        return sample(
+            cfg.partition.num_clients, cfg.federation.client_fraction, seed=cfg.federation.sampling_seed, round_idx=round_idx
+        )
+
+    def _round_store(
+        self, algorithm: Algorithm, env: Environment, round_idx: int, clients: list[int], assignment: list[list[int]]
+    ) -> tuple[RoundStore, list[int], list[list[int]] | None]:
+        """The round's store of records, this rank's clients and, where the uploads are folded, every rank's block.
+
+        Every rank holds its clients' records in memory while the round is short; the others hand theirs to the
+        server in the gather of the records (round_store.py), each at most its share of HOLD_BYTES, so the gather
+        brings rank 0 (and, on NCCL, its GPU) at most that much at once. Uploads the aggregate only sums are folded
+        instead, by ranks that each run a block of the clients in order (summed_uploads.py)."""
+        fabric, federation, rank = self.fabric, self.cfg.federation, self.fabric.global_rank
+        summed = summed_uploads_of(algorithm, round_idx, self._policies, federation.record_after_s)
+        sizes = [len(p) for p in env.partition]
+        blocks = None if summed is None else deal_in_order(sorted(clients), sizes, fabric.world_size)
+        share = HOLD_BYTES if rank == 0 else HOLD_BYTES // fabric.world_size
+        fold = None if summed is None else UploadFold(summed, fabric.device, starts=rank == 0)
+        store = RoundStore(self.ckpt_dir, round_idx, hold_s=federation.record_after_s, hold_bytes=share, fold=fold)
+        return store, (assignment[rank] if blocks is None else blocks[rank]), blocks
+
     def _end_round(
-        self,
-        algorithm: Algorithm,
-        run: RunState,
-        store: RoundStore,
-        checkpoint: ServerCheckpoint,
-        round_idx: int,
-        row: dict[str, Any],
-        result: RoundResult,
-        round_start: float,
-        run_start: float,
+        self, r: ServedRound, row: dict[str, Any], checkpoint: ServerCheckpoint, round_start: float, run_start: float
     ) -> None:
-        """This rank's end of a round: its totals and history, ``on_round_end``, the loggers; on the server, then,
-        the round's files (only when all of that succeeded on it)."""
-        fabric = self.fabric
+        """This rank's end of a round (``r.result``: every rank's records): its totals and history, ``on_round_end``,
+        the loggers; on the server, then, the round's files (only when all of that succeeded on it)."""
+        fabric, run, store, round_idx, result = self.fabric, r.run, r.store, r.round_idx, r.result
         if self._behaviour is not None and self._behaviour.late == "stale":
             late = [c for c, reason in result.failures.items() if reason == LATE_STALE]
             delays = {c: self._behaviour.stale_delay(round_idx, c, self.cfg.train.epochs) for c in late}
             held = (lambda c: store.load_client(c)[1]) if fabric.global_rank == 0 else (lambda c: None)
             run.pending, row["arrived"] = carry_late_updates(run.pending, round_idx, delays, held)
-        self._record_round(algorithm, run, round_idx, row, result, round_start, run_start)
+        self._record_round(r, row, round_start, run_start)
         fabric.call("on_round_end", round_idx=round_idx, metrics=row, results=result, history=run.history)
         fabric.log_dict({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=round_idx)
         if fabric.global_rank == 0:
@@ -319,25 +319,17 @@ class Simulation:
         store.clear()
 
     # ------------------------------------------------------------------------------------ phases
-    def _record_round(
-        self,
-        algorithm: Algorithm,
-        run: RunState,
-        round_idx: int,
-        row: dict[str, Any],
-        result: RoundResult,
-        round_start: float,
-        run_start: float,
-    ) -> None:
+    def _record_round(self, r: ServedRound, row: dict[str, Any], round_start: float, run_start: float) -> None:
         """The round's totals, history and metrics row (federation/round_records.py), with what the method, the
         update policies and the clients' behaviour report."""
+        run, round_idx, result = r.run, r.round_idx, r.result
         clients, behaviour = sorted(result.records), self._behaviour
         extras = {
             **self._policies.row(round_idx, clients),
             **(behaviour.row(round_idx, clients, result.failures) if behaviour is not None else {}),
         }
         record_round(run, round_idx, row, result, round_start=round_start, run_start=run_start)  # round_extras reads them
-        row.update({**algorithm.round_extras(round_idx, run.state), **extras})
+        row.update({**r.algorithm.round_extras(round_idx, run.state), **extras})
 
     def _summary(self, algorithm: Algorithm, run: RunState) -> dict[str, Any]:
         extras = {**algorithm.summary_extras(run.state), **self._policies.summary(len(run.rows))}

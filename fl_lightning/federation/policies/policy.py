@@ -82,6 +82,11 @@ class UpdatePolicy:
     # the ranks may not fold the uploads into sums where they are made (federation/ranks/summed_uploads.py)
     reads_each_upload: ClassVar[bool] = False
 
+    @property
+    def name(self) -> str:
+        """The name this policy's class is registered under for its kind (the first, where it has several)."""
+        return next(n for n, c in _REGISTRY[self.policy_kind].items() if c is type(self))
+
     @classmethod
     def build(cls, cfg: Any, setup: PolicySetup) -> UpdatePolicy:
         """The policy of run ``cfg`` (default: built with no arguments)."""

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from fl_lightning.federation.policies.policy import RoundContext, UpdatePolicy, named, register_policy, registered
+from fl_lightning.federation.policies.policy import RoundContext, UpdatePolicy, named, register_policy
 from fl_lightning.federation.ranks.placement import clients_per_round
 
 if TYPE_CHECKING:
@@ -139,10 +139,6 @@ class RobustAggregator(UpdatePolicy):
     def too_few_clients(cls, num_malicious: int, per_round: int) -> str | None:
         """Why ``per_round`` uploads are too few for the rule with f = ``num_malicious`` (None: enough)."""
         return None
-
-    @property
-    def name(self) -> str:
-        return next(n for n, c in registered("aggregator").items() if c is type(self))
 
     @property
     def is_mean(self) -> bool:

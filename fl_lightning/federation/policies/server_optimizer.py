@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from fl_lightning.errors import UsageError
-from fl_lightning.federation.policies.policy import RoundContext, UpdatePolicy, named, register_policy, registered
+from fl_lightning.federation.policies.policy import RoundContext, UpdatePolicy, named, register_policy
 
 __all__ = ["HYPER_PARAMETERS", "ServerOptimizer", "FedAvgM", "FedAdagrad", "FedAdam", "FedYogi"]
 
@@ -88,10 +88,6 @@ class ServerOptimizer(UpdatePolicy):
     @classmethod
     def build(cls, cfg: Any, setup: Any) -> ServerOptimizer:
         return cls.of(cfg.federation.server_optimizer)
-
-    @property
-    def name(self) -> str:
-        return next(n for n, c in registered("server_optimizer").items() if c is type(self))
 
     @property
     def is_mean(self) -> bool:
