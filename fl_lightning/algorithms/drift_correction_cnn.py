@@ -59,7 +59,7 @@ from fl_lightning.algorithms.scaffold import server_step as scaffold_server_step
 from fl_lightning.federation.aggregate import WeightedMean
 from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, register
 from fl_lightning.federation.policies.privacy_coverage import gap_by
-from fl_lightning.federation.storage.client_state import CLIENT_STATE_DIR, ClientStateStore
+from fl_lightning.federation.storage.client_state import ClientStateStore
 from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:
@@ -97,11 +97,8 @@ class _CorrectedCNN(FedAvgCNN):
         super().setup(env)
         self._params = tuple(k for k, p in self.module.model.named_parameters() if p.requires_grad)
         self._buffers = tuple(k for k in self._initial if k not in set(self._params))
-        self.client_state = ClientStateStore(
-            env.run_dir / "checkpoints" / CLIENT_STATE_DIR / self.name,
-            len(env.partition),
-            sum(self._initial[k].numel() for k in self._params),
-        )
+        numel = sum(self._initial[k].numel() for k in self._params)
+        self.client_state = ClientStateStore.of_run(env.run_dir, self.name, len(env.partition), numel)
         self._local: list[object] = []  # the gradient hooks of the client being trained (client_update sets them)
 
     def local_callbacks(self) -> list[object]:

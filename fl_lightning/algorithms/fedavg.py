@@ -35,7 +35,7 @@ from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.modules.linear_probe import LinearProbe
 
-__all__ = ["FedAvg", "FedAvgConfig", "HEAD_KEYS", "flat_head", "flat_named", "unflat_head", "unflat_named"]
+__all__ = ["FedAvg", "FedAvgConfig", "HEAD_KEYS", "flat_head", "head_numel", "flat_named", "unflat_head", "unflat_named"]
 
 _KEYS = ("head.weight", "head.bias")
 HEAD_KEYS = _KEYS  # the linear head's state keys, in the order flat_head lays them out
@@ -66,6 +66,11 @@ def flat_head(tensors: Mapping[str, torch.Tensor], prefix: str = "") -> torch.Te
 def unflat_head(vector: torch.Tensor, like: Mapping[str, torch.Tensor], prefix: str = "") -> dict[str, torch.Tensor]:
     """:func:`flat_head`'s inverse: ``{prefix + k: tensor}`` shaped and typed as ``like[k]``."""
     return unflat_named(vector, like, _KEYS, prefix)
+
+
+def head_numel(module: nn.Module) -> int:
+    """P, the values of the head ``module`` holds (W and b): what a client of a head's method keeps per vector."""
+    return sum(int(module.state_dict()[k].numel()) for k in _KEYS)
 
 
 @dataclass

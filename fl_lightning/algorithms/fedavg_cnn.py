@@ -42,7 +42,6 @@ from fl_lightning.federation.algorithm import Algorithm, Client, Environment, In
 from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.policies.privacy_coverage import gap_by, weights_only
 from fl_lightning.federation.precision import convert_module
-from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.modules.optim import make_optimizer
 
@@ -178,12 +177,7 @@ class FedAvgCNN(Algorithm):
         self.module.model.load_state_dict(weights)
         start = time.monotonic()
         if client.num_samples and self.cfg.train.epochs:
-            loader = self.env.loader(
-                client.dataset,
-                shuffle=True,
-                batch_size=self.cfg.train.batch_size,
-                seed=client_seed(self.cfg.seed, round_idx, client.index),
-            )
+            loader = self.env.client_loader(client, round_idx)
             fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs, callbacks=self.local_callbacks())
         return time.monotonic() - start
 

@@ -28,7 +28,6 @@ from fl_lightning.federation.aggregate import mean_of_uploads
 from fl_lightning.federation.algorithm import Algorithm, Client, Environment, InputSpec, RoundPlan, State, every_key, register
 from fl_lightning.federation.local_training import fit_local
 from fl_lightning.federation.policies.privacy_coverage import gap_by, weights_only
-from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:
@@ -96,12 +95,7 @@ class FedAvgPrompts(Algorithm):
     def client_update(self, round_idx: int, client: Client, download: Download) -> Upload:
         self._load(download.tensors)
         if client.num_samples and self.cfg.train.epochs:
-            loader = self.env.loader(
-                client.dataset,
-                shuffle=True,
-                batch_size=self.cfg.train.batch_size,
-                seed=client_seed(self.cfg.seed, round_idx, client.index),
-            )
+            loader = self.env.client_loader(client, round_idx)
             fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs)
         return Upload(self._trainable(), {"num_samples": client.num_samples})
 

@@ -39,13 +39,13 @@ import torch
 from torch import Tensor, nn
 
 from fl_lightning.algorithms.fedavg import HEAD_KEYS as _KEYS
-from fl_lightning.algorithms.fedavg import FedAvg, FedAvgConfig
+from fl_lightning.algorithms.fedavg import FedAvg, FedAvgConfig, head_numel
 from fl_lightning.algorithms.fedavg import flat_head as _flat
 from fl_lightning.algorithms.fedavg import unflat_head as _unflat
 from fl_lightning.errors import check
 from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, register
 from fl_lightning.federation.policies.privacy_coverage import never_covered
-from fl_lightning.federation.storage.client_state import CLIENT_STATE_DIR, ClientStateStore
+from fl_lightning.federation.storage.client_state import ClientStateStore
 from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:
@@ -114,8 +114,7 @@ class FedDyn(FedAvg):
 
     def setup(self, env: Environment) -> None:
         super().setup(env)
-        numel = sum(int(np.prod(self.module.state_dict()[k].shape)) for k in _KEYS)
-        self.client_state = ClientStateStore(env.run_dir / "checkpoints" / CLIENT_STATE_DIR / "feddyn", len(env.partition), numel)
+        self.client_state = ClientStateStore.of_run(env.run_dir, "feddyn", len(env.partition), head_numel(self.module))
         self._alphas = client_alphas(self.config.alpha, [len(p) for p in env.partition], self.config.adaptive_alpha)
 
     def initial_state(self) -> State:

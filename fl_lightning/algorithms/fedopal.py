@@ -49,7 +49,6 @@ from fl_lightning.errors import check
 from fl_lightning.federation.aggregate import weighted_average
 from fl_lightning.federation.algorithm import Client, Environment, InputSpec, RoundHistory, RoundPlan, State, register
 from fl_lightning.federation.local_training import fit_local
-from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.stages import Stage, StagedAlgorithm
 from fl_lightning.federation.transport import Download, Upload
 from fl_lightning.models.backbones import ViTBackbone
@@ -131,13 +130,7 @@ class PromptTrainer:
             self.module.head.load_state_dict(self._head_init)
         if train and self.cfg.train.epochs > 0 and client.num_samples > 0:
             dp_sgd = self.env.dp_sgd(round_idx, client)  # federation.privacy.dp_sgd: Poisson lots (docs/privacy.md)
-            loader = self.env.loader(
-                client.dataset,
-                shuffle=True,
-                batch_size=self.cfg.train.batch_size,
-                seed=client_seed(self.cfg.seed, round_idx, client.index),
-                dp_sgd=dp_sgd,
-            )
+            loader = self.env.client_loader(client, round_idx, dp_sgd=dp_sgd)
             proximal = ProximalCallback(mu=self.config.mu, reference={PromptTuningModule.prompt_parameter_name: prompts})
             fit_local(self.fabric, self.module, loader, epochs=self.cfg.train.epochs, callbacks=[proximal], dp_sgd=dp_sgd)
         return self.model.get_prompts().detach().cpu().clone()

@@ -32,18 +32,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from fl_lightning.algorithms.fedavg import HEAD_KEYS as _KEYS
-from fl_lightning.algorithms.fedavg import FedAvg, FedAvgConfig
+from fl_lightning.algorithms.fedavg import FedAvg, FedAvgConfig, head_numel
 from fl_lightning.algorithms.fedavg import flat_head as _flat
 from fl_lightning.algorithms.fedavg import unflat_head as _unflat
 from fl_lightning.errors import UsageError, check
 from fl_lightning.federation.algorithm import Client, Environment, RoundPlan, State, register
 from fl_lightning.federation.policies.privacy_coverage import never_covered
-from fl_lightning.federation.storage.client_state import CLIENT_STATE_DIR, ClientStateStore
+from fl_lightning.federation.storage.client_state import ClientStateStore
 from fl_lightning.federation.transport import Download, Upload
 
 __all__ = ["GradientCorrection", "Scaffold", "ScaffoldConfig", "StepCounter", "client_control", "require_sgd", "server_step"]
@@ -129,10 +128,7 @@ class Scaffold(FedAvg):
     def setup(self, env: Environment) -> None:
         require_sgd(self.name, self.cfg.train.optimizer)
         super().setup(env)
-        numel = sum(int(np.prod(self.module.state_dict()[k].shape)) for k in _KEYS)
-        self.client_state = ClientStateStore(
-            env.run_dir / "checkpoints" / CLIENT_STATE_DIR / "scaffold", len(env.partition), numel
-        )
+        self.client_state = ClientStateStore.of_run(env.run_dir, "scaffold", len(env.partition), head_numel(self.module))
 
     def initial_state(self) -> State:
         head = super().initial_state()

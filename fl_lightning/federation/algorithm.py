@@ -35,6 +35,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from fl_lightning.data.relabelled import Relabelled, RelabelledBatches
+from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.transport import Download, Upload
 
 if TYPE_CHECKING:
@@ -268,6 +269,12 @@ class Environment:
             generator=torch.Generator().manual_seed(dp.sampling_seed),
             make_loader=lots_loader,
         )
+
+    def client_loader(self, client: Client, round_idx: int, *, dp_sgd: DPSGD | None = None) -> Any:
+        """:meth:`loader` of ``client``'s rows for its local training in round ``round_idx``: shuffled by the client's
+        seed for the round (``ranks/placement.client_seed``), ``train.batch_size`` (null: ``data.batch_size``)."""
+        seed = client_seed(self.cfg.seed, round_idx, client.index)
+        return self.loader(client.dataset, shuffle=True, batch_size=self.cfg.train.batch_size, seed=seed, dp_sgd=dp_sgd)
 
     def loader_settings(self) -> LoaderSettings:
         """This rank's DataLoader settings: ``loading``, or ``data.num_workers`` & co. resolved for its device

@@ -48,6 +48,11 @@ class ClientStateStore:
         self.folder, self.num_clients, self.numel = Path(folder), int(num_clients), int(numel)
         self._width = -(-self.numel // _PAGE_VALUES) * _PAGE_VALUES  # whole pages per slot
 
+    @classmethod
+    def of_run(cls, run_dir: str | Path, name: str, num_clients: int, numel: int) -> ClientStateStore:
+        """The store a method ``name`` keeps in its run: ``<run_dir>/checkpoints/client_state/<name>``."""
+        return cls(Path(run_dir) / "checkpoints" / CLIENT_STATE_DIR / name, num_clients, numel)
+
     @property
     def _values_path(self) -> Path:
         return self.folder / "values.npy"
