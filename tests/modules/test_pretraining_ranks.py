@@ -121,19 +121,13 @@ class FailInBackward(lightning.Callback):
             weight.register_hook(fail)
 
 
-def _pretrain(out: Path, ranks=None, bad=None, callbacks=(), check_every=1, **batch):
-    return pretrain_tiny(
-        Images(45, 1, bad),
-        _val(),
-        out,
-        max_epochs=3,
-        seed=3,
-        patience=5,
-        callbacks=callbacks,
-        ranks=ranks,
-        check_every=check_every,
-        **{"batch_size": 8, "lr": 1e-3, **batch},
-    )
+_RUN = dict(max_epochs=3, seed=3, patience=5, batch_size=8, lr=1e-3)  # the tests' run; a test may change its batches
+
+
+def _pretrain(out: Path, ranks=None, bad=None, **run):
+    """The tiny ViT pre-trained as :data:`_RUN` on 45 images (``bad``: the index of an unreadable one) over ``ranks``;
+    ``run``: more of ``pretrain_classifier``'s arguments (callbacks, check_every, batch size, lr)."""
+    return pretrain_tiny(Images(45, 1, bad), _val(), out, ranks=ranks, **{**_RUN, **run})
 
 
 def _val_acc(out: Path) -> list[float]:
