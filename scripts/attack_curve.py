@@ -17,6 +17,8 @@ from pathlib import Path
 
 import yaml
 
+from fl_lightning.experiments.figures import saved_figure
+
 
 def curve_rows(out_dir: Path) -> list[dict]:
     """One row per (label, attackers' fraction): runs, mean and std (None for one run) of the accuracy."""
@@ -63,21 +65,13 @@ def write_curve(out_dir: Path) -> list[dict]:
         writer.writeheader()
         writer.writerows(rows)
     (out_dir / "attack_curve.md").write_text(markdown(rows))
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for label in dict.fromkeys(r["label"] for r in rows):
-        points = [(r["fraction"], r["accuracy_mean"]) for r in rows if r["label"] == label]
-        ax.plot([100 * x for x, _ in points], [100 * y for _, y in points], marker="o", label=label)
-    ax.set_xlabel("attacking clients (%)")
-    ax.set_ylabel("top-1 accuracy (%)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "attack_curve.png", dpi=120)
-    plt.close(fig)
+    with saved_figure(out_dir / "attack_curve.png", figsize=(5, 3.5)) as ax:
+        for label in dict.fromkeys(r["label"] for r in rows):
+            points = [(r["fraction"], r["accuracy_mean"]) for r in rows if r["label"] == label]
+            ax.plot([100 * x for x, _ in points], [100 * y for _, y in points], marker="o", label=label)
+        ax.set_xlabel("attacking clients (%)")
+        ax.set_ylabel("top-1 accuracy (%)")
+        ax.legend()
     return rows
 
 

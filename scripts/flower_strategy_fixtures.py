@@ -5,7 +5,8 @@
 It holds the seeded draws of the initial parameters, the target and an honest client's step, the calls into Flower
 (strategy construction, ``FitRes`` results, one ``aggregate_fit`` round), how arrays and a round are recorded, the
 fixture's header (``made_by``, ``flwr_version``, ``versions``, ``how``), the JSON layout and the ``--check`` / write
-step. Each maker keeps its own cases, notes, client plans and case-running loop. flwr is imported only inside the
+step (which ``make_flower_fixtures.py``, Flower's partitions, uses too). Each maker keeps its own cases, notes,
+client plans and case-running loop. flwr is imported only inside the
 functions that call it, so the module loads without it. Holds no logic of the package.
 """
 

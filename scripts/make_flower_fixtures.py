@@ -25,6 +25,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+import flower_strategy_fixtures as fixtures
 import numpy as np
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "fixtures" / "flower_partitions.json"
@@ -108,6 +109,18 @@ def record(parquet: Path, partitioner, shuffle_seed: int | None) -> dict:
     return {"partitions": parts, **({"redraws": redraws} if redraws else {})}
 
 
+def case(kind: str, data: str, parquet: Path, shuffle_seed: int | None, partitioner, **settings) -> dict:
+    """One fixture case: the partitioner's kind and recorded settings, the table, the shuffle seed, and Flower's
+    partitions of that table (:func:`record`)."""
+    return {
+        "partitioner": kind,
+        "data": data,
+        **settings,
+        "shuffle_seed": shuffle_seed,
+        **record(parquet, partitioner, shuffle_seed),
+    }
+
+
 def main(argv: list[str]) -> int:
     import datasets
     import flwr_datasets
@@ -127,85 +140,22 @@ def main(argv: list[str]) -> int:
             files[name] = Path(tmp) / f"{name}.parquet"
             datasets.Dataset.from_dict({**columns, "row": list(range(len(columns["label"])))}).to_parquet(files[name])
         for name, k, alpha, min_size, balance, seed, shuffle in DIRICHLET:
-            p = DirichletPartitioner(
-                num_partitions=k,
-                partition_by="label",
-                alpha=alpha,
-                min_partition_size=min_size,
-                self_balancing=balance,
-                seed=seed,
-            )
-            cases.append(
-                {
-                    "partitioner": "dirichlet",
-                    "data": name,
-                    "num_partitions": k,
-                    "alpha": alpha,
-                    "min_partition_size": min_size,
-                    "self_balancing": balance,
-                    "seed": seed,
-                    "shuffle_seed": shuffle,
-                    **record(files[name], p, shuffle),
-                }
-            )
+            settings = dict(num_partitions=k, alpha=alpha, min_partition_size=min_size, self_balancing=balance, seed=seed)
+            partitioner = DirichletPartitioner(partition_by="label", **settings)
+            cases.append(case("dirichlet", name, files[name], shuffle, partitioner, **settings))
         for name, k, shuffle in IID:
-            cases.append(
-                {
-                    "partitioner": "iid",
-                    "data": name,
-                    "num_partitions": k,
-                    "shuffle_seed": shuffle,
-                    **record(files[name], IidPartitioner(num_partitions=k), shuffle),
-                }
-            )
+            cases.append(case("iid", name, files[name], shuffle, IidPartitioner(num_partitions=k), num_partitions=k))
         for name, shuffle in NATURAL:
-            cases.append(
-                {
-                    "partitioner": "natural_id",
-                    "data": name,
-                    "partition_by": "writer",
-                    "shuffle_seed": shuffle,
-                    **record(files[name], NaturalIdPartitioner(partition_by="writer"), shuffle),
-                }
-            )
+            partitioner = NaturalIdPartitioner(partition_by="writer")
+            cases.append(case("natural_id", name, files[name], shuffle, partitioner, partition_by="writer"))
         for name, k, s, size, keep, seed, shuffle in SHARD:
-            p = ShardPartitioner(
-                num_partitions=k,
-                partition_by="label",
-                num_shards_per_partition=s,
-                shard_size=size,
-                keep_incomplete_shard=keep,
-                seed=seed,
-            )
-            cases.append(
-                {
-                    "partitioner": "shard",
-                    "data": name,
-                    "num_partitions": k,
-                    "num_shards_per_partition": s,
-                    "shard_size": size,
-                    "keep_incomplete_shard": keep,
-                    "seed": seed,
-                    "shuffle_seed": shuffle,
-                    **record(files[name], p, shuffle),
-                }
-            )
+            settings = dict(num_partitions=k, num_shards_per_partition=s, shard_size=size, keep_incomplete_shard=keep, seed=seed)
+            partitioner = ShardPartitioner(partition_by="label", **settings)
+            cases.append(case("shard", name, files[name], shuffle, partitioner, **settings))
         for name, k, c, mode, seed, shuffle in PATHOLOGICAL:
-            p = PathologicalPartitioner(
-                num_partitions=k, partition_by="label", num_classes_per_partition=c, class_assignment_mode=mode, seed=seed
-            )
-            cases.append(
-                {
-                    "partitioner": "pathological",
-                    "data": name,
-                    "num_partitions": k,
-                    "num_classes_per_partition": c,
-                    "class_assignment_mode": mode,
-                    "seed": seed,
-                    "shuffle_seed": shuffle,
-                    **record(files[name], p, shuffle),
-                }
-            )
+            settings = dict(num_partitions=k, num_classes_per_partition=c, class_assignment_mode=mode, seed=seed)
+            partitioner = PathologicalPartitioner(partition_by="label", **settings)
+            cases.append(case("pathological", name, files[name], shuffle, partitioner, **settings))
     fixture = {
         "made_by": "HF_DATASETS_OFFLINE=1 python scripts/make_flower_fixtures.py (in a venv with flwr-datasets)",
         "versions": {
@@ -220,14 +170,7 @@ def main(argv: list[str]) -> int:
         "cases": cases,
     }
     text = json.dumps(fixture, separators=(",", ":")) + "\n"
-    if "--check" in argv:
-        same = OUT.exists() and OUT.read_text() == text
-        print(f"{OUT}: {'is' if same else 'is NOT'} what flwr-datasets {flwr_datasets.__version__} makes")
-        return 0 if same else 1
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(text)
-    print(f"wrote {OUT} ({OUT.stat().st_size} bytes, {len(cases)} cases)")
-    return 0
+    return fixtures.write_or_check(OUT, text, argv, f"{len(cases)} cases", f"flwr-datasets {flwr_datasets.__version__}")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from fl_lightning.experiments.figures import saved_figure
+
 
 def curve_rows(out_dir: Path) -> list[dict]:
     """One row per run: algorithm, ε (inf: off), δ, σ, accuracy; sorted by algorithm, then ε."""
@@ -40,27 +42,19 @@ def write_curve(out_dir: Path) -> list[dict]:
         writer = csv.DictWriter(f, fieldnames=["run", "algorithm", "epsilon", "delta", "noise_multiplier", "accuracy"])
         writer.writeheader()
         writer.writerows(rows)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
     finite = [r["epsilon"] for r in rows if math.isfinite(r["epsilon"])]
     off_x = 2 * max(finite) if finite else 1.0  # "off" at the right end
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    by_method = defaultdict(list)
-    for r in rows:
-        by_method[r["algorithm"]].append((r["epsilon"] if math.isfinite(r["epsilon"]) else off_x, r["accuracy"]))
-    for method, points in by_method.items():
-        xs, ys = zip(*sorted(points))
-        ax.plot(xs, [100 * y for y in ys], marker="o", label=method)
-    ax.set_xscale("log")
-    ax.set_xlabel(f"ε (rightmost: off, drawn at {off_x:g})")
-    ax.set_ylabel("top-1 accuracy (%)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "privacy_curve.png", dpi=120)
-    plt.close(fig)
+    with saved_figure(out_dir / "privacy_curve.png", figsize=(5, 3.5)) as ax:
+        by_method = defaultdict(list)
+        for r in rows:
+            by_method[r["algorithm"]].append((r["epsilon"] if math.isfinite(r["epsilon"]) else off_x, r["accuracy"]))
+        for method, points in by_method.items():
+            xs, ys = zip(*sorted(points))
+            ax.plot(xs, [100 * y for y in ys], marker="o", label=method)
+        ax.set_xscale("log")
+        ax.set_xlabel(f"ε (rightmost: off, drawn at {off_x:g})")
+        ax.set_ylabel("top-1 accuracy (%)")
+        ax.legend()
     return rows
 
 

@@ -9,27 +9,17 @@ writes them) and ``partition`` (:func:`~fl_lightning.data.report.partition_image
 
 from __future__ import annotations
 
-from typing import Any
+import numpy as np
+
+from fl_lightning.callbacks.logger_extras import LoggerExtras
 
 __all__ = ["TensorBoardExtrasCallback"]
 
 
-class TensorBoardExtrasCallback:
+class TensorBoardExtrasCallback(LoggerExtras):
     """Args:
     logger: a ``lightning.fabric.loggers.TensorBoardLogger`` also passed to ``Fabric(loggers=...)``.
     """
 
-    def __init__(self, *, logger: Any) -> None:
-        self.logger = logger
-
-    def on_run_start(self, *, cfg: Any, env: Any, **_: Any) -> None:
-        if env.fabric.global_rank != 0:
-            return
-        from fl_lightning.config.loading import config_to_dict
-        from fl_lightning.data.partition import client_class_counts
-        from fl_lightning.data.report import partition_image
-
-        self.logger.log_hyperparams(config_to_dict(cfg))
-        counts = client_class_counts(env.splits.train_targets, env.partition, env.num_classes)
-        image = partition_image(counts, env.splits.classes)
+    def log_partition(self, image: np.ndarray) -> None:
         self.logger.experiment.add_image("partition", image, global_step=0, dataformats="HWC")

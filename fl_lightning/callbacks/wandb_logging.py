@@ -22,6 +22,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from fl_lightning.callbacks.logger_extras import LoggerExtras
+
 __all__ = ["WandbExtrasCallback", "wandb_init_args", "wandb_run_id", "wandb_mode", "comparison_group", "log_comparison"]
 
 _SUMMARY_KEYS = (
@@ -78,26 +82,17 @@ def wandb_init_args(cfg: Any) -> dict[str, Any]:
     return args
 
 
-class WandbExtrasCallback:
+class WandbExtrasCallback(LoggerExtras):
     """Args:
     logger: a ``lightning.pytorch.loggers.WandbLogger`` also passed to ``Fabric(loggers=...)``.
     """
 
-    def __init__(self, *, logger: Any) -> None:
-        self.logger = logger
+    def start(self, env: Any) -> None:
+        self.classes = list(env.splits.classes)  # the per-class accuracy's rows at the end
 
-    def on_run_start(self, *, cfg: Any, env: Any, **_: Any) -> None:
-        if env.fabric.global_rank != 0:
-            return
-        from fl_lightning.config.loading import config_to_dict
-        from fl_lightning.data.partition import client_class_counts
-        from fl_lightning.data.report import partition_image
-
-        self.classes = list(env.splits.classes)
-        self.logger.log_hyperparams(config_to_dict(cfg))
-        counts = client_class_counts(env.splits.train_targets, env.partition, env.num_classes)
+    def log_partition(self, image: np.ndarray) -> None:
         # pixels, not a Figure: wandb.Image(figure) needs matplotlib.pyplot imported (see data/report.py)
-        self.logger.log_image("partition", [partition_image(counts, env.splits.classes)])
+        self.logger.log_image("partition", [image])
 
     def on_round_end(self, *, round_idx: int, results: Any, **_: Any) -> None:
         rows = [

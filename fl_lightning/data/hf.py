@@ -37,7 +37,7 @@ import hashlib
 import json
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -95,15 +95,7 @@ class HFSource:
 
 def hf_source(data: Any) -> HFSource:
     """The ``data.*`` keys (a :class:`~fl_lightning.config.DataConfig`) a Hugging Face data set reads (``data.name: hf``)."""
-    return HFSource(
-        path=data.path,
-        train_split=data.train_split,
-        test_split=data.test_split,
-        image_column=data.image_column,
-        label_column=data.label_column,
-        revision=data.revision,
-        cache_dir=data.cache_dir,
-    )
+    return HFSource(**{f.name: getattr(data, f.name) for f in fields(HFSource)})  # the keys of the same names
 
 
 def hf_shorthand(name: str, path: str | None, *, key_prefix: str = "") -> tuple[str, str | None]:

@@ -13,6 +13,7 @@ printed. docs/usage.md says what a run folder guarantees.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import threading
 from collections.abc import Sequence
@@ -123,17 +124,9 @@ def parse_args(argv: Sequence[str]) -> Args:
     from fl_lightning.errors import UsageError
 
     known, overrides = build_parser().parse_known_args(_joined(argv))
-    args = Args(
-        config=known.config,
-        resume=known.resume,
-        print_config=known.print_config,
-        overwrite=known.overwrite,
-        debug=known.debug,
-        list_runs=known.list_runs,
-        shard=known.shard,
-        jobs=known.jobs,
-        overrides=overrides,
-    )
+    # every field but the overrides is the parser's option of that name (build_parser's dests)
+    flags = {f.name: getattr(known, f.name) for f in dataclasses.fields(Args) if f.name != "overrides"}
+    args = Args(**flags, overrides=overrides)
     if args.config is None and args.resume is None:
         raise UsageError("usage error: --config FILE (or --resume RUN_DIR) is required; see conf/ for examples")
     if args.config is not None and args.resume is not None:

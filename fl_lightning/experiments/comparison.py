@@ -41,6 +41,7 @@ from typing import Any
 
 from fl_lightning.durable_write import atomic_path, write_text_atomic
 from fl_lightning.experiments.command import CommandParser, run_command
+from fl_lightning.experiments.figures import saved_figure
 from fl_lightning.experiments.plan import COMPARISON_CONFIG, finished_summary
 
 __all__ = ["collect", "comparison_rows", "write_comparison", "write_table", "main"]
@@ -126,33 +127,26 @@ def _cell(row: dict[str, Any]) -> str:
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     finite = sorted({r["alpha"] for r in rows if not math.isinf(r["alpha"])})
     iid_x = max(finite) * 10 if finite else 1.0
     x_of = lambda a: iid_x if math.isinf(a) else a  # noqa: E731
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for method in dict.fromkeys(r["method"] for r in rows):
-        pts = sorted(
-            (x_of(r["alpha"]), r["accuracy_mean"], r["accuracy_std"] or 0.0)  # one run: no error bar
-            for r in rows
-            if r["method"] == method
-        )
-        xs, ys, es = zip(*pts)
-        ax.errorbar(xs, [100 * y for y in ys], yerr=[100 * e for e in es], marker="o", capsize=3, label=method)
-    ax.set_xscale("log")
-    ticks = finite + ([iid_x] if any(math.isinf(r["alpha"]) for r in rows) else [])
-    ax.set_xticks(ticks, [_alpha_name(a) if a != iid_x else "IID" for a in ticks])
-    ax.set_xlabel("Dirichlet α (label skew: small = skewed)")
-    ax.set_ylabel("top-1 accuracy (%)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, format="png")  # path: a temp file, whose name does not say it
-    plt.close(fig)
+    # format: path is a temp file, whose name does not say it
+    with saved_figure(path, figsize=(6, 4), format="png") as ax:
+        for method in dict.fromkeys(r["method"] for r in rows):
+            pts = sorted(
+                (x_of(r["alpha"]), r["accuracy_mean"], r["accuracy_std"] or 0.0)  # one run: no error bar
+                for r in rows
+                if r["method"] == method
+            )
+            xs, ys, es = zip(*pts)
+            ax.errorbar(xs, [100 * y for y in ys], yerr=[100 * e for e in es], marker="o", capsize=3, label=method)
+        ax.set_xscale("log")
+        ticks = finite + ([iid_x] if any(math.isinf(r["alpha"]) for r in rows) else [])
+        ax.set_xticks(ticks, [_alpha_name(a) if a != iid_x else "IID" for a in ticks])
+        ax.set_xlabel("Dirichlet α (label skew: small = skewed)")
+        ax.set_ylabel("top-1 accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
 
 
 def write_comparison(

@@ -36,6 +36,7 @@ import yaml
 
 from fl_lightning.errors import UsageError
 from fl_lightning.experiments.command import CommandParser, run_command
+from fl_lightning.experiments.figures import saved_figure
 from fl_lightning.federation.storage.run_folder import read_metrics_csv
 
 __all__ = ["Curve", "read_curve", "first_reaching", "write_curves", "main"]
@@ -98,23 +99,15 @@ def first_reaching(curve: Curve, target: float) -> tuple[float, float] | None:
 
 
 def _plot(curves: Sequence[Curve], x: str, path: Path, xlabel: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for c in curves:
-        ax.step(getattr(c, x), [100 * b for b in c.best], where="post", marker="o", ms=3, label=c.label)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("test accuracy, best so far (%)")
-    if x == "traffic_mb" and all(v > 0 for c in curves for v in c.traffic_mb):
-        ax.set_xscale("log")  # traffic spans orders of magnitude (LoRA blocks vs whole models)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with saved_figure(path, figsize=(5.5, 3.8)) as ax:
+        for c in curves:
+            ax.step(getattr(c, x), [100 * b for b in c.best], where="post", marker="o", ms=3, label=c.label)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("test accuracy, best so far (%)")
+        if x == "traffic_mb" and all(v > 0 for c in curves for v in c.traffic_mb):
+            ax.set_xscale("log")  # traffic spans orders of magnitude (LoRA blocks vs whole models)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
 
 
 def write_curves(run_dirs: Sequence[str | Path], out_dir: str | Path, targets: Sequence[float] | None = None) -> dict[str, Path]:

@@ -74,30 +74,13 @@ class CNNBackbone(FrozenTrunk):
         self._frozen = False
 
     @classmethod
-    def build(
-        cls,
-        *,
-        name: str,
-        pretrained: str | None,
-        checkpoint: str | None,
-        image_size: int | None,
-        overrides: dict,
-        cache_dir: str | None,
-        download: bool,
-    ) -> CNNBackbone:
-        """timm's ``name`` with ``num_classes=0`` and its weights (see the module docstring)."""
+    def build(cls, *, image_size: int | None, **weights: Any) -> CNNBackbone:
+        """timm's ``name`` with ``num_classes=0`` and its weights (see the module docstring); ``weights``: the other
+        keywords of :func:`~fl_lightning.models.timm_backbone.build_timm_model` (a CNN takes any input size, so
+        ``image_size`` is only the default input side)."""
         from fl_lightning.models.timm_backbone import build_timm_model
 
-        model = build_timm_model(
-            name=name,
-            pretrained=pretrained,
-            checkpoint=checkpoint,
-            image_size=None,
-            overrides=overrides,
-            cache_dir=cache_dir,
-            download=download,
-            vit=False,
-        )
+        model = build_timm_model(**weights, image_size=None, vit=False)
         cfg: dict[str, Any] = dict(getattr(model, "pretrained_cfg", None) or {})
         input_size = cfg.get("input_size") or (3, _DEFAULT_IMAGE_SIZE, _DEFAULT_IMAGE_SIZE)
         return cls(

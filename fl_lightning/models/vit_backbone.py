@@ -130,29 +130,11 @@ class ViTBackbone(FrozenTrunk, ABC):
         self.num_blocks = len(self.blocks)
 
     @classmethod
-    def build(
-        cls,
-        *,
-        name: str,
-        pretrained: str | None,
-        checkpoint: str | None,
-        feature: str,
-        image_size: int | None,
-        overrides: dict,
-        cache_dir: str | None,
-        download: bool,
-    ) -> ViTBackbone:
+    def build(cls, *, feature: str, **weights: Any) -> ViTBackbone:
         """Build the library's model with its own factory and loaders (see ``build_backbone``), with the
-        normalisation its weights were trained with (the library's default when they do not say)."""
-        model = cls.build_model(
-            name=name,
-            pretrained=pretrained,
-            checkpoint=checkpoint,
-            image_size=image_size,
-            overrides=overrides,
-            cache_dir=cache_dir,
-            download=download,
-        )
+        normalisation its weights were trained with (the library's default when they do not say).
+        ``weights``: :meth:`build_model`'s keywords."""
+        model = cls.build_model(**weights)
         cfg = getattr(model, cls.preprocess_attr, None) or {}
         return cls(
             model=model,
@@ -164,17 +146,11 @@ class ViTBackbone(FrozenTrunk, ABC):
     # -- what each library adapter provides --------------------------------------------------------
     @staticmethod
     @abstractmethod
-    def build_model(
-        *,
-        name: str,
-        pretrained: str | None,
-        checkpoint: str | None,
-        image_size: int | None,
-        overrides: dict,
-        cache_dir: str | None,
-        download: bool,
-    ) -> nn.Module:
-        """The library's own model, built by its factory, weights loaded by its loaders."""
+    def build_model(**weights: Any) -> nn.Module:
+        """The library's own model, built by its factory, weights loaded by its loaders. ``weights``, all
+        keywords: ``name`` (str), ``pretrained`` (a tag or None), ``checkpoint`` (a local file or None),
+        ``image_size`` (int or None), ``overrides`` (dict), ``cache_dir`` (str or None), ``download`` (bool)
+        — as :func:`~fl_lightning.models.backbones.build_backbone` passes them."""
 
     @classmethod
     @abstractmethod

@@ -547,18 +547,11 @@ def pretrain_classifier(
     )
     module.batch_transform = batch_transform
     generator = torch.Generator().manual_seed(seed)
-    data = dict(
-        train_dataset=train_dataset,
-        val_dataset=val_dataset,
-        batch_size=batch_size,
-        num_workers=num_workers,
-        pin_memory=pin_memory,
-        generator=generator,
-    )
+    data = _Loading(train_dataset, val_dataset, batch_size, num_workers, pin_memory, generator)
     if ranks is not None and ranks.world > 1:
-        setup = _over_ranks(module, ranks, seed=seed, callbacks=callbacks, check_every=check_every, **data)
+        setup = _over_ranks(module, ranks, data, seed=seed, callbacks=callbacks, check_every=check_every)
     else:
-        setup = _one_process(accelerator=accelerator, devices=devices, callbacks=callbacks, **data)
+        setup = _one_process(data, accelerator=accelerator, devices=devices, callbacks=callbacks)
     return _fit_resumable(module, setup, out, generator, precision=precision, max_epochs=max_epochs, patience=patience)
 
 
@@ -644,48 +637,29 @@ class _Setup(NamedTuple):
         return self.guard is not None
 
 
-def _one_process(
-    *,
-    train_dataset: Dataset,
-    val_dataset: Dataset,
-    batch_size: int,
-    num_workers: int,
-    pin_memory: bool,
-    generator: torch.Generator,
-    accelerator: str,
-    devices: int,
-    callbacks: Sequence[Callback],
-) -> _Setup:
+class _Loading(NamedTuple):
+    """What both set-ups build their loaders from: the splits, the (per-rank) batch size, the loader workers, and
+    the generator that orders the training batches."""
+
+    train_dataset: Dataset
+    val_dataset: Dataset
+    batch_size: int
+    num_workers: int
+    pin_memory: bool
+    generator: torch.Generator
+
+
+def _one_process(data: _Loading, *, accelerator: str, devices: int, callbacks: Sequence[Callback]) -> _Setup:
     """One process's pre-training: shuffled training batches in ``generator``'s order, the held-out ones in order."""
     # collate: default_collate, or a stored batch's float part run on the whole batch (synthesis/store.py)
-    train_loader = DataLoader(
-        train_dataset,
-        batch_size=batch_size,
-        shuffle=True,
-        num_workers=num_workers,
-        pin_memory=pin_memory,
-        generator=generator,
-        collate_fn=collate,
-    )
-    val_loader = DataLoader(
-        val_dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers, pin_memory=pin_memory, collate_fn=collate
-    )
+    workers = dict(num_workers=data.num_workers, pin_memory=data.pin_memory, collate_fn=collate)
+    train_loader = DataLoader(data.train_dataset, batch_size=data.batch_size, shuffle=True, generator=data.generator, **workers)
+    val_loader = DataLoader(data.val_dataset, batch_size=data.batch_size, shuffle=False, **workers)
     return _Setup(train_loader, val_loader, accelerator, devices, callbacks)
 
 
 def _over_ranks(
-    module: ViTClassifier,
-    ranks: Ranks,
-    *,
-    train_dataset: Dataset,
-    val_dataset: Dataset,
-    batch_size: int,
-    num_workers: int,
-    pin_memory: bool,
-    generator: torch.Generator,
-    seed: int,
-    callbacks: Sequence[Callback],
-    check_every: int = 1,
+    module: ViTClassifier, ranks: Ranks, data: _Loading, *, seed: int, callbacks: Sequence[Callback], check_every: int = 1
 ) -> _Setup:
     """The ranks' data-parallel pre-training (``pretraining_ranks.py``): ``module`` shares its steps over ``ranks``,
     each rank loads its shard of every global batch, on its own device, and reseeds per (seed, epoch, rank)."""
@@ -694,20 +668,20 @@ def _over_ranks(
     module.share_over_ranks(guard)
     split = dict(rank=ranks.rank, world=ranks.world)
     workers = dict(
-        num_workers=num_workers,
-        pin_memory=pin_memory,
-        worker_init_fn=partial(seed_rank_worker, ranks.rank) if num_workers else None,
+        num_workers=data.num_workers,
+        pin_memory=data.pin_memory,
+        worker_init_fn=partial(seed_rank_worker, ranks.rank) if data.num_workers else None,
     )
     train_loader = DataLoader(
-        RankItems(train_dataset),
-        batch_sampler=RankBatches(len(train_dataset), batch_size, generator=generator, **split),  # type: ignore[arg-type]
-        generator=generator,
+        RankItems(data.train_dataset),
+        batch_sampler=RankBatches(len(data.train_dataset), data.batch_size, generator=data.generator, **split),  # type: ignore[arg-type]
+        generator=data.generator,
         collate_fn=collate_rank_items,
         **workers,
     )
     val_loader = DataLoader(
-        RankItems(val_dataset),
-        batch_sampler=RankBatches(len(val_dataset), batch_size, generator=None, **split),  # type: ignore[arg-type]
+        RankItems(data.val_dataset),
+        batch_sampler=RankBatches(len(data.val_dataset), data.batch_size, generator=None, **split),  # type: ignore[arg-type]
         collate_fn=collate_rank_items,
         **workers,
     )

@@ -6,66 +6,10 @@
   denoising, image folder.
 """
 
-from fl_lightning.synthesis.generate import (
-    GenerationRequest,
-    class_totals,
-    decode_latents,
-    denoise_latents,
-    diffuse_forward,
-    encode_prompts,
-    fresh_timestep,
-    generate_images,
-    mix_latents,
-    mix_noise_fraction,
-    plan_generation,
-    plms_chain,
-    start_latent,
-    synthetic_volume,
-    top_up_latent,
-    top_up_std,
-)
-from fl_lightning.synthesis.latents import (
-    ClassLatentUpload,
-    class_centroids,
-    client_latent_uploads,
-    encode_images,
-    from_upload,
-    noise_latents,
-    to_upload,
-)
-from fl_lightning.synthesis.prompts import (
-    QUESTION,
-    LLMPromptExpander,
-    TemplatePromptExpander,
-    expand_with_cache,
-)
+# Each submodule's ``__all__`` names its public API; the package re-exports the union, so the lists are written once.
+from fl_lightning.synthesis import generate, latents, prompts
+from fl_lightning.synthesis.generate import *  # noqa: F403
+from fl_lightning.synthesis.latents import *  # noqa: F403
+from fl_lightning.synthesis.prompts import *  # noqa: F403
 
-__all__ = [
-    "ClassLatentUpload",
-    "encode_images",
-    "class_centroids",
-    "noise_latents",
-    "client_latent_uploads",
-    "to_upload",
-    "from_upload",
-    "QUESTION",
-    "TemplatePromptExpander",
-    "LLMPromptExpander",
-    "expand_with_cache",
-    "GenerationRequest",
-    "class_totals",
-    "synthetic_volume",
-    "mix_latents",
-    "mix_noise_fraction",
-    "top_up_std",
-    "top_up_latent",
-    "fresh_timestep",
-    "diffuse_forward",
-    "plan_generation",
-    "start_latent",
-    "encode_prompts",
-    "plms_chain",
-    "denoise_latents",
-    "decode_latents",
-    "generate_images",
-]
+__all__ = [*latents.__all__, *prompts.__all__, *generate.__all__]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Backbone", "BACKBONES", "backbone", "lora_params_per_block"]
+__all__ = ["Backbone", "BACKBONES", "backbone", "head_params", "lora_params_per_block"]
 
 _ACTIVATION_FLOATS_PER_TOKEN_DIM = 17  # saved tensors of one block, in units of N·D (module docstring)
 _BYTES_FP32 = 4

@@ -58,7 +58,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -200,14 +200,7 @@ def profile_arrays(profiles: Sequence[DeviceProfile]) -> dict[str, np.ndarray]:
     The returned keys match the keyword arguments of :func:`fl_lightning.systems.clc.
     contribution_aware_depths` (plus ``transmit_power_w``).
     """
-    keys = (
-        "forward_time_s",
-        "backward_time_per_layer_s",
-        "fixed_memory_gb",
-        "memory_per_layer_gb",
-        "memory_budget_gb",
-        "transmit_power_w",
-    )
+    keys = [f.name for f in fields(DeviceProfile) if f.name != "name"]  # every numeric field, in its order
     return {key: np.array([getattr(p, key) for p in profiles], dtype=np.float64) for key in keys}
 
 

@@ -8,29 +8,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
 import pytest
-import timm
 import torch
 
 from fl_lightning.callbacks.contribution import GradientContribution
-from fl_lightning.models.lora import LoraSpec
 from fl_lightning.modules.lora_classifier import LoRAClassifier
+from tests.modules.tiny_vit import lora_classifier, nonzero_lora
 
 
 def make() -> LoRAClassifier:
-    torch.manual_seed(0)
-    vit = timm.create_model(
-        "vit_tiny_patch16_224",
-        pretrained=False,
-        num_classes=3,
-        img_size=16,
-        patch_size=8,
-        embed_dim=32,
-        depth=3,
-        num_heads=2,
-    )
-    module = LoRAClassifier(backbone=vit, spec=LoraSpec(rank=2, alpha=4), lr=1e-2)
-    g = torch.Generator().manual_seed(1)
-    module.load_lora_state({k: torch.randn(v.shape, generator=g) * 0.1 for k, v in module.lora_state().items()})
+    module = lora_classifier(3, depth=3, lr=1e-2)
+    nonzero_lora(module, seed=1)
     return module
 
 

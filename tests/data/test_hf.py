@@ -82,6 +82,11 @@ def hf_cache(saved, monkeypatch, tmp_path):
     return saved["hub"]
 
 
+def _by_writer(path) -> list[str]:
+    """The command-line overrides of a run on the hf data set at ``path``, its clients by the ``writer`` column."""
+    return ["--data.name", "hf", "--data.path", str(path), "--partition.scheme", "natural", "--partition.by", "writer"]
+
+
 def _build(path, **kw):
     t = build_transform(normalization="imagenet", image_size=8, train=False)
     return build_dataset("hf", root=".", source=HFSource(path=str(path), **kw), train_transform=t, test_transform=t)
@@ -251,14 +256,7 @@ def test_config_keys_and_natural_partition(saved, hf_cache, form):
     cfg = load_config(
         str(CONF / "fedcgs_digits_tiny.yaml"),
         [
-            "--data.name",
-            "hf",
-            "--data.path",
-            str(saved[form]),
-            "--partition.scheme",
-            "natural",
-            "--partition.by",
-            "writer",
+            *_by_writer(saved[form]),
             "--partition.num_clients",
             "3",
         ],
@@ -272,14 +270,7 @@ def test_config_keys_and_natural_partition(saved, hf_cache, form):
             load_config(
                 str(CONF / "fedcgs_digits_tiny.yaml"),
                 [
-                    "--data.name",
-                    "hf",
-                    "--data.path",
-                    str(saved["disk"]),
-                    "--partition.scheme",
-                    "natural",
-                    "--partition.by",
-                    "writer",
+                    *_by_writer(saved["disk"]),
                     "--partition.num_clients",
                     "6",
                 ],
@@ -301,14 +292,7 @@ def test_a_natural_partition_that_groups_values_or_centralises_says_so(saved, hf
     cfg = load_config(
         str(CONF / "fedcgs_digits_tiny.yaml"),
         [
-            "--data.name",
-            "hf",
-            "--data.path",
-            str(saved["disk"]),
-            "--partition.scheme",
-            "natural",
-            "--partition.by",
-            "writer",
+            *_by_writer(saved["disk"]),
             "--partition.num_clients",
             "3",
             "--output_dir",
@@ -327,14 +311,7 @@ def test_natural_clients_default_to_one_per_value_resolved_before_the_run(saved,
     from fl_lightning.federation.num_clients import resolve_num_clients, resolve_runs
 
     natural = [
-        "--data.name",
-        "hf",
-        "--data.path",
-        str(saved["disk"]),
-        "--partition.scheme",
-        "natural",
-        "--partition.by",
-        "writer",
+        *_by_writer(saved["disk"]),
         "--output_dir",
         str(tmp_path),
         "--partition.num_clients",
@@ -400,14 +377,7 @@ def test_cli_run_on_a_parquet_folder_with_natural_clients(saved, tmp_path):
     out = run_cli(
         "--config",
         str(CONF / "fedcgs_digits_tiny.yaml"),
-        "--data.name",
-        "hf",
-        "--data.path",
-        str(saved["parquet"]),
-        "--partition.scheme",
-        "natural",
-        "--partition.by",
-        "writer",
+        *_by_writer(saved["parquet"]),
         "--partition.num_clients",
         "null",
         "--output_dir",

@@ -9,7 +9,6 @@ from torch import nn
 from fl_lightning.modules.data_free_kd import (
     BNStatistics,
     Generator,
-    SynthesisSettings,
     WeightedEnsemble,
     adversarial_loss,
     combine_logits,
@@ -22,6 +21,7 @@ from fl_lightning.modules.data_free_kd import (
     reweight_ensemble,
     synthesize,
 )
+from tests.modules.kd_settings import synthesis_settings
 from tests.outcomes import expect, outcome_seed
 
 
@@ -206,22 +206,23 @@ class _TinyCNN(nn.Module):
         return self.body(x)
 
 
-def _settings(**kw):
-    base = dict(
-        steps=40,
-        batch_size=40,
-        lr=0.05,
-        oh=1.0,
-        bn=0.0,
-        adv=0.0,
-        adv_temperature=1.0,
-        mask_agreement=True,
-        hardness=None,
-        bn_per_model=False,
-        augment=False,
-        clip_grad=None,
+def _synthesize(gen, ensemble, student, settings, rng, **precision):
+    """Five classes synthesised on the CPU, inputs normalised to mean 0.5, std 0.25; ``precision``: autocast, scaler."""
+    return synthesize(
+        gen,
+        ensemble,
+        student,
+        num_classes=5,
+        settings=settings,
+        normalize=lambda x: (x - 0.5) / 0.25,
+        rng=rng,
+        device=torch.device("cpu"),
+        **precision,
     )
-    return SynthesisSettings(**{**base, **kw})
+
+
+def _seeded() -> torch.Generator:
+    return torch.Generator().manual_seed(0)
 
 
 @pytest.mark.outcome
@@ -249,16 +250,7 @@ def test_synthesized_samples_drive_the_ensemble_to_the_sampled_labels(size, kw):
         rng = torch.Generator().manual_seed(outcome_seed(10 * k))
         with torch.no_grad():  # before: an untrained G's images give (nearly) one prediction for all
             before = ensemble(Generator(nz=16, ngf=8, image_size=size)(torch.randn(40, 16)))
-        images, labels = synthesize(
-            gen,
-            ensemble,
-            student,
-            num_classes=5,
-            settings=_settings(**kw),
-            normalize=lambda x: (x - 0.5) / 0.25,
-            rng=rng,
-            device=torch.device("cpu"),
-        )
+        images, labels = _synthesize(gen, ensemble, student, synthesis_settings(**kw), rng)
         with torch.no_grad():
             after = ensemble(images)
         assert images.shape == (40, 3, size, size) and labels.shape == (40,)
@@ -299,18 +291,7 @@ def _synthesis(autocast=None, scaler=None):
     ensemble = WeightedEnsemble([_TinyCNN(1).eval(), _TinyCNN(2).eval()]).requires_grad_(False)
     student = _TinyCNN(3).eval()
     gen = Generator(nz=8, ngf=4, image_size=16)
-    images, labels = synthesize(
-        gen,
-        ensemble,
-        student,
-        num_classes=5,
-        settings=_settings(**_FULL),
-        normalize=lambda x: (x - 0.5) / 0.25,
-        rng=torch.Generator().manual_seed(0),
-        device=torch.device("cpu"),
-        autocast=autocast,
-        scaler=scaler,
-    )
+    images, labels = _synthesize(gen, ensemble, student, synthesis_settings(**_FULL), _seeded(), autocast=autocast, scaler=scaler)
     return images, labels, ensemble, student
 
 
@@ -367,17 +348,7 @@ def test_under_bf16_autocast_every_forward_is_bf16_and_the_results_float32():
     ensemble = WeightedEnsemble([_TinyCNN(1).eval(), _TinyCNN(2).eval()]).requires_grad_(False)
     student, gen = _TinyCNN(3).eval(), Generator(nz=8, ngf=4, image_size=16)
     seen = _autocast_log(*ensemble.members, student, gen.blocks[2])  # a conv of G
-    images, _ = synthesize(
-        gen,
-        ensemble,
-        student,
-        num_classes=5,
-        settings=_settings(**_FULL),
-        normalize=lambda x: (x - 0.5) / 0.25,
-        rng=torch.Generator().manual_seed(0),
-        device=torch.device("cpu"),
-        autocast=autocast,
-    )
+    images, _ = _synthesize(gen, ensemble, student, synthesis_settings(**_FULL), _seeded(), autocast=autocast)
     assert seen and set(seen) == {(True, torch.bfloat16)}
     assert images.dtype == torch.float32 and torch.isfinite(images).all()
     student, teacher, losses = _distillation(_pool(), autocast=autocast)

@@ -14,7 +14,6 @@ from torch import nn
 
 from fl_lightning.dealing import Deal
 from fl_lightning.federation.ranks import collectives
-from fl_lightning.federation.ranks.liveness import watching
 from fl_lightning.modules.data_free_kd import (
     Generator,
     SynthesisSettings,
@@ -24,7 +23,9 @@ from fl_lightning.modules.data_free_kd import (
     synthesize,
 )
 from fl_lightning.modules.data_free_kd_ranks import SplitEnsemble
-from tests.gloo_ranks import report, run_ranks, verdict_to
+from tests.gloo_ranks import report, run_ranks
+from tests.modules.kd_settings import synthesis_settings
+from tests.modules.rank_watch import watched
 
 K, CLASSES, SIZE = 3, 5, 8  # K not a multiple of the 2 ranks: rank 0 holds teacher 0, rank 1 teachers 1 and 2
 
@@ -61,21 +62,8 @@ def _teachers(shard) -> list[nn.Module]:
 
 
 def _settings(**kw) -> SynthesisSettings:
-    base = dict(
-        steps=4,
-        batch_size=10,
-        lr=0.05,
-        oh=1.0,
-        bn=0.1,
-        adv=1.0,
-        adv_temperature=1.0,
-        mask_agreement=True,
-        hardness=None,
-        bn_per_model=False,
-        augment=True,
-        clip_grad=None,
-    )
-    return SynthesisSettings(**{**base, **kw})
+    """A 4-step synthesis of 10 images with DENSE's terms on (L_BN, adversarial, augmented view)."""
+    return synthesis_settings(**{"steps": 4, "batch_size": 10, "bn": 0.1, "adv": 1.0, "augment": True, **kw})
 
 
 def _scenario(make_ensemble, precision: str) -> dict[str, torch.Tensor]:
@@ -218,17 +206,7 @@ def _failing_worker(rank: int, world: int, port: int, out: str) -> None:
             raise RuntimeError("CUDA out of memory in the student's step (injected)")
         ensemble(x)  # rank 0: a gather rank 1 never joins
 
-    with watching(
-        None,
-        rank=rank,
-        world=world,
-        patience_s=3.0,
-        token="t",
-        exit_status=collectives.exit_status,
-        one_line=collectives.one_line,
-        decided=collectives.decided,
-        on_lost=verdict_to(out, rank, result),
-    ):
+    with watched(out, rank, world, result):
         collectives.everyone(fabric, distillation, what="the server's distillation", timeout_s=600)
     report(out, rank, result)  # not reached: the watch ends both ranks
 

@@ -7,41 +7,24 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
-import timm
 import torch
 import torch.nn.functional as F
 
-from fl_lightning.models.lora import LoraSpec, lora_layer_index
+from fl_lightning.models.lora import lora_layer_index
 from fl_lightning.modules.lora_classifier import LoRAClassifier
+from tests.modules.tiny_vit import lora_classifier, nonzero_lora
 from tests.outcomes import expect, outcome_seed
 
 DEPTH = 3
 
 
 def make(seed: int = 0, **kwargs) -> LoRAClassifier:
-    torch.manual_seed(seed)
-    vit = timm.create_model(
-        "vit_tiny_patch16_224",
-        pretrained=False,
-        num_classes=4,
-        img_size=16,
-        patch_size=8,
-        embed_dim=32,
-        depth=DEPTH,
-        num_heads=2,
-    )
-    return LoRAClassifier(backbone=vit, spec=LoraSpec(rank=2, alpha=4), **kwargs)
+    return lora_classifier(4, depth=DEPTH, seed=seed, **kwargs)
 
 
 def batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(4, 3, 16, 16, generator=g), torch.tensor([0, 1, 2, 3])
-
-
-def nonzero_lora(module: LoRAClassifier, seed: int = 0) -> None:
-    # peft starts lora_B at zero (so lora_A gets no gradient); give every adapter a value.
-    g = torch.Generator().manual_seed(seed)
-    module.load_lora_state({k: torch.randn(v.shape, generator=g) * 0.1 for k, v in module.lora_state().items()})
 
 
 def test_all_blocks_have_lora_and_everything_trains_by_default():

@@ -14,11 +14,9 @@ import torch
 from torch.utils.data import TensorDataset
 
 from fl_lightning.errors import MissingResourceError
-from fl_lightning.modules.pretraining import ViTClassifier, load_pretrained_vit, pretrain_classifier, split_holdout
+from fl_lightning.modules.pretraining import ViTClassifier, load_pretrained_vit, split_holdout
+from tests.modules.tiny_vit import NAME, TINY, pretrain_tiny
 from tests.outcomes import expect, outcome_seed
-
-NAME = "vit_tiny_patch16_224"
-TINY = dict(img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=2)
 
 
 def tiny_dataset(n: int, num_classes: int = 3, seed: int = 0) -> TensorDataset:
@@ -71,25 +69,26 @@ def test_training_step_returns_finite_loss():
     assert module.model.blocks[0].attn.qkv.weight.grad is not None
 
 
-def test_pretrain_and_reload(tmp_path):
-    train, val = split_holdout(tiny_dataset(48), 0.25, seed=0)
-    ckpt, epochs = pretrain_classifier(
-        model_name=NAME,
-        overrides=TINY,
+def _pretrain_for(epochs: int, train, val, out, *, seed: int):
+    """The tests' recipe: ``epochs`` epochs (patience as long), batches of 16, lr 3e-3, one CPU device in float32."""
+    return pretrain_tiny(
+        train,
+        val,
+        out,
         checkpoint=None,
-        num_classes=3,
-        train_dataset=train,
-        val_dataset=val,
-        out_dir=tmp_path,
-        max_epochs=2,
+        max_epochs=epochs,
         batch_size=16,
         lr=3e-3,
-        accelerator="cpu",
         devices=1,
         precision="32-true",
-        seed=0,
-        patience=2,
+        seed=seed,
+        patience=epochs,
     )
+
+
+def test_pretrain_and_reload(tmp_path):
+    train, val = split_holdout(tiny_dataset(48), 0.25, seed=0)
+    ckpt, epochs = _pretrain_for(2, train, val, tmp_path, seed=0)
     assert ckpt.is_file() and ckpt.parent == tmp_path / "checkpoints"
     assert epochs == 2  # patience 2 cannot stop a 2-epoch run early
     assert list((tmp_path / "pretrain").rglob("metrics.csv"))
@@ -117,23 +116,7 @@ def test_pretraining_learns_a_held_out_task(tmp_path):
     held-out images far above chance (1/3). Measured (seeds 0-4 of FL_TEST_SEED, AVX-512, 1 thread):
     0.96-1.0; an untrained model scores 0.33-0.5 on such splits. Bound: > 0.75."""
     train, val = split_holdout(tiny_dataset(96, seed=outcome_seed()), 0.25, seed=outcome_seed())
-    ckpt, _ = pretrain_classifier(
-        model_name=NAME,
-        overrides=TINY,
-        checkpoint=None,
-        num_classes=3,
-        train_dataset=train,
-        val_dataset=val,
-        out_dir=tmp_path,
-        max_epochs=3,
-        batch_size=16,
-        lr=3e-3,
-        accelerator="cpu",
-        devices=1,
-        precision="32-true",
-        seed=outcome_seed(),
-        patience=3,
-    )
+    ckpt, _ = _pretrain_for(3, train, val, tmp_path, seed=outcome_seed())
     model = load_pretrained_vit(ckpt).eval()
     x, y = val[:]
     with torch.no_grad():
@@ -146,21 +129,7 @@ def test_pretrain_reports_the_epochs_early_stopping_ran(tmp_path):
     import csv
 
     train, val = split_holdout(tiny_dataset(24), 0.25, seed=0)
-    _, epochs = pretrain_classifier(
-        model_name=NAME,
-        overrides=TINY,
-        checkpoint=None,
-        num_classes=3,
-        train_dataset=train,
-        val_dataset=val,
-        out_dir=tmp_path,
-        max_epochs=8,
-        batch_size=32,
-        lr=1e-9,
-        accelerator="cpu",
-        seed=0,
-        patience=1,
-    )
+    _, epochs = pretrain_tiny(train, val, tmp_path, checkpoint=None, max_epochs=8, batch_size=32, lr=1e-9, seed=0, patience=1)
     with next((tmp_path / "pretrain").rglob("metrics.csv")).open(newline="") as f:
         logged = {int(float(r["epoch"])) for r in csv.DictReader(f) if r.get("epoch")}
     assert epochs == len(logged) and epochs < 8  # lr 1e-9: held-out accuracy cannot improve, patience 1 stops it

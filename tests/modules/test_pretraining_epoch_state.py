@@ -20,10 +20,8 @@ from torch.utils.data import TensorDataset
 
 from fl_lightning.errors import DiskFullError
 from fl_lightning.modules import pretraining
-from fl_lightning.modules.pretraining import EPOCH_STATE, pretrain_classifier
-
-NAME = "vit_tiny_patch16_224"
-TINY = dict(img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=2)
+from fl_lightning.modules.pretraining import EPOCH_STATE
+from tests.modules.tiny_vit import pretrain_tiny
 
 
 def _pretrain(out: Path, max_epochs: int, callbacks=()):
@@ -31,21 +29,7 @@ def _pretrain(out: Path, max_epochs: int, callbacks=()):
     y = torch.arange(24) % 3
     train = TensorDataset(torch.randn(24, 3, 16, 16, generator=g) + (y.float() - 1.0).view(-1, 1, 1, 1), y)
     val = TensorDataset(torch.randn(6, 3, 16, 16, generator=g), torch.arange(6) % 3)
-    return pretrain_classifier(
-        model_name=NAME,
-        overrides=TINY,
-        num_classes=3,
-        train_dataset=train,
-        val_dataset=val,
-        out_dir=out,
-        max_epochs=max_epochs,
-        batch_size=8,
-        lr=1e-2,
-        accelerator="cpu",
-        seed=3,
-        patience=5,
-        callbacks=callbacks,
-    )
+    return pretrain_tiny(train, val, out, max_epochs=max_epochs, batch_size=8, lr=1e-2, seed=3, patience=5, callbacks=callbacks)
 
 
 def _writers() -> list[threading.Thread]:

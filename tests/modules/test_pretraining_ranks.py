@@ -25,13 +25,11 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from fl_lightning.federation.ranks import collectives
 from fl_lightning.federation.ranks.collectives import RankFailure, Ranks, RankStopped, everyone
-from fl_lightning.federation.ranks.liveness import watching
-from fl_lightning.modules.pretraining import EPOCH_STATE, per_rank_batch_and_lr, pretrain_classifier
+from fl_lightning.modules.pretraining import EPOCH_STATE, per_rank_batch_and_lr
 from fl_lightning.modules.pretraining_ranks import RankBatches, shard_rows
-from tests.gloo_ranks import report, run_ranks, verdict_to
-
-NAME = "vit_tiny_patch16_224"
-TINY = dict(img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=2)
+from tests.gloo_ranks import report, run_ranks
+from tests.modules.rank_watch import watched
+from tests.modules.tiny_vit import pretrain_tiny
 
 
 class Images(Dataset):
@@ -123,23 +121,13 @@ class FailInBackward(lightning.Callback):
             weight.register_hook(fail)
 
 
-def _pretrain(out: Path, ranks=None, bad=None, callbacks=(), check_every=1, **batch):
-    return pretrain_classifier(
-        model_name=NAME,
-        overrides=TINY,
-        num_classes=3,
-        train_dataset=Images(45, 1, bad),
-        val_dataset=_val(),
-        out_dir=out,
-        max_epochs=3,
-        accelerator="cpu",
-        seed=3,
-        patience=5,
-        callbacks=callbacks,
-        ranks=ranks,
-        check_every=check_every,
-        **{"batch_size": 8, "lr": 1e-3, **batch},
-    )
+_RUN = dict(max_epochs=3, seed=3, patience=5, batch_size=8, lr=1e-3)  # the tests' run; a test may change its batches
+
+
+def _pretrain(out: Path, ranks=None, bad=None, **run):
+    """The tiny ViT pre-trained as :data:`_RUN` on 45 images (``bad``: the index of an unreadable one) over ``ranks``;
+    ``run``: more of ``pretrain_classifier``'s arguments (callbacks, check_every, batch size, lr)."""
+    return pretrain_tiny(Images(45, 1, bad), _val(), out, ranks=ranks, **{**_RUN, **run})
 
 
 def _val_acc(out: Path) -> list[float]:
@@ -173,17 +161,7 @@ def _worker(rank: int, world: int, port: int, out: str, case: str) -> None:
         result["failed_at"] = time.time()
         # backward: rank 1 raises inside DDP's backward; unchecked: a bad image on rank 1 between two checks
         run = dict(callbacks=[FailInBackward(1)]) if case == "backward" else dict(bad=44 if rank == 1 else None, check_every=1000)
-        with watching(
-            None,
-            rank=rank,
-            world=world,
-            patience_s=3.0,
-            token="t",
-            exit_status=collectives.exit_status,
-            one_line=collectives.one_line,
-            decided=collectives.decided,
-            on_lost=verdict_to(out, rank, result),
-        ):
+        with watched(out, rank, world, result):
             everyone(fabric, lambda: _pretrain(Path(out) / "run", ranks, **run), what="the pre-training", timeout_s=600)
         report(out, rank, result)  # not reached: the watch ends both ranks
         return

@@ -20,10 +20,8 @@ import pytest
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from fl_lightning.modules.pretraining import EPOCH_STATE, pretrain_classifier
-
-NAME = "vit_tiny_patch16_224"
-TINY = dict(img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=2)
+from fl_lightning.modules.pretraining import EPOCH_STATE
+from tests.modules.tiny_vit import NAME, TINY, pretrain_tiny
 
 
 class NoisyImages(Dataset):
@@ -62,21 +60,7 @@ class StopInEpoch(lightning.Callback):
 
 def _pretrain(out: Path, **kw):
     val = TensorDataset(torch.randn(6, 3, 16, 16, generator=torch.Generator().manual_seed(9)), torch.arange(6) % 3)
-    return pretrain_classifier(
-        model_name=NAME,
-        overrides=TINY,
-        num_classes=3,
-        train_dataset=NoisyImages(40, 1),
-        val_dataset=val,
-        out_dir=out,
-        max_epochs=2,
-        batch_size=8,
-        lr=1e-3,
-        accelerator="cpu",
-        seed=3,
-        patience=5,
-        **kw,
-    )
+    return pretrain_tiny(NoisyImages(40, 1), val, out, max_epochs=2, batch_size=8, lr=1e-3, seed=3, patience=5, **kw)
 
 
 def _weights(ckpt: Path) -> dict[str, torch.Tensor]:

@@ -30,8 +30,9 @@ from fl_lightning.synthesis.generate import (
     top_up_latent,
     top_up_std,
 )
-from fl_lightning.synthesis.latents import ClassLatentUpload, client_latent_uploads
+from fl_lightning.synthesis.latents import ClassLatentUpload
 from fl_lightning.synthesis.prompts import TemplatePromptExpander
+from tests.synthesis.chain import client_uploads, random_images, two_clients
 
 # ------------------------------------------------------------------------------------------------
 # sampling with an oracle UNet
@@ -348,13 +349,6 @@ def test_volumes_and_plan():
 # the whole chain with tiny components
 
 
-def _clients():
-    def imgs(n, seed):
-        return torch.rand(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
-
-    return {0: {0: imgs(5, 0), 1: imgs(3, 1)}, 1: {0: imgs(2, 2), 1: imgs(6, 3)}}
-
-
 def _pixels(path):
     return np.asarray(Image.open(path).convert("RGB"), dtype=np.int16)
 
@@ -363,12 +357,7 @@ def test_whole_chain_writes_an_imagefolder_resumably(tiny_sd, tmp_path):
     from torchvision.datasets import ImageFolder
 
     names = ["apple_pie", "dog"]
-    uploads = {
-        c: client_latent_uploads(
-            tiny_sd.vae, tiny_sd.scheduler, data, num_centroids=2, timestep=None, max_timestep=600, seed=10 + c
-        )
-        for c, data in _clients().items()
-    }
+    uploads = client_uploads(tiny_sd, two_clients(), timestep=None, max_timestep=600, seed=10)
     volume = synthetic_volume(class_totals(uploads), 0.7)
     assert volume == {0: round(0.7 * 7), 1: round(0.7 * 9)} == {0: 5, 1: 6}
     prompts = TemplatePromptExpander(seed=0).expand(names, 3)
@@ -474,14 +463,8 @@ def test_every_image_is_its_own_sample_and_reproducible(tiny_sd, tmp_path):
     images have no near-duplicate (mean |Δpixel| < 2/255) among all others; the same seed gives
     bit-identical files; another seed gives other images from the same uploads."""
 
-    def imgs(n, seed):
-        return torch.rand(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
-
-    data = {0: {0: imgs(9, 0), 1: imgs(2, 1)}, 1: {0: imgs(3, 2), 1: imgs(8, 3)}}
-    uploads = {
-        c: client_latent_uploads(tiny_sd.vae, tiny_sd.scheduler, d, num_centroids=2, timestep=400, max_timestep=999, seed=20 + c)
-        for c, d in data.items()
-    }
+    data = {0: {0: random_images(9, 0), 1: random_images(2, 1)}, 1: {0: random_images(3, 2), 1: random_images(8, 3)}}
+    uploads = client_uploads(tiny_sd, data, timestep=400, max_timestep=999, seed=20)
     assert [u.mean_only for u in uploads[0]] == [False, True]  # client 0, class 1: 2 ≤ Z samples
     names = ["cat", "dog"]
     volume = synthetic_volume(class_totals(uploads), 1.0)
@@ -513,12 +496,7 @@ def test_every_image_is_its_own_sample_and_reproducible(tiny_sd, tmp_path):
 def test_ranks_dealt_the_batches_write_the_images_of_one_process(tiny_sd, tmp_path):
     """Three ranks (run here one after the other) write the very files one process writes, and one manifest."""
     names = ["apple_pie", "dog"]
-    uploads = {
-        c: client_latent_uploads(
-            tiny_sd.vae, tiny_sd.scheduler, data, num_centroids=2, timestep=None, max_timestep=600, seed=10 + c
-        )
-        for c, data in _clients().items()
-    }
+    uploads = client_uploads(tiny_sd, two_clients(), timestep=None, max_timestep=600, seed=10)
     prompts = TemplatePromptExpander(seed=0).expand(names, 3)
     reqs = plan_generation(uploads, names, prompts, volume_per_class={0: 4, 1: 5}, rho=0.8, seed=1)
     kw = dict(batch_size=2, num_inference_steps=4, guidance_scale=2.0, device="cpu", progress=False)

@@ -11,7 +11,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from pathlib import Path
 
 import pytest
-import torch
 
 from fl_lightning.synthesis import generate
 from fl_lightning.synthesis.generate import (
@@ -21,8 +20,8 @@ from fl_lightning.synthesis.generate import (
     plan_generation,
     synthetic_volume,
 )
-from fl_lightning.synthesis.latents import client_latent_uploads
 from fl_lightning.synthesis.prompts import TemplatePromptExpander
+from tests.synthesis.chain import client_uploads, two_clients
 
 KW = dict(batch_size=3, num_inference_steps=8, guidance_scale=2.0, device="cpu", progress=False)
 
@@ -33,14 +32,7 @@ class Crash(RuntimeError):
 
 @pytest.fixture
 def requests(tiny_sd):
-    def imgs(n, seed):
-        return torch.rand(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
-
-    data = {0: {0: imgs(5, 0), 1: imgs(3, 1)}, 1: {0: imgs(2, 2), 1: imgs(6, 3)}}
-    uploads = {
-        c: client_latent_uploads(tiny_sd.vae, tiny_sd.scheduler, d, num_centroids=2, timestep=300, max_timestep=600, seed=10 + c)
-        for c, d in data.items()
-    }
+    uploads = client_uploads(tiny_sd, two_clients(), timestep=300, max_timestep=600, seed=10)
     volume = synthetic_volume(class_totals(uploads), 0.7)  # {0: 5, 1: 6}: 11 images, batches of 3
     prompts = TemplatePromptExpander(seed=0).expand(["apple_pie", "dog"], 3)
     return plan_generation(uploads, ["apple_pie", "dog"], prompts, volume_per_class=volume, rho=0.8, seed=1)

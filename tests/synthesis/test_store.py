@@ -18,7 +18,7 @@ from fl_lightning.data.preprocessed import collate
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.errors import DiskFullError
 from fl_lightning.federation.storage import checkpoint as checkpoint_module
-from fl_lightning.modules.pretraining import pretrain_classifier, split_holdout
+from fl_lightning.modules.pretraining import split_holdout
 from fl_lightning.synthesis.generate import MANIFEST_NAME
 from fl_lightning.synthesis.store import (
     STORE_DIR,
@@ -29,6 +29,7 @@ from fl_lightning.synthesis.store import (
     store_key,
     stored_splits,
 )
+from tests.modules.tiny_vit import TINY, pretrain_tiny
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
 
@@ -252,7 +253,7 @@ def test_input_mode_one_store_at_the_input_size_the_crops_resampled_from_it(tmp_
 def test_pretraining_on_the_store_gives_the_png_weights(tmp_path, defer):
     folder = _folder(tmp_path / "images", n=24, side=40)
     train_tf, val_tf = _transforms(32)  # the training split's RandomResizedCrop and flip draw as on the PNGs
-    tiny = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
+    tiny = dict(TINY, img_size=32)
     weights = []
     for name, (train_all, val_all) in {
         "png": (SyntheticFolder(folder, train_tf), SyntheticFolder(folder, val_tf)),
@@ -260,17 +261,14 @@ def test_pretraining_on_the_store_gives_the_png_weights(tmp_path, defer):
     }.items():
         train, _ = split_holdout(train_all, 0.25, 0)
         _, val = split_holdout(val_all, 0.25, 0)
-        ckpt, _ = pretrain_classifier(
-            model_name="vit_tiny_patch16_224",
+        ckpt, _ = pretrain_tiny(
+            train,
+            val,
+            tmp_path / name,
             overrides=tiny,
-            num_classes=3,
-            train_dataset=train,
-            val_dataset=val,
-            out_dir=tmp_path / name,
             max_epochs=2,
             batch_size=8,
             lr=3e-3,
-            accelerator="cpu",
             seed=0,
             patience=2,
             batch_transform=train_all.deferred if name == "store" else None,

@@ -192,19 +192,23 @@ def test_more_valuable_device_goes_at_least_as_deep() -> None:
     assert x[1] >= x[0]
 
 
+def _ten_devices(rng: np.random.Generator, *, layer_bits: float, efficiency: tuple[float, float]) -> dict:
+    """CLC's inputs besides the profiles for 10 devices of 500 samples, 12 layers, 10 MHz: contributions uniform in
+    [0, 1), then spectral efficiencies uniform in ``efficiency`` (drawn from ``rng`` in that order)."""
+    return dict(
+        contributions=rng.uniform(0, 1, (10, 12)),
+        num_samples=np.full(10, 500.0),
+        layer_bits=layer_bits,
+        spectral_efficiency=rng.uniform(*efficiency, 10),
+        total_bandwidth_hz=10e6,
+    )
+
+
 def test_paper_testbed_runs_and_respects_memory() -> None:
     profiles = paper_testbed()
     arrays = profile_arrays(profiles)
     arrays.pop("transmit_power_w")
-    rng = np.random.default_rng(0)
-    x = contribution_aware_depths(
-        contributions=rng.uniform(0, 1, (10, 12)),
-        num_samples=np.full(10, 500.0),
-        layer_bits=3e6,
-        spectral_efficiency=rng.uniform(15, 18, 10),
-        total_bandwidth_hz=10e6,
-        **arrays,
-    )
+    x = contribution_aware_depths(**_ten_devices(np.random.default_rng(0), layer_bits=3e6, efficiency=(15, 18)), **arrays)
     assert np.all(x <= [max_depth(p, 12) for p in profiles]) and np.all(x >= 1)
 
 
@@ -273,14 +277,7 @@ def _testbed_kw() -> dict:
 def test_policy_depths_matches_each_policy_function() -> None:
     kw = _testbed_kw()
     limits = [max_depth(p, 12) for p in _tight_testbed()]
-    rng = np.random.default_rng(3)
-    clc_kw = dict(
-        contributions=rng.uniform(0, 1, (10, 12)),
-        num_samples=np.full(10, 500.0),
-        layer_bits=1.2e6,
-        spectral_efficiency=rng.uniform(0.01, 0.03, 10),
-        total_bandwidth_hz=10e6,
-    )
+    clc_kw = _ten_devices(np.random.default_rng(3), layer_bits=1.2e6, efficiency=(0.01, 0.03))
     for policy in DEPTH_POLICIES:
         d = policy_depths(policy, num_layers=12, fixed_depth=9, **kw, **clc_kw)
         expected_request = {
