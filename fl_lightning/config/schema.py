@@ -463,7 +463,13 @@ class ClientBehaviourConfig:
     # a file saying who is online each round instead of the draw: one 0/1 row per round, one column per client (text
     # or .npy; round t reads row t mod rows); null: availability's draw (federation/availability_trace.py)
     availability_trace: str | None = None
+    # who is online: a model registered for the kind "availability" (federation/policies/availability.py: always,
+    # bernoulli, trace, or one of your own); null: bernoulli with availability < 1, trace with availability_trace
+    availability_model: str | None = None
     dropout: float = 0.0  # P(a sampled client drops out after its download: no upload, a failure that is no error)
+    # who drops out: a model registered for the kind "dropout" (federation/policies/dropout.py: none, bernoulli, or
+    # one of your own); null: bernoulli with dropout > 0
+    dropout_model: str | None = None
     # P(a sampled client is a straggler): it runs E_k ~ U{1..E} of its E local epochs (train.epochs) — FedProx's
     # systems heterogeneity (Li et al., MLSys 2020, Sec. 5.2)
     stragglers: float = 0.0

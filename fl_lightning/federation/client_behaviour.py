@@ -2,14 +2,16 @@
 mid-round, the two system behaviours FLGo simulates for every algorithm (its ``availability`` and ``dropout``).
 
 * **availability** a: in each round each client is online with probability a, independently (a Bernoulli draw
-  from (seed, round, client)) — or as a trace file says (``availability_trace``,
+  from (seed, round, client); each model is one registered class, federation/policies/availability.py) — or as a
+  trace file says (``availability_trace``,
   :mod:`~fl_lightning.federation.availability_trace`: one 0/1 row per round, one column per client); the server
   samples its ``client_fraction`` of the K clients from those online (``max(1, round(fraction·K))`` of them, or
   all of them when fewer are online). A round with none online has no
   clients and stops the run as any round with fewer than ``federation.min_clients`` successes does; with
   ``min_clients: 0`` (averaging methods) a round that no update reached keeps the global state and the run goes on.
 * **dropout** d: each sampled client drops out after receiving the global state with probability d (a draw from
-  (seed, round, client)): its download is counted, its upload never arrives. It is a failure the engine sees —
+  (seed, round, client); federation/policies/dropout.py): its download is counted, its upload never arrives. It is
+  a failure the engine sees —
   ``failed`` and ``dropped`` in metrics.csv, its reason in the run's ``failed_clients`` — that counts against
   ``federation.min_clients`` but never stops the run under ``on_client_error: raise`` (a dropout is not an error).
 
@@ -53,10 +55,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fl_lightning.errors import UsageError
-from fl_lightning.federation.availability_trace import read_availability_trace
 from fl_lightning.federation.local_training import epochs_run
+from fl_lightning.federation.policies.availability import Availability, TraceAvailability, availability_name
+from fl_lightning.federation.policies.dropout import Dropout, dropout_name
+from fl_lightning.federation.policies.policy import named
 from fl_lightning.federation.policies.stale_updates import arrival_delay
-from fl_lightning.federation.ranks.placement import clients_per_round, derive_seed
+from fl_lightning.federation.ranks.placement import clients_per_round, derive_seed, seeded_uniform
 
 if TYPE_CHECKING:
     from fl_lightning.config import ClientBehaviourConfig, RunConfig
@@ -79,12 +83,9 @@ STRAGGLED = "missed the round's deadline (federation.clients.drop_stragglers)"  
 LATE = "missed the round's deadline (federation.clients.deadline_s)"  # a client slower than the deadline
 LATE_STALE = "missed the round's deadline; its update is aggregated later (federation.clients.late: stale)"
 NO_ERROR = (DROPPED, STRAGGLED, LATE, LATE_STALE)  # failures that are behaviour, never an error under on_client_error: raise
-# separate the draws from each other and from every other (seed, round, client) seed
-_AVAILABLE_TAG, _DROPOUT_TAG, _STRAGGLER_TAG, _EPOCHS_TAG, _SPEED_TAG = 0xA7A1, 0xD209, 0x5724, 0xE90C, 0x5BEE
-
-
-def _uniform(seed: int, round_idx: int, client: int, tag: int) -> float:
-    return float(np.random.default_rng(derive_seed(seed, round_idx, client, tag)).random())
+# separate the draws from each other and from every other (seed, round, client) seed (availability's and dropout's:
+# federation/policies/availability.py, dropout.py)
+_STRAGGLER_TAG, _EPOCHS_TAG, _SPEED_TAG = 0x5724, 0xE90C, 0x5BEE
 
 
 def client_speeds(seed: int, num_clients: int, spread: float) -> np.ndarray:
@@ -120,15 +121,15 @@ def late_mask(times: np.ndarray, deadline_s: float | None) -> np.ndarray:
 
 @dataclass(frozen=True)
 class ClientBehaviour:
-    """The run's client behaviour: availability a (or a trace), dropout d, stragglers s, speeds and a deadline, and
-    their seed. The clients' speeds and steps per pass come with :meth:`with_clients`, once the data is split."""
+    """The run's client behaviour: who is online (its availability model), who drops out (its dropout model),
+    stragglers s, speeds and a deadline, and their seed. The clients' speeds and steps per pass come with
+    :meth:`with_clients`, once the data is split."""
 
-    availability: float
-    dropout: float
+    availability: Availability
+    dropout: Dropout
     seed: int
     stragglers: float = 0.0
     drop_stragglers: bool = False
-    trace: np.ndarray | None = field(default=None, compare=False, repr=False)  # (rows, K) bool: who is online
     speed_spread: float = 0.0
     step_s: float = 1.0
     deadline_s: float | None = None
@@ -142,23 +143,16 @@ class ClientBehaviour:
         """``federation.clients`` over K = ``num_clients`` clients (None when every client is always there and on
         time: a = 1, no trace, d = 0, s = 0, no deadline). Reads the availability trace, if any (one line when it is
         bad)."""
-        path, deadline = config.availability_trace, config.deadline_s
-        if (
-            config.availability >= 1.0
-            and path is None
-            and config.dropout <= 0.0
-            and config.stragglers <= 0.0
-            and deadline is None
-        ):
+        deadline, availability, dropout = config.deadline_s, availability_name(config), dropout_name(config)
+        if availability == "always" and dropout == "none" and config.stragglers <= 0.0 and deadline is None:
             return None
-        trace = None if path is None else read_availability_trace(path, int(num_clients or 0))
+        key = "federation.clients.{}_model"
         return cls(
-            float(config.availability),
-            float(config.dropout),
+            named("availability", availability, key.format("availability")).of_clients(config, int(num_clients or 0)),
+            named("dropout", dropout, key.format("dropout")).of_clients(config, int(num_clients or 0)),
             int(config.seed),
             float(config.stragglers),
             bool(config.drop_stragglers),
-            trace,
             float(config.speed_spread),
             float(config.step_s),
             None if deadline is None else float(deadline),
@@ -172,11 +166,18 @@ class ClientBehaviour:
         batches = np.array([-(-int(n) // int(batch_size)) for n in sizes], dtype=np.int64)
         return replace(self, speeds=client_speeds(self.seed, len(sizes), self.speed_spread), batches=batches)
 
+    @property
+    def trace(self) -> np.ndarray | None:
+        """The (rows, K) bool table of who is online, where the availability is a trace's (else None)."""
+        return self.availability.trace if isinstance(self.availability, TraceAvailability) else None
+
+    def with_trace(self, trace: np.ndarray) -> ClientBehaviour:
+        """This behaviour with the availability of ``trace`` (rank 0's table, which every rank samples from)."""
+        return replace(self, availability=TraceAvailability(trace))
+
     def online(self, num_clients: int, round_idx: int) -> list[int]:
-        """The clients online in ``round_idx``: the trace's row ``round_idx`` mod its rows, else those drawn."""
-        if self.trace is not None:
-            return [int(c) for c in np.flatnonzero(self.trace[round_idx % len(self.trace)])]
-        return [c for c in range(num_clients) if _uniform(self.seed, round_idx, c, _AVAILABLE_TAG) < self.availability]
+        """The clients online in ``round_idx``, as the availability model says."""
+        return self.availability.online(num_clients, round_idx)
 
     def sample(self, num_clients: int, fraction: float, *, seed: int, round_idx: int, busy: Collection[int] = ()) -> list[int]:
         """``max(1, round(fraction·K))`` clients drawn from those online and not ``busy`` (a late update still in
@@ -191,11 +192,11 @@ class ClientBehaviour:
 
     def drops(self, round_idx: int, client: int) -> bool:
         """Whether ``client`` drops out of ``round_idx`` after its download."""
-        return self.dropout > 0 and _uniform(self.seed, round_idx, client, _DROPOUT_TAG) < self.dropout
+        return self.dropout.drops(round_idx, client)
 
     def straggles(self, round_idx: int, client: int) -> bool:
         """Whether ``client`` is a straggler in ``round_idx``."""
-        return self.stragglers > 0 and _uniform(self.seed, round_idx, client, _STRAGGLER_TAG) < self.stragglers
+        return self.stragglers > 0 and seeded_uniform(self.seed, round_idx, client, _STRAGGLER_TAG) < self.stragglers
 
     def local_work(self, round_idx: int, client: int, epochs: int) -> float | None:
         """A straggler's share E_k / E of its local work, E_k uniform on {1, …, E} (``epochs`` = E); None for a
@@ -240,8 +241,7 @@ class ClientBehaviour:
         a trace), when there are stragglers, how many straggled (dropped or not) and, with a deadline, how many
         were late (dropped, or their update carried to a later round: not in ``dropped``)."""
         out = {"dropped": sum(reason in NO_ERROR and reason != LATE_STALE for reason in failures.values())}
-        if self.trace is not None:
-            out["online"] = int(self.trace[round_idx % len(self.trace)].sum())
+        out.update(self.availability.row(round_idx, clients))
         if self.stragglers > 0:
             out["stragglers"] = sum(failures.get(c) != DROPPED and self.straggles(round_idx, c) for c in clients)
         if self.deadline_s is not None:
@@ -257,6 +257,8 @@ def check_client_behaviour(cfg: RunConfig) -> None:
         for k, v, plain in (
             ("availability", c.availability, 1.0),
             ("availability_trace", c.availability_trace, None),
+            ("availability_model", c.availability_model, None),
+            ("dropout_model", c.dropout_model, None),
             ("dropout", c.dropout, 0.0),
             ("drop_stragglers", c.drop_stragglers, False),
             ("deadline_s", c.deadline_s, None),

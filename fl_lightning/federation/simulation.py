@@ -16,7 +16,6 @@ progress.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import secrets
 import socket
@@ -162,7 +161,7 @@ class Simulation:
         check_shared_run_folder(fabric, self.run_dir)
         if self._behaviour is not None and self._behaviour.trace is not None:  # every rank samples from rank 0's
             trace = self._from_server(lambda: self._behaviour.trace, "the availability trace")
-            self._behaviour = dataclasses.replace(self._behaviour, trace=trace)
+            self._behaviour = self._behaviour.with_trace(trace)
         seed_everything(cfg.seed, verbose=False)
         algorithm, env = self._setup()
         if self._behaviour is not None:  # the clients' simulated times: their sizes and the batch size

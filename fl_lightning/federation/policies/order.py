@@ -39,7 +39,15 @@ from torch import Tensor
 from fl_lightning.federation.algorithm import ALGORITHMS, Algorithm, averages_weights
 
 # the package's own policies register themselves on import
-from fl_lightning.federation.policies import attacks, privacy, robust_aggregation, server_optimizer, stale_updates  # noqa: F401
+from fl_lightning.federation.policies import (  # noqa: F401
+    attacks,
+    availability,
+    dropout,
+    privacy,
+    robust_aggregation,
+    server_optimizer,
+    stale_updates,
+)
 from fl_lightning.federation.policies.policy import KINDS, PolicySetup, RoundContext, UpdatePolicy, named, registered
 
 if TYPE_CHECKING:

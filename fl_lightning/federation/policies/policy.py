@@ -39,6 +39,9 @@ KINDS: dict[str, str] = {
     "staleness": "off",
     "aggregator": "mean",
     "server_optimizer": "fedavg",
+    # who takes part, read from federation.clients (federation/client_behaviour.py calls them, no update hook)
+    "availability": "always",
+    "dropout": "none",
 }
 _REGISTRY: dict[str, dict[str, type[UpdatePolicy]]] = {kind: {} for kind in KINDS}
 P = TypeVar("P", bound="type[UpdatePolicy]")

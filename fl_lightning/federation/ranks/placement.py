@@ -7,7 +7,16 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-__all__ = ["assign_clients", "deal_in_order", "sample_clients", "clients_per_round", "derive_seed", "client_seed", "seed_torch"]
+__all__ = [
+    "assign_clients",
+    "deal_in_order",
+    "sample_clients",
+    "clients_per_round",
+    "derive_seed",
+    "seeded_uniform",
+    "client_seed",
+    "seed_torch",
+]
 
 
 def assign_clients(sizes: Sequence[int], world_size: int) -> list[list[int]]:
@@ -91,6 +100,12 @@ def derive_seed(*keys: int) -> int:
     """One 32-bit seed derived from a run seed and the indices that name a piece of work (numpy's
     ``SeedSequence``: independent streams for distinct keys, the same seed wherever the work runs)."""
     return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1)[0])
+
+
+def seeded_uniform(seed: int, round_idx: int, client: int, tag: int) -> float:
+    """One uniform draw in [0, 1) from (``seed``, round, client, ``tag``): a client's coin for one kind of event
+    (``tag`` keeps the kinds apart), the same on every rank and after a resume."""
+    return float(np.random.default_rng(derive_seed(seed, round_idx, client, tag)).random())
 
 
 def client_seed(seed: int, round_idx: int, client: int) -> int:
