@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,16 @@ def tiny_config(out: Path, *extra: str, rounds: int = 2, clients: int = 4, confi
 def quiet_config(out: Path, config: str, *extra: str):
     """conf/``config`` into ``out`` without progress lines, then ``extra``."""
     return load_config(CONF / config, ["--output_dir", str(out), "--logging.progress", "false", *extra])
+
+
+def one_client_one_round(out: Path, config: str, samples: int) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """conf/``config`` run in this process into ``out`` with one client for one round on ``samples`` samples (the
+    federated side of a test against centralized training): its config, summary and final server state."""
+    cfg = quiet_config(
+        out, config, "--partition.num_clients", "1", "--federation.rounds", "1", "--data.num_samples", str(samples)
+    )
+    summary = Simulation(cfg=cfg, loggers=[]).run()
+    return cfg, summary, server_pt(cfg.run_dir)["state"]
 
 
 def cpu_precision_config(out: Path, config: str, precision: str, *extra: str):
@@ -140,11 +151,11 @@ def comparison_runs(tmp_path: Path, capsys, config: str, *extra: str, rounds: in
     return {p.parent.parent.name: safe_load(p) for p in tmp_path.glob("*/checkpoints/server.pt")}
 
 
-def assert_refused_in_one_line(cfg, *words: str, run: bool = False) -> None:
-    """Setting up ``cfg``'s simulation (and running it, if ``run``) stops with a one-line :class:`UsageError` that
-    holds each of ``words``."""
+def assert_refused_in_one_line(config: Callable[[], Any], *words: str, run: bool = False) -> None:
+    """Loading the config ``config()`` and setting up its simulation (and running it, if ``run``) stops with a
+    one-line :class:`UsageError` that holds each of ``words`` (a bad value may stop the loading already)."""
     with pytest.raises(UsageError) as err:
-        simulation = Simulation(cfg=cfg, loggers=[])
+        simulation = Simulation(cfg=config(), loggers=[])
         if run:
             simulation.run()
     assert all(w in str(err.value) for w in words) and "\n" not in str(err.value), str(err.value)
