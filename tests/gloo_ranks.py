@@ -1,10 +1,12 @@
-"""Spawned gloo ranks on 127.0.0.1 for the tests: each worker writes its result as ``rank<r>.pkl``."""
+"""Spawned gloo ranks on 127.0.0.1 for the tests: each worker writes its result as ``rank<r>.pkl``; and the
+command of one node of a two-node torchrun job on this machine."""
 
 from __future__ import annotations
 
 import os
 import pickle
 import socket
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +39,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def torchrun_node(node: int, port: int | str, launcher: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """The ``torchrun`` command of node ``node`` of a two-node job on this machine: one process a node, meeting on
+    127.0.0.1:``port``; the entry (``-m module``, or a script) and its arguments follow. ``launcher`` is the
+    torchrun command to use (``python -m torch.distributed.run`` if empty)."""
+    torchrun = launcher or (sys.executable, "-m", "torch.distributed.run")
+    rendezvous = ["--master-addr", "127.0.0.1", "--master-port", str(port)]
+    return [*torchrun, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1", *rendezvous]
 
 
 def report(out: str | Path, rank: int, result: Any) -> None:

@@ -242,6 +242,12 @@ def test_the_renamed_prompt_section_keeps_its_values(renamed_hint, capsys):
     assert len(_hints(capsys)) == 1
 
 
+def _python_c(code: str) -> None:
+    """``python -c code`` in a fresh interpreter at the repository's root; asserts it exits 0 (its stderr if not)."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
 def test_importing_the_config_imports_no_method():
     """The loader reads the registry on first use; importing it (the schema, the loader and its helpers)
     imports neither the registry nor a method (nor torch), so the arrow config → registry has no way back."""
@@ -250,8 +256,7 @@ def test_importing_the_config_imports_no_method():
         "bad = sorted(m for m in sys.modules if m.startswith(('fl_lightning.algorithms', "
         "'fl_lightning.federation')) or m == 'torch'); assert not bad, bad"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
+    _python_c(code)
 
 
 def test_the_schema_alone_imports_no_loader():
@@ -263,8 +268,7 @@ def test_the_schema_alone_imports_no_loader():
         "bad = sorted(m for m in sys.modules if m.startswith(('fl_lightning.config.', 'yaml')) "
         "and m != 'fl_lightning.config.schema'); assert not bad, bad"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
+    _python_c(code)
     import fl_lightning.config as config
 
     for name in ("load_config", "build_config", "dump_config", "config_to_dict"):

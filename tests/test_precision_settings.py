@@ -28,6 +28,7 @@ from fl_lightning.errors import ConfigError
 from fl_lightning.federation.numerics import torch_numerics
 from fl_lightning.modules.evaluation import evaluate_classifier
 from tests.conftest import CONF
+from tests.tiny_runs import cpu_precision_config
 
 # bf16 keeps 8 mantissa bits: on 100 test images of a random model a handful of arg-maxes near a tie may flip
 _BF16_ACCURACY_TOL = 0.05
@@ -92,22 +93,7 @@ def test_evaluation_under_bf16_mixed_runs_the_forward_in_autocast():
 def _tiny_config(tmp_path, precision: str, *extra: str, config: str = "fedavg_cnn_digits_tiny.yaml"):
     """By default FedAvg of a whole tiny timm CNN on the digits: its evaluation goes through ``evaluate_on_test`` (the
     head-only ``fedavg`` of fedavg_digits_tiny.yaml evaluates a feature table, ``evaluate_on_test_features``)."""
-    return load_config(
-        CONF / config,
-        [
-            "--output_dir",
-            str(tmp_path),
-            "--run_name",
-            precision,
-            "--logging.progress",
-            "false",
-            "--federation.accelerator",
-            "cpu",
-            "--federation.precision",
-            precision,
-            *extra,
-        ],
-    )
+    return cpu_precision_config(tmp_path, config, precision, "--run_name", precision, *extra)
 
 
 def _record_autocast(model: nn.Module) -> list[tuple[bool, torch.dtype]]:

@@ -1,13 +1,13 @@
 """What the client-drift tests share: heterogeneous least-squares clients with a known optimum, a kill at a
 round's end (after the clients' kept state was written, before that round's server.pt), and a method's tiny run
-on one and on two processes."""
+(its config, and the run on one and on two processes)."""
 
 from __future__ import annotations
 
 import torch
 
-from fl_lightning.federation.storage.checkpoint import safe_load
-from tests.conftest import CONF, run_cli
+from tests import tiny_runs
+from tests.tiny_runs import tiny_config
 
 
 def least_squares(n=5, d=4, m=12, seed=0):
@@ -33,35 +33,30 @@ class StopAtRoundEnd:
             raise KeyboardInterrupt
 
 
+def drift_config(tmp_path, algorithm: str, *extra: str, rounds: int = 3):
+    """``algorithm`` on the tiny FedAvg digits head: ``rounds`` rounds over 4 clients, plain SGD (no momentum) at
+    lr 0.5, then ``extra``."""
+    return tiny_config(tmp_path, "--algorithm", algorithm, "--train.momentum", "0", "--train.lr", "0.5", *extra, rounds=rounds)
+
+
 def one_and_two_processes(tmp_path, algorithm: str, *extra: str) -> tuple[dict, dict]:
     """The final server state of ``algorithm``'s tiny digits run with half the clients a round, on 1 and 2 processes."""
+    one, two = tiny_runs.one_and_two_processes(
+        tmp_path,
+        "--algorithm",
+        algorithm,
+        "--federation.client_fraction",
+        "0.5",
+        *extra,
+        run_name="r",
+        rounds=3,
+        clients=4,
+        samples=400,
+    )
+    return one["state"], two["state"]
 
-    def run(label: str, *more: str) -> dict:
-        out = tmp_path / label
-        done = run_cli(
-            "--config",
-            str(CONF / "fedavg_digits_tiny.yaml"),
-            "--output_dir",
-            str(out),
-            "--run_name",
-            "r",
-            "--algorithm",
-            algorithm,
-            "--logging.progress",
-            "false",
-            "--federation.rounds",
-            "3",
-            "--partition.num_clients",
-            "4",
-            "--data.num_samples",
-            "400",
-            "--federation.client_fraction",
-            "0.5",
-            *extra,
-            *more,
-            env={"OMP_NUM_THREADS": "1"},
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-        return safe_load(out / "r" / "checkpoints" / "server.pt")["state"]
 
-    return run("one"), run("two", "--federation.devices", "2")
+def assert_same_on_one_and_two_processes(tmp_path, algorithm: str, *extra: str) -> None:
+    """:func:`one_and_two_processes` ends with the same server tensors, bit for bit."""
+    one, two = one_and_two_processes(tmp_path, algorithm, *extra)
+    assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)

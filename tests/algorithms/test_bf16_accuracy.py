@@ -21,28 +21,13 @@ from __future__ import annotations
 
 import pytest
 
-from fl_lightning.config.loading import load_config
-from tests.conftest import CONF
+from tests.tiny_runs import cpu_precision_config
 
 
 def _accuracy(tmp_path, precision: str, epochs: int) -> float:
     from fl_lightning.federation.simulation import Simulation
 
-    cfg = load_config(
-        CONF / "fedopal_digits_tiny.yaml",
-        [
-            "--output_dir",
-            str(tmp_path / precision),
-            "--logging.progress",
-            "false",
-            "--federation.accelerator",
-            "cpu",
-            "--federation.precision",
-            precision,
-            "--train.epochs",
-            str(epochs),
-        ],
-    )
+    cfg = cpu_precision_config(tmp_path / precision, "fedopal_digits_tiny.yaml", precision, "--train.epochs", str(epochs))
     return float(Simulation(cfg=cfg, loggers=[]).run()["accuracy"])
 
 

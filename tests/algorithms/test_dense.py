@@ -220,6 +220,13 @@ def comparable(summary: dict) -> dict:
     return {k: v for k, v in summary.items() if k not in ("wall_time_s", "world_size", "server_distill_s", "client_train_s")}
 
 
+def tiny_kd_args(config: str, method: str) -> list[str]:
+    """The CLI arguments of a tiny run of the data-free KD ``method`` on ``config``: 3 clients of one local epoch,
+    3 server epochs of 5 generator steps, no progress bar."""
+    clients = ["--partition.num_clients", "3", "--train.epochs", "1", "--logging.progress", "false"]
+    return ["--config", str(CONF / config), *clients, f"--{method}.epochs", "3", f"--{method}.g_steps", "5"]
+
+
 def one_vs_two_processes(config: str, method: str, tmp_path) -> None:
     """``config`` on 1 and on 2 gloo processes (3 clients: rank 0 holds one client model, rank 1 two): the same
     summary.json numbers and server.pt tensors bit for bit (the server's distillation split over the ranks)."""
@@ -229,18 +236,7 @@ def one_vs_two_processes(config: str, method: str, tmp_path) -> None:
     from tests.conftest import run_cli
 
     base = [
-        "--config",
-        str(CONF / config),
-        "--partition.num_clients",
-        "3",
-        "--train.epochs",
-        "1",
-        "--logging.progress",
-        "false",
-        f"--{method}.epochs",
-        "3",
-        f"--{method}.g_steps",
-        "5",
+        *tiny_kd_args(config, method),
         f"--{method}.pool_augment",
         "true",
         f"--{method}.synthesis_augment",
@@ -280,18 +276,7 @@ def test_replicas_that_drift_take_rank0s_decisions(tmp_path):
     from tests.conftest import REPO, run_cli
 
     base = [
-        "--config",
-        str(CONF / "dense_digits_tiny.yaml"),
-        "--partition.num_clients",
-        "3",
-        "--train.epochs",
-        "1",
-        "--logging.progress",
-        "false",
-        "--dense.epochs",
-        "3",
-        "--dense.g_steps",
-        "5",
+        *tiny_kd_args("dense_digits_tiny.yaml", "dense"),
         "--federation.collective_timeout_s",
         "60",
     ]

@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from fl_lightning.algorithms import feddyn, scaffold
 from fl_lightning.algorithms.fedavg_cnn import build_timm_classifier
 from fl_lightning.config.loading import load_config
-from fl_lightning.errors import UsageError
 from fl_lightning.federation.algorithm import RoundPlan
 from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.simulation import Simulation
@@ -24,6 +23,7 @@ from fl_lightning.federation.transport import Download, Upload
 from tests.algorithms.client_drift_helpers import StopAtRoundEnd
 from tests.conftest import CONF
 from tests.run_records import server_state
+from tests.tiny_runs import assert_refused_in_one_line, comparison_runs
 
 
 def _cfg(tmp_path, algorithm, *extra):
@@ -259,31 +259,13 @@ def test_a_run_killed_after_the_clients_state_was_written_resumes_to_the_uninter
     ],
 )
 def test_what_they_cannot_run_is_one_line(tmp_path, algorithm, extra, words):
-    with pytest.raises(UsageError) as err:
-        Simulation(cfg=_cfg(tmp_path, algorithm, *extra), loggers=[]).run()
-    assert words in str(err.value) and "\n" not in str(err.value)
+    assert_refused_in_one_line(lambda: _cfg(tmp_path, algorithm, *extra), words, run=True)
 
 
 @pytest.mark.slow  # processes or several runs: in CI's every-file pass, not the plain suite
 def test_the_tiny_whole_model_comparison_runs_each_method(tmp_path, capsys):
-    from fl_lightning import train
-
-    rc = train.main(
-        [
-            "--config",
-            str(CONF / "client_drift_cnn_tiny.yaml"),
-            "--output_dir",
-            str(tmp_path),
-            "--federation.rounds",
-            "2",
-            "--data.num_samples",
-            "200",
-            "--train.epochs",
-            "1",
-        ]
-    )
-    assert rc == 0, capsys.readouterr().err
-    states = {p.parent.parent.name: safe_load(p)["state"] for p in tmp_path.glob("*/checkpoints/server.pt")}
+    runs = comparison_runs(tmp_path, capsys, "client_drift_cnn_tiny.yaml", "--train.epochs", "1", rounds=2, samples=200)
+    states = {name: saved["state"] for name, saved in runs.items()}
     assert set(states) == {"fedavg_cnn", "scaffold_cnn", "feddyn_cnn"}
     assert "control.conv1.weight" in states["scaffold_cnn"] and "control.bn1.running_mean" not in states["scaffold_cnn"]
     assert {"cloud.fc.weight", "drift_sum.fc.weight"} <= set(states["feddyn_cnn"])

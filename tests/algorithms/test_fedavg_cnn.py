@@ -6,26 +6,20 @@ import torch
 import torch.nn.functional as F
 
 from fl_lightning.algorithms.fedavg_cnn import build_timm_classifier
-from fl_lightning.config.loading import load_config
 from fl_lightning.data.registry import build_dataset
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.simulation import Simulation
-from fl_lightning.federation.storage.checkpoint import safe_load
-from tests.conftest import CONF
 from tests.outcomes import expect, outcome_seed
+from tests.tiny_runs import one_client_one_round, quiet_config
 
 
 def _cfg(tmp_path, *extra):
-    return load_config(
-        CONF / "fedavg_cnn_digits_tiny.yaml", ["--output_dir", str(tmp_path), "--logging.progress", "false", *extra]
-    )
+    return quiet_config(tmp_path, "fedavg_cnn_digits_tiny.yaml", *extra)
 
 
 def test_one_client_one_round_is_centralized_training(tmp_path):
-    cfg = _cfg(tmp_path, "--partition.num_clients", "1", "--federation.rounds", "1", "--data.num_samples", "256")
-    summary = Simulation(cfg=cfg, loggers=[]).run()
-    state = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
+    cfg, summary, state = one_client_one_round(tmp_path, "fedavg_cnn_digits_tiny.yaml", 256)
 
     # the reference: plain torch SGD on the whole training split, same initial model and batch order
     t = build_transform(normalization="imagenet", image_size=cfg.data.image_size, train=False)

@@ -4,7 +4,6 @@ import torch
 import torch.nn.functional as F
 
 from fl_lightning.algorithms.common import frozen_backbone
-from fl_lightning.config.loading import load_config
 from fl_lightning.data.registry import build_dataset
 from fl_lightning.data.transforms import build_transform
 from fl_lightning.federation.algorithm import InputSpec
@@ -12,19 +11,15 @@ from fl_lightning.federation.ranks.placement import client_seed
 from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.storage.checkpoint import safe_load
 from fl_lightning.models.vpt import PromptedViT
-from tests.conftest import CONF
+from tests.tiny_runs import one_client_one_round, quiet_config
 
 
 def _cfg(tmp_path, *extra):
-    return load_config(
-        CONF / "fedavg_prompts_digits_tiny.yaml", ["--output_dir", str(tmp_path), "--logging.progress", "false", *extra]
-    )
+    return quiet_config(tmp_path, "fedavg_prompts_digits_tiny.yaml", *extra)
 
 
 def test_one_client_one_round_is_centralized_prompt_tuning(tmp_path):
-    cfg = _cfg(tmp_path, "--partition.num_clients", "1", "--federation.rounds", "1", "--data.num_samples", "192")
-    summary = Simulation(cfg=cfg, loggers=[]).run()
-    state = safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
+    cfg, summary, state = one_client_one_round(tmp_path, "fedavg_prompts_digits_tiny.yaml", 192)
 
     # reference in plain torch: same frozen backbone, same P_init and head, same batch order
     torch.manual_seed(cfg.seed)

@@ -10,13 +10,16 @@ import pytest
 import torch
 
 from fl_lightning.algorithms.feddyn import server_step
-from fl_lightning.config.loading import load_config
-from fl_lightning.errors import UsageError
 from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.storage.client_state import ClientStateStore
-from tests.algorithms.client_drift_helpers import StopAtRoundEnd, least_squares, one_and_two_processes
-from tests.conftest import CONF
+from tests.algorithms.client_drift_helpers import (
+    StopAtRoundEnd,
+    assert_same_on_one_and_two_processes,
+    drift_config,
+    least_squares,
+)
 from tests.run_records import server_state
+from tests.tiny_runs import assert_refused_in_one_line
 
 
 def _feddyn(problems, *, alpha, rounds, steps=10, lr=0.01, sample=None, seed=0):
@@ -58,27 +61,7 @@ def test_the_server_step_is_the_authors_update():
 
 def _cfg(tmp_path, algorithm="feddyn", *extra):
     alpha = ["--feddyn.alpha", "0.1"] if algorithm == "feddyn" else []
-    return load_config(
-        CONF / "fedavg_digits_tiny.yaml",
-        [
-            "--output_dir",
-            str(tmp_path),
-            "--algorithm",
-            algorithm,
-            "--federation.rounds",
-            "3",
-            "--partition.num_clients",
-            "4",
-            "--logging.progress",
-            "false",
-            "--train.momentum",
-            "0",
-            "--train.lr",
-            "0.5",
-            *alpha,
-            *extra,
-        ],
-    )
+    return drift_config(tmp_path, algorithm, *alpha, *extra)
 
 
 def test_the_drift_sum_is_the_clients_kept_drifts_and_the_traffic_is_fedavgs(tmp_path):
@@ -117,12 +100,9 @@ def test_a_run_killed_after_the_clients_state_was_written_resumes_to_the_uninter
     ],
 )
 def test_what_feddyn_cannot_run_is_one_line(tmp_path, extra, words):
-    with pytest.raises(UsageError) as err:
-        Simulation(cfg=_cfg(tmp_path, "feddyn", *extra), loggers=[]).run()
-    assert words in str(err.value) and "\n" not in str(err.value)
+    assert_refused_in_one_line(lambda: _cfg(tmp_path, "feddyn", *extra), words, run=True)
 
 
 @pytest.mark.slow  # processes or several runs: in CI's every-file pass, not the plain suite
 def test_feddyn_is_the_same_on_one_and_two_processes(tmp_path):
-    one, two = one_and_two_processes(tmp_path, "feddyn", "--feddyn.alpha", "0.1")
-    assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
+    assert_same_on_one_and_two_processes(tmp_path, "feddyn", "--feddyn.alpha", "0.1")

@@ -391,6 +391,12 @@ def test_release_accelerator_memory_parks_collects_and_empties_only_under_cuda(m
         gc.enable()
 
 
+def _on_cpu(run_dir) -> dict:
+    """The rest of a ``synthesise_and_pretrain`` call the tests make: into ``run_dir`` on the CPU at full precision,
+    seed 0, no input spec, no progress lines."""
+    return dict(spec=None, run_dir=run_dir, seed=0, device=torch.device("cpu"), precision="32-true", progress=False)
+
+
 def test_pilots_start_after_the_parent_parked_its_networks(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """synthetic_lambda: auto parks the diffusion networks on the CPU and releases memory before the pilots."""
     from fl_lightning.algorithms.synthetic_family import synthesis_step
@@ -420,13 +426,8 @@ def test_pilots_start_after_the_parent_parked_its_networks(monkeypatch: pytest.M
             uploads_by_client={},
             class_counts={0: 10},
             class_names=["a"],
-            spec=None,
-            run_dir=tmp_path,
-            seed=0,
-            device=torch.device("cpu"),
-            precision="32-true",
-            progress=False,
             prompts_by_class={"a": ["a photo of a"]},
+            **_on_cpu(tmp_path),
         )
     assert order == [("release", (comps,)), ("pilots", torch.device("cpu"))]
 
@@ -543,13 +544,8 @@ def test_the_fine_tuning_vit_waits_on_the_cpu_through_the_pilots(
             uploads_by_client={},
             class_counts={0: 120, 1: 120},
             class_names=["a", "b"],
-            spec=None,
-            run_dir=tmp_path,
-            seed=0,
-            device=torch.device("cpu"),
-            precision="32-true",
-            progress=False,
             prompts_by_class={"a": ["a"], "b": ["b"]},
+            **_on_cpu(tmp_path),
         ), 240
 
     monkeypatch.setattr(stage, "synthesise", synthesise)

@@ -100,19 +100,28 @@ def test_wfba_is_never_slower_than_the_equal_split_on_the_same_depths():
     np.testing.assert_allclose(H + wfba.payload_bits / (wfba.bandwidth_hz * e), wfba.round_time_s, rtol=1e-9)
 
 
+def _even_plan(cfg, profiles, samples: float, num_layers: int, **extra):
+    """``plan_round`` over every client of ``profiles``, each with ``samples`` samples and the same contribution in
+    every one of ``num_layers`` layers, 1e6 bits a layer."""
+    n = len(profiles)
+    contributions = np.ones((n, num_layers))
+    return plan_round(
+        cfg,
+        clients=range(n),
+        profiles=profiles,
+        samples=np.full(n, samples),
+        contributions=contributions,
+        layer_bits=1e6,
+        num_layers=num_layers,
+        **extra,
+    )
+
+
 def test_a_policy_that_asks_for_more_than_memory_is_reported_not_silently_capped():
     cfg = SystemsConfig(depth_policy="full")
     # the paper testbed with ViT-L/16 at batch 32 (Food-101): Orin NX boards hold 20 of 24 blocks
     profiles = client_profiles(cfg, 10, backbone=backbone("vit_large_patch16_224"), batch_size=32)
-    plan = plan_round(
-        cfg,
-        clients=range(10),
-        profiles=profiles,
-        samples=np.full(10, 100.0),
-        contributions=np.ones((10, 24)),
-        layer_bits=1e6,
-        num_layers=24,
-    )
+    plan = _even_plan(cfg, profiles, samples=100.0, num_layers=24)
     limits = np.array(
         [min(int(np.floor((p.memory_budget_gb - p.fixed_memory_gb) / p.memory_per_layer_gb + 1e-9)), 24) for p in profiles]
     )
@@ -130,16 +139,7 @@ def test_full_parameter_fedavg_uploads_the_whole_model_at_full_depth():
     cfg = SystemsConfig(bandwidth_allocation="equal")
     profiles = client_profiles(cfg, 4)
     model_bits = 32.0 * 5_000_000
-    plan = plan_round(
-        cfg,
-        clients=range(4),
-        profiles=profiles,
-        samples=np.full(4, 50.0),
-        contributions=np.ones((4, 12)),
-        layer_bits=1e6,
-        num_layers=12,
-        full_model_bits=model_bits,
-    )
+    plan = _even_plan(cfg, profiles, samples=50.0, num_layers=12, full_model_bits=model_bits)
     np.testing.assert_array_equal(plan.depths, 12)  # every weight trains, whatever memory LoRA would allow
     np.testing.assert_allclose(plan.payload_bits, model_bits)
     _, _, T = _hand_round(cfg, profiles, np.full(4, 50.0), plan.depths, plan.payload_bits)

@@ -20,23 +20,11 @@ from fl_lightning.models.vpt import PromptedViT
 from tests.algorithms.client_test_helpers import check_head_on_images, clients_rows, features, read_splits
 from tests.conftest import CONF, run_cli
 from tests.outcomes import expect, outcome_seed
+from tests.tiny_runs import FEDOPAL_TINY, fedopal_overrides
 
 
 def _cfg(tmp_path, *extra):
-    return load_config(
-        CONF / "fedopal_digits_tiny.yaml",
-        [
-            "--output_dir",
-            str(tmp_path),
-            "--logging.progress",
-            "false",
-            "--train.epochs",
-            "1",
-            "--partition.num_clients",
-            "4",
-            *extra,
-        ],
-    )
+    return load_config(FEDOPAL_TINY, fedopal_overrides(tmp_path, *extra))
 
 
 def _centralized_features(cfg, prompts=None):

@@ -20,8 +20,9 @@ from fl_lightning.algorithms.fedopal_plus import (
 from fl_lightning.analytic import AnalyticStatistics, StatisticsSum, regularization, solve_classifier
 from fl_lightning.errors import UsageError
 from fl_lightning.federation.transport import Upload
-from tests.conftest import CONF, run_cli
+from tests.conftest import run_cli
 from tests.outcomes import expect, outcome_seed
+from tests.tiny_runs import FEDOPAL_TINY, fedopal_overrides
 
 
 @pytest.mark.parametrize("seed, m", [(0, 1), (1, 2), (2, 3), (3, 11)])
@@ -61,21 +62,7 @@ def test_aggregate_prompts_rejects_bad_input(prompts, weights):
 
 
 def _run(tmp_path, *extra):
-    args = [
-        "--config",
-        str(CONF / "fedopal_digits_tiny.yaml"),
-        "--algorithm",
-        "fedopal_plus",
-        "--output_dir",
-        str(tmp_path),
-        "--logging.progress",
-        "false",
-        "--train.epochs",
-        "1",
-        "--partition.num_clients",
-        "4",
-        *extra,
-    ]
+    args = ["--config", str(FEDOPAL_TINY), "--algorithm", "fedopal_plus", *fedopal_overrides(tmp_path, *extra)]
     proc = run_cli(*args, env={"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     run_dir = next(p for p in tmp_path.iterdir() if (p / "summary.json").exists())
@@ -220,24 +207,8 @@ def _simulation(tmp_path, *extra):
     from fl_lightning.config.loading import load_config
     from fl_lightning.federation.simulation import Simulation
 
-    cfg = load_config(
-        CONF / "fedopal_digits_tiny.yaml",
-        [
-            "--algorithm",
-            "fedopal_plus",
-            "--output_dir",
-            str(tmp_path),
-            "--logging.progress",
-            "false",
-            "--train.epochs",
-            "1",
-            "--partition.num_clients",
-            "3",
-            "--data.num_samples",
-            "300",
-            *extra,
-        ],
-    )
+    extra = ("--data.num_samples", "300", *extra)
+    cfg = load_config(FEDOPAL_TINY, ["--algorithm", "fedopal_plus", *fedopal_overrides(tmp_path, *extra, clients=3)])
     return Simulation(cfg=cfg, loggers=[])
 
 

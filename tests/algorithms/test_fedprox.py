@@ -10,32 +10,12 @@ from fl_lightning.config.loading import load_config
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.storage.checkpoint import safe_load
+from tests.algorithms.client_drift_helpers import drift_config
 from tests.conftest import CONF
 
 
 def _state(tmp_path, algorithm: str, *extra: str) -> dict[str, torch.Tensor]:
-    cfg = load_config(
-        CONF / "fedavg_digits_tiny.yaml",
-        [
-            "--output_dir",
-            str(tmp_path),
-            "--algorithm",
-            algorithm,
-            "--federation.rounds",
-            "1",
-            "--partition.num_clients",
-            "4",
-            "--logging.progress",
-            "false",
-            "--train.epochs",
-            "3",
-            "--train.lr",
-            "0.5",
-            "--train.momentum",
-            "0",
-            *extra,
-        ],
-    )
+    cfg = drift_config(tmp_path, algorithm, "--train.epochs", "3", *extra, rounds=1)
     Simulation(cfg=cfg, loggers=[]).run()
     return safe_load(cfg.run_dir / "checkpoints" / "server.pt")["state"]
 

@@ -10,14 +10,17 @@ import pytest
 import torch
 
 from fl_lightning.algorithms.scaffold import client_control, server_step
-from fl_lightning.config.loading import load_config
-from fl_lightning.errors import UsageError
 from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.storage.checkpoint import safe_load
 from fl_lightning.federation.storage.client_state import ClientStateStore
-from tests.algorithms.client_drift_helpers import StopAtRoundEnd, least_squares, one_and_two_processes
-from tests.conftest import CONF
+from tests.algorithms.client_drift_helpers import (
+    StopAtRoundEnd,
+    assert_same_on_one_and_two_processes,
+    drift_config,
+    least_squares,
+)
 from tests.run_records import server_state
+from tests.tiny_runs import assert_refused_in_one_line, comparison_runs
 
 # ------------------------------------------------------------------ the method on tensors: least squares
 
@@ -76,26 +79,7 @@ def test_the_server_step_is_algorithm_1():
 
 
 def _cfg(tmp_path, algorithm="scaffold", *extra):
-    return load_config(
-        CONF / "fedavg_digits_tiny.yaml",
-        [
-            "--output_dir",
-            str(tmp_path),
-            "--algorithm",
-            algorithm,
-            "--federation.rounds",
-            "3",
-            "--partition.num_clients",
-            "4",
-            "--logging.progress",
-            "false",
-            "--train.momentum",
-            "0",
-            "--train.lr",
-            "0.5",
-            *extra,
-        ],
-    )
+    return drift_config(tmp_path, algorithm, *extra)
 
 
 def test_round_zero_is_fedavgs_unweighted_mean_and_c_stays_the_mean_of_the_clients(tmp_path):
@@ -150,35 +134,17 @@ def test_scaffold_uploads_twice_fedavgs_bytes(tmp_path):
     ],
 )
 def test_what_scaffold_cannot_run_is_one_line(tmp_path, extra, words):
-    with pytest.raises(UsageError) as err:
-        Simulation(cfg=_cfg(tmp_path, "scaffold", *extra), loggers=[]).run()
-    assert words in str(err.value) and "\n" not in str(err.value)
+    assert_refused_in_one_line(lambda: _cfg(tmp_path, "scaffold", *extra), words, run=True)
 
 
 @pytest.mark.slow  # processes or several runs: in CI's every-file pass, not the plain suite
 def test_scaffold_is_the_same_on_one_and_two_processes(tmp_path):
-    one, two = one_and_two_processes(tmp_path, "scaffold", "--train.momentum", "0")
-    assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
+    assert_same_on_one_and_two_processes(tmp_path, "scaffold", "--train.momentum", "0")
 
 
 @pytest.mark.slow  # processes or several runs: in CI's every-file pass, not the plain suite
 def test_the_tiny_client_drift_comparison_runs_each_method(tmp_path, capsys):
-    from fl_lightning import train
-
-    rc = train.main(
-        [
-            "--config",
-            str(CONF / "client_drift_tiny.yaml"),
-            "--output_dir",
-            str(tmp_path),
-            "--federation.rounds",
-            "2",
-            "--data.num_samples",
-            "300",
-        ]
-    )
-    assert rc == 0, capsys.readouterr().err
-    states = {p.parent.parent.name: safe_load(p) for p in tmp_path.glob("*/checkpoints/server.pt")}
+    states = comparison_runs(tmp_path, capsys, "client_drift_tiny.yaml", rounds=2, samples=300)
     assert set(states) == {"fedavg", "fedprox", "scaffold", "feddyn"}
     assert {"control.head.weight", "control.head.bias"} <= set(states["scaffold"]["state"])
     assert {"cloud.head.weight", "drift_sum.head.weight"} <= set(states["feddyn"]["state"])

@@ -7,6 +7,7 @@ import pytest
 from fl_lightning.config.loading import load_config
 from fl_lightning.federation.simulation import Simulation
 from tests.conftest import CONF
+from tests.tiny_runs import tiny_config
 
 
 def test_wandb_offline_and_tensorboard(tmp_path, monkeypatch):
@@ -20,23 +21,7 @@ def test_wandb_offline_and_tensorboard(tmp_path, monkeypatch):
     from tests.logger_records import tensorboard_run, wandb_run
 
     monkeypatch.setenv("WANDB_MODE", "offline")
-    cfg = load_config(
-        CONF / "fedavg_digits_tiny.yaml",
-        [
-            "--output_dir",
-            str(tmp_path),
-            "--federation.rounds",
-            "2",
-            "--partition.num_clients",
-            "3",
-            "--logging.wandb",
-            "true",
-            "--logging.tensorboard",
-            "true",
-            "--logging.progress",
-            "false",
-        ],
-    )
+    cfg = tiny_config(tmp_path, "--logging.wandb", "true", "--logging.tensorboard", "true", clients=3)
     summary = Simulation(cfg=cfg).run()
     import wandb
 

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from fl_lightning.callbacks.progress import ProgressCallback, eta_s, format_duration
-from tests.conftest import CONF, run_cli
+from tests.conftest import run_cli
+from tests.tiny_runs import TINY, tiny_overrides
 
 
 @pytest.mark.parametrize(
@@ -55,20 +56,7 @@ def test_progress_false_is_silent():
 def test_a_comparison_in_a_log_file_says_where_it_is(tmp_path):
     """The CLI with stdout a pipe (as under SLURM or nohup): a line per run of the comparison, per round, per
     finished run."""
-    out = run_cli(
-        "--config",
-        str(CONF / "fedavg_digits_tiny.yaml"),
-        "--partition.num_clients",
-        "3",
-        "--federation.rounds",
-        "2",
-        "--logging.progress",
-        "true",
-        "--sweep",
-        "{seed: [0, 1]}",
-        "--output_dir",
-        str(tmp_path),
-    )
+    out = run_cli("--config", str(TINY), *tiny_overrides(tmp_path, "--sweep", "{seed: [0, 1]}", clients=3, progress=True))
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [line for line in out.stdout.splitlines() if "round" in line or "run " in line or "finished" in line]
     assert lines[0].startswith("fl_lightning: run 1/2 (0 of 2 done): fedavg_digits_a0.5_s0, ETA of the rest ?")

@@ -16,6 +16,7 @@ from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.storage.checkpoint import safe_load
 from fl_lightning.federation.transport import Upload
 from tests.conftest import CONF
+from tests.tiny_runs import tiny_config
 
 
 def _pair() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -75,20 +76,7 @@ def test_bad_attack_settings_name_their_key(settings, key):
 
 
 def _cfg(tmp_path, *extra: str):
-    return load_config(
-        CONF / "fedavg_digits_tiny.yaml",
-        [
-            "--output_dir",
-            str(tmp_path),
-            "--federation.rounds",
-            "2",
-            "--partition.num_clients",
-            "4",
-            "--logging.progress",
-            "false",
-            *extra,
-        ],
-    )
+    return tiny_config(tmp_path, *extra)
 
 
 def test_sign_flipping_clients_move_fedavg_and_are_counted_each_round(tmp_path):

@@ -19,8 +19,9 @@ from fl_lightning.federation.policies.dropout import Dropout
 from fl_lightning.federation.ranks.placement import clients_per_round
 from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.storage.checkpoint import safe_load
-from tests.conftest import CONF, StopAfterClients, run_cli
+from tests.conftest import CONF, StopAfterClients
 from tests.run_records import metrics_rows
+from tests.tiny_runs import assert_refused_in_one_line, one_and_two_processes, tiny_config
 
 
 def test_the_draws_have_their_rates_and_depend_only_on_seed_round_and_client():
@@ -46,20 +47,7 @@ def test_the_rounds_clients_are_sampled_from_those_online():
 
 
 def _cfg(tmp_path, *extra):
-    return load_config(
-        CONF / "fedavg_digits_tiny.yaml",
-        [
-            "--output_dir",
-            str(tmp_path),
-            "--federation.rounds",
-            "4",
-            "--partition.num_clients",
-            "8",
-            "--logging.progress",
-            "false",
-            *extra,
-        ],
-    )
+    return tiny_config(tmp_path, *extra, rounds=4, clients=8)
 
 
 def test_a_dropout_downloads_uploads_nothing_and_is_no_error(tmp_path):
@@ -166,53 +154,35 @@ def test_a_resumed_run_drops_the_same_clients_and_the_same_late_ones(tmp_path):
     ],
 )
 def test_beside_privacy_or_a_robust_aggregator_it_is_refused_in_one_line(tmp_path, extra, words):
-    with pytest.raises(UsageError) as err:
-        Simulation(cfg=_cfg(tmp_path, "--federation.clients.dropout", "0.1", *extra), loggers=[])
-    assert words in str(err.value) and "federation.clients.dropout=0.1" in str(err.value)
-    assert "\n" not in str(err.value)
+    assert_refused_in_one_line(
+        lambda: _cfg(tmp_path, "--federation.clients.dropout", "0.1", *extra), words, "federation.clients.dropout=0.1"
+    )
 
 
 @pytest.mark.slow  # processes or several runs: in CI's every-file pass, not the plain suite
 @pytest.mark.parametrize("late", ["drop", "stale"])
 def test_availability_dropout_stragglers_and_deadline_are_the_same_on_one_and_two_processes(tmp_path, late):
-    def run(label, *extra):
-        out = tmp_path / label
-        done = run_cli(
-            "--config",
-            str(CONF / "fedavg_digits_tiny.yaml"),
-            "--output_dir",
-            str(out),
-            "--run_name",
-            "r",
-            "--logging.progress",
-            "false",
-            "--federation.rounds",
-            "3",
-            "--partition.num_clients",
-            "6",
-            "--data.num_samples",
-            "400",
-            "--federation.clients.availability",
-            "0.7",
-            "--federation.clients.dropout",
-            "0.3",
-            "--federation.clients.stragglers",
-            "0.5",
-            "--train.epochs",
-            "3",
-            "--federation.clients.speed_spread",
-            "0.5",
-            "--federation.clients.deadline_s",
-            "4",
-            "--federation.clients.late",
-            late,
-            *extra,
-            env={"OMP_NUM_THREADS": "1"},
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-        return safe_load(out / "r" / "checkpoints" / "server.pt")
-
-    one, two = run("one"), run("two", "--federation.devices", "2")
+    one, two = one_and_two_processes(
+        tmp_path,
+        "--federation.clients.availability",
+        "0.7",
+        "--federation.clients.dropout",
+        "0.3",
+        "--federation.clients.stragglers",
+        "0.5",
+        "--train.epochs",
+        "3",
+        "--federation.clients.speed_spread",
+        "0.5",
+        "--federation.clients.deadline_s",
+        "4",
+        "--federation.clients.late",
+        late,
+        run_name="r",
+        rounds=3,
+        clients=6,
+        samples=400,
+    )
     assert all(torch.equal(one["state"][k], two["state"][k]) for k in one["state"])
     assert [r["dropped"] for r in one["rows"]] == [r["dropped"] for r in two["rows"]]
     assert [r["stragglers"] for r in one["rows"]] == [r["stragglers"] for r in two["rows"]]
@@ -385,33 +355,16 @@ def test_a_resumed_run_whose_trace_changed_is_refused_in_one_line(tmp_path):
 def test_a_trace_is_the_same_on_one_and_two_processes(tmp_path):
     trace = _write_trace(tmp_path / "trace.csv", _TRACE[:, :6])
 
-    def run(label, *extra):
-        out = tmp_path / label
-        done = run_cli(
-            "--config",
-            str(CONF / "fedavg_digits_tiny.yaml"),
-            "--output_dir",
-            str(out),
-            "--run_name",
-            "r",
-            "--logging.progress",
-            "false",
-            "--federation.rounds",
-            "3",
-            "--partition.num_clients",
-            "6",
-            "--data.num_samples",
-            "400",
-            "--federation.clients.availability_trace",
-            str(trace),
-            "--federation.client_fraction",
-            "0.5",
-            *extra,
-            env={"OMP_NUM_THREADS": "1"},
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-        return safe_load(out / "r" / "checkpoints" / "server.pt")
-
-    one, two = run("one"), run("two", "--federation.devices", "2")
+    one, two = one_and_two_processes(
+        tmp_path,
+        "--federation.clients.availability_trace",
+        str(trace),
+        "--federation.client_fraction",
+        "0.5",
+        run_name="r",
+        rounds=3,
+        clients=6,
+        samples=400,
+    )
     assert all(torch.equal(one["state"][k], two["state"][k]) for k in one["state"])
     assert [r["online"] for r in one["rows"]] == [r["online"] for r in two["rows"]] == [4, 2, 4]

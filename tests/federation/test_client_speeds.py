@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from fl_lightning.config import ClientBehaviourConfig
-from fl_lightning.config.loading import load_config
-from fl_lightning.errors import ConfigError, UsageError
+from fl_lightning.errors import ConfigError
 from fl_lightning.federation.client_behaviour import (
     LATE,
     LATE_STALE,
@@ -30,8 +29,9 @@ from fl_lightning.federation.policies.stale_updates import ArrivedUploads, Pendi
 from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.storage.round_store import RoundStore
 from fl_lightning.federation.transport import Upload
-from tests.conftest import CONF, StopAfterClients
+from tests.conftest import StopAfterClients
 from tests.run_records import kill_after_round_0, metrics_rows, server_state
+from tests.tiny_runs import assert_refused_in_one_line, start_train, tiny_config, tiny_overrides
 
 
 def test_speeds_are_log_normal_seeded_per_client_and_fixed_for_the_run():
@@ -68,20 +68,7 @@ def test_times_and_the_late_set_are_those_computed_by_hand():
 
 
 def _cfg(tmp_path, *extra):
-    return load_config(
-        CONF / "fedavg_digits_tiny.yaml",
-        [
-            "--output_dir",
-            str(tmp_path),
-            "--federation.rounds",
-            "2",
-            "--partition.num_clients",
-            "8",
-            "--logging.progress",
-            "false",
-            *extra,
-        ],
-    )
+    return tiny_config(tmp_path, *extra, clients=8)
 
 
 class _Sizes:
@@ -157,10 +144,9 @@ def test_bad_values_are_one_line_naming_the_key(tmp_path, key, value, words):
     ],
 )
 def test_a_deadline_beside_privacy_or_a_robust_aggregator_is_refused_in_one_line(tmp_path, extra, words):
-    with pytest.raises(UsageError) as err:
-        Simulation(cfg=_cfg(tmp_path, "--federation.clients.deadline_s", "5", *extra), loggers=[])
-    assert words in str(err.value) and "federation.clients.deadline_s=5.0" in str(err.value)
-    assert "\n" not in str(err.value)
+    assert_refused_in_one_line(
+        lambda: _cfg(tmp_path, "--federation.clients.deadline_s", "5", *extra), words, "federation.clients.deadline_s=5.0"
+    )
 
 
 # ------------------------------------------------------------------------------------------- late: stale
@@ -178,17 +164,19 @@ def test_the_delay_and_the_staleness_weight_by_hand():
         ArrivedUploads(fresh, [PendingUpdate(1, 0, 1, late.upload)], 0.5)
 
 
+# late clients (a deadline of 2.5 s against speeds spread by 0.5) kept, their uploads entering a later round
+STALE = (
+    "--federation.clients.speed_spread",
+    "0.5",
+    "--federation.clients.deadline_s",
+    "2.5",
+    "--federation.clients.late",
+    "stale",
+)
+
+
 def _stale(tmp_path, *extra):
-    return _cfg(
-        tmp_path,
-        "--federation.clients.speed_spread",
-        "0.5",
-        "--federation.clients.deadline_s",
-        "2.5",
-        "--federation.clients.late",
-        "stale",
-        *extra,
-    )
+    return _cfg(tmp_path, *STALE, *extra)
 
 
 def test_a_stale_update_is_its_weighted_share_of_the_round_it_arrives_in(tmp_path, monkeypatch):
@@ -248,9 +236,7 @@ def test_a_resumed_run_carries_its_late_updates_as_the_uninterrupted_one(tmp_pat
     ],
 )
 def test_stale_updates_where_no_weighted_mean_is_are_refused_in_one_line(tmp_path, extra, words):
-    with pytest.raises(UsageError) as err:
-        Simulation(cfg=_stale(tmp_path, *extra), loggers=[])
-    assert words in str(err.value) and "\n" not in str(err.value)
+    assert_refused_in_one_line(lambda: _stale(tmp_path, *extra), words)
     with pytest.raises(ConfigError, match="stale only with federation.clients.deadline_s"):
         _cfg(tmp_path, "--federation.clients.late", "stale")
 
@@ -259,42 +245,11 @@ def test_stale_updates_where_no_weighted_mean_is_are_refused_in_one_line(tmp_pat
 def test_a_sigkilled_run_resumes_its_late_updates_to_the_uninterrupted_result(tmp_path):
     """SIGKILL once server.pt (holding the late updates in flight) exists: the resumed run aggregates them as the
     uninterrupted run does."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO
-
-    extra = (
-        "--federation.rounds",
-        "6",
-        "--federation.clients.speed_spread",
-        "0.5",
-        "--federation.clients.deadline_s",
-        "2.5",
-        "--federation.clients.late",
-        "stale",
-    )
+    extra = ("--federation.rounds", "6", *STALE)
     full = _cfg(tmp_path / "full", *extra)
     Simulation(cfg=full, loggers=[]).run()
     cut = _cfg(tmp_path / "cut", *extra)
-    argv = [
-        sys.executable,
-        "-m",
-        "fl_lightning.train",
-        "--config",
-        str(CONF / "fedavg_digits_tiny.yaml"),
-        "--output_dir",
-        str(tmp_path / "cut"),
-        "--partition.num_clients",
-        "8",
-        "--logging.progress",
-        "false",
-        *extra,
-    ]
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
-    )
+    proc = start_train(*tiny_overrides(tmp_path / "cut", *extra, clients=8))
     kill_after_round_0(proc, cut)  # round 0 is done, its late updates in server.pt: the kill lands in a later round
     assert not (cut.run_dir / "summary.json").exists()  # killed before the end
     Simulation(cfg=cut, loggers=[], resume=True).run()

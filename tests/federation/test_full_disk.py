@@ -24,7 +24,8 @@ from fl_lightning.errors import DiskFullError, UsageError
 from fl_lightning.federation.storage import checkpoint
 from fl_lightning.federation.storage.checkpoint import DurableWriter, atomic_save, safe_load
 from fl_lightning.federation.storage.run_folder import write_metrics_csv
-from tests.conftest import CONF, run_cli
+from tests.conftest import run_cli
+from tests.tiny_runs import TINY, tiny_overrides
 
 _TORCH_FULL = "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"  # what torch says
 _Usage = namedtuple("_Usage", "total used free")
@@ -208,18 +209,7 @@ def test_a_real_full_disk(tiny_disk):
 def test_a_run_into_a_full_disk_stops_with_one_line(tiny_disk):
     """The CLI into a 600 KiB disk with 150 KiB free: the frozen features' cache (180 KiB) does not fit."""
     (tiny_disk / "filler").write_bytes(bytes(450_000))
-    out = run_cli(
-        "--config",
-        str(CONF / "fedavg_digits_tiny.yaml"),
-        "--partition.num_clients",
-        "3",
-        "--federation.rounds",
-        "1",
-        "--logging.progress",
-        "false",
-        "--output_dir",
-        str(tiny_disk / "runs"),
-    )
+    out = run_cli("--config", str(TINY), *tiny_overrides(tiny_disk / "runs", rounds=1, clients=3))
     assert out.returncode == 2, out.stderr[-3000:]
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fl_lightning: disk full: "), out.stderr[-3000:]

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -23,6 +22,7 @@ import yaml
 
 from fl_lightning.federation.storage.checkpoint import safe_load
 from tests.conftest import REPO, run_cli
+from tests.gloo_ranks import free_port, torchrun_node
 
 pytestmark = pytest.mark.slow
 
@@ -50,14 +50,25 @@ def _launcher(name: str) -> tuple[list[str], str]:
     exe = shutil.which(name)
     # `fabric run …` as a console script; the module is the `run` command itself (no subcommand)
     command = ([exe] + (["run"] if name == "fabric" else [])) if exe else [sys.executable, "-m", module]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    port = str(free_port())
     return command + (["--master-port", port] if name == "torchrun" else []), port
 
 
 def _launch(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=ENV, timeout=timeout)
+
+
+def _train(config, out, *extra: str) -> list[str]:
+    """What a launcher is given to run: ``-m fl_lightning.train`` on ``config`` into ``out``, then ``extra``."""
+    return ["-m", "fl_lightning.train", "--config", str(config), "--output_dir", str(out), *extra]
+
+
+def _torchrun_two_processes(config, out, devices: int) -> subprocess.CompletedProcess:
+    """``torchrun --nproc-per-node 2 -m fl_lightning.train`` on ``config`` into ``out``, the config saying
+    ``federation.devices`` ``devices``."""
+    return _launch(
+        [*_launcher("torchrun")[0], "--nproc-per-node", "2", *_train(config, out, "--federation.devices", str(devices))]
+    )
 
 
 def _comparable(summary: dict) -> dict:
@@ -117,41 +128,13 @@ def test_fabric_run_two_cpu_processes_equal_one(config, one_process, tmp_path):
 
 
 def test_torchrun_two_cpu_processes_equal_one(config, one_process, tmp_path):
-    proc = _launch(
-        [
-            *_launcher("torchrun")[0],
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "fl_lightning.train",
-            "--config",
-            str(config),
-            "--output_dir",
-            str(tmp_path),
-            "--federation.devices",
-            "2",
-        ]
-    )
+    proc = _torchrun_two_processes(config, tmp_path, devices=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     _assert_same_result(one_process, tmp_path / RUN)
 
 
 def test_torchrun_world_size_disagreeing_with_the_config_stops_in_one_line(config, tmp_path):
-    proc = _launch(
-        [
-            *_launcher("torchrun")[0],
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "fl_lightning.train",
-            "--config",
-            str(config),
-            "--output_dir",
-            str(tmp_path),
-            "--federation.devices",
-            "1",
-        ]
-    )
+    proc = _torchrun_two_processes(config, tmp_path, devices=1)
     # each rank exits 2 with our one line; torchrun then exits 1 and prints its own failure report. The
     # first rank to exit makes torchrun SIGTERM the other if that one has not exited yet: a race. The
     # other then dies of the signal (-15) or, once our handler is installed, says so and exits 143.
@@ -174,27 +157,8 @@ def _two_nodes(config, out0, out1, timeout: float = 300) -> list[subprocess.Comp
     procs = [
         subprocess.Popen(
             [
-                *base,
-                "--nnodes",
-                "2",
-                "--node-rank",
-                str(node),
-                "--nproc-per-node",
-                "1",
-                "--master-addr",
-                "127.0.0.1",
-                "--master-port",
-                port,
-                "-m",
-                "fl_lightning.train",
-                "--config",
-                str(config),
-                "--output_dir",
-                str(out),
-                "--federation.num_nodes",
-                "2",
-                "--federation.devices",
-                "1",
+                *torchrun_node(node, port, base),
+                *_train(config, out, "--federation.num_nodes", "2", "--federation.devices", "1"),
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from fl_lightning.federation.ranks import liveness
 from fl_lightning.federation.ranks.liveness import DONE, FAILED, STOPPED, Liveness, PeerLost, PeerState
 from tests.conftest import CONF, REPO
+from tests.gloo_ranks import free_port, torchrun_node
 
 HOST = socket.gethostname()
 PATIENCE = 2.4  # a beat every 0.4 s: a busy CI machine delays a thread by far less
@@ -303,12 +304,6 @@ def _cli(tmp_path: Path, *extra: str) -> list[str]:
     ]
 
 
-def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
 def _kill_leftovers(out: Path) -> None:
     for pid_file in out.glob("rank*.pid"):
         try:
@@ -324,23 +319,11 @@ def test_a_rank_frozen_or_killed_on_another_node_ends_the_job_with_one_line(sign
     0 waits for its records. Rank 0 prints one line naming rank 1 and its host within the liveness timeout (not
     the collective's 600 s), no traceback; node 1's frozen rank is killed by rank 0's watch (the same host here),
     so both nodes' launchers end."""
-    out, port = tmp_path / "ranks", _free_port()
+    out, port = tmp_path / "ranks", str(free_port())
     procs = [
         subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes",
-                "2",
-                "--node-rank",
-                str(node),
-                "--nproc-per-node",
-                "1",
-                "--master-addr",
-                "127.0.0.1",
-                "--master-port",
-                port,
+                *torchrun_node(node, port),
                 str(JOB),
                 str(out),
                 *_cli(tmp_path, "--federation.num_nodes", "2", "--federation.devices", "1"),
@@ -387,7 +370,7 @@ def test_rank0_frozen_under_fabrics_launcher_ends_its_children_and_itself(tmp_pa
         capture_output=True,
         text=True,
         cwd=REPO,
-        env={**_env("on_round_start:0:SIGSTOP"), "MASTER_PORT": _free_port()},
+        env={**_env("on_round_start:0:SIGSTOP"), "MASTER_PORT": str(free_port())},
         timeout=300,
     )
     _kill_leftovers(out)

@@ -14,7 +14,6 @@ import torch
 from torch import Tensor
 
 from fl_lightning.algorithms.fedavg import FedAvg, FedAvgConfig
-from fl_lightning.config.loading import load_config
 from fl_lightning.errors import UsageError
 from fl_lightning.federation.algorithm import register
 from fl_lightning.federation.policies.policy import register_policy
@@ -23,7 +22,7 @@ from fl_lightning.federation.policies.server_optimizer import ServerOptimizer
 from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.storage.checkpoint import safe_load
 from fl_lightning.federation.transport import Upload
-from tests.conftest import CONF
+from tests.tiny_runs import tiny_config
 
 
 # ------------------------------------------------------------------------------------ 1. a new server optimizer
@@ -108,22 +107,7 @@ class FedAvgClippedOnTheServer(FedAvg):
 
 
 def _cfg(tmp_path, *extra: str):
-    return load_config(
-        CONF / "fedavg_digits_tiny.yaml",
-        [
-            "--output_dir",
-            str(tmp_path),
-            "--federation.rounds",
-            "3",
-            "--partition.num_clients",
-            "5",
-            "--data.num_samples",
-            "300",
-            "--logging.progress",
-            "false",
-            *extra,
-        ],
-    )
+    return tiny_config(tmp_path, "--data.num_samples", "300", *extra, rounds=3, clients=5)
 
 
 def _saved(cfg) -> dict:

@@ -20,23 +20,11 @@ from fl_lightning.config.loading import load_config
 from fl_lightning.errors import ConfigError
 from fl_lightning.federation import precision as P
 from tests.conftest import CONF
+from tests.tiny_runs import cpu_precision_config
 
 
 def _cfg(tmp_path, config: str, precision: str, *extra: str):
-    return load_config(
-        CONF / config,
-        [
-            "--output_dir",
-            str(tmp_path),
-            "--logging.progress",
-            "false",
-            "--federation.accelerator",
-            "cpu",
-            "--federation.precision",
-            precision,
-            *extra,
-        ],
-    )
+    return cpu_precision_config(tmp_path, config, precision, *extra)
 
 
 @pytest.mark.parametrize("precision", ["bf16-true", "16-true"])

@@ -198,27 +198,24 @@ def test_fedopal_composes_dp_sgd_of_its_prompts_with_its_statistics(tmp_path):
     assert torch.isfinite(state["W"]).all() and 0 <= summary["accuracy"] <= 1
 
 
+# local statistics noise at ε = 4, δ = 1e-4, the prompts trained by DP-SGD
+LOCAL_DP_SGD = (
+    "--federation.privacy.mechanism",
+    "statistics_local",
+    "--federation.privacy.epsilon",
+    "4",
+    "--federation.privacy.delta",
+    "1e-4",
+    "--federation.privacy.dp_sgd",
+    "true",
+)
+
+
 def test_dp_sgd_is_calibrated_from_public_quantities_only():
     """σ, q, the steps and the lot size depend on N, K, B and the epochs, never on how the records are split."""
     from fl_lightning.federation.policies.privacy import FederationPrivacy
 
-    cfg = load_config(
-        FEDOPAL,
-        [
-            "--federation.privacy.mechanism",
-            "statistics_local",
-            "--federation.privacy.epsilon",
-            "4",
-            "--federation.privacy.delta",
-            "1e-4",
-            "--federation.privacy.dp_sgd",
-            "true",
-            "--train.epochs",
-            "2",
-            "--partition.num_clients",
-            "3",
-        ],
-    )
+    cfg = load_config(FEDOPAL, [*LOCAL_DP_SGD, "--train.epochs", "2", "--partition.num_clients", "3"])
     even, skewed = (FederationPrivacy.of(cfg, 1, sizes) for sizes in ([110, 110, 110], [1, 64, 265]))
     assert (even.noise_multiplier, even.sgd, even.lot_size) == (skewed.noise_multiplier, skewed.sgd, skewed.lot_size)
     assert even.epsilon(1) == skewed.epsilon(1) <= 4
@@ -226,37 +223,24 @@ def test_dp_sgd_is_calibrated_from_public_quantities_only():
     assert even.sgd == [(q, 2 * math.ceil(1 / q))] and even.lot_size == pytest.approx(q * 110)
     dp = even.dp_sgd(0, 2)
     assert (dp.sampling_rate, dp.steps_per_epoch, dp.denominator) == (q, math.ceil(1 / q), even.lot_size)
-    fixed = load_config(
-        FEDOPAL,
-        [
-            "--federation.privacy.mechanism",
-            "statistics_local",
-            "--federation.privacy.epsilon",
-            "4",
-            "--federation.privacy.delta",
-            "1e-4",
-            "--federation.privacy.dp_sgd",
-            "true",
-            "--federation.privacy.sampling_rate",
-            "0.05",
-        ],
-    )
+    fixed = load_config(FEDOPAL, [*LOCAL_DP_SGD, "--federation.privacy.sampling_rate", "0.05"])
     assert FederationPrivacy.of(fixed, 1, [110, 110, 110]).sgd == [(0.05, fixed.train.epochs * 20)]
 
 
-def test_dp_fedavg_divides_by_the_planned_clients_and_refuses_what_it_does_not_cover():
+def _one_round_dp_fedavg(reproducible: bool, **extra):
+    """DP-FedAvg's policy for one round of every client (σ 1, δ 0.01, seed 0), its noise reproducible or not."""
     from fl_lightning.config import PrivacyConfig
-    from fl_lightning.federation.policies.privacy import FederationPrivacy, PrivacyLeak
+    from fl_lightning.federation.policies.privacy import FederationPrivacy
+
+    config = PrivacyConfig(mechanism="dp_fedavg", noise_multiplier=1.0, delta=0.01, reproducible_noise=reproducible)
+    return FederationPrivacy(config, seed=0, rounds=1, parts=[(1.0, 1)], noise_multiplier=1.0, **extra)
+
+
+def test_dp_fedavg_divides_by_the_planned_clients_and_refuses_what_it_does_not_cover():
+    from fl_lightning.federation.policies.privacy import PrivacyLeak
     from fl_lightning.federation.transport import Upload
 
-    dp = FederationPrivacy(
-        PrivacyConfig(mechanism="dp_fedavg", noise_multiplier=1.0, delta=0.01, reproducible_noise=True),
-        seed=0,
-        rounds=1,
-        parts=[(1.0, 1)],
-        noise_multiplier=1.0,
-        denominator=3,
-    )
+    dp = _one_round_dp_fedavg(reproducible=True, denominator=3)
     zeros = torch.zeros(4000)
     state = {"a": zeros, "b": zeros, "steps": torch.tensor(4)}
     uploads = {
@@ -277,17 +261,8 @@ def test_dp_fedavg_divides_by_the_planned_clients_and_refuses_what_it_does_not_c
 
 
 def test_the_noise_comes_from_os_entropy_unless_asked_to_be_reproducible():
-    from fl_lightning.config import PrivacyConfig
-    from fl_lightning.federation.policies.privacy import FederationPrivacy
-
     def draw(reproducible: bool) -> torch.Tensor:
-        dp = FederationPrivacy(
-            PrivacyConfig(mechanism="dp_fedavg", noise_multiplier=1.0, delta=0.01, reproducible_noise=reproducible),
-            seed=0,
-            rounds=1,
-            parts=[(1.0, 1)],
-            noise_multiplier=1.0,
-        )
+        dp = _one_round_dp_fedavg(reproducible=reproducible)
         return torch.randn(8, generator=dp._generator(0, 0))
 
     assert torch.equal(draw(True), draw(True)) and not torch.equal(draw(False), draw(False))

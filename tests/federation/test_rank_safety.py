@@ -526,6 +526,12 @@ def _cfg(*extra):
     return load_config(CONF / "fedavg_digits_tiny.yaml", list(extra))
 
 
+def _two_cpu_devices(tmp_path, *extra):
+    """The tiny FedAvg config into ``tmp_path`` on two CPU devices, then ``extra`` (a launcher's environment set
+    by the test decides what the strategy sees)."""
+    return _cfg("--output_dir", str(tmp_path), "--federation.accelerator", "cpu", "--federation.devices", "2", *extra)
+
+
 @pytest.mark.parametrize(
     "extra, start_method",
     [
@@ -767,18 +773,7 @@ def test_fabric_run_with_strategy_ddp_sets_up_ddp_with_the_collective_timeout(cl
         "WORLD_SIZE": "2",
     }.items():
         monkeypatch.setenv(key, value)
-    cfg = _cfg(
-        "--output_dir",
-        str(tmp_path),
-        "--federation.accelerator",
-        "cpu",
-        "--federation.devices",
-        "2",
-        "--federation.collective_timeout_s",
-        "7.5",
-        "--federation.compute_timeout_s",
-        "3",
-    )
+    cfg = _two_cpu_devices(tmp_path, "--federation.collective_timeout_s", "7.5", "--federation.compute_timeout_s", "3")
     strategy = Simulation(cfg=cfg, loggers=[]).fabric.strategy
     assert seen == [strategy] and strategy._timeout == timedelta(seconds=3)
     assert strategy.object_timeout == timedelta(seconds=7.5)
@@ -792,15 +787,6 @@ def test_fabric_run_strategy_disagreeing_with_the_config_stops_in_one_line(tmp_p
     monkeypatch.setenv("LT_CLI_USED", "1")
     monkeypatch.setenv("LT_STRATEGY", "ddp")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    cfg = _cfg(
-        "--output_dir",
-        str(tmp_path),
-        "--federation.accelerator",
-        "cpu",
-        "--federation.devices",
-        "2",
-        "--federation.strategy",
-        "ddp_spawn",
-    )
+    cfg = _two_cpu_devices(tmp_path, "--federation.strategy", "ddp_spawn")
     with pytest.raises(ConfigError, match=r"federation.strategy.*'ddp', the strategy `fabric run --strategy`"):
         Simulation(cfg=cfg, loggers=[])

@@ -12,12 +12,11 @@ import pytest
 import torch
 from scipy import stats
 
-from fl_lightning.config.loading import load_config
 from fl_lightning.errors import UsageError
 from fl_lightning.federation.policies.robust_aggregation import bulyan, coordinate_median, krum_scores, trimmed_mean
 from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.storage.checkpoint import safe_load
-from tests.conftest import CONF
+from tests.tiny_runs import assert_parts_equal, comparison_runs, one_and_two_processes, tiny_config
 
 
 def _rows(n: int = 9, d: int = 20, seed: int = 0) -> torch.Tensor:
@@ -62,20 +61,7 @@ def test_bulyan_is_invariant_to_the_order_of_the_clients():
 
 
 def _cfg(tmp_path, *extra: str):
-    return load_config(
-        CONF / "fedavg_digits_tiny.yaml",
-        [
-            "--output_dir",
-            str(tmp_path),
-            "--federation.rounds",
-            "2",
-            "--partition.num_clients",
-            "7",
-            "--logging.progress",
-            "false",
-            *extra,
-        ],
-    )
+    return tiny_config(tmp_path, *extra, clients=7)
 
 
 def _head(cfg) -> torch.Tensor:
@@ -133,68 +119,19 @@ def test_clashing_settings_are_one_line(tmp_path, extra, words):
 
 @pytest.mark.parametrize("attack", ["gaussian", pytest.param("label_flip", marks=pytest.mark.slow)])
 def test_krum_under_attackers_with_fedavgm_is_the_same_on_one_and_two_processes(tmp_path, attack):
-    from tests.conftest import run_cli
-
-    states = []
-    for label, extra in (("one", ()), ("two", ("--federation.devices", "2"))):
-        out = tmp_path / label
-        done = run_cli(
-            "--config",
-            str(CONF / "fedavg_digits_tiny.yaml"),
-            "--output_dir",
-            str(out),
-            "--run_name",
-            "run",
-            "--logging.progress",
-            "false",
-            "--federation.rounds",
-            "2",
-            "--partition.num_clients",
-            "6",
-            "--data.num_samples",
-            "300",
-            "--federation.aggregator.name",
-            "multi_krum",
-            "--federation.aggregator.num_malicious",
-            "1",
-            "--federation.attack.kind",
-            attack,
-            "--federation.attack.fraction",
-            "0.2",
-            "--federation.server_optimizer.name",
-            "fedavgm",
-            "--federation.server_optimizer.momentum",
-            "0.5",
-            *extra,
-            env={"OMP_NUM_THREADS": "1"},
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-        states.append(safe_load(out / "run" / "checkpoints" / "server.pt"))
-    for part in ("state", "server_optimizer"):
-        assert states[0][part].keys() == states[1][part].keys()
-        for key in states[0][part]:
-            assert torch.equal(states[0][part][key], states[1][part][key]), (part, key)
+    krum = ("--federation.aggregator.name", "multi_krum", "--federation.aggregator.num_malicious", "1")
+    attackers = ("--federation.attack.kind", attack, "--federation.attack.fraction", "0.2")
+    fedavgm = ("--federation.server_optimizer.name", "fedavgm", "--federation.server_optimizer.momentum", "0.5")
+    one, two = one_and_two_processes(tmp_path, *krum, *attackers, *fedavgm, rounds=2, clients=6, samples=300)
+    assert_parts_equal(one, two, ("state", "server_optimizer"))
 
 
 def test_the_tiny_comparison_runs_and_the_attack_curve_reads_it(tmp_path, capsys):
     import importlib.util
 
-    from fl_lightning import train
     from tests.conftest import REPO
 
-    rc = train.main(
-        [
-            "--config",
-            str(CONF / "robust_aggregation_tiny.yaml"),
-            "--output_dir",
-            str(tmp_path),
-            "--federation.rounds",
-            "1",
-            "--data.num_samples",
-            "300",
-        ]
-    )
-    assert rc == 0, capsys.readouterr().err
+    comparison_runs(tmp_path, capsys, "robust_aggregation_tiny.yaml", rounds=1, samples=300)
     spec = importlib.util.spec_from_file_location("attack_curve", REPO / "scripts" / "attack_curve.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.config.loading import load_config
 from fl_lightning.federation.algorithm import register
 from fl_lightning.federation.run_state import RunState
 from fl_lightning.federation.simulation import Simulation
@@ -22,7 +21,7 @@ from fl_lightning.federation.storage.server_checkpoint import (
     load_server_state,
     tensor_digest,
 )
-from tests.conftest import CONF
+from tests.tiny_runs import tiny_config
 
 
 def _parts(folder):
@@ -156,21 +155,7 @@ def test_a_run_writes_its_frozen_tensor_once_and_resumes_to_the_same_state(tmp_p
     monkeypatch.setattr(server_checkpoint, "PART_MIN_BYTES", 1024)  # the head (1.3 KB) and the table in parts
 
     def cfg(name, rounds):
-        return load_config(
-            CONF / "fedavg_digits_tiny.yaml",
-            [
-                "--output_dir",
-                str(tmp_path / name),
-                "--federation.rounds",
-                str(rounds),
-                "--partition.num_clients",
-                "4",
-                "--logging.progress",
-                "false",
-                "--algorithm",
-                "test_frozen_table",
-            ],
-        )
+        return tiny_config(tmp_path / name, "--algorithm", "test_frozen_table", rounds=rounds)
 
     full = Simulation(cfg=cfg("full", 3), loggers=[]).run()
     folder = cfg("full", 3).run_dir / "checkpoints"
@@ -189,21 +174,7 @@ def test_a_resumed_run_sweeps_killed_writes_and_refuses_a_swapped_part(tmp_path,
     monkeypatch.setattr(server_checkpoint, "PART_MIN_BYTES", 1024)
 
     def cfg(rounds):
-        return load_config(
-            CONF / "fedavg_digits_tiny.yaml",
-            [
-                "--output_dir",
-                str(tmp_path),
-                "--federation.rounds",
-                str(rounds),
-                "--partition.num_clients",
-                "4",
-                "--logging.progress",
-                "false",
-                "--algorithm",
-                "test_frozen_table",
-            ],
-        )
+        return tiny_config(tmp_path, "--algorithm", "test_frozen_table", rounds=rounds)
 
     Simulation(cfg=cfg(2), loggers=[]).run()
     folder = cfg(2).run_dir / "checkpoints"

@@ -15,7 +15,8 @@ from fl_lightning.federation.policies.server_optimizer import FedAdagrad, FedAvg
 from fl_lightning.federation.run_state import RunState
 from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.storage.checkpoint import safe_load
-from tests.conftest import CONF, StopAfterClients, run_cli
+from tests.conftest import CONF, StopAfterClients
+from tests.tiny_runs import assert_parts_equal, comparison_runs, one_and_two_processes, tiny_config
 
 ROUNDS = 5
 
@@ -110,41 +111,13 @@ def test_the_moments_travel_with_the_run_state():
 
 
 def _cfg(tmp_path, *extra: str):
-    return load_config(
-        CONF / "fedavg_digits_tiny.yaml",
-        [
-            "--output_dir",
-            str(tmp_path),
-            "--federation.rounds",
-            "3",
-            "--partition.num_clients",
-            "4",
-            "--logging.progress",
-            "false",
-            "--federation.server_optimizer.name",
-            "fedadam",
-            "--federation.server_optimizer.lr",
-            "0.05",
-            *extra,
-        ],
-    )
+    fedadam = ("--federation.server_optimizer.name", "fedadam", "--federation.server_optimizer.lr", "0.05")
+    return tiny_config(tmp_path, *fedadam, *extra, rounds=3)
 
 
 def test_fedadam_on_fedavg_resumes_mid_round_to_the_uninterrupted_result(tmp_path):
     full = Simulation(cfg=_cfg(tmp_path / "full"), loggers=[]).run()
-    plain = load_config(
-        CONF / "fedavg_digits_tiny.yaml",
-        [
-            "--output_dir",
-            str(tmp_path / "plain"),
-            "--federation.rounds",
-            "3",
-            "--partition.num_clients",
-            "4",
-            "--logging.progress",
-            "false",
-        ],
-    )
+    plain = tiny_config(tmp_path / "plain", rounds=3)
     Simulation(cfg=plain, loggers=[]).run()
     cfg = _cfg(tmp_path / "cut")
     with pytest.raises(KeyboardInterrupt):
@@ -173,72 +146,25 @@ def test_a_method_whose_state_is_not_a_mean_is_refused_in_one_line(tmp_path):
     assert "federation.server_optimizer.name=fedyogi" in message and "fedcgs" in message and "\n" not in message
 
 
-def _cli_run(tmp_path, label: str, *extra: str) -> dict:
-    out = tmp_path / label
-    done = run_cli(
-        "--config",
-        str(CONF / "fedavg_digits_tiny.yaml"),
-        "--output_dir",
-        str(out),
-        "--run_name",
-        "run",
-        "--logging.progress",
-        "false",
-        "--federation.rounds",
-        "3",
-        "--partition.num_clients",
-        "4",
-        "--data.num_samples",
-        "400",
-        "--federation.client_fraction",
-        "0.5",
-        "--federation.server_optimizer.name",
-        "fedyogi",
-        "--federation.server_optimizer.lr",
-        "0.05",
+def test_fedyogi_with_dp_fedavg_and_client_sampling_is_the_same_on_one_and_two_processes(tmp_path):
+    pytest.importorskip("dp_accounting")
+    sampling = ("--federation.client_fraction", "0.5")
+    fedyogi = ("--federation.server_optimizer.name", "fedyogi", "--federation.server_optimizer.lr", "0.05")
+    dp = (
         "--federation.privacy.mechanism",
         "dp_fedavg",
-        "--federation.privacy.noise_multiplier",
-        "0.5",
         "--federation.privacy.delta",
         "0.1",
         "--federation.privacy.clip_norm",
         "0.5",
-        "--federation.privacy.reproducible_noise",
-        "true",
-        *extra,
-        env={"OMP_NUM_THREADS": "1"},
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return safe_load(out / "run" / "checkpoints" / "server.pt")
-
-
-def test_fedyogi_with_dp_fedavg_and_client_sampling_is_the_same_on_one_and_two_processes(tmp_path):
-    pytest.importorskip("dp_accounting")
-    one, two = _cli_run(tmp_path, "one"), _cli_run(tmp_path, "two", "--federation.devices", "2")
-    assert one["state"].keys() == two["state"].keys() and one["server_optimizer"].keys() == two["server_optimizer"].keys()
-    for part in ("state", "server_optimizer"):
-        for key in one[part]:
-            assert torch.equal(one[part][key], two[part][key]), (part, key)
+    seeded_noise = ("--federation.privacy.noise_multiplier", "0.5", "--federation.privacy.reproducible_noise", "true")
+    one, two = one_and_two_processes(tmp_path, *sampling, *fedyogi, *dp, *seeded_noise, rounds=3, clients=4, samples=400)
+    assert_parts_equal(one, two, ("state", "server_optimizer"))
 
 
 def test_the_tiny_comparison_runs_every_optimizer(tmp_path, capsys):
-    from fl_lightning import train
-
-    rc = train.main(
-        [
-            "--config",
-            str(CONF / "server_optimizers_tiny.yaml"),
-            "--output_dir",
-            str(tmp_path),
-            "--federation.rounds",
-            "2",
-            "--data.num_samples",
-            "300",
-        ]
-    )
-    assert rc == 0, capsys.readouterr().err
-    states = {p.parent.parent.name: safe_load(p) for p in tmp_path.glob("*/checkpoints/server.pt")}
+    states = comparison_runs(tmp_path, capsys, "server_optimizers_tiny.yaml", rounds=2, samples=300)
     assert set(states) == {"fedavg", "fedavgm", "fedadagrad", "fedadam", "fedyogi"}
     assert "server_optimizer" not in states["fedavg"]
     for name in ("fedavgm", "fedadagrad", "fedadam", "fedyogi"):

@@ -7,32 +7,18 @@ import pytest
 import torch
 
 from fl_lightning.algorithms.fedavg import FedAvg
-from fl_lightning.config.loading import load_config
 from fl_lightning.errors import ClientFailure, RemoteTraceback, RunFailure, TooFewClients, UsageError
 from fl_lightning.federation.algorithm import register
 from fl_lightning.federation.simulation import Simulation
-from fl_lightning.federation.storage.checkpoint import safe_load
 from fl_lightning.federation.storage.round_store import RoundStore
 from fl_lightning.federation.transport import Upload
-from tests.conftest import CONF, StopAfterClients, run_cli
+from tests.conftest import CONF, StopAfterClients
 from tests.run_records import kill_after_round_0, server_state
+from tests.tiny_runs import cli_run, server_pt, start_train, tiny_config, tiny_overrides
 
 
 def _cfg(tmp_path, *extra):
-    return load_config(
-        CONF / "fedavg_digits_tiny.yaml",
-        [
-            "--output_dir",
-            str(tmp_path),
-            "--federation.rounds",
-            "2",
-            "--partition.num_clients",
-            "4",
-            "--logging.progress",
-            "false",
-            *extra,
-        ],
-    )
+    return tiny_config(tmp_path, *extra)
 
 
 def _comparable(summary):
@@ -171,22 +157,11 @@ def test_client_error_skip_records_failures_and_aggregates_rest(tmp_path):
 def _two_fedavg_runs(tmp_path, first: list[str], second: list[str]) -> tuple[dict, dict]:
     """The tiny FedAvg config run twice (one CPU thread a process) with ``first`` and ``second`` appended; asserts
     the two runs' server tensors are equal and returns their summaries."""
-    base = [
-        "--config",
-        str(CONF / "fedavg_digits_tiny.yaml"),
-        "--federation.rounds",
-        "2",
-        "--partition.num_clients",
-        "5",
-        "--logging.progress",
-        "false",
-    ]
     name, summaries, states = "fedavg_digits_a0.5_s0", [], []
     for label, extra in (("first", first), ("second", second)):
-        done = run_cli(*base, "--output_dir", str(tmp_path / label), *extra, env={"OMP_NUM_THREADS": "1"})
-        assert done.returncode == 0, done.stderr[-2000:]
-        summaries.append(json.loads((tmp_path / label / name / "summary.json").read_text()))
-        states.append(safe_load(tmp_path / label / name / "checkpoints" / "server.pt")["state"])
+        run = cli_run(tmp_path / label, *extra, run_name=None, rounds=2, clients=5) / name
+        summaries.append(json.loads((run / "summary.json").read_text()))
+        states.append(server_pt(run)["state"])
     for k in states[0]:
         assert torch.equal(states[0][k], states[1][k]), k
     return summaries[0], summaries[1]
@@ -271,32 +246,10 @@ def test_a_partition_file_for_another_client_count_is_one_line(tmp_path):
 def test_sigkill_in_a_short_round_resumes_to_the_uninterrupted_result(tmp_path):
     """The default keeps a short round's records in memory: a SIGKILL mid-round leaves no record and no plan
     of that round on disk, and the resumed run re-runs the round to the uninterrupted result."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO
-
     extra = ("--federation.rounds", "4")
     full = Simulation(cfg=_cfg(tmp_path / "full", *extra), loggers=[]).run()
     cfg = _cfg(tmp_path / "cut", *extra)
-    argv = [
-        sys.executable,
-        "-m",
-        "fl_lightning.train",
-        "--config",
-        str(CONF / "fedavg_digits_tiny.yaml"),
-        "--output_dir",
-        str(tmp_path / "cut"),
-        "--partition.num_clients",
-        "4",
-        "--logging.progress",
-        "false",
-        *extra,
-    ]
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
-    )
+    proc = start_train(*tiny_overrides(tmp_path / "cut", *extra))
     kill_after_round_0(proc, cfg)
     assert not (cfg.run_dir / "summary.json").exists()  # killed before the end
     assert not list((cfg.run_dir / "checkpoints").glob("round*/*.pt"))  # the round's records were in memory
