@@ -11,13 +11,12 @@ from __future__ import annotations
 import csv
 import json
 import statistics
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import yaml
 
-from fl_lightning.experiments.figures import saved_figure
+from fl_lightning.experiments.figures import comparison_dir_argument, saved_figure
 
 
 def curve_rows(out_dir: Path) -> list[dict]:
@@ -76,6 +75,4 @@ def write_curve(out_dir: Path) -> list[dict]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python scripts/attack_curve.py COMPARISON_DIR")
-    print(markdown(write_curve(Path(sys.argv[1]))), end="")
+    print(markdown(write_curve(comparison_dir_argument(__doc__))), end="")

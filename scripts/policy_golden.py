@@ -11,6 +11,7 @@ CPUs compare with a tolerance (tests/federation/test_policy_order.py keeps that 
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -147,8 +148,14 @@ def final_state(name: str, folder: Path) -> dict[str, dict[str, torch.Tensor]]:
 
 
 def main(argv: list[str]) -> int:
-    mode, path = argv[1], Path(argv[2])
-    only = argv[3:] or list(RUNS)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").strip().splitlines()[0])
+    parser.add_argument("mode", choices=("save", "check"), help="save the final states, or check them against PATH")
+    parser.add_argument("path", type=Path, help="the golden file (tests/federation/fixtures/policy_golden.pt)")
+    parser.add_argument("runs", nargs="*", help=f"only these runs (default: all of {', '.join(RUNS)})")
+    args = parser.parse_args(argv[1:])
+    if set(args.runs) - set(RUNS) or (args.mode == "check" and not args.path.is_file()):
+        parser.error(f"runs are among {', '.join(map(repr, RUNS))}; check reads an existing file")
+    mode, path, only = args.mode, args.path, args.runs or list(RUNS)
     with tempfile.TemporaryDirectory() as tmp:
         states = {name: final_state(name, Path(tmp) / str(i)) for i, name in enumerate(only)}
     if mode == "save":

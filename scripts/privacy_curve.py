@@ -10,11 +10,10 @@ from __future__ import annotations
 import csv
 import json
 import math
-import sys
 from collections import defaultdict
 from pathlib import Path
 
-from fl_lightning.experiments.figures import saved_figure
+from fl_lightning.experiments.figures import comparison_dir_argument, saved_figure
 
 
 def curve_rows(out_dir: Path) -> list[dict]:
@@ -59,7 +58,5 @@ def write_curve(out_dir: Path) -> list[dict]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python scripts/privacy_curve.py COMPARISON_DIR")
-    for row in write_curve(Path(sys.argv[1])):
+    for row in write_curve(comparison_dir_argument(__doc__)):
         print(f"{row['algorithm']:>10}  ε={row['epsilon']:<8.3g}  accuracy={row['accuracy']:.4f}")

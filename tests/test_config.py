@@ -41,6 +41,11 @@ def test_inf_alpha_and_int_for_float():
         (["--federation.rounds", "many"], "federation.rounds", "an int"),
         (["--data.name", "cifar11"], "data.name", "did you mean 'cifar10'"),
         (["--algorithm", "fedopl"], "algorithm", "did you mean 'fedopal'"),
+        # Flower's strategy names point to the policy key, not to a method spelled alike (fedadam is no feddyn)
+        (["--algorithm", "fedadam"], "algorithm", "set federation.server_optimizer.name=fedadam beside a method"),
+        (["--algorithm", "krum"], "algorithm", "set federation.aggregator.name=krum beside a method"),
+        (["--algorithm", "FedMedian"], "algorithm", "set federation.aggregator.name=median beside a method"),
+        (["--federation.server_optimizer", "fedadam"], "federation.server_optimizer", "federation.server_optimizer.name=fedadam"),
         (["--model.library", "keras"], "model.library", "'open_clip', 'timm'"),
     ],
 )

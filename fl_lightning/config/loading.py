@@ -138,7 +138,9 @@ def _loaded_fields(cls: type) -> list[dataclasses.Field]:
 def _build(cls: type, values: Any, prefix: str, known: list[str] | None = None) -> Any:
     """Build dataclass ``cls`` from ``values`` strictly; ``known``: every dotted key, for did-you-mean."""
     if not isinstance(values, dict):
-        raise ConfigError(prefix or "<root>", values, "a mapping of keys to values")
+        chooser = next((f.name for f in dataclasses.fields(cls) if f.name in ("name", "mechanism", "kind")), None)
+        hint = f" (did you mean {prefix}.{chooser}={values}?)" if chooser and isinstance(values, str) and prefix else ""
+        raise ConfigError(prefix or "<root>", values, f"a mapping of keys to values{hint}")
     hints = typing.get_type_hints(cls)
     names = [f.name for f in _loaded_fields(cls)]
     kwargs = {}
@@ -191,13 +193,18 @@ def build_config(values: dict) -> RunConfig:
     algorithm = values.get("algorithm", RunConfig.algorithm)
     if algorithm not in registry:
         from fl_lightning.algorithms import import_errors
+        from fl_lightning.federation.policies.order import policy_setting_of
 
         names = sorted(registry)
         broken = "; ".join(f"{m} failed to import ({e})" for m, e in import_errors().items() if algorithm in m)
+        setting = policy_setting_of(str(algorithm))
+        hint = (
+            f"; {algorithm!r} is not a method but an update policy: set {setting} beside a method (docs/policies.md)"
+            if setting
+            else did_you_mean(str(algorithm), names)
+        )
         raise ConfigError(
-            "algorithm",
-            algorithm,
-            f"one of {', '.join(repr(n) for n in names)}{did_you_mean(str(algorithm), names)}{f' — {broken}' if broken else ''}",
+            "algorithm", algorithm, f"one of {', '.join(repr(n) for n in names)}{hint}{f' — {broken}' if broken else ''}"
         )
     core = {k: v for k, v in values.items() if k != algorithm}
     for key in core:

@@ -4,12 +4,13 @@ when a figure is made."""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["saved_figure"]
+__all__ = ["saved_figure", "comparison_dir_argument"]
 
 
 @contextmanager
@@ -26,3 +27,14 @@ def saved_figure(path: str | Path, *, figsize: tuple[float, float], dpi: int = 1
     fig.tight_layout()
     fig.savefig(path, dpi=dpi, **save)
     plt.close(fig)
+
+
+def comparison_dir_argument(doc: str, argv: list[str] | None = None) -> Path:
+    """A curve script's one argument, the comparison's folder (``--help``: the script's ``doc``); a folder that does not
+    exist is one line and exit status 2."""
+    parser = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
+    parser.add_argument("comparison_dir", type=Path, help="the folder a comparison wrote its runs to")
+    folder = parser.parse_args(argv).comparison_dir
+    if not folder.is_dir():
+        parser.error(f"{folder} is not a folder (a comparison's output, e.g. runs/<name>)")
+    return folder

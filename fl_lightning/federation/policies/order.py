@@ -68,6 +68,10 @@ SELECTED: dict[str, tuple[str, Callable[[Any], str]]] = {
     "aggregator": ("federation.aggregator.name", lambda f: f.aggregator.name),
     "server_optimizer": ("federation.server_optimizer.name", lambda f: f.server_optimizer.name),
 }
+# the kinds of who takes part, asked by federation/client_behaviour.py rather than applied in the order
+PARTICIPATION_KEYS = {"availability": "federation.clients.availability_model", "dropout": "federation.clients.dropout_model"}
+# Flower's strategy names (flwr.server.strategy, lower-cased) that are a policy here under another name
+FLOWER_NAMES = {"fedmedian": "median", "fedtrimmedavg": "trimmed_mean", "multikrum": "multi_krum"}
 # the kinds that read or replace a weighted mean of the clients' weights: only for methods that average
 NEEDS_MEAN = frozenset({"attack", "staleness", "aggregator", "server_optimizer"})
 
@@ -76,6 +80,18 @@ def policy_names(kind: str) -> tuple[str, ...]:
     """The names registered for ``kind`` (the package's and any registered since), the "off" one first."""
     off = KINDS[kind]
     return (off, *sorted(n for n in registered(kind) if n != off))
+
+
+def policy_setting_of(name: str) -> str | None:
+    """``key=value`` that picks ``name`` where it names a registered policy that is not off, as written here or as
+    Flower's strategy (``FedAdam``: ``federation.server_optimizer.name=fedadam``; ``FedMedian``:
+    ``federation.aggregator.name=median``), else None."""
+    wanted = FLOWER_NAMES.get(name.lower(), name.lower())
+    keys = {**{kind: key for kind, (key, _) in SELECTED.items()}, **PARTICIPATION_KEYS}
+    for kind, key in keys.items():
+        if wanted != KINDS[kind] and wanted in registered(kind):
+            return f"{key}={wanted}"
+    return None
 
 
 def chosen(cfg: RunConfig) -> dict[str, tuple[str, type[UpdatePolicy]]]:
