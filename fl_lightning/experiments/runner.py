@@ -162,7 +162,8 @@ def _plan(args: Args, argv: list[str], locks: list) -> _Share | int:
         raise ConfigError(
             "variants",
             f"{len(mine)} runs",
-            "a single run when federation.devices > 1 (launch one process group per run, e.g. with --shard I/N)",
+            f"a single run when federation.devices > 1 (launch one process group per run: --shard I/{len(runs)}, "
+            "docs/usage.md 'Several GPUs per run')",
         )
     if args.jobs is not None and _is_primary():
         return _run_jobs(args, argv, cfg, runs)

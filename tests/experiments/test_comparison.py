@@ -71,3 +71,12 @@ def test_the_tiny_table_from_one_command(tmp_path, capsys):
     assert len(runs) == 8  # 2 methods × 2 α × 2 seeds, one folder each
     # the 8 runs share their backbone's features: one table per split (train, test) and data seed
     assert len(list((tmp_path / "feature_cache").glob("*.pt"))) == 4
+
+
+def test_a_share_of_several_runs_on_several_devices_is_refused_and_names_the_shard_to_use(tmp_path, capsys):
+    """One process group runs one run: with federation.devices > 1 the line says which --shard makes each share one."""
+    variants = "[{algorithm: afl, label: AFL}, {algorithm: fedcgs, label: FedCGS}]"
+    args = ["--config", str(CONF / "fedopal_table2_tiny.yaml"), "--variants", variants, "--output_dir", str(tmp_path)]
+    rc = train.main([*args, "--federation.devices", "2"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "a single run when federation.devices > 1" in err and "--shard I/8" in err and "\n" not in err
