@@ -6,6 +6,7 @@ Flower's own outputs: tests/federation/test_robust_aggregation_flower.py."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from fl_lightning.errors import UsageError
 from fl_lightning.federation.policies.robust_aggregation import bulyan, coordinate_median, krum_scores, trimmed_mean
 from fl_lightning.federation.simulation import Simulation
 from fl_lightning.federation.storage.checkpoint import safe_load
+from tests.run_records import metrics_rows
 from tests.tiny_runs import assert_parts_equal, comparison_runs, one_and_two_processes, tiny_config
 
 
@@ -83,6 +85,11 @@ def test_under_a_scaling_attack_the_median_stays_near_the_clean_run_and_the_mean
     clean = _head(runs["clean"])
     gap = {name: float((_head(cfg) - clean).norm()) for name, cfg in runs.items() if name != "clean"}
     assert gap["median"] < gap["mean"] / 5 and gap["krum"] < gap["mean"] / 5, gap
+    # which clients attacked (summary.json) and which one Krum kept each round (metrics.csv): never an attacker here
+    attackers = set(json.loads((runs["krum"].run_dir / "summary.json").read_text())["attacker_clients"])
+    kept = [row["kept_clients"] for row in metrics_rows(runs["krum"])]
+    assert len(attackers) == 2 and kept and all(k.isdigit() and int(k) not in attackers for k in kept), (attackers, kept)
+    assert "kept_clients" not in metrics_rows(runs["median"])[0]  # a rule that selects no client names none
 
 
 def test_mean_is_the_methods_own_aggregate_bit_for_bit(tmp_path):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -133,3 +133,7 @@ class ClientAttack(UpdatePolicy):
     def row(self, round_idx: int, clients: list[int]) -> dict[str, int]:
         """metrics.csv: how many of the round's clients attacked."""
         return {"attackers": sum(c in self.attackers for c in clients)}
+
+    def summary(self, rounds_done: int) -> dict[str, Any]:
+        """summary.json: which clients attack (drawn once for the run)."""
+        return {"attacker_clients": sorted(self.attackers)}

@@ -26,7 +26,7 @@ docs/adding_a_method.md, "A new robust aggregator".
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -111,6 +111,8 @@ class RobustAggregator(UpdatePolicy):
     trim_fraction: float = 0.2
     num_malicious: int = 0
     num_to_keep: int | None = None
+    # a selecting rule's choice (Krum, Multi-Krum): the rows it kept, then by round the clients, for metrics.csv
+    kept: dict[Any, list[int]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, config: Any) -> RobustAggregator:
@@ -156,7 +158,17 @@ class RobustAggregator(UpdatePolicy):
         if self.is_mean:
             return aggregate, dict(state)
         averaged = {k: t for k, t in aggregate.items() if ctx.averages(k)}
-        return {**aggregate, **self.aggregate(averaged, ctx.uploads)}, dict(state)
+        new = self.aggregate(averaged, ctx.uploads)
+        rows = self.kept.pop("rows", None)
+        if rows is not None:  # the uploads' rows in client order
+            clients = sorted(ctx.uploads)
+            self.kept[ctx.round_idx] = [clients[i] for i in rows]
+        return {**aggregate, **new}, dict(state)
+
+    def row(self, round_idx: int, clients: list[int]) -> dict[str, Any]:
+        """metrics.csv (rank 0's, where the rule runs): the clients a selecting rule kept, ``;``-separated."""
+        kept = self.kept.pop(round_idx, None)
+        return {} if kept is None else {"kept_clients": ";".join(str(c) for c in kept)}
 
     def aggregate(self, state: Mapping[str, Tensor], uploads: Mapping[int, Upload]) -> dict[str, Tensor]:
         """The new values of ``state``'s floating-point tensors that every upload holds, by the rule over the
@@ -214,6 +226,7 @@ class MultiKrum(RobustAggregator):
 
     def combine(self, rows: Tensor, weights: Sequence[float]) -> Tensor:
         picked = krum_pick(rows, self.num_malicious, min(self.keep(rows.shape[0]), rows.shape[0]))
+        self.kept["rows"] = picked
         return super().combine(rows[picked], [weights[i] for i in picked])
 
 
