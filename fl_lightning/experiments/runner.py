@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
     from fl_lightning.experiments.train_args import Args
 
 __all__ = ["run", "print_results", "on_sigterm"]
+
+# set in the environment of a share that --jobs started (experiments/runner.py): --jobs builds the table once
+JOBS_SHARE_ENV = "FL_LIGHTNING_JOBS_SHARE"
 
 
 class _Terminated(KeyboardInterrupt):
@@ -131,8 +135,9 @@ class _Share:
         if os.environ.get("LOCAL_RANK", "0") != "0":
             return
         print_results([(self.runs[i], summaries[i]) for i in self.mine])
-        # a comparison: methods × α, mean ± std over seeds, of every finished run (all shares)
-        if len(self.runs) > 1:
+        # a comparison: methods × α, mean ± std over seeds, of every finished run (all shares); a share that --jobs
+        # started leaves it to --jobs, which builds it once every share has ended
+        if len(self.runs) > 1 and not os.environ.get(JOBS_SHARE_ENV):
             from fl_lightning.experiments.comparison import collect, write_table
 
             write_table(*collect(self.runs, summaries), self.cfg.output_dir)
@@ -260,7 +265,7 @@ def _run_jobs(args: Args, argv: list[str], cfg: object, runs: list) -> int:
     gpus = _visible_gpus() if cfg.federation.accelerator in ("auto", "gpu", "cuda") else []
     # each job its own cores (its threads and its loader workers: data.num_workers auto counts them), on GPUs too
     shares = core_shares(sorted(os.sched_getaffinity(0)), n) if hasattr(os, "sched_getaffinity") else None
-    procs = []
+    procs, relays = [], []
     try:
         for i in range(n):
             env = dict(os.environ)
@@ -268,14 +273,21 @@ def _run_jobs(args: Args, argv: list[str], cfg: object, runs: list) -> int:
                 env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
             cores = None if shares is None else shares[i]
             env.setdefault("OMP_NUM_THREADS", str(len(cores) if cores else max(1, (os.cpu_count() or 1) // n)))
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "fl_lightning.train", *child_argv, "--shard", f"{i}/{n}"],
-                    env=env,
-                    preexec_fn=_pinned_to(cores),
-                )
+            env[JOBS_SHARE_ENV] = "1"  # the table is built here, once, not by each share as it ends
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "fl_lightning.train", *child_argv, "--shard", f"{i}/{n}"],
+                env=env,
+                preexec_fn=_pinned_to(cores),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                errors="replace",
             )
+            relays += [_relay(proc.stdout, sys.stdout, f"[{i}/{n}] "), _relay(proc.stderr, sys.stderr, f"[{i}/{n}] ")]
+            procs.append(proc)
         codes = [p.wait() for p in procs]
+        for relay in relays:
+            relay.join()
     except KeyboardInterrupt as err:
         for p in procs:
             if p.poll() is None:
@@ -289,6 +301,20 @@ def _run_jobs(args: Args, argv: list[str], cfg: object, runs: list) -> int:
         if finished:
             write_table(finished, missing, cfg.output_dir)
     return max(codes, default=0)
+
+
+def _relay(source: Any, sink: Any, prefix: str) -> threading.Thread:
+    """A thread that copies ``source``'s lines to ``sink``, each whole and led by ``prefix`` (the share it came from),
+    so the shares' output does not interleave within a line."""
+
+    def copy() -> None:
+        for line in source:
+            sink.write(prefix + line)
+            sink.flush()
+
+    thread = threading.Thread(target=copy, daemon=True)
+    thread.start()
+    return thread
 
 
 def _pinned_to(cores: list[int] | None) -> Callable[[], None] | None:

@@ -180,6 +180,10 @@ def test_jobs_runs_the_shares_as_local_processes_and_builds_the_table(tmp_path, 
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _table(out / "comparison.csv") == _table(ref / "comparison.csv")
+    # each share's lines whole and named by their share; the table built once, at the end, with every run in it
+    shares = [line for line in proc.stdout.splitlines() if not line.startswith("comparison: ")]
+    assert shares and all(line.startswith(("[0/2] ", "[1/2] ")) for line in shares), shares[:5]
+    assert proc.stdout.count("comparison: ") == 1 and "not finished yet" not in proc.stderr
     assert sorted(p.name for p in out.iterdir() if p.is_dir() and p.name != "feature_cache") == sorted(_NAMES)
     for argv, needle in (
         ([*_ARGS, "--jobs", "0"], "--jobs '0'"),
