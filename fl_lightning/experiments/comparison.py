@@ -169,7 +169,9 @@ def write_comparison(
     write_text_atomic(paths["md"], _markdown(rows, missing))
     with atomic_path(paths["png"]) as tmp:
         _plot(rows, tmp)
-    if all("simulated_time_s" in summary for _, summary in results):
+    if all("simulated_time_s" in summary for _, summary in results) or any(
+        int(summary.get("rounds", 1)) > 1 for _, summary in results
+    ):  # the clock's curves, or accuracy per round where a run has more than one
         from fl_lightning.experiments.curves import write_curves
 
         paths.update(write_curves([cfg.run_dir for cfg, _ in results], out))

@@ -1,14 +1,17 @@
-"""Time-to-accuracy and traffic-to-accuracy curves of a comparison (the layout of FeDiSyn's Figs. 8–11).
+"""Accuracy per round, and time- and traffic-to-accuracy curves of a comparison (the layout of FeDiSyn's Figs. 8–11).
 
-Every FeDiSyn-family run (FeDiSyn, its ablations, SFLF, CAFF, GPT-FL, FGL) writes one row per round to
-``metrics.csv`` with the simulated clock ``simulated_time_s`` (H_gene + H_pre + Σ H^t) and the bytes
+Every run writes one row per round to ``metrics.csv`` (``round``, ``accuracy``, ``bytes_up``): its curve is accuracy
+against the round (``curves_rounds.png``). Every FeDiSyn-family run (FeDiSyn, its ablations, SFLF, CAFF, GPT-FL,
+FGL) writes to ``metrics.csv`` also the simulated clock ``simulated_time_s`` (H_gene + H_pre + Σ H^t) and the bytes
 uploaded so far ``bytes_up``. :func:`write_curves` reads those files beside the runs and writes:
 
-* ``curves.csv`` — method, round, simulated time (s), uploaded traffic (MB), accuracy, best accuracy so far;
-* ``time_to_accuracy.csv`` — per method and target accuracy: the first simulated time and the traffic at
+* ``curves.csv`` — method, round, simulated time (s; empty without a system model), uploaded traffic (MB),
+  accuracy, best accuracy so far;
+* ``time_to_accuracy.csv`` — per method and target accuracy: the first round, simulated time and traffic at
   which the best-so-far accuracy reaches the target (empty when it never does);
+* ``curves_rounds.png`` — accuracy against the round, one line per method (every comparison of several rounds);
 * ``curves_time.png`` / ``curves_traffic.png`` — best-so-far accuracy against simulated time and against
-  uploaded traffic, one line per method.
+  uploaded traffic, one line per method (when every run has the simulated clock).
 
 Traffic is what the devices upload in fine-tuning — what the paper's traffic figures count (7.4 MB for
 FeDiSyn vs 262.1 MB for CAFF on non-IID Food-101 cannot hold FeDiSyn's ~0.3 GB of fp32 latents; see
@@ -39,7 +42,7 @@ from fl_lightning.experiments.command import CommandParser, run_command
 from fl_lightning.experiments.figures import saved_figure
 from fl_lightning.federation.storage.run_folder import read_metrics_csv
 
-__all__ = ["Curve", "read_curve", "first_reaching", "write_curves", "main"]
+__all__ = ["Curve", "read_curve", "first_reaching", "first_round_reaching", "write_curves", "main"]
 
 _MB = 1e6
 
@@ -50,7 +53,7 @@ class Curve:
 
     label: str
     rounds: list[int]
-    time_s: list[float]
+    time_s: list[float] | None  # the simulated clock (None: the method has no system model)
     traffic_mb: list[float]
     accuracy: list[float]
     synthesis_mb: list[float] | None = None  # the synthesis-phase upload so far (None: the run has no such column)
@@ -66,14 +69,15 @@ class Curve:
 
 
 def read_curve(run_dir: str | Path) -> Curve:
-    """A run's curve from its ``metrics.csv`` (needs ``simulated_time_s``) and its label from ``config.yaml``."""
+    """A run's curve from its ``metrics.csv`` (``simulated_time_s`` where the method has a system model) and its
+    label from ``config.yaml``."""
     run = Path(run_dir)
     metrics = run / "metrics.csv"
     if not metrics.is_file():
         raise UsageError(f"no metrics.csv in {run} (is it a run folder?)")
     rows = read_metrics_csv(metrics)
-    if not rows or "simulated_time_s" not in rows[0]:
-        raise UsageError(f"{metrics} has no simulated_time_s column: the method has no system model")
+    if not rows or "accuracy" not in rows[0]:
+        raise UsageError(f"{metrics} has no rounds with an accuracy (has the run finished a round?)")
     label = None
     if (run / "config.yaml").is_file():
         config = yaml.safe_load((run / "config.yaml").read_text()) or {}
@@ -83,16 +87,22 @@ def read_curve(run_dir: str | Path) -> Curve:
     return Curve(
         label=str(label or run.name),
         rounds=[int(r["round"]) for r in rows],
-        time_s=[float(r["simulated_time_s"]) for r in rows],
+        time_s=[float(r["simulated_time_s"]) for r in rows] if "simulated_time_s" in rows[0] else None,
         traffic_mb=[float(r.get("bytes_up_finetune", r["bytes_up"])) / _MB for r in rows],
         accuracy=[float(r["accuracy"]) for r in rows],
         synthesis_mb=[float(r["bytes_up_synthesis"]) / _MB for r in rows] if "bytes_up_synthesis" in rows[0] else None,
     )
 
 
+def first_round_reaching(curve: Curve, target: float) -> int | None:
+    """The first round whose best-so-far accuracy is ≥ ``target``; None if never."""
+    return next((r for r, best in zip(curve.rounds, curve.best) if best >= target), None)
+
+
 def first_reaching(curve: Curve, target: float) -> tuple[float, float] | None:
-    """(simulated time, traffic in MB) of the first round whose best-so-far accuracy is ≥ ``target``; None if never."""
-    for t, mb, best in zip(curve.time_s, curve.traffic_mb, curve.best):
+    """(simulated time, traffic in MB) of the first round whose best-so-far accuracy is ≥ ``target``; None if never
+    (or without the simulated clock)."""
+    for t, mb, best in zip(curve.time_s or [], curve.traffic_mb, curve.best):
         if best >= target:
             return t, mb
     return None
@@ -101,9 +111,12 @@ def first_reaching(curve: Curve, target: float) -> tuple[float, float] | None:
 def _plot(curves: Sequence[Curve], x: str, path: Path, xlabel: str) -> None:
     with saved_figure(path, figsize=(5.5, 3.8)) as ax:
         for c in curves:
-            ax.step(getattr(c, x), [100 * b for b in c.best], where="post", marker="o", ms=3, label=c.label)
+            if x == "rounds":  # the accuracy each round reached
+                ax.plot(c.rounds, [100 * a for a in c.accuracy], marker="o", ms=3, label=c.label)
+            else:
+                ax.step(getattr(c, x), [100 * b for b in c.best], where="post", marker="o", ms=3, label=c.label)
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("test accuracy, best so far (%)")
+        ax.set_ylabel("test accuracy (%)" if x == "rounds" else "test accuracy, best so far (%)")
         if x == "traffic_mb" and all(v > 0 for c in curves for v in c.traffic_mb):
             ax.set_xscale("log")  # traffic spans orders of magnitude (LoRA blocks vs whole models)
         ax.grid(alpha=0.3)
@@ -127,28 +140,29 @@ def write_curves(run_dirs: Sequence[str | Path], out_dir: str | Path, targets: S
     if targets is None:
         top = max(max(c.best) for c in curves)
         targets = [round(top * q, 4) for q in (0.5, 0.75, 0.9)]
-    paths = {
-        "curves": out / "curves.csv",
-        "time_to_accuracy": out / "time_to_accuracy.csv",
-        "time_plot": out / "curves_time.png",
-        "traffic_plot": out / "curves_traffic.png",
-    }
+    clocked = all(c.time_s is not None for c in curves)
+    paths = {"curves": out / "curves.csv", "time_to_accuracy": out / "time_to_accuracy.csv"}
+    paths["rounds_plot"] = out / "curves_rounds.png"
+    if clocked:
+        paths.update(time_plot=out / "curves_time.png", traffic_plot=out / "curves_traffic.png")
     with paths["curves"].open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["method", "round", "simulated_time_s", "traffic_up_mb", "accuracy", "best_accuracy", "synthesis_up_mb"])
         for c in curves:
-            synthesis = c.synthesis_mb or [""] * len(c.rounds)
-            for row in zip(c.rounds, c.time_s, c.traffic_mb, c.accuracy, c.best, synthesis):
+            synthesis, times = c.synthesis_mb or [""] * len(c.rounds), c.time_s or [""] * len(c.rounds)
+            for row in zip(c.rounds, times, c.traffic_mb, c.accuracy, c.best, synthesis):
                 w.writerow([c.label, *row])
     with paths["time_to_accuracy"].open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["method", "target_accuracy", "simulated_time_s", "traffic_up_mb"])
+        w.writerow(["method", "target_accuracy", "round", "simulated_time_s", "traffic_up_mb"])
         for c in curves:
             for target in targets:
-                hit = first_reaching(c, target)
-                w.writerow([c.label, target, *(hit if hit else ("", ""))])
-    _plot(curves, "time_s", paths["time_plot"], "simulated time (s)")
-    _plot(curves, "traffic_mb", paths["traffic_plot"], "fine-tuning uploads (MB)")
+                reached, hit = first_round_reaching(c, target), first_reaching(c, target)
+                w.writerow([c.label, target, "" if reached is None else reached, *(hit if hit else ("", ""))])
+    _plot(curves, "rounds", paths["rounds_plot"], "round")
+    if clocked:
+        _plot(curves, "time_s", paths["time_plot"], "simulated time (s)")
+        _plot(curves, "traffic_mb", paths["traffic_plot"], "fine-tuning uploads (MB)")
     return paths
 
 
@@ -160,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _curves(argv: list[str]) -> int:
     parser = CommandParser(
         "python -m fl_lightning.curves",
-        description="Time- and traffic-to-accuracy curves (CSV + PNG) from run folders.",
+        description="Accuracy per round, and time- and traffic-to-accuracy curves (CSV + PNG), from run folders.",
         example="python -m fl_lightning.curves runs/compare_tiny/* --out runs/compare_tiny --targets 0.5 0.7",
     )
     parser.add_argument("runs", nargs="+", type=Path, help="run folders (with metrics.csv)")
