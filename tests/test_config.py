@@ -264,6 +264,18 @@ def test_importing_the_config_imports_no_method():
     _python_c(code)
 
 
+def test_a_mistake_in_a_core_section_is_refused_before_any_method_is_imported():
+    """The core sections are checked with the schema alone (config/loading.check_core_sections): the one line comes
+    before the registry imports the methods (Lightning, the models: seconds on a loaded machine)."""
+    code = (
+        "import sys; from fl_lightning.config.loading import load_config; from fl_lightning.errors import ConfigError\n"
+        "try:\n    load_config(None, ['--partition.alpha', '-1'])\nexcept ConfigError as err:\n"
+        "    assert 'partition.alpha=-1.0' in str(err), err\nelse:\n    raise SystemExit('not refused')\n"
+        "bad = sorted(m for m in sys.modules if m.startswith(('fl_lightning.algorithms', 'lightning'))); assert not bad, bad"
+    )
+    _python_c(code)
+
+
 def test_the_schema_alone_imports_no_loader():
     """``import fl_lightning.config`` (the package: the schema) imports none of the package's other modules and no
     YAML, and offers no loader name: ``load_config`` and the rest are imported from ``fl_lightning.config.loading``,

@@ -221,14 +221,27 @@ def build_config(values: dict) -> RunConfig:
     return cfg
 
 
+def check_core_sections(values: dict) -> None:
+    """The core sections of ``values`` (data, partition, …) checked with the schema alone, before the registry imports
+    the methods: a mistake in them is the same one line as :func:`build_config`'s, seconds sooner. The method's own
+    section, ``algorithm`` and the keys across sections are :func:`build_config`'s."""
+    if not isinstance(values, dict):
+        return
+    hints = typing.get_type_hints(RunConfig)
+    for name in CORE_SECTIONS:
+        if name in values:
+            _convert(hints[name], values[name], name)  # as build_config's RunConfig builds each section
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
     """Build a validated :class:`RunConfig` from a YAML file plus ``--dotted.key value`` overrides.
 
     Raises:
         UsageError / ConfigError: one line naming the key, the value and what is allowed.
     """
-    values = current_names(read_config(path) if path is not None else {})
-    extra = current_names(parse_overrides(overrides or []))
+    values, extra = read_config(path) if path is not None else {}, parse_overrides(overrides or [])
+    check_core_sections(merge(values, extra))  # seconds before the methods' imports (a former name needs them)
+    values, extra = current_names(values), current_names(extra)
     if "algorithm" in extra:  # --algorithm X on a file written for another method: as a variant would switch
         values = switch_algorithm(values, extra["algorithm"])
     return build_config(merge(values, extra))
