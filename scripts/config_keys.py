@@ -106,8 +106,46 @@ def _rows(cls: type, instance: Any, prefix: str = "") -> list[tuple[str, str, st
         if dataclasses.is_dataclass(tp):
             rows += _rows(tp, value, f"{prefix}{f.name}.")
             continue
-        rows.append((prefix + f.name, _type_text(tp), _value_text(value), owner.__name__, _comments(owner).get(f.name, "")))
+        rows.append((prefix + f.name, _type_text(tp), _value_text(value), owner.__name__, _described(cls, f.name)))
     return rows
+
+
+def _described(cls: type, name: str) -> str:
+    """What field ``name`` is: its comment where it is declared last; a redeclaration without one (a method that
+    only changes a base's default) keeps the nearest base's comment; else the class docstring's ``Args:`` /
+    ``Attributes:`` entry."""
+    for base in cls.__mro__[cls.__mro__.index(_declared_in(cls, name)) :]:
+        text = _comments(base).get(name) if dataclasses.is_dataclass(base) else None
+        if text:
+            return text
+    for base in cls.__mro__:
+        text = _docstring_args(base).get(name)
+        if text:
+            return text
+    return ""
+
+
+@functools.cache
+def _docstring_args(cls: type) -> dict[str, str]:
+    """``name: text`` entries of the Google-style ``Args:`` / ``Attributes:`` section of ``cls``'s own docstring."""
+    doc = inspect.cleandoc(cls.__dict__.get("__doc__") or "")
+    out: dict[str, str] = {}
+    section, current = False, None
+    for line in doc.splitlines():
+        if re.fullmatch(r"(Args|Attributes|Arguments):", line.strip()):
+            section, current = True, None
+            continue
+        if not section:
+            continue
+        entry = re.fullmatch(r"    (\w+)(?: \([^)]*\))?: (.*)", line)
+        if entry:
+            current = entry.group(1)
+            out[current] = entry.group(2).strip()
+        elif current and line.startswith("        "):
+            out[current] += " " + line.strip()
+        elif line.strip() and not line.startswith(" "):
+            section, current = False, None
+    return out
 
 
 def _cell(text: str, code: bool = False) -> str:

@@ -48,3 +48,12 @@ def test_an_inherited_key_names_the_config_it_comes_from():
     assert rows["fedopal.mu"][2] == "FedOPALConfig"
     assert rows["fedopal.restat"][1:] == ("local", "FedOPALConfig")
     assert rows["fedopal_plus.restat"][1:] == ("global", "FedOPALPlusConfig")
+
+
+def test_every_row_says_what_its_key_is_in_a_sentence_of_its_own():
+    """No empty description, and none that continues a neighbour's comment ("... centred 300 m"): a row is read alone."""
+    rows = re.findall(r"^\| `([^`]+)` \|.*\| ([^|]*) \|$", PAGE.read_text().replace("\\|", "¦"), flags=re.M)
+    assert len(rows) > 300
+    empty = [key for key, text in rows if not text.strip()]
+    fragment = [key for key, text in rows if re.match(r"\s*(\.\.\.|…|\)|and |or )", text)]
+    assert not empty and not fragment, (empty, fragment)

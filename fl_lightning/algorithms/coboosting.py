@@ -63,8 +63,8 @@ class CoBoostingConfig(DENSEConfig):
     synthesis_batch_size: int = 128
     batch_size: int = 128
     kd_lr: float = 0.01
-    kd_weight_decay: float = 1e-4
-    kd_schedule: Literal["constant", "cosine"] = "cosine"
+    kd_weight_decay: float = 1e-4  # official Co-Boosting's
+    kd_schedule: Literal["constant", "cosine"] = "cosine"  # official Co-Boosting's
     temperature: float = 4.0
     bn: float = 0.0
     adv_temperature: float = 3.0

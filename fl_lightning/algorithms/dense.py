@@ -105,15 +105,15 @@ class ClipGradNorm:
 class DENSEConfig:
     epochs: int = 200  # server epochs: one synthesis + one distillation pass each
     g_steps: int = 30  # Adam steps on G and z per synthesis
-    lr_g: float = 1e-3
+    lr_g: float = 1e-3  # Adam step of the generator
     nz: int = 256  # latent size
     ngf: int = 64  # generator width
     synthesis_batch_size: int = 256  # synthetic images added to the pool per epoch
     batch_size: int = 256  # distillation batch
     kd_lr: float = 0.005  # student SGD
-    kd_momentum: float = 0.9
-    kd_weight_decay: float = 0.0
-    kd_schedule: Literal["constant", "cosine"] = "constant"
+    kd_momentum: float = 0.9  # SGD momentum of the student's distillation
+    kd_weight_decay: float = 0.0  # weight decay of the student's distillation
+    kd_schedule: Literal["constant", "cosine"] = "constant"  # the student's learning-rate schedule over the server epochs
     temperature: float = 20.0  # T of the distillation KL (README's --T 20)
     oh: float = 1.0  # λ_oh
     bn: float = 1.0  # λ_bn

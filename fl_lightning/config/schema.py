@@ -68,7 +68,7 @@ class DataConfig:
     root: str = "data"  # datasets are looked for here (torchvision layout; imagefolder: the folder)
     download: bool = False  # opt-in: only on machines that can reach the dataset hosts
     image_size: int | None = None  # None: the backbone's input size
-    batch_size: int = 64
+    batch_size: int = 64  # images per batch of every pass over the data (local training, statistics, evaluation)
     # DataLoader processes per rank (data/loader.py, docs/gpu.md): an int, or auto — 0 on the CPU (no worker
     # start-up; every CPU run loads in the rank), on CUDA min(4, cores this process may use // ranks - 1)
     num_workers: int | Literal["auto"] = "auto"
@@ -273,14 +273,18 @@ class PartitionConfig:
 
 @dataclass
 class ModelConfig:
+    # who builds the backbone: open_clip (CLIP towers) or timm (ViTs, CNNs)
     library: Literal["open_clip", "timm"] = "open_clip"
+    # the architecture in that library (open_clip's ViT-B-16, timm's vit_small_patch14_dinov2 …)
     name: str = "ViT-B-16"
     pretrained: str | None = "openai"  # open_clip tag, or for timm any non-null value means "pretrained"
     checkpoint: str | None = None  # a local weights file; wins over `pretrained`
     # ViTs: "proj" the CLIP image embedding (ln_post(CLS) @ proj; timm: = pre_proj), "pre_proj" the width-D
     # ln_post(CLS), "cls" the last block's CLS state (no final norm). timm CNNs: pooled features, key unused
     feature: Literal["proj", "pre_proj", "cls"] = "proj"
+    # true: fetch missing weights from the hub into cache_dir; false: a missing file stops the run in one line
     download: bool = False
+    # where weights are read from and downloaded to; null: the libraries' caches (HF_HOME …)
     cache_dir: str | None = None
     overrides: dict = field(default_factory=dict)  # passed to the library's factory (tiny test models)
 
@@ -299,6 +303,7 @@ class PrivacyConfig:
     server too) or on their sum (central: against everyone but the server).
     """
 
+    # which DP mechanism (docs/privacy.md: which method each covers); off: none
     mechanism: Literal[PRIVACY_MECHANISMS] = "off"  # type: ignore[valid-type]
     # the run's target ε; null: take noise_multiplier as given and report the ε it gives
     epsilon: float | None = None
@@ -310,6 +315,7 @@ class PrivacyConfig:
     # with statistics_*: the local training (FedOPAL's prompts) runs DP-SGD too — per-sample gradients clipped to
     # grad_clip_norm, noise σ·grad_clip_norm per step, the same σ as the statistics', calibrated to ε jointly
     dp_sgd: bool = False
+    # C: each update's (dp_fedavg) or sample's (dp_sgd) L2 norm is clipped to C before noise
     grad_clip_norm: float = 1.0
     # DP-SGD's Poisson sampling rate q (public: each record in each step's lot with probability q, ⌈1/q⌉ steps an
     # epoch, the noisy sum divided by q·N/K); null: q = min(1, B·K/N), B the training batch size
@@ -432,6 +438,7 @@ class AttackConfig:
     their trained weights, or train on their data with every label l read as C − 1 − l (``label_flip``). For the
     methods whose state is the mean of their clients' weights."""
 
+    # what the attacking clients do to their update (docs/robust_aggregation.md)
     kind: Literal[ATTACKS] = "none"  # type: ignore[valid-type]
     fraction: float = 0.0  # of the K clients, drawn once for the run (0: none attacks, e.g. a sweep's first point)
     scale: float | None = None  # s; null: 1 for sign_flip, 10 for scale
@@ -530,11 +537,12 @@ class ClientBehaviourConfig:
 
 @dataclass
 class FederationConfig:
-    rounds: int = 1
+    rounds: int = 1  # communication rounds T (one-shot methods: 1; a method with a fixed count refuses others)
     client_fraction: float = 1.0  # fraction of clients sampled per round (multi-round methods)
     sampling_seed: int = 0  # its own seed for client sampling
     accelerator: Literal[ACCELERATORS] = "auto"  # type: ignore[valid-type] # GPUs when there are any, else the CPU
     devices: int = 1  # Fabric ranks on this node; clients are dealt to them
+    # machines of the run (devices per node × num_nodes ranks); several: launch with torchrun / SLURM
     num_nodes: int = 1
     strategy: str = "auto"  # "auto" → ddp when devices * num_nodes > 1
     # the default process group's backend, which carries the compute collectives (DDP's all-reduce, the split
@@ -544,6 +552,7 @@ class FederationConfig:
     # run on their own gloo group whatever this says (federation/ranks/ddp_strategy.py)
     process_group_backend: Literal["auto", "nccl", "gloo"] = "auto"
     precision: Literal[PRECISIONS] = "32-true"  # type: ignore[valid-type] # e.g. "bf16-mixed" on GPUs
+    # a client that raises: stop the run (raise) or leave it out of the round and record it (skip)
     on_client_error: Literal["raise", "skip"] = "raise"
     # a round with fewer successful clients than this stops the run (exit 1, checkpoint kept), as Flower's
     # min_fit_clients: failure is never reported as success. 0 (averaging methods): a round in which no update
@@ -649,10 +658,10 @@ class FederationConfig:
 @dataclass
 class LocalTrainingConfig:
     epochs: int = 5  # E local epochs (FedOPAL: 5)
-    optimizer: Literal["sgd", "adamw"] = "sgd"
+    optimizer: Literal["sgd", "adamw"] = "sgd"  # the clients' local optimizer
     lr: float = 0.01  # VPT's usual order for SGD on prompts
-    momentum: float = 0.9
-    weight_decay: float = 0.0
+    momentum: float = 0.9  # SGD's momentum (sgd only)
+    weight_decay: float = 0.0  # L2 weight decay of the local optimizer (AdamW: decoupled)
     batch_size: int | None = None  # None: data.batch_size
 
     def __post_init__(self) -> None:
@@ -665,11 +674,11 @@ class LocalTrainingConfig:
 
 @dataclass
 class LoggingConfig:
-    wandb: bool = False
-    project: str = "fl_lightning"
-    entity: str | None = None
+    wandb: bool = False  # log to Weights & Biases (Lightning's WandbLogger; offline when WANDB_MODE=offline)
+    project: str = "fl_lightning"  # the W&B project
+    entity: str | None = None  # the W&B entity (team or user); null: your default
     mode: Literal["online", "offline"] = "offline"  # offline needs no network: `wandb sync` later
-    tensorboard: bool = False
+    tensorboard: bool = False  # also write TensorBoard event files under the run folder
     progress: bool = True  # rich progress bars (shown only on a terminal)
 
 
@@ -680,7 +689,7 @@ CORE_SECTIONS = ("data", "partition", "model", "federation", "train", "logging")
 class RunConfig:
     algorithm: str = "fedopal"  # a registered method (fl_lightning/algorithms/); its section is its own name
     seed: int = 0  # training seed (the partition and client sampling have their own)
-    output_dir: str = "runs"
+    output_dir: str = "runs"  # where run folders go: <output_dir>/<run name>/
     run_name: str | None = None  # one folder name; null: "<algorithm>_<dataset>_a<alpha>_s<seed>"
     # A comparison: each entry is a mapping merged over this config (e.g. {algorithm: afl}); the CLI
     # runs them one after another and prints a table. Empty: one run of this config.

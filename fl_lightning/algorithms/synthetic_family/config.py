@@ -73,10 +73,10 @@ class SystemsConfig:
     depth_policy: Literal["clc", "capacity", "full", "fixed"] = "clc"
     fixed_depth: int = 1  # x of the `fixed` policy
     bandwidth_allocation: Literal["wfba", "equal"] = "wfba"  # equal = B/N, the "w/o WFBA" ablation
-    radius_m: float = 50.0  # devices dropped uniformly in a 50 m disc ...
-    center_x_m: float = 300.0  # ... centred 300 m from the server (paper setting)
+    radius_m: float = 50.0  # radius of the disc the devices are dropped in, uniformly (m; paper: 50)
+    center_x_m: float = 300.0  # distance from the server to that disc's centre (m; paper: 300)
     path_loss_exponent: float = 3.5  # (d / d0)^-3.5 large-scale fading
-    d0_m: float = 10.0
+    d0_m: float = 10.0  # d0, the path-loss model's reference distance (m)
     noise_power_w: float = 1e-11  # sigma^2
     total_bandwidth_hz: float = 10e6  # B = 10 MHz shared by FDMA
     reference_loss_db: float = REFERENCE_LOSS_DB  # PL0 at d0, calibrated on the paper's CAFF time (systems/channel.py)
@@ -171,6 +171,6 @@ def _is_number(value: object) -> bool:
 class ViTConfig(StageConfig):
     """The timm ViT every stage of the FeDiSyn family trains (pre-training and fine-tuning)."""
 
-    pretrain_model: str = "vit_base_patch16_224"
+    pretrain_model: str = "vit_base_patch16_224"  # the timm ViT that is pre-trained and fine-tuned
     pretrain_checkpoint: str | None = None  # local ImageNet weights file; null: random init
     pretrain_overrides: dict = field(default_factory=dict)  # timm.create_model kwargs (tiny test models)

@@ -99,10 +99,10 @@ class PretrainingConfig(ViTConfig):
     server: Literal["rtx_4090", "host"] = "rtx_4090"
     # ĥ and h̃ (s): numbers override the server profile (null: from `server`)
     generation_time_per_image_s: float | None = None
-    pretrain_time_per_image_epoch_s: float | None = None
+    pretrain_time_per_image_epoch_s: float | None = None  # h̃, pre-training seconds per image and epoch
     pretrain_epochs: int = 10  # T̂
     pretrain_lr: float = 3e-4  # AdamW peak, cosine decay (ViT fine-tuning order)
-    pretrain_batch_size: int = 64
+    pretrain_batch_size: int = 64  # images per pre-training step (pretrain_batch says per rank or global)
     pretrain_holdout: float = 0.1  # held-out synthetic fraction for early stopping
     pretrain_patience: int = 3  # epochs without held-out improvement before stopping
     # over several ranks, the steps between two checks that every rank's step went well (an all-reduce and a host
@@ -113,7 +113,7 @@ class PretrainingConfig(ViTConfig):
     # training); per_rank = every rank loads pretrain_batch_size rows (global batch N·B, N times fewer steps) and the
     # peak rate is scaled by pretrain_lr_scaling: sqrt (η·√N, Adam's square-root rule), linear (η·N) or none
     pretrain_batch: Literal["global", "per_rank"] = "global"
-    pretrain_lr_scaling: Literal["sqrt", "linear", "none"] = "sqrt"
+    pretrain_lr_scaling: Literal["sqrt", "linear", "none"] = "sqrt"  # how the peak rate grows with the ranks (above)
     # how pre-training reads the images (synthesis/store.py): exact = a uint8 store decoded once, the same items bit
     # for bit; input = one store at the ViT's input size, training crops taken from it (not bit-identical); off = PNGs
     pretrain_store: Literal["exact", "input", "off"] = "exact"
@@ -185,7 +185,7 @@ class DiffusionConfig(PretrainingConfig):
     vae_image_size: int = 512  # SD v1-5's native resolution (clients resize their images to it)
     guidance_scale: float = 7.5  # SD's usual classifier-free guidance
     num_inference_steps: int = 50  # PNDM steps of the full 0..T chain (a start at s runs ≈ 50·s/T)
-    generation_batch_size: int = 16
+    generation_batch_size: int = 16  # images per Stable Diffusion call
     min_fresh_fraction: float = 0.25  # floor on each image's own share of its start noise (synthesis/generate.py)
     diffusion_precision: Literal["auto", "float32", "float16", "bfloat16"] = "auto"  # auto: fp16 on GPU, fp32 on CPU
     generation: Literal["text_only"] = "text_only"  # where an image starts: pure noise + its prompt
@@ -209,7 +209,7 @@ class PromptConfig(StageConfig):
     """Label → prompts expansion (the paper: LLaMA-7B)."""
 
     llm_path: str | None = None  # a causal LM folder or hub id for prompt expansion; null: templates
-    prompts_per_label: int = 8
+    prompts_per_label: int = 8  # prompts the LLM (or the templates) writes per class
 
     def __post_init__(self) -> None:
         super().__post_init__()
