@@ -124,11 +124,11 @@ def test_variants_cross_methods_and_sweeps():
     runs = expand_variants(cfg)
     assert len(runs) == 3 * 4 and len({r.resolved_run_name for r in runs}) == 12
     assert {(r.algorithm, r.label) for r in runs} == {
-        ("afl", "afl"),
-        ("fedopal", "fedopal"),
-        ("fedopal", "fedopal_restat_global_digits"),
+        ("afl", "AFL"),
+        ("fedopal", "FedOPAL"),
+        ("fedopal", "FedOPAL, restat: global"),
     }
-    assert {r.method.restat for r in runs if r.label == "fedopal_restat_global_digits"} == {"global"}
+    assert {r.method.restat for r in runs if r.label == "FedOPAL, restat: global"} == {"global"}
     with pytest.raises(UsageError, match=r"variants\[1\]"):
         expand_variants(load_config(CONF / "quickstart.yaml", ["--variants", "[{algorithm: afl}, {fedopal: {mu: -1}}]"]))
 

@@ -44,7 +44,10 @@ from fl_lightning.experiments.command import CommandParser, run_command
 from fl_lightning.experiments.figures import saved_figure
 from fl_lightning.experiments.plan import COMPARISON_CONFIG, finished_summary
 
-__all__ = ["collect", "comparison_rows", "write_comparison", "write_table", "main"]
+__all__ = ["BYTES_UP_COLUMN", "collect", "comparison_rows", "write_comparison", "write_table", "main"]
+
+# summary.json's bytes_up_per_client: what one client uploaded over the whole run (every round), not per round
+BYTES_UP_COLUMN = "bytes up / client, all rounds"
 
 _PROG = "python -m fl_lightning.compare"
 
@@ -100,7 +103,7 @@ def _markdown(rows: list[dict[str, Any]], missing: Sequence[str] = ()) -> str:
     alphas = sorted({r["alpha"] for r in rows})
     methods = list(dict.fromkeys(r["method"] for r in rows))
     cell = {(r["method"], r["alpha"]): r for r in rows}
-    head = "| method | " + " | ".join(f"α = {_alpha_name(a)}" for a in alphas) + " | bytes up / client |"
+    head = "| method | " + " | ".join(f"α = {_alpha_name(a)}" for a in alphas) + f" | {BYTES_UP_COLUMN} |"
     lines = [head, "|" + " --- |" * (len(alphas) + 2)]
     for m in methods:
         cells = []

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fl_lightning.experiments.comparison import BYTES_UP_COLUMN
 from fl_lightning.experiments.plan import finished_summary, list_runs, plan_runs, record_comparison, select_shard
 from fl_lightning.federation.numerics import torch_numerics
 
@@ -452,18 +453,19 @@ def _nothing_ran(run_dir: Path) -> bool:
 
 
 def print_results(summaries: list) -> None:
-    """One line per run (a rich table): method, accuracy, bytes uploaded per client, run folder."""
+    """One line per run (a rich table): its method as the comparison table names it (``label``), the run's name,
+    accuracy, bytes each client uploaded over all rounds, wall time, run folder."""
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title="fl_lightning results")
-    for column in ("run", "algorithm", "accuracy", "bytes up / client", "wall time (s)", "run folder"):
+    for column in ("method", "run", "accuracy", BYTES_UP_COLUMN, "wall time (s)", "run folder"):
         table.add_column(column)
     for cfg, s in summaries:
         accuracy = s.get("accuracy")
         table.add_row(
+            cfg.label or cfg.algorithm,
             cfg.resolved_run_name,
-            cfg.algorithm,
             "-" if accuracy is None else f"{accuracy:.4f}",
             f"{s['bytes_up_per_client']:,.0f}",
             f"{s['wall_time_s']:.1f}",

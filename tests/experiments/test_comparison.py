@@ -65,7 +65,7 @@ def test_the_tiny_table_from_one_command(tmp_path, capsys):
         cells = {(r["accuracy_mean"], r["accuracy_std"]) for r in rows if r["method"] == method}
         assert len(cells) == 1, cells
     table = (tmp_path / "comparison.md").read_text()
-    assert "| method | α = 0.1 | α = IID | bytes up / client |" in table and "| FedCGS |" in table
+    assert "| method | α = 0.1 | α = IID | bytes up / client, all rounds |" in table and "| FedCGS |" in table
     assert (tmp_path / "comparison.png").stat().st_size > 1000
     runs = [p for p in tmp_path.iterdir() if p.is_dir() and p.name != "feature_cache"]
     assert len(runs) == 8  # 2 methods × 2 α × 2 seeds, one folder each
